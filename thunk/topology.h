@@ -1,0 +1,141 @@
+/* KFD topology: the sysfs tree (real or a model preset) parsed into plain structs. */
+#pragma once
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/*
+ * The parser reads a directory laid out like /sys/devices/virtual/kfd/kfd/topology:
+ *   generation_id, system_properties, nodes/N/{gpu_id,name,properties},
+ *   nodes/N/mem_banks/M/properties, nodes/N/caches/K/properties, nodes/N/io_links/L/properties
+ * (and p2p_links/L/properties where present). Property files are "key value" lines.
+ *
+ * Every "key value" pair of a properties file is kept (ThunkProps) so that nothing the kernel reports
+ * is lost; the fields the project uses are also decoded into typed members.
+ */
+
+#define THUNK_TOPOLOGY_DEFAULT_PATH "/sys/devices/virtual/kfd/kfd/topology"
+#define THUNK_NAME_MAX              64
+#define THUNK_PROP_KEY_MAX          48
+
+/* Bounds the parser enforces (see docs/topology-presets.md); exceeding one is -E2BIG. */
+#define THUNK_TOPOLOGY_MAX_NODES     256
+#define THUNK_TOPOLOGY_MAX_MEM_BANKS 256   /* per node */
+#define THUNK_TOPOLOGY_MAX_CACHES    4096  /* per node */
+#define THUNK_TOPOLOGY_MAX_IO_LINKS  1024  /* per node, and as many p2p links */
+#define THUNK_TOPOLOGY_MAX_PROPS     512   /* key/value lines per properties file */
+#define THUNK_TOPOLOGY_MAX_LINE      4096  /* characters per line, newline excluded */
+#define THUNK_TOPOLOGY_MAX_FILE      65536 /* bytes per file */
+
+typedef struct ThunkProp {
+        char key[THUNK_PROP_KEY_MAX];
+        uint64_t value;
+} ThunkProp;
+
+/* All key/value pairs of one properties file, in file order. */
+typedef struct ThunkProps {
+        ThunkProp *items;
+        size_t n;
+} ThunkProps;
+
+typedef struct ThunkMemBank {
+        uint32_t heap_type; /* HSA_MEM_HEAP_TYPE_* (kfd_sysfs.h) */
+        uint64_t size_in_bytes;
+        uint32_t flags;
+        uint32_t width;
+        uint32_t mem_clk_max;
+        ThunkProps props;
+} ThunkMemBank;
+
+typedef struct ThunkCache {
+        uint32_t processor_id_low;
+        uint32_t level;
+        uint32_t size_kib; /* "size" in the file, KiB */
+        uint32_t cache_line_size;
+        uint32_t cache_lines_per_tag;
+        uint32_t association;
+        uint32_t latency;
+        uint32_t type; /* HSA_CACHE_TYPE_* bits */
+        ThunkProps props;
+} ThunkCache;
+
+typedef struct ThunkIoLink {
+        uint32_t type; /* HSA_IOLINK_TYPE_* (PCIe 2, XGMI 11, ...) */
+        uint32_t node_from;
+        uint32_t node_to;
+        uint32_t weight;
+        uint32_t min_latency;
+        uint32_t max_latency;
+        uint32_t min_bandwidth;
+        uint32_t max_bandwidth;
+        uint32_t flags;
+        ThunkProps props;
+} ThunkIoLink;
+
+typedef struct ThunkNode {
+        uint32_t node_id; /* index N of nodes/N */
+        uint32_t gpu_id;  /* 0 for CPU nodes; a non-zero 16-bit value for GPUs */
+        char name[THUNK_NAME_MAX];
+        bool is_gpu; /* simd_count > 0 */
+        uint32_t cpu_cores_count;
+        uint32_t simd_count;
+        uint32_t capability; /* HSA_CAP_* bits */
+        uint32_t vendor_id;
+        uint32_t device_id;
+        uint32_t location_id; /* PCI bus/device/function as the kernel encodes it */
+        uint32_t domain;      /* PCI domain */
+        uint32_t drm_render_minor;
+        uint64_t hive_id;            /* XGMI hive, 0 if none */
+        uint64_t local_mem_size;     /* bytes of VRAM (0 on APUs and CPUs) */
+        uint32_t gfx_target_version; /* e.g. 90008 for gfx908 */
+        uint64_t unique_id;
+        uint32_t num_xcc;
+        uint32_t max_engine_clk_fcompute;
+        uint32_t wave_front_size;
+        uint32_t lds_size_in_kb;
+        int numa_node;    /* nearest CPU NUMA node (see thunk_topology_numa_of), -1 if unknown */
+        ThunkProps props; /* the whole properties file */
+        ThunkMemBank *mem_banks;
+        size_t n_mem_banks;
+        ThunkCache *caches;
+        size_t n_caches;
+        ThunkIoLink *io_links;
+        size_t n_io_links;
+        ThunkIoLink *p2p_links; /* nodes/N/p2p_links, empty when the kernel has none */
+        size_t n_p2p_links;
+} ThunkNode;
+
+typedef struct ThunkTopology {
+        char *root; /* the directory it was read from */
+        uint64_t generation_id;
+        uint64_t platform_oem;
+        uint64_t platform_id;
+        uint64_t platform_rev;
+        ThunkProps system_props; /* system_properties as read */
+        ThunkNode *nodes;        /* indexed by node id */
+        size_t n_nodes;
+        size_t n_gpus;
+} ThunkTopology;
+
+/*
+ * Parse the tree at @root (NULL: THUNK_TOPOLOGY_DEFAULT_PATH). On failure returns a negative errno and,
+ * if @errbuf is given, a message naming the file and line ("nodes/2/properties:7: value 'x' is not a
+ * number"). @ret is untouched on failure.
+ */
+int thunk_topology_load(const char *root, ThunkTopology **ret, char *errbuf, size_t errlen);
+ThunkTopology *thunk_topology_free(ThunkTopology *t);
+
+/* Look-ups; NULL when absent. */
+const ThunkNode *thunk_topology_gpu_by_id(const ThunkTopology *t, uint32_t gpu_id);
+const ThunkNode *thunk_topology_gpu_by_index(const ThunkTopology *t, size_t gpu_index);
+
+/*
+ * Nearest CPU NUMA node of @n (the numa_node member): CPU-bearing nodes (cpu_cores_count > 0) are numbered
+ * 0, 1, ... in node order; a node that has CPU cores itself (CPU or APU) is its own NUMA node; a GPU takes
+ * the CPU-bearing node at the end of its lowest-weight io_link (ties: the first such link); -1 if none.
+ */
+int thunk_topology_numa_of(const ThunkTopology *t, const ThunkNode *n);
+
+/* A property by key; returns false (and leaves *ret alone) when the key is absent. */
+bool thunk_props_get(const ThunkProps *p, const char *key, uint64_t *ret);
