@@ -1,0 +1,84 @@
+/* The software KFD: the KFD ioctl ABI (and the few amdgpu DRM ioctls the thunk needs) served in-process. */
+#pragma once
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "seam.h"
+#include "topology.h"
+
+/*
+ * A ThunkModel behaves like /dev/kfd plus the render nodes of one topology, for the process it lives in.
+ * Requests arrive as the kernel's ioctl requests on the kernel's structs; answers and errnos follow the
+ * kernel's rules (docs/thunk-model.md lists what is and is not emulated). The model copies what it needs
+ * from the topology: the caller may free the topology after thunk_model_new().
+ *
+ * All functions are thread-safe (one mutex per model). Several models may live in one process.
+ */
+
+typedef struct ThunkModel ThunkModel;
+
+#define THUNK_MODEL_MAX_GPUS 64
+
+typedef struct ThunkModelOptions {
+        /* KFD ABI minor reported by GET_VERSION, and the behaviour that goes with it. 0 = 19. Supported:
+         * 11 ... 19. Gates: EXPORT_DMABUF >= 12, RUNTIME_ENABLE >= 13, GEM_VA on a compute VM >= 15,
+         * CONTIGUOUS >= 16, CREATE_PROCESS >= 19. */
+        uint32_t kfd_minor;
+        /* System RAM the limits are computed from. 0 = the sum of the CPU nodes' memory banks, or
+         * 16 GiB if the topology has none. */
+        uint64_t system_memory_bytes;
+        /* TTM limit. 0 = half of system RAM. */
+        uint64_t ttm_limit_bytes;
+        /* XNACK mode of new contexts (the kernel's amdgpu.noretry=0 on capable GPUs). */
+        bool xnack_enabled;
+} ThunkModelOptions;
+
+/* Counters that tests compare before and after an operation: equal means nothing leaked. */
+typedef struct ThunkModelStats {
+        uint32_t contexts;     /* live KFD contexts (primary + secondary) */
+        uint32_t kfd_fds;      /* open /dev/kfd fds the model handed out */
+        uint32_t render_fds;   /* open render-node fds */
+        uint32_t render_files; /* render-node DRM files still alive (fds, or held by an acquired VM) */
+        uint64_t mems;         /* KFD handles (allocations and imports) over all contexts */
+        uint64_t bufs;         /* backing buffers (one memfd each) */
+        uint64_t imports;      /* KFD handles created by IMPORT_DMABUF */
+        uint64_t mappings;     /* VA mappings in all GPU VMs (KFD MAP and GEM_VA) */
+        uint64_t gem_handles;  /* DRM GEM handles on all render files */
+        uint64_t svm_ranges;   /* SVM ranges of the primary context */
+        uint64_t system_used;  /* bytes charged to the system limit */
+        uint64_t ttm_used;     /* bytes charged to the TTM limit */
+        uint32_t n_gpus;
+        uint64_t vram_used[THUNK_MODEL_MAX_GPUS]; /* bytes charged to each GPU's VRAM, topology GPU order */
+} ThunkModelStats;
+
+/* Build a model of @topo. -EINVAL for an unsupported kfd_minor or a topology without GPUs, or more than
+ * THUNK_MODEL_MAX_GPUS; -ENOMEM. @opts may be NULL (all defaults). */
+int thunk_model_new(const ThunkTopology *topo, const ThunkModelOptions *opts, ThunkModel **ret);
+/* Frees everything, closes every fd the model still tracks. Returns NULL. */
+ThunkModel *thunk_model_free(ThunkModel *m);
+
+/* The seam over this model (borrowed: valid while @m lives). */
+void thunk_model_seam(ThunkModel *m, ThunkSeam *ret);
+
+/* Seam operations, callable directly (the seam's ops call these). */
+int thunk_model_open_kfd(ThunkModel *m, int *ret_fd);
+int thunk_model_open_render(ThunkModel *m, uint32_t minor, int *ret_fd);
+int thunk_model_ioctl(ThunkModel *m, int fd, unsigned long request, void *arg);
+int thunk_model_mmap(ThunkModel *m, void *addr, size_t len, int prot, int flags, int fd, uint64_t offset,
+                     void **ret);
+int thunk_model_close(ThunkModel *m, int fd);
+
+/* True if @fd is a kfd or render fd of this model. */
+bool thunk_model_owns_fd(ThunkModel *m, int fd);
+
+void thunk_model_get_stats(ThunkModel *m, ThunkModelStats *ret);
+
+/*
+ * Fault injection: the @nth_call-th (1 = the next) call of the ioctl @request (matched on type and
+ * number, so any size variant counts) fails with -@err before it changes any state. At most 16 pending
+ * faults; -ENOSPC beyond, -EINVAL for nth_call 0 or err <= 0.
+ */
+int thunk_model_inject_fault(ThunkModel *m, unsigned long request, unsigned int nth_call, int err);
+void thunk_model_clear_faults(ThunkModel *m);
