@@ -1,0 +1,81 @@
+/* The thunk's internal object layouts, shared by thunk.c (device, contexts) and thunk-mem.c (memory). */
+#pragma once
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "seam.h"
+#include "thunk.h"
+
+struct ThunkModel;
+
+/* A GEM handle imported into one render fd, refcounted because PRIME import of one dmabuf into one DRM
+ * file always yields the same handle: closing it for one mapping would pull it from under another. */
+typedef struct ThunkGemRef {
+        uint32_t handle;
+        uint32_t refs;
+} ThunkGemRef;
+
+typedef struct ThunkGemRefs {
+        ThunkGemRef *items;
+        size_t n, cap;
+} ThunkGemRefs;
+
+struct ThunkDevice {
+        ThunkBackend backend;
+        ThunkTopology *topo;
+        struct ThunkModel *model;
+        ThunkSeam seam;
+        uint32_t major, minor;
+        size_t page_size;
+        ThunkGpu *gpus;
+        size_t n_gpus;
+        uint64_t svm_base, svm_limit;
+        ThunkContext *primary;
+        ThunkContext *contexts; /* secondary contexts, a list */
+};
+
+struct ThunkContext {
+        ThunkDevice *dev;
+        bool primary;
+        int kfd_fd;
+        int *render_fds;        /* indexed like dev->gpus */
+        ThunkGemRefs *gem_refs; /* indexed like dev->gpus */
+        ThunkBo *bos;
+        ThunkGemMapping *gem_maps;
+        ThunkContext *prev, *next;
+};
+
+struct ThunkBo {
+        ThunkContext *ctx;
+        ThunkBoInfo info;
+        bool *mapped; /* indexed like dev->gpus */
+        size_t n_mapped;
+        ThunkBo *prev, *next;
+};
+
+struct ThunkGemMapping {
+        ThunkContext *ctx;
+        size_t gpu_index;
+        uint32_t gem_handle;
+        uint64_t va, offset, size;
+        uint32_t flags;
+        ThunkGemMapping *prev, *next;
+};
+
+/* Index of @gpu_id in dev->gpus, or -ENODEV. */
+int thunk_gpu_index(const ThunkDevice *d, uint32_t gpu_id);
+
+static inline int thunk_ioctl(ThunkDevice *d, int fd, unsigned long request, void *arg)
+{
+        return d->seam.ops->ioctl(d->seam.impl, fd, request, arg);
+}
+
+static inline int thunk_close_fd(ThunkDevice *d, int fd)
+{
+        return d->seam.ops->close(d->seam.impl, fd);
+}
+
+/* Release a context's memory-side bookkeeping (after its fds are closed; no ioctls). */
+void thunk_context_drop_objects(ThunkContext *c);
