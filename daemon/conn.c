@@ -1,0 +1,357 @@
+/* A client connection: identity at accept, non-blocking frame I/O with fds, backpressure, deferred free. */
+#include "conn.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "frame.h"
+#include "log.h"
+#include "manager.h"
+#include "request.h"
+#include "wire.h"
+
+#ifndef SO_PEERPIDFD
+#define SO_PEERPIDFD 77
+#endif
+
+/* Frames handled per wakeup before yielding to other clients. */
+#define CONN_FRAMES_PER_WAKEUP 16
+/* Queued reply bytes beyond which a client that does not read is dropped. */
+#define CONN_OUT_MAX (1024u * 1024u)
+
+struct OutPacket {
+        OutPacket *next;
+        size_t len;
+        size_t n_fds;
+        int fds[GM_FRAME_MAX_FDS];
+        uint8_t data[];
+};
+
+static void out_packet_free(OutPacket *p)
+{
+        gm_wire_close_fds(p->fds, p->n_fds);
+        free(p);
+}
+
+bool conn_in_group(const Conn *c, gid_t gid)
+{
+        if (c->ident.gid == gid)
+                return true;
+        for (size_t i = 0; i < c->ident.n_groups; i++)
+                if (c->ident.groups[i] == gid)
+                        return true;
+        return false;
+}
+
+static int read_cgroup(pid_t pid, char **ret)
+{
+        char path[64], line[4096];
+        _cleanup_fclose_ FILE *f = NULL;
+
+        snprintf(path, sizeof(path), "/proc/%d/cgroup", (int)pid);
+        f = fopen(path, "re");
+        if (!f)
+                return -errno;
+        while (fgets(line, sizeof(line), f)) {
+                if (strncmp(line, "0::", 3) == 0) {
+                        line[strcspn(line, "\n")] = '\0';
+                        char *s = strdup(line + 3);
+                        if (!s)
+                                return -ENOMEM;
+                        *ret = s;
+                        return 0;
+                }
+        }
+        return -ENODATA;
+}
+
+static int capture_identity(int fd, ConnIdentity *id)
+{
+        struct ucred cred;
+        socklen_t len = sizeof(cred);
+        int r;
+
+        if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) < 0)
+                return -errno;
+        id->pid = cred.pid;
+        id->uid = cred.uid;
+        id->gid = cred.gid;
+
+        len = 0;
+        if (getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, NULL, &len) < 0 && errno != ERANGE)
+                return -errno;
+        if (len > 0) {
+                id->groups = malloc(len);
+                if (!id->groups)
+                        return -ENOMEM;
+                if (getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, id->groups, &len) < 0)
+                        return -errno;
+                id->n_groups = len / sizeof(gid_t);
+        }
+
+        /* The kernel's own pidfd of the peer (6.5+) cannot race with pid reuse; pidfd_open is the fallback.
+         */
+        len = sizeof(int);
+        if (getsockopt(fd, SOL_SOCKET, SO_PEERPIDFD, &id->pidfd, &len) < 0) {
+                id->pidfd = -1;
+                if (id->pid > 0) {
+                        r = (int)syscall(SYS_pidfd_open, id->pid, 0);
+                        id->pidfd = r >= 0 ? r : -1;
+                }
+        }
+        if (id->pidfd >= 0)
+                (void)fcntl(id->pidfd, F_SETFD, FD_CLOEXEC);
+        if (id->pid > 0 && read_cgroup(id->pid, &id->cgroup) == 0 && id->pidfd >= 0) {
+                /* Still the same process (the pidfd pins it): the cgroup we read belongs to the peer. */
+                if (syscall(SYS_pidfd_send_signal, id->pidfd, 0, NULL, 0) < 0) {
+                        free(id->cgroup);
+                        id->cgroup = NULL;
+                }
+        }
+        return 0;
+}
+
+static void conn_on_read(evutil_socket_t fd, short what, void *userdata);
+static void conn_on_write(evutil_socket_t fd, short what, void *userdata);
+
+int conn_new(Manager *m, int fd, Conn **ret)
+{
+        Conn *c;
+        int r;
+
+        c = calloc(1, sizeof(*c));
+        if (!c) {
+                safe_close(fd);
+                return -ENOMEM;
+        }
+        c->m = m;
+        c->fd = fd;
+        c->ident.pidfd = -1;
+        c->log_rl = (LogRatelimit)LOG_RATELIMIT_INIT(10, 1);
+        c->connected_real_usec = now_usec(CLOCK_REALTIME);
+
+        r = capture_identity(fd, &c->ident);
+        if (r < 0)
+                goto fail;
+
+        c->rd_ev = event_new(m->base, fd, EV_READ | EV_PERSIST, conn_on_read, c);
+        c->wr_ev = event_new(m->base, fd, EV_WRITE | EV_PERSIST, conn_on_write, c);
+        if (!c->rd_ev || !c->wr_ev || event_add(c->rd_ev, NULL) < 0) {
+                r = -ENOMEM;
+                goto fail;
+        }
+        c->id = ++m->next_client_id;
+        c->next = m->conns;
+        if (m->conns)
+                m->conns->prev = c;
+        m->conns = c;
+        m->n_conns++;
+        *ret = c;
+        return 0;
+fail:
+        conn_free(c);
+        return r;
+}
+
+static void conn_unlink(Conn *c)
+{
+        Manager *m = c->m;
+
+        if (c->prev)
+                c->prev->next = c->next;
+        else if (m->conns == c)
+                m->conns = c->next;
+        else
+                return; /* not linked */
+        if (c->next)
+                c->next->prev = c->prev;
+        c->prev = c->next = NULL;
+        m->n_conns--;
+}
+
+Conn *conn_free(Conn *c)
+{
+        if (!c)
+                return NULL;
+        conn_unlink(c);
+        request_conn_teardown(c);
+        if (c->rd_ev)
+                event_free(c->rd_ev);
+        if (c->wr_ev)
+                event_free(c->wr_ev);
+        while (c->out_head) {
+                OutPacket *p = c->out_head;
+                c->out_head = p->next;
+                out_packet_free(p);
+        }
+        safe_close(c->fd);
+        safe_close(c->ident.pidfd);
+        free(c->ident.groups);
+        free(c->ident.cgroup);
+        free(c->name);
+        free(c);
+        return NULL;
+}
+
+static void conn_free_cb(evutil_socket_t fd, short what, void *userdata)
+{
+        conn_free(userdata);
+}
+
+void conn_kill(Conn *c)
+{
+        if (c->dead)
+                return;
+        c->dead = true;
+        event_del(c->rd_ev);
+        event_del(c->wr_ev);
+        /* Out of the list now, so counts and admin views no longer see it; freed after this callback. */
+        conn_unlink(c);
+        manager_notify_status(c->m);
+        if (event_base_once(c->m->base, -1, EV_TIMEOUT, conn_free_cb, c, NULL) < 0)
+                conn_free(c); /* cannot defer: no callback of this conn is on the stack at the callers that
+                                 reach here without one, and libevent only fails on allocation */
+}
+
+static int conn_flush(Conn *c)
+{
+        while (c->out_head) {
+                OutPacket *p = c->out_head;
+                int r = gm_wire_send(c->fd, p->data, p->len, NULL, 0, p->fds, p->n_fds, MSG_DONTWAIT);
+                if (r == -EAGAIN)
+                        return 0;
+                if (r < 0)
+                        return r;
+                c->out_head = p->next;
+                if (!c->out_head)
+                        c->out_tail = NULL;
+                c->out_bytes -= p->len;
+                out_packet_free(p);
+        }
+        event_del(c->wr_ev);
+        if (!c->m->stopping)
+                event_add(c->rd_ev, NULL);
+        return 0;
+}
+
+static void conn_on_write(evutil_socket_t fd, short what, void *userdata)
+{
+        Conn *c = userdata;
+
+        if (conn_flush(c) < 0)
+                conn_kill(c);
+}
+
+int conn_send(Conn *c, uint32_t request_id, const Gpumem__Reply *reply, int *fds, size_t n_fds)
+{
+        uint8_t *buf = c->m->tx_buf;
+        size_t body_len, len;
+        OutPacket *p;
+        int r;
+
+        if (c->dead) {
+                gm_wire_close_fds(fds, n_fds);
+                return -ECONNRESET;
+        }
+        body_len = gpumem__reply__get_packed_size(reply);
+        r = gm_frame_hdr_encode(buf, c->proto_version ? c->proto_version : GM_PROTOCOL_VERSION, request_id,
+                                (uint32_t)body_len, (unsigned)n_fds);
+        if (body_len > GM_FRAME_BODY_MAX || r < 0) {
+                gm_wire_close_fds(fds, n_fds);
+                return r < 0 ? r : -EMSGSIZE;
+        }
+        gpumem__reply__pack(reply, buf + GM_FRAME_HDR_SIZE);
+        len = GM_FRAME_HDR_SIZE + body_len;
+
+        if (!c->out_head) {
+                r = gm_wire_send(c->fd, buf, len, NULL, 0, fds, n_fds, MSG_DONTWAIT);
+                if (r != -EAGAIN) {
+                        gm_wire_close_fds(fds, n_fds);
+                        if (r < 0)
+                                conn_kill(c);
+                        return r;
+                }
+        }
+
+        if (c->out_bytes + len > CONN_OUT_MAX) {
+                gm_wire_close_fds(fds, n_fds);
+                conn_kill(c);
+                return -ENOBUFS;
+        }
+        p = malloc(sizeof(*p) + len);
+        if (!p) {
+                gm_wire_close_fds(fds, n_fds);
+                conn_kill(c);
+                return -ENOMEM;
+        }
+        p->next = NULL;
+        p->len = len;
+        p->n_fds = n_fds;
+        memcpy(p->fds, fds, n_fds * sizeof(int));
+        memcpy(p->data, buf, len);
+        if (c->out_tail)
+                c->out_tail->next = p;
+        else
+                c->out_head = p;
+        c->out_tail = p;
+        c->out_bytes += len;
+        /* Stop reading until the client drains its replies. */
+        event_del(c->rd_ev);
+        event_add(c->wr_ev, NULL);
+        return 0;
+}
+
+int conn_send_error(Conn *c, uint32_t request_id, int code, const char *reason)
+{
+        Gpumem__Reply reply = GPUMEM__REPLY__INIT;
+        Gpumem__Status st = GPUMEM__STATUS__INIT;
+
+        st.has_code = true;
+        st.code = code;
+        st.reason = (char *)(reason ? reason : "");
+        reply.status = &st;
+        return conn_send(c, request_id, &reply, NULL, 0);
+}
+
+static void conn_on_read(evutil_socket_t fd, short what, void *userdata)
+{
+        Conn *c = userdata;
+        Manager *m = c->m;
+
+        for (int i = 0; i < CONN_FRAMES_PER_WAKEUP && !c->dead; i++) {
+                int fds[GM_FRAME_MAX_FDS];
+                size_t n_fds = 0;
+                ssize_t n;
+
+                if (c->out_head || m->stopping)
+                        return;
+                n = gm_wire_recv(c->fd, m->rx_buf, GM_FRAME_MAX, fds, &n_fds, MSG_DONTWAIT);
+                if (n == -EAGAIN)
+                        return;
+                if (n == 0 || n == -ECONNRESET) {
+                        conn_kill(c);
+                        return;
+                }
+                if (n == -EMSGSIZE || n == -EPROTO) {
+                        GmFrameHdr hdr;
+                        (void)gm_frame_parse(m->rx_buf, GM_FRAME_HDR_SIZE, 0, GM_PROTOCOL_VERSION, &hdr,
+                                             NULL);
+                        request_violation(c, hdr.request_id, (int)n,
+                                          n == -EMSGSIZE ? "frame larger than the maximum frame size"
+                                                         : "ancillary data truncated or not SCM_RIGHTS");
+                        return;
+                }
+                if (n < 0) {
+                        conn_kill(c);
+                        return;
+                }
+                request_handle(c, m->rx_buf, (size_t)n, fds, n_fds);
+        }
+}

@@ -1,0 +1,68 @@
+/* A client connection: identity frozen at accept, frame I/O with fds, output queue and deferred free. */
+#pragma once
+
+#include <event2/event.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/socket.h>
+#include <sys/types.h>
+
+#include "gpumem.pb-c.h"
+#include "log.h"
+#include "util.h"
+
+typedef struct Manager Manager;
+typedef struct Conn Conn;
+typedef struct ThunkVaSpace ThunkVaSpace;
+
+typedef struct ConnIdentity {
+        pid_t pid;
+        uid_t uid;
+        gid_t gid;
+        gid_t *groups; /* supplementary groups (SO_PEERGROUPS) */
+        size_t n_groups;
+        int pidfd;    /* pins the peer process, so a reused pid cannot be mistaken for it */
+        char *cgroup; /* unified-hierarchy path from /proc/PID/cgroup, or NULL */
+} ConnIdentity;
+
+typedef struct OutPacket OutPacket;
+
+typedef struct Conn {
+        Manager *m;
+        Conn *prev, *next;
+        int fd;
+        struct event *rd_ev;
+        struct event *wr_ev;
+        uint64_t id;
+        ConnIdentity ident;
+        char *name;
+        uint16_t proto_version; /* 0 until hello */
+        bool admin;
+        bool dead;
+        OutPacket *out_head, *out_tail;
+        size_t out_bytes;
+        uint64_t requests;
+        uint64_t connected_real_usec;
+        ThunkVaSpace *window;
+        uint64_t window_base, window_size;
+        ThunkVaSpace *window_rejected[4]; /* windows this client could not reserve, held until it leaves */
+        unsigned n_window_rejected;
+        LogRatelimit log_rl;
+} Conn;
+
+/* Take ownership of an accepted socket @fd (closed on failure too). */
+int conn_new(Manager *m, int fd, Conn **ret);
+/* Free now (only from outside the connection's own callbacks, e.g. at shutdown). */
+Conn *conn_free(Conn *c);
+/* Mark dead, stop its events and free it from a fresh loop iteration. Safe inside its own callbacks. */
+void conn_kill(Conn *c);
+
+/*
+ * Send a reply frame. Takes ownership of @fds (closed once sent, or on failure). When the socket is full
+ * the packet is queued and the connection stops reading until the queue drains (backpressure).
+ */
+int conn_send(Conn *c, uint32_t request_id, const Gpumem__Reply *reply, int *fds, size_t n_fds);
+/* Send an error reply (no fds). */
+int conn_send_error(Conn *c, uint32_t request_id, int code, const char *reason);
+
+bool conn_in_group(const Conn *c, gid_t gid);

@@ -1,0 +1,55 @@
+/* gpumemd: parse options, check or load the configuration, run the manager. */
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "config.h"
+#include "log.h"
+#include "manager.h"
+#include "options.h"
+
+int main(int argc, char **argv)
+{
+        Options opts;
+        Manager *m = NULL;
+        char err[8192];
+        const char *path;
+        int r;
+
+        log_setup();
+        options_init(&opts);
+        r = options_parse_argv(&opts, argc, argv);
+        if (r != 0) {
+                options_done(&opts);
+                return r > 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+        }
+        path = opts.config_path ? opts.config_path : GPUMEMD_CONFIG_FILE;
+        r = options_load_file(&opts, path, opts.config_explicit || opts.check_config, err, sizeof(err));
+        if (opts.check_config) {
+                if (r < 0)
+                        fputs(err, stderr);
+                else
+                        printf("%s: OK\n", path);
+                options_done(&opts);
+                return r < 0 ? EXIT_FAILURE : EXIT_SUCCESS;
+        }
+        if (r < 0) {
+                fputs(err, stderr);
+                options_done(&opts);
+                return EXIT_FAILURE;
+        }
+        log_set_level(opts.log_level);
+
+        /* Writes to a vanished client must fail with EPIPE, never kill the daemon. */
+        signal(SIGPIPE, SIG_IGN);
+
+        r = manager_new(&m, &opts);
+        options_done(&opts);
+        if (r < 0)
+                return EXIT_FAILURE;
+        r = manager_run(m);
+        manager_free(m);
+        return r == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}

@@ -1,0 +1,467 @@
+/* gpumemd's root object: start-up order, listener and accept hygiene, signals, readiness and drain. */
+#include "manager.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <systemd/sd-daemon.h>
+
+#include "config.h"
+#include "conn.h"
+#include "frame.h"
+#include "log.h"
+#include "window.h"
+#include "wire.h"
+
+#define ACCEPTS_PER_WAKEUP 64
+#define DRAIN_TIMEOUT_USEC (3u * 1000000u)
+
+static void on_status_timer(evutil_socket_t fd, short what, void *userdata)
+{
+        Manager *m = userdata;
+
+        m->status_pending = false;
+        (void)sd_notifyf(0, "STATUS=Serving %u client%s on %s%s%s", m->n_conns, m->n_conns == 1 ? "" : "s",
+                         thunk_device_backend_name(m->dev), m->preset_name[0] ? " preset " : "",
+                         m->preset_name);
+}
+
+/* Coalesce STATUS= updates to one a second: a notify socket that is slow to read must not stall clients. */
+void manager_notify_status(Manager *m)
+{
+        static const struct timeval delay = {1, 0};
+
+        if (m->status_pending || !m->status_ev)
+                return;
+        m->status_pending = evtimer_add(m->status_ev, &delay) == 0;
+}
+
+unsigned manager_conns_of_uid(const Manager *m, uid_t uid)
+{
+        unsigned n = 0;
+        for (const Conn *c = m->conns; c; c = c->next)
+                if (c->ident.uid == uid)
+                        n++;
+        return n;
+}
+
+Conn *manager_find_conn(Manager *m, uint64_t client_id)
+{
+        for (Conn *c = m->conns; c; c = c->next)
+                if (c->id == client_id)
+                        return c;
+        return NULL;
+}
+
+/* Refuse a connection with one error frame (request id 0: a connection-level error) and close it. */
+static void refuse(int fd, int code, const char *reason)
+{
+        Gpumem__Reply reply = GPUMEM__REPLY__INIT;
+        Gpumem__Status st = GPUMEM__STATUS__INIT;
+        uint8_t buf[256];
+        size_t len;
+
+        st.has_code = true;
+        st.code = code;
+        st.reason = (char *)reason;
+        reply.status = &st;
+        len = gpumem__reply__get_packed_size(&reply);
+        if (len <= sizeof(buf) - GM_FRAME_HDR_SIZE &&
+            gm_frame_hdr_encode(buf, GM_PROTOCOL_VERSION, 0, (uint32_t)len, 0) == 0) {
+                gpumem__reply__pack(&reply, buf + GM_FRAME_HDR_SIZE);
+                (void)gm_wire_send(fd, buf, GM_FRAME_HDR_SIZE + len, NULL, 0, NULL, 0, MSG_DONTWAIT);
+        }
+        safe_close(fd);
+}
+
+static void on_accept_retry(evutil_socket_t fd, short what, void *userdata)
+{
+        Manager *m = userdata;
+        if (!m->stopping)
+                event_add(m->listen_ev, NULL);
+}
+
+static void on_accept(evutil_socket_t lfd, short what, void *userdata)
+{
+        Manager *m = userdata;
+
+        for (int i = 0; i < ACCEPTS_PER_WAKEUP; i++) {
+                struct ucred cred;
+                socklen_t len = sizeof(cred);
+                Conn *c;
+                int fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+
+                if (fd < 0) {
+                        if (errno == EINTR || errno == ECONNABORTED)
+                                continue;
+                        if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+                                /* Out of fds: stop accepting for a second rather than spin. */
+                                struct timeval tv = {1, 0};
+                                log_warning_errno(errno, "accept: %s, pausing for a second", strerror(errno));
+                                event_del(m->listen_ev);
+                                evtimer_add(m->accept_retry_ev, &tv);
+                        } else if (errno != EAGAIN) {
+                                log_warning_errno(errno, "accept: %s", strerror(errno));
+                        }
+                        return;
+                }
+                if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) < 0) {
+                        safe_close(fd);
+                        continue;
+                }
+                if (m->n_conns >= m->opts.max_connections) {
+                        m->stats.connections_refused++;
+                        refuse(fd, -EUSERS, "gpumemd is at its connection limit");
+                        continue;
+                }
+                if (manager_conns_of_uid(m, cred.uid) >= m->opts.max_connections_per_uid) {
+                        m->stats.connections_refused++;
+                        refuse(fd, -EUSERS, "too many connections from this user");
+                        continue;
+                }
+                if (conn_new(m, fd, &c) < 0) {
+                        log_warning("cannot set up a connection from pid %d", (int)cred.pid);
+                        continue;
+                }
+                m->stats.connections_total++;
+                log_debug("accepted client %llu (pid %d uid %u)", (unsigned long long)c->id, (int)cred.pid,
+                          (unsigned)cred.uid);
+        }
+}
+
+static int listen_activated(Manager *m, bool *ret_found)
+{
+        int n = sd_listen_fds(1);
+
+        *ret_found = false;
+        if (n < 0)
+                return log_error_errno(n, "socket activation: %s", strerror(-n));
+        if (n == 0)
+                return 0;
+        if (n > 1)
+                return log_error_errno(-EINVAL, "socket activation passed %d sockets, expected one", n);
+        if (sd_is_socket_unix(SD_LISTEN_FDS_START, SOCK_SEQPACKET, 1, NULL, 0) <= 0)
+                return log_error_errno(-EINVAL,
+                                       "the activated socket is not a listening AF_UNIX SOCK_SEQPACKET");
+        m->listen_fd = SD_LISTEN_FDS_START;
+        (void)fcntl(m->listen_fd, F_SETFD, FD_CLOEXEC);
+        (void)fcntl(m->listen_fd, F_SETFL, fcntl(m->listen_fd, F_GETFL) | O_NONBLOCK);
+        *ret_found = true;
+        return 0;
+}
+
+/* A socket file left by a dead daemon is removed; one that answers belongs to a live daemon. */
+static int remove_stale_socket(const struct sockaddr_un *sa)
+{
+        struct stat st;
+        int fd, r;
+
+        if (lstat(sa->sun_path, &st) < 0)
+                return errno == ENOENT ? 0 : -errno;
+        if (!S_ISSOCK(st.st_mode))
+                return -EEXIST;
+        fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+        if (fd < 0)
+                return -errno;
+        r = connect(fd, (const struct sockaddr *)sa, sizeof(*sa));
+        safe_close(fd);
+        if (r == 0)
+                return -EADDRINUSE;
+        if (unlink(sa->sun_path) < 0 && errno != ENOENT)
+                return -errno;
+        return 0;
+}
+
+static int listen_bind(Manager *m)
+{
+        struct sockaddr_un sa = {.sun_family = AF_UNIX};
+        const char *path = m->opts.socket_path;
+        int fd, r;
+
+        if (strlen(path) >= sizeof(sa.sun_path))
+                return log_error_errno(-ENAMETOOLONG, "socket path '%s' is too long", path);
+        strcpy(sa.sun_path, path);
+        r = remove_stale_socket(&sa);
+        if (r == -EADDRINUSE)
+                return log_error_errno(r, "another gpumemd is already listening on %s", path);
+        if (r < 0)
+                return log_error_errno(r, "cannot use %s: %s", path, strerror(-r));
+
+        fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+        if (fd < 0)
+                return log_error_errno(errno, "socket: %s", strerror(errno));
+        if (bind(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
+                r = -errno;
+                safe_close(fd);
+                return log_error_errno(r, "cannot bind %s: %s", path, strerror(-r));
+        }
+        if (chmod(path, m->opts.socket_mode) < 0 || listen(fd, SOMAXCONN) < 0) {
+                r = -errno;
+                unlink(path);
+                safe_close(fd);
+                return log_error_errno(r, "cannot listen on %s: %s", path, strerror(-r));
+        }
+        m->listen_fd = fd;
+        m->listen_bound = true;
+        return 0;
+}
+
+static void on_drain_tick(evutil_socket_t fd, short what, void *userdata)
+{
+        Manager *m = userdata;
+        static const struct timeval tick = {0, 50000};
+
+        /* Connections whose replies are all out can go; the rest get until the deadline. */
+        for (Conn *c = m->conns, *next; c; c = next) {
+                next = c->next;
+                if (!c->out_head)
+                        conn_kill(c);
+        }
+        if (m->n_conns == 0 || now_usec(CLOCK_MONOTONIC) >= m->drain_deadline_usec) {
+                event_base_loopbreak(m->base);
+                return;
+        }
+        evtimer_add(m->drain_ev, &tick);
+}
+
+static void on_signal_stop(evutil_socket_t sig, short what, void *userdata)
+{
+        Manager *m = userdata;
+
+        if (m->stopping)
+                return;
+        m->stopping = true;
+        log_info("received %s, draining %u client%s", sig == SIGTERM ? "SIGTERM" : "SIGINT", m->n_conns,
+                 m->n_conns == 1 ? "" : "s");
+        (void)sd_notify(0, "STOPPING=1\nSTATUS=Draining clients");
+        event_del(m->listen_ev);
+        event_del(m->accept_retry_ev);
+        for (Conn *c = m->conns; c; c = c->next)
+                event_del(c->rd_ev);
+        m->drain_deadline_usec = now_usec(CLOCK_MONOTONIC) + DRAIN_TIMEOUT_USEC;
+        on_drain_tick(-1, 0, m);
+}
+
+static void on_sighup(evutil_socket_t sig, short what, void *userdata)
+{
+        (void)manager_reload(userdata);
+}
+
+static void on_watchdog(evutil_socket_t fd, short what, void *userdata)
+{
+        (void)sd_notify(0, "WATCHDOG=1");
+}
+
+int manager_reload(Manager *m)
+{
+        Options next;
+        char err[4096];
+        int r;
+
+        r = options_copy(&next, &m->opts);
+        if (r < 0)
+                return log_error_errno(r, "reload: out of memory");
+        r = options_load_file(&next, m->opts.config_path ? m->opts.config_path : GPUMEMD_CONFIG_FILE,
+                              m->opts.config_explicit, err, sizeof(err));
+        if (r < 0) {
+                options_done(&next);
+                log_full(LOG_ERR, r, GM_MESSAGE_CONFIG_RELOAD, NULL,
+                         "reload refused, the running configuration stays: %s", err);
+                return r;
+        }
+        if (strcmp(next.socket_path, m->opts.socket_path) != 0 || next.backend != m->opts.backend ||
+            strcmp(next.model_preset, m->opts.model_preset) != 0)
+                log_notice("reload: socket, backend and preset changes take effect at the next start");
+        /* Settings that apply at once: logging, caps, windows of new clients, administrators. */
+        m->opts.log_level = next.log_level;
+        m->opts.max_connections = next.max_connections;
+        m->opts.max_connections_per_uid = next.max_connections_per_uid;
+        m->opts.window_size = next.window_size;
+        memcpy(m->opts.admin_gids, next.admin_gids, sizeof(next.admin_gids));
+        m->opts.n_admin_gids = next.n_admin_gids;
+        log_set_level(m->opts.log_level);
+        options_done(&next);
+        log_full(LOG_NOTICE, 0, GM_MESSAGE_CONFIG_RELOAD, NULL, "configuration reloaded");
+        return 0;
+}
+
+static int open_backend(Manager *m)
+{
+        char preset[PATH_MAX], err[512] = "";
+        ThunkOptions to = {0};
+        int r;
+
+        if (m->opts.backend == OPT_BACKEND_MODEL) {
+                r = options_preset_dir(&m->opts, preset, sizeof(preset));
+                if (r < 0)
+                        return log_error_errno(r, "model preset '%s' not found: %s", m->opts.model_preset,
+                                               strerror(-r));
+                to.backend = THUNK_BACKEND_MODEL;
+                to.topology_root = preset;
+                to.model_kfd_minor = m->opts.model_kfd_minor;
+                const char *slash = strrchr(preset, '/');
+                const char *name = slash ? slash + 1 : preset;
+                size_t n = strnlen(name, sizeof(m->preset_name) - 1);
+                memcpy(m->preset_name, name, n);
+                m->preset_name[n] = '\0';
+        } else {
+                to.backend = THUNK_BACKEND_KFD;
+                to.topology_root = m->opts.topology_root;
+        }
+        r = thunk_device_open(&to, &m->dev, err, sizeof(err));
+        if (r < 0)
+                return log_error_errno(r, "cannot open the %s backend: %s",
+                                       to.backend == THUNK_BACKEND_MODEL ? "model" : "kfd",
+                                       err[0] ? err : strerror(-r));
+        return 0;
+}
+
+static int setup_va(Manager *m)
+{
+        uint64_t base, limit, start;
+        int r;
+
+        thunk_device_svm_aperture(m->dev, &base, &limit);
+        start = base > WINDOW_SPACE_START ? base : WINDOW_SPACE_START;
+        start = (start + WINDOW_ALIGN - 1) & ~(WINDOW_ALIGN - 1);
+        if (limit <= start || limit - start + 1 < m->opts.window_size)
+                return log_error_errno(-ERANGE,
+                                       "the SVM aperture 0x%llx-0x%llx has no room for client windows",
+                                       (unsigned long long)base, (unsigned long long)limit);
+        r = thunk_va_space_new(start, ((limit + 1) & ~(WINDOW_ALIGN - 1)) - start, WINDOW_ALIGN, &m->va);
+        if (r < 0)
+                return log_error_errno(r, "cannot set up the VA space: %s", strerror(-r));
+        r = window_space_init(m->va);
+        if (r < 0)
+                return log_error_errno(r, "cannot read the daemon's own mappings: %s", strerror(-r));
+        return 0;
+}
+
+int manager_new(Manager **ret, const Options *opts)
+{
+        Manager *m;
+        bool activated;
+        int r;
+
+        m = calloc(1, sizeof(*m));
+        if (!m)
+                return -ENOMEM;
+        m->listen_fd = -1;
+        r = options_copy(&m->opts, opts);
+        if (r < 0) {
+                free(m);
+                return r;
+        }
+        m->started_mono_usec = now_usec(CLOCK_MONOTONIC);
+        m->started_real_usec = now_usec(CLOCK_REALTIME);
+        m->rx_buf = malloc(GM_FRAME_MAX);
+        m->tx_buf = malloc(GM_FRAME_MAX);
+        m->base = event_base_new();
+        if (!m->rx_buf || !m->tx_buf || !m->base) {
+                r = -ENOMEM;
+                goto fail;
+        }
+
+        r = open_backend(m);
+        if (r < 0)
+                goto fail;
+        r = setup_va(m);
+        if (r < 0)
+                goto fail;
+
+        r = listen_activated(m, &activated);
+        if (r < 0)
+                goto fail;
+        if (!activated) {
+                r = listen_bind(m);
+                if (r < 0)
+                        goto fail;
+        }
+
+        m->listen_ev = event_new(m->base, m->listen_fd, EV_READ | EV_PERSIST, on_accept, m);
+        m->accept_retry_ev = evtimer_new(m->base, on_accept_retry, m);
+        m->sigterm_ev = evsignal_new(m->base, SIGTERM, on_signal_stop, m);
+        m->sigint_ev = evsignal_new(m->base, SIGINT, on_signal_stop, m);
+        m->sighup_ev = evsignal_new(m->base, SIGHUP, on_sighup, m);
+        m->drain_ev = evtimer_new(m->base, on_drain_tick, m);
+        m->status_ev = evtimer_new(m->base, on_status_timer, m);
+        if (!m->listen_ev || !m->accept_retry_ev || !m->sigterm_ev || !m->sigint_ev || !m->sighup_ev ||
+            !m->drain_ev || !m->status_ev || event_add(m->listen_ev, NULL) < 0 ||
+            event_add(m->sigterm_ev, NULL) < 0 || event_add(m->sigint_ev, NULL) < 0 ||
+            event_add(m->sighup_ev, NULL) < 0) {
+                r = -ENOMEM;
+                goto fail;
+        }
+        *ret = m;
+        return 0;
+fail:
+        manager_free(m);
+        return r;
+}
+
+Manager *manager_free(Manager *m)
+{
+        if (!m)
+                return NULL;
+        while (m->conns)
+                conn_free(m->conns);
+        if (m->listen_ev)
+                event_free(m->listen_ev);
+        if (m->accept_retry_ev)
+                event_free(m->accept_retry_ev);
+        if (m->sigterm_ev)
+                event_free(m->sigterm_ev);
+        if (m->sigint_ev)
+                event_free(m->sigint_ev);
+        if (m->sighup_ev)
+                event_free(m->sighup_ev);
+        if (m->watchdog_ev)
+                event_free(m->watchdog_ev);
+        if (m->drain_ev)
+                event_free(m->drain_ev);
+        if (m->status_ev)
+                event_free(m->status_ev);
+        if (m->listen_fd >= 0) {
+                if (m->listen_bound)
+                        unlink(m->opts.socket_path);
+                safe_close(m->listen_fd);
+        }
+        thunk_va_space_free(m->va);
+        thunk_device_close(m->dev);
+        if (m->base)
+                event_base_free(m->base);
+        free(m->rx_buf);
+        free(m->tx_buf);
+        options_done(&m->opts);
+        free(m);
+        return NULL;
+}
+
+int manager_run(Manager *m)
+{
+        uint64_t wd_usec = 0;
+
+        if (sd_watchdog_enabled(0, &wd_usec) > 0 && wd_usec > 0) {
+                struct timeval tv = {(time_t)(wd_usec / 2 / 1000000), (suseconds_t)(wd_usec / 2 % 1000000)};
+                m->watchdog_ev = event_new(m->base, -1, EV_PERSIST, on_watchdog, m);
+                if (m->watchdog_ev)
+                        event_add(m->watchdog_ev, &tv);
+        }
+        log_full(LOG_INFO, 0, GM_MESSAGE_STARTED, NULL, "gpumemd %s serving on %s (%s backend%s%s, %zu GPUs)",
+                 GPUMEMD_VERSION, m->listen_bound ? m->opts.socket_path : "the activated socket",
+                 thunk_device_backend_name(m->dev), m->preset_name[0] ? ", preset " : "", m->preset_name,
+                 thunk_device_gpu_count(m->dev));
+        /* Ready only now: the backend is open, topology and VM are up, the socket listens. */
+        (void)sd_notify(0, "READY=1");
+        on_status_timer(-1, 0, m);
+        event_base_dispatch(m->base);
+        log_full(LOG_INFO, 0, GM_MESSAGE_STOPPED, NULL, "gpumemd stopped");
+        return m->exit_code;
+}

@@ -1,0 +1,67 @@
+/* gpumemd's root object: event loop, listener, signals, readiness, the thunk device and all connections. */
+#pragma once
+
+#include <event2/event.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "options.h"
+#include "thunk.h"
+#include "vaman.h"
+
+typedef struct Conn Conn;
+
+typedef struct ManagerStats {
+        uint64_t requests;
+        uint64_t protocol_errors;
+        uint64_t denials;
+        uint64_t connections_total;
+        uint64_t connections_refused;
+} ManagerStats;
+
+typedef struct Manager {
+        struct event_base *base;
+        Options opts;
+        ThunkDevice *dev;
+        char preset_name[64];
+
+        int listen_fd;
+        bool listen_bound; /* we bound it ourselves (not socket-activated): unlink on exit */
+        struct event *listen_ev;
+        struct event *accept_retry_ev;
+        struct event *sigterm_ev, *sigint_ev, *sighup_ev;
+        struct event *watchdog_ev;
+        struct event *drain_ev;
+        struct event *status_ev;
+        bool status_pending;
+
+        /* Client VA windows are carved from this space (the SVM aperture above the low reserved range). */
+        ThunkVaSpace *va;
+
+        Conn *conns; /* doubly linked, newest first */
+        unsigned n_conns;
+        uint64_t next_client_id;
+
+        uint8_t *rx_buf; /* one frame at a time is handled, so one receive and one send buffer serve all */
+        uint8_t *tx_buf;
+
+        uint64_t started_mono_usec;
+        uint64_t started_real_usec;
+        ManagerStats stats;
+        bool stopping;
+        uint64_t drain_deadline_usec;
+        int exit_code;
+} Manager;
+
+/* Create the manager from parsed options: opens the backend and the listening socket. */
+int manager_new(Manager **ret, const Options *opts);
+Manager *manager_free(Manager *m);
+/* Run until SIGTERM/SIGINT; returns the exit code. Sends READY=1 once the loop runs. */
+int manager_run(Manager *m);
+/* Re-read the config file (SIGHUP): a bad file changes nothing. */
+int manager_reload(Manager *m);
+
+/* Tell systemd how many clients are served (STATUS=). */
+void manager_notify_status(Manager *m);
+unsigned manager_conns_of_uid(const Manager *m, uid_t uid);
+Conn *manager_find_conn(Manager *m, uint64_t client_id);

@@ -1,0 +1,131 @@
+/* Query ops: topology (decoded summary and, on request, every raw property). */
+#include <errno.h>
+#include <linux/kfd_sysfs.h>
+#include <stdlib.h>
+
+#include "manager.h"
+#include "request.h"
+
+typedef struct TopoBufs {
+        Gpumem__TopologyNode *nodes;
+        Gpumem__TopologyNode **node_ptrs;
+        Gpumem__Prop *props;
+        Gpumem__Prop **prop_ptrs;
+        Gpumem__IoLink *links;
+        Gpumem__IoLink **link_ptrs;
+} TopoBufs;
+
+static void topo_bufs_done(TopoBufs *b)
+{
+        free(b->nodes);
+        free(b->node_ptrs);
+        free(b->props);
+        free(b->prop_ptrs);
+        free(b->links);
+        free(b->link_ptrs);
+}
+
+int op_topology(ReqCtx *r, const Gpumem__Request *req)
+{
+        const ThunkTopology *t = thunk_device_topology(r->m->dev);
+        bool with_props = req->topology->has_with_properties && req->topology->with_properties;
+        Gpumem__Reply reply = GPUMEM__REPLY__INIT;
+        Gpumem__TopologyReply tr = GPUMEM__TOPOLOGY_REPLY__INIT;
+        TopoBufs b = {0};
+        size_t n_props = 0, n_links = 0, pi = 0, li = 0;
+        int err;
+
+        for (size_t i = 0; i < t->n_nodes; i++) {
+                n_props += with_props ? t->nodes[i].props.n : 0;
+                n_links += t->nodes[i].n_io_links;
+        }
+        b.nodes = calloc(t->n_nodes ? t->n_nodes : 1, sizeof(*b.nodes));
+        b.node_ptrs = calloc(t->n_nodes ? t->n_nodes : 1, sizeof(*b.node_ptrs));
+        b.props = calloc(n_props ? n_props : 1, sizeof(*b.props));
+        b.prop_ptrs = calloc(n_props ? n_props : 1, sizeof(*b.prop_ptrs));
+        b.links = calloc(n_links ? n_links : 1, sizeof(*b.links));
+        b.link_ptrs = calloc(n_links ? n_links : 1, sizeof(*b.link_ptrs));
+        if (!b.nodes || !b.node_ptrs || !b.props || !b.prop_ptrs || !b.links || !b.link_ptrs) {
+                topo_bufs_done(&b);
+                return reply_fail(r, -ENOMEM, "out of memory building the topology reply");
+        }
+
+        for (size_t i = 0; i < t->n_nodes; i++) {
+                const ThunkNode *n = &t->nodes[i];
+                Gpumem__TopologyNode *o = &b.nodes[i];
+                uint64_t sysmem = 0;
+                bool large_bar = false;
+
+                gpumem__topology_node__init(o);
+                b.node_ptrs[i] = o;
+                o->has_node_id = o->has_gpu_id = o->has_is_gpu = true;
+                o->node_id = n->node_id;
+                o->gpu_id = n->gpu_id;
+                o->is_gpu = n->is_gpu;
+                o->name = (char *)n->name;
+                o->has_cpu_cores = o->has_simd_count = o->has_local_mem_size = true;
+                o->cpu_cores = n->cpu_cores_count;
+                o->simd_count = n->simd_count;
+                o->local_mem_size = n->local_mem_size;
+                o->has_gfx_target_version = o->has_vendor_id = o->has_device_id = true;
+                o->gfx_target_version = n->gfx_target_version;
+                o->vendor_id = n->vendor_id;
+                o->device_id = n->device_id;
+                o->has_pci_domain = o->has_pci_location = o->has_drm_render_minor = true;
+                o->pci_domain = n->domain;
+                o->pci_location = n->location_id;
+                o->drm_render_minor = n->drm_render_minor;
+                o->has_hive_id = o->has_numa_node = o->has_capability = true;
+                o->hive_id = n->hive_id;
+                o->numa_node = n->numa_node;
+                o->capability = n->capability;
+                for (size_t k = 0; k < n->n_mem_banks; k++) {
+                        if (n->mem_banks[k].heap_type == HSA_MEM_HEAP_TYPE_SYSTEM)
+                                sysmem += n->mem_banks[k].size_in_bytes;
+                        if (n->mem_banks[k].heap_type == HSA_MEM_HEAP_TYPE_FB_PUBLIC)
+                                large_bar = true;
+                }
+                o->has_large_bar = n->is_gpu;
+                o->large_bar = large_bar;
+                if (sysmem) {
+                        o->has_system_mem_size = true;
+                        o->system_mem_size = sysmem;
+                }
+                if (with_props) {
+                        o->properties = &b.prop_ptrs[pi];
+                        o->n_properties = n->props.n;
+                        for (size_t k = 0; k < n->props.n; k++, pi++) {
+                                gpumem__prop__init(&b.props[pi]);
+                                b.props[pi].key = (char *)n->props.items[k].key;
+                                b.props[pi].has_value = true;
+                                b.props[pi].value = n->props.items[k].value;
+                                b.prop_ptrs[pi] = &b.props[pi];
+                        }
+                }
+                o->io_links = &b.link_ptrs[li];
+                o->n_io_links = n->n_io_links;
+                for (size_t k = 0; k < n->n_io_links; k++, li++) {
+                        const ThunkIoLink *l = &n->io_links[k];
+                        Gpumem__IoLink *ol = &b.links[li];
+                        gpumem__io_link__init(ol);
+                        ol->has_type = ol->has_node_from = ol->has_node_to = ol->has_weight = true;
+                        ol->type = l->type;
+                        ol->node_from = l->node_from;
+                        ol->node_to = l->node_to;
+                        ol->weight = l->weight;
+                        ol->has_min_bandwidth = ol->has_max_bandwidth = true;
+                        ol->min_bandwidth = l->min_bandwidth;
+                        ol->max_bandwidth = l->max_bandwidth;
+                        b.link_ptrs[li] = ol;
+                }
+        }
+        tr.has_generation_id = true;
+        tr.generation_id = t->generation_id;
+        tr.n_nodes = t->n_nodes;
+        tr.nodes = b.node_ptrs;
+        reply.result_case = GPUMEM__REPLY__RESULT_TOPOLOGY;
+        reply.topology = &tr;
+        err = reply_ok(r, &reply);
+        topo_bufs_done(&b);
+        return err;
+}

@@ -1,0 +1,147 @@
+/* Session ops: hello (version, window, limits), ping, window retry. */
+#include <ctype.h>
+#include <errno.h>
+#include <string.h>
+
+#include "config.h"
+#include "log.h"
+#include "manager.h"
+#include "request.h"
+#include "window.h"
+
+#define CLIENT_NAME_MAX 64
+
+/* Admin rights until the policy file says otherwise: root, the daemon's own uid, or a listed group. */
+static bool is_admin(const Manager *m, const Conn *c)
+{
+        if (c->ident.uid == 0 || c->ident.uid == geteuid())
+                return true;
+        for (size_t i = 0; i < m->opts.n_admin_gids; i++)
+                if (conn_in_group(c, m->opts.admin_gids[i]))
+                        return true;
+        return false;
+}
+
+static char *sanitize_name(const char *s)
+{
+        char buf[CLIENT_NAME_MAX + 1];
+        size_t n = 0;
+
+        for (; s && *s && n < CLIENT_NAME_MAX; s++)
+                buf[n++] = isprint((unsigned char)*s) ? *s : '?';
+        buf[n] = '\0';
+        return strdup(buf);
+}
+
+int op_hello(ReqCtx *r, const Gpumem__Request *req)
+{
+        const Gpumem__Hello *h = req->hello;
+        Gpumem__Reply reply = GPUMEM__REPLY__INIT;
+        Gpumem__HelloReply hr = GPUMEM__HELLO_REPLY__INIT;
+        Conn *c = r->c;
+        Manager *m = r->m;
+        uint64_t size = m->opts.window_size;
+        uint32_t major = 0, minor = 0;
+        int err;
+
+        if (c->proto_version != 0)
+                return reply_fail(r, -EALREADY, "hello was already done on this connection");
+        if (!h->has_protocol_version || h->protocol_version == 0)
+                return reply_fail(r, -EPROTONOSUPPORT, "hello without a protocol version");
+        if (h->has_window_size && h->window_size != 0) {
+                if (h->window_size % WINDOW_ALIGN || h->window_size > m->opts.window_size)
+                        return reply_fail(
+                                r, -EINVAL, "window size %llu is not a multiple of 2 MiB up to %llu bytes",
+                                (unsigned long long)h->window_size, (unsigned long long)m->opts.window_size);
+                size = h->window_size;
+        }
+        err = window_assign(c, size);
+        if (err < 0)
+                return reply_fail(r, err, "no VA window of %llu bytes is free", (unsigned long long)size);
+
+        free(c->name);
+        c->name = sanitize_name(h->client_name);
+        c->proto_version = (uint16_t)(h->protocol_version < GM_PROTOCOL_VERSION ? h->protocol_version
+                                                                                : GM_PROTOCOL_VERSION);
+        c->admin = is_admin(m, c);
+        thunk_device_version(m->dev, &major, &minor);
+
+        hr.has_protocol_version = hr.has_features = hr.has_client_id = true;
+        hr.protocol_version = c->proto_version;
+        hr.features = 0;
+        hr.server_version = GPUMEMD_VERSION;
+        hr.client_id = c->id;
+        hr.has_window_base = hr.has_window_size = true;
+        hr.window_base = c->window_base;
+        hr.window_size = c->window_size;
+        hr.has_page_size = hr.has_recommended_granularity = true;
+        hr.page_size = 4096;
+        hr.recommended_granularity = 2u << 20;
+        hr.has_max_frame = hr.has_max_fds = hr.has_max_inflight = true;
+        hr.max_frame = GM_FRAME_MAX;
+        hr.max_fds = GM_FRAME_MAX_FDS;
+        hr.max_inflight = 16;
+        hr.backend = (char *)thunk_device_backend_name(m->dev);
+        hr.has_kfd_major = hr.has_kfd_minor = hr.has_private_gpu_vm = true;
+        hr.kfd_major = major;
+        hr.kfd_minor = minor;
+        hr.private_gpu_vm = false;
+        reply.result_case = GPUMEM__REPLY__RESULT_HELLO;
+        reply.hello = &hr;
+
+        {
+                char f_uid[48], f_pid[48], f_client[48];
+                const char *fields[] = {f_uid, f_pid, f_client, NULL};
+                snprintf(f_uid, sizeof(f_uid), "GPUMEM_CLIENT_UID=%u", (unsigned)c->ident.uid);
+                snprintf(f_pid, sizeof(f_pid), "GPUMEM_CLIENT_PID=%d", (int)c->ident.pid);
+                snprintf(f_client, sizeof(f_client), "GPUMEM_CLIENT_ID=%llu", (unsigned long long)c->id);
+                log_full(LOG_INFO, 0, GM_MESSAGE_CLIENT_CONNECT, fields,
+                         "client %llu connected: pid %d uid %u name '%s' cgroup %s window 0x%llx+0x%llx",
+                         (unsigned long long)c->id, (int)c->ident.pid, (unsigned)c->ident.uid,
+                         c->name ? c->name : "", c->ident.cgroup ? c->ident.cgroup : "-",
+                         (unsigned long long)c->window_base, (unsigned long long)c->window_size);
+        }
+        manager_notify_status(m);
+        return reply_ok(r, &reply);
+}
+
+int op_ping(ReqCtx *r, const Gpumem__Request *req)
+{
+        Gpumem__Reply reply = GPUMEM__REPLY__INIT;
+        Gpumem__PingReply pr = GPUMEM__PING_REPLY__INIT;
+
+        pr.has_cookie = true;
+        pr.cookie = req->ping->cookie;
+        reply.result_case = GPUMEM__REPLY__RESULT_PING;
+        reply.ping = &pr;
+        return reply_ok(r, &reply);
+}
+
+int op_window_retry(ReqCtx *r, const Gpumem__Request *req)
+{
+        Gpumem__Reply reply = GPUMEM__REPLY__INIT;
+        Gpumem__HelloReply hr = GPUMEM__HELLO_REPLY__INIT;
+        Conn *c = r->c;
+        int err;
+
+        if (req->window_retry->failed_base != c->window_base)
+                return reply_fail(r, -EINVAL, "0x%llx is not this client's window",
+                                  (unsigned long long)req->window_retry->failed_base);
+        err = window_retry(c, c->window_base);
+        if (err == -ENOSPC)
+                return reply_fail(r, err, "no further window: %d were refused", WINDOW_MAX_RETRIES);
+        if (err < 0)
+                return reply_fail(r, err, "no other VA window is free");
+        hr.has_window_base = hr.has_window_size = true;
+        hr.window_base = c->window_base;
+        hr.window_size = c->window_size;
+        reply.result_case = GPUMEM__REPLY__RESULT_HELLO;
+        reply.hello = &hr;
+        return reply_ok(r, &reply);
+}
+
+int op_not_implemented(ReqCtx *r, const Gpumem__Request *req)
+{
+        return reply_fail(r, -ENOSYS, "op %u is part of protocol v1 but not implemented by gpumemd %s",
+                          (unsigned)req->op_case, GPUMEMD_VERSION);
+}

@@ -1,0 +1,63 @@
+/* gpumemd settings: command line and the [daemon] section of the config file (flags override the file). */
+#pragma once
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+typedef enum OptBackend {
+        OPT_BACKEND_MODEL,
+        OPT_BACKEND_KFD,
+} OptBackend;
+
+/* Which settings the command line gave, so the file does not override them. */
+enum {
+        OPT_SET_SOCKET = 1u << 0,
+        OPT_SET_BACKEND = 1u << 1,
+        OPT_SET_PRESET = 1u << 2,
+        OPT_SET_LOG_LEVEL = 1u << 3,
+        OPT_SET_TOPOLOGY = 1u << 4,
+        OPT_SET_KFD_MINOR = 1u << 5,
+};
+
+#define OPT_MAX_ADMIN_GROUPS 16
+
+typedef struct Options {
+        char *config_path;    /* NULL: the default file, if it exists */
+        bool config_explicit; /* --config given: the file must exist */
+        char *socket_path;
+        OptBackend backend;
+        char *model_preset;  /* a preset name under the preset dir, or a directory path */
+        char *topology_root; /* KFD backend: sysfs topology dir */
+        uint32_t model_kfd_minor;
+        int log_level;
+        uint32_t max_connections;
+        uint32_t max_connections_per_uid;
+        uint64_t window_size;
+        uint32_t socket_mode;
+        gid_t admin_gids[OPT_MAX_ADMIN_GROUPS];
+        size_t n_admin_gids;
+        bool check_config;
+        unsigned set_by_cli;
+} Options;
+
+void options_init(Options *o);
+void options_done(Options *o);
+/* Deep copy; @dst is overwritten (not freed first). */
+int options_copy(Options *dst, const Options *src);
+
+/*
+ * Parse argv. Returns 0 to run, 1 when --help or --version was printed (exit 0), or a negative errno after
+ * printing a one-line error to stderr.
+ */
+int options_parse_argv(Options *o, int argc, char **argv);
+
+/*
+ * Read the config file into @o (settings given on the command line win). Every error is appended to
+ * @errbuf as "FILE:LINE: message\n". Returns 0, or -EINVAL when the file has errors (nothing in @o
+ * changes then), or -errno when it cannot be read. A missing default file is not an error.
+ */
+int options_load_file(Options *o, const char *path, bool must_exist, char *errbuf, size_t errlen);
+
+/* Resolve the preset to a directory (absolute path in @buf). */
+int options_preset_dir(const Options *o, char *buf, size_t len);

@@ -1,0 +1,59 @@
+/* Request dispatch: frame check → op lookup → version and permission gate → decode → handler → reply. */
+#pragma once
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "conn.h"
+#include "frame.h"
+#include "gpumem.pb-c.h"
+
+/* What a handler gets: the connection, the request id, and room for the reason and reply fds. */
+typedef struct ReqCtx {
+        Conn *c;
+        Manager *m;
+        uint32_t id;
+        const int *in_fds; /* borrowed fds that came with the request */
+        size_t n_in_fds;
+        bool in_fd_taken[GM_FRAME_MAX_FDS];
+        int out_fds[GM_FRAME_MAX_FDS]; /* owned fds to send with the reply */
+        size_t n_out_fds;
+        char reason[256];
+        bool replied;
+} ReqCtx;
+
+/* A handler returns 0 after reply_ok(), or a negative errno after reply_fail() set the reason. */
+typedef int (*OpHandler)(ReqCtx *r, const Gpumem__Request *req);
+
+enum {
+        OP_PERM_ANY = 0,   /* any connected client */
+        OP_PERM_ADMIN = 1, /* administrator identities only */
+};
+
+/* Handle one received packet; takes ownership of @fds. */
+void request_handle(Conn *c, const uint8_t *buf, size_t len, int *fds, size_t n_fds);
+/* A protocol violation: log it (rate-limited), send one error reply, close the connection. */
+void request_violation(Conn *c, uint32_t request_id, int code, const char *reason);
+/* Release everything the connection owned (called from conn_free). */
+void request_conn_teardown(Conn *c);
+
+/* Send the successful reply; takes the fds added with reply_add_fd. */
+int reply_ok(ReqCtx *r, Gpumem__Reply *reply);
+/* Record why the request failed; returns @code (negative errno) for "return reply_fail(...)". */
+int reply_fail(ReqCtx *r, int code, const char *fmt, ...) _printf_(3, 4);
+/* Attach an owned fd to the reply; returns its index, or a negative errno (and closes @fd). */
+int reply_add_fd(ReqCtx *r, int fd);
+/* Take the request's fd at @index (bounds-checked against the header's count): -EBADF when out of range. */
+int req_take_fd(ReqCtx *r, int32_t index, int *ret_fd);
+
+/* Handlers, by family (ops-*.c). */
+int op_hello(ReqCtx *r, const Gpumem__Request *req);
+int op_ping(ReqCtx *r, const Gpumem__Request *req);
+int op_window_retry(ReqCtx *r, const Gpumem__Request *req);
+int op_topology(ReqCtx *r, const Gpumem__Request *req);
+int op_admin_status(ReqCtx *r, const Gpumem__Request *req);
+int op_admin_clients(ReqCtx *r, const Gpumem__Request *req);
+int op_admin_disconnect(ReqCtx *r, const Gpumem__Request *req);
+int op_admin_metrics(ReqCtx *r, const Gpumem__Request *req);
+int op_admin_set_log_level(ReqCtx *r, const Gpumem__Request *req);
+int op_not_implemented(ReqCtx *r, const Gpumem__Request *req);

@@ -1,0 +1,168 @@
+/* Client VA windows: carved from the manager's VA space, backed by a PROT_NONE reservation in the daemon. */
+#include "window.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+
+#include "manager.h"
+#include "vaman.h"
+
+#ifndef MAP_FIXED_NOREPLACE
+#define MAP_FIXED_NOREPLACE 0x100000
+#endif
+
+/* Reserve [base, base+size) in the daemon; -EEXIST when something of the daemon's already lives there. */
+static int reserve_here(uint64_t base, uint64_t size)
+{
+        void *want = (void *)(uintptr_t)base;
+        void *p = mmap(want, size, PROT_NONE,
+                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED_NOREPLACE, -1, 0);
+        if (p == MAP_FAILED)
+                return -errno;
+        if (p != want) { /* a kernel that ignores MAP_FIXED_NOREPLACE treats it as a hint */
+                munmap(p, size);
+                return -EEXIST;
+        }
+        return 0;
+}
+
+typedef struct Range {
+        uint64_t start, end;
+} Range;
+
+static int range_cmp(const void *a, const void *b)
+{
+        const Range *x = a, *y = b;
+        return x->start < y->start ? -1 : x->start > y->start;
+}
+
+int window_space_init(ThunkVaSpace *va)
+{
+        uint64_t lo = thunk_va_space_base(va), hi = thunk_va_space_limit(va),
+                 guard = thunk_va_space_guard(va);
+        _cleanup_fclose_ FILE *f = fopen("/proc/self/maps", "re");
+        _cleanup_free_ Range *ranges = NULL;
+        size_t n = 0, cap = 0;
+        char line[512];
+
+        if (!f)
+                return -errno;
+        /* What the daemon itself already maps inside the space (a sanitizer's shadow, a large early mapping)
+         * can never be a client window here: keep it out of the books from the start. */
+        while (fgets(line, sizeof(line), f)) {
+                unsigned long long a, b;
+                if (sscanf(line, "%llx-%llx", &a, &b) != 2 || b <= lo || a >= hi)
+                        continue;
+                if (n == cap) {
+                        size_t ncap = cap ? cap * 2 : 64;
+                        Range *nr = realloc(ranges, ncap * sizeof(*nr));
+                        if (!nr)
+                                return -ENOMEM;
+                        ranges = nr;
+                        cap = ncap;
+                }
+                a = a < lo ? lo : a & ~(WINDOW_ALIGN - 1);
+                b = (b + WINDOW_ALIGN - 1) & ~(WINDOW_ALIGN - 1);
+                ranges[n++] = (Range){a, b > hi ? hi : b};
+        }
+        qsort(ranges, n, sizeof(*ranges), range_cmp);
+        for (size_t i = 0; i < n;) {
+                Range r = ranges[i++];
+                /* merge neighbours closer than a guard apart: their books would collide */
+                while (i < n && ranges[i].start <= r.end + 2 * guard) {
+                        if (ranges[i].end > r.end)
+                                r.end = ranges[i].end;
+                        i++;
+                }
+                if (r.end + guard > hi)
+                        r.end = hi - guard;
+                if (r.end <= r.start)
+                        continue;
+                int err = thunk_va_alloc_fixed(va, r.start, r.end - r.start, NULL);
+                if (err < 0)
+                        return err;
+        }
+        return 0;
+}
+
+static int window_new(Conn *c, uint64_t size, ThunkVaSpace **ret)
+{
+        Manager *m = c->m;
+        ThunkVaSpace *blocked[32];
+        size_t n_blocked = 0;
+        int r;
+
+        for (;;) {
+                ThunkVaSpace *w = NULL;
+                r = thunk_va_space_new_window(m->va, size, WINDOW_ALIGN, WINDOW_GUARD, &w);
+                if (r < 0)
+                        break;
+                r = reserve_here(thunk_va_space_base(w), size);
+                if (r == 0) {
+                        *ret = w;
+                        break;
+                }
+                /* The daemon itself uses part of that range: keep it out of reach while we look further. */
+                if (n_blocked == sizeof(blocked) / sizeof(blocked[0])) {
+                        thunk_va_space_free(w);
+                        r = -ENOSPC;
+                        break;
+                }
+                blocked[n_blocked++] = w;
+        }
+        while (n_blocked > 0)
+                thunk_va_space_free(blocked[--n_blocked]);
+        return r;
+}
+
+int window_assign(Conn *c, uint64_t size)
+{
+        ThunkVaSpace *w = NULL;
+        int r;
+
+        if (c->window)
+                return -EALREADY;
+        r = window_new(c, size, &w);
+        if (r < 0)
+                return r;
+        c->window = w;
+        c->window_base = thunk_va_space_base(w);
+        c->window_size = size;
+        return 0;
+}
+
+int window_retry(Conn *c, uint64_t failed_base)
+{
+        ThunkVaSpace *old = c->window, *w = NULL;
+        int r;
+
+        if (!old || failed_base != c->window_base)
+                return -EINVAL;
+        if (c->n_window_rejected >= WINDOW_MAX_RETRIES)
+                return -ENOSPC;
+        /* Allocate the new window while the old one is still held, so it cannot come back. */
+        r = window_new(c, c->window_size, &w);
+        if (r < 0)
+                return r;
+        /* Keep the rejected range (books and reservation) for this client's lifetime: its address space is
+         * busy there, and handing it to the next client is fine but to this one pointless. */
+        c->window_rejected[c->n_window_rejected++] = old;
+        c->window = w;
+        c->window_base = thunk_va_space_base(w);
+        return 0;
+}
+
+void window_release(Conn *c)
+{
+        if (c->window) {
+                munmap((void *)(uintptr_t)c->window_base, c->window_size);
+                c->window = thunk_va_space_free(c->window);
+        }
+        while (c->n_window_rejected > 0) {
+                ThunkVaSpace *w = c->window_rejected[--c->n_window_rejected];
+                munmap((void *)(uintptr_t)thunk_va_space_base(w), c->window_size);
+                thunk_va_space_free(w);
+        }
+}

@@ -1,0 +1,211 @@
+/* Unit tests of gpumemd's settings: command line parsing and config file errors with their lines. */
+#include <stdint.h>
+#include <unistd.h>
+
+#include "../common/check.h"
+#include "log.h"
+#include "options.h"
+#include "util.h"
+
+static char tmpdir[] = "/tmp/gpumemd-test-options-XXXXXX";
+
+static const char *write_file(const char *name, const char *text)
+{
+        static char path[256];
+        FILE *f;
+
+        snprintf(path, sizeof(path), "%s/%s", tmpdir, name);
+        f = fopen(path, "we");
+        CHECK(f != NULL);
+        if (f) {
+                fputs(text, f);
+                fclose(f);
+        }
+        return path;
+}
+
+static int parse(Options *o, int argc, const char **argv)
+{
+        /* getopt keeps state in globals; parsing resets it (optind = 0) */
+        return options_parse_argv(o, argc, (char **)argv);
+}
+
+static void test_argv(void)
+{
+        Options o;
+        const char *ok[] = {
+                "gpumemd",     "--socket", "/tmp/x.sock",       "-b", "kfd",      "--model-preset", "mi100",
+                "--log-level", "debug",    "--model-kfd-minor", "15", "--config", "/etc/none"};
+        options_init(&o);
+        CHECK_EQ(parse(&o, ARRAY_LEN(ok), ok), 0);
+        CHECK(strcmp(o.socket_path, "/tmp/x.sock") == 0);
+        CHECK_EQ(o.backend, OPT_BACKEND_KFD);
+        CHECK(strcmp(o.model_preset, "mi100") == 0);
+        CHECK_EQ(o.log_level, LOG_DEBUG);
+        CHECK_EQ(o.model_kfd_minor, 15);
+        CHECK(o.config_explicit);
+        CHECK_EQ(o.set_by_cli,
+                 OPT_SET_SOCKET | OPT_SET_BACKEND | OPT_SET_PRESET | OPT_SET_LOG_LEVEL | OPT_SET_KFD_MINOR);
+        options_done(&o);
+
+        const char *bad_backend[] = {"gpumemd", "--backend", "gpu"};
+        const char *bad_level[] = {"gpumemd", "--log-level", "loud"};
+        const char *missing[] = {"gpumemd", "--socket"};
+        const char *unknown[] = {"gpumemd", "--frobnicate"};
+        const char *extra[] = {"gpumemd", "stray"};
+        const char *bad_minor[] = {"gpumemd", "--model-kfd-minor", "x1"};
+        const char *long_sock[] = {
+                "gpumemd", "--socket",
+                "/tmp/aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
+                "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa.sock"};
+        const char **bad[] = {bad_backend, bad_level, missing, unknown, extra, bad_minor, long_sock};
+        const int bad_n[] = {3, 3, 2, 2, 2, 3, 3};
+        for (size_t i = 0; i < ARRAY_LEN(bad); i++) {
+                options_init(&o);
+                CHECK_EQ(parse(&o, bad_n[i], bad[i]), -EINVAL);
+                options_done(&o);
+        }
+        const char *help[] = {"gpumemd", "--help"};
+        options_init(&o);
+        CHECK_EQ(parse(&o, 2, help), 1);
+        options_done(&o);
+}
+
+static void test_file_good(void)
+{
+        Options o;
+        char err[1024];
+        const char *path = write_file("good.conf", "# comment\n"
+                                                   "[daemon]\n"
+                                                   "socket = /run/x/gm.sock\n"
+                                                   "backend = model\n"
+                                                   "model-preset = apu\n"
+                                                   "log-level = warning\n"
+                                                   "max-connections = 10\n"
+                                                   "max-connections-per-uid = 3\n"
+                                                   "window-size = 8G\n"
+                                                   "socket-mode = 0600\n"
+                                                   "admin-groups = root\n");
+        options_init(&o);
+        CHECK_EQ(options_load_file(&o, path, true, err, sizeof(err)), 0);
+        CHECK(strcmp(o.socket_path, "/run/x/gm.sock") == 0);
+        CHECK(strcmp(o.model_preset, "apu") == 0);
+        CHECK_EQ(o.log_level, LOG_WARNING);
+        CHECK_EQ(o.max_connections, 10);
+        CHECK_EQ(o.max_connections_per_uid, 3);
+        CHECK_EQ(o.window_size, 8ull << 30);
+        CHECK_EQ(o.socket_mode, 0600);
+        CHECK_EQ(o.n_admin_gids, 1);
+        options_done(&o);
+
+        /* flags given on the command line win over the file */
+        const char *argv[] = {"gpumemd", "--model-preset", "mi100", "--log-level", "debug"};
+        options_init(&o);
+        CHECK_EQ(parse(&o, ARRAY_LEN(argv), argv), 0);
+        CHECK_EQ(options_load_file(&o, path, true, err, sizeof(err)), 0);
+        CHECK(strcmp(o.model_preset, "mi100") == 0);
+        CHECK_EQ(o.log_level, LOG_DEBUG);
+        CHECK_EQ(o.max_connections, 10);
+        options_done(&o);
+}
+
+static void test_file_errors(void)
+{
+        static const struct {
+                const char *text;
+                const char *want; /* "LINE: message fragment" */
+        } cases[] = {
+                {"[daemon]\nbackend = gpu\n", ":2: backend: 'gpu'"},
+                {"[daemon]\n\nlog-level = shout\n", ":3: log-level"},
+                {"[daemon]\nsocket = relative.sock\n", ":2: socket"},
+                {"[daemon]\nmax-connections = 0\n", ":2: max-connections"},
+                {"[daemon]\nwindow-size = 3M\n", ":2: window-size"},
+                {"[daemon]\nsocket-mode = 999\n", ":2: socket-mode"},
+                {"[daemon]\nfrobnicate = 1\n", ":2: unknown setting 'frobnicate'"},
+                {"[nosuch]\nx = 1\n", ":2: unknown section [nosuch]"},
+                {"backend = model\n", ":1: setting 'backend' outside any section"},
+                {"[daemon]\nthis line has no equals sign\n", ":2: syntax error"},
+                {"[daemon]\nadmin-groups = no-such-group-here\n", ":2: admin-groups"},
+                {"[daemon]\nmodel-kfd-minor = many\n", ":3: model-kfd-minor"},
+        };
+        char err[2048];
+        Options o;
+
+        for (size_t i = 0; i < ARRAY_LEN(cases); i++) {
+                const char *text = cases[i].text;
+                char buf[256];
+                if (i == ARRAY_LEN(cases) - 1) {
+                        snprintf(buf, sizeof(buf), "[daemon]\nlog-level = info\n%s",
+                                 text + strlen("[daemon]\n"));
+                        text = buf;
+                }
+                const char *path = write_file("bad.conf", text);
+                options_init(&o);
+                char *before = strdup(o.model_preset);
+                CHECK_EQ(options_load_file(&o, path, true, err, sizeof(err)), -EINVAL);
+                CHECK_STR_CONTAINS(err, cases[i].want);
+                CHECK_STR_CONTAINS(err, "bad.conf");
+                /* nothing of a bad file is applied */
+                CHECK(strcmp(o.model_preset, before) == 0);
+                CHECK_EQ(o.log_level, LOG_INFO);
+                free(before);
+                options_done(&o);
+        }
+
+        /* every error is reported, each with its own line */
+        const char *path = write_file("multi.conf", "[daemon]\nbackend = x\nlog-level = y\nfoo = z\n");
+        options_init(&o);
+        CHECK_EQ(options_load_file(&o, path, true, err, sizeof(err)), -EINVAL);
+        CHECK_STR_CONTAINS(err, "multi.conf:2:");
+        CHECK_STR_CONTAINS(err, "multi.conf:3:");
+        CHECK_STR_CONTAINS(err, "multi.conf:4:");
+        options_done(&o);
+
+        /* a missing file: an error only when it was asked for */
+        options_init(&o);
+        CHECK_EQ(options_load_file(&o, "/nonexistent/gpumemd.conf", false, err, sizeof(err)), 0);
+        CHECK_EQ(options_load_file(&o, "/nonexistent/gpumemd.conf", true, err, sizeof(err)), -ENOENT);
+        options_done(&o);
+}
+
+static void test_parse_helpers(void)
+{
+        uint64_t v;
+        bool b;
+
+        CHECK_EQ(parse_size("2M", &v), 0);
+        CHECK_EQ(v, 2u << 20);
+        CHECK_EQ(parse_size("1GiB", &v), 0);
+        CHECK_EQ(v, 1u << 30);
+        CHECK_EQ(parse_size("0x1000", &v), 0);
+        CHECK_EQ(v, 4096);
+        CHECK_EQ(parse_size("-1", &v), -EINVAL);
+        CHECK_EQ(parse_size("12Q", &v), -EINVAL);
+        CHECK_EQ(parse_size("99999999999T", &v), -ERANGE);
+        CHECK_EQ(parse_uint("10", 5, &v), -ERANGE);
+        CHECK_EQ(parse_uint(" 1", 5, &v), -EINVAL);
+        CHECK_EQ(parse_bool("yes", &b), 0);
+        CHECK(b);
+        CHECK_EQ(parse_bool("off", &b), 0);
+        CHECK(!b);
+        CHECK_EQ(parse_bool("maybe", &b), -EINVAL);
+}
+
+int main(void)
+{
+        static const TestCase cases[] = {
+                {"command line", test_argv},
+                {"config file", test_file_good},
+                {"config file errors name their line", test_file_errors},
+                {"number parsing", test_parse_helpers},
+        };
+        int r;
+
+        if (!mkdtemp(tmpdir))
+                return EXIT_FAILURE;
+        r = run_tests(cases, ARRAY_LEN(cases));
+        char cmd[300];
+        snprintf(cmd, sizeof(cmd), "rm -rf '%s'", tmpdir);
+        (void)!system(cmd);
+        return r;
+}
