@@ -1,0 +1,322 @@
+/* libgpumem_client: topology and administration calls, decoded into the public structs. */
+#include "client-private.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+static char *xstrdup(const char *s)
+{
+        return strdup(s ? s : "");
+}
+
+/* Issue @req and check that the reply carries @want. */
+static int call_expect(gm_client *c, Gpumem__Request *req, Gpumem__Reply__ResultCase want,
+                       Gpumem__Reply **ret)
+{
+        Gpumem__Reply *reply = NULL;
+        int r = gm_call(c, req, NULL, 0, &reply, NULL, NULL);
+
+        if (r < 0)
+                return r;
+        if (reply->result_case != want) {
+                gpumem__reply__free_unpacked(reply, NULL);
+                return gm_set_reason(c, -EPROTO, "gpumemd replied with an unexpected result");
+        }
+        *ret = reply;
+        return 0;
+}
+
+void gm_topology_free(gm_topology *t)
+{
+        if (!t)
+                return;
+        for (size_t i = 0; i < t->n_nodes; i++) {
+                gm_topology_node *n = &t->nodes[i];
+                free(n->name);
+                free(n->io_links);
+                for (size_t k = 0; k < n->n_properties; k++)
+                        free(n->properties[k].key);
+                free(n->properties);
+        }
+        free(t->nodes);
+        free(t);
+}
+
+static int topology_convert(const Gpumem__TopologyReply *tr, gm_topology **ret)
+{
+        gm_topology *t = calloc(1, sizeof(*t));
+
+        if (!t)
+                return -ENOMEM;
+        t->generation_id = tr->generation_id;
+        t->nodes = calloc(tr->n_nodes ? tr->n_nodes : 1, sizeof(*t->nodes));
+        if (!t->nodes)
+                goto oom;
+        for (size_t i = 0; i < tr->n_nodes; i++) {
+                const Gpumem__TopologyNode *s = tr->nodes[i];
+                gm_topology_node *n = &t->nodes[i];
+
+                t->n_nodes = i + 1;
+                n->node_id = s->node_id;
+                n->gpu_id = s->gpu_id;
+                n->name = xstrdup(s->name);
+                n->is_gpu = s->is_gpu;
+                n->cpu_cores = s->cpu_cores;
+                n->simd_count = s->simd_count;
+                n->local_mem_size = s->local_mem_size;
+                n->gfx_target_version = s->gfx_target_version;
+                n->vendor_id = s->vendor_id;
+                n->device_id = s->device_id;
+                n->pci_domain = s->pci_domain;
+                n->pci_location = s->pci_location;
+                n->drm_render_minor = s->drm_render_minor;
+                n->hive_id = s->hive_id;
+                n->numa_node = s->has_numa_node ? s->numa_node : -1;
+                n->large_bar = s->large_bar;
+                n->capability = s->capability;
+                n->system_mem_size = s->system_mem_size;
+                if (!n->name)
+                        goto oom;
+                n->io_links = calloc(s->n_io_links ? s->n_io_links : 1, sizeof(*n->io_links));
+                n->properties = calloc(s->n_properties ? s->n_properties : 1, sizeof(*n->properties));
+                if (!n->io_links || !n->properties)
+                        goto oom;
+                for (size_t k = 0; k < s->n_io_links; k++) {
+                        const Gpumem__IoLink *l = s->io_links[k];
+                        n->io_links[k] = (gm_io_link){
+                                .type = l->type,
+                                .node_from = l->node_from,
+                                .node_to = l->node_to,
+                                .weight = l->weight,
+                                .min_bandwidth = l->min_bandwidth,
+                                .max_bandwidth = l->max_bandwidth,
+                        };
+                }
+                n->n_io_links = s->n_io_links;
+                for (size_t k = 0; k < s->n_properties; k++) {
+                        n->properties[k].key = xstrdup(s->properties[k]->key);
+                        n->properties[k].value = s->properties[k]->value;
+                        n->n_properties = k + 1;
+                        if (!n->properties[k].key)
+                                goto oom;
+                }
+        }
+        *ret = t;
+        return 0;
+oom:
+        gm_topology_free(t);
+        return -ENOMEM;
+}
+
+int gm_topology_get(gm_client *c, bool with_properties, gm_topology **ret)
+{
+        Gpumem__Request req = GPUMEM__REQUEST__INIT;
+        Gpumem__TopologyGet tg = GPUMEM__TOPOLOGY_GET__INIT;
+        Gpumem__Reply *reply = NULL;
+        int r;
+
+        if (!c || !ret)
+                return -EINVAL;
+        tg.has_with_properties = true;
+        tg.with_properties = with_properties;
+        req.op_case = GPUMEM__REQUEST__OP_TOPOLOGY;
+        req.topology = &tg;
+        r = call_expect(c, &req, GPUMEM__REPLY__RESULT_TOPOLOGY, &reply);
+        if (r < 0)
+                return r;
+        r = topology_convert(reply->topology, ret);
+        gpumem__reply__free_unpacked(reply, NULL);
+        return r < 0 ? gm_set_reason(c, r, "out of memory") : 0;
+}
+
+void gm_status_free(gm_status *s)
+{
+        if (!s)
+                return;
+        free(s->server_version);
+        free(s->backend);
+        free(s->preset);
+        free(s);
+}
+
+int gm_admin_status(gm_client *c, gm_status **ret)
+{
+        Gpumem__Request req = GPUMEM__REQUEST__INIT;
+        Gpumem__AdminStatus as = GPUMEM__ADMIN_STATUS__INIT;
+        Gpumem__Reply *reply = NULL;
+        const Gpumem__AdminStatusReply *a;
+        gm_status *s;
+        int r;
+
+        if (!c || !ret)
+                return -EINVAL;
+        req.op_case = GPUMEM__REQUEST__OP_ADMIN_STATUS;
+        req.admin_status = &as;
+        r = call_expect(c, &req, GPUMEM__REPLY__RESULT_ADMIN_STATUS, &reply);
+        if (r < 0)
+                return r;
+        a = reply->admin_status;
+        s = calloc(1, sizeof(*s));
+        if (s) {
+                s->server_version = xstrdup(a->server_version);
+                s->backend = xstrdup(a->backend);
+                s->preset = xstrdup(a->preset);
+                s->protocol_version = a->protocol_version;
+                s->kfd_major = a->kfd_major;
+                s->kfd_minor = a->kfd_minor;
+                s->uptime_usec = a->uptime_usec;
+                s->started_usec = a->started_usec;
+                s->pid = a->pid;
+                s->clients = a->clients;
+                s->gpus = a->gpus;
+                s->allocations = a->allocations;
+                s->bytes_device = a->bytes_device;
+                s->bytes_host = a->bytes_host;
+                s->bytes_managed = a->bytes_managed;
+                s->requests = a->requests;
+                s->protocol_errors = a->protocol_errors;
+        }
+        gpumem__reply__free_unpacked(reply, NULL);
+        if (!s || !s->server_version || !s->backend || !s->preset) {
+                gm_status_free(s);
+                return gm_set_reason(c, -ENOMEM, "out of memory");
+        }
+        *ret = s;
+        return 0;
+}
+
+void gm_client_info_free(gm_client_info *infos, size_t n)
+{
+        if (!infos)
+                return;
+        for (size_t i = 0; i < n; i++) {
+                free(infos[i].cgroup);
+                free(infos[i].container);
+                free(infos[i].name);
+                free(infos[i].class_name);
+                free(infos[i].usage);
+        }
+        free(infos);
+}
+
+int gm_admin_clients(gm_client *c, gm_client_info **ret, size_t *ret_n)
+{
+        Gpumem__Request req = GPUMEM__REQUEST__INIT;
+        Gpumem__AdminClients ac = GPUMEM__ADMIN_CLIENTS__INIT;
+        Gpumem__Reply *reply = NULL;
+        const Gpumem__AdminClientsReply *a;
+        gm_client_info *infos;
+        size_t n = 0;
+        bool oom = false;
+        int r;
+
+        if (!c || !ret || !ret_n)
+                return -EINVAL;
+        req.op_case = GPUMEM__REQUEST__OP_ADMIN_CLIENTS;
+        req.admin_clients = &ac;
+        r = call_expect(c, &req, GPUMEM__REPLY__RESULT_ADMIN_CLIENTS, &reply);
+        if (r < 0)
+                return r;
+        a = reply->admin_clients;
+        infos = calloc(a->n_clients ? a->n_clients : 1, sizeof(*infos));
+        oom = !infos;
+        for (size_t i = 0; !oom && i < a->n_clients; i++) {
+                const Gpumem__ClientInfo *s = a->clients[i];
+                gm_client_info *d = &infos[i];
+                n = i + 1;
+                d->client_id = s->client_id;
+                d->pid = s->pid;
+                d->uid = s->uid;
+                d->gid = s->gid;
+                d->cgroup = xstrdup(s->cgroup);
+                d->container = xstrdup(s->container);
+                d->name = xstrdup(s->name);
+                d->class_name = xstrdup(s->class_name);
+                d->connected_usec = s->connected_usec;
+                d->host_bytes = s->host_bytes;
+                d->managed_bytes = s->managed_bytes;
+                d->handles = s->handles;
+                d->fds = s->fds;
+                d->requests = s->requests;
+                d->admin = s->admin;
+                d->usage = calloc(s->n_usage ? s->n_usage : 1, sizeof(*d->usage));
+                if (!d->cgroup || !d->container || !d->name || !d->class_name || !d->usage) {
+                        oom = true;
+                        break;
+                }
+                for (size_t k = 0; k < s->n_usage; k++)
+                        d->usage[k] = (gm_gpu_usage){s->usage[k]->gpu_id, s->usage[k]->vram_bytes};
+                d->n_usage = s->n_usage;
+        }
+        gpumem__reply__free_unpacked(reply, NULL);
+        if (oom) {
+                gm_client_info_free(infos, n);
+                return gm_set_reason(c, -ENOMEM, "out of memory");
+        }
+        *ret = infos;
+        *ret_n = n;
+        return 0;
+}
+
+int gm_admin_disconnect(gm_client *c, uint64_t client_id)
+{
+        Gpumem__Request req = GPUMEM__REQUEST__INIT;
+        Gpumem__AdminDisconnect ad = GPUMEM__ADMIN_DISCONNECT__INIT;
+        Gpumem__Reply *reply = NULL;
+        int r;
+
+        if (!c)
+                return -EINVAL;
+        ad.has_client_id = true;
+        ad.client_id = client_id;
+        req.op_case = GPUMEM__REQUEST__OP_ADMIN_DISCONNECT;
+        req.admin_disconnect = &ad;
+        r = call_expect(c, &req, GPUMEM__REPLY__RESULT_EMPTY, &reply);
+        if (r < 0)
+                return r;
+        gpumem__reply__free_unpacked(reply, NULL);
+        return 0;
+}
+
+int gm_admin_metrics(gm_client *c, char **ret_text)
+{
+        Gpumem__Request req = GPUMEM__REQUEST__INIT;
+        Gpumem__AdminMetrics am = GPUMEM__ADMIN_METRICS__INIT;
+        Gpumem__Reply *reply = NULL;
+        char *text;
+        int r;
+
+        if (!c || !ret_text)
+                return -EINVAL;
+        req.op_case = GPUMEM__REQUEST__OP_ADMIN_METRICS;
+        req.admin_metrics = &am;
+        r = call_expect(c, &req, GPUMEM__REPLY__RESULT_ADMIN_METRICS, &reply);
+        if (r < 0)
+                return r;
+        text = xstrdup(reply->admin_metrics->text);
+        gpumem__reply__free_unpacked(reply, NULL);
+        if (!text)
+                return gm_set_reason(c, -ENOMEM, "out of memory");
+        *ret_text = text;
+        return 0;
+}
+
+int gm_admin_set_log_level(gm_client *c, const char *level)
+{
+        Gpumem__Request req = GPUMEM__REQUEST__INIT;
+        Gpumem__AdminSetLogLevel ll = GPUMEM__ADMIN_SET_LOG_LEVEL__INIT;
+        Gpumem__Reply *reply = NULL;
+        int r;
+
+        if (!c || !level)
+                return -EINVAL;
+        ll.level = (char *)level;
+        req.op_case = GPUMEM__REQUEST__OP_ADMIN_SET_LOG_LEVEL;
+        req.admin_set_log_level = &ll;
+        r = call_expect(c, &req, GPUMEM__REPLY__RESULT_EMPTY, &reply);
+        if (r < 0)
+                return r;
+        gpumem__reply__free_unpacked(reply, NULL);
+        return 0;
+}

@@ -1,0 +1,52 @@
+/* libgpumem_client internals shared by its source files. */
+#pragma once
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "frame.h"
+#include "gpumem-client.h"
+#include "gpumem.pb-c.h"
+#include "wire.h"
+
+#define GM_ERR_SLOTS 32
+
+typedef struct ErrSlot {
+        bool used;
+        pthread_t tid;
+        char reason[256];
+} ErrSlot;
+
+typedef struct Pending Pending;
+
+struct gm_client {
+        int fd;
+        pthread_mutex_t send_lock; /* one sendmsg at a time */
+        pthread_mutex_t lock;      /* everything below */
+        pthread_cond_t cond;
+        bool reading;     /* a thread is in recvmsg on behalf of all */
+        Pending *pending; /* replies that arrived for other threads */
+        int broken;       /* 0, or the -errno every call now fails with */
+        char broken_reason[256];
+        uint32_t next_id;
+        ErrSlot errs[GM_ERR_SLOTS]; /* last failure reason per thread */
+        unsigned next_err_slot;
+        uint8_t *rxbuf; /* used only by the reading thread */
+
+        uint32_t protocol_version;
+        uint64_t client_id;
+        uint64_t window_base, window_size;
+        bool window_reserved;
+        uint32_t kfd_major, kfd_minor;
+        char *server_version;
+        char *backend;
+};
+
+/* One request/reply round trip. On success *ret_reply is the decoded reply (status 0) and, if asked,
+ * the reply's fds are handed over. On failure the reason is recorded for the calling thread. */
+int gm_call(gm_client *c, Gpumem__Request *req, const int *fds, size_t n_fds, Gpumem__Reply **ret_reply,
+            int *ret_fds, size_t *ret_n_fds);
+
+/* Record @err's reason for the calling thread; returns @err. */
+int gm_set_reason(gm_client *c, int err, const char *fmt, ...) __attribute__((format(printf, 3, 4)));

@@ -1,0 +1,534 @@
+/* libgpumem_client core: connect and handshake, thread-safe request/reply demultiplexing, errors. */
+#include "client-private.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#ifndef MAP_FIXED_NOREPLACE
+#define MAP_FIXED_NOREPLACE 0x100000
+#endif
+
+#define WINDOW_RETRIES 4
+
+struct Pending {
+        Pending *next;
+        uint32_t id;
+        size_t len;
+        size_t n_fds;
+        int fds[GM_FRAME_MAX_FDS];
+        uint8_t data[];
+};
+
+static ErrSlot *err_slot(gm_client *c)
+{
+        pthread_t self = pthread_self();
+        ErrSlot *s;
+
+        for (size_t i = 0; i < GM_ERR_SLOTS; i++)
+                if (c->errs[i].used && pthread_equal(c->errs[i].tid, self))
+                        return &c->errs[i];
+        s = &c->errs[c->next_err_slot];
+        c->next_err_slot = (c->next_err_slot + 1) % GM_ERR_SLOTS;
+        s->used = true;
+        s->tid = self;
+        s->reason[0] = '\0';
+        return s;
+}
+
+int gm_set_reason(gm_client *c, int err, const char *fmt, ...)
+{
+        ErrSlot *s;
+        va_list ap;
+
+        if (!c)
+                return err;
+        pthread_mutex_lock(&c->lock);
+        s = err_slot(c);
+        va_start(ap, fmt);
+        vsnprintf(s->reason, sizeof(s->reason), fmt, ap);
+        va_end(ap);
+        pthread_mutex_unlock(&c->lock);
+        return err;
+}
+
+const char *gm_strerror(gm_client *c, int err, char *buf, size_t len)
+{
+        char reason[sizeof(((ErrSlot *)0)->reason)] = "";
+
+        if (!buf || len == 0)
+                return buf;
+        if (c) {
+                pthread_mutex_lock(&c->lock);
+                pthread_t self = pthread_self();
+                for (size_t i = 0; i < GM_ERR_SLOTS; i++)
+                        if (c->errs[i].used && pthread_equal(c->errs[i].tid, self))
+                                snprintf(reason, sizeof(reason), "%s", c->errs[i].reason);
+                pthread_mutex_unlock(&c->lock);
+        }
+        if (err >= 0)
+                snprintf(buf, len, "Success");
+        else if (reason[0])
+                snprintf(buf, len, "%s: %s", strerror(-err), reason);
+        else
+                snprintf(buf, len, "%s", strerror(-err));
+        return buf;
+}
+
+/* The connection is unusable from now on; every waiting and later call fails with @err. Lock held. */
+static void mark_broken_locked(gm_client *c, int err, const char *reason)
+{
+        if (c->broken)
+                return;
+        c->broken = err;
+        snprintf(c->broken_reason, sizeof(c->broken_reason), "%s", reason);
+        pthread_cond_broadcast(&c->cond);
+}
+
+static void pending_free(Pending *p)
+{
+        gm_wire_close_fds(p->fds, p->n_fds);
+        free(p);
+}
+
+/*
+ * Read one packet (we are the reader, lock not held). Returns the packet, or NULL after marking the
+ * connection broken.
+ */
+static Pending *read_one(gm_client *c, int flags)
+{
+        int fds[GM_FRAME_MAX_FDS];
+        size_t n_fds = 0;
+        ssize_t n;
+        Pending *p;
+
+        n = gm_wire_recv(c->fd, c->rxbuf, GM_FRAME_MAX, fds, &n_fds, flags);
+        if (n == -EAGAIN)
+                return NULL;
+        if (n <= 0) {
+                pthread_mutex_lock(&c->lock);
+                if (n == 0)
+                        mark_broken_locked(c, -ECONNRESET, "gpumemd closed the connection");
+                else if (n == -EMSGSIZE || n == -EPROTO)
+                        mark_broken_locked(c, -EPROTO, "malformed packet from gpumemd");
+                else
+                        mark_broken_locked(c, (int)n, "cannot receive from gpumemd");
+                pthread_mutex_unlock(&c->lock);
+                return NULL;
+        }
+        p = malloc(sizeof(*p) + (size_t)n);
+        if (!p) {
+                gm_wire_close_fds(fds, n_fds);
+                pthread_mutex_lock(&c->lock);
+                mark_broken_locked(c, -ENOMEM, "out of memory receiving a reply");
+                pthread_mutex_unlock(&c->lock);
+                return NULL;
+        }
+        p->next = NULL;
+        p->len = (size_t)n;
+        p->n_fds = n_fds;
+        memcpy(p->fds, fds, n_fds * sizeof(int));
+        memcpy(p->data, c->rxbuf, (size_t)n);
+        p->id = 0;
+        if (p->len >= GM_FRAME_HDR_SIZE) {
+                GmFrameHdr h;
+                (void)gm_frame_parse(p->data, GM_FRAME_HDR_SIZE, 0, GM_PROTOCOL_VERSION, &h, NULL);
+                p->id = h.request_id;
+        }
+        return p;
+}
+
+/* A frame with request id 0 is a connection-level error: the daemon is about to close. Lock held. */
+static void handle_connection_error_locked(gm_client *c, Pending *p)
+{
+        Gpumem__Reply *reply = NULL;
+        GmFrameHdr h;
+
+        if (gm_frame_parse(p->data, p->len, p->n_fds, GM_PROTOCOL_VERSION, &h, NULL) == 0)
+                reply = gpumem__reply__unpack(NULL, h.body_len, p->data + GM_FRAME_HDR_SIZE);
+        if (reply && reply->status && reply->status->code < 0)
+                mark_broken_locked(c, reply->status->code,
+                                   reply->status->reason ? reply->status->reason : "connection error");
+        else
+                mark_broken_locked(c, -EPROTO, "malformed connection error from gpumemd");
+        if (reply)
+                gpumem__reply__free_unpacked(reply, NULL);
+        pending_free(p);
+}
+
+/* Wait for the packet answering @id: one thread reads at a time and hands others their replies. */
+static int wait_reply(gm_client *c, uint32_t id, Pending **ret)
+{
+        pthread_mutex_lock(&c->lock);
+        for (;;) {
+                Pending **pp;
+
+                for (pp = &c->pending; *pp; pp = &(*pp)->next) {
+                        if ((*pp)->id == id) {
+                                Pending *p = *pp;
+                                *pp = p->next;
+                                pthread_mutex_unlock(&c->lock);
+                                *ret = p;
+                                return 0;
+                        }
+                }
+                if (c->broken) {
+                        int err = c->broken;
+                        ErrSlot *s = err_slot(c);
+                        snprintf(s->reason, sizeof(s->reason), "%s", c->broken_reason);
+                        pthread_mutex_unlock(&c->lock);
+                        return err;
+                }
+                if (c->reading) {
+                        pthread_cond_wait(&c->cond, &c->lock);
+                        continue;
+                }
+                c->reading = true;
+                pthread_mutex_unlock(&c->lock);
+                Pending *p = read_one(c, 0);
+                pthread_mutex_lock(&c->lock);
+                c->reading = false;
+                if (p) {
+                        if (p->id == 0) {
+                                handle_connection_error_locked(c, p);
+                        } else if (p->id == id) {
+                                pthread_cond_broadcast(&c->cond);
+                                pthread_mutex_unlock(&c->lock);
+                                *ret = p;
+                                return 0;
+                        } else {
+                                p->next = c->pending;
+                                c->pending = p;
+                        }
+                }
+                pthread_cond_broadcast(&c->cond);
+        }
+}
+
+int gm_call(gm_client *c, Gpumem__Request *req, const int *fds, size_t n_fds, Gpumem__Reply **ret_reply,
+            int *ret_fds, size_t *ret_n_fds)
+{
+        Gpumem__Reply *reply;
+        Pending *p = NULL;
+        GmFrameHdr h;
+        uint8_t *buf;
+        size_t len;
+        uint32_t id;
+        int r;
+
+        len = gpumem__request__get_packed_size(req);
+        if (len > GM_FRAME_BODY_MAX)
+                return gm_set_reason(c, -EMSGSIZE, "request larger than the maximum frame size");
+        if (n_fds > GM_FRAME_MAX_FDS)
+                return gm_set_reason(c, -E2BIG, "more than %u fds in one request", GM_FRAME_MAX_FDS);
+        buf = malloc(GM_FRAME_HDR_SIZE + len);
+        if (!buf)
+                return gm_set_reason(c, -ENOMEM, "out of memory");
+
+        pthread_mutex_lock(&c->lock);
+        if (c->broken) {
+                r = c->broken;
+                ErrSlot *s = err_slot(c);
+                snprintf(s->reason, sizeof(s->reason), "%s", c->broken_reason);
+                pthread_mutex_unlock(&c->lock);
+                free(buf);
+                return r;
+        }
+        id = ++c->next_id;
+        if (id == 0) /* 0 is the daemon's connection-error id */
+                id = ++c->next_id;
+        pthread_mutex_unlock(&c->lock);
+
+        (void)gm_frame_hdr_encode(buf, GM_PROTOCOL_VERSION, id, (uint32_t)len, (unsigned)n_fds);
+        gpumem__request__pack(req, buf + GM_FRAME_HDR_SIZE);
+        pthread_mutex_lock(&c->send_lock);
+        r = gm_wire_send(c->fd, buf, GM_FRAME_HDR_SIZE + len, NULL, 0, fds, n_fds, 0);
+        pthread_mutex_unlock(&c->send_lock);
+        free(buf);
+        if (r < 0) {
+                /* The daemon may have said why it hung up (a frame with id 0 still queued): prefer that. */
+                pthread_mutex_lock(&c->lock);
+                if (!c->reading) {
+                        c->reading = true;
+                        pthread_mutex_unlock(&c->lock);
+                        Pending *q;
+                        while ((q = read_one(c, MSG_DONTWAIT))) {
+                                pthread_mutex_lock(&c->lock);
+                                if (q->id == 0) {
+                                        handle_connection_error_locked(c, q);
+                                } else {
+                                        q->next = c->pending;
+                                        c->pending = q;
+                                }
+                                pthread_mutex_unlock(&c->lock);
+                        }
+                        pthread_mutex_lock(&c->lock);
+                        c->reading = false;
+                }
+                mark_broken_locked(c, r == -EPIPE ? -ECONNRESET : r, "cannot send to gpumemd");
+                pthread_mutex_unlock(&c->lock);
+        }
+        r = wait_reply(c, id, &p);
+        if (r < 0)
+                return r;
+
+        r = gm_frame_parse(p->data, p->len, p->n_fds, GM_PROTOCOL_VERSION, &h, NULL);
+        if (r < 0) {
+                pending_free(p);
+                return gm_set_reason(c, -EPROTO, "malformed reply frame from gpumemd");
+        }
+        reply = gpumem__reply__unpack(NULL, h.body_len, p->data + GM_FRAME_HDR_SIZE);
+        if (!reply || !reply->status || !reply->status->has_code) {
+                if (reply)
+                        gpumem__reply__free_unpacked(reply, NULL);
+                pending_free(p);
+                return gm_set_reason(c, -EPROTO, "undecodable reply from gpumemd");
+        }
+        if (reply->status->code < 0) {
+                r = reply->status->code;
+                gm_set_reason(c, r, "%s", reply->status->reason ? reply->status->reason : "");
+                gpumem__reply__free_unpacked(reply, NULL);
+                pending_free(p);
+                return r;
+        }
+        if (ret_fds && ret_n_fds) {
+                memcpy(ret_fds, p->fds, p->n_fds * sizeof(int));
+                *ret_n_fds = p->n_fds;
+                p->n_fds = 0;
+        }
+        pending_free(p);
+        *ret_reply = reply;
+        return 0;
+}
+
+static int reserve_window(uint64_t base, uint64_t size)
+{
+        void *want = (void *)(uintptr_t)base;
+        void *p = mmap(want, size, PROT_NONE,
+                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED_NOREPLACE, -1, 0);
+        if (p == MAP_FAILED)
+                return -errno;
+        if (p != want) {
+                munmap(p, size);
+                return -EEXIST;
+        }
+        return 0;
+}
+
+static char *dup_or_empty(const char *s)
+{
+        return strdup(s ? s : "");
+}
+
+static int handshake(gm_client *c, const char *name)
+{
+        Gpumem__Request req = GPUMEM__REQUEST__INIT;
+        Gpumem__Hello hello = GPUMEM__HELLO__INIT;
+        Gpumem__Reply *reply = NULL;
+        const Gpumem__HelloReply *h;
+        int r;
+
+        hello.has_protocol_version = true;
+        hello.protocol_version = GM_PROTOCOL_VERSION;
+        hello.has_features = true;
+        hello.features = 0;
+        hello.client_name = (char *)(name ? name : "");
+        req.op_case = GPUMEM__REQUEST__OP_HELLO;
+        req.hello = &hello;
+        r = gm_call(c, &req, NULL, 0, &reply, NULL, NULL);
+        if (r < 0)
+                return r;
+        h = reply->hello;
+        if (reply->result_case != GPUMEM__REPLY__RESULT_HELLO || !h || !h->has_window_base ||
+            !h->has_window_size || h->protocol_version == 0 || h->protocol_version > GM_PROTOCOL_VERSION) {
+                gpumem__reply__free_unpacked(reply, NULL);
+                return gm_set_reason(c, -EPROTO, "gpumemd answered hello with an unusable reply");
+        }
+        c->protocol_version = h->protocol_version;
+        c->client_id = h->client_id;
+        c->window_base = h->window_base;
+        c->window_size = h->window_size;
+        c->kfd_major = h->kfd_major;
+        c->kfd_minor = h->kfd_minor;
+        c->server_version = dup_or_empty(h->server_version);
+        c->backend = dup_or_empty(h->backend);
+        gpumem__reply__free_unpacked(reply, NULL);
+        if (!c->server_version || !c->backend)
+                return gm_set_reason(c, -ENOMEM, "out of memory");
+
+        /* Reserve the same window here; if this process already uses part of it, ask for another. */
+        for (int tries = 0;; tries++) {
+                Gpumem__WindowRetry wr = GPUMEM__WINDOW_RETRY__INIT;
+                Gpumem__Request rreq = GPUMEM__REQUEST__INIT;
+
+                r = reserve_window(c->window_base, c->window_size);
+                if (r == 0) {
+                        c->window_reserved = true;
+                        return 0;
+                }
+                if (r != -EEXIST || tries >= WINDOW_RETRIES)
+                        return gm_set_reason(c, -ENOSPC, "cannot reserve the VA window 0x%llx+0x%llx: %s",
+                                             (unsigned long long)c->window_base,
+                                             (unsigned long long)c->window_size, strerror(-r));
+                wr.has_failed_base = true;
+                wr.failed_base = c->window_base;
+                rreq.op_case = GPUMEM__REQUEST__OP_WINDOW_RETRY;
+                rreq.window_retry = &wr;
+                r = gm_call(c, &rreq, NULL, 0, &reply, NULL, NULL);
+                if (r < 0)
+                        return r;
+                if (!reply->hello || !reply->hello->has_window_base) {
+                        gpumem__reply__free_unpacked(reply, NULL);
+                        return gm_set_reason(c, -EPROTO, "gpumemd answered a window retry without a window");
+                }
+                c->window_base = reply->hello->window_base;
+                gpumem__reply__free_unpacked(reply, NULL);
+        }
+}
+
+static gm_client *client_new(void)
+{
+        gm_client *c = calloc(1, sizeof(*c));
+        if (!c)
+                return NULL;
+        c->fd = -1;
+        c->rxbuf = malloc(GM_FRAME_MAX);
+        if (!c->rxbuf) {
+                free(c);
+                return NULL;
+        }
+        pthread_mutex_init(&c->lock, NULL);
+        pthread_mutex_init(&c->send_lock, NULL);
+        pthread_cond_init(&c->cond, NULL);
+        return c;
+}
+
+int gm_client_connect(const char *socket_path, const char *name, gm_client **ret)
+{
+        struct sockaddr_un sa = {.sun_family = AF_UNIX};
+        gm_client *c;
+        int r;
+
+        if (!ret)
+                return -EINVAL;
+        if (!socket_path || !*socket_path)
+                socket_path = getenv("GPUMEM_SOCKET");
+        if (!socket_path || !*socket_path)
+                socket_path = GM_DEFAULT_SOCKET;
+        if (strlen(socket_path) >= sizeof(sa.sun_path))
+                return -ENAMETOOLONG;
+        strcpy(sa.sun_path, socket_path);
+
+        c = client_new();
+        if (!c)
+                return -ENOMEM;
+        c->fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+        if (c->fd < 0) {
+                r = -errno;
+                gm_client_close(c);
+                return r;
+        }
+        if (connect(c->fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
+                r = -errno;
+                gm_client_close(c);
+                return r;
+        }
+        r = handshake(c, name);
+        if (r < 0) {
+                gm_client_close(c);
+                return r;
+        }
+        *ret = c;
+        return 0;
+}
+
+void gm_client_close(gm_client *c)
+{
+        if (!c)
+                return;
+        if (c->fd >= 0)
+                close(c->fd);
+        if (c->window_reserved)
+                munmap((void *)(uintptr_t)c->window_base, c->window_size);
+        while (c->pending) {
+                Pending *p = c->pending;
+                c->pending = p->next;
+                pending_free(p);
+        }
+        pthread_cond_destroy(&c->cond);
+        pthread_mutex_destroy(&c->send_lock);
+        pthread_mutex_destroy(&c->lock);
+        free(c->server_version);
+        free(c->backend);
+        free(c->rxbuf);
+        free(c);
+}
+
+uint64_t gm_client_id(const gm_client *c)
+{
+        return c->client_id;
+}
+
+void gm_client_window(const gm_client *c, uint64_t *ret_base, uint64_t *ret_size)
+{
+        if (ret_base)
+                *ret_base = c->window_base;
+        if (ret_size)
+                *ret_size = c->window_size;
+}
+
+const char *gm_client_server_version(const gm_client *c)
+{
+        return c->server_version;
+}
+
+const char *gm_client_backend(const gm_client *c)
+{
+        return c->backend;
+}
+
+void gm_client_kfd_version(const gm_client *c, uint32_t *ret_major, uint32_t *ret_minor)
+{
+        if (ret_major)
+                *ret_major = c->kfd_major;
+        if (ret_minor)
+                *ret_minor = c->kfd_minor;
+}
+
+uint32_t gm_client_protocol_version(const gm_client *c)
+{
+        return c->protocol_version;
+}
+
+int gm_ping(gm_client *c)
+{
+        Gpumem__Request req = GPUMEM__REQUEST__INIT;
+        Gpumem__Ping ping = GPUMEM__PING__INIT;
+        Gpumem__Reply *reply = NULL;
+        int r;
+
+        ping.has_cookie = true;
+        ping.cookie = 0x676d;
+        req.op_case = GPUMEM__REQUEST__OP_PING;
+        req.ping = &ping;
+        r = gm_call(c, &req, NULL, 0, &reply, NULL, NULL);
+        if (r < 0)
+                return r;
+        r = (reply->result_case == GPUMEM__REPLY__RESULT_PING && reply->ping->cookie == ping.cookie)
+                    ? 0
+                    : gm_set_reason(c, -EPROTO, "ping answered with the wrong cookie");
+        gpumem__reply__free_unpacked(reply, NULL);
+        return r;
+}
+
+void gm_free(void *p)
+{
+        free(p);
+}
