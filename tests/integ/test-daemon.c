@@ -1,0 +1,553 @@
+/* Integration tests: a real gpumemd on the model, real client processes and raw hostile connections. */
+#include <errno.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "../common/check.h"
+#include "frame.h"
+#include "gpumem-client.h"
+#include "gpumem.pb-c.h"
+#include "harness.h"
+
+static Daemon dmn;
+static int baseline_fds;
+
+static gm_client *connect_ok(const char *name)
+{
+        gm_client *c = NULL;
+        int r = gm_client_connect(dmn.sock, name, &c);
+        CHECK_EQ(r, 0);
+        return c;
+}
+
+static void test_ready_and_status(void)
+{
+        CHECK_EQ(daemon_wait_notify(&dmn, "READY=1", 0), 0);
+        CHECK_EQ(daemon_wait_notify(&dmn, "STATUS=Serving", 2000), 0);
+}
+
+static void test_handshake(void)
+{
+        gm_client *c = connect_ok("handshake");
+        uint64_t base = 0, size = 0;
+        uint32_t major = 0, minor = 0;
+
+        if (!c)
+                return;
+        gm_client_window(c, &base, &size);
+        CHECK(base >= (1ull << 40));
+        CHECK(size >= (1ull << 30));
+        CHECK_EQ(base % (2u << 20), 0);
+        /* the window is reserved in this process: nothing else can be mapped there */
+        void *p = mmap((void *)(uintptr_t)base, 4096, PROT_READ,
+                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0);
+        CHECK(p == MAP_FAILED && errno == EEXIST);
+        CHECK(strcmp(gm_client_backend(c), "model") == 0);
+        CHECK(gm_client_server_version(c)[0] != '\0');
+        CHECK_EQ(gm_client_protocol_version(c), 1);
+        gm_client_kfd_version(c, &major, &minor);
+        CHECK_EQ(major, 1);
+        CHECK(minor >= 11);
+        CHECK(gm_client_id(c) > 0);
+        CHECK_EQ(gm_ping(c), 0);
+
+        /* two clients at once get different windows */
+        gm_client *c2 = connect_ok("second");
+        if (c2) {
+                uint64_t base2;
+                gm_client_window(c2, &base2, NULL);
+                CHECK(base2 >= base + size || base2 + size <= base);
+                gm_client_close(c2);
+        }
+        gm_client_close(c);
+}
+
+static void test_topology(void)
+{
+        gm_client *c = connect_ok("topology");
+        gm_topology *t = NULL;
+        size_t gpus = 0, cpus = 0;
+
+        if (!c)
+                return;
+        CHECK_EQ(gm_topology_get(c, true, &t), 0);
+        if (t) {
+                for (size_t i = 0; i < t->n_nodes; i++) {
+                        const gm_topology_node *n = &t->nodes[i];
+                        if (n->is_gpu) {
+                                gpus++;
+                                CHECK(n->gpu_id != 0);
+                                CHECK_EQ(n->local_mem_size, 192ull << 30);
+                                CHECK_EQ(n->gfx_target_version, 90402);
+                                CHECK(n->numa_node == 0 || n->numa_node == 1);
+                                CHECK(n->large_bar);
+                                CHECK(n->hive_id != 0);
+                                CHECK(n->n_properties > 20);
+                                CHECK(n->n_io_links >= 8); /* one PCIe link to its CPU and seven XGMI */
+                        } else {
+                                cpus++;
+                                CHECK(n->system_mem_size > 0);
+                        }
+                }
+                gm_topology_free(t);
+        }
+        CHECK_EQ(gpus, 8);
+        CHECK_EQ(cpus, 2);
+        gm_client_close(c);
+}
+
+typedef struct ThreadArg {
+        gm_client *c;
+        int failures;
+} ThreadArg;
+
+static void *pinger(void *p)
+{
+        ThreadArg *a = p;
+        for (int i = 0; i < 300; i++) {
+                if (i % 50 == 0) {
+                        gm_topology *t = NULL;
+                        if (gm_topology_get(a->c, false, &t) < 0)
+                                a->failures++;
+                        gm_topology_free(t);
+                }
+                if (gm_ping(a->c) < 0)
+                        a->failures++;
+        }
+        return NULL;
+}
+
+static void test_threads(void)
+{
+        gm_client *c = connect_ok("threads");
+        pthread_t th[8];
+        ThreadArg args[8];
+
+        if (!c)
+                return;
+        for (int i = 0; i < 8; i++) {
+                args[i] = (ThreadArg){.c = c};
+                pthread_create(&th[i], NULL, pinger, &args[i]);
+        }
+        for (int i = 0; i < 8; i++) {
+                pthread_join(th[i], NULL);
+                CHECK_EQ(args[i].failures, 0);
+        }
+        gm_client_close(c);
+}
+
+/* One hostile exchange: optional hello, a bad packet, then the expected error reply and a close. */
+static void expect_violation(const char *what, bool hello, const void *pkt, size_t len, const int *fds,
+                             size_t n_fds, int want_code)
+{
+        int fd = raw_connect(dmn.sock);
+        uint32_t id = 99;
+        int code = 0;
+        char reason[256] = "";
+
+        CHECK(fd >= 0);
+        if (fd < 0)
+                return;
+        if (hello)
+                CHECK_EQ(raw_hello(fd), 0);
+        CHECK_EQ(raw_send(fd, pkt, len, fds, n_fds), 0);
+        int r = raw_recv_reply(fd, &id, &code, reason, sizeof(reason), 5000);
+        if (r != 0 || code != want_code)
+                fprintf(stderr, "case '%s': recv %d code %d reason '%s'\n", what, r, code, reason);
+        CHECK_EQ(r, 0);
+        CHECK_EQ(code, want_code);
+        CHECK(reason[0] != '\0');
+        CHECK(raw_closed(fd, 5000));
+        close(fd);
+}
+
+static size_t frame(uint8_t *buf, uint32_t id, const void *body, size_t body_len, uint16_t version,
+                    uint16_t n_fds)
+{
+        gm_frame_hdr_encode(buf, version, id, (uint32_t)body_len, n_fds);
+        if (body_len)
+                memcpy(buf + GM_FRAME_HDR_SIZE, body, body_len);
+        return GM_FRAME_HDR_SIZE + body_len;
+}
+
+static size_t ping_body(uint8_t *buf)
+{
+        Gpumem__Request req = GPUMEM__REQUEST__INIT;
+        Gpumem__Ping p = GPUMEM__PING__INIT;
+        req.op_case = GPUMEM__REQUEST__OP_PING;
+        req.ping = &p;
+        return gpumem__request__pack(&req, buf);
+}
+
+static void test_hostile_frames(void)
+{
+        static uint8_t big[GM_FRAME_MAX + 512];
+        uint8_t buf[512], body[64];
+        size_t blen = ping_body(body), len;
+        gm_client *bystander = connect_ok("bystander");
+        int devnull = open("/dev/null", O_RDONLY | O_CLOEXEC);
+
+        /* too long: more than the maximum frame */
+        len = frame(big, 5, NULL, 0, 1, 0);
+        memset(big + GM_FRAME_HDR_SIZE, 0, sizeof(big) - GM_FRAME_HDR_SIZE);
+        expect_violation("too long", true, big, sizeof(big), NULL, 0, -EMSGSIZE);
+        /* truncated header */
+        len = frame(buf, 5, body, blen, 1, 0);
+        expect_violation("truncated header", true, buf, 8, NULL, 0, -EBADMSG);
+        /* body shorter than the header says */
+        expect_violation("truncated body", true, buf, len - 1, NULL, 0, -EBADMSG);
+        /* header says one fd, none sent; and an fd the header does not declare */
+        len = frame(buf, 5, body, blen, 1, 1);
+        expect_violation("fd count over", true, buf, len, NULL, 0, -EPROTO);
+        len = frame(buf, 5, body, blen, 1, 0);
+        expect_violation("fd count under", true, buf, len, &devnull, 1, -EPROTO);
+        /* fds declared and sent with an op that takes none */
+        len = frame(buf, 5, body, blen, 1, 1);
+        expect_violation("fd on ping", true, buf, len, &devnull, 1, -EPROTO);
+        /* wrong magic, wrong version */
+        len = frame(buf, 5, body, blen, 1, 0);
+        buf[1] = 'X';
+        expect_violation("bad magic", true, buf, len, NULL, 0, -EPROTO);
+        len = frame(buf, 5, body, blen, 9, 0);
+        expect_violation("bad version", true, buf, len, NULL, 0, -EPROTONOSUPPORT);
+        /* garbage protobuf: a ping tag with a length running past the end */
+        {
+                uint8_t junk[] = {0x12, 0x40, 0x08, 0xff, 0xff};
+                len = frame(buf, 5, junk, sizeof(junk), 1, 0);
+                expect_violation("garbage body", true, buf, len, NULL, 0, -EBADMSG);
+                uint8_t notag[] = {0xff, 0xff, 0xff, 0xff, 0xff, 0xff};
+                len = frame(buf, 5, notag, sizeof(notag), 1, 0);
+                expect_violation("garbage tag", true, buf, len, NULL, 0, -EBADMSG);
+                len = frame(buf, 5, NULL, 0, 1, 0);
+                expect_violation("empty body", true, buf, len, NULL, 0, -EBADMSG);
+        }
+        /* two ops in one request */
+        {
+                uint8_t two[64];
+                size_t n = ping_body(two);
+                memcpy(two + n, two, n); /* ping twice: unpack keeps one, the tag said one */
+                uint8_t hello_then_ping[128];
+                Gpumem__Request req = GPUMEM__REQUEST__INIT;
+                Gpumem__TopologyGet tg = GPUMEM__TOPOLOGY_GET__INIT;
+                req.op_case = GPUMEM__REQUEST__OP_TOPOLOGY;
+                req.topology = &tg;
+                size_t m = gpumem__request__pack(&req, hello_then_ping);
+                memcpy(hello_then_ping + m, two, n);
+                len = frame(buf, 5, hello_then_ping, m + n, 1, 0);
+                expect_violation("two ops", true, buf, len, NULL, 0, -EBADMSG);
+        }
+        /* a request before hello, and request id 0 */
+        len = frame(buf, 5, body, blen, 1, 0);
+        expect_violation("no hello", false, buf, len, NULL, 0, -EPROTO);
+        len = frame(buf, 0, body, blen, 1, 0);
+        expect_violation("id zero", true, buf, len, NULL, 0, -EPROTO);
+
+        close(devnull);
+        /* the daemon kept serving everyone else throughout */
+        if (bystander) {
+                CHECK_EQ(gm_ping(bystander), 0);
+                gm_client_close(bystander);
+        }
+}
+
+/* Errors that are not violations: a reply with the errno and the connection stays usable. */
+static void test_request_errors(void)
+{
+        int fd = raw_connect(dmn.sock);
+        uint8_t buf[256], body[128];
+        uint32_t id;
+        int code;
+        char reason[256];
+        size_t len;
+
+        CHECK(fd >= 0);
+        if (fd < 0)
+                return;
+        CHECK_EQ(raw_hello(fd), 0);
+        /* an op number this daemon does not know (a newer client) */
+        {
+                uint8_t unknown[] = {0x9a, 0x06, 0x00}; /* field 99, length-delimited, empty */
+                len = frame(buf, 7, unknown, sizeof(unknown), 1, 0);
+                CHECK_EQ(raw_send(fd, buf, len, NULL, 0), 0);
+                CHECK_EQ(raw_recv_reply(fd, &id, &code, reason, sizeof(reason), 5000), 0);
+                CHECK_EQ(id, 7);
+                CHECK_EQ(code, -EOPNOTSUPP);
+                CHECK_STR_CONTAINS(reason, "99");
+        }
+        /* a second hello */
+        {
+                Gpumem__Request req = GPUMEM__REQUEST__INIT;
+                Gpumem__Hello h = GPUMEM__HELLO__INIT;
+                h.has_protocol_version = true;
+                h.protocol_version = 1;
+                req.op_case = GPUMEM__REQUEST__OP_HELLO;
+                req.hello = &h;
+                len = frame(buf, 8, body, gpumem__request__pack(&req, body), 1, 0);
+                CHECK_EQ(raw_send(fd, buf, len, NULL, 0), 0);
+                CHECK_EQ(raw_recv_reply(fd, &id, &code, reason, sizeof(reason), 5000), 0);
+                CHECK_EQ(id, 8);
+                CHECK_EQ(code, -EALREADY);
+        }
+        /* a window retry naming somebody else's window */
+        {
+                Gpumem__Request req = GPUMEM__REQUEST__INIT;
+                Gpumem__WindowRetry w = GPUMEM__WINDOW_RETRY__INIT;
+                w.has_failed_base = true;
+                w.failed_base = 0x1000;
+                req.op_case = GPUMEM__REQUEST__OP_WINDOW_RETRY;
+                req.window_retry = &w;
+                len = frame(buf, 9, body, gpumem__request__pack(&req, body), 1, 0);
+                CHECK_EQ(raw_send(fd, buf, len, NULL, 0), 0);
+                CHECK_EQ(raw_recv_reply(fd, &id, &code, reason, sizeof(reason), 5000), 0);
+                CHECK_EQ(code, -EINVAL);
+        }
+        /* still usable */
+        len = frame(buf, 10, body, ping_body(body), 1, 0);
+        CHECK_EQ(raw_send(fd, buf, len, NULL, 0), 0);
+        CHECK_EQ(raw_recv_reply(fd, &id, &code, reason, sizeof(reason), 5000), 0);
+        CHECK_EQ(id, 10);
+        CHECK_EQ(code, 0);
+        close(fd);
+
+        /* hello with no protocol version */
+        fd = raw_connect(dmn.sock);
+        {
+                Gpumem__Request req = GPUMEM__REQUEST__INIT;
+                Gpumem__Hello h = GPUMEM__HELLO__INIT;
+                req.op_case = GPUMEM__REQUEST__OP_HELLO;
+                req.hello = &h;
+                len = frame(buf, 1, body, gpumem__request__pack(&req, body), 1, 0);
+                CHECK_EQ(raw_send(fd, buf, len, NULL, 0), 0);
+                CHECK_EQ(raw_recv_reply(fd, &id, &code, reason, sizeof(reason), 5000), 0);
+                CHECK_EQ(code, -EPROTONOSUPPORT);
+        }
+        close(fd);
+}
+
+/* A non-administrator (uid 65534 in a child process) is refused admin ops but served otherwise. */
+static void test_non_admin(void)
+{
+        pid_t pid;
+        int status;
+
+        chmod(dmn.dir, 0755);
+        chmod(dmn.sock, 0666);
+        pid = fork();
+        if (pid == 0) {
+                gm_client *c = NULL;
+                gm_status *s = NULL;
+                char msg[256];
+                if (setgroups(0, NULL) < 0 || setgid(65534) < 0 || setuid(65534) < 0)
+                        _exit(10);
+                if (gm_client_connect(dmn.sock, "nobody", &c) < 0)
+                        _exit(11);
+                if (gm_ping(c) < 0)
+                        _exit(12);
+                int r = gm_admin_status(c, &s);
+                if (r != -EACCES)
+                        _exit(13);
+                gm_strerror(c, r, msg, sizeof(msg));
+                if (!strstr(msg, "administrators"))
+                        _exit(14);
+                if (gm_admin_disconnect(c, 1) != -EACCES)
+                        _exit(15);
+                if (gm_ping(c) < 0) /* a denial does not disconnect */
+                        _exit(16);
+                gm_client_close(c);
+                _exit(0);
+        }
+        CHECK(pid > 0);
+        CHECK_EQ(waitpid(pid, &status, 0), pid);
+        CHECK(WIFEXITED(status));
+        CHECK_EQ(WEXITSTATUS(status), 0);
+        chmod(dmn.sock, 0660);
+}
+
+static void test_admin_status_and_disconnect(void)
+{
+        gm_client *admin = connect_ok("admin");
+        gm_client *victim = connect_ok("victim");
+        gm_status *s = NULL;
+        gm_client_info *infos = NULL;
+        size_t n = 0;
+        char msg[256];
+        bool found = false;
+
+        if (!admin || !victim) {
+                gm_client_close(admin);
+                gm_client_close(victim);
+                return;
+        }
+        CHECK_EQ(gm_admin_status(admin, &s), 0);
+        if (s) {
+                CHECK_EQ(s->clients, 2);
+                CHECK_EQ(s->gpus, 8);
+                CHECK(strcmp(s->backend, "model") == 0);
+                CHECK(strcmp(s->preset, "mi300x") == 0);
+                CHECK(s->requests > 0);
+                CHECK_EQ(s->pid, dmn.pid);
+                gm_status_free(s);
+        }
+        CHECK_EQ(gm_admin_clients(admin, &infos, &n), 0);
+        for (size_t i = 0; i < n; i++) {
+                if (infos[i].client_id == gm_client_id(victim)) {
+                        found = true;
+                        CHECK(strcmp(infos[i].name, "victim") == 0);
+                        CHECK_EQ(infos[i].pid, getpid());
+                        CHECK_EQ(infos[i].uid, getuid());
+                        CHECK(infos[i].cgroup[0] == '/');
+                }
+        }
+        CHECK(found);
+        gm_client_info_free(infos, n);
+
+        char *metrics = NULL;
+        CHECK_EQ(gm_admin_metrics(admin, &metrics), 0);
+        CHECK_STR_CONTAINS(metrics, "gpumemd_connections 2");
+        CHECK_STR_CONTAINS(metrics, "# TYPE gpumemd_requests_total counter");
+        gm_free(metrics);
+
+        CHECK_EQ(gm_admin_disconnect(admin, 999999), -ESRCH);
+        CHECK_EQ(gm_admin_disconnect(admin, gm_client_id(victim)), 0);
+        int r = gm_ping(victim);
+        CHECK_EQ(r, -ECONNABORTED);
+        CHECK_STR_CONTAINS(gm_strerror(victim, r, msg, sizeof(msg)), "administrator");
+        /* every later call fails the same way, without touching the socket */
+        CHECK_EQ(gm_ping(victim), -ECONNABORTED);
+        CHECK_EQ(gm_admin_set_log_level(admin, "loud"), -EINVAL);
+        CHECK_EQ(gm_admin_set_log_level(admin, "debug"), 0);
+        CHECK_EQ(gm_admin_set_log_level(admin, "info"), 0);
+        gm_client_close(victim);
+        gm_client_close(admin);
+}
+
+/* A client that floods requests and never reads stalls only itself. */
+static void test_flood_without_reading(void)
+{
+        int fd = raw_connect(dmn.sock);
+        uint8_t buf[128], body[64];
+        size_t len;
+        int sent = 0;
+
+        CHECK(fd >= 0);
+        if (fd < 0)
+                return;
+        CHECK_EQ(raw_hello(fd), 0);
+        len = frame(buf, 2, body, ping_body(body), 1, 0);
+        for (int i = 0; i < 100000; i++) {
+                if (send(fd, buf, len, MSG_DONTWAIT | MSG_NOSIGNAL) < 0)
+                        break;
+                sent++;
+        }
+        CHECK(sent > 100);
+        gm_client *other = connect_ok("other");
+        if (other) {
+                for (int i = 0; i < 100; i++)
+                        CHECK_EQ(gm_ping(other), 0);
+                gm_client_close(other);
+        }
+        close(fd);
+}
+
+/* A client killed with SIGKILL mid-session leaves nothing behind in the daemon. */
+static void wait_daemon_fds(int want)
+{
+        for (int i = 0; i < 250 && daemon_fd_count(&dmn) != want; i++)
+                usleep(20000);
+}
+
+static void test_killed_client(void)
+{
+        int before = baseline_fds;
+        int pipefd[2];
+        char ch;
+        pid_t pid;
+
+        CHECK_EQ(pipe2(pipefd, O_CLOEXEC), 0);
+        pid = fork();
+        if (pid == 0) {
+                gm_client *c = NULL;
+                if (gm_client_connect(dmn.sock, "doomed", &c) < 0)
+                        _exit(1);
+                (void)!write(pipefd[1], "x", 1);
+                for (;;)
+                        (void)gm_ping(c);
+        }
+        close(pipefd[1]);
+        CHECK_EQ(read(pipefd[0], &ch, 1), 1);
+        close(pipefd[0]);
+        usleep(20000);
+        kill(pid, SIGKILL);
+        waitpid(pid, NULL, 0);
+        wait_daemon_fds(before);
+        CHECK_EQ(daemon_fd_count(&dmn), before);
+        gm_client *c = connect_ok("after");
+        if (c) {
+                gm_status *s = NULL;
+                CHECK_EQ(gm_admin_status(c, &s), 0);
+                if (s)
+                        CHECK_EQ(s->clients, 1);
+                gm_status_free(s);
+                gm_client_close(c);
+        }
+}
+
+static void test_daemon_fds_back_to_baseline(void)
+{
+        wait_daemon_fds(baseline_fds);
+        CHECK_EQ(daemon_fd_count(&dmn), baseline_fds);
+}
+
+int main(void)
+{
+        static const TestCase cases[] = {
+                {"READY and STATUS notifications", test_ready_and_status},
+                {"handshake and VA window", test_handshake},
+                {"topology", test_topology},
+                {"threads share one connection", test_threads},
+                {"hostile frames get one error and a close", test_hostile_frames},
+                {"request errors keep the connection", test_request_errors},
+                {"non-administrators are refused admin ops", test_non_admin},
+                {"admin status, clients, metrics, disconnect", test_admin_status_and_disconnect},
+                {"flooding without reading stalls only the flooder", test_flood_without_reading},
+                {"SIGKILLed client is cleaned up", test_killed_client},
+                {"daemon fds back to baseline", test_daemon_fds_back_to_baseline},
+        };
+        int r;
+
+        signal(SIGPIPE, SIG_IGN);
+        r = daemon_start(&dmn, "mi300x", "[daemon]\nlog-level = notice\n", NULL);
+        if (r < 0) {
+                fprintf(stderr, "cannot start gpumemd: %s\n", strerror(-r));
+                daemon_cleanup(&dmn);
+                return EXIT_FAILURE;
+        }
+        baseline_fds = daemon_fd_count(&dmn);
+        r = run_tests(cases, ARRAY_LEN(cases));
+        int st = daemon_stop(&dmn);
+        if (st != 0) {
+                fprintf(stderr, "gpumemd exited with %d\n", st);
+                r = EXIT_FAILURE;
+        }
+        if (daemon_wait_notify(&dmn, "STOPPING=1", 1000) < 0) {
+                fprintf(stderr, "no STOPPING=1 notification\n");
+                r = EXIT_FAILURE;
+        }
+        struct stat st_sock;
+        if (stat(dmn.sock, &st_sock) == 0) {
+                fprintf(stderr, "socket file left behind\n");
+                r = EXIT_FAILURE;
+        }
+        daemon_cleanup(&dmn);
+        return r;
+}
