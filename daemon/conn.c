@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -48,6 +49,26 @@ bool conn_in_group(const Conn *c, gid_t gid)
                 if (c->ident.groups[i] == gid)
                         return true;
         return false;
+}
+
+void conn_log(Conn *c, int prio, const char *message_id, LogRatelimit *rl, const char *fmt, ...)
+{
+        char f_uid[48], f_pid[48], f_client[48], f_cgroup[512], msg[768];
+        const char *fields[] = {f_uid, f_pid, f_client, f_cgroup, NULL};
+        va_list ap;
+
+        if (prio > log_get_level() || (rl && !log_ratelimit_ok(rl)))
+                return;
+        snprintf(f_uid, sizeof(f_uid), "GPUMEM_CLIENT_UID=%u", (unsigned)c->ident.uid);
+        snprintf(f_pid, sizeof(f_pid), "GPUMEM_CLIENT_PID=%d", (int)c->ident.pid);
+        snprintf(f_client, sizeof(f_client), "GPUMEM_CLIENT_ID=%llu", (unsigned long long)c->id);
+        snprintf(f_cgroup, sizeof(f_cgroup), "GPUMEM_CLIENT_CGROUP=%s",
+                 c->ident.cgroup ? c->ident.cgroup : "");
+        va_start(ap, fmt);
+        vsnprintf(msg, sizeof(msg), fmt, ap);
+        va_end(ap);
+        log_full(prio, 0, message_id, fields, "client %llu (pid %d uid %u): %s", (unsigned long long)c->id,
+                 (int)c->ident.pid, (unsigned)c->ident.uid, msg);
 }
 
 static int read_cgroup(pid_t pid, char **ret)
@@ -214,6 +235,9 @@ void conn_kill(Conn *c)
         event_del(c->wr_ev);
         /* Out of the list now, so counts and admin views no longer see it; freed after this callback. */
         conn_unlink(c);
+        if (c->proto_version)
+                conn_log(c, LOG_INFO, GM_MESSAGE_CLIENT_DISCONNECT, &c->m->conn_log_rl,
+                         "disconnected after %llu requests", (unsigned long long)c->requests);
         manager_notify_status(c->m);
         if (event_base_once(c->m->base, -1, EV_TIMEOUT, conn_free_cb, c, NULL) < 0)
                 conn_free(c); /* cannot defer: no callback of this conn is on the stack at the callers that

@@ -66,3 +66,8 @@ int conn_send(Conn *c, uint32_t request_id, const Gpumem__Reply *reply, int *fds
 int conn_send_error(Conn *c, uint32_t request_id, int code, const char *reason);
 
 bool conn_in_group(const Conn *c, gid_t gid);
+
+/* Log a line about @c with its identity as journal fields; @rl (may be NULL) limits lines a client triggers.
+ */
+void conn_log(Conn *c, int prio, const char *message_id, LogRatelimit *rl, const char *fmt, ...)
+        _printf_(5, 6);

@@ -1,5 +1,6 @@
 /* gpumemd: parse options, check or load the configuration, run the manager. */
 #include <errno.h>
+#include <limits.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,8 +15,7 @@ int main(int argc, char **argv)
 {
         Options opts;
         Manager *m = NULL;
-        char err[8192];
-        const char *path;
+        char err[8192], path[PATH_MAX];
         int r;
 
         log_setup();
@@ -25,7 +25,8 @@ int main(int argc, char **argv)
                 options_done(&opts);
                 return r > 0 ? EXIT_SUCCESS : EXIT_FAILURE;
         }
-        path = opts.config_path ? opts.config_path : GPUMEMD_CONFIG_FILE;
+        /* A copy: loading the file replaces the options, strings included. */
+        snprintf(path, sizeof(path), "%s", opts.config_path ? opts.config_path : GPUMEMD_CONFIG_FILE);
         r = options_load_file(&opts, path, opts.config_explicit || opts.check_config, err, sizeof(err));
         if (opts.check_config) {
                 if (r < 0)

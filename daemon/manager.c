@@ -354,6 +354,7 @@ int manager_new(Manager **ret, const Options *opts)
         if (!m)
                 return -ENOMEM;
         m->listen_fd = -1;
+        m->conn_log_rl = (LogRatelimit)LOG_RATELIMIT_INIT(100, 20);
         r = options_copy(&m->opts, opts);
         if (r < 0) {
                 free(m);

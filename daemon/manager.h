@@ -5,6 +5,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "log.h"
 #include "options.h"
 #include "thunk.h"
 #include "vaman.h"
@@ -48,6 +49,7 @@ typedef struct Manager {
         uint64_t started_mono_usec;
         uint64_t started_real_usec;
         ManagerStats stats;
+        LogRatelimit conn_log_rl; /* connect/disconnect lines, which any client can cause */
         bool stopping;
         uint64_t drain_deadline_usec;
         int exit_code;

@@ -101,9 +101,8 @@ int op_admin_disconnect(ReqCtx *r, const Gpumem__Request *req)
                 return reply_fail(r, -ESRCH, "no client with id %llu", (unsigned long long)id);
         if (target == r->c)
                 return reply_fail(r, -EINVAL, "a client cannot disconnect itself this way");
-        log_full(LOG_NOTICE, 0, GM_MESSAGE_ADMIN_ACTION, NULL,
-                 "client %llu (uid %u) disconnected client %llu", (unsigned long long)r->c->id,
-                 (unsigned)r->c->ident.uid, (unsigned long long)id);
+        conn_log(r->c, LOG_NOTICE, GM_MESSAGE_ADMIN_ACTION, NULL, "disconnected client %llu",
+                 (unsigned long long)id);
         (void)conn_send_error(target, 0, -ECONNABORTED, "disconnected by an administrator");
         conn_kill(target);
         reply.result_case = GPUMEM__REPLY__RESULT_EMPTY;
@@ -175,8 +174,8 @@ int op_admin_set_log_level(ReqCtx *r, const Gpumem__Request *req)
         if (level < 0)
                 return reply_fail(r, -EINVAL, "unknown log level '%s'", s ? s : "");
         log_set_level(level);
-        log_full(LOG_NOTICE, 0, GM_MESSAGE_ADMIN_ACTION, NULL, "client %llu (uid %u) set the log level to %s",
-                 (unsigned long long)r->c->id, (unsigned)r->c->ident.uid, log_level_to_string(level));
+        conn_log(r->c, LOG_NOTICE, GM_MESSAGE_ADMIN_ACTION, NULL, "set the log level to %s",
+                 log_level_to_string(level));
         reply.result_case = GPUMEM__REPLY__RESULT_EMPTY;
         reply.empty = &empty;
         return reply_ok(r, &reply);

@@ -89,18 +89,10 @@ int op_hello(ReqCtx *r, const Gpumem__Request *req)
         reply.result_case = GPUMEM__REPLY__RESULT_HELLO;
         reply.hello = &hr;
 
-        {
-                char f_uid[48], f_pid[48], f_client[48];
-                const char *fields[] = {f_uid, f_pid, f_client, NULL};
-                snprintf(f_uid, sizeof(f_uid), "GPUMEM_CLIENT_UID=%u", (unsigned)c->ident.uid);
-                snprintf(f_pid, sizeof(f_pid), "GPUMEM_CLIENT_PID=%d", (int)c->ident.pid);
-                snprintf(f_client, sizeof(f_client), "GPUMEM_CLIENT_ID=%llu", (unsigned long long)c->id);
-                log_full(LOG_INFO, 0, GM_MESSAGE_CLIENT_CONNECT, fields,
-                         "client %llu connected: pid %d uid %u name '%s' cgroup %s window 0x%llx+0x%llx",
-                         (unsigned long long)c->id, (int)c->ident.pid, (unsigned)c->ident.uid,
-                         c->name ? c->name : "", c->ident.cgroup ? c->ident.cgroup : "-",
-                         (unsigned long long)c->window_base, (unsigned long long)c->window_size);
-        }
+        conn_log(c, LOG_INFO, GM_MESSAGE_CLIENT_CONNECT, &m->conn_log_rl,
+                 "connected as '%s', cgroup %s, window 0x%llx+0x%llx", c->name ? c->name : "",
+                 c->ident.cgroup ? c->ident.cgroup : "-", (unsigned long long)c->window_base,
+                 (unsigned long long)c->window_size);
         manager_notify_status(m);
         return reply_ok(r, &reply);
 }

@@ -212,13 +212,32 @@ _printf_(2, 3) static void file_error(FileCtx *ctx, const char *fmt, ...)
         }
 }
 
-/* inih calls this for every line it reads, so ctx->line is the line of the current entry. */
+static bool known_section(const char *name, size_t len)
+{
+        return len == strlen("daemon") && strncmp(name, "daemon", len) == 0;
+}
+
+/*
+ * inih calls this for every line it reads, so ctx->line is the line of the current entry. Section headers
+ * are checked here, where an empty unknown section is seen too (inih reports only its keys).
+ */
 static char *file_reader(char *str, int num, void *stream)
 {
         FileCtx *ctx = stream;
         char *s = fgets(str, num, ctx->f);
-        if (s)
-                ctx->line++;
+        const char *p, *end;
+
+        if (!s)
+                return NULL;
+        ctx->line++;
+        p = s + strspn(s, " \t");
+        if (*p == '[') {
+                end = strchr(p, ']');
+                if (!end)
+                        file_error(ctx, "section header without ']'");
+                else if (!known_section(p + 1, (size_t)(end - p - 1)))
+                        file_error(ctx, "unknown section [%.*s]", (int)(end - p - 1), p + 1);
+        }
         return s;
 }
 
@@ -335,8 +354,7 @@ static int file_handler(void *user, const char *section, const char *name, const
                 return daemon_key(ctx, name, value);
         if (section[0] == '\0')
                 file_error(ctx, "setting '%s' outside any section", name);
-        else
-                file_error(ctx, "unknown section [%s]", section);
+        /* keys of an unknown section: its header was already reported */
         return 1;
 }
 

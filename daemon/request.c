@@ -114,17 +114,8 @@ void request_violation(Conn *c, uint32_t request_id, int code, const char *reaso
         Manager *m = c->m;
 
         m->stats.protocol_errors++;
-        if (log_ratelimit_ok(&c->log_rl)) {
-                char f_uid[48], f_pid[48], f_client[48];
-                const char *fields[] = {f_uid, f_pid, f_client, NULL};
-                snprintf(f_uid, sizeof(f_uid), "GPUMEM_CLIENT_UID=%u", (unsigned)c->ident.uid);
-                snprintf(f_pid, sizeof(f_pid), "GPUMEM_CLIENT_PID=%d", (int)c->ident.pid);
-                snprintf(f_client, sizeof(f_client), "GPUMEM_CLIENT_ID=%llu", (unsigned long long)c->id);
-                log_full(LOG_WARNING, 0, GM_MESSAGE_PROTOCOL_VIOLATION, fields,
-                         "client %llu (pid %d uid %u): protocol violation: %s (%s), closing",
-                         (unsigned long long)c->id, (int)c->ident.pid, (unsigned)c->ident.uid, reason,
-                         strerror(-code));
-        }
+        conn_log(c, LOG_WARNING, GM_MESSAGE_PROTOCOL_VIOLATION, &c->log_rl,
+                 "protocol violation: %s (%s), closing", reason, strerror(-code));
         (void)conn_send_error(c, request_id, code, reason);
         conn_kill(c);
 }
@@ -194,11 +185,8 @@ void request_handle(Conn *c, const uint8_t *buf, size_t len, int *fds, size_t n_
         }
         if (op->perm == OP_PERM_ADMIN && !c->admin) {
                 m->stats.denials++;
-                if (log_ratelimit_ok(&c->log_rl))
-                        log_full(LOG_NOTICE, 0, GM_MESSAGE_DENIED, NULL,
-                                 "client %llu (pid %d uid %u): %s denied: not an administrator",
-                                 (unsigned long long)c->id, (int)c->ident.pid, (unsigned)c->ident.uid,
-                                 op->name);
+                conn_log(c, LOG_NOTICE, GM_MESSAGE_DENIED, &c->log_rl, "%s denied: not an administrator",
+                         op->name);
                 err = reply_fail(&r, -EACCES, "%s is for administrators only", op->name);
                 goto fail;
         }
