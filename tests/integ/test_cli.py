@@ -1,0 +1,330 @@
+#!/usr/bin/env python3
+"""Integration tests of gpumemd and gpumemctl as programs: options, config checks, reload, connection caps,
+socket activation through systemd-socket-activate, and gpumemctl's tables, JSON and errors."""
+import json
+import os
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+
+GPUMEMD = os.environ["GPUMEMD"]
+GPUMEMCTL = os.environ["GPUMEMCTL"]
+failures = []
+
+
+def check(cond, what):
+    if not cond:
+        failures.append(what)
+        print(f"  check failed: {what}", file=sys.stderr)
+
+
+class Notify:
+    """A NOTIFY_SOCKET we own, collecting every message."""
+
+    def __init__(self, path):
+        self.path = path
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(path)
+        self.sock.setblocking(False)
+        self.log = []
+
+    def wait(self, what, timeout=10.0):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if any(what in m for m in self.log):
+                return True
+            try:
+                self.log.append(self.sock.recv(4096).decode())
+                continue
+            except BlockingIOError:
+                time.sleep(0.01)
+        return any(what in m for m in self.log)
+
+    def close(self):
+        self.sock.close()
+
+
+class Daemon:
+    def __init__(self, tmp, config="", args=(), preset="mi300x"):
+        self.tmp = tmp
+        self.sock = os.path.join(tmp, "gpumemd.sock")
+        self.conf = os.path.join(tmp, "gpumemd.conf")
+        self.write_config(config)
+        self.notify = Notify(os.path.join(tmp, "notify"))
+        env = dict(os.environ, NOTIFY_SOCKET=self.notify.path)
+        self.proc = subprocess.Popen(
+            [GPUMEMD, "--socket", self.sock, "--config", self.conf, "--model-preset", preset, *args],
+            env=env, stderr=subprocess.PIPE, text=True)
+        self.ready = self.notify.wait("READY=1")
+
+    def write_config(self, text):
+        with open(self.conf + ".new", "w") as f:
+            f.write(text)
+        os.rename(self.conf + ".new", self.conf)
+
+    def stop(self):
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            _, err = self.proc.communicate(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            _, err = self.proc.communicate()
+        self.stopping = self.notify.wait("STOPPING=1", 1)
+        self.notify.close()
+        return self.proc.returncode, err
+
+
+def ctl(sock, *args):
+    return subprocess.run([GPUMEMCTL, "--socket", sock, *args], capture_output=True, text=True, timeout=30)
+
+
+def raw_connect(path):
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    s.connect(path)
+    return s
+
+
+def hello_frame(request_id=1):
+    body = bytes([0x0a, 0x02, 0x08, 0x01])  # Request.hello { protocol_version: 1 }
+    return struct.pack("<IHHII", 0x4D454D47, 1, 0, len(body), request_id) + body
+
+
+def reply_code(packet):
+    """Status.code of a Reply packet (field 1 of Status, zigzag), or None."""
+    body = packet[16:]
+    if len(body) < 2 or body[0] != 0x0A:
+        return None
+    status = body[2:2 + body[1]]
+    i, code = 0, 0
+    while i < len(status):
+        tag = status[i]
+        i += 1
+        if tag == 0x08:
+            v, shift = 0, 0
+            while True:
+                b = status[i]
+                i += 1
+                v |= (b & 0x7F) << shift
+                shift += 7
+                if not b & 0x80:
+                    break
+            code = (v >> 1) ^ -(v & 1)
+        elif tag == 0x12:
+            i += 1 + status[i]
+        else:
+            break
+    return code
+
+
+def try_connect_hello(path):
+    """Connect and say hello; returns (socket, status code)."""
+    s = raw_connect(path)
+    s.settimeout(5)
+    try:
+        s.send(hello_frame())
+        return s, reply_code(s.recv(65536))
+    except (BrokenPipeError, ConnectionResetError):
+        s.settimeout(1)
+        try:
+            return s, reply_code(s.recv(65536))
+        except OSError:
+            return s, None
+
+
+def test_options(tmp):
+    r = subprocess.run([GPUMEMD, "--version"], capture_output=True, text=True)
+    check(r.returncode == 0 and r.stdout.startswith("gpumemd "), "--version prints the version")
+    r = subprocess.run([GPUMEMD, "--help"], capture_output=True, text=True)
+    check(r.returncode == 0 and "--model-preset" in r.stdout, "--help lists the options")
+    r = subprocess.run([GPUMEMD, "--frobnicate"], capture_output=True, text=True)
+    check(r.returncode == 1 and "unknown option" in r.stderr, "unknown option fails with a reason")
+    r = subprocess.run([GPUMEMD, "--socket", os.path.join(tmp, "x.sock"), "--config", "/dev/null",
+                        "--model-preset", "no-such-preset"], capture_output=True, text=True, timeout=20)
+    check(r.returncode == 1 and "no-such-preset" in r.stderr, "a missing preset is named in the error")
+
+
+def test_check_config(tmp):
+    good = os.path.join(tmp, "good.conf")
+    bad = os.path.join(tmp, "bad.conf")
+    with open(good, "w") as f:
+        f.write("[daemon]\nbackend = model\nmodel-preset = mi100\nmax-connections = 8\n")
+    with open(bad, "w") as f:
+        f.write("# a comment\n[daemon]\nbackend = gpu\nmax-connections = lots\n[nosuch]\n")
+    r = subprocess.run([GPUMEMD, "--check-config", "--config", good], capture_output=True, text=True)
+    check(r.returncode == 0 and "OK" in r.stdout, "--check-config accepts a good file")
+    r = subprocess.run([GPUMEMD, "--check-config", "--config", bad], capture_output=True, text=True)
+    check(r.returncode == 1, "--check-config refuses a bad file")
+    check(f"{bad}:3:" in r.stderr and f"{bad}:4:" in r.stderr and f"{bad}:5:" in r.stderr,
+          "--check-config names the line of each error")
+
+
+def test_gpumemctl(tmp):
+    d = Daemon(tmp)
+    check(d.ready, "daemon ready")
+    r = ctl(d.sock, "status")
+    check(r.returncode == 0 and "backend:" in r.stdout and "mi300x" in r.stdout, "status table")
+    r = ctl(d.sock, "--json", "status")
+    try:
+        st = json.loads(r.stdout)
+        check(st["schema"] == 1 and st["backend"] == "model" and st["gpus"] == 8 and st["clients"] == 1,
+              "status --json fields")
+        check(st["pid"] == d.proc.pid, "status --json pid is the daemon's")
+    except (ValueError, KeyError) as e:
+        check(False, f"status --json is valid JSON with the documented fields ({e})")
+    r = ctl(d.sock, "--json", "topology", "--properties")
+    try:
+        topo = json.loads(r.stdout)
+        gpus = [n for n in topo["nodes"] if n["kind"] == "gpu"]
+        check(len(gpus) == 8 and all(n["vram_bytes"] == 192 << 30 for n in gpus), "topology --json GPUs")
+        check(all("simd_count" in n["properties"] for n in gpus), "topology --json properties")
+    except (ValueError, KeyError) as e:
+        check(False, f"topology --json is valid JSON ({e})")
+    r = ctl(d.sock, "topology")
+    check(r.returncode == 0 and "gfx942" in r.stdout and "XGMI" in r.stdout, "topology table")
+    r = ctl(d.sock, "--json", "clients")
+    try:
+        cl = json.loads(r.stdout)
+        check(len(cl["clients"]) == 1 and cl["clients"][0]["name"] == "gpumemctl", "clients --json")
+    except (ValueError, KeyError) as e:
+        check(False, f"clients --json is valid JSON ({e})")
+    r = ctl(d.sock, "metrics")
+    check(r.returncode == 0 and "gpumemd_requests_total" in r.stdout, "metrics")
+    r = ctl(d.sock, "disconnect", "424242")
+    check(r.returncode == 1 and r.stderr.count("\n") == 1 and "424242" in r.stderr, "disconnect of nobody")
+    r = ctl(d.sock, "frobnicate")
+    check(r.returncode == 1 and "unknown command" in r.stderr, "unknown command")
+    code, err = d.stop()
+    check(code == 0, "daemon exits 0 on SIGTERM")
+    check(d.stopping, "STOPPING=1 sent")
+    check(not os.path.exists(d.sock), "socket removed at exit")
+    # no daemon: one clear line and a non-zero exit
+    r = ctl(d.sock, "--json", "status")
+    check(r.returncode == 1 and r.stdout == "" and r.stderr.count("\n") == 1 and "cannot connect" in r.stderr,
+          "gpumemctl against a missing socket")
+
+
+def test_caps_and_reload(tmp):
+    d = Daemon(tmp, "[daemon]\nmax-connections-per-uid = 3\n")
+    check(d.ready, "daemon ready")
+    held = []
+    for _ in range(3):
+        s, code = try_connect_hello(d.sock)
+        check(code == 0, "connections under the per-uid cap are served")
+        held.append(s)
+    s, code = try_connect_hello(d.sock)
+    check(code == -87, f"the connection over the cap is refused with -EUSERS (got {code})")  # EUSERS = 87
+    s.close()
+    held.pop().close()
+    time.sleep(0.2)
+    s, code = try_connect_hello(d.sock)
+    check(code == 0, "a freed slot can be used again")
+    held.append(s)
+
+    # a good reload lowers the cap
+    d.write_config("[daemon]\nmax-connections-per-uid = 2\n")
+    d.proc.send_signal(signal.SIGHUP)
+    refused = False
+    for _ in range(100):
+        s, code = try_connect_hello(d.sock)
+        s.close()
+        if code == -87:
+            refused = True
+            break
+        time.sleep(0.05)
+    check(refused, "SIGHUP applies a good file")
+    for s in held:
+        s.close()
+    held = []
+    time.sleep(0.2)
+
+    # a bad reload changes nothing, not even the good lines of the bad file
+    d.write_config("[daemon]\nmax-connections-per-uid = 50\nbackend = gpu\n")
+    d.proc.send_signal(signal.SIGHUP)
+    time.sleep(0.5)
+    for _ in range(2):
+        s, code = try_connect_hello(d.sock)
+        check(code == 0, "served under the old cap")
+        held.append(s)
+    s, code = try_connect_hello(d.sock)
+    check(code == -87, "a refused reload leaves the old cap in force")
+    s.close()
+    for s in held:
+        s.close()
+    check(d.proc.poll() is None, "the daemon survives a bad reload")
+
+    # a second daemon on the same socket refuses to start
+    r = subprocess.run([GPUMEMD, "--socket", d.sock, "--config", "/dev/null"], capture_output=True, text=True,
+                       timeout=20)
+    check(r.returncode == 1 and "already listening" in r.stderr, "a second daemon on a live socket")
+    code, err = d.stop()
+    check(code == 0, "daemon exits 0")
+    check("reload refused" in err and "gpu" in err, "the refused reload is logged with its reason")
+
+
+def test_socket_activation(tmp):
+    activate = shutil.which("systemd-socket-activate")
+    if not activate:
+        check(False, "systemd-socket-activate is installed (Debian's systemd package)")
+        return
+    sock = os.path.join(tmp, "activated.sock")
+    notify = Notify(os.path.join(tmp, "notify-act"))
+    proc = subprocess.Popen([activate, "--seqpacket", "-l", sock, "-E", f"NOTIFY_SOCKET={notify.path}",
+                             GPUMEMD, "--config", "/dev/null", "--socket", os.path.join(tmp, "unused.sock"),
+                             "--model-preset", "gfx908"], stderr=subprocess.PIPE, text=True)
+    for _ in range(200):
+        if os.path.exists(sock):
+            break
+        time.sleep(0.02)
+    # the first connection starts gpumemd with the listening socket passed in
+    r = ctl(sock, "--json", "status")
+    check(r.returncode == 0, f"a client is served through the activated socket ({r.stderr.strip()})")
+    if r.returncode == 0:
+        check(json.loads(r.stdout)["gpus"] == 1, "the activated daemon runs the gfx908 preset")
+    check(notify.wait("READY=1"), "READY=1 from the activated daemon")
+    check(not os.path.exists(os.path.join(tmp, "unused.sock")), "an activated daemon binds no socket itself")
+    proc.send_signal(signal.SIGTERM)
+    try:
+        _, err = proc.communicate(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        _, err = proc.communicate()
+    check(proc.returncode == 0, f"activated daemon exits 0 ({proc.returncode})")
+    check(notify.wait("STOPPING=1", 1), "STOPPING=1 from the activated daemon")
+    notify.close()
+
+
+def main():
+    tests = [
+        ("options, version and help", test_options),
+        ("--check-config names each error's line", test_check_config),
+        ("gpumemctl tables, JSON and errors", test_gpumemctl),
+        ("connection caps and SIGHUP reload", test_caps_and_reload),
+        ("socket activation with systemd-socket-activate", test_socket_activation),
+    ]
+    passed = failed = 0
+    for i, (name, fn) in enumerate(tests, 1):
+        before = len(failures)
+        tmp = tempfile.mkdtemp(prefix="gpumemd-cli-")
+        try:
+            fn(tmp)
+        except Exception as e:  # a crash of the test is a failure, not a skip
+            check(False, f"{name} raised {e!r}")
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        if len(failures) == before:
+            print(f"ok {i} - {name}")
+            passed += 1
+        else:
+            print(f"not ok {i} - {name}")
+            failed += 1
+        sys.stdout.flush()
+    print(f"{passed} passed, {failed} failed")
+    sys.exit(1 if failed else 0)
+
+
+main()
