@@ -1,0 +1,30 @@
+#!/bin/sh
+# The main job on a fresh machine: build, start gpumemd on the built-in KFD model, run real clients, show
+# gpumemctl's view, stop the daemon cleanly.
+set -eu
+cd "$(dirname "$0")/.."
+sh scripts/deps.sh
+sh scripts/build.sh build
+
+run=$(mktemp -d /tmp/gpumemd-demo-XXXXXX)
+sock="$run/gpumemd.sock"
+export GPUMEM_SOCKET="$sock"
+trap 'kill "$daemon" 2>/dev/null || true; rm -rf "$run"' EXIT
+
+echo "== starting gpumemd on the KFD model (preset mi300x)"
+build/daemon/gpumemd --socket "$sock" --backend model --model-preset mi300x --config /dev/null \
+    --log-level notice &
+daemon=$!
+for _ in $(seq 1 200); do build/libclient/gpumemctl ping >/dev/null 2>&1 && break; sleep 0.05; done
+
+echo "== a client session"
+build/libclient/examples/gpumem-info
+echo "== gpumemctl topology"
+build/libclient/gpumemctl topology
+echo "== gpumemctl status"
+build/libclient/gpumemctl status
+
+echo "== stopping gpumemd"
+kill -TERM "$daemon"
+wait "$daemon"
+echo "gpumemd exited cleanly"

@@ -1,0 +1,20 @@
+#!/bin/sh
+# Install what gpumemd needs to build and test on Debian 12 (as root); does nothing when all is present.
+set -eu
+pkgs="meson ninja-build pkg-config gcc clang libc6-dev libevent-dev libsystemd-dev libprotobuf-c-dev
+      protobuf-c-compiler libnuma-dev libdrm-dev libinih-dev python3 binutils systemd"
+missing=""
+for p in $pkgs; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
+done
+if [ -n "$missing" ]; then
+    if [ "$(id -u)" -ne 0 ]; then
+        echo "gpumemd: missing packages:$missing (run as root to install them)" >&2
+        exit 1
+    fi
+    echo "gpumemd: installing$missing"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    # shellcheck disable=SC2086
+    apt-get install -y -qq --no-install-recommends $missing >/dev/null
+fi
