@@ -2226,11 +2226,11 @@ int thunk_model_new(const ThunkTopology *topo, const ThunkModelOptions *opts, Th
                         if (m->gpus[m->n_gpus].svm)
                                 m->svm_supported |= 1ULL << m->n_gpus;
                         m->n_gpus++;
-                } else {
-                        for (size_t b = 0; b < n->n_mem_banks; b++)
-                                if (n->mem_banks[b].heap_type == HSA_MEM_HEAP_TYPE_SYSTEM)
-                                        ram += n->mem_banks[b].size_in_bytes;
                 }
+                /* System memory is every SYSTEM heap, on CPU nodes and on APU nodes (CPU and GPU in one). */
+                for (size_t b = 0; b < n->n_mem_banks; b++)
+                        if (n->mem_banks[b].heap_type == HSA_MEM_HEAP_TYPE_SYSTEM)
+                                ram += n->mem_banks[b].size_in_bytes;
         }
         if (m->n_gpus == 0) {
                 free(m);

@@ -1466,6 +1466,10 @@ static int test_presets(void)
                         CHECK_RC(seam.ops->ioctl(seam.impl, kfd, AMDKFD_IOC_ACQUIRE_VM, &acq), 0);
                         CHECK_RC(seam.ops->ioctl(seam.impl, kfd, AMDKFD_IOC_AVAILABLE_MEMORY, &am), 0);
                         CHECK(am.available > 0);
+                        /* The APU's memory is its node's SYSTEM heap (32 GiB): half of it is the TTM limit,
+                         * the smallest of the APU's three limits. */
+                        if (strcmp(names[i], "apu") == 0)
+                                CHECK(am.available == 16 * GiB);
                         CHECK_RC(seam.ops->ioctl(seam.impl, kfd, AMDKFD_IOC_ALLOC_MEMORY_OF_GPU, &al), want);
                         if (want == 0) {
                                 struct kfd_ioctl_free_memory_of_gpu_args fr = {.handle = al.handle};
