@@ -9,6 +9,7 @@
 #include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <drm.h>
@@ -16,178 +17,11 @@
 #include <linux/kfd_sysfs.h>
 
 #include "kfd-compat.h"
-#include "model.h"
-
-#define MODEL_PAGE                    4096ULL
-#define MODEL_PAGE_ALIGN(x)           (((x) + MODEL_PAGE - 1) & ~(MODEL_PAGE - 1))
-#define MODEL_2M                      (2ULL << 20)
-#define MODEL_GPUVM_BASE              (1ULL << 16)          /* AMDGPU_VA_RESERVED_BOTTOM */
-#define MODEL_GPUVM_LIMIT             0x00007FFFFFFFFFFFULL /* hole start - 1 */
-#define MODEL_VM_END                  (1ULL << 47)
-#define MODEL_DOORBELL_SLICE          8192ULL      /* 1024 queues x 8-byte doorbells, page aligned */
-#define MODEL_PT_RESERVE_MIN          (8ULL << 20) /* AMDGPU_VM_RESERVED_VRAM */
-#define MODEL_MMAP_BASE               (1ULL << 32) /* DRM's fake offsets start at 4 GiB */
-#define MODEL_MAX_FAULTS              16
-#define MODEL_SVM_DEFAULT_GRANULARITY 9
-
-#define KFD_TYPE_MASK                                                                                        \
-        (KFD_IOC_ALLOC_MEM_FLAGS_VRAM | KFD_IOC_ALLOC_MEM_FLAGS_GTT | KFD_IOC_ALLOC_MEM_FLAGS_USERPTR |      \
-         KFD_IOC_ALLOC_MEM_FLAGS_DOORBELL | KFD_IOC_ALLOC_MEM_FLAGS_MMIO_REMAP)
-
-typedef struct ModelGpu {
-        uint32_t gpu_id;
-        uint32_t minor;
-        uint64_t hive_id;
-        uint64_t vram_size; /* 0 on APUs */
-        bool apu;
-        bool large_bar;
-        bool svm;
-        bool xnack_capable;
-        int64_t vram_used;
-        uint64_t vram_used_aligned;
-} ModelGpu;
-
-struct ModelFile;
-
-/* The backing object of an allocation (what amdgpu calls a BO): one memfd, shared by imports and handles. */
-typedef struct ModelBuf {
-        struct ModelBuf *next;
-        unsigned int refs;
-        int memfd; /* -1 for userptr */
-        dev_t dev;
-        ino_t ino;
-        uint64_t size;
-        uint64_t mmap_offset;
-        uint32_t type;  /* one KFD type bit: where it lives */
-        uint32_t flags; /* allocation flags */
-        int owner;      /* GPU index */
-        uint64_t charge;
-        uint32_t charge_type; /* KFD type bit the charge was made for, 0 if none */
-        bool foreign;
-        struct ModelFile **allowed; /* render files that may mmap it */
-        size_t n_allowed;
-} ModelBuf;
-
-struct ModelMem;
-
-typedef struct ModelMapping {
-        uint64_t start;
-        uint64_t end;
-        ModelBuf *buf;
-        struct ModelMem *mem; /* KFD mapping; NULL for GEM_VA */
-        uint64_t offset;
-} ModelMapping;
-
-typedef struct ModelVm {
-        ModelMapping *v;
-        size_t n;
-        size_t cap;
-} ModelVm;
-
-typedef struct ModelGem {
-        uint32_t handle;
-        ModelBuf *buf;
-} ModelGem;
-
-struct ModelCtx;
-
-/* One open of a render node (a DRM file): its own GEM handles and its own GPU VM. */
-typedef struct ModelFile {
-        struct ModelFile *next;
-        unsigned int refs; /* fds + the context that acquired it */
-        int gpu;
-        struct ModelCtx *compute_ctx;
-        ModelVm vm;
-        ModelGem *gems;
-        size_t n_gems;
-        size_t cap_gems;
-} ModelFile;
-
-typedef struct ModelMem {
-        ModelBuf *buf;
-        uint64_t va;
-        uint32_t flags;
-        int gpu; /* owning pdd */
-        uint32_t idr;
-        uint64_t mapped; /* bitmap of GPU indices */
-        bool import;
-} ModelMem;
-
-typedef struct ModelPdd {
-        ModelFile *file; /* acquired VM */
-        ModelMem **idr;
-        size_t cap_idr;
-        uint64_t scratch_va;
-} ModelPdd;
-
-typedef struct SvmRange {
-        uint64_t start; /* pages */
-        uint64_t last;  /* pages, inclusive */
-        uint32_t preferred;
-        uint32_t prefetch;
-        uint32_t flags;
-        uint8_t granularity;
-        bool charged;
-        uint64_t access;
-        uint64_t in_place;
-} SvmRange;
-
-typedef struct ModelCtx {
-        struct ModelCtx *next;
-        unsigned int refs; /* kfd fds */
-        bool primary;
-        bool xnack;
-        bool runtime_enabled;
-        ModelPdd pdd[THUNK_MODEL_MAX_GPUS];
-        SvmRange *svm;
-        size_t n_svm;
-        size_t cap_svm;
-} ModelCtx;
-
-enum { FD_KFD = 1, FD_RENDER = 2 };
-
-typedef struct ModelFd {
-        int fd;
-        int kind;
-        ModelCtx *ctx;
-        ModelFile *file;
-} ModelFd;
-
-typedef struct ModelFault {
-        unsigned int type;
-        unsigned int nr;
-        unsigned int remaining;
-        int err;
-} ModelFault;
-
-struct ThunkModel {
-        pthread_mutex_t lock;
-        uint32_t minor;
-        int anchor; /* memfd the kfd/render fds are duplicates of */
-        ModelGpu gpus[THUNK_MODEL_MAX_GPUS];
-        size_t n_gpus;
-        uint64_t svm_supported; /* bitmap of GPU indices */
-        uint64_t system_ram;
-        uint64_t system_limit;
-        uint64_t ttm_limit;
-        uint64_t pt_reserve;
-        int64_t system_used;
-        int64_t ttm_used;
-        bool xnack_default;
-        uint64_t next_mmap_offset;
-        ModelBuf *bufs;
-        ModelFile *files;
-        ModelCtx *ctxs;
-        ModelFd *fds;
-        size_t n_fds;
-        size_t cap_fds;
-        ModelFault faults[MODEL_MAX_FAULTS];
-        size_t n_faults;
-};
+#include "model-private.h"
 
 /* ------------------------------------------------------------------ helpers */
 
-static int gpu_index(const ThunkModel *m, uint32_t gpu_id)
+int model_gpu_index(const ThunkModel *m, uint32_t gpu_id)
 {
         for (size_t i = 0; i < m->n_gpus; i++)
                 if (m->gpus[i].gpu_id == gpu_id)
@@ -195,7 +29,7 @@ static int gpu_index(const ThunkModel *m, uint32_t gpu_id)
         return -1;
 }
 
-static int grow(void **p, size_t *cap, size_t need, size_t elem)
+int model_grow(void **p, size_t *cap, size_t need, size_t elem)
 {
         size_t n;
         void *q;
@@ -213,7 +47,7 @@ static int grow(void **p, size_t *cap, size_t need, size_t elem)
         return 0;
 }
 
-static ModelFd *fd_lookup(ThunkModel *m, int fd)
+ModelFd *model_fd_lookup(ThunkModel *m, int fd)
 {
         for (size_t i = 0; i < m->n_fds; i++)
                 if (m->fds[i].fd == fd)
@@ -426,7 +260,7 @@ static int vm_insert(ModelVm *vm, const ModelMapping *mp)
 
         if (vm_overlaps(vm, mp->start, mp->end))
                 return -EINVAL;
-        if (grow((void **)&vm->v, &vm->cap, vm->n + 1, sizeof(*vm->v)) < 0)
+        if (model_grow((void **)&vm->v, &vm->cap, vm->n + 1, sizeof(*vm->v)) < 0)
                 return -ENOMEM;
         i = vm_lower(vm, mp->start);
         memmove(&vm->v[i + 1], &vm->v[i], (vm->n - i) * sizeof(*vm->v));
@@ -507,6 +341,7 @@ static void mem_unmap_all(ThunkModel *m, ModelCtx *c, ModelMem *mem)
 
 static void ctx_destroy(ThunkModel *m, ModelCtx *c)
 {
+        model_ctx_release_queues(m, c);
         for (size_t g = 0; g < m->n_gpus; g++) {
                 ModelPdd *pdd = &c->pdd[g];
 
@@ -536,7 +371,7 @@ static void ctx_destroy(ThunkModel *m, ModelCtx *c)
         free(c);
 }
 
-static void ctx_unref(ThunkModel *m, ModelCtx *c)
+void model_ctx_unref(ThunkModel *m, ModelCtx *c)
 {
         if (c && --c->refs == 0)
                 ctx_destroy(m, c);
@@ -576,7 +411,7 @@ static int idr_alloc_mem(ModelPdd *pdd, ModelMem *mem)
         if (i == pdd->cap_idr) {
                 size_t old = pdd->cap_idr;
 
-                if (grow((void **)&pdd->idr, &pdd->cap_idr, i + 1, sizeof(*pdd->idr)) < 0)
+                if (model_grow((void **)&pdd->idr, &pdd->cap_idr, i + 1, sizeof(*pdd->idr)) < 0)
                         return -ENOMEM;
                 memset(&pdd->idr[old], 0, (pdd->cap_idr - old) * sizeof(*pdd->idr));
         }
@@ -585,7 +420,7 @@ static int idr_alloc_mem(ModelPdd *pdd, ModelMem *mem)
         return 0;
 }
 
-static ModelMem *idr_find(ModelPdd *pdd, uint32_t id)
+ModelMem *model_idr_find(ModelPdd *pdd, uint32_t id)
 {
         return id < pdd->cap_idr ? pdd->idr[id] : NULL;
 }
@@ -616,7 +451,7 @@ static int cpu_maps_load(CpuMaps *cm)
                         if (cm->n && cm->iv[cm->n - 1][1] == s) {
                                 cm->iv[cm->n - 1][1] = e;
                         } else {
-                                if (grow((void **)&cm->iv, &cm->cap, cm->n + 1, sizeof(*cm->iv)) < 0) {
+                                if (model_grow((void **)&cm->iv, &cm->cap, cm->n + 1, sizeof(*cm->iv)) < 0) {
                                         r = -ENOMEM;
                                         break;
                                 }
@@ -690,7 +525,7 @@ static void svm_uncharge_all(ThunkModel *m, ModelCtx *c)
 
 static int svm_insert_at(ModelCtx *c, size_t i, const SvmRange *r)
 {
-        if (grow((void **)&c->svm, &c->cap_svm, c->n_svm + 1, sizeof(*c->svm)) < 0)
+        if (model_grow((void **)&c->svm, &c->cap_svm, c->n_svm + 1, sizeof(*c->svm)) < 0)
                 return -ENOMEM;
         memmove(&c->svm[i + 1], &c->svm[i], (c->n_svm - i) * sizeof(*c->svm));
         c->svm[i] = *r;
@@ -793,7 +628,7 @@ static bool svm_overlaps(const ModelCtx *c, uint64_t start, uint64_t end)
 
 static int svm_gpuidx(const ThunkModel *m, uint32_t gpu_id)
 {
-        return gpu_index(m, gpu_id);
+        return model_gpu_index(m, gpu_id);
 }
 
 static int svm_check_attr(const ThunkModel *m, uint32_t nattr, const struct kfd_ioctl_svm_attribute *a)
@@ -1054,15 +889,6 @@ static void svm_get(const ThunkModel *m, const ModelCtx *c, uint64_t s, uint64_t
 
 /* ------------------------------------------------------------------ KFD ioctl handlers */
 
-typedef struct Call {
-        ThunkModel *m;
-        ModelCtx *ctx;   /* KFD fds */
-        ModelFile *file; /* render fds */
-        ModelFd *ent;    /* the fd the request came in on */
-        void *arg;       /* kernel-side copy, max(usize, struct size) bytes */
-        size_t usize;
-} Call;
-
 static int kfd_get_version(Call *c)
 {
         struct kfd_ioctl_get_version_args *a = c->arg;
@@ -1073,9 +899,9 @@ static int kfd_get_version(Call *c)
 }
 
 /* The per-GPU prerequisite of every memory op: the VM must have been acquired. */
-static int bind_pdd(Call *c, uint32_t gpu_id, int *ret_idx)
+int model_bind_pdd(Call *c, uint32_t gpu_id, int *ret_idx)
 {
-        int idx = gpu_index(c->m, gpu_id);
+        int idx = model_gpu_index(c->m, gpu_id);
 
         if (idx < 0)
                 return -EINVAL;
@@ -1096,7 +922,7 @@ static int kfd_set_memory_policy(Call *c)
         if (a->alternate_policy != KFD_IOC_CACHE_POLICY_COHERENT &&
             a->alternate_policy != KFD_IOC_CACHE_POLICY_NONCOHERENT)
                 return -EINVAL;
-        return bind_pdd(c, a->gpu_id, &idx);
+        return model_bind_pdd(c, a->gpu_id, &idx);
 }
 
 static void fill_apertures(const ThunkModel *m, size_t g, struct kfd_process_device_apertures *ap)
@@ -1145,7 +971,7 @@ static int kfd_get_process_apertures_new(Call *c)
 static int kfd_set_scratch_backing_va(Call *c)
 {
         struct kfd_ioctl_set_scratch_backing_va_args *a = c->arg;
-        int idx, r = bind_pdd(c, a->gpu_id, &idx);
+        int idx, r = model_bind_pdd(c, a->gpu_id, &idx);
 
         if (r < 0)
                 return r;
@@ -1156,8 +982,8 @@ static int kfd_set_scratch_backing_va(Call *c)
 static int kfd_acquire_vm(Call *c)
 {
         struct kfd_ioctl_acquire_vm_args *a = c->arg;
-        ModelFd *e = fd_lookup(c->m, (int)a->drm_fd);
-        int idx = gpu_index(c->m, a->gpu_id);
+        ModelFd *e = model_fd_lookup(c->m, (int)a->drm_fd);
+        int idx = model_gpu_index(c->m, a->gpu_id);
         ModelPdd *pdd;
         ModelFile *f;
 
@@ -1203,7 +1029,7 @@ static int kfd_alloc_memory_of_gpu(Call *c)
                     svm_overlaps(svm_ctx, a->mmap_offset, a->mmap_offset + size))
                         return -EADDRINUSE;
         }
-        idx = gpu_index(m, a->gpu_id);
+        idx = model_gpu_index(m, a->gpu_id);
         if (idx < 0)
                 return -EINVAL;
         if ((flags & KFD_IOC_ALLOC_MEM_FLAGS_PUBLIC) && (flags & KFD_IOC_ALLOC_MEM_FLAGS_VRAM) &&
@@ -1256,6 +1082,8 @@ static int kfd_alloc_memory_of_gpu(Call *c)
         }
         b->charge = size;
         b->charge_type = type;
+        if (type == KFD_IOC_ALLOC_MEM_FLAGS_USERPTR)
+                b->userptr = a->mmap_offset;
         mem = calloc(1, sizeof(*mem));
         if (!mem || buf_allow(b, c->ctx->pdd[idx].file) < 0 || idr_alloc_mem(&c->ctx->pdd[idx], mem) < 0) {
                 free(mem);
@@ -1277,14 +1105,16 @@ static int kfd_alloc_memory_of_gpu(Call *c)
 static int kfd_free_memory_of_gpu(Call *c)
 {
         struct kfd_ioctl_free_memory_of_gpu_args *a = c->arg;
-        int idx = gpu_index(c->m, THUNK_KFD_HANDLE_GPU(a->handle));
+        int idx = model_gpu_index(c->m, THUNK_KFD_HANDLE_GPU(a->handle));
         ModelMem *mem;
 
         if (idx < 0)
                 return -EINVAL;
-        mem = idr_find(&c->ctx->pdd[idx], THUNK_KFD_HANDLE_IDR(a->handle));
+        mem = model_idr_find(&c->ctx->pdd[idx], THUNK_KFD_HANDLE_IDR(a->handle));
         if (!mem)
                 return -EINVAL;
+        if (model_is_event_page(c->ctx, a->handle))
+                return -EPERM;
         if (mem->mapped)
                 return -EBUSY;
         c->ctx->pdd[idx].idr[mem->idr] = NULL;
@@ -1320,14 +1150,14 @@ static int map_common(Call *c, bool map)
                 return -EINVAL;
         if (!ids)
                 return -EFAULT;
-        r = bind_pdd(c, THUNK_KFD_HANDLE_GPU(a->handle), &idx);
+        r = model_bind_pdd(c, THUNK_KFD_HANDLE_GPU(a->handle), &idx);
         if (r < 0)
                 return r;
-        mem = idr_find(&c->ctx->pdd[idx], THUNK_KFD_HANDLE_IDR(a->handle));
+        mem = model_idr_find(&c->ctx->pdd[idx], THUNK_KFD_HANDLE_IDR(a->handle));
         if (!mem)
                 return -ENOMEM;
         for (uint32_t i = a->n_success; i < a->n_devices; i++) {
-                int g = gpu_index(m, ids[i]);
+                int g = model_gpu_index(m, ids[i]);
                 ModelFile *f;
 
                 if (g < 0)
@@ -1436,7 +1266,7 @@ static int kfd_import_dmabuf(Call *c)
         ModelMem *mem;
         int idx, r, err = 0;
 
-        r = bind_pdd(c, a->gpu_id, &idx);
+        r = model_bind_pdd(c, a->gpu_id, &idx);
         if (r < 0)
                 return r;
         b = buf_by_fd(m, (int)a->dmabuf_fd, &err);
@@ -1469,13 +1299,13 @@ static int kfd_import_dmabuf(Call *c)
 static int kfd_export_dmabuf(Call *c)
 {
         struct kfd_ioctl_export_dmabuf_args *a = c->arg;
-        int idx = gpu_index(c->m, THUNK_KFD_HANDLE_GPU(a->handle));
+        int idx = model_gpu_index(c->m, THUNK_KFD_HANDLE_GPU(a->handle));
         ModelMem *mem;
         int fd, r;
 
         if (idx < 0)
                 return -EINVAL;
-        mem = idr_find(&c->ctx->pdd[idx], THUNK_KFD_HANDLE_IDR(a->handle));
+        mem = model_idr_find(&c->ctx->pdd[idx], THUNK_KFD_HANDLE_IDR(a->handle));
         if (!mem)
                 return -EINVAL;
         r = buf_export_fd(mem->buf, (mem->flags & KFD_IOC_ALLOC_MEM_FLAGS_WRITABLE) != 0, a->flags, &fd);
@@ -1555,6 +1385,8 @@ static int kfd_set_xnack_mode(Call *c)
                 a->xnack_enabled = ctx->xnack;
                 return 0;
         }
+        if (ctx->n_queues)
+                return -EBUSY;
         if (!m->svm_supported)
                 return -EPERM;
         if (on == ctx->xnack)
@@ -1582,7 +1414,7 @@ static int kfd_set_xnack_mode(Call *c)
 static int kfd_available_memory(Call *c)
 {
         struct kfd_ioctl_get_available_memory_args *a = c->arg;
-        int idx = gpu_index(c->m, a->gpu_id);
+        int idx = model_gpu_index(c->m, a->gpu_id);
 
         if (idx < 0)
                 return -EINVAL;
@@ -1597,6 +1429,8 @@ static int kfd_runtime_enable(Call *c)
         if (a->mode_mask & KFD_RUNTIME_ENABLE_MODE_ENABLE_MASK) {
                 if (c->ctx->runtime_enabled)
                         return -EBUSY;
+                if (c->ctx->n_queues)
+                        return -EEXIST;
                 c->ctx->runtime_enabled = true;
                 a->capabilities_mask = 0;
         } else {
@@ -1617,7 +1451,7 @@ static int kfd_create_process(Call *c)
                 return -ENOMEM;
         /* the calling fd now names the new context and no longer holds the primary */
         c->ent->ctx = sec;
-        ctx_unref(m, c->ctx);
+        model_ctx_unref(m, c->ctx);
         c->ctx = sec;
         return 0;
 }
@@ -1648,7 +1482,8 @@ static int gem_handle_for(ModelFile *f, ModelBuf *b, uint32_t *ret)
         /* lowest free handle >= 1, like the DRM idr */
         while (file_gem(f, h))
                 h++;
-        if (grow((void **)&f->gems, &f->cap_gems, f->n_gems + 1, sizeof(*f->gems)) < 0 || buf_allow(b, f) < 0)
+        if (model_grow((void **)&f->gems, &f->cap_gems, f->n_gems + 1, sizeof(*f->gems)) < 0 ||
+            buf_allow(b, f) < 0)
                 return -ENOMEM;
         f->gems[f->n_gems].handle = h;
         f->gems[f->n_gems].buf = b;
@@ -1802,7 +1637,19 @@ typedef struct IoctlDesc {
 
 static const IoctlDesc kfd_table[0x28] = {
         KFD_NR(AMDKFD_IOC_GET_VERSION) = {AMDKFD_IOC_GET_VERSION, 0, kfd_get_version},
+        KFD_NR(AMDKFD_IOC_CREATE_QUEUE) = {AMDKFD_IOC_CREATE_QUEUE, 0, model_kfd_create_queue},
+        KFD_NR(AMDKFD_IOC_DESTROY_QUEUE) = {AMDKFD_IOC_DESTROY_QUEUE, 0, model_kfd_destroy_queue},
         KFD_NR(AMDKFD_IOC_SET_MEMORY_POLICY) = {AMDKFD_IOC_SET_MEMORY_POLICY, 0, kfd_set_memory_policy},
+        KFD_NR(AMDKFD_IOC_GET_CLOCK_COUNTERS) = {AMDKFD_IOC_GET_CLOCK_COUNTERS, 0,
+                                                 model_kfd_get_clock_counters},
+        KFD_NR(AMDKFD_IOC_UPDATE_QUEUE) = {AMDKFD_IOC_UPDATE_QUEUE, 0, model_kfd_update_queue},
+        KFD_NR(AMDKFD_IOC_CREATE_EVENT) = {AMDKFD_IOC_CREATE_EVENT, 0, model_kfd_create_event},
+        KFD_NR(AMDKFD_IOC_DESTROY_EVENT) = {AMDKFD_IOC_DESTROY_EVENT, 0, model_kfd_destroy_event},
+        KFD_NR(AMDKFD_IOC_SET_EVENT) = {AMDKFD_IOC_SET_EVENT, 0, model_kfd_set_event},
+        KFD_NR(AMDKFD_IOC_RESET_EVENT) = {AMDKFD_IOC_RESET_EVENT, 0, model_kfd_reset_event},
+        KFD_NR(AMDKFD_IOC_WAIT_EVENTS) = {AMDKFD_IOC_WAIT_EVENTS, 0, model_kfd_wait_events},
+        KFD_NR(AMDKFD_IOC_GET_TILE_CONFIG) = {AMDKFD_IOC_GET_TILE_CONFIG, 0, model_kfd_get_tile_config},
+        KFD_NR(AMDKFD_IOC_SET_TRAP_HANDLER) = {AMDKFD_IOC_SET_TRAP_HANDLER, 0, model_kfd_set_trap_handler},
         KFD_NR(AMDKFD_IOC_GET_PROCESS_APERTURES) = {AMDKFD_IOC_GET_PROCESS_APERTURES, 0,
                                                     kfd_get_process_apertures},
         KFD_NR(AMDKFD_IOC_SET_SCRATCH_BACKING_VA) = {AMDKFD_IOC_SET_SCRATCH_BACKING_VA, 0,
@@ -1939,7 +1786,7 @@ int thunk_model_ioctl(ThunkModel *m, int fd, unsigned long request, void *arg)
         if (!m)
                 return -EINVAL;
         pthread_mutex_lock(&m->lock);
-        e = fd_lookup(m, fd);
+        e = model_fd_lookup(m, fd);
         r = e ? dispatch(m, e, request, arg) : -EBADF;
         pthread_mutex_unlock(&m->lock);
         return r;
@@ -1951,7 +1798,7 @@ static int fd_add(ThunkModel *m, int kind, ModelCtx *ctx, ModelFile *file, int *
 {
         int fd;
 
-        if (grow((void **)&m->fds, &m->cap_fds, m->n_fds + 1, sizeof(*m->fds)) < 0)
+        if (model_grow((void **)&m->fds, &m->cap_fds, m->n_fds + 1, sizeof(*m->fds)) < 0)
                 return -ENOMEM;
         fd = fcntl(m->anchor, F_DUPFD_CLOEXEC, 3);
         if (fd < 0)
@@ -2027,7 +1874,7 @@ static void fd_release(ThunkModel *m, size_t i)
         m->fds[i] = m->fds[--m->n_fds];
         close(e.fd);
         if (e.kind == FD_KFD)
-                ctx_unref(m, e.ctx);
+                model_ctx_unref(m, e.ctx);
         else
                 file_unref(m, e.file);
 }
@@ -2052,7 +1899,7 @@ bool thunk_model_owns_fd(ThunkModel *m, int fd)
         bool r;
 
         pthread_mutex_lock(&m->lock);
-        r = fd_lookup(m, fd) != NULL;
+        r = model_fd_lookup(m, fd) != NULL;
         pthread_mutex_unlock(&m->lock);
         return r;
 }
@@ -2066,7 +1913,7 @@ int thunk_model_mmap(ThunkModel *m, void *addr, size_t len, int prot, int flags,
         int r = 0, memfd = -1;
 
         pthread_mutex_lock(&m->lock);
-        e = fd_lookup(m, fd);
+        e = model_fd_lookup(m, fd);
         if (!e) {
                 r = -EBADF;
                 goto out;
@@ -2076,9 +1923,12 @@ int thunk_model_mmap(ThunkModel *m, void *addr, size_t len, int prot, int flags,
                 goto out;
         }
         if (e->kind == FD_KFD) {
-                /* only the MMIO remap page of an allocated MMIO_REMAP BO; doorbells and events are not
-                 * emulated */
-                int g = gpu_index(m, THUNK_KFD_MMAP_GET_GPU_ID(offset));
+                /* doorbells and events live in the device memfd; MMIO is the page of an MMIO_REMAP BO */
+                int g = model_gpu_index(m, THUNK_KFD_MMAP_GET_GPU_ID(offset));
+
+                r = model_kfd_mmap_dev(m, e->ctx, addr, len, prot, flags, offset, ret);
+                if (r != -ENOENT)
+                        goto out;
 
                 r = -EINVAL;
                 if ((offset & THUNK_KFD_MMAP_TYPE_MASK) != THUNK_KFD_MMAP_TYPE_MMIO || g < 0 ||
@@ -2192,6 +2042,7 @@ static void gpu_from_node(ModelGpu *g, const ThunkNode *n)
         g->large_bar = g->apu || priv == 0;
         g->svm = (n->capability & HSA_CAP_SVMAPI_SUPPORTED) != 0;
         g->xnack_capable = n->gfx_target_version >= 90000 && n->gfx_target_version < 100000;
+        g->gfx_target_version = n->gfx_target_version;
 }
 
 int thunk_model_new(const ThunkTopology *topo, const ThunkModelOptions *opts, ThunkModel **ret)
@@ -2255,6 +2106,15 @@ int thunk_model_new(const ThunkTopology *topo, const ThunkModelOptions *opts, Th
                 free(m);
                 return r;
         }
+        {
+                pthread_condattr_t ca;
+
+                pthread_condattr_init(&ca);
+                pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+                pthread_cond_init(&m->event_cond, &ca);
+                pthread_condattr_destroy(&ca);
+        }
+        pthread_cond_init(&m->cp_cond, NULL);
         pthread_mutex_init(&m->lock, NULL);
         *ret = m;
         return 0;
@@ -2264,6 +2124,7 @@ ThunkModel *thunk_model_free(ThunkModel *m)
 {
         if (!m)
                 return NULL;
+        model_cp_stop(m);
         pthread_mutex_lock(&m->lock);
         /* render fds first keeps files alive only through contexts, which then release them */
         while (m->n_fds)
@@ -2282,6 +2143,8 @@ ThunkModel *thunk_model_free(ThunkModel *m)
         close(m->anchor);
         pthread_mutex_unlock(&m->lock);
         pthread_mutex_destroy(&m->lock);
+        pthread_cond_destroy(&m->event_cond);
+        pthread_cond_destroy(&m->cp_cond);
         free(m);
         return NULL;
 }
@@ -2304,6 +2167,8 @@ void thunk_model_get_stats(ThunkModel *m, ThunkModelStats *ret)
         for (ModelCtx *c = m->ctxs; c; c = c->next) {
                 s.contexts++;
                 s.svm_ranges += c->n_svm;
+                s.queues += (uint32_t)c->n_queues;
+                s.events += (uint32_t)c->n_events;
                 for (size_t g = 0; g < m->n_gpus; g++)
                         for (size_t i = 0; i < c->pdd[g].cap_idr; i++)
                                 if (c->pdd[g].idr[i]) {

@@ -51,6 +51,8 @@ typedef struct ThunkModelStats {
         uint64_t ttm_used;     /* bytes charged to the TTM limit */
         uint32_t n_gpus;
         uint64_t vram_used[THUNK_MODEL_MAX_GPUS]; /* bytes charged to each GPU's VRAM, topology GPU order */
+        uint32_t queues;                          /* user-mode queues (CREATE_QUEUE) over all contexts */
+        uint32_t events;                          /* events (CREATE_EVENT) over all contexts */
 } ThunkModelStats;
 
 /* Build a model of @topo. -EINVAL for an unsupported kfd_minor or a topology without GPUs, or more than

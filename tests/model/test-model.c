@@ -8,6 +8,7 @@
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <drm.h>
@@ -268,8 +269,8 @@ static int test_dispatch(void)
         /* outside the table: -EINVAL, never -ENOTTY */
         CHECK_RC(io(&f, f.kfd, _IOWR('K', 0x60, uint64_t), buf), -EINVAL);
         CHECK_RC(io(&f, f.kfd, _IOWR('K', 0x00, uint64_t), buf), -EINVAL);
-        /* in the table but not modelled (CREATE_QUEUE) */
-        CHECK_RC(io(&f, f.kfd, AMDKFD_IOC_CREATE_QUEUE, buf), -EOPNOTSUPP);
+        /* in the table but not modelled (the old debugger interface) */
+        CHECK_RC(io(&f, f.kfd, AMDKFD_IOC_DBG_REGISTER_DEPRECATED, buf), -EOPNOTSUPP);
         /* 1.11 has no EXPORT_DMABUF, RUNTIME_ENABLE, CREATE_PROCESS */
         CHECK_RC(io(&f, f.kfd, AMDKFD_IOC_EXPORT_DMABUF, &ex), -EINVAL);
         CHECK_RC(io(&f, f.kfd, AMDKFD_IOC_CREATE_PROCESS, NULL), -EINVAL);
@@ -1509,6 +1510,336 @@ static void *thread_body(void *p)
         return (void *)bad;
 }
 
+/* ------------------------------------------------------------------ events, queues, packet processor */
+
+static double ms_now(void)
+{
+        struct timespec ts;
+
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+static int create_event(Fx *f, uint32_t type, bool auto_reset, struct kfd_ioctl_create_event_args *ret)
+{
+        struct kfd_ioctl_create_event_args a = {.event_type = type, .auto_reset = auto_reset};
+        int r = io(f, f->kfd, AMDKFD_IOC_CREATE_EVENT, &a);
+
+        if (r == 0)
+                *ret = a;
+        return r;
+}
+
+static int wait_events(Fx *f, const uint32_t *ids, uint32_t n, bool all, uint32_t timeout, uint32_t *result)
+{
+        struct kfd_event_data d[4];
+        struct kfd_ioctl_wait_events_args a = {
+                .events_ptr = (uintptr_t)d, .num_events = n, .wait_for_all = all, .timeout = timeout};
+        int r;
+
+        memset(d, 0, sizeof(d));
+        for (uint32_t i = 0; i < n; i++)
+                d[i].event_id = ids[i];
+        r = io(f, f->kfd, AMDKFD_IOC_WAIT_EVENTS, &a);
+        *result = a.wait_result;
+        return r;
+}
+
+typedef struct Setter {
+        Fx *f;
+        uint32_t id;
+} Setter;
+
+static void *set_later(void *arg)
+{
+        Setter *st = arg;
+        struct kfd_ioctl_set_event_args a = {.event_id = st->id};
+
+        usleep(30000);
+        io(st->f, st->f->kfd, AMDKFD_IOC_SET_EVENT, &a);
+        return NULL;
+}
+
+static int test_events(void)
+{
+        Fx f;
+        struct kfd_ioctl_create_event_args sig, man, hw;
+        struct kfd_ioctl_set_event_args set = {0};
+        struct kfd_ioctl_reset_event_args reset = {0};
+        struct kfd_ioctl_destroy_event_args destroy = {0};
+        struct kfd_ioctl_get_clock_counters_args clk = {0};
+        struct kfd_ioctl_get_tile_config_args tile = {0};
+        struct kfd_ioctl_set_trap_handler_args trap = {.tba_addr = 0x1000, .tma_addr = 0x2000, .gpu_id = G0};
+        uint32_t tiles[64], result, ids[2];
+        uint64_t *page = NULL;
+        ThunkModelStats s;
+        pthread_t th;
+        Setter st;
+        double t;
+
+        CHECK_RC(fx_setup(&f, 11), 0);
+        /* a signal event: slot = id, the driver's signal page is mapped through the kfd fd */
+        CHECK_RC(create_event(&f, KFD_IOC_EVENT_SIGNAL, true, &sig), 0);
+        CHECK(sig.event_id == 0 && sig.event_slot_index == 0 && sig.event_trigger_data == 0);
+        CHECK(sig.event_page_offset == THUNK_KFD_MMAP_TYPE_EVENTS);
+        CHECK_RC(f.seam.ops->mmap(f.seam.impl, NULL, KFD_SIGNAL_EVENT_LIMIT * 8, PROT_READ | PROT_WRITE,
+                                  MAP_SHARED, f.kfd, sig.event_page_offset, (void **)&page),
+                 0);
+        CHECK(page[0] == ~0ULL);
+        CHECK_RC(create_event(&f, KFD_IOC_EVENT_SIGNAL, false, &man), 0);
+        CHECK(man.event_id == 1);
+        /* other events take ids from the upper half; only signal events may be set from the CPU */
+        CHECK_RC(create_event(&f, KFD_IOC_EVENT_HW_EXCEPTION, false, &hw), 0);
+        CHECK(hw.event_id >= 0x40000000u);
+        set.event_id = hw.event_id;
+        CHECK_RC(io(&f, f.kfd, AMDKFD_IOC_SET_EVENT, &set), -EINVAL);
+        set.event_id = 77;
+        CHECK_RC(io(&f, f.kfd, AMDKFD_IOC_SET_EVENT, &set), -EINVAL);
+        /* the page is set once: naming another is -EINVAL */
+        {
+                struct kfd_ioctl_create_event_args again = {.event_page_offset = THUNK_KFD_HANDLE(G0, 0)};
+
+                CHECK_RC(io(&f, f.kfd, AMDKFD_IOC_CREATE_EVENT, &again), -EINVAL);
+        }
+        thunk_model_get_stats(f.m, &s);
+        CHECK(s.events == 3);
+
+        /* an unsignalled wait blocks until its timeout */
+        ids[0] = sig.event_id;
+        t = ms_now();
+        CHECK_RC(wait_events(&f, ids, 1, false, 60, &result), 0);
+        CHECK(result == KFD_IOC_WAIT_RESULT_TIMEOUT && ms_now() - t >= 55);
+        /* set: the wait completes and consumes an auto-reset event */
+        set.event_id = sig.event_id;
+        CHECK_RC(io(&f, f.kfd, AMDKFD_IOC_SET_EVENT, &set), 0);
+        CHECK_RC(wait_events(&f, ids, 1, false, 1000, &result), 0);
+        CHECK(result == KFD_IOC_WAIT_RESULT_COMPLETE);
+        CHECK_RC(wait_events(&f, ids, 1, false, 0, &result), 0);
+        CHECK(result == KFD_IOC_WAIT_RESULT_TIMEOUT);
+        /* a manual-reset event stays set until reset */
+        set.event_id = man.event_id;
+        CHECK_RC(io(&f, f.kfd, AMDKFD_IOC_SET_EVENT, &set), 0);
+        ids[0] = man.event_id;
+        CHECK_RC(wait_events(&f, ids, 1, false, 0, &result), 0);
+        CHECK(result == KFD_IOC_WAIT_RESULT_COMPLETE);
+        CHECK_RC(wait_events(&f, ids, 1, false, 0, &result), 0);
+        CHECK(result == KFD_IOC_WAIT_RESULT_COMPLETE);
+        /* wait for all: one of two set is not enough; wait for any: it is */
+        ids[1] = sig.event_id;
+        CHECK_RC(wait_events(&f, ids, 2, true, 0, &result), 0);
+        CHECK(result == KFD_IOC_WAIT_RESULT_TIMEOUT);
+        CHECK_RC(wait_events(&f, ids, 2, false, 0, &result), 0);
+        CHECK(result == KFD_IOC_WAIT_RESULT_COMPLETE);
+        reset.event_id = man.event_id;
+        CHECK_RC(io(&f, f.kfd, AMDKFD_IOC_RESET_EVENT, &reset), 0);
+        CHECK_RC(wait_events(&f, ids, 1, false, 0, &result), 0);
+        CHECK(result == KFD_IOC_WAIT_RESULT_TIMEOUT);
+        /* an infinite wait is released by a SET_EVENT from another thread */
+        st = (Setter){.f = &f, .id = sig.event_id};
+        CHECK(pthread_create(&th, NULL, set_later, &st) == 0);
+        ids[0] = sig.event_id;
+        CHECK_RC(wait_events(&f, ids, 1, false, 0xffffffffu, &result), 0);
+        CHECK(result == KFD_IOC_WAIT_RESULT_COMPLETE);
+        pthread_join(th, NULL);
+        /* unknown events */
+        ids[0] = 4000;
+        CHECK_RC(wait_events(&f, ids, 1, false, 0, &result), -EINVAL);
+        destroy.event_id = 4000;
+        CHECK_RC(io(&f, f.kfd, AMDKFD_IOC_DESTROY_EVENT, &destroy), -EINVAL);
+        destroy.event_id = hw.event_id;
+        CHECK_RC(io(&f, f.kfd, AMDKFD_IOC_DESTROY_EVENT, &destroy), 0);
+
+        /* clock counters: gpu_id 0 is no error, it just has no GPU counter */
+        CHECK_RC(io(&f, f.kfd, AMDKFD_IOC_GET_CLOCK_COUNTERS, &clk), 0);
+        CHECK(clk.gpu_clock_counter == 0 && clk.cpu_clock_counter && clk.system_clock_freq == 1000000000ULL);
+        clk.gpu_id = G0;
+        CHECK_RC(io(&f, f.kfd, AMDKFD_IOC_GET_CLOCK_COUNTERS, &clk), 0);
+        CHECK(clk.gpu_clock_counter != 0);
+        /* tile config: counts clamp to the driver's tables */
+        tile.tile_config_ptr = (uintptr_t)tiles;
+        tile.macro_tile_config_ptr = (uintptr_t)tiles;
+        tile.num_tile_configs = 64;
+        tile.num_macro_tile_configs = 64;
+        tile.gpu_id = G0;
+        CHECK_RC(io(&f, f.kfd, AMDKFD_IOC_GET_TILE_CONFIG, &tile), 0);
+        CHECK(tile.num_tile_configs == 32 && tile.num_macro_tile_configs == 16 && tile.gb_addr_config != 0);
+        tile.gpu_id = 0x9999;
+        CHECK_RC(io(&f, f.kfd, AMDKFD_IOC_GET_TILE_CONFIG, &tile), -EINVAL);
+        CHECK_RC(io(&f, f.kfd, AMDKFD_IOC_SET_TRAP_HANDLER, &trap), 0);
+        trap.gpu_id = 0x9999;
+        CHECK_RC(io(&f, f.kfd, AMDKFD_IOC_SET_TRAP_HANDLER, &trap), -EINVAL);
+        munmap(page, KFD_SIGNAL_EVENT_LIMIT * 8);
+        return fx_teardown(&f);
+}
+
+/* amd_signal_t as ROCr lays it out (64 bytes): kind, value, event mailbox, event id. */
+typedef struct TestSignal {
+        int64_t kind;
+        volatile int64_t value;
+        uint64_t mailbox;
+        uint32_t event_id;
+        uint32_t pad[9];
+} TestSignal;
+
+_Static_assert(sizeof(TestSignal) == 64, "amd_signal_t size");
+
+static void put_packet(uint8_t *ring, uint64_t slot, uint16_t type, const uint64_t *deps, uint64_t completion)
+{
+        uint8_t *p = ring + slot * 64;
+
+        memset(p + 2, 0, 62);
+        for (int i = 0; deps && i < 5; i++)
+                memcpy(p + 8 + 8 * i, &deps[i], 8);
+        memcpy(p + 56, &completion, 8);
+        __atomic_store_n((uint16_t *)p, type, __ATOMIC_RELEASE);
+}
+
+static bool wait_value(volatile uint64_t *p, uint64_t want)
+{
+        for (int i = 0; i < 2000 && __atomic_load_n(p, __ATOMIC_ACQUIRE) != want; i++)
+                usleep(1000);
+        return __atomic_load_n(p, __ATOMIC_ACQUIRE) == want;
+}
+
+static int test_queues(void)
+{
+        Fx f;
+        struct kfd_ioctl_create_queue_args q = {0};
+        struct kfd_ioctl_destroy_queue_args dq = {0};
+        struct kfd_ioctl_set_xnack_mode_args xn = {.xnack_enabled = 1};
+        struct kfd_ioctl_create_event_args ev;
+        uint64_t *mem, *rptr, *wptr, *events = NULL;
+        uint8_t *ring;
+        TestSignal *sig;
+        uint64_t deps[5] = {0};
+        void *db = NULL;
+        uint32_t q0, q1, result, id;
+        ThunkModelStats s;
+
+        CHECK_RC(fx_setup(&f, 11), 0);
+        mem = aligned_alloc(4096, 3 * 4096);
+        CHECK(mem != NULL);
+        memset(mem, 0, 3 * 4096);
+        ring = (uint8_t *)mem; /* 64 packets */
+        rptr = mem + 4096 / 8; /* read and write indices */
+        wptr = rptr + 8;
+        sig = (TestSignal *)(mem + 2 * 4096 / 8); /* signals */
+        for (int i = 0; i < 64; i++)
+                *(uint16_t *)(ring + i * 64) = 1; /* INVALID */
+
+        q.ring_base_address = (uintptr_t)ring;
+        q.ring_size = 4096;
+        q.read_pointer_address = (uintptr_t)rptr;
+        q.write_pointer_address = (uintptr_t)wptr;
+        q.gpu_id = G0;
+        q.queue_type = KFD_IOC_QUEUE_TYPE_COMPUTE_AQL;
+        q.queue_percentage = 100;
+        q.queue_priority = 7;
+        /* the kernel's argument checks */
+        {
+                struct kfd_ioctl_create_queue_args b = q;
+
+                b.queue_percentage = 101;
+                CHECK_RC(io(&f, f.kfd, AMDKFD_IOC_CREATE_QUEUE, &b), -EINVAL);
+                b = q;
+                b.ring_size = 3000;
+                CHECK_RC(io(&f, f.kfd, AMDKFD_IOC_CREATE_QUEUE, &b), -EINVAL);
+                b = q;
+                b.queue_type = 9;
+                CHECK_RC(io(&f, f.kfd, AMDKFD_IOC_CREATE_QUEUE, &b), -524);
+                b = q;
+                b.gpu_id = 0x9999;
+                CHECK_RC(io(&f, f.kfd, AMDKFD_IOC_CREATE_QUEUE, &b), -EINVAL);
+                b = q;
+                b.write_pointer_address = 1ULL << 60;
+                CHECK_RC(io(&f, f.kfd, AMDKFD_IOC_CREATE_QUEUE, &b), -EFAULT);
+        }
+        /* a dummy second queue first: ids and SOC15 doorbell offsets (8 bytes per queue in the slice) */
+        {
+                struct kfd_ioctl_create_queue_args b = q;
+
+                b.queue_type = KFD_IOC_QUEUE_TYPE_SDMA;
+                CHECK_RC(io(&f, f.kfd, AMDKFD_IOC_CREATE_QUEUE, &b), 0);
+                q1 = b.queue_id;
+                CHECK(q1 == 0);
+        }
+        CHECK_RC(io(&f, f.kfd, AMDKFD_IOC_CREATE_QUEUE, &q), 0);
+        q0 = q.queue_id;
+        CHECK(q0 == 1);
+        CHECK(q.doorbell_offset == (THUNK_KFD_MMAP_TYPE_DOORBELL | THUNK_KFD_MMAP_GPU_ID(G0) | 8));
+        /* the doorbell slice is real shared memory behind the kfd fd, and only maps whole */
+        CHECK_RC(f.seam.ops->mmap(f.seam.impl, NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, f.kfd,
+                                  q.doorbell_offset & ~8191ULL, &db),
+                 -EINVAL);
+        CHECK_RC(f.seam.ops->mmap(f.seam.impl, NULL, 8192, PROT_READ | PROT_WRITE, MAP_SHARED, f.kfd,
+                                  q.doorbell_offset & ~8191ULL, &db),
+                 0);
+        ((volatile uint64_t *)db)[1] = 0;
+        thunk_model_get_stats(f.m, &s);
+        CHECK(s.queues == 2);
+        /* XNACK cannot change while queues exist */
+        CHECK_RC(io(&f, f.kfd, AMDKFD_IOC_SET_XNACK_MODE, &xn), -EBUSY);
+
+        /* a barrier-AND waits for its dependency; the dispatch behind it waits in order */
+        sig[0].value = 1; /* dependency */
+        sig[1].value = 1; /* barrier completion */
+        sig[2].value = 1; /* dispatch completion */
+        deps[0] = (uintptr_t)&sig[0];
+        put_packet(ring, 0, 3 /* BARRIER_AND */, deps, (uintptr_t)&sig[1]);
+        put_packet(ring, 1, 2 /* KERNEL_DISPATCH */, NULL, (uintptr_t)&sig[2]);
+        __atomic_store_n(wptr, 2, __ATOMIC_RELEASE);
+        usleep(50000);
+        CHECK(*rptr == 0 && sig[1].value == 1 && sig[2].value == 1);
+        sig[0].value = 0;
+        CHECK(wait_value(rptr, 2));
+        CHECK(sig[1].value == 0 && sig[2].value == 0);
+        CHECK((*(uint16_t *)ring & 0xff) == 1 && (*(uint16_t *)(ring + 64) & 0xff) == 1);
+
+        /* a barrier-OR retires as soon as one dependency is satisfied */
+        sig[3].value = 1;
+        sig[4].value = 1;
+        sig[1].value = 1;
+        deps[0] = (uintptr_t)&sig[3];
+        deps[1] = (uintptr_t)&sig[4];
+        put_packet(ring, 2, 5 /* BARRIER_OR */, deps, (uintptr_t)&sig[1]);
+        __atomic_store_n(wptr, 3, __ATOMIC_RELEASE);
+        usleep(30000);
+        CHECK(*rptr == 2);
+        sig[4].value = 0;
+        CHECK(wait_value(rptr, 3));
+        CHECK(sig[1].value == 0);
+
+        /* a completion signal with an event mailbox: the id lands in the slot and the event fires */
+        CHECK_RC(create_event(&f, KFD_IOC_EVENT_SIGNAL, true, &ev), 0);
+        id = ev.event_id;
+        CHECK_RC(f.seam.ops->mmap(f.seam.impl, NULL, KFD_SIGNAL_EVENT_LIMIT * 8, PROT_READ | PROT_WRITE,
+                                  MAP_SHARED, f.kfd, ev.event_page_offset, (void **)&events),
+                 0);
+        sig[5].value = 1;
+        sig[5].mailbox = (uintptr_t)&events[id];
+        sig[5].event_id = id;
+        put_packet(ring, 3, 2, NULL, (uintptr_t)&sig[5]);
+        __atomic_store_n(wptr, 4, __ATOMIC_RELEASE);
+        CHECK_RC(wait_events(&f, &id, 1, false, 2000, &result), 0);
+        CHECK(result == KFD_IOC_WAIT_RESULT_COMPLETE);
+        CHECK(sig[5].value == 0 && *rptr == 4);
+        /* the interrupt re-armed the slot */
+        CHECK(events[id] == ~0ULL);
+
+        dq.queue_id = 77;
+        CHECK_RC(io(&f, f.kfd, AMDKFD_IOC_DESTROY_QUEUE, &dq), -EINVAL);
+        dq.queue_id = q1;
+        CHECK_RC(io(&f, f.kfd, AMDKFD_IOC_DESTROY_QUEUE, &dq), 0);
+        thunk_model_get_stats(f.m, &s);
+        CHECK(s.queues == 1 && s.events == 1);
+        /* the rest goes with the context */
+        munmap(db, 8192);
+        munmap(events, KFD_SIGNAL_EVENT_LIMIT * 8);
+        CHECK_RC(fx_teardown(&f), 0);
+        free(mem);
+        return 0;
+}
+
 static int test_threads(void)
 {
         Fx f;
@@ -1559,6 +1890,8 @@ static const TestCase tests[] = {
         {"teardown", test_teardown},
         {"presets", test_presets},
         {"threads", test_threads},
+        {"events", test_events},
+        {"queues", test_queues},
 };
 
 int main(int argc, char **argv)

@@ -1,0 +1,794 @@
+/* The software KFD: events, user-mode queues, the AQL packet processor and the small per-process ioctls. */
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "model-private.h"
+
+#define MODEL_ENOTSUPP            524 /* the kernel's internal ENOTSUPP, which reaches user space as is */
+#define MODEL_MAX_QUEUES          1024
+#define MODEL_MAX_QUEUE_PERCENT   100
+#define MODEL_MAX_QUEUE_PRIORITY  15
+#define MODEL_USER_END            0x00007FFFFFFFF000ULL /* TASK_SIZE on x86-64: the end of access_ok() */
+#define MODEL_EVENT_PAGE_SIZE     (KFD_SIGNAL_EVENT_LIMIT * 8ULL)
+#define MODEL_SLOT_UNSIGNALED     (~0ULL)
+#define MODEL_FIRST_NONSIGNAL_ID  0x40000000u /* (INT_MAX >> 1) + 1 */
+#define MODEL_LAST_NONSIGNAL_ID   0x7fffffffu
+#define MODEL_TIMEOUT_INFINITE    0xffffffffu
+#define MODEL_GPU_CLOCK_HZ        100000000ULL /* the GPU's reference clock counter runs at 100 MHz */
+#define MODEL_GB_ADDR_CONFIG_GFX9 0x2a114042u  /* gfx9 golden value: 256-byte pipe interleave */
+
+/* AQL (HSA system architecture) packet and AMD signal layouts: the parts a packet processor touches. */
+#define AQL_PACKET_SIZE      64
+#define AQL_TYPE_VENDOR      0
+#define AQL_TYPE_INVALID     1
+#define AQL_TYPE_BARRIER_AND 3
+#define AQL_TYPE_BARRIER_OR  5
+#define AQL_DEP_SIGNALS      8 /* barrier packets: five dependency signals from byte 8 */
+#define AQL_N_DEPS           5
+#define AQL_COMPLETION       56 /* every packet type: the completion signal */
+#define AMD_VENDOR_FORMAT    2  /* vendor packets: AMD's format byte */
+#define AMD_BARRIER_VALUE    2
+#define AMD_BV_SIGNAL        8
+#define AMD_BV_VALUE         16
+#define AMD_BV_MASK          24
+#define AMD_BV_COND          32
+#define SIGNAL_VALUE         8 /* amd_signal_t: value, event mailbox address, event id */
+#define SIGNAL_MAILBOX       16
+#define SIGNAL_EVENT_ID      24
+
+static bool user_range_ok(uint64_t addr, uint64_t size)
+{
+        return addr <= MODEL_USER_END && size <= MODEL_USER_END - addr;
+}
+
+static uint64_t now_ns(clockid_t id)
+{
+        struct timespec ts;
+
+        clock_gettime(id, &ts);
+        return (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
+}
+
+/* ------------------------------------------------------------------ device memory (doorbells, events) */
+
+/* Space in the device memfd, which the kfd fds are duplicates of: real shared pages behind the doorbell
+ * and event offsets. Sparse: nothing is allocated until it is touched. */
+static int dev_alloc(ThunkModel *m, uint64_t size, uint64_t *ret_off)
+{
+        uint64_t off = m->dev_size;
+
+        if (ftruncate(m->anchor, (off_t)(off + size)) < 0)
+                return -errno;
+        m->dev_size = off + size;
+        *ret_off = off;
+        return 0;
+}
+
+static void dev_release(ThunkModel *m, uint64_t off, uint64_t size)
+{
+        /* give the pages back; the range itself is never reused */
+        (void)fallocate(m->anchor, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)off, (off_t)size);
+}
+
+static int ctx_doorbell(ThunkModel *m, ModelCtx *c, int g, uint64_t *ret_off)
+{
+        ModelPdd *pdd = &c->pdd[g];
+        uint64_t off = 0;
+        int r;
+
+        if (!pdd->doorbell_off) {
+                r = dev_alloc(m, MODEL_DOORBELL_SLICE, &off);
+                if (r < 0)
+                        return r;
+                pdd->doorbell_off = off + 1;
+        }
+        *ret_off = pdd->doorbell_off - 1;
+        return 0;
+}
+
+/* ------------------------------------------------------------------ events */
+
+static ModelEvent *event_find(ModelCtx *c, uint32_t id)
+{
+        for (size_t i = 0; i < c->n_events; i++)
+                if (c->events[i].id == id)
+                        return &c->events[i];
+        return NULL;
+}
+
+static bool is_signal_type(uint32_t type)
+{
+        return type == KFD_IOC_EVENT_SIGNAL || type == KFD_IOC_EVENT_DEBUG_EVENT;
+}
+
+static void event_page_release(ThunkModel *m, ModelCtx *c)
+{
+        ModelEventPage *p = &c->evpage;
+
+        if (p->slots && p->unmap)
+                munmap(p->slots, p->size);
+        if (p->slots && !p->handle)
+                dev_release(m, p->dev_off, p->size);
+        memset(p, 0, sizeof(*p));
+}
+
+/* The signal page from a user BO named by @handle (what libhsakmt does on dGPUs). */
+static int event_page_from_bo(Call *c, uint64_t handle)
+{
+        ModelCtx *ctx = c->ctx;
+        int g = model_gpu_index(c->m, THUNK_KFD_HANDLE_GPU(handle));
+        ModelMem *mem;
+        void *p;
+
+        if (g < 0 || !ctx->pdd[g].file)
+                return -EINVAL;
+        mem = model_idr_find(&ctx->pdd[g], THUNK_KFD_HANDLE_IDR(handle));
+        if (!mem)
+                return -EINVAL;
+        if (mem->buf->memfd >= 0) {
+                p = mmap(NULL, mem->buf->size, PROT_READ | PROT_WRITE, MAP_SHARED, mem->buf->memfd, 0);
+                if (p == MAP_FAILED)
+                        return -errno;
+                ctx->evpage.unmap = true;
+        } else if (mem->buf->userptr) {
+                /* the GPU reaches a userptr BO's pages at their CPU address: so does the model */
+                p = (void *)(uintptr_t)mem->buf->userptr;
+                ctx->evpage.unmap = false;
+        } else {
+                return -EINVAL;
+        }
+        ctx->evpage.slots = p;
+        ctx->evpage.size = mem->buf->size;
+        ctx->evpage.handle = handle;
+        return 0;
+}
+
+/* The signal page the driver allocates itself when user space gives none (mapped through the kfd fd). */
+static int event_page_alloc(ThunkModel *m, ModelCtx *ctx)
+{
+        uint64_t off = 0;
+        void *p;
+        int r = dev_alloc(m, MODEL_EVENT_PAGE_SIZE, &off);
+
+        if (r < 0)
+                return r;
+        p = mmap(NULL, MODEL_EVENT_PAGE_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, m->anchor, (off_t)off);
+        if (p == MAP_FAILED) {
+                r = -errno;
+                dev_release(m, off, MODEL_EVENT_PAGE_SIZE);
+                return r;
+        }
+        memset(p, 0xff, MODEL_EVENT_PAGE_SIZE);
+        ctx->evpage.slots = p;
+        ctx->evpage.size = MODEL_EVENT_PAGE_SIZE;
+        ctx->evpage.unmap = true;
+        ctx->evpage.dev_off = off;
+        ctx->evpage.handle = 0;
+        return 0;
+}
+
+bool model_is_event_page(const ModelCtx *c, uint64_t handle)
+{
+        return c->evpage.slots && c->evpage.handle == handle;
+}
+
+static uint32_t event_new_id(ModelCtx *c, bool signal, uint32_t limit, int *err)
+{
+        uint32_t first = signal ? 0 : MODEL_FIRST_NONSIGNAL_ID;
+        uint32_t last = signal ? limit - 1 : MODEL_LAST_NONSIGNAL_ID;
+
+        for (uint32_t id = first; id <= last && id >= first; id++)
+                if (!event_find(c, id))
+                        return id;
+        *err = -ENOSPC;
+        return 0;
+}
+
+int model_kfd_create_event(Call *c)
+{
+        struct kfd_ioctl_create_event_args *a = c->arg;
+        ModelCtx *ctx = c->ctx;
+        bool signal = is_signal_type(a->event_type);
+        bool page_new = false;
+        uint32_t id, limit = 0;
+        int r = 0;
+
+        if (a->event_page_offset) {
+                if (ctx->evpage.slots)
+                        return -EINVAL;
+                r = event_page_from_bo(c, a->event_page_offset);
+                if (r < 0)
+                        return r;
+                page_new = true;
+        }
+        if (signal && !ctx->evpage.slots) {
+                r = event_page_alloc(c->m, ctx);
+                if (r < 0)
+                        return r;
+                page_new = true;
+        }
+        if (signal) {
+                limit = (uint32_t)(ctx->evpage.size / 8);
+                if (limit > KFD_SIGNAL_EVENT_LIMIT)
+                        limit = KFD_SIGNAL_EVENT_LIMIT;
+        }
+        id = event_new_id(ctx, signal, limit, &r);
+        if (r == 0 &&
+            model_grow((void **)&ctx->events, &ctx->cap_events, ctx->n_events + 1, sizeof(*ctx->events)) < 0)
+                r = -ENOMEM;
+        if (r < 0) {
+                if (page_new)
+                        event_page_release(c->m, ctx);
+                return r;
+        }
+        ctx->events[ctx->n_events++] = (ModelEvent){
+                .id = id, .type = a->event_type, .auto_reset = a->auto_reset != 0, .signaled = false};
+        if (signal) {
+                __atomic_store_n(&ctx->evpage.slots[id], MODEL_SLOT_UNSIGNALED, __ATOMIC_RELEASE);
+                a->event_page_offset = THUNK_KFD_MMAP_TYPE_EVENTS;
+                a->event_slot_index = id;
+        }
+        a->event_id = id;
+        a->event_trigger_data = id;
+        return 0;
+}
+
+int model_kfd_destroy_event(Call *c)
+{
+        struct kfd_ioctl_destroy_event_args *a = c->arg;
+        ModelCtx *ctx = c->ctx;
+        ModelEvent *ev = event_find(ctx, a->event_id);
+
+        if (!ev)
+                return -EINVAL;
+        *ev = ctx->events[--ctx->n_events];
+        /* a waiter on the destroyed event must notice */
+        pthread_cond_broadcast(&c->m->event_cond);
+        return 0;
+}
+
+static void event_set(ThunkModel *m, ModelEvent *ev)
+{
+        ev->signaled = true;
+        pthread_cond_broadcast(&m->event_cond);
+}
+
+int model_kfd_set_event(Call *c)
+{
+        struct kfd_ioctl_set_event_args *a = c->arg;
+        ModelEvent *ev = event_find(c->ctx, a->event_id);
+
+        if (!ev || ev->type != KFD_IOC_EVENT_SIGNAL)
+                return -EINVAL;
+        event_set(c->m, ev);
+        return 0;
+}
+
+int model_kfd_reset_event(Call *c)
+{
+        struct kfd_ioctl_reset_event_args *a = c->arg;
+        ModelEvent *ev = event_find(c->ctx, a->event_id);
+
+        if (!ev)
+                return -EINVAL;
+        ev->signaled = false;
+        return 0;
+}
+
+/* What an interrupt from the GPU does: the id was written into its slot; a signalled slot sets the event
+ * and is re-armed. */
+static void event_interrupt(ThunkModel *m, ModelCtx *ctx, uint32_t id)
+{
+        ModelEvent *ev;
+
+        if (!ctx->evpage.slots || id >= ctx->evpage.size / 8)
+                return;
+        if (__atomic_load_n(&ctx->evpage.slots[id], __ATOMIC_ACQUIRE) == MODEL_SLOT_UNSIGNALED)
+                return;
+        ev = event_find(ctx, id);
+        if (!ev || !is_signal_type(ev->type))
+                return;
+        __atomic_store_n(&ctx->evpage.slots[id], MODEL_SLOT_UNSIGNALED, __ATOMIC_RELEASE);
+        event_set(m, ev);
+}
+
+/* -1: an event is gone; 1: the wait is satisfied; 0: keep waiting. */
+static int wait_check(ModelCtx *ctx, const struct kfd_event_data *d, uint32_t n, bool all)
+{
+        uint32_t hits = 0;
+
+        for (uint32_t i = 0; i < n; i++) {
+                ModelEvent *ev = event_find(ctx, d[i].event_id);
+
+                if (!ev)
+                        return -1;
+                if (ev->signaled)
+                        hits++;
+        }
+        return all ? hits == n : hits > 0 || n == 0;
+}
+
+int model_kfd_wait_events(Call *c)
+{
+        struct kfd_ioctl_wait_events_args *a = c->arg;
+        struct kfd_event_data *d = (struct kfd_event_data *)(uintptr_t)a->events_ptr;
+        ThunkModel *m = c->m;
+        ModelCtx *ctx = c->ctx;
+        struct timespec deadline;
+        bool all = a->wait_for_all != 0;
+        int st, r = 0;
+
+        if (a->num_events && !d)
+                return -EFAULT;
+        st = wait_check(ctx, d, a->num_events, all);
+        if (st < 0)
+                return -EINVAL;
+        if (a->timeout != MODEL_TIMEOUT_INFINITE) {
+                uint64_t t = now_ns(CLOCK_MONOTONIC) + (uint64_t)a->timeout * 1000000ULL;
+
+                deadline.tv_sec = (time_t)(t / 1000000000ULL);
+                deadline.tv_nsec = (long)(t % 1000000000ULL);
+        }
+        /* the context must outlive the wait even if its last fd is closed meanwhile */
+        ctx->refs++;
+        while (st == 0 && a->timeout != 0) {
+                int w;
+
+                if (a->timeout == MODEL_TIMEOUT_INFINITE)
+                        w = pthread_cond_wait(&m->event_cond, &m->lock);
+                else
+                        w = pthread_cond_timedwait(&m->event_cond, &m->lock, &deadline);
+                st = wait_check(ctx, d, a->num_events, all);
+                if (w == ETIMEDOUT)
+                        break;
+        }
+        if (st < 0) {
+                r = -EINVAL;
+        } else if (st == 0) {
+                a->wait_result = KFD_IOC_WAIT_RESULT_TIMEOUT;
+        } else {
+                /* auto-reset events are consumed by the waiter they release */
+                for (uint32_t i = 0; i < a->num_events; i++) {
+                        ModelEvent *ev = event_find(ctx, d[i].event_id);
+
+                        if (ev && ev->signaled && ev->auto_reset)
+                                ev->signaled = false;
+                }
+                a->wait_result = KFD_IOC_WAIT_RESULT_COMPLETE;
+        }
+        /* if the last fd went while we waited, this finishes what its close began */
+        model_ctx_unref(m, ctx);
+        return r;
+}
+
+/* ------------------------------------------------------------------ queues */
+
+static ModelQueue *queue_find(ModelCtx *c, uint32_t id)
+{
+        for (size_t i = 0; i < c->n_queues; i++)
+                if (c->queues[i].id == id)
+                        return &c->queues[i];
+        return NULL;
+}
+
+static bool is_pow2_or_zero(uint64_t v)
+{
+        return (v & (v - 1)) == 0;
+}
+
+static void *cp_main(void *arg);
+
+static int cp_start(ThunkModel *m)
+{
+        sigset_t all, old;
+        int r;
+
+        if (m->cp_running)
+                return 0;
+        /* the processor must never take the process's signals */
+        sigfillset(&all);
+        pthread_sigmask(SIG_SETMASK, &all, &old);
+        r = pthread_create(&m->cp_thread, NULL, cp_main, m);
+        pthread_sigmask(SIG_SETMASK, &old, NULL);
+        if (r != 0)
+                return -r;
+        m->cp_running = true;
+        m->cp_stop = false;
+        return 0;
+}
+
+void model_cp_stop(ThunkModel *m)
+{
+        bool running;
+
+        pthread_mutex_lock(&m->lock);
+        running = m->cp_running;
+        m->cp_stop = true;
+        pthread_cond_broadcast(&m->cp_cond);
+        pthread_mutex_unlock(&m->lock);
+        if (running)
+                pthread_join(m->cp_thread, NULL);
+        m->cp_running = false;
+}
+
+int model_kfd_create_queue(Call *c)
+{
+        struct kfd_ioctl_create_queue_args *a = c->arg;
+        ThunkModel *m = c->m;
+        ModelCtx *ctx = c->ctx;
+        uint64_t db;
+        uint32_t id;
+        int g, r;
+
+        /* the kernel's order: queue properties first, then the device, then the slot */
+        if (a->queue_percentage > MODEL_MAX_QUEUE_PERCENT || a->queue_priority > MODEL_MAX_QUEUE_PRIORITY)
+                return -EINVAL;
+        if (a->ring_base_address && !user_range_ok(a->ring_base_address, a->ring_size))
+                return -EFAULT;
+        if (!is_pow2_or_zero(a->ring_size))
+                return -EINVAL;
+        if (!user_range_ok(a->read_pointer_address, sizeof(uint64_t)) ||
+            !user_range_ok(a->write_pointer_address, sizeof(uint64_t)))
+                return -EFAULT;
+        if (a->eop_buffer_address && !user_range_ok(a->eop_buffer_address, sizeof(uint32_t)))
+                return -EFAULT;
+        if (a->ctx_save_restore_address && !user_range_ok(a->ctx_save_restore_address, sizeof(uint32_t)))
+                return -EFAULT;
+        switch (a->queue_type) {
+        case KFD_IOC_QUEUE_TYPE_COMPUTE:
+        case KFD_IOC_QUEUE_TYPE_SDMA:
+        case KFD_IOC_QUEUE_TYPE_COMPUTE_AQL:
+        case KFD_IOC_QUEUE_TYPE_SDMA_XGMI:
+                break;
+        default:
+                return -MODEL_ENOTSUPP;
+        }
+        g = model_gpu_index(m, a->gpu_id);
+        if (g < 0)
+                return -EINVAL;
+        if (!ctx->pdd[g].file)
+                return -ESRCH;
+        for (id = 0; id < MODEL_MAX_QUEUES && queue_find(ctx, id); id++)
+                ;
+        if (id == MODEL_MAX_QUEUES)
+                return -ENOMEM;
+        if (model_grow((void **)&ctx->queues, &ctx->cap_queues, ctx->n_queues + 1, sizeof(*ctx->queues)) < 0)
+                return -ENOMEM;
+        r = ctx_doorbell(m, ctx, g, &db);
+        if (r < 0)
+                return r;
+        if (a->queue_type == KFD_IOC_QUEUE_TYPE_COMPUTE_AQL) {
+                r = cp_start(m);
+                if (r < 0)
+                        return r;
+        }
+        ctx->queues[ctx->n_queues++] = (ModelQueue){.id = id,
+                                                    .type = a->queue_type,
+                                                    .gpu = g,
+                                                    .ring_base = a->ring_base_address,
+                                                    .ring_size = a->ring_size,
+                                                    .rptr = a->read_pointer_address,
+                                                    .wptr = a->write_pointer_address,
+                                                    .percentage = a->queue_percentage,
+                                                    .priority = a->queue_priority};
+        m->n_queues++;
+        pthread_cond_broadcast(&m->cp_cond);
+        a->queue_id = id;
+        /* SOC15 GPUs (gfx9 on) allocate doorbells per device: the byte offset inside the process's slice
+         * travels in the low bits; older ones derive it from the queue id */
+        a->doorbell_offset = THUNK_KFD_MMAP_TYPE_DOORBELL | THUNK_KFD_MMAP_GPU_ID(a->gpu_id);
+        if (m->gpus[g].gfx_target_version >= 90000)
+                a->doorbell_offset |= (uint64_t)id * sizeof(uint64_t);
+        return 0;
+}
+
+static void queue_remove(ThunkModel *m, ModelCtx *ctx, ModelQueue *q)
+{
+        *q = ctx->queues[--ctx->n_queues];
+        m->n_queues--;
+}
+
+int model_kfd_destroy_queue(Call *c)
+{
+        struct kfd_ioctl_destroy_queue_args *a = c->arg;
+        ModelQueue *q = queue_find(c->ctx, a->queue_id);
+
+        if (!q)
+                return -EINVAL;
+        queue_remove(c->m, c->ctx, q);
+        return 0;
+}
+
+int model_kfd_update_queue(Call *c)
+{
+        struct kfd_ioctl_update_queue_args *a = c->arg;
+        ModelQueue *q;
+
+        if (a->queue_percentage > MODEL_MAX_QUEUE_PERCENT || a->queue_priority > MODEL_MAX_QUEUE_PRIORITY)
+                return -EINVAL;
+        if (a->ring_base_address && !user_range_ok(a->ring_base_address, a->ring_size))
+                return -EFAULT;
+        if (!is_pow2_or_zero(a->ring_size))
+                return -EINVAL;
+        q = queue_find(c->ctx, a->queue_id);
+        if (!q)
+                return -EFAULT;
+        q->ring_base = a->ring_base_address;
+        q->ring_size = a->ring_size;
+        q->percentage = a->queue_percentage;
+        q->priority = a->queue_priority;
+        return 0;
+}
+
+void model_ctx_release_queues(ThunkModel *m, ModelCtx *c)
+{
+        while (c->n_queues)
+                queue_remove(m, c, &c->queues[c->n_queues - 1]);
+        free(c->queues);
+        c->queues = NULL;
+        c->cap_queues = 0;
+        c->n_events = 0;
+        free(c->events);
+        c->events = NULL;
+        c->cap_events = 0;
+        event_page_release(m, c);
+        for (size_t g = 0; g < m->n_gpus; g++)
+                if (c->pdd[g].doorbell_off) {
+                        dev_release(m, c->pdd[g].doorbell_off - 1, MODEL_DOORBELL_SLICE);
+                        c->pdd[g].doorbell_off = 0;
+                }
+        pthread_cond_broadcast(&m->event_cond);
+}
+
+/* ------------------------------------------------------------------ the packet processor */
+
+static uint64_t load64(uint64_t addr)
+{
+        return __atomic_load_n((volatile uint64_t *)(uintptr_t)addr, __ATOMIC_ACQUIRE);
+}
+
+static int64_t signal_value(uint64_t sig)
+{
+        return (int64_t)load64(sig + SIGNAL_VALUE);
+}
+
+/* Completes @sig as the command processor does: decrement the value, then, if the signal has an event
+ * mailbox, write the event id there and raise the interrupt. */
+static void signal_complete(ThunkModel *m, ModelCtx *ctx, uint64_t sig)
+{
+        uint64_t mailbox;
+
+        if (!sig)
+                return;
+        __atomic_fetch_sub((volatile int64_t *)(uintptr_t)(sig + SIGNAL_VALUE), 1, __ATOMIC_ACQ_REL);
+        mailbox = load64(sig + SIGNAL_MAILBOX);
+        if (mailbox) {
+                uint32_t id = __atomic_load_n((volatile uint32_t *)(uintptr_t)(sig + SIGNAL_EVENT_ID),
+                                              __ATOMIC_ACQUIRE);
+
+                __atomic_store_n((volatile uint64_t *)(uintptr_t)mailbox, (uint64_t)id, __ATOMIC_RELEASE);
+                event_interrupt(m, ctx, id);
+        }
+}
+
+static bool barrier_value_met(uint64_t pkt)
+{
+        uint64_t sig = load64(pkt + AMD_BV_SIGNAL);
+        int64_t v, want = (int64_t)load64(pkt + AMD_BV_VALUE), mask = (int64_t)load64(pkt + AMD_BV_MASK);
+        uint32_t cond = *(volatile uint32_t *)(uintptr_t)(pkt + AMD_BV_COND);
+
+        if (!sig)
+                return true;
+        v = signal_value(sig) & mask;
+        switch (cond) {
+        case 0: /* equal */
+                return v == want;
+        case 1: /* not equal */
+                return v != want;
+        case 2: /* less than */
+                return v < want;
+        default: /* greater or equal */
+                return v >= want;
+        }
+}
+
+/* May the packet at @pkt retire now? Barriers wait for their dependencies; everything else retires at
+ * once, since kernels are not executed. */
+static bool packet_ready(uint64_t pkt, uint8_t type)
+{
+        bool any = false, all = true, none = true;
+
+        if (type == AQL_TYPE_VENDOR) {
+                uint8_t fmt = *(volatile uint8_t *)(uintptr_t)(pkt + AMD_VENDOR_FORMAT);
+
+                return fmt != AMD_BARRIER_VALUE || barrier_value_met(pkt);
+        }
+        if (type != AQL_TYPE_BARRIER_AND && type != AQL_TYPE_BARRIER_OR)
+                return true;
+        for (int i = 0; i < AQL_N_DEPS; i++) {
+                uint64_t dep = load64(pkt + AQL_DEP_SIGNALS + 8 * (uint64_t)i);
+
+                if (!dep)
+                        continue;
+                none = false;
+                if (signal_value(dep) == 0)
+                        any = true;
+                else
+                        all = false;
+        }
+        if (type == AQL_TYPE_BARRIER_AND)
+                return all;
+        return none || any;
+}
+
+/* Retires what can be retired on one AQL queue; returns the number of packets. */
+static unsigned int queue_run(ThunkModel *m, ModelCtx *ctx, ModelQueue *q)
+{
+        uint64_t slots = q->ring_size / AQL_PACKET_SIZE, rd, wr;
+        unsigned int done = 0;
+
+        if (q->type != KFD_IOC_QUEUE_TYPE_COMPUTE_AQL || slots == 0 || !q->ring_base || !q->rptr || !q->wptr)
+                return 0;
+        rd = load64(q->rptr);
+        wr = load64(q->wptr);
+        while (rd < wr && done < slots) {
+                uint64_t pkt = q->ring_base + (rd % slots) * AQL_PACKET_SIZE;
+                uint16_t hdr = __atomic_load_n((volatile uint16_t *)(uintptr_t)pkt, __ATOMIC_ACQUIRE);
+                uint8_t type = (uint8_t)(hdr & 0xff);
+                uint64_t sig;
+
+                /* the producer publishes a packet by writing its header last */
+                if (type == AQL_TYPE_INVALID || !packet_ready(pkt, type))
+                        break;
+                sig = load64(pkt + AQL_COMPLETION);
+                __atomic_store_n((volatile uint16_t *)(uintptr_t)pkt,
+                                 (uint16_t)((hdr & ~0xffu) | AQL_TYPE_INVALID), __ATOMIC_RELEASE);
+                rd++;
+                __atomic_store_n((volatile uint64_t *)(uintptr_t)q->rptr, rd, __ATOMIC_RELEASE);
+                signal_complete(m, ctx, sig);
+                done++;
+        }
+        return done;
+}
+
+static void *cp_main(void *arg)
+{
+        ThunkModel *m = arg;
+        unsigned int idle_us = 0;
+
+        pthread_mutex_lock(&m->lock);
+        while (!m->cp_stop) {
+                unsigned int done = 0;
+
+                if (m->n_queues == 0) {
+                        pthread_cond_wait(&m->cp_cond, &m->lock);
+                        continue;
+                }
+                for (ModelCtx *c = m->ctxs; c; c = c->next)
+                        for (size_t i = 0; i < c->n_queues; i++)
+                                done += queue_run(m, c, &c->queues[i]);
+                if (done) {
+                        idle_us = 0;
+                        continue;
+                }
+                /* nothing to do: back off from 20 us to 1 ms between looks at the write pointers */
+                idle_us = idle_us ? (idle_us * 2 > 1000 ? 1000 : idle_us * 2) : 20;
+                pthread_mutex_unlock(&m->lock);
+                usleep(idle_us);
+                pthread_mutex_lock(&m->lock);
+        }
+        pthread_mutex_unlock(&m->lock);
+        return NULL;
+}
+
+/* ------------------------------------------------------------------ mmap of device offsets */
+
+int model_kfd_mmap_dev(ThunkModel *m, ModelCtx *ctx, void *addr, size_t len, int prot, int flags,
+                       uint64_t offset, void **ret)
+{
+        uint64_t type = offset & THUNK_KFD_MMAP_TYPE_MASK, off;
+        int fd = m->anchor, g, r;
+        void *p;
+
+        if (type == THUNK_KFD_MMAP_TYPE_DOORBELL) {
+                g = model_gpu_index(m, THUNK_KFD_MMAP_GET_GPU_ID(offset));
+                if (g < 0 || len != MODEL_DOORBELL_SLICE)
+                        return -EINVAL;
+                r = ctx_doorbell(m, ctx, g, &off);
+                if (r < 0)
+                        return r;
+        } else if (type == THUNK_KFD_MMAP_TYPE_EVENTS) {
+                if (!ctx->evpage.slots || len > ctx->evpage.size)
+                        return -EINVAL;
+                if (ctx->evpage.handle) {
+                        ModelMem *mem = NULL;
+
+                        g = model_gpu_index(m, THUNK_KFD_HANDLE_GPU(ctx->evpage.handle));
+                        if (g >= 0)
+                                mem = model_idr_find(&ctx->pdd[g], THUNK_KFD_HANDLE_IDR(ctx->evpage.handle));
+                        if (!mem || mem->buf->memfd < 0)
+                                return -EINVAL;
+                        fd = mem->buf->memfd;
+                        off = 0;
+                } else {
+                        off = ctx->evpage.dev_off;
+                }
+        } else {
+                return -ENOENT;
+        }
+        p = mmap(addr, len, prot, flags, fd, (off_t)off);
+        if (p == MAP_FAILED)
+                return -errno;
+        *ret = p;
+        return 0;
+}
+
+/* ------------------------------------------------------------------ the remaining per-process ioctls */
+
+int model_kfd_get_clock_counters(Call *c)
+{
+        struct kfd_ioctl_get_clock_counters_args *a = c->arg;
+        uint64_t raw = now_ns(CLOCK_MONOTONIC_RAW);
+
+        /* an unknown gpu_id (0 included) is no error: there is just no GPU counter to read */
+        a->gpu_clock_counter =
+                model_gpu_index(c->m, a->gpu_id) >= 0 ? raw / (1000000000ULL / MODEL_GPU_CLOCK_HZ) : 0;
+        a->cpu_clock_counter = raw;
+        a->system_clock_counter = now_ns(CLOCK_BOOTTIME);
+        a->system_clock_freq = 1000000000ULL;
+        return 0;
+}
+
+int model_kfd_get_tile_config(Call *c)
+{
+        struct kfd_ioctl_get_tile_config_args *a = c->arg;
+        /* GFX9 and later keep no tiling tables: the arrays amdgpu reports are all zero */
+        const uint32_t n_tile = 32, n_macro = 16;
+        int g = model_gpu_index(c->m, a->gpu_id);
+
+        if (g < 0)
+                return -EINVAL;
+        a->gb_addr_config = MODEL_GB_ADDR_CONFIG_GFX9;
+        a->num_banks = 0;
+        a->num_ranks = 0;
+        if (a->num_tile_configs > n_tile)
+                a->num_tile_configs = n_tile;
+        if (a->num_tile_configs) {
+                if (!a->tile_config_ptr) {
+                        a->num_tile_configs = 0;
+                        return -EFAULT;
+                }
+                memset((void *)(uintptr_t)a->tile_config_ptr, 0, a->num_tile_configs * sizeof(uint32_t));
+        }
+        if (a->num_macro_tile_configs > n_macro)
+                a->num_macro_tile_configs = n_macro;
+        if (a->num_macro_tile_configs) {
+                if (!a->macro_tile_config_ptr) {
+                        a->num_macro_tile_configs = 0;
+                        return -EFAULT;
+                }
+                memset((void *)(uintptr_t)a->macro_tile_config_ptr, 0,
+                       a->num_macro_tile_configs * sizeof(uint32_t));
+        }
+        return 0;
+}
+
+int model_kfd_set_trap_handler(Call *c)
+{
+        struct kfd_ioctl_set_trap_handler_args *a = c->arg;
+        int g = model_gpu_index(c->m, a->gpu_id);
+
+        if (g < 0)
+                return -EINVAL;
+        if (!c->ctx->pdd[g].file)
+                return -ESRCH;
+        c->ctx->pdd[g].tba = a->tba_addr;
+        c->ctx->pdd[g].tma = a->tma_addr;
+        return 0;
+}

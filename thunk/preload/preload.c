@@ -1,0 +1,611 @@
+/* LD_PRELOAD shim: serves /dev/kfd, the render nodes and the KFD sysfs topology from an in-process KFD model.
+ */
+/* The shim defines both open and open64 (and mmap, mmap64): libc's 64-bit aliasing must stay out. */
+#undef _FILE_OFFSET_BITS
+#include <dirent.h>
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <drm.h>
+#include <amdgpu_drm.h>
+
+#include "config.h"
+#include "kfd-compat.h"
+#include "model.h"
+#include "topology.h"
+
+/*
+ * Everything here is process state by nature: the shim stands in for a kernel driver that every library of
+ * the process reaches through libc, so it keeps one model per process, created on the first open of
+ * /dev/kfd or a render node. The model itself has no globals.
+ *
+ * Which fds belong to the model is tracked here, in a lock-free table, rather than asked of the model:
+ * the model closes and maps its own memfds while holding its lock, and those calls come back through
+ * these very wrappers.
+ */
+
+#define PRELOAD_EXPORT __attribute__((visibility("default")))
+
+/* glibc's fortified open entry points, and the shim's own query (declared for -Wmissing-prototypes). */
+int __open_2(const char *path, int flags);
+int __open64_2(const char *path, int flags);
+int __openat_2(int dirfd, const char *path, int flags);
+int __openat64_2(int dirfd, const char *path, int flags);
+int gpumem_preload_stats(char *buf, size_t len);
+#define FD_TABLE_MAX 65536
+
+static const char *const kfd_topology_paths[] = {
+        "/sys/devices/virtual/kfd/kfd/topology",
+        "/sys/class/kfd/kfd/topology",
+};
+
+static struct {
+        pthread_mutex_t lock;
+        bool env_read;
+        int log_level;
+        FILE *log;
+        char preset_dir[PATH_MAX];
+        uint32_t kfd_minor;
+        char stats_path[PATH_MAX];
+        ThunkModel *model;
+        int model_err;
+        int modules_fd; /* memfd with the /proc/modules text the model presents */
+        _Atomic unsigned char owned[FD_TABLE_MAX];
+} g = {.lock = PTHREAD_MUTEX_INITIALIZER, .modules_fd = -1};
+
+/* ------------------------------------------------------------------ raw calls (never re-enter the shim) */
+
+static int raw_openat(int dirfd, const char *path, int flags, mode_t mode)
+{
+        return (int)syscall(SYS_openat, dirfd, path, flags, mode);
+}
+
+static int raw_close(int fd)
+{
+        return (int)syscall(SYS_close, fd);
+}
+
+static int raw_ioctl(int fd, unsigned long request, void *arg)
+{
+        return (int)syscall(SYS_ioctl, fd, request, arg);
+}
+
+static void *raw_mmap(void *addr, size_t len, int prot, int flags, int fd, off_t off)
+{
+        return (void *)syscall(SYS_mmap, addr, len, prot, flags, fd, off);
+}
+
+static bool fd_owned(int fd)
+{
+        return fd >= 0 && fd < FD_TABLE_MAX && atomic_load(&g.owned[fd]);
+}
+
+/* ------------------------------------------------------------------ configuration and log */
+
+static void logf_(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+static void logf_(int level, const char *fmt, ...)
+{
+        va_list ap;
+
+        if (g.log_level < level || !g.log)
+                return;
+        va_start(ap, fmt);
+        fputs("gpumem-preload: ", g.log);
+        vfprintf(g.log, fmt, ap);
+        fputc('\n', g.log);
+        fflush(g.log);
+        va_end(ap);
+}
+
+static bool dir_exists(const char *p)
+{
+        struct stat st;
+
+        return stat(p, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+/* Called with g.lock held. */
+static void read_env(void)
+{
+        const char *preset, *v;
+
+        if (g.env_read)
+                return;
+        g.env_read = true;
+        g.log = stderr;
+        v = getenv("GPUMEM_MODEL_LOG");
+        if (v)
+                g.log_level = atoi(v);
+        v = getenv("GPUMEM_MODEL_LOG_FILE");
+        if (v && *v) {
+                int fd = raw_openat(AT_FDCWD, v, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+                FILE *f = fd >= 0 ? fdopen(fd, "a") : NULL;
+
+                if (f)
+                        g.log = f;
+                else if (fd >= 0)
+                        raw_close(fd);
+        }
+        v = getenv("GPUMEM_MODEL_KFD_MINOR");
+        if (v)
+                g.kfd_minor = (uint32_t)strtoul(v, NULL, 10);
+        v = getenv("GPUMEM_MODEL_STATS");
+        if (v)
+                snprintf(g.stats_path, sizeof(g.stats_path), "%s", v);
+        preset = getenv("GPUMEM_MODEL_PRESET");
+        if (!preset || !*preset)
+                preset = "gfx908";
+        if (strchr(preset, '/'))
+                snprintf(g.preset_dir, sizeof(g.preset_dir), "%s", preset);
+        else {
+                snprintf(g.preset_dir, sizeof(g.preset_dir), "%s/%s", GPUMEMD_PRESETDIR, preset);
+                if (!dir_exists(g.preset_dir))
+                        snprintf(g.preset_dir, sizeof(g.preset_dir), "%s/%s", GPUMEMD_SOURCE_PRESETDIR,
+                                 preset);
+        }
+}
+
+static void ensure_env(void)
+{
+        pthread_mutex_lock(&g.lock);
+        read_env();
+        pthread_mutex_unlock(&g.lock);
+}
+
+/* Called with g.lock held. */
+static ThunkModel *model_get(void)
+{
+        ThunkTopology *topo = NULL;
+        ThunkModelOptions o = {0};
+        char err[256] = "";
+        int r;
+
+        read_env();
+        if (g.model || g.model_err)
+                return g.model;
+        r = thunk_topology_load(g.preset_dir, &topo, err, sizeof(err));
+        if (r < 0) {
+                g.model_err = r;
+                logf_(0, "cannot load the topology preset %s: %s", g.preset_dir, err);
+                return NULL;
+        }
+        o.kfd_minor = g.kfd_minor;
+        r = thunk_model_new(topo, &o, &g.model);
+        thunk_topology_free(topo);
+        if (r < 0) {
+                g.model_err = r;
+                logf_(0, "cannot create the KFD model of %s: %s", g.preset_dir, strerror(-r));
+                return NULL;
+        }
+        logf_(1, "KFD model of %s", g.preset_dir);
+        return g.model;
+}
+
+/* ------------------------------------------------------------------ paths */
+
+/* The preset path standing for a KFD topology path, or NULL if @path is not one. */
+static const char *redirect(const char *path, char *buf, size_t len)
+{
+        if (!path)
+                return NULL;
+        for (size_t i = 0; i < sizeof(kfd_topology_paths) / sizeof(kfd_topology_paths[0]); i++) {
+                size_t n = strlen(kfd_topology_paths[i]);
+
+                if (strncmp(path, kfd_topology_paths[i], n) == 0 && (path[n] == '\0' || path[n] == '/')) {
+                        ensure_env();
+                        snprintf(buf, len, "%s%s", g.preset_dir, path + n);
+                        logf_(2, "%s -> %s", path, buf);
+                        return buf;
+                }
+        }
+        return NULL;
+}
+
+/* /proc/modules as the model's machine has it: the real list plus the amdgpu driver, which is what tools
+ * look for to tell whether the KFD is present. */
+static int open_modules(int flags)
+{
+        char path[64];
+        int fd;
+
+        pthread_mutex_lock(&g.lock);
+        if (g.modules_fd < 0) {
+                static const char line[] = "amdgpu 9000000 0 - Live 0x0000000000000000\n";
+                char buf[4096];
+                int src = raw_openat(AT_FDCWD, "/proc/modules", O_RDONLY | O_CLOEXEC, 0);
+                int mfd = (int)syscall(SYS_memfd_create, "gpumem-modules", MFD_CLOEXEC);
+                ssize_t n;
+                bool ok = mfd >= 0;
+
+                while (ok && src >= 0 && (n = read(src, buf, sizeof(buf))) > 0)
+                        ok = write(mfd, buf, (size_t)n) == n;
+                if (src >= 0)
+                        raw_close(src);
+                if (ok && write(mfd, line, sizeof(line) - 1) == (ssize_t)sizeof(line) - 1)
+                        g.modules_fd = mfd;
+                else if (mfd >= 0)
+                        raw_close(mfd);
+        }
+        fd = -1;
+        if (g.modules_fd >= 0) {
+                snprintf(path, sizeof(path), "/proc/self/fd/%d", g.modules_fd);
+                fd = raw_openat(AT_FDCWD, path, (flags & O_CLOEXEC) | O_RDONLY, 0);
+        }
+        pthread_mutex_unlock(&g.lock);
+        return fd;
+}
+
+static int device_open(const char *path, int flags)
+{
+        unsigned int minor;
+        ThunkModel *m;
+        int fd = -1, r;
+
+        pthread_mutex_lock(&g.lock);
+        m = model_get();
+        if (!m) {
+                r = g.model_err;
+        } else if (strcmp(path, "/dev/kfd") == 0) {
+                r = thunk_model_open_kfd(m, &fd);
+        } else if (sscanf(path, "/dev/dri/renderD%u", &minor) == 1) {
+                r = thunk_model_open_render(m, minor, &fd);
+        } else {
+                r = -ENOENT;
+        }
+        if (r == 0) {
+                if (fd >= FD_TABLE_MAX) {
+                        thunk_model_close(m, fd);
+                        r = -EMFILE;
+                } else {
+                        atomic_store(&g.owned[fd], 1);
+                        /* the model hands out O_CLOEXEC fds; honour a caller that did not ask for it */
+                        if (!(flags & O_CLOEXEC))
+                                fcntl(fd, F_SETFD, 0);
+                }
+        }
+        pthread_mutex_unlock(&g.lock);
+        logf_(2, "open %s -> %d", path, r < 0 ? r : fd);
+        if (r < 0) {
+                errno = -r;
+                return -1;
+        }
+        return fd;
+}
+
+static bool is_device(const char *path)
+{
+        return path && (strcmp(path, "/dev/kfd") == 0 || strncmp(path, "/dev/dri/renderD", 16) == 0);
+}
+
+static int do_openat(int dirfd, const char *path, int flags, mode_t mode)
+{
+        char buf[PATH_MAX];
+        const char *p;
+
+        if (is_device(path))
+                return device_open(path, flags);
+        if (path && strcmp(path, "/proc/modules") == 0) {
+                int fd = open_modules(flags);
+
+                if (fd >= 0)
+                        return fd;
+        }
+        p = redirect(path, buf, sizeof(buf));
+        return raw_openat(dirfd, p ? p : path, flags, mode);
+}
+
+static mode_t va_mode(int flags, va_list ap)
+{
+        return (flags & (O_CREAT | __O_TMPFILE)) ? (mode_t)va_arg(ap, int) : 0;
+}
+
+PRELOAD_EXPORT int open(const char *path, int flags, ...)
+{
+        va_list ap;
+        mode_t mode;
+
+        va_start(ap, flags);
+        mode = va_mode(flags, ap);
+        va_end(ap);
+        return do_openat(AT_FDCWD, path, flags, mode);
+}
+
+PRELOAD_EXPORT int open64(const char *path, int flags, ...)
+{
+        va_list ap;
+        mode_t mode;
+
+        va_start(ap, flags);
+        mode = va_mode(flags, ap);
+        va_end(ap);
+        return do_openat(AT_FDCWD, path, flags, mode);
+}
+
+PRELOAD_EXPORT int openat(int dirfd, const char *path, int flags, ...)
+{
+        va_list ap;
+        mode_t mode;
+
+        va_start(ap, flags);
+        mode = va_mode(flags, ap);
+        va_end(ap);
+        return do_openat(dirfd, path, flags, mode);
+}
+
+PRELOAD_EXPORT int openat64(int dirfd, const char *path, int flags, ...)
+{
+        va_list ap;
+        mode_t mode;
+
+        va_start(ap, flags);
+        mode = va_mode(flags, ap);
+        va_end(ap);
+        return do_openat(dirfd, path, flags, mode);
+}
+
+/* The fortified entry points of <fcntl.h> (never with O_CREAT). */
+PRELOAD_EXPORT int __open_2(const char *path, int flags)
+{
+        return do_openat(AT_FDCWD, path, flags, 0);
+}
+
+PRELOAD_EXPORT int __open64_2(const char *path, int flags)
+{
+        return do_openat(AT_FDCWD, path, flags, 0);
+}
+
+PRELOAD_EXPORT int __openat_2(int dirfd, const char *path, int flags)
+{
+        return do_openat(dirfd, path, flags, 0);
+}
+
+PRELOAD_EXPORT int __openat64_2(int dirfd, const char *path, int flags)
+{
+        return do_openat(dirfd, path, flags, 0);
+}
+
+/* stdio and dirent open files inside libc, below the open wrappers: redirect their paths too. */
+#define NEXT(name) ((__typeof__(&name))dlsym(RTLD_NEXT, #name))
+
+PRELOAD_EXPORT FILE *fopen(const char *path, const char *mode)
+{
+        static FILE *(*next)(const char *, const char *);
+        char buf[PATH_MAX];
+        const char *p;
+
+        if (!next)
+                next = NEXT(fopen);
+        if (path && strcmp(path, "/proc/modules") == 0) {
+                int fd = open_modules(O_CLOEXEC);
+
+                if (fd >= 0)
+                        return fdopen(fd, "r");
+        }
+        p = redirect(path, buf, sizeof(buf));
+        return next(p ? p : path, mode);
+}
+
+PRELOAD_EXPORT FILE *fopen64(const char *path, const char *mode)
+{
+        return fopen(path, mode);
+}
+
+PRELOAD_EXPORT DIR *opendir(const char *path)
+{
+        static DIR *(*next)(const char *);
+        char buf[PATH_MAX];
+        const char *p;
+
+        if (!next)
+                next = NEXT(opendir);
+        p = redirect(path, buf, sizeof(buf));
+        return next(p ? p : path);
+}
+
+/* ------------------------------------------------------------------ device calls */
+
+static const char *ioctl_name(int fd, unsigned long request)
+{
+        static const char *const kfd[0x28] = {
+                [0x01] = "GET_VERSION",
+                [0x02] = "CREATE_QUEUE",
+                [0x03] = "DESTROY_QUEUE",
+                [0x04] = "SET_MEMORY_POLICY",
+                [0x05] = "GET_CLOCK_COUNTERS",
+                [0x06] = "GET_PROCESS_APERTURES",
+                [0x07] = "UPDATE_QUEUE",
+                [0x08] = "CREATE_EVENT",
+                [0x09] = "DESTROY_EVENT",
+                [0x0A] = "SET_EVENT",
+                [0x0B] = "RESET_EVENT",
+                [0x0C] = "WAIT_EVENTS",
+                [0x0D] = "DBG_REGISTER",
+                [0x0E] = "DBG_UNREGISTER",
+                [0x0F] = "DBG_ADDRESS_WATCH",
+                [0x10] = "DBG_WAVE_CONTROL",
+                [0x11] = "SET_SCRATCH_BACKING_VA",
+                [0x12] = "GET_TILE_CONFIG",
+                [0x13] = "SET_TRAP_HANDLER",
+                [0x14] = "GET_PROCESS_APERTURES_NEW",
+                [0x15] = "ACQUIRE_VM",
+                [0x16] = "ALLOC_MEMORY_OF_GPU",
+                [0x17] = "FREE_MEMORY_OF_GPU",
+                [0x18] = "MAP_MEMORY_TO_GPU",
+                [0x19] = "UNMAP_MEMORY_FROM_GPU",
+                [0x1A] = "SET_CU_MASK",
+                [0x1B] = "GET_QUEUE_WAVE_STATE",
+                [0x1C] = "GET_DMABUF_INFO",
+                [0x1D] = "IMPORT_DMABUF",
+                [0x1E] = "ALLOC_QUEUE_GWS",
+                [0x1F] = "SMI_EVENTS",
+                [0x20] = "SVM",
+                [0x21] = "SET_XNACK_MODE",
+                [0x22] = "CRIU_OP",
+                [0x23] = "AVAILABLE_MEMORY",
+                [0x24] = "EXPORT_DMABUF",
+                [0x25] = "RUNTIME_ENABLE",
+                [0x26] = "DBG_TRAP",
+                [0x27] = "CREATE_PROCESS",
+        };
+        unsigned int nr = _IOC_NR(request);
+
+        (void)fd;
+        if (_IOC_TYPE(request) == AMDKFD_IOCTL_BASE)
+                return nr < 0x28 && kfd[nr] ? kfd[nr] : "KFD?";
+        if (_IOC_TYPE(request) == DRM_IOCTL_BASE) {
+                switch (nr) {
+                case _IOC_NR(DRM_IOCTL_VERSION):
+                        return "DRM_VERSION";
+                case _IOC_NR(DRM_IOCTL_GET_CLIENT):
+                        return "DRM_GET_CLIENT";
+                case _IOC_NR(DRM_IOCTL_GEM_CLOSE):
+                        return "DRM_GEM_CLOSE";
+                case _IOC_NR(DRM_IOCTL_PRIME_HANDLE_TO_FD):
+                        return "DRM_PRIME_HANDLE_TO_FD";
+                case _IOC_NR(DRM_IOCTL_PRIME_FD_TO_HANDLE):
+                        return "DRM_PRIME_FD_TO_HANDLE";
+                case _IOC_NR(DRM_IOCTL_AMDGPU_GEM_MMAP):
+                        return "AMDGPU_GEM_MMAP";
+                case _IOC_NR(DRM_IOCTL_AMDGPU_GEM_VA):
+                        return "AMDGPU_GEM_VA";
+                case _IOC_NR(DRM_IOCTL_AMDGPU_INFO):
+                        return "AMDGPU_INFO";
+                default:
+                        return "DRM?";
+                }
+        }
+        return "?";
+}
+
+PRELOAD_EXPORT int ioctl(int fd, unsigned long request, ...)
+{
+        va_list ap;
+        void *arg;
+        int r;
+
+        va_start(ap, request);
+        arg = va_arg(ap, void *);
+        va_end(ap);
+        if (!fd_owned(fd))
+                return raw_ioctl(fd, request, arg);
+        r = thunk_model_ioctl(g.model, fd, request, arg);
+        if (_IOC_NR(request) != _IOC_NR(AMDKFD_IOC_WAIT_EVENTS) || _IOC_TYPE(request) != AMDKFD_IOCTL_BASE ||
+            g.log_level >= 3)
+                logf_(1, "ioctl fd=%d %s (0x%08lx) -> %d%s%s", fd, ioctl_name(fd, request), request, r,
+                      r < 0 ? " " : "", r < 0 ? strerror(-r) : "");
+        if (r < 0) {
+                errno = -r;
+                return -1;
+        }
+        return r;
+}
+
+PRELOAD_EXPORT int close(int fd)
+{
+        int r;
+
+        if (!fd_owned(fd))
+                return raw_close(fd);
+        atomic_store(&g.owned[fd], 0);
+        r = thunk_model_close(g.model, fd);
+        logf_(2, "close %d -> %d", fd, r);
+        if (r < 0) {
+                errno = -r;
+                return -1;
+        }
+        return 0;
+}
+
+static void *do_mmap(void *addr, size_t len, int prot, int flags, int fd, off_t off)
+{
+        void *p = MAP_FAILED;
+        int r;
+
+        if (!(flags & MAP_ANONYMOUS) && fd_owned(fd)) {
+                r = thunk_model_mmap(g.model, addr, len, prot, flags, fd, (uint64_t)off, &p);
+                logf_(2, "mmap fd=%d offset=0x%llx len=0x%zx -> %d", fd, (unsigned long long)off, len, r);
+                if (r < 0) {
+                        errno = -r;
+                        return MAP_FAILED;
+                }
+                return p;
+        }
+        p = raw_mmap(addr, len, prot, flags, fd, off);
+        if ((uintptr_t)p > (uintptr_t)-4096) {
+                errno = -(int)(intptr_t)p;
+                return MAP_FAILED;
+        }
+        return p;
+}
+
+PRELOAD_EXPORT void *mmap(void *addr, size_t len, int prot, int flags, int fd, off_t off)
+{
+        return do_mmap(addr, len, prot, flags, fd, off);
+}
+
+PRELOAD_EXPORT void *mmap64(void *addr, size_t len, int prot, int flags, int fd, off_t off)
+{
+        return do_mmap(addr, len, prot, flags, fd, off);
+}
+
+/* ------------------------------------------------------------------ statistics */
+
+/* One line describing the model's live objects and charges, for tests and GPUMEM_MODEL_STATS. Returns the
+ * length written (snprintf rules), or -1 if no model exists yet. */
+PRELOAD_EXPORT int gpumem_preload_stats(char *buf, size_t len)
+{
+        ThunkModelStats s;
+        uint64_t vram = 0;
+
+        if (!g.model)
+                return -1;
+        thunk_model_get_stats(g.model, &s);
+        for (uint32_t i = 0; i < s.n_gpus; i++)
+                vram += s.vram_used[i];
+        return snprintf(buf, len,
+                        "contexts=%u kfd_fds=%u render_fds=%u render_files=%u mems=%llu bufs=%llu "
+                        "mappings=%llu gem_handles=%llu svm_ranges=%llu system_used=%llu ttm_used=%llu "
+                        "vram_used=%llu queues=%u events=%u",
+                        s.contexts, s.kfd_fds, s.render_fds, s.render_files, (unsigned long long)s.mems,
+                        (unsigned long long)s.bufs, (unsigned long long)s.mappings,
+                        (unsigned long long)s.gem_handles, (unsigned long long)s.svm_ranges,
+                        (unsigned long long)s.system_used, (unsigned long long)s.ttm_used,
+                        (unsigned long long)vram, s.queues, s.events);
+}
+
+__attribute__((destructor)) static void preload_exit(void)
+{
+        char line[512];
+        FILE *f;
+        int fd;
+
+        if (!g.stats_path[0] || gpumem_preload_stats(line, sizeof(line)) < 0)
+                return;
+        if (strcmp(g.stats_path, "-") == 0) {
+                fprintf(stderr, "gpumem-model-stats %s\n", line);
+                return;
+        }
+        fd = raw_openat(AT_FDCWD, g.stats_path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+        f = fd >= 0 ? fdopen(fd, "a") : NULL;
+        if (!f) {
+                if (fd >= 0)
+                        raw_close(fd);
+                return;
+        }
+        fprintf(f, "gpumem-model-stats %s\n", line);
+        fclose(f);
+}
