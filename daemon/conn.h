@@ -14,6 +14,7 @@
 typedef struct Manager Manager;
 typedef struct Conn Conn;
 typedef struct ThunkVaSpace ThunkVaSpace;
+typedef struct BrokerClient BrokerClient;
 
 typedef struct ConnIdentity {
         pid_t pid;
@@ -48,6 +49,7 @@ typedef struct Conn {
         ThunkVaSpace *window_rejected[4]; /* windows this client could not reserve, held until it leaves */
         unsigned n_window_rejected;
         LogRatelimit log_rl;
+        BrokerClient *broker; /* the client's memory objects, from its first memory op */
 } Conn;
 
 /* Take ownership of an accepted socket @fd (closed on failure too). */

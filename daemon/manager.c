@@ -13,6 +13,7 @@
 #include <sys/un.h>
 #include <systemd/sd-daemon.h>
 
+#include "broker.h"
 #include "config.h"
 #include "conn.h"
 #include "frame.h"
@@ -341,6 +342,7 @@ static int setup_va(Manager *m)
         r = window_space_init(m->va);
         if (r < 0)
                 return log_error_errno(r, "cannot read the daemon's own mappings: %s", strerror(-r));
+        m->va_blocked = thunk_va_space_count(m->va);
         return 0;
 }
 
@@ -374,6 +376,9 @@ int manager_new(Manager **ret, const Options *opts)
         if (r < 0)
                 goto fail;
         r = setup_va(m);
+        if (r < 0)
+                goto fail;
+        r = broker_new(m->dev, &m->broker);
         if (r < 0)
                 goto fail;
 
@@ -434,6 +439,7 @@ Manager *manager_free(Manager *m)
                         unlink(m->opts.socket_path);
                 safe_close(m->listen_fd);
         }
+        broker_free(m->broker);
         thunk_va_space_free(m->va);
         thunk_device_close(m->dev);
         if (m->base)

@@ -24,6 +24,7 @@ typedef struct Manager {
         struct event_base *base;
         Options opts;
         ThunkDevice *dev;
+        struct Broker *broker;
         char preset_name[64];
 
         int listen_fd;
@@ -38,6 +39,7 @@ typedef struct Manager {
 
         /* Client VA windows are carved from this space (the SVM aperture above the low reserved range). */
         ThunkVaSpace *va;
+        size_t va_blocked; /* ranges of the space the daemon itself maps (never windows) */
 
         Conn *conns; /* doubly linked, newest first */
         unsigned n_conns;

@@ -5,6 +5,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "broker.h"
+#include "model.h"
 #include "config.h"
 #include "log.h"
 #include "manager.h"
@@ -29,15 +31,39 @@ int op_admin_status(ReqCtx *r, const Gpumem__Request *req)
         s.has_clients = s.has_gpus = true;
         s.clients = m->n_conns;
         s.gpus = (uint32_t)thunk_device_gpu_count(m->dev);
+        BrokerUsage u;
+        broker_totals(m->broker, &u);
         s.has_allocations = s.has_bytes_device = s.has_bytes_host = s.has_bytes_managed = true;
-        s.allocations = 0; /* the broker's ledger fills these once memory ops are served */
-        s.bytes_device = s.bytes_host = s.bytes_managed = 0;
+        s.allocations = u.objects;
+        s.bytes_device = u.device_bytes + u.vmm_bytes;
+        s.bytes_host = u.host_bytes;
+        s.bytes_managed = u.managed_bytes;
         s.has_requests = s.has_protocol_errors = s.has_pid = s.has_protocol_version = true;
         s.requests = m->stats.requests;
         s.protocol_errors = m->stats.protocol_errors;
         s.pid = (uint32_t)getpid();
         s.protocol_version = GM_PROTOCOL_VERSION;
         s.preset = m->preset_name;
+        s.has_va_windows = true;
+        s.va_windows = (uint32_t)(thunk_va_space_count(m->va) - m->va_blocked);
+        Gpumem__BackendStats ms = GPUMEM__BACKEND_STATS__INIT;
+        if (thunk_device_model(m->dev)) {
+                ThunkModelStats st;
+                thunk_model_get_stats(thunk_device_model(m->dev), &st);
+                ms.has_contexts = ms.has_buffers = ms.has_handles = ms.has_imports = ms.has_mappings = true;
+                ms.has_gem_handles = ms.has_svm_ranges = ms.has_system_bytes = ms.has_vram_bytes = true;
+                ms.contexts = st.contexts;
+                ms.buffers = st.bufs;
+                ms.handles = st.mems;
+                ms.imports = st.imports;
+                ms.mappings = st.mappings;
+                ms.gem_handles = st.gem_handles;
+                ms.svm_ranges = st.svm_ranges;
+                ms.system_bytes = st.system_used;
+                for (uint32_t i = 0; i < st.n_gpus && i < THUNK_MODEL_MAX_GPUS; i++)
+                        ms.vram_bytes += st.vram_used[i];
+                s.model = &ms;
+        }
         reply.result_case = GPUMEM__REPLY__RESULT_ADMIN_STATUS;
         reply.admin_status = &s;
         return reply_ok(r, &reply);
@@ -49,14 +75,21 @@ int op_admin_clients(ReqCtx *r, const Gpumem__Request *req)
         Gpumem__Reply reply = GPUMEM__REPLY__INIT;
         Gpumem__AdminClientsReply cr = GPUMEM__ADMIN_CLIENTS_REPLY__INIT;
         Gpumem__ClientInfo *infos, **ptrs;
-        size_t n = 0;
+        Gpumem__GpuUsage *usage;
+        Gpumem__GpuUsage **usage_ptrs;
+        size_t n = 0, n_usage = 0;
         int err;
 
+        size_t max_usage = (m->n_conns ? m->n_conns : 1) * BROKER_MAX_GPUS;
         infos = calloc(m->n_conns ? m->n_conns : 1, sizeof(*infos));
         ptrs = calloc(m->n_conns ? m->n_conns : 1, sizeof(*ptrs));
-        if (!infos || !ptrs) {
+        usage = calloc(max_usage, sizeof(*usage));
+        usage_ptrs = calloc(max_usage, sizeof(*usage_ptrs));
+        if (!infos || !ptrs || !usage || !usage_ptrs) {
                 free(infos);
                 free(ptrs);
+                free(usage);
+                free(usage_ptrs);
                 return reply_fail(r, -ENOMEM, "out of memory listing clients");
         }
         for (Conn *c = m->conns; c && n < m->n_conns; c = c->next) {
@@ -75,9 +108,27 @@ int op_admin_clients(ReqCtx *r, const Gpumem__Request *req)
                 i->connected_usec = c->connected_real_usec;
                 i->requests = c->requests;
                 i->admin = c->admin;
-                i->has_handles = i->has_fds = true;
-                i->handles = 0;
-                i->fds = 0;
+                i->has_handles = i->has_fds = i->has_host_bytes = i->has_managed_bytes = true;
+                if (c->broker) {
+                        BrokerUsage u;
+                        broker_client_usage(c->broker, &u);
+                        i->handles = (uint32_t)u.objects;
+                        i->fds = u.held_fds;
+                        i->host_bytes = u.host_bytes;
+                        i->managed_bytes = u.managed_bytes;
+                        i->usage = &usage_ptrs[n_usage];
+                        for (uint32_t k = 0; k < u.n_gpus; k++) {
+                                if (!u.vram_bytes[k])
+                                        continue;
+                                gpumem__gpu_usage__init(&usage[n_usage]);
+                                usage[n_usage].has_gpu_id = usage[n_usage].has_vram_bytes = true;
+                                usage[n_usage].gpu_id = u.gpu_ids[k];
+                                usage[n_usage].vram_bytes = u.vram_bytes[k];
+                                usage_ptrs[n_usage] = &usage[n_usage];
+                                n_usage++;
+                                i->n_usage++;
+                        }
+                }
                 ptrs[n++] = i;
         }
         cr.n_clients = n;
@@ -87,6 +138,8 @@ int op_admin_clients(ReqCtx *r, const Gpumem__Request *req)
         err = reply_ok(r, &reply);
         free(infos);
         free(ptrs);
+        free(usage);
+        free(usage_ptrs);
         return err;
 }
 

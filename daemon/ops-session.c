@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <string.h>
 
+#include "broker.h"
 #include "config.h"
 #include "log.h"
 #include "manager.h"
@@ -85,7 +86,8 @@ int op_hello(ReqCtx *r, const Gpumem__Request *req)
         hr.has_kfd_major = hr.has_kfd_minor = hr.has_private_gpu_vm = true;
         hr.kfd_major = major;
         hr.kfd_minor = minor;
-        hr.private_gpu_vm = false;
+        /* created at its first device allocation, where the driver allows secondary contexts */
+        hr.private_gpu_vm = thunk_device_has(m->dev, THUNK_FEATURE_CREATE_PROCESS);
         reply.result_case = GPUMEM__REPLY__RESULT_HELLO;
         reply.hello = &hr;
 
@@ -116,6 +118,9 @@ int op_window_retry(ReqCtx *r, const Gpumem__Request *req)
         Conn *c = r->c;
         int err;
 
+        if (c->broker && broker_client_objects(c->broker) > 0)
+                return reply_fail(r, -EBUSY, "the window can only change before the first allocation");
+        c->broker = broker_client_free(c->broker);
         if (req->window_retry->failed_base != c->window_base)
                 return reply_fail(r, -EINVAL, "0x%llx is not this client's window",
                                   (unsigned long long)req->window_retry->failed_base);

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "broker.h"
 #include "log.h"
 #include "manager.h"
 #include "window.h"
@@ -28,28 +29,28 @@ static const OpDesc op_table[] = {
         OP(PING, "ping", op_ping, OP_PERM_ANY, 0),
         OP(WINDOW_RETRY, "window_retry", op_window_retry, OP_PERM_ANY, 0),
         OP(TOPOLOGY, "topology", op_topology, OP_PERM_ANY, 0),
-        OP(MEM_INFO, "mem_info", op_not_implemented, OP_PERM_ANY, 0),
-        OP(POINTER_INFO, "pointer_info", op_not_implemented, OP_PERM_ANY, 0),
-        OP(ALLOC, "alloc", op_not_implemented, OP_PERM_ANY, 0),
-        OP(FREE, "free", op_not_implemented, OP_PERM_ANY, 0),
-        OP(MAP, "map", op_not_implemented, OP_PERM_ANY, 0),
-        OP(UNMAP, "unmap", op_not_implemented, OP_PERM_ANY, 0),
-        OP(VMM_RESERVE, "vmm_reserve", op_not_implemented, OP_PERM_ANY, 0),
-        OP(VMM_FREE, "vmm_free", op_not_implemented, OP_PERM_ANY, 0),
-        OP(VMM_CREATE, "vmm_create", op_not_implemented, OP_PERM_ANY, 0),
-        OP(VMM_RELEASE, "vmm_release", op_not_implemented, OP_PERM_ANY, 0),
-        OP(VMM_MAP, "vmm_map", op_not_implemented, OP_PERM_ANY, 0),
-        OP(VMM_UNMAP, "vmm_unmap", op_not_implemented, OP_PERM_ANY, 0),
-        OP(VMM_SET_ACCESS, "vmm_set_access", op_not_implemented, OP_PERM_ANY, 0),
-        OP(VMM_GET_ACCESS, "vmm_get_access", op_not_implemented, OP_PERM_ANY, 0),
-        OP(VMM_GRANULARITY, "vmm_granularity", op_not_implemented, OP_PERM_ANY, 0),
-        OP(VMM_RETAIN, "vmm_retain", op_not_implemented, OP_PERM_ANY, 0),
-        OP(VMM_PROPERTIES, "vmm_properties", op_not_implemented, OP_PERM_ANY, 0),
-        OP(DMABUF_EXPORT, "dmabuf_export", op_not_implemented, OP_PERM_ANY, 0),
-        OP(DMABUF_IMPORT, "dmabuf_import", op_not_implemented, OP_PERM_ANY, 1),
-        OP(SVM_SET_ATTR, "svm_set_attr", op_not_implemented, OP_PERM_ANY, 0),
-        OP(SVM_GET_ATTR, "svm_get_attr", op_not_implemented, OP_PERM_ANY, 0),
-        OP(SVM_PREFETCH, "svm_prefetch", op_not_implemented, OP_PERM_ANY, 0),
+        OP(MEM_INFO, "mem_info", op_mem_info, OP_PERM_ANY, 0),
+        OP(POINTER_INFO, "pointer_info", op_pointer_info, OP_PERM_ANY, 0),
+        OP(ALLOC, "alloc", op_alloc, OP_PERM_ANY, 0),
+        OP(FREE, "free", op_free, OP_PERM_ANY, 0),
+        OP(MAP, "map", op_map, OP_PERM_ANY, 0),
+        OP(UNMAP, "unmap", op_unmap, OP_PERM_ANY, 0),
+        OP(VMM_RESERVE, "vmm_reserve", op_vmm_reserve, OP_PERM_ANY, 0),
+        OP(VMM_FREE, "vmm_free", op_vmm_free, OP_PERM_ANY, 0),
+        OP(VMM_CREATE, "vmm_create", op_vmm_create, OP_PERM_ANY, 0),
+        OP(VMM_RELEASE, "vmm_release", op_vmm_release, OP_PERM_ANY, 0),
+        OP(VMM_MAP, "vmm_map", op_vmm_map, OP_PERM_ANY, 0),
+        OP(VMM_UNMAP, "vmm_unmap", op_vmm_unmap, OP_PERM_ANY, 0),
+        OP(VMM_SET_ACCESS, "vmm_set_access", op_vmm_set_access, OP_PERM_ANY, 0),
+        OP(VMM_GET_ACCESS, "vmm_get_access", op_vmm_get_access, OP_PERM_ANY, 0),
+        OP(VMM_GRANULARITY, "vmm_granularity", op_vmm_granularity, OP_PERM_ANY, 0),
+        OP(VMM_RETAIN, "vmm_retain", op_vmm_retain, OP_PERM_ANY, 0),
+        OP(VMM_PROPERTIES, "vmm_properties", op_vmm_properties, OP_PERM_ANY, 0),
+        OP(DMABUF_EXPORT, "dmabuf_export", op_dmabuf_export, OP_PERM_ANY, 0),
+        OP(DMABUF_IMPORT, "dmabuf_import", op_dmabuf_import, OP_PERM_ANY, 1),
+        OP(SVM_SET_ATTR, "svm_set_attr", op_svm_set_attr, OP_PERM_ANY, 0),
+        OP(SVM_GET_ATTR, "svm_get_attr", op_svm_get_attr, OP_PERM_ANY, 0),
+        OP(SVM_PREFETCH, "svm_prefetch", op_svm_prefetch, OP_PERM_ANY, 0),
         OP(ADMIN_STATUS, "admin_status", op_admin_status, OP_PERM_ADMIN, 0),
         OP(ADMIN_CLIENTS, "admin_clients", op_admin_clients, OP_PERM_ADMIN, 0),
         OP(ADMIN_ALLOCATIONS, "admin_allocations", op_not_implemented, OP_PERM_ADMIN, 0),
@@ -221,5 +222,7 @@ out:
 
 void request_conn_teardown(Conn *c)
 {
+        /* objects first (they live in the window), then the window itself */
+        c->broker = broker_client_free(c->broker);
         window_release(c);
 }

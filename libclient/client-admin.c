@@ -176,6 +176,19 @@ int gm_admin_status(gm_client *c, gm_status **ret)
                 s->bytes_managed = a->bytes_managed;
                 s->requests = a->requests;
                 s->protocol_errors = a->protocol_errors;
+                s->va_windows = a->va_windows;
+                if (a->model) {
+                        s->has_model = true;
+                        s->model_contexts = a->model->contexts;
+                        s->model_buffers = a->model->buffers;
+                        s->model_handles = a->model->handles;
+                        s->model_imports = a->model->imports;
+                        s->model_mappings = a->model->mappings;
+                        s->model_gem_handles = a->model->gem_handles;
+                        s->model_svm_ranges = a->model->svm_ranges;
+                        s->model_system_bytes = a->model->system_bytes;
+                        s->model_vram_bytes = a->model->vram_bytes;
+                }
         }
         gpumem__reply__free_unpacked(reply, NULL);
         if (!s || !s->server_version || !s->backend || !s->preset) {

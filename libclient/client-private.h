@@ -8,6 +8,7 @@
 #include "frame.h"
 #include "gpumem-client.h"
 #include "gpumem.pb-c.h"
+#include "hashmap.h"
 #include "wire.h"
 
 #define GM_ERR_SLOTS 32
@@ -41,6 +42,9 @@ struct gm_client {
         uint32_t kfd_major, kfd_minor;
         char *server_version;
         char *backend;
+
+        pthread_mutex_t mem_lock; /* the allocation table */
+        HashMap allocs;           /* base address → MemEntry, for gm_mem_free and friends */
 };
 
 /* One request/reply round trip. On success *ret_reply is the decoded reply (status 0) and, if asked,

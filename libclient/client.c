@@ -406,6 +406,7 @@ static gm_client *client_new(void)
         }
         pthread_mutex_init(&c->lock, NULL);
         pthread_mutex_init(&c->send_lock, NULL);
+        pthread_mutex_init(&c->mem_lock, NULL);
         pthread_cond_init(&c->cond, NULL);
         return c;
 }
@@ -462,6 +463,14 @@ void gm_client_close(gm_client *c)
                 c->pending = p->next;
                 pending_free(p);
         }
+        {
+                size_t it = 0;
+                void *e;
+                while (hashmap_next(&c->allocs, &it, NULL, &e))
+                        free(e);
+                hashmap_done(&c->allocs);
+        }
+        pthread_mutex_destroy(&c->mem_lock);
         pthread_cond_destroy(&c->cond);
         pthread_mutex_destroy(&c->send_lock);
         pthread_mutex_destroy(&c->lock);

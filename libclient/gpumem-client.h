@@ -114,6 +114,207 @@ typedef struct gm_topology {
 int gm_topology_get(gm_client *c, bool with_properties, gm_topology **ret);
 void gm_topology_free(gm_topology *t);
 
+/* ---- memory (since libgpumem_client 1.1) ------------------------------------------------------------ */
+
+/**
+ * Every address this library returns lies in the client's VA window and means the same to this process,
+ * the daemon and the GPUs. Memory that is CPU-visible is mapped into this process at that address; the
+ * library closes the fds it received for that, so no fd is held per allocation.
+ */
+
+/** Allocation flags (gm_malloc, gm_host_malloc, gm_malloc_managed, gm_mem_create). */
+enum {
+        GM_MEM_HOST_VISIBLE = 1, /**< device memory the CPU can access (needs a large BAR) */
+        GM_MEM_COHERENT = 2,     /**< fine-grained: coherent between CPU and GPUs */
+        GM_MEM_UNCACHED = 4,
+        GM_MEM_EXECUTABLE = 8,
+        GM_MEM_CONTIGUOUS = 16,   /**< physically contiguous VRAM (KFD ABI 1.16) */
+        GM_MEM_READ_ONLY = 32,    /**< GPUs (and the CPU mapping) may only read */
+        GM_MEM_EXT_COHERENT = 64, /**< extended-scope coherence; needs GM_MEM_COHERENT */
+};
+
+/** Kinds of memory, as gm_pointer_get_attributes reports them. */
+enum {
+        GM_KIND_DEVICE = 1,
+        GM_KIND_HOST = 2,
+        GM_KIND_MANAGED = 3,
+        GM_KIND_VMM = 4,
+        GM_KIND_IMPORT = 5,
+};
+
+/** Device memory on @gpu_id, mapped on that GPU (hipMalloc / hipExtMallocWithFlags).
+ *  \return 0, -EINVAL (size 0, bad flags), -ENODEV (no such GPU), -ENOMEM (no VRAM or VA left), ... */
+int gm_malloc(gm_client *c, size_t size, uint32_t gpu_id, unsigned flags, void **ret_ptr);
+
+/** Pinned host memory visible to every GPU, placed on @numa_node or, when -1, on the NUMA node nearest
+ *  @gpu_id (0: the first GPU); CPU-visible at the returned address (hipHostMalloc). */
+int gm_host_malloc(gm_client *c, size_t size, uint32_t gpu_id, int numa_node, unsigned flags, void **ret_ptr);
+
+/** Managed memory: shared pages at the same address in this process and the daemon, with SVM attributes
+ *  (hipMallocManaged). Flags: GM_MEM_COHERENT, GM_MEM_EXT_COHERENT, GM_MEM_READ_ONLY, GM_MEM_EXECUTABLE. */
+int gm_malloc_managed(gm_client *c, size_t size, unsigned flags, void **ret_ptr);
+
+/** Everything gm_malloc and friends can say, for callers that need it. */
+typedef struct gm_alloc_desc {
+        int kind; /**< GM_KIND_DEVICE, GM_KIND_HOST or GM_KIND_MANAGED */
+        size_t size;
+        uint32_t gpu_id;
+        unsigned flags;
+        int numa_node;            /**< host: -1 = nearest the GPU */
+        size_t alignment;         /**< 0 = chosen by size; else a power of two >= 4 KiB */
+        void *fixed_addr;         /**< NULL = anywhere in the window; else exactly here */
+        const uint32_t *map_gpus; /**< GPUs to map on at once (device: default @gpu_id; host: all) */
+        size_t n_map_gpus;
+} gm_alloc_desc;
+
+int gm_malloc_desc(gm_client *c, const gm_alloc_desc *desc, void **ret_ptr);
+
+/** Free memory from gm_malloc, gm_host_malloc or gm_malloc_managed (hipFree / hipHostFree); it is unmapped
+ *  from every GPU first. -EINVAL when @ptr was not returned by them. */
+int gm_mem_free(gm_client *c, void *ptr);
+
+/** Map an allocation on more GPUs, or unmap it (@n 0: from every GPU). */
+int gm_mem_map_gpus(gm_client *c, void *ptr, const uint32_t *gpu_ids, size_t n);
+int gm_mem_unmap_gpus(gm_client *c, void *ptr, const uint32_t *gpu_ids, size_t n);
+
+/** Free and total memory of @gpu_id as this client sees it: its allowance, not the whole device's
+ *  (hipMemGetInfo). */
+int gm_mem_get_info(gm_client *c, uint32_t gpu_id, size_t *ret_free, size_t *ret_total);
+
+typedef uint64_t gm_handle;
+
+typedef struct gm_pointer_attributes {
+        size_t struct_size; /**< [in] sizeof(gm_pointer_attributes): fields beyond it are not written */
+        gm_handle handle;   /**< 0 for a VMM mapping whose handle was released */
+        int kind;           /**< GM_KIND_* */
+        uint32_t gpu_id;    /**< owning GPU; 0 for host and managed memory */
+        void *base;
+        size_t size;
+        unsigned flags;
+        bool cpu_accessible;
+        size_t n_mapped_gpus;
+        uint32_t mapped_gpus[64];
+} gm_pointer_attributes;
+
+/** What lies at @ptr, which may point inside an allocation (hipPointerGetAttributes). */
+int gm_pointer_get_attributes(gm_client *c, const void *ptr, gm_pointer_attributes *ret);
+
+/* ---- managed memory attributes ---- */
+
+/** HIP's advice values. @location: a gpu_id, or GM_LOCATION_CPU (system memory / the CPU). */
+enum {
+        GM_ADVISE_SET_READ_MOSTLY = 1,
+        GM_ADVISE_UNSET_READ_MOSTLY = 2,
+        GM_ADVISE_SET_PREFERRED_LOCATION = 3,
+        GM_ADVISE_UNSET_PREFERRED_LOCATION = 4,
+        GM_ADVISE_SET_ACCESSED_BY = 5,
+        GM_ADVISE_UNSET_ACCESSED_BY = 6,
+        GM_ADVISE_SET_COARSE_GRAIN = 100,
+        GM_ADVISE_UNSET_COARSE_GRAIN = 101,
+};
+#define GM_LOCATION_CPU 0u
+
+/** hipMemAdvise on managed memory, translated to SVM attributes as ROCm's HIP runtime does. */
+int gm_mem_advise(gm_client *c, const void *ptr, size_t size, int advice, uint32_t location);
+/** hipMemPrefetchAsync: set the prefetch location (a gpu_id, or GM_LOCATION_CPU). */
+int gm_mem_prefetch(gm_client *c, const void *ptr, size_t size, uint32_t location);
+
+/** Raw SVM attributes, as the KFD defines them. */
+enum {
+        GM_SVM_ATTR_PREFERRED_LOC = 0, /**< value: gpu_id, GM_LOCATION_CPU or GM_SVM_LOCATION_UNDEFINED */
+        GM_SVM_ATTR_PREFETCH_LOC = 1,
+        GM_SVM_ATTR_ACCESS = 2,          /**< value: gpu_id */
+        GM_SVM_ATTR_ACCESS_IN_PLACE = 3, /**< value: gpu_id */
+        GM_SVM_ATTR_NO_ACCESS = 4,       /**< value: gpu_id */
+        GM_SVM_ATTR_SET_FLAGS = 5,       /**< value: GM_SVM_FLAG_* */
+        GM_SVM_ATTR_CLR_FLAGS = 6,
+        GM_SVM_ATTR_GRANULARITY = 7, /**< value: log2 of the migration granularity in pages */
+};
+enum {
+        GM_SVM_FLAG_HOST_ACCESS = 0x1,
+        GM_SVM_FLAG_COHERENT = 0x2,
+        GM_SVM_FLAG_HIVE_LOCAL = 0x4,
+        GM_SVM_FLAG_GPU_RO = 0x8,
+        GM_SVM_FLAG_GPU_EXEC = 0x10,
+        GM_SVM_FLAG_GPU_READ_MOSTLY = 0x20,
+        GM_SVM_FLAG_GPU_ALWAYS_MAPPED = 0x40,
+        GM_SVM_FLAG_EXT_COHERENT = 0x80,
+};
+#define GM_SVM_LOCATION_UNDEFINED 0xffffffffu
+
+typedef struct gm_svm_attr {
+        uint32_t type;
+        uint32_t value;
+} gm_svm_attr;
+
+/** Set attributes on [ptr, ptr+size) of one managed allocation (page aligned). */
+int gm_svm_set_attributes(gm_client *c, const void *ptr, size_t size, const gm_svm_attr *attrs, size_t n);
+/** Query: @attrs holds the types (ACCESS: value = the gpu_id asked about); results replace them. Over
+ *  sub-ranges that differ, locations read GM_SVM_LOCATION_UNDEFINED, SET_FLAGS the flags all share,
+ *  CLR_FLAGS the flags none has, GRANULARITY the smallest. */
+int gm_svm_get_attributes(gm_client *c, const void *ptr, size_t size, gm_svm_attr *attrs, size_t n);
+
+/* ---- virtual memory management (hipMemAddressReserve / hipMemCreate / hipMemMap ...) ---- */
+
+enum {
+        GM_ACCESS_NONE = 0,
+        GM_ACCESS_READ = 1,
+        GM_ACCESS_READ_WRITE = 3,
+};
+
+enum {
+        GM_GRANULARITY_MINIMUM = 0,
+        GM_GRANULARITY_RECOMMENDED = 1,
+};
+
+/** Reserve VA only, in the window; @addr non-NULL asks for exactly that address (-EADDRINUSE if taken).
+ *  @size a multiple of the minimum granularity; @alignment 0 or a power of two; @flags 0. */
+int gm_mem_address_reserve(gm_client *c, size_t size, size_t alignment, void *addr, unsigned long long flags,
+                           void **ret_ptr);
+/** Give back a whole reservation; -EBUSY while anything is mapped in it. */
+int gm_mem_address_free(gm_client *c, void *ptr, size_t size);
+/** Physical memory on @gpu_id with no address (hipMemCreate). */
+int gm_mem_create(gm_client *c, size_t size, uint32_t gpu_id, unsigned flags, gm_handle *ret_handle);
+/** Drop a reference; the memory lives on while mapped (hipMemRelease). */
+int gm_mem_release(gm_client *c, gm_handle handle);
+/** Bind [offset, offset+size) of @handle at @ptr inside a reservation (hipMemMap). Nobody can access it
+ *  until gm_mem_set_access grants it. */
+int gm_mem_map(gm_client *c, void *ptr, size_t size, size_t offset, gm_handle handle);
+/** Remove whole mappings in [ptr, ptr+size) (hipMemUnmap). */
+int gm_mem_unmap(gm_client *c, void *ptr, size_t size);
+
+typedef struct gm_access_desc {
+        uint32_t gpu_id; /**< a GPU, or GM_LOCATION_CPU for this process */
+        int access;      /**< GM_ACCESS_* */
+} gm_access_desc;
+
+/** Grant or revoke access to whole mappings in [ptr, ptr+size) (hipMemSetAccess). CPU access maps the
+ *  memory into this process at ptr (at most 16 mappings per call). */
+int gm_mem_set_access(gm_client *c, void *ptr, size_t size, const gm_access_desc *desc, size_t n);
+int gm_mem_get_access(gm_client *c, const void *ptr, uint32_t location, int *ret_access);
+int gm_mem_get_allocation_granularity(gm_client *c, uint32_t gpu_id, int option, size_t *ret_granularity);
+/** The handle mapped at @ptr, with a new reference (hipMemRetainAllocationHandle). */
+int gm_mem_retain_allocation_handle(gm_client *c, void *ptr, gm_handle *ret_handle);
+
+typedef struct gm_allocation_prop {
+        size_t struct_size; /**< [in] sizeof(gm_allocation_prop) */
+        int kind;
+        uint32_t gpu_id;
+        size_t size;
+        unsigned flags;
+} gm_allocation_prop;
+
+int gm_mem_get_allocation_properties(gm_client *c, gm_handle handle, gm_allocation_prop *ret);
+
+/* ---- sharing ---- */
+
+/** A dmabuf fd (owned by the caller) for an allocation or VMM handle (hipMemExportToShareableHandle);
+ *  the handle of an allocation comes from gm_pointer_get_attributes. */
+int gm_mem_export(gm_client *c, gm_handle handle, int *ret_fd, size_t *ret_size);
+/** Import a dmabuf fd (borrowed) on @gpu_id (0: the first GPU) as a handle to map with gm_mem_map
+ *  (hipMemImportFromShareableHandle). */
+int gm_mem_import(gm_client *c, int fd, uint32_t gpu_id, gm_handle *ret_handle, size_t *ret_size);
+
 /* ---- administration (administrator identities only; others get -EACCES) ------------------------- */
 
 typedef struct gm_status {
@@ -134,6 +335,18 @@ typedef struct gm_status {
         uint64_t bytes_managed;
         uint64_t requests;
         uint64_t protocol_errors;
+        uint32_t va_windows; /* client VA windows the daemon holds */
+        /* the KFD model's own accounting (has_model only with the model backend) */
+        bool has_model;
+        uint32_t model_contexts;
+        uint64_t model_buffers;
+        uint64_t model_handles;
+        uint64_t model_imports;
+        uint64_t model_mappings;
+        uint64_t model_gem_handles;
+        uint64_t model_svm_ranges;
+        uint64_t model_system_bytes;
+        uint64_t model_vram_bytes;
 } gm_status;
 
 int gm_admin_status(gm_client *c, gm_status **ret);

@@ -202,6 +202,20 @@ int daemon_fd_count(const Daemon *d)
         return count_fds(d->pid);
 }
 
+int daemon_quiet_fd_count(const Daemon *d)
+{
+        int min = count_fds(d->pid);
+
+        /* fds the daemon opens for a moment (a notification socket, say) must not count */
+        for (int i = 0; i < 10; i++) {
+                usleep(20000);
+                int n = count_fds(d->pid);
+                if (n < min)
+                        min = n;
+        }
+        return min;
+}
+
 int raw_connect(const char *sock)
 {
         struct sockaddr_un sa = {.sun_family = AF_UNIX};

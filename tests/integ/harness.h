@@ -37,6 +37,8 @@ int daemon_stop(Daemon *d);
 void daemon_cleanup(Daemon *d);
 /* The daemon's open fd count. */
 int daemon_fd_count(const Daemon *d);
+/* The lowest count over 200 ms: the baseline without transient fds. */
+int daemon_quiet_fd_count(const Daemon *d);
 
 /* Raw protocol access for hostile-input tests. */
 int raw_connect(const char *sock);

@@ -532,7 +532,7 @@ int main(void)
                 daemon_cleanup(&dmn);
                 return EXIT_FAILURE;
         }
-        baseline_fds = daemon_fd_count(&dmn);
+        baseline_fds = daemon_quiet_fd_count(&dmn);
         r = run_tests(cases, ARRAY_LEN(cases));
         int st = daemon_stop(&dmn);
         if (st != 0) {

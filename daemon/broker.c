@@ -1,0 +1,1628 @@
+/* The broker: each client's GPU memory objects, created through the thunk and torn down in dependency order.
+ */
+#include "broker.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/kfd_sysfs.h>
+#include <numa.h>
+#include <numaif.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/random.h>
+#include <unistd.h>
+
+#include "hashmap.h"
+#include "kfd-compat.h"
+
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23
+#endif
+
+typedef struct Obj Obj;
+typedef struct VmmMap VmmMap;
+
+struct Obj {
+        uint64_t handle;
+        BrokerKind kind;
+        uint64_t va, size; /* allocations and reservations; 0 for VA-less handles */
+        uint32_t gpu_id;
+        uint32_t flags;
+        int numa_node;
+        ThunkBo *bo;          /* device, host (userptr), VMM and import */
+        int memfd;            /* host and managed: the shared pages */
+        unsigned client_refs; /* VMM/import: create/import + retains − releases; 0 = no longer named */
+        unsigned map_refs;    /* VMM/import: mappings that use it */
+        unsigned exports;
+        ThunkVaSpace *maps; /* reservation: its mappings (data: VmmMap *) */
+};
+
+typedef struct GemGrant {
+        uint32_t gpu_id;
+        int access;
+        ThunkGemMapping *m;
+} GemGrant;
+
+struct VmmMap {
+        Obj *res;
+        Obj *phys;
+        uint64_t va, size, offset;
+        int cpu_access;
+        size_t n_gem;
+        GemGrant gem[BROKER_MAX_GPUS];
+};
+
+struct Broker {
+        ThunkDevice *dev;
+        ThunkContext *primary;
+        size_t n_gpus;
+        uint32_t gpu_ids[BROKER_MAX_GPUS];
+        uint64_t gpu_vram[BROKER_MAX_GPUS];
+        int gpu_numa[BROKER_MAX_GPUS];
+        BrokerUsage totals;
+        unsigned clients;
+};
+
+struct BrokerClient {
+        Broker *b;
+        ThunkVaSpace *window;
+        ThunkContext *ctx; /* NULL until first needed */
+        bool own_ctx;
+        HashMap objs;
+        BrokerUsage usage;
+};
+
+int why_set(Why *w, int err, const char *fmt, ...)
+{
+        va_list ap;
+
+        if (w) {
+                va_start(ap, fmt);
+                vsnprintf(w->msg, sizeof(w->msg), fmt, ap);
+                va_end(ap);
+        }
+        return err;
+}
+
+static int gpu_index(const Broker *b, uint32_t gpu_id)
+{
+        for (size_t i = 0; i < b->n_gpus; i++)
+                if (b->gpu_ids[i] == gpu_id)
+                        return (int)i;
+        return -1;
+}
+
+static const char *human(uint64_t v, char *buf, size_t len)
+{
+        if (v >= (1ull << 30) && v % (1ull << 30) == 0)
+                snprintf(buf, len, "%llu GiB", (unsigned long long)(v >> 30));
+        else if (v >= (1ull << 20) && v % (1ull << 20) == 0)
+                snprintf(buf, len, "%llu MiB", (unsigned long long)(v >> 20));
+        else if (v >= (1ull << 10) && v % (1ull << 10) == 0)
+                snprintf(buf, len, "%llu KiB", (unsigned long long)(v >> 10));
+        else
+                snprintf(buf, len, "%llu bytes", (unsigned long long)v);
+        return buf;
+}
+
+/* ---- broker and clients ------------------------------------------------------------------------------ */
+
+int broker_new(ThunkDevice *dev, Broker **ret)
+{
+        const ThunkTopology *t = thunk_device_topology(dev);
+        Broker *b = calloc(1, sizeof(*b));
+
+        if (!b)
+                return -ENOMEM;
+        b->dev = dev;
+        b->primary = thunk_device_primary_context(dev);
+        b->n_gpus = thunk_device_gpu_count(dev);
+        if (b->n_gpus > BROKER_MAX_GPUS)
+                b->n_gpus = BROKER_MAX_GPUS;
+        for (size_t i = 0; i < b->n_gpus; i++) {
+                const ThunkGpu *g = thunk_device_gpu(dev, i);
+                const ThunkNode *n = thunk_topology_gpu_by_id(t, g->gpu_id);
+                b->gpu_ids[i] = g->gpu_id;
+                b->gpu_vram[i] = n ? n->local_mem_size : 0;
+                b->gpu_numa[i] = n ? n->numa_node : -1;
+                if (b->gpu_vram[i] == 0) /* an APU: its memory is what the driver lets it have */
+                        (void)thunk_context_available_memory(b->primary, g->gpu_id, &b->gpu_vram[i]);
+        }
+        b->totals.n_gpus = (uint32_t)b->n_gpus;
+        memcpy(b->totals.gpu_ids, b->gpu_ids, sizeof(b->gpu_ids));
+        *ret = b;
+        return 0;
+}
+
+Broker *broker_free(Broker *b)
+{
+        free(b);
+        return NULL;
+}
+
+void broker_totals(const Broker *b, BrokerUsage *ret)
+{
+        *ret = b->totals;
+}
+
+int broker_client_new(Broker *b, ThunkVaSpace *window, BrokerClient **ret)
+{
+        BrokerClient *c = calloc(1, sizeof(*c));
+
+        if (!c)
+                return -ENOMEM;
+        c->b = b;
+        c->window = window;
+        c->usage.n_gpus = (uint32_t)b->n_gpus;
+        memcpy(c->usage.gpu_ids, b->gpu_ids, sizeof(b->gpu_ids));
+        b->clients++;
+        *ret = c;
+        return 0;
+}
+
+void broker_client_usage(const BrokerClient *c, BrokerUsage *ret)
+{
+        *ret = c->usage;
+}
+
+bool broker_client_private_vm(const BrokerClient *c)
+{
+        return c->own_ctx;
+}
+
+size_t broker_client_objects(const BrokerClient *c)
+{
+        return c->objs.n;
+}
+
+/* The context device memory lives in: the client's own where the KFD allows secondary contexts. */
+static int client_ctx(BrokerClient *c, ThunkContext **ret, Why *w)
+{
+        int r;
+
+        if (!c->ctx) {
+                if (thunk_device_has(c->b->dev, THUNK_FEATURE_CREATE_PROCESS)) {
+                        r = thunk_context_new(c->b->dev, &c->ctx);
+                        if (r < 0)
+                                return why_set(w, r, "cannot create a KFD context for this client: %s",
+                                               strerror(-r));
+                        c->own_ctx = true;
+                } else {
+                        c->ctx = c->b->primary;
+                }
+        }
+        *ret = c->ctx;
+        return 0;
+}
+
+/* ---- accounting -------------------------------------------------------------------------------------- */
+
+static void usage_apply(BrokerUsage *u, const Broker *b, const Obj *o, int sign)
+{
+        int64_t d = sign * (int64_t)o->size;
+        int gi = gpu_index(b, o->gpu_id);
+
+        u->objects += (uint64_t)(int64_t)sign;
+        switch (o->kind) {
+        case BROKER_KIND_DEVICE:
+                u->device_bytes += (uint64_t)d;
+                if (gi >= 0)
+                        u->vram_bytes[gi] += (uint64_t)d;
+                break;
+        case BROKER_KIND_VMM:
+                u->vmm_bytes += (uint64_t)d;
+                if (gi >= 0)
+                        u->vram_bytes[gi] += (uint64_t)d;
+                break;
+        case BROKER_KIND_HOST:
+                u->host_bytes += (uint64_t)d;
+                break;
+        case BROKER_KIND_MANAGED:
+                u->managed_bytes += (uint64_t)d;
+                break;
+        default:
+                break;
+        }
+        if (o->memfd >= 0)
+                u->held_fds += (uint32_t)sign;
+}
+
+static void charge(BrokerClient *c, const Obj *o, int sign)
+{
+        usage_apply(&c->usage, c->b, o, sign);
+        usage_apply(&c->b->totals, c->b, o, sign);
+}
+
+/* ---- objects ----------------------------------------------------------------------------------------- */
+
+static uint64_t new_handle(const BrokerClient *c)
+{
+        for (;;) {
+                uint64_t h = 0;
+                if (getrandom(&h, sizeof(h), 0) != sizeof(h))
+                        h ^= (uint64_t)random() << 32 ^ (uint64_t)random() ^ (uint64_t)(uintptr_t)&h;
+                /* handles are unguessable and never 0, UINT64_MAX or already taken */
+                if (h != 0 && h != UINT64_MAX && !hashmap_get(&c->objs, h))
+                        return h;
+        }
+}
+
+static Obj *obj_new(BrokerKind kind)
+{
+        Obj *o = calloc(1, sizeof(*o));
+        if (o) {
+                o->kind = kind;
+                o->memfd = -1;
+                o->numa_node = -1;
+        }
+        return o;
+}
+
+/* Give @o a handle the client can name. */
+static int obj_publish(BrokerClient *c, Obj *o)
+{
+        if (!o->handle)
+                o->handle = new_handle(c);
+        return hashmap_put(&c->objs, o->handle, o);
+}
+
+static Obj *obj_lookup(BrokerClient *c, uint64_t handle)
+{
+        return hashmap_get(&c->objs, handle);
+}
+
+/* Put a PROT_NONE reservation back over [va, va+size) of the daemon's copy of the window. */
+static void reserve_again(uint64_t va, uint64_t size)
+{
+        (void)mmap((void *)(uintptr_t)va, size, PROT_NONE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+}
+
+/*
+ * Drop the daemon's mapping of shared memory at [va, va+size). For managed memory the driver removes its SVM
+ * ranges when the pages go (an MMU notifier in the kernel) and finishes that work at its next SVM call; one
+ * GET_ATTR flushes it before the VA is reused, and its -EFAULT (nothing mapped there now) is expected.
+ */
+static void unmap_shared(Broker *b, uint64_t va, uint64_t size, bool svm)
+{
+        munmap((void *)(uintptr_t)va, size);
+        if (svm) {
+                ThunkSvmAttr a = {KFD_IOCTL_SVM_ATTR_GRANULARITY, 0};
+                (void)thunk_svm_get(b->primary, va, size, &a, 1);
+        }
+        reserve_again(va, size);
+}
+
+static uint64_t default_align(uint64_t size)
+{
+        uint64_t a = BROKER_PAGE_SIZE;
+        /* like libhsakmt: grow with the size, up to 2 MiB, so large buffers can use large GPU pages */
+        while (a < (2ull << 20) && size >= 2 * a)
+                a <<= 1;
+        return a;
+}
+
+static int check_gpus(const Broker *b, const uint32_t *ids, size_t n, Why *w)
+{
+        for (size_t i = 0; i < n; i++) {
+                if (gpu_index(b, ids[i]) < 0)
+                        return why_set(w, -ENODEV, "no GPU with id %u", ids[i]);
+                for (size_t k = 0; k < i; k++)
+                        if (ids[k] == ids[i])
+                                return why_set(w, -EINVAL, "GPU %u listed twice", ids[i]);
+        }
+        return 0;
+}
+
+static uint32_t thunk_flags(uint32_t f)
+{
+        uint32_t t = THUNK_MEM_NO_SUBSTITUTE;
+
+        if (!(f & BROKER_FLAG_READ_ONLY))
+                t |= THUNK_MEM_WRITABLE;
+        if (f & BROKER_FLAG_EXECUTABLE)
+                t |= THUNK_MEM_EXECUTABLE;
+        if (f & BROKER_FLAG_HOST_VISIBLE)
+                t |= THUNK_MEM_PUBLIC;
+        if (f & BROKER_FLAG_COHERENT)
+                t |= THUNK_MEM_COHERENT;
+        if (f & BROKER_FLAG_UNCACHED)
+                t |= THUNK_MEM_UNCACHED;
+        if (f & BROKER_FLAG_EXT_COHERENT)
+                t |= THUNK_MEM_EXT_COHERENT;
+        if (f & BROKER_FLAG_CONTIGUOUS)
+                t |= THUNK_MEM_CONTIGUOUS;
+        return t;
+}
+
+static int check_flags(uint32_t f, Why *w)
+{
+        if (f & ~(uint32_t)_BROKER_FLAG_ALL)
+                return why_set(w, -EINVAL, "unknown allocation flags 0x%x", f & ~(uint32_t)_BROKER_FLAG_ALL);
+        /* the same combinations libhsakmt refuses */
+        if ((f & BROKER_FLAG_EXT_COHERENT) && !(f & BROKER_FLAG_COHERENT))
+                return why_set(w, -EINVAL, "extended coherence needs fine-grained (coherent) memory");
+        if ((f & BROKER_FLAG_EXT_COHERENT) && (f & BROKER_FLAG_UNCACHED))
+                return why_set(w, -EINVAL, "extended coherence and uncached exclude each other");
+        return 0;
+}
+
+/* Reserve VA in the client's window. */
+static int take_va(BrokerClient *c, uint64_t size, uint64_t align, uint64_t fixed, Obj *o, uint64_t *ret,
+                   Why *w)
+{
+        char b1[32];
+        int r;
+
+        if (fixed) {
+                if (fixed % align)
+                        return why_set(w, -EINVAL, "address 0x%llx is not aligned to %s",
+                                       (unsigned long long)fixed, human(align, b1, sizeof(b1)));
+                r = thunk_va_alloc_fixed(c->window, fixed, size, o);
+                if (r == -ERANGE || r == -EOVERFLOW)
+                        return why_set(w, -EINVAL, "0x%llx+0x%llx is outside this client's VA window",
+                                       (unsigned long long)fixed, (unsigned long long)size);
+                if (r == -EADDRINUSE)
+                        return why_set(w, r, "0x%llx+0x%llx overlaps memory this client already has",
+                                       (unsigned long long)fixed, (unsigned long long)size);
+                if (r < 0)
+                        return why_set(w, r, "cannot place 0x%llx: %s", (unsigned long long)fixed,
+                                       strerror(-r));
+                *ret = fixed;
+                return 0;
+        }
+        r = thunk_va_alloc(c->window, size, align, o, ret);
+        if (r == -ENOMEM)
+                return why_set(w, r, "no room for %s in this client's VA window",
+                               human(size, b1, sizeof(b1)));
+        if (r < 0)
+                return why_set(w, r, "cannot place %s in the VA window: %s", human(size, b1, sizeof(b1)),
+                               strerror(-r));
+        return 0;
+}
+
+static int check_size(uint64_t size, uint64_t window, uint64_t *ret_rounded, Why *w)
+{
+        char b1[32];
+
+        if (size == 0)
+                return why_set(w, -EINVAL, "size 0");
+        if (size > UINT64_MAX - BROKER_PAGE_SIZE)
+                return why_set(w, -EOVERFLOW, "size %llu overflows", (unsigned long long)size);
+        *ret_rounded = (size + BROKER_PAGE_SIZE - 1) & ~(BROKER_PAGE_SIZE - 1);
+        if (*ret_rounded > window)
+                return why_set(w, -ENOMEM, "size %llu is larger than this client's %s VA window",
+                               (unsigned long long)size, human(window, b1, sizeof(b1)));
+        return 0;
+}
+
+static int check_alignment(uint64_t align, Why *w)
+{
+        if (align && (align < BROKER_PAGE_SIZE || (align & (align - 1)) || align > (1ull << 30)))
+                return why_set(w, -EINVAL, "alignment %llu is not a power of two between 4 KiB and 1 GiB",
+                               (unsigned long long)align);
+        return 0;
+}
+
+/* Create the shared pages of host or managed memory and map them at va in the daemon. */
+static int shared_pages(uint64_t va, uint64_t size, const char *name, int *ret_fd, Why *w)
+{
+        int fd = memfd_create(name, MFD_CLOEXEC);
+        void *p;
+
+        if (fd < 0)
+                return why_set(w, -errno, "memfd_create: %s", strerror(errno));
+        if (ftruncate(fd, (off_t)size) < 0) {
+                int r = -errno;
+                close(fd);
+                return why_set(w, r, "cannot size shared memory: %s", strerror(-r));
+        }
+        p = mmap((void *)(uintptr_t)va, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0);
+        if (p == MAP_FAILED) {
+                int r = -errno;
+                close(fd);
+                reserve_again(va, size);
+                return why_set(w, r, "cannot map shared memory: %s", strerror(-r));
+        }
+        *ret_fd = fd;
+        return 0;
+}
+
+/* Is @node a NUMA node of this host? */
+static bool host_has_node(int node)
+{
+        return node >= 0 && numa_available() >= 0 && node <= numa_max_node() &&
+               numa_bitmask_isbitset(numa_all_nodes_ptr, (unsigned)node);
+}
+
+static int alloc_device(BrokerClient *c, const BrokerAllocArgs *a, Obj *o, BrokerAllocResult *res, Why *w)
+{
+        ThunkAllocArgs ta = {.kind = THUNK_MEM_VRAM, .gpu_id = a->gpu_id, .va = o->va, .size = o->size};
+        uint32_t gpu = a->gpu_id;
+        const uint32_t *map = a->n_map_gpus ? a->map_gpus : &gpu;
+        size_t n_map = a->n_map_gpus ? a->n_map_gpus : 1;
+        ThunkContext *ctx;
+        char b1[32];
+        int r;
+
+        r = client_ctx(c, &ctx, w);
+        if (r < 0)
+                return r;
+        ta.flags = thunk_flags(a->flags);
+        r = thunk_bo_alloc(ctx, &ta, &o->bo);
+        if (r == -ENOMEM)
+                return why_set(w, r, "GPU %u has no room for %s of VRAM", gpu,
+                               human(o->size, b1, sizeof(b1)));
+        if (r == -EOPNOTSUPP)
+                return why_set(w, r, "contiguous VRAM needs KFD ABI 1.16");
+        if (r == -EINVAL && (a->flags & BROKER_FLAG_HOST_VISIBLE))
+                return why_set(w, r, "GPU %u cannot give host-visible VRAM (small BAR)", gpu);
+        if (r < 0)
+                return why_set(w, r, "the driver refused the allocation: %s", strerror(-r));
+        r = thunk_bo_map(o->bo, map, n_map);
+        if (r < 0) {
+                (void)thunk_bo_free(o->bo);
+                o->bo = NULL;
+                return why_set(w, r, "cannot map the allocation on the GPUs asked for: %s", strerror(-r));
+        }
+        if (a->flags & BROKER_FLAG_HOST_VISIBLE) {
+                r = thunk_bo_export_dmabuf(o->bo, &res->fd);
+                if (r < 0) {
+                        (void)thunk_bo_unmap_all(o->bo);
+                        (void)thunk_bo_free(o->bo);
+                        o->bo = NULL;
+                        return why_set(w, r, "cannot export the allocation for CPU access: %s", strerror(-r));
+                }
+        }
+        return 0;
+}
+
+static int alloc_host(BrokerClient *c, const BrokerAllocArgs *a, Obj *o, BrokerAllocResult *res, Why *w)
+{
+        Broker *b = c->b;
+        uint32_t gpu = a->gpu_id ? a->gpu_id : b->gpu_ids[0];
+        int node = a->numa_node;
+        ThunkAllocArgs ta = {
+                .kind = THUNK_MEM_USERPTR, .gpu_id = gpu, .va = o->va, .size = o->size, .userptr = o->va};
+        int r;
+
+        if (node >= 0 && !host_has_node(node))
+                return why_set(w, -EINVAL, "NUMA node %d does not exist on this host", node);
+        if (node < 0) {
+                int nearest = b->gpu_numa[gpu_index(b, gpu)];
+                node = host_has_node(nearest) ? nearest : -1;
+        }
+        r = shared_pages(o->va, o->size, "gpumem-host", &o->memfd, w);
+        if (r < 0)
+                return r;
+        if (node >= 0) {
+                unsigned long mask[16] = {0};
+                mask[node / (8 * sizeof(long))] |= 1ul << (node % (8 * sizeof(long)));
+                if (mbind((void *)(uintptr_t)o->va, o->size, MPOL_BIND, mask, sizeof(mask) * 8,
+                          MPOL_MF_STRICT) < 0) {
+                        r = why_set(w, -errno, "cannot bind the memory to NUMA node %d: %s", node,
+                                    strerror(errno));
+                        goto fail;
+                }
+        }
+        /* pinned memory: fault every page in now, on the chosen node */
+        if (madvise((void *)(uintptr_t)o->va, o->size, MADV_POPULATE_WRITE) < 0) {
+                r = why_set(w, -ENOMEM, "cannot populate %llu bytes of host memory",
+                            (unsigned long long)o->size);
+                goto fail;
+        }
+        o->numa_node = node;
+        /* the kernel keeps USERPTR with the primary context: host memory lives there */
+        ta.flags = thunk_flags(a->flags) & ~(uint32_t)(THUNK_MEM_PUBLIC | THUNK_MEM_CONTIGUOUS);
+        r = thunk_bo_alloc(b->primary, &ta, &o->bo);
+        if (r < 0) {
+                why_set(w, r, "the driver refused to register host memory: %s", strerror(-r));
+                goto fail;
+        }
+        if (a->n_map_gpus)
+                r = thunk_bo_map(o->bo, a->map_gpus, a->n_map_gpus);
+        else
+                r = thunk_bo_map(o->bo, b->gpu_ids, b->n_gpus);
+        if (r < 0) {
+                why_set(w, r, "cannot map host memory on the GPUs: %s", strerror(-r));
+                (void)thunk_bo_free(o->bo);
+                o->bo = NULL;
+                goto fail;
+        }
+        res->fd = fcntl(o->memfd, F_DUPFD_CLOEXEC, 3);
+        if (res->fd < 0) {
+                r = why_set(w, -errno, "cannot duplicate the memory fd: %s", strerror(errno));
+                (void)thunk_bo_unmap_all(o->bo);
+                (void)thunk_bo_free(o->bo);
+                o->bo = NULL;
+                goto fail;
+        }
+        return 0;
+fail:
+        unmap_shared(b, o->va, o->size, false);
+        o->memfd = safe_close(o->memfd);
+        return r;
+}
+
+static int alloc_managed(BrokerClient *c, const BrokerAllocArgs *a, Obj *o, BrokerAllocResult *res, Why *w)
+{
+        Broker *b = c->b;
+        ThunkSvmAttr attrs[2];
+        size_t n = 0;
+        uint32_t set = KFD_IOCTL_SVM_FLAG_HOST_ACCESS;
+        int r;
+
+        if (!thunk_device_has(b->dev, THUNK_FEATURE_SVM))
+                return why_set(w, -EOPNOTSUPP, "managed memory needs the KFD SVM API (ABI 1.5)");
+        if (a->flags & ~(uint32_t)(BROKER_FLAG_COHERENT | BROKER_FLAG_READ_ONLY | BROKER_FLAG_EXECUTABLE |
+                                   BROKER_FLAG_EXT_COHERENT))
+                return why_set(w, -EINVAL,
+                               "managed memory takes only coherent, ext-coherent, read-only and "
+                               "executable flags");
+        if (a->flags & BROKER_FLAG_COHERENT)
+                set |= KFD_IOCTL_SVM_FLAG_COHERENT;
+        if (a->flags & BROKER_FLAG_EXT_COHERENT)
+                set |= KFD_IOCTL_SVM_FLAG_EXT_COHERENT;
+        if (a->flags & BROKER_FLAG_READ_ONLY)
+                set |= KFD_IOCTL_SVM_FLAG_GPU_RO;
+        if (a->flags & BROKER_FLAG_EXECUTABLE)
+                set |= KFD_IOCTL_SVM_FLAG_GPU_EXEC;
+        attrs[n++] = (ThunkSvmAttr){KFD_IOCTL_SVM_ATTR_SET_FLAGS, set};
+        r = shared_pages(o->va, o->size, "gpumem-managed", &o->memfd, w);
+        if (r < 0)
+                return r;
+        /* SVM applies to the address space of the KFD process: the daemon's, where these pages are mapped */
+        r = thunk_svm_set(b->primary, o->va, o->size, attrs, n);
+        if (r < 0) {
+                why_set(w, r,
+                        r == -ENOMEM ? "the driver's system memory limit has no room for this range"
+                                     : "the driver refused the managed range: %s",
+                        strerror(-r));
+                goto fail;
+        }
+        res->fd = fcntl(o->memfd, F_DUPFD_CLOEXEC, 3);
+        if (res->fd < 0) {
+                r = why_set(w, -errno, "cannot duplicate the memory fd: %s", strerror(errno));
+                goto fail;
+        }
+        return 0;
+fail:
+        unmap_shared(b, o->va, o->size, true);
+        o->memfd = safe_close(o->memfd);
+        return r;
+}
+
+int broker_alloc(BrokerClient *c, const BrokerAllocArgs *a, BrokerAllocResult *ret, Why *w)
+{
+        BrokerAllocResult res = {.fd = -1};
+        uint64_t size = 0, align;
+        Obj *o;
+        int r;
+
+        r = check_size(a->size, thunk_va_space_limit(c->window) - thunk_va_space_base(c->window), &size, w);
+        if (r < 0)
+                return r;
+        r = check_alignment(a->alignment, w);
+        if (r < 0)
+                return r;
+        r = check_flags(a->flags, w);
+        if (r < 0)
+                return r;
+        switch (a->kind) {
+        case BROKER_KIND_DEVICE:
+                if (gpu_index(c->b, a->gpu_id) < 0)
+                        return why_set(w, -ENODEV, "no GPU with id %u", a->gpu_id);
+                break;
+        case BROKER_KIND_HOST:
+                if (a->gpu_id && gpu_index(c->b, a->gpu_id) < 0)
+                        return why_set(w, -ENODEV, "no GPU with id %u", a->gpu_id);
+                if (a->flags & (BROKER_FLAG_CONTIGUOUS | BROKER_FLAG_HOST_VISIBLE))
+                        return why_set(w, -EINVAL, "contiguous and host-visible are device-memory flags");
+                break;
+        case BROKER_KIND_MANAGED:
+                if (a->n_map_gpus)
+                        return why_set(w, -EINVAL, "managed memory is mapped through its SVM attributes");
+                break;
+        default:
+                return why_set(w, -EINVAL, "memory kind %d cannot be allocated this way", (int)a->kind);
+        }
+        r = check_gpus(c->b, a->map_gpus, a->n_map_gpus, w);
+        if (r < 0)
+                return r;
+
+        o = obj_new(a->kind);
+        if (!o)
+                return why_set(w, -ENOMEM, "out of memory");
+        o->size = size;
+        o->gpu_id = a->kind == BROKER_KIND_MANAGED ? 0 : a->gpu_id;
+        o->flags = a->flags;
+        align = a->alignment ? a->alignment : default_align(size);
+        r = take_va(c, size, align, a->fixed_va, o, &o->va, w);
+        if (r < 0) {
+                free(o);
+                return r;
+        }
+        if (a->kind == BROKER_KIND_DEVICE)
+                r = alloc_device(c, a, o, &res, w);
+        else if (a->kind == BROKER_KIND_HOST)
+                r = alloc_host(c, a, o, &res, w);
+        else
+                r = alloc_managed(c, a, o, &res, w);
+        if (r >= 0) {
+                r = obj_publish(c, o);
+                if (r < 0) {
+                        why_set(w, r, "out of memory");
+                        res.fd = safe_close(res.fd);
+                        if (o->bo) {
+                                (void)thunk_bo_unmap_all(o->bo);
+                                (void)thunk_bo_free(o->bo);
+                        }
+                        if (o->memfd >= 0) {
+                                unmap_shared(c->b, o->va, o->size, o->kind == BROKER_KIND_MANAGED);
+                                safe_close(o->memfd);
+                        }
+                }
+        }
+        if (r < 0) {
+                (void)thunk_va_free(c->window, o->va);
+                free(o);
+                return r;
+        }
+        if (o->kind == BROKER_KIND_HOST)
+                o->gpu_id = a->gpu_id;
+        charge(c, o, +1);
+        res.handle = o->handle;
+        res.va = o->va;
+        res.size = o->size;
+        *ret = res;
+        return 0;
+}
+
+/* Free what an allocation holds (not its handle or VA). */
+static int destroy_alloc(BrokerClient *c, Obj *o, Why *w)
+{
+        int r;
+
+        if (o->bo) {
+                r = thunk_bo_unmap_all(o->bo);
+                if (r < 0)
+                        return why_set(w, r, "cannot unmap the allocation from its GPUs: %s", strerror(-r));
+                r = thunk_bo_free(o->bo);
+                if (r < 0)
+                        return why_set(w, r, "the driver refused to free the allocation: %s", strerror(-r));
+                o->bo = NULL;
+        }
+        if (o->memfd >= 0) {
+                unmap_shared(c->b, o->va, o->size, o->kind == BROKER_KIND_MANAGED);
+                o->memfd = safe_close(o->memfd);
+                c->usage.held_fds--;
+                c->b->totals.held_fds--;
+        }
+        return 0;
+}
+
+static int free_alloc(BrokerClient *c, Obj *o, Why *w)
+{
+        int r = destroy_alloc(c, o, w);
+
+        if (r < 0)
+                return r;
+        hashmap_remove(&c->objs, o->handle);
+        (void)thunk_va_free(c->window, o->va);
+        charge(c, o, -1); /* held_fds was already refunded when the fd closed */
+        free(o);
+        return 0;
+}
+
+/* A VMM handle or import nobody names or maps any more: free its BO. */
+static void phys_maybe_destroy(BrokerClient *c, Obj *o)
+{
+        if (o->client_refs > 0 || o->map_refs > 0)
+                return;
+        if (o->bo)
+                (void)thunk_bo_free(o->bo);
+        charge(c, o, -1);
+        free(o);
+}
+
+int broker_vmm_release(BrokerClient *c, uint64_t handle, Why *w)
+{
+        Obj *o = obj_lookup(c, handle);
+
+        if (!o || (o->kind != BROKER_KIND_VMM && o->kind != BROKER_KIND_IMPORT))
+                return why_set(w, -ENOENT, "no VMM handle 0x%llx", (unsigned long long)handle);
+        if (--o->client_refs > 0)
+                return 0;
+        hashmap_remove(&c->objs, o->handle);
+        phys_maybe_destroy(c, o);
+        return 0;
+}
+
+int broker_mem_free(BrokerClient *c, uint64_t handle, Why *w)
+{
+        Obj *o = obj_lookup(c, handle);
+
+        if (!o)
+                return why_set(w, -ENOENT, "no allocation with handle 0x%llx", (unsigned long long)handle);
+        switch (o->kind) {
+        case BROKER_KIND_DEVICE:
+        case BROKER_KIND_HOST:
+        case BROKER_KIND_MANAGED:
+                return free_alloc(c, o, w);
+        case BROKER_KIND_VMM:
+        case BROKER_KIND_IMPORT:
+                return broker_vmm_release(c, handle, w);
+        default:
+                return why_set(w, -EINVAL, "0x%llx is a VA reservation: free it with vmm_free",
+                               (unsigned long long)handle);
+        }
+}
+
+int broker_map(BrokerClient *c, uint64_t handle, const uint32_t *gpu_ids, size_t n, Why *w)
+{
+        Obj *o = obj_lookup(c, handle);
+        int r;
+
+        if (!o)
+                return why_set(w, -ENOENT, "no allocation with handle 0x%llx", (unsigned long long)handle);
+        if (o->kind == BROKER_KIND_MANAGED)
+                return why_set(w, -EINVAL, "managed memory is mapped through its SVM attributes");
+        if (o->kind != BROKER_KIND_DEVICE && o->kind != BROKER_KIND_HOST)
+                return why_set(w, -EINVAL, "VMM handles are mapped with vmm_map and vmm_set_access");
+        if (n == 0)
+                return why_set(w, -EINVAL, "no GPU to map on");
+        r = check_gpus(c->b, gpu_ids, n, w);
+        if (r < 0)
+                return r;
+        r = thunk_bo_map(o->bo, gpu_ids, n);
+        if (r < 0)
+                return why_set(w, r, "the driver refused to map the allocation: %s", strerror(-r));
+        return 0;
+}
+
+int broker_unmap(BrokerClient *c, uint64_t handle, const uint32_t *gpu_ids, size_t n, Why *w)
+{
+        Obj *o = obj_lookup(c, handle);
+        int r;
+
+        if (!o)
+                return why_set(w, -ENOENT, "no allocation with handle 0x%llx", (unsigned long long)handle);
+        if (o->kind != BROKER_KIND_DEVICE && o->kind != BROKER_KIND_HOST)
+                return why_set(w, -EINVAL, "only device and host allocations are mapped to GPUs this way");
+        if (n == 0) {
+                r = thunk_bo_unmap_all(o->bo);
+        } else {
+                r = check_gpus(c->b, gpu_ids, n, w);
+                if (r < 0)
+                        return r;
+                for (size_t i = 0; i < n; i++)
+                        if (!thunk_bo_is_mapped(o->bo, gpu_ids[i]))
+                                return why_set(w, -EINVAL, "the allocation is not mapped on GPU %u",
+                                               gpu_ids[i]);
+                r = thunk_bo_unmap(o->bo, gpu_ids, n);
+        }
+        if (r < 0)
+                return why_set(w, r, "the driver refused to unmap the allocation: %s", strerror(-r));
+        return 0;
+}
+
+/* ---- queries ----------------------------------------------------------------------------------------- */
+
+static bool in_window(const BrokerClient *c, uint64_t va, uint64_t size)
+{
+        uint64_t lo = thunk_va_space_base(c->window), hi = thunk_va_space_limit(c->window);
+        return va >= lo && size <= hi - lo && va - lo <= hi - lo - size;
+}
+
+static Obj *obj_at(const BrokerClient *c, uint64_t va)
+{
+        ThunkVaObject vo;
+        return thunk_va_lookup(c->window, va, &vo) == 0 ? vo.data : NULL;
+}
+
+static VmmMap *map_at(const Obj *res, uint64_t va)
+{
+        ThunkVaObject vo;
+        return thunk_va_lookup(res->maps, va, &vo) == 0 ? vo.data : NULL;
+}
+
+int broker_pointer_info(BrokerClient *c, uint64_t va, BrokerPtrInfo *ret, Why *w)
+{
+        BrokerPtrInfo info = {0};
+        Obj *o;
+
+        if (!in_window(c, va, 1))
+                return why_set(w, -EFAULT, "0x%llx is outside this client's VA window",
+                               (unsigned long long)va);
+        o = obj_at(c, va);
+        if (!o)
+                return why_set(w, -ENOENT, "nothing is allocated at 0x%llx", (unsigned long long)va);
+        if (o->kind == BROKER_KIND_RESERVATION) {
+                VmmMap *m = map_at(o, va);
+                if (!m)
+                        return why_set(w, -ENOENT, "0x%llx is reserved but not mapped",
+                                       (unsigned long long)va);
+                info.handle = m->phys->client_refs ? m->phys->handle : 0;
+                info.kind = m->phys->kind;
+                info.gpu_id = m->phys->gpu_id;
+                info.base = m->va;
+                info.size = m->size;
+                info.flags = m->phys->flags;
+                info.cpu_accessible = m->cpu_access != BROKER_ACCESS_NONE;
+                for (size_t i = 0; i < m->n_gem; i++)
+                        info.mapped[info.n_mapped++] = m->gem[i].gpu_id;
+        } else {
+                info.handle = o->handle;
+                info.kind = o->kind;
+                info.gpu_id = o->gpu_id;
+                info.base = o->va;
+                info.size = o->size;
+                info.flags = o->flags;
+                info.cpu_accessible = o->memfd >= 0 || (o->flags & BROKER_FLAG_HOST_VISIBLE);
+                for (size_t i = 0; o->bo && i < c->b->n_gpus; i++)
+                        if (thunk_bo_is_mapped(o->bo, c->b->gpu_ids[i]))
+                                info.mapped[info.n_mapped++] = c->b->gpu_ids[i];
+        }
+        *ret = info;
+        return 0;
+}
+
+int broker_mem_info(BrokerClient *c, uint32_t gpu_id, BrokerGpuMem *out, size_t *ret_n, Why *w)
+{
+        Broker *b = c->b;
+        ThunkContext *ctx = c->ctx ? c->ctx : b->primary;
+        size_t n = 0;
+
+        if (gpu_id && gpu_index(b, gpu_id) < 0)
+                return why_set(w, -ENODEV, "no GPU with id %u", gpu_id);
+        for (size_t i = 0; i < b->n_gpus; i++) {
+                uint64_t avail = 0;
+                int r;
+
+                if (gpu_id && b->gpu_ids[i] != gpu_id)
+                        continue;
+                r = thunk_context_available_memory(ctx, b->gpu_ids[i], &avail);
+                if (r < 0)
+                        return why_set(w, r, "cannot read the available memory of GPU %u: %s", b->gpu_ids[i],
+                                       strerror(-r));
+                out[n].gpu_id = b->gpu_ids[i];
+                out[n].total = b->gpu_vram[i];
+                out[n].used = c->usage.vram_bytes[i];
+                out[n].free = avail < out[n].total ? avail : out[n].total;
+                n++;
+        }
+        *ret_n = n;
+        return 0;
+}
+
+/* ---- VMM --------------------------------------------------------------------------------------------- */
+
+static int check_gran(const char *what, uint64_t v, Why *w)
+{
+        if (v % BROKER_GRANULARITY_MIN)
+                return why_set(w, -EINVAL, "%s %llu is not a multiple of the 4 KiB granularity", what,
+                               (unsigned long long)v);
+        return 0;
+}
+
+int broker_vmm_reserve(BrokerClient *c, uint64_t size, uint64_t alignment, uint64_t fixed_va,
+                       uint64_t *ret_va, Why *w)
+{
+        uint64_t align;
+        Obj *o;
+        int r;
+
+        if (size == 0)
+                return why_set(w, -EINVAL, "size 0");
+        r = check_gran("size", size, w);
+        if (r < 0)
+                return r;
+        r = check_alignment(alignment, w);
+        if (r < 0)
+                return r;
+        if (size > thunk_va_space_limit(c->window) - thunk_va_space_base(c->window))
+                return why_set(w, -ENOMEM,
+                               "a reservation of %llu bytes is larger than this client's VA window",
+                               (unsigned long long)size);
+        align = alignment ? alignment
+                          : (size >= BROKER_GRANULARITY_RECOMM ? BROKER_GRANULARITY_RECOMM : 4096);
+        o = obj_new(BROKER_KIND_RESERVATION);
+        if (!o)
+                return why_set(w, -ENOMEM, "out of memory");
+        o->size = size;
+        r = take_va(c, size, align, fixed_va, o, &o->va, w);
+        if (r < 0) {
+                free(o);
+                return r;
+        }
+        r = thunk_va_space_new(o->va, size, 0, &o->maps);
+        if (r >= 0)
+                r = obj_publish(c, o);
+        if (r < 0) {
+                thunk_va_space_free(o->maps);
+                (void)thunk_va_free(c->window, o->va);
+                free(o);
+                return why_set(w, r, "out of memory");
+        }
+        charge(c, o, +1);
+        *ret_va = o->va;
+        return 0;
+}
+
+static Obj *reservation_at(const BrokerClient *c, uint64_t va)
+{
+        Obj *o = obj_at(c, va);
+        return o && o->kind == BROKER_KIND_RESERVATION ? o : NULL;
+}
+
+int broker_vmm_free(BrokerClient *c, uint64_t va, uint64_t size, Why *w)
+{
+        Obj *o = reservation_at(c, va);
+
+        if (!o || o->va != va)
+                return why_set(w, -ENOENT, "no reservation starts at 0x%llx", (unsigned long long)va);
+        if (size != o->size)
+                return why_set(w, -EINVAL, "the reservation at 0x%llx is %llu bytes, not %llu",
+                               (unsigned long long)va, (unsigned long long)o->size, (unsigned long long)size);
+        if (thunk_va_space_count(o->maps) > 0)
+                return why_set(w, -EBUSY, "%zu mappings remain in the reservation at 0x%llx",
+                               thunk_va_space_count(o->maps), (unsigned long long)va);
+        hashmap_remove(&c->objs, o->handle);
+        (void)thunk_va_free(c->window, o->va);
+        thunk_va_space_free(o->maps);
+        charge(c, o, -1);
+        free(o);
+        return 0;
+}
+
+int broker_vmm_create(BrokerClient *c, uint64_t size, uint32_t gpu_id, uint32_t flags, uint64_t *ret_handle,
+                      Why *w)
+{
+        ThunkAllocArgs ta = {.kind = THUNK_MEM_VRAM, .gpu_id = gpu_id, .va = 0, .size = size};
+        ThunkContext *ctx;
+        char b1[32];
+        Obj *o;
+        int r;
+
+        if (size == 0)
+                return why_set(w, -EINVAL, "size 0");
+        r = check_gran("size", size, w);
+        if (r < 0)
+                return r;
+        if (gpu_index(c->b, gpu_id) < 0)
+                return why_set(w, -ENODEV, "no GPU with id %u", gpu_id);
+        r = check_flags(flags, w);
+        if (r < 0)
+                return r;
+        r = client_ctx(c, &ctx, w);
+        if (r < 0)
+                return r;
+        o = obj_new(BROKER_KIND_VMM);
+        if (!o)
+                return why_set(w, -ENOMEM, "out of memory");
+        ta.flags = thunk_flags(flags);
+        r = thunk_bo_alloc(ctx, &ta, &o->bo);
+        if (r < 0) {
+                free(o);
+                if (r == -ENOMEM)
+                        return why_set(w, r, "GPU %u has no room for %s of VRAM", gpu_id,
+                                       human(size, b1, sizeof(b1)));
+                return why_set(w, r, "the driver refused the allocation: %s", strerror(-r));
+        }
+        o->size = size;
+        o->gpu_id = gpu_id;
+        o->flags = flags;
+        o->client_refs = 1;
+        r = obj_publish(c, o);
+        if (r < 0) {
+                (void)thunk_bo_free(o->bo);
+                free(o);
+                return why_set(w, r, "out of memory");
+        }
+        charge(c, o, +1);
+        *ret_handle = o->handle;
+        return 0;
+}
+
+int broker_vmm_map(BrokerClient *c, uint64_t va, uint64_t size, uint64_t offset, uint64_t handle, Why *w)
+{
+        Obj *phys = obj_lookup(c, handle), *res;
+        VmmMap *m;
+        int r;
+
+        if (!phys || (phys->kind != BROKER_KIND_VMM && phys->kind != BROKER_KIND_IMPORT))
+                return why_set(w, -ENOENT, "no VMM handle 0x%llx", (unsigned long long)handle);
+        if (size == 0)
+                return why_set(w, -EINVAL, "size 0");
+        if ((r = check_gran("size", size, w)) < 0 || (r = check_gran("offset", offset, w)) < 0 ||
+            (r = check_gran("address", va, w)) < 0)
+                return r;
+        if (offset > phys->size || size > phys->size - offset)
+                return why_set(w, -EINVAL, "offset %llu + size %llu is beyond the %llu-byte handle",
+                               (unsigned long long)offset, (unsigned long long)size,
+                               (unsigned long long)phys->size);
+        if (!in_window(c, va, size))
+                return why_set(w, -EINVAL, "0x%llx+0x%llx is outside this client's VA window",
+                               (unsigned long long)va, (unsigned long long)size);
+        res = reservation_at(c, va);
+        if (!res || va + size > res->va + res->size)
+                return why_set(w, -EINVAL, "0x%llx+0x%llx is not inside one VA reservation",
+                               (unsigned long long)va, (unsigned long long)size);
+        m = calloc(1, sizeof(*m));
+        if (!m)
+                return why_set(w, -ENOMEM, "out of memory");
+        m->res = res;
+        m->phys = phys;
+        m->va = va;
+        m->size = size;
+        m->offset = offset;
+        r = thunk_va_alloc_fixed(res->maps, va, size, m);
+        if (r < 0) {
+                free(m);
+                if (r == -EADDRINUSE)
+                        return why_set(w, r, "0x%llx+0x%llx overlaps an existing mapping",
+                                       (unsigned long long)va, (unsigned long long)size);
+                return why_set(w, r, "cannot record the mapping: %s", strerror(-r));
+        }
+        phys->map_refs++;
+        return 0;
+}
+
+static int gem_flags(int access, uint32_t obj_flags)
+{
+        int f = 0;
+        if (access & BROKER_ACCESS_READ)
+                f |= THUNK_GEM_VA_READABLE;
+        if (access == BROKER_ACCESS_READ_WRITE)
+                f |= THUNK_GEM_VA_WRITEABLE;
+        if (obj_flags & BROKER_FLAG_EXECUTABLE)
+                f |= THUNK_GEM_VA_EXECUTABLE;
+        return f;
+}
+
+static GemGrant *grant_of(VmmMap *m, uint32_t gpu_id)
+{
+        for (size_t i = 0; i < m->n_gem; i++)
+                if (m->gem[i].gpu_id == gpu_id)
+                        return &m->gem[i];
+        return NULL;
+}
+
+static void grant_remove(VmmMap *m, GemGrant *g)
+{
+        *g = m->gem[--m->n_gem];
+}
+
+/* Take away every GPU's access to a mapping. */
+static int map_revoke_all(VmmMap *m)
+{
+        while (m->n_gem > 0) {
+                int r = thunk_gem_unmap(m->gem[m->n_gem - 1].m);
+                if (r < 0)
+                        return r;
+                m->n_gem--;
+        }
+        return 0;
+}
+
+static void map_destroy(BrokerClient *c, VmmMap *m)
+{
+        Obj *phys = m->phys;
+
+        (void)thunk_va_free(m->res->maps, m->va);
+        free(m);
+        phys->map_refs--;
+        phys_maybe_destroy(c, phys);
+}
+
+/*
+ * The mappings of one reservation that exactly cover [va, va+size): the range must start and end on mapping
+ * boundaries and cut none. Gaps between mappings are fine.
+ */
+static int covered_maps(BrokerClient *c, uint64_t va, uint64_t size, VmmMap **out, size_t cap, size_t *ret_n,
+                        Why *w)
+{
+        Obj *res;
+        size_t n = 0;
+        uint64_t end;
+
+        if (size == 0)
+                return why_set(w, -EINVAL, "size 0");
+        if (!in_window(c, va, size))
+                return why_set(w, -EINVAL, "0x%llx+0x%llx is outside this client's VA window",
+                               (unsigned long long)va, (unsigned long long)size);
+        res = reservation_at(c, va);
+        end = va + size;
+        if (!res || end > res->va + res->size)
+                return why_set(w, -EINVAL, "0x%llx+0x%llx is not inside one VA reservation",
+                               (unsigned long long)va, (unsigned long long)size);
+        for (uint64_t at = va; at < end;) {
+                ThunkVaObject vo;
+                if (thunk_va_next(res->maps, at, &vo) < 0 || vo.start >= end)
+                        break;
+                VmmMap *m = vo.data;
+                if (m->va < va)
+                        break; /* unreachable: next() starts at va */
+                if (m->va + m->size > end)
+                        return why_set(w, -EINVAL, "0x%llx+0x%llx cuts the mapping at 0x%llx",
+                                       (unsigned long long)va, (unsigned long long)size,
+                                       (unsigned long long)m->va);
+                if (n == cap)
+                        return why_set(w, -E2BIG, "more than %zu mappings in one call", cap);
+                out[n++] = m;
+                at = m->va + m->size;
+        }
+        {
+                /* a mapping that starts before va and reaches into the range is cut too */
+                VmmMap *first = map_at(res, va);
+                if (first && first->va != va)
+                        return why_set(w, -EINVAL, "0x%llx is inside the mapping at 0x%llx, not at its start",
+                                       (unsigned long long)va, (unsigned long long)first->va);
+        }
+        if (n == 0)
+                return why_set(w, -EINVAL, "nothing is mapped in 0x%llx+0x%llx", (unsigned long long)va,
+                               (unsigned long long)size);
+        *ret_n = n;
+        return 0;
+}
+
+int broker_vmm_unmap(BrokerClient *c, uint64_t va, uint64_t size, Why *w)
+{
+        VmmMap *maps[1024];
+        size_t n = 0;
+        int r;
+
+        r = covered_maps(c, va, size, maps, sizeof(maps) / sizeof(maps[0]), &n, w);
+        if (r < 0)
+                return r;
+        for (size_t i = 0; i < n; i++) {
+                r = map_revoke_all(maps[i]);
+                if (r < 0)
+                        return why_set(w, r, "the driver refused to unmap 0x%llx: %s",
+                                       (unsigned long long)maps[i]->va, strerror(-r));
+                map_destroy(c, maps[i]);
+        }
+        return 0;
+}
+
+typedef struct Undo {
+        VmmMap *m;
+        uint32_t gpu_id;
+        int old_access;
+} Undo;
+
+/* Set one GPU's access to a mapping: revoke the old grant, then add the new one. */
+static int set_gpu_access(BrokerClient *c, ThunkContext *ctx, VmmMap *m, uint32_t gpu_id, int access)
+{
+        GemGrant *g = grant_of(m, gpu_id);
+        int r;
+
+        if (g) {
+                r = thunk_gem_unmap(g->m);
+                if (r < 0)
+                        return r;
+                grant_remove(m, g);
+        }
+        if (access == BROKER_ACCESS_NONE)
+                return 0;
+        if (m->n_gem == BROKER_MAX_GPUS)
+                return -E2BIG;
+        ThunkGemMapping *gm = NULL;
+        r = thunk_gem_map_bo(ctx, m->phys->bo, gpu_id, m->va, m->offset, m->size,
+                             (uint32_t)gem_flags(access, m->phys->flags), &gm);
+        if (r < 0)
+                return r;
+        m->gem[m->n_gem++] = (GemGrant){gpu_id, access, gm};
+        return 0;
+}
+
+int broker_vmm_set_access(BrokerClient *c, uint64_t va, uint64_t size, const BrokerAccess *d, size_t n,
+                          BrokerCpuMap *cpu, size_t *ret_n_cpu, Why *w)
+{
+        VmmMap *maps[256];
+        size_t n_maps = 0, n_cpu = 0, n_undo = 0;
+        Undo *undo = NULL;
+        const BrokerAccess *cpu_desc = NULL;
+        ThunkContext *ctx;
+        bool any_gpu = false;
+        int r;
+
+        if (n == 0)
+                return why_set(w, -EINVAL, "no access descriptor");
+        for (size_t i = 0; i < n; i++) {
+                if (d[i].access != BROKER_ACCESS_NONE && d[i].access != BROKER_ACCESS_READ &&
+                    d[i].access != BROKER_ACCESS_READ_WRITE)
+                        return why_set(w, -EINVAL, "access %d is not none, read or read-write", d[i].access);
+                if (d[i].gpu_id && gpu_index(c->b, d[i].gpu_id) < 0)
+                        return why_set(w, -ENODEV, "no GPU with id %u", d[i].gpu_id);
+                for (size_t k = 0; k < i; k++)
+                        if (d[k].gpu_id == d[i].gpu_id)
+                                return why_set(w, -EINVAL, "location %u given twice", d[i].gpu_id);
+                if (d[i].gpu_id == 0)
+                        cpu_desc = &d[i];
+                else
+                        any_gpu = true;
+        }
+        if (any_gpu && !thunk_device_has(c->b->dev, THUNK_FEATURE_GEM_VA))
+                return why_set(w, -EOPNOTSUPP, "GPU access to VMM mappings needs KFD ABI 1.15 (GEM_VA)");
+        r = covered_maps(c, va, size, maps, sizeof(maps) / sizeof(maps[0]), &n_maps, w);
+        if (r < 0)
+                return r;
+        if (cpu_desc && cpu_desc->access != BROKER_ACCESS_NONE && n_maps > BROKER_MAX_CPU_MAPS)
+                return why_set(w, -E2BIG, "CPU access is granted on at most %d mappings per call",
+                               BROKER_MAX_CPU_MAPS);
+        r = client_ctx(c, &ctx, w);
+        if (r < 0)
+                return r;
+        undo = calloc(n_maps * n + 1, sizeof(*undo));
+        if (!undo)
+                return why_set(w, -ENOMEM, "out of memory");
+
+        for (size_t i = 0; i < n_maps; i++) {
+                for (size_t k = 0; k < n; k++) {
+                        GemGrant *g;
+                        int old;
+                        if (d[k].gpu_id == 0)
+                                continue;
+                        g = grant_of(maps[i], d[k].gpu_id);
+                        old = g ? g->access : BROKER_ACCESS_NONE;
+                        if (old == d[k].access)
+                                continue;
+                        r = set_gpu_access(c, ctx, maps[i], d[k].gpu_id, d[k].access);
+                        if (r < 0) {
+                                why_set(w, r, "the driver refused GPU %u access to 0x%llx: %s", d[k].gpu_id,
+                                        (unsigned long long)maps[i]->va, strerror(-r));
+                                goto rollback;
+                        }
+                        undo[n_undo++] = (Undo){maps[i], d[k].gpu_id, old};
+                }
+        }
+        if (cpu_desc && cpu_desc->access != BROKER_ACCESS_NONE) {
+                for (size_t i = 0; i < n_maps; i++) {
+                        r = thunk_bo_export_dmabuf(maps[i]->phys->bo, &cpu[n_cpu].fd);
+                        if (r < 0) {
+                                why_set(w, r, "cannot export 0x%llx for CPU access: %s",
+                                        (unsigned long long)maps[i]->va, strerror(-r));
+                                goto rollback;
+                        }
+                        cpu[n_cpu].va = maps[i]->va;
+                        cpu[n_cpu].size = maps[i]->size;
+                        cpu[n_cpu].offset = maps[i]->offset;
+                        cpu[n_cpu].prot_write = cpu_desc->access == BROKER_ACCESS_READ_WRITE;
+                        n_cpu++;
+                }
+        }
+        if (cpu_desc)
+                for (size_t i = 0; i < n_maps; i++)
+                        maps[i]->cpu_access = cpu_desc->access;
+        free(undo);
+        *ret_n_cpu = n_cpu;
+        return 0;
+
+rollback:
+        while (n_cpu > 0) {
+                n_cpu--;
+                cpu[n_cpu].fd = safe_close(cpu[n_cpu].fd);
+        }
+        while (n_undo > 0) {
+                Undo *u = &undo[--n_undo];
+                (void)set_gpu_access(c, ctx, u->m, u->gpu_id, u->old_access);
+        }
+        free(undo);
+        return r;
+}
+
+static VmmMap *mapping_at(const BrokerClient *c, uint64_t va)
+{
+        Obj *res = in_window(c, va, 1) ? reservation_at(c, va) : NULL;
+        return res ? map_at(res, va) : NULL;
+}
+
+int broker_vmm_get_access(BrokerClient *c, uint64_t va, uint32_t gpu_id, int *ret_access, Why *w)
+{
+        VmmMap *m = mapping_at(c, va);
+        GemGrant *g;
+
+        if (gpu_id && gpu_index(c->b, gpu_id) < 0)
+                return why_set(w, -ENODEV, "no GPU with id %u", gpu_id);
+        if (!m)
+                return why_set(w, -EINVAL, "nothing is mapped at 0x%llx", (unsigned long long)va);
+        if (gpu_id == 0) {
+                *ret_access = m->cpu_access;
+                return 0;
+        }
+        g = grant_of(m, gpu_id);
+        *ret_access = g ? g->access : BROKER_ACCESS_NONE;
+        return 0;
+}
+
+int broker_vmm_retain(BrokerClient *c, uint64_t va, uint64_t *ret_handle, Why *w)
+{
+        VmmMap *m = mapping_at(c, va);
+        Obj *phys;
+        int r;
+
+        if (!m)
+                return why_set(w, -EINVAL, "nothing is mapped at 0x%llx", (unsigned long long)va);
+        phys = m->phys;
+        if (phys->client_refs == 0) {
+                /* released but still mapped: the handle becomes nameable again */
+                r = hashmap_put(&c->objs, phys->handle, phys);
+                if (r < 0)
+                        return why_set(w, r, "out of memory");
+        }
+        phys->client_refs++;
+        *ret_handle = phys->handle;
+        return 0;
+}
+
+int broker_vmm_properties(BrokerClient *c, uint64_t handle, BrokerProps *ret, Why *w)
+{
+        Obj *o = obj_lookup(c, handle);
+
+        if (!o || o->kind == BROKER_KIND_RESERVATION)
+                return why_set(w, -ENOENT, "no handle 0x%llx", (unsigned long long)handle);
+        *ret = (BrokerProps){o->kind, o->gpu_id, o->size, o->flags};
+        return 0;
+}
+
+/* ---- sharing ----------------------------------------------------------------------------------------- */
+
+int broker_export(BrokerClient *c, uint64_t handle, int *ret_fd, uint64_t *ret_size, Why *w)
+{
+        Obj *o = obj_lookup(c, handle);
+        int fd = -1, r;
+
+        if (!o)
+                return why_set(w, -ENOENT, "no handle 0x%llx", (unsigned long long)handle);
+        if (o->kind == BROKER_KIND_RESERVATION)
+                return why_set(w, -EINVAL, "a VA reservation has no memory to export");
+        if (o->memfd >= 0) {
+                fd = fcntl(o->memfd, F_DUPFD_CLOEXEC, 3);
+                if (fd < 0)
+                        return why_set(w, -errno, "cannot duplicate the memory fd: %s", strerror(errno));
+        } else {
+                r = thunk_bo_export_dmabuf(o->bo, &fd);
+                if (r == -EINVAL && !thunk_device_has(c->b->dev, THUNK_FEATURE_EXPORT_DMABUF))
+                        return why_set(w, -EOPNOTSUPP, "dmabuf export needs KFD ABI 1.12");
+                if (r < 0)
+                        return why_set(w, r, "the driver refused to export: %s", strerror(-r));
+        }
+        o->exports++;
+        *ret_fd = fd;
+        *ret_size = o->size;
+        return 0;
+}
+
+int broker_import(BrokerClient *c, int fd, uint32_t gpu_id, uint64_t *ret_handle, uint64_t *ret_size, Why *w)
+{
+        ThunkContext *ctx;
+        uint32_t gpu = gpu_id ? gpu_id : c->b->gpu_ids[0];
+        Obj *o;
+        int r;
+
+        if (gpu_index(c->b, gpu) < 0)
+                return why_set(w, -ENODEV, "no GPU with id %u", gpu);
+        r = client_ctx(c, &ctx, w);
+        if (r < 0)
+                return r;
+        o = obj_new(BROKER_KIND_IMPORT);
+        if (!o)
+                return why_set(w, -ENOMEM, "out of memory");
+        r = thunk_bo_import_dmabuf(ctx, fd, gpu, 0, &o->bo);
+        if (r < 0) {
+                free(o);
+                if (r == -EINVAL || r == -EBADF)
+                        return why_set(w, r, "the driver cannot import this fd as GPU memory");
+                return why_set(w, r, "the driver refused the import: %s", strerror(-r));
+        }
+        o->size = thunk_bo_info(o->bo)->size;
+        o->gpu_id = gpu;
+        o->client_refs = 1;
+        r = obj_publish(c, o);
+        if (r < 0) {
+                (void)thunk_bo_free(o->bo);
+                free(o);
+                return why_set(w, r, "out of memory");
+        }
+        charge(c, o, +1);
+        *ret_handle = o->handle;
+        *ret_size = o->size;
+        return 0;
+}
+
+/* ---- managed memory ---------------------------------------------------------------------------------- */
+
+/* [va, va+size) must lie in one managed allocation of this client. */
+static int managed_range(BrokerClient *c, uint64_t va, uint64_t size, Why *w)
+{
+        Obj *o;
+
+        if (size == 0)
+                return why_set(w, -EINVAL, "size 0");
+        if (va % BROKER_PAGE_SIZE || size % BROKER_PAGE_SIZE)
+                return why_set(w, -EINVAL, "0x%llx+0x%llx is not page aligned", (unsigned long long)va,
+                               (unsigned long long)size);
+        if (va + size < va)
+                return why_set(w, -EOVERFLOW, "0x%llx+0x%llx wraps around", (unsigned long long)va,
+                               (unsigned long long)size);
+        if (!in_window(c, va, size))
+                return why_set(w, -EFAULT, "0x%llx+0x%llx is outside this client's VA window",
+                               (unsigned long long)va, (unsigned long long)size);
+        o = obj_at(c, va);
+        if (!o || o->kind != BROKER_KIND_MANAGED || va + size > o->va + o->size)
+                return why_set(w, -EINVAL, "0x%llx+0x%llx is not inside one managed allocation",
+                               (unsigned long long)va, (unsigned long long)size);
+        return 0;
+}
+
+static bool is_location(const Broker *b, uint32_t v, bool undefined_ok)
+{
+        return v == KFD_IOCTL_SVM_LOCATION_SYSMEM ||
+               (undefined_ok && v == KFD_IOCTL_SVM_LOCATION_UNDEFINED) || gpu_index(b, v) >= 0;
+}
+
+#define SVM_FLAGS_ALL 0xffu
+
+static int check_svm_attrs(const Broker *b, const BrokerSvmAttr *a, size_t n, bool get, Why *w)
+{
+        if (n == 0)
+                return why_set(w, -EINVAL, "no attribute");
+        if (n > BROKER_SVM_MAX_ATTRS)
+                return why_set(w, -E2BIG, "more than %d attributes", BROKER_SVM_MAX_ATTRS);
+        for (size_t i = 0; i < n; i++) {
+                uint32_t t = a[i].type, v = a[i].value;
+                switch (t) {
+                case KFD_IOCTL_SVM_ATTR_PREFERRED_LOC:
+                case KFD_IOCTL_SVM_ATTR_PREFETCH_LOC:
+                        if (!get && !is_location(b, v, t == KFD_IOCTL_SVM_ATTR_PREFERRED_LOC))
+                                return why_set(w, -EINVAL, "location %u is neither system memory nor a GPU",
+                                               v);
+                        break;
+                case KFD_IOCTL_SVM_ATTR_ACCESS:
+                case KFD_IOCTL_SVM_ATTR_ACCESS_IN_PLACE:
+                case KFD_IOCTL_SVM_ATTR_NO_ACCESS:
+                        if (get && t != KFD_IOCTL_SVM_ATTR_ACCESS)
+                                return why_set(w, -EINVAL, "query access with the ACCESS type");
+                        if (gpu_index(b, v) < 0)
+                                return why_set(w, -EINVAL,
+                                               "access attribute names GPU %u, which does not exist", v);
+                        break;
+                case KFD_IOCTL_SVM_ATTR_SET_FLAGS:
+                case KFD_IOCTL_SVM_ATTR_CLR_FLAGS:
+                        if (!get && (v & ~SVM_FLAGS_ALL))
+                                return why_set(w, -EINVAL, "unknown SVM flags 0x%x", v & ~SVM_FLAGS_ALL);
+                        break;
+                case KFD_IOCTL_SVM_ATTR_GRANULARITY:
+                        if (!get && v > 0x3f)
+                                return why_set(w, -EINVAL, "granularity 2^%u pages is out of range", v);
+                        break;
+                default:
+                        return why_set(w, -EINVAL, "unknown SVM attribute type %u", t);
+                }
+                /* one value per attribute (per GPU for the access kinds) */
+                for (size_t k = 0; k < i; k++) {
+                        bool per_gpu = t == KFD_IOCTL_SVM_ATTR_ACCESS ||
+                                       t == KFD_IOCTL_SVM_ATTR_ACCESS_IN_PLACE ||
+                                       t == KFD_IOCTL_SVM_ATTR_NO_ACCESS;
+                        bool k_per_gpu = a[k].type == KFD_IOCTL_SVM_ATTR_ACCESS ||
+                                         a[k].type == KFD_IOCTL_SVM_ATTR_ACCESS_IN_PLACE ||
+                                         a[k].type == KFD_IOCTL_SVM_ATTR_NO_ACCESS;
+                        if (per_gpu && k_per_gpu ? a[k].value == v : a[k].type == t)
+                                return why_set(w, -EINVAL, "attribute %u%s given twice", t,
+                                               per_gpu ? " for one GPU" : "");
+                }
+        }
+        return 0;
+}
+
+int broker_svm_set(BrokerClient *c, uint64_t va, uint64_t size, const BrokerSvmAttr *a, size_t n, Why *w)
+{
+        ThunkSvmAttr t[BROKER_SVM_MAX_ATTRS];
+        int r;
+
+        if ((r = managed_range(c, va, size, w)) < 0 || (r = check_svm_attrs(c->b, a, n, false, w)) < 0)
+                return r;
+        for (size_t i = 0; i < n; i++)
+                t[i] = (ThunkSvmAttr){a[i].type, a[i].value};
+        r = thunk_svm_set(c->b->primary, va, size, t, n);
+        if (r < 0)
+                return why_set(w, r, "the driver refused the attributes: %s", strerror(-r));
+        return 0;
+}
+
+int broker_svm_get(BrokerClient *c, uint64_t va, uint64_t size, BrokerSvmAttr *a, size_t n, Why *w)
+{
+        ThunkSvmAttr t[BROKER_SVM_MAX_ATTRS];
+        int r;
+
+        if ((r = managed_range(c, va, size, w)) < 0 || (r = check_svm_attrs(c->b, a, n, true, w)) < 0)
+                return r;
+        for (size_t i = 0; i < n; i++)
+                t[i] = (ThunkSvmAttr){a[i].type, a[i].value};
+        r = thunk_svm_get(c->b->primary, va, size, t, n);
+        if (r < 0)
+                return why_set(w, r, "the driver refused the query: %s", strerror(-r));
+        for (size_t i = 0; i < n; i++)
+                a[i] = (BrokerSvmAttr){t[i].type, t[i].value};
+        return 0;
+}
+
+int broker_svm_prefetch(BrokerClient *c, uint64_t va, uint64_t size, uint32_t location, Why *w)
+{
+        BrokerSvmAttr a = {KFD_IOCTL_SVM_ATTR_PREFETCH_LOC, location};
+        return broker_svm_set(c, va, size, &a, 1, w);
+}
+
+/* ---- teardown ---------------------------------------------------------------------------------------- */
+
+typedef struct MapList {
+        VmmMap **items;
+        size_t n;
+} MapList;
+
+/* Collect a reservation's mappings: the walk itself must not change the tree. */
+static int collect_maps_cb(const ThunkVaObject *vo, void *userdata)
+{
+        MapList *l = userdata;
+        l->items[l->n++] = vo->data;
+        return 0;
+}
+
+BrokerClient *broker_client_free(BrokerClient *c)
+{
+        size_t it = 0;
+        Obj *o;
+
+        if (!c)
+                return NULL;
+        /* 1. VMM mappings: GPU access first, then the mappings (which may free released handles) */
+        while (hashmap_next(&c->objs, &it, NULL, (void **)&o)) {
+                if (o->kind != BROKER_KIND_RESERVATION)
+                        continue;
+                MapList l = {calloc(thunk_va_space_count(o->maps) + 1, sizeof(VmmMap *)), 0};
+                if (!l.items)
+                        continue; /* out of memory: the context's close below still releases the GPU side */
+                (void)thunk_va_foreach(o->maps, collect_maps_cb, &l);
+                for (size_t i = 0; i < l.n; i++) {
+                        (void)map_revoke_all(l.items[i]);
+                        map_destroy(c, l.items[i]);
+                }
+                free(l.items);
+        }
+        /* 2. every object: allocations unmapped then freed, handles and imports freed, reservations dropped
+         */
+        it = 0;
+        while (hashmap_next(&c->objs, &it, NULL, (void **)&o)) {
+                switch (o->kind) {
+                case BROKER_KIND_DEVICE:
+                case BROKER_KIND_HOST:
+                case BROKER_KIND_MANAGED:
+                        (void)destroy_alloc(c, o, NULL);
+                        charge(c, o, -1);
+                        break;
+                case BROKER_KIND_VMM:
+                case BROKER_KIND_IMPORT:
+                        /* step 1 dropped every mapping, so nothing else refers to it */
+                        o->client_refs = 0;
+                        o->map_refs = 0;
+                        phys_maybe_destroy(c, o);
+                        continue;
+                case BROKER_KIND_RESERVATION:
+                        thunk_va_space_free(o->maps);
+                        charge(c, o, -1);
+                        break;
+                }
+                free(o);
+        }
+        hashmap_done(&c->objs);
+        /* 3. the client's own KFD context: closing it releases anything the driver still holds for it */
+        if (c->own_ctx)
+                thunk_context_free(c->ctx);
+        c->b->clients--;
+        free(c);
+        return NULL;
+}

@@ -1,0 +1,197 @@
+/* The broker: GPU memory objects owned by clients, executed through the thunk, torn down in order. */
+#pragma once
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "thunk.h"
+#include "util.h"
+#include "vaman.h"
+
+/* Why an operation failed, in one line for the client (the errno travels separately). */
+typedef struct Why {
+        char msg[256];
+} Why;
+
+/* Record the reason and return @err (negative errno). */
+int why_set(Why *w, int err, const char *fmt, ...) _printf_(3, 4);
+
+/* Values as in the protocol (gpumem.proto) so handlers pass them through unchanged. */
+typedef enum BrokerKind {
+        BROKER_KIND_DEVICE = 1,
+        BROKER_KIND_HOST = 2,
+        BROKER_KIND_MANAGED = 3,
+        BROKER_KIND_VMM = 4,
+        BROKER_KIND_IMPORT = 5,
+        BROKER_KIND_RESERVATION = 100, /* internal: a VMM VA reservation */
+} BrokerKind;
+
+enum {
+        BROKER_FLAG_HOST_VISIBLE = 1,
+        BROKER_FLAG_COHERENT = 2,
+        BROKER_FLAG_UNCACHED = 4,
+        BROKER_FLAG_EXECUTABLE = 8,
+        BROKER_FLAG_CONTIGUOUS = 16,
+        BROKER_FLAG_READ_ONLY = 32,
+        BROKER_FLAG_EXT_COHERENT = 64,
+        _BROKER_FLAG_ALL = 127,
+};
+
+enum {
+        BROKER_ACCESS_NONE = 0,
+        BROKER_ACCESS_READ = 1,
+        BROKER_ACCESS_READ_WRITE = 3,
+};
+
+#define BROKER_PAGE_SIZE          4096ull
+#define BROKER_GRANULARITY_MIN    BROKER_PAGE_SIZE
+#define BROKER_GRANULARITY_RECOMM (2ull << 20)
+#define BROKER_MAX_GPUS           64
+/* CPU mappings one set-access call can hand out (each needs an fd in the reply). */
+#define BROKER_MAX_CPU_MAPS 16
+
+typedef struct Broker Broker;
+typedef struct BrokerClient BrokerClient;
+
+typedef struct BrokerUsage {
+        uint64_t device_bytes;
+        uint64_t host_bytes;
+        uint64_t managed_bytes;
+        uint64_t vmm_bytes; /* physical VMM handles (VRAM) */
+        uint64_t objects;   /* allocations, handles, imports and reservations */
+        uint32_t held_fds;  /* fds the daemon holds for this client (host and managed memory) */
+        uint32_t n_gpus;
+        uint32_t gpu_ids[BROKER_MAX_GPUS];
+        uint64_t vram_bytes[BROKER_MAX_GPUS]; /* device + VMM bytes per GPU */
+} BrokerUsage;
+
+int broker_new(ThunkDevice *dev, Broker **ret);
+/* Every client must have been freed first. */
+Broker *broker_free(Broker *b);
+void broker_totals(const Broker *b, BrokerUsage *ret);
+
+/* A client's books, over its VA window (borrowed; it must outlive the client). */
+int broker_client_new(Broker *b, ThunkVaSpace *window, BrokerClient **ret);
+/* Tear down everything the client owns, in dependency order: GPU access, mappings, objects, VA. */
+BrokerClient *broker_client_free(BrokerClient *c);
+void broker_client_usage(const BrokerClient *c, BrokerUsage *ret);
+/* True when the client uses a KFD context (GPU VM) of its own. */
+bool broker_client_private_vm(const BrokerClient *c);
+size_t broker_client_objects(const BrokerClient *c);
+
+/* ---- device, host and managed memory ---------------------------------------------------------------- */
+
+typedef struct BrokerAllocArgs {
+        BrokerKind kind; /* DEVICE, HOST or MANAGED */
+        uint64_t size;
+        uint32_t gpu_id;
+        uint32_t flags; /* BROKER_FLAG_* */
+        int numa_node;  /* HOST: -1 = nearest the GPU */
+        uint64_t alignment;
+        uint64_t fixed_va;
+        const uint32_t *map_gpus;
+        size_t n_map_gpus;
+} BrokerAllocArgs;
+
+typedef struct BrokerAllocResult {
+        uint64_t handle;
+        uint64_t va;
+        uint64_t size;
+        int fd; /* owned by the caller: to mmap at va (offset fd_offset), -1 when not CPU-visible */
+        uint64_t fd_offset;
+} BrokerAllocResult;
+
+int broker_alloc(BrokerClient *c, const BrokerAllocArgs *a, BrokerAllocResult *ret, Why *w);
+/* Free an allocation (unmapping it first), or release a VMM handle or import (as broker_vmm_release). */
+int broker_mem_free(BrokerClient *c, uint64_t handle, Why *w);
+int broker_map(BrokerClient *c, uint64_t handle, const uint32_t *gpu_ids, size_t n, Why *w);
+/* n == 0: every GPU it is mapped on. */
+int broker_unmap(BrokerClient *c, uint64_t handle, const uint32_t *gpu_ids, size_t n, Why *w);
+
+/* ---- queries ----------------------------------------------------------------------------------------- */
+
+typedef struct BrokerPtrInfo {
+        uint64_t handle;
+        BrokerKind kind;
+        uint32_t gpu_id;
+        uint64_t base;
+        uint64_t size;
+        uint32_t flags;
+        bool cpu_accessible;
+        size_t n_mapped;
+        uint32_t mapped[BROKER_MAX_GPUS];
+} BrokerPtrInfo;
+
+int broker_pointer_info(BrokerClient *c, uint64_t va, BrokerPtrInfo *ret, Why *w);
+
+typedef struct BrokerGpuMem {
+        uint32_t gpu_id;
+        uint64_t total;
+        uint64_t free;
+        uint64_t used;
+} BrokerGpuMem;
+
+/* Per GPU (@gpu_id 0: all) as this client sees it. @out has room for BROKER_MAX_GPUS entries. */
+int broker_mem_info(BrokerClient *c, uint32_t gpu_id, BrokerGpuMem *out, size_t *ret_n, Why *w);
+
+/* ---- VMM --------------------------------------------------------------------------------------------- */
+
+int broker_vmm_reserve(BrokerClient *c, uint64_t size, uint64_t alignment, uint64_t fixed_va,
+                       uint64_t *ret_va, Why *w);
+int broker_vmm_free(BrokerClient *c, uint64_t va, uint64_t size, Why *w);
+int broker_vmm_create(BrokerClient *c, uint64_t size, uint32_t gpu_id, uint32_t flags, uint64_t *ret_handle,
+                      Why *w);
+int broker_vmm_release(BrokerClient *c, uint64_t handle, Why *w);
+int broker_vmm_map(BrokerClient *c, uint64_t va, uint64_t size, uint64_t offset, uint64_t handle, Why *w);
+int broker_vmm_unmap(BrokerClient *c, uint64_t va, uint64_t size, Why *w);
+
+typedef struct BrokerAccess {
+        uint32_t gpu_id; /* 0 = the CPU */
+        int access;      /* BROKER_ACCESS_* */
+} BrokerAccess;
+
+typedef struct BrokerCpuMap {
+        uint64_t va;
+        uint64_t size;
+        uint64_t offset;
+        int prot_write; /* 1: read-write, 0: read-only */
+        int fd;         /* owned by the caller */
+} BrokerCpuMap;
+
+/*
+ * Grant access on every mapping in [va, va+size), which must cover whole mappings. CPU grants come back
+ * as fds to mmap (at most BROKER_MAX_CPU_MAPS per call); CPU revocations need nothing from the daemon.
+ */
+int broker_vmm_set_access(BrokerClient *c, uint64_t va, uint64_t size, const BrokerAccess *d, size_t n,
+                          BrokerCpuMap *cpu, size_t *ret_n_cpu, Why *w);
+int broker_vmm_get_access(BrokerClient *c, uint64_t va, uint32_t gpu_id, int *ret_access, Why *w);
+int broker_vmm_retain(BrokerClient *c, uint64_t va, uint64_t *ret_handle, Why *w);
+
+typedef struct BrokerProps {
+        BrokerKind kind;
+        uint32_t gpu_id;
+        uint64_t size;
+        uint32_t flags;
+} BrokerProps;
+
+int broker_vmm_properties(BrokerClient *c, uint64_t handle, BrokerProps *ret, Why *w);
+
+/* ---- sharing ----------------------------------------------------------------------------------------- */
+
+int broker_export(BrokerClient *c, uint64_t handle, int *ret_fd, uint64_t *ret_size, Why *w);
+/* @fd is borrowed; it has been checked to be a regular file or an anonymous-inode file. */
+int broker_import(BrokerClient *c, int fd, uint32_t gpu_id, uint64_t *ret_handle, uint64_t *ret_size, Why *w);
+
+/* ---- managed memory (SVM attributes) ------------------------------------------------------------------ */
+
+typedef struct BrokerSvmAttr {
+        uint32_t type;
+        uint32_t value;
+} BrokerSvmAttr;
+
+#define BROKER_SVM_MAX_ATTRS 32
+
+int broker_svm_set(BrokerClient *c, uint64_t va, uint64_t size, const BrokerSvmAttr *a, size_t n, Why *w);
+int broker_svm_get(BrokerClient *c, uint64_t va, uint64_t size, BrokerSvmAttr *a, size_t n, Why *w);
+int broker_svm_prefetch(BrokerClient *c, uint64_t va, uint64_t size, uint32_t location, Why *w);

@@ -1,0 +1,542 @@
+/* Memory ops: the protocol side of the broker (decode, call the broker, build the reply and its fds). */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "broker.h"
+#include "manager.h"
+#include "request.h"
+
+/* The client's books, created at its first memory operation (its window is final by then). */
+static int client_of(ReqCtx *r, BrokerClient **ret)
+{
+        Conn *c = r->c;
+        int err;
+
+        if (!c->broker) {
+                err = broker_client_new(r->m->broker, c->window, &c->broker);
+                if (err < 0)
+                        return reply_fail(r, err, "out of memory");
+        }
+        *ret = c->broker;
+        return 0;
+}
+
+static int fail_why(ReqCtx *r, int err, const Why *w)
+{
+        return reply_fail(r, err, "%s", w->msg[0] ? w->msg : strerror(-err));
+}
+
+static int reply_empty(ReqCtx *r)
+{
+        Gpumem__Reply reply = GPUMEM__REPLY__INIT;
+        Gpumem__Empty empty = GPUMEM__EMPTY__INIT;
+
+        reply.result_case = GPUMEM__REPLY__RESULT_EMPTY;
+        reply.empty = &empty;
+        return reply_ok(r, &reply);
+}
+
+#define WITH_CLIENT(r, bc)                                                                                   \
+        BrokerClient *bc;                                                                                    \
+        do {                                                                                                 \
+                int _e = client_of(r, &bc);                                                                  \
+                if (_e < 0)                                                                                  \
+                        return _e;                                                                           \
+        } while (0)
+
+/* ---- device, host, managed ----------------------------------------------------------------------------- */
+
+int op_alloc(ReqCtx *r, const Gpumem__Request *req)
+{
+        const Gpumem__Alloc *a = req->alloc;
+        BrokerAllocArgs args = {0};
+        BrokerAllocResult res;
+        Gpumem__Reply reply = GPUMEM__REPLY__INIT;
+        Gpumem__AllocReply ar = GPUMEM__ALLOC_REPLY__INIT;
+        Why w = {""};
+        int err, idx = -1;
+        WITH_CLIENT(r, bc);
+
+        if (a->n_map_gpus > BROKER_MAX_GPUS)
+                return reply_fail(r, -E2BIG, "more than %d GPUs to map on", BROKER_MAX_GPUS);
+        args.kind = (BrokerKind)a->kind;
+        args.size = a->size;
+        args.gpu_id = a->gpu_id;
+        args.flags = a->flags;
+        args.numa_node = a->has_numa_node ? a->numa_node : -1;
+        args.alignment = a->alignment;
+        args.fixed_va = a->fixed_va;
+        args.map_gpus = a->map_gpus;
+        args.n_map_gpus = a->n_map_gpus;
+        if (a->kind != GPUMEM__MEM_KIND__MEM_KIND_DEVICE && a->kind != GPUMEM__MEM_KIND__MEM_KIND_HOST &&
+            a->kind != GPUMEM__MEM_KIND__MEM_KIND_MANAGED)
+                return reply_fail(r, -EINVAL, "alloc takes kind device, host or managed, not %d",
+                                  (int)a->kind);
+        err = broker_alloc(bc, &args, &res, &w);
+        if (err < 0)
+                return fail_why(r, err, &w);
+        if (res.fd >= 0) {
+                idx = reply_add_fd(r, res.fd);
+                if (idx < 0) {
+                        /* cannot happen with one fd per reply; keep the books straight anyway */
+                        (void)broker_mem_free(bc, res.handle, &w);
+                        return reply_fail(r, idx, "cannot attach the memory fd");
+                }
+        }
+        ar.has_handle = ar.has_va = ar.has_size = ar.has_mem_fd_index = true;
+        ar.handle = res.handle;
+        ar.va = res.va;
+        ar.size = res.size;
+        ar.mem_fd_index = idx;
+        ar.has_mem_fd_offset = idx >= 0;
+        ar.mem_fd_offset = res.fd_offset;
+        reply.result_case = GPUMEM__REPLY__RESULT_ALLOC;
+        reply.alloc = &ar;
+        return reply_ok(r, &reply);
+}
+
+int op_free(ReqCtx *r, const Gpumem__Request *req)
+{
+        Why w = {""};
+        int err;
+        WITH_CLIENT(r, bc);
+
+        err = broker_mem_free(bc, req->free->handle, &w);
+        return err < 0 ? fail_why(r, err, &w) : reply_empty(r);
+}
+
+int op_map(ReqCtx *r, const Gpumem__Request *req)
+{
+        Why w = {""};
+        int err;
+        WITH_CLIENT(r, bc);
+
+        if (req->map->n_gpu_ids > BROKER_MAX_GPUS)
+                return reply_fail(r, -E2BIG, "more than %d GPUs", BROKER_MAX_GPUS);
+        err = broker_map(bc, req->map->handle, req->map->gpu_ids, req->map->n_gpu_ids, &w);
+        return err < 0 ? fail_why(r, err, &w) : reply_empty(r);
+}
+
+int op_unmap(ReqCtx *r, const Gpumem__Request *req)
+{
+        Why w = {""};
+        int err;
+        WITH_CLIENT(r, bc);
+
+        if (req->unmap->n_gpu_ids > BROKER_MAX_GPUS)
+                return reply_fail(r, -E2BIG, "more than %d GPUs", BROKER_MAX_GPUS);
+        err = broker_unmap(bc, req->unmap->handle, req->unmap->gpu_ids, req->unmap->n_gpu_ids, &w);
+        return err < 0 ? fail_why(r, err, &w) : reply_empty(r);
+}
+
+/* ---- queries ------------------------------------------------------------------------------------------- */
+
+int op_pointer_info(ReqCtx *r, const Gpumem__Request *req)
+{
+        Gpumem__Reply reply = GPUMEM__REPLY__INIT;
+        Gpumem__PointerInfoReply pr = GPUMEM__POINTER_INFO_REPLY__INIT;
+        BrokerPtrInfo info;
+        Why w = {""};
+        int err;
+        WITH_CLIENT(r, bc);
+
+        err = broker_pointer_info(bc, req->pointer_info->va, &info, &w);
+        if (err < 0)
+                return fail_why(r, err, &w);
+        pr.has_handle = pr.has_kind = pr.has_gpu_id = pr.has_alloc_base = pr.has_size = true;
+        pr.handle = info.handle;
+        pr.kind = (Gpumem__MemKind)info.kind;
+        pr.gpu_id = info.gpu_id;
+        pr.alloc_base = info.base;
+        pr.size = info.size;
+        pr.n_mapped_gpus = info.n_mapped;
+        pr.mapped_gpus = info.mapped;
+        pr.has_flags = pr.has_cpu_accessible = true;
+        pr.flags = info.flags;
+        pr.cpu_accessible = info.cpu_accessible;
+        reply.result_case = GPUMEM__REPLY__RESULT_POINTER_INFO;
+        reply.pointer_info = &pr;
+        return reply_ok(r, &reply);
+}
+
+int op_mem_info(ReqCtx *r, const Gpumem__Request *req)
+{
+        Gpumem__Reply reply = GPUMEM__REPLY__INIT;
+        Gpumem__MemInfoReply mr = GPUMEM__MEM_INFO_REPLY__INIT;
+        BrokerGpuMem mem[BROKER_MAX_GPUS];
+        Gpumem__GpuMemInfo g[BROKER_MAX_GPUS], *gp[BROKER_MAX_GPUS];
+        size_t n = 0;
+        Why w = {""};
+        int err;
+        WITH_CLIENT(r, bc);
+
+        err = broker_mem_info(bc, req->mem_info->gpu_id, mem, &n, &w);
+        if (err < 0)
+                return fail_why(r, err, &w);
+        for (size_t i = 0; i < n; i++) {
+                gpumem__gpu_mem_info__init(&g[i]);
+                g[i].has_gpu_id = g[i].has_total = g[i].has_free = g[i].has_used = true;
+                g[i].gpu_id = mem[i].gpu_id;
+                g[i].total = mem[i].total;
+                g[i].free = mem[i].free;
+                g[i].used = mem[i].used;
+                gp[i] = &g[i];
+        }
+        mr.n_gpus = n;
+        mr.gpus = gp;
+        reply.result_case = GPUMEM__REPLY__RESULT_MEM_INFO;
+        reply.mem_info = &mr;
+        return reply_ok(r, &reply);
+}
+
+/* ---- VMM ----------------------------------------------------------------------------------------------- */
+
+int op_vmm_reserve(ReqCtx *r, const Gpumem__Request *req)
+{
+        const Gpumem__VmmReserve *a = req->vmm_reserve;
+        Gpumem__Reply reply = GPUMEM__REPLY__INIT;
+        Gpumem__VmmReserveReply vr = GPUMEM__VMM_RESERVE_REPLY__INIT;
+        uint64_t va = 0;
+        Why w = {""};
+        int err;
+        WITH_CLIENT(r, bc);
+
+        if (a->flags)
+                return reply_fail(r, -EINVAL, "reservation flags 0x%llx are not defined",
+                                  (unsigned long long)a->flags);
+        err = broker_vmm_reserve(bc, a->size, a->alignment, a->fixed_va, &va, &w);
+        if (err < 0)
+                return fail_why(r, err, &w);
+        vr.has_va = true;
+        vr.va = va;
+        reply.result_case = GPUMEM__REPLY__RESULT_VMM_RESERVE;
+        reply.vmm_reserve = &vr;
+        return reply_ok(r, &reply);
+}
+
+int op_vmm_free(ReqCtx *r, const Gpumem__Request *req)
+{
+        Why w = {""};
+        int err;
+        WITH_CLIENT(r, bc);
+
+        err = broker_vmm_free(bc, req->vmm_free->va, req->vmm_free->size, &w);
+        return err < 0 ? fail_why(r, err, &w) : reply_empty(r);
+}
+
+int op_vmm_create(ReqCtx *r, const Gpumem__Request *req)
+{
+        const Gpumem__VmmCreate *a = req->vmm_create;
+        Gpumem__Reply reply = GPUMEM__REPLY__INIT;
+        Gpumem__VmmCreateReply cr = GPUMEM__VMM_CREATE_REPLY__INIT;
+        uint64_t handle = 0;
+        Why w = {""};
+        int err;
+        WITH_CLIENT(r, bc);
+
+        err = broker_vmm_create(bc, a->size, a->gpu_id, a->flags, &handle, &w);
+        if (err < 0)
+                return fail_why(r, err, &w);
+        cr.has_handle = true;
+        cr.handle = handle;
+        reply.result_case = GPUMEM__REPLY__RESULT_VMM_CREATE;
+        reply.vmm_create = &cr;
+        return reply_ok(r, &reply);
+}
+
+int op_vmm_release(ReqCtx *r, const Gpumem__Request *req)
+{
+        Why w = {""};
+        int err;
+        WITH_CLIENT(r, bc);
+
+        err = broker_vmm_release(bc, req->vmm_release->handle, &w);
+        return err < 0 ? fail_why(r, err, &w) : reply_empty(r);
+}
+
+int op_vmm_map(ReqCtx *r, const Gpumem__Request *req)
+{
+        const Gpumem__VmmMap *a = req->vmm_map;
+        Why w = {""};
+        int err;
+        WITH_CLIENT(r, bc);
+
+        err = broker_vmm_map(bc, a->va, a->size, a->offset, a->handle, &w);
+        return err < 0 ? fail_why(r, err, &w) : reply_empty(r);
+}
+
+int op_vmm_unmap(ReqCtx *r, const Gpumem__Request *req)
+{
+        Why w = {""};
+        int err;
+        WITH_CLIENT(r, bc);
+
+        err = broker_vmm_unmap(bc, req->vmm_unmap->va, req->vmm_unmap->size, &w);
+        return err < 0 ? fail_why(r, err, &w) : reply_empty(r);
+}
+
+int op_vmm_set_access(ReqCtx *r, const Gpumem__Request *req)
+{
+        const Gpumem__VmmSetAccess *a = req->vmm_set_access;
+        Gpumem__Reply reply = GPUMEM__REPLY__INIT;
+        Gpumem__VmmSetAccessReply sr = GPUMEM__VMM_SET_ACCESS_REPLY__INIT;
+        BrokerAccess d[BROKER_MAX_GPUS + 1];
+        BrokerCpuMap cpu[BROKER_MAX_CPU_MAPS];
+        Gpumem__CpuMapping cm[BROKER_MAX_CPU_MAPS], *cmp[BROKER_MAX_CPU_MAPS];
+        size_t n_cpu = 0;
+        Why w = {""};
+        int err;
+        WITH_CLIENT(r, bc);
+
+        if (a->n_desc > BROKER_MAX_GPUS + 1)
+                return reply_fail(r, -E2BIG, "more than %d access descriptors", BROKER_MAX_GPUS + 1);
+        for (size_t i = 0; i < a->n_desc; i++)
+                d[i] = (BrokerAccess){a->desc[i]->gpu_id, (int)a->desc[i]->access};
+        err = broker_vmm_set_access(bc, a->va, a->size, d, a->n_desc, cpu, &n_cpu, &w);
+        if (err < 0)
+                return fail_why(r, err, &w);
+        for (size_t i = 0; i < n_cpu; i++) {
+                gpumem__cpu_mapping__init(&cm[i]);
+                cm[i].has_va = cm[i].has_size = cm[i].has_fd_index = cm[i].has_fd_offset =
+                        cm[i].has_writable = true;
+                cm[i].va = cpu[i].va;
+                cm[i].size = cpu[i].size;
+                cm[i].fd_offset = cpu[i].offset;
+                cm[i].writable = cpu[i].prot_write;
+                cm[i].fd_index = reply_add_fd(r, cpu[i].fd);
+                cmp[i] = &cm[i];
+        }
+        sr.n_cpu_maps = n_cpu;
+        sr.cpu_maps = cmp;
+        reply.result_case = GPUMEM__REPLY__RESULT_VMM_SET_ACCESS;
+        reply.vmm_set_access = &sr;
+        return reply_ok(r, &reply);
+}
+
+int op_vmm_get_access(ReqCtx *r, const Gpumem__Request *req)
+{
+        Gpumem__Reply reply = GPUMEM__REPLY__INIT;
+        Gpumem__VmmGetAccessReply gr = GPUMEM__VMM_GET_ACCESS_REPLY__INIT;
+        int access = 0;
+        Why w = {""};
+        int err;
+        WITH_CLIENT(r, bc);
+
+        err = broker_vmm_get_access(bc, req->vmm_get_access->va, req->vmm_get_access->gpu_id, &access, &w);
+        if (err < 0)
+                return fail_why(r, err, &w);
+        gr.has_access = true;
+        gr.access = (Gpumem__Access)access;
+        reply.result_case = GPUMEM__REPLY__RESULT_VMM_GET_ACCESS;
+        reply.vmm_get_access = &gr;
+        return reply_ok(r, &reply);
+}
+
+int op_vmm_granularity(ReqCtx *r, const Gpumem__Request *req)
+{
+        Gpumem__Reply reply = GPUMEM__REPLY__INIT;
+        Gpumem__VmmGranularityReply gr = GPUMEM__VMM_GRANULARITY_REPLY__INIT;
+        const ThunkGpu *g = thunk_device_gpu_by_id(r->m->dev, req->vmm_granularity->gpu_id);
+
+        if (!g)
+                return reply_fail(r, -ENODEV, "no GPU with id %u", req->vmm_granularity->gpu_id);
+        gr.has_granularity = true;
+        gr.granularity =
+                req->vmm_granularity->recommended ? BROKER_GRANULARITY_RECOMM : BROKER_GRANULARITY_MIN;
+        reply.result_case = GPUMEM__REPLY__RESULT_VMM_GRANULARITY;
+        reply.vmm_granularity = &gr;
+        return reply_ok(r, &reply);
+}
+
+int op_vmm_retain(ReqCtx *r, const Gpumem__Request *req)
+{
+        Gpumem__Reply reply = GPUMEM__REPLY__INIT;
+        Gpumem__VmmRetainReply rr = GPUMEM__VMM_RETAIN_REPLY__INIT;
+        uint64_t handle = 0;
+        Why w = {""};
+        int err;
+        WITH_CLIENT(r, bc);
+
+        err = broker_vmm_retain(bc, req->vmm_retain->va, &handle, &w);
+        if (err < 0)
+                return fail_why(r, err, &w);
+        rr.has_handle = true;
+        rr.handle = handle;
+        reply.result_case = GPUMEM__REPLY__RESULT_VMM_RETAIN;
+        reply.vmm_retain = &rr;
+        return reply_ok(r, &reply);
+}
+
+int op_vmm_properties(ReqCtx *r, const Gpumem__Request *req)
+{
+        Gpumem__Reply reply = GPUMEM__REPLY__INIT;
+        Gpumem__VmmPropertiesReply pr = GPUMEM__VMM_PROPERTIES_REPLY__INIT;
+        BrokerProps p;
+        Why w = {""};
+        int err;
+        WITH_CLIENT(r, bc);
+
+        err = broker_vmm_properties(bc, req->vmm_properties->handle, &p, &w);
+        if (err < 0)
+                return fail_why(r, err, &w);
+        pr.has_kind = pr.has_gpu_id = pr.has_size = pr.has_flags = true;
+        pr.kind = (Gpumem__MemKind)p.kind;
+        pr.gpu_id = p.gpu_id;
+        pr.size = p.size;
+        pr.flags = p.flags;
+        reply.result_case = GPUMEM__REPLY__RESULT_VMM_PROPERTIES;
+        reply.vmm_properties = &pr;
+        return reply_ok(r, &reply);
+}
+
+/* ---- sharing ------------------------------------------------------------------------------------------- */
+
+int op_dmabuf_export(ReqCtx *r, const Gpumem__Request *req)
+{
+        Gpumem__Reply reply = GPUMEM__REPLY__INIT;
+        Gpumem__DmabufExportReply er = GPUMEM__DMABUF_EXPORT_REPLY__INIT;
+        uint64_t size = 0;
+        Why w = {""};
+        int err, fd = -1;
+        WITH_CLIENT(r, bc);
+
+        err = broker_export(bc, req->dmabuf_export->handle, &fd, &size, &w);
+        if (err < 0)
+                return fail_why(r, err, &w);
+        er.has_fd_index = er.has_size = true;
+        er.fd_index = reply_add_fd(r, fd);
+        er.size = size;
+        reply.result_case = GPUMEM__REPLY__RESULT_DMABUF_EXPORT;
+        reply.dmabuf_export = &er;
+        return reply_ok(r, &reply);
+}
+
+static const char *fd_kind(mode_t mode)
+{
+        switch (mode & S_IFMT) {
+        case S_IFSOCK:
+                return "a socket";
+        case S_IFIFO:
+                return "a pipe";
+        case S_IFDIR:
+                return "a directory";
+        case S_IFCHR:
+                return "a character device";
+        case S_IFBLK:
+                return "a block device";
+        case S_IFLNK:
+                return "a symbolic link";
+        default:
+                return NULL; /* a regular file (memfd) or an anonymous inode (a dmabuf) */
+        }
+}
+
+int op_dmabuf_import(ReqCtx *r, const Gpumem__Request *req)
+{
+        const Gpumem__DmabufImport *a = req->dmabuf_import;
+        Gpumem__Reply reply = GPUMEM__REPLY__INIT;
+        Gpumem__DmabufImportReply ir = GPUMEM__DMABUF_IMPORT_REPLY__INIT;
+        uint64_t handle = 0, size = 0;
+        struct stat st;
+        const char *kind;
+        Why w = {""};
+        int err, fd;
+        WITH_CLIENT(r, bc);
+
+        if (!a->has_fd_index)
+                return reply_fail(r, -EBADF, "no fd index given");
+        err = req_take_fd(r, a->fd_index, &fd);
+        if (err < 0)
+                return reply_fail(r, err, "fd index %d names no fd of this request", a->fd_index);
+        /* checked before the driver sees it: only a memory file can be a dmabuf */
+        if (fstat(fd, &st) < 0) {
+                err = -errno;
+                safe_close(fd);
+                return reply_fail(r, err, "cannot inspect the fd");
+        }
+        kind = fd_kind(st.st_mode);
+        if (kind) {
+                safe_close(fd);
+                return reply_fail(r, -EINVAL, "the fd is %s, not a dmabuf", kind);
+        }
+        err = broker_import(bc, fd, a->gpu_id, &handle, &size, &w);
+        safe_close(fd); /* the driver holds its own reference to the buffer */
+        if (err < 0)
+                return fail_why(r, err, &w);
+        ir.has_handle = ir.has_size = true;
+        ir.handle = handle;
+        ir.size = size;
+        reply.result_case = GPUMEM__REPLY__RESULT_DMABUF_IMPORT;
+        reply.dmabuf_import = &ir;
+        return reply_ok(r, &reply);
+}
+
+/* ---- managed memory ------------------------------------------------------------------------------------ */
+
+static int copy_attrs(ReqCtx *r, Gpumem__SvmAttr **in, size_t n, BrokerSvmAttr *out)
+{
+        if (n > BROKER_SVM_MAX_ATTRS)
+                return reply_fail(r, -E2BIG, "more than %d attributes", BROKER_SVM_MAX_ATTRS);
+        for (size_t i = 0; i < n; i++)
+                out[i] = (BrokerSvmAttr){in[i]->type, in[i]->value};
+        return 0;
+}
+
+int op_svm_set_attr(ReqCtx *r, const Gpumem__Request *req)
+{
+        const Gpumem__SvmSetAttr *a = req->svm_set_attr;
+        BrokerSvmAttr attrs[BROKER_SVM_MAX_ATTRS];
+        Why w = {""};
+        int err;
+        WITH_CLIENT(r, bc);
+
+        err = copy_attrs(r, a->attrs, a->n_attrs, attrs);
+        if (err < 0)
+                return err;
+        err = broker_svm_set(bc, a->va, a->size, attrs, a->n_attrs, &w);
+        return err < 0 ? fail_why(r, err, &w) : reply_empty(r);
+}
+
+int op_svm_get_attr(ReqCtx *r, const Gpumem__Request *req)
+{
+        const Gpumem__SvmGetAttr *a = req->svm_get_attr;
+        Gpumem__Reply reply = GPUMEM__REPLY__INIT;
+        Gpumem__SvmGetAttrReply gr = GPUMEM__SVM_GET_ATTR_REPLY__INIT;
+        BrokerSvmAttr attrs[BROKER_SVM_MAX_ATTRS];
+        Gpumem__SvmAttr out[BROKER_SVM_MAX_ATTRS], *outp[BROKER_SVM_MAX_ATTRS];
+        Why w = {""};
+        int err;
+        WITH_CLIENT(r, bc);
+
+        err = copy_attrs(r, a->attrs, a->n_attrs, attrs);
+        if (err < 0)
+                return err;
+        err = broker_svm_get(bc, a->va, a->size, attrs, a->n_attrs, &w);
+        if (err < 0)
+                return fail_why(r, err, &w);
+        for (size_t i = 0; i < a->n_attrs; i++) {
+                gpumem__svm_attr__init(&out[i]);
+                out[i].has_type = out[i].has_value = true;
+                out[i].type = attrs[i].type;
+                out[i].value = attrs[i].value;
+                outp[i] = &out[i];
+        }
+        gr.n_attrs = a->n_attrs;
+        gr.attrs = outp;
+        reply.result_case = GPUMEM__REPLY__RESULT_SVM_GET_ATTR;
+        reply.svm_get_attr = &gr;
+        return reply_ok(r, &reply);
+}
+
+int op_svm_prefetch(ReqCtx *r, const Gpumem__Request *req)
+{
+        const Gpumem__SvmPrefetch *a = req->svm_prefetch;
+        Why w = {""};
+        int err;
+        WITH_CLIENT(r, bc);
+
+        err = broker_svm_prefetch(bc, a->va, a->size, a->location, &w);
+        return err < 0 ? fail_why(r, err, &w) : reply_empty(r);
+}

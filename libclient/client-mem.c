@@ -1,0 +1,800 @@
+/* libgpumem_client memory API: allocations, VMM, sharing and managed-memory attributes through gpumemd. */
+#include "client-private.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+typedef struct MemEntry {
+        gm_handle handle;
+        uint64_t size;
+        bool cpu_mapped;
+} MemEntry;
+
+static uint64_t ptr_u64(const void *p)
+{
+        return (uint64_t)(uintptr_t)p;
+}
+
+/* Put this process's PROT_NONE window reservation back over a range it no longer maps. */
+static void reserve_again(uint64_t va, uint64_t size)
+{
+        (void)mmap((void *)(uintptr_t)va, size, PROT_NONE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+}
+
+static int map_fd_at(uint64_t va, uint64_t size, int fd, uint64_t offset, bool writable)
+{
+        void *p = mmap((void *)(uintptr_t)va, size, PROT_READ | (writable ? PROT_WRITE : 0),
+                       MAP_SHARED | MAP_FIXED, fd, (off_t)offset);
+        return p == MAP_FAILED ? -errno : 0;
+}
+
+static bool in_window(const gm_client *c, uint64_t va, uint64_t size)
+{
+        return va >= c->window_base && size <= c->window_size && va - c->window_base <= c->window_size - size;
+}
+
+/* One request whose reply carries only a status. */
+static int call_simple(gm_client *c, Gpumem__Request *req)
+{
+        Gpumem__Reply *reply = NULL;
+        int r = gm_call(c, req, NULL, 0, &reply, NULL, NULL);
+        if (r < 0)
+                return r;
+        gpumem__reply__free_unpacked(reply, NULL);
+        return 0;
+}
+
+/* Issue @req; on success check the result type and hand over the reply and its fds. */
+static int call_result(gm_client *c, Gpumem__Request *req, Gpumem__Reply__ResultCase want,
+                       Gpumem__Reply **ret, int *fds, size_t *n_fds)
+{
+        Gpumem__Reply *reply = NULL;
+        size_t n = 0;
+        int r = gm_call(c, req, NULL, 0, &reply, fds, fds ? &n : NULL);
+
+        if (r < 0)
+                return r;
+        if (reply->result_case != want) {
+                gm_wire_close_fds(fds, n);
+                gpumem__reply__free_unpacked(reply, NULL);
+                return gm_set_reason(c, -EPROTO, "gpumemd replied with an unexpected result");
+        }
+        if (n_fds)
+                *n_fds = n;
+        *ret = reply;
+        return 0;
+}
+
+/* ---- allocations ------------------------------------------------------------------------------------- */
+
+int gm_malloc_desc(gm_client *c, const gm_alloc_desc *d, void **ret_ptr)
+{
+        Gpumem__Request req = GPUMEM__REQUEST__INIT;
+        Gpumem__Alloc a = GPUMEM__ALLOC__INIT;
+        Gpumem__Reply *reply = NULL;
+        int fds[GM_FRAME_MAX_FDS];
+        size_t n_fds = 0;
+        MemEntry *e;
+        uint64_t va, size;
+        int r;
+
+        if (!c || !d || !ret_ptr)
+                return -EINVAL;
+        if (d->n_map_gpus > 64)
+                return gm_set_reason(c, -E2BIG, "more than 64 GPUs to map on");
+        a.has_kind = a.has_size = a.has_gpu_id = a.has_flags = a.has_numa_node = true;
+        a.kind = (Gpumem__MemKind)d->kind;
+        a.size = d->size;
+        a.gpu_id = d->gpu_id;
+        a.flags = d->flags;
+        a.numa_node = d->numa_node;
+        a.has_alignment = a.has_fixed_va = true;
+        a.alignment = d->alignment;
+        a.fixed_va = ptr_u64(d->fixed_addr);
+        a.n_map_gpus = d->n_map_gpus;
+        a.map_gpus = (uint32_t *)d->map_gpus;
+        req.op_case = GPUMEM__REQUEST__OP_ALLOC;
+        req.alloc = &a;
+        r = call_result(c, &req, GPUMEM__REPLY__RESULT_ALLOC, &reply, fds, &n_fds);
+        if (r < 0)
+                return r;
+
+        va = reply->alloc->va;
+        size = reply->alloc->size;
+        e = calloc(1, sizeof(*e));
+        if (e) {
+                e->handle = reply->alloc->handle;
+                e->size = size;
+        }
+        if (!e || !in_window(c, va, size)) {
+                r = gm_set_reason(c, e ? -EPROTO : -ENOMEM,
+                                  e ? "gpumemd placed memory outside the window" : "out of memory");
+                goto undo;
+        }
+        if (reply->alloc->mem_fd_index >= 0) {
+                if ((size_t)reply->alloc->mem_fd_index >= n_fds) {
+                        r = gm_set_reason(c, -EPROTO, "gpumemd named a memory fd it did not send");
+                        goto undo;
+                }
+                r = map_fd_at(va, size, fds[reply->alloc->mem_fd_index], reply->alloc->mem_fd_offset,
+                              !(d->flags & GM_MEM_READ_ONLY) || d->kind != GM_KIND_DEVICE);
+                if (r < 0) {
+                        gm_set_reason(c, r, "cannot map the memory at 0x%llx: %s", (unsigned long long)va,
+                                      strerror(-r));
+                        goto undo;
+                }
+                e->cpu_mapped = true;
+        }
+        gm_wire_close_fds(fds, n_fds); /* mapped: the pages stay, the fds need not */
+        pthread_mutex_lock(&c->mem_lock);
+        r = hashmap_put(&c->allocs, va, e);
+        pthread_mutex_unlock(&c->mem_lock);
+        if (r < 0) {
+                gm_set_reason(c, r, "cannot record the allocation");
+                if (e->cpu_mapped)
+                        reserve_again(va, size);
+                goto undo_daemon;
+        }
+        gpumem__reply__free_unpacked(reply, NULL);
+        *ret_ptr = (void *)(uintptr_t)va;
+        return 0;
+
+undo:
+        gm_wire_close_fds(fds, n_fds);
+undo_daemon : {
+        /* give the memory back; the reason recorded above stays unless this fails too */
+        Gpumem__Request freq = GPUMEM__REQUEST__INIT;
+        Gpumem__Free f = GPUMEM__FREE__INIT;
+        f.has_handle = true;
+        f.handle = reply->alloc->handle;
+        freq.op_case = GPUMEM__REQUEST__OP_FREE;
+        freq.free = &f;
+        (void)call_simple(c, &freq);
+}
+        free(e);
+        gpumem__reply__free_unpacked(reply, NULL);
+        return r;
+}
+
+int gm_malloc(gm_client *c, size_t size, uint32_t gpu_id, unsigned flags, void **ret_ptr)
+{
+        gm_alloc_desc d = {
+                .kind = GM_KIND_DEVICE, .size = size, .gpu_id = gpu_id, .flags = flags, .numa_node = -1};
+        return gm_malloc_desc(c, &d, ret_ptr);
+}
+
+int gm_host_malloc(gm_client *c, size_t size, uint32_t gpu_id, int numa_node, unsigned flags, void **ret_ptr)
+{
+        gm_alloc_desc d = {
+                .kind = GM_KIND_HOST, .size = size, .gpu_id = gpu_id, .flags = flags, .numa_node = numa_node};
+        return gm_malloc_desc(c, &d, ret_ptr);
+}
+
+int gm_malloc_managed(gm_client *c, size_t size, unsigned flags, void **ret_ptr)
+{
+        gm_alloc_desc d = {.kind = GM_KIND_MANAGED, .size = size, .flags = flags, .numa_node = -1};
+        return gm_malloc_desc(c, &d, ret_ptr);
+}
+
+static MemEntry *entry_of(gm_client *c, const void *ptr)
+{
+        MemEntry *e;
+
+        pthread_mutex_lock(&c->mem_lock);
+        e = hashmap_get(&c->allocs, ptr_u64(ptr));
+        pthread_mutex_unlock(&c->mem_lock);
+        return e;
+}
+
+int gm_mem_free(gm_client *c, void *ptr)
+{
+        Gpumem__Request req = GPUMEM__REQUEST__INIT;
+        Gpumem__Free f = GPUMEM__FREE__INIT;
+        MemEntry *e;
+        int r;
+
+        if (!c)
+                return -EINVAL;
+        if (!ptr)
+                return 0; /* like free(NULL) and hipFree(nullptr) */
+        e = entry_of(c, ptr);
+        if (!e)
+                return gm_set_reason(c, -EINVAL,
+                                     "%p was not returned by gm_malloc, gm_host_malloc or "
+                                     "gm_malloc_managed",
+                                     ptr);
+        f.has_handle = true;
+        f.handle = e->handle;
+        req.op_case = GPUMEM__REQUEST__OP_FREE;
+        req.free = &f;
+        r = call_simple(c, &req);
+        if (r < 0)
+                return r;
+        pthread_mutex_lock(&c->mem_lock);
+        e = hashmap_remove(&c->allocs, ptr_u64(ptr));
+        pthread_mutex_unlock(&c->mem_lock);
+        if (e && e->cpu_mapped)
+                reserve_again(ptr_u64(ptr), e->size);
+        free(e);
+        return 0;
+}
+
+static int map_op(gm_client *c, void *ptr, const uint32_t *gpu_ids, size_t n, bool map)
+{
+        Gpumem__Request req = GPUMEM__REQUEST__INIT;
+        Gpumem__MapToGpus m = GPUMEM__MAP_TO_GPUS__INIT;
+        Gpumem__UnmapFromGpus u = GPUMEM__UNMAP_FROM_GPUS__INIT;
+        MemEntry *e;
+
+        if (!c || (n && !gpu_ids))
+                return -EINVAL;
+        e = entry_of(c, ptr);
+        if (!e)
+                return gm_set_reason(c, -EINVAL, "%p was not returned by gm_malloc or gm_host_malloc", ptr);
+        if (map) {
+                m.has_handle = true;
+                m.handle = e->handle;
+                m.n_gpu_ids = n;
+                m.gpu_ids = (uint32_t *)gpu_ids;
+                req.op_case = GPUMEM__REQUEST__OP_MAP;
+                req.map = &m;
+        } else {
+                u.has_handle = true;
+                u.handle = e->handle;
+                u.n_gpu_ids = n;
+                u.gpu_ids = (uint32_t *)gpu_ids;
+                req.op_case = GPUMEM__REQUEST__OP_UNMAP;
+                req.unmap = &u;
+        }
+        return call_simple(c, &req);
+}
+
+int gm_mem_map_gpus(gm_client *c, void *ptr, const uint32_t *gpu_ids, size_t n)
+{
+        return map_op(c, ptr, gpu_ids, n, true);
+}
+
+int gm_mem_unmap_gpus(gm_client *c, void *ptr, const uint32_t *gpu_ids, size_t n)
+{
+        return map_op(c, ptr, gpu_ids, n, false);
+}
+
+/* ---- queries ----------------------------------------------------------------------------------------- */
+
+int gm_mem_get_info(gm_client *c, uint32_t gpu_id, size_t *ret_free, size_t *ret_total)
+{
+        Gpumem__Request req = GPUMEM__REQUEST__INIT;
+        Gpumem__MemInfoGet g = GPUMEM__MEM_INFO_GET__INIT;
+        Gpumem__Reply *reply = NULL;
+        int r;
+
+        if (!c || !gpu_id)
+                return -EINVAL;
+        g.has_gpu_id = true;
+        g.gpu_id = gpu_id;
+        req.op_case = GPUMEM__REQUEST__OP_MEM_INFO;
+        req.mem_info = &g;
+        r = call_result(c, &req, GPUMEM__REPLY__RESULT_MEM_INFO, &reply, NULL, NULL);
+        if (r < 0)
+                return r;
+        if (reply->mem_info->n_gpus != 1) {
+                gpumem__reply__free_unpacked(reply, NULL);
+                return gm_set_reason(c, -EPROTO, "gpumemd answered for %zu GPUs", reply->mem_info->n_gpus);
+        }
+        if (ret_free)
+                *ret_free = reply->mem_info->gpus[0]->free;
+        if (ret_total)
+                *ret_total = reply->mem_info->gpus[0]->total;
+        gpumem__reply__free_unpacked(reply, NULL);
+        return 0;
+}
+
+int gm_pointer_get_attributes(gm_client *c, const void *ptr, gm_pointer_attributes *ret)
+{
+        Gpumem__Request req = GPUMEM__REQUEST__INIT;
+        Gpumem__PointerInfoGet g = GPUMEM__POINTER_INFO_GET__INIT;
+        Gpumem__Reply *reply = NULL;
+        gm_pointer_attributes a;
+        const Gpumem__PointerInfoReply *p;
+        int r;
+
+        if (!c || !ret || ret->struct_size == 0)
+                return -EINVAL;
+        g.has_va = true;
+        g.va = ptr_u64(ptr);
+        req.op_case = GPUMEM__REQUEST__OP_POINTER_INFO;
+        req.pointer_info = &g;
+        r = call_result(c, &req, GPUMEM__REPLY__RESULT_POINTER_INFO, &reply, NULL, NULL);
+        if (r < 0)
+                return r;
+        p = reply->pointer_info;
+        memset(&a, 0, sizeof(a));
+        a.handle = p->handle;
+        a.kind = p->kind;
+        a.gpu_id = p->gpu_id;
+        a.base = (void *)(uintptr_t)p->alloc_base;
+        a.size = p->size;
+        a.flags = p->flags;
+        a.cpu_accessible = p->cpu_accessible;
+        a.n_mapped_gpus = p->n_mapped_gpus < 64 ? p->n_mapped_gpus : 64;
+        memcpy(a.mapped_gpus, p->mapped_gpus, a.n_mapped_gpus * sizeof(uint32_t));
+        gpumem__reply__free_unpacked(reply, NULL);
+        a.struct_size = ret->struct_size < sizeof(a) ? ret->struct_size : sizeof(a);
+        memcpy(ret, &a, a.struct_size);
+        return 0;
+}
+
+/* ---- managed memory ---------------------------------------------------------------------------------- */
+
+static Gpumem__SvmAttr **attrs_to_wire(const gm_svm_attr *attrs, size_t n, Gpumem__SvmAttr *buf)
+{
+        Gpumem__SvmAttr **ptrs = calloc(n ? n : 1, sizeof(*ptrs));
+        if (!ptrs)
+                return NULL;
+        for (size_t i = 0; i < n; i++) {
+                gpumem__svm_attr__init(&buf[i]);
+                buf[i].has_type = buf[i].has_value = true;
+                buf[i].type = attrs[i].type;
+                buf[i].value = attrs[i].value;
+                ptrs[i] = &buf[i];
+        }
+        return ptrs;
+}
+
+#define GM_SVM_MAX_ATTRS 32
+
+int gm_svm_set_attributes(gm_client *c, const void *ptr, size_t size, const gm_svm_attr *attrs, size_t n)
+{
+        Gpumem__Request req = GPUMEM__REQUEST__INIT;
+        Gpumem__SvmSetAttr s = GPUMEM__SVM_SET_ATTR__INIT;
+        Gpumem__SvmAttr buf[GM_SVM_MAX_ATTRS];
+        int r;
+
+        if (!c || (n && !attrs))
+                return -EINVAL;
+        if (n > GM_SVM_MAX_ATTRS)
+                return gm_set_reason(c, -E2BIG, "more than %d attributes", GM_SVM_MAX_ATTRS);
+        s.has_va = s.has_size = true;
+        s.va = ptr_u64(ptr);
+        s.size = size;
+        s.n_attrs = n;
+        s.attrs = attrs_to_wire(attrs, n, buf);
+        if (!s.attrs)
+                return gm_set_reason(c, -ENOMEM, "out of memory");
+        req.op_case = GPUMEM__REQUEST__OP_SVM_SET_ATTR;
+        req.svm_set_attr = &s;
+        r = call_simple(c, &req);
+        free(s.attrs);
+        return r;
+}
+
+int gm_svm_get_attributes(gm_client *c, const void *ptr, size_t size, gm_svm_attr *attrs, size_t n)
+{
+        Gpumem__Request req = GPUMEM__REQUEST__INIT;
+        Gpumem__SvmGetAttr g = GPUMEM__SVM_GET_ATTR__INIT;
+        Gpumem__SvmAttr buf[GM_SVM_MAX_ATTRS];
+        Gpumem__Reply *reply = NULL;
+        int r;
+
+        if (!c || (n && !attrs))
+                return -EINVAL;
+        if (n > GM_SVM_MAX_ATTRS)
+                return gm_set_reason(c, -E2BIG, "more than %d attributes", GM_SVM_MAX_ATTRS);
+        g.has_va = g.has_size = true;
+        g.va = ptr_u64(ptr);
+        g.size = size;
+        g.n_attrs = n;
+        g.attrs = attrs_to_wire(attrs, n, buf);
+        if (!g.attrs)
+                return gm_set_reason(c, -ENOMEM, "out of memory");
+        req.op_case = GPUMEM__REQUEST__OP_SVM_GET_ATTR;
+        req.svm_get_attr = &g;
+        r = call_result(c, &req, GPUMEM__REPLY__RESULT_SVM_GET_ATTR, &reply, NULL, NULL);
+        free(g.attrs);
+        if (r < 0)
+                return r;
+        if (reply->svm_get_attr->n_attrs != n) {
+                gpumem__reply__free_unpacked(reply, NULL);
+                return gm_set_reason(c, -EPROTO, "gpumemd answered %zu attributes for %zu",
+                                     reply->svm_get_attr->n_attrs, n);
+        }
+        for (size_t i = 0; i < n; i++)
+                attrs[i] = (gm_svm_attr){reply->svm_get_attr->attrs[i]->type,
+                                         reply->svm_get_attr->attrs[i]->value};
+        gpumem__reply__free_unpacked(reply, NULL);
+        return 0;
+}
+
+/*
+ * hipMemAdvise as ROCm's HIP runtime and ROCr turn it into KFD SVM attributes: read-mostly is a flag,
+ * preferred location an attribute (undefined when unset), "accessed by" maps in place on that GPU and
+ * its removal leaves the GPU merely allowed to access, coarse grain clears the coherent flag.
+ */
+int gm_mem_advise(gm_client *c, const void *ptr, size_t size, int advice, uint32_t location)
+{
+        gm_svm_attr a;
+
+        if (!c)
+                return -EINVAL;
+        switch (advice) {
+        case GM_ADVISE_SET_READ_MOSTLY:
+                a = (gm_svm_attr){GM_SVM_ATTR_SET_FLAGS, GM_SVM_FLAG_GPU_READ_MOSTLY};
+                break;
+        case GM_ADVISE_UNSET_READ_MOSTLY:
+                a = (gm_svm_attr){GM_SVM_ATTR_CLR_FLAGS, GM_SVM_FLAG_GPU_READ_MOSTLY};
+                break;
+        case GM_ADVISE_SET_PREFERRED_LOCATION:
+                a = (gm_svm_attr){GM_SVM_ATTR_PREFERRED_LOC, location};
+                break;
+        case GM_ADVISE_UNSET_PREFERRED_LOCATION:
+                a = (gm_svm_attr){GM_SVM_ATTR_PREFERRED_LOC, GM_SVM_LOCATION_UNDEFINED};
+                break;
+        case GM_ADVISE_SET_ACCESSED_BY:
+        case GM_ADVISE_UNSET_ACCESSED_BY:
+                if (location == GM_LOCATION_CPU) {
+                        /* the CPU always reaches managed memory: nothing for the GPU driver to change, but
+                         * the range must still be managed memory of this client */
+                        gm_svm_attr q = {GM_SVM_ATTR_GRANULARITY, 0};
+                        return gm_svm_get_attributes(c, ptr, size, &q, 1);
+                }
+                a = (gm_svm_attr){advice == GM_ADVISE_SET_ACCESSED_BY ? GM_SVM_ATTR_ACCESS_IN_PLACE
+                                                                      : GM_SVM_ATTR_ACCESS,
+                                  location};
+                break;
+        case GM_ADVISE_SET_COARSE_GRAIN:
+                a = (gm_svm_attr){GM_SVM_ATTR_CLR_FLAGS, GM_SVM_FLAG_COHERENT};
+                break;
+        case GM_ADVISE_UNSET_COARSE_GRAIN:
+                a = (gm_svm_attr){GM_SVM_ATTR_SET_FLAGS, GM_SVM_FLAG_COHERENT};
+                break;
+        default:
+                return gm_set_reason(c, -EINVAL, "unknown advice %d", advice);
+        }
+        return gm_svm_set_attributes(c, ptr, size, &a, 1);
+}
+
+int gm_mem_prefetch(gm_client *c, const void *ptr, size_t size, uint32_t location)
+{
+        Gpumem__Request req = GPUMEM__REQUEST__INIT;
+        Gpumem__SvmPrefetch p = GPUMEM__SVM_PREFETCH__INIT;
+
+        if (!c)
+                return -EINVAL;
+        p.has_va = p.has_size = p.has_location = true;
+        p.va = ptr_u64(ptr);
+        p.size = size;
+        p.location = location;
+        req.op_case = GPUMEM__REQUEST__OP_SVM_PREFETCH;
+        req.svm_prefetch = &p;
+        return call_simple(c, &req);
+}
+
+/* ---- VMM --------------------------------------------------------------------------------------------- */
+
+int gm_mem_address_reserve(gm_client *c, size_t size, size_t alignment, void *addr, unsigned long long flags,
+                           void **ret_ptr)
+{
+        Gpumem__Request req = GPUMEM__REQUEST__INIT;
+        Gpumem__VmmReserve v = GPUMEM__VMM_RESERVE__INIT;
+        Gpumem__Reply *reply = NULL;
+        int r;
+
+        if (!c || !ret_ptr)
+                return -EINVAL;
+        v.has_size = v.has_alignment = v.has_fixed_va = v.has_flags = true;
+        v.size = size;
+        v.alignment = alignment;
+        v.fixed_va = ptr_u64(addr);
+        v.flags = flags;
+        req.op_case = GPUMEM__REQUEST__OP_VMM_RESERVE;
+        req.vmm_reserve = &v;
+        r = call_result(c, &req, GPUMEM__REPLY__RESULT_VMM_RESERVE, &reply, NULL, NULL);
+        if (r < 0)
+                return r;
+        *ret_ptr = (void *)(uintptr_t)reply->vmm_reserve->va;
+        gpumem__reply__free_unpacked(reply, NULL);
+        return 0;
+}
+
+int gm_mem_address_free(gm_client *c, void *ptr, size_t size)
+{
+        Gpumem__Request req = GPUMEM__REQUEST__INIT;
+        Gpumem__VmmFree v = GPUMEM__VMM_FREE__INIT;
+
+        if (!c)
+                return -EINVAL;
+        v.has_va = v.has_size = true;
+        v.va = ptr_u64(ptr);
+        v.size = size;
+        req.op_case = GPUMEM__REQUEST__OP_VMM_FREE;
+        req.vmm_free = &v;
+        return call_simple(c, &req);
+}
+
+int gm_mem_create(gm_client *c, size_t size, uint32_t gpu_id, unsigned flags, gm_handle *ret_handle)
+{
+        Gpumem__Request req = GPUMEM__REQUEST__INIT;
+        Gpumem__VmmCreate v = GPUMEM__VMM_CREATE__INIT;
+        Gpumem__Reply *reply = NULL;
+        int r;
+
+        if (!c || !ret_handle)
+                return -EINVAL;
+        v.has_size = v.has_gpu_id = v.has_flags = true;
+        v.size = size;
+        v.gpu_id = gpu_id;
+        v.flags = flags;
+        req.op_case = GPUMEM__REQUEST__OP_VMM_CREATE;
+        req.vmm_create = &v;
+        r = call_result(c, &req, GPUMEM__REPLY__RESULT_VMM_CREATE, &reply, NULL, NULL);
+        if (r < 0)
+                return r;
+        *ret_handle = reply->vmm_create->handle;
+        gpumem__reply__free_unpacked(reply, NULL);
+        return 0;
+}
+
+int gm_mem_release(gm_client *c, gm_handle handle)
+{
+        Gpumem__Request req = GPUMEM__REQUEST__INIT;
+        Gpumem__VmmRelease v = GPUMEM__VMM_RELEASE__INIT;
+
+        if (!c)
+                return -EINVAL;
+        v.has_handle = true;
+        v.handle = handle;
+        req.op_case = GPUMEM__REQUEST__OP_VMM_RELEASE;
+        req.vmm_release = &v;
+        return call_simple(c, &req);
+}
+
+int gm_mem_map(gm_client *c, void *ptr, size_t size, size_t offset, gm_handle handle)
+{
+        Gpumem__Request req = GPUMEM__REQUEST__INIT;
+        Gpumem__VmmMap v = GPUMEM__VMM_MAP__INIT;
+
+        if (!c)
+                return -EINVAL;
+        v.has_va = v.has_size = v.has_offset = v.has_handle = true;
+        v.va = ptr_u64(ptr);
+        v.size = size;
+        v.offset = offset;
+        v.handle = handle;
+        req.op_case = GPUMEM__REQUEST__OP_VMM_MAP;
+        req.vmm_map = &v;
+        return call_simple(c, &req);
+}
+
+int gm_mem_unmap(gm_client *c, void *ptr, size_t size)
+{
+        Gpumem__Request req = GPUMEM__REQUEST__INIT;
+        Gpumem__VmmUnmap v = GPUMEM__VMM_UNMAP__INIT;
+        int r;
+
+        if (!c)
+                return -EINVAL;
+        v.has_va = v.has_size = true;
+        v.va = ptr_u64(ptr);
+        v.size = size;
+        req.op_case = GPUMEM__REQUEST__OP_VMM_UNMAP;
+        req.vmm_unmap = &v;
+        r = call_simple(c, &req);
+        /* whatever the CPU saw there is gone: keep the window reserved */
+        if (r == 0 && in_window(c, v.va, v.size))
+                reserve_again(v.va, v.size);
+        return r;
+}
+
+int gm_mem_set_access(gm_client *c, void *ptr, size_t size, const gm_access_desc *desc, size_t n)
+{
+        Gpumem__Request req = GPUMEM__REQUEST__INIT;
+        Gpumem__VmmSetAccess v = GPUMEM__VMM_SET_ACCESS__INIT;
+        Gpumem__AccessDesc d[65], *dp[65];
+        Gpumem__Reply *reply = NULL;
+        int fds[GM_FRAME_MAX_FDS];
+        size_t n_fds = 0;
+        bool cpu_none = false;
+        int r = 0;
+
+        if (!c || !desc || n == 0)
+                return -EINVAL;
+        if (n > 65)
+                return gm_set_reason(c, -E2BIG, "more than 65 access descriptors");
+        for (size_t i = 0; i < n; i++) {
+                gpumem__access_desc__init(&d[i]);
+                d[i].has_gpu_id = d[i].has_access = true;
+                d[i].gpu_id = desc[i].gpu_id;
+                d[i].access = (Gpumem__Access)desc[i].access;
+                dp[i] = &d[i];
+                if (desc[i].gpu_id == GM_LOCATION_CPU && desc[i].access == GM_ACCESS_NONE)
+                        cpu_none = true;
+        }
+        v.has_va = v.has_size = true;
+        v.va = ptr_u64(ptr);
+        v.size = size;
+        v.n_desc = n;
+        v.desc = dp;
+        req.op_case = GPUMEM__REQUEST__OP_VMM_SET_ACCESS;
+        req.vmm_set_access = &v;
+        r = call_result(c, &req, GPUMEM__REPLY__RESULT_VMM_SET_ACCESS, &reply, fds, &n_fds);
+        if (r < 0)
+                return r;
+        for (size_t i = 0; i < reply->vmm_set_access->n_cpu_maps && r == 0; i++) {
+                const Gpumem__CpuMapping *m = reply->vmm_set_access->cpu_maps[i];
+                if (m->fd_index < 0 || (size_t)m->fd_index >= n_fds || !in_window(c, m->va, m->size)) {
+                        r = gm_set_reason(c, -EPROTO, "gpumemd sent an unusable CPU mapping");
+                        break;
+                }
+                r = map_fd_at(m->va, m->size, fds[m->fd_index], m->fd_offset, m->writable);
+                if (r < 0)
+                        gm_set_reason(c, r, "cannot map 0x%llx for the CPU: %s", (unsigned long long)m->va,
+                                      strerror(-r));
+        }
+        gm_wire_close_fds(fds, n_fds);
+        gpumem__reply__free_unpacked(reply, NULL);
+        if (r == 0 && cpu_none && in_window(c, v.va, v.size))
+                reserve_again(v.va, v.size);
+        return r;
+}
+
+int gm_mem_get_access(gm_client *c, const void *ptr, uint32_t location, int *ret_access)
+{
+        Gpumem__Request req = GPUMEM__REQUEST__INIT;
+        Gpumem__VmmGetAccess g = GPUMEM__VMM_GET_ACCESS__INIT;
+        Gpumem__Reply *reply = NULL;
+        int r;
+
+        if (!c || !ret_access)
+                return -EINVAL;
+        g.has_va = g.has_gpu_id = true;
+        g.va = ptr_u64(ptr);
+        g.gpu_id = location;
+        req.op_case = GPUMEM__REQUEST__OP_VMM_GET_ACCESS;
+        req.vmm_get_access = &g;
+        r = call_result(c, &req, GPUMEM__REPLY__RESULT_VMM_GET_ACCESS, &reply, NULL, NULL);
+        if (r < 0)
+                return r;
+        *ret_access = reply->vmm_get_access->access;
+        gpumem__reply__free_unpacked(reply, NULL);
+        return 0;
+}
+
+int gm_mem_get_allocation_granularity(gm_client *c, uint32_t gpu_id, int option, size_t *ret_granularity)
+{
+        Gpumem__Request req = GPUMEM__REQUEST__INIT;
+        Gpumem__VmmGranularity g = GPUMEM__VMM_GRANULARITY__INIT;
+        Gpumem__Reply *reply = NULL;
+        int r;
+
+        if (!c || !ret_granularity)
+                return -EINVAL;
+        if (option != GM_GRANULARITY_MINIMUM && option != GM_GRANULARITY_RECOMMENDED)
+                return gm_set_reason(c, -EINVAL, "granularity option %d is neither minimum nor recommended",
+                                     option);
+        g.has_gpu_id = g.has_recommended = true;
+        g.gpu_id = gpu_id;
+        g.recommended = option == GM_GRANULARITY_RECOMMENDED;
+        req.op_case = GPUMEM__REQUEST__OP_VMM_GRANULARITY;
+        req.vmm_granularity = &g;
+        r = call_result(c, &req, GPUMEM__REPLY__RESULT_VMM_GRANULARITY, &reply, NULL, NULL);
+        if (r < 0)
+                return r;
+        *ret_granularity = reply->vmm_granularity->granularity;
+        gpumem__reply__free_unpacked(reply, NULL);
+        return 0;
+}
+
+int gm_mem_retain_allocation_handle(gm_client *c, void *ptr, gm_handle *ret_handle)
+{
+        Gpumem__Request req = GPUMEM__REQUEST__INIT;
+        Gpumem__VmmRetain v = GPUMEM__VMM_RETAIN__INIT;
+        Gpumem__Reply *reply = NULL;
+        int r;
+
+        if (!c || !ret_handle)
+                return -EINVAL;
+        v.has_va = true;
+        v.va = ptr_u64(ptr);
+        req.op_case = GPUMEM__REQUEST__OP_VMM_RETAIN;
+        req.vmm_retain = &v;
+        r = call_result(c, &req, GPUMEM__REPLY__RESULT_VMM_RETAIN, &reply, NULL, NULL);
+        if (r < 0)
+                return r;
+        *ret_handle = reply->vmm_retain->handle;
+        gpumem__reply__free_unpacked(reply, NULL);
+        return 0;
+}
+
+int gm_mem_get_allocation_properties(gm_client *c, gm_handle handle, gm_allocation_prop *ret)
+{
+        Gpumem__Request req = GPUMEM__REQUEST__INIT;
+        Gpumem__VmmProperties v = GPUMEM__VMM_PROPERTIES__INIT;
+        Gpumem__Reply *reply = NULL;
+        gm_allocation_prop p = {0};
+        int r;
+
+        if (!c || !ret || ret->struct_size == 0)
+                return -EINVAL;
+        v.has_handle = true;
+        v.handle = handle;
+        req.op_case = GPUMEM__REQUEST__OP_VMM_PROPERTIES;
+        req.vmm_properties = &v;
+        r = call_result(c, &req, GPUMEM__REPLY__RESULT_VMM_PROPERTIES, &reply, NULL, NULL);
+        if (r < 0)
+                return r;
+        p.kind = reply->vmm_properties->kind;
+        p.gpu_id = reply->vmm_properties->gpu_id;
+        p.size = reply->vmm_properties->size;
+        p.flags = reply->vmm_properties->flags;
+        gpumem__reply__free_unpacked(reply, NULL);
+        p.struct_size = ret->struct_size < sizeof(p) ? ret->struct_size : sizeof(p);
+        memcpy(ret, &p, p.struct_size);
+        return 0;
+}
+
+/* ---- sharing ----------------------------------------------------------------------------------------- */
+
+int gm_mem_export(gm_client *c, gm_handle handle, int *ret_fd, size_t *ret_size)
+{
+        Gpumem__Request req = GPUMEM__REQUEST__INIT;
+        Gpumem__DmabufExport e = GPUMEM__DMABUF_EXPORT__INIT;
+        Gpumem__Reply *reply = NULL;
+        int fds[GM_FRAME_MAX_FDS];
+        size_t n_fds = 0;
+        int r, idx;
+
+        if (!c || !ret_fd)
+                return -EINVAL;
+        e.has_handle = true;
+        e.handle = handle;
+        req.op_case = GPUMEM__REQUEST__OP_DMABUF_EXPORT;
+        req.dmabuf_export = &e;
+        r = call_result(c, &req, GPUMEM__REPLY__RESULT_DMABUF_EXPORT, &reply, fds, &n_fds);
+        if (r < 0)
+                return r;
+        idx = reply->dmabuf_export->fd_index;
+        if (idx < 0 || (size_t)idx >= n_fds) {
+                gm_wire_close_fds(fds, n_fds);
+                gpumem__reply__free_unpacked(reply, NULL);
+                return gm_set_reason(c, -EPROTO, "gpumemd named a dmabuf fd it did not send");
+        }
+        *ret_fd = fds[idx];
+        fds[idx] = -1;
+        if (ret_size)
+                *ret_size = reply->dmabuf_export->size;
+        gm_wire_close_fds(fds, n_fds);
+        gpumem__reply__free_unpacked(reply, NULL);
+        return 0;
+}
+
+int gm_mem_import(gm_client *c, int fd, uint32_t gpu_id, gm_handle *ret_handle, size_t *ret_size)
+{
+        Gpumem__Request req = GPUMEM__REQUEST__INIT;
+        Gpumem__DmabufImport im = GPUMEM__DMABUF_IMPORT__INIT;
+        Gpumem__Reply *reply = NULL;
+        int r;
+
+        if (!c || fd < 0 || !ret_handle)
+                return -EINVAL;
+        im.has_fd_index = im.has_gpu_id = true;
+        im.fd_index = 0;
+        im.gpu_id = gpu_id;
+        req.op_case = GPUMEM__REQUEST__OP_DMABUF_IMPORT;
+        req.dmabuf_import = &im;
+        r = gm_call(c, &req, &fd, 1, &reply, NULL, NULL);
+        if (r < 0)
+                return r;
+        if (reply->result_case != GPUMEM__REPLY__RESULT_DMABUF_IMPORT) {
+                gpumem__reply__free_unpacked(reply, NULL);
+                return gm_set_reason(c, -EPROTO, "gpumemd replied with an unexpected result");
+        }
+        *ret_handle = reply->dmabuf_import->handle;
+        if (ret_size)
+                *ret_size = reply->dmabuf_import->size;
+        gpumem__reply__free_unpacked(reply, NULL);
+        return 0;
+}
