@@ -19,6 +19,12 @@ for _ in $(seq 1 200); do build/libclient/gpumemctl ping >/dev/null 2>&1 && brea
 
 echo "== a client session"
 build/libclient/examples/gpumem-info
+echo "== two processes share a buffer through a dmabuf fd (libclient/examples/share-buffer.c)"
+build/libclient/examples/share-buffer
+echo "== a VMM buffer grows in place (libclient/examples/vmm-grow.c)"
+build/libclient/examples/vmm-grow
+echo "== managed memory with advice and prefetch (libclient/examples/managed.c)"
+build/libclient/examples/managed
 echo "== gpumemctl topology"
 build/libclient/gpumemctl topology
 echo "== gpumemctl status"
