@@ -7,6 +7,11 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+/* Refuse a call whose arguments are missing or out of range, saying which call (c may be NULL). */
+#define BAD_ARGS(c)                                                                                          \
+        ((c) ? gm_set_reason((c), -EINVAL, "%s: a required argument is missing or invalid", __func__)        \
+             : -EINVAL)
+
 typedef struct MemEntry {
         gm_handle handle;
         uint64_t size;
@@ -83,7 +88,7 @@ int gm_malloc_desc(gm_client *c, const gm_alloc_desc *d, void **ret_ptr)
         int r;
 
         if (!c || !d || !ret_ptr)
-                return -EINVAL;
+                return BAD_ARGS(c);
         if (d->n_map_gpus > 64)
                 return gm_set_reason(c, -E2BIG, "more than 64 GPUs to map on");
         a.has_kind = a.has_size = a.has_gpu_id = a.has_flags = a.has_numa_node = true;
@@ -121,7 +126,7 @@ int gm_malloc_desc(gm_client *c, const gm_alloc_desc *d, void **ret_ptr)
                         goto undo;
                 }
                 r = map_fd_at(va, size, fds[reply->alloc->mem_fd_index], reply->alloc->mem_fd_offset,
-                              !(d->flags & GM_MEM_READ_ONLY) || d->kind != GM_KIND_DEVICE);
+                              !(d->flags & GM_MEM_READ_ONLY));
                 if (r < 0) {
                         gm_set_reason(c, r, "cannot map the memory at 0x%llx: %s", (unsigned long long)va,
                                       strerror(-r));
@@ -198,7 +203,7 @@ int gm_mem_free(gm_client *c, void *ptr)
         int r;
 
         if (!c)
-                return -EINVAL;
+                return BAD_ARGS(c);
         if (!ptr)
                 return 0; /* like free(NULL) and hipFree(nullptr) */
         e = entry_of(c, ptr);
@@ -231,7 +236,7 @@ static int map_op(gm_client *c, void *ptr, const uint32_t *gpu_ids, size_t n, bo
         MemEntry *e;
 
         if (!c || (n && !gpu_ids))
-                return -EINVAL;
+                return BAD_ARGS(c);
         e = entry_of(c, ptr);
         if (!e)
                 return gm_set_reason(c, -EINVAL, "%p was not returned by gm_malloc or gm_host_malloc", ptr);
@@ -273,7 +278,7 @@ int gm_mem_get_info(gm_client *c, uint32_t gpu_id, size_t *ret_free, size_t *ret
         int r;
 
         if (!c || !gpu_id)
-                return -EINVAL;
+                return BAD_ARGS(c);
         g.has_gpu_id = true;
         g.gpu_id = gpu_id;
         req.op_case = GPUMEM__REQUEST__OP_MEM_INFO;
@@ -282,8 +287,9 @@ int gm_mem_get_info(gm_client *c, uint32_t gpu_id, size_t *ret_free, size_t *ret
         if (r < 0)
                 return r;
         if (reply->mem_info->n_gpus != 1) {
+                size_t n = reply->mem_info->n_gpus;
                 gpumem__reply__free_unpacked(reply, NULL);
-                return gm_set_reason(c, -EPROTO, "gpumemd answered for %zu GPUs", reply->mem_info->n_gpus);
+                return gm_set_reason(c, -EPROTO, "gpumemd answered for %zu GPUs", n);
         }
         if (ret_free)
                 *ret_free = reply->mem_info->gpus[0]->free;
@@ -303,7 +309,7 @@ int gm_pointer_get_attributes(gm_client *c, const void *ptr, gm_pointer_attribut
         int r;
 
         if (!c || !ret || ret->struct_size == 0)
-                return -EINVAL;
+                return BAD_ARGS(c);
         g.has_va = true;
         g.va = ptr_u64(ptr);
         req.op_case = GPUMEM__REQUEST__OP_POINTER_INFO;
@@ -355,7 +361,7 @@ int gm_svm_set_attributes(gm_client *c, const void *ptr, size_t size, const gm_s
         int r;
 
         if (!c || (n && !attrs))
-                return -EINVAL;
+                return BAD_ARGS(c);
         if (n > GM_SVM_MAX_ATTRS)
                 return gm_set_reason(c, -E2BIG, "more than %d attributes", GM_SVM_MAX_ATTRS);
         s.has_va = s.has_size = true;
@@ -381,7 +387,7 @@ int gm_svm_get_attributes(gm_client *c, const void *ptr, size_t size, gm_svm_att
         int r;
 
         if (!c || (n && !attrs))
-                return -EINVAL;
+                return BAD_ARGS(c);
         if (n > GM_SVM_MAX_ATTRS)
                 return gm_set_reason(c, -E2BIG, "more than %d attributes", GM_SVM_MAX_ATTRS);
         g.has_va = g.has_size = true;
@@ -419,7 +425,7 @@ int gm_mem_advise(gm_client *c, const void *ptr, size_t size, int advice, uint32
         gm_svm_attr a;
 
         if (!c)
-                return -EINVAL;
+                return BAD_ARGS(c);
         switch (advice) {
         case GM_ADVISE_SET_READ_MOSTLY:
                 a = (gm_svm_attr){GM_SVM_ATTR_SET_FLAGS, GM_SVM_FLAG_GPU_READ_MOSTLY};
@@ -463,7 +469,7 @@ int gm_mem_prefetch(gm_client *c, const void *ptr, size_t size, uint32_t locatio
         Gpumem__SvmPrefetch p = GPUMEM__SVM_PREFETCH__INIT;
 
         if (!c)
-                return -EINVAL;
+                return BAD_ARGS(c);
         p.has_va = p.has_size = p.has_location = true;
         p.va = ptr_u64(ptr);
         p.size = size;
@@ -484,7 +490,7 @@ int gm_mem_address_reserve(gm_client *c, size_t size, size_t alignment, void *ad
         int r;
 
         if (!c || !ret_ptr)
-                return -EINVAL;
+                return BAD_ARGS(c);
         v.has_size = v.has_alignment = v.has_fixed_va = v.has_flags = true;
         v.size = size;
         v.alignment = alignment;
@@ -506,7 +512,7 @@ int gm_mem_address_free(gm_client *c, void *ptr, size_t size)
         Gpumem__VmmFree v = GPUMEM__VMM_FREE__INIT;
 
         if (!c)
-                return -EINVAL;
+                return BAD_ARGS(c);
         v.has_va = v.has_size = true;
         v.va = ptr_u64(ptr);
         v.size = size;
@@ -523,7 +529,7 @@ int gm_mem_create(gm_client *c, size_t size, uint32_t gpu_id, unsigned flags, gm
         int r;
 
         if (!c || !ret_handle)
-                return -EINVAL;
+                return BAD_ARGS(c);
         v.has_size = v.has_gpu_id = v.has_flags = true;
         v.size = size;
         v.gpu_id = gpu_id;
@@ -544,7 +550,7 @@ int gm_mem_release(gm_client *c, gm_handle handle)
         Gpumem__VmmRelease v = GPUMEM__VMM_RELEASE__INIT;
 
         if (!c)
-                return -EINVAL;
+                return BAD_ARGS(c);
         v.has_handle = true;
         v.handle = handle;
         req.op_case = GPUMEM__REQUEST__OP_VMM_RELEASE;
@@ -558,7 +564,7 @@ int gm_mem_map(gm_client *c, void *ptr, size_t size, size_t offset, gm_handle ha
         Gpumem__VmmMap v = GPUMEM__VMM_MAP__INIT;
 
         if (!c)
-                return -EINVAL;
+                return BAD_ARGS(c);
         v.has_va = v.has_size = v.has_offset = v.has_handle = true;
         v.va = ptr_u64(ptr);
         v.size = size;
@@ -576,7 +582,7 @@ int gm_mem_unmap(gm_client *c, void *ptr, size_t size)
         int r;
 
         if (!c)
-                return -EINVAL;
+                return BAD_ARGS(c);
         v.has_va = v.has_size = true;
         v.va = ptr_u64(ptr);
         v.size = size;
@@ -601,7 +607,7 @@ int gm_mem_set_access(gm_client *c, void *ptr, size_t size, const gm_access_desc
         int r = 0;
 
         if (!c || !desc || n == 0)
-                return -EINVAL;
+                return BAD_ARGS(c);
         if (n > 65)
                 return gm_set_reason(c, -E2BIG, "more than 65 access descriptors");
         for (size_t i = 0; i < n; i++) {
@@ -649,7 +655,7 @@ int gm_mem_get_access(gm_client *c, const void *ptr, uint32_t location, int *ret
         int r;
 
         if (!c || !ret_access)
-                return -EINVAL;
+                return BAD_ARGS(c);
         g.has_va = g.has_gpu_id = true;
         g.va = ptr_u64(ptr);
         g.gpu_id = location;
@@ -671,7 +677,7 @@ int gm_mem_get_allocation_granularity(gm_client *c, uint32_t gpu_id, int option,
         int r;
 
         if (!c || !ret_granularity)
-                return -EINVAL;
+                return BAD_ARGS(c);
         if (option != GM_GRANULARITY_MINIMUM && option != GM_GRANULARITY_RECOMMENDED)
                 return gm_set_reason(c, -EINVAL, "granularity option %d is neither minimum nor recommended",
                                      option);
@@ -696,7 +702,7 @@ int gm_mem_retain_allocation_handle(gm_client *c, void *ptr, gm_handle *ret_hand
         int r;
 
         if (!c || !ret_handle)
-                return -EINVAL;
+                return BAD_ARGS(c);
         v.has_va = true;
         v.va = ptr_u64(ptr);
         req.op_case = GPUMEM__REQUEST__OP_VMM_RETAIN;
@@ -718,7 +724,7 @@ int gm_mem_get_allocation_properties(gm_client *c, gm_handle handle, gm_allocati
         int r;
 
         if (!c || !ret || ret->struct_size == 0)
-                return -EINVAL;
+                return BAD_ARGS(c);
         v.has_handle = true;
         v.handle = handle;
         req.op_case = GPUMEM__REQUEST__OP_VMM_PROPERTIES;
@@ -748,7 +754,7 @@ int gm_mem_export(gm_client *c, gm_handle handle, int *ret_fd, size_t *ret_size)
         int r, idx;
 
         if (!c || !ret_fd)
-                return -EINVAL;
+                return BAD_ARGS(c);
         e.has_handle = true;
         e.handle = handle;
         req.op_case = GPUMEM__REQUEST__OP_DMABUF_EXPORT;
@@ -779,7 +785,7 @@ int gm_mem_import(gm_client *c, int fd, uint32_t gpu_id, gm_handle *ret_handle, 
         int r;
 
         if (!c || fd < 0 || !ret_handle)
-                return -EINVAL;
+                return BAD_ARGS(c);
         im.has_fd_index = im.has_gpu_id = true;
         im.fd_index = 0;
         im.gpu_id = gpu_id;

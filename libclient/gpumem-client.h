@@ -129,7 +129,7 @@ enum {
         GM_MEM_UNCACHED = 4,
         GM_MEM_EXECUTABLE = 8,
         GM_MEM_CONTIGUOUS = 16,   /**< physically contiguous VRAM (KFD ABI 1.16) */
-        GM_MEM_READ_ONLY = 32,    /**< GPUs (and the CPU mapping) may only read */
+        GM_MEM_READ_ONLY = 32,    /**< GPUs may only read, and this process maps it read-only */
         GM_MEM_EXT_COHERENT = 64, /**< extended-scope coherence; needs GM_MEM_COHERENT */
 };
 
@@ -187,7 +187,7 @@ typedef struct gm_pointer_attributes {
         size_t struct_size; /**< [in] sizeof(gm_pointer_attributes): fields beyond it are not written */
         gm_handle handle;   /**< 0 for a VMM mapping whose handle was released */
         int kind;           /**< GM_KIND_* */
-        uint32_t gpu_id;    /**< owning GPU; 0 for host and managed memory */
+        uint32_t gpu_id;    /**< owning GPU; for host memory the GPU it was placed near; 0 for managed */
         void *base;
         size_t size;
         unsigned flags;
