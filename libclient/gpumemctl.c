@@ -1,4 +1,5 @@
 /* gpumemctl: the administrators' CLI for gpumemd (tables for people, stable JSON with --json). */
+#include <ctype.h>
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
@@ -377,10 +378,128 @@ static int cmd_ping(Ctl *ctl, int argc, char **argv)
         return EXIT_SUCCESS;
 }
 
+/* CDI names start and end with a letter or digit; a kind is VENDOR/CLASS with VENDOR a DNS name. */
+static bool cdi_name_ok(const char *s, size_t max, const char *inner)
+{
+        size_t n = strlen(s);
+
+        if (n == 0 || n > max || !isalnum((unsigned char)s[0]) || !isalnum((unsigned char)s[n - 1]))
+                return false;
+        for (size_t i = 0; i < n; i++)
+                if (!isalnum((unsigned char)s[i]) && !strchr(inner, s[i]))
+                        return false;
+        return true;
+}
+
+static bool cdi_kind_ok(const char *kind)
+{
+        const char *slash = strchr(kind, '/');
+        char vendor[254], label[64];
+        const char *p;
+
+        if (!slash || (size_t)(slash - kind) >= sizeof(vendor))
+                return false;
+        memcpy(vendor, kind, (size_t)(slash - kind));
+        vendor[slash - kind] = '\0';
+        if (!vendor[0] || !cdi_name_ok(slash + 1, 63, "-_"))
+                return false;
+        for (p = vendor; *p;) {
+                size_t n = strcspn(p, ".");
+                if (n == 0 || n >= sizeof(label))
+                        return false;
+                memcpy(label, p, n);
+                label[n] = '\0';
+                if (!cdi_name_ok(label, 63, "-"))
+                        return false;
+                p += n;
+                if (*p == '.' && *++p == '\0')
+                        return false;
+        }
+        return true;
+}
+
+static bool cdi_path_ok(const char *path)
+{
+        if (path[0] != '/' || strlen(path) >= 108)
+                return false;
+        for (const char *p = path; *p; p++)
+                if ((unsigned char)*p < 0x20 || *p == '=')
+                        return false;
+        return true;
+}
+
+/*
+ * A Container Device Interface spec for the socket: the container gets a bind mount of the socket and
+ * GPUMEM_SOCKET, and no device node, since gpumemd alone opens /dev/kfd. Version 0.5.0 of the CDI spec
+ * covers everything used here (mount type and options), so older runtimes accept it too.
+ */
+static int cmd_cdi(Ctl *ctl, int argc, char **argv)
+{
+        const char *kind = "gpumem.io/socket", *name = "default";
+        const char *host = ctl->socket ? ctl->socket : GM_DEFAULT_SOCKET, *inside = NULL;
+        char env[160];
+
+        for (int i = 1; i < argc; i++) {
+                static const char *const opts[] = {"--kind", "--name", "--socket-path", "--container-path"};
+                const char **dst[] = {&kind, &name, &host, &inside};
+                size_t k, len = 0;
+
+                for (k = 0; k < sizeof(opts) / sizeof(opts[0]); k++) {
+                        len = strlen(opts[k]);
+                        if (strncmp(argv[i], opts[k], len) == 0 &&
+                            (argv[i][len] == '\0' || argv[i][len] == '='))
+                                break;
+                }
+                if (k == sizeof(opts) / sizeof(opts[0])) {
+                        fprintf(stderr, "gpumemctl: cdi: unknown argument '%s'\n", argv[i]);
+                        return EXIT_FAILURE;
+                }
+                if (argv[i][len] == '=')
+                        *dst[k] = argv[i] + len + 1;
+                else if (i + 1 < argc)
+                        *dst[k] = argv[++i];
+                else {
+                        fprintf(stderr, "gpumemctl: cdi: %s needs a value\n", opts[k]);
+                        return EXIT_FAILURE;
+                }
+        }
+        if (!inside)
+                inside = host;
+        if (!cdi_kind_ok(kind)) {
+                fprintf(stderr, "gpumemctl: cdi: '%s' is not a CDI kind (vendor.example/class)\n", kind);
+                return EXIT_FAILURE;
+        }
+        if (!cdi_name_ok(name, 63, "-_.:")) {
+                fprintf(stderr, "gpumemctl: cdi: '%s' is not a CDI device name\n", name);
+                return EXIT_FAILURE;
+        }
+        if (!cdi_path_ok(host) || !cdi_path_ok(inside)) {
+                fprintf(stderr, "gpumemctl: cdi: socket paths must be absolute, shorter than 108 bytes and "
+                                "free of control characters and '='\n");
+                return EXIT_FAILURE;
+        }
+        printf("{\n  \"cdiVersion\": \"0.5.0\",\n  \"kind\": ");
+        json_str(kind);
+        printf(",\n  \"devices\": [\n    {\n      \"name\": ");
+        json_str(name);
+        printf(",\n      \"containerEdits\": {\n        \"env\": [");
+        snprintf(env, sizeof(env), "GPUMEM_SOCKET=%s", inside);
+        json_str(env);
+        printf("],\n        \"mounts\": [\n          {\n            \"hostPath\": ");
+        json_str(host);
+        printf(",\n            \"containerPath\": ");
+        json_str(inside);
+        printf(",\n            \"type\": \"bind\",\n"
+               "            \"options\": [\"bind\", \"nosuid\", \"nodev\", \"noexec\"]\n"
+               "          }\n        ]\n      }\n    }\n  ]\n}\n");
+        return EXIT_SUCCESS;
+}
+
 static const struct {
         const char *name;
         int (*fn)(Ctl *ctl, int argc, char **argv);
         const char *help;
+        bool offline; /* runs without connecting to the daemon */
 } commands[] = {
         {"status", cmd_status, "daemon version, backend, uptime, clients, totals"},
         {"topology", cmd_topology, "CPU and GPU nodes, memory, links [--properties]"},
@@ -389,6 +508,7 @@ static const struct {
         {"metrics", cmd_metrics, "metrics in Prometheus text format"},
         {"log-level", cmd_log_level, "set the daemon's log level: log-level LEVEL"},
         {"ping", cmd_ping, "one round trip to the daemon"},
+        {"cdi", cmd_cdi, "print a CDI spec giving containers the socket [--kind K] [--name N]", true},
 };
 
 static void usage(FILE *f)
@@ -438,6 +558,8 @@ int main(int argc, char **argv)
         for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++) {
                 if (strcmp(argv[optind], commands[i].name) != 0)
                         continue;
+                if (commands[i].offline)
+                        return commands[i].fn(&ctl, argc - optind, argv + optind);
                 const char *path = ctl.socket ? ctl.socket : getenv("GPUMEM_SOCKET");
                 if (!path || !*path)
                         path = GM_DEFAULT_SOCKET;

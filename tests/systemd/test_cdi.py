@@ -1,0 +1,137 @@
+#!/usr/bin/env python3
+"""gpumemctl cdi: a valid Container Device Interface spec that gives a container the socket and GPUMEM_SOCKET and
+nothing of /dev/kfd; its options, its refusals, and (where mount namespaces are allowed) a client in a private
+mount namespace set up the way the spec says reaching the daemon."""
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from sdtest import GPUMEMCTL, GPUMEMD, Notify, check, run_tests, stop  # noqa: E402
+
+LABEL = r"[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?"
+KIND_RE = re.compile(rf"^{LABEL}(\.{LABEL})*/[A-Za-z0-9]([A-Za-z0-9_-]*[A-Za-z0-9])?$")
+NAME_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9_.:-]*[A-Za-z0-9])?$")
+
+
+def cdi(*args, socket=None):
+    pre = ["--socket", socket] if socket else []
+    return subprocess.run([GPUMEMCTL, *pre, "cdi", *args], capture_output=True, text=True, timeout=30)
+
+
+def validate(spec):
+    """The checks a CDI 0.5.0 consumer makes on what we emit, and no field it would not know."""
+    check(set(spec) == {"cdiVersion", "kind", "devices"}, f"top-level fields: {sorted(spec)}")
+    check(spec["cdiVersion"] == "0.5.0", "cdiVersion 0.5.0")
+    check(KIND_RE.match(spec["kind"]) is not None, f"kind {spec['kind']!r} is vendor/class")
+    check(len(spec["devices"]) == 1, "one device")
+    dev = spec["devices"][0]
+    check(set(dev) == {"name", "containerEdits"} and NAME_RE.match(dev["name"]) is not None,
+          f"device name {dev.get('name')!r}")
+    edits = dev["containerEdits"]
+    check(set(edits) == {"env", "mounts"}, f"only env and mounts are edited: {sorted(edits)}")
+    check(all("=" in e for e in edits["env"]), "env entries are NAME=value")
+    for m in edits["mounts"]:
+        check(set(m) == {"hostPath", "containerPath", "type", "options"}, f"mount fields {sorted(m)}")
+        check(m["hostPath"].startswith("/") and m["containerPath"].startswith("/"), "absolute mount paths")
+        check(m["type"] == "bind" and "bind" in m["options"], "a bind mount")
+    return dev
+
+
+def test_default(tmp):
+    r = cdi(socket=os.path.join(tmp, "no-daemon-here.sock"))
+    check(r.returncode == 0 and r.stderr == "", f"cdi needs no running daemon: {r.stderr}")
+    r = cdi()
+    check(r.returncode == 0, f"gpumemctl cdi: {r.stderr}")
+    spec = json.loads(r.stdout)
+    dev = validate(spec)
+    check(spec["kind"] == "gpumem.io/socket" and dev["name"] == "default", "default kind and name")
+    edits = dev["containerEdits"]
+    check(edits["env"] == ["GPUMEM_SOCKET=/run/gpumemd/gpumemd.sock"], f"env: {edits['env']}")
+    check(edits["mounts"][0]["hostPath"] == "/run/gpumemd/gpumemd.sock"
+          and edits["mounts"][0]["containerPath"] == "/run/gpumemd/gpumemd.sock", "the socket is bind-mounted")
+    check("kfd" not in r.stdout and "/dev/" not in r.stdout and "deviceNodes" not in r.stdout,
+          "nothing of /dev/kfd or any device node")
+
+
+def test_options(tmp):
+    r = cdi("--kind", "example.com/gpu-mem", "--name=node0", "--socket-path", "/var/run/x/gm.sock",
+            "--container-path=/gpumem.sock")
+    check(r.returncode == 0, f"options accepted: {r.stderr}")
+    dev = validate(json.loads(r.stdout))
+    m = dev["containerEdits"]["mounts"][0]
+    check(json.loads(r.stdout)["kind"] == "example.com/gpu-mem" and dev["name"] == "node0", "kind and name set")
+    check(m["hostPath"] == "/var/run/x/gm.sock" and m["containerPath"] == "/gpumem.sock", "paths set")
+    check(dev["containerEdits"]["env"] == ["GPUMEM_SOCKET=/gpumem.sock"], "GPUMEM_SOCKET is the path inside")
+    r = cdi(socket="/srv/gm/alt.sock")
+    m = validate(json.loads(r.stdout))["containerEdits"]["mounts"][0]
+    check(m["hostPath"] == "/srv/gm/alt.sock" and m["containerPath"] == "/srv/gm/alt.sock",
+          "--socket is the default host path")
+    weird = '/tmp/we"ird\\dir/s p.sock'
+    r = cdi("--socket-path", weird)
+    try:
+        m = validate(json.loads(r.stdout))["containerEdits"]["mounts"][0]
+        check(m["hostPath"] == weird, "quotes and backslashes survive JSON escaping")
+    except ValueError as e:
+        check(False, f"escaped output is valid JSON ({e})")
+
+
+def test_refusals(tmp):
+    for args, what in [
+        (["--kind", "nokind"], "a kind without a class"),
+        (["--kind", "a.com/b/c"], "a kind with two slashes"),
+        (["--kind", "-a.com/c"], "a vendor starting with '-'"),
+        (["--kind", "a..com/c"], "an empty DNS label"),
+        (["--kind", "a.com/"], "an empty class"),
+        (["--kind", "a.com/c.d"], "a dot in the class (needs CDI 0.6.0)"),
+        (["--name", "-x"], "a device name starting with '-'"),
+        (["--name", ""], "an empty device name"),
+        (["--socket-path", "relative.sock"], "a relative socket path"),
+        (["--container-path", "/" + "x" * 120], "a socket path too long for sun_path"),
+        (["--frobnicate"], "an unknown argument"),
+        (["--kind"], "an option without its value"),
+    ]:
+        r = cdi(*args)
+        check(r.returncode == 1 and r.stdout == "" and r.stderr.count("\n") == 1, f"refused: {what}")
+
+
+def test_spec_in_mount_namespace(tmp):
+    """Do what a runtime does with the spec: bind-mount hostPath at containerPath, set env, run a client."""
+    unshare = shutil.which("unshare")
+    probe = subprocess.run([unshare or "unshare", "--mount", "true"], capture_output=True) if unshare else None
+    if not probe or probe.returncode != 0:
+        print("  skipped: no mount namespaces here", file=sys.stderr)
+        return
+    host_sock = os.path.join(tmp, "host", "gpumemd.sock")
+    inside = os.path.join(tmp, "container", "run", "gpumemd.sock")
+    os.makedirs(os.path.dirname(host_sock))
+    os.makedirs(os.path.dirname(inside))
+    spec = json.loads(cdi("--socket-path", host_sock, "--container-path", inside).stdout)
+    edits = spec["devices"][0]["containerEdits"]
+    notify = Notify(os.path.join(tmp, "notify"))
+    daemon = subprocess.Popen([GPUMEMD, "--socket", host_sock, "--config", "/dev/null", "--model-preset", "gfx908"],
+                              env=dict(os.environ, NOTIFY_SOCKET=notify.path), stderr=subprocess.PIPE, text=True)
+    try:
+        check(notify.wait("READY=1"), "daemon ready")
+        m = edits["mounts"][0]
+        script = f'touch "$2" && mount --bind -o {",".join(o for o in m["options"] if o != "bind")} "$1" "$2" ' \
+                 f'&& exec env -u GPUMEM_SOCKET {" ".join(edits["env"])} "$3" --json status'
+        r = subprocess.run([unshare, "--mount", "--propagation", "private", "sh", "-c", script, "sh",
+                            m["hostPath"], m["containerPath"], GPUMEMCTL], capture_output=True, text=True, timeout=30)
+        check(r.returncode == 0, f"a client set up by the spec reaches the daemon: {r.stderr}")
+        if r.returncode == 0:
+            check(json.loads(r.stdout)["pid"] == daemon.pid, "through the bind-mounted socket")
+    finally:
+        stop(daemon)
+        notify.close()
+
+
+run_tests([
+    ("default spec", test_default),
+    ("kind, name and paths", test_options),
+    ("invalid names and paths are refused", test_refusals),
+    ("the spec applied in a mount namespace", test_spec_in_mount_namespace),
+])

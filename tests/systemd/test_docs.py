@@ -1,0 +1,60 @@
+#!/usr/bin/env python3
+"""The operator's documents hold what they claim: the YAML in docs/containers.md parses into the Kubernetes
+objects it describes, its CDI spec is exactly what gpumemctl cdi prints, and the security score in
+docs/operations.md is the one systemd-analyze gives the installed unit (checked by the units test)."""
+import json
+import os
+import re
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from sdtest import GPUMEMCTL, check, run_tests  # noqa: E402
+
+DOCS = os.path.join(os.environ["SOURCE_ROOT"], "docs")
+
+
+def blocks(name, lang):
+    with open(os.path.join(DOCS, name)) as f:
+        return re.findall(rf"```{lang}\n(.*?)```", f.read(), re.S)
+
+
+def test_yaml(tmp):
+    try:
+        import yaml
+    except ImportError:
+        check(False, "python3-yaml is installed (scripts/deps.sh)")
+        return
+    docs = [d for b in blocks("containers.md", "yaml") for d in yaml.safe_load_all(b)]
+    kinds = [d["kind"] for d in docs]
+    check(kinds == ["ConfigMap", "DaemonSet", "Pod"], f"the Kubernetes objects: {kinds}")
+    ds = docs[1]["spec"]
+    tpl = ds["template"]
+    check(ds["selector"]["matchLabels"] == tpl["metadata"]["labels"], "the DaemonSet selects its own pods")
+    check(tpl["spec"]["hostPID"] is True, "gpumemd runs in the host's pid namespace")
+    vols = {v["name"]: v for v in tpl["spec"]["volumes"]}
+    for m in tpl["spec"]["containers"][0]["volumeMounts"]:
+        check(m["name"] in vols, f"volume {m['name']} is defined")
+    check(vols["run"]["hostPath"]["path"] == "/run/gpumemd", "the socket directory is the host's")
+    conf = docs[0]["data"]["gpumemd.conf"]
+    path = os.path.join(tmp, "gpumemd.conf")
+    with open(path, "w") as f:
+        f.write(conf)
+    r = subprocess.run([os.environ["GPUMEMD"], "--check-config", "--config", path], capture_output=True, text=True)
+    check(r.returncode == 0, f"the ConfigMap's gpumemd.conf is valid: {r.stderr}")
+    pod = docs[2]["spec"]
+    vol = pod["volumes"][0]["hostPath"]
+    check(vol == {"path": "/run/gpumemd/gpumemd.sock", "type": "Socket"}, "pods mount the socket itself")
+    check(pod["securityContext"]["supplementalGroups"] == [tpl["spec"]["containers"][0]["securityContext"]
+                                                           ["runAsGroup"]], "pods carry the socket's group")
+    check("privileged" not in json.dumps(pod) and "/dev/" not in json.dumps(pod), "pods get no device")
+
+
+def test_cdi_example(tmp):
+    shown = blocks("containers.md", "json")
+    check(len(shown) == 1, "one CDI example")
+    r = subprocess.run([GPUMEMCTL, "cdi"], capture_output=True, text=True)
+    check(shown and json.loads(shown[0]) == json.loads(r.stdout), "the documented spec is what gpumemctl cdi prints")
+
+
+run_tests([("Kubernetes YAML", test_yaml), ("CDI example", test_cdi_example)])
