@@ -73,6 +73,7 @@ struct BrokerClient {
         bool own_ctx;
         HashMap objs;
         BrokerUsage usage;
+        BrokerAccount *acct; /* the class's shared limits and usage; NULL = unlimited */
 };
 
 int why_set(Why *w, int err, const char *fmt, ...)
@@ -93,6 +94,32 @@ static int gpu_index(const Broker *b, uint32_t gpu_id)
                 if (b->gpu_ids[i] == gpu_id)
                         return (int)i;
         return -1;
+}
+
+int broker_gpu_index(const Broker *b, uint32_t gpu_id)
+{
+        return gpu_index(b, gpu_id);
+}
+
+size_t broker_gpu_count(const Broker *b)
+{
+        return b->n_gpus;
+}
+
+uint32_t broker_gpu_id(const Broker *b, size_t index)
+{
+        return index < b->n_gpus ? b->gpu_ids[index] : 0;
+}
+
+void broker_account_init(BrokerAccount *a, const char *name)
+{
+        memset(a, 0, sizeof(*a));
+        a->name = name;
+        a->max_vram = a->max_host = a->max_managed = a->max_handles = a->max_fds = UINT64_MAX;
+        for (size_t i = 0; i < BROKER_MAX_GPUS; i++)
+                a->max_vram_gpu[i] = UINT64_MAX;
+        a->allowed_gpus = UINT64_MAX;
+        a->import_foreign = true;
 }
 
 static const char *human(uint64_t v, char *buf, size_t len)
@@ -234,6 +261,114 @@ static void charge(BrokerClient *c, const Obj *o, int sign)
 {
         usage_apply(&c->usage, c->b, o, sign);
         usage_apply(&c->b->totals, c->b, o, sign);
+        if (c->acct)
+                usage_apply(&c->acct->used, c->b, o, sign);
+}
+
+/* Add (@sign 1) or remove (-1) one usage record to another. */
+static void usage_move(BrokerUsage *dst, const BrokerUsage *src, int sign)
+{
+        dst->device_bytes += (uint64_t)(sign * (int64_t)src->device_bytes);
+        dst->host_bytes += (uint64_t)(sign * (int64_t)src->host_bytes);
+        dst->managed_bytes += (uint64_t)(sign * (int64_t)src->managed_bytes);
+        dst->vmm_bytes += (uint64_t)(sign * (int64_t)src->vmm_bytes);
+        dst->objects += (uint64_t)(sign * (int64_t)src->objects);
+        dst->held_fds += (uint32_t)(sign * (int32_t)src->held_fds);
+        for (size_t i = 0; i < BROKER_MAX_GPUS; i++)
+                dst->vram_bytes[i] += (uint64_t)(sign * (int64_t)src->vram_bytes[i]);
+}
+
+void broker_client_set_account(BrokerClient *c, BrokerAccount *a)
+{
+        if (c->acct == a)
+                return;
+        if (c->acct)
+                usage_move(&c->acct->used, &c->usage, -1);
+        c->acct = a;
+        if (a) {
+                a->used.n_gpus = (uint32_t)c->b->n_gpus;
+                memcpy(a->used.gpu_ids, c->b->gpu_ids, sizeof(c->b->gpu_ids));
+                usage_move(&a->used, &c->usage, +1);
+        }
+}
+
+/* May this client's class use @gpu_id? */
+static int gpu_allowed(const BrokerClient *c, uint32_t gpu_id, Why *w)
+{
+        int gi = gpu_index(c->b, gpu_id);
+
+        if (gi < 0)
+                return why_set(w, -ENODEV, "no GPU with id %u", gpu_id);
+        if (c->acct && !(c->acct->allowed_gpus & (1ull << gi)))
+                return why_set(w, -EACCES, "class '%s' may not use GPU %u", c->acct->name, gpu_id);
+        return 0;
+}
+
+static int gpus_allowed(const BrokerClient *c, const uint32_t *ids, size_t n, Why *w)
+{
+        for (size_t i = 0; i < n; i++) {
+                int r = gpu_allowed(c, ids[i], w);
+                if (r < 0)
+                        return r;
+        }
+        return 0;
+}
+
+static int over(Why *w, const BrokerAccount *a, const char *what, uint64_t limit, uint64_t used,
+                uint64_t asked, bool bytes)
+{
+        char b1[32], b2[32], b3[32];
+
+        if (!bytes)
+                return why_set(w, -EDQUOT, "class '%s' %s limit: %llu in use of %llu", a->name, what,
+                               (unsigned long long)used, (unsigned long long)limit);
+        return why_set(w, -EDQUOT, "class '%s' %s limit: %s in use of %s, %s asked", a->name, what,
+                       human(used, b1, sizeof(b1)), human(limit, b2, sizeof(b2)),
+                       human(asked, b3, sizeof(b3)));
+}
+
+/* Would one more object of @kind with @bytes (on @gpu_id for VRAM) stay within the class's limits? */
+static int quota_check(const BrokerClient *c, BrokerKind kind, uint32_t gpu_id, uint64_t bytes, bool holds_fd,
+                       Why *w)
+{
+        const BrokerAccount *a = c->acct;
+        const BrokerUsage *u;
+        char what[64];
+
+        if (!a)
+                return 0;
+        u = &a->used;
+        if (u->objects + 1 > a->max_handles)
+                return over(w, a, "handle", a->max_handles, u->objects, 1, false);
+        if (holds_fd && (uint64_t)u->held_fds + 1 > a->max_fds)
+                return over(w, a, "fd", a->max_fds, u->held_fds, 1, false);
+        switch (kind) {
+        case BROKER_KIND_DEVICE:
+        case BROKER_KIND_VMM: {
+                uint64_t vram = u->device_bytes + u->vmm_bytes;
+                int gi = gpu_index(c->b, gpu_id);
+                /* the more specific limit first, so the reason names it */
+                if (gi >= 0 &&
+                    (bytes > a->max_vram_gpu[gi] || u->vram_bytes[gi] > a->max_vram_gpu[gi] - bytes)) {
+                        snprintf(what, sizeof(what), "VRAM on GPU %u", gpu_id);
+                        return over(w, a, what, a->max_vram_gpu[gi], u->vram_bytes[gi], bytes, true);
+                }
+                if (bytes > a->max_vram || vram > a->max_vram - bytes)
+                        return over(w, a, "VRAM", a->max_vram, vram, bytes, true);
+                break;
+        }
+        case BROKER_KIND_HOST:
+                if (bytes > a->max_host || u->host_bytes > a->max_host - bytes)
+                        return over(w, a, "host memory", a->max_host, u->host_bytes, bytes, true);
+                break;
+        case BROKER_KIND_MANAGED:
+                if (bytes > a->max_managed || u->managed_bytes > a->max_managed - bytes)
+                        return over(w, a, "managed memory", a->max_managed, u->managed_bytes, bytes, true);
+                break;
+        default:
+                break;
+        }
+        return 0;
 }
 
 /* ---- objects ----------------------------------------------------------------------------------------- */
@@ -522,10 +657,17 @@ static int alloc_host(BrokerClient *c, const BrokerAllocArgs *a, Obj *o, BrokerA
                 why_set(w, r, "the driver refused to register host memory: %s", strerror(-r));
                 goto fail;
         }
-        if (a->n_map_gpus)
+        if (a->n_map_gpus) {
                 r = thunk_bo_map(o->bo, a->map_gpus, a->n_map_gpus);
-        else
-                r = thunk_bo_map(o->bo, b->gpu_ids, b->n_gpus);
+        } else {
+                /* every GPU the client's class may use */
+                uint32_t ids[BROKER_MAX_GPUS];
+                size_t n = 0;
+                for (size_t i = 0; i < b->n_gpus; i++)
+                        if (!c->acct || (c->acct->allowed_gpus & (1ull << i)))
+                                ids[n++] = b->gpu_ids[i];
+                r = n ? thunk_bo_map(o->bo, ids, n) : 0;
+        }
         if (r < 0) {
                 why_set(w, r, "cannot map host memory on the GPUs: %s", strerror(-r));
                 (void)thunk_bo_free(o->bo);
@@ -632,6 +774,13 @@ int broker_alloc(BrokerClient *c, const BrokerAllocArgs *a, BrokerAllocResult *r
         r = check_gpus(c->b, a->map_gpus, a->n_map_gpus, w);
         if (r < 0)
                 return r;
+        if (a->gpu_id && (r = gpu_allowed(c, a->gpu_id, w)) < 0)
+                return r;
+        if ((r = gpus_allowed(c, a->map_gpus, a->n_map_gpus, w)) < 0)
+                return r;
+        r = quota_check(c, a->kind, a->gpu_id, size, a->kind != BROKER_KIND_DEVICE, w);
+        if (r < 0)
+                return r;
 
         o = obj_new(a->kind);
         if (!o)
@@ -700,6 +849,8 @@ static int destroy_alloc(BrokerClient *c, Obj *o, Why *w)
                 o->memfd = safe_close(o->memfd);
                 c->usage.held_fds--;
                 c->b->totals.held_fds--;
+                if (c->acct)
+                        c->acct->used.held_fds--;
         }
         return 0;
 }
@@ -775,6 +926,9 @@ int broker_map(BrokerClient *c, uint64_t handle, const uint32_t *gpu_ids, size_t
         if (n == 0)
                 return why_set(w, -EINVAL, "no GPU to map on");
         r = check_gpus(c->b, gpu_ids, n, w);
+        if (r < 0)
+                return r;
+        r = gpus_allowed(c, gpu_ids, n, w);
         if (r < 0)
                 return r;
         r = thunk_bo_map(o->bo, gpu_ids, n);
@@ -892,6 +1046,25 @@ int broker_mem_info(BrokerClient *c, uint32_t gpu_id, BrokerGpuMem *out, size_t 
                 out[n].total = b->gpu_vram[i];
                 out[n].used = c->usage.vram_bytes[i];
                 out[n].free = avail < out[n].total ? avail : out[n].total;
+                if (c->acct) {
+                        /* the class's allowance: its per-GPU and total VRAM limits, less what the class uses
+                         */
+                        const BrokerAccount *a = c->acct;
+                        uint64_t vram = a->used.device_bytes + a->used.vmm_bytes;
+                        uint64_t used_gpu = a->used.vram_bytes[i];
+                        uint64_t left_gpu = used_gpu < a->max_vram_gpu[i] ? a->max_vram_gpu[i] - used_gpu : 0;
+                        uint64_t left_all = vram < a->max_vram ? a->max_vram - vram : 0;
+                        uint64_t allow = a->max_vram_gpu[i] < a->max_vram ? a->max_vram_gpu[i] : a->max_vram;
+                        if (!(a->allowed_gpus & (1ull << i)))
+                                allow = left_gpu = 0;
+                        if (allow < out[n].total)
+                                out[n].total = allow;
+                        out[n].used = used_gpu;
+                        if (left_gpu < out[n].free)
+                                out[n].free = left_gpu;
+                        if (left_all < out[n].free)
+                                out[n].free = left_all;
+                }
                 n++;
         }
         *ret_n = n;
@@ -929,6 +1102,9 @@ int broker_vmm_reserve(BrokerClient *c, uint64_t size, uint64_t alignment, uint6
                                (unsigned long long)size);
         align = alignment ? alignment
                           : (size >= BROKER_GRANULARITY_RECOMM ? BROKER_GRANULARITY_RECOMM : 4096);
+        r = quota_check(c, BROKER_KIND_RESERVATION, 0, 0, false, w);
+        if (r < 0)
+                return r;
         o = obj_new(BROKER_KIND_RESERVATION);
         if (!o)
                 return why_set(w, -ENOMEM, "out of memory");
@@ -992,9 +1168,13 @@ int broker_vmm_create(BrokerClient *c, uint64_t size, uint32_t gpu_id, uint32_t 
         r = check_gran("size", size, w);
         if (r < 0)
                 return r;
-        if (gpu_index(c->b, gpu_id) < 0)
-                return why_set(w, -ENODEV, "no GPU with id %u", gpu_id);
+        r = gpu_allowed(c, gpu_id, w);
+        if (r < 0)
+                return r;
         r = check_flags(flags, w);
+        if (r < 0)
+                return r;
+        r = quota_check(c, BROKER_KIND_VMM, gpu_id, size, false, w);
         if (r < 0)
                 return r;
         r = client_ctx(c, &ctx, w);
@@ -1236,8 +1416,11 @@ int broker_vmm_set_access(BrokerClient *c, uint64_t va, uint64_t size, const Bro
                 if (d[i].access != BROKER_ACCESS_NONE && d[i].access != BROKER_ACCESS_READ &&
                     d[i].access != BROKER_ACCESS_READ_WRITE)
                         return why_set(w, -EINVAL, "access %d is not none, read or read-write", d[i].access);
-                if (d[i].gpu_id && gpu_index(c->b, d[i].gpu_id) < 0)
-                        return why_set(w, -ENODEV, "no GPU with id %u", d[i].gpu_id);
+                if (d[i].gpu_id) {
+                        int r0 = gpu_allowed(c, d[i].gpu_id, w);
+                        if (r0 < 0)
+                                return r0;
+                }
                 for (size_t k = 0; k < i; k++)
                         if (d[k].gpu_id == d[i].gpu_id)
                                 return why_set(w, -EINVAL, "location %u given twice", d[i].gpu_id);
@@ -1404,11 +1587,23 @@ int broker_import(BrokerClient *c, int fd, uint32_t gpu_id, uint64_t *ret_handle
         Obj *o;
         int r;
 
-        if (gpu_index(c->b, gpu) < 0)
-                return why_set(w, -ENODEV, "no GPU with id %u", gpu);
+        r = gpu_allowed(c, gpu, w);
+        if (r < 0)
+                return r;
+        r = quota_check(c, BROKER_KIND_IMPORT, gpu, 0, false, w);
+        if (r < 0)
+                return r;
         r = client_ctx(c, &ctx, w);
         if (r < 0)
                 return r;
+        if (c->acct && !c->acct->import_foreign) {
+                /* the driver describes only its own dmabufs */
+                ThunkDmabufInfo info;
+                if (thunk_dmabuf_info(ctx, fd, NULL, 0, &info) < 0)
+                        return why_set(w, -EACCES,
+                                       "class '%s' may not import dmabufs the GPU driver did not export",
+                                       c->acct->name);
+        }
         o = obj_new(BROKER_KIND_IMPORT);
         if (!o)
                 return why_set(w, -ENOMEM, "out of memory");
@@ -1526,6 +1721,15 @@ int broker_svm_set(BrokerClient *c, uint64_t va, uint64_t size, const BrokerSvmA
 
         if ((r = managed_range(c, va, size, w)) < 0 || (r = check_svm_attrs(c->b, a, n, false, w)) < 0)
                 return r;
+        for (size_t i = 0; i < n; i++) {
+                bool names_gpu = a[i].type == KFD_IOCTL_SVM_ATTR_ACCESS ||
+                                 a[i].type == KFD_IOCTL_SVM_ATTR_ACCESS_IN_PLACE ||
+                                 ((a[i].type == KFD_IOCTL_SVM_ATTR_PREFERRED_LOC ||
+                                   a[i].type == KFD_IOCTL_SVM_ATTR_PREFETCH_LOC) &&
+                                  gpu_index(c->b, a[i].value) >= 0);
+                if (names_gpu && (r = gpu_allowed(c, a[i].value, w)) < 0)
+                        return r;
+        }
         for (size_t i = 0; i < n; i++)
                 t[i] = (ThunkSvmAttr){a[i].type, a[i].value};
         r = thunk_svm_set(c->b->primary, va, size, t, n);
@@ -1619,10 +1823,33 @@ BrokerClient *broker_client_free(BrokerClient *c)
                 free(o);
         }
         hashmap_done(&c->objs);
+        broker_client_set_account(c, NULL);
         /* 3. the client's own KFD context: closing it releases anything the driver still holds for it */
         if (c->own_ctx)
                 thunk_context_free(c->ctx);
         c->b->clients--;
         free(c);
         return NULL;
+}
+
+size_t broker_client_list(const BrokerClient *c, size_t *cursor, BrokerObjInfo *out, size_t cap)
+{
+        size_t n = 0, it = *cursor;
+        Obj *o;
+
+        while (n < cap && hashmap_next(&c->objs, &it, NULL, (void **)&o)) {
+                BrokerObjInfo *i = &out[n++];
+                memset(i, 0, sizeof(*i));
+                i->handle = o->handle;
+                i->kind = o->kind;
+                i->size = o->size;
+                i->gpu_id = o->gpu_id;
+                i->va = o->va;
+                i->exports = o->exports;
+                for (size_t g = 0; o->bo && g < c->b->n_gpus; g++)
+                        if (thunk_bo_is_mapped(o->bo, c->b->gpu_ids[g]))
+                                i->mapped[i->n_mapped++] = c->b->gpu_ids[g];
+        }
+        *cursor = n == cap ? it : 0;
+        return n;
 }

@@ -66,13 +66,40 @@ typedef struct BrokerUsage {
         uint64_t vram_bytes[BROKER_MAX_GPUS]; /* device + VMM bytes per GPU */
 } BrokerUsage;
 
+/*
+ * What a class of clients may use, and what it uses: all clients bound to one account share its limits.
+ * The broker checks these before it asks the driver and charges them when the driver succeeded; objects
+ * refund them when they die. Limits are UINT64_MAX when unlimited.
+ */
+typedef struct BrokerAccount {
+        const char *name; /* for messages (borrowed) */
+        BrokerUsage used;
+        uint64_t max_vram;                      /* device + VMM bytes, all GPUs */
+        uint64_t max_vram_gpu[BROKER_MAX_GPUS]; /* in broker GPU order (broker_gpu_index) */
+        uint64_t max_host;
+        uint64_t max_managed;
+        uint64_t max_handles;
+        uint64_t max_fds;
+        uint64_t allowed_gpus; /* bit per broker GPU index */
+        bool import_foreign;
+} BrokerAccount;
+
+/* An account with no limits: every GPU, every import. */
+void broker_account_init(BrokerAccount *a, const char *name);
+
 int broker_new(ThunkDevice *dev, Broker **ret);
+/* Index of @gpu_id in the broker's GPU order, or -1. */
+int broker_gpu_index(const Broker *b, uint32_t gpu_id);
+size_t broker_gpu_count(const Broker *b);
+uint32_t broker_gpu_id(const Broker *b, size_t index);
 /* Every client must have been freed first. */
 Broker *broker_free(Broker *b);
 void broker_totals(const Broker *b, BrokerUsage *ret);
 
 /* A client's books, over its VA window (borrowed; it must outlive the client). */
 int broker_client_new(Broker *b, ThunkVaSpace *window, BrokerClient **ret);
+/* Bind the client to @a (may be NULL): its usage moves from the old account to the new one. */
+void broker_client_set_account(BrokerClient *c, BrokerAccount *a);
 /* Tear down everything the client owns, in dependency order: GPU access, mappings, objects, VA. */
 BrokerClient *broker_client_free(BrokerClient *c);
 void broker_client_usage(const BrokerClient *c, BrokerUsage *ret);
@@ -124,6 +151,24 @@ typedef struct BrokerPtrInfo {
 } BrokerPtrInfo;
 
 int broker_pointer_info(BrokerClient *c, uint64_t va, BrokerPtrInfo *ret, Why *w);
+
+/* One object, as administrators list them. */
+typedef struct BrokerObjInfo {
+        uint64_t handle;
+        BrokerKind kind;
+        uint64_t size;
+        uint32_t gpu_id;
+        uint64_t va;
+        size_t n_mapped;
+        uint32_t mapped[BROKER_MAX_GPUS];
+        uint32_t exports;
+} BrokerObjInfo;
+
+/*
+ * Walk the client's objects from *cursor (0 to start); fills up to @cap entries and sets *cursor to where
+ * to go on (0 at the end). A walk while the client changes may skip or repeat entries.
+ */
+size_t broker_client_list(const BrokerClient *c, size_t *cursor, BrokerObjInfo *out, size_t cap);
 
 typedef struct BrokerGpuMem {
         uint32_t gpu_id;

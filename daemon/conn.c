@@ -12,7 +12,10 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include "classes.h"
+#include "policy.h"
 #include "frame.h"
+#include "metrics.h"
 #include "log.h"
 #include "manager.h"
 #include "request.h"
@@ -41,6 +44,27 @@ static void out_packet_free(OutPacket *p)
         free(p);
 }
 
+/* The class has room for more requests again: read its throttled connections. */
+static void class_wake(Manager *m, ClassState *s)
+{
+        if (!s || s->inflight >= s->max_inflight)
+                return;
+        for (Conn *c = m->conns; c; c = c->next)
+                if (c->cls == s && c->throttled && !c->out_head) {
+                        c->throttled = false;
+                        event_add(c->rd_ev, NULL);
+                }
+}
+
+static void out_dequeued(Conn *c)
+{
+        c->out_count--;
+        if (c->cls) {
+                c->cls->inflight--;
+                class_wake(c->m, c->cls);
+        }
+}
+
 bool conn_in_group(const Conn *c, gid_t gid)
 {
         if (c->ident.gid == gid)
@@ -53,8 +77,8 @@ bool conn_in_group(const Conn *c, gid_t gid)
 
 void conn_log(Conn *c, int prio, const char *message_id, LogRatelimit *rl, const char *fmt, ...)
 {
-        char f_uid[48], f_pid[48], f_client[48], f_cgroup[512], msg[768];
-        const char *fields[] = {f_uid, f_pid, f_client, f_cgroup, NULL};
+        char f_uid[48], f_pid[48], f_client[48], f_cgroup[512], f_class[96], msg[768];
+        const char *fields[] = {f_uid, f_pid, f_client, f_cgroup, f_class, NULL};
         va_list ap;
 
         if (prio > log_get_level() || (rl && !log_ratelimit_ok(rl)))
@@ -64,6 +88,7 @@ void conn_log(Conn *c, int prio, const char *message_id, LogRatelimit *rl, const
         snprintf(f_client, sizeof(f_client), "GPUMEM_CLIENT_ID=%llu", (unsigned long long)c->id);
         snprintf(f_cgroup, sizeof(f_cgroup), "GPUMEM_CLIENT_CGROUP=%s",
                  c->ident.cgroup ? c->ident.cgroup : "");
+        snprintf(f_class, sizeof(f_class), "GPUMEM_CLIENT_CLASS=%s", c->cls ? c->cls->name : "");
         va_start(ap, fmt);
         vsnprintf(msg, sizeof(msg), fmt, ap);
         va_end(ap);
@@ -131,7 +156,8 @@ static int capture_identity(int fd, ConnIdentity *id)
                 (void)fcntl(id->pidfd, F_SETFD, FD_CLOEXEC);
         if (id->pid > 0 && read_cgroup(id->pid, &id->cgroup) == 0 && id->pidfd >= 0) {
                 /* Still the same process (the pidfd pins it): the cgroup we read belongs to the peer. */
-                if (syscall(SYS_pidfd_send_signal, id->pidfd, 0, NULL, 0) < 0) {
+                /* EPERM: alive, only not ours to signal (another uid, and we hold no CAP_KILL) */
+                if (syscall(SYS_pidfd_send_signal, id->pidfd, 0, NULL, 0) < 0 && errno != EPERM) {
                         free(id->cgroup);
                         id->cgroup = NULL;
                 }
@@ -161,6 +187,7 @@ int conn_new(Manager *m, int fd, Conn **ret)
         r = capture_identity(fd, &c->ident);
         if (r < 0)
                 goto fail;
+        policy_container_of(c->ident.cgroup, c->container, sizeof(c->container), c->pod, sizeof(c->pod));
 
         c->rd_ev = event_new(m->base, fd, EV_READ | EV_PERSIST, conn_on_read, c);
         c->wr_ev = event_new(m->base, fd, EV_WRITE | EV_PERSIST, conn_on_write, c);
@@ -211,7 +238,9 @@ Conn *conn_free(Conn *c)
                 OutPacket *p = c->out_head;
                 c->out_head = p->next;
                 out_packet_free(p);
+                out_dequeued(c);
         }
+        classes_leave(c);
         safe_close(c->fd);
         safe_close(c->ident.pidfd);
         free(c->ident.groups);
@@ -258,6 +287,7 @@ static int conn_flush(Conn *c)
                         c->out_tail = NULL;
                 c->out_bytes -= p->len;
                 out_packet_free(p);
+                out_dequeued(c);
         }
         event_del(c->wr_ev);
         if (!c->m->stopping)
@@ -326,6 +356,9 @@ int conn_send(Conn *c, uint32_t request_id, const Gpumem__Reply *reply, int *fds
                 c->out_head = p;
         c->out_tail = p;
         c->out_bytes += len;
+        c->out_count++;
+        if (c->cls)
+                c->cls->inflight++;
         /* Stop reading until the client drains its replies. */
         event_del(c->rd_ev);
         event_add(c->wr_ev, NULL);
@@ -356,6 +389,13 @@ static void conn_on_read(evutil_socket_t fd, short what, void *userdata)
 
                 if (c->out_head || m->stopping)
                         return;
+                if (c->cls && c->cls->inflight >= c->cls->max_inflight) {
+                        /* the class has as many requests in flight as it may: others go first */
+                        metrics_deny(m->metrics, DENY_INFLIGHT);
+                        c->throttled = true;
+                        event_del(c->rd_ev);
+                        return;
+                }
                 n = gm_wire_recv(c->fd, m->rx_buf, GM_FRAME_MAX, fds, &n_fds, MSG_DONTWAIT);
                 if (n == -EAGAIN)
                         return;

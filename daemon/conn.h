@@ -15,6 +15,7 @@ typedef struct Manager Manager;
 typedef struct Conn Conn;
 typedef struct ThunkVaSpace ThunkVaSpace;
 typedef struct BrokerClient BrokerClient;
+typedef struct ClassState ClassState;
 
 typedef struct ConnIdentity {
         pid_t pid;
@@ -37,6 +38,8 @@ typedef struct Conn {
         uint64_t id;
         ConnIdentity ident;
         char *name;
+        char container[64];     /* "docker/<id>" etc., from the cgroup */
+        char pod[64];           /* Kubernetes pod UID */
         uint16_t proto_version; /* 0 until hello */
         bool admin;
         bool dead;
@@ -50,6 +53,9 @@ typedef struct Conn {
         unsigned n_window_rejected;
         LogRatelimit log_rl;
         BrokerClient *broker; /* the client's memory objects, from its first memory op */
+        ClassState *cls;      /* its policy class */
+        unsigned out_count;   /* replies queued, counted in the class's in-flight requests */
+        bool throttled;       /* not read until its class has fewer requests in flight */
 } Conn;
 
 /* Take ownership of an accepted socket @fd (closed on failure too). */

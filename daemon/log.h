@@ -16,6 +16,7 @@
 #define GM_MESSAGE_DENIED             "b4352f23d8df456daf2092ae45f5b160"
 #define GM_MESSAGE_CONFIG_RELOAD      "ad338f8928f342d5b2bbc8c20f6afd77"
 #define GM_MESSAGE_ADMIN_ACTION       "5917fbc74f324a4bbdee2999a28ba02e"
+#define GM_MESSAGE_QUOTA_CHANGE       "26c0d2d1809b4d29963143419a04026b"
 
 void log_setup(void);
 void log_set_level(int level);

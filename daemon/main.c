@@ -10,6 +10,7 @@
 #include "log.h"
 #include "manager.h"
 #include "options.h"
+#include "policy.h"
 
 int main(int argc, char **argv)
 {
@@ -29,12 +30,23 @@ int main(int argc, char **argv)
         snprintf(path, sizeof(path), "%s", opts.config_path ? opts.config_path : GPUMEMD_CONFIG_FILE);
         r = options_load_file(&opts, path, opts.config_explicit || opts.check_config, err, sizeof(err));
         if (opts.check_config) {
+                /* both readers of the file, so every error of either is listed with its line */
+                char perr[8192] = "";
+                Policy *p = NULL;
+                int rp = r == -ENOENT ? 0 : policy_load(path, true, &p, perr, sizeof(perr));
                 if (r < 0)
                         fputs(err, stderr);
-                else
-                        printf("%s: OK\n", path);
+                if (rp < 0)
+                        fputs(perr, stderr);
+                if (r >= 0 && rp >= 0) {
+                        printf("%s: OK (%zu class%s", path, p->n_classes, p->n_classes == 1 ? "" : "es");
+                        for (size_t i = 0; i < p->n_classes; i++)
+                                printf("%s%s", i ? ", " : ": ", p->classes[i].name);
+                        printf(")\n");
+                }
+                policy_free(p);
                 options_done(&opts);
-                return r < 0 ? EXIT_FAILURE : EXIT_SUCCESS;
+                return r < 0 || rp < 0 ? EXIT_FAILURE : EXIT_SUCCESS;
         }
         if (r < 0) {
                 fputs(err, stderr);

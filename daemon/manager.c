@@ -14,6 +14,10 @@
 #include <systemd/sd-daemon.h>
 
 #include "broker.h"
+#include "classes.h"
+#include "metrics.h"
+#include <event2/http.h>
+#include "policy.h"
 #include "config.h"
 #include "conn.h"
 #include "frame.h"
@@ -119,17 +123,33 @@ static void on_accept(evutil_socket_t lfd, short what, void *userdata)
                 }
                 if (m->n_conns >= m->opts.max_connections) {
                         m->stats.connections_refused++;
+                        metrics_deny(m->metrics, DENY_CONNECTIONS);
                         refuse(fd, -EUSERS, "gpumemd is at its connection limit");
                         continue;
                 }
                 if (manager_conns_of_uid(m, cred.uid) >= m->opts.max_connections_per_uid) {
                         m->stats.connections_refused++;
+                        metrics_deny(m->metrics, DENY_CONNECTIONS);
                         refuse(fd, -EUSERS, "too many connections from this user");
                         continue;
                 }
                 if (conn_new(m, fd, &c) < 0) {
                         log_warning("cannot set up a connection from pid %d", (int)cred.pid);
                         continue;
+                }
+                {
+                        char reason[256];
+                        int r = classes_admit(m, c, reason, sizeof(reason));
+                        if (r < 0) {
+                                m->stats.connections_refused++;
+                                m->stats.denials++;
+                                metrics_deny(m->metrics, r == -EACCES ? DENY_NO_CLASS : DENY_CONNECTIONS);
+                                conn_log(c, LOG_NOTICE, GM_MESSAGE_DENIED, &m->conn_log_rl, "refused: %s",
+                                         reason);
+                                (void)conn_send_error(c, 0, r, reason);
+                                conn_kill(c);
+                                continue;
+                        }
                 }
                 m->stats.connections_total++;
                 log_debug("accepted client %llu (pid %d uid %u)", (unsigned long long)c->id, (int)cred.pid,
@@ -263,6 +283,7 @@ static void on_watchdog(evutil_socket_t fd, short what, void *userdata)
 int manager_reload(Manager *m)
 {
         Options next;
+        Policy *policy = NULL;
         char err[4096];
         int r;
 
@@ -271,12 +292,17 @@ int manager_reload(Manager *m)
                 return log_error_errno(r, "reload: out of memory");
         r = options_load_file(&next, m->opts.config_path ? m->opts.config_path : GPUMEMD_CONFIG_FILE,
                               m->opts.config_explicit, err, sizeof(err));
+        if (r >= 0)
+                r = policy_load(m->opts.config_path ? m->opts.config_path : GPUMEMD_CONFIG_FILE,
+                                m->opts.config_explicit, &policy, err, sizeof(err));
         if (r < 0) {
                 options_done(&next);
                 log_full(LOG_ERR, r, GM_MESSAGE_CONFIG_RELOAD, NULL,
                          "reload refused, the running configuration stays: %s", err);
                 return r;
         }
+        /* both parts are good: apply them together */
+        classes_apply(m, policy);
         if (strcmp(next.socket_path, m->opts.socket_path) != 0 || next.backend != m->opts.backend ||
             strcmp(next.model_preset, m->opts.model_preset) != 0)
                 log_notice("reload: socket, backend and preset changes take effect at the next start");
@@ -364,10 +390,11 @@ int manager_new(Manager **ret, const Options *opts)
         }
         m->started_mono_usec = now_usec(CLOCK_MONOTONIC);
         m->started_real_usec = now_usec(CLOCK_REALTIME);
+        m->metrics = calloc(1, sizeof(*m->metrics));
         m->rx_buf = malloc(GM_FRAME_MAX);
         m->tx_buf = malloc(GM_FRAME_MAX);
         m->base = event_base_new();
-        if (!m->rx_buf || !m->tx_buf || !m->base) {
+        if (!m->rx_buf || !m->tx_buf || !m->base || !m->metrics) {
                 r = -ENOMEM;
                 goto fail;
         }
@@ -381,6 +408,17 @@ int manager_new(Manager **ret, const Options *opts)
         r = broker_new(m->dev, &m->broker);
         if (r < 0)
                 goto fail;
+        {
+                Policy *policy = NULL;
+                char err[4096] = "";
+                r = policy_load(m->opts.config_path ? m->opts.config_path : GPUMEMD_CONFIG_FILE,
+                                m->opts.config_explicit, &policy, err, sizeof(err));
+                if (r < 0) {
+                        log_error_errno(r, "the policy cannot be loaded: %s", err);
+                        goto fail;
+                }
+                classes_apply(m, policy);
+        }
 
         r = listen_activated(m, &activated);
         if (r < 0)
@@ -391,6 +429,11 @@ int manager_new(Manager **ret, const Options *opts)
                         goto fail;
         }
 
+        if (m->opts.metrics_listen) {
+                r = metrics_listen(m, m->opts.metrics_listen);
+                if (r < 0)
+                        goto fail;
+        }
         m->listen_ev = event_new(m->base, m->listen_fd, EV_READ | EV_PERSIST, on_accept, m);
         m->accept_retry_ev = evtimer_new(m->base, on_accept_retry, m);
         m->sigterm_ev = evsignal_new(m->base, SIGTERM, on_signal_stop, m);
@@ -439,7 +482,11 @@ Manager *manager_free(Manager *m)
                         unlink(m->opts.socket_path);
                 safe_close(m->listen_fd);
         }
+        if (m->http)
+                evhttp_free(m->http);
+        classes_free_all(m);
         broker_free(m->broker);
+        free(m->metrics);
         thunk_va_space_free(m->va);
         thunk_device_close(m->dev);
         if (m->base)

@@ -25,6 +25,10 @@ typedef struct Manager {
         Options opts;
         ThunkDevice *dev;
         struct Broker *broker;
+        struct Policy *policy;      /* the running policy (classes) */
+        struct ClassState *classes; /* per-class state, by name */
+        struct Metrics *metrics;
+        struct evhttp *http; /* optional metrics listener */
         char preset_name[64];
 
         int listen_fd;

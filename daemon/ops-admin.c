@@ -6,6 +6,8 @@
 #include <unistd.h>
 
 #include "broker.h"
+#include "classes.h"
+#include "metrics.h"
 #include "model.h"
 #include "config.h"
 #include "log.h"
@@ -101,9 +103,10 @@ int op_admin_clients(ReqCtx *r, const Gpumem__Request *req)
                 i->uid = c->ident.uid;
                 i->gid = c->ident.gid;
                 i->cgroup = c->ident.cgroup ? c->ident.cgroup : "";
-                i->container = "";
+                i->container = c->container;
+                i->pod = c->pod;
                 i->name = c->name ? c->name : "";
-                i->class_name = "";
+                i->class_name = c->cls ? c->cls->name : "";
                 i->has_connected_usec = i->has_requests = i->has_admin = true;
                 i->connected_usec = c->connected_real_usec;
                 i->requests = c->requests;
@@ -165,50 +168,14 @@ int op_admin_disconnect(ReqCtx *r, const Gpumem__Request *req)
 
 int op_admin_metrics(ReqCtx *r, const Gpumem__Request *req)
 {
-        Manager *m = r->m;
         Gpumem__Reply reply = GPUMEM__REPLY__INIT;
         Gpumem__AdminMetricsReply mr = GPUMEM__ADMIN_METRICS_REPLY__INIT;
         char *text = NULL;
         size_t len = 0;
-        FILE *f = open_memstream(&text, &len);
         int err;
 
-        if (!f)
+        if (metrics_render(r->m, &text, &len) < 0)
                 return reply_fail(r, -ENOMEM, "out of memory building metrics");
-        fprintf(f,
-                "# HELP gpumemd_up Whether gpumemd is serving.\n"
-                "# TYPE gpumemd_up gauge\n"
-                "gpumemd_up{backend=\"%s\"} 1\n"
-                "# HELP gpumemd_uptime_seconds Seconds since gpumemd started.\n"
-                "# TYPE gpumemd_uptime_seconds gauge\n"
-                "gpumemd_uptime_seconds %.3f\n"
-                "# HELP gpumemd_connections Connected clients.\n"
-                "# TYPE gpumemd_connections gauge\n"
-                "gpumemd_connections %u\n"
-                "# HELP gpumemd_connections_total Connections accepted since start.\n"
-                "# TYPE gpumemd_connections_total counter\n"
-                "gpumemd_connections_total %llu\n"
-                "# HELP gpumemd_connections_refused_total Connections refused over the connection caps.\n"
-                "# TYPE gpumemd_connections_refused_total counter\n"
-                "gpumemd_connections_refused_total %llu\n"
-                "# HELP gpumemd_requests_total Requests handled since start.\n"
-                "# TYPE gpumemd_requests_total counter\n"
-                "gpumemd_requests_total %llu\n"
-                "# HELP gpumemd_protocol_errors_total Malformed frames and protocol violations.\n"
-                "# TYPE gpumemd_protocol_errors_total counter\n"
-                "gpumemd_protocol_errors_total %llu\n"
-                "# HELP gpumemd_denials_total Requests refused for lack of permission.\n"
-                "# TYPE gpumemd_denials_total counter\n"
-                "gpumemd_denials_total %llu\n",
-                thunk_device_backend_name(m->dev),
-                (double)(now_usec(CLOCK_MONOTONIC) - m->started_mono_usec) / 1e6, m->n_conns,
-                (unsigned long long)m->stats.connections_total,
-                (unsigned long long)m->stats.connections_refused, (unsigned long long)m->stats.requests,
-                (unsigned long long)m->stats.protocol_errors, (unsigned long long)m->stats.denials);
-        if (fclose(f) != 0 || !text) {
-                free(text);
-                return reply_fail(r, -ENOMEM, "out of memory building metrics");
-        }
         mr.text = text;
         reply.result_case = GPUMEM__REPLY__RESULT_ADMIN_METRICS;
         reply.admin_metrics = &mr;
@@ -229,6 +196,214 @@ int op_admin_set_log_level(ReqCtx *r, const Gpumem__Request *req)
         log_set_level(level);
         conn_log(r->c, LOG_NOTICE, GM_MESSAGE_ADMIN_ACTION, NULL, "set the log level to %s",
                  log_level_to_string(level));
+        reply.result_case = GPUMEM__REPLY__RESULT_EMPTY;
+        reply.empty = &empty;
+        return reply_ok(r, &reply);
+}
+
+/* ---- allocations, quotas --------------------------------------------------------------------------- */
+
+#define ALLOC_PAGE_MAX 1000
+
+static Conn *conn_at_or_after(Manager *m, uint64_t id)
+{
+        Conn *best = NULL;
+        for (Conn *c = m->conns; c; c = c->next)
+                if (c->id >= id && (!best || c->id < best->id))
+                        best = c;
+        return best;
+}
+
+int op_admin_allocations(ReqCtx *r, const Gpumem__Request *req)
+{
+        const Gpumem__AdminAllocations *a = req->admin_allocations;
+        Manager *m = r->m;
+        Gpumem__Reply reply = GPUMEM__REPLY__INIT;
+        Gpumem__AdminAllocationsReply ar = GPUMEM__ADMIN_ALLOCATIONS_REPLY__INIT;
+        size_t limit = a->limit && a->limit < ALLOC_PAGE_MAX ? a->limit : ALLOC_PAGE_MAX;
+        /* cursor: client id in the high 32 bits, the position in its table in the low 32 */
+        uint64_t cid = a->cursor >> 32, next = 0;
+        size_t pos = a->cursor & 0xffffffffu, n = 0;
+        BrokerObjInfo *objs = calloc(limit, sizeof(*objs));
+        Gpumem__AllocationInfo *infos = calloc(limit, sizeof(*infos));
+        Gpumem__AllocationInfo **ptrs = calloc(limit, sizeof(*ptrs));
+        uint64_t *client_of = calloc(limit, sizeof(*client_of));
+        int err;
+
+        if (!objs || !infos || !ptrs || !client_of) {
+                err = reply_fail(r, -ENOMEM, "out of memory listing allocations");
+                goto out;
+        }
+        if (a->client_id && !manager_find_conn(m, a->client_id)) {
+                err = reply_fail(r, -ESRCH, "no client with id %llu", (unsigned long long)a->client_id);
+                goto out;
+        }
+        if (a->client_id && cid < a->client_id) {
+                cid = a->client_id;
+                pos = 0;
+        }
+        for (Conn *c = conn_at_or_after(m, cid ? cid : 1); c && n < limit;
+             c = conn_at_or_after(m, c->id + 1)) {
+                if (a->client_id && c->id != a->client_id)
+                        break;
+                if (c->id != cid)
+                        pos = 0;
+                if (!c->broker)
+                        continue;
+                size_t cursor = pos;
+                size_t got = broker_client_list(c->broker, &cursor, objs + n, limit - n);
+                for (size_t k = 0; k < got; k++)
+                        client_of[n + k] = c->id;
+                n += got;
+                if (n == limit && cursor) {
+                        next = c->id << 32 | (uint64_t)cursor;
+                        break;
+                }
+                if (n == limit) {
+                        Conn *after = conn_at_or_after(m, c->id + 1);
+                        if (after && (!a->client_id || after->id == a->client_id))
+                                next = after->id << 32;
+                }
+        }
+        for (size_t i = 0; i < n; i++) {
+                Gpumem__AllocationInfo *o = &infos[i];
+                gpumem__allocation_info__init(o);
+                o->has_client_id = o->has_id = o->has_kind = o->has_size = o->has_gpu_id = o->has_va = true;
+                o->client_id = client_of[i];
+                o->id = objs[i].handle;
+                o->kind = objs[i].kind == BROKER_KIND_RESERVATION ? GPUMEM__MEM_KIND__MEM_KIND_UNSPECIFIED
+                                                                  : (Gpumem__MemKind)objs[i].kind;
+                o->size = objs[i].size;
+                o->gpu_id = objs[i].gpu_id;
+                o->va = objs[i].va;
+                o->n_mapped_gpus = objs[i].n_mapped;
+                o->mapped_gpus = objs[i].mapped;
+                o->has_exports = true;
+                o->exports = objs[i].exports;
+                ptrs[i] = o;
+        }
+        ar.n_allocations = n;
+        ar.allocations = ptrs;
+        ar.has_next_cursor = true;
+        ar.next_cursor = next;
+        reply.result_case = GPUMEM__REPLY__RESULT_ADMIN_ALLOCATIONS;
+        reply.admin_allocations = &ar;
+        err = reply_ok(r, &reply);
+out:
+        free(objs);
+        free(infos);
+        free(ptrs);
+        free(client_of);
+        return err;
+}
+
+static int fill_class(const Manager *m, const ClassState *s, Gpumem__ClassQuota *q, Gpumem__QuotaEntry *e,
+                      Gpumem__QuotaEntry **ep)
+{
+        size_t n = 0, ngpu = broker_gpu_count(m->broker);
+
+        gpumem__class_quota__init(q);
+        q->class_name = s->name;
+        for (int res = 0; res < _POLICY_RES_MAX; res++) {
+                gpumem__quota_entry__init(&e[n]);
+                e[n].has_resource = e[n].has_gpu_id = e[n].has_limit = e[n].has_used = true;
+                e[n].resource = (Gpumem__Resource)(res + 1);
+                classes_get(m, s, (PolicyResource)res, 0, &e[n].used, &e[n].limit);
+                ep[n] = &e[n];
+                n++;
+        }
+        for (size_t g = 0; g < ngpu; g++) {
+                gpumem__quota_entry__init(&e[n]);
+                e[n].has_resource = e[n].has_gpu_id = e[n].has_limit = e[n].has_used = true;
+                e[n].resource = GPUMEM__RESOURCE__RESOURCE_VRAM_BYTES;
+                e[n].gpu_id = broker_gpu_id(m->broker, g);
+                classes_get(m, s, POLICY_RES_VRAM, e[n].gpu_id, &e[n].used, &e[n].limit);
+                ep[n] = &e[n];
+                n++;
+        }
+        q->n_entries = n;
+        q->entries = ep;
+        return 0;
+}
+
+int op_admin_quota_get(ReqCtx *r, const Gpumem__Request *req)
+{
+        const char *want = req->admin_quota_get->class_name;
+        Manager *m = r->m;
+        Gpumem__Reply reply = GPUMEM__REPLY__INIT;
+        Gpumem__AdminQuotaGetReply qr = GPUMEM__ADMIN_QUOTA_GET_REPLY__INIT;
+        size_t n_classes = 0, per = _POLICY_RES_MAX + BROKER_MAX_GPUS, i = 0;
+        Gpumem__ClassQuota *qs, **qp;
+        Gpumem__QuotaEntry *es, **ep;
+        int err;
+
+        for (ClassState *s = m->classes; s; s = s->next)
+                n_classes++;
+        if (want && *want && !classes_find(m, want))
+                return reply_fail(r, -ENOENT, "no class named '%s'", want);
+        qs = calloc(n_classes ? n_classes : 1, sizeof(*qs));
+        qp = calloc(n_classes ? n_classes : 1, sizeof(*qp));
+        es = calloc((n_classes ? n_classes : 1) * per, sizeof(*es));
+        ep = calloc((n_classes ? n_classes : 1) * per, sizeof(*ep));
+        if (!qs || !qp || !es || !ep) {
+                err = reply_fail(r, -ENOMEM, "out of memory");
+                goto out;
+        }
+        for (ClassState *s = m->classes; s; s = s->next) {
+                if (want && *want && strcmp(want, s->name) != 0)
+                        continue;
+                fill_class(m, s, &qs[i], es + i * per, ep + i * per);
+                qp[i] = &qs[i];
+                i++;
+        }
+        qr.n_classes = i;
+        qr.classes = qp;
+        reply.result_case = GPUMEM__REPLY__RESULT_ADMIN_QUOTA_GET;
+        reply.admin_quota_get = &qr;
+        err = reply_ok(r, &reply);
+out:
+        free(qs);
+        free(qp);
+        free(es);
+        free(ep);
+        return err;
+}
+
+int op_admin_quota_set(ReqCtx *r, const Gpumem__Request *req)
+{
+        const Gpumem__AdminQuotaSet *a = req->admin_quota_set;
+        Gpumem__Reply reply = GPUMEM__REPLY__INIT;
+        Gpumem__Empty empty = GPUMEM__EMPTY__INIT;
+        ClassState *s = a->class_name ? classes_find(r->m, a->class_name) : NULL;
+        char why[256];
+        int err;
+
+        if (!s)
+                return reply_fail(r, -ENOENT, "no class named '%s'", a->class_name ? a->class_name : "");
+        if (!a->has_resource || a->resource == GPUMEM__RESOURCE__RESOURCE_UNSPECIFIED ||
+            (int)a->resource > _POLICY_RES_MAX)
+                return reply_fail(r, -EINVAL, "unknown resource %d", (int)a->resource);
+        if (!a->has_limit)
+                return reply_fail(r, -EINVAL, "no limit given");
+        err = classes_set_limit(r->m, s, (PolicyResource)(a->resource - 1), a->gpu_id, a->limit, a->force,
+                                why, sizeof(why));
+        if (err < 0)
+                return reply_fail(r, err, "%s", why);
+        {
+                char f_cls[96], f_res[64], f_lim[64], f_old[300], f_gpu[48];
+                const char *fields[] = {f_cls, f_res, f_lim, f_old, f_gpu, NULL};
+                snprintf(f_cls, sizeof(f_cls), "GPUMEM_CLASS=%s", s->name);
+                snprintf(f_res, sizeof(f_res), "GPUMEM_RESOURCE=%s",
+                         policy_resource_name((PolicyResource)(a->resource - 1)));
+                snprintf(f_lim, sizeof(f_lim), "GPUMEM_LIMIT=%llu", (unsigned long long)a->limit);
+                snprintf(f_old, sizeof(f_old), "GPUMEM_OLD_LIMIT=%s", why);
+                snprintf(f_gpu, sizeof(f_gpu), "GPUMEM_GPU=%u", a->gpu_id);
+                log_full(LOG_NOTICE, 0, GM_MESSAGE_QUOTA_CHANGE, fields,
+                         "client %llu (uid %u) set class '%s' %s%s limit to %llu (was %s)%s",
+                         (unsigned long long)r->c->id, (unsigned)r->c->ident.uid, s->name,
+                         policy_resource_name((PolicyResource)(a->resource - 1)), a->gpu_id ? " per-GPU" : "",
+                         (unsigned long long)a->limit, why, a->force ? ", forced" : "");
+        }
         reply.result_case = GPUMEM__REPLY__RESULT_EMPTY;
         reply.empty = &empty;
         return reply_ok(r, &reply);

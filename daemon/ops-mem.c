@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 
 #include "broker.h"
+#include "classes.h"
 #include "manager.h"
 #include "request.h"
 
@@ -18,6 +19,7 @@ static int client_of(ReqCtx *r, BrokerClient **ret)
                 err = broker_client_new(r->m->broker, c->window, &c->broker);
                 if (err < 0)
                         return reply_fail(r, err, "out of memory");
+                broker_client_set_account(c->broker, c->cls ? &c->cls->acct : NULL);
         }
         *ret = c->broker;
         return 0;
@@ -74,6 +76,21 @@ int op_alloc(ReqCtx *r, const Gpumem__Request *req)
             a->kind != GPUMEM__MEM_KIND__MEM_KIND_MANAGED)
                 return reply_fail(r, -EINVAL, "alloc takes kind device, host or managed, not %d",
                                   (int)a->kind);
+        {
+                /* the op table cannot tell the kind before decoding: check the family here */
+                unsigned fam = a->kind == GPUMEM__MEM_KIND__MEM_KIND_DEVICE ? POLICY_OP_DEVICE
+                               : a->kind == GPUMEM__MEM_KIND__MEM_KIND_HOST ? POLICY_OP_HOST
+                                                                            : POLICY_OP_MANAGED;
+                ClassState *cs = r->c->cls;
+                if (cs && cs->klass && (cs->klass->deny_ops & fam)) {
+                        r->m->stats.denials++;
+                        cs->denials++;
+                        return reply_fail(r, -EACCES, "class '%s' may not allocate %s memory", cs->name,
+                                          fam == POLICY_OP_DEVICE ? "device"
+                                          : fam == POLICY_OP_HOST ? "host"
+                                                                  : "managed");
+                }
+        }
         err = broker_alloc(bc, &args, &res, &w);
         if (err < 0)
                 return fail_why(r, err, &w);

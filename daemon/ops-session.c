@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "broker.h"
+#include "classes.h"
 #include "config.h"
 #include "log.h"
 #include "manager.h"
@@ -16,6 +17,8 @@
 static bool is_admin(const Manager *m, const Conn *c)
 {
         if (c->ident.uid == 0 || c->ident.uid == geteuid())
+                return true;
+        if (c->cls && c->cls->klass && c->cls->klass->admin)
                 return true;
         for (size_t i = 0; i < m->opts.n_admin_gids; i++)
                 if (conn_in_group(c, m->opts.admin_gids[i]))
@@ -135,10 +138,4 @@ int op_window_retry(ReqCtx *r, const Gpumem__Request *req)
         reply.result_case = GPUMEM__REPLY__RESULT_HELLO;
         reply.hello = &hr;
         return reply_ok(r, &reply);
-}
-
-int op_not_implemented(ReqCtx *r, const Gpumem__Request *req)
-{
-        return reply_fail(r, -ENOSYS, "op %u is part of protocol v1 but not implemented by gpumemd %s",
-                          (unsigned)req->op_case, GPUMEMD_VERSION);
 }

@@ -38,6 +38,7 @@ void options_done(Options *o)
         free(o->socket_path);
         free(o->model_preset);
         free(o->topology_root);
+        free(o->metrics_listen);
         *o = (Options){0};
 }
 
@@ -214,7 +215,9 @@ _printf_(2, 3) static void file_error(FileCtx *ctx, const char *fmt, ...)
 
 static bool known_section(const char *name, size_t len)
 {
-        return len == strlen("daemon") && strncmp(name, "daemon", len) == 0;
+        /* [class NAME] sections are the policy's (policy.c) */
+        return (len == strlen("daemon") && strncmp(name, "daemon", len) == 0) ||
+               (len > 6 && strncmp(name, "class", 5) == 0 && (name[5] == ' ' || name[5] == '\t'));
 }
 
 /*
@@ -321,6 +324,14 @@ static int daemon_key(FileCtx *ctx, const char *name, const char *value)
                         return 1;
                 }
                 o->window_size = v;
+        } else if (strcmp(name, "metrics-listen") == 0) {
+                const char *colon = strrchr(value, ':');
+                if (!colon || colon == value || !colon[1]) {
+                        file_error(ctx, "metrics-listen: '%s' is not ADDRESS:PORT", value);
+                        return 1;
+                }
+                if (set_str(&o->metrics_listen, value) < 0)
+                        return 0;
         } else if (strcmp(name, "admin-groups") == 0) {
                 char buf[512];
                 char *save = NULL;
@@ -354,6 +365,7 @@ static int file_handler(void *user, const char *section, const char *name, const
                 return daemon_key(ctx, name, value);
         if (section[0] == '\0')
                 file_error(ctx, "setting '%s' outside any section", name);
+        /* keys of [class NAME] sections are the policy's */
         /* keys of an unknown section: its header was already reported */
         return 1;
 }
@@ -365,8 +377,10 @@ int options_copy(Options *dst, const Options *src)
         n.socket_path = src->socket_path ? strdup(src->socket_path) : NULL;
         n.model_preset = src->model_preset ? strdup(src->model_preset) : NULL;
         n.topology_root = src->topology_root ? strdup(src->topology_root) : NULL;
+        n.metrics_listen = src->metrics_listen ? strdup(src->metrics_listen) : NULL;
         if ((src->config_path && !n.config_path) || (src->socket_path && !n.socket_path) ||
-            (src->model_preset && !n.model_preset) || (src->topology_root && !n.topology_root)) {
+            (src->model_preset && !n.model_preset) || (src->topology_root && !n.topology_root) ||
+            (src->metrics_listen && !n.metrics_listen)) {
                 options_done(&n);
                 return -ENOMEM;
         }

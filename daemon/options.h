@@ -37,6 +37,7 @@ typedef struct Options {
         uint32_t socket_mode;
         gid_t admin_gids[OPT_MAX_ADMIN_GROUPS];
         size_t n_admin_gids;
+        char *metrics_listen; /* ADDRESS:PORT for the Prometheus listener, or NULL */
         bool check_config;
         unsigned set_by_cli;
 } Options;

@@ -7,6 +7,8 @@
 #include <string.h>
 
 #include "broker.h"
+#include "classes.h"
+#include "metrics.h"
 #include "log.h"
 #include "manager.h"
 #include "window.h"
@@ -18,10 +20,13 @@ typedef struct OpDesc {
         uint8_t since;
         uint8_t perm;
         uint8_t max_fds; /* fds a request of this op may carry */
+        uint8_t family;  /* POLICY_OP_* a class can be denied (alloc is checked by kind once decoded) */
 } OpDesc;
 
-#define OP(field, n, handler, perm_, fds)                                                                    \
-        [GPUMEM__REQUEST__OP_##field] = {.name = n, .fn = handler, .since = 1, .perm = perm_, .max_fds = fds}
+#define OPF(field, n, handler, perm_, fds, fam)                                                              \
+        [GPUMEM__REQUEST__OP_##field] = {                                                                    \
+                .name = n, .fn = handler, .since = 1, .perm = perm_, .max_fds = fds, .family = fam}
+#define OP(field, n, handler, perm_, fds) OPF(field, n, handler, perm_, fds, 0)
 
 /* Indexed by the Request oneof field number, which is also the op's wire number. */
 static const OpDesc op_table[] = {
@@ -35,27 +40,27 @@ static const OpDesc op_table[] = {
         OP(FREE, "free", op_free, OP_PERM_ANY, 0),
         OP(MAP, "map", op_map, OP_PERM_ANY, 0),
         OP(UNMAP, "unmap", op_unmap, OP_PERM_ANY, 0),
-        OP(VMM_RESERVE, "vmm_reserve", op_vmm_reserve, OP_PERM_ANY, 0),
-        OP(VMM_FREE, "vmm_free", op_vmm_free, OP_PERM_ANY, 0),
-        OP(VMM_CREATE, "vmm_create", op_vmm_create, OP_PERM_ANY, 0),
-        OP(VMM_RELEASE, "vmm_release", op_vmm_release, OP_PERM_ANY, 0),
-        OP(VMM_MAP, "vmm_map", op_vmm_map, OP_PERM_ANY, 0),
-        OP(VMM_UNMAP, "vmm_unmap", op_vmm_unmap, OP_PERM_ANY, 0),
-        OP(VMM_SET_ACCESS, "vmm_set_access", op_vmm_set_access, OP_PERM_ANY, 0),
-        OP(VMM_GET_ACCESS, "vmm_get_access", op_vmm_get_access, OP_PERM_ANY, 0),
+        OPF(VMM_RESERVE, "vmm_reserve", op_vmm_reserve, OP_PERM_ANY, 0, POLICY_OP_VMM),
+        OPF(VMM_FREE, "vmm_free", op_vmm_free, OP_PERM_ANY, 0, POLICY_OP_VMM),
+        OPF(VMM_CREATE, "vmm_create", op_vmm_create, OP_PERM_ANY, 0, POLICY_OP_VMM),
+        OPF(VMM_RELEASE, "vmm_release", op_vmm_release, OP_PERM_ANY, 0, POLICY_OP_VMM),
+        OPF(VMM_MAP, "vmm_map", op_vmm_map, OP_PERM_ANY, 0, POLICY_OP_VMM),
+        OPF(VMM_UNMAP, "vmm_unmap", op_vmm_unmap, OP_PERM_ANY, 0, POLICY_OP_VMM),
+        OPF(VMM_SET_ACCESS, "vmm_set_access", op_vmm_set_access, OP_PERM_ANY, 0, POLICY_OP_VMM),
+        OPF(VMM_GET_ACCESS, "vmm_get_access", op_vmm_get_access, OP_PERM_ANY, 0, POLICY_OP_VMM),
         OP(VMM_GRANULARITY, "vmm_granularity", op_vmm_granularity, OP_PERM_ANY, 0),
-        OP(VMM_RETAIN, "vmm_retain", op_vmm_retain, OP_PERM_ANY, 0),
-        OP(VMM_PROPERTIES, "vmm_properties", op_vmm_properties, OP_PERM_ANY, 0),
-        OP(DMABUF_EXPORT, "dmabuf_export", op_dmabuf_export, OP_PERM_ANY, 0),
-        OP(DMABUF_IMPORT, "dmabuf_import", op_dmabuf_import, OP_PERM_ANY, 1),
-        OP(SVM_SET_ATTR, "svm_set_attr", op_svm_set_attr, OP_PERM_ANY, 0),
-        OP(SVM_GET_ATTR, "svm_get_attr", op_svm_get_attr, OP_PERM_ANY, 0),
-        OP(SVM_PREFETCH, "svm_prefetch", op_svm_prefetch, OP_PERM_ANY, 0),
+        OPF(VMM_RETAIN, "vmm_retain", op_vmm_retain, OP_PERM_ANY, 0, POLICY_OP_VMM),
+        OPF(VMM_PROPERTIES, "vmm_properties", op_vmm_properties, OP_PERM_ANY, 0, POLICY_OP_VMM),
+        OPF(DMABUF_EXPORT, "dmabuf_export", op_dmabuf_export, OP_PERM_ANY, 0, POLICY_OP_EXPORT),
+        OPF(DMABUF_IMPORT, "dmabuf_import", op_dmabuf_import, OP_PERM_ANY, 1, POLICY_OP_IMPORT),
+        OPF(SVM_SET_ATTR, "svm_set_attr", op_svm_set_attr, OP_PERM_ANY, 0, POLICY_OP_SVM),
+        OPF(SVM_GET_ATTR, "svm_get_attr", op_svm_get_attr, OP_PERM_ANY, 0, POLICY_OP_SVM),
+        OPF(SVM_PREFETCH, "svm_prefetch", op_svm_prefetch, OP_PERM_ANY, 0, POLICY_OP_SVM),
         OP(ADMIN_STATUS, "admin_status", op_admin_status, OP_PERM_ADMIN, 0),
         OP(ADMIN_CLIENTS, "admin_clients", op_admin_clients, OP_PERM_ADMIN, 0),
-        OP(ADMIN_ALLOCATIONS, "admin_allocations", op_not_implemented, OP_PERM_ADMIN, 0),
-        OP(ADMIN_QUOTA_GET, "admin_quota_get", op_not_implemented, OP_PERM_ADMIN, 0),
-        OP(ADMIN_QUOTA_SET, "admin_quota_set", op_not_implemented, OP_PERM_ADMIN, 0),
+        OP(ADMIN_ALLOCATIONS, "admin_allocations", op_admin_allocations, OP_PERM_ADMIN, 0),
+        OP(ADMIN_QUOTA_GET, "admin_quota_get", op_admin_quota_get, OP_PERM_ADMIN, 0),
+        OP(ADMIN_QUOTA_SET, "admin_quota_set", op_admin_quota_set, OP_PERM_ADMIN, 0),
         OP(ADMIN_DISCONNECT, "admin_disconnect", op_admin_disconnect, OP_PERM_ADMIN, 0),
         OP(ADMIN_METRICS, "admin_metrics", op_admin_metrics, OP_PERM_ADMIN, 0),
         OP(ADMIN_SET_LOG_LEVEL, "admin_set_log_level", op_admin_set_log_level, OP_PERM_ADMIN, 0),
@@ -186,9 +191,19 @@ void request_handle(Conn *c, const uint8_t *buf, size_t len, int *fds, size_t n_
         }
         if (op->perm == OP_PERM_ADMIN && !c->admin) {
                 m->stats.denials++;
+                metrics_deny(m->metrics, DENY_ADMIN);
                 conn_log(c, LOG_NOTICE, GM_MESSAGE_DENIED, &c->log_rl, "%s denied: not an administrator",
                          op->name);
                 err = reply_fail(&r, -EACCES, "%s is for administrators only", op->name);
+                goto fail;
+        }
+        if (op->family && c->cls && c->cls->klass && (c->cls->klass->deny_ops & op->family)) {
+                m->stats.denials++;
+                metrics_deny(m->metrics, DENY_PERMISSION);
+                c->cls->denials++;
+                conn_log(c, LOG_NOTICE, GM_MESSAGE_DENIED, &c->log_rl, "%s denied by class '%s'", op->name,
+                         c->cls->name);
+                err = reply_fail(&r, -EACCES, "class '%s' may not call %s", c->cls->name, op->name);
                 goto fail;
         }
 
@@ -204,7 +219,23 @@ void request_handle(Conn *c, const uint8_t *buf, size_t len, int *fds, size_t n_
                 goto out;
         }
 
-        err = op->fn(&r, req);
+        {
+                uint64_t t0 = now_usec(CLOCK_MONOTONIC);
+                err = op->fn(&r, req);
+                metrics_record(m->metrics, field, op->name, err, (now_usec(CLOCK_MONOTONIC) - t0) * 1000);
+        }
+        if (err == -EDQUOT) {
+                metrics_deny(m->metrics, DENY_QUOTA);
+                if (c->cls)
+                        c->cls->denials++;
+                conn_log(c, LOG_NOTICE, GM_MESSAGE_DENIED, &c->log_rl, "%s over quota: %s", op->name,
+                         r.reason);
+        } else if (err == -EACCES) {
+                metrics_deny(m->metrics, DENY_PERMISSION);
+                if (c->cls)
+                        c->cls->denials++;
+                conn_log(c, LOG_NOTICE, GM_MESSAGE_DENIED, &c->log_rl, "%s denied: %s", op->name, r.reason);
+        }
         if (err >= 0 || r.replied)
                 goto out;
 fail:

@@ -209,6 +209,7 @@ void gm_client_info_free(gm_client_info *infos, size_t n)
                 free(infos[i].name);
                 free(infos[i].class_name);
                 free(infos[i].usage);
+                free(infos[i].pod);
         }
         free(infos);
 }
@@ -246,6 +247,7 @@ int gm_admin_clients(gm_client *c, gm_client_info **ret, size_t *ret_n)
                 d->container = xstrdup(s->container);
                 d->name = xstrdup(s->name);
                 d->class_name = xstrdup(s->class_name);
+                d->pod = xstrdup(s->pod);
                 d->connected_usec = s->connected_usec;
                 d->host_bytes = s->host_bytes;
                 d->managed_bytes = s->managed_bytes;
@@ -254,7 +256,7 @@ int gm_admin_clients(gm_client *c, gm_client_info **ret, size_t *ret_n)
                 d->requests = s->requests;
                 d->admin = s->admin;
                 d->usage = calloc(s->n_usage ? s->n_usage : 1, sizeof(*d->usage));
-                if (!d->cgroup || !d->container || !d->name || !d->class_name || !d->usage) {
+                if (!d->cgroup || !d->container || !d->name || !d->class_name || !d->usage || !d->pod) {
                         oom = true;
                         break;
                 }
@@ -327,6 +329,138 @@ int gm_admin_set_log_level(gm_client *c, const char *level)
         ll.level = (char *)level;
         req.op_case = GPUMEM__REQUEST__OP_ADMIN_SET_LOG_LEVEL;
         req.admin_set_log_level = &ll;
+        r = call_expect(c, &req, GPUMEM__REPLY__RESULT_EMPTY, &reply);
+        if (r < 0)
+                return r;
+        gpumem__reply__free_unpacked(reply, NULL);
+        return 0;
+}
+
+void gm_alloc_info_free(gm_alloc_info *a, size_t n)
+{
+        (void)n;
+        free(a);
+}
+
+int gm_admin_allocations(gm_client *c, uint64_t client_id, unsigned limit, uint64_t *cursor,
+                         gm_alloc_info **ret, size_t *ret_n)
+{
+        Gpumem__Request req = GPUMEM__REQUEST__INIT;
+        Gpumem__AdminAllocations aa = GPUMEM__ADMIN_ALLOCATIONS__INIT;
+        Gpumem__Reply *reply = NULL;
+        const Gpumem__AdminAllocationsReply *ar;
+        gm_alloc_info *out;
+        int r;
+
+        if (!c || !cursor || !ret || !ret_n)
+                return c ? gm_set_reason(c, -EINVAL, "gm_admin_allocations: a required argument is missing")
+                         : -EINVAL;
+        aa.has_client_id = aa.has_cursor = aa.has_limit = true;
+        aa.client_id = client_id;
+        aa.cursor = *cursor;
+        aa.limit = limit;
+        req.op_case = GPUMEM__REQUEST__OP_ADMIN_ALLOCATIONS;
+        req.admin_allocations = &aa;
+        r = call_expect(c, &req, GPUMEM__REPLY__RESULT_ADMIN_ALLOCATIONS, &reply);
+        if (r < 0)
+                return r;
+        ar = reply->admin_allocations;
+        out = calloc(ar->n_allocations ? ar->n_allocations : 1, sizeof(*out));
+        if (!out) {
+                gpumem__reply__free_unpacked(reply, NULL);
+                return gm_set_reason(c, -ENOMEM, "out of memory");
+        }
+        for (size_t i = 0; i < ar->n_allocations; i++) {
+                const Gpumem__AllocationInfo *s = ar->allocations[i];
+                out[i].client_id = s->client_id;
+                out[i].id = s->id;
+                out[i].kind = s->kind;
+                out[i].size = s->size;
+                out[i].gpu_id = s->gpu_id;
+                out[i].va = s->va;
+                out[i].n_mapped_gpus = s->n_mapped_gpus < 64 ? s->n_mapped_gpus : 64;
+                memcpy(out[i].mapped_gpus, s->mapped_gpus, out[i].n_mapped_gpus * sizeof(uint32_t));
+                out[i].exports = s->exports;
+        }
+        *ret_n = ar->n_allocations;
+        *cursor = ar->next_cursor;
+        *ret = out;
+        gpumem__reply__free_unpacked(reply, NULL);
+        return 0;
+}
+
+void gm_quota_free(gm_quota *q, size_t n)
+{
+        if (!q)
+                return;
+        for (size_t i = 0; i < n; i++)
+                free(q[i].class_name);
+        free(q);
+}
+
+int gm_admin_quota_get(gm_client *c, const char *class_name, gm_quota **ret, size_t *ret_n)
+{
+        Gpumem__Request req = GPUMEM__REQUEST__INIT;
+        Gpumem__AdminQuotaGet qg = GPUMEM__ADMIN_QUOTA_GET__INIT;
+        Gpumem__Reply *reply = NULL;
+        const Gpumem__AdminQuotaGetReply *qr;
+        gm_quota *out;
+        size_t n = 0, k = 0;
+        int r;
+
+        if (!c || !ret || !ret_n)
+                return c ? gm_set_reason(c, -EINVAL, "gm_admin_quota_get: a required argument is missing")
+                         : -EINVAL;
+        qg.class_name = (char *)(class_name ? class_name : "");
+        req.op_case = GPUMEM__REQUEST__OP_ADMIN_QUOTA_GET;
+        req.admin_quota_get = &qg;
+        r = call_expect(c, &req, GPUMEM__REPLY__RESULT_ADMIN_QUOTA_GET, &reply);
+        if (r < 0)
+                return r;
+        qr = reply->admin_quota_get;
+        for (size_t i = 0; i < qr->n_classes; i++)
+                n += qr->classes[i]->n_entries;
+        out = calloc(n ? n : 1, sizeof(*out));
+        for (size_t i = 0; out && i < qr->n_classes; i++)
+                for (size_t e = 0; e < qr->classes[i]->n_entries; e++) {
+                        const Gpumem__QuotaEntry *q = qr->classes[i]->entries[e];
+                        out[k].class_name = xstrdup(qr->classes[i]->class_name);
+                        out[k].resource = q->resource;
+                        out[k].gpu_id = q->gpu_id;
+                        out[k].limit = q->limit;
+                        out[k].used = q->used;
+                        if (!out[k++].class_name) {
+                                gm_quota_free(out, k);
+                                out = NULL;
+                                break;
+                        }
+                }
+        gpumem__reply__free_unpacked(reply, NULL);
+        if (!out)
+                return gm_set_reason(c, -ENOMEM, "out of memory");
+        *ret = out;
+        *ret_n = n;
+        return 0;
+}
+
+int gm_admin_quota_set(gm_client *c, const char *class_name, int resource, uint32_t gpu_id, uint64_t limit,
+                       bool force)
+{
+        Gpumem__Request req = GPUMEM__REQUEST__INIT;
+        Gpumem__AdminQuotaSet qs = GPUMEM__ADMIN_QUOTA_SET__INIT;
+        Gpumem__Reply *reply = NULL;
+        int r;
+
+        if (!c || !class_name)
+                return c ? gm_set_reason(c, -EINVAL, "gm_admin_quota_set: no class named") : -EINVAL;
+        qs.class_name = (char *)class_name;
+        qs.has_resource = qs.has_gpu_id = qs.has_limit = qs.has_force = true;
+        qs.resource = (Gpumem__Resource)resource;
+        qs.gpu_id = gpu_id;
+        qs.limit = limit;
+        qs.force = force;
+        req.op_case = GPUMEM__REQUEST__OP_ADMIN_QUOTA_SET;
+        req.admin_quota_set = &qs;
         r = call_expect(c, &req, GPUMEM__REPLY__RESULT_EMPTY, &reply);
         if (r < 0)
                 return r;

@@ -375,6 +375,7 @@ typedef struct gm_client_info {
         bool admin;
         size_t n_usage;
         gm_gpu_usage *usage;
+        char *pod; /* Kubernetes pod UID, or "" (since 1.1) */
 } gm_client_info;
 
 int gm_admin_clients(gm_client *c, gm_client_info **ret, size_t *ret_n);
@@ -388,6 +389,59 @@ int gm_admin_metrics(gm_client *c, char **ret_text);
 
 /** Change the daemon's log level: "err", "warning", "notice", "info" or "debug". */
 int gm_admin_set_log_level(gm_client *c, const char *level);
+
+/* ---- allocations and quotas (since 1.1) ---- */
+
+typedef struct gm_alloc_info {
+        uint64_t client_id;
+        gm_handle id; /* the object's handle in its client */
+        int kind;     /* GM_KIND_*, or 0 for a VMM VA reservation */
+        uint64_t size;
+        uint32_t gpu_id;
+        uint64_t va;
+        size_t n_mapped_gpus;
+        uint32_t mapped_gpus[64];
+        uint32_t exports;
+} gm_alloc_info;
+
+/**
+ * Objects held by client @client_id (0: every client), at most @limit (0: as many as fit in one reply),
+ * from *cursor (0 to start). *cursor is set to where the next call goes on, 0 at the end. A listing taken
+ * while clients change may skip or repeat entries. Free with gm_alloc_info_free. -ESRCH: no such client.
+ */
+int gm_admin_allocations(gm_client *c, uint64_t client_id, unsigned limit, uint64_t *cursor,
+                         gm_alloc_info **ret, size_t *ret_n);
+void gm_alloc_info_free(gm_alloc_info *a, size_t n);
+
+/** Resources a class's limits apply to. */
+enum {
+        GM_RESOURCE_VRAM = 1,    /**< device and VMM memory, bytes (per GPU when gpu_id is set) */
+        GM_RESOURCE_HOST = 2,    /**< pinned host memory, bytes */
+        GM_RESOURCE_MANAGED = 3, /**< managed memory, bytes */
+        GM_RESOURCE_HANDLES = 4, /**< objects */
+        GM_RESOURCE_FDS = 5,     /**< fds the daemon holds */
+        GM_RESOURCE_CONNECTIONS = 6,
+        GM_RESOURCE_INFLIGHT = 7, /**< requests in flight */
+};
+#define GM_UNLIMITED UINT64_MAX
+
+typedef struct gm_quota {
+        char *class_name;
+        int resource;    /**< GM_RESOURCE_* */
+        uint32_t gpu_id; /**< 0: all GPUs */
+        uint64_t limit;  /**< GM_UNLIMITED when none */
+        uint64_t used;
+} gm_quota;
+
+/** Every limit of class @class_name (NULL or "": of every class) with its usage. -ENOENT: no such class. */
+int gm_admin_quota_get(gm_client *c, const char *class_name, gm_quota **ret, size_t *ret_n);
+void gm_quota_free(gm_quota *q, size_t n);
+/**
+ * Change a class's limit at run time (until the next reload of the config file). -EBUSY when the class uses
+ * more than @limit, unless @force; -ENOENT no such class; -EINVAL per-GPU limits other than VRAM.
+ */
+int gm_admin_quota_set(gm_client *c, const char *class_name, int resource, uint32_t gpu_id, uint64_t limit,
+                       bool force);
 
 /** Free memory this library returned as a plain buffer. */
 void gm_free(void *p);

@@ -1,0 +1,293 @@
+/* Class state: per-class accounts bound to connections, rebuilt by name when the policy is reloaded. */
+#include "classes.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "conn.h"
+#include "log.h"
+#include "manager.h"
+
+ClassState *classes_find(Manager *m, const char *name)
+{
+        for (ClassState *s = m->classes; s; s = s->next)
+                if (strcmp(s->name, name) == 0)
+                        return s;
+        return NULL;
+}
+
+static ClassState *state_get(Manager *m, const char *name)
+{
+        ClassState *s = classes_find(m, name);
+
+        if (s)
+                return s;
+        s = calloc(1, sizeof(*s));
+        if (!s)
+                return NULL;
+        s->name = strdup(name);
+        if (!s->name) {
+                free(s);
+                return NULL;
+        }
+        broker_account_init(&s->acct, s->name);
+        s->next = m->classes;
+        m->classes = s;
+        return s;
+}
+
+/* Limits of the state from its class (a reload resets runtime changes to the file's values). */
+static void state_configure(Manager *m, ClassState *s, const PolicyClass *k)
+{
+        BrokerAccount *a = &s->acct;
+
+        s->klass = k;
+        a->max_vram = k->limit[POLICY_RES_VRAM];
+        a->max_host = k->limit[POLICY_RES_HOST];
+        a->max_managed = k->limit[POLICY_RES_MANAGED];
+        a->max_handles = k->limit[POLICY_RES_HANDLES];
+        a->max_fds = k->limit[POLICY_RES_FDS];
+        s->max_connections = k->limit[POLICY_RES_CONNECTIONS];
+        s->max_inflight = k->limit[POLICY_RES_INFLIGHT];
+        a->import_foreign = k->import_foreign;
+        for (size_t i = 0; i < BROKER_MAX_GPUS; i++)
+                a->max_vram_gpu[i] = UINT64_MAX;
+        for (size_t i = 0; i < k->n_vram_gpu; i++) {
+                int gi = broker_gpu_index(m->broker, k->vram_gpu_ids[i]);
+                if (gi < 0)
+                        log_warning("class '%s' limits VRAM on GPU %u, which this node does not have",
+                                    k->name, k->vram_gpu_ids[i]);
+                else
+                        a->max_vram_gpu[gi] = k->vram_gpu_limit[i];
+        }
+        if (k->n_gpus == 0) {
+                a->allowed_gpus = UINT64_MAX;
+        } else {
+                a->allowed_gpus = 0;
+                for (size_t i = 0; i < k->n_gpus; i++) {
+                        int gi = broker_gpu_index(m->broker, k->gpus[i]);
+                        if (gi < 0)
+                                log_warning("class '%s' lists GPU %u, which this node does not have", k->name,
+                                            k->gpus[i]);
+                        else
+                                a->allowed_gpus |= 1ull << gi;
+                }
+        }
+}
+
+static const PolicyClass *match_conn(const Manager *m, const Conn *c)
+{
+        PolicyIdentity id = {
+                .uid = c->ident.uid,
+                .gid = c->ident.gid,
+                .groups = c->ident.groups,
+                .n_groups = c->ident.n_groups,
+                .cgroup = c->ident.cgroup,
+        };
+        return policy_match(m->policy, &id);
+}
+
+static void class_bind(Conn *c, ClassState *s)
+{
+        if (c->cls == s)
+                return;
+        if (c->cls) {
+                c->cls->connections--;
+                c->cls->inflight -= c->out_count;
+        }
+        c->cls = s;
+        if (s) {
+                s->connections++;
+                s->inflight += c->out_count;
+        }
+        if (c->broker)
+                broker_client_set_account(c->broker, s ? &s->acct : NULL);
+}
+
+void classes_apply(Manager *m, Policy *p)
+{
+        Policy *old = m->policy;
+
+        m->policy = p;
+        for (ClassState *s = m->classes; s; s = s->next)
+                s->klass = NULL;
+        for (size_t i = 0; i < p->n_classes; i++) {
+                ClassState *s = state_get(m, p->classes[i].name);
+                if (!s) {
+                        log_error("out of memory applying class '%s'", p->classes[i].name);
+                        continue;
+                }
+                state_configure(m, s, &p->classes[i]);
+        }
+        /* every client again: a class it no longer matches lets it go to the one it matches now; one that no
+         * class admits any more keeps its old class (and its limits) until it disconnects */
+        for (Conn *c = m->conns; c; c = c->next) {
+                const PolicyClass *k = match_conn(m, c);
+                ClassState *s = k ? classes_find(m, k->name) : NULL;
+                if (s && s != c->cls) {
+                        conn_log(c, LOG_INFO, GM_MESSAGE_CONFIG_RELOAD, NULL, "moves from class '%s' to '%s'",
+                                 c->cls ? c->cls->name : "-", s->name);
+                        class_bind(c, s);
+                }
+        }
+        /* states of removed classes go once empty */
+        for (ClassState **pp = &m->classes; *pp;) {
+                ClassState *s = *pp;
+                if (!s->klass && s->connections == 0) {
+                        *pp = s->next;
+                        free(s->name);
+                        free(s);
+                } else {
+                        pp = &s->next;
+                }
+        }
+        policy_free(old);
+}
+
+int classes_admit(Manager *m, Conn *c, char *reason, size_t len)
+{
+        const PolicyClass *k = match_conn(m, c);
+        ClassState *s = k ? classes_find(m, k->name) : NULL;
+
+        if (!s) {
+                snprintf(reason, len, "no policy class admits uid %u (cgroup %s)", (unsigned)c->ident.uid,
+                         c->ident.cgroup ? c->ident.cgroup : "unknown");
+                return -EACCES;
+        }
+        if (s->connections >= s->max_connections) {
+                s->denials++;
+                snprintf(reason, len, "class '%s' is at its limit of %llu connections", s->name,
+                         (unsigned long long)s->max_connections);
+                return -EUSERS;
+        }
+        class_bind(c, s);
+        return 0;
+}
+
+void classes_leave(Conn *c)
+{
+        if (c->cls) {
+                c->cls->connections--;
+                c->cls->inflight -= c->out_count;
+                c->cls = NULL;
+        }
+}
+
+void classes_free_all(Manager *m)
+{
+        while (m->classes) {
+                ClassState *s = m->classes;
+                m->classes = s->next;
+                free(s->name);
+                free(s);
+        }
+        m->policy = policy_free(m->policy);
+}
+
+void classes_get(const Manager *m, const ClassState *s, PolicyResource r, uint32_t gpu_id, uint64_t *ret_used,
+                 uint64_t *ret_limit)
+{
+        const BrokerAccount *a = &s->acct;
+        int gi = gpu_id ? broker_gpu_index(m->broker, gpu_id) : -1;
+
+        switch (r) {
+        case POLICY_RES_VRAM:
+                if (gi >= 0) {
+                        *ret_used = a->used.vram_bytes[gi];
+                        *ret_limit = a->max_vram_gpu[gi];
+                } else {
+                        *ret_used = a->used.device_bytes + a->used.vmm_bytes;
+                        *ret_limit = a->max_vram;
+                }
+                break;
+        case POLICY_RES_HOST:
+                *ret_used = a->used.host_bytes;
+                *ret_limit = a->max_host;
+                break;
+        case POLICY_RES_MANAGED:
+                *ret_used = a->used.managed_bytes;
+                *ret_limit = a->max_managed;
+                break;
+        case POLICY_RES_HANDLES:
+                *ret_used = a->used.objects;
+                *ret_limit = a->max_handles;
+                break;
+        case POLICY_RES_FDS:
+                *ret_used = a->used.held_fds;
+                *ret_limit = a->max_fds;
+                break;
+        case POLICY_RES_CONNECTIONS:
+                *ret_used = s->connections;
+                *ret_limit = s->max_connections;
+                break;
+        case POLICY_RES_INFLIGHT:
+                *ret_used = s->inflight;
+                *ret_limit = s->max_inflight;
+                break;
+        default:
+                *ret_used = *ret_limit = 0;
+        }
+}
+
+int classes_set_limit(Manager *m, ClassState *s, PolicyResource r, uint32_t gpu_id, uint64_t limit,
+                      bool force, char *reason, size_t len)
+{
+        uint64_t used, old;
+        int gi = -1;
+
+        if (gpu_id) {
+                if (r != POLICY_RES_VRAM) {
+                        snprintf(reason, len, "only VRAM has per-GPU limits");
+                        return -EINVAL;
+                }
+                gi = broker_gpu_index(m->broker, gpu_id);
+                if (gi < 0) {
+                        snprintf(reason, len, "no GPU with id %u", gpu_id);
+                        return -ENODEV;
+                }
+        }
+        if (r >= _POLICY_RES_MAX) {
+                snprintf(reason, len, "unknown resource %d", (int)r);
+                return -EINVAL;
+        }
+        classes_get(m, s, r, gpu_id, &used, &old);
+        if (used > limit && !force) {
+                snprintf(reason, len,
+                         "class '%s' uses %llu of %s, more than the new limit %llu (force to override)",
+                         s->name, (unsigned long long)used, policy_resource_name(r),
+                         (unsigned long long)limit);
+                return -EBUSY;
+        }
+        switch (r) {
+        case POLICY_RES_VRAM:
+                if (gi >= 0)
+                        s->acct.max_vram_gpu[gi] = limit;
+                else
+                        s->acct.max_vram = limit;
+                break;
+        case POLICY_RES_HOST:
+                s->acct.max_host = limit;
+                break;
+        case POLICY_RES_MANAGED:
+                s->acct.max_managed = limit;
+                break;
+        case POLICY_RES_HANDLES:
+                s->acct.max_handles = limit;
+                break;
+        case POLICY_RES_FDS:
+                s->acct.max_fds = limit;
+                break;
+        case POLICY_RES_CONNECTIONS:
+                s->max_connections = limit;
+                break;
+        case POLICY_RES_INFLIGHT:
+                s->max_inflight = limit;
+                break;
+        default:
+                break;
+        }
+        snprintf(reason, len, "%llu", (unsigned long long)old); /* the old limit, for the log */
+        return 0;
+}

@@ -1,0 +1,43 @@
+/* Class state: the running side of policy classes (shared quota account, connections, in-flight requests). */
+#pragma once
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "broker.h"
+#include "policy.h"
+
+typedef struct Manager Manager;
+typedef struct Conn Conn;
+
+typedef struct ClassState {
+        struct ClassState *next;
+        char *name;
+        const PolicyClass *klass; /* in the manager's current policy; NULL once a reload removed it */
+        BrokerAccount acct;       /* limits and usage shared by every client of the class */
+        uint64_t max_connections;
+        uint64_t max_inflight;
+        unsigned connections;
+        unsigned inflight; /* requests being handled or whose replies wait in output queues */
+        uint64_t denials;
+} ClassState;
+
+/* Make @p the running policy: states follow it by class name, every connection is matched again and its
+ * usage moves with it. Takes ownership of @p. */
+void classes_apply(Manager *m, Policy *p);
+/* Bind a new connection to its class, or refuse it: -EACCES (no class admits it), -EUSERS (the class is at
+ * its connection limit); @reason says which. */
+int classes_admit(Manager *m, Conn *c, char *reason, size_t len);
+/* The connection is gone. */
+void classes_leave(Conn *c);
+ClassState *classes_find(Manager *m, const char *name);
+void classes_free_all(Manager *m);
+/*
+ * Runtime change of one limit (gpumemctl quota set): -EBUSY when the class uses more than @limit and
+ * !@force; -EINVAL for a GPU this node lacks or a per-GPU limit of something else than VRAM.
+ */
+int classes_set_limit(Manager *m, ClassState *s, PolicyResource r, uint32_t gpu_id, uint64_t limit,
+                      bool force, char *reason, size_t len);
+/* Current usage of @r (per GPU when @gpu_id) and its limit. */
+void classes_get(const Manager *m, const ClassState *s, PolicyResource r, uint32_t gpu_id, uint64_t *ret_used,
+                 uint64_t *ret_limit);

@@ -1,0 +1,43 @@
+/* Metrics: per-op counts and latency histograms, denials, and the Prometheus text rendering (and listener).
+ */
+#pragma once
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct Manager Manager;
+
+#define METRICS_MAX_OPS   128
+#define METRICS_MAX_ERRNO 134
+#define METRICS_N_BUCKETS 15
+
+typedef enum DenyReason {
+        DENY_ADMIN,       /* an admin op from a non-administrator */
+        DENY_PERMISSION,  /* the class may not call it, use that GPU, or import that fd */
+        DENY_QUOTA,       /* over a class limit (-EDQUOT) */
+        DENY_NO_CLASS,    /* no class admits the client */
+        DENY_CONNECTIONS, /* the class or the daemon is at its connection limit */
+        DENY_INFLIGHT,    /* the class had as many requests in flight as it may (reading paused) */
+        _DENY_MAX,
+} DenyReason;
+
+typedef struct OpStats {
+        uint64_t ok;
+        uint32_t by_errno[METRICS_MAX_ERRNO]; /* failures by errno */
+        uint64_t buckets[METRICS_N_BUCKETS];  /* cumulative counts are computed when rendering */
+        uint64_t count;
+        uint64_t sum_ns;
+} OpStats;
+
+typedef struct Metrics {
+        OpStats ops[METRICS_MAX_OPS];
+        const char *op_names[METRICS_MAX_OPS];
+        uint64_t denials[_DENY_MAX];
+} Metrics;
+
+void metrics_record(Metrics *mt, unsigned op, const char *name, int result, uint64_t ns);
+void metrics_deny(Metrics *mt, DenyReason why);
+/* The Prometheus text exposition; the caller frees *ret. */
+int metrics_render(Manager *m, char **ret, size_t *ret_len);
+/* Serve GET /metrics on ADDR:PORT with libevent's HTTP server. */
+int metrics_listen(Manager *m, const char *addr_port);

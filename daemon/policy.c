@@ -1,0 +1,582 @@
+/* Policy: [class NAME] sections of the config file (parsed with inih, every error with its line), matching.
+ */
+#include "policy.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <fnmatch.h>
+#include <grp.h>
+#include <ini.h>
+#include <pwd.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "util.h"
+
+static const char *const resource_names[_POLICY_RES_MAX] = {
+        [POLICY_RES_VRAM] = "vram",         [POLICY_RES_HOST] = "host",
+        [POLICY_RES_MANAGED] = "managed",   [POLICY_RES_HANDLES] = "handles",
+        [POLICY_RES_FDS] = "fds",           [POLICY_RES_CONNECTIONS] = "connections",
+        [POLICY_RES_INFLIGHT] = "inflight",
+};
+
+static const struct {
+        const char *name;
+        unsigned bit;
+} op_families[] = {
+        {"device", POLICY_OP_DEVICE}, {"host", POLICY_OP_HOST}, {"managed", POLICY_OP_MANAGED},
+        {"vmm", POLICY_OP_VMM},       {"svm", POLICY_OP_SVM},   {"export", POLICY_OP_EXPORT},
+        {"import", POLICY_OP_IMPORT},
+};
+
+const char *policy_resource_name(PolicyResource r)
+{
+        return r < _POLICY_RES_MAX ? resource_names[r] : "unknown";
+}
+
+int policy_resource_from_name(const char *s)
+{
+        for (int i = 0; i < _POLICY_RES_MAX; i++)
+                if (strcmp(s, resource_names[i]) == 0)
+                        return i;
+        return -EINVAL;
+}
+
+static void class_init(PolicyClass *c)
+{
+        memset(c, 0, sizeof(*c));
+        for (int i = 0; i < _POLICY_RES_MAX; i++)
+                c->limit[i] = POLICY_UNLIMITED;
+        c->import_foreign = true;
+}
+
+static void class_done(PolicyClass *c)
+{
+        free(c->name);
+        for (size_t i = 0; i < c->n_cgroups; i++)
+                free(c->cgroups[i]);
+        free(c->cgroups);
+        free(c->uids);
+        free(c->gids);
+}
+
+Policy *policy_free(Policy *p)
+{
+        if (!p)
+                return NULL;
+        for (size_t i = 0; i < p->n_classes; i++)
+                class_done(&p->classes[i]);
+        free(p->classes);
+        free(p);
+        return NULL;
+}
+
+int policy_new_default(Policy **ret)
+{
+        Policy *p = calloc(1, sizeof(*p));
+
+        if (!p)
+                return -ENOMEM;
+        p->classes = calloc(1, sizeof(*p->classes));
+        if (!p->classes) {
+                free(p);
+                return -ENOMEM;
+        }
+        class_init(&p->classes[0]);
+        p->classes[0].name = strdup("default");
+        p->classes[0].match_all = true;
+        p->n_classes = 1;
+        if (!p->classes[0].name)
+                return policy_free(p), -ENOMEM;
+        *ret = p;
+        return 0;
+}
+
+/* ---- parsing ----------------------------------------------------------------------------------------- */
+
+typedef struct Parse {
+        FILE *f;
+        const char *path;
+        unsigned line;
+        Policy *p;
+        PolicyClass *cur; /* the class whose section we are in */
+        char *err;
+        size_t errlen;
+        unsigned n_errors;
+} Parse;
+
+_printf_(2, 3) static void perr(Parse *ps, const char *fmt, ...)
+{
+        size_t used = ps->err ? strnlen(ps->err, ps->errlen) : 0;
+        va_list ap;
+        int n;
+
+        ps->n_errors++;
+        if (!ps->err || used + 2 >= ps->errlen)
+                return;
+        n = snprintf(ps->err + used, ps->errlen - used, "%s:%u: ", ps->path, ps->line);
+        if (n < 0 || (size_t)n >= ps->errlen - used)
+                return;
+        used += (size_t)n;
+        va_start(ap, fmt);
+        n = vsnprintf(ps->err + used, ps->errlen - used, fmt, ap);
+        va_end(ap);
+        if (n < 0 || (size_t)n + 2 >= ps->errlen - used)
+                return;
+        used += (size_t)n;
+        ps->err[used] = '\n';
+        ps->err[used + 1] = '\0';
+}
+
+static char *reader(char *str, int num, void *stream)
+{
+        Parse *ps = stream;
+        char *s = fgets(str, num, ps->f);
+        if (s)
+                ps->line++;
+        return s;
+}
+
+/* "class NAME" → NAME, or NULL when the section is not a class. */
+static const char *class_name_of(const char *section)
+{
+        if (strncmp(section, "class", 5) != 0 || !isspace((unsigned char)section[5]))
+                return NULL;
+        section += 5;
+        while (isspace((unsigned char)*section))
+                section++;
+        return section;
+}
+
+static bool valid_name(const char *s)
+{
+        if (!*s || strlen(s) > 64)
+                return false;
+        for (; *s; s++)
+                if (!isalnum((unsigned char)*s) && *s != '-' && *s != '_' && *s != '.')
+                        return false;
+        return true;
+}
+
+static PolicyClass *begin_class(Parse *ps, const char *name)
+{
+        PolicyClass *n;
+
+        for (size_t i = 0; i < ps->p->n_classes; i++)
+                if (strcmp(ps->p->classes[i].name, name) == 0) {
+                        perr(ps, "class '%s' is defined twice (first at line %u)", name,
+                             ps->p->classes[i].line);
+                        return NULL;
+                }
+        n = realloc(ps->p->classes, (ps->p->n_classes + 1) * sizeof(*n));
+        if (!n)
+                return NULL;
+        ps->p->classes = n;
+        n = &ps->p->classes[ps->p->n_classes];
+        class_init(n);
+        n->name = strdup(name);
+        if (!n->name)
+                return NULL;
+        n->line = ps->line;
+        ps->p->n_classes++;
+        return n;
+}
+
+static int parse_limit(const char *v, bool bytes, uint64_t *ret)
+{
+        if (strcasecmp(v, "unlimited") == 0 || strcasecmp(v, "infinity") == 0) {
+                *ret = POLICY_UNLIMITED;
+                return 0;
+        }
+        return bytes ? parse_size(v, ret) : parse_uint(v, UINT32_MAX, ret);
+}
+
+/* Split a space/comma separated list; calls @fn for each item. */
+static void each_item(Parse *ps, const char *key, const char *v,
+                      void (*fn)(Parse *, const char *, const char *))
+{
+        char buf[1024];
+        char *save = NULL;
+
+        if (strlen(v) >= sizeof(buf)) {
+                perr(ps, "%s: list too long", key);
+                return;
+        }
+        strcpy(buf, v);
+        for (char *t = strtok_r(buf, " \t,", &save); t; t = strtok_r(NULL, " \t,", &save))
+                fn(ps, key, t);
+}
+
+static void add_uid(Parse *ps, const char *key, const char *t)
+{
+        PolicyClass *c = ps->cur;
+        uint64_t v;
+        uid_t uid;
+        uid_t *n;
+
+        if (parse_uint(t, UINT32_MAX - 1, &v) == 0) {
+                uid = (uid_t)v;
+        } else {
+                struct passwd *pw = getpwnam(t);
+                if (!pw) {
+                        perr(ps, "%s: no user named '%s'", key, t);
+                        return;
+                }
+                uid = pw->pw_uid;
+        }
+        n = realloc(c->uids, (c->n_uids + 1) * sizeof(*n));
+        if (!n)
+                return;
+        c->uids = n;
+        c->uids[c->n_uids++] = uid;
+}
+
+static void add_gid(Parse *ps, const char *key, const char *t)
+{
+        PolicyClass *c = ps->cur;
+        uint64_t v;
+        gid_t gid;
+        gid_t *n;
+
+        if (parse_uint(t, UINT32_MAX - 1, &v) == 0) {
+                gid = (gid_t)v;
+        } else {
+                struct group *g = getgrnam(t);
+                if (!g) {
+                        perr(ps, "%s: no group named '%s'", key, t);
+                        return;
+                }
+                gid = g->gr_gid;
+        }
+        n = realloc(c->gids, (c->n_gids + 1) * sizeof(*n));
+        if (!n)
+                return;
+        c->gids = n;
+        c->gids[c->n_gids++] = gid;
+}
+
+static void add_gpu(Parse *ps, const char *key, const char *t)
+{
+        PolicyClass *c = ps->cur;
+        uint64_t v;
+
+        if (parse_uint(t, 0xffff, &v) < 0 || v == 0) {
+                perr(ps, "%s: '%s' is not a GPU id (see gpumemctl topology)", key, t);
+                return;
+        }
+        if (c->n_gpus == POLICY_MAX_GPUS) {
+                perr(ps, "%s: more than %d GPUs", key, POLICY_MAX_GPUS);
+                return;
+        }
+        c->gpus[c->n_gpus++] = (uint32_t)v;
+}
+
+static void add_denied(Parse *ps, const char *key, const char *t)
+{
+        for (size_t i = 0; i < ARRAY_SIZE(op_families); i++)
+                if (strcmp(t, op_families[i].name) == 0) {
+                        ps->cur->deny_ops |= op_families[i].bit;
+                        return;
+                }
+        perr(ps, "%s: unknown operation family '%s' (device, host, managed, vmm, svm, export, import)", key,
+             t);
+}
+
+static void class_key(Parse *ps, const char *key, const char *v)
+{
+        PolicyClass *c = ps->cur;
+        int r;
+        bool b;
+
+        if (strcmp(key, "match-all") == 0 || strcmp(key, "admin") == 0 ||
+            strcmp(key, "import-foreign") == 0) {
+                if (parse_bool(v, &b) < 0) {
+                        perr(ps, "%s: '%s' is not yes or no", key, v);
+                        return;
+                }
+                if (key[0] == 'm')
+                        c->match_all = b;
+                else if (key[0] == 'a')
+                        c->admin = b;
+                else
+                        c->import_foreign = b;
+        } else if (strcmp(key, "match-cgroup") == 0) {
+                char **n;
+                if (v[0] != '/') {
+                        perr(ps, "%s: '%s' is not an absolute cgroup path pattern", key, v);
+                        return;
+                }
+                n = realloc(c->cgroups, (c->n_cgroups + 1) * sizeof(*n));
+                if (!n)
+                        return;
+                c->cgroups = n;
+                c->cgroups[c->n_cgroups] = strdup(v);
+                if (c->cgroups[c->n_cgroups])
+                        c->n_cgroups++;
+        } else if (strcmp(key, "match-uid") == 0) {
+                each_item(ps, key, v, add_uid);
+        } else if (strcmp(key, "match-gid") == 0) {
+                each_item(ps, key, v, add_gid);
+        } else if (strcmp(key, "gpus") == 0) {
+                each_item(ps, key, v, add_gpu);
+        } else if (strcmp(key, "deny-ops") == 0) {
+                each_item(ps, key, v, add_denied);
+        } else if (strncmp(key, "vram.", 5) == 0) {
+                uint64_t id, lim;
+                if (parse_uint(key + 5, 0xffff, &id) < 0 || id == 0) {
+                        perr(ps, "%s: '%s' is not a GPU id", key, key + 5);
+                        return;
+                }
+                if (parse_limit(v, true, &lim) < 0) {
+                        perr(ps, "%s: '%s' is not a size (like 8G) or 'unlimited'", key, v);
+                        return;
+                }
+                for (size_t i = 0; i < c->n_vram_gpu; i++)
+                        if (c->vram_gpu_ids[i] == id) {
+                                perr(ps, "%s is given twice", key);
+                                return;
+                        }
+                if (c->n_vram_gpu == POLICY_MAX_GPUS) {
+                        perr(ps, "%s: more than %d per-GPU limits", key, POLICY_MAX_GPUS);
+                        return;
+                }
+                c->vram_gpu_ids[c->n_vram_gpu] = (uint32_t)id;
+                c->vram_gpu_limit[c->n_vram_gpu++] = lim;
+        } else if ((r = policy_resource_from_name(key)) >= 0) {
+                bool bytes = r == POLICY_RES_VRAM || r == POLICY_RES_HOST || r == POLICY_RES_MANAGED;
+                uint64_t lim;
+                if (parse_limit(v, bytes, &lim) < 0) {
+                        perr(ps, "%s: '%s' is not %s or 'unlimited'", key, v,
+                             bytes ? "a size (like 8G)" : "a number");
+                        return;
+                }
+                c->limit[r] = lim;
+        } else {
+                perr(ps, "unknown setting '%s' in [class %s]", key, c->name);
+        }
+}
+
+static int handler(void *user, const char *section, const char *name, const char *value)
+{
+        Parse *ps = user;
+
+        /* [daemon] and unknown sections are the options parser's; a bad class header was reported */
+        if (!class_name_of(section) || !ps->cur || !name)
+                return 1;
+        class_key(ps, name, value);
+        return 1;
+}
+
+/* Class headers are found by the reader too, so empty classes exist and keep their line. */
+static char *class_reader(char *str, int num, void *stream)
+{
+        Parse *ps = stream;
+        char *s = reader(str, num, stream);
+        const char *p, *end, *cls;
+        char sec[128];
+
+        if (!s)
+                return NULL;
+        p = s + strspn(s, " \t");
+        if (*p != '[' || !(end = strchr(p, ']')) || (size_t)(end - p - 1) >= sizeof(sec))
+                return s;
+        memcpy(sec, p + 1, (size_t)(end - p - 1));
+        sec[end - p - 1] = '\0';
+        cls = class_name_of(sec);
+        ps->cur = NULL;
+        if (cls) {
+                if (!valid_name(cls))
+                        perr(ps, "class name '%s' must be 1-64 letters, digits, '-', '_' or '.'", cls);
+                else
+                        ps->cur = begin_class(ps, cls);
+        }
+        return s;
+}
+
+static void check_classes(Parse *ps)
+{
+        for (size_t i = 0; i < ps->p->n_classes; i++) {
+                PolicyClass *c = &ps->p->classes[i];
+                ps->line = c->line;
+                if (!c->match_all && !c->n_cgroups && !c->n_uids && !c->n_gids)
+                        perr(ps,
+                             "class '%s' matches nobody: give match-all, match-cgroup, match-uid or "
+                             "match-gid",
+                             c->name);
+                for (size_t k = 0; k < c->n_vram_gpu; k++)
+                        if (c->n_gpus) {
+                                bool allowed = false;
+                                for (size_t g = 0; g < c->n_gpus; g++)
+                                        allowed |= c->gpus[g] == c->vram_gpu_ids[k];
+                                if (!allowed)
+                                        perr(ps,
+                                             "class '%s' limits VRAM on GPU %u, which its gpus list excludes",
+                                             c->name, c->vram_gpu_ids[k]);
+                        }
+        }
+}
+
+int policy_load(const char *path, bool must_exist, Policy **ret, char *errbuf, size_t errlen)
+{
+        Parse ps = {.path = path, .err = errbuf, .errlen = errlen};
+        int r;
+
+        ps.p = calloc(1, sizeof(*ps.p));
+        if (!ps.p)
+                return -ENOMEM;
+        ps.f = fopen(path, "re");
+        if (!ps.f) {
+                r = -errno;
+                policy_free(ps.p);
+                if (r == -ENOENT && !must_exist)
+                        return policy_new_default(ret);
+                if (errbuf)
+                        snprintf(errbuf, errlen, "%s: cannot open: %s\n", path, strerror(-r));
+                return r;
+        }
+        r = ini_parse_stream(class_reader, &ps, handler, &ps);
+        fclose(ps.f);
+        if (r < 0 && ps.n_errors == 0) {
+                policy_free(ps.p);
+                return -ENOMEM;
+        }
+        check_classes(&ps);
+        if (ps.n_errors > 0) {
+                policy_free(ps.p);
+                return -EINVAL;
+        }
+        if (ps.p->n_classes == 0) {
+                policy_free(ps.p);
+                return policy_new_default(ret);
+        }
+        *ret = ps.p;
+        return 0;
+}
+
+/* ---- matching ---------------------------------------------------------------------------------------- */
+
+static bool class_matches(const PolicyClass *c, const PolicyIdentity *id)
+{
+        if (c->match_all)
+                return true;
+        for (size_t i = 0; i < c->n_uids; i++)
+                if (c->uids[i] == id->uid)
+                        return true;
+        for (size_t i = 0; i < c->n_gids; i++) {
+                if (c->gids[i] == id->gid)
+                        return true;
+                for (size_t k = 0; k < id->n_groups; k++)
+                        if (c->gids[i] == id->groups[k])
+                                return true;
+        }
+        for (size_t i = 0; id->cgroup && i < c->n_cgroups; i++)
+                if (fnmatch(c->cgroups[i], id->cgroup, 0) == 0)
+                        return true;
+        return false;
+}
+
+const PolicyClass *policy_match(const Policy *p, const PolicyIdentity *id)
+{
+        for (size_t i = 0; i < p->n_classes; i++)
+                if (class_matches(&p->classes[i], id))
+                        return &p->classes[i];
+        return NULL;
+}
+
+const PolicyClass *policy_find(const Policy *p, const char *name)
+{
+        for (size_t i = 0; i < p->n_classes; i++)
+                if (strcmp(p->classes[i].name, name) == 0)
+                        return &p->classes[i];
+        return NULL;
+}
+
+/* ---- containers -------------------------------------------------------------------------------------- */
+
+/* The id after @prefix in a path component, up to @suffix (or the component's end). */
+static bool component_id(const char *comp, size_t len, const char *prefix, const char *suffix, char *out,
+                         size_t outlen)
+{
+        size_t pl = strlen(prefix), sl = suffix ? strlen(suffix) : 0;
+
+        if (len <= pl + sl || strncmp(comp, prefix, pl) != 0)
+                return false;
+        if (suffix && strncmp(comp + len - sl, suffix, sl) != 0)
+                return false;
+        size_t n = len - pl - sl;
+        if (n >= outlen)
+                n = outlen - 1;
+        memcpy(out, comp + pl, n);
+        out[n] = '\0';
+        return true;
+}
+
+static bool is_hex_id(const char *s)
+{
+        size_t n = 0;
+        for (; s[n]; n++)
+                if (!isxdigit((unsigned char)s[n]))
+                        return false;
+        return n >= 12;
+}
+
+void policy_container_of(const char *cgroup, char *container, size_t clen, char *pod, size_t plen)
+{
+        static const struct {
+                const char *prefix, *suffix, *runtime;
+        } scopes[] = {
+                {"docker-", ".scope", "docker"},
+                {"libpod-", ".scope", "podman"},
+                {"cri-containerd-", ".scope", "containerd"},
+                {"crio-", ".scope", "cri-o"},
+        };
+        const char *p = cgroup;
+        char id[80];
+
+        container[0] = '\0';
+        pod[0] = '\0';
+        while (p && *p) {
+                const char *end;
+                size_t len;
+
+                while (*p == '/')
+                        p++;
+                end = strchr(p, '/');
+                len = end ? (size_t)(end - p) : strlen(p);
+                for (size_t i = 0; i < ARRAY_SIZE(scopes); i++)
+                        if (component_id(p, len, scopes[i].prefix, scopes[i].suffix, id, sizeof(id)) &&
+                            is_hex_id(id))
+                                snprintf(container, clen, "%s/%.12s", scopes[i].runtime, id);
+                /* cgroupfs layouts: /docker/<id>, /kubepods/<qos>/pod<uid>/<id> */
+                if (len >= 12 && len < sizeof(id)) {
+                        memcpy(id, p, len);
+                        id[len] = '\0';
+                        if (is_hex_id(id) && !container[0])
+                                snprintf(container, clen, "%s/%.12s",
+                                         strstr(cgroup, "/docker/") ? "docker" : "container", id);
+                }
+                /* systemd layout: kubepods-burstable-pod<uid with _>.slice; cgroupfs: pod<uid> */
+                /* "pod" at the start of the component or after a '-' (not the one inside "kubepods") */
+                const char *podp = NULL;
+                for (size_t k = 0; k + 3 <= len; k++)
+                        if (!strncmp(p + k, "pod", 3) && (k == 0 || p[k - 1] == '-'))
+                                podp = p + k;
+                if (podp && strstr(cgroup, "kubepods")) {
+                        size_t off = (size_t)(podp - p) + 3;
+                        size_t n = len - off;
+                        if (n > 6 && !strncmp(p + len - 6, ".slice", 6))
+                                n -= 6;
+                        if (n >= 32 && n < plen) {
+                                memcpy(pod, p + off, n);
+                                pod[n] = '\0';
+                                for (char *c = pod; *c; c++)
+                                        if (*c == '_')
+                                                *c = '-';
+                        }
+                }
+                p = end;
+        }
+}
