@@ -259,6 +259,15 @@ void conn_kill(Conn *c)
 {
         if (c->dead)
                 return;
+        /* Consume what the client sent and we will never read: closing over unread data makes the kernel
+         * report a reset to the client before it has read our last (error) frame. */
+        for (int i = 0; i < 64; i++) {
+                int fds[GM_FRAME_MAX_FDS];
+                size_t n_fds = 0;
+                if (gm_wire_recv(c->fd, c->m->rx_buf, GM_FRAME_MAX, fds, &n_fds, MSG_DONTWAIT) <= 0)
+                        break;
+                gm_wire_close_fds(fds, n_fds);
+        }
         c->dead = true;
         event_del(c->rd_ev);
         event_del(c->wr_ev);

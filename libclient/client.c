@@ -110,6 +110,13 @@ static Pending *read_one(gm_client *c, int flags)
         Pending *p;
 
         n = gm_wire_recv(c->fd, c->rxbuf, GM_FRAME_MAX, fds, &n_fds, flags);
+        if (n == -ECONNRESET) {
+                /* The daemon hung up with our request unread: the kernel reports the reset first, then still
+                 * delivers what the daemon sent before (its reason, in a connection-error frame). */
+                n = gm_wire_recv(c->fd, c->rxbuf, GM_FRAME_MAX, fds, &n_fds, MSG_DONTWAIT);
+                if (n == -EAGAIN || n == 0)
+                        n = -ECONNRESET;
+        }
         if (n == -EAGAIN)
                 return NULL;
         if (n <= 0) {
@@ -413,39 +420,47 @@ static gm_client *client_new(void)
 
 int gm_client_connect(const char *socket_path, const char *name, gm_client **ret)
 {
+        return gm_client_open(socket_path, name, ret, NULL, 0);
+}
+
+/* Close a client that failed to connect, keeping its last reason for the caller. */
+static int open_failed(gm_client *c, int err, char *errbuf, size_t errlen)
+{
+        if (errbuf && errlen)
+                gm_strerror(c, err, errbuf, errlen);
+        gm_client_close(c);
+        return err;
+}
+
+int gm_client_open(const char *socket_path, const char *name, gm_client **ret, char *errbuf, size_t errlen)
+{
         struct sockaddr_un sa = {.sun_family = AF_UNIX};
         gm_client *c;
         int r;
 
+        if (errbuf && errlen)
+                errbuf[0] = '\0';
         if (!ret)
-                return -EINVAL;
+                return open_failed(NULL, -EINVAL, errbuf, errlen);
         if (!socket_path || !*socket_path)
                 socket_path = getenv("GPUMEM_SOCKET");
         if (!socket_path || !*socket_path)
                 socket_path = GM_DEFAULT_SOCKET;
         if (strlen(socket_path) >= sizeof(sa.sun_path))
-                return -ENAMETOOLONG;
+                return open_failed(NULL, -ENAMETOOLONG, errbuf, errlen);
         strcpy(sa.sun_path, socket_path);
 
         c = client_new();
         if (!c)
-                return -ENOMEM;
+                return open_failed(NULL, -ENOMEM, errbuf, errlen);
         c->fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
-        if (c->fd < 0) {
-                r = -errno;
-                gm_client_close(c);
-                return r;
-        }
-        if (connect(c->fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
-                r = -errno;
-                gm_client_close(c);
-                return r;
-        }
+        if (c->fd < 0)
+                return open_failed(c, -errno, errbuf, errlen);
+        if (connect(c->fd, (struct sockaddr *)&sa, sizeof(sa)) < 0)
+                return open_failed(c, -errno, errbuf, errlen);
         r = handshake(c, name);
-        if (r < 0) {
-                gm_client_close(c);
-                return r;
-        }
+        if (r < 0)
+                return open_failed(c, r, errbuf, errlen);
         *ret = c;
         return 0;
 }

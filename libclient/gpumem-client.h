@@ -39,6 +39,13 @@ typedef struct gm_client gm_client;
  */
 int gm_client_connect(const char *socket_path, const char *name, gm_client **ret);
 
+/**
+ * gm_client_connect that also says why it failed: on failure @errbuf receives the errno's text and the
+ * daemon's reason (for example "Too many users: class 'batch' is at its limit of 32 connections").
+ * Since 1.1.
+ */
+int gm_client_open(const char *socket_path, const char *name, gm_client **ret, char *errbuf, size_t errlen);
+
 /** Close the connection and release the VA window. NULL-safe. Everything the client held in the daemon
  *  is freed by the daemon. */
 void gm_client_close(gm_client *c);

@@ -97,8 +97,17 @@ static int cmd_status(Ctl *ctl, int argc, char **argv)
                        s->allocations);
                 printf(",\"bytes\":{\"device\":%" PRIu64 ",\"host\":%" PRIu64 ",\"managed\":%" PRIu64 "}",
                        s->bytes_device, s->bytes_host, s->bytes_managed);
-                printf(",\"requests\":%" PRIu64 ",\"protocol_errors\":%" PRIu64 "}\n", s->requests,
-                       s->protocol_errors);
+                printf(",\"requests\":%" PRIu64 ",\"protocol_errors\":%" PRIu64 ",\"va_windows\":%u",
+                       s->requests, s->protocol_errors, s->va_windows);
+                if (s->has_model)
+                        printf(",\"model\":{\"contexts\":%u,\"buffers\":%" PRIu64 ",\"handles\":%" PRIu64
+                               ",\"imports\":%" PRIu64 ",\"mappings\":%" PRIu64 ",\"gem_handles\":%" PRIu64
+                               ",\"svm_ranges\":%" PRIu64 ",\"system_bytes\":%" PRIu64
+                               ",\"vram_bytes\":%" PRIu64 "}",
+                               s->model_contexts, s->model_buffers, s->model_handles, s->model_imports,
+                               s->model_mappings, s->model_gem_handles, s->model_svm_ranges,
+                               s->model_system_bytes, s->model_vram_bytes);
+                printf("}\n");
         } else {
                 printf("gpumemd %s (protocol %u), pid %u\n", s->server_version, s->protocol_version, s->pid);
                 printf("  backend:   %s%s%s, KFD ABI %u.%u\n", s->backend, s->preset[0] ? ", preset " : "",
@@ -112,6 +121,12 @@ static int cmd_status(Ctl *ctl, int argc, char **argv)
                        s->allocations, human_bytes(s->bytes_device, b1, sizeof(b1)),
                        human_bytes(s->bytes_host, b2, sizeof(b2)),
                        human_bytes(s->bytes_managed, b3, sizeof(b3)));
+                if (s->has_model)
+                        printf("  model:     %u contexts, %" PRIu64 " buffers, %" PRIu64
+                               " GPU mappings, %" PRIu64 " SVM ranges; VRAM %s, system %s\n",
+                               s->model_contexts, s->model_buffers, s->model_mappings, s->model_svm_ranges,
+                               human_bytes(s->model_vram_bytes, b1, sizeof(b1)),
+                               human_bytes(s->model_system_bytes, b2, sizeof(b2)));
         }
         gm_status_free(s);
         return EXIT_SUCCESS;
@@ -268,6 +283,8 @@ static int cmd_clients(Ctl *ctl, int argc, char **argv)
                         json_str(c->container);
                         printf(",\"class\":");
                         json_str(c->class_name);
+                        printf(",\"pod\":");
+                        json_str(c->pod);
                         printf(",\"admin\":%s,\"connected_usec\":%" PRIu64 ",\"requests\":%" PRIu64
                                ",\"handles\":%u,\"fds\":%u",
                                c->admin ? "true" : "false", c->connected_usec, c->requests, c->handles,
@@ -281,14 +298,21 @@ static int cmd_clients(Ctl *ctl, int argc, char **argv)
                 }
                 printf("]}\n");
         } else {
-                printf("%-6s %-8s %-6s %-16s %-20s %-9s %s\n", "ID", "PID", "UID", "NAME", "CONNECTED",
-                       "REQUESTS", "CGROUP");
+                printf("%-6s %-8s %-6s %-12s %-14s %-22s %-20s %-7s %-10s %s\n", "ID", "PID", "UID", "CLASS",
+                       "NAME", "CONTAINER", "CONNECTED", "HANDLES", "VRAM", "HOST/MANAGED");
                 for (size_t i = 0; i < n; i++) {
                         const gm_client_info *c = &infos[i];
+                        uint64_t vram = 0;
+                        char b1[32], b2[32], b3[32];
+                        for (size_t k = 0; k < c->n_usage; k++)
+                                vram += c->usage[k].vram_bytes;
                         fmt_time(c->connected_usec, when, sizeof(when));
-                        printf("%-6" PRIu64 " %-8u %-6u %-16.16s %-20s %-9" PRIu64 " %s\n", c->client_id,
-                               c->pid, c->uid, c->name[0] ? c->name : "-", when, c->requests,
-                               c->cgroup[0] ? c->cgroup : "-");
+                        printf("%-6" PRIu64 " %-8u %-6u %-12.12s %-14.14s %-22.22s %-20s %-7u %-10s %s/%s\n",
+                               c->client_id, c->pid, c->uid, c->class_name[0] ? c->class_name : "-",
+                               c->name[0] ? c->name : "-", c->container[0] ? c->container : "-", when,
+                               c->handles, human_bytes(vram, b1, sizeof(b1)),
+                               human_bytes(c->host_bytes, b2, sizeof(b2)),
+                               human_bytes(c->managed_bytes, b3, sizeof(b3)));
                 }
         }
         gm_client_info_free(infos, n);
@@ -495,6 +519,267 @@ static int cmd_cdi(Ctl *ctl, int argc, char **argv)
         return EXIT_SUCCESS;
 }
 
+static const char *kind_name(int kind)
+{
+        switch (kind) {
+        case GM_KIND_DEVICE:
+                return "device";
+        case GM_KIND_HOST:
+                return "host";
+        case GM_KIND_MANAGED:
+                return "managed";
+        case GM_KIND_VMM:
+                return "vmm";
+        case GM_KIND_IMPORT:
+                return "import";
+        default:
+                return "reserved";
+        }
+}
+
+static int parse_u64(const char *s, uint64_t *ret)
+{
+        char *end;
+        errno = 0;
+        unsigned long long v = strtoull(s, &end, 0);
+        if (errno || *end || !*s || *s == '-')
+                return -EINVAL;
+        *ret = v;
+        return 0;
+}
+
+static int cmd_allocations(Ctl *ctl, int argc, char **argv)
+{
+        uint64_t client = 0, cursor = 0, total = 0;
+        bool first = true;
+        char b1[32];
+        int r;
+
+        for (int i = 1; i < argc; i++) {
+                if (strcmp(argv[i], "--client") == 0 && i + 1 < argc) {
+                        if (parse_u64(argv[++i], &client) < 0 || client == 0) {
+                                fprintf(stderr, "gpumemctl: allocations: '%s' is not a client id\n", argv[i]);
+                                return EXIT_FAILURE;
+                        }
+                } else {
+                        fprintf(stderr, "gpumemctl: usage: allocations [--client ID]\n");
+                        return EXIT_FAILURE;
+                }
+        }
+        if (ctl->json)
+                printf("{\"schema\":%d,\"allocations\":[", GPUMEMCTL_JSON_SCHEMA);
+        else
+                printf("%-6s %-18s %-8s %-10s %-7s %-18s %-5s %s\n", "CLIENT", "HANDLE", "KIND", "SIZE",
+                       "GPU", "VA", "EXPRT", "MAPPED ON");
+        do {
+                gm_alloc_info *a = NULL;
+                size_t n = 0;
+                r = gm_admin_allocations(ctl->c, client, 0, &cursor, &a, &n);
+                if (r < 0) {
+                        if (ctl->json)
+                                printf("]}\n");
+                        return fail(ctl, "allocations", r);
+                }
+                for (size_t i = 0; i < n; i++, total++) {
+                        if (ctl->json) {
+                                printf("%s{\"client_id\":%" PRIu64 ",\"handle\":\"0x%016" PRIx64
+                                       "\",\"kind\":\"%s\",\"size\":%" PRIu64 ",\"gpu_id\":%u,\"va\":%" PRIu64
+                                       ",\"exports\":%u,\"mapped_gpus\":[",
+                                       first ? "" : ",", a[i].client_id, a[i].id, kind_name(a[i].kind),
+                                       a[i].size, a[i].gpu_id, a[i].va, a[i].exports);
+                                for (size_t k = 0; k < a[i].n_mapped_gpus; k++)
+                                        printf("%s%u", k ? "," : "", a[i].mapped_gpus[k]);
+                                printf("]}");
+                                first = false;
+                        } else {
+                                char gpu[16] = "-", va[24] = "-";
+                                if (a[i].gpu_id)
+                                        snprintf(gpu, sizeof(gpu), "%u", a[i].gpu_id);
+                                if (a[i].va)
+                                        snprintf(va, sizeof(va), "0x%" PRIx64, a[i].va);
+                                printf("%-6" PRIu64 " 0x%016" PRIx64 " %-8s %-10s %-7s %-18s %-5u ",
+                                       a[i].client_id, a[i].id, kind_name(a[i].kind),
+                                       human_bytes(a[i].size, b1, sizeof(b1)), gpu, va, a[i].exports);
+                                for (size_t k = 0; k < a[i].n_mapped_gpus; k++)
+                                        printf("%s%u", k ? "," : "", a[i].mapped_gpus[k]);
+                                printf("%s\n", a[i].n_mapped_gpus ? "" : "-");
+                        }
+                }
+                gm_alloc_info_free(a, n);
+        } while (cursor);
+        if (ctl->json)
+                printf("]}\n");
+        else
+                printf("%" PRIu64 " object%s\n", total, total == 1 ? "" : "s");
+        return EXIT_SUCCESS;
+}
+
+static const char *const resource_names[] = {
+        [GM_RESOURCE_VRAM] = "vram",         [GM_RESOURCE_HOST] = "host",
+        [GM_RESOURCE_MANAGED] = "managed",   [GM_RESOURCE_HANDLES] = "handles",
+        [GM_RESOURCE_FDS] = "fds",           [GM_RESOURCE_CONNECTIONS] = "connections",
+        [GM_RESOURCE_INFLIGHT] = "inflight",
+};
+
+static bool resource_is_bytes(int r)
+{
+        return r == GM_RESOURCE_VRAM || r == GM_RESOURCE_HOST || r == GM_RESOURCE_MANAGED;
+}
+
+static int parse_limit(const char *s, bool bytes, uint64_t *ret)
+{
+        char *end;
+        unsigned long long v;
+        unsigned shift = 0;
+
+        if (strcmp(s, "unlimited") == 0) {
+                *ret = GM_UNLIMITED;
+                return 0;
+        }
+        errno = 0;
+        v = strtoull(s, &end, 10);
+        if (errno || end == s || *s == '-')
+                return -EINVAL;
+        if (*end && bytes) {
+                const char *u = "KMGT";
+                const char *p = strchr(u, toupper((unsigned char)*end));
+                if (!p || !*end)
+                        return -EINVAL;
+                shift = 10 * (unsigned)(p - u + 1);
+                end++;
+                if (*end == 'i')
+                        end++;
+                if (*end == 'B')
+                        end++;
+        }
+        if (*end || (shift && v > (UINT64_MAX >> shift)))
+                return -EINVAL;
+        *ret = (uint64_t)v << shift;
+        return 0;
+}
+
+static void print_limit(uint64_t v, bool bytes)
+{
+        char b[32];
+        if (v == GM_UNLIMITED)
+                printf("%-12s", "unlimited");
+        else if (bytes)
+                printf("%-12s", human_bytes(v, b, sizeof(b)));
+        else
+                printf("%-12" PRIu64, v);
+}
+
+static int cmd_quota(Ctl *ctl, int argc, char **argv)
+{
+        int r;
+
+        if (argc >= 2 && strcmp(argv[1], "show") == 0) {
+                gm_quota *q = NULL;
+                size_t n = 0;
+                if (argc > 3) {
+                        fprintf(stderr, "gpumemctl: usage: quota show [CLASS]\n");
+                        return EXIT_FAILURE;
+                }
+                r = gm_admin_quota_get(ctl->c, argc == 3 ? argv[2] : NULL, &q, &n);
+                if (r < 0)
+                        return fail(ctl, "quota show", r);
+                if (ctl->json) {
+                        printf("{\"schema\":%d,\"quotas\":[", GPUMEMCTL_JSON_SCHEMA);
+                        for (size_t i = 0; i < n; i++) {
+                                printf("%s{\"class\":", i ? "," : "");
+                                json_str(q[i].class_name);
+                                printf(",\"resource\":\"%s\",\"gpu_id\":%u,\"used\":%" PRIu64 ",\"limit\":",
+                                       q[i].resource > 0 && q[i].resource <= GM_RESOURCE_INFLIGHT
+                                               ? resource_names[q[i].resource]
+                                               : "unknown",
+                                       q[i].gpu_id, q[i].used);
+                                if (q[i].limit == GM_UNLIMITED)
+                                        printf("null}");
+                                else
+                                        printf("%" PRIu64 "}", q[i].limit);
+                        }
+                        printf("]}\n");
+                } else {
+                        const char *last = NULL;
+                        for (size_t i = 0; i < n; i++) {
+                                bool bytes = resource_is_bytes(q[i].resource);
+                                if (!last || strcmp(last, q[i].class_name) != 0) {
+                                        printf("%sclass %s\n  %-12s %-7s %-12s %s\n", last ? "\n" : "",
+                                               q[i].class_name, "RESOURCE", "GPU", "USED", "LIMIT");
+                                        last = q[i].class_name;
+                                }
+                                /* per-GPU rows only where a per-GPU limit or use exists */
+                                if (q[i].gpu_id && q[i].limit == GM_UNLIMITED && q[i].used == 0)
+                                        continue;
+                                printf("  %-12s ", q[i].resource > 0 && q[i].resource <= GM_RESOURCE_INFLIGHT
+                                                           ? resource_names[q[i].resource]
+                                                           : "unknown");
+                                if (q[i].gpu_id)
+                                        printf("%-7u ", q[i].gpu_id);
+                                else
+                                        printf("%-7s ", "all");
+                                print_limit(q[i].used, bytes);
+                                printf(" ");
+                                print_limit(q[i].limit, bytes);
+                                printf("\n");
+                        }
+                }
+                gm_quota_free(q, n);
+                return EXIT_SUCCESS;
+        }
+        if (argc >= 5 && strcmp(argv[1], "set") == 0) {
+                const char *cls = argv[2];
+                int res = 0;
+                uint64_t limit = 0, gpu = 0;
+                bool force = false;
+                for (int i = 1; i <= GM_RESOURCE_INFLIGHT; i++)
+                        if (strcmp(argv[3], resource_names[i]) == 0)
+                                res = i;
+                if (!res) {
+                        fprintf(stderr,
+                                "gpumemctl: quota set: unknown resource '%s' (vram, host, managed, handles, "
+                                "fds, "
+                                "connections, inflight)\n",
+                                argv[3]);
+                        return EXIT_FAILURE;
+                }
+                if (parse_limit(argv[4], resource_is_bytes(res), &limit) < 0) {
+                        fprintf(stderr,
+                                "gpumemctl: quota set: '%s' is not a limit (a number%s, or 'unlimited')\n",
+                                argv[4], resource_is_bytes(res) ? " with K, M, G or T" : "");
+                        return EXIT_FAILURE;
+                }
+                for (int i = 5; i < argc; i++) {
+                        if (strcmp(argv[i], "--force") == 0) {
+                                force = true;
+                        } else if (strcmp(argv[i], "--gpu") == 0 && i + 1 < argc) {
+                                if (parse_u64(argv[++i], &gpu) < 0 || gpu == 0 || gpu > UINT32_MAX) {
+                                        fprintf(stderr, "gpumemctl: quota set: '%s' is not a GPU id\n",
+                                                argv[i]);
+                                        return EXIT_FAILURE;
+                                }
+                        } else {
+                                fprintf(stderr, "gpumemctl: quota set: unknown argument '%s'\n", argv[i]);
+                                return EXIT_FAILURE;
+                        }
+                }
+                r = gm_admin_quota_set(ctl->c, cls, res, (uint32_t)gpu, limit, force);
+                if (r < 0)
+                        return fail(ctl, "quota set", r);
+                if (ctl->json)
+                        printf("{\"schema\":%d,\"class\":\"%s\",\"resource\":\"%s\",\"gpu_id\":%u,\"limit\":%"
+                               "s}\n",
+                               GPUMEMCTL_JSON_SCHEMA, cls, resource_names[res], (unsigned)gpu,
+                               limit == GM_UNLIMITED ? "null" : argv[4]);
+                else
+                        printf("class %s: %s%s limit set\n", cls, resource_names[res], gpu ? " per-GPU" : "");
+                return EXIT_SUCCESS;
+        }
+        fprintf(stderr, "gpumemctl: usage: quota show [CLASS] | quota set CLASS RESOURCE LIMIT [--gpu ID] "
+                        "[--force]\n");
+        return EXIT_FAILURE;
+}
+
 static const struct {
         const char *name;
         int (*fn)(Ctl *ctl, int argc, char **argv);
@@ -503,7 +788,9 @@ static const struct {
 } commands[] = {
         {"status", cmd_status, "daemon version, backend, uptime, clients, totals"},
         {"topology", cmd_topology, "CPU and GPU nodes, memory, links [--properties]"},
-        {"clients", cmd_clients, "connected clients and their identities"},
+        {"clients", cmd_clients, "connected clients: identity, class, container, usage"},
+        {"allocations", cmd_allocations, "objects the clients hold [--client ID]"},
+        {"quota", cmd_quota, "show [CLASS] | set CLASS RESOURCE LIMIT [--gpu ID] [--force]"},
         {"disconnect", cmd_disconnect, "disconnect a client and free what it held: disconnect ID"},
         {"metrics", cmd_metrics, "metrics in Prometheus text format"},
         {"log-level", cmd_log_level, "set the daemon's log level: log-level LEVEL"},
@@ -563,10 +850,9 @@ int main(int argc, char **argv)
                 const char *path = ctl.socket ? ctl.socket : getenv("GPUMEM_SOCKET");
                 if (!path || !*path)
                         path = GM_DEFAULT_SOCKET;
-                r = gm_client_connect(path, "gpumemctl", &ctl.c);
+                r = gm_client_open(path, "gpumemctl", &ctl.c, buf, sizeof(buf));
                 if (r < 0) {
-                        fprintf(stderr, "gpumemctl: cannot connect to gpumemd at %s: %s\n", path,
-                                gm_strerror(NULL, r, buf, sizeof(buf)));
+                        fprintf(stderr, "gpumemctl: cannot connect to gpumemd at %s: %s\n", path, buf);
                         return EXIT_FAILURE;
                 }
                 r = commands[i].fn(&ctl, argc - optind, argv + optind);

@@ -298,6 +298,81 @@ def test_socket_activation(tmp):
     notify.close()
 
 
+def test_admin_commands(tmp):
+    d = Daemon(tmp, "[class team]\nmatch-uid = 0\nvram = 8G\nhandles = 100\n")
+    check(d.ready, "daemon ready")
+    # something to list: a client that holds memory while gpumemctl looks
+    holder = subprocess.Popen([os.environ["GPUMEM_EXAMPLES"] + "/vmm-grow"], env=dict(os.environ, GPUMEM_SOCKET=d.sock),
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) if os.environ.get("GPUMEM_EXAMPLES") else None
+    if holder:
+        holder.wait(timeout=60)
+    r = ctl(d.sock, "--json", "quota", "show")
+    try:
+        q = json.loads(r.stdout)
+        vram = [e for e in q["quotas"] if e["class"] == "team" and e["resource"] == "vram" and e["gpu_id"] == 0]
+        check(len(vram) == 1 and vram[0]["limit"] == 8 << 30, "quota show --json has the class's VRAM limit")
+        conns = [e for e in q["quotas"] if e["resource"] == "connections" and e["gpu_id"] == 0]
+        check(conns and conns[0]["used"] == 1 and conns[0]["limit"] is None, "connections used, no limit (null)")
+    except (ValueError, KeyError) as e:
+        check(False, f"quota show --json is valid JSON ({e})")
+    r = ctl(d.sock, "quota", "set", "team", "vram", "4G")
+    check(r.returncode == 0, "quota set")
+    r = ctl(d.sock, "quota", "show", "team")
+    check(r.returncode == 0 and "4.0 GiB" in r.stdout, "quota show reflects the new limit")
+    r = ctl(d.sock, "quota", "set", "team", "teleports", "4")
+    check(r.returncode == 1 and "unknown resource" in r.stderr, "quota set: unknown resource")
+    r = ctl(d.sock, "quota", "set", "team", "vram", "lots")
+    check(r.returncode == 1 and "not a limit" in r.stderr, "quota set: bad limit")
+    r = ctl(d.sock, "quota", "set", "nobody", "vram", "1G")
+    check(r.returncode == 1 and r.stderr.count("\n") == 1 and "nobody" in r.stderr, "quota set: no such class")
+    # another connection of the class, then a limit below the two connections in use
+    other = raw_connect(d.sock)
+    time.sleep(0.1)
+    r = ctl(d.sock, "quota", "set", "team", "connections", "1")
+    check(r.returncode == 1 and "more than the new limit" in r.stderr, "quota set below usage needs --force")
+    r = ctl(d.sock, "quota", "set", "team", "connections", "1", "--force")
+    check(r.returncode == 0, "quota set --force")
+    r = ctl(d.sock, "status")
+    check(r.returncode == 1 and "limit of 1 connections" in r.stderr, "the forced limit holds for new connections")
+    other.close()
+    time.sleep(0.2)
+    r = ctl(d.sock, "quota", "set", "team", "connections", "unlimited")
+    check(r.returncode == 0, "quota set unlimited once there is room")
+    r = ctl(d.sock, "--json", "allocations")
+    try:
+        a = json.loads(r.stdout)
+        check(a["schema"] == 1 and a["allocations"] == [], "allocations --json (none held)")
+    except (ValueError, KeyError) as e:
+        check(False, f"allocations --json is valid JSON ({e})")
+    r = ctl(d.sock, "allocations", "--client", "99999")
+    check(r.returncode == 1 and "99999" in r.stderr, "allocations of a client that does not exist")
+    r = ctl(d.sock, "--json", "clients")
+    try:
+        c = json.loads(r.stdout)["clients"][0]
+        check(c["class"] == "team" and "pod" in c and "container" in c, "clients --json shows class and container")
+    except (ValueError, KeyError, IndexError) as e:
+        check(False, f"clients --json ({e})")
+    code, _ = d.stop()
+    check(code == 0, "daemon exits 0")
+
+
+def test_completion(tmp):
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "libclient", "gpumemctl.bash")
+    prog = f"""
+_init_completion() {{ words=("${{COMP_WORDS[@]}}"); cword=$COMP_CWORD; cur="${{COMP_WORDS[COMP_CWORD]}}"; prev="${{COMP_WORDS[COMP_CWORD-1]}}"; }}
+_filedir() {{ :; }}
+complete() {{ :; }}
+source {script}
+COMP_WORDS=(gpumemctl qu); COMP_CWORD=1; _gpumemctl; echo "1:${{COMPREPLY[*]}}"
+COMP_WORDS=(gpumemctl quota s); COMP_CWORD=2; _gpumemctl; echo "2:${{COMPREPLY[*]}}"
+COMP_WORDS=(gpumemctl --json quota set team v); COMP_CWORD=5; _gpumemctl; echo "3:${{COMPREPLY[*]}}"
+COMP_WORDS=(gpumemctl log-level d); COMP_CWORD=2; _gpumemctl; echo "4:${{COMPREPLY[*]}}"
+"""
+    r = subprocess.run(["bash", "-c", prog], capture_output=True, text=True)
+    out = r.stdout.splitlines()
+    check(r.returncode == 0 and out == ["1:quota", "2:show set", "3:vram", "4:debug"], f"bash completion ({out})")
+
+
 def main():
     tests = [
         ("options, version and help", test_options),
@@ -305,6 +380,8 @@ def main():
         ("gpumemctl tables, JSON and errors", test_gpumemctl),
         ("connection caps and SIGHUP reload", test_caps_and_reload),
         ("socket activation with systemd-socket-activate", test_socket_activation),
+        ("gpumemctl quota, allocations and clients", test_admin_commands),
+        ("bash completion", test_completion),
     ]
     passed = failed = 0
     for i, (name, fn) in enumerate(tests, 1):
