@@ -11,8 +11,18 @@ sock="$run/gpumemd.sock"
 export GPUMEM_SOCKET="$sock"
 trap 'kill "$daemon" 2>/dev/null || true; rm -rf "$run"' EXIT
 
+# One policy class for everyone here, with limits the clients below stay within.
+cat >"$run/gpumemd.conf" <<'EOF_CONF'
+[class demo]
+match-all = yes
+vram = 64G
+host = 8G
+managed = 8G
+handles = 4096
+EOF_CONF
+
 echo "== starting gpumemd on the KFD model (preset mi300x)"
-build/daemon/gpumemd --socket "$sock" --backend model --model-preset mi300x --config /dev/null \
+build/daemon/gpumemd --socket "$sock" --backend model --model-preset mi300x --config "$run/gpumemd.conf" \
     --log-level notice &
 daemon=$!
 for _ in $(seq 1 200); do build/libclient/gpumemctl ping >/dev/null 2>&1 && break; sleep 0.05; done
@@ -27,6 +37,18 @@ echo "== managed memory with advice and prefetch (libclient/examples/managed.c)"
 build/libclient/examples/managed
 echo "== gpumemctl topology"
 build/libclient/gpumemctl topology
+echo "== gpumemctl quota show (while a client holds a grown VMM buffer)"
+build/libclient/examples/vmm-grow --hold >"$run/holder.log" 2>&1 &
+holder=$!
+for _ in $(seq 1 200); do
+    grep -q holding "$run/holder.log" && break
+    sleep 0.05
+done
+build/libclient/gpumemctl quota show demo
+echo "== gpumemctl allocations"
+build/libclient/gpumemctl allocations
+kill "$holder" 2>/dev/null || true
+wait "$holder" 2>/dev/null || true
 echo "== gpumemctl status"
 build/libclient/gpumemctl status
 

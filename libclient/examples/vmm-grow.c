@@ -2,6 +2,8 @@
 #include <inttypes.h>
 #include <stdbool.h>
 #include <stdio.h>
+#include <string.h>
+#include <unistd.h>
 #include <stdlib.h>
 
 #include "gpumem-client.h"
@@ -30,8 +32,10 @@ static bool verify(const uint64_t *w, size_t bytes)
         return true;
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+        /* --hold: keep the grown buffer until a signal, so administrators can look at it */
+        bool hold = argc > 1 && strcmp(argv[1], "--hold") == 0;
         gm_client *c = NULL;
         gm_topology *t = NULL;
         gm_handle handles[CHUNKS];
@@ -103,6 +107,11 @@ int main(void)
         printf("the last chunk is a VMM mapping of %zu MiB at %p on GPU %u\n", attr.size >> 20, attr.base,
                attr.gpu_id);
 
+        if (hold) {
+                printf("holding the buffer until a signal\n");
+                fflush(stdout);
+                pause();
+        }
         /* one call unmaps every whole mapping in the range; then the handles and the reservation go */
         r = gm_mem_unmap(c, base, used);
         if (r < 0)
