@@ -72,6 +72,33 @@ static void test_handshake(void)
         gm_client_close(c);
 }
 
+/* A client whose address space already uses the window offered gets another one. */
+static void test_window_retry(void)
+{
+        gm_client *a = connect_ok("first"), *b = NULL;
+        uint64_t wa = 0, size = 0, wb = 0;
+        void *squat;
+
+        if (!a)
+                return;
+        gm_client_window(a, &wa, &size);
+        gm_client_close(a); /* wa is free again: the daemon's first fit offers it to the next client */
+        squat = mmap((void *)(uintptr_t)(wa + size / 2), 4096, PROT_NONE,
+                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0);
+        CHECK(squat != MAP_FAILED);
+        usleep(100000); /* the first client's teardown */
+        b = connect_ok("second");
+        if (b) {
+                gm_client_window(b, &wb, NULL);
+                CHECK(wb != wa);
+                CHECK(wb + size <= (uint64_t)(uintptr_t)squat || wb > (uint64_t)(uintptr_t)squat);
+                CHECK_EQ(gm_ping(b), 0);
+                gm_client_close(b);
+        }
+        if (squat != MAP_FAILED)
+                munmap(squat, 4096);
+}
+
 static void test_topology(void)
 {
         gm_client *c = connect_ok("topology");
@@ -513,6 +540,7 @@ int main(void)
         static const TestCase cases[] = {
                 {"READY and STATUS notifications", test_ready_and_status},
                 {"handshake and VA window", test_handshake},
+                {"a window the client cannot reserve is retried", test_window_retry},
                 {"topology", test_topology},
                 {"threads share one connection", test_threads},
                 {"hostile frames get one error and a close", test_hostile_frames},
