@@ -6,47 +6,12 @@ import os
 import shutil
 import signal
 import socket
-import struct
 import subprocess
 import sys
-import tempfile
 import time
 
-GPUMEMD = os.environ["GPUMEMD"]
-GPUMEMCTL = os.environ["GPUMEMCTL"]
-failures = []
-
-
-def check(cond, what):
-    if not cond:
-        failures.append(what)
-        print(f"  check failed: {what}", file=sys.stderr)
-
-
-class Notify:
-    """A NOTIFY_SOCKET we own, collecting every message."""
-
-    def __init__(self, path):
-        self.path = path
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        self.sock.bind(path)
-        self.sock.setblocking(False)
-        self.log = []
-
-    def wait(self, what, timeout=10.0):
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if any(what in m for m in self.log):
-                return True
-            try:
-                self.log.append(self.sock.recv(4096).decode())
-                continue
-            except BlockingIOError:
-                time.sleep(0.01)
-        return any(what in m for m in self.log)
-
-    def close(self):
-        self.sock.close()
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
+from gmtest import GPUMEMD, Notify, check, ctl, hello_frame, run_tests  # noqa: E402
 
 
 class Daemon:
@@ -79,19 +44,12 @@ class Daemon:
         return self.proc.returncode, err
 
 
-def ctl(sock, *args):
-    return subprocess.run([GPUMEMCTL, "--socket", sock, *args], capture_output=True, text=True, timeout=30)
-
 
 def raw_connect(path):
     s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     s.connect(path)
     return s
 
-
-def hello_frame(request_id=1):
-    body = bytes([0x0a, 0x02, 0x08, 0x01])  # Request.hello { protocol_version: 1 }
-    return struct.pack("<IHHII", 0x4D454D47, 1, 0, len(body), request_id) + body
 
 
 def reply_code(packet):
@@ -383,25 +341,6 @@ def main():
         ("gpumemctl quota, allocations and clients", test_admin_commands),
         ("bash completion", test_completion),
     ]
-    passed = failed = 0
-    for i, (name, fn) in enumerate(tests, 1):
-        before = len(failures)
-        tmp = tempfile.mkdtemp(prefix="gpumemd-cli-")
-        try:
-            fn(tmp)
-        except Exception as e:  # a crash of the test is a failure, not a skip
-            check(False, f"{name} raised {e!r}")
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-        if len(failures) == before:
-            print(f"ok {i} - {name}")
-            passed += 1
-        else:
-            print(f"not ok {i} - {name}")
-            failed += 1
-        sys.stdout.flush()
-    print(f"{passed} passed, {failed} failed")
-    sys.exit(1 if failed else 0)
-
+    run_tests(tests)
 
 main()

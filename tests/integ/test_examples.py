@@ -3,17 +3,15 @@
 print what it promises, and leave nothing behind in the daemon; without a daemon each must fail."""
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 
-GPUMEMD = os.environ["GPUMEMD"]
-GPUMEMCTL = os.environ["GPUMEMCTL"]
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
+from gmtest import GPUMEMD, check, ctl, run_tests  # noqa: E402
+
 EXAMPLES = os.environ["GPUMEM_EXAMPLES"]
-failures = []
 
 # What each example must print (substrings, in this order for each process).
 EXPECT = {
@@ -46,11 +44,6 @@ EXPECT = {
 }
 
 
-def check(cond, what):
-    if not cond:
-        failures.append(what)
-        print(f"  check failed: {what}", file=sys.stderr)
-
 
 class Daemon:
     def __init__(self, tmp, preset, kfd_minor):
@@ -77,9 +70,6 @@ class Daemon:
             _, err = self.proc.communicate()
         return self.proc.returncode, err
 
-
-def ctl(sock, *args):
-    return subprocess.run([GPUMEMCTL, "--socket", sock, *args], capture_output=True, text=True, timeout=30)
 
 
 def status(sock):
@@ -158,25 +148,6 @@ def main():
         ("examples on a 4-GPU MI100 box, one shared KFD context (ABI 1.15)", examples_against("mi100", 15)),
         ("examples fail with a reason when there is no daemon", test_no_daemon),
     ]
-    passed = failed = 0
-    for i, (name, fn) in enumerate(tests, 1):
-        before = len(failures)
-        tmp = tempfile.mkdtemp(prefix="gpumemd-examples-")
-        try:
-            fn(tmp)
-        except Exception as e:  # a crash of the test is a failure, not a skip
-            check(False, f"{name} raised {e!r}")
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-        if len(failures) == before:
-            print(f"ok {i} - {name}")
-            passed += 1
-        else:
-            print(f"not ok {i} - {name}")
-            failed += 1
-        sys.stdout.flush()
-    print(f"{passed} passed, {failed} failed")
-    sys.exit(1 if failed else 0)
-
+    run_tests(tests)
 
 main()

@@ -10,8 +10,8 @@ import subprocess
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from sdtest import GPUMEMD, Notify, check, ctl, hello_frame, run_tests, stop, wait_path  # noqa: E402
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
+from gmtest import GPUMEMD, Notify, check, ctl, hello_frame, run_tests, stop, wait_path  # noqa: E402
 
 ACTIVATE = shutil.which("systemd-socket-activate")
 SOCKET_GID = 4242  # stands in for the gpumem group, which this machine need not have

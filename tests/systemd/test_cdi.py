@@ -9,8 +9,8 @@ import shutil
 import subprocess
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from sdtest import GPUMEMCTL, GPUMEMD, Notify, check, run_tests, stop  # noqa: E402
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
+from gmtest import GPUMEMCTL, GPUMEMD, Notify, check, run_tests, stop  # noqa: E402
 
 LABEL = r"[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?"
 KIND_RE = re.compile(rf"^{LABEL}(\.{LABEL})*/[A-Za-z0-9]([A-Za-z0-9_-]*[A-Za-z0-9])?$")

@@ -8,8 +8,8 @@ import re
 import subprocess
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from sdtest import GPUMEMCTL, check, run_tests  # noqa: E402
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
+from gmtest import GPUMEMCTL, check, run_tests  # noqa: E402
 
 DOCS = os.path.join(os.environ["SOURCE_ROOT"], "docs")
 

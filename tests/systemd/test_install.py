@@ -9,8 +9,8 @@ import subprocess
 import sys
 import tempfile
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from sdtest import Notify, check, ctl, in_dest, install, run_tests, stop  # noqa: E402
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
+from gmtest import Notify, check, ctl, in_dest, install, run_tests, stop  # noqa: E402
 
 E = os.environ
 DEST = tempfile.mkdtemp(prefix="gpumemd-install-")

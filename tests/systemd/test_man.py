@@ -7,8 +7,8 @@ import shutil
 import subprocess
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from sdtest import check, run_tests  # noqa: E402
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
+from gmtest import check, run_tests  # noqa: E402
 
 PAGES = os.environ["MAN_PAGES"].split(":")
 

@@ -8,8 +8,8 @@ import subprocess
 import sys
 import tempfile
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from sdtest import check, in_dest, install, run_tests  # noqa: E402
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
+from gmtest import check, in_dest, install, run_tests  # noqa: E402
 
 E = os.environ
 DEST = tempfile.mkdtemp(prefix="gpumemd-units-")

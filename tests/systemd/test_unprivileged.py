@@ -11,8 +11,8 @@ import socket
 import subprocess
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from sdtest import GPUMEMD, Notify, check, ctl, hello_frame, run_tests, stop, wait_path  # noqa: E402
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
+from gmtest import GPUMEMD, Notify, check, ctl, hello_frame, run_tests, stop, wait_path  # noqa: E402
 
 DAEMON_UID = 64101  # stands in for the gpumemd system user
 CLIENT_UID = 4245

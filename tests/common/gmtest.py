@@ -1,4 +1,4 @@
-"""Helpers shared by the systemd suite: checks, a NOTIFY_SOCKET we own, installing into a DESTDIR, raw hellos."""
+"""Helpers shared by the Python tests: checks and a runner, a NOTIFY_SOCKET we own, gpumemctl, installing into a DESTDIR."""
 import os
 import shutil
 import socket
