@@ -262,11 +262,16 @@ void conn_kill(Conn *c)
         /* Consume what the client sent and we will never read: closing over unread data makes the kernel
          * report a reset to the client before it has read our last (error) frame. */
         for (int i = 0; i < 64; i++) {
+                /* a small buffer: the packet is consumed whole anyway (-EMSGSIZE), and the frame being
+                 * handled may still sit in the manager's receive buffer */
+                uint8_t scratch[64];
                 int fds[GM_FRAME_MAX_FDS];
                 size_t n_fds = 0;
-                if (gm_wire_recv(c->fd, c->m->rx_buf, GM_FRAME_MAX, fds, &n_fds, MSG_DONTWAIT) <= 0)
+                ssize_t n = gm_wire_recv(c->fd, scratch, sizeof(scratch), fds, &n_fds, MSG_DONTWAIT);
+                if (n > 0)
+                        gm_wire_close_fds(fds, n_fds);
+                else if (n != -EMSGSIZE && n != -EPROTO)
                         break;
-                gm_wire_close_fds(fds, n_fds);
         }
         c->dead = true;
         event_del(c->rd_ev);
