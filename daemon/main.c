@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 
 #include "config.h"
 #include "log.h"
@@ -57,6 +58,16 @@ int main(int argc, char **argv)
 
         /* Writes to a vanished client must fail with EPIPE, never kill the daemon. */
         signal(SIGPIPE, SIG_IGN);
+
+        /* Every client holds a socket and a pidfd here, and the KFD model one memfd per buffer: take all
+         * the fds the hard limit allows (the loop is epoll, so fds above 1024 are fine). */
+        {
+                struct rlimit rl;
+                if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+                        rl.rlim_cur = rl.rlim_max;
+                        (void)setrlimit(RLIMIT_NOFILE, &rl);
+                }
+        }
 
         r = manager_new(&m, &opts);
         options_done(&opts);

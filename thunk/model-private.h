@@ -110,6 +110,7 @@ typedef struct ModelPdd {
         ModelFile *file; /* acquired VM */
         ModelMem **idr;
         size_t cap_idr;
+        size_t idr_hint; /* every slot below it is taken */
         uint64_t scratch_va;
         uint64_t tba; /* trap handler base and buffer (SET_TRAP_HANDLER) */
         uint64_t tma;

@@ -277,6 +277,13 @@ static void vm_remove_at(ModelVm *vm, size_t i)
 
 static bool vm_remove_mem(ModelVm *vm, const ModelMem *mem)
 {
+        /* a KFD mapping starts at its memory's VA: found by bisection, whatever the VM holds */
+        size_t at = vm_lower(vm, mem->va);
+
+        if (at < vm->n && vm->v[at].mem == mem) {
+                vm_remove_at(vm, at);
+                return true;
+        }
         for (size_t i = 0; i < vm->n; i++)
                 if (vm->v[i].mem == mem) {
                         vm_remove_at(vm, i);
@@ -403,7 +410,8 @@ static int idr_alloc_mem(ModelPdd *pdd, ModelMem *mem)
 {
         size_t i;
 
-        for (i = 0; i < pdd->cap_idr; i++)
+        /* no slot below the hint is free, so allocation does not rescan every live handle */
+        for (i = pdd->idr_hint; i < pdd->cap_idr; i++)
                 if (!pdd->idr[i])
                         break;
         if (i >= UINT32_MAX)
@@ -416,6 +424,7 @@ static int idr_alloc_mem(ModelPdd *pdd, ModelMem *mem)
                 memset(&pdd->idr[old], 0, (pdd->cap_idr - old) * sizeof(*pdd->idr));
         }
         pdd->idr[i] = mem;
+        pdd->idr_hint = i + 1;
         mem->idr = (uint32_t)i;
         return 0;
 }
@@ -496,6 +505,25 @@ static bool cpu_maps_cover(const CpuMaps *cm, uint64_t start, uint64_t end)
         uint64_t gs, ge;
 
         return !cpu_maps_gap(cm, start, end, &gs, &ge);
+}
+
+/*
+ * Is [start, end) mapped throughout in this process? msync(MS_ASYNC) writes nothing back (a no-op since
+ * Linux 2.6.19) but still walks the VMAs of the range and fails with ENOMEM at the first hole: an O(log n)
+ * check where reading /proc/self/maps costs O(mappings) and a formatted read of each.
+ */
+static bool cpu_range_mapped(uint64_t start, uint64_t end)
+{
+        return end > start && msync((void *)(uintptr_t)start, end - start, MS_ASYNC) == 0;
+}
+
+/* Every SVM range of @c still fully mapped: nothing for the deferred-unmap flush to do. */
+static bool svm_all_mapped(const ModelCtx *c)
+{
+        for (size_t i = 0; c && i < c->n_svm; i++)
+                if (!cpu_range_mapped(c->svm[i].start * MODEL_PAGE, (c->svm[i].last + 1) * MODEL_PAGE))
+                        return false;
+        return true;
 }
 
 static void svm_set_defaults(const ThunkModel *m, const ModelCtx *c, SvmRange *r)
@@ -603,7 +631,7 @@ static int svm_flush(ThunkModel *m, ModelCtx *c)
         CpuMaps cm = {0};
         int r;
 
-        if (!c || c->n_svm == 0)
+        if (!c || c->n_svm == 0 || svm_all_mapped(c))
                 return 0;
         r = cpu_maps_load(&cm);
         if (r == 0)
@@ -1118,6 +1146,8 @@ static int kfd_free_memory_of_gpu(Call *c)
         if (mem->mapped)
                 return -EBUSY;
         c->ctx->pdd[idx].idr[mem->idr] = NULL;
+        if (mem->idr < c->ctx->pdd[idx].idr_hint)
+                c->ctx->pdd[idx].idr_hint = mem->idr;
         buf_unref(c->m, mem->buf);
         free(mem);
         return 0;
@@ -1357,14 +1387,17 @@ static int kfd_svm(Call *c)
                         }
                 }
         }
-        r = cpu_maps_load(&cm);
-        if (r == 0)
-                r = svm_flush_unmapped(m, c->ctx, &cm);
-        if (r == 0 && !cpu_maps_cover(&cm, a->start_addr, a->start_addr + a->size))
-                r = -EFAULT;
-        free(cm.iv);
-        if (r < 0)
-                return r;
+        /* the common case, everything still mapped, needs no walk of /proc/self/maps */
+        if (!cpu_range_mapped(a->start_addr, a->start_addr + a->size) || !svm_all_mapped(c->ctx)) {
+                r = cpu_maps_load(&cm);
+                if (r == 0)
+                        r = svm_flush_unmapped(m, c->ctx, &cm);
+                if (r == 0 && !cpu_maps_cover(&cm, a->start_addr, a->start_addr + a->size))
+                        r = -EFAULT;
+                free(cm.iv);
+                if (r < 0)
+                        return r;
+        }
         if (a->op == KFD_IOCTL_SVM_OP_GET_ATTR) {
                 svm_get(m, c->ctx, s, l, a->nattr, a->attrs);
                 return 0;
