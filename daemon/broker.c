@@ -545,12 +545,14 @@ static int check_alignment(uint64_t align, Why *w)
 /* Create the shared pages of host or managed memory and map them at va in the daemon. */
 static int shared_pages(uint64_t va, uint64_t size, const char *name, int *ret_fd, Why *w)
 {
-        int fd = memfd_create(name, MFD_CLOEXEC);
+        int fd = memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
         void *p;
 
         if (fd < 0)
                 return why_set(w, -errno, "memfd_create: %s", strerror(errno));
-        if (ftruncate(fd, (off_t)size) < 0) {
+        /* sealed at its size: a client holding the fd cannot shrink it under the daemon and the importers */
+        if (ftruncate(fd, (off_t)size) < 0 ||
+            fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0) {
                 int r = -errno;
                 close(fd);
                 return why_set(w, r, "cannot size shared memory: %s", strerror(-r));

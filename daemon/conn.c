@@ -25,8 +25,12 @@
 #define SO_PEERPIDFD 77
 #endif
 
-/* Frames handled per wakeup before yielding to other clients. */
-#define CONN_FRAMES_PER_WAKEUP 16
+/*
+ * Frames handled per wakeup before yielding to other clients. One: the loop is level-triggered, so a
+ * client with more queued comes round again, others get their turn in between, and a client waiting for
+ * its reply costs no extra recvmsg that would only say EAGAIN.
+ */
+#define CONN_FRAMES_PER_WAKEUP 1
 /* Queued reply bytes beyond which a client that does not read is dropped. */
 #define CONN_OUT_MAX (1024u * 1024u)
 

@@ -160,8 +160,12 @@ static int buf_new(ThunkModel *m, int owner, uint32_t type, uint32_t flags, uint
         b->flags = flags;
         b->owner = owner;
         if (type != KFD_IOC_ALLOC_MEM_FLAGS_USERPTR) {
-                b->memfd = memfd_create("gpumem-bo", MFD_CLOEXEC);
-                if (b->memfd < 0 || ftruncate(b->memfd, (off_t)size) < 0 || fstat(b->memfd, &st) < 0) {
+                /* sealed at its size: whoever holds an exported fd can map it, never resize it under the
+                 * others (a shrink would turn their pages into SIGBUS) */
+                b->memfd = memfd_create("gpumem-bo", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+                if (b->memfd < 0 || ftruncate(b->memfd, (off_t)size) < 0 ||
+                    fcntl(b->memfd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0 ||
+                    fstat(b->memfd, &st) < 0) {
                         r = -errno;
                         goto fail;
                 }
@@ -221,6 +225,15 @@ static int buf_export_fd(ModelBuf *b, bool writable, uint32_t flags, int *ret_fd
 
         if (b->memfd < 0)
                 return -EPERM;
+        if (writable) {
+                /* like the kernel's exports of one dmabuf: another fd of the same open file */
+                fd = fcntl(b->memfd, (flags & O_CLOEXEC) ? F_DUPFD_CLOEXEC : F_DUPFD, 3);
+                if (fd < 0)
+                        return -errno;
+                *ret_fd = fd;
+                return 0;
+        }
+        /* read-only: a file of its own opened read-only, so the holder cannot map it writable */
         snprintf(path, sizeof(path), "/proc/self/fd/%d", b->memfd);
         fd = open(path, (writable ? O_RDWR : O_RDONLY) | ((flags & O_CLOEXEC) ? O_CLOEXEC : 0));
         if (fd < 0)

@@ -577,6 +577,9 @@ static void test_sharing(void)
         CHECK_EQ(gm_pointer_get_attributes(c, p, &pa), 0);
         CHECK_EQ(gm_mem_export(c, pa.handle, &fd, &size), 0);
         CHECK_EQ(size, 4 * MiB);
+        /* whoever holds the fd can map it but never resize it under the others */
+        CHECK(ftruncate(fd, 0) < 0 && errno == EPERM);
+        CHECK(ftruncate(fd, 8 * MiB) < 0 && errno == EPERM);
         CHECK_EQ(socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv), 0);
         pid = fork();
         if (pid == 0) {
@@ -599,6 +602,7 @@ static void test_sharing(void)
         fill(h, 2 * MiB, 60);
         CHECK_EQ(gm_pointer_get_attributes(c, h, &pa), 0);
         CHECK_EQ(gm_mem_export(c, pa.handle, &fd, &size), 0);
+        CHECK(ftruncate(fd, 0) < 0 && errno == EPERM);
         CHECK_EQ(socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv), 0);
         pid = fork();
         if (pid == 0) {
