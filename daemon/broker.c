@@ -1419,7 +1419,12 @@ int broker_vmm_set_access(BrokerClient *c, uint64_t va, uint64_t size, const Bro
                     d[i].access != BROKER_ACCESS_READ_WRITE)
                         return why_set(w, -EINVAL, "access %d is not none, read or read-write", d[i].access);
                 if (d[i].gpu_id) {
-                        int r0 = gpu_allowed(c, d[i].gpu_id, w);
+                        /* revoking needs no permission for the GPU, only that it exists */
+                        int r0 = d[i].access == BROKER_ACCESS_NONE
+                                         ? (gpu_index(c->b, d[i].gpu_id) < 0
+                                                    ? why_set(w, -ENODEV, "no GPU with id %u", d[i].gpu_id)
+                                                    : 0)
+                                         : gpu_allowed(c, d[i].gpu_id, w);
                         if (r0 < 0)
                                 return r0;
                 }

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "conn.h"
 #include "log.h"
@@ -33,8 +34,12 @@ static ClassState *state_get(Manager *m, const char *name)
                 return NULL;
         }
         broker_account_init(&s->acct, s->name);
-        s->next = m->classes;
-        m->classes = s;
+        {
+                ClassState **pp = &m->classes; /* at the tail: listings follow the file's order */
+                while (*pp)
+                        pp = &(*pp)->next;
+                *pp = s;
+        }
         return s;
 }
 
@@ -51,6 +56,8 @@ static void state_configure(Manager *m, ClassState *s, const PolicyClass *k)
         a->max_fds = k->limit[POLICY_RES_FDS];
         s->max_connections = k->limit[POLICY_RES_CONNECTIONS];
         s->max_inflight = k->limit[POLICY_RES_INFLIGHT];
+        s->deny_ops = k->deny_ops;
+        s->admin = k->admin;
         a->import_foreign = k->import_foreign;
         for (size_t i = 0; i < BROKER_MAX_GPUS; i++)
                 a->max_vram_gpu[i] = UINT64_MAX;
@@ -106,6 +113,18 @@ static void class_bind(Conn *c, ClassState *s)
                 broker_client_set_account(c->broker, s ? &s->acct : NULL);
 }
 
+bool classes_is_admin(const Manager *m, const Conn *c)
+{
+        if (c->ident.uid == 0 || c->ident.uid == geteuid())
+                return true;
+        if (c->cls && c->cls->admin)
+                return true;
+        for (size_t i = 0; i < m->opts.n_admin_gids; i++)
+                if (conn_in_group(c, m->opts.admin_gids[i]))
+                        return true;
+        return false;
+}
+
 void classes_apply(Manager *m, Policy *p)
 {
         Policy *old = m->policy;
@@ -131,6 +150,9 @@ void classes_apply(Manager *m, Policy *p)
                                  c->cls ? c->cls->name : "-", s->name);
                         class_bind(c, s);
                 }
+                /* rights follow the new policy (and admin-groups) at once */
+                if (c->proto_version)
+                        c->admin = classes_is_admin(m, c);
         }
         /* states of removed classes go once empty */
         for (ClassState **pp = &m->classes; *pp;) {
@@ -247,6 +269,10 @@ int classes_set_limit(Manager *m, ClassState *s, PolicyResource r, uint32_t gpu_
                         snprintf(reason, len, "no GPU with id %u", gpu_id);
                         return -ENODEV;
                 }
+        }
+        if (r == POLICY_RES_INFLIGHT && limit == 0) {
+                snprintf(reason, len, "inflight must be at least 1: a class with none could never be read");
+                return -EINVAL;
         }
         if (r >= _POLICY_RES_MAX) {
                 snprintf(reason, len, "unknown resource %d", (int)r);

@@ -17,6 +17,8 @@ typedef struct ClassState {
         BrokerAccount acct;       /* limits and usage shared by every client of the class */
         uint64_t max_connections;
         uint64_t max_inflight;
+        unsigned deny_ops; /* copied from the class, so a class a reload removed keeps its rules too */
+        bool admin;
         unsigned connections;
         unsigned inflight; /* requests being handled or whose replies wait in output queues */
         uint64_t denials;
@@ -31,6 +33,8 @@ int classes_admit(Manager *m, Conn *c, char *reason, size_t len);
 /* The connection is gone. */
 void classes_leave(Conn *c);
 ClassState *classes_find(Manager *m, const char *name);
+/* Administrator rights of @c: root, the daemon's uid, a member of admin-groups, or an admin class. */
+bool classes_is_admin(const Manager *m, const Conn *c);
 void classes_free_all(Manager *m);
 /*
  * Runtime change of one limit (gpumemctl quota set): -EBUSY when the class uses more than @limit and

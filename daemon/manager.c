@@ -292,20 +292,30 @@ int manager_reload(Manager *m)
                 return log_error_errno(r, "reload: out of memory");
         r = options_load_file(&next, m->opts.config_path ? m->opts.config_path : GPUMEMD_CONFIG_FILE,
                               m->opts.config_explicit, err, sizeof(err));
-        if (r >= 0)
-                r = policy_load(m->opts.config_path ? m->opts.config_path : GPUMEMD_CONFIG_FILE,
-                                m->opts.config_explicit, &policy, err, sizeof(err));
+        {
+                /* both readers, so the log lists every error of the file, as --check-config does */
+                size_t used = strnlen(err, sizeof(err));
+                int rp = policy_load(m->opts.config_path ? m->opts.config_path : GPUMEMD_CONFIG_FILE,
+                                     m->opts.config_explicit, &policy, r < 0 ? err + used : err,
+                                     r < 0 ? sizeof(err) - used : sizeof(err));
+                if (r >= 0)
+                        r = rp;
+                else
+                        policy = policy_free(policy);
+        }
         if (r < 0) {
                 options_done(&next);
                 log_full(LOG_ERR, r, GM_MESSAGE_CONFIG_RELOAD, NULL,
                          "reload refused, the running configuration stays: %s", err);
                 return r;
         }
-        /* both parts are good: apply them together */
-        classes_apply(m, policy);
+        /* both parts are good: apply them together (options first: the policy's admin rights use them) */
         if (strcmp(next.socket_path, m->opts.socket_path) != 0 || next.backend != m->opts.backend ||
             strcmp(next.model_preset, m->opts.model_preset) != 0)
                 log_notice("reload: socket, backend and preset changes take effect at the next start");
+        if ((next.metrics_listen == NULL) != (m->opts.metrics_listen == NULL) ||
+            (next.metrics_listen && strcmp(next.metrics_listen, m->opts.metrics_listen) != 0))
+                log_notice("reload: metrics-listen changes take effect at the next start");
         /* Settings that apply at once: logging, caps, windows of new clients, administrators. */
         m->opts.log_level = next.log_level;
         m->opts.max_connections = next.max_connections;
@@ -314,6 +324,7 @@ int manager_reload(Manager *m)
         memcpy(m->opts.admin_gids, next.admin_gids, sizeof(next.admin_gids));
         m->opts.n_admin_gids = next.n_admin_gids;
         log_set_level(m->opts.log_level);
+        classes_apply(m, policy);
         options_done(&next);
         log_full(LOG_NOTICE, 0, GM_MESSAGE_CONFIG_RELOAD, NULL, "configuration reloaded");
         return 0;

@@ -13,19 +13,6 @@
 
 #define CLIENT_NAME_MAX 64
 
-/* Admin rights until the policy file says otherwise: root, the daemon's own uid, or a listed group. */
-static bool is_admin(const Manager *m, const Conn *c)
-{
-        if (c->ident.uid == 0 || c->ident.uid == geteuid())
-                return true;
-        if (c->cls && c->cls->klass && c->cls->klass->admin)
-                return true;
-        for (size_t i = 0; i < m->opts.n_admin_gids; i++)
-                if (conn_in_group(c, m->opts.admin_gids[i]))
-                        return true;
-        return false;
-}
-
 static char *sanitize_name(const char *s)
 {
         char buf[CLIENT_NAME_MAX + 1];
@@ -67,7 +54,7 @@ int op_hello(ReqCtx *r, const Gpumem__Request *req)
         c->name = sanitize_name(h->client_name);
         c->proto_version = (uint16_t)(h->protocol_version < GM_PROTOCOL_VERSION ? h->protocol_version
                                                                                 : GM_PROTOCOL_VERSION);
-        c->admin = is_admin(m, c);
+        c->admin = classes_is_admin(m, c);
         thunk_device_version(m->dev, &major, &minor);
 
         hr.has_protocol_version = hr.has_features = hr.has_client_id = true;

@@ -353,6 +353,10 @@ static void class_key(Parse *ps, const char *key, const char *v)
                              bytes ? "a size (like 8G)" : "a number");
                         return;
                 }
+                if (r == POLICY_RES_INFLIGHT && lim == 0) {
+                        perr(ps, "inflight: must be at least 1 (a class with none could never be read)");
+                        return;
+                }
                 c->limit[r] = lim;
         } else {
                 perr(ps, "unknown setting '%s' in [class %s]", key, c->name);

@@ -197,7 +197,7 @@ void request_handle(Conn *c, const uint8_t *buf, size_t len, int *fds, size_t n_
                 err = reply_fail(&r, -EACCES, "%s is for administrators only", op->name);
                 goto fail;
         }
-        if (op->family && c->cls && c->cls->klass && (c->cls->klass->deny_ops & op->family)) {
+        if (op->family && c->cls && (c->cls->deny_ops & op->family)) {
                 m->stats.denials++;
                 metrics_deny(m->metrics, DENY_PERMISSION);
                 c->cls->denials++;

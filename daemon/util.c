@@ -13,7 +13,8 @@ int parse_uint(const char *s, uint64_t max, uint64_t *ret)
         if (!s || !*s || isspace((unsigned char)*s) || *s == '-' || *s == '+')
                 return -EINVAL;
         errno = 0;
-        v = strtoull(s, &end, 0);
+        /* decimal, or hex with 0x: a leading zero is not octal ("010G" is ten gibibytes) */
+        v = strtoull(s, &end, (s[0] == '0' && (s[1] == 'x' || s[1] == 'X')) ? 16 : 10);
         if (errno)
                 return -errno;
         if (*end)
@@ -33,7 +34,8 @@ int parse_size(const char *s, uint64_t *ret)
         if (!s || !*s || isspace((unsigned char)*s) || *s == '-' || *s == '+')
                 return -EINVAL;
         errno = 0;
-        v = strtoull(s, &end, 0);
+        /* decimal, or hex with 0x: a leading zero is not octal ("010G" is ten gibibytes) */
+        v = strtoull(s, &end, (s[0] == '0' && (s[1] == 'x' || s[1] == 'X')) ? 16 : 10);
         if (errno)
                 return -errno;
         if (*end) {

@@ -766,12 +766,16 @@ static int cmd_quota(Ctl *ctl, int argc, char **argv)
                 r = gm_admin_quota_set(ctl->c, cls, res, (uint32_t)gpu, limit, force);
                 if (r < 0)
                         return fail(ctl, "quota set", r);
-                if (ctl->json)
-                        printf("{\"schema\":%d,\"class\":\"%s\",\"resource\":\"%s\",\"gpu_id\":%u,\"limit\":%"
-                               "s}\n",
-                               GPUMEMCTL_JSON_SCHEMA, cls, resource_names[res], (unsigned)gpu,
-                               limit == GM_UNLIMITED ? "null" : argv[4]);
-                else
+                if (ctl->json) {
+                        printf("{\"schema\":%d,\"class\":", GPUMEMCTL_JSON_SCHEMA);
+                        json_str(cls);
+                        printf(",\"resource\":\"%s\",\"gpu_id\":%u,\"limit\":", resource_names[res],
+                               (unsigned)gpu);
+                        if (limit == GM_UNLIMITED)
+                                printf("null}\n");
+                        else
+                                printf("%" PRIu64 "}\n", limit);
+                } else
                         printf("class %s: %s%s limit set\n", cls, resource_names[res], gpu ? " per-GPU" : "");
                 return EXIT_SUCCESS;
         }

@@ -122,13 +122,17 @@ def test_wrong_socket_type(tmp):
     notify = Notify(os.path.join(tmp, "notify"))
     proc, sock = activate(tmp, notify, stream=True)
     try:
-        # a stream socket: the daemon may start only once someone connects
-        try:
-            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            s.connect(sock)
-            s.close()
-        except OSError:
-            pass
+        # a stream socket: the daemon may start only once someone connects (the file exists a moment before
+        # systemd-socket-activate listens on it, so try until a connection goes through)
+        for _ in range(250):
+            try:
+                s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                s.connect(sock)
+                s.close()
+                break
+            except OSError:
+                s.close()
+                time.sleep(0.02)
         _, err = proc.communicate(timeout=30)
     except subprocess.TimeoutExpired:
         proc.kill()

@@ -180,6 +180,8 @@ static void test_parse_helpers(void)
         CHECK_EQ(v, 1u << 30);
         CHECK_EQ(parse_size("0x1000", &v), 0);
         CHECK_EQ(v, 4096);
+        CHECK_EQ(parse_size("010G", &v), 0); /* decimal, not octal */
+        CHECK_EQ(v, 10ull << 30);
         CHECK_EQ(parse_size("-1", &v), -EINVAL);
         CHECK_EQ(parse_size("12Q", &v), -EINVAL);
         CHECK_EQ(parse_size("99999999999T", &v), -ERANGE);

@@ -133,6 +133,7 @@ static void test_errors(void)
                 {"[class a b]\nmatch-all = yes\n", ":1: class name 'a b'"},
                 {"[class a]\nvram = 1G\n", ":1: class 'a' matches nobody"},
                 {"[class a]\nmatch-all = yes\ngpus = 5\nvram.6 = 1G\n", ":1: class 'a' limits VRAM on GPU 6"},
+                {"[class a]\nmatch-all = yes\ninflight = 0\n", ":3: inflight: must be at least 1"},
         };
         char err[2048];
         Policy *p;
