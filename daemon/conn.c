@@ -160,8 +160,10 @@ static int capture_identity(int fd, ConnIdentity *id)
                 (void)fcntl(id->pidfd, F_SETFD, FD_CLOEXEC);
         if (id->pid > 0 && read_cgroup(id->pid, &id->cgroup) == 0 && id->pidfd >= 0) {
                 /* Still the same process (the pidfd pins it): the cgroup we read belongs to the peer. */
-                /* EPERM: alive, only not ours to signal (another uid, and we hold no CAP_KILL) */
-                if (syscall(SYS_pidfd_send_signal, id->pidfd, 0, NULL, 0) < 0 && errno != EPERM) {
+                /* EPERM: alive, only not ours to signal (another uid, and we hold no CAP_KILL); ENOSYS: the
+                 * check itself is not there, and the pidfd still pins the peer */
+                if (syscall(SYS_pidfd_send_signal, id->pidfd, 0, NULL, 0) < 0 && errno != EPERM &&
+                    errno != ENOSYS) {
                         free(id->cgroup);
                         id->cgroup = NULL;
                 }
@@ -171,6 +173,25 @@ static int capture_identity(int fd, ConnIdentity *id)
 
 static void conn_on_read(evutil_socket_t fd, short what, void *userdata);
 static void conn_on_write(evutil_socket_t fd, short what, void *userdata);
+
+/* A connection that never says hello holds a slot under the connection caps: it gets a deadline. */
+static void conn_on_hello_timeout(evutil_socket_t fd, short what, void *userdata)
+{
+        Conn *c = userdata;
+
+        if (c->proto_version || c->dead)
+                return;
+        conn_log(c, LOG_NOTICE, GM_MESSAGE_PROTOCOL_VIOLATION, &c->log_rl, "no hello within %u s, closing",
+                 c->m->opts.hello_timeout_sec);
+        (void)conn_send_error(c, 0, -ETIMEDOUT, "no hello in time");
+        conn_kill(c);
+}
+
+void conn_hello_done(Conn *c)
+{
+        if (c->hello_ev)
+                event_del(c->hello_ev);
+}
 
 int conn_new(Manager *m, int fd, Conn **ret)
 {
@@ -198,6 +219,14 @@ int conn_new(Manager *m, int fd, Conn **ret)
         if (!c->rd_ev || !c->wr_ev || event_add(c->rd_ev, NULL) < 0) {
                 r = -ENOMEM;
                 goto fail;
+        }
+        if (m->opts.hello_timeout_sec) {
+                struct timeval tv = {(time_t)m->opts.hello_timeout_sec, 0};
+                c->hello_ev = evtimer_new(m->base, conn_on_hello_timeout, c);
+                if (!c->hello_ev || evtimer_add(c->hello_ev, &tv) < 0) {
+                        r = -ENOMEM;
+                        goto fail;
+                }
         }
         c->id = ++m->next_client_id;
         c->next = m->conns;
@@ -238,6 +267,8 @@ Conn *conn_free(Conn *c)
                 event_free(c->rd_ev);
         if (c->wr_ev)
                 event_free(c->wr_ev);
+        if (c->hello_ev)
+                event_free(c->hello_ev);
         while (c->out_head) {
                 OutPacket *p = c->out_head;
                 c->out_head = p->next;
@@ -254,9 +285,22 @@ Conn *conn_free(Conn *c)
         return NULL;
 }
 
+static void conn_forget_dying(Conn *c)
+{
+        for (Conn **p = &c->m->dying; *p; p = &(*p)->dying_next)
+                if (*p == c) {
+                        *p = c->dying_next;
+                        c->dying_next = NULL;
+                        return;
+                }
+}
+
 static void conn_free_cb(evutil_socket_t fd, short what, void *userdata)
 {
-        conn_free(userdata);
+        Conn *c = userdata;
+
+        conn_forget_dying(c);
+        conn_free(c);
 }
 
 void conn_kill(Conn *c)
@@ -280,15 +324,23 @@ void conn_kill(Conn *c)
         c->dead = true;
         event_del(c->rd_ev);
         event_del(c->wr_ev);
+        if (c->hello_ev)
+                event_del(c->hello_ev);
         /* Out of the list now, so counts and admin views no longer see it; freed after this callback. */
         conn_unlink(c);
         if (c->proto_version)
                 conn_log(c, LOG_INFO, GM_MESSAGE_CLIENT_DISCONNECT, &c->m->conn_log_rl,
                          "disconnected after %llu requests", (unsigned long long)c->requests);
         manager_notify_status(c->m);
-        if (event_base_once(c->m->base, -1, EV_TIMEOUT, conn_free_cb, c, NULL) < 0)
+        /* Remembered until freed: when the loop stops first (the drain at SIGTERM breaks it as soon as the
+         * last connection is unlinked), manager_free() frees what is left. */
+        c->dying_next = c->m->dying;
+        c->m->dying = c;
+        if (event_base_once(c->m->base, -1, EV_TIMEOUT, conn_free_cb, c, NULL) < 0) {
+                conn_forget_dying(c);
                 conn_free(c); /* cannot defer: no callback of this conn is on the stack at the callers that
                                  reach here without one, and libevent only fails on allocation */
+        }
 }
 
 static int conn_flush(Conn *c)

@@ -35,6 +35,7 @@ typedef struct Conn {
         int fd;
         struct event *rd_ev;
         struct event *wr_ev;
+        struct event *hello_ev; /* closes the connection if hello does not come in time */
         uint64_t id;
         ConnIdentity ident;
         char *name;
@@ -43,6 +44,7 @@ typedef struct Conn {
         uint16_t proto_version; /* 0 until hello */
         bool admin;
         bool dead;
+        Conn *dying_next; /* on the manager's list of killed connections until the loop frees them */
         OutPacket *out_head, *out_tail;
         size_t out_bytes;
         uint64_t requests;
@@ -70,6 +72,8 @@ void conn_kill(Conn *c);
  * the packet is queued and the connection stops reading until the queue drains (backpressure).
  */
 int conn_send(Conn *c, uint32_t request_id, const Gpumem__Reply *reply, int *fds, size_t n_fds);
+/* Hello is done: the hello timer stops. */
+void conn_hello_done(Conn *c);
 /* Send an error reply (no fds). */
 int conn_send_error(Conn *c, uint32_t request_id, int code, const char *reason);
 

@@ -13,6 +13,8 @@
 #include <sys/un.h>
 #include <systemd/sd-daemon.h>
 
+#include <amdgpu_drm.h>
+
 #include "broker.h"
 #include "classes.h"
 #include "metrics.h"
@@ -21,6 +23,8 @@
 #include "config.h"
 #include "conn.h"
 #include "frame.h"
+#include "kfd-compat.h"
+#include "model.h"
 #include "log.h"
 #include "window.h"
 #include "wire.h"
@@ -320,6 +324,7 @@ int manager_reload(Manager *m)
         m->opts.log_level = next.log_level;
         m->opts.max_connections = next.max_connections;
         m->opts.max_connections_per_uid = next.max_connections_per_uid;
+        m->opts.hello_timeout_sec = next.hello_timeout_sec;
         m->opts.window_size = next.window_size;
         memcpy(m->opts.admin_gids, next.admin_gids, sizeof(next.admin_gids));
         m->opts.n_admin_gids = next.n_admin_gids;
@@ -359,6 +364,66 @@ static int open_backend(Manager *m)
                                        to.backend == THUNK_BACKEND_MODEL ? "model" : "kfd",
                                        err[0] ? err : strerror(-r));
         return 0;
+}
+
+/*
+ * Testing hook of the model backend: with $GPUMEMD_MODEL_FAULTS_FILE set at start, SIGUSR2 reads that file
+ * and arms the model's fault injection, so error paths in the middle of multi-step operations can be
+ * driven from outside. Each line is "IOCTL NTH ERRNO" (IOCTL a name below or a number, NTH 1 = the next
+ * call, ERRNO positive); earlier faults are cleared first. Never armed with the kfd backend.
+ */
+static const struct {
+        const char *name;
+        unsigned long req;
+} fault_ioctls[] = {
+        {"acquire_vm", AMDKFD_IOC_ACQUIRE_VM},
+        {"alloc_memory_of_gpu", AMDKFD_IOC_ALLOC_MEMORY_OF_GPU},
+        {"free_memory_of_gpu", AMDKFD_IOC_FREE_MEMORY_OF_GPU},
+        {"map_memory_to_gpu", AMDKFD_IOC_MAP_MEMORY_TO_GPU},
+        {"unmap_memory_from_gpu", AMDKFD_IOC_UNMAP_MEMORY_FROM_GPU},
+        {"export_dmabuf", AMDKFD_IOC_EXPORT_DMABUF},
+        {"import_dmabuf", AMDKFD_IOC_IMPORT_DMABUF},
+        {"svm", AMDKFD_IOC_SVM},
+        {"create_process", AMDKFD_IOC_CREATE_PROCESS},
+        {"available_memory", AMDKFD_IOC_AVAILABLE_MEMORY},
+        {"gem_va", DRM_IOCTL_AMDGPU_GEM_VA},
+        {"gem_close", DRM_IOCTL_GEM_CLOSE},
+        {"prime_handle_to_fd", DRM_IOCTL_PRIME_HANDLE_TO_FD},
+        {"prime_fd_to_handle", DRM_IOCTL_PRIME_FD_TO_HANDLE},
+};
+
+static void on_sigusr2(evutil_socket_t sig, short what, void *userdata)
+{
+        Manager *m = userdata;
+        const char *path = getenv("GPUMEMD_MODEL_FAULTS_FILE");
+        ThunkModel *model = thunk_device_model(m->dev);
+        char name[64];
+        unsigned nth;
+        int err, n = 0, r = 0;
+        FILE *f;
+
+        if (!model || !path)
+                return;
+        f = fopen(path, "re");
+        if (!f) {
+                log_warning_errno(errno, "model faults: cannot read %s: %s", path, strerror(errno));
+                return;
+        }
+        thunk_model_clear_faults(model);
+        while (r >= 0 && fscanf(f, "%63s %u %d", name, &nth, &err) == 3) {
+                unsigned long req = strtoul(name, NULL, 0);
+                for (size_t i = 0; i < ARRAY_SIZE(fault_ioctls); i++)
+                        if (strcmp(name, fault_ioctls[i].name) == 0)
+                                req = fault_ioctls[i].req;
+                r = req ? thunk_model_inject_fault(model, req, nth, err) : -EINVAL;
+                if (r >= 0)
+                        n++;
+        }
+        fclose(f);
+        if (r < 0)
+                log_warning_errno(r, "model faults: bad entry '%s': %s", name, strerror(-r));
+        log_notice("model faults armed: %d", n);
+        (void)sd_notifyf(0, "STATUS=model faults armed: %d", n);
 }
 
 static int setup_va(Manager *m)
@@ -450,6 +515,13 @@ int manager_new(Manager **ret, const Options *opts)
         m->sigterm_ev = evsignal_new(m->base, SIGTERM, on_signal_stop, m);
         m->sigint_ev = evsignal_new(m->base, SIGINT, on_signal_stop, m);
         m->sighup_ev = evsignal_new(m->base, SIGHUP, on_sighup, m);
+        if (thunk_device_model(m->dev) && getenv("GPUMEMD_MODEL_FAULTS_FILE")) {
+                m->sigusr2_ev = evsignal_new(m->base, SIGUSR2, on_sigusr2, m);
+                if (!m->sigusr2_ev || event_add(m->sigusr2_ev, NULL) < 0) {
+                        r = -ENOMEM;
+                        goto fail;
+                }
+        }
         m->drain_ev = evtimer_new(m->base, on_drain_tick, m);
         m->status_ev = evtimer_new(m->base, on_status_timer, m);
         if (!m->listen_ev || !m->accept_retry_ev || !m->sigterm_ev || !m->sigint_ev || !m->sighup_ev ||
@@ -472,6 +544,11 @@ Manager *manager_free(Manager *m)
                 return NULL;
         while (m->conns)
                 conn_free(m->conns);
+        while (m->dying) {
+                Conn *c = m->dying;
+                m->dying = c->dying_next;
+                conn_free(c);
+        }
         if (m->listen_ev)
                 event_free(m->listen_ev);
         if (m->accept_retry_ev)
@@ -482,6 +559,8 @@ Manager *manager_free(Manager *m)
                 event_free(m->sigint_ev);
         if (m->sighup_ev)
                 event_free(m->sighup_ev);
+        if (m->sigusr2_ev)
+                event_free(m->sigusr2_ev);
         if (m->watchdog_ev)
                 event_free(m->watchdog_ev);
         if (m->drain_ev)

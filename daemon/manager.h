@@ -36,6 +36,7 @@ typedef struct Manager {
         struct event *listen_ev;
         struct event *accept_retry_ev;
         struct event *sigterm_ev, *sigint_ev, *sighup_ev;
+        struct event *sigusr2_ev; /* model fault injection for tests ($GPUMEMD_MODEL_FAULTS_FILE) */
         struct event *watchdog_ev;
         struct event *drain_ev;
         struct event *status_ev;
@@ -46,6 +47,8 @@ typedef struct Manager {
         size_t va_blocked; /* ranges of the space the daemon itself maps (never windows) */
 
         Conn *conns; /* doubly linked, newest first */
+        Conn *dying; /* killed, waiting for their deferred free (freed by manager_free if the loop ends first)
+                      */
         unsigned n_conns;
         uint64_t next_client_id;
 

@@ -55,6 +55,7 @@ int op_hello(ReqCtx *r, const Gpumem__Request *req)
         c->proto_version = (uint16_t)(h->protocol_version < GM_PROTOCOL_VERSION ? h->protocol_version
                                                                                 : GM_PROTOCOL_VERSION);
         c->admin = classes_is_admin(m, c);
+        conn_hello_done(c);
         thunk_device_version(m->dev, &major, &minor);
 
         hr.has_protocol_version = hr.has_features = hr.has_client_id = true;

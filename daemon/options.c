@@ -26,6 +26,7 @@ void options_init(Options *o)
                 .max_connections = 4096,
                 .max_connections_per_uid = 1024,
                 .window_size = DEFAULT_WINDOW_SIZE,
+                .hello_timeout_sec = 10,
                 .socket_mode = 0660,
         };
         o->socket_path = strdup(GPUMEMD_SOCKET_DEFAULT);
@@ -69,7 +70,10 @@ static void help(void)
                "  -l, --log-level LEVEL     err, warning, notice, info or debug (default info)\n"
                "      --check-config        validate the configuration file and exit\n"
                "  -h, --help                show this help\n"
-               "  -V, --version             show the version\n");
+               "  -V, --version             show the version\n"
+               "\n"
+               "Environment: GPUMEMD_MODEL_FAULTS_FILE=FILE (model backend, for tests): SIGUSR2 arms the\n"
+               "model's fault injection from FILE, one \"IOCTL NTH ERRNO\" per line.\n");
 }
 
 int options_parse_argv(Options *o, int argc, char **argv)
@@ -316,6 +320,12 @@ static int daemon_key(FileCtx *ctx, const char *name, const char *value)
                         o->max_connections = (uint32_t)v;
                 else
                         o->max_connections_per_uid = (uint32_t)v;
+        } else if (strcmp(name, "hello-timeout") == 0) {
+                if (parse_uint(value, 3600, &v) < 0) {
+                        file_error(ctx, "hello-timeout: '%s' is not a number of seconds up to 3600", value);
+                        return 1;
+                }
+                o->hello_timeout_sec = (uint32_t)v;
         } else if (strcmp(name, "window-size") == 0) {
                 if (parse_size(value, &v) < 0 || v < (1ull << 30) || v > (1ull << 44) ||
                     (v & ((2ull << 20) - 1))) {

@@ -34,6 +34,7 @@ typedef struct Options {
         uint32_t max_connections;
         uint32_t max_connections_per_uid;
         uint64_t window_size;
+        uint32_t hello_timeout_sec; /* a connection that has not said hello by then is closed; 0 = never */
         uint32_t socket_mode;
         gid_t admin_gids[OPT_MAX_ADMIN_GROUPS];
         size_t n_admin_gids;

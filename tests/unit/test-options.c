@@ -54,10 +54,11 @@ static void test_argv(void)
         const char *unknown[] = {"gpumemd", "--frobnicate"};
         const char *extra[] = {"gpumemd", "stray"};
         const char *bad_minor[] = {"gpumemd", "--model-kfd-minor", "x1"};
-        const char *long_sock[] = {
-                "gpumemd", "--socket",
-                "/tmp/aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
-                "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa.sock"};
+        char long_path[160]; /* longer than sun_path holds */
+        memset(long_path, 'a', sizeof(long_path) - 1);
+        long_path[0] = '/';
+        long_path[sizeof(long_path) - 1] = '\0';
+        const char *long_sock[] = {"gpumemd", "--socket", long_path};
         const char **bad[] = {bad_backend, bad_level, missing, unknown, extra, bad_minor, long_sock};
         const int bad_n[] = {3, 3, 2, 2, 2, 3, 3};
         for (size_t i = 0; i < ARRAY_LEN(bad); i++) {
@@ -83,6 +84,7 @@ static void test_file_good(void)
                                                    "log-level = warning\n"
                                                    "max-connections = 10\n"
                                                    "max-connections-per-uid = 3\n"
+                                                   "hello-timeout = 0\n"
                                                    "window-size = 8G\n"
                                                    "socket-mode = 0600\n"
                                                    "admin-groups = root\n");
@@ -93,6 +95,7 @@ static void test_file_good(void)
         CHECK_EQ(o.log_level, LOG_WARNING);
         CHECK_EQ(o.max_connections, 10);
         CHECK_EQ(o.max_connections_per_uid, 3);
+        CHECK_EQ(o.hello_timeout_sec, 0);
         CHECK_EQ(o.window_size, 8ull << 30);
         CHECK_EQ(o.socket_mode, 0600);
         CHECK_EQ(o.n_admin_gids, 1);
@@ -120,6 +123,8 @@ static void test_file_errors(void)
                 {"[daemon]\nsocket = relative.sock\n", ":2: socket"},
                 {"[daemon]\nmax-connections = 0\n", ":2: max-connections"},
                 {"[daemon]\nwindow-size = 3M\n", ":2: window-size"},
+                {"[daemon]\nhello-timeout = 3601\n", ":2: hello-timeout"},
+                {"[daemon]\nhello-timeout = -1\n", ":2: hello-timeout"},
                 {"[daemon]\nsocket-mode = 999\n", ":2: socket-mode"},
                 {"[daemon]\nfrobnicate = 1\n", ":2: unknown setting 'frobnicate'"},
                 {"[nosuch]\nx = 1\n", ":1: unknown section [nosuch]"},
