@@ -307,7 +307,7 @@ static void test_real_fixture(void)
 static char tmpl[] = "/tmp/topo-test-XXXXXX";
 static char *tmproot;
 
-static void put(const char *rel, const char *fmt, ...)
+__attribute__((format(printf, 2, 3))) static void put(const char *rel, const char *fmt, ...)
 {
         char path[1024];
         snprintf(path, sizeof(path), "%s/%s", tmproot, rel);
@@ -360,8 +360,10 @@ static void rm_tree(void)
         (void)nftw(tmproot, rm_cb, 16, FTW_DEPTH | FTW_PHYS);
 }
 
-static const char *gpu_props_fmt = "cpu_cores_count 0\nsimd_count %s\nmem_banks_count %s\ncaches_count 1\n"
-                                   "io_links_count 1\ncapability 134217728\ndrm_render_minor 128\n";
+/* A literal, so printf-style checks see the format: simd_count and mem_banks_count are the arguments. */
+#define GPU_PROPS_FMT                                                                                        \
+        "cpu_cores_count 0\nsimd_count %s\nmem_banks_count %s\ncaches_count 1\n"                             \
+        "io_links_count 1\ncapability 134217728\ndrm_render_minor 128\n"
 
 /* A minimal valid tree: CPU node 0, GPU node 1 (gpu_id 4660), one bank, one cache, links both ways. */
 static void make_valid(void)
@@ -378,7 +380,7 @@ static void make_valid(void)
         put("nodes/0/io_links/0/properties", "type 2\nnode_from 0\nnode_to 1\nweight 20\n");
         put("nodes/1/gpu_id", "4660\n");
         put("nodes/1/name", "arcturus\n");
-        put("nodes/1/properties", gpu_props_fmt, "16", "1");
+        put("nodes/1/properties", GPU_PROPS_FMT, "16", "1");
         put("nodes/1/mem_banks/0/properties", "heap_type 1\nsize_in_bytes 1073741824\n");
         put("nodes/1/caches/0/properties", "level 1\nsize 16\ntype 9\n");
         put("nodes/1/io_links/0/properties", "type 2\nnode_from 1\nnode_to 0\nweight 20\n");
@@ -440,17 +442,17 @@ static void test_malformed(void)
         thunk_topology_free(t);
 
         /* Values */
-        put("nodes/1/properties", gpu_props_fmt, "abc", "1");
+        put("nodes/1/properties", GPU_PROPS_FMT, "abc", "1");
         EXPECT_FAIL(-EINVAL, "nodes/1/properties:2:", "not a number");
-        put("nodes/1/properties", gpu_props_fmt, "-3", "1");
+        put("nodes/1/properties", GPU_PROPS_FMT, "-3", "1");
         EXPECT_FAIL(-EINVAL, "nodes/1/properties:2:", "not a number");
-        put("nodes/1/properties", gpu_props_fmt, "0x10", "1");
+        put("nodes/1/properties", GPU_PROPS_FMT, "0x10", "1");
         EXPECT_FAIL(-EINVAL, "nodes/1/properties:2:", NULL);
-        put("nodes/1/properties", gpu_props_fmt, "16 17", "1");
+        put("nodes/1/properties", GPU_PROPS_FMT, "16 17", "1");
         EXPECT_FAIL(-EINVAL, "nodes/1/properties:2:", NULL);
-        put("nodes/1/properties", gpu_props_fmt, "18446744073709551616", "1");
+        put("nodes/1/properties", GPU_PROPS_FMT, "18446744073709551616", "1");
         EXPECT_FAIL(-ERANGE, "nodes/1/properties:2:", "64 bits");
-        put("nodes/1/properties", gpu_props_fmt, "4294967296", "1");
+        put("nodes/1/properties", GPU_PROPS_FMT, "4294967296", "1");
         EXPECT_FAIL(-ERANGE, "nodes/1/properties:2:", "32 bits");
         put("nodes/1/properties", "cpu_cores_count 0\nsimd_count\n");
         EXPECT_FAIL(-EINVAL, "nodes/1/properties:2:", "no value");
@@ -477,7 +479,7 @@ static void test_malformed(void)
         make_valid();
         put("nodes/1/gpu_id", "12ab\n");
         EXPECT_FAIL(-EINVAL, "nodes/1/gpu_id:1:", NULL);
-        put("nodes/1/gpu_id", "");
+        put("nodes/1/gpu_id", "%s", ""); /* an empty file */
         EXPECT_FAIL(-EINVAL, "nodes/1/gpu_id", NULL);
         put("nodes/1/gpu_id", "4294967296\n");
         EXPECT_FAIL(-ERANGE, "nodes/1/gpu_id", NULL);
@@ -527,7 +529,7 @@ static void test_malformed(void)
         put("nodes/256/gpu_id", "0\n");
         EXPECT_FAIL(-E2BIG, "nodes", "limit of 256");
         make_valid();
-        put("nodes/1/properties", gpu_props_fmt, "16", "2");
+        put("nodes/1/properties", GPU_PROPS_FMT, "16", "2");
         EXPECT_FAIL(-EINVAL, "nodes/1/properties:3:", "mem_banks_count is 2 but nodes/1/mem_banks/ has 1");
         make_valid();
         put("nodes/1/mem_banks/1/properties", "heap_type 1\n");
