@@ -319,6 +319,36 @@ def test_admin_commands(tmp):
     check(code == 0, "daemon exits 0")
 
 
+def test_metrics_listener(tmp):
+    import urllib.request
+    # a free port on the loopback: bind, read it back, let it go
+    probe = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    probe.bind(("127.0.0.1", 0))
+    port = probe.getsockname()[1]
+    probe.close()
+    d = Daemon(tmp, f"[daemon]\nmetrics-listen = 127.0.0.1:{port}\n")
+    check(d.ready, "daemon ready")
+    ctl(d.sock, "ping")
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+            body = r.read().decode()
+            check(r.status == 200, "GET /metrics answers 200")
+            check(r.headers.get("Content-Type", "").startswith("text/plain"), "Prometheus text content type")
+        check("gpumemd_up{backend=\"model\"} 1" in body, "the metrics are gpumemd's")
+        check('gpumemd_operations_total{op="ping",result="ok"}' in body, "operations are counted")
+        check('gpumemd_class_limit{class="default",resource="vram"} +Inf' in body, "per-class limits")
+    except OSError as e:
+        check(False, f"GET /metrics: {e}")
+    try:
+        req = urllib.request.Request(f"http://127.0.0.1:{port}/metrics", data=b"x", method="POST")
+        urllib.request.urlopen(req, timeout=10)
+        check(False, "POST is refused")
+    except urllib.error.HTTPError as e:
+        check(e.code in (405, 501), f"POST is refused ({e.code})")
+    code, _ = d.stop()
+    check(code == 0, "daemon exits 0")
+
+
 def test_completion(tmp):
     script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "libclient", "gpumemctl.bash")
     prog = f"""
@@ -344,6 +374,7 @@ def main():
         ("connection caps and SIGHUP reload", test_caps_and_reload),
         ("socket activation with systemd-socket-activate", test_socket_activation),
         ("gpumemctl quota, allocations and clients", test_admin_commands),
+        ("metrics over HTTP (metrics-listen)", test_metrics_listener),
         ("bash completion", test_completion),
     ]
     run_tests(tests)
