@@ -1,6 +1,7 @@
 /* Integration harness: spawn gpumemd on the model, collect sd_notify messages, talk raw protocol. */
 #include "harness.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -74,12 +75,102 @@ int daemon_write_config(Daemon *d, const char *config_text)
         return rename(tmp, d->conf) < 0 ? -errno : 0;
 }
 
+bool daemon_wrapped(void)
+{
+        const char *w = getenv("GPUMEMD_WRAPPER");
+        return w && *w;
+}
+
+static int spawn(Daemon *d, const char *preset, const char *const *extra_args)
+{
+        const char *bin = getenv("GPUMEMD");
+        const char *wrapper = getenv("GPUMEMD_WRAPPER");
+        char wrap[1024];
+        const char *argv[64];
+        size_t n = 0;
+        int r;
+
+        if (!bin)
+                return -ENOENT;
+        if (wrapper && *wrapper) {
+                snprintf(wrap, sizeof(wrap), "%s", wrapper);
+                for (char *save = NULL, *t = strtok_r(wrap, " ", &save); t && n < 24;
+                     t = strtok_r(NULL, " ", &save))
+                        argv[n++] = t;
+        }
+        argv[n++] = bin;
+        argv[n++] = "--socket";
+        argv[n++] = d->sock;
+        argv[n++] = "--config";
+        argv[n++] = d->conf;
+        argv[n++] = "--backend";
+        argv[n++] = "model";
+        argv[n++] = "--model-preset";
+        argv[n++] = preset ? preset : "mi300x";
+        for (size_t i = 0; extra_args && extra_args[i] && n < 62; i++)
+                argv[n++] = extra_args[i];
+        argv[n] = NULL;
+
+        pthread_mutex_lock(&d->notify_lock);
+        d->notify_log[0] = '\0';
+        pthread_mutex_unlock(&d->notify_lock);
+        d->pid = fork();
+        if (d->pid < 0)
+                return -errno;
+        if (d->pid == 0) {
+                setenv("NOTIFY_SOCKET", d->notify_path, 1);
+                unsetenv("LISTEN_FDS");
+                unsetenv("LISTEN_PID");
+                execvp(argv[0], (char *const *)argv);
+                _exit(127);
+        }
+        r = daemon_wait_notify(d, "READY=1", daemon_wrapped() ? 120000 : 10000);
+        if (r < 0) {
+                kill(d->pid, SIGKILL);
+                waitpid(d->pid, NULL, 0);
+                d->pid = 0;
+        }
+        return r;
+}
+
+int daemon_restart(Daemon *d, const char *preset, const char *const *extra_args)
+{
+        if (d->pid > 0)
+                return -EBUSY;
+        return spawn(d, preset, extra_args);
+}
+
+int daemon_kill(Daemon *d)
+{
+        if (d->pid <= 0)
+                return -ECHILD;
+        kill(d->pid, SIGKILL);
+        waitpid(d->pid, NULL, 0);
+        d->pid = 0;
+        return 0;
+}
+
+long daemon_rss_kb(const Daemon *d)
+{
+        char path[64], line[256];
+        long kb = -ENOENT;
+        FILE *f;
+
+        snprintf(path, sizeof(path), "/proc/%d/status", (int)d->pid);
+        f = fopen(path, "re");
+        if (!f)
+                return -errno;
+        while (fgets(line, sizeof(line), f))
+                if (sscanf(line, "VmRSS: %ld kB", &kb) == 1)
+                        break;
+        fclose(f);
+        return kb;
+}
+
 int daemon_start(Daemon *d, const char *preset, const char *config_text, const char *const *extra_args)
 {
         const char *bin = getenv("GPUMEMD");
         struct sockaddr_un sa = {.sun_family = AF_UNIX};
-        const char *argv[32];
-        size_t n = 0;
         int r;
 
         memset(d, 0, sizeof(*d));
@@ -106,37 +197,7 @@ int daemon_start(Daemon *d, const char *preset, const char *config_text, const c
         if (pthread_create(&d->notify_thread, NULL, notify_reader, d) != 0)
                 return -EAGAIN;
         d->notify_thread_running = true;
-
-        argv[n++] = bin;
-        argv[n++] = "--socket";
-        argv[n++] = d->sock;
-        argv[n++] = "--config";
-        argv[n++] = d->conf;
-        argv[n++] = "--backend";
-        argv[n++] = "model";
-        argv[n++] = "--model-preset";
-        argv[n++] = preset ? preset : "mi300x";
-        for (size_t i = 0; extra_args && extra_args[i] && n < 30; i++)
-                argv[n++] = extra_args[i];
-        argv[n] = NULL;
-
-        d->pid = fork();
-        if (d->pid < 0)
-                return -errno;
-        if (d->pid == 0) {
-                setenv("NOTIFY_SOCKET", d->notify_path, 1);
-                unsetenv("LISTEN_FDS");
-                unsetenv("LISTEN_PID");
-                execv(bin, (char *const *)argv);
-                _exit(127);
-        }
-        r = daemon_wait_notify(d, "READY=1", 10000);
-        if (r < 0) {
-                kill(d->pid, SIGKILL);
-                waitpid(d->pid, NULL, 0);
-                d->pid = 0;
-        }
-        return r;
+        return spawn(d, preset, extra_args);
 }
 
 int daemon_wait_notify(Daemon *d, const char *what, int timeout_ms)
@@ -204,12 +265,12 @@ int daemon_fd_count(const Daemon *d)
 
 int daemon_quiet_fd_count(const Daemon *d)
 {
-        int min = count_fds(d->pid);
+        int min = daemon_own_fds(d);
 
         /* fds the daemon opens for a moment (a notification socket, say) must not count */
         for (int i = 0; i < 10; i++) {
                 usleep(20000);
-                int n = count_fds(d->pid);
+                int n = daemon_own_fds(d);
                 if (n < min)
                         min = n;
         }
@@ -286,7 +347,8 @@ int raw_recv_reply(int fd, uint32_t *ret_id, int *ret_code, char *reason, size_t
         GmFrameHdr h;
         ssize_t n;
 
-        if (poll(&p, 1, timeout_ms) <= 0)
+        /* a daemon under valgrind answers tens of times slower */
+        if (poll(&p, 1, daemon_wrapped() ? 12 * timeout_ms : timeout_ms) <= 0)
                 return -ETIMEDOUT;
         n = gm_wire_recv(fd, buf, sizeof(buf), fds, &n_fds, 0);
         if (n == 0)
@@ -323,4 +385,216 @@ bool raw_closed(int fd, int timeout_ms)
                         return errno == ECONNRESET;
         }
         return false;
+}
+
+int raw_request(int fd, uint32_t request_id, const void *req, const int *fds, size_t n_fds, void **ret_reply,
+                int *ret_fds, size_t *ret_n_fds, bool *ret_transport)
+{
+        static uint8_t buf[GM_FRAME_MAX];
+        int in_fds[GM_FRAME_MAX_FDS];
+        size_t n_in = 0, len;
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        Gpumem__Reply *reply;
+        GmFrameHdr h;
+        ssize_t n;
+        int r, code;
+
+        if (ret_transport)
+                *ret_transport = true;
+        if (ret_n_fds)
+                *ret_n_fds = 0;
+        len = gpumem__request__get_packed_size(req);
+        if (len > GM_FRAME_BODY_MAX)
+                return -EMSGSIZE;
+        gpumem__request__pack(req, buf + GM_FRAME_HDR_SIZE);
+        gm_frame_hdr_encode(buf, 1, request_id, (uint32_t)len, (unsigned)n_fds);
+        r = gm_wire_send(fd, buf, GM_FRAME_HDR_SIZE + len, NULL, 0, fds, n_fds, 0);
+        if (r < 0)
+                return r;
+        for (;;) {
+                if (poll(&p, 1, daemon_wrapped() ? 60000 : 10000) <= 0)
+                        return -ETIMEDOUT;
+                n = gm_wire_recv(fd, buf, sizeof(buf), in_fds, &n_in, 0);
+                if (n == 0 || n == -ECONNRESET)
+                        return -ECONNRESET;
+                if (n < 0)
+                        return (int)n;
+                if (gm_frame_parse(buf, (size_t)n, n_in, 1, &h, NULL) < 0) {
+                        gm_wire_close_fds(in_fds, n_in);
+                        return -EPROTO;
+                }
+                if (h.request_id == request_id || h.request_id == 0)
+                        break;
+                gm_wire_close_fds(in_fds, n_in); /* a reply to an earlier request nobody waited for */
+        }
+        reply = gpumem__reply__unpack(NULL, h.body_len, buf + GM_FRAME_HDR_SIZE);
+        if (!reply || !reply->status) {
+                if (reply)
+                        gpumem__reply__free_unpacked(reply, NULL);
+                gm_wire_close_fds(in_fds, n_in);
+                return -EBADMSG;
+        }
+        code = reply->status->code;
+        if (ret_fds) {
+                memcpy(ret_fds, in_fds, n_in * sizeof(int));
+                *ret_n_fds = n_in;
+        } else {
+                gm_wire_close_fds(in_fds, n_in);
+        }
+        if (ret_reply)
+                *ret_reply = reply;
+        else
+                gpumem__reply__free_unpacked(reply, NULL);
+        if (ret_transport)
+                *ret_transport = false;
+        return code;
+}
+
+void raw_reply_free(void *reply)
+{
+        if (reply)
+                gpumem__reply__free_unpacked(reply, NULL);
+}
+
+/*
+ * The daemon's fds, without those of a wrapper: valgrind keeps its own fds just under the process's soft
+ * RLIMIT_NOFILE and opens some of them lazily, so under a wrapper the top 64 numbers are not counted.
+ */
+int daemon_own_fds(const Daemon *d)
+{
+        char path[64], line[256];
+        long soft = -1;
+        DIR *dir;
+        struct dirent *e;
+        FILE *f;
+        int n = 0;
+
+        if (!daemon_wrapped())
+                return daemon_fd_count(d);
+        snprintf(path, sizeof(path), "/proc/%d/limits", (int)d->pid);
+        f = fopen(path, "re");
+        if (f) {
+                while (fgets(line, sizeof(line), f))
+                        if (sscanf(line, "Max open files %ld", &soft) == 1)
+                                break;
+                fclose(f);
+        }
+        snprintf(path, sizeof(path), "/proc/%d/fd", (int)d->pid);
+        dir = opendir(path);
+        if (!dir)
+                return -errno;
+        while ((e = readdir(dir)))
+                if (e->d_name[0] != '.' && (soft < 0 || atol(e->d_name) < soft - 64))
+                        n++;
+        closedir(dir);
+        return n;
+}
+
+int daemon_state(Daemon *d, DaemonState *ret)
+{
+        Gpumem__Request req = GPUMEM__REQUEST__INIT;
+        Gpumem__AdminStatus as = GPUMEM__ADMIN_STATUS__INIT;
+        Gpumem__Reply *reply = NULL;
+        Gpumem__AdminStatusReply *s;
+        DaemonState st = {0};
+        bool transport;
+        int fd, r;
+
+        fd = raw_connect(d->sock);
+        if (fd < 0)
+                return fd;
+        r = raw_hello(fd);
+        if (r != 0) {
+                close(fd);
+                return r < 0 ? r : -EPROTO;
+        }
+        req.op_case = GPUMEM__REQUEST__OP_ADMIN_STATUS;
+        req.admin_status = &as;
+        r = raw_request(fd, 2, &req, NULL, 0, (void **)&reply, NULL, NULL, &transport);
+        close(fd);
+        if (r != 0 || !reply || reply->result_case != GPUMEM__REPLY__RESULT_ADMIN_STATUS) {
+                raw_reply_free(reply);
+                return r < 0 ? r : -EBADMSG;
+        }
+        s = reply->admin_status;
+        st.clients = s->clients;
+        st.va_windows = s->va_windows;
+        st.allocations = s->allocations;
+        st.bytes_device = s->bytes_device;
+        st.bytes_host = s->bytes_host;
+        st.bytes_managed = s->bytes_managed;
+        st.requests = s->requests;
+        st.protocol_errors = s->protocol_errors;
+        if (s->model) {
+                st.has_model = true;
+                st.model_contexts = s->model->contexts;
+                st.model_buffers = s->model->buffers;
+                st.model_handles = s->model->handles;
+                st.model_imports = s->model->imports;
+                st.model_mappings = s->model->mappings;
+                st.model_gem_handles = s->model->gem_handles;
+                st.model_svm_ranges = s->model->svm_ranges;
+                st.model_system_bytes = s->model->system_bytes;
+                st.model_vram_bytes = s->model->vram_bytes;
+        }
+        raw_reply_free(reply);
+        st.fds = daemon_own_fds(d);
+        *ret = st;
+        return 0;
+}
+
+bool daemon_state_is_base(const DaemonState *s, const DaemonState *base)
+{
+        return s->allocations == base->allocations && s->bytes_device == base->bytes_device &&
+               s->bytes_host == base->bytes_host && s->bytes_managed == base->bytes_managed &&
+               s->model_contexts == base->model_contexts && s->model_buffers == base->model_buffers &&
+               s->model_handles == base->model_handles && s->model_imports == base->model_imports &&
+               s->model_mappings == base->model_mappings && s->model_gem_handles == base->model_gem_handles &&
+               s->model_svm_ranges == base->model_svm_ranges &&
+               s->model_system_bytes == base->model_system_bytes &&
+               s->model_vram_bytes == base->model_vram_bytes && s->fds == base->fds;
+}
+
+int daemon_wait_base(Daemon *d, const DaemonState *base, int timeout_ms, DaemonState *ret_last)
+{
+        int64_t deadline = mono_ms() + (daemon_wrapped() ? 10 * timeout_ms : timeout_ms);
+        DaemonState s = {0};
+        int r = -ETIMEDOUT;
+
+        for (;;) {
+                if (daemon_state(d, &s) == 0) {
+                        /* the status connection itself is gone again once its fd count is taken */
+                        for (int i = 0; i < 20 && s.fds != base->fds; i++) {
+                                usleep(10000);
+                                s.fds = daemon_own_fds(d);
+                        }
+                        if (daemon_state_is_base(&s, base)) {
+                                r = 0;
+                                break;
+                        }
+                }
+                if (mono_ms() >= deadline)
+                        break;
+                usleep(20000);
+        }
+        if (r < 0)
+                fprintf(stderr,
+                        "daemon not back to its baseline: allocations %llu device %llu host %llu managed "
+                        "%llu, "
+                        "model contexts %u/%u buffers %llu/%llu handles %llu/%llu imports %llu/%llu mappings "
+                        "%llu/%llu gem %llu/%llu svm %llu/%llu system %llu/%llu vram %llu/%llu, fds %d/%d\n",
+                        (unsigned long long)s.allocations, (unsigned long long)s.bytes_device,
+                        (unsigned long long)s.bytes_host, (unsigned long long)s.bytes_managed,
+                        s.model_contexts, base->model_contexts, (unsigned long long)s.model_buffers,
+                        (unsigned long long)base->model_buffers, (unsigned long long)s.model_handles,
+                        (unsigned long long)base->model_handles, (unsigned long long)s.model_imports,
+                        (unsigned long long)base->model_imports, (unsigned long long)s.model_mappings,
+                        (unsigned long long)base->model_mappings, (unsigned long long)s.model_gem_handles,
+                        (unsigned long long)base->model_gem_handles, (unsigned long long)s.model_svm_ranges,
+                        (unsigned long long)base->model_svm_ranges, (unsigned long long)s.model_system_bytes,
+                        (unsigned long long)base->model_system_bytes, (unsigned long long)s.model_vram_bytes,
+                        (unsigned long long)base->model_vram_bytes, s.fds, base->fds);
+        if (ret_last)
+                *ret_last = s;
+        return r;
 }

@@ -37,8 +37,41 @@ int daemon_stop(Daemon *d);
 void daemon_cleanup(Daemon *d);
 /* The daemon's open fd count. */
 int daemon_fd_count(const Daemon *d);
+/* The daemon's own fds: daemon_fd_count() without a wrapper's (valgrind's) fds. */
+int daemon_own_fds(const Daemon *d);
 /* The lowest count over 200 ms: the baseline without transient fds. */
 int daemon_quiet_fd_count(const Daemon *d);
+
+/*
+ * $GPUMEMD_WRAPPER, when set, is a command line the daemon runs under (e.g. "valgrind --error-exitcode=99
+ * --leak-check=full"): split at spaces and put before the daemon's argv. Start-up waits are longer then.
+ */
+bool daemon_wrapped(void);
+/* Like daemon_start(), but on an existing Daemon whose dir, socket and config are kept (a restart). */
+int daemon_restart(Daemon *d, const char *preset, const char *const *extra_args);
+/* SIGKILL and reap. */
+int daemon_kill(Daemon *d);
+/* Resident memory of the daemon in KiB (VmRSS), or a negative errno. */
+long daemon_rss_kb(const Daemon *d);
+
+/* What the daemon and its backend hold, from admin_status over a connection of its own. */
+typedef struct DaemonState {
+        uint32_t clients, va_windows;
+        uint64_t allocations, bytes_device, bytes_host, bytes_managed, requests, protocol_errors;
+        bool has_model;
+        uint32_t model_contexts;
+        uint64_t model_buffers, model_handles, model_imports, model_mappings, model_gem_handles;
+        uint64_t model_svm_ranges, model_system_bytes, model_vram_bytes;
+        int fds; /* the daemon's open fds, counted while the status connection is closed */
+} DaemonState;
+
+/* Read the state (the status connection is counted in clients and va_windows, and closed again). */
+int daemon_state(Daemon *d, DaemonState *ret);
+/* True when nothing is held beyond @base: its allocations and bytes, the model's counters and fds. */
+bool daemon_state_is_base(const DaemonState *s, const DaemonState *base);
+/* Wait up to @timeout_ms for daemon_state_is_base(); 0, or -ETIMEDOUT with the last state in @ret_last
+ * (may be NULL) and a line on stderr naming what differs. */
+int daemon_wait_base(Daemon *d, const DaemonState *base, int timeout_ms, DaemonState *ret_last);
 
 /* Raw protocol access for hostile-input tests. */
 int raw_connect(const char *sock);
@@ -53,3 +86,12 @@ int raw_hello(int fd);
 int raw_recv_reply(int fd, uint32_t *ret_id, int *ret_code, char *reason, size_t reason_len, int timeout_ms);
 /* True when the daemon closed the connection (EOF within @timeout_ms). */
 bool raw_closed(int fd, int timeout_ms);
+/*
+ * Send @req (packed by the harness; @req is a Gpumem__Request *) with @fds and wait for its reply. Returns
+ * the reply's status code, or a negative errno of the transport (-ECONNRESET, -ETIMEDOUT) with
+ * *ret_transport set. Fds that come back are stored in @ret_fds (room for 16; NULL: closed) and counted in
+ * *ret_n_fds. The unpacked reply goes to *ret_reply when given (free with raw_reply_free).
+ */
+int raw_request(int fd, uint32_t request_id, const void *req, const int *fds, size_t n_fds, void **ret_reply,
+                int *ret_fds, size_t *ret_n_fds, bool *ret_transport);
+void raw_reply_free(void *reply);

@@ -1,0 +1,740 @@
+/* libFuzzer target: request decoding and dispatch in the daemon core, on the model, over a socketpair Conn.
+ */
+#include <errno.h>
+#include <sanitizer/common_interface_defs.h>
+#include <fcntl.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <syslog.h>
+#include <unistd.h>
+
+#include "broker.h"
+#include "conn.h"
+#include "frame.h"
+#include "gpumem.pb-c.h"
+#include "log.h"
+#include "manager.h"
+#include "model.h"
+#include "request.h"
+#include "wire.h"
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+int LLVMFuzzerInitialize(int *argc, char ***argv);
+
+/*
+ * One Manager on the model (mi300x) lives for the whole run, as the daemon's does. Each input is one client:
+ * a Conn over a socketpair, fed frames by calling request_handle() as the read callback would, replies
+ * drained from the other end. When the input ends the client goes, and the daemon must be back where it
+ * started: no connection, no object, no window, the model's counters and the process's fds as before.
+ *
+ * Input: [session u8] then records of [ctl u8] ...
+ *   session bit 0: hello first (done by the harness), bit 1: an unprivileged identity, bit 2: small window
+ *   ctl & 3 == 0: [len u16][body]: a frame with a correct header around @body
+ *   ctl & 3 == 1: [len u16][bytes]: a raw packet, header and all
+ *   ctl & 3 >= 2: [op u8][fields...]: a request the harness builds from the bytes, with addresses and
+ *                 handles drawn from what earlier replies returned, so deep paths are reached
+ *   (ctl >> 2) & 3: fds sent with the frame, of kinds picked by ctl >> 4 (/dev/null, a memfd, a pipe, a
+ *                 socket, a directory, an fd from an earlier reply)
+ */
+
+static Manager *mgr;
+static char tmpdir[64];
+static ThunkModelStats model_base;
+static int fd_base = -1;
+
+typedef struct Reader {
+        const uint8_t *p;
+        size_t n;
+} Reader;
+
+static uint8_t rd8(Reader *r)
+{
+        if (!r->n)
+                return 0;
+        r->n--;
+        return *r->p++;
+}
+
+static uint64_t rdn(Reader *r, int bytes)
+{
+        uint64_t v = 0;
+        for (int i = 0; i < bytes; i++)
+                v |= (uint64_t)rd8(r) << (8 * i);
+        return v;
+}
+
+/* What earlier replies handed out: the fuzzer reuses it, as a real client would. */
+typedef struct Pool {
+        uint64_t vas[16];
+        size_t n_vas;
+        uint64_t handles[16];
+        size_t n_handles;
+        int fds[4];
+        size_t n_fds;
+        uint64_t window_base, window_size;
+} Pool;
+
+static void pool_va(Pool *p, uint64_t va)
+{
+        p->vas[p->n_vas++ % 16] = va;
+}
+
+static void pool_handle(Pool *p, uint64_t h)
+{
+        p->handles[p->n_handles++ % 16] = h;
+}
+
+static void pool_fd(Pool *p, int fd)
+{
+        if (p->n_fds < 4)
+                p->fds[p->n_fds++] = fd;
+        else
+                close(fd);
+}
+
+static int count_fds(void)
+{
+        int n = 0;
+        for (int fd = 0; fd < 4096; fd++)
+                if (fcntl(fd, F_GETFD) >= 0)
+                        n++;
+        return n;
+}
+
+/* What the process holds, to tell a leaked fd by its target. */
+static void list_fds(void)
+{
+        for (int fd = 0; fd < 4096; fd++) {
+                char path[64], target[256];
+                ssize_t n;
+                if (fcntl(fd, F_GETFD) < 0)
+                        continue;
+                snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
+                n = readlink(path, target, sizeof(target) - 1);
+                target[n > 0 ? n : 0] = '\0';
+                fprintf(stderr, "  fd %d -> %s\n", fd, target);
+        }
+}
+
+int LLVMFuzzerInitialize(int *argc, char ***argv)
+{
+        Options o;
+        char sock[128];
+
+        snprintf(tmpdir, sizeof(tmpdir), "/tmp/gpumemd-fuzz-XXXXXX");
+        if (!mkdtemp(tmpdir))
+                abort();
+        snprintf(sock, sizeof(sock), "%s/gpumemd.sock", tmpdir);
+        options_init(&o);
+        free(o.socket_path);
+        o.socket_path = strdup(sock);
+        o.backend = OPT_BACKEND_MODEL;
+        o.log_level = LOG_EMERG;
+        o.window_size = 128ull << 20; /* bounds what one client can allocate (host memory is populated) */
+        log_set_level(LOG_EMERG);
+        if (manager_new(&mgr, &o) < 0) {
+                fprintf(stderr, "fuzz-request: cannot start the daemon core\n");
+                abort();
+        }
+        options_done(&o);
+        /* the socket file is not needed: connections come from socketpairs */
+        unlink(sock);
+        rmdir(tmpdir);
+        thunk_model_get_stats(thunk_device_model(mgr->dev), &model_base);
+        /* The sanitizer starts its symbolizer (two pipes, kept open) the first time it names a function,
+         * e.g. when libFuzzer reports new coverage: start it now so its pipes are in the fd baseline. */
+        {
+                char sym[256];
+                __sanitizer_symbolize_pc(__builtin_return_address(0), "%p %F %L", sym, sizeof(sym));
+        }
+        return 0;
+}
+
+static void run_loop(void)
+{
+        /* deferred frees and queued writes run from the event loop */
+        for (int i = 0; i < 4; i++)
+                event_base_loop(mgr->base, EVLOOP_NONBLOCK);
+}
+
+/* Read every reply waiting on @sock; remember what they hand out. */
+static void drain(int sock, Pool *pool)
+{
+        static uint8_t buf[GM_FRAME_MAX];
+
+        for (;;) {
+                int fds[GM_FRAME_MAX_FDS];
+                size_t n_fds = 0;
+                ssize_t n = gm_wire_recv(sock, buf, sizeof(buf), fds, &n_fds, MSG_DONTWAIT);
+                GmFrameHdr h;
+                Gpumem__Reply *rep;
+
+                if (n <= 0)
+                        return;
+                /* every reply the daemon sends is a well-formed frame with a status */
+                if (gm_frame_parse(buf, (size_t)n, n_fds, GM_PROTOCOL_VERSION, &h, NULL) < 0)
+                        abort();
+                rep = gpumem__reply__unpack(NULL, h.body_len, buf + GM_FRAME_HDR_SIZE);
+                if (!rep || !rep->status || !rep->status->has_code || rep->status->code > 0)
+                        abort();
+                if (rep->status->code < 0 &&
+                    (n_fds != 0 || rep->result_case != GPUMEM__REPLY__RESULT__NOT_SET))
+                        abort(); /* a failure carries no result and no fd */
+                switch (rep->result_case) {
+                case GPUMEM__REPLY__RESULT_HELLO:
+                        pool->window_base = rep->hello->window_base;
+                        pool->window_size = rep->hello->window_size;
+                        break;
+                case GPUMEM__REPLY__RESULT_ALLOC:
+                        pool_va(pool, rep->alloc->va);
+                        pool_handle(pool, rep->alloc->handle);
+                        break;
+                case GPUMEM__REPLY__RESULT_VMM_RESERVE:
+                        pool_va(pool, rep->vmm_reserve->va);
+                        break;
+                case GPUMEM__REPLY__RESULT_VMM_CREATE:
+                        pool_handle(pool, rep->vmm_create->handle);
+                        break;
+                case GPUMEM__REPLY__RESULT_VMM_RETAIN:
+                        pool_handle(pool, rep->vmm_retain->handle);
+                        break;
+                case GPUMEM__REPLY__RESULT_DMABUF_IMPORT:
+                        pool_handle(pool, rep->dmabuf_import->handle);
+                        break;
+                default:
+                        break;
+                }
+                gpumem__reply__free_unpacked(rep, NULL);
+                for (size_t i = 0; i < n_fds; i++)
+                        pool_fd(pool, fds[i]);
+        }
+}
+
+static uint64_t pick_va(Reader *r, const Pool *p)
+{
+        uint8_t sel = rd8(r);
+        uint64_t off = (uint64_t)rd8(r) << 12;
+
+        switch (sel % 8) {
+        case 0:
+        case 1:
+        case 2:
+                return p->n_vas ? p->vas[rd8(r) % (p->n_vas < 16 ? p->n_vas : 16)] + (sel & 8 ? off : 0) : 0;
+        case 3:
+                return p->window_base + ((uint64_t)rdn(r, 2) << 12);
+        case 4:
+                return p->window_base + p->window_size - off;
+        case 5:
+                return rdn(r, 8);
+        case 6:
+                return p->window_base - off - 4096;
+        default:
+                return 0;
+        }
+}
+
+static uint64_t pick_size(Reader *r)
+{
+        uint8_t sel = rd8(r);
+
+        switch (sel % 8) {
+        case 0:
+        case 1:
+                return (uint64_t)(1 + rd8(r) % 64) << 12;
+        case 2:
+                return (uint64_t)(1 + rd8(r) % 8) << 21;
+        case 3:
+                return rdn(r, 3);
+        case 4:
+                return rdn(r, 8);
+        case 5:
+                return UINT64_MAX - rd8(r);
+        case 6:
+                return 0;
+        default:
+                return (uint64_t)rd8(r) << 20;
+        }
+}
+
+static uint64_t pick_handle(Reader *r, const Pool *p)
+{
+        uint8_t sel = rd8(r);
+        if (sel < 200 && p->n_handles)
+                return p->handles[sel % (p->n_handles < 16 ? p->n_handles : 16)];
+        return sel & 1 ? rdn(r, 8) : sel;
+}
+
+static uint32_t pick_gpu(Reader *r)
+{
+        uint8_t sel = rd8(r);
+        size_t n = thunk_device_gpu_count(mgr->dev);
+        if (sel < 240 && n)
+                return thunk_device_gpu(mgr->dev, sel % n)->gpu_id;
+        return sel == 240 ? 0 : (uint32_t)rdn(r, 4);
+}
+
+/* Build a request from the input; returns its packed length in @out (0: nothing to send). */
+static size_t build_request(Reader *r, const Pool *p, uint8_t *out, size_t cap)
+{
+        Gpumem__Request q = GPUMEM__REQUEST__INIT;
+        union {
+                Gpumem__Hello hello;
+                Gpumem__Alloc alloc;
+                Gpumem__Free free_;
+                Gpumem__MapToGpus map;
+                Gpumem__UnmapFromGpus unmap;
+                Gpumem__PointerInfoGet pinfo;
+                Gpumem__MemInfoGet minfo;
+                Gpumem__VmmReserve vres;
+                Gpumem__VmmFree vfree;
+                Gpumem__VmmCreate vcreate;
+                Gpumem__VmmRelease vrel;
+                Gpumem__VmmMap vmap;
+                Gpumem__VmmUnmap vunmap;
+                Gpumem__VmmSetAccess vset;
+                Gpumem__VmmGetAccess vget;
+                Gpumem__VmmRetain vret;
+                Gpumem__VmmProperties vprop;
+                Gpumem__DmabufExport exp;
+                Gpumem__DmabufImport imp;
+                Gpumem__SvmSetAttr sset;
+                Gpumem__SvmGetAttr sget;
+                Gpumem__SvmPrefetch spre;
+                Gpumem__TopologyGet topo;
+                Gpumem__AdminDisconnect disc;
+                Gpumem__Ping ping;
+                Gpumem__WindowRetry retry;
+        } u;
+        Gpumem__AdminStatus astat = GPUMEM__ADMIN_STATUS__INIT;
+        Gpumem__AdminClients aclients = GPUMEM__ADMIN_CLIENTS__INIT;
+        Gpumem__AdminMetrics ametrics = GPUMEM__ADMIN_METRICS__INIT;
+        Gpumem__AccessDesc desc[4], *descp[4];
+        Gpumem__SvmAttr attrs[6], *attrp[6];
+        uint32_t gpus[4];
+        size_t n;
+        uint8_t op = rd8(r);
+
+        switch (op % 26) {
+        case 0:
+                gpumem__hello__init(&u.hello);
+                u.hello.has_protocol_version = true;
+                u.hello.protocol_version = rd8(r) % 3;
+                u.hello.has_window_size = rd8(r) & 1;
+                u.hello.window_size = (uint64_t)rd8(r) << 21;
+                u.hello.client_name = "fuzz";
+                q.op_case = GPUMEM__REQUEST__OP_HELLO;
+                q.hello = &u.hello;
+                break;
+        case 1:
+        case 2:
+                gpumem__alloc__init(&u.alloc);
+                u.alloc.has_kind = u.alloc.has_size = u.alloc.has_gpu_id = u.alloc.has_flags = true;
+                u.alloc.kind = (Gpumem__MemKind)(rd8(r) % 7);
+                u.alloc.size = pick_size(r);
+                u.alloc.gpu_id = pick_gpu(r);
+                u.alloc.flags = rd8(r) & 1 ? rd8(r) : (uint32_t)rdn(r, 4);
+                u.alloc.has_numa_node = rd8(r) & 1;
+                u.alloc.numa_node = (int8_t)rd8(r);
+                u.alloc.has_alignment = u.alloc.has_fixed_va = true;
+                u.alloc.alignment = rd8(r) & 1 ? (uint64_t)1 << (rd8(r) % 64) : 0;
+                u.alloc.fixed_va = rd8(r) & 1 ? pick_va(r, p) : 0;
+                n = rd8(r) % 5;
+                for (size_t i = 0; i < n; i++)
+                        gpus[i] = pick_gpu(r);
+                u.alloc.n_map_gpus = n;
+                u.alloc.map_gpus = gpus;
+                q.op_case = GPUMEM__REQUEST__OP_ALLOC;
+                q.alloc = &u.alloc;
+                break;
+        case 3:
+                gpumem__free__init(&u.free_);
+                u.free_.has_handle = true;
+                u.free_.handle = pick_handle(r, p);
+                q.op_case = GPUMEM__REQUEST__OP_FREE;
+                q.free = &u.free_;
+                break;
+        case 4:
+        case 5:
+                n = rd8(r) % 5;
+                for (size_t i = 0; i < n; i++)
+                        gpus[i] = pick_gpu(r);
+                if (op % 26 == 4) {
+                        gpumem__map_to_gpus__init(&u.map);
+                        u.map.has_handle = true;
+                        u.map.handle = pick_handle(r, p);
+                        u.map.n_gpu_ids = n;
+                        u.map.gpu_ids = gpus;
+                        q.op_case = GPUMEM__REQUEST__OP_MAP;
+                        q.map = &u.map;
+                } else {
+                        gpumem__unmap_from_gpus__init(&u.unmap);
+                        u.unmap.has_handle = true;
+                        u.unmap.handle = pick_handle(r, p);
+                        u.unmap.n_gpu_ids = n;
+                        u.unmap.gpu_ids = gpus;
+                        q.op_case = GPUMEM__REQUEST__OP_UNMAP;
+                        q.unmap = &u.unmap;
+                }
+                break;
+        case 6:
+                gpumem__pointer_info_get__init(&u.pinfo);
+                u.pinfo.has_va = true;
+                u.pinfo.va = pick_va(r, p);
+                q.op_case = GPUMEM__REQUEST__OP_POINTER_INFO;
+                q.pointer_info = &u.pinfo;
+                break;
+        case 7:
+                gpumem__mem_info_get__init(&u.minfo);
+                u.minfo.has_gpu_id = true;
+                u.minfo.gpu_id = pick_gpu(r);
+                q.op_case = GPUMEM__REQUEST__OP_MEM_INFO;
+                q.mem_info = &u.minfo;
+                break;
+        case 8:
+                gpumem__vmm_reserve__init(&u.vres);
+                u.vres.has_size = u.vres.has_alignment = u.vres.has_fixed_va = u.vres.has_flags = true;
+                u.vres.size = pick_size(r);
+                u.vres.alignment = rd8(r) & 1 ? (uint64_t)1 << (rd8(r) % 64) : 0;
+                u.vres.fixed_va = rd8(r) & 1 ? pick_va(r, p) : 0;
+                u.vres.flags = rd8(r) == 0xff;
+                q.op_case = GPUMEM__REQUEST__OP_VMM_RESERVE;
+                q.vmm_reserve = &u.vres;
+                break;
+        case 9:
+                gpumem__vmm_free__init(&u.vfree);
+                u.vfree.has_va = u.vfree.has_size = true;
+                u.vfree.va = pick_va(r, p);
+                u.vfree.size = pick_size(r);
+                q.op_case = GPUMEM__REQUEST__OP_VMM_FREE;
+                q.vmm_free = &u.vfree;
+                break;
+        case 10:
+        case 11:
+                gpumem__vmm_create__init(&u.vcreate);
+                u.vcreate.has_size = u.vcreate.has_gpu_id = u.vcreate.has_flags = true;
+                u.vcreate.size = pick_size(r);
+                u.vcreate.gpu_id = pick_gpu(r);
+                u.vcreate.flags = rd8(r) & 0x7f;
+                q.op_case = GPUMEM__REQUEST__OP_VMM_CREATE;
+                q.vmm_create = &u.vcreate;
+                break;
+        case 12:
+                gpumem__vmm_release__init(&u.vrel);
+                u.vrel.has_handle = true;
+                u.vrel.handle = pick_handle(r, p);
+                q.op_case = GPUMEM__REQUEST__OP_VMM_RELEASE;
+                q.vmm_release = &u.vrel;
+                break;
+        case 13:
+        case 14:
+                gpumem__vmm_map__init(&u.vmap);
+                u.vmap.has_va = u.vmap.has_size = u.vmap.has_offset = u.vmap.has_handle = true;
+                u.vmap.va = pick_va(r, p);
+                u.vmap.size = pick_size(r);
+                u.vmap.offset = rd8(r) & 1 ? 0 : pick_size(r);
+                u.vmap.handle = pick_handle(r, p);
+                q.op_case = GPUMEM__REQUEST__OP_VMM_MAP;
+                q.vmm_map = &u.vmap;
+                break;
+        case 15:
+                gpumem__vmm_unmap__init(&u.vunmap);
+                u.vunmap.has_va = u.vunmap.has_size = true;
+                u.vunmap.va = pick_va(r, p);
+                u.vunmap.size = pick_size(r);
+                q.op_case = GPUMEM__REQUEST__OP_VMM_UNMAP;
+                q.vmm_unmap = &u.vunmap;
+                break;
+        case 16:
+        case 17:
+                gpumem__vmm_set_access__init(&u.vset);
+                u.vset.has_va = u.vset.has_size = true;
+                u.vset.va = pick_va(r, p);
+                u.vset.size = pick_size(r);
+                n = rd8(r) % 5;
+                for (size_t i = 0; i < n; i++) {
+                        gpumem__access_desc__init(&desc[i]);
+                        desc[i].has_gpu_id = desc[i].has_access = true;
+                        desc[i].gpu_id = rd8(r) & 1 ? 0 : pick_gpu(r);
+                        desc[i].access = (Gpumem__Access)(rd8(r) % 5);
+                        descp[i] = &desc[i];
+                }
+                u.vset.n_desc = n;
+                u.vset.desc = descp;
+                q.op_case = GPUMEM__REQUEST__OP_VMM_SET_ACCESS;
+                q.vmm_set_access = &u.vset;
+                break;
+        case 18:
+                gpumem__vmm_get_access__init(&u.vget);
+                u.vget.has_va = u.vget.has_gpu_id = true;
+                u.vget.va = pick_va(r, p);
+                u.vget.gpu_id = rd8(r) & 1 ? 0 : pick_gpu(r);
+                q.op_case = GPUMEM__REQUEST__OP_VMM_GET_ACCESS;
+                q.vmm_get_access = &u.vget;
+                break;
+        case 19:
+                gpumem__vmm_retain__init(&u.vret);
+                u.vret.has_va = true;
+                u.vret.va = pick_va(r, p);
+                q.op_case = GPUMEM__REQUEST__OP_VMM_RETAIN;
+                q.vmm_retain = &u.vret;
+                break;
+        case 20:
+                gpumem__dmabuf_export__init(&u.exp);
+                u.exp.has_handle = true;
+                u.exp.handle = pick_handle(r, p);
+                q.op_case = GPUMEM__REQUEST__OP_DMABUF_EXPORT;
+                q.dmabuf_export = &u.exp;
+                break;
+        case 21:
+                gpumem__dmabuf_import__init(&u.imp);
+                u.imp.has_fd_index = rd8(r) != 0xff;
+                u.imp.fd_index = (int8_t)rd8(r) % 3;
+                u.imp.has_gpu_id = true;
+                u.imp.gpu_id = pick_gpu(r);
+                q.op_case = GPUMEM__REQUEST__OP_DMABUF_IMPORT;
+                q.dmabuf_import = &u.imp;
+                break;
+        case 22:
+        case 23:
+                n = rd8(r) % 7;
+                for (size_t i = 0; i < n; i++) {
+                        gpumem__svm_attr__init(&attrs[i]);
+                        attrs[i].has_type = attrs[i].has_value = true;
+                        attrs[i].type = rd8(r) % 12;
+                        attrs[i].value = rd8(r) & 1 ? pick_gpu(r) : (uint32_t)rdn(r, rd8(r) % 5);
+                        attrp[i] = &attrs[i];
+                }
+                if (op % 26 == 22) {
+                        gpumem__svm_set_attr__init(&u.sset);
+                        u.sset.has_va = u.sset.has_size = true;
+                        u.sset.va = pick_va(r, p);
+                        u.sset.size = pick_size(r);
+                        u.sset.n_attrs = n;
+                        u.sset.attrs = attrp;
+                        q.op_case = GPUMEM__REQUEST__OP_SVM_SET_ATTR;
+                        q.svm_set_attr = &u.sset;
+                } else {
+                        gpumem__svm_get_attr__init(&u.sget);
+                        u.sget.has_va = u.sget.has_size = true;
+                        u.sget.va = pick_va(r, p);
+                        u.sget.size = pick_size(r);
+                        u.sget.n_attrs = n;
+                        u.sget.attrs = attrp;
+                        q.op_case = GPUMEM__REQUEST__OP_SVM_GET_ATTR;
+                        q.svm_get_attr = &u.sget;
+                }
+                break;
+        case 24:
+                gpumem__svm_prefetch__init(&u.spre);
+                u.spre.has_va = u.spre.has_size = u.spre.has_location = true;
+                u.spre.va = pick_va(r, p);
+                u.spre.size = pick_size(r);
+                u.spre.location = rd8(r) & 1 ? 0 : pick_gpu(r);
+                q.op_case = GPUMEM__REQUEST__OP_SVM_PREFETCH;
+                q.svm_prefetch = &u.spre;
+                break;
+        default:
+                switch (rd8(r) % 6) {
+                case 0:
+                        q.op_case = GPUMEM__REQUEST__OP_ADMIN_STATUS;
+                        q.admin_status = &astat;
+                        break;
+                case 1:
+                        q.op_case = GPUMEM__REQUEST__OP_ADMIN_CLIENTS;
+                        q.admin_clients = &aclients;
+                        break;
+                case 2:
+                        q.op_case = GPUMEM__REQUEST__OP_ADMIN_METRICS;
+                        q.admin_metrics = &ametrics;
+                        break;
+                case 3:
+                        gpumem__topology_get__init(&u.topo);
+                        u.topo.has_with_properties = true;
+                        u.topo.with_properties = rd8(r) & 1;
+                        q.op_case = GPUMEM__REQUEST__OP_TOPOLOGY;
+                        q.topology = &u.topo;
+                        break;
+                case 4:
+                        gpumem__window_retry__init(&u.retry);
+                        u.retry.has_failed_base = true;
+                        u.retry.failed_base = rd8(r) & 1 ? p->window_base : rdn(r, 8);
+                        q.op_case = GPUMEM__REQUEST__OP_WINDOW_RETRY;
+                        q.window_retry = &u.retry;
+                        break;
+                default:
+                        gpumem__ping__init(&u.ping);
+                        u.ping.has_cookie = true;
+                        u.ping.cookie = rdn(r, 8);
+                        q.op_case = GPUMEM__REQUEST__OP_PING;
+                        q.ping = &u.ping;
+                        break;
+                }
+                break;
+        }
+        n = gpumem__request__get_packed_size(&q);
+        if (n > cap)
+                return 0;
+        return gpumem__request__pack(&q, out);
+}
+
+/* An fd of the kind @k, as a hostile client might attach it. */
+static int make_fd(unsigned k, Pool *pool)
+{
+        int fds[2], fd = -1;
+
+        switch (k % 6) {
+        case 0:
+                return open("/dev/null", O_RDWR | O_CLOEXEC);
+        case 1:
+                fd = memfd_create("fuzz", MFD_CLOEXEC);
+                if (fd >= 0 && ftruncate(fd, 2 << 20) < 0) {
+                        close(fd);
+                        fd = -1;
+                }
+                return fd;
+        case 2:
+                if (pipe2(fds, O_CLOEXEC) < 0)
+                        return -1;
+                close(fds[1]);
+                return fds[0];
+        case 3:
+                if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) < 0)
+                        return -1;
+                close(fds[1]);
+                return fds[0];
+        case 4:
+                return open("/", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        default:
+                return pool->n_fds ? fcntl(pool->fds[k % pool->n_fds], F_DUPFD_CLOEXEC, 3)
+                                   : open("/dev/null", O_RDONLY | O_CLOEXEC);
+        }
+}
+
+static void put_hdr(uint8_t *buf, uint32_t id, uint32_t body_len, unsigned n_fds)
+{
+        if (gm_frame_hdr_encode(buf, GM_PROTOCOL_VERSION, id, body_len, n_fds) < 0)
+                abort();
+}
+
+static void check_back_to_base(void)
+{
+        ThunkModelStats st;
+        BrokerUsage u;
+        int fds;
+
+        broker_totals(mgr->broker, &u);
+        thunk_model_get_stats(thunk_device_model(mgr->dev), &st);
+        fds = count_fds();
+        if (fd_base < 0)
+                fd_base = fds;
+        if (mgr->n_conns != 0 || mgr->conns || u.objects || u.device_bytes || u.host_bytes ||
+            u.managed_bytes || u.vmm_bytes || u.held_fds ||
+            thunk_va_space_count(mgr->va) != mgr->va_blocked || st.contexts != model_base.contexts ||
+            st.mems != model_base.mems || st.bufs != model_base.bufs || st.mappings != model_base.mappings ||
+            st.gem_handles != model_base.gem_handles || st.svm_ranges != model_base.svm_ranges ||
+            st.system_used != model_base.system_used || st.ttm_used != model_base.ttm_used ||
+            fds != fd_base) {
+                fprintf(stderr,
+                        "state left behind by a client that has gone: conns %u objects %llu windows %zu/%zu "
+                        "contexts %u/%u mems %llu/%llu bufs %llu/%llu mappings %llu/%llu gem %llu/%llu svm "
+                        "%llu/%llu system %llu/%llu fds %d/%d\n",
+                        mgr->n_conns, (unsigned long long)u.objects, thunk_va_space_count(mgr->va),
+                        mgr->va_blocked, st.contexts, model_base.contexts, (unsigned long long)st.mems,
+                        (unsigned long long)model_base.mems, (unsigned long long)st.bufs,
+                        (unsigned long long)model_base.bufs, (unsigned long long)st.mappings,
+                        (unsigned long long)model_base.mappings, (unsigned long long)st.gem_handles,
+                        (unsigned long long)model_base.gem_handles, (unsigned long long)st.svm_ranges,
+                        (unsigned long long)model_base.svm_ranges, (unsigned long long)st.system_used,
+                        (unsigned long long)model_base.system_used, fds, fd_base);
+                list_fds();
+                abort();
+        }
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+        static uint8_t pkt[GM_FRAME_MAX];
+        Reader r = {data, size};
+        Pool pool = {0};
+        uint8_t session;
+        uint32_t next_id = 1;
+        int sv[2];
+        Conn *c = NULL;
+
+        if (fd_base < 0)
+                check_back_to_base(); /* the first call sets the fd baseline */
+        if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0, sv) < 0)
+                abort();
+        if (conn_new(mgr, sv[0], &c) < 0)
+                abort();
+        session = rd8(&r);
+        if (session & 2)
+                c->ident.uid = 65534; /* an unprivileged identity: admin ops must be refused */
+        if (session & 1 && c) {
+                Gpumem__Request q = GPUMEM__REQUEST__INIT;
+                Gpumem__Hello h = GPUMEM__HELLO__INIT;
+                size_t n;
+                h.has_protocol_version = true;
+                h.protocol_version = 1;
+                h.has_window_size = (session & 4) != 0;
+                h.window_size = 8ull << 20;
+                h.client_name = "fuzz";
+                q.op_case = GPUMEM__REQUEST__OP_HELLO;
+                q.hello = &h;
+                n = gpumem__request__pack(&q, pkt + GM_FRAME_HDR_SIZE);
+                put_hdr(pkt, next_id++, (uint32_t)n, 0);
+                request_handle(c, pkt, GM_FRAME_HDR_SIZE + n, NULL, 0);
+                drain(sv[1], &pool);
+        }
+
+        for (int rec = 0; r.n > 0 && rec < 48 && c; rec++) {
+                uint8_t ctl = rd8(&r);
+                unsigned n_fds = (ctl >> 2) & 3;
+                int fds[4];
+                size_t len = 0;
+
+                if ((ctl & 3) <= 1) {
+                        size_t want = rdn(&r, 2) % 4096;
+                        if ((ctl & 3) == 0) {
+                                for (len = 0; len < want && r.n; len++)
+                                        pkt[GM_FRAME_HDR_SIZE + len] = rd8(&r);
+                                put_hdr(pkt, next_id++, (uint32_t)len, n_fds);
+                                len += GM_FRAME_HDR_SIZE;
+                        } else {
+                                for (len = 0; len < want && r.n; len++)
+                                        pkt[len] = rd8(&r);
+                        }
+                } else {
+                        len = build_request(&r, &pool, pkt + GM_FRAME_HDR_SIZE, GM_FRAME_BODY_MAX);
+                        put_hdr(pkt, (ctl & 0x80) ? 0 : next_id++, (uint32_t)len, n_fds);
+                        len += GM_FRAME_HDR_SIZE;
+                }
+                for (unsigned i = 0; i < n_fds; i++) {
+                        fds[i] = make_fd((ctl >> 4) + i, &pool);
+                        if (fds[i] < 0)
+                                abort();
+                }
+                request_handle(c, pkt, len, fds, n_fds);
+                /* a violation kills the connection; the loop then frees it, so forget it first */
+                if (c->dead)
+                        c = NULL;
+                drain(sv[1], &pool);
+                run_loop();
+                drain(sv[1], &pool);
+        }
+
+        /* the client goes: its connection closes, and everything it held must be released */
+        if (c && !c->dead)
+                conn_kill(c);
+        run_loop();
+        close(sv[1]);
+        for (size_t i = 0; i < pool.n_fds; i++)
+                close(pool.fds[i]);
+        check_back_to_base();
+        return 0;
+}
