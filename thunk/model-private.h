@@ -44,6 +44,7 @@ struct ModelFile;
 /* The backing object of an allocation (what amdgpu calls a BO): one memfd, shared by imports and handles. */
 typedef struct ModelBuf {
         struct ModelBuf *next;
+        struct ModelBuf **pprev; /* the pointer to this one: unlinking at a context's teardown is O(1) */
         unsigned int refs;
         int memfd; /* -1 for userptr */
         dev_t dev;

@@ -145,6 +145,15 @@ static void buf_disallow(ThunkModel *m, ModelFile *f)
                         }
 }
 
+static void buf_link(ThunkModel *m, ModelBuf *b)
+{
+        b->next = m->bufs;
+        if (b->next)
+                b->next->pprev = &b->next;
+        b->pprev = &m->bufs;
+        m->bufs = b;
+}
+
 static int buf_new(ThunkModel *m, int owner, uint32_t type, uint32_t flags, uint64_t size, ModelBuf **ret)
 {
         ModelBuf *b = calloc(1, sizeof(*b));
@@ -174,8 +183,7 @@ static int buf_new(ThunkModel *m, int owner, uint32_t type, uint32_t flags, uint
         }
         b->mmap_offset = m->next_mmap_offset;
         m->next_mmap_offset += size + MODEL_PAGE; /* one page of space between objects */
-        b->next = m->bufs;
-        m->bufs = b;
+        buf_link(m, b);
         *ret = b;
         return 0;
 fail:
@@ -189,11 +197,9 @@ static void buf_unref(ThunkModel *m, ModelBuf *b)
 {
         if (!b || --b->refs > 0)
                 return;
-        for (ModelBuf **p = &m->bufs; *p; p = &(*p)->next)
-                if (*p == b) {
-                        *p = b->next;
-                        break;
-                }
+        *b->pprev = b->next;
+        if (b->next)
+                b->next->pprev = b->pprev;
         if (b->charge_type)
                 uncharge(m, b->owner, b->charge_type, b->charge);
         if (b->memfd >= 0)
@@ -1295,8 +1301,7 @@ static int import_foreign(ThunkModel *m, int fd, int owner, ModelBuf **ret)
         b->foreign = true;
         b->mmap_offset = m->next_mmap_offset;
         m->next_mmap_offset += b->size + MODEL_PAGE;
-        b->next = m->bufs;
-        m->bufs = b;
+        buf_link(m, b);
         *ret = b;
         return 0;
 }
