@@ -418,7 +418,8 @@ int conn_send(Conn *c, uint32_t request_id, const Gpumem__Reply *reply, int *fds
         p->next = NULL;
         p->len = len;
         p->n_fds = n_fds;
-        memcpy(p->fds, fds, n_fds * sizeof(int));
+        if (n_fds) /* fds is NULL when there are none */
+                memcpy(p->fds, fds, n_fds * sizeof(int));
         memcpy(p->data, buf, len);
         if (c->out_tail)
                 c->out_tail->next = p;

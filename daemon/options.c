@@ -194,12 +194,15 @@ typedef struct FileCtx {
 
 _printf_(2, 3) static void file_error(FileCtx *ctx, const char *fmt, ...)
 {
-        size_t used = strnlen(ctx->err, ctx->errlen);
+        size_t used;
         va_list ap;
         int n;
 
         ctx->n_errors++;
-        if (!ctx->err || used + 1 >= ctx->errlen)
+        if (!ctx->err)
+                return;
+        used = strnlen(ctx->err, ctx->errlen);
+        if (used + 1 >= ctx->errlen)
                 return;
         n = snprintf(ctx->err + used, ctx->errlen - used, "%s:%u: ", ctx->path, ctx->line);
         if (n < 0 || (size_t)n >= ctx->errlen - used)

@@ -67,7 +67,8 @@ int window_space_init(ThunkVaSpace *va)
                 b = (b + WINDOW_ALIGN - 1) & ~(WINDOW_ALIGN - 1);
                 ranges[n++] = (Range){a, b > hi ? hi : b};
         }
-        qsort(ranges, n, sizeof(*ranges), range_cmp);
+        if (n) /* ranges is NULL when nothing is mapped there */
+                qsort(ranges, n, sizeof(*ranges), range_cmp);
         for (size_t i = 0; i < n;) {
                 Range r = ranges[i++];
                 /* merge neighbours closer than a guard apart: their books would collide */
