@@ -647,8 +647,8 @@ static int alloc_host(BrokerClient *c, const BrokerAllocArgs *a, Obj *o, BrokerA
         }
         /* pinned memory: fault every page in now, on the chosen node */
         if (madvise((void *)(uintptr_t)o->va, o->size, MADV_POPULATE_WRITE) < 0) {
-                r = why_set(w, -ENOMEM, "cannot populate %llu bytes of host memory",
-                            (unsigned long long)o->size);
+                r = why_set(w, -errno, "cannot populate %llu bytes of host memory: %s",
+                            (unsigned long long)o->size, strerror(errno));
                 goto fail;
         }
         o->numa_node = node;
@@ -832,17 +832,19 @@ int broker_alloc(BrokerClient *c, const BrokerAllocArgs *a, BrokerAllocResult *r
         return 0;
 }
 
-/* Free what an allocation holds (not its handle or VA). */
-static int destroy_alloc(BrokerClient *c, Obj *o, Why *w)
+/* Free what an allocation holds (not its handle or VA). At a client's teardown (@teardown) a driver refusal
+ * does not stop the rest: the client's context release takes the GPU side, and the memory file must still
+ * be closed. */
+static int destroy_alloc(BrokerClient *c, Obj *o, bool teardown, Why *w)
 {
         int r;
 
         if (o->bo) {
                 r = thunk_bo_unmap_all(o->bo);
-                if (r < 0)
+                if (r < 0 && !teardown)
                         return why_set(w, r, "cannot unmap the allocation from its GPUs: %s", strerror(-r));
-                r = thunk_bo_free(o->bo);
-                if (r < 0)
+                r = r < 0 ? r : thunk_bo_free(o->bo);
+                if (r < 0 && !teardown)
                         return why_set(w, r, "the driver refused to free the allocation: %s", strerror(-r));
                 o->bo = NULL;
         }
@@ -859,7 +861,7 @@ static int destroy_alloc(BrokerClient *c, Obj *o, Why *w)
 
 static int free_alloc(BrokerClient *c, Obj *o, Why *w)
 {
-        int r = destroy_alloc(c, o, w);
+        int r = destroy_alloc(c, o, false, w);
 
         if (r < 0)
                 return r;
@@ -1278,16 +1280,22 @@ static void grant_remove(VmmMap *m, GemGrant *g)
         *g = m->gem[--m->n_gem];
 }
 
-/* Take away every GPU's access to a mapping. */
+/* Take away every GPU's access to a mapping. Every grant is tried; the ones the driver refused to drop stay
+ * recorded, and the first error is returned. */
 static int map_revoke_all(VmmMap *m)
 {
-        while (m->n_gem > 0) {
-                int r = thunk_gem_unmap(m->gem[m->n_gem - 1].m);
-                if (r < 0)
-                        return r;
-                m->n_gem--;
+        size_t kept = 0;
+        int err = 0;
+
+        for (size_t i = 0; i < m->n_gem; i++) {
+                int r = thunk_gem_unmap(m->gem[i].m);
+                if (r < 0) {
+                        err = err ? err : r;
+                        m->gem[kept++] = m->gem[i];
+                }
         }
-        return 0;
+        m->n_gem = kept;
+        return err;
 }
 
 static void map_destroy(BrokerClient *c, VmmMap *m)
@@ -1463,6 +1471,9 @@ int broker_vmm_set_access(BrokerClient *c, uint64_t va, uint64_t size, const Bro
                                 continue;
                         r = set_gpu_access(c, ctx, maps[i], d[k].gpu_id, d[k].access);
                         if (r < 0) {
+                                /* the old grant was dropped before the new one failed: put it back too */
+                                if (old != BROKER_ACCESS_NONE && !grant_of(maps[i], d[k].gpu_id))
+                                        undo[n_undo++] = (Undo){maps[i], d[k].gpu_id, old};
                                 why_set(w, r, "the driver refused GPU %u access to 0x%llx: %s", d[k].gpu_id,
                                         (unsigned long long)maps[i]->va, strerror(-r));
                                 goto rollback;
@@ -1812,7 +1823,7 @@ BrokerClient *broker_client_free(BrokerClient *c)
                 case BROKER_KIND_DEVICE:
                 case BROKER_KIND_HOST:
                 case BROKER_KIND_MANAGED:
-                        (void)destroy_alloc(c, o, NULL);
+                        (void)destroy_alloc(c, o, true, NULL);
                         charge(c, o, -1);
                         break;
                 case BROKER_KIND_VMM:

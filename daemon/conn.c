@@ -467,6 +467,9 @@ static void conn_on_read(evutil_socket_t fd, short what, void *userdata)
                         event_del(c->rd_ev);
                         return;
                 }
+                /* The buffer is shared by all connections: a short packet refused for its control data must
+                 * not have its request id read from the previous packet's bytes. */
+                memset(m->rx_buf, 0, GM_FRAME_HDR_SIZE);
                 n = gm_wire_recv(c->fd, m->rx_buf, GM_FRAME_MAX, fds, &n_fds, MSG_DONTWAIT);
                 if (n == -EAGAIN)
                         return;

@@ -182,6 +182,14 @@ static void test_vmm(void)
                 CHECK_EQ(gm_mem_set_access(c, res, 2 * MiB, rw, 2), 0);
                 memset(res, 0x5a, 4096);
         }
+        {
+                /* read-write to read: the old grant is dropped (the first GEM_VA), the new one fails (the
+                 * second): the old one is put back */
+                gm_access_desc ro = {gpus[0], GM_ACCESS_READ};
+                FAULT(c, "gem_va 2 5\n", EIO, gm_mem_set_access(c, res, 2 * MiB, &ro, 1));
+                CHECK_EQ(gm_mem_get_access(c, res, gpus[0], &acc), 0);
+                CHECK_EQ(acc, GM_ACCESS_READ_WRITE);
+        }
         CHECK_EQ(gm_mem_unmap(c, res, 2 * MiB), 0);
         CHECK_EQ(gm_mem_release(c, h), 0);
         CHECK_EQ(gm_mem_address_free(c, res, 4 * MiB), 0);

@@ -450,6 +450,52 @@ static Gpumem__Request *req_import(bool has_index, int32_t index)
 
 /* ---- frames ------------------------------------------------------------------------------------------ */
 
+/*
+ * A 4-byte packet with 20 fds: the daemon's control buffer holds 16, so the kernel truncates it and the
+ * daemon refuses the packet with -EPROTO. Its receive buffer is shared by every connection: the error's
+ * request id must not be read from bytes the previous packet (here a ping with id 4242) left there.
+ */
+static void short_packet_too_many_fds(void)
+{
+        int fds[20];
+        union {
+                char buf[CMSG_SPACE(sizeof(fds))];
+                struct cmsghdr align;
+        } ctl;
+        char pkt[4] = {'G', 'M', 'E', 'M'};
+        struct iovec iov = {pkt, sizeof(pkt)};
+        struct msghdr msg = {
+                .msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.buf, .msg_controllen = sizeof(ctl.buf)};
+        struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
+        uint32_t id = 1;
+        int code = 0;
+        char reason[256] = "";
+        Gpumem__Request q = GPUMEM__REQUEST__INIT;
+        Gpumem__Ping p = GPUMEM__PING__INIT;
+        Raw r;
+
+        if (!raw_open(&r))
+                return;
+        q.op_case = GPUMEM__REQUEST__OP_PING;
+        q.ping = &p;
+        r.next_id = 4242;
+        CHECK_EQ(rq(&r, &q, NULL, 0), 0);
+        fds[0] = open("/dev/null", O_RDONLY | O_CLOEXEC);
+        CHECK(fds[0] >= 0);
+        for (size_t i = 1; i < ARRAY_LEN(fds); i++)
+                fds[i] = fds[0];
+        c->cmsg_level = SOL_SOCKET;
+        c->cmsg_type = SCM_RIGHTS;
+        c->cmsg_len = CMSG_LEN(sizeof(fds));
+        memcpy(CMSG_DATA(c), fds, sizeof(fds));
+        CHECK_EQ(sendmsg(r.fd, &msg, MSG_NOSIGNAL), (ssize_t)sizeof(pkt));
+        close(fds[0]);
+        CHECK_EQ(raw_recv_reply(r.fd, &id, &code, reason, sizeof(reason), 5000), 0);
+        CHECK_EQ(code, -EPROTO);
+        CHECK_EQ(id, 0);
+        raw_close(&r);
+}
+
 /* A connection that holds memory sends a malformed frame: one error, closed, its memory released. */
 static void violation_holding(const char *what, const void *pkt, size_t len, const int *fds, size_t n_fds,
                               int want)
@@ -535,6 +581,7 @@ static void test_frames(void)
         buf[6] = 17;
         violation_holding("more than 16 fds declared", buf, len, NULL, 0, -E2BIG);
         close(devnull);
+        short_packet_too_many_fds();
 }
 
 /* Fds where a dmabuf is expected: refused before the driver sees them, the connection stays. */
