@@ -314,9 +314,13 @@ int manager_reload(Manager *m)
                 return r;
         }
         /* both parts are good: apply them together (options first: the policy's admin rights use them) */
-        if (strcmp(next.socket_path, m->opts.socket_path) != 0 || next.backend != m->opts.backend ||
-            strcmp(next.model_preset, m->opts.model_preset) != 0)
-                log_notice("reload: socket, backend and preset changes take effect at the next start");
+        if (strcmp(next.socket_path, m->opts.socket_path) != 0 || next.socket_mode != m->opts.socket_mode ||
+            next.backend != m->opts.backend || strcmp(next.model_preset, m->opts.model_preset) != 0 ||
+            next.model_kfd_minor != m->opts.model_kfd_minor ||
+            (next.topology_root == NULL) != (m->opts.topology_root == NULL) ||
+            (next.topology_root && strcmp(next.topology_root, m->opts.topology_root) != 0))
+                log_notice("reload: socket, socket-mode, backend, model-preset, model-kfd-minor and topology "
+                           "changes take effect at the next start");
         if ((next.metrics_listen == NULL) != (m->opts.metrics_listen == NULL) ||
             (next.metrics_listen && strcmp(next.metrics_listen, m->opts.metrics_listen) != 0))
                 log_notice("reload: metrics-listen changes take effect at the next start");

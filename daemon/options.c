@@ -15,6 +15,7 @@
 #include "config.h"
 #include "log.h"
 #include "util.h"
+#include "model.h"
 
 #define DEFAULT_WINDOW_SIZE (64ull << 30)
 
@@ -76,6 +77,17 @@ static void help(void)
                "model's fault injection from FILE, one \"IOCTL NTH ERRNO\" per line.\n");
 }
 
+/* 0 (the model's newest) or a minor version the model can report: checked here, so --check-config sees it */
+static int parse_kfd_minor(const char *s, uint64_t *ret)
+{
+        uint64_t v;
+
+        if (parse_uint(s, THUNK_MODEL_KFD_MINOR_MAX, &v) < 0 || (v && v < THUNK_MODEL_KFD_MINOR_MIN))
+                return -EINVAL;
+        *ret = v;
+        return 0;
+}
+
 int options_parse_argv(Options *o, int argc, char **argv)
 {
         enum { ARG_CHECK_CONFIG = 0x100, ARG_KFD_MINOR };
@@ -135,8 +147,11 @@ int options_parse_argv(Options *o, int argc, char **argv)
                         o->set_by_cli |= OPT_SET_PRESET;
                         break;
                 case ARG_KFD_MINOR:
-                        if (parse_uint(optarg, 1000, &v) < 0) {
-                                fprintf(stderr, "gpumemd: --model-kfd-minor: '%s' is not a number\n", optarg);
+                        if (parse_kfd_minor(optarg, &v) < 0) {
+                                fprintf(stderr,
+                                        "gpumemd: --model-kfd-minor: '%s' is not 0 or a number from %d to "
+                                        "%d\n",
+                                        optarg, THUNK_MODEL_KFD_MINOR_MIN, THUNK_MODEL_KFD_MINOR_MAX);
                                 return -EINVAL;
                         }
                         o->model_kfd_minor = (uint32_t)v;
@@ -293,8 +308,9 @@ static int daemon_key(FileCtx *ctx, const char *name, const char *value)
                 if (!(cli & OPT_SET_PRESET) && set_str(&o->model_preset, value) < 0)
                         return 0;
         } else if (strcmp(name, "model-kfd-minor") == 0) {
-                if (parse_uint(value, 1000, &v) < 0) {
-                        file_error(ctx, "model-kfd-minor: '%s' is not a number", value);
+                if (parse_kfd_minor(value, &v) < 0) {
+                        file_error(ctx, "model-kfd-minor: '%s' is not 0 or a number from %d to %d", value,
+                                   THUNK_MODEL_KFD_MINOR_MIN, THUNK_MODEL_KFD_MINOR_MAX);
                         return 1;
                 }
                 if (!(cli & OPT_SET_KFD_MINOR))

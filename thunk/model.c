@@ -2105,8 +2105,8 @@ int thunk_model_new(const ThunkTopology *topo, const ThunkModelOptions *opts, Th
         if (opts)
                 o = *opts;
         if (o.kfd_minor == 0)
-                o.kfd_minor = 19;
-        if (!topo || o.kfd_minor < 11 || o.kfd_minor > 19)
+                o.kfd_minor = THUNK_MODEL_KFD_MINOR_MAX;
+        if (!topo || o.kfd_minor < THUNK_MODEL_KFD_MINOR_MIN || o.kfd_minor > THUNK_MODEL_KFD_MINOR_MAX)
                 return -EINVAL;
         if (topo->n_gpus == 0 || topo->n_gpus > THUNK_MODEL_MAX_GPUS)
                 return -EINVAL;

@@ -20,6 +20,9 @@
 typedef struct ThunkModel ThunkModel;
 
 #define THUNK_MODEL_MAX_GPUS 64
+/* The KFD ABI minor versions the model can report (ThunkModelOptions.kfd_minor; 0 = the newest). */
+#define THUNK_MODEL_KFD_MINOR_MIN 11
+#define THUNK_MODEL_KFD_MINOR_MAX 19
 
 typedef struct ThunkModelOptions {
         /* KFD ABI minor reported by GET_VERSION, and the behaviour that goes with it. 0 = 19. Supported:

@@ -125,6 +125,8 @@ static void test_file_errors(void)
                 {"[daemon]\nwindow-size = 3M\n", ":2: window-size"},
                 {"[daemon]\nhello-timeout = 3601\n", ":2: hello-timeout"},
                 {"[daemon]\nhello-timeout = -1\n", ":2: hello-timeout"},
+                {"[daemon]\nmodel-kfd-minor = 25\n", ":2: model-kfd-minor"},
+                {"[daemon]\nmodel-kfd-minor = 5\n", ":2: model-kfd-minor"},
                 {"[daemon]\nsocket-mode = 999\n", ":2: socket-mode"},
                 {"[daemon]\nfrobnicate = 1\n", ":2: unknown setting 'frobnicate'"},
                 {"[nosuch]\nx = 1\n", ":1: unknown section [nosuch]"},
