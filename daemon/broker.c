@@ -626,6 +626,9 @@ static int alloc_host(BrokerClient *c, const BrokerAllocArgs *a, Obj *o, BrokerA
                 .kind = THUNK_MEM_USERPTR, .gpu_id = gpu, .va = o->va, .size = o->size, .userptr = o->va};
         int r;
 
+        if (node < -1)
+                return why_set(w, -EINVAL, "NUMA node %d: a node number, or -1 for the one nearest the GPU",
+                               node);
         if (node >= 0 && !host_has_node(node))
                 return why_set(w, -EINVAL, "NUMA node %d does not exist on this host", node);
         if (node < 0) {

@@ -832,6 +832,61 @@ static void test_sizes(void)
 
 /* ---- SVM attribute lists ------------------------------------------------------------------------------ */
 
+/* Lists longer than the daemon takes, and a NUMA node that is not one: refused before anything is made. */
+#define LIST_MAX_GPUS 64 /* the broker's BROKER_MAX_GPUS */
+static void test_list_limits(void)
+{
+        Gpumem__Request *qa;
+        uint32_t ids[LIST_MAX_GPUS + 2];
+        Gpumem__AccessDesc desc[LIST_MAX_GPUS + 2], *descp[LIST_MAX_GPUS + 2];
+        Gpumem__Request q = GPUMEM__REQUEST__INIT;
+        Gpumem__MapToGpus mp = GPUMEM__MAP_TO_GPUS__INIT;
+        Gpumem__VmmSetAccess sa = GPUMEM__VMM_SET_ACCESS__INIT;
+        Raw r;
+
+        if (!raw_open(&r))
+                return;
+        for (size_t i = 0; i < ARRAY_LEN(ids); i++) {
+                ids[i] = gpus[i % n_gpus];
+                gpumem__access_desc__init(&desc[i]);
+                desc[i].has_gpu_id = desc[i].has_access = true;
+                desc[i].gpu_id = gpus[i % n_gpus];
+                desc[i].access = GPUMEM__ACCESS__ACCESS_READ_WRITE;
+                descp[i] = &desc[i];
+        }
+        /* 65 GPUs to map a new allocation on */
+        qa = req_alloc(GPUMEM__MEM_KIND__MEM_KIND_DEVICE, MiB, gpus[0], 0);
+        alloc_m.n_map_gpus = LIST_MAX_GPUS + 1;
+        alloc_m.map_gpus = ids;
+        EXPECT_CLEAN(&r, qa, NULL, 0, -E2BIG);
+        /* NUMA nodes: one past any host's, and a negative one other than -1 ("nearest the GPU") */
+        qa = req_alloc(GPUMEM__MEM_KIND__MEM_KIND_HOST, MiB, 0, 0);
+        alloc_m.has_numa_node = true;
+        alloc_m.numa_node = 4096;
+        EXPECT_CLEAN(&r, qa, NULL, 0, -EINVAL);
+        alloc_m.numa_node = -2;
+        EXPECT_CLEAN(&r, qa, NULL, 0, -EINVAL);
+        /* 65 GPUs to map an allocation on (the handle need not exist: the list is checked first) */
+        mp.has_handle = true;
+        mp.handle = 1;
+        mp.n_gpu_ids = LIST_MAX_GPUS + 1;
+        mp.gpu_ids = ids;
+        q.op_case = GPUMEM__REQUEST__OP_MAP;
+        q.map = &mp;
+        EXPECT_CLEAN(&r, &q, NULL, 0, -E2BIG);
+        /* 66 access descriptors (64 GPUs and the CPU is the most) */
+        sa.has_va = sa.has_size = true;
+        sa.va = r.base;
+        sa.size = 2 * MiB;
+        sa.n_desc = LIST_MAX_GPUS + 2;
+        sa.desc = descp;
+        gpumem__request__init(&q);
+        q.op_case = GPUMEM__REQUEST__OP_VMM_SET_ACCESS;
+        q.vmm_set_access = &sa;
+        EXPECT_CLEAN(&r, &q, NULL, 0, -E2BIG);
+        raw_close(&r);
+}
+
 static void test_svm_attrs(void)
 {
         Raw r;
@@ -1110,6 +1165,7 @@ int main(int argc, char **argv)
                 {"other clients' and out-of-window addresses", test_addresses},
                 {"sizes: zero, huge, unaligned, wrapping", test_sizes},
                 {"SVM attribute lists", test_svm_attrs},
+                {"lists over the limits, NUMA nodes that are not", test_list_limits},
                 {"flooding without reading replies", test_flood},
                 {"thousands of connections", test_many_connections},
                 {"the daemon out of fds", test_out_of_fds},
