@@ -125,7 +125,7 @@ static int spawn(Daemon *d, const char *preset, const char *const *extra_args)
                 _exit(127);
         }
         r = daemon_wait_notify(d, "READY=1", daemon_wrapped() ? 120000 : 10000);
-        if (r < 0) {
+        if (r < 0 && d->pid > 0) { /* 0: the wait saw it exit already; kill(0) would hit our own group */
                 kill(d->pid, SIGKILL);
                 waitpid(d->pid, NULL, 0);
                 d->pid = 0;
