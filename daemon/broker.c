@@ -11,8 +11,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/inotify.h>
 #include <sys/mman.h>
 #include <sys/random.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "hashmap.h"
@@ -38,6 +40,28 @@ struct Obj {
         unsigned map_refs;    /* VMM/import: mappings that use it */
         unsigned exports;
         ThunkVaSpace *maps; /* reservation: its mappings (data: VmmMap *) */
+        bool read_only;     /* import of a read-only export: every grant of it is read-only */
+        bool foreign;       /* import of memory gpumemd did not export: charged by its size */
+        bool handed_out;    /* an fd of its memory went to a client: it may outlive the handle */
+        bool backing_fd;    /* the driver holds an fd for its memory in the daemon (the model's VRAM) */
+        uint64_t file_ino;  /* the inode of the files handed out (0: none), in Broker.files while it lives */
+        dev_t file_dev;
+};
+
+/*
+ * Memory whose handle is gone but which files handed to clients (fds, mappings, imports) still keep alive:
+ * its class goes on paying until the kernel drops the inode, which inotify reports as IN_IGNORED.
+ */
+typedef struct Linger Linger;
+struct Linger {
+        Linger *next;        /* others on the same watch */
+        BrokerAccount *acct; /* pays (NULL: no class); its lingering count keeps it alive */
+        BrokerKind kind;
+        uint32_t gpu_id;
+        uint64_t size;
+        uint64_t ino;
+        dev_t dev;
+        int wd;
 };
 
 typedef struct GemGrant {
@@ -64,6 +88,11 @@ struct Broker {
         int gpu_numa[BROKER_MAX_GPUS];
         BrokerUsage totals;
         unsigned clients;
+        int notify_fd;      /* inotify: the death of lingering memory */
+        HashMap lingering;  /* watch descriptor -> Linger * */
+        HashMap files;      /* inode of a live object's handed-out files -> Obj * */
+        HashMap dead_files; /* inode of lingering memory -> Linger * (its first) */
+        uint64_t watch_failures;
 };
 
 struct BrokerClient {
@@ -116,6 +145,7 @@ void broker_account_init(BrokerAccount *a, const char *name)
         memset(a, 0, sizeof(*a));
         a->name = name;
         a->max_vram = a->max_host = a->max_managed = a->max_handles = a->max_fds = UINT64_MAX;
+        a->max_foreign = a->max_foreign_one = UINT64_MAX;
         for (size_t i = 0; i < BROKER_MAX_GPUS; i++)
                 a->max_vram_gpu[i] = UINT64_MAX;
         a->allowed_gpus = UINT64_MAX;
@@ -144,6 +174,12 @@ int broker_new(ThunkDevice *dev, Broker **ret)
 
         if (!b)
                 return -ENOMEM;
+        b->notify_fd = inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
+        if (b->notify_fd < 0) {
+                int r = -errno;
+                free(b);
+                return r;
+        }
         b->dev = dev;
         b->primary = thunk_device_primary_context(dev);
         b->n_gpus = thunk_device_gpu_count(dev);
@@ -166,8 +202,29 @@ int broker_new(ThunkDevice *dev, Broker **ret)
 
 Broker *broker_free(Broker *b)
 {
+        size_t it = 0;
+        Linger *l;
+
+        if (!b)
+                return NULL;
+        /* the accounts are gone already: nothing is refunded, only freed */
+        while (hashmap_next(&b->lingering, &it, NULL, (void **)&l))
+                while (l) {
+                        Linger *next = l->next;
+                        free(l);
+                        l = next;
+                }
+        hashmap_done(&b->lingering);
+        hashmap_done(&b->dead_files);
+        hashmap_done(&b->files);
+        safe_close(b->notify_fd);
         free(b);
         return NULL;
+}
+
+int broker_event_fd(const Broker *b)
+{
+        return b->notify_fd;
 }
 
 void broker_totals(const Broker *b, BrokerUsage *ret)
@@ -227,13 +284,14 @@ static int client_ctx(BrokerClient *c, ThunkContext **ret, Why *w)
 
 /* ---- accounting -------------------------------------------------------------------------------------- */
 
-static void usage_apply(BrokerUsage *u, const Broker *b, const Obj *o, int sign)
+/* The bytes of memory of @kind: what a live object and lingering memory are charged alike. */
+static void usage_apply_bytes(BrokerUsage *u, const Broker *b, BrokerKind kind, uint32_t gpu_id,
+                              uint64_t size, bool foreign, int sign)
 {
-        int64_t d = sign * (int64_t)o->size;
-        int gi = gpu_index(b, o->gpu_id);
+        int64_t d = sign * (int64_t)size;
+        int gi = gpu_index(b, gpu_id);
 
-        u->objects += (uint64_t)(int64_t)sign;
-        switch (o->kind) {
+        switch (kind) {
         case BROKER_KIND_DEVICE:
                 u->device_bytes += (uint64_t)d;
                 if (gi >= 0)
@@ -250,11 +308,37 @@ static void usage_apply(BrokerUsage *u, const Broker *b, const Obj *o, int sign)
         case BROKER_KIND_MANAGED:
                 u->managed_bytes += (uint64_t)d;
                 break;
+        case BROKER_KIND_IMPORT:
+                if (foreign)
+                        u->foreign_bytes += (uint64_t)d;
+                break;
         default:
                 break;
         }
-        if (o->memfd >= 0)
+}
+
+static void usage_apply(BrokerUsage *u, const Broker *b, const Obj *o, int sign)
+{
+        u->objects += (uint64_t)(int64_t)sign;
+        usage_apply_bytes(u, b, o->kind, o->gpu_id, o->size, o->foreign, sign);
+        if (o->memfd >= 0 || o->backing_fd)
                 u->held_fds += (uint32_t)sign;
+}
+
+/* The model keeps each buffer's memory in a memory file of the daemon's: an fd the client's class pays for
+ * like the daemon's own memfds of host and managed memory. The kernel's BOs cost the daemon no fd. */
+static bool driver_holds_fd(const Broker *b)
+{
+        return thunk_device_model(b->dev) != NULL;
+}
+
+/* A bookkeeping entry that is not an object (a VMM mapping) costs a handle all the same. */
+static void charge_entry(BrokerClient *c, int sign)
+{
+        c->usage.objects += (uint64_t)(int64_t)sign;
+        c->b->totals.objects += (uint64_t)(int64_t)sign;
+        if (c->acct)
+                c->acct->used.objects += (uint64_t)(int64_t)sign;
 }
 
 static void charge(BrokerClient *c, const Obj *o, int sign)
@@ -265,6 +349,154 @@ static void charge(BrokerClient *c, const Obj *o, int sign)
                 usage_apply(&c->acct->used, c->b, o, sign);
 }
 
+/* ---- memory that outlives its handle ------------------------------------------------------------------ */
+
+static uint64_t ino_key(uint64_t ino)
+{
+        return ino == UINT64_MAX ? UINT64_MAX - 1
+                                 : ino; /* never 0 (no inode is), never the map's tombstone */
+}
+
+/* An fd of @o's memory goes to a client: remember the inode, so that an import of it is known as ours and
+ * so that the memory stays charged while that file lives. */
+static void note_file(Broker *b, Obj *o, int fd)
+{
+        struct stat st;
+
+        o->handed_out = true;
+        /* an import's files are someone else's memory: never taken for gpumemd's own */
+        if (o->kind == BROKER_KIND_IMPORT || o->file_ino || fstat(fd, &st) < 0)
+                return;
+        o->file_ino = (uint64_t)st.st_ino;
+        o->file_dev = st.st_dev;
+        if (hashmap_put(&b->files, ino_key(o->file_ino), o) < 0)
+                o->file_ino = 0; /* taken by another object's file (the same memory) or no memory: unknown */
+}
+
+static void linger_charge(Broker *b, Linger *l, int sign)
+{
+        usage_apply_bytes(&b->totals, b, l->kind, l->gpu_id, l->size, false, sign);
+        b->totals.lingering_bytes += (uint64_t)(sign * (int64_t)l->size);
+        if (l->acct) {
+                usage_apply_bytes(&l->acct->used, b, l->kind, l->gpu_id, l->size, false, sign);
+                l->acct->used.lingering_bytes += (uint64_t)(sign * (int64_t)l->size);
+                l->acct->lingering += (unsigned)sign;
+        }
+}
+
+/*
+ * @o dies as an object; if files handed to clients may still hold its memory, keep its bytes charged until
+ * the kernel drops the inode. @fd refers to the memory (borrowed). Only files with no name (memfds, the
+ * model's dmabufs: st_nlink 0) are watched: the kernel reports their end. A dmabuf of the GPU driver is
+ * refunded at once (docs/policy.md says what that leaves open).
+ */
+static void linger_start(BrokerClient *c, const Obj *o, int fd)
+{
+        Broker *b = c->b;
+        char path[64];
+        struct stat st;
+        Linger *l, *first;
+        int wd;
+
+        if (!o->handed_out || o->kind == BROKER_KIND_IMPORT || fd < 0 || fstat(fd, &st) < 0 ||
+            st.st_nlink != 0)
+                return;
+        snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
+        wd = inotify_add_watch(b->notify_fd, path, IN_DELETE_SELF);
+        l = wd >= 0 ? calloc(1, sizeof(*l)) : NULL;
+        if (!l) {
+                b->watch_failures++;
+                return;
+        }
+        *l = (Linger){.acct = c->acct,
+                      .kind = o->kind,
+                      .gpu_id = o->gpu_id,
+                      .size = o->size,
+                      .ino = (uint64_t)st.st_ino,
+                      .dev = st.st_dev,
+                      .wd = wd};
+        first = hashmap_get(&b->lingering, (uint64_t)wd + 1);
+        if (first) { /* the same inode watched already: one more charge on the same watch */
+                l->next = first->next;
+                first->next = l;
+        } else if (hashmap_put(&b->lingering, (uint64_t)wd + 1, l) < 0) {
+                free(l);
+                b->watch_failures++;
+                return;
+        } else {
+                (void)hashmap_put(&b->dead_files, ino_key(l->ino), l);
+        }
+        linger_charge(b, l, +1);
+}
+
+static void obj_forget_file(Broker *b, Obj *o)
+{
+        if (o->file_ino && hashmap_get(&b->files, ino_key(o->file_ino)) == o)
+                hashmap_remove(&b->files, ino_key(o->file_ino));
+        o->file_ino = 0;
+}
+
+void broker_process_events(Broker *b)
+{
+        char buf[4096] __attribute__((aligned(__alignof__(struct inotify_event))));
+
+        for (;;) {
+                ssize_t n = read(b->notify_fd, buf, sizeof(buf));
+                if (n <= 0)
+                        return;
+                for (char *p = buf; p < buf + n;) {
+                        const struct inotify_event *e = (const struct inotify_event *)(void *)p;
+                        p += sizeof(*e) + e->len;
+                        if (!(e->mask & IN_IGNORED))
+                                continue;
+                        Linger *l = hashmap_remove(&b->lingering, (uint64_t)e->wd + 1);
+                        if (l && hashmap_get(&b->dead_files, ino_key(l->ino)) == l)
+                                hashmap_remove(&b->dead_files, ino_key(l->ino));
+                        while (l) {
+                                Linger *next = l->next;
+                                linger_charge(b, l, -1);
+                                free(l);
+                                l = next;
+                        }
+                }
+        }
+}
+
+/* Replace *@fd by a file of its own opened read-only for the same memory: its holder cannot map it writable.
+ * The model's dmabufs and memfds can be opened again; a dmabuf of the kernel cannot: -EOPNOTSUPP, and
+ * *@fd is closed either way. */
+static int make_read_only(int *fd, Why *w)
+{
+        char path[64];
+        int ro;
+
+        snprintf(path, sizeof(path), "/proc/self/fd/%d", *fd);
+        ro = open(path, O_RDONLY | O_CLOEXEC);
+        if (ro < 0)
+                ro = -errno;
+        *fd = safe_close(*fd);
+        if (ro < 0)
+                return why_set(w, -EOPNOTSUPP, "this memory cannot be handed out read-only: %s",
+                               strerror(-ro));
+        *fd = ro;
+        return 0;
+}
+
+static bool obj_read_only(const Obj *o)
+{
+        return o->read_only || (o->flags & BROKER_FLAG_READ_ONLY);
+}
+
+/* Is @st one of the files gpumemd handed out, of live or lingering memory? */
+static bool is_own_file(const Broker *b, const struct stat *st, const Obj **ret_obj)
+{
+        const Obj *o = hashmap_get(&b->files, ino_key((uint64_t)st->st_ino));
+        const Linger *l = hashmap_get(&b->dead_files, ino_key((uint64_t)st->st_ino));
+
+        *ret_obj = o && o->file_dev == st->st_dev ? o : NULL;
+        return *ret_obj || (l && l->dev == st->st_dev);
+}
+
 /* Add (@sign 1) or remove (-1) one usage record to another. */
 static void usage_move(BrokerUsage *dst, const BrokerUsage *src, int sign)
 {
@@ -272,6 +504,7 @@ static void usage_move(BrokerUsage *dst, const BrokerUsage *src, int sign)
         dst->host_bytes += (uint64_t)(sign * (int64_t)src->host_bytes);
         dst->managed_bytes += (uint64_t)(sign * (int64_t)src->managed_bytes);
         dst->vmm_bytes += (uint64_t)(sign * (int64_t)src->vmm_bytes);
+        dst->foreign_bytes += (uint64_t)(sign * (int64_t)src->foreign_bytes);
         dst->objects += (uint64_t)(sign * (int64_t)src->objects);
         dst->held_fds += (uint32_t)(sign * (int32_t)src->held_fds);
         for (size_t i = 0; i < BROKER_MAX_GPUS; i++)
@@ -364,6 +597,12 @@ static int quota_check(const BrokerClient *c, BrokerKind kind, uint32_t gpu_id, 
         case BROKER_KIND_MANAGED:
                 if (bytes > a->max_managed || u->managed_bytes > a->max_managed - bytes)
                         return over(w, a, "managed memory", a->max_managed, u->managed_bytes, bytes, true);
+                break;
+        case BROKER_KIND_IMPORT: /* @bytes: a foreign import's size (imports of gpumemd's own exports: 0) */
+                if (bytes > a->max_foreign_one)
+                        return over(w, a, "single foreign import", a->max_foreign_one, 0, bytes, true);
+                if (bytes > a->max_foreign || u->foreign_bytes > a->max_foreign - bytes)
+                        return over(w, a, "foreign import", a->max_foreign, u->foreign_bytes, bytes, true);
                 break;
         default:
                 break;
@@ -783,13 +1022,15 @@ int broker_alloc(BrokerClient *c, const BrokerAllocArgs *a, BrokerAllocResult *r
                 return r;
         if ((r = gpus_allowed(c, a->map_gpus, a->n_map_gpus, w)) < 0)
                 return r;
-        r = quota_check(c, a->kind, a->gpu_id, size, a->kind != BROKER_KIND_DEVICE, w);
+        r = quota_check(c, a->kind, a->gpu_id, size, a->kind != BROKER_KIND_DEVICE || driver_holds_fd(c->b),
+                        w);
         if (r < 0)
                 return r;
 
         o = obj_new(a->kind);
         if (!o)
                 return why_set(w, -ENOMEM, "out of memory");
+        o->backing_fd = a->kind == BROKER_KIND_DEVICE && driver_holds_fd(c->b);
         o->size = size;
         o->gpu_id = a->kind == BROKER_KIND_MANAGED ? 0 : a->gpu_id;
         o->flags = a->flags;
@@ -827,6 +1068,8 @@ int broker_alloc(BrokerClient *c, const BrokerAllocArgs *a, BrokerAllocResult *r
         }
         if (o->kind == BROKER_KIND_HOST)
                 o->gpu_id = a->gpu_id;
+        if (res.fd >= 0)
+                note_file(c->b, o, res.fd);
         charge(c, o, +1);
         res.handle = o->handle;
         res.va = o->va;
@@ -840,17 +1083,27 @@ int broker_alloc(BrokerClient *c, const BrokerAllocArgs *a, BrokerAllocResult *r
  * be closed. */
 static int destroy_alloc(BrokerClient *c, Obj *o, bool teardown, Why *w)
 {
-        int r;
+        int tmp_fd = -1, r;
 
+        /* a dmabuf of it went out: hold one more while the BO goes, to watch its memory after */
+        if (o->bo && o->memfd < 0 && o->handed_out && thunk_bo_export_dmabuf(o->bo, &tmp_fd) < 0)
+                tmp_fd = -1;
         if (o->bo) {
                 r = thunk_bo_unmap_all(o->bo);
-                if (r < 0 && !teardown)
+                if (r < 0 && !teardown) {
+                        safe_close(tmp_fd);
                         return why_set(w, r, "cannot unmap the allocation from its GPUs: %s", strerror(-r));
+                }
                 r = r < 0 ? r : thunk_bo_free(o->bo);
-                if (r < 0 && !teardown)
+                if (r < 0 && !teardown) {
+                        safe_close(tmp_fd);
                         return why_set(w, r, "the driver refused to free the allocation: %s", strerror(-r));
+                }
                 o->bo = NULL;
         }
+        linger_start(c, o, o->memfd >= 0 ? o->memfd : tmp_fd);
+        safe_close(tmp_fd);
+        obj_forget_file(c->b, o);
         if (o->memfd >= 0) {
                 unmap_shared(c->b, o->va, o->size, o->kind == BROKER_KIND_MANAGED);
                 o->memfd = safe_close(o->memfd);
@@ -878,10 +1131,17 @@ static int free_alloc(BrokerClient *c, Obj *o, Why *w)
 /* A VMM handle or import nobody names or maps any more: free its BO. */
 static void phys_maybe_destroy(BrokerClient *c, Obj *o)
 {
+        int tmp_fd = -1;
+
         if (o->client_refs > 0 || o->map_refs > 0)
                 return;
+        if (o->bo && o->handed_out && thunk_bo_export_dmabuf(o->bo, &tmp_fd) < 0)
+                tmp_fd = -1;
         if (o->bo)
                 (void)thunk_bo_free(o->bo);
+        linger_start(c, o, tmp_fd);
+        safe_close(tmp_fd);
+        obj_forget_file(c->b, o);
         charge(c, o, -1);
         free(o);
 }
@@ -896,6 +1156,7 @@ int broker_vmm_release(BrokerClient *c, uint64_t handle, Why *w)
                 return 0;
         hashmap_remove(&c->objs, o->handle);
         phys_maybe_destroy(c, o);
+        broker_process_events(c->b);
         return 0;
 }
 
@@ -908,8 +1169,11 @@ int broker_mem_free(BrokerClient *c, uint64_t handle, Why *w)
         switch (o->kind) {
         case BROKER_KIND_DEVICE:
         case BROKER_KIND_HOST:
-        case BROKER_KIND_MANAGED:
-                return free_alloc(c, o, w);
+        case BROKER_KIND_MANAGED: {
+                int r = free_alloc(c, o, w);
+                broker_process_events(c->b); /* memory no one else holds is refunded before the reply */
+                return r;
+        }
         case BROKER_KIND_VMM:
         case BROKER_KIND_IMPORT:
                 return broker_vmm_release(c, handle, w);
@@ -1181,7 +1445,7 @@ int broker_vmm_create(BrokerClient *c, uint64_t size, uint32_t gpu_id, uint32_t 
         r = check_flags(flags, w);
         if (r < 0)
                 return r;
-        r = quota_check(c, BROKER_KIND_VMM, gpu_id, size, false, w);
+        r = quota_check(c, BROKER_KIND_VMM, gpu_id, size, driver_holds_fd(c->b), w);
         if (r < 0)
                 return r;
         r = client_ctx(c, &ctx, w);
@@ -1203,6 +1467,7 @@ int broker_vmm_create(BrokerClient *c, uint64_t size, uint32_t gpu_id, uint32_t 
         o->gpu_id = gpu_id;
         o->flags = flags;
         o->client_refs = 1;
+        o->backing_fd = driver_holds_fd(c->b);
         r = obj_publish(c, o);
         if (r < 0) {
                 (void)thunk_bo_free(o->bo);
@@ -1238,6 +1503,10 @@ int broker_vmm_map(BrokerClient *c, uint64_t va, uint64_t size, uint64_t offset,
         if (!res || va + size > res->va + res->size)
                 return why_set(w, -EINVAL, "0x%llx+0x%llx is not inside one VA reservation",
                                (unsigned long long)va, (unsigned long long)size);
+        /* the daemon keeps a record per mapping: it costs a handle like any object */
+        r = quota_check(c, BROKER_KIND_RESERVATION, 0, 0, false, w);
+        if (r < 0)
+                return r;
         m = calloc(1, sizeof(*m));
         if (!m)
                 return why_set(w, -ENOMEM, "out of memory");
@@ -1255,6 +1524,7 @@ int broker_vmm_map(BrokerClient *c, uint64_t va, uint64_t size, uint64_t offset,
                 return why_set(w, r, "cannot record the mapping: %s", strerror(-r));
         }
         phys->map_refs++;
+        charge_entry(c, +1);
         return 0;
 }
 
@@ -1307,6 +1577,7 @@ static void map_destroy(BrokerClient *c, VmmMap *m)
 
         (void)thunk_va_free(m->res->maps, m->va);
         free(m);
+        charge_entry(c, -1);
         phys->map_refs--;
         phys_maybe_destroy(c, phys);
 }
@@ -1378,6 +1649,7 @@ int broker_vmm_unmap(BrokerClient *c, uint64_t va, uint64_t size, Why *w)
                                        (unsigned long long)maps[i]->va, strerror(-r));
                 map_destroy(c, maps[i]);
         }
+        broker_process_events(c->b);
         return 0;
 }
 
@@ -1452,6 +1724,12 @@ int broker_vmm_set_access(BrokerClient *c, uint64_t va, uint64_t size, const Bro
         r = covered_maps(c, va, size, maps, sizeof(maps) / sizeof(maps[0]), &n_maps, w);
         if (r < 0)
                 return r;
+        for (size_t i = 0; i < n_maps; i++)
+                for (size_t k = 0; k < n; k++)
+                        if (d[k].access == BROKER_ACCESS_READ_WRITE && obj_read_only(maps[i]->phys))
+                                return why_set(
+                                        w, -EACCES, "0x%llx maps read-only memory: %s may only read it",
+                                        (unsigned long long)maps[i]->va, d[k].gpu_id ? "a GPU" : "the CPU");
         if (cpu_desc && cpu_desc->access != BROKER_ACCESS_NONE && n_maps > BROKER_MAX_CPU_MAPS)
                 return why_set(w, -E2BIG, "CPU access is granted on at most %d mappings per call",
                                BROKER_MAX_CPU_MAPS);
@@ -1486,12 +1764,18 @@ int broker_vmm_set_access(BrokerClient *c, uint64_t va, uint64_t size, const Bro
         }
         if (cpu_desc && cpu_desc->access != BROKER_ACCESS_NONE) {
                 for (size_t i = 0; i < n_maps; i++) {
-                        r = thunk_bo_export_dmabuf(maps[i]->phys->bo, &cpu[n_cpu].fd);
+                        int fd = -1;
+                        r = thunk_bo_export_dmabuf(maps[i]->phys->bo, &fd);
                         if (r < 0) {
                                 why_set(w, r, "cannot export 0x%llx for CPU access: %s",
                                         (unsigned long long)maps[i]->va, strerror(-r));
                                 goto rollback;
                         }
+                        /* a read grant hands out a file that cannot be mapped writable */
+                        if (cpu_desc->access != BROKER_ACCESS_READ_WRITE && (r = make_read_only(&fd, w)) < 0)
+                                goto rollback;
+                        note_file(c->b, maps[i]->phys, fd);
+                        cpu[n_cpu].fd = fd;
                         cpu[n_cpu].va = maps[i]->va;
                         cpu[n_cpu].size = maps[i]->size;
                         cpu[n_cpu].offset = maps[i]->offset;
@@ -1575,7 +1859,7 @@ int broker_vmm_properties(BrokerClient *c, uint64_t handle, BrokerProps *ret, Wh
 
 /* ---- sharing ----------------------------------------------------------------------------------------- */
 
-int broker_export(BrokerClient *c, uint64_t handle, int *ret_fd, uint64_t *ret_size, Why *w)
+int broker_export(BrokerClient *c, uint64_t handle, bool read_only, int *ret_fd, uint64_t *ret_size, Why *w)
 {
         Obj *o = obj_lookup(c, handle);
         int fd = -1, r;
@@ -1595,6 +1879,10 @@ int broker_export(BrokerClient *c, uint64_t handle, int *ret_fd, uint64_t *ret_s
                 if (r < 0)
                         return why_set(w, r, "the driver refused to export: %s", strerror(-r));
         }
+        /* memory that is read-only to this client is read-only to everyone it gives it to */
+        if ((read_only || obj_read_only(o)) && (r = make_read_only(&fd, w)) < 0)
+                return r;
+        note_file(c->b, o, fd);
         o->exports++;
         *ret_fd = fd;
         *ret_size = o->size;
@@ -1605,13 +1893,25 @@ int broker_import(BrokerClient *c, int fd, uint32_t gpu_id, uint64_t *ret_handle
 {
         ThunkContext *ctx;
         uint32_t gpu = gpu_id ? gpu_id : c->b->gpu_ids[0];
+        const Obj *src = NULL;
+        struct stat st;
+        bool own, read_only;
+        uint64_t size;
         Obj *o;
-        int r;
+        int r, fl;
 
         r = gpu_allowed(c, gpu, w);
         if (r < 0)
                 return r;
-        r = quota_check(c, BROKER_KIND_IMPORT, gpu, 0, false, w);
+        if (fstat(fd, &st) < 0 || (fl = fcntl(fd, F_GETFL)) < 0)
+                return why_set(w, -EBADF, "cannot inspect the fd: %s", strerror(errno));
+        /* gpumemd's own exports are paid for by their exporter's class; anything else by the importer's */
+        own = is_own_file(c->b, &st, &src);
+        read_only = (fl & O_ACCMODE) == O_RDONLY || (src && obj_read_only(src));
+        size = (uint64_t)(st.st_size > 0 ? st.st_size : 0);
+        size = (size + BROKER_PAGE_SIZE - 1) & ~(BROKER_PAGE_SIZE - 1);
+        /* a foreign file is one more the model keeps open; an own export's memory file is the exporter's */
+        r = quota_check(c, BROKER_KIND_IMPORT, gpu, own ? 0 : size, !own && driver_holds_fd(c->b), w);
         if (r < 0)
                 return r;
         r = client_ctx(c, &ctx, w);
@@ -1638,6 +1938,19 @@ int broker_import(BrokerClient *c, int fd, uint32_t gpu_id, uint64_t *ret_handle
         o->size = thunk_bo_info(o->bo)->size;
         o->gpu_id = gpu;
         o->client_refs = 1;
+        o->read_only = read_only;
+        o->flags = read_only ? BROKER_FLAG_READ_ONLY : 0;
+        o->foreign = !own;
+        o->backing_fd = !own && driver_holds_fd(c->b);
+        if (!own && o->size > size) {
+                /* the driver's size is the one charged: check it too */
+                r = quota_check(c, BROKER_KIND_IMPORT, gpu, o->size, driver_holds_fd(c->b), w);
+                if (r < 0) {
+                        (void)thunk_bo_free(o->bo);
+                        free(o);
+                        return r;
+                }
+        }
         r = obj_publish(c, o);
         if (r < 0) {
                 (void)thunk_bo_free(o->bo);
@@ -1821,7 +2134,11 @@ BrokerClient *broker_client_free(BrokerClient *c)
         /* 2. every object: allocations unmapped then freed, handles and imports freed, reservations dropped
          */
         it = 0;
+        size_t done = 0;
         while (hashmap_next(&c->objs, &it, NULL, (void **)&o)) {
+                /* the inotify queue holds 16384 events by default: take them as they come */
+                if (++done % 1024 == 0)
+                        broker_process_events(c->b);
                 switch (o->kind) {
                 case BROKER_KIND_DEVICE:
                 case BROKER_KIND_HOST:
@@ -1844,6 +2161,7 @@ BrokerClient *broker_client_free(BrokerClient *c)
                 free(o);
         }
         hashmap_done(&c->objs);
+        broker_process_events(c->b);
         broker_client_set_account(c, NULL);
         /* 3. the client's own KFD context: closing it releases anything the driver still holds for it */
         if (c->own_ctx)

@@ -58,9 +58,11 @@ typedef struct BrokerUsage {
         uint64_t device_bytes;
         uint64_t host_bytes;
         uint64_t managed_bytes;
-        uint64_t vmm_bytes; /* physical VMM handles (VRAM) */
-        uint64_t objects;   /* allocations, handles, imports and reservations */
-        uint32_t held_fds;  /* fds the daemon holds for this client (host and managed memory) */
+        uint64_t vmm_bytes;       /* physical VMM handles (VRAM) */
+        uint64_t foreign_bytes;   /* imports of dmabufs gpumemd did not export */
+        uint64_t lingering_bytes; /* of the above: freed, but kept alive by files handed to clients */
+        uint64_t objects;         /* allocations, handles, imports and reservations */
+        uint32_t held_fds;        /* fds the daemon holds for this client (host and managed memory) */
         uint32_t n_gpus;
         uint32_t gpu_ids[BROKER_MAX_GPUS];
         uint64_t vram_bytes[BROKER_MAX_GPUS]; /* device + VMM bytes per GPU */
@@ -80,8 +82,11 @@ typedef struct BrokerAccount {
         uint64_t max_managed;
         uint64_t max_handles;
         uint64_t max_fds;
-        uint64_t allowed_gpus; /* bit per broker GPU index */
+        uint64_t max_foreign;     /* bytes of foreign imports held at once */
+        uint64_t max_foreign_one; /* bytes of one foreign import */
+        uint64_t allowed_gpus;    /* bit per broker GPU index */
         bool import_foreign;
+        unsigned lingering; /* freed memory still charged here: the account must outlive it */
 } BrokerAccount;
 
 /* An account with no limits: every GPU, every import. */
@@ -92,8 +97,15 @@ int broker_new(ThunkDevice *dev, Broker **ret);
 int broker_gpu_index(const Broker *b, uint32_t gpu_id);
 size_t broker_gpu_count(const Broker *b);
 uint32_t broker_gpu_id(const Broker *b, size_t index);
-/* Every client must have been freed first. */
+/* Every client must have been freed first. Lingering memory is forgotten, not refunded. */
 Broker *broker_free(Broker *b);
+/*
+ * Memory a client freed while files of it handed out (fds, CPU mappings, imports) still live stays charged
+ * to its class until the last of them goes. The fd becomes readable when some did: call
+ * broker_process_events() then. Every broker call that frees memory processes them too.
+ */
+int broker_event_fd(const Broker *b);
+void broker_process_events(Broker *b);
 void broker_totals(const Broker *b, BrokerUsage *ret);
 
 /* A client's books, over its VA window (borrowed; it must outlive the client). */
@@ -224,7 +236,7 @@ int broker_vmm_properties(BrokerClient *c, uint64_t handle, BrokerProps *ret, Wh
 
 /* ---- sharing ----------------------------------------------------------------------------------------- */
 
-int broker_export(BrokerClient *c, uint64_t handle, int *ret_fd, uint64_t *ret_size, Why *w);
+int broker_export(BrokerClient *c, uint64_t handle, bool read_only, int *ret_fd, uint64_t *ret_size, Why *w);
 /* @fd is borrowed; it has been checked to be a regular file or an anonymous-inode file. */
 int broker_import(BrokerClient *c, int fd, uint32_t gpu_id, uint64_t *ret_handle, uint64_t *ret_size, Why *w);
 

@@ -10,6 +10,7 @@
 #include "conn.h"
 #include "log.h"
 #include "manager.h"
+#include "window.h"
 
 ClassState *classes_find(Manager *m, const char *name)
 {
@@ -56,9 +57,12 @@ static void state_configure(Manager *m, ClassState *s, const PolicyClass *k)
         a->max_fds = k->limit[POLICY_RES_FDS];
         s->max_connections = k->limit[POLICY_RES_CONNECTIONS];
         s->max_inflight = k->limit[POLICY_RES_INFLIGHT];
+        s->max_windows = k->limit[POLICY_RES_WINDOWS];
         s->deny_ops = k->deny_ops;
         s->admin = k->admin;
         a->import_foreign = k->import_foreign;
+        a->max_foreign = k->foreign_imports;
+        a->max_foreign_one = k->foreign_import_max;
         for (size_t i = 0; i < BROKER_MAX_GPUS; i++)
                 a->max_vram_gpu[i] = UINT64_MAX;
         for (size_t i = 0; i < k->n_vram_gpu; i++) {
@@ -157,7 +161,7 @@ void classes_apply(Manager *m, Policy *p)
         /* states of removed classes go once empty */
         for (ClassState **pp = &m->classes; *pp;) {
                 ClassState *s = *pp;
-                if (!s->klass && s->connections == 0) {
+                if (!s->klass && s->connections == 0 && s->acct.lingering == 0) {
                         *pp = s->next;
                         free(s->name);
                         free(s);
@@ -208,6 +212,17 @@ void classes_free_all(Manager *m)
         m->policy = policy_free(m->policy);
 }
 
+unsigned classes_windows(const Manager *m, const ClassState *s)
+{
+        unsigned n = 0;
+
+        /* counted where they are, so no path that gives a window back can forget the class's count */
+        for (const Conn *c = m->conns; c; c = c->next)
+                if (c->cls == s)
+                        n += window_count(c);
+        return n;
+}
+
 void classes_get(const Manager *m, const ClassState *s, PolicyResource r, uint32_t gpu_id, uint64_t *ret_used,
                  uint64_t *ret_limit)
 {
@@ -247,6 +262,10 @@ void classes_get(const Manager *m, const ClassState *s, PolicyResource r, uint32
         case POLICY_RES_INFLIGHT:
                 *ret_used = s->inflight;
                 *ret_limit = s->max_inflight;
+                break;
+        case POLICY_RES_WINDOWS:
+                *ret_used = classes_windows(m, s);
+                *ret_limit = s->max_windows;
                 break;
         default:
                 *ret_used = *ret_limit = 0;
@@ -310,6 +329,9 @@ int classes_set_limit(Manager *m, ClassState *s, PolicyResource r, uint32_t gpu_
                 break;
         case POLICY_RES_INFLIGHT:
                 s->max_inflight = limit;
+                break;
+        case POLICY_RES_WINDOWS:
+                s->max_windows = limit;
                 break;
         default:
                 break;

@@ -22,6 +22,7 @@ typedef struct ClassState {
         unsigned connections;
         unsigned inflight; /* requests being handled or whose replies wait in output queues */
         uint64_t denials;
+        uint64_t max_windows; /* VA windows its connections may hold at once (current and refused ones) */
 } ClassState;
 
 /* Make @p the running policy: states follow it by class name, every connection is matched again and its
@@ -42,6 +43,8 @@ void classes_free_all(Manager *m);
  */
 int classes_set_limit(Manager *m, ClassState *s, PolicyResource r, uint32_t gpu_id, uint64_t limit,
                       bool force, char *reason, size_t len);
+/* VA windows the connections of @s hold now: each one's current window and those it could not reserve. */
+unsigned classes_windows(const Manager *m, const ClassState *s);
 /* Current usage of @r (per GPU when @gpu_id) and its limit. */
 void classes_get(const Manager *m, const ClassState *s, PolicyResource r, uint32_t gpu_id, uint64_t *ret_used,
                  uint64_t *ret_limit);

@@ -48,25 +48,40 @@ static void out_packet_free(OutPacket *p)
         free(p);
 }
 
-/* The class has room for more requests again: read its throttled connections. */
-static void class_wake(Manager *m, ClassState *s)
-{
-        if (!s || s->inflight >= s->max_inflight)
-                return;
-        for (Conn *c = m->conns; c; c = c->next)
-                if (c->cls == s && c->throttled && !c->out_head) {
-                        c->throttled = false;
-                        event_add(c->rd_ev, NULL);
-                }
-}
-
 static void out_dequeued(Conn *c)
 {
         c->out_count--;
-        if (c->cls) {
+        if (c->cls)
                 c->cls->inflight--;
-                class_wake(c->m, c->cls);
-        }
+}
+
+uint64_t conn_inflight_limit(const Conn *c)
+{
+        return c->cls ? c->cls->max_inflight : POLICY_DEFAULT_INFLIGHT;
+}
+
+/* A reply has waited since the queue last moved: a client that does not read is dropped, so it cannot hold
+ * its connection slot, its class's counts and its memory for ever. */
+static void conn_on_send_timeout(evutil_socket_t fd, short what, void *userdata)
+{
+        Conn *c = userdata;
+
+        if (c->dead || !c->out_head)
+                return;
+        c->m->stats.stalled_drops++;
+        conn_log(c, LOG_NOTICE, GM_MESSAGE_PROTOCOL_VIOLATION, &c->log_rl,
+                 "does not read its replies: %u waiting for %u s, closing", c->out_count,
+                 c->m->opts.send_timeout_sec);
+        conn_kill(c);
+}
+
+/* The queue moved (or began): the client has send-timeout seconds until it moves again. */
+static void send_timer_restart(Conn *c)
+{
+        struct timeval tv = {(time_t)c->m->opts.send_timeout_sec, 0};
+
+        if (c->send_ev && c->m->opts.send_timeout_sec)
+                evtimer_add(c->send_ev, &tv);
 }
 
 bool conn_in_group(const Conn *c, gid_t gid)
@@ -216,7 +231,8 @@ int conn_new(Manager *m, int fd, Conn **ret)
 
         c->rd_ev = event_new(m->base, fd, EV_READ | EV_PERSIST, conn_on_read, c);
         c->wr_ev = event_new(m->base, fd, EV_WRITE | EV_PERSIST, conn_on_write, c);
-        if (!c->rd_ev || !c->wr_ev || event_add(c->rd_ev, NULL) < 0) {
+        c->send_ev = evtimer_new(m->base, conn_on_send_timeout, c);
+        if (!c->rd_ev || !c->wr_ev || !c->send_ev || event_add(c->rd_ev, NULL) < 0) {
                 r = -ENOMEM;
                 goto fail;
         }
@@ -269,6 +285,8 @@ Conn *conn_free(Conn *c)
                 event_free(c->wr_ev);
         if (c->hello_ev)
                 event_free(c->hello_ev);
+        if (c->send_ev)
+                event_free(c->send_ev);
         while (c->out_head) {
                 OutPacket *p = c->out_head;
                 c->out_head = p->next;
@@ -326,6 +344,7 @@ void conn_kill(Conn *c)
         event_del(c->wr_ev);
         if (c->hello_ev)
                 event_del(c->hello_ev);
+        event_del(c->send_ev);
         /* Out of the list now, so counts and admin views no longer see it; freed after this callback. */
         conn_unlink(c);
         if (c->proto_version)
@@ -358,10 +377,13 @@ static int conn_flush(Conn *c)
                 c->out_bytes -= p->len;
                 out_packet_free(p);
                 out_dequeued(c);
+                send_timer_restart(c);
+                /* below its in-flight limit again: read it (replies keep their order in the queue) */
+                if (!c->m->stopping && c->out_count < conn_inflight_limit(c))
+                        event_add(c->rd_ev, NULL);
         }
         event_del(c->wr_ev);
-        if (!c->m->stopping)
-                event_add(c->rd_ev, NULL);
+        event_del(c->send_ev);
         return 0;
 }
 
@@ -430,8 +452,14 @@ int conn_send(Conn *c, uint32_t request_id, const Gpumem__Reply *reply, int *fds
         c->out_count++;
         if (c->cls)
                 c->cls->inflight++;
-        /* Stop reading until the client drains its replies. */
-        event_del(c->rd_ev);
+        /* At its in-flight limit the connection is not read until the client takes replies; the others
+         * are served meanwhile, whatever its class does. */
+        if (c->out_count >= conn_inflight_limit(c)) {
+                metrics_deny(c->m->metrics, DENY_INFLIGHT);
+                event_del(c->rd_ev);
+        }
+        if (c->out_count == 1)
+                send_timer_restart(c);
         event_add(c->wr_ev, NULL);
         return 0;
 }
@@ -458,12 +486,11 @@ static void conn_on_read(evutil_socket_t fd, short what, void *userdata)
                 size_t n_fds = 0;
                 ssize_t n;
 
-                if (c->out_head || m->stopping)
+                if (m->stopping)
                         return;
-                if (c->cls && c->cls->inflight >= c->cls->max_inflight) {
-                        /* the class has as many requests in flight as it may: others go first */
+                if (c->out_count >= conn_inflight_limit(c)) {
+                        /* as many replies wait as this connection may have in flight: it waits, alone */
                         metrics_deny(m->metrics, DENY_INFLIGHT);
-                        c->throttled = true;
                         event_del(c->rd_ev);
                         return;
                 }

@@ -54,10 +54,10 @@ typedef struct Conn {
         ThunkVaSpace *window_rejected[4]; /* windows this client could not reserve, held until it leaves */
         unsigned n_window_rejected;
         LogRatelimit log_rl;
-        BrokerClient *broker; /* the client's memory objects, from its first memory op */
-        ClassState *cls;      /* its policy class */
-        unsigned out_count;   /* replies queued, counted in the class's in-flight requests */
-        bool throttled;       /* not read until its class has fewer requests in flight */
+        BrokerClient *broker;  /* the client's memory objects, from its first memory op */
+        ClassState *cls;       /* its policy class */
+        unsigned out_count;    /* replies queued, counted in the class's in-flight requests */
+        struct event *send_ev; /* drops the client when its queued replies do not move for send-timeout */
 } Conn;
 
 /* Take ownership of an accepted socket @fd (closed on failure too). */
@@ -78,6 +78,8 @@ void conn_hello_done(Conn *c);
 int conn_send_error(Conn *c, uint32_t request_id, int code, const char *reason);
 
 bool conn_in_group(const Conn *c, gid_t gid);
+/* Requests the connection may have in flight (replies not yet taken by the socket): its class's limit. */
+uint64_t conn_inflight_limit(const Conn *c);
 
 /* Log a line about @c with its identity as journal fields; @rl (may be NULL) limits lines a client triggers.
  */

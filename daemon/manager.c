@@ -274,6 +274,13 @@ static void on_signal_stop(evutil_socket_t sig, short what, void *userdata)
         on_drain_tick(-1, 0, m);
 }
 
+/* Memory that outlived its handle has gone: its class is refunded. */
+static void on_broker_event(evutil_socket_t fd, short what, void *userdata)
+{
+        Manager *m = userdata;
+        broker_process_events(m->broker);
+}
+
 static void on_sighup(evutil_socket_t sig, short what, void *userdata)
 {
         (void)manager_reload(userdata);
@@ -329,7 +336,9 @@ int manager_reload(Manager *m)
         m->opts.max_connections = next.max_connections;
         m->opts.max_connections_per_uid = next.max_connections_per_uid;
         m->opts.hello_timeout_sec = next.hello_timeout_sec;
+        m->opts.send_timeout_sec = next.send_timeout_sec;
         m->opts.window_size = next.window_size;
+        m->opts.max_window_bytes_per_uid = next.max_window_bytes_per_uid;
         memcpy(m->opts.admin_gids, next.admin_gids, sizeof(next.admin_gids));
         m->opts.n_admin_gids = next.n_admin_gids;
         log_set_level(m->opts.log_level);
@@ -526,6 +535,12 @@ int manager_new(Manager **ret, const Options *opts)
                         goto fail;
                 }
         }
+        m->broker_ev =
+                event_new(m->base, broker_event_fd(m->broker), EV_READ | EV_PERSIST, on_broker_event, m);
+        if (!m->broker_ev || event_add(m->broker_ev, NULL) < 0) {
+                r = -ENOMEM;
+                goto fail;
+        }
         m->drain_ev = evtimer_new(m->base, on_drain_tick, m);
         m->status_ev = evtimer_new(m->base, on_status_timer, m);
         if (!m->listen_ev || !m->accept_retry_ev || !m->sigterm_ev || !m->sigint_ev || !m->sighup_ev ||
@@ -569,6 +584,8 @@ Manager *manager_free(Manager *m)
                 event_free(m->watchdog_ev);
         if (m->drain_ev)
                 event_free(m->drain_ev);
+        if (m->broker_ev)
+                event_free(m->broker_ev);
         if (m->status_ev)
                 event_free(m->status_ev);
         if (m->listen_fd >= 0) {

@@ -18,6 +18,7 @@ typedef struct ManagerStats {
         uint64_t denials;
         uint64_t connections_total;
         uint64_t connections_refused;
+        uint64_t stalled_drops; /* clients dropped for not reading their replies (send-timeout) */
 } ManagerStats;
 
 typedef struct Manager {
@@ -39,6 +40,7 @@ typedef struct Manager {
         struct event *sigusr2_ev; /* model fault injection for tests ($GPUMEMD_MODEL_FAULTS_FILE) */
         struct event *watchdog_ev;
         struct event *drain_ev;
+        struct event *broker_ev; /* the broker's notice that memory which outlived its handle is gone */
         struct event *status_ev;
         bool status_pending;
 

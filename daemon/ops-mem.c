@@ -418,7 +418,9 @@ int op_dmabuf_export(ReqCtx *r, const Gpumem__Request *req)
         int err, fd = -1;
         WITH_CLIENT(r, bc);
 
-        err = broker_export(bc, req->dmabuf_export->handle, &fd, &size, &w);
+        err = broker_export(bc, req->dmabuf_export->handle,
+                            req->dmabuf_export->has_read_only && req->dmabuf_export->read_only, &fd, &size,
+                            &w);
         if (err < 0)
                 return fail_why(r, err, &w);
         er.has_fd_index = er.has_size = true;

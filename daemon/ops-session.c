@@ -33,6 +33,7 @@ int op_hello(ReqCtx *r, const Gpumem__Request *req)
         Manager *m = r->m;
         uint64_t size = m->opts.window_size;
         uint32_t major = 0, minor = 0;
+        char why[200];
         int err;
 
         if (c->proto_version != 0)
@@ -46,7 +47,9 @@ int op_hello(ReqCtx *r, const Gpumem__Request *req)
                                 (unsigned long long)h->window_size, (unsigned long long)m->opts.window_size);
                 size = h->window_size;
         }
-        err = window_assign(c, size);
+        err = window_assign(c, size, why, sizeof(why));
+        if (err == -EDQUOT)
+                return reply_fail(r, err, "%s", why);
         if (err < 0)
                 return reply_fail(r, err, "no VA window of %llu bytes is free", (unsigned long long)size);
 
@@ -72,7 +75,10 @@ int op_hello(ReqCtx *r, const Gpumem__Request *req)
         hr.has_max_frame = hr.has_max_fds = hr.has_max_inflight = true;
         hr.max_frame = GM_FRAME_MAX;
         hr.max_fds = GM_FRAME_MAX_FDS;
-        hr.max_inflight = 16;
+        {
+                uint64_t lim = conn_inflight_limit(c);
+                hr.max_inflight = lim > UINT32_MAX ? UINT32_MAX : (uint32_t)lim;
+        }
         hr.backend = (char *)thunk_device_backend_name(m->dev);
         hr.has_kfd_major = hr.has_kfd_minor = hr.has_private_gpu_vm = true;
         hr.kfd_major = major;
@@ -107,6 +113,7 @@ int op_window_retry(ReqCtx *r, const Gpumem__Request *req)
         Gpumem__Reply reply = GPUMEM__REPLY__INIT;
         Gpumem__HelloReply hr = GPUMEM__HELLO_REPLY__INIT;
         Conn *c = r->c;
+        char why[200];
         int err;
 
         if (c->broker && broker_client_objects(c->broker) > 0)
@@ -115,7 +122,9 @@ int op_window_retry(ReqCtx *r, const Gpumem__Request *req)
         if (req->window_retry->failed_base != c->window_base)
                 return reply_fail(r, -EINVAL, "0x%llx is not this client's window",
                                   (unsigned long long)req->window_retry->failed_base);
-        err = window_retry(c, c->window_base);
+        err = window_retry(c, c->window_base, why, sizeof(why));
+        if (err == -EDQUOT)
+                return reply_fail(r, err, "%s", why);
         if (err == -ENOSPC)
                 return reply_fail(r, err, "no further window: %d were refused", WINDOW_MAX_RETRIES);
         if (err < 0)

@@ -18,6 +18,12 @@
 #include "model.h"
 
 #define DEFAULT_WINDOW_SIZE (64ull << 30)
+/*
+ * VA-window bytes one uid may hold by default: 16 TiB, an eighth of the 47-bit user space the windows are
+ * carved from (1 TiB to 128 TiB), so no single uid can take the aperture from the others. It is 256 clients
+ * of one uid at the default 64 GiB window, and never less than window-size, whose maximum is 16 TiB.
+ */
+#define DEFAULT_MAX_WINDOW_BYTES_PER_UID (16ull << 40)
 
 void options_init(Options *o)
 {
@@ -27,7 +33,9 @@ void options_init(Options *o)
                 .max_connections = 4096,
                 .max_connections_per_uid = 1024,
                 .window_size = DEFAULT_WINDOW_SIZE,
+                .max_window_bytes_per_uid = DEFAULT_MAX_WINDOW_BYTES_PER_UID,
                 .hello_timeout_sec = 10,
+                .send_timeout_sec = 30,
                 .socket_mode = 0660,
         };
         o->socket_path = strdup(GPUMEMD_SOCKET_DEFAULT);
@@ -205,6 +213,8 @@ typedef struct FileCtx {
         char *err;
         size_t errlen;
         unsigned n_errors;
+        unsigned
+                window_cap_line; /* max-window-bytes-per-uid's line: checked against window-size at the end */
 } FileCtx;
 
 _printf_(2, 3) static void file_error(FileCtx *ctx, const char *fmt, ...)
@@ -345,6 +355,14 @@ static int daemon_key(FileCtx *ctx, const char *name, const char *value)
                         return 1;
                 }
                 o->hello_timeout_sec = (uint32_t)v;
+        } else if (strcmp(name, "send-timeout") == 0) {
+                /* never 0: a client that does not read would hold its slot and its memory for ever */
+                if (parse_uint(value, 3600, &v) < 0 || v == 0) {
+                        file_error(ctx, "send-timeout: '%s' is not a number of seconds from 1 to 3600",
+                                   value);
+                        return 1;
+                }
+                o->send_timeout_sec = (uint32_t)v;
         } else if (strcmp(name, "window-size") == 0) {
                 if (parse_size(value, &v) < 0 || v < (1ull << 30) || v > (1ull << 44) ||
                     (v & ((2ull << 20) - 1))) {
@@ -353,6 +371,14 @@ static int daemon_key(FileCtx *ctx, const char *name, const char *value)
                         return 1;
                 }
                 o->window_size = v;
+        } else if (strcmp(name, "max-window-bytes-per-uid") == 0) {
+                if (parse_size(value, &v) < 0 || v < (1ull << 30) || v > (1ull << 47)) {
+                        file_error(ctx, "max-window-bytes-per-uid: '%s' is not a size between 1G and 128T",
+                                   value);
+                        return 1;
+                }
+                o->max_window_bytes_per_uid = v;
+                ctx->window_cap_line = ctx->line;
         } else if (strcmp(name, "metrics-listen") == 0) {
                 const char *colon = strrchr(value, ':');
                 if (!colon || colon == value || !colon[1]) {
@@ -446,6 +472,10 @@ int options_load_file(Options *o, const char *path, bool must_exist, char *errbu
                 file_error(&ctx, "syntax error: expected 'key = value' or '[section]'");
         } else if (r < 0 && ctx.n_errors == 0) {
                 file_error(&ctx, "cannot parse file");
+        }
+        if (ctx.window_cap_line && ctx.next.max_window_bytes_per_uid < ctx.next.window_size) {
+                ctx.line = ctx.window_cap_line;
+                file_error(&ctx, "max-window-bytes-per-uid: less than window-size, no client could connect");
         }
         if (ctx.n_errors > 0) {
                 options_done(&ctx.next);

@@ -34,7 +34,9 @@ typedef struct Options {
         uint32_t max_connections;
         uint32_t max_connections_per_uid;
         uint64_t window_size;
+        uint64_t max_window_bytes_per_uid; /* VA windows (current and refused) all clients of one uid hold */
         uint32_t hello_timeout_sec; /* a connection that has not said hello by then is closed; 0 = never */
+        uint32_t send_timeout_sec;  /* a client whose queued replies do not move for this long is dropped */
         uint32_t socket_mode;
         gid_t admin_gids[OPT_MAX_ADMIN_GROUPS];
         size_t n_admin_gids;

@@ -20,7 +20,7 @@ static const char *const resource_names[_POLICY_RES_MAX] = {
         [POLICY_RES_VRAM] = "vram",         [POLICY_RES_HOST] = "host",
         [POLICY_RES_MANAGED] = "managed",   [POLICY_RES_HANDLES] = "handles",
         [POLICY_RES_FDS] = "fds",           [POLICY_RES_CONNECTIONS] = "connections",
-        [POLICY_RES_INFLIGHT] = "inflight",
+        [POLICY_RES_INFLIGHT] = "inflight", [POLICY_RES_WINDOWS] = "windows",
 };
 
 static const struct {
@@ -50,7 +50,10 @@ static void class_init(PolicyClass *c)
         memset(c, 0, sizeof(*c));
         for (int i = 0; i < _POLICY_RES_MAX; i++)
                 c->limit[i] = POLICY_UNLIMITED;
+        /* a bound even without a configuration: replies a client leaves unread cost the daemon memory */
+        c->limit[POLICY_RES_INFLIGHT] = POLICY_DEFAULT_INFLIGHT;
         c->import_foreign = true;
+        c->foreign_imports = c->foreign_import_max = POLICY_UNLIMITED;
 }
 
 static void class_done(PolicyClass *c)
@@ -303,6 +306,16 @@ static void class_key(Parse *ps, const char *key, const char *v)
                         c->admin = b;
                 else
                         c->import_foreign = b;
+        } else if (strcmp(key, "foreign-imports") == 0 || strcmp(key, "foreign-import-max") == 0) {
+                uint64_t lim;
+                if (parse_limit(v, true, &lim) < 0) {
+                        perr(ps, "%s: '%s' is not a size (like 8G) or 'unlimited'", key, v);
+                        return;
+                }
+                if (key[14] == '-')
+                        c->foreign_import_max = lim;
+                else
+                        c->foreign_imports = lim;
         } else if (strcmp(key, "match-cgroup") == 0) {
                 char **n;
                 if (v[0] != '/') {

@@ -8,6 +8,8 @@
 
 #define POLICY_UNLIMITED UINT64_MAX
 #define POLICY_MAX_GPUS  64
+/* In-flight requests per connection when a class does not say: what the hello reply has always advertised. */
+#define POLICY_DEFAULT_INFLIGHT 16
 
 typedef enum PolicyResource {
         POLICY_RES_VRAM,        /* device memory and VMM handles, bytes, all GPUs */
@@ -16,7 +18,8 @@ typedef enum PolicyResource {
         POLICY_RES_HANDLES,     /* objects: allocations, VMM handles, imports, reservations */
         POLICY_RES_FDS,         /* fds the daemon holds for the class */
         POLICY_RES_CONNECTIONS, /* connections at once */
-        POLICY_RES_INFLIGHT,    /* requests handled per loop round, over all the class's connections */
+        POLICY_RES_INFLIGHT,    /* requests one connection may have in flight (replies not yet taken) */
+        POLICY_RES_WINDOWS,     /* VA windows held at once (current and refused ones), all connections */
         _POLICY_RES_MAX,
 } PolicyResource;
 
@@ -48,7 +51,9 @@ typedef struct PolicyClass {
         uint32_t gpus[POLICY_MAX_GPUS]; /* GPUs the class may use; none listed = all */
         size_t n_gpus;
         unsigned deny_ops;
-        bool import_foreign; /* may import dmabufs the GPU driver did not export */
+        bool import_foreign;         /* may import dmabufs the GPU driver did not export */
+        uint64_t foreign_imports;    /* bytes of dmabufs gpumemd did not export, imported at once */
+        uint64_t foreign_import_max; /* bytes of one such import */
         bool admin;
 } PolicyClass;
 

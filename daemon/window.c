@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <sys/mman.h>
 
+#include "classes.h"
 #include "manager.h"
 #include "vaman.h"
 
@@ -118,13 +119,66 @@ static int window_new(Conn *c, uint64_t size, ThunkVaSpace **ret)
         return r;
 }
 
-int window_assign(Conn *c, uint64_t size)
+static const char *human(uint64_t v, char *buf, size_t len)
+{
+        if (v >= (1ull << 40) && v % (1ull << 40) == 0)
+                snprintf(buf, len, "%llu TiB", (unsigned long long)(v >> 40));
+        else if (v >= (1ull << 30) && v % (1ull << 30) == 0)
+                snprintf(buf, len, "%llu GiB", (unsigned long long)(v >> 30));
+        else if (v % (1ull << 20) == 0)
+                snprintf(buf, len, "%llu MiB", (unsigned long long)(v >> 20));
+        else
+                snprintf(buf, len, "%llu bytes", (unsigned long long)v);
+        return buf;
+}
+
+uint64_t window_bytes_of_uid(const Manager *m, uid_t uid)
+{
+        uint64_t n = 0;
+
+        /* counted where they are (a connection leaves the list when it is killed, its windows go when it is
+         * freed, one loop round later), so no path that gives a window back can forget the count */
+        for (const Conn *c = m->conns; c; c = c->next)
+                if (c->ident.uid == uid)
+                        n += window_count(c) * c->window_size;
+        return n;
+}
+
+/* May @c hold one more window of @size bytes? Checked before anything is allocated: a refusal changes
+ * nothing. */
+static int window_quota(const Conn *c, uint64_t size, char *reason, size_t len)
+{
+        const Manager *m = c->m;
+        uint64_t held = window_bytes_of_uid(m, c->ident.uid), cap = m->opts.max_window_bytes_per_uid;
+        char b1[32], b2[32], b3[32];
+
+        if (held > cap || size > cap - held) {
+                snprintf(reason, len, "uid %u holds %s of VA windows, its limit is %s: %s more is refused",
+                         (unsigned)c->ident.uid, human(held, b1, sizeof(b1)), human(cap, b2, sizeof(b2)),
+                         human(size, b3, sizeof(b3)));
+                return -EDQUOT;
+        }
+        if (c->cls) {
+                unsigned used = classes_windows(m, c->cls);
+                if (used >= c->cls->max_windows) {
+                        snprintf(reason, len, "class '%s' window limit: %u in use of %llu", c->cls->name,
+                                 used, (unsigned long long)c->cls->max_windows);
+                        return -EDQUOT;
+                }
+        }
+        return 0;
+}
+
+int window_assign(Conn *c, uint64_t size, char *reason, size_t len)
 {
         ThunkVaSpace *w = NULL;
         int r;
 
         if (c->window)
                 return -EALREADY;
+        r = window_quota(c, size, reason, len);
+        if (r < 0)
+                return r;
         r = window_new(c, size, &w);
         if (r < 0)
                 return r;
@@ -134,7 +188,7 @@ int window_assign(Conn *c, uint64_t size)
         return 0;
 }
 
-int window_retry(Conn *c, uint64_t failed_base)
+int window_retry(Conn *c, uint64_t failed_base, char *reason, size_t len)
 {
         ThunkVaSpace *old = c->window, *w = NULL;
         int r;
@@ -143,6 +197,9 @@ int window_retry(Conn *c, uint64_t failed_base)
                 return -EINVAL;
         if (c->n_window_rejected >= WINDOW_MAX_RETRIES)
                 return -ENOSPC;
+        r = window_quota(c, c->window_size, reason, len);
+        if (r < 0)
+                return r;
         /* Allocate the new window while the old one is still held, so it cannot come back. */
         r = window_new(c, c->window_size, &w);
         if (r < 0)

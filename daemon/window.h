@@ -1,7 +1,9 @@
 /* Client VA windows: a slice of the SVM aperture per client, reserved in the daemon and in the client. */
 #pragma once
 
+#include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #include "conn.h"
 #include "vaman.h"
@@ -12,11 +14,23 @@
 /* Windows start at 1 TiB: low addresses hold non-PIE executables and brk heaps in many clients. */
 #define WINDOW_SPACE_START (1ull << 40)
 
+/* VA windows @c holds: its current one and the refused ones it keeps until it leaves. */
+static inline unsigned window_count(const Conn *c)
+{
+        return (c->window ? 1u : 0u) + c->n_window_rejected;
+}
+/* Bytes of VA windows the connections of @uid hold (current and refused ones). */
+uint64_t window_bytes_of_uid(const Manager *m, uid_t uid);
+
 /* Mark what the daemon already maps inside the space as taken (at start-up). */
 int window_space_init(ThunkVaSpace *va);
-/* Give @c a window of @size bytes (reserved PROT_NONE in the daemon at the same address). */
-int window_assign(Conn *c, uint64_t size);
-/* The client could not reserve its window at @failed_base: assign another, different one. */
-int window_retry(Conn *c, uint64_t failed_base);
+/*
+ * Give @c a window of @size bytes (reserved PROT_NONE in the daemon at the same address). -EDQUOT, with
+ * @reason, when its uid would hold more than max-window-bytes-per-uid or its class more than its `windows`.
+ */
+int window_assign(Conn *c, uint64_t size, char *reason, size_t len);
+/* The client could not reserve its window at @failed_base: assign another, different one (the refused one
+ * stays held and counted). -EINVAL, -ENOSPC after WINDOW_MAX_RETRIES, -EDQUOT as window_assign. */
+int window_retry(Conn *c, uint64_t failed_base, char *reason, size_t len);
 /* Release the window and every range kept back for this client. */
 void window_release(Conn *c);

@@ -2,6 +2,7 @@
 #include "client-private.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -216,14 +217,18 @@ int gm_mem_free(gm_client *c, void *ptr)
         f.handle = e->handle;
         req.op_case = GPUMEM__REQUEST__OP_FREE;
         req.free = &f;
+        /* The CPU mapping goes first: while it lives it keeps the memory alive, and the daemon keeps it
+         * charged; gone before the free, the class is refunded by the time the reply comes. */
+        if (e->cpu_mapped) {
+                reserve_again(ptr_u64(ptr), e->size);
+                e->cpu_mapped = false;
+        }
         r = call_simple(c, &req);
         if (r < 0)
                 return r;
         pthread_mutex_lock(&c->mem_lock);
         e = hashmap_remove(&c->allocs, ptr_u64(ptr));
         pthread_mutex_unlock(&c->mem_lock);
-        if (e && e->cpu_mapped)
-                reserve_again(ptr_u64(ptr), e->size);
         free(e);
         return 0;
 }
@@ -746,6 +751,11 @@ int gm_mem_get_allocation_properties(gm_client *c, gm_handle handle, gm_allocati
 
 int gm_mem_export(gm_client *c, gm_handle handle, int *ret_fd, size_t *ret_size)
 {
+        return gm_mem_export_flags(c, handle, 0, ret_fd, ret_size);
+}
+
+int gm_mem_export_flags(gm_client *c, gm_handle handle, unsigned flags, int *ret_fd, size_t *ret_size)
+{
         Gpumem__Request req = GPUMEM__REQUEST__INIT;
         Gpumem__DmabufExport e = GPUMEM__DMABUF_EXPORT__INIT;
         Gpumem__Reply *reply = NULL;
@@ -755,8 +765,13 @@ int gm_mem_export(gm_client *c, gm_handle handle, int *ret_fd, size_t *ret_size)
 
         if (!c || !ret_fd)
                 return BAD_ARGS(c);
+        if (flags & ~(unsigned)GM_EXPORT_READ_ONLY)
+                return gm_set_reason(c, -EINVAL, "unknown export flags 0x%x",
+                                     flags & ~(unsigned)GM_EXPORT_READ_ONLY);
         e.has_handle = true;
         e.handle = handle;
+        e.has_read_only = (flags & GM_EXPORT_READ_ONLY) != 0;
+        e.read_only = e.has_read_only;
         req.op_case = GPUMEM__REQUEST__OP_DMABUF_EXPORT;
         req.dmabuf_export = &e;
         r = call_result(c, &req, GPUMEM__REPLY__RESULT_DMABUF_EXPORT, &reply, fds, &n_fds);
@@ -767,6 +782,12 @@ int gm_mem_export(gm_client *c, gm_handle handle, int *ret_fd, size_t *ret_size)
                 gm_wire_close_fds(fds, n_fds);
                 gpumem__reply__free_unpacked(reply, NULL);
                 return gm_set_reason(c, -EPROTO, "gpumemd named a dmabuf fd it did not send");
+        }
+        if ((flags & GM_EXPORT_READ_ONLY) && (fcntl(fds[idx], F_GETFL) & O_ACCMODE) != O_RDONLY) {
+                /* a daemon that does not know the flag exported it writable: never hand that on */
+                gm_wire_close_fds(fds, n_fds);
+                gpumem__reply__free_unpacked(reply, NULL);
+                return gm_set_reason(c, -EOPNOTSUPP, "this gpumemd cannot export read-only");
         }
         *ret_fd = fds[idx];
         fds[idx] = -1;

@@ -318,6 +318,15 @@ int gm_mem_get_allocation_properties(gm_client *c, gm_handle handle, gm_allocati
 /** A dmabuf fd (owned by the caller) for an allocation or VMM handle (hipMemExportToShareableHandle);
  *  the handle of an allocation comes from gm_pointer_get_attributes. */
 int gm_mem_export(gm_client *c, gm_handle handle, int *ret_fd, size_t *ret_size);
+
+enum {
+        GM_EXPORT_READ_ONLY = 1u << 0, /* the fd, and every import of it, may only read the memory */
+};
+
+/** gm_mem_export with GM_EXPORT_* @flags. A read-only export is an fd opened O_RDONLY: it cannot be mapped
+ *  writable, and an importer gets read access only (-EACCES for read-write). Memory that is read-only to
+ *  this client is always exported read-only. */
+int gm_mem_export_flags(gm_client *c, gm_handle handle, unsigned flags, int *ret_fd, size_t *ret_size);
 /** Import a dmabuf fd (borrowed) on @gpu_id (0: the first GPU) as a handle to map with gm_mem_map
  *  (hipMemImportFromShareableHandle). */
 int gm_mem_import(gm_client *c, int fd, uint32_t gpu_id, gm_handle *ret_handle, size_t *ret_size);
@@ -429,6 +438,7 @@ enum {
         GM_RESOURCE_FDS = 5,     /**< fds the daemon holds */
         GM_RESOURCE_CONNECTIONS = 6,
         GM_RESOURCE_INFLIGHT = 7, /**< requests in flight */
+        GM_RESOURCE_WINDOWS = 8,  /**< VA windows, current and refused ones */
 };
 #define GM_UNLIMITED UINT64_MAX
 

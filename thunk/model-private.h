@@ -81,6 +81,7 @@ typedef struct ModelVm {
 typedef struct ModelGem {
         uint32_t handle;
         ModelBuf *buf;
+        bool read_only; /* opened only from read-only dmabuf fds: GEM_VA may not map it writable */
 } ModelGem;
 
 struct ModelCtx;

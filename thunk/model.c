@@ -223,6 +223,13 @@ static ModelBuf *buf_by_fd(ThunkModel *m, int fd, int *err)
         return NULL;
 }
 
+/* Was @fd opened read-only? Then what imports it may only read, whatever the exporter could. */
+static bool fd_read_only(int fd)
+{
+        int fl = fcntl(fd, F_GETFL);
+        return fl >= 0 && (fl & O_ACCMODE) == O_RDONLY;
+}
+
 /* A new open file of @b's memory: what a dmabuf fd is to its receiver. Read-only unless writable. */
 static int buf_export_fd(ModelBuf *b, bool writable, uint32_t flags, int *ret_fd)
 {
@@ -1337,7 +1344,11 @@ static int kfd_import_dmabuf(Call *c)
         }
         mem->buf = b;
         mem->va = a->va_addr;
-        mem->flags = b->type | KFD_IOC_ALLOC_MEM_FLAGS_WRITABLE | KFD_IOC_ALLOC_MEM_FLAGS_EXECUTABLE;
+        /* the kernel marks every import writable; the model keeps what the dmabuf file allows, so that a
+         * read-only export stays read-only in every importer's GPU mappings */
+        mem->flags = b->type | KFD_IOC_ALLOC_MEM_FLAGS_EXECUTABLE;
+        if (!fd_read_only((int)a->dmabuf_fd) && (b->foreign || (b->flags & KFD_IOC_ALLOC_MEM_FLAGS_WRITABLE)))
+                mem->flags |= KFD_IOC_ALLOC_MEM_FLAGS_WRITABLE;
         mem->gpu = idx;
         mem->import = true;
         a->handle = THUNK_KFD_HANDLE(a->gpu_id, mem->idr);
@@ -1521,12 +1532,13 @@ static int drm_gem_close(Call *c)
         return -EINVAL;
 }
 
-static int gem_handle_for(ModelFile *f, ModelBuf *b, uint32_t *ret)
+static int gem_handle_for(ModelFile *f, ModelBuf *b, bool read_only, uint32_t *ret)
 {
         uint32_t h = 1;
 
         for (size_t i = 0; i < f->n_gems; i++)
                 if (f->gems[i].buf == b) {
+                        f->gems[i].read_only &= read_only; /* a writable fd of it makes it writable */
                         *ret = f->gems[i].handle;
                         return 0;
                 }
@@ -1538,6 +1550,7 @@ static int gem_handle_for(ModelFile *f, ModelBuf *b, uint32_t *ret)
                 return -ENOMEM;
         f->gems[f->n_gems].handle = h;
         f->gems[f->n_gems].buf = b;
+        f->gems[f->n_gems].read_only = read_only;
         f->n_gems++;
         b->refs++;
         *ret = h;
@@ -1552,7 +1565,7 @@ static int drm_prime_fd_to_handle(Call *c)
 
         if (!b)
                 return err;
-        return gem_handle_for(c->file, b, &a->handle);
+        return gem_handle_for(c->file, b, fd_read_only(a->fd), &a->handle);
 }
 
 static int drm_prime_handle_to_fd(Call *c)
@@ -1634,6 +1647,10 @@ static int drm_amdgpu_gem_va(Call *c)
                 if (a->offset_in_bo + a->map_size < a->offset_in_bo ||
                     a->offset_in_bo + a->map_size > g->buf->size)
                         return -EINVAL;
+                /* as amdgpu refuses a writable mapping of a read-only BO */
+                if ((a->flags & AMDGPU_VM_PAGE_WRITEABLE) &&
+                    (g->read_only || !(g->buf->flags & KFD_IOC_ALLOC_MEM_FLAGS_WRITABLE)))
+                        return -EPERM;
         }
         if (a->operation == AMDGPU_VA_OP_CLEAR || a->operation == AMDGPU_VA_OP_REPLACE) {
                 /* trim GEM mappings out of [va, end); a KFD mapping in the way is a conflict */

@@ -44,6 +44,7 @@ static void test_argv(void)
         CHECK_EQ(o.log_level, LOG_DEBUG);
         CHECK_EQ(o.model_kfd_minor, 15);
         CHECK(o.config_explicit);
+        CHECK_EQ(o.max_window_bytes_per_uid, 16ull << 40); /* the default: an eighth of the 47-bit space */
         CHECK_EQ(o.set_by_cli,
                  OPT_SET_SOCKET | OPT_SET_BACKEND | OPT_SET_PRESET | OPT_SET_LOG_LEVEL | OPT_SET_KFD_MINOR);
         options_done(&o);
@@ -86,6 +87,7 @@ static void test_file_good(void)
                                                    "max-connections-per-uid = 3\n"
                                                    "hello-timeout = 0\n"
                                                    "window-size = 8G\n"
+                                                   "max-window-bytes-per-uid = 1T\n"
                                                    "socket-mode = 0600\n"
                                                    "admin-groups = root\n");
         options_init(&o);
@@ -97,6 +99,7 @@ static void test_file_good(void)
         CHECK_EQ(o.max_connections_per_uid, 3);
         CHECK_EQ(o.hello_timeout_sec, 0);
         CHECK_EQ(o.window_size, 8ull << 30);
+        CHECK_EQ(o.max_window_bytes_per_uid, 1ull << 40);
         CHECK_EQ(o.socket_mode, 0600);
         CHECK_EQ(o.n_admin_gids, 1);
         options_done(&o);
@@ -133,6 +136,11 @@ static void test_file_errors(void)
                 {"[daemon]\nlog-level = info\n[empty]\n", ":3: unknown section [empty]"},
                 {"backend = model\n", ":1: setting 'backend' outside any section"},
                 {"[daemon]\nthis line has no equals sign\n", ":2: syntax error"},
+                {"[daemon]\nmax-window-bytes-per-uid = 512M\n", ":2: max-window-bytes-per-uid"},
+                {"[daemon]\nmax-window-bytes-per-uid = 256T\n", ":2: max-window-bytes-per-uid"},
+                /* checked against window-size wherever that comes in the file */
+                {"[daemon]\nmax-window-bytes-per-uid = 2G\nwindow-size = 4G\n",
+                 ":2: max-window-bytes-per-uid: less than window-size"},
                 {"[daemon]\nadmin-groups = no-such-group-here\n", ":2: admin-groups"},
                 {"[daemon]\nmodel-kfd-minor = many\n", ":3: model-kfd-minor"},
         };

@@ -39,6 +39,7 @@ static void test_parse(void)
                                                    "fds = 256\n"
                                                    "connections = 32\n"
                                                    "inflight = 8\n"
+                                                   "windows = 12\n"
                                                    "gpus = 13500 9844\n"
                                                    "deny-ops = svm import\n"
                                                    "import-foreign = no\n"
@@ -74,6 +75,7 @@ static void test_parse(void)
                 CHECK_EQ(b->limit[POLICY_RES_FDS], 256);
                 CHECK_EQ(b->limit[POLICY_RES_CONNECTIONS], 32);
                 CHECK_EQ(b->limit[POLICY_RES_INFLIGHT], 8);
+                CHECK_EQ(b->limit[POLICY_RES_WINDOWS], 12);
                 CHECK_EQ(b->n_gpus, 2);
                 CHECK_EQ(b->deny_ops, POLICY_OP_SVM | POLICY_OP_IMPORT);
                 CHECK(!b->import_foreign);

@@ -1,0 +1,468 @@
+/* Hostile tenants against the daemon's core promises: quotas hold, read-only stays so, no one stalls others.
+ * One case per run (its name is the first argument), each on a daemon of its own with its own policy. */
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "../common/check.h"
+#include "frame.h"
+#include "gpumem-client.h"
+#include "gpumem.pb-c.h"
+#include "harness.h"
+
+#define MiB (1ull << 20)
+
+static Daemon dmn;
+static DaemonState base;
+static uint32_t gpus[16];
+static size_t n_gpus;
+
+static int64_t now_ms(void)
+{
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static int start(const char *config)
+{
+        gm_client *c = NULL;
+        gm_topology *t = NULL;
+        int r = daemon_start(&dmn, "mi300x", config, NULL);
+
+        if (r < 0) {
+                fprintf(stderr, "cannot start gpumemd: %s\n", strerror(-r));
+                return r;
+        }
+        r = gm_client_connect(dmn.sock, "hostile-setup", &c);
+        if (r == 0)
+                r = gm_topology_get(c, false, &t);
+        for (size_t i = 0; r == 0 && i < t->n_nodes && n_gpus < 16; i++)
+                if (t->nodes[i].is_gpu)
+                        gpus[n_gpus++] = t->nodes[i].gpu_id;
+        gm_topology_free(t);
+        gm_client_close(c);
+        if (r == 0)
+                r = daemon_state(&dmn, &base);
+        return r;
+}
+
+/* A raw connection after hello that sends pings and never reads a reply, until the daemon stops taking
+ * them: its replies back up in the daemon. Returns the fd. */
+static int flood_without_reading(void)
+{
+        uint8_t frame[GM_FRAME_HDR_SIZE + 2];
+        const uint8_t body[] = {0x12, 0x00}; /* Request.ping {} */
+        struct timeval tv = {0, 200000};
+        int fd = raw_connect(dmn.sock), sent = 0;
+
+        CHECK(fd >= 0);
+        if (fd < 0)
+                return -1;
+        CHECK_EQ(raw_hello(fd), 0);
+        gm_frame_hdr_encode(frame, 1, 7, sizeof(body), 0);
+        memcpy(frame + GM_FRAME_HDR_SIZE, body, sizeof(body));
+        CHECK_EQ(setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv)), 0);
+        for (int i = 0; i < 100000; i++) {
+                if (send(fd, frame, sizeof(frame), MSG_NOSIGNAL) < 0)
+                        break;
+                sent++;
+        }
+        CHECK(sent > 10);
+        return fd;
+}
+
+/* In a child, so that a daemon that blocks us fails the check instead of hanging the test. */
+static bool served_within(int seconds)
+{
+        int status;
+        pid_t pid = fork();
+
+        if (pid == 0) {
+                gm_client *c = NULL;
+                alarm((unsigned)seconds);
+                if (gm_client_connect(dmn.sock, "bystander", &c) != 0)
+                        _exit(1);
+                for (int i = 0; i < 50; i++)
+                        if (gm_ping(c) != 0)
+                                _exit(2);
+                gm_client_close(c);
+                _exit(0);
+        }
+        if (pid < 0 || waitpid(pid, &status, 0) != pid)
+                return false;
+        return WIFEXITED(status) && WEXITSTATUS(status) == 0;
+}
+
+/*
+ * Clients that flood requests and never read the replies, in a class with an in-flight limit: a new
+ * connection of the same class still gets its hello and is served, and the flooders are dropped once
+ * their replies have waited send-timeout seconds, leaving nothing behind.
+ */
+#define STALL_CONFIG                                                                                         \
+        "[daemon]\nsend-timeout = 2\nlog-level = warning\n"                                                  \
+        "[class all]\nmatch-all = yes\ninflight = 2\nconnections = 16\n"
+
+static void test_stall(void)
+{
+        int fds[3];
+        DaemonState st = {0};
+        int64_t t0;
+
+        for (size_t i = 0; i < 3; i++)
+                fds[i] = flood_without_reading();
+        t0 = now_ms();
+        CHECK(served_within(5));
+        CHECK(now_ms() - t0 < 1500); /* served while the flooders still wait, not after they were dropped */
+        /* dropped after the timeout: only our status connection is left */
+        for (int i = 0; i < 100; i++) {
+                if (daemon_state(&dmn, &st) == 0 && st.clients == base.clients)
+                        break;
+                usleep(100000);
+        }
+        CHECK_EQ(st.clients, base.clients);
+        for (size_t i = 0; i < 3; i++) {
+                if (fds[i] < 0)
+                        continue;
+                CHECK(raw_closed(fds[i], 2000)); /* the replies that were queued, then the close */
+                close(fds[i]);
+        }
+        CHECK(daemon_wait_base(&dmn, &base, 5000, NULL) == 0);
+        CHECK(served_within(5));
+}
+
+/* What class @name uses of @resource (all GPUs), or UINT64_MAX when it cannot be read. */
+static uint64_t class_used(const char *name, int resource)
+{
+        gm_client *adm = NULL;
+        gm_quota *q = NULL;
+        size_t n = 0;
+        uint64_t used = UINT64_MAX;
+
+        if (gm_client_connect(dmn.sock, "hostile-admin", &adm) != 0)
+                return used;
+        if (gm_admin_quota_get(adm, name, &q, &n) == 0)
+                for (size_t i = 0; i < n; i++)
+                        if (q[i].resource == resource && q[i].gpu_id == 0)
+                                used = q[i].used;
+        gm_quota_free(q, n);
+        gm_client_close(adm);
+        return used;
+}
+
+/* Wait (up to 3 s) until the class uses @want of @resource. */
+static bool class_settles(const char *name, int resource, uint64_t want)
+{
+        for (int i = 0; i < 60; i++) {
+                if (class_used(name, resource) == want)
+                        return true;
+                usleep(50000);
+        }
+        fprintf(stderr, "class '%s' resource %d uses %llu, expected %llu\n", name, resource,
+                (unsigned long long)class_used(name, resource), (unsigned long long)want);
+        return false;
+}
+
+static gm_handle handle_of(gm_client *c, void *p)
+{
+        gm_pointer_attributes pa = {.struct_size = sizeof(pa)};
+        return gm_pointer_get_attributes(c, p, &pa) == 0 ? pa.handle : 0;
+}
+
+static bool fd_is_read_only(int fd)
+{
+        return fd >= 0 && (fcntl(fd, F_GETFL) & O_ACCMODE) == O_RDONLY;
+}
+
+/* A shared writable mapping of @fd is refused by the kernel (the file was opened read-only). */
+static bool cannot_map_writable(int fd, size_t size)
+{
+        void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        if (p != MAP_FAILED) {
+                munmap(p, size);
+                return false;
+        }
+        return errno == EACCES;
+}
+
+#define RO_CONFIG "[daemon]\nlog-level = warning\n[class all]\nmatch-all = yes\n"
+
+/*
+ * Read-only stays read-only: a read-only export is an O_RDONLY file; an importer of it gets neither GPU nor
+ * CPU write access, its CPU mapping cannot be made writable, and what it exports again is read-only too.
+ */
+static void test_read_only(void)
+{
+        gm_client *x = NULL, *y = NULL;
+        void *dev = NULL, *host = NULL, *ro_dev = NULL, *res = NULL;
+        gm_handle imp = 0;
+        int fd = -1, fd2 = -1, fd3 = -1, fd4 = -1;
+        size_t size = 0;
+
+        CHECK_EQ(gm_client_connect(dmn.sock, "exporter", &x), 0);
+        CHECK_EQ(gm_client_connect(dmn.sock, "importer", &y), 0);
+        if (!x || !y)
+                goto out;
+        CHECK_EQ(gm_malloc(x, 2 * MiB, gpus[0], GM_MEM_HOST_VISIBLE, &dev), 0);
+        if (dev)
+                memset(dev, 0x5a, 2 * MiB);
+        CHECK_EQ(gm_mem_export_flags(x, handle_of(x, dev), GM_EXPORT_READ_ONLY, &fd, &size), 0);
+        CHECK(fd_is_read_only(fd));
+        if (fd >= 0)
+                CHECK(cannot_map_writable(fd, 2 * MiB));
+        CHECK_EQ(gm_mem_export_flags(x, handle_of(x, dev), 0x80, &fd2, NULL), -EINVAL);
+
+        /* the importer: GPU and CPU read-write are refused, read is granted and reads the exporter's data */
+        if (fd >= 0) {
+                gm_access_desc gpu_rw = {gpus[0], GM_ACCESS_READ_WRITE}, gpu_r = {gpus[0], GM_ACCESS_READ};
+                gm_access_desc cpu_rw = {GM_LOCATION_CPU, GM_ACCESS_READ_WRITE};
+                gm_access_desc cpu_r = {GM_LOCATION_CPU, GM_ACCESS_READ};
+                CHECK_EQ(gm_mem_import(y, fd, gpus[0], &imp, &size), 0);
+                CHECK_EQ(gm_mem_address_reserve(y, 2 * MiB, 0, NULL, 0, &res), 0);
+                CHECK_EQ(gm_mem_map(y, res, 2 * MiB, 0, imp), 0);
+                CHECK_EQ(gm_mem_set_access(y, res, 2 * MiB, &gpu_rw, 1), -EACCES);
+                CHECK_EQ(gm_mem_set_access(y, res, 2 * MiB, &cpu_rw, 1), -EACCES);
+                CHECK_EQ(gm_mem_set_access(y, res, 2 * MiB, &gpu_r, 1), 0);
+                CHECK_EQ(gm_mem_set_access(y, res, 2 * MiB, &cpu_r, 1), 0);
+                if (res) {
+                        CHECK_EQ(((volatile unsigned char *)res)[4096], 0x5a);
+                        /* the page tables hold a read-only file: no way to make the mapping writable */
+                        CHECK(mprotect(res, 2 * MiB, PROT_READ | PROT_WRITE) < 0 && errno == EACCES);
+                }
+                /* exporting the import again cannot shed the restriction */
+                CHECK_EQ(gm_mem_export(y, imp, &fd2, NULL), 0);
+                CHECK(fd_is_read_only(fd2));
+                CHECK_EQ(gm_mem_unmap(y, res, 2 * MiB), 0);
+                CHECK_EQ(gm_mem_release(y, imp), 0);
+                CHECK_EQ(gm_mem_address_free(y, res, 2 * MiB), 0);
+        }
+
+        /* host memory the same way, and memory allocated read-only is exported read-only without asking */
+        CHECK_EQ(gm_host_malloc(x, 2 * MiB, 0, -1, 0, &host), 0);
+        CHECK_EQ(gm_mem_export_flags(x, handle_of(x, host), GM_EXPORT_READ_ONLY, &fd3, NULL), 0);
+        CHECK(fd_is_read_only(fd3));
+        if (fd3 >= 0)
+                CHECK(cannot_map_writable(fd3, 2 * MiB));
+        CHECK_EQ(gm_malloc(x, 2 * MiB, gpus[0], GM_MEM_READ_ONLY, &ro_dev), 0);
+        CHECK_EQ(gm_mem_export(x, handle_of(x, ro_dev), &fd4, NULL), 0);
+        CHECK(fd_is_read_only(fd4));
+        CHECK_EQ(gm_mem_free(x, dev), 0);
+        CHECK_EQ(gm_mem_free(x, host), 0);
+        CHECK_EQ(gm_mem_free(x, ro_dev), 0);
+out:
+        for (int *f = (int[]){fd, fd2, fd3, fd4}, i = 0; i < 4; i++)
+                if (f[i] >= 0)
+                        close(f[i]);
+        gm_client_close(y);
+        gm_client_close(x);
+        CHECK(daemon_wait_base(&dmn, &base, 5000, NULL) == 0);
+}
+
+#define LIFE_CONFIG                                                                                          \
+        "[daemon]\nlog-level = warning\n[class all]\nmatch-all = yes\nvram = 8M\nhost = 4M\n"                \
+        "handles = 64\n"
+
+/*
+ * Memory is charged for as long as anything keeps it alive. Free after export, keeping the fd, then
+ * allocate again: the class would hold twice its quota; now the second allocation is -EDQUOT until the fd
+ * is closed. A share that outlives its owner stays charged to the owner's class until the importer lets go.
+ */
+static void test_lifetime(void)
+{
+        gm_client *x = NULL, *y = NULL;
+        void *p = NULL, *q = NULL;
+        gm_handle imp = 0;
+        int fd = -1;
+
+        CHECK_EQ(gm_client_connect(dmn.sock, "hoarder", &x), 0);
+        if (!x)
+                return;
+        /* device memory: the exported dmabuf keeps 6 MiB alive after the free */
+        CHECK_EQ(gm_malloc(x, 6 * MiB, gpus[0], 0, &p), 0);
+        CHECK_EQ(gm_mem_export(x, handle_of(x, p), &fd, NULL), 0);
+        CHECK_EQ(gm_mem_free(x, p), 0);
+        CHECK_EQ(class_used("all", GM_RESOURCE_VRAM), 6 * MiB);
+        CHECK_EQ(gm_malloc(x, 6 * MiB, gpus[0], 0, &q), -EDQUOT);
+        if (fd >= 0)
+                close(fd);
+        CHECK(class_settles("all", GM_RESOURCE_VRAM, 0));
+        CHECK_EQ(gm_malloc(x, 6 * MiB, gpus[0], 0, &q), 0);
+        CHECK_EQ(gm_mem_free(x, q), 0);
+
+        /* host memory: the memfd handed out at allocation and exported again */
+        fd = -1;
+        CHECK_EQ(gm_host_malloc(x, 3 * MiB, 0, -1, 0, &p), 0);
+        CHECK_EQ(gm_mem_export(x, handle_of(x, p), &fd, NULL), 0);
+        CHECK_EQ(gm_mem_free(x, p), 0);
+        CHECK_EQ(class_used("all", GM_RESOURCE_HOST), 3 * MiB);
+        CHECK_EQ(gm_host_malloc(x, 3 * MiB, 0, -1, 0, &q), -EDQUOT);
+        if (fd >= 0)
+                close(fd);
+        CHECK(class_settles("all", GM_RESOURCE_HOST, 0));
+
+        /* a share that outlives its owner: the importer's handle keeps the exporter's class paying */
+        fd = -1;
+        CHECK_EQ(gm_client_connect(dmn.sock, "importer", &y), 0);
+        CHECK_EQ(gm_malloc(x, 6 * MiB, gpus[0], 0, &p), 0);
+        CHECK_EQ(gm_mem_export(x, handle_of(x, p), &fd, NULL), 0);
+        if (y && fd >= 0)
+                CHECK_EQ(gm_mem_import(y, fd, gpus[0], &imp, NULL), 0);
+        if (fd >= 0)
+                close(fd);
+        gm_client_close(x); /* frees its allocation */
+        usleep(200000);
+        CHECK_EQ(class_used("all", GM_RESOURCE_VRAM), 6 * MiB);
+        if (y)
+                CHECK_EQ(gm_mem_release(y, imp), 0);
+        CHECK(class_settles("all", GM_RESOURCE_VRAM, 0));
+        gm_client_close(y);
+        CHECK(daemon_wait_base(&dmn, &base, 5000, NULL) == 0);
+}
+
+/*
+ * Imports of gpumemd's own exports create no memory outside every account: importing the same export over
+ * and over costs the importer handles only, and the exporter's class pays for the memory once. A foreign
+ * dmabuf (a memfd the client made) is charged by its size, with a per-class cap on one import.
+ */
+static void test_import_accounts(void)
+{
+        gm_client *x = NULL;
+        void *p = NULL;
+        gm_handle h[8] = {0};
+        int fd = -1, mfd = -1, big = -1;
+        gm_handle fh = 0;
+
+        CHECK_EQ(gm_client_connect(dmn.sock, "looper", &x), 0);
+        if (!x)
+                return;
+        CHECK_EQ(gm_malloc(x, 4 * MiB, gpus[0], 0, &p), 0);
+        CHECK_EQ(gm_mem_export(x, handle_of(x, p), &fd, NULL), 0);
+        for (int i = 0; i < 8 && fd >= 0; i++)
+                CHECK_EQ(gm_mem_import(x, fd, gpus[0], &h[i], NULL), 0);
+        CHECK_EQ(class_used("all", GM_RESOURCE_VRAM), 4 * MiB);
+        CHECK_EQ(class_used("all", GM_RESOURCE_HANDLES), 9);
+        for (int i = 0; i < 8; i++)
+                if (h[i])
+                        CHECK_EQ(gm_mem_release(x, h[i]), 0);
+        CHECK_EQ(gm_mem_free(x, p), 0);
+        if (fd >= 0)
+                close(fd);
+        CHECK(class_settles("all", GM_RESOURCE_VRAM, 0));
+
+        /* foreign memory: 1 MiB is within the class's caps, 3 MiB is more than one import may be */
+        mfd = memfd_create("foreign", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+        big = memfd_create("foreign-big", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+        CHECK(mfd >= 0 && big >= 0);
+        if (mfd >= 0 && big >= 0) {
+                CHECK_EQ(ftruncate(mfd, 1 * MiB), 0);
+                CHECK_EQ(ftruncate(big, 3 * MiB), 0);
+                CHECK_EQ(fcntl(mfd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW), 0);
+                CHECK_EQ(fcntl(big, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW), 0);
+                CHECK_EQ(gm_mem_import(x, big, gpus[0], &fh, NULL), -EDQUOT);
+                {
+                        char eb[512];
+                        CHECK_STR_CONTAINS(gm_strerror(x, -EDQUOT, eb, sizeof(eb)), "single foreign import");
+                }
+                CHECK_EQ(gm_mem_import(x, mfd, gpus[0], &fh, NULL), 0);
+                /* the second would take the class past its 1.5 MiB of foreign imports */
+                gm_handle fh2 = 0;
+                CHECK_EQ(gm_mem_import(x, mfd, gpus[0], &fh2, NULL), -EDQUOT);
+                CHECK_EQ(gm_mem_release(x, fh), 0);
+                CHECK_EQ(gm_mem_import(x, mfd, gpus[0], &fh2, NULL), 0);
+                CHECK_EQ(gm_mem_release(x, fh2), 0);
+        }
+        if (mfd >= 0)
+                close(mfd);
+        if (big >= 0)
+                close(big);
+        gm_client_close(x);
+        CHECK(daemon_wait_base(&dmn, &base, 5000, NULL) == 0);
+}
+
+#define IMPORT_CONFIG                                                                                        \
+        "[daemon]\nlog-level = warning\n[class all]\nmatch-all = yes\nvram = 8M\n"                           \
+        "foreign-imports = 1536K\nforeign-import-max = 2M\n"
+
+/* Every record the daemon keeps for a client costs a handle: VMM mappings count against `handles`. */
+static void test_vmm_mappings(void)
+{
+        gm_client *x = NULL;
+        void *res = NULL;
+        gm_handle h = 0;
+        size_t mapped = 0;
+
+        CHECK_EQ(gm_client_connect(dmn.sock, "mapper", &x), 0);
+        if (!x)
+                return;
+        CHECK_EQ(gm_mem_address_reserve(x, 64 * MiB, 0, NULL, 0, &res), 0);
+        CHECK_EQ(gm_mem_create(x, 2 * MiB, gpus[0], 0, &h), 0);
+        /* 2 handles used: 6 mappings fit under 8, the 7th is refused */
+        for (size_t i = 0; i < 16 && res; i++) {
+                int r = gm_mem_map(x, (char *)res + i * 2 * MiB, 2 * MiB, 0, h);
+                if (r != 0) {
+                        CHECK_EQ(r, -EDQUOT);
+                        char eb[512];
+                        CHECK_STR_CONTAINS(gm_strerror(x, r, eb, sizeof(eb)), "handle limit");
+                        break;
+                }
+                mapped++;
+        }
+        CHECK_EQ(mapped, 6);
+        CHECK_EQ(class_used("all", GM_RESOURCE_HANDLES), 8);
+        if (res)
+                CHECK_EQ(gm_mem_unmap(x, res, mapped * 2 * MiB), 0);
+        CHECK_EQ(class_used("all", GM_RESOURCE_HANDLES), 2);
+        gm_client_close(x);
+        CHECK(daemon_wait_base(&dmn, &base, 5000, NULL) == 0);
+}
+
+#define MAPPINGS_CONFIG "[daemon]\nlog-level = warning\n[class all]\nmatch-all = yes\nhandles = 8\n"
+
+int main(int argc, char **argv)
+{
+        static const struct {
+                const char *name;
+                const char *config; /* the daemon's configuration file for the case */
+                TestCase tc;
+        } cases[] = {
+                {"stall",
+                 STALL_CONFIG,
+                 {"a client that does not read its replies stalls no one and is dropped", test_stall}},
+                {"read-only",
+                 RO_CONFIG,
+                 {"a read-only export stays read-only on every path", test_read_only}},
+                {"lifetime",
+                 LIFE_CONFIG,
+                 {"memory is charged for as long as anything keeps it alive", test_lifetime}},
+                {"imports",
+                 IMPORT_CONFIG,
+                 {"imports create no memory outside every account", test_import_accounts}},
+                {"vmm-mappings", MAPPINGS_CONFIG, {"VMM mappings cost a handle each", test_vmm_mappings}},
+        };
+        int r = EXIT_FAILURE;
+
+        signal(SIGPIPE, SIG_IGN);
+        for (size_t i = 0; i < ARRAY_LEN(cases); i++)
+                if (argc > 1 && strcmp(argv[1], cases[i].name) == 0) {
+                        if (start(cases[i].config) == 0)
+                                r = run_tests(&cases[i].tc, 1);
+                        if (dmn.pid > 0 && daemon_stop(&dmn) != 0)
+                                r = EXIT_FAILURE;
+                        daemon_cleanup(&dmn);
+                        return r;
+                }
+        fprintf(stderr, "usage: %s CASE (", argv[0]);
+        for (size_t i = 0; i < ARRAY_LEN(cases); i++)
+                fprintf(stderr, "%s%s", i ? ", " : "", cases[i].name);
+        fprintf(stderr, ")\n");
+        return 2;
+}

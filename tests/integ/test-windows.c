@@ -1,0 +1,585 @@
+/* VA windows against a hostile uid: per-uid window bytes and a class's window count are capped, and freed. */
+#include <errno.h>
+#include <grp.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "../common/check.h"
+#include "gpumem-client.h"
+#include "gpumem.pb-c.h"
+#include "harness.h"
+
+#define MiB       (1ull << 20)
+#define UID_HOG   65534 /* class "others": no window count limit, only the per-uid byte cap */
+#define UID_BATCH 65533 /* class "batch": windows = 3 */
+#define UID_OTHER 65532 /* a bystander of class "others" */
+#define RETRIES   4     /* WINDOW_MAX_RETRIES of the daemon */
+
+/* 1 GiB windows, 6 GiB per uid: the hog reaches the cap after one connection's hello and four retries
+ * (5 windows) and a second hello (6). */
+static const char config_default[] =
+        "[daemon]\nlog-level = warning\nhello-timeout = 120\nwindow-size = 16T\n";
+static const char config_caps[] = "[daemon]\nlog-level = warning\nhello-timeout = 120\nwindow-size = 1G\n"
+                                  "max-window-bytes-per-uid = 6G\n\n"
+                                  "[class admins]\nmatch-uid = 0\nadmin = yes\n\n"
+                                  "[class batch]\nmatch-uid = 65533\nwindows = 3\n\n"
+                                  "[class others]\nmatch-all = yes\n";
+
+static Daemon dmn;
+static bool started;
+static int hog_cap_gib = 6; /* max-window-bytes-per-uid in force, in GiB (1 GiB windows) */
+static uint32_t next_id = 1;
+
+/* Whether this gpumemd accepts @config (a daemon that exits at start is better not started at all). */
+static bool config_valid(const char *config)
+{
+        char path[] = "/tmp/gpumemd-windows-XXXXXX", cmd[1024];
+        int fd = mkstemp(path);
+        bool ok;
+
+        if (fd < 0)
+                return false;
+        ok = write(fd, config, strlen(config)) == (ssize_t)strlen(config);
+        close(fd);
+        snprintf(cmd, sizeof(cmd), "'%s' --check-config --config '%s' >&2", getenv("GPUMEMD"), path);
+        ok = ok && system(cmd) == 0;
+        unlink(path);
+        return ok;
+}
+
+static int start(const char *config)
+{
+        int r;
+
+        if (!config_valid(config)) {
+                fprintf(stderr, "this gpumemd refuses the configuration:\n%s", config);
+                return -EINVAL;
+        }
+        r = daemon_start(&dmn, "mi300x", config, NULL);
+        if (r < 0) {
+                fprintf(stderr, "cannot start gpumemd: %s\n", strerror(-r));
+                daemon_cleanup(&dmn);
+                return r;
+        }
+        /* clients of other uids connect too */
+        chmod(dmn.dir, 0755);
+        chmod(dmn.sock, 0666);
+        started = true;
+        return 0;
+}
+
+static void stop(void)
+{
+        if (!started)
+                return;
+        CHECK_EQ(daemon_stop(&dmn), 0);
+        daemon_cleanup(&dmn);
+        started = false;
+}
+
+/* ---- raw window requests: the reply code, the window base and the reason ---- */
+
+static int reply_of(int fd, Gpumem__Request *req, uint64_t *ret_base, char *why, size_t len)
+{
+        Gpumem__Reply *rep = NULL;
+        int code = raw_request(fd, next_id++, req, NULL, 0, (void **)&rep, NULL, NULL, NULL);
+
+        if (why)
+                snprintf(why, len, "%s",
+                         rep && rep->status && rep->status->reason ? rep->status->reason : "");
+        if (code == 0 && ret_base)
+                *ret_base = rep && rep->hello ? rep->hello->window_base : 0;
+        raw_reply_free(rep);
+        return code;
+}
+
+static int hello(int fd, uint64_t *ret_base, char *why, size_t len)
+{
+        Gpumem__Request req = GPUMEM__REQUEST__INIT;
+        Gpumem__Hello h = GPUMEM__HELLO__INIT;
+
+        h.has_protocol_version = true;
+        h.protocol_version = 1;
+        h.client_name = "windows";
+        req.op_case = GPUMEM__REQUEST__OP_HELLO;
+        req.hello = &h;
+        return reply_of(fd, &req, ret_base, why, len);
+}
+
+/* The client says it could not reserve @base: the daemon keeps it and hands out another. */
+static int retry(int fd, uint64_t *base, char *why, size_t len)
+{
+        Gpumem__Request req = GPUMEM__REQUEST__INIT;
+        Gpumem__WindowRetry w = GPUMEM__WINDOW_RETRY__INIT;
+
+        w.has_failed_base = true;
+        w.failed_base = *base;
+        req.op_case = GPUMEM__REQUEST__OP_WINDOW_RETRY;
+        req.window_retry = &w;
+        return reply_of(fd, &req, base, why, len);
+}
+
+/* ---- children of other uids ---- */
+
+/* In children: report the first failed expectation and exit 1. */
+#define EXPECT(cond)                                                                                         \
+        do {                                                                                                 \
+                if (!(cond)) {                                                                               \
+                        fprintf(stderr, "child %d: %s:%d: %s\n", (int)getuid(), __FILE__, __LINE__, #cond);  \
+                        return 1;                                                                            \
+                }                                                                                            \
+        } while (0)
+
+typedef struct Child {
+        pid_t pid;
+        int sync; /* our end of a socketpair: the child writes 'r' when ready, waits for 'g' */
+} Child;
+
+/* Start @fn as @uid (it became that uid before it connected); @fn gets its end of the sync socket. */
+static Child spawn_as(uid_t uid, int (*fn)(int))
+{
+        int sv[2];
+        Child ch = {-1, -1};
+
+        if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) < 0)
+                return ch;
+        ch.pid = fork();
+        if (ch.pid == 0) {
+                close(sv[0]);
+                if (setgroups(0, NULL) < 0 || setgid(uid) < 0 || setuid(uid) < 0)
+                        _exit(100);
+                _exit(fn(sv[1]));
+        }
+        close(sv[1]);
+        ch.sync = sv[0];
+        return ch;
+}
+
+/* Wait for the child's 'r'; false when it exited instead (its checks failed). */
+static bool child_ready(Child *ch)
+{
+        char c = 0;
+        return ch->sync >= 0 && read(ch->sync, &c, 1) == 1 && c == 'r';
+}
+
+static void child_go(Child *ch)
+{
+        CHECK_EQ(write(ch->sync, "g", 1), 1);
+}
+
+/* Reap the child: its exit status (0: every expectation held). */
+static int child_wait(Child *ch)
+{
+        int status = -1;
+
+        if (ch->sync >= 0)
+                close(ch->sync);
+        ch->sync = -1;
+        if (ch->pid <= 0 || waitpid(ch->pid, &status, 0) != ch->pid)
+                return -1;
+        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+static int run_as(uid_t uid, int (*fn)(int))
+{
+        Child ch = spawn_as(uid, fn);
+        return child_wait(&ch);
+}
+
+static int signal_and_wait(int sync)
+{
+        char c;
+        if (write(sync, "r", 1) != 1 || read(sync, &c, 1) != 1)
+                return -1;
+        return 0;
+}
+
+/* ---- what the daemon holds ---- */
+
+static int va_windows(void)
+{
+        DaemonState s;
+        /* the status connection's own window is counted: report the others */
+        return daemon_state(&dmn, &s) == 0 ? (int)s.va_windows - 1 : -1;
+}
+
+/* Windows are given back when the connection is freed, a loop round after it closed: wait for @want. */
+static int wait_va_windows(int want)
+{
+        int n = -1;
+        for (int i = 0; i < 250 && (n = va_windows()) != want; i++)
+                usleep(20000);
+        if (n != want)
+                fprintf(stderr, "va_windows: %d, expected %d\n", n, want);
+        return n;
+}
+
+static bool class_windows(const char *cls, uint64_t *used, uint64_t *limit)
+{
+        gm_client *c = NULL;
+        gm_quota *q = NULL;
+        size_t n = 0;
+        bool found = false;
+
+        if (gm_client_connect(dmn.sock, "admin", &c) < 0)
+                return false;
+        if (gm_admin_quota_get(c, cls, &q, &n) == 0)
+                for (size_t i = 0; i < n; i++)
+                        if (q[i].resource == GM_RESOURCE_WINDOWS && q[i].gpu_id == 0) {
+                                *used = q[i].used;
+                                *limit = q[i].limit;
+                                found = true;
+                        }
+        gm_quota_free(q, n);
+        gm_client_close(c);
+        return found;
+}
+
+/* Each case needs the daemon of config_caps. */
+#define NEED_DAEMON()                                                                                        \
+        do {                                                                                                 \
+                if (!started) {                                                                              \
+                        CHECK(!"gpumemd runs with max-window-bytes-per-uid and a class with windows");       \
+                        return;                                                                              \
+                }                                                                                            \
+        } while (0)
+
+/* ---- (a) one uid against the per-uid cap ---- */
+
+/* Open connections and retry windows until refused: the refusal must be the per-uid cap at 6 windows. */
+static int hog_take_all(int *fds, int *n_fds, int max_fds, int *held, uint64_t *ret_base, char *why,
+                        size_t len)
+{
+        uint64_t base = 0;
+        int code = 0;
+
+        *held = 0;
+        for (*n_fds = 0; *n_fds < max_fds && code == 0;) {
+                int fd = raw_connect(dmn.sock);
+                if (fd < 0)
+                        return fd;
+                fds[(*n_fds)++] = fd;
+                code = hello(fd, &base, why, len);
+                if (code)
+                        break;
+                (*held)++;
+                for (int k = 0; k < RETRIES && code == 0; k++) {
+                        code = retry(fd, &base, why, len);
+                        if (code == 0)
+                                (*held)++;
+                }
+        }
+        *ret_base = base;
+        return code;
+}
+
+static int hog(int sync)
+{
+        int fds[64], n = 0, held = 0, extra, code;
+        char why[256], want[256];
+        uint64_t base = 0;
+
+        code = hog_take_all(fds, &n, 64, &held, &base, why, sizeof(why));
+        fprintf(stderr, "hog: %d windows on %d connections, then %d (%s)\n", held, n, code, why);
+        snprintf(want, sizeof(want),
+                 "uid 65534 holds %d GiB of VA windows, its limit is %d GiB: 1 GiB more is refused",
+                 hog_cap_gib, hog_cap_gib);
+        EXPECT(code == -EDQUOT);
+        EXPECT(held == hog_cap_gib);
+        EXPECT(n == 2);
+        EXPECT(strcmp(why, want) == 0);
+        /* the refused retry changed nothing: its base is still the connection's window, and refused again */
+        EXPECT(retry(fds[1], &base, why, sizeof(why)) == -EDQUOT);
+        /* a hello on a new connection is refused too, before any window is made */
+        extra = raw_connect(dmn.sock);
+        EXPECT(extra >= 0);
+        code = hello(extra, &base, why, sizeof(why));
+        EXPECT(code == -EDQUOT);
+        EXPECT(strcmp(why, want) == 0);
+        /* what the library says */
+        {
+                gm_client *gc = NULL;
+                EXPECT(gm_client_open(dmn.sock, "hog", &gc, why, sizeof(why)) == -EDQUOT);
+                EXPECT(strstr(why, want) != NULL);
+        }
+        EXPECT(signal_and_wait(sync) == 0);
+
+        /* the first connection (5 windows) goes: the refused hello succeeds on the same connection */
+        close(fds[0]);
+        for (int i = 0; i < 250 && (code = hello(extra, &base, why, sizeof(why))) == -EDQUOT; i++)
+                usleep(20000);
+        EXPECT(code == 0);
+        EXPECT(signal_and_wait(sync) == 0);
+        /* killed with its windows held */
+        pause();
+        return 0;
+}
+
+static int bystander(int sync)
+{
+        gm_client *c = NULL;
+        gm_topology *t = NULL;
+        uint32_t gpu = 0;
+        void *p = NULL;
+        char buf[256];
+        int r = gm_client_open(dmn.sock, "bystander", &c, buf, sizeof(buf));
+
+        (void)sync;
+        if (r < 0)
+                fprintf(stderr, "bystander: %s\n", buf);
+        EXPECT(r == 0);
+        EXPECT(gm_topology_get(c, false, &t) == 0);
+        for (size_t i = 0; i < t->n_nodes && !gpu; i++)
+                if (t->nodes[i].is_gpu)
+                        gpu = t->nodes[i].gpu_id;
+        gm_topology_free(t);
+        EXPECT(gm_malloc(c, 2 * MiB, gpu, 0, &p) == 0);
+        EXPECT(gm_mem_free(c, p) == 0);
+        gm_client_close(c);
+        return 0;
+}
+
+static void test_uid_cap(void)
+{
+        Child h;
+        bool ready;
+
+        NEED_DAEMON();
+        h = spawn_as(UID_HOG, hog);
+        ready = child_ready(&h);
+
+        CHECK(ready);
+        if (ready) {
+                CHECK_EQ(wait_va_windows(6), 6);
+                /* another uid still gets its hello and allocates; so does root */
+                CHECK_EQ(run_as(UID_OTHER, bystander), 0);
+                CHECK_EQ(wait_va_windows(6), 6);
+                child_go(&h);
+                ready = child_ready(&h);
+                CHECK(ready);
+        }
+        if (ready)
+                CHECK_EQ(wait_va_windows(2),
+                         2); /* 5 freed with the closed connection, 1 taken by the hello */
+        /* killed while holding: everything comes back, and the uid can take its full share again */
+        kill(h.pid, SIGKILL);
+        CHECK_EQ(child_wait(&h), 128 + SIGKILL);
+        CHECK_EQ(wait_va_windows(0), 0);
+        h = spawn_as(UID_HOG, hog);
+        ready = child_ready(&h);
+        CHECK(ready);
+        if (ready)
+                CHECK_EQ(wait_va_windows(6), 6);
+        kill(h.pid, SIGKILL);
+        child_wait(&h);
+        CHECK_EQ(wait_va_windows(0), 0);
+}
+
+/* A reload applies a new max-window-bytes-per-uid to the next window. */
+static void test_reload(void)
+{
+        char text[sizeof(config_caps) + 8];
+        char *at;
+        Child h;
+
+        NEED_DAEMON();
+        snprintf(text, sizeof(text), "%s", config_caps);
+        at = strstr(text, "max-window-bytes-per-uid = 6G");
+        CHECK(at != NULL);
+        if (!at)
+                return;
+        at[strlen("max-window-bytes-per-uid = ")] = '7';
+        CHECK_EQ(daemon_write_config(&dmn, text), 0);
+        kill(dmn.pid, SIGHUP);
+        usleep(300000);
+        hog_cap_gib = 7;
+        h = spawn_as(UID_HOG, hog);
+        CHECK(child_ready(&h));
+        CHECK_EQ(wait_va_windows(7), 7);
+        kill(h.pid, SIGKILL);
+        child_wait(&h);
+        CHECK_EQ(wait_va_windows(0), 0);
+        /* back to the file the other cases expect */
+        hog_cap_gib = 6;
+        CHECK_EQ(daemon_write_config(&dmn, config_caps), 0);
+        kill(dmn.pid, SIGHUP);
+        usleep(300000);
+}
+
+/* ---- (b) a class's window count ---- */
+
+static int batch(int sync)
+{
+        int fd[4];
+        uint64_t base[4] = {0};
+        char why[256];
+        int code;
+
+        for (int i = 0; i < 4; i++) {
+                fd[i] = raw_connect(dmn.sock);
+                EXPECT(fd[i] >= 0);
+        }
+        for (int i = 0; i < 3; i++)
+                EXPECT(hello(fd[i], &base[i], why, sizeof(why)) == 0);
+        /* the 4th window: by hello, and by window_retry */
+        code = hello(fd[3], &base[3], why, sizeof(why));
+        fprintf(stderr, "batch: 4th hello: %d (%s)\n", code, why);
+        EXPECT(code == -EDQUOT);
+        EXPECT(strcmp(why, "class 'batch' window limit: 3 in use of 3") == 0);
+        code = retry(fd[0], &base[0], why, sizeof(why));
+        EXPECT(code == -EDQUOT);
+        EXPECT(strcmp(why, "class 'batch' window limit: 3 in use of 3") == 0);
+        EXPECT(signal_and_wait(sync) == 0);
+
+        /* a disconnect frees one: the refused hello now succeeds, and the class is full again */
+        close(fd[1]);
+        for (int i = 0; i < 250 && (code = hello(fd[3], &base[3], why, sizeof(why))) == -EDQUOT; i++)
+                usleep(20000);
+        EXPECT(code == 0);
+        EXPECT(retry(fd[0], &base[0], why, sizeof(why)) == -EDQUOT);
+        /* another one goes: a retry takes its place (the refused window stays counted) */
+        close(fd[3]);
+        for (int i = 0; i < 250 && (code = retry(fd[0], &base[0], why, sizeof(why))) == -EDQUOT; i++)
+                usleep(20000);
+        EXPECT(code == 0);
+        fd[1] = raw_connect(dmn.sock);
+        EXPECT(hello(fd[1], &base[1], why, sizeof(why)) == -EDQUOT);
+        EXPECT(signal_and_wait(sync) == 0);
+        return 0;
+}
+
+static bool ctl_output_has(const char *args, const char *needle)
+{
+        char cmd[512], out[8192];
+        size_t n;
+        FILE *p;
+        const char *ctl = getenv("GPUMEMCTL");
+
+        if (!ctl)
+                return false;
+        snprintf(cmd, sizeof(cmd), "%s --socket %s %s", ctl, dmn.sock, args);
+        p = popen(cmd, "re");
+        if (!p)
+                return false;
+        n = fread(out, 1, sizeof(out) - 1, p);
+        out[n] = '\0';
+        pclose(p);
+        if (!strstr(out, needle)) {
+                fprintf(stderr, "'%s' printed:\n%s(without '%s')\n", cmd, out, needle);
+                return false;
+        }
+        return true;
+}
+
+static void test_class_windows(void)
+{
+        uint64_t used = 0, limit = 0;
+        gm_client *adm = NULL;
+        char *text = NULL;
+        Child b;
+        bool ready;
+
+        NEED_DAEMON();
+        b = spawn_as(UID_BATCH, batch);
+        ready = child_ready(&b);
+
+        CHECK(ready);
+        if (ready) {
+                CHECK(class_windows("batch", &used, &limit));
+                CHECK_EQ(used, 3);
+                CHECK_EQ(limit, 3);
+                CHECK(ctl_output_has("quota show batch", "  windows      all     3            3"));
+                CHECK_EQ(gm_client_connect(dmn.sock, "admin", &adm), 0);
+                if (adm) {
+                        CHECK_EQ(gm_admin_quota_set(adm, "batch", GM_RESOURCE_WINDOWS, 0, 2, false), -EBUSY);
+                        CHECK_EQ(gm_admin_metrics(adm, &text), 0);
+                        CHECK_STR_CONTAINS(text,
+                                           "gpumemd_class_limit{class=\"batch\",resource=\"windows\"} 3\n");
+                        CHECK_STR_CONTAINS(text,
+                                           "gpumemd_class_usage{class=\"batch\",resource=\"windows\"} 3\n");
+                        CHECK_STR_CONTAINS(text,
+                                           "gpumemd_class_limit{class=\"others\",resource=\"windows\"} +Inf");
+                        gm_free(text);
+                        gm_client_close(adm);
+                }
+                child_go(&b);
+                ready = child_ready(&b);
+                CHECK(ready);
+        }
+        if (ready) {
+                CHECK(class_windows("batch", &used, &limit));
+                CHECK_EQ(used, 3); /* fd0: a refused window and its current one; fd2: one */
+                child_go(&b);
+        }
+        CHECK_EQ(child_wait(&b), 0);
+        for (int i = 0; i < 250 && class_windows("batch", &used, &limit) && used != 0; i++)
+                usleep(20000);
+        CHECK_EQ(used, 0);
+        CHECK_EQ(wait_va_windows(0), 0);
+}
+
+/* ---- with the defaults: one uid cannot take the whole aperture ---- */
+
+static int hog_default(int sync)
+{
+        int fds[16], n = 0, held = 0, code;
+        uint64_t base;
+        char why[256];
+
+        code = hog_take_all(fds, &n, 16, &held, &base, why, sizeof(why));
+        fprintf(stderr, "hog: %d windows of 16 TiB on %d connections, then %d (%s)\n", held, n, code, why);
+        /* held while the bystander connects, whatever happened */
+        EXPECT(signal_and_wait(sync) == 0);
+        EXPECT(code == -EDQUOT);
+        EXPECT(held == 1);
+        EXPECT(strstr(why, "uid 65534 holds 16 TiB of VA windows, its limit is 16 TiB"));
+        return 0;
+}
+
+static void test_default_cap(void)
+{
+        Child h;
+
+        if (daemon_wrapped()) { /* main started the daemon with config_caps */
+                printf("# skipped under a wrapper: 16 TiB reservations\n");
+                return;
+        }
+        h = spawn_as(UID_HOG, hog_default);
+        CHECK(child_ready(&h));
+        /* another uid connects (a 16 TiB window) and allocates while the hog holds all it could get */
+        CHECK_EQ(run_as(UID_OTHER, bystander), 0);
+        child_go(&h);
+        CHECK_EQ(child_wait(&h), 0);
+        /* the daemon the other cases need */
+        stop();
+        CHECK_EQ(start(config_caps), 0);
+}
+
+int main(void)
+{
+        static const TestCase cases[] = {
+                /* first, on a daemon with the default cap and only settings every gpumemd knows */
+                {"by default one uid cannot take the aperture", test_default_cap},
+                {"one uid is refused at max-window-bytes-per-uid, other uids are served", test_uid_cap},
+                {"a class's windows limit counts hellos and retries, a disconnect frees one",
+                 test_class_windows},
+                {"a reload changes max-window-bytes-per-uid", test_reload},
+        };
+        int r;
+
+        signal(SIGPIPE, SIG_IGN);
+        /* 16 TiB windows: the aperture (1 TiB to 128 TiB) holds about 7, so one unbounded uid can take it all
+         */
+        r = daemon_wrapped() ? start(config_caps) : start(config_default);
+        if (r < 0)
+                return EXIT_FAILURE;
+        r = run_tests(cases, ARRAY_LEN(cases));
+        stop();
+        return r;
+}
