@@ -103,6 +103,8 @@ struct BrokerClient {
         HashMap objs;
         BrokerUsage usage;
         BrokerAccount *acct; /* the class's shared limits and usage; NULL = unlimited */
+        int teardown_phase;  /* TEARDOWN_*: how far a teardown in slices went */
+        size_t teardown_iter;
 };
 
 int why_set(Why *w, int err, const char *fmt, ...)
@@ -260,6 +262,11 @@ bool broker_client_private_vm(const BrokerClient *c)
 size_t broker_client_objects(const BrokerClient *c)
 {
         return c->objs.n;
+}
+
+uint64_t broker_client_records(const BrokerClient *c)
+{
+        return c->usage.objects;
 }
 
 /* The context device memory lives in: the client's own where the KFD allows secondary contexts. */
@@ -515,10 +522,13 @@ void broker_client_set_account(BrokerClient *c, BrokerAccount *a)
 {
         if (c->acct == a)
                 return;
-        if (c->acct)
+        if (c->acct) {
                 usage_move(&c->acct->used, &c->usage, -1);
+                c->acct->clients--;
+        }
         c->acct = a;
         if (a) {
+                a->clients++;
                 a->used.n_gpus = (uint32_t)c->b->n_gpus;
                 memcpy(a->used.gpu_ids, c->b->gpu_ids, sizeof(c->b->gpu_ids));
                 usage_move(&a->used, &c->usage, +1);
@@ -2097,73 +2107,88 @@ int broker_svm_prefetch(BrokerClient *c, uint64_t va, uint64_t size, uint32_t lo
 
 /* ---- teardown ---------------------------------------------------------------------------------------- */
 
-typedef struct MapList {
-        VmmMap **items;
-        size_t n;
-} MapList;
+/* Where a teardown in slices stands: every VMM mapping goes before any object, so that a handle nothing maps
+ * any more can go with its object. */
+enum { TEARDOWN_MAPPINGS, TEARDOWN_OBJECTS };
 
-/* Collect a reservation's mappings: the walk itself must not change the tree. */
-static int collect_maps_cb(const ThunkVaObject *vo, void *userdata)
+/* Drop up to *@budget mappings of reservation @res, GPU access first. */
+static void teardown_mappings(BrokerClient *c, Obj *res, size_t *budget)
 {
-        MapList *l = userdata;
-        l->items[l->n++] = vo->data;
-        return 0;
+        ThunkVaObject vo;
+
+        while (*budget > 0 && thunk_va_next(res->maps, res->va, &vo) == 0) {
+                VmmMap *m = vo.data;
+                (void)map_revoke_all(m); /* what the driver refused goes with the context below */
+                map_destroy(c, m);
+                (*budget)--;
+        }
+}
+
+static void teardown_object(BrokerClient *c, Obj *o)
+{
+        switch (o->kind) {
+        case BROKER_KIND_DEVICE:
+        case BROKER_KIND_HOST:
+        case BROKER_KIND_MANAGED:
+                (void)destroy_alloc(c, o, true, NULL);
+                charge(c, o, -1);
+                break;
+        case BROKER_KIND_VMM:
+        case BROKER_KIND_IMPORT:
+                /* every mapping went first, so nothing else refers to it */
+                o->client_refs = 0;
+                o->map_refs = 0;
+                phys_maybe_destroy(c, o);
+                return;
+        case BROKER_KIND_RESERVATION:
+                thunk_va_space_free(o->maps);
+                charge(c, o, -1);
+                break;
+        }
+        free(o);
+}
+
+bool broker_client_teardown_step(BrokerClient *c, size_t budget)
+{
+        Obj *o;
+
+        if (c->teardown_phase == TEARDOWN_MAPPINGS) {
+                while (budget > 0) {
+                        size_t at = c->teardown_iter;
+                        if (!hashmap_next(&c->objs, &c->teardown_iter, NULL, (void **)&o)) {
+                                c->teardown_phase = TEARDOWN_OBJECTS;
+                                c->teardown_iter = 0;
+                                break;
+                        }
+                        if (o->kind != BROKER_KIND_RESERVATION)
+                                continue;
+                        teardown_mappings(c, o, &budget);
+                        if (thunk_va_space_count(o->maps) > 0)
+                                c->teardown_iter = at; /* out of budget inside it: back here next time */
+                }
+        }
+        if (c->teardown_phase == TEARDOWN_OBJECTS) {
+                /* removing the entry just read leaves a tombstone: the walk goes on where it was */
+                while (budget > 0 && hashmap_next(&c->objs, &c->teardown_iter, NULL, (void **)&o)) {
+                        hashmap_remove(&c->objs, o->handle);
+                        teardown_object(c, o);
+                        budget--;
+                }
+        }
+        /* the inotify queue holds 16384 events by default: take them slice by slice */
+        broker_process_events(c->b);
+        return c->teardown_phase == TEARDOWN_OBJECTS && c->objs.n == 0;
 }
 
 BrokerClient *broker_client_free(BrokerClient *c)
 {
-        size_t it = 0;
-        Obj *o;
-
         if (!c)
                 return NULL;
-        /* 1. VMM mappings: GPU access first, then the mappings (which may free released handles) */
-        while (hashmap_next(&c->objs, &it, NULL, (void **)&o)) {
-                if (o->kind != BROKER_KIND_RESERVATION)
-                        continue;
-                MapList l = {calloc(thunk_va_space_count(o->maps) + 1, sizeof(VmmMap *)), 0};
-                if (!l.items)
-                        continue; /* out of memory: the context's close below still releases the GPU side */
-                (void)thunk_va_foreach(o->maps, collect_maps_cb, &l);
-                for (size_t i = 0; i < l.n; i++) {
-                        (void)map_revoke_all(l.items[i]);
-                        map_destroy(c, l.items[i]);
-                }
-                free(l.items);
-        }
-        /* 2. every object: allocations unmapped then freed, handles and imports freed, reservations dropped
-         */
-        it = 0;
-        size_t done = 0;
-        while (hashmap_next(&c->objs, &it, NULL, (void **)&o)) {
-                /* the inotify queue holds 16384 events by default: take them as they come */
-                if (++done % 1024 == 0)
-                        broker_process_events(c->b);
-                switch (o->kind) {
-                case BROKER_KIND_DEVICE:
-                case BROKER_KIND_HOST:
-                case BROKER_KIND_MANAGED:
-                        (void)destroy_alloc(c, o, true, NULL);
-                        charge(c, o, -1);
-                        break;
-                case BROKER_KIND_VMM:
-                case BROKER_KIND_IMPORT:
-                        /* step 1 dropped every mapping, so nothing else refers to it */
-                        o->client_refs = 0;
-                        o->map_refs = 0;
-                        phys_maybe_destroy(c, o);
-                        continue;
-                case BROKER_KIND_RESERVATION:
-                        thunk_va_space_free(o->maps);
-                        charge(c, o, -1);
-                        break;
-                }
-                free(o);
-        }
+        while (!broker_client_teardown_step(c, 4096))
+                ;
         hashmap_done(&c->objs);
-        broker_process_events(c->b);
         broker_client_set_account(c, NULL);
-        /* 3. the client's own KFD context: closing it releases anything the driver still holds for it */
+        /* the client's own KFD context: closing it releases anything the driver still holds for it */
         if (c->own_ctx)
                 thunk_context_free(c->ctx);
         c->b->clients--;

@@ -87,6 +87,7 @@ typedef struct BrokerAccount {
         uint64_t allowed_gpus;    /* bit per broker GPU index */
         bool import_foreign;
         unsigned lingering; /* freed memory still charged here: the account must outlive it */
+        unsigned clients;   /* broker clients bound to it, torn-down ones included: the same */
 } BrokerAccount;
 
 /* An account with no limits: every GPU, every import. */
@@ -114,10 +115,18 @@ int broker_client_new(Broker *b, ThunkVaSpace *window, BrokerClient **ret);
 void broker_client_set_account(BrokerClient *c, BrokerAccount *a);
 /* Tear down everything the client owns, in dependency order: GPU access, mappings, objects, VA. */
 BrokerClient *broker_client_free(BrokerClient *c);
+/*
+ * The same in slices, for a client with many objects: tears down at most @budget mappings or objects and
+ * returns true once nothing is left (then broker_client_free() finishes at once). The client must make no
+ * other call meanwhile.
+ */
+bool broker_client_teardown_step(BrokerClient *c, size_t budget);
 void broker_client_usage(const BrokerClient *c, BrokerUsage *ret);
 /* True when the client uses a KFD context (GPU VM) of its own. */
 bool broker_client_private_vm(const BrokerClient *c);
 size_t broker_client_objects(const BrokerClient *c);
+/* Everything the client's teardown has to free: objects and VMM mappings. */
+uint64_t broker_client_records(const BrokerClient *c);
 
 /* ---- device, host and managed memory ---------------------------------------------------------------- */
 

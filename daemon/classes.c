@@ -161,7 +161,7 @@ void classes_apply(Manager *m, Policy *p)
         /* states of removed classes go once empty */
         for (ClassState **pp = &m->classes; *pp;) {
                 ClassState *s = *pp;
-                if (!s->klass && s->connections == 0 && s->acct.lingering == 0) {
+                if (!s->klass && s->connections == 0 && s->acct.lingering == 0 && s->acct.clients == 0) {
                         *pp = s->next;
                         free(s->name);
                         free(s);

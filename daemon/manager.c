@@ -69,6 +69,55 @@ Conn *manager_find_conn(Manager *m, uint64_t client_id)
         return NULL;
 }
 
+typedef struct Reaper {
+        struct Reaper *next;
+        BrokerClient *bc;
+        WindowSet windows;
+} Reaper;
+
+static void reaper_finish(Reaper *r)
+{
+        (void)broker_client_free(r->bc);
+        window_set_release(&r->windows);
+        free(r);
+}
+
+/* One slice of the oldest teardown per loop round: the others' requests are served in between. */
+static void on_reap(evutil_socket_t fd, short what, void *userdata)
+{
+        static const struct timeval now = {0, 0};
+        Manager *m = userdata;
+        Reaper *r = m->reapers;
+
+        if (!r)
+                return;
+        if (broker_client_teardown_step(r->bc, MANAGER_TEARDOWN_SLICE)) {
+                m->reapers = r->next;
+                reaper_finish(r);
+        }
+        if (m->reapers)
+                evtimer_add(m->reap_ev, &now);
+}
+
+int manager_reap(Manager *m, BrokerClient *bc, Conn *c)
+{
+        static const struct timeval now = {0, 0};
+        Reaper *r, **tail;
+
+        if (m->freeing || !m->reap_ev)
+                return -ESHUTDOWN;
+        r = calloc(1, sizeof(*r));
+        if (!r)
+                return -ENOMEM;
+        r->bc = bc;
+        window_take(c, &r->windows);
+        for (tail = &m->reapers; *tail; tail = &(*tail)->next)
+                ;
+        *tail = r;
+        evtimer_add(m->reap_ev, &now);
+        return 0;
+}
+
 /* Refuse a connection with one error frame (request id 0: a connection-level error) and close it. */
 static void refuse(int fd, int code, const char *reason)
 {
@@ -541,6 +590,11 @@ int manager_new(Manager **ret, const Options *opts)
                 r = -ENOMEM;
                 goto fail;
         }
+        m->reap_ev = evtimer_new(m->base, on_reap, m);
+        if (!m->reap_ev) {
+                r = -ENOMEM;
+                goto fail;
+        }
         m->drain_ev = evtimer_new(m->base, on_drain_tick, m);
         m->status_ev = evtimer_new(m->base, on_status_timer, m);
         if (!m->listen_ev || !m->accept_retry_ev || !m->sigterm_ev || !m->sigint_ev || !m->sighup_ev ||
@@ -561,6 +615,7 @@ Manager *manager_free(Manager *m)
 {
         if (!m)
                 return NULL;
+        m->freeing = true; /* from here teardowns finish at once */
         while (m->conns)
                 conn_free(m->conns);
         while (m->dying) {
@@ -586,6 +641,13 @@ Manager *manager_free(Manager *m)
                 event_free(m->drain_ev);
         if (m->broker_ev)
                 event_free(m->broker_ev);
+        while (m->reapers) {
+                Reaper *r = m->reapers;
+                m->reapers = r->next;
+                reaper_finish(r);
+        }
+        if (m->reap_ev)
+                event_free(m->reap_ev);
         if (m->status_ev)
                 event_free(m->status_ev);
         if (m->listen_fd >= 0) {

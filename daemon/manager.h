@@ -11,6 +11,7 @@
 #include "vaman.h"
 
 typedef struct Conn Conn;
+typedef struct BrokerClient BrokerClient;
 
 typedef struct ManagerStats {
         uint64_t requests;
@@ -41,6 +42,9 @@ typedef struct Manager {
         struct event *watchdog_ev;
         struct event *drain_ev;
         struct event *broker_ev; /* the broker's notice that memory which outlived its handle is gone */
+        struct Reaper *reapers;  /* teardowns of departed clients, going on in slices */
+        struct event *reap_ev;
+        bool freeing;
         struct event *status_ev;
         bool status_pending;
 
@@ -73,6 +77,15 @@ Manager *manager_free(Manager *m);
 int manager_run(Manager *m);
 /* Re-read the config file (SIGHUP): a bad file changes nothing. */
 int manager_reload(Manager *m);
+
+/* Objects a departed client's teardown frees per loop round, other clients' requests in between. */
+#define MANAGER_TEARDOWN_SLICE 4096
+
+/*
+ * Take over the teardown of @bc and the windows of @c (moved out of it) and finish it in slices from the
+ * loop. -ENOMEM or -ESHUTDOWN (the manager is being freed): the caller tears down at once.
+ */
+int manager_reap(Manager *m, BrokerClient *bc, Conn *c);
 
 /* Tell systemd how many clients are served (STATUS=). */
 void manager_notify_status(Manager *m);

@@ -253,7 +253,13 @@ out:
 
 void request_conn_teardown(Conn *c)
 {
-        /* objects first (they live in the window), then the window itself */
+        /* objects first (they live in the window), then the window itself; a client with many objects goes
+         * in slices between other clients' requests */
+        if (c->broker && broker_client_records(c->broker) > MANAGER_TEARDOWN_SLICE &&
+            manager_reap(c->m, c->broker, c) == 0) {
+                c->broker = NULL;
+                return;
+        }
         c->broker = broker_client_free(c->broker);
         window_release(c);
 }

@@ -212,15 +212,31 @@ int window_retry(Conn *c, uint64_t failed_base, char *reason, size_t len)
         return 0;
 }
 
-void window_release(Conn *c)
+void window_take(Conn *c, WindowSet *ret)
 {
-        if (c->window) {
-                munmap((void *)(uintptr_t)c->window_base, c->window_size);
-                c->window = thunk_va_space_free(c->window);
+        *ret = (WindowSet){.window = c->window, .base = c->window_base, .size = c->window_size};
+        while (c->n_window_rejected > 0 && ret->n_rejected < WINDOW_MAX_RETRIES)
+                ret->rejected[ret->n_rejected++] = c->window_rejected[--c->n_window_rejected];
+        c->window = NULL;
+}
+
+void window_set_release(WindowSet *ws)
+{
+        if (ws->window) {
+                munmap((void *)(uintptr_t)ws->base, ws->size);
+                ws->window = thunk_va_space_free(ws->window);
         }
-        while (c->n_window_rejected > 0) {
-                ThunkVaSpace *w = c->window_rejected[--c->n_window_rejected];
-                munmap((void *)(uintptr_t)thunk_va_space_base(w), c->window_size);
+        while (ws->n_rejected > 0) {
+                ThunkVaSpace *w = ws->rejected[--ws->n_rejected];
+                munmap((void *)(uintptr_t)thunk_va_space_base(w), ws->size);
                 thunk_va_space_free(w);
         }
+}
+
+void window_release(Conn *c)
+{
+        WindowSet ws;
+
+        window_take(c, &ws);
+        window_set_release(&ws);
 }

@@ -34,3 +34,15 @@ int window_assign(Conn *c, uint64_t size, char *reason, size_t len);
 int window_retry(Conn *c, uint64_t failed_base, char *reason, size_t len);
 /* Release the window and every range kept back for this client. */
 void window_release(Conn *c);
+
+/* A connection's windows taken out of it, to be released later (after a teardown in slices). */
+typedef struct WindowSet {
+        ThunkVaSpace *window;
+        uint64_t base, size;
+        ThunkVaSpace *rejected[WINDOW_MAX_RETRIES];
+        unsigned n_rejected;
+} WindowSet;
+
+/* Move @c's windows into @ret; @c holds none after. */
+void window_take(Conn *c, WindowSet *ret);
+void window_set_release(WindowSet *ws);

@@ -427,6 +427,63 @@ static void test_vmm_mappings(void)
 
 #define MAPPINGS_CONFIG "[daemon]\nlog-level = warning\n[class all]\nmatch-all = yes\nhandles = 8\n"
 
+/*
+ * A client with a hundred thousand objects leaves: its teardown runs in slices, and other clients are served
+ * between them. Seen from outside: while it goes on, admin status answers with part of it done.
+ */
+static void test_teardown_slices(void)
+{
+        enum { N = 100000 };
+        DaemonState st = {0};
+        int sync[2], status;
+        uint64_t peak = 0, seen_between = 0;
+        pid_t pid;
+
+        CHECK_EQ(pipe2(sync, O_CLOEXEC), 0);
+        pid = fork();
+        if (pid == 0) {
+                gm_client *c = NULL;
+                void *res = NULL;
+                gm_handle h = 0;
+                close(sync[0]);
+                if (gm_client_connect(dmn.sock, "hoarder", &c) != 0 ||
+                    gm_mem_address_reserve(c, (size_t)N * 4096, 0, NULL, 0, &res) != 0 ||
+                    gm_mem_create(c, 4096, gpus[0], 0, &h) != 0)
+                        _exit(1);
+                for (size_t i = 0; i < N; i++)
+                        if (gm_mem_map(c, (char *)res + i * 4096, 4096, 0, h) != 0)
+                                _exit(2);
+                if (write(sync[1], "x", 1) != 1)
+                        _exit(3);
+                pause(); /* killed with everything held */
+                _exit(4);
+        }
+        close(sync[1]);
+        {
+                char ch;
+                CHECK_EQ(read(sync[0], &ch, 1), 1);
+        }
+        close(sync[0]);
+        CHECK_EQ(daemon_state(&dmn, &st), 0);
+        peak = st.allocations;
+        CHECK(peak >= base.allocations + N);
+        kill(pid, SIGKILL);
+        CHECK_EQ(waitpid(pid, &status, 0), pid);
+        /* the daemon notices the close, then frees a slice per loop round; status is served in between */
+        for (int i = 0; i < 2000; i++) {
+                if (daemon_state(&dmn, &st) != 0)
+                        break;
+                if (st.allocations > base.allocations && st.allocations < peak)
+                        seen_between++;
+                if (st.allocations == base.allocations)
+                        break;
+        }
+        CHECK(seen_between > 0);
+        CHECK(daemon_wait_base(&dmn, &base, 10000, NULL) == 0);
+}
+
+#define TEARDOWN_CONFIG "[daemon]\nlog-level = warning\n"
+
 int main(int argc, char **argv)
 {
         static const struct {
@@ -447,6 +504,9 @@ int main(int argc, char **argv)
                  IMPORT_CONFIG,
                  {"imports create no memory outside every account", test_import_accounts}},
                 {"vmm-mappings", MAPPINGS_CONFIG, {"VMM mappings cost a handle each", test_vmm_mappings}},
+                {"teardown",
+                 TEARDOWN_CONFIG,
+                 {"a client with many objects is torn down in slices", test_teardown_slices}},
         };
         int r = EXIT_FAILURE;
 
