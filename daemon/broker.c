@@ -147,7 +147,7 @@ void broker_account_init(BrokerAccount *a, const char *name)
         memset(a, 0, sizeof(*a));
         a->name = name;
         a->max_vram = a->max_host = a->max_managed = a->max_handles = a->max_fds = UINT64_MAX;
-        a->max_foreign = a->max_foreign_one = UINT64_MAX;
+        a->max_foreign = a->max_foreign_one = a->max_host_one = UINT64_MAX;
         for (size_t i = 0; i < BROKER_MAX_GPUS; i++)
                 a->max_vram_gpu[i] = UINT64_MAX;
         a->allowed_gpus = UINT64_MAX;
@@ -570,6 +570,15 @@ static int over(Why *w, const BrokerAccount *a, const char *what, uint64_t limit
                        human(asked, b3, sizeof(b3)));
 }
 
+/* One request larger than the class allows for a single one. */
+static int over_one(Why *w, const BrokerAccount *a, const char *what, uint64_t limit, uint64_t asked)
+{
+        char b1[32], b2[32];
+
+        return why_set(w, -EDQUOT, "class '%s' %s limit: at most %s, %s asked", a->name, what,
+                       human(limit, b1, sizeof(b1)), human(asked, b2, sizeof(b2)));
+}
+
 /* Would one more object of @kind with @bytes (on @gpu_id for VRAM) stay within the class's limits? */
 static int quota_check(const BrokerClient *c, BrokerKind kind, uint32_t gpu_id, uint64_t bytes, bool holds_fd,
                        Why *w)
@@ -601,6 +610,8 @@ static int quota_check(const BrokerClient *c, BrokerKind kind, uint32_t gpu_id, 
                 break;
         }
         case BROKER_KIND_HOST:
+                if (bytes > a->max_host_one)
+                        return over_one(w, a, "single host allocation", a->max_host_one, bytes);
                 if (bytes > a->max_host || u->host_bytes > a->max_host - bytes)
                         return over(w, a, "host memory", a->max_host, u->host_bytes, bytes, true);
                 break;
@@ -610,7 +621,7 @@ static int quota_check(const BrokerClient *c, BrokerKind kind, uint32_t gpu_id, 
                 break;
         case BROKER_KIND_IMPORT: /* @bytes: a foreign import's size (imports of gpumemd's own exports: 0) */
                 if (bytes > a->max_foreign_one)
-                        return over(w, a, "single foreign import", a->max_foreign_one, 0, bytes, true);
+                        return over_one(w, a, "single foreign import", a->max_foreign_one, bytes);
                 if (bytes > a->max_foreign || u->foreign_bytes > a->max_foreign - bytes)
                         return over(w, a, "foreign import", a->max_foreign, u->foreign_bytes, bytes, true);
                 break;

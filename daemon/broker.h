@@ -84,6 +84,7 @@ typedef struct BrokerAccount {
         uint64_t max_fds;
         uint64_t max_foreign;     /* bytes of foreign imports held at once */
         uint64_t max_foreign_one; /* bytes of one foreign import */
+        uint64_t max_host_one;    /* bytes of one host allocation: the daemon populates it on its loop */
         uint64_t allowed_gpus;    /* bit per broker GPU index */
         bool import_foreign;
         unsigned lingering; /* freed memory still charged here: the account must outlive it */

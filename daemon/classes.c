@@ -63,6 +63,7 @@ static void state_configure(Manager *m, ClassState *s, const PolicyClass *k)
         a->import_foreign = k->import_foreign;
         a->max_foreign = k->foreign_imports;
         a->max_foreign_one = k->foreign_import_max;
+        a->max_host_one = k->host_alloc_max;
         for (size_t i = 0; i < BROKER_MAX_GPUS; i++)
                 a->max_vram_gpu[i] = UINT64_MAX;
         for (size_t i = 0; i < k->n_vram_gpu; i++) {

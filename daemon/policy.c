@@ -53,7 +53,7 @@ static void class_init(PolicyClass *c)
         /* a bound even without a configuration: replies a client leaves unread cost the daemon memory */
         c->limit[POLICY_RES_INFLIGHT] = POLICY_DEFAULT_INFLIGHT;
         c->import_foreign = true;
-        c->foreign_imports = c->foreign_import_max = POLICY_UNLIMITED;
+        c->foreign_imports = c->foreign_import_max = c->host_alloc_max = POLICY_UNLIMITED;
 }
 
 static void class_done(PolicyClass *c)
@@ -306,13 +306,16 @@ static void class_key(Parse *ps, const char *key, const char *v)
                         c->admin = b;
                 else
                         c->import_foreign = b;
-        } else if (strcmp(key, "foreign-imports") == 0 || strcmp(key, "foreign-import-max") == 0) {
+        } else if (strcmp(key, "foreign-imports") == 0 || strcmp(key, "foreign-import-max") == 0 ||
+                   strcmp(key, "host-alloc-max") == 0) {
                 uint64_t lim;
                 if (parse_limit(v, true, &lim) < 0) {
                         perr(ps, "%s: '%s' is not a size (like 8G) or 'unlimited'", key, v);
                         return;
                 }
-                if (key[14] == '-')
+                if (key[0] == 'h')
+                        c->host_alloc_max = lim;
+                else if (key[14] == '-')
                         c->foreign_import_max = lim;
                 else
                         c->foreign_imports = lim;

@@ -26,7 +26,8 @@ unset ASAN_OPTIONS UBSAN_OPTIONS
 
 # gpumemd under valgrind (memcheck; an error or a definite leak makes the daemon exit 99, and the test
 # fails on its exit status): the policy suite (clients of several uids, every memory path, reloads, random
-# sequences and kills), daemon restarts and backend faults. Left out: the suites that count the daemon's
+# sequences and kills), daemon restarts, backend faults, and the hostile tests of memory lifetime, read-only
+# shares and imports (the inotify path of memory that outlives its handle). Left out: the suites that count the daemon's
 # fds or time it tightly (test-daemon, test-broker, test-malicious), which valgrind's own fds and its
 # slowness upset; they run in the two stages above.
 if ! command -v valgrind >/dev/null && [ "$(id -u)" -eq 0 ]; then
@@ -36,7 +37,7 @@ if command -v valgrind >/dev/null; then
     # the model probes SVM ranges with msync, which valgrind reports on an unmapped range: suppressed
     export GPUMEMD_WRAPPER="valgrind --error-exitcode=99 --leak-check=full --errors-for-leak-kinds=definite --quiet --suppressions=$PWD/tests/valgrind.supp"
     run_suite build "valgrind (gpumemd)" --no-rebuild --timeout-multiplier 4 \
-        policy restart faults
+        policy restart faults hostile-lifetime hostile-read-only hostile-imports
     unset GPUMEMD_WRAPPER
 else
     echo "valgrind (gpumemd): 0 passed, 1 failed" >> "$summary"

@@ -484,6 +484,32 @@ static void test_teardown_slices(void)
 
 #define TEARDOWN_CONFIG "[daemon]\nlog-level = warning\n"
 
+/* One host allocation is populated on the daemon's loop: host-alloc-max bounds how long one request holds it.
+ */
+static void test_request_size(void)
+{
+        gm_client *x = NULL;
+        void *p = NULL;
+        char eb[512];
+        int r;
+
+        CHECK_EQ(gm_client_connect(dmn.sock, "greedy", &x), 0);
+        if (!x)
+                return;
+        r = gm_host_malloc(x, 3 * MiB, 0, -1, 0, &p);
+        CHECK_EQ(r, -EDQUOT);
+        CHECK_STR_CONTAINS(gm_strerror(x, r, eb, sizeof(eb)),
+                           "single host allocation limit: at most 2 MiB, 3 MiB asked");
+        CHECK_EQ(class_used("all", GM_RESOURCE_HOST), 0);
+        CHECK_EQ(gm_host_malloc(x, 2 * MiB, 0, -1, 0, &p), 0);
+        CHECK_EQ(gm_mem_free(x, p), 0);
+        gm_client_close(x);
+        CHECK(daemon_wait_base(&dmn, &base, 5000, NULL) == 0);
+}
+
+#define REQUEST_SIZE_CONFIG                                                                                  \
+        "[daemon]\nlog-level = warning\n[class all]\nmatch-all = yes\nhost-alloc-max = 2M\n"
+
 int main(int argc, char **argv)
 {
         static const struct {
@@ -507,6 +533,9 @@ int main(int argc, char **argv)
                 {"teardown",
                  TEARDOWN_CONFIG,
                  {"a client with many objects is torn down in slices", test_teardown_slices}},
+                {"request-size",
+                 REQUEST_SIZE_CONFIG,
+                 {"one host allocation is bounded by host-alloc-max", test_request_size}},
         };
         int r = EXIT_FAILURE;
 
