@@ -332,7 +332,8 @@ int gm_pointer_get_attributes(gm_client *c, const void *ptr, gm_pointer_attribut
         a.flags = p->flags;
         a.cpu_accessible = p->cpu_accessible;
         a.n_mapped_gpus = p->n_mapped_gpus < 64 ? p->n_mapped_gpus : 64;
-        memcpy(a.mapped_gpus, p->mapped_gpus, a.n_mapped_gpus * sizeof(uint32_t));
+        if (a.n_mapped_gpus) /* mapped_gpus is NULL when the memory is mapped on no GPU */
+                memcpy(a.mapped_gpus, p->mapped_gpus, a.n_mapped_gpus * sizeof(uint32_t));
         gpumem__reply__free_unpacked(reply, NULL);
         a.struct_size = ret->struct_size < sizeof(a) ? ret->struct_size : sizeof(a);
         memcpy(ret, &a, a.struct_size);
