@@ -125,6 +125,8 @@ static int count_fds(void)
                 long got = syscall(SYS_getdents64, proc_fd_dir, buf, sizeof(buf));
                 if (got < 0)
                         abort();
+                /* only 0 is the end: procfs may stop a call early (an fd it could not describe), and a
+                 * count cut short there was once taken for fds the daemon had lost */
                 if (got == 0)
                         return n;
                 for (long off = 0; off < got;) {
@@ -659,36 +661,55 @@ static void put_hdr(uint8_t *buf, uint32_t id, uint32_t body_len, unsigned n_fds
                 abort();
 }
 
+/* One counter that must be back at its start value; false (and a line naming it) when it is not. */
+static bool same(const char *what, unsigned long long now, unsigned long long base)
+{
+        if (now == base)
+                return true;
+        fprintf(stderr, "  %s: %llu, at start %llu\n", what, now, base);
+        return false;
+}
+
 static void check_back_to_base(void)
 {
         ThunkModelStats st;
         BrokerUsage u;
         int fds;
+        bool ok = true;
 
         broker_totals(mgr->broker, &u);
         thunk_model_get_stats(thunk_device_model(mgr->dev), &st);
         fds = count_fds();
         if (fd_base < 0)
                 fd_base = fds;
-        if (mgr->n_conns != 0 || mgr->conns || u.objects || u.device_bytes || u.host_bytes ||
-            u.managed_bytes || u.vmm_bytes || u.held_fds ||
-            thunk_va_space_count(mgr->va) != mgr->va_blocked || st.contexts != model_base.contexts ||
-            st.mems != model_base.mems || st.bufs != model_base.bufs || st.mappings != model_base.mappings ||
-            st.gem_handles != model_base.gem_handles || st.svm_ranges != model_base.svm_ranges ||
-            st.system_used != model_base.system_used || st.ttm_used != model_base.ttm_used ||
-            fds != fd_base) {
-                fprintf(stderr,
-                        "state left behind by a client that has gone: conns %u objects %llu windows %zu/%zu "
-                        "contexts %u/%u mems %llu/%llu bufs %llu/%llu mappings %llu/%llu gem %llu/%llu svm "
-                        "%llu/%llu system %llu/%llu fds %d/%d\n",
-                        mgr->n_conns, (unsigned long long)u.objects, thunk_va_space_count(mgr->va),
-                        mgr->va_blocked, st.contexts, model_base.contexts, (unsigned long long)st.mems,
-                        (unsigned long long)model_base.mems, (unsigned long long)st.bufs,
-                        (unsigned long long)model_base.bufs, (unsigned long long)st.mappings,
-                        (unsigned long long)model_base.mappings, (unsigned long long)st.gem_handles,
-                        (unsigned long long)model_base.gem_handles, (unsigned long long)st.svm_ranges,
-                        (unsigned long long)model_base.svm_ranges, (unsigned long long)st.system_used,
-                        (unsigned long long)model_base.system_used, fds, fd_base);
+        /* every comparison runs (no short cut), so a failure names all that differs */
+        ok &= same("connections", mgr->n_conns + (mgr->conns != NULL), 0);
+        ok &= same("broker objects", u.objects, 0);
+        ok &= same("broker device bytes", u.device_bytes, 0);
+        ok &= same("broker host bytes", u.host_bytes, 0);
+        ok &= same("broker managed bytes", u.managed_bytes, 0);
+        ok &= same("broker vmm bytes", u.vmm_bytes, 0);
+        ok &= same("broker held fds", u.held_fds, 0);
+        ok &= same("VA windows", thunk_va_space_count(mgr->va), mgr->va_blocked);
+        ok &= same("model contexts", st.contexts, model_base.contexts);
+        ok &= same("model kfd fds", st.kfd_fds, model_base.kfd_fds);
+        ok &= same("model render fds", st.render_fds, model_base.render_fds);
+        ok &= same("model render files", st.render_files, model_base.render_files);
+        ok &= same("model KFD handles", st.mems, model_base.mems);
+        ok &= same("model buffers", st.bufs, model_base.bufs);
+        ok &= same("model imports", st.imports, model_base.imports);
+        ok &= same("model mappings", st.mappings, model_base.mappings);
+        ok &= same("model GEM handles", st.gem_handles, model_base.gem_handles);
+        ok &= same("model SVM ranges", st.svm_ranges, model_base.svm_ranges);
+        ok &= same("model system bytes", st.system_used, model_base.system_used);
+        ok &= same("model TTM bytes", st.ttm_used, model_base.ttm_used);
+        for (uint32_t i = 0; i < st.n_gpus && i < THUNK_MODEL_MAX_GPUS; i++)
+                ok &= same("model VRAM bytes of a GPU", st.vram_used[i], model_base.vram_used[i]);
+        ok &= same("model queues", st.queues, model_base.queues);
+        ok &= same("model events", st.events, model_base.events);
+        ok &= same("process fds", (unsigned)fds, (unsigned)fd_base);
+        if (!ok) {
+                fprintf(stderr, "state left behind by a client that has gone (above); the process's fds:\n");
                 list_fds();
                 abort();
         }
