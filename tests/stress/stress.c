@@ -360,8 +360,11 @@ enum {
         N_STEPS
 };
 static const char *const step_names[N_STEPS] = {
-        "not started", "connect", "device alloc", "host alloc", "managed + svm", "vmm reserve/create/map/access",
-        "export", "import", "map/unmap gpus", "retain", "free", "vmm unmap/release/free", "query", "reconnect"};
+        "not started", "connect",       "device alloc",
+        "host alloc",  "managed + svm", "vmm reserve/create/map/access",
+        "export",      "import",        "map/unmap gpus",
+        "retain",      "free",          "vmm unmap/release/free",
+        "query",       "reconnect"};
 
 typedef struct StormSlot {
         volatile uint32_t steps; /* steps begun */
@@ -394,7 +397,8 @@ static void mbox_post(int mbox, int fd)
         char b = 'x';
         char ctl[CMSG_SPACE(sizeof(int))] = {0};
         struct iovec iov = {&b, 1};
-        struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl, .msg_controllen = sizeof(ctl)};
+        struct msghdr mh = {
+                .msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl, .msg_controllen = sizeof(ctl)};
         struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
 
         cm->cmsg_level = SOL_SOCKET;
@@ -409,7 +413,8 @@ static int mbox_take(int mbox)
         char b;
         char ctl[CMSG_SPACE(sizeof(int))];
         struct iovec iov = {&b, 1};
-        struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl, .msg_controllen = sizeof(ctl)};
+        struct msghdr mh = {
+                .msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl, .msg_controllen = sizeof(ctl)};
         int fd = -1;
 
         if (recvmsg(mbox, &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC) <= 0)
@@ -463,7 +468,8 @@ static void storm_client(uint64_t seed, StormSlot *slot, int mbox_tx, int mbox_r
                 switch (rng_next(&rng) % 16) {
                 case 0:
                 case 1: {
-                        static const unsigned flags[] = {0, GM_MEM_HOST_VISIBLE, GM_MEM_HOST_VISIBLE | GM_MEM_COHERENT,
+                        static const unsigned flags[] = {0, GM_MEM_HOST_VISIBLE,
+                                                         GM_MEM_HOST_VISIBLE | GM_MEM_COHERENT,
                                                          GM_MEM_UNCACHED};
                         unsigned f = flags[rng_next(&rng) % ARRAY_LEN(flags)];
                         if (n_mem == ARRAY_LEN(mem))
@@ -511,7 +517,8 @@ static void storm_client(uint64_t seed, StormSlot *slot, int mbox_tx, int mbox_r
                 case 4:
                 case 5: {
                         StormVmm *v = &vmm[n_vmm];
-                        gm_access_desc acc[2] = {{gpu, GM_ACCESS_READ_WRITE}, {GM_LOCATION_CPU, GM_ACCESS_READ_WRITE}};
+                        gm_access_desc acc[2] = {{gpu, GM_ACCESS_READ_WRITE},
+                                                 {GM_LOCATION_CPU, GM_ACCESS_READ_WRITE}};
                         if (n_vmm == ARRAY_LEN(vmm))
                                 break;
                         STEP(ST_VMM);
@@ -544,7 +551,8 @@ static void storm_client(uint64_t seed, StormSlot *slot, int mbox_tx, int mbox_r
                                 break;
                         STEP(ST_EXPORT);
                         p = mem[(k + pat) % n_mem].p;
-                        if (gm_pointer_get_attributes(c, p, &pa) != 0 || gm_mem_export(c, pa.handle, &fd, NULL) != 0)
+                        if (gm_pointer_get_attributes(c, p, &pa) != 0 ||
+                            gm_mem_export(c, pa.handle, &fd, NULL) != 0)
                                 break;
                         if (depth < 3 || n_fds == ARRAY_LEN(fds)) {
                                 mbox_post(mbox_tx, fd);
@@ -822,7 +830,8 @@ static int storm(int n_kills, int n_live, int n_bystanders)
         /* nothing left behind: the daemon exactly at its baseline (broker, model, fds), and no client or
          * window beyond the status connection's own */
         CHECK_EQ(daemon_wait_base(&dmn, &base, 120000, &s), 0);
-        t_settle = now_us() - t_storm; /* from the last kill (the bystanders' stop and the mailbox included) */
+        t_settle =
+                now_us() - t_storm; /* from the last kill (the bystanders' stop and the mailbox included) */
         CHECK_EQ(s.clients, base.clients);
         CHECK_EQ(s.va_windows, base.va_windows);
         rss_end = daemon_rss_kb(&dmn);
@@ -831,8 +840,8 @@ static int storm(int n_kills, int n_live, int n_bystanders)
         for (int k = 0; k < N_OPS; k++)
                 n_ops += total.ops[k];
         double wall = (double)(t_storm - t0) / 1e6;
-        printf("storm run: %d clients killed, %d alive at once, %d bystander%s\n", n_kills, n_live, n_bystanders,
-               n_bystanders == 1 ? "" : "s");
+        printf("storm run: %d clients killed, %d alive at once, %d bystander%s\n", n_kills, n_live,
+               n_bystanders, n_bystanders == 1 ? "" : "s");
         printf("  clients started: %d, killed: %d, ended by themselves: %d; wall %.1f s, %.1f kills/s\n",
                started, kills, early, wall, kills / wall);
         printf("  killed in step:");
@@ -844,8 +853,9 @@ static int storm(int n_kills, int n_live, int n_bystanders)
         printf("; %.1f steps begun per client on average\n", kills ? (double)steps_at_kill / kills : 0.0);
         printf("  exports still in flight at the end: %d (closed before the check)\n", in_flight);
         if (n_bystanders) {
-                printf("  bystander rounds: %llu, failed calls: %llu, wrong data: %llu\n", (unsigned long long)n_ops,
-                       (unsigned long long)total.errors, (unsigned long long)total.corruptions);
+                printf("  bystander rounds: %llu, failed calls: %llu, wrong data: %llu\n",
+                       (unsigned long long)n_ops, (unsigned long long)total.errors,
+                       (unsigned long long)total.corruptions);
                 if (total.n_lat)
                         printf("  bystander call latency (us): p50 %u, p99 %u, max %u\n",
                                total.lat_us[total.n_lat / 2], total.lat_us[total.n_lat * 99 / 100],
