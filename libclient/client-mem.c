@@ -217,18 +217,17 @@ int gm_mem_free(gm_client *c, void *ptr)
         f.handle = e->handle;
         req.op_case = GPUMEM__REQUEST__OP_FREE;
         req.free = &f;
-        /* The CPU mapping goes first: while it lives it keeps the memory alive, and the daemon keeps it
-         * charged; gone before the free, the class is refunded by the time the reply comes. */
-        if (e->cpu_mapped) {
-                reserve_again(ptr_u64(ptr), e->size);
-                e->cpu_mapped = false;
-        }
         r = call_simple(c, &req);
         if (r < 0)
                 return r;
         pthread_mutex_lock(&c->mem_lock);
         e = hashmap_remove(&c->allocs, ptr_u64(ptr));
         pthread_mutex_unlock(&c->mem_lock);
+        /* After the free: the pages then go in this process, as it drops the last mapping, not on the
+         * daemon's event loop. The daemon keeps the memory charged until then and refunds it when the
+         * kernel reports the file gone, a moment after this returns. */
+        if (e && e->cpu_mapped)
+                reserve_again(ptr_u64(ptr), e->size);
         free(e);
         return 0;
 }
