@@ -93,12 +93,15 @@ int metrics_render(Manager *m, char **ret, size_t *ret_len)
                 "# HELP gpumemd_requests_total Requests handled since start.\n"
                 "# TYPE gpumemd_requests_total counter\ngpumemd_requests_total %llu\n"
                 "# HELP gpumemd_protocol_errors_total Malformed frames and protocol violations.\n"
-                "# TYPE gpumemd_protocol_errors_total counter\ngpumemd_protocol_errors_total %llu\n",
+                "# TYPE gpumemd_protocol_errors_total counter\ngpumemd_protocol_errors_total %llu\n"
+                "# HELP gpumemd_clients_stalled_total Clients dropped for leaving replies unread "
+                "send-timeout seconds.\n"
+                "# TYPE gpumemd_clients_stalled_total counter\ngpumemd_clients_stalled_total %llu\n",
                 thunk_device_backend_name(m->dev),
                 (double)(now_usec(CLOCK_MONOTONIC) - m->started_mono_usec) / 1e6, m->n_conns,
                 (unsigned long long)m->stats.connections_total,
                 (unsigned long long)m->stats.connections_refused, (unsigned long long)m->stats.requests,
-                (unsigned long long)m->stats.protocol_errors);
+                (unsigned long long)m->stats.protocol_errors, (unsigned long long)m->stats.stalled_drops);
 
         fputs("# HELP gpumemd_denials_total Requests and connections refused, by reason.\n"
               "# TYPE gpumemd_denials_total counter\n",

@@ -138,6 +138,15 @@ static void test_stall(void)
         }
         CHECK(daemon_wait_base(&dmn, &base, 5000, NULL) == 0);
         CHECK(served_within(5));
+        {
+                gm_client *adm = NULL;
+                char *text = NULL;
+                CHECK_EQ(gm_client_connect(dmn.sock, "hostile-admin", &adm), 0);
+                if (adm && gm_admin_metrics(adm, &text) == 0)
+                        CHECK_STR_CONTAINS(text, "gpumemd_clients_stalled_total 3\n");
+                gm_free(text);
+                gm_client_close(adm);
+        }
 }
 
 /* What class @name uses of @resource (all GPUs), or UINT64_MAX when it cannot be read. */
