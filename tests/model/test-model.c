@@ -1315,6 +1315,59 @@ static int test_gem_va(void)
         return 0;
 }
 
+/* A read-only dmabuf file stays read-only in whatever imports it: the KFD import is not writable (its export
+ * is read-only again) and GEM_VA refuses a writable mapping of it, as amdgpu does for a read-only BO. */
+static int test_read_only_import(void)
+{
+        Fx f;
+        uint64_t h = 0;
+        struct kfd_ioctl_export_dmabuf_args ex;
+        struct kfd_ioctl_import_dmabuf_args im;
+        struct drm_prime_handle ph = {0};
+        struct drm_amdgpu_gem_va va = {0};
+        char path[64];
+        int ro;
+
+        CHECK_RC(fx_setup(&f, 15), 0);
+        CHECK_RC(alloc_bo(&f, f.kfd, G0, 0, 4 * PAGE, VRAM_RW, &h, NULL), 0);
+        ex = (struct kfd_ioctl_export_dmabuf_args){.handle = h, .flags = O_CLOEXEC};
+        CHECK_RC(io(&f, f.kfd, AMDKFD_IOC_EXPORT_DMABUF, &ex), 0);
+        snprintf(path, sizeof(path), "/proc/self/fd/%d", (int)ex.dmabuf_fd);
+        ro = open(path, O_RDONLY | O_CLOEXEC);
+        CHECK(ro >= 0);
+        close((int)ex.dmabuf_fd);
+        /* the KFD import of the read-only file exports read-only */
+        im = (struct kfd_ioctl_import_dmabuf_args){
+                .va_addr = 0x400000, .gpu_id = G0, .dmabuf_fd = (uint32_t)ro};
+        CHECK_RC(io(&f, f.kfd, AMDKFD_IOC_IMPORT_DMABUF, &im), 0);
+        ex = (struct kfd_ioctl_export_dmabuf_args){.handle = im.handle, .flags = O_CLOEXEC};
+        CHECK_RC(io(&f, f.kfd, AMDKFD_IOC_EXPORT_DMABUF, &ex), 0);
+        CHECK((fcntl((int)ex.dmabuf_fd, F_GETFL) & O_ACCMODE) == O_RDONLY);
+        close((int)ex.dmabuf_fd);
+        CHECK_RC(free_bo(&f, f.kfd, im.handle), 0);
+        /* GEM_VA: read-only yes, writable no */
+        ph.fd = ro;
+        CHECK_RC(io(&f, f.render[0], DRM_IOCTL_PRIME_FD_TO_HANDLE, &ph), 0);
+        va = (struct drm_amdgpu_gem_va){.handle = ph.handle,
+                                        .operation = AMDGPU_VA_OP_MAP,
+                                        .flags = AMDGPU_VM_PAGE_READABLE | AMDGPU_VM_PAGE_WRITEABLE,
+                                        .va_address = 0x200000,
+                                        .map_size = 4 * PAGE};
+        CHECK_RC(io(&f, f.render[0], DRM_IOCTL_AMDGPU_GEM_VA, &va), -EPERM);
+        va.flags = AMDGPU_VM_PAGE_READABLE;
+        CHECK_RC(io(&f, f.render[0], DRM_IOCTL_AMDGPU_GEM_VA, &va), 0);
+        va.operation = AMDGPU_VA_OP_UNMAP;
+        CHECK_RC(io(&f, f.render[0], DRM_IOCTL_AMDGPU_GEM_VA, &va), 0);
+        {
+                struct drm_gem_close gc = {.handle = ph.handle};
+                CHECK_RC(io(&f, f.render[0], DRM_IOCTL_GEM_CLOSE, &gc), 0);
+        }
+        close(ro);
+        CHECK_RC(free_bo(&f, f.kfd, h), 0);
+        CHECK_RC(fx_teardown(&f), 0);
+        return 0;
+}
+
 static int test_faults(void)
 {
         Fx f;
@@ -1885,6 +1938,7 @@ static const TestCase tests[] = {
         {"xnack", test_xnack},
         {"secondary", test_secondary},
         {"gem-va", test_gem_va},
+        {"read-only-import", test_read_only_import},
         {"faults", test_faults},
         {"two-models", test_two_models},
         {"teardown", test_teardown},
