@@ -40,6 +40,9 @@ static void test_parse(void)
                                                    "connections = 32\n"
                                                    "inflight = 8\n"
                                                    "windows = 12\n"
+                                                   "foreign-imports = 2G\n"
+                                                   "foreign-import-max = 512M\n"
+                                                   "host-alloc-max = 1G\n"
                                                    "gpus = 13500 9844\n"
                                                    "deny-ops = svm import\n"
                                                    "import-foreign = no\n"
@@ -76,6 +79,9 @@ static void test_parse(void)
                 CHECK_EQ(b->limit[POLICY_RES_CONNECTIONS], 32);
                 CHECK_EQ(b->limit[POLICY_RES_INFLIGHT], 8);
                 CHECK_EQ(b->limit[POLICY_RES_WINDOWS], 12);
+                CHECK_EQ(b->foreign_imports, 2ull << 30);
+                CHECK_EQ(b->foreign_import_max, 512ull << 20);
+                CHECK_EQ(b->host_alloc_max, 1ull << 30);
                 CHECK_EQ(b->n_gpus, 2);
                 CHECK_EQ(b->deny_ops, POLICY_OP_SVM | POLICY_OP_IMPORT);
                 CHECK(!b->import_foreign);
@@ -83,6 +89,11 @@ static void test_parse(void)
         }
         const PolicyClass *o = policy_find(p, "ops");
         CHECK(o && o->admin && o->n_gids == 1);
+        /* a class that says nothing of it still bounds the replies a connection may leave unread */
+        if (o) {
+                CHECK_EQ(o->limit[POLICY_RES_INFLIGHT], POLICY_DEFAULT_INFLIGHT);
+                CHECK_EQ(o->host_alloc_max, POLICY_UNLIMITED);
+        }
 
         /* matching: first class in file order that admits the identity */
         gid_t groups[] = {44};
@@ -136,6 +147,9 @@ static void test_errors(void)
                 {"[class a]\nvram = 1G\n", ":1: class 'a' matches nobody"},
                 {"[class a]\nmatch-all = yes\ngpus = 5\nvram.6 = 1G\n", ":1: class 'a' limits VRAM on GPU 6"},
                 {"[class a]\nmatch-all = yes\ninflight = 0\n", ":3: inflight: must be at least 1"},
+                {"[class a]\nmatch-all = yes\nforeign-imports = lots\n", ":3: foreign-imports: 'lots'"},
+                {"[class a]\nmatch-all = yes\nforeign-import-max = -1\n", ":3: foreign-import-max"},
+                {"[class a]\nmatch-all = yes\nhost-alloc-max = 4X\n", ":3: host-alloc-max"},
         };
         char err[2048];
         Policy *p;
