@@ -1116,18 +1116,11 @@ static int kfd_alloc_memory_of_gpu(Call *c)
         r = charge(m, idx, type, size);
         if (r < 0)
                 return r;
-        if (type == KFD_IOC_ALLOC_MEM_FLAGS_USERPTR) {
-                CpuMaps cm = {0};
-
-                /* pinning the user pages fails if they are not mapped */
-                r = cpu_maps_load(&cm);
-                if (r == 0 && !cpu_maps_cover(&cm, a->mmap_offset, a->mmap_offset + size))
-                        r = -EFAULT;
-                free(cm.iv);
-                if (r < 0) {
-                        uncharge(m, idx, type, size);
-                        return r;
-                }
+        /* pinning the user pages fails if they are not mapped (a VMA walk, not a read of the maps file) */
+        if (type == KFD_IOC_ALLOC_MEM_FLAGS_USERPTR &&
+            !cpu_range_mapped(a->mmap_offset, a->mmap_offset + size)) {
+                uncharge(m, idx, type, size);
+                return -EFAULT;
         }
         r = buf_new(m, idx, type, flags, size, &b);
         if (r < 0) {

@@ -783,7 +783,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                 if (c->dead)
                         c = NULL;
                 drain(sv[1], &pool);
-                run_loop();
+                event_base_loop(mgr->base, EVLOOP_NONBLOCK);
                 drain(sv[1], &pool);
         }
 
