@@ -4,7 +4,6 @@
 
 #include <errno.h>
 #include <fcntl.h>
-#include <linux/kfd_sysfs.h>
 #include <numa.h>
 #include <numaif.h>
 #include <stdarg.h>
@@ -18,7 +17,6 @@
 #include <unistd.h>
 
 #include "hashmap.h"
-#include "kfd-compat.h"
 
 #ifndef MADV_POPULATE_WRITE
 #define MADV_POPULATE_WRITE 23
@@ -34,7 +32,7 @@ struct Obj {
         uint32_t gpu_id;
         uint32_t flags;
         int numa_node;
-        ThunkBo *bo;          /* device, host (userptr), VMM and import */
+        DriverMem *mem;       /* device, host (registered pages), VMM and import */
         int memfd;            /* host and managed: the shared pages */
         unsigned client_refs; /* VMM/import: create/import + retains − releases; 0 = no longer named */
         unsigned map_refs;    /* VMM/import: mappings that use it */
@@ -67,7 +65,7 @@ struct Linger {
 typedef struct GemGrant {
         uint32_t gpu_id;
         int access;
-        ThunkGemMapping *m;
+        DriverGrant *m;
 } GemGrant;
 
 struct VmmMap {
@@ -80,8 +78,8 @@ struct VmmMap {
 };
 
 struct Broker {
-        ThunkDevice *dev;
-        ThunkContext *primary;
+        Driver *drv;
+        DriverCtx *primary;
         size_t n_gpus;
         uint32_t gpu_ids[BROKER_MAX_GPUS];
         uint64_t gpu_vram[BROKER_MAX_GPUS];
@@ -98,7 +96,7 @@ struct Broker {
 struct BrokerClient {
         Broker *b;
         ThunkVaSpace *window;
-        ThunkContext *ctx; /* NULL until first needed */
+        DriverCtx *ctx; /* NULL until first needed */
         bool own_ctx;
         HashMap objs;
         BrokerUsage usage;
@@ -169,9 +167,8 @@ static const char *human(uint64_t v, char *buf, size_t len)
 
 /* ---- broker and clients ------------------------------------------------------------------------------ */
 
-int broker_new(ThunkDevice *dev, Broker **ret)
+int broker_new(Driver *drv, Broker **ret)
 {
-        const ThunkTopology *t = thunk_device_topology(dev);
         Broker *b = calloc(1, sizeof(*b));
 
         if (!b)
@@ -182,19 +179,17 @@ int broker_new(ThunkDevice *dev, Broker **ret)
                 free(b);
                 return r;
         }
-        b->dev = dev;
-        b->primary = thunk_device_primary_context(dev);
-        b->n_gpus = thunk_device_gpu_count(dev);
+        b->drv = drv;
+        b->primary = driver_ctx_primary(drv);
+        b->n_gpus = driver_gpu_count(drv);
         if (b->n_gpus > BROKER_MAX_GPUS)
                 b->n_gpus = BROKER_MAX_GPUS;
         for (size_t i = 0; i < b->n_gpus; i++) {
-                const ThunkGpu *g = thunk_device_gpu(dev, i);
-                const ThunkNode *n = thunk_topology_gpu_by_id(t, g->gpu_id);
-                b->gpu_ids[i] = g->gpu_id;
-                b->gpu_vram[i] = n ? n->local_mem_size : 0;
-                b->gpu_numa[i] = n ? n->numa_node : -1;
-                if (b->gpu_vram[i] == 0) /* an APU: its memory is what the driver lets it have */
-                        (void)thunk_context_available_memory(b->primary, g->gpu_id, &b->gpu_vram[i]);
+                DriverGpu g = {0};
+                (void)driver_gpu(drv, i, &g);
+                b->gpu_ids[i] = g.gpu_id;
+                b->gpu_vram[i] = g.vram_bytes;
+                b->gpu_numa[i] = g.numa_node;
         }
         b->totals.n_gpus = (uint32_t)b->n_gpus;
         memcpy(b->totals.gpu_ids, b->gpu_ids, sizeof(b->gpu_ids));
@@ -269,16 +264,16 @@ uint64_t broker_client_records(const BrokerClient *c)
         return c->usage.objects;
 }
 
-/* The context device memory lives in: the client's own where the KFD allows secondary contexts. */
-static int client_ctx(BrokerClient *c, ThunkContext **ret, Why *w)
+/* The GPU VM device memory lives in: the client's own where the driver has one per client. */
+static int client_ctx(BrokerClient *c, DriverCtx **ret, Why *w)
 {
         int r;
 
         if (!c->ctx) {
-                if (thunk_device_has(c->b->dev, THUNK_FEATURE_CREATE_PROCESS)) {
-                        r = thunk_context_new(c->b->dev, &c->ctx);
+                if (driver_has(c->b->drv, DRIVER_CAP_PRIVATE_VM)) {
+                        r = driver_ctx_new(c->b->drv, &c->ctx);
                         if (r < 0)
-                                return why_set(w, r, "cannot create a KFD context for this client: %s",
+                                return why_set(w, r, "cannot create a GPU VM for this client: %s",
                                                strerror(-r));
                         c->own_ctx = true;
                 } else {
@@ -332,11 +327,11 @@ static void usage_apply(BrokerUsage *u, const Broker *b, const Obj *o, int sign)
                 u->held_fds += (uint32_t)sign;
 }
 
-/* The model keeps each buffer's memory in a memory file of the daemon's: an fd the client's class pays for
- * like the daemon's own memfds of host and managed memory. The kernel's BOs cost the daemon no fd. */
+/* A driver that keeps each buffer's memory in a file of the daemon's (the model) costs an fd per buffer,
+ * which the client's class pays for like the daemon's own memfds of host and managed memory. */
 static bool driver_holds_fd(const Broker *b)
 {
-        return thunk_device_model(b->dev) != NULL;
+        return driver_has(b->drv, DRIVER_CAP_FD_PER_BUFFER);
 }
 
 /* A bookkeeping entry that is not an object (a VMM mapping) costs a handle all the same. */
@@ -676,18 +671,13 @@ static void reserve_again(uint64_t va, uint64_t size)
                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
 }
 
-/*
- * Drop the daemon's mapping of shared memory at [va, va+size). For managed memory the driver removes its SVM
- * ranges when the pages go (an MMU notifier in the kernel) and finishes that work at its next SVM call; one
- * GET_ATTR flushes it before the VA is reused, and its -EFAULT (nothing mapped there now) is expected.
- */
+/* Drop the daemon's mapping of shared memory at [va, va+size); the driver forgets a managed range before
+ * the VA is used again. */
 static void unmap_shared(Broker *b, uint64_t va, uint64_t size, bool svm)
 {
         munmap((void *)(uintptr_t)va, size);
-        if (svm) {
-                ThunkSvmAttr a = {KFD_IOCTL_SVM_ATTR_GRANULARITY, 0};
-                (void)thunk_svm_get(b->primary, va, size, &a, 1);
-        }
+        if (svm)
+                driver_managed_forget(b->drv, va, size);
         reserve_again(va, size);
 }
 
@@ -710,27 +700,6 @@ static int check_gpus(const Broker *b, const uint32_t *ids, size_t n, Why *w)
                                 return why_set(w, -EINVAL, "GPU %u listed twice", ids[i]);
         }
         return 0;
-}
-
-static uint32_t thunk_flags(uint32_t f)
-{
-        uint32_t t = THUNK_MEM_NO_SUBSTITUTE;
-
-        if (!(f & BROKER_FLAG_READ_ONLY))
-                t |= THUNK_MEM_WRITABLE;
-        if (f & BROKER_FLAG_EXECUTABLE)
-                t |= THUNK_MEM_EXECUTABLE;
-        if (f & BROKER_FLAG_HOST_VISIBLE)
-                t |= THUNK_MEM_PUBLIC;
-        if (f & BROKER_FLAG_COHERENT)
-                t |= THUNK_MEM_COHERENT;
-        if (f & BROKER_FLAG_UNCACHED)
-                t |= THUNK_MEM_UNCACHED;
-        if (f & BROKER_FLAG_EXT_COHERENT)
-                t |= THUNK_MEM_EXT_COHERENT;
-        if (f & BROKER_FLAG_CONTIGUOUS)
-                t |= THUNK_MEM_CONTIGUOUS;
-        return t;
 }
 
 static int check_flags(uint32_t f, Why *w)
@@ -837,40 +806,38 @@ static bool host_has_node(int node)
 
 static int alloc_device(BrokerClient *c, const BrokerAllocArgs *a, Obj *o, BrokerAllocResult *res, Why *w)
 {
-        ThunkAllocArgs ta = {.kind = THUNK_MEM_VRAM, .gpu_id = a->gpu_id, .va = o->va, .size = o->size};
         uint32_t gpu = a->gpu_id;
         const uint32_t *map = a->n_map_gpus ? a->map_gpus : &gpu;
         size_t n_map = a->n_map_gpus ? a->n_map_gpus : 1;
-        ThunkContext *ctx;
+        DriverCtx *ctx;
         char b1[32];
         int r;
 
         r = client_ctx(c, &ctx, w);
         if (r < 0)
                 return r;
-        ta.flags = thunk_flags(a->flags);
-        r = thunk_bo_alloc(ctx, &ta, &o->bo);
+        r = driver_mem_alloc_vram(c->b->drv, ctx, gpu, o->va, o->size, a->flags, &o->mem);
         if (r == -ENOMEM)
                 return why_set(w, r, "GPU %u has no room for %s of VRAM", gpu,
                                human(o->size, b1, sizeof(b1)));
         if (r == -EOPNOTSUPP)
-                return why_set(w, r, "contiguous VRAM needs KFD ABI 1.16");
+                return why_set(w, r, "the driver cannot give contiguous VRAM (KFD: ABI 1.16)");
         if (r == -EINVAL && (a->flags & BROKER_FLAG_HOST_VISIBLE))
                 return why_set(w, r, "GPU %u cannot give host-visible VRAM (small BAR)", gpu);
         if (r < 0)
                 return why_set(w, r, "the driver refused the allocation: %s", strerror(-r));
-        r = thunk_bo_map(o->bo, map, n_map);
+        r = driver_mem_map(c->b->drv, o->mem, map, n_map);
         if (r < 0) {
-                (void)thunk_bo_free(o->bo);
-                o->bo = NULL;
+                (void)driver_mem_free(c->b->drv, o->mem);
+                o->mem = NULL;
                 return why_set(w, r, "cannot map the allocation on the GPUs asked for: %s", strerror(-r));
         }
         if (a->flags & BROKER_FLAG_HOST_VISIBLE) {
-                r = thunk_bo_export_dmabuf(o->bo, &res->fd);
+                r = driver_mem_export(c->b->drv, o->mem, &res->fd);
                 if (r < 0) {
-                        (void)thunk_bo_unmap_all(o->bo);
-                        (void)thunk_bo_free(o->bo);
-                        o->bo = NULL;
+                        (void)driver_mem_unmap_all(c->b->drv, o->mem);
+                        (void)driver_mem_free(c->b->drv, o->mem);
+                        o->mem = NULL;
                         return why_set(w, r, "cannot export the allocation for CPU access: %s", strerror(-r));
                 }
         }
@@ -882,8 +849,6 @@ static int alloc_host(BrokerClient *c, const BrokerAllocArgs *a, Obj *o, BrokerA
         Broker *b = c->b;
         uint32_t gpu = a->gpu_id ? a->gpu_id : b->gpu_ids[0];
         int node = a->numa_node;
-        ThunkAllocArgs ta = {
-                .kind = THUNK_MEM_USERPTR, .gpu_id = gpu, .va = o->va, .size = o->size, .userptr = o->va};
         int r;
 
         if (node < -1)
@@ -915,15 +880,13 @@ static int alloc_host(BrokerClient *c, const BrokerAllocArgs *a, Obj *o, BrokerA
                 goto fail;
         }
         o->numa_node = node;
-        /* the kernel keeps USERPTR with the primary context: host memory lives there */
-        ta.flags = thunk_flags(a->flags) & ~(uint32_t)(THUNK_MEM_PUBLIC | THUNK_MEM_CONTIGUOUS);
-        r = thunk_bo_alloc(b->primary, &ta, &o->bo);
+        r = driver_mem_register_host(b->drv, gpu, o->va, o->size, a->flags, &o->mem);
         if (r < 0) {
                 why_set(w, r, "the driver refused to register host memory: %s", strerror(-r));
                 goto fail;
         }
         if (a->n_map_gpus) {
-                r = thunk_bo_map(o->bo, a->map_gpus, a->n_map_gpus);
+                r = driver_mem_map(c->b->drv, o->mem, a->map_gpus, a->n_map_gpus);
         } else {
                 /* every GPU the client's class may use */
                 uint32_t ids[BROKER_MAX_GPUS];
@@ -931,20 +894,20 @@ static int alloc_host(BrokerClient *c, const BrokerAllocArgs *a, Obj *o, BrokerA
                 for (size_t i = 0; i < b->n_gpus; i++)
                         if (!c->acct || (c->acct->allowed_gpus & (1ull << i)))
                                 ids[n++] = b->gpu_ids[i];
-                r = n ? thunk_bo_map(o->bo, ids, n) : 0;
+                r = n ? driver_mem_map(c->b->drv, o->mem, ids, n) : 0;
         }
         if (r < 0) {
                 why_set(w, r, "cannot map host memory on the GPUs: %s", strerror(-r));
-                (void)thunk_bo_free(o->bo);
-                o->bo = NULL;
+                (void)driver_mem_free(c->b->drv, o->mem);
+                o->mem = NULL;
                 goto fail;
         }
         res->fd = fcntl(o->memfd, F_DUPFD_CLOEXEC, 3);
         if (res->fd < 0) {
                 r = why_set(w, -errno, "cannot duplicate the memory fd: %s", strerror(errno));
-                (void)thunk_bo_unmap_all(o->bo);
-                (void)thunk_bo_free(o->bo);
-                o->bo = NULL;
+                (void)driver_mem_unmap_all(c->b->drv, o->mem);
+                (void)driver_mem_free(c->b->drv, o->mem);
+                o->mem = NULL;
                 goto fail;
         }
         return 0;
@@ -957,32 +920,19 @@ fail:
 static int alloc_managed(BrokerClient *c, const BrokerAllocArgs *a, Obj *o, BrokerAllocResult *res, Why *w)
 {
         Broker *b = c->b;
-        ThunkSvmAttr attrs[2];
-        size_t n = 0;
-        uint32_t set = KFD_IOCTL_SVM_FLAG_HOST_ACCESS;
         int r;
 
-        if (!thunk_device_has(b->dev, THUNK_FEATURE_SVM))
-                return why_set(w, -EOPNOTSUPP, "managed memory needs the KFD SVM API (ABI 1.5)");
+        if (!driver_has(b->drv, DRIVER_CAP_MANAGED))
+                return why_set(w, -EOPNOTSUPP, "managed memory needs the driver's SVM API (KFD: ABI 1.5)");
         if (a->flags & ~(uint32_t)(BROKER_FLAG_COHERENT | BROKER_FLAG_READ_ONLY | BROKER_FLAG_EXECUTABLE |
                                    BROKER_FLAG_EXT_COHERENT))
                 return why_set(w, -EINVAL,
                                "managed memory takes only coherent, ext-coherent, read-only and "
                                "executable flags");
-        if (a->flags & BROKER_FLAG_COHERENT)
-                set |= KFD_IOCTL_SVM_FLAG_COHERENT;
-        if (a->flags & BROKER_FLAG_EXT_COHERENT)
-                set |= KFD_IOCTL_SVM_FLAG_EXT_COHERENT;
-        if (a->flags & BROKER_FLAG_READ_ONLY)
-                set |= KFD_IOCTL_SVM_FLAG_GPU_RO;
-        if (a->flags & BROKER_FLAG_EXECUTABLE)
-                set |= KFD_IOCTL_SVM_FLAG_GPU_EXEC;
-        attrs[n++] = (ThunkSvmAttr){KFD_IOCTL_SVM_ATTR_SET_FLAGS, set};
         r = shared_pages(o->va, o->size, "gpumem-managed", &o->memfd, w);
         if (r < 0)
                 return r;
-        /* SVM applies to the address space of the KFD process: the daemon's, where these pages are mapped */
-        r = thunk_svm_set(b->primary, o->va, o->size, attrs, n);
+        r = driver_managed_register(b->drv, o->va, o->size, a->flags);
         if (r < 0) {
                 why_set(w, r,
                         r == -ENOMEM ? "the driver's system memory limit has no room for this range"
@@ -1072,9 +1022,9 @@ int broker_alloc(BrokerClient *c, const BrokerAllocArgs *a, BrokerAllocResult *r
                 if (r < 0) {
                         why_set(w, r, "out of memory");
                         res.fd = safe_close(res.fd);
-                        if (o->bo) {
-                                (void)thunk_bo_unmap_all(o->bo);
-                                (void)thunk_bo_free(o->bo);
+                        if (o->mem) {
+                                (void)driver_mem_unmap_all(c->b->drv, o->mem);
+                                (void)driver_mem_free(c->b->drv, o->mem);
                         }
                         if (o->memfd >= 0) {
                                 unmap_shared(c->b, o->va, o->size, o->kind == BROKER_KIND_MANAGED);
@@ -1107,20 +1057,20 @@ static int destroy_alloc(BrokerClient *c, Obj *o, bool teardown, Why *w)
         int tmp_fd = -1, r;
 
         /* a dmabuf of it went out: hold one more while the BO goes, to watch its memory after */
-        if (o->bo && o->memfd < 0 && o->handed_out && thunk_bo_export_dmabuf(o->bo, &tmp_fd) < 0)
+        if (o->mem && o->memfd < 0 && o->handed_out && driver_mem_export(c->b->drv, o->mem, &tmp_fd) < 0)
                 tmp_fd = -1;
-        if (o->bo) {
-                r = thunk_bo_unmap_all(o->bo);
+        if (o->mem) {
+                r = driver_mem_unmap_all(c->b->drv, o->mem);
                 if (r < 0 && !teardown) {
                         safe_close(tmp_fd);
                         return why_set(w, r, "cannot unmap the allocation from its GPUs: %s", strerror(-r));
                 }
-                r = r < 0 ? r : thunk_bo_free(o->bo);
+                r = r < 0 ? r : driver_mem_free(c->b->drv, o->mem);
                 if (r < 0 && !teardown) {
                         safe_close(tmp_fd);
                         return why_set(w, r, "the driver refused to free the allocation: %s", strerror(-r));
                 }
-                o->bo = NULL;
+                o->mem = NULL;
         }
         linger_start(c, o, o->memfd >= 0 ? o->memfd : tmp_fd);
         safe_close(tmp_fd);
@@ -1156,10 +1106,10 @@ static void phys_maybe_destroy(BrokerClient *c, Obj *o)
 
         if (o->client_refs > 0 || o->map_refs > 0)
                 return;
-        if (o->bo && o->handed_out && thunk_bo_export_dmabuf(o->bo, &tmp_fd) < 0)
+        if (o->mem && o->handed_out && driver_mem_export(c->b->drv, o->mem, &tmp_fd) < 0)
                 tmp_fd = -1;
-        if (o->bo)
-                (void)thunk_bo_free(o->bo);
+        if (o->mem)
+                (void)driver_mem_free(c->b->drv, o->mem);
         linger_start(c, o, tmp_fd);
         safe_close(tmp_fd);
         obj_forget_file(c->b, o);
@@ -1223,7 +1173,7 @@ int broker_map(BrokerClient *c, uint64_t handle, const uint32_t *gpu_ids, size_t
         r = gpus_allowed(c, gpu_ids, n, w);
         if (r < 0)
                 return r;
-        r = thunk_bo_map(o->bo, gpu_ids, n);
+        r = driver_mem_map(c->b->drv, o->mem, gpu_ids, n);
         if (r < 0)
                 return why_set(w, r, "the driver refused to map the allocation: %s", strerror(-r));
         return 0;
@@ -1239,16 +1189,16 @@ int broker_unmap(BrokerClient *c, uint64_t handle, const uint32_t *gpu_ids, size
         if (o->kind != BROKER_KIND_DEVICE && o->kind != BROKER_KIND_HOST)
                 return why_set(w, -EINVAL, "only device and host allocations are mapped to GPUs this way");
         if (n == 0) {
-                r = thunk_bo_unmap_all(o->bo);
+                r = driver_mem_unmap_all(c->b->drv, o->mem);
         } else {
                 r = check_gpus(c->b, gpu_ids, n, w);
                 if (r < 0)
                         return r;
                 for (size_t i = 0; i < n; i++)
-                        if (!thunk_bo_is_mapped(o->bo, gpu_ids[i]))
+                        if (!driver_mem_is_mapped(c->b->drv, o->mem, gpu_ids[i]))
                                 return why_set(w, -EINVAL, "the allocation is not mapped on GPU %u",
                                                gpu_ids[i]);
-                r = thunk_bo_unmap(o->bo, gpu_ids, n);
+                r = driver_mem_unmap(c->b->drv, o->mem, gpu_ids, n);
         }
         if (r < 0)
                 return why_set(w, r, "the driver refused to unmap the allocation: %s", strerror(-r));
@@ -1308,8 +1258,8 @@ int broker_pointer_info(BrokerClient *c, uint64_t va, BrokerPtrInfo *ret, Why *w
                 info.size = o->size;
                 info.flags = o->flags;
                 info.cpu_accessible = o->memfd >= 0 || (o->flags & BROKER_FLAG_HOST_VISIBLE);
-                for (size_t i = 0; o->bo && i < c->b->n_gpus; i++)
-                        if (thunk_bo_is_mapped(o->bo, c->b->gpu_ids[i]))
+                for (size_t i = 0; o->mem && i < c->b->n_gpus; i++)
+                        if (driver_mem_is_mapped(c->b->drv, o->mem, c->b->gpu_ids[i]))
                                 info.mapped[info.n_mapped++] = c->b->gpu_ids[i];
         }
         *ret = info;
@@ -1319,7 +1269,7 @@ int broker_pointer_info(BrokerClient *c, uint64_t va, BrokerPtrInfo *ret, Why *w
 int broker_mem_info(BrokerClient *c, uint32_t gpu_id, BrokerGpuMem *out, size_t *ret_n, Why *w)
 {
         Broker *b = c->b;
-        ThunkContext *ctx = c->ctx ? c->ctx : b->primary;
+        DriverCtx *ctx = c->ctx ? c->ctx : b->primary;
         size_t n = 0;
 
         if (gpu_id && gpu_index(b, gpu_id) < 0)
@@ -1330,7 +1280,7 @@ int broker_mem_info(BrokerClient *c, uint32_t gpu_id, BrokerGpuMem *out, size_t 
 
                 if (gpu_id && b->gpu_ids[i] != gpu_id)
                         continue;
-                r = thunk_context_available_memory(ctx, b->gpu_ids[i], &avail);
+                r = driver_available_memory(b->drv, ctx, b->gpu_ids[i], &avail);
                 if (r < 0)
                         return why_set(w, r, "cannot read the available memory of GPU %u: %s", b->gpu_ids[i],
                                        strerror(-r));
@@ -1449,8 +1399,7 @@ int broker_vmm_free(BrokerClient *c, uint64_t va, uint64_t size, Why *w)
 int broker_vmm_create(BrokerClient *c, uint64_t size, uint32_t gpu_id, uint32_t flags, uint64_t *ret_handle,
                       Why *w)
 {
-        ThunkAllocArgs ta = {.kind = THUNK_MEM_VRAM, .gpu_id = gpu_id, .va = 0, .size = size};
-        ThunkContext *ctx;
+        DriverCtx *ctx;
         char b1[32];
         Obj *o;
         int r;
@@ -1475,8 +1424,7 @@ int broker_vmm_create(BrokerClient *c, uint64_t size, uint32_t gpu_id, uint32_t 
         o = obj_new(BROKER_KIND_VMM);
         if (!o)
                 return why_set(w, -ENOMEM, "out of memory");
-        ta.flags = thunk_flags(flags);
-        r = thunk_bo_alloc(ctx, &ta, &o->bo);
+        r = driver_mem_alloc_vram(c->b->drv, ctx, gpu_id, 0, size, flags, &o->mem);
         if (r < 0) {
                 free(o);
                 if (r == -ENOMEM)
@@ -1491,7 +1439,7 @@ int broker_vmm_create(BrokerClient *c, uint64_t size, uint32_t gpu_id, uint32_t 
         o->backing_fd = driver_holds_fd(c->b);
         r = obj_publish(c, o);
         if (r < 0) {
-                (void)thunk_bo_free(o->bo);
+                (void)driver_mem_free(c->b->drv, o->mem);
                 free(o);
                 return why_set(w, r, "out of memory");
         }
@@ -1549,18 +1497,6 @@ int broker_vmm_map(BrokerClient *c, uint64_t va, uint64_t size, uint64_t offset,
         return 0;
 }
 
-static int gem_flags(int access, uint32_t obj_flags)
-{
-        int f = 0;
-        if (access & BROKER_ACCESS_READ)
-                f |= THUNK_GEM_VA_READABLE;
-        if (access == BROKER_ACCESS_READ_WRITE)
-                f |= THUNK_GEM_VA_WRITEABLE;
-        if (obj_flags & BROKER_FLAG_EXECUTABLE)
-                f |= THUNK_GEM_VA_EXECUTABLE;
-        return f;
-}
-
 static GemGrant *grant_of(VmmMap *m, uint32_t gpu_id)
 {
         for (size_t i = 0; i < m->n_gem; i++)
@@ -1576,13 +1512,13 @@ static void grant_remove(VmmMap *m, GemGrant *g)
 
 /* Take away every GPU's access to a mapping. Every grant is tried; the ones the driver refused to drop stay
  * recorded, and the first error is returned. */
-static int map_revoke_all(VmmMap *m)
+static int map_revoke_all(Broker *b, VmmMap *m)
 {
         size_t kept = 0;
         int err = 0;
 
         for (size_t i = 0; i < m->n_gem; i++) {
-                int r = thunk_gem_unmap(m->gem[i].m);
+                int r = driver_revoke(b->drv, m->gem[i].m);
                 if (r < 0) {
                         err = err ? err : r;
                         m->gem[kept++] = m->gem[i];
@@ -1664,7 +1600,7 @@ int broker_vmm_unmap(BrokerClient *c, uint64_t va, uint64_t size, Why *w)
         if (r < 0)
                 return r;
         for (size_t i = 0; i < n; i++) {
-                r = map_revoke_all(maps[i]);
+                r = map_revoke_all(c->b, maps[i]);
                 if (r < 0)
                         return why_set(w, r, "the driver refused to unmap 0x%llx: %s",
                                        (unsigned long long)maps[i]->va, strerror(-r));
@@ -1681,13 +1617,13 @@ typedef struct Undo {
 } Undo;
 
 /* Set one GPU's access to a mapping: revoke the old grant, then add the new one. */
-static int set_gpu_access(BrokerClient *c, ThunkContext *ctx, VmmMap *m, uint32_t gpu_id, int access)
+static int set_gpu_access(BrokerClient *c, DriverCtx *ctx, VmmMap *m, uint32_t gpu_id, int access)
 {
         GemGrant *g = grant_of(m, gpu_id);
         int r;
 
         if (g) {
-                r = thunk_gem_unmap(g->m);
+                r = driver_revoke(c->b->drv, g->m);
                 if (r < 0)
                         return r;
                 grant_remove(m, g);
@@ -1696,9 +1632,9 @@ static int set_gpu_access(BrokerClient *c, ThunkContext *ctx, VmmMap *m, uint32_
                 return 0;
         if (m->n_gem == BROKER_MAX_GPUS)
                 return -E2BIG;
-        ThunkGemMapping *gm = NULL;
-        r = thunk_gem_map_bo(ctx, m->phys->bo, gpu_id, m->va, m->offset, m->size,
-                             (uint32_t)gem_flags(access, m->phys->flags), &gm);
+        DriverGrant *gm = NULL;
+        r = driver_grant(c->b->drv, ctx, m->phys->mem, gpu_id, m->va, m->offset, m->size, access,
+                         (m->phys->flags & BROKER_FLAG_EXECUTABLE) != 0, &gm);
         if (r < 0)
                 return r;
         m->gem[m->n_gem++] = (GemGrant){gpu_id, access, gm};
@@ -1712,7 +1648,7 @@ int broker_vmm_set_access(BrokerClient *c, uint64_t va, uint64_t size, const Bro
         size_t n_maps = 0, n_cpu = 0, n_undo = 0;
         Undo *undo = NULL;
         const BrokerAccess *cpu_desc = NULL;
-        ThunkContext *ctx;
+        DriverCtx *ctx;
         bool any_gpu = false;
         int r;
 
@@ -1740,8 +1676,9 @@ int broker_vmm_set_access(BrokerClient *c, uint64_t va, uint64_t size, const Bro
                 else
                         any_gpu = true;
         }
-        if (any_gpu && !thunk_device_has(c->b->dev, THUNK_FEATURE_GEM_VA))
-                return why_set(w, -EOPNOTSUPP, "GPU access to VMM mappings needs KFD ABI 1.15 (GEM_VA)");
+        if (any_gpu && !driver_has(c->b->drv, DRIVER_CAP_VA_GRANTS))
+                return why_set(w, -EOPNOTSUPP,
+                               "the driver cannot grant GPU access to VMM mappings (KFD: ABI 1.15, GEM_VA)");
         r = covered_maps(c, va, size, maps, sizeof(maps) / sizeof(maps[0]), &n_maps, w);
         if (r < 0)
                 return r;
@@ -1786,7 +1723,7 @@ int broker_vmm_set_access(BrokerClient *c, uint64_t va, uint64_t size, const Bro
         if (cpu_desc && cpu_desc->access != BROKER_ACCESS_NONE) {
                 for (size_t i = 0; i < n_maps; i++) {
                         int fd = -1;
-                        r = thunk_bo_export_dmabuf(maps[i]->phys->bo, &fd);
+                        r = driver_mem_export(c->b->drv, maps[i]->phys->mem, &fd);
                         if (r < 0) {
                                 why_set(w, r, "cannot export 0x%llx for CPU access: %s",
                                         (unsigned long long)maps[i]->va, strerror(-r));
@@ -1894,9 +1831,9 @@ int broker_export(BrokerClient *c, uint64_t handle, bool read_only, int *ret_fd,
                 if (fd < 0)
                         return why_set(w, -errno, "cannot duplicate the memory fd: %s", strerror(errno));
         } else {
-                r = thunk_bo_export_dmabuf(o->bo, &fd);
-                if (r == -EINVAL && !thunk_device_has(c->b->dev, THUNK_FEATURE_EXPORT_DMABUF))
-                        return why_set(w, -EOPNOTSUPP, "dmabuf export needs KFD ABI 1.12");
+                r = driver_mem_export(c->b->drv, o->mem, &fd);
+                if (r == -EINVAL && !driver_has(c->b->drv, DRIVER_CAP_EXPORT))
+                        return why_set(w, -EOPNOTSUPP, "the driver cannot export dmabufs (KFD: ABI 1.12)");
                 if (r < 0)
                         return why_set(w, r, "the driver refused to export: %s", strerror(-r));
         }
@@ -1912,7 +1849,7 @@ int broker_export(BrokerClient *c, uint64_t handle, bool read_only, int *ret_fd,
 
 int broker_import(BrokerClient *c, int fd, uint32_t gpu_id, uint64_t *ret_handle, uint64_t *ret_size, Why *w)
 {
-        ThunkContext *ctx;
+        DriverCtx *ctx;
         uint32_t gpu = gpu_id ? gpu_id : c->b->gpu_ids[0];
         const Obj *src = NULL;
         struct stat st;
@@ -1939,9 +1876,7 @@ int broker_import(BrokerClient *c, int fd, uint32_t gpu_id, uint64_t *ret_handle
         if (r < 0)
                 return r;
         if (c->acct && !c->acct->import_foreign) {
-                /* the driver describes only its own dmabufs */
-                ThunkDmabufInfo info;
-                if (thunk_dmabuf_info(ctx, fd, NULL, 0, &info) < 0)
+                if (!driver_dmabuf_is_own(c->b->drv, ctx, fd))
                         return why_set(w, -EACCES,
                                        "class '%s' may not import dmabufs the GPU driver did not export",
                                        c->acct->name);
@@ -1949,14 +1884,14 @@ int broker_import(BrokerClient *c, int fd, uint32_t gpu_id, uint64_t *ret_handle
         o = obj_new(BROKER_KIND_IMPORT);
         if (!o)
                 return why_set(w, -ENOMEM, "out of memory");
-        r = thunk_bo_import_dmabuf(ctx, fd, gpu, 0, &o->bo);
+        r = driver_mem_import(c->b->drv, ctx, fd, gpu, &o->mem);
         if (r < 0) {
                 free(o);
                 if (r == -EINVAL || r == -EBADF)
                         return why_set(w, r, "the driver cannot import this fd as GPU memory");
                 return why_set(w, r, "the driver refused the import: %s", strerror(-r));
         }
-        o->size = thunk_bo_info(o->bo)->size;
+        o->size = driver_mem_size(c->b->drv, o->mem);
         o->gpu_id = gpu;
         o->client_refs = 1;
         o->read_only = read_only;
@@ -1967,14 +1902,14 @@ int broker_import(BrokerClient *c, int fd, uint32_t gpu_id, uint64_t *ret_handle
                 /* the driver's size is the one charged: check it too */
                 r = quota_check(c, BROKER_KIND_IMPORT, gpu, o->size, driver_holds_fd(c->b), w);
                 if (r < 0) {
-                        (void)thunk_bo_free(o->bo);
+                        (void)driver_mem_free(c->b->drv, o->mem);
                         free(o);
                         return r;
                 }
         }
         r = obj_publish(c, o);
         if (r < 0) {
-                (void)thunk_bo_free(o->bo);
+                (void)driver_mem_free(c->b->drv, o->mem);
                 free(o);
                 return why_set(w, r, "out of memory");
         }
@@ -2011,8 +1946,8 @@ static int managed_range(BrokerClient *c, uint64_t va, uint64_t size, Why *w)
 
 static bool is_location(const Broker *b, uint32_t v, bool undefined_ok)
 {
-        return v == KFD_IOCTL_SVM_LOCATION_SYSMEM ||
-               (undefined_ok && v == KFD_IOCTL_SVM_LOCATION_UNDEFINED) || gpu_index(b, v) >= 0;
+        return v == DRIVER_SVM_LOCATION_SYSMEM || (undefined_ok && v == DRIVER_SVM_LOCATION_UNDEFINED) ||
+               gpu_index(b, v) >= 0;
 }
 
 #define SVM_FLAGS_ALL 0xffu
@@ -2026,27 +1961,27 @@ static int check_svm_attrs(const Broker *b, const BrokerSvmAttr *a, size_t n, bo
         for (size_t i = 0; i < n; i++) {
                 uint32_t t = a[i].type, v = a[i].value;
                 switch (t) {
-                case KFD_IOCTL_SVM_ATTR_PREFERRED_LOC:
-                case KFD_IOCTL_SVM_ATTR_PREFETCH_LOC:
-                        if (!get && !is_location(b, v, t == KFD_IOCTL_SVM_ATTR_PREFERRED_LOC))
+                case DRIVER_SVM_ATTR_PREFERRED_LOC:
+                case DRIVER_SVM_ATTR_PREFETCH_LOC:
+                        if (!get && !is_location(b, v, t == DRIVER_SVM_ATTR_PREFERRED_LOC))
                                 return why_set(w, -EINVAL, "location %u is neither system memory nor a GPU",
                                                v);
                         break;
-                case KFD_IOCTL_SVM_ATTR_ACCESS:
-                case KFD_IOCTL_SVM_ATTR_ACCESS_IN_PLACE:
-                case KFD_IOCTL_SVM_ATTR_NO_ACCESS:
-                        if (get && t != KFD_IOCTL_SVM_ATTR_ACCESS)
+                case DRIVER_SVM_ATTR_ACCESS:
+                case DRIVER_SVM_ATTR_ACCESS_IN_PLACE:
+                case DRIVER_SVM_ATTR_NO_ACCESS:
+                        if (get && t != DRIVER_SVM_ATTR_ACCESS)
                                 return why_set(w, -EINVAL, "query access with the ACCESS type");
                         if (gpu_index(b, v) < 0)
                                 return why_set(w, -EINVAL,
                                                "access attribute names GPU %u, which does not exist", v);
                         break;
-                case KFD_IOCTL_SVM_ATTR_SET_FLAGS:
-                case KFD_IOCTL_SVM_ATTR_CLR_FLAGS:
+                case DRIVER_SVM_ATTR_SET_FLAGS:
+                case DRIVER_SVM_ATTR_CLR_FLAGS:
                         if (!get && (v & ~SVM_FLAGS_ALL))
                                 return why_set(w, -EINVAL, "unknown SVM flags 0x%x", v & ~SVM_FLAGS_ALL);
                         break;
-                case KFD_IOCTL_SVM_ATTR_GRANULARITY:
+                case DRIVER_SVM_ATTR_GRANULARITY:
                         if (!get && v > 0x3f)
                                 return why_set(w, -EINVAL, "granularity 2^%u pages is out of range", v);
                         break;
@@ -2055,12 +1990,11 @@ static int check_svm_attrs(const Broker *b, const BrokerSvmAttr *a, size_t n, bo
                 }
                 /* one value per attribute (per GPU for the access kinds) */
                 for (size_t k = 0; k < i; k++) {
-                        bool per_gpu = t == KFD_IOCTL_SVM_ATTR_ACCESS ||
-                                       t == KFD_IOCTL_SVM_ATTR_ACCESS_IN_PLACE ||
-                                       t == KFD_IOCTL_SVM_ATTR_NO_ACCESS;
-                        bool k_per_gpu = a[k].type == KFD_IOCTL_SVM_ATTR_ACCESS ||
-                                         a[k].type == KFD_IOCTL_SVM_ATTR_ACCESS_IN_PLACE ||
-                                         a[k].type == KFD_IOCTL_SVM_ATTR_NO_ACCESS;
+                        bool per_gpu = t == DRIVER_SVM_ATTR_ACCESS || t == DRIVER_SVM_ATTR_ACCESS_IN_PLACE ||
+                                       t == DRIVER_SVM_ATTR_NO_ACCESS;
+                        bool k_per_gpu = a[k].type == DRIVER_SVM_ATTR_ACCESS ||
+                                         a[k].type == DRIVER_SVM_ATTR_ACCESS_IN_PLACE ||
+                                         a[k].type == DRIVER_SVM_ATTR_NO_ACCESS;
                         if (per_gpu && k_per_gpu ? a[k].value == v : a[k].type == t)
                                 return why_set(w, -EINVAL, "attribute %u%s given twice", t,
                                                per_gpu ? " for one GPU" : "");
@@ -2071,23 +2005,23 @@ static int check_svm_attrs(const Broker *b, const BrokerSvmAttr *a, size_t n, bo
 
 int broker_svm_set(BrokerClient *c, uint64_t va, uint64_t size, const BrokerSvmAttr *a, size_t n, Why *w)
 {
-        ThunkSvmAttr t[BROKER_SVM_MAX_ATTRS];
+        DriverSvmAttr t[BROKER_SVM_MAX_ATTRS];
         int r;
 
         if ((r = managed_range(c, va, size, w)) < 0 || (r = check_svm_attrs(c->b, a, n, false, w)) < 0)
                 return r;
         for (size_t i = 0; i < n; i++) {
-                bool names_gpu = a[i].type == KFD_IOCTL_SVM_ATTR_ACCESS ||
-                                 a[i].type == KFD_IOCTL_SVM_ATTR_ACCESS_IN_PLACE ||
-                                 ((a[i].type == KFD_IOCTL_SVM_ATTR_PREFERRED_LOC ||
-                                   a[i].type == KFD_IOCTL_SVM_ATTR_PREFETCH_LOC) &&
+                bool names_gpu = a[i].type == DRIVER_SVM_ATTR_ACCESS ||
+                                 a[i].type == DRIVER_SVM_ATTR_ACCESS_IN_PLACE ||
+                                 ((a[i].type == DRIVER_SVM_ATTR_PREFERRED_LOC ||
+                                   a[i].type == DRIVER_SVM_ATTR_PREFETCH_LOC) &&
                                   gpu_index(c->b, a[i].value) >= 0);
                 if (names_gpu && (r = gpu_allowed(c, a[i].value, w)) < 0)
                         return r;
         }
         for (size_t i = 0; i < n; i++)
-                t[i] = (ThunkSvmAttr){a[i].type, a[i].value};
-        r = thunk_svm_set(c->b->primary, va, size, t, n);
+                t[i] = (DriverSvmAttr){a[i].type, a[i].value};
+        r = driver_svm_set(c->b->drv, va, size, t, n);
         if (r < 0)
                 return why_set(w, r, "the driver refused the attributes: %s", strerror(-r));
         return 0;
@@ -2095,14 +2029,14 @@ int broker_svm_set(BrokerClient *c, uint64_t va, uint64_t size, const BrokerSvmA
 
 int broker_svm_get(BrokerClient *c, uint64_t va, uint64_t size, BrokerSvmAttr *a, size_t n, Why *w)
 {
-        ThunkSvmAttr t[BROKER_SVM_MAX_ATTRS];
+        DriverSvmAttr t[BROKER_SVM_MAX_ATTRS];
         int r;
 
         if ((r = managed_range(c, va, size, w)) < 0 || (r = check_svm_attrs(c->b, a, n, true, w)) < 0)
                 return r;
         for (size_t i = 0; i < n; i++)
-                t[i] = (ThunkSvmAttr){a[i].type, a[i].value};
-        r = thunk_svm_get(c->b->primary, va, size, t, n);
+                t[i] = (DriverSvmAttr){a[i].type, a[i].value};
+        r = driver_svm_get(c->b->drv, va, size, t, n);
         if (r < 0)
                 return why_set(w, r, "the driver refused the query: %s", strerror(-r));
         for (size_t i = 0; i < n; i++)
@@ -2112,7 +2046,7 @@ int broker_svm_get(BrokerClient *c, uint64_t va, uint64_t size, BrokerSvmAttr *a
 
 int broker_svm_prefetch(BrokerClient *c, uint64_t va, uint64_t size, uint32_t location, Why *w)
 {
-        BrokerSvmAttr a = {KFD_IOCTL_SVM_ATTR_PREFETCH_LOC, location};
+        BrokerSvmAttr a = {DRIVER_SVM_ATTR_PREFETCH_LOC, location};
         return broker_svm_set(c, va, size, &a, 1, w);
 }
 
@@ -2129,7 +2063,7 @@ static void teardown_mappings(BrokerClient *c, Obj *res, size_t *budget)
 
         while (*budget > 0 && thunk_va_next(res->maps, res->va, &vo) == 0) {
                 VmmMap *m = vo.data;
-                (void)map_revoke_all(m); /* what the driver refused goes with the context below */
+                (void)map_revoke_all(c->b, m); /* what the driver refused goes with the context below */
                 map_destroy(c, m);
                 (*budget)--;
         }
@@ -2199,9 +2133,9 @@ BrokerClient *broker_client_free(BrokerClient *c)
                 ;
         hashmap_done(&c->objs);
         broker_client_set_account(c, NULL);
-        /* the client's own KFD context: closing it releases anything the driver still holds for it */
+        /* the client's own GPU VM: closing it releases anything the driver still holds for it */
         if (c->own_ctx)
-                thunk_context_free(c->ctx);
+                driver_ctx_free(c->b->drv, c->ctx);
         c->b->clients--;
         free(c);
         return NULL;
@@ -2221,8 +2155,8 @@ size_t broker_client_list(const BrokerClient *c, size_t *cursor, BrokerObjInfo *
                 i->gpu_id = o->gpu_id;
                 i->va = o->va;
                 i->exports = o->exports;
-                for (size_t g = 0; o->bo && g < c->b->n_gpus; g++)
-                        if (thunk_bo_is_mapped(o->bo, c->b->gpu_ids[g]))
+                for (size_t g = 0; o->mem && g < c->b->n_gpus; g++)
+                        if (driver_mem_is_mapped(c->b->drv, o->mem, c->b->gpu_ids[g]))
                                 i->mapped[i->n_mapped++] = c->b->gpu_ids[g];
         }
         *cursor = n == cap ? it : 0;

@@ -5,7 +5,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "thunk.h"
+#include "driver.h"
 #include "util.h"
 #include "vaman.h"
 
@@ -27,21 +27,22 @@ typedef enum BrokerKind {
         BROKER_KIND_RESERVATION = 100, /* internal: a VMM VA reservation */
 } BrokerKind;
 
+/* The driver takes the same values (driver.h), so they pass through. */
 enum {
-        BROKER_FLAG_HOST_VISIBLE = 1,
-        BROKER_FLAG_COHERENT = 2,
-        BROKER_FLAG_UNCACHED = 4,
-        BROKER_FLAG_EXECUTABLE = 8,
-        BROKER_FLAG_CONTIGUOUS = 16,
-        BROKER_FLAG_READ_ONLY = 32,
-        BROKER_FLAG_EXT_COHERENT = 64,
+        BROKER_FLAG_HOST_VISIBLE = DRIVER_MEM_HOST_VISIBLE,
+        BROKER_FLAG_COHERENT = DRIVER_MEM_COHERENT,
+        BROKER_FLAG_UNCACHED = DRIVER_MEM_UNCACHED,
+        BROKER_FLAG_EXECUTABLE = DRIVER_MEM_EXECUTABLE,
+        BROKER_FLAG_CONTIGUOUS = DRIVER_MEM_CONTIGUOUS,
+        BROKER_FLAG_READ_ONLY = DRIVER_MEM_READ_ONLY,
+        BROKER_FLAG_EXT_COHERENT = DRIVER_MEM_EXT_COHERENT,
         _BROKER_FLAG_ALL = 127,
 };
 
 enum {
         BROKER_ACCESS_NONE = 0,
-        BROKER_ACCESS_READ = 1,
-        BROKER_ACCESS_READ_WRITE = 3,
+        BROKER_ACCESS_READ = DRIVER_ACCESS_READ,
+        BROKER_ACCESS_READ_WRITE = DRIVER_ACCESS_READ_WRITE,
 };
 
 #define BROKER_PAGE_SIZE          4096ull
@@ -94,7 +95,8 @@ typedef struct BrokerAccount {
 /* An account with no limits: every GPU, every import. */
 void broker_account_init(BrokerAccount *a, const char *name);
 
-int broker_new(ThunkDevice *dev, Broker **ret);
+/* The broker over @drv (borrowed; it must outlive the broker). */
+int broker_new(Driver *drv, Broker **ret);
 /* Index of @gpu_id in the broker's GPU order, or -1. */
 int broker_gpu_index(const Broker *b, uint32_t gpu_id);
 size_t broker_gpu_count(const Broker *b);

@@ -13,8 +13,6 @@
 #include <sys/un.h>
 #include <systemd/sd-daemon.h>
 
-#include <amdgpu_drm.h>
-
 #include "broker.h"
 #include "classes.h"
 #include "metrics.h"
@@ -23,8 +21,7 @@
 #include "config.h"
 #include "conn.h"
 #include "frame.h"
-#include "kfd-compat.h"
-#include "model.h"
+#include "driver-kfd.h"
 #include "log.h"
 #include "window.h"
 #include "wire.h"
@@ -38,8 +35,7 @@ static void on_status_timer(evutil_socket_t fd, short what, void *userdata)
 
         m->status_pending = false;
         (void)sd_notifyf(0, "STATUS=Serving %u client%s on %s%s%s", m->n_conns, m->n_conns == 1 ? "" : "s",
-                         thunk_device_backend_name(m->dev), m->preset_name[0] ? " preset " : "",
-                         m->preset_name);
+                         driver_name(m->drv), m->preset_name[0] ? " preset " : "", m->preset_name);
 }
 
 /* Coalesce STATUS= updates to one a second: a notify socket that is slow to read must not stall clients. */
@@ -400,7 +396,7 @@ int manager_reload(Manager *m)
 static int open_backend(Manager *m)
 {
         char preset[PATH_MAX], err[512] = "";
-        ThunkOptions to = {0};
+        DriverKfdOptions ko = {0};
         int r;
 
         if (m->opts.backend == OPT_BACKEND_MODEL) {
@@ -408,22 +404,20 @@ static int open_backend(Manager *m)
                 if (r < 0)
                         return log_error_errno(r, "model preset '%s' not found: %s", m->opts.model_preset,
                                                strerror(-r));
-                to.backend = THUNK_BACKEND_MODEL;
-                to.topology_root = preset;
-                to.model_kfd_minor = m->opts.model_kfd_minor;
+                ko.model = true;
+                ko.topology_root = preset;
+                ko.model_kfd_minor = m->opts.model_kfd_minor;
                 const char *slash = strrchr(preset, '/');
                 const char *name = slash ? slash + 1 : preset;
                 size_t n = strnlen(name, sizeof(m->preset_name) - 1);
                 memcpy(m->preset_name, name, n);
                 m->preset_name[n] = '\0';
         } else {
-                to.backend = THUNK_BACKEND_KFD;
-                to.topology_root = m->opts.topology_root;
+                ko.topology_root = m->opts.topology_root;
         }
-        r = thunk_device_open(&to, &m->dev, err, sizeof(err));
+        r = driver_kfd_open(&ko, &m->drv, err, sizeof(err));
         if (r < 0)
-                return log_error_errno(r, "cannot open the %s backend: %s",
-                                       to.backend == THUNK_BACKEND_MODEL ? "model" : "kfd",
+                return log_error_errno(r, "cannot open the %s backend: %s", ko.model ? "model" : "kfd",
                                        err[0] ? err : strerror(-r));
         return 0;
 }
@@ -431,59 +425,23 @@ static int open_backend(Manager *m)
 /*
  * Testing hook of the model backend: with $GPUMEMD_MODEL_FAULTS_FILE set at start, SIGUSR2 reads that file
  * and arms the model's fault injection, so error paths in the middle of multi-step operations can be
- * driven from outside. Each line is "IOCTL NTH ERRNO" (IOCTL a name below or a number, NTH 1 = the next
- * call, ERRNO positive); earlier faults are cleared first. Never armed with the kfd backend.
+ * driven from outside. Each line is "IOCTL NTH ERRNO" (IOCTL a name driver-kfd.c knows or a number, NTH 1 =
+ * the next call, ERRNO positive); earlier faults are cleared first. Never armed with the kfd backend.
  */
-static const struct {
-        const char *name;
-        unsigned long req;
-} fault_ioctls[] = {
-        {"acquire_vm", AMDKFD_IOC_ACQUIRE_VM},
-        {"alloc_memory_of_gpu", AMDKFD_IOC_ALLOC_MEMORY_OF_GPU},
-        {"free_memory_of_gpu", AMDKFD_IOC_FREE_MEMORY_OF_GPU},
-        {"map_memory_to_gpu", AMDKFD_IOC_MAP_MEMORY_TO_GPU},
-        {"unmap_memory_from_gpu", AMDKFD_IOC_UNMAP_MEMORY_FROM_GPU},
-        {"export_dmabuf", AMDKFD_IOC_EXPORT_DMABUF},
-        {"import_dmabuf", AMDKFD_IOC_IMPORT_DMABUF},
-        {"svm", AMDKFD_IOC_SVM},
-        {"create_process", AMDKFD_IOC_CREATE_PROCESS},
-        {"available_memory", AMDKFD_IOC_AVAILABLE_MEMORY},
-        {"gem_va", DRM_IOCTL_AMDGPU_GEM_VA},
-        {"gem_close", DRM_IOCTL_GEM_CLOSE},
-        {"prime_handle_to_fd", DRM_IOCTL_PRIME_HANDLE_TO_FD},
-        {"prime_fd_to_handle", DRM_IOCTL_PRIME_FD_TO_HANDLE},
-};
-
 static void on_sigusr2(evutil_socket_t sig, short what, void *userdata)
 {
         Manager *m = userdata;
         const char *path = getenv("GPUMEMD_MODEL_FAULTS_FILE");
-        ThunkModel *model = thunk_device_model(m->dev);
-        char name[64];
-        unsigned nth;
-        int err, n = 0, r = 0;
-        FILE *f;
+        char err[256] = "";
+        int n;
 
-        if (!model || !path)
+        if (!path || !driver_has(m->drv, DRIVER_CAP_TEST_FAULTS))
                 return;
-        f = fopen(path, "re");
-        if (!f) {
-                log_warning_errno(errno, "model faults: cannot read %s: %s", path, strerror(errno));
+        n = driver_test_faults(m->drv, path, err, sizeof(err));
+        if (n < 0) {
+                log_warning_errno(n, "model faults: %s", err[0] ? err : strerror(-n));
                 return;
         }
-        thunk_model_clear_faults(model);
-        while (r >= 0 && fscanf(f, "%63s %u %d", name, &nth, &err) == 3) {
-                unsigned long req = strtoul(name, NULL, 0);
-                for (size_t i = 0; i < ARRAY_SIZE(fault_ioctls); i++)
-                        if (strcmp(name, fault_ioctls[i].name) == 0)
-                                req = fault_ioctls[i].req;
-                r = req ? thunk_model_inject_fault(model, req, nth, err) : -EINVAL;
-                if (r >= 0)
-                        n++;
-        }
-        fclose(f);
-        if (r < 0)
-                log_warning_errno(r, "model faults: bad entry '%s': %s", name, strerror(-r));
         log_notice("model faults armed: %d", n);
         (void)sd_notifyf(0, "STATUS=model faults armed: %d", n);
 }
@@ -493,7 +451,7 @@ static int setup_va(Manager *m)
         uint64_t base, limit, start;
         int r;
 
-        thunk_device_svm_aperture(m->dev, &base, &limit);
+        driver_svm_aperture(m->drv, &base, &limit);
         start = base > WINDOW_SPACE_START ? base : WINDOW_SPACE_START;
         start = (start + WINDOW_ALIGN - 1) & ~(WINDOW_ALIGN - 1);
         if (limit <= start || limit - start + 1 < m->opts.window_size)
@@ -543,7 +501,7 @@ int manager_new(Manager **ret, const Options *opts)
         r = setup_va(m);
         if (r < 0)
                 goto fail;
-        r = broker_new(m->dev, &m->broker);
+        r = broker_new(m->drv, &m->broker);
         if (r < 0)
                 goto fail;
         {
@@ -577,7 +535,7 @@ int manager_new(Manager **ret, const Options *opts)
         m->sigterm_ev = evsignal_new(m->base, SIGTERM, on_signal_stop, m);
         m->sigint_ev = evsignal_new(m->base, SIGINT, on_signal_stop, m);
         m->sighup_ev = evsignal_new(m->base, SIGHUP, on_sighup, m);
-        if (thunk_device_model(m->dev) && getenv("GPUMEMD_MODEL_FAULTS_FILE")) {
+        if (driver_has(m->drv, DRIVER_CAP_TEST_FAULTS) && getenv("GPUMEMD_MODEL_FAULTS_FILE")) {
                 m->sigusr2_ev = evsignal_new(m->base, SIGUSR2, on_sigusr2, m);
                 if (!m->sigusr2_ev || event_add(m->sigusr2_ev, NULL) < 0) {
                         r = -ENOMEM;
@@ -661,7 +619,7 @@ Manager *manager_free(Manager *m)
         broker_free(m->broker);
         free(m->metrics);
         thunk_va_space_free(m->va);
-        thunk_device_close(m->dev);
+        m->drv = driver_close(m->drv);
         if (m->base)
                 event_base_free(m->base);
         free(m->rx_buf);
@@ -683,8 +641,8 @@ int manager_run(Manager *m)
         }
         log_full(LOG_INFO, 0, GM_MESSAGE_STARTED, NULL, "gpumemd %s serving on %s (%s backend%s%s, %zu GPUs)",
                  GPUMEMD_VERSION, m->listen_bound ? m->opts.socket_path : "the activated socket",
-                 thunk_device_backend_name(m->dev), m->preset_name[0] ? ", preset " : "", m->preset_name,
-                 thunk_device_gpu_count(m->dev));
+                 driver_name(m->drv), m->preset_name[0] ? ", preset " : "", m->preset_name,
+                 driver_gpu_count(m->drv));
         /* Ready only now: the backend is open, topology and VM are up, the socket listens. */
         (void)sd_notify(0, "READY=1");
         on_status_timer(-1, 0, m);

@@ -7,7 +7,7 @@
 
 #include "log.h"
 #include "options.h"
-#include "thunk.h"
+#include "driver.h"
 #include "vaman.h"
 
 typedef struct Conn Conn;
@@ -25,7 +25,7 @@ typedef struct ManagerStats {
 typedef struct Manager {
         struct event_base *base;
         Options opts;
-        ThunkDevice *dev;
+        Driver *drv; /* the device backend (driver-kfd.c) */
         struct Broker *broker;
         struct Policy *policy;      /* the running policy (classes) */
         struct ClassState *classes; /* per-class state, by name */

@@ -97,9 +97,8 @@ int metrics_render(Manager *m, char **ret, size_t *ret_len)
                 "# HELP gpumemd_clients_stalled_total Clients dropped for leaving replies unread "
                 "send-timeout seconds.\n"
                 "# TYPE gpumemd_clients_stalled_total counter\ngpumemd_clients_stalled_total %llu\n",
-                thunk_device_backend_name(m->dev),
-                (double)(now_usec(CLOCK_MONOTONIC) - m->started_mono_usec) / 1e6, m->n_conns,
-                (unsigned long long)m->stats.connections_total,
+                driver_name(m->drv), (double)(now_usec(CLOCK_MONOTONIC) - m->started_mono_usec) / 1e6,
+                m->n_conns, (unsigned long long)m->stats.connections_total,
                 (unsigned long long)m->stats.connections_refused, (unsigned long long)m->stats.requests,
                 (unsigned long long)m->stats.protocol_errors, (unsigned long long)m->stats.stalled_drops);
 

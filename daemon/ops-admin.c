@@ -8,7 +8,6 @@
 #include "broker.h"
 #include "classes.h"
 #include "metrics.h"
-#include "model.h"
 #include "config.h"
 #include "log.h"
 #include "manager.h"
@@ -21,9 +20,9 @@ int op_admin_status(ReqCtx *r, const Gpumem__Request *req)
         Gpumem__AdminStatusReply s = GPUMEM__ADMIN_STATUS_REPLY__INIT;
         uint32_t major = 0, minor = 0;
 
-        thunk_device_version(m->dev, &major, &minor);
+        driver_version(m->drv, &major, &minor);
         s.server_version = GPUMEMD_VERSION;
-        s.backend = (char *)thunk_device_backend_name(m->dev);
+        s.backend = (char *)driver_name(m->drv);
         s.has_kfd_major = s.has_kfd_minor = true;
         s.kfd_major = major;
         s.kfd_minor = minor;
@@ -32,7 +31,7 @@ int op_admin_status(ReqCtx *r, const Gpumem__Request *req)
         s.started_usec = m->started_real_usec;
         s.has_clients = s.has_gpus = true;
         s.clients = m->n_conns;
-        s.gpus = (uint32_t)thunk_device_gpu_count(m->dev);
+        s.gpus = (uint32_t)driver_gpu_count(m->drv);
         BrokerUsage u;
         broker_totals(m->broker, &u);
         s.has_allocations = s.has_bytes_device = s.has_bytes_host = s.has_bytes_managed = true;
@@ -49,21 +48,19 @@ int op_admin_status(ReqCtx *r, const Gpumem__Request *req)
         s.has_va_windows = true;
         s.va_windows = (uint32_t)(thunk_va_space_count(m->va) - m->va_blocked);
         Gpumem__BackendStats ms = GPUMEM__BACKEND_STATS__INIT;
-        if (thunk_device_model(m->dev)) {
-                ThunkModelStats st;
-                thunk_model_get_stats(thunk_device_model(m->dev), &st);
+        DriverStats ds;
+        if (driver_stats(m->drv, &ds) == 0) {
                 ms.has_contexts = ms.has_buffers = ms.has_handles = ms.has_imports = ms.has_mappings = true;
                 ms.has_gem_handles = ms.has_svm_ranges = ms.has_system_bytes = ms.has_vram_bytes = true;
-                ms.contexts = st.contexts;
-                ms.buffers = st.bufs;
-                ms.handles = st.mems;
-                ms.imports = st.imports;
-                ms.mappings = st.mappings;
-                ms.gem_handles = st.gem_handles;
-                ms.svm_ranges = st.svm_ranges;
-                ms.system_bytes = st.system_used;
-                for (uint32_t i = 0; i < st.n_gpus && i < THUNK_MODEL_MAX_GPUS; i++)
-                        ms.vram_bytes += st.vram_used[i];
+                ms.contexts = ds.contexts;
+                ms.buffers = ds.buffers;
+                ms.handles = ds.handles;
+                ms.imports = ds.imports;
+                ms.mappings = ds.mappings;
+                ms.gem_handles = ds.gem_handles;
+                ms.svm_ranges = ds.svm_ranges;
+                ms.system_bytes = ds.system_bytes;
+                ms.vram_bytes = ds.vram_bytes;
                 s.model = &ms;
         }
         reply.result_case = GPUMEM__REPLY__RESULT_ADMIN_STATUS;

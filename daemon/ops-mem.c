@@ -354,9 +354,7 @@ int op_vmm_granularity(ReqCtx *r, const Gpumem__Request *req)
 {
         Gpumem__Reply reply = GPUMEM__REPLY__INIT;
         Gpumem__VmmGranularityReply gr = GPUMEM__VMM_GRANULARITY_REPLY__INIT;
-        const ThunkGpu *g = thunk_device_gpu_by_id(r->m->dev, req->vmm_granularity->gpu_id);
-
-        if (!g)
+        if (broker_gpu_index(r->m->broker, req->vmm_granularity->gpu_id) < 0)
                 return reply_fail(r, -ENODEV, "no GPU with id %u", req->vmm_granularity->gpu_id);
         gr.has_granularity = true;
         gr.granularity =

@@ -27,7 +27,7 @@ static void topo_bufs_done(TopoBufs *b)
 
 int op_topology(ReqCtx *r, const Gpumem__Request *req)
 {
-        const ThunkTopology *t = thunk_device_topology(r->m->dev);
+        const ThunkTopology *t = driver_topology(r->m->drv);
         bool with_props = req->topology->has_with_properties && req->topology->with_properties;
         Gpumem__Reply reply = GPUMEM__REPLY__INIT;
         Gpumem__TopologyReply tr = GPUMEM__TOPOLOGY_REPLY__INIT;

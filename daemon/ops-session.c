@@ -59,7 +59,7 @@ int op_hello(ReqCtx *r, const Gpumem__Request *req)
                                                                                 : GM_PROTOCOL_VERSION);
         c->admin = classes_is_admin(m, c);
         conn_hello_done(c);
-        thunk_device_version(m->dev, &major, &minor);
+        driver_version(m->drv, &major, &minor);
 
         hr.has_protocol_version = hr.has_features = hr.has_client_id = true;
         hr.protocol_version = c->proto_version;
@@ -79,12 +79,12 @@ int op_hello(ReqCtx *r, const Gpumem__Request *req)
                 uint64_t lim = conn_inflight_limit(c);
                 hr.max_inflight = lim > UINT32_MAX ? UINT32_MAX : (uint32_t)lim;
         }
-        hr.backend = (char *)thunk_device_backend_name(m->dev);
+        hr.backend = (char *)driver_name(m->drv);
         hr.has_kfd_major = hr.has_kfd_minor = hr.has_private_gpu_vm = true;
         hr.kfd_major = major;
         hr.kfd_minor = minor;
         /* created at its first device allocation, where the driver allows secondary contexts */
-        hr.private_gpu_vm = thunk_device_has(m->dev, THUNK_FEATURE_CREATE_PROCESS);
+        hr.private_gpu_vm = driver_has(m->drv, DRIVER_CAP_PRIVATE_VM);
         reply.result_case = GPUMEM__REPLY__RESULT_HELLO;
         reply.hello = &hr;
 

@@ -15,7 +15,7 @@
 #include "config.h"
 #include "log.h"
 #include "util.h"
-#include "model.h"
+#include "driver-kfd.h"
 
 #define DEFAULT_WINDOW_SIZE (64ull << 30)
 /*
@@ -88,9 +88,11 @@ static void help(void)
 /* 0 (the model's newest) or a minor version the model can report: checked here, so --check-config sees it */
 static int parse_kfd_minor(const char *s, uint64_t *ret)
 {
+        uint32_t lo, hi;
         uint64_t v;
 
-        if (parse_uint(s, THUNK_MODEL_KFD_MINOR_MAX, &v) < 0 || (v && v < THUNK_MODEL_KFD_MINOR_MIN))
+        driver_kfd_model_minor_range(&lo, &hi);
+        if (parse_uint(s, hi, &v) < 0 || (v && v < lo))
                 return -EINVAL;
         *ret = v;
         return 0;
@@ -156,10 +158,12 @@ int options_parse_argv(Options *o, int argc, char **argv)
                         break;
                 case ARG_KFD_MINOR:
                         if (parse_kfd_minor(optarg, &v) < 0) {
+                                uint32_t lo, hi;
+                                driver_kfd_model_minor_range(&lo, &hi);
                                 fprintf(stderr,
-                                        "gpumemd: --model-kfd-minor: '%s' is not 0 or a number from %d to "
-                                        "%d\n",
-                                        optarg, THUNK_MODEL_KFD_MINOR_MIN, THUNK_MODEL_KFD_MINOR_MAX);
+                                        "gpumemd: --model-kfd-minor: '%s' is not 0 or a number from %u to "
+                                        "%u\n",
+                                        optarg, lo, hi);
                                 return -EINVAL;
                         }
                         o->model_kfd_minor = (uint32_t)v;
@@ -319,8 +323,10 @@ static int daemon_key(FileCtx *ctx, const char *name, const char *value)
                         return 0;
         } else if (strcmp(name, "model-kfd-minor") == 0) {
                 if (parse_kfd_minor(value, &v) < 0) {
-                        file_error(ctx, "model-kfd-minor: '%s' is not 0 or a number from %d to %d", value,
-                                   THUNK_MODEL_KFD_MINOR_MIN, THUNK_MODEL_KFD_MINOR_MAX);
+                        uint32_t lo, hi;
+                        driver_kfd_model_minor_range(&lo, &hi);
+                        file_error(ctx, "model-kfd-minor: '%s' is not 0 or a number from %u to %u", value, lo,
+                                   hi);
                         return 1;
                 }
                 if (!(cli & OPT_SET_KFD_MINOR))

@@ -17,6 +17,7 @@
 
 #include "broker.h"
 #include "conn.h"
+#include "driver-kfd.h"
 #include "frame.h"
 #include "gpumem.pb-c.h"
 #include "log.h"
@@ -182,7 +183,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
         /* the socket file is not needed: connections come from socketpairs */
         unlink(sock);
         rmdir(tmpdir);
-        thunk_model_get_stats(thunk_device_model(mgr->dev), &model_base);
+        thunk_model_get_stats(driver_kfd_model(mgr->drv), &model_base);
         proc_fd_dir = open("/proc/self/fd", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
         if (proc_fd_dir < 0)
                 abort();
@@ -312,9 +313,9 @@ static uint64_t pick_handle(Reader *r, const Pool *p)
 static uint32_t pick_gpu(Reader *r)
 {
         uint8_t sel = rd8(r);
-        size_t n = thunk_device_gpu_count(mgr->dev);
+        size_t n = broker_gpu_count(mgr->broker);
         if (sel < 240 && n)
-                return thunk_device_gpu(mgr->dev, sel % n)->gpu_id;
+                return broker_gpu_id(mgr->broker, sel % n);
         return sel == 240 ? 0 : (uint32_t)rdn(r, 4);
 }
 
@@ -678,7 +679,7 @@ static void check_back_to_base(void)
         bool ok = true;
 
         broker_totals(mgr->broker, &u);
-        thunk_model_get_stats(thunk_device_model(mgr->dev), &st);
+        thunk_model_get_stats(driver_kfd_model(mgr->drv), &st);
         fds = count_fds();
         if (fd_base < 0)
                 fd_base = fds;

@@ -1,0 +1,24 @@
+/* The KFD driver: the driver seam over the thunk, on the kernel's /dev/kfd or the built-in KFD model. */
+#pragma once
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "driver.h"
+
+typedef struct DriverKfdOptions {
+        bool model;                /* the built-in KFD model instead of /dev/kfd */
+        const char *topology_root; /* the KFD sysfs topology, or the model preset's directory; NULL: sysfs */
+        uint32_t model_kfd_minor;  /* the KFD ABI minor version the model reports (0: its newest) */
+} DriverKfdOptions;
+
+/* Open the device: topology, KFD version, apertures, a GPU VM on every GPU. @errbuf gets the reason. */
+int driver_kfd_open(const DriverKfdOptions *o, Driver **ret, char *errbuf, size_t errlen);
+
+/* The KFD ABI minor versions the model can report (--model-kfd-minor). */
+void driver_kfd_model_minor_range(uint32_t *ret_min, uint32_t *ret_max);
+
+/* For tests that look under the driver: the thunk device, and the model when it is one (else NULL). */
+struct ThunkDevice *driver_kfd_device(Driver *d);
+struct ThunkModel *driver_kfd_model(Driver *d);

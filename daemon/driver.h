@@ -1,0 +1,312 @@
+/* The driver seam: what the broker asks of a GPU driver, one vtable per backend (driver-kfd.c today). */
+#pragma once
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "topology.h"
+
+/*
+ * The broker keeps the books (handles, accounts, VA placement, teardown order); a driver executes memory
+ * operations on a device. A driver knows nothing of clients, classes or quotas: it is asked to allocate at a
+ * VA the broker chose, to map on GPUs the broker checked, and it answers with a negative errno (no message;
+ * the broker words the reason). Every pointer a driver returns is owned by the driver until the matching
+ * free. A driver is used from one thread at a time.
+ *
+ * Only driver implementations include KFD, thunk or model headers. The topology is described with the
+ * thunk's plain structs (topology.h), which hold no driver state.
+ */
+
+typedef struct Driver Driver;
+typedef struct DriverCtx DriverCtx;     /* a GPU VM: the daemon's own, or one per client */
+typedef struct DriverMem DriverMem;     /* memory the driver allocated, registered or imported */
+typedef struct DriverGrant DriverGrant; /* one GPU's mapping of part of a DriverMem at a VA (VMM access) */
+
+/* What a driver can do beyond allocation, mapping and import. */
+enum {
+        DRIVER_CAP_PRIVATE_VM = 1u << 0,    /* a GPU VM per client (driver_ctx_new) */
+        DRIVER_CAP_MANAGED = 1u << 1,       /* managed memory and SVM attributes */
+        DRIVER_CAP_VA_GRANTS = 1u << 2,     /* per-GPU grants of parts of memory at any VA (VMM access) */
+        DRIVER_CAP_EXPORT = 1u << 3,        /* dmabuf export of device memory */
+        DRIVER_CAP_FD_PER_BUFFER = 1u << 4, /* the driver holds an fd in the daemon for each buffer */
+        DRIVER_CAP_TEST_FAULTS = 1u << 5,   /* driver_test_faults() */
+        DRIVER_CAP_BACKEND_STATS = 1u << 6, /* driver_stats() */
+};
+
+/* Allocation flags: the protocol's values (gpumem.proto), which the broker passes through. */
+enum {
+        DRIVER_MEM_HOST_VISIBLE = 1,
+        DRIVER_MEM_COHERENT = 2,
+        DRIVER_MEM_UNCACHED = 4,
+        DRIVER_MEM_EXECUTABLE = 8,
+        DRIVER_MEM_CONTIGUOUS = 16,
+        DRIVER_MEM_READ_ONLY = 32,
+        DRIVER_MEM_EXT_COHERENT = 64,
+};
+
+/* GPU access of a grant. */
+enum {
+        DRIVER_ACCESS_READ = 1,
+        DRIVER_ACCESS_READ_WRITE = 3,
+};
+
+/*
+ * SVM attribute types and locations: the numbers the protocol carries, which are the KFD's
+ * (kfd_ioctl.h, KFD_IOCTL_SVM_ATTR_*; kfd-abi.md §4). A driver without managed memory refuses them all.
+ */
+enum {
+        DRIVER_SVM_ATTR_PREFERRED_LOC = 0,
+        DRIVER_SVM_ATTR_PREFETCH_LOC = 1,
+        DRIVER_SVM_ATTR_ACCESS = 2,
+        DRIVER_SVM_ATTR_ACCESS_IN_PLACE = 3,
+        DRIVER_SVM_ATTR_NO_ACCESS = 4,
+        DRIVER_SVM_ATTR_SET_FLAGS = 5,
+        DRIVER_SVM_ATTR_CLR_FLAGS = 6,
+        DRIVER_SVM_ATTR_GRANULARITY = 7,
+};
+#define DRIVER_SVM_LOCATION_SYSMEM    0u
+#define DRIVER_SVM_LOCATION_UNDEFINED 0xffffffffu
+
+typedef struct DriverSvmAttr {
+        uint32_t type;
+        uint32_t value;
+} DriverSvmAttr;
+
+typedef struct DriverGpu {
+        uint32_t gpu_id;
+        uint64_t vram_bytes; /* the GPU's own memory, or what the driver lets an APU have */
+        int numa_node;       /* nearest host node, -1 when unknown */
+} DriverGpu;
+
+/* What a driver that keeps its own books reports (the model: contexts, buffers, ...). */
+typedef struct DriverStats {
+        uint64_t contexts;
+        uint64_t buffers;
+        uint64_t handles;
+        uint64_t imports;
+        uint64_t mappings;
+        uint64_t gem_handles;
+        uint64_t svm_ranges;
+        uint64_t system_bytes;
+        uint64_t vram_bytes;
+} DriverStats;
+
+typedef struct DriverOps {
+        Driver *(*close)(Driver *d);
+        const char *(*name)(const Driver *d);
+        void (*version)(const Driver *d, uint32_t *ret_major, uint32_t *ret_minor);
+        unsigned (*caps)(const Driver *d);
+        const ThunkTopology *(*topology)(const Driver *d);
+        size_t (*gpu_count)(const Driver *d);
+        int (*gpu)(const Driver *d, size_t index, DriverGpu *ret);
+        void (*svm_aperture)(const Driver *d, uint64_t *ret_base, uint64_t *ret_limit);
+
+        DriverCtx *(*ctx_primary)(Driver *d);
+        int (*ctx_new)(Driver *d, DriverCtx **ret);
+        void (*ctx_free)(Driver *d, DriverCtx *ctx);
+        int (*available_memory)(Driver *d, DriverCtx *ctx, uint32_t gpu_id, uint64_t *ret_bytes);
+
+        int (*mem_alloc_vram)(Driver *d, DriverCtx *ctx, uint32_t gpu_id, uint64_t va, uint64_t size,
+                              uint32_t flags, DriverMem **ret);
+        int (*mem_register_host)(Driver *d, uint32_t gpu_id, uint64_t va, uint64_t size, uint32_t flags,
+                                 DriverMem **ret);
+        int (*mem_import)(Driver *d, DriverCtx *ctx, int dmabuf_fd, uint32_t gpu_id, DriverMem **ret);
+        int (*mem_free)(Driver *d, DriverMem *m);
+        uint64_t (*mem_size)(const Driver *d, const DriverMem *m);
+        int (*mem_map)(Driver *d, DriverMem *m, const uint32_t *gpu_ids, size_t n);
+        int (*mem_unmap)(Driver *d, DriverMem *m, const uint32_t *gpu_ids, size_t n);
+        int (*mem_unmap_all)(Driver *d, DriverMem *m);
+        bool (*mem_is_mapped)(const Driver *d, const DriverMem *m, uint32_t gpu_id);
+        int (*mem_export)(Driver *d, DriverMem *m, int *ret_fd);
+        bool (*dmabuf_is_own)(Driver *d, DriverCtx *ctx, int dmabuf_fd);
+
+        int (*grant)(Driver *d, DriverCtx *ctx, DriverMem *m, uint32_t gpu_id, uint64_t va, uint64_t offset,
+                     uint64_t size, int access, bool executable, DriverGrant **ret);
+        int (*revoke)(Driver *d, DriverGrant *g);
+
+        int (*managed_register)(Driver *d, uint64_t va, uint64_t size, uint32_t flags);
+        void (*managed_forget)(Driver *d, uint64_t va, uint64_t size);
+        int (*svm_set)(Driver *d, uint64_t va, uint64_t size, const DriverSvmAttr *a, size_t n);
+        int (*svm_get)(Driver *d, uint64_t va, uint64_t size, DriverSvmAttr *a, size_t n);
+
+        int (*stats)(const Driver *d, DriverStats *ret);
+        int (*test_faults)(Driver *d, const char *path, char *errbuf, size_t errlen);
+} DriverOps;
+
+/* Every driver starts with this; the rest of its struct is its own. */
+struct Driver {
+        const DriverOps *ops;
+};
+
+/* ---- the calls the broker and the daemon make (thin wrappers over the table) ------------------------ */
+
+/* NULL-safe; returns NULL. */
+static inline Driver *driver_close(Driver *d)
+{
+        return d ? d->ops->close(d) : NULL;
+}
+/* "kfd", "model", ... */
+static inline const char *driver_name(const Driver *d)
+{
+        return d->ops->name(d);
+}
+/* The version of the driver's interface (KFD: the ioctl ABI). */
+static inline void driver_version(const Driver *d, uint32_t *ret_major, uint32_t *ret_minor)
+{
+        d->ops->version(d, ret_major, ret_minor);
+}
+static inline bool driver_has(const Driver *d, unsigned cap)
+{
+        return (d->ops->caps(d) & cap) == cap;
+}
+static inline const ThunkTopology *driver_topology(const Driver *d)
+{
+        return d->ops->topology(d);
+}
+static inline size_t driver_gpu_count(const Driver *d)
+{
+        return d->ops->gpu_count(d);
+}
+/* -ENODEV past the last GPU. */
+static inline int driver_gpu(const Driver *d, size_t index, DriverGpu *ret)
+{
+        return d->ops->gpu(d, index, ret);
+}
+/* Where client memory may be placed: the driver's shared virtual address range, [base, limit]. */
+static inline void driver_svm_aperture(const Driver *d, uint64_t *ret_base, uint64_t *ret_limit)
+{
+        d->ops->svm_aperture(d, ret_base, ret_limit);
+}
+
+/* The daemon's own GPU VM: host memory lives there, and device memory when the driver has no other. */
+static inline DriverCtx *driver_ctx_primary(Driver *d)
+{
+        return d->ops->ctx_primary(d);
+}
+/* A GPU VM of its own for one client; -EOPNOTSUPP without DRIVER_CAP_PRIVATE_VM. */
+static inline int driver_ctx_new(Driver *d, DriverCtx **ret)
+{
+        return d->ops->ctx_new(d, ret);
+}
+/* NULL-safe; the primary context is left alone. Its memory must have been freed first. */
+static inline void driver_ctx_free(Driver *d, DriverCtx *ctx)
+{
+        d->ops->ctx_free(d, ctx);
+}
+static inline int driver_available_memory(Driver *d, DriverCtx *ctx, uint32_t gpu_id, uint64_t *ret_bytes)
+{
+        return d->ops->available_memory(d, ctx, gpu_id, ret_bytes);
+}
+
+/*
+ * Device memory of @size bytes on @gpu_id at @va (0: not placed, for VMM handles), not mapped on any GPU.
+ * -ENOMEM: no room; -EOPNOTSUPP: a flag the driver cannot give (contiguous); -EINVAL with HOST_VISIBLE:
+ * the GPU cannot give host-visible memory.
+ */
+static inline int driver_mem_alloc_vram(Driver *d, DriverCtx *ctx, uint32_t gpu_id, uint64_t va,
+                                        uint64_t size, uint32_t flags, DriverMem **ret)
+{
+        return d->ops->mem_alloc_vram(d, ctx, gpu_id, va, size, flags, ret);
+}
+/* Register the daemon's own pages at [va, va+size) (mapped there, populated) as GPU-accessible host memory.
+ */
+static inline int driver_mem_register_host(Driver *d, uint32_t gpu_id, uint64_t va, uint64_t size,
+                                           uint32_t flags, DriverMem **ret)
+{
+        return d->ops->mem_register_host(d, gpu_id, va, size, flags, ret);
+}
+/* Import a dmabuf (borrowed) as memory of @gpu_id, not placed. -EINVAL/-EBADF: not importable. */
+static inline int driver_mem_import(Driver *d, DriverCtx *ctx, int dmabuf_fd, uint32_t gpu_id,
+                                    DriverMem **ret)
+{
+        return d->ops->mem_import(d, ctx, dmabuf_fd, gpu_id, ret);
+}
+/* Free memory no GPU maps any more; on failure it stays allocated. */
+static inline int driver_mem_free(Driver *d, DriverMem *m)
+{
+        return d->ops->mem_free(d, m);
+}
+static inline uint64_t driver_mem_size(const Driver *d, const DriverMem *m)
+{
+        return d->ops->mem_size(d, m);
+}
+/* Map at its VA on every GPU listed, all or none; GPUs it is mapped on already stay. */
+static inline int driver_mem_map(Driver *d, DriverMem *m, const uint32_t *gpu_ids, size_t n)
+{
+        return d->ops->mem_map(d, m, gpu_ids, n);
+}
+static inline int driver_mem_unmap(Driver *d, DriverMem *m, const uint32_t *gpu_ids, size_t n)
+{
+        return d->ops->mem_unmap(d, m, gpu_ids, n);
+}
+static inline int driver_mem_unmap_all(Driver *d, DriverMem *m)
+{
+        return d->ops->mem_unmap_all(d, m);
+}
+static inline bool driver_mem_is_mapped(const Driver *d, const DriverMem *m, uint32_t gpu_id)
+{
+        return d->ops->mem_is_mapped(d, m, gpu_id);
+}
+/* A new dmabuf fd (owned by the caller) of the whole memory, read-write. */
+static inline int driver_mem_export(Driver *d, DriverMem *m, int *ret_fd)
+{
+        return d->ops->mem_export(d, m, ret_fd);
+}
+/* True when @dmabuf_fd is memory this driver exported (of any process), false for anything else. */
+static inline bool driver_dmabuf_is_own(Driver *d, DriverCtx *ctx, int dmabuf_fd)
+{
+        return d->ops->dmabuf_is_own(d, ctx, dmabuf_fd);
+}
+
+/* Give @gpu_id @access to [offset, offset+size) of @m at @va in @ctx; -EOPNOTSUPP without VA_GRANTS. */
+static inline int driver_grant(Driver *d, DriverCtx *ctx, DriverMem *m, uint32_t gpu_id, uint64_t va,
+                               uint64_t offset, uint64_t size, int access, bool executable, DriverGrant **ret)
+{
+        return d->ops->grant(d, ctx, m, gpu_id, va, offset, size, access, executable, ret);
+}
+/* Take a grant back; on failure it stays in force. */
+static inline int driver_revoke(Driver *d, DriverGrant *g)
+{
+        return d->ops->revoke(d, g);
+}
+
+/*
+ * Managed memory: the daemon's shared pages at [va, va+size) become an SVM range of the daemon's GPU VM with
+ * @flags (DRIVER_MEM_COHERENT, EXT_COHERENT, READ_ONLY, EXECUTABLE). managed_forget() is called after the
+ * pages were unmapped, before the VA is used again, so that the driver drops the range.
+ */
+static inline int driver_managed_register(Driver *d, uint64_t va, uint64_t size, uint32_t flags)
+{
+        return d->ops->managed_register(d, va, size, flags);
+}
+static inline void driver_managed_forget(Driver *d, uint64_t va, uint64_t size)
+{
+        d->ops->managed_forget(d, va, size);
+}
+/* SVM attributes of a range of managed memory, as the KFD's SVM ioctl takes them. */
+static inline int driver_svm_set(Driver *d, uint64_t va, uint64_t size, const DriverSvmAttr *a, size_t n)
+{
+        return d->ops->svm_set(d, va, size, a, n);
+}
+static inline int driver_svm_get(Driver *d, uint64_t va, uint64_t size, DriverSvmAttr *a, size_t n)
+{
+        return d->ops->svm_get(d, va, size, a, n);
+}
+
+/* ---- for administrators and tests -------------------------------------------------------------------- */
+
+/* -EOPNOTSUPP without DRIVER_CAP_BACKEND_STATS. */
+static inline int driver_stats(const Driver *d, DriverStats *ret)
+{
+        return d->ops->stats(d, ret);
+}
+/*
+ * Arm the driver's fault injection from @path (one "OPERATION NTH ERRNO" per line): returns how many
+ * entries were armed, or a negative errno (-EOPNOTSUPP without DRIVER_CAP_TEST_FAULTS) with the reason in
+ * @errbuf. Entries before a bad one stay armed.
+ */
+static inline int driver_test_faults(Driver *d, const char *path, char *errbuf, size_t errlen)
+{
+        return d->ops->test_faults(d, path, errbuf, errlen);
+}
