@@ -395,26 +395,12 @@ static void conn_on_write(evutil_socket_t fd, short what, void *userdata)
                 conn_kill(c);
 }
 
-int conn_send(Conn *c, uint32_t request_id, const Gpumem__Reply *reply, int *fds, size_t n_fds)
+/* Send the frame in the manager's transmit buffer (header and body, @len bytes), or queue it. */
+static int conn_send_frame(Conn *c, size_t len, int *fds, size_t n_fds)
 {
         uint8_t *buf = c->m->tx_buf;
-        size_t body_len, len;
         OutPacket *p;
         int r;
-
-        if (c->dead) {
-                gm_wire_close_fds(fds, n_fds);
-                return -ECONNRESET;
-        }
-        body_len = gpumem__reply__get_packed_size(reply);
-        r = gm_frame_hdr_encode(buf, c->proto_version ? c->proto_version : GM_PROTOCOL_VERSION, request_id,
-                                (uint32_t)body_len, (unsigned)n_fds);
-        if (body_len > GM_FRAME_BODY_MAX || r < 0) {
-                gm_wire_close_fds(fds, n_fds);
-                return r < 0 ? r : -EMSGSIZE;
-        }
-        gpumem__reply__pack(reply, buf + GM_FRAME_HDR_SIZE);
-        len = GM_FRAME_HDR_SIZE + body_len;
 
         if (!c->out_head) {
                 r = gm_wire_send(c->fd, buf, len, NULL, 0, fds, n_fds, MSG_DONTWAIT);
@@ -462,6 +448,48 @@ int conn_send(Conn *c, uint32_t request_id, const Gpumem__Reply *reply, int *fds
                 send_timer_restart(c);
         event_add(c->wr_ev, NULL);
         return 0;
+}
+
+/* The frame header for @body_len bytes of body, in the transmit buffer. */
+static int conn_frame_hdr(Conn *c, uint32_t request_id, size_t body_len, size_t n_fds)
+{
+        int r = gm_frame_hdr_encode(c->m->tx_buf, c->proto_version ? c->proto_version : GM_PROTOCOL_VERSION,
+                                    request_id, (uint32_t)body_len, (unsigned)n_fds);
+        if (r < 0)
+                return r;
+        return body_len > GM_FRAME_BODY_MAX ? -EMSGSIZE : 0;
+}
+
+int conn_send(Conn *c, uint32_t request_id, const Gpumem__Reply *reply, int *fds, size_t n_fds)
+{
+        size_t body_len;
+        int r;
+
+        if (c->dead) {
+                gm_wire_close_fds(fds, n_fds);
+                return -ECONNRESET;
+        }
+        body_len = gpumem__reply__get_packed_size(reply);
+        r = conn_frame_hdr(c, request_id, body_len, n_fds);
+        if (r < 0) {
+                gm_wire_close_fds(fds, n_fds);
+                return r;
+        }
+        gpumem__reply__pack(reply, c->m->tx_buf + GM_FRAME_HDR_SIZE);
+        return conn_send_frame(c, GM_FRAME_HDR_SIZE + body_len, fds, n_fds);
+}
+
+int conn_send_packed(Conn *c, uint32_t request_id, const uint8_t *body, size_t body_len)
+{
+        int r;
+
+        if (c->dead)
+                return -ECONNRESET;
+        r = conn_frame_hdr(c, request_id, body_len, 0);
+        if (r < 0)
+                return r;
+        memcpy(c->m->tx_buf + GM_FRAME_HDR_SIZE, body, body_len);
+        return conn_send_frame(c, GM_FRAME_HDR_SIZE + body_len, NULL, 0);
 }
 
 int conn_send_error(Conn *c, uint32_t request_id, int code, const char *reason)

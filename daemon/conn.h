@@ -72,6 +72,8 @@ void conn_kill(Conn *c);
  * the packet is queued and the connection stops reading until the queue drains (backpressure).
  */
 int conn_send(Conn *c, uint32_t request_id, const Gpumem__Reply *reply, int *fds, size_t n_fds);
+/* Send a reply whose body (a packed Reply) was made earlier, e.g. a cached one; no fds. */
+int conn_send_packed(Conn *c, uint32_t request_id, const uint8_t *body, size_t body_len);
 /* Hello is done: the hello timer stops. */
 void conn_hello_done(Conn *c);
 /* Send an error reply (no fds). */

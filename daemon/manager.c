@@ -624,6 +624,8 @@ Manager *manager_free(Manager *m)
                 event_base_free(m->base);
         free(m->rx_buf);
         free(m->tx_buf);
+        free(m->topology_reply[0]);
+        free(m->topology_reply[1]);
         options_done(&m->opts);
         free(m);
         return NULL;

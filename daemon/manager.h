@@ -60,6 +60,9 @@ typedef struct Manager {
 
         uint8_t *rx_buf; /* one frame at a time is handled, so one receive and one send buffer serve all */
         uint8_t *tx_buf;
+        /* the topology reply, packed once ([1]: with every property): the topology never changes */
+        uint8_t *topology_reply[2];
+        size_t topology_reply_len[2];
 
         uint64_t started_mono_usec;
         uint64_t started_real_usec;

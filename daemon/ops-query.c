@@ -25,15 +25,16 @@ static void topo_bufs_done(TopoBufs *b)
         free(b->link_ptrs);
 }
 
-int op_topology(ReqCtx *r, const Gpumem__Request *req)
+/* Pack the topology reply (with or without every raw property) into a new buffer. */
+static int topology_pack(const ThunkTopology *t, bool with_props, uint8_t **ret, size_t *ret_len)
 {
-        const ThunkTopology *t = driver_topology(r->m->drv);
-        bool with_props = req->topology->has_with_properties && req->topology->with_properties;
         Gpumem__Reply reply = GPUMEM__REPLY__INIT;
+        Gpumem__Status st = GPUMEM__STATUS__INIT;
         Gpumem__TopologyReply tr = GPUMEM__TOPOLOGY_REPLY__INIT;
         TopoBufs b = {0};
         size_t n_props = 0, n_links = 0, pi = 0, li = 0;
-        int err;
+        uint8_t *buf;
+        size_t len;
 
         for (size_t i = 0; i < t->n_nodes; i++) {
                 n_props += with_props ? t->nodes[i].props.n : 0;
@@ -47,7 +48,7 @@ int op_topology(ReqCtx *r, const Gpumem__Request *req)
         b.link_ptrs = calloc(n_links ? n_links : 1, sizeof(*b.link_ptrs));
         if (!b.nodes || !b.node_ptrs || !b.props || !b.prop_ptrs || !b.links || !b.link_ptrs) {
                 topo_bufs_done(&b);
-                return reply_fail(r, -ENOMEM, "out of memory building the topology reply");
+                return -ENOMEM;
         }
 
         for (size_t i = 0; i < t->n_nodes; i++) {
@@ -123,9 +124,32 @@ int op_topology(ReqCtx *r, const Gpumem__Request *req)
         tr.generation_id = t->generation_id;
         tr.n_nodes = t->n_nodes;
         tr.nodes = b.node_ptrs;
+        st.has_code = true;
+        st.reason = "";
+        reply.status = &st;
         reply.result_case = GPUMEM__REPLY__RESULT_TOPOLOGY;
         reply.topology = &tr;
-        err = reply_ok(r, &reply);
+        len = gpumem__reply__get_packed_size(&reply);
+        buf = malloc(len ? len : 1);
+        if (buf)
+                gpumem__reply__pack(&reply, buf);
         topo_bufs_done(&b);
-        return err;
+        if (!buf)
+                return -ENOMEM;
+        *ret = buf;
+        *ret_len = len;
+        return 0;
+}
+
+int op_topology(ReqCtx *r, const Gpumem__Request *req)
+{
+        Manager *m = r->m;
+        int with_props = req->topology->has_with_properties && req->topology->with_properties;
+
+        /* every client asks at start, and the answer never changes: built once */
+        if (!m->topology_reply[with_props] &&
+            topology_pack(driver_topology(m->drv), with_props, &m->topology_reply[with_props],
+                          &m->topology_reply_len[with_props]) < 0)
+                return reply_fail(r, -ENOMEM, "out of memory building the topology reply");
+        return reply_ok_packed(r, m->topology_reply[with_props], m->topology_reply_len[with_props]);
 }

@@ -115,6 +115,14 @@ int reply_ok(ReqCtx *r, Gpumem__Reply *reply)
         return 0;
 }
 
+int reply_ok_packed(ReqCtx *r, const uint8_t *body, size_t len)
+{
+        r->replied = true;
+        if (conn_send_packed(r->c, r->id, body, len) == -EMSGSIZE)
+                (void)conn_send_error(r->c, r->id, -EMSGSIZE, "reply larger than the maximum frame size");
+        return 0;
+}
+
 void request_violation(Conn *c, uint32_t request_id, int code, const char *reason)
 {
         Manager *m = c->m;

@@ -39,6 +39,8 @@ void request_conn_teardown(Conn *c);
 
 /* Send the successful reply; takes the fds added with reply_add_fd. */
 int reply_ok(ReqCtx *r, Gpumem__Reply *reply);
+/* Send a successful reply packed earlier (a Reply with its status, no fds). */
+int reply_ok_packed(ReqCtx *r, const uint8_t *body, size_t len);
 /* Record why the request failed; returns @code (negative errno) for "return reply_fail(...)". */
 int reply_fail(ReqCtx *r, int code, const char *fmt, ...) _printf_(3, 4);
 /* Attach an owned fd to the reply; returns its index, or a negative errno (and closes @fd). */
