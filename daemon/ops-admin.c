@@ -16,7 +16,6 @@
 int op_admin_status(ReqCtx *r, const Gpumem__Request *req)
 {
         Manager *m = r->m;
-        Gpumem__Reply reply = GPUMEM__REPLY__INIT;
         Gpumem__AdminStatusReply s = GPUMEM__ADMIN_STATUS_REPLY__INIT;
         uint32_t major = 0, minor = 0;
 
@@ -63,15 +62,12 @@ int op_admin_status(ReqCtx *r, const Gpumem__Request *req)
                 ms.vram_bytes = ds.vram_bytes;
                 s.model = &ms;
         }
-        reply.result_case = GPUMEM__REPLY__RESULT_ADMIN_STATUS;
-        reply.admin_status = &s;
-        return reply_ok(r, &reply);
+        return reply_result(r, &s);
 }
 
 int op_admin_clients(ReqCtx *r, const Gpumem__Request *req)
 {
         Manager *m = r->m;
-        Gpumem__Reply reply = GPUMEM__REPLY__INIT;
         Gpumem__AdminClientsReply cr = GPUMEM__ADMIN_CLIENTS_REPLY__INIT;
         Gpumem__ClientInfo *infos, **ptrs;
         Gpumem__GpuUsage *usage;
@@ -133,9 +129,7 @@ int op_admin_clients(ReqCtx *r, const Gpumem__Request *req)
         }
         cr.n_clients = n;
         cr.clients = ptrs;
-        reply.result_case = GPUMEM__REPLY__RESULT_ADMIN_CLIENTS;
-        reply.admin_clients = &cr;
-        err = reply_ok(r, &reply);
+        err = reply_result(r, &cr);
         free(infos);
         free(ptrs);
         free(usage);
@@ -145,8 +139,6 @@ int op_admin_clients(ReqCtx *r, const Gpumem__Request *req)
 
 int op_admin_disconnect(ReqCtx *r, const Gpumem__Request *req)
 {
-        Gpumem__Reply reply = GPUMEM__REPLY__INIT;
-        Gpumem__Empty empty = GPUMEM__EMPTY__INIT;
         uint64_t id = req->admin_disconnect->client_id;
         Conn *target = manager_find_conn(r->m, id);
 
@@ -158,14 +150,11 @@ int op_admin_disconnect(ReqCtx *r, const Gpumem__Request *req)
                  (unsigned long long)id);
         (void)conn_send_error(target, 0, -ECONNABORTED, "disconnected by an administrator");
         conn_kill(target);
-        reply.result_case = GPUMEM__REPLY__RESULT_EMPTY;
-        reply.empty = &empty;
-        return reply_ok(r, &reply);
+        return reply_empty(r);
 }
 
 int op_admin_metrics(ReqCtx *r, const Gpumem__Request *req)
 {
-        Gpumem__Reply reply = GPUMEM__REPLY__INIT;
         Gpumem__AdminMetricsReply mr = GPUMEM__ADMIN_METRICS_REPLY__INIT;
         char *text = NULL;
         size_t len = 0;
@@ -174,17 +163,13 @@ int op_admin_metrics(ReqCtx *r, const Gpumem__Request *req)
         if (metrics_render(r->m, &text, &len) < 0)
                 return reply_fail(r, -ENOMEM, "out of memory building metrics");
         mr.text = text;
-        reply.result_case = GPUMEM__REPLY__RESULT_ADMIN_METRICS;
-        reply.admin_metrics = &mr;
-        err = reply_ok(r, &reply);
+        err = reply_result(r, &mr);
         free(text);
         return err;
 }
 
 int op_admin_set_log_level(ReqCtx *r, const Gpumem__Request *req)
 {
-        Gpumem__Reply reply = GPUMEM__REPLY__INIT;
-        Gpumem__Empty empty = GPUMEM__EMPTY__INIT;
         const char *s = req->admin_set_log_level->level;
         int level = s ? log_level_from_string(s) : -EINVAL;
 
@@ -193,9 +178,7 @@ int op_admin_set_log_level(ReqCtx *r, const Gpumem__Request *req)
         log_set_level(level);
         conn_log(r->c, LOG_NOTICE, GM_MESSAGE_ADMIN_ACTION, NULL, "set the log level to %s",
                  log_level_to_string(level));
-        reply.result_case = GPUMEM__REPLY__RESULT_EMPTY;
-        reply.empty = &empty;
-        return reply_ok(r, &reply);
+        return reply_empty(r);
 }
 
 /* ---- allocations, quotas --------------------------------------------------------------------------- */
@@ -215,7 +198,6 @@ int op_admin_allocations(ReqCtx *r, const Gpumem__Request *req)
 {
         const Gpumem__AdminAllocations *a = req->admin_allocations;
         Manager *m = r->m;
-        Gpumem__Reply reply = GPUMEM__REPLY__INIT;
         Gpumem__AdminAllocationsReply ar = GPUMEM__ADMIN_ALLOCATIONS_REPLY__INIT;
         size_t limit = a->limit && a->limit < ALLOC_PAGE_MAX ? a->limit : ALLOC_PAGE_MAX;
         /* cursor: client id in the high 32 bits, the position in its table in the low 32 */
@@ -283,9 +265,7 @@ int op_admin_allocations(ReqCtx *r, const Gpumem__Request *req)
         ar.allocations = ptrs;
         ar.has_next_cursor = true;
         ar.next_cursor = next;
-        reply.result_case = GPUMEM__REPLY__RESULT_ADMIN_ALLOCATIONS;
-        reply.admin_allocations = &ar;
-        err = reply_ok(r, &reply);
+        err = reply_result(r, &ar);
 out:
         free(objs);
         free(infos);
@@ -327,7 +307,6 @@ int op_admin_quota_get(ReqCtx *r, const Gpumem__Request *req)
 {
         const char *want = req->admin_quota_get->class_name;
         Manager *m = r->m;
-        Gpumem__Reply reply = GPUMEM__REPLY__INIT;
         Gpumem__AdminQuotaGetReply qr = GPUMEM__ADMIN_QUOTA_GET_REPLY__INIT;
         size_t n_classes = 0, per = _POLICY_RES_MAX + BROKER_MAX_GPUS, i = 0;
         Gpumem__ClassQuota *qs, **qp;
@@ -355,9 +334,7 @@ int op_admin_quota_get(ReqCtx *r, const Gpumem__Request *req)
         }
         qr.n_classes = i;
         qr.classes = qp;
-        reply.result_case = GPUMEM__REPLY__RESULT_ADMIN_QUOTA_GET;
-        reply.admin_quota_get = &qr;
-        err = reply_ok(r, &reply);
+        err = reply_result(r, &qr);
 out:
         free(qs);
         free(qp);
@@ -369,8 +346,6 @@ out:
 int op_admin_quota_set(ReqCtx *r, const Gpumem__Request *req)
 {
         const Gpumem__AdminQuotaSet *a = req->admin_quota_set;
-        Gpumem__Reply reply = GPUMEM__REPLY__INIT;
-        Gpumem__Empty empty = GPUMEM__EMPTY__INIT;
         ClassState *s = a->class_name ? classes_find(r->m, a->class_name) : NULL;
         char why[256];
         int err;
@@ -401,7 +376,5 @@ int op_admin_quota_set(ReqCtx *r, const Gpumem__Request *req)
                          policy_resource_name((PolicyResource)(a->resource - 1)), a->gpu_id ? " per-GPU" : "",
                          (unsigned long long)a->limit, why, a->force ? ", forced" : "");
         }
-        reply.result_case = GPUMEM__REPLY__RESULT_EMPTY;
-        reply.empty = &empty;
-        return reply_ok(r, &reply);
+        return reply_empty(r);
 }

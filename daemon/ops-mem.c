@@ -30,16 +30,6 @@ static int fail_why(ReqCtx *r, int err, const Why *w)
         return reply_fail(r, err, "%s", w->msg[0] ? w->msg : strerror(-err));
 }
 
-static int reply_empty(ReqCtx *r)
-{
-        Gpumem__Reply reply = GPUMEM__REPLY__INIT;
-        Gpumem__Empty empty = GPUMEM__EMPTY__INIT;
-
-        reply.result_case = GPUMEM__REPLY__RESULT_EMPTY;
-        reply.empty = &empty;
-        return reply_ok(r, &reply);
-}
-
 #define WITH_CLIENT(r, bc)                                                                                   \
         BrokerClient *bc;                                                                                    \
         do {                                                                                                 \
@@ -55,7 +45,6 @@ int op_alloc(ReqCtx *r, const Gpumem__Request *req)
         const Gpumem__Alloc *a = req->alloc;
         BrokerAllocArgs args = {0};
         BrokerAllocResult res;
-        Gpumem__Reply reply = GPUMEM__REPLY__INIT;
         Gpumem__AllocReply ar = GPUMEM__ALLOC_REPLY__INIT;
         Why w = {""};
         int err, idx = -1;
@@ -108,9 +97,7 @@ int op_alloc(ReqCtx *r, const Gpumem__Request *req)
         ar.mem_fd_index = idx;
         ar.has_mem_fd_offset = idx >= 0;
         ar.mem_fd_offset = res.fd_offset;
-        reply.result_case = GPUMEM__REPLY__RESULT_ALLOC;
-        reply.alloc = &ar;
-        return reply_ok(r, &reply);
+        return reply_result(r, &ar);
 }
 
 int op_free(ReqCtx *r, const Gpumem__Request *req)
@@ -151,7 +138,6 @@ int op_unmap(ReqCtx *r, const Gpumem__Request *req)
 
 int op_pointer_info(ReqCtx *r, const Gpumem__Request *req)
 {
-        Gpumem__Reply reply = GPUMEM__REPLY__INIT;
         Gpumem__PointerInfoReply pr = GPUMEM__POINTER_INFO_REPLY__INIT;
         BrokerPtrInfo info;
         Why w = {""};
@@ -172,14 +158,11 @@ int op_pointer_info(ReqCtx *r, const Gpumem__Request *req)
         pr.has_flags = pr.has_cpu_accessible = true;
         pr.flags = info.flags;
         pr.cpu_accessible = info.cpu_accessible;
-        reply.result_case = GPUMEM__REPLY__RESULT_POINTER_INFO;
-        reply.pointer_info = &pr;
-        return reply_ok(r, &reply);
+        return reply_result(r, &pr);
 }
 
 int op_mem_info(ReqCtx *r, const Gpumem__Request *req)
 {
-        Gpumem__Reply reply = GPUMEM__REPLY__INIT;
         Gpumem__MemInfoReply mr = GPUMEM__MEM_INFO_REPLY__INIT;
         BrokerGpuMem mem[BROKER_MAX_GPUS];
         Gpumem__GpuMemInfo g[BROKER_MAX_GPUS], *gp[BROKER_MAX_GPUS];
@@ -202,9 +185,7 @@ int op_mem_info(ReqCtx *r, const Gpumem__Request *req)
         }
         mr.n_gpus = n;
         mr.gpus = gp;
-        reply.result_case = GPUMEM__REPLY__RESULT_MEM_INFO;
-        reply.mem_info = &mr;
-        return reply_ok(r, &reply);
+        return reply_result(r, &mr);
 }
 
 /* ---- VMM ----------------------------------------------------------------------------------------------- */
@@ -212,7 +193,6 @@ int op_mem_info(ReqCtx *r, const Gpumem__Request *req)
 int op_vmm_reserve(ReqCtx *r, const Gpumem__Request *req)
 {
         const Gpumem__VmmReserve *a = req->vmm_reserve;
-        Gpumem__Reply reply = GPUMEM__REPLY__INIT;
         Gpumem__VmmReserveReply vr = GPUMEM__VMM_RESERVE_REPLY__INIT;
         uint64_t va = 0;
         Why w = {""};
@@ -227,9 +207,7 @@ int op_vmm_reserve(ReqCtx *r, const Gpumem__Request *req)
                 return fail_why(r, err, &w);
         vr.has_va = true;
         vr.va = va;
-        reply.result_case = GPUMEM__REPLY__RESULT_VMM_RESERVE;
-        reply.vmm_reserve = &vr;
-        return reply_ok(r, &reply);
+        return reply_result(r, &vr);
 }
 
 int op_vmm_free(ReqCtx *r, const Gpumem__Request *req)
@@ -245,7 +223,6 @@ int op_vmm_free(ReqCtx *r, const Gpumem__Request *req)
 int op_vmm_create(ReqCtx *r, const Gpumem__Request *req)
 {
         const Gpumem__VmmCreate *a = req->vmm_create;
-        Gpumem__Reply reply = GPUMEM__REPLY__INIT;
         Gpumem__VmmCreateReply cr = GPUMEM__VMM_CREATE_REPLY__INIT;
         uint64_t handle = 0;
         Why w = {""};
@@ -257,9 +234,7 @@ int op_vmm_create(ReqCtx *r, const Gpumem__Request *req)
                 return fail_why(r, err, &w);
         cr.has_handle = true;
         cr.handle = handle;
-        reply.result_case = GPUMEM__REPLY__RESULT_VMM_CREATE;
-        reply.vmm_create = &cr;
-        return reply_ok(r, &reply);
+        return reply_result(r, &cr);
 }
 
 int op_vmm_release(ReqCtx *r, const Gpumem__Request *req)
@@ -296,7 +271,6 @@ int op_vmm_unmap(ReqCtx *r, const Gpumem__Request *req)
 int op_vmm_set_access(ReqCtx *r, const Gpumem__Request *req)
 {
         const Gpumem__VmmSetAccess *a = req->vmm_set_access;
-        Gpumem__Reply reply = GPUMEM__REPLY__INIT;
         Gpumem__VmmSetAccessReply sr = GPUMEM__VMM_SET_ACCESS_REPLY__INIT;
         BrokerAccess d[BROKER_MAX_GPUS + 1];
         BrokerCpuMap cpu[BROKER_MAX_CPU_MAPS];
@@ -326,14 +300,11 @@ int op_vmm_set_access(ReqCtx *r, const Gpumem__Request *req)
         }
         sr.n_cpu_maps = n_cpu;
         sr.cpu_maps = cmp;
-        reply.result_case = GPUMEM__REPLY__RESULT_VMM_SET_ACCESS;
-        reply.vmm_set_access = &sr;
-        return reply_ok(r, &reply);
+        return reply_result(r, &sr);
 }
 
 int op_vmm_get_access(ReqCtx *r, const Gpumem__Request *req)
 {
-        Gpumem__Reply reply = GPUMEM__REPLY__INIT;
         Gpumem__VmmGetAccessReply gr = GPUMEM__VMM_GET_ACCESS_REPLY__INIT;
         int access = 0;
         Why w = {""};
@@ -345,28 +316,22 @@ int op_vmm_get_access(ReqCtx *r, const Gpumem__Request *req)
                 return fail_why(r, err, &w);
         gr.has_access = true;
         gr.access = (Gpumem__Access)access;
-        reply.result_case = GPUMEM__REPLY__RESULT_VMM_GET_ACCESS;
-        reply.vmm_get_access = &gr;
-        return reply_ok(r, &reply);
+        return reply_result(r, &gr);
 }
 
 int op_vmm_granularity(ReqCtx *r, const Gpumem__Request *req)
 {
-        Gpumem__Reply reply = GPUMEM__REPLY__INIT;
         Gpumem__VmmGranularityReply gr = GPUMEM__VMM_GRANULARITY_REPLY__INIT;
         if (broker_gpu_index(r->m->broker, req->vmm_granularity->gpu_id) < 0)
                 return reply_fail(r, -ENODEV, "no GPU with id %u", req->vmm_granularity->gpu_id);
         gr.has_granularity = true;
         gr.granularity =
                 req->vmm_granularity->recommended ? BROKER_GRANULARITY_RECOMM : BROKER_GRANULARITY_MIN;
-        reply.result_case = GPUMEM__REPLY__RESULT_VMM_GRANULARITY;
-        reply.vmm_granularity = &gr;
-        return reply_ok(r, &reply);
+        return reply_result(r, &gr);
 }
 
 int op_vmm_retain(ReqCtx *r, const Gpumem__Request *req)
 {
-        Gpumem__Reply reply = GPUMEM__REPLY__INIT;
         Gpumem__VmmRetainReply rr = GPUMEM__VMM_RETAIN_REPLY__INIT;
         uint64_t handle = 0;
         Why w = {""};
@@ -378,14 +343,11 @@ int op_vmm_retain(ReqCtx *r, const Gpumem__Request *req)
                 return fail_why(r, err, &w);
         rr.has_handle = true;
         rr.handle = handle;
-        reply.result_case = GPUMEM__REPLY__RESULT_VMM_RETAIN;
-        reply.vmm_retain = &rr;
-        return reply_ok(r, &reply);
+        return reply_result(r, &rr);
 }
 
 int op_vmm_properties(ReqCtx *r, const Gpumem__Request *req)
 {
-        Gpumem__Reply reply = GPUMEM__REPLY__INIT;
         Gpumem__VmmPropertiesReply pr = GPUMEM__VMM_PROPERTIES_REPLY__INIT;
         BrokerProps p;
         Why w = {""};
@@ -400,16 +362,13 @@ int op_vmm_properties(ReqCtx *r, const Gpumem__Request *req)
         pr.gpu_id = p.gpu_id;
         pr.size = p.size;
         pr.flags = p.flags;
-        reply.result_case = GPUMEM__REPLY__RESULT_VMM_PROPERTIES;
-        reply.vmm_properties = &pr;
-        return reply_ok(r, &reply);
+        return reply_result(r, &pr);
 }
 
 /* ---- sharing ------------------------------------------------------------------------------------------- */
 
 int op_dmabuf_export(ReqCtx *r, const Gpumem__Request *req)
 {
-        Gpumem__Reply reply = GPUMEM__REPLY__INIT;
         Gpumem__DmabufExportReply er = GPUMEM__DMABUF_EXPORT_REPLY__INIT;
         uint64_t size = 0;
         Why w = {""};
@@ -424,9 +383,7 @@ int op_dmabuf_export(ReqCtx *r, const Gpumem__Request *req)
         er.has_fd_index = er.has_size = true;
         er.fd_index = reply_add_fd(r, fd);
         er.size = size;
-        reply.result_case = GPUMEM__REPLY__RESULT_DMABUF_EXPORT;
-        reply.dmabuf_export = &er;
-        return reply_ok(r, &reply);
+        return reply_result(r, &er);
 }
 
 static const char *fd_kind(mode_t mode)
@@ -452,7 +409,6 @@ static const char *fd_kind(mode_t mode)
 int op_dmabuf_import(ReqCtx *r, const Gpumem__Request *req)
 {
         const Gpumem__DmabufImport *a = req->dmabuf_import;
-        Gpumem__Reply reply = GPUMEM__REPLY__INIT;
         Gpumem__DmabufImportReply ir = GPUMEM__DMABUF_IMPORT_REPLY__INIT;
         uint64_t handle = 0, size = 0;
         struct stat st;
@@ -484,9 +440,7 @@ int op_dmabuf_import(ReqCtx *r, const Gpumem__Request *req)
         ir.has_handle = ir.has_size = true;
         ir.handle = handle;
         ir.size = size;
-        reply.result_case = GPUMEM__REPLY__RESULT_DMABUF_IMPORT;
-        reply.dmabuf_import = &ir;
-        return reply_ok(r, &reply);
+        return reply_result(r, &ir);
 }
 
 /* ---- managed memory ------------------------------------------------------------------------------------ */
@@ -518,7 +472,6 @@ int op_svm_set_attr(ReqCtx *r, const Gpumem__Request *req)
 int op_svm_get_attr(ReqCtx *r, const Gpumem__Request *req)
 {
         const Gpumem__SvmGetAttr *a = req->svm_get_attr;
-        Gpumem__Reply reply = GPUMEM__REPLY__INIT;
         Gpumem__SvmGetAttrReply gr = GPUMEM__SVM_GET_ATTR_REPLY__INIT;
         BrokerSvmAttr attrs[BROKER_SVM_MAX_ATTRS];
         Gpumem__SvmAttr out[BROKER_SVM_MAX_ATTRS], *outp[BROKER_SVM_MAX_ATTRS];
@@ -541,9 +494,7 @@ int op_svm_get_attr(ReqCtx *r, const Gpumem__Request *req)
         }
         gr.n_attrs = a->n_attrs;
         gr.attrs = outp;
-        reply.result_case = GPUMEM__REPLY__RESULT_SVM_GET_ATTR;
-        reply.svm_get_attr = &gr;
-        return reply_ok(r, &reply);
+        return reply_result(r, &gr);
 }
 
 int op_svm_prefetch(ReqCtx *r, const Gpumem__Request *req)

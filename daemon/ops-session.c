@@ -27,7 +27,6 @@ static char *sanitize_name(const char *s)
 int op_hello(ReqCtx *r, const Gpumem__Request *req)
 {
         const Gpumem__Hello *h = req->hello;
-        Gpumem__Reply reply = GPUMEM__REPLY__INIT;
         Gpumem__HelloReply hr = GPUMEM__HELLO_REPLY__INIT;
         Conn *c = r->c;
         Manager *m = r->m;
@@ -85,32 +84,25 @@ int op_hello(ReqCtx *r, const Gpumem__Request *req)
         hr.kfd_minor = minor;
         /* created at its first device allocation, where the driver allows secondary contexts */
         hr.private_gpu_vm = driver_has(m->drv, DRIVER_CAP_PRIVATE_VM);
-        reply.result_case = GPUMEM__REPLY__RESULT_HELLO;
-        reply.hello = &hr;
-
         conn_log(c, LOG_INFO, GM_MESSAGE_CLIENT_CONNECT, &m->conn_log_rl,
                  "connected as '%s', cgroup %s, window 0x%llx+0x%llx", c->name ? c->name : "",
                  c->ident.cgroup ? c->ident.cgroup : "-", (unsigned long long)c->window_base,
                  (unsigned long long)c->window_size);
         manager_notify_status(m);
-        return reply_ok(r, &reply);
+        return reply_result(r, &hr);
 }
 
 int op_ping(ReqCtx *r, const Gpumem__Request *req)
 {
-        Gpumem__Reply reply = GPUMEM__REPLY__INIT;
         Gpumem__PingReply pr = GPUMEM__PING_REPLY__INIT;
 
         pr.has_cookie = true;
         pr.cookie = req->ping->cookie;
-        reply.result_case = GPUMEM__REPLY__RESULT_PING;
-        reply.ping = &pr;
-        return reply_ok(r, &reply);
+        return reply_result(r, &pr);
 }
 
 int op_window_retry(ReqCtx *r, const Gpumem__Request *req)
 {
-        Gpumem__Reply reply = GPUMEM__REPLY__INIT;
         Gpumem__HelloReply hr = GPUMEM__HELLO_REPLY__INIT;
         Conn *c = r->c;
         char why[200];
@@ -132,7 +124,5 @@ int op_window_retry(ReqCtx *r, const Gpumem__Request *req)
         hr.has_window_base = hr.has_window_size = true;
         hr.window_base = c->window_base;
         hr.window_size = c->window_size;
-        reply.result_case = GPUMEM__REPLY__RESULT_HELLO;
-        reply.hello = &hr;
-        return reply_ok(r, &reply);
+        return reply_result(r, &hr);
 }

@@ -14,57 +14,117 @@
 #include "window.h"
 #include "wire.h"
 
+/*
+ * One row per op: its request is the Request oneof field (whose number is the op's wire number and whose
+ * name is the op's name), its result the Reply oneof case the handler fills, the protocol version that
+ * introduced it, who may call it, how many fds it takes and the policy family a class can be denied.
+ */
 typedef struct OpDesc {
-        const char *name;
         OpHandler fn;
+        Gpumem__Reply__ResultCase reply; /* what a successful reply carries */
         uint8_t since;
         uint8_t perm;
-        uint8_t max_fds; /* fds a request of this op may carry */
-        uint8_t family;  /* POLICY_OP_* a class can be denied (alloc is checked by kind once decoded) */
+        uint8_t max_fds;
+        uint8_t family; /* POLICY_OP_* (alloc is checked by kind once decoded) */
 } OpDesc;
 
-#define OPF(field, n, handler, perm_, fds, fam)                                                              \
-        [GPUMEM__REQUEST__OP_##field] = {                                                                    \
-                .name = n, .fn = handler, .since = 1, .perm = perm_, .max_fds = fds, .family = fam}
-#define OP(field, n, handler, perm_, fds) OPF(field, n, handler, perm_, fds, 0)
+#define ROW(field, handler, result, since_, perm_, fds, fam)                                                 \
+        [GPUMEM__REQUEST__OP_##field] = {.fn = handler,                                                      \
+                                         .reply = GPUMEM__REPLY__RESULT_##result,                            \
+                                         .since = since_,                                                    \
+                                         .perm = perm_,                                                      \
+                                         .max_fds = fds,                                                     \
+                                         .family = fam}
+#define ANY   OP_PERM_ANY
+#define ADMIN OP_PERM_ADMIN
 
-/* Indexed by the Request oneof field number, which is also the op's wire number. */
+/* Indexed by the Request oneof field number. */
 static const OpDesc op_table[] = {
-        OP(HELLO, "hello", op_hello, OP_PERM_ANY, 0),
-        OP(PING, "ping", op_ping, OP_PERM_ANY, 0),
-        OP(WINDOW_RETRY, "window_retry", op_window_retry, OP_PERM_ANY, 0),
-        OP(TOPOLOGY, "topology", op_topology, OP_PERM_ANY, 0),
-        OP(MEM_INFO, "mem_info", op_mem_info, OP_PERM_ANY, 0),
-        OP(POINTER_INFO, "pointer_info", op_pointer_info, OP_PERM_ANY, 0),
-        OP(ALLOC, "alloc", op_alloc, OP_PERM_ANY, 0),
-        OP(FREE, "free", op_free, OP_PERM_ANY, 0),
-        OP(MAP, "map", op_map, OP_PERM_ANY, 0),
-        OP(UNMAP, "unmap", op_unmap, OP_PERM_ANY, 0),
-        OPF(VMM_RESERVE, "vmm_reserve", op_vmm_reserve, OP_PERM_ANY, 0, POLICY_OP_VMM),
-        OPF(VMM_FREE, "vmm_free", op_vmm_free, OP_PERM_ANY, 0, POLICY_OP_VMM),
-        OPF(VMM_CREATE, "vmm_create", op_vmm_create, OP_PERM_ANY, 0, POLICY_OP_VMM),
-        OPF(VMM_RELEASE, "vmm_release", op_vmm_release, OP_PERM_ANY, 0, POLICY_OP_VMM),
-        OPF(VMM_MAP, "vmm_map", op_vmm_map, OP_PERM_ANY, 0, POLICY_OP_VMM),
-        OPF(VMM_UNMAP, "vmm_unmap", op_vmm_unmap, OP_PERM_ANY, 0, POLICY_OP_VMM),
-        OPF(VMM_SET_ACCESS, "vmm_set_access", op_vmm_set_access, OP_PERM_ANY, 0, POLICY_OP_VMM),
-        OPF(VMM_GET_ACCESS, "vmm_get_access", op_vmm_get_access, OP_PERM_ANY, 0, POLICY_OP_VMM),
-        OP(VMM_GRANULARITY, "vmm_granularity", op_vmm_granularity, OP_PERM_ANY, 0),
-        OPF(VMM_RETAIN, "vmm_retain", op_vmm_retain, OP_PERM_ANY, 0, POLICY_OP_VMM),
-        OPF(VMM_PROPERTIES, "vmm_properties", op_vmm_properties, OP_PERM_ANY, 0, POLICY_OP_VMM),
-        OPF(DMABUF_EXPORT, "dmabuf_export", op_dmabuf_export, OP_PERM_ANY, 0, POLICY_OP_EXPORT),
-        OPF(DMABUF_IMPORT, "dmabuf_import", op_dmabuf_import, OP_PERM_ANY, 1, POLICY_OP_IMPORT),
-        OPF(SVM_SET_ATTR, "svm_set_attr", op_svm_set_attr, OP_PERM_ANY, 0, POLICY_OP_SVM),
-        OPF(SVM_GET_ATTR, "svm_get_attr", op_svm_get_attr, OP_PERM_ANY, 0, POLICY_OP_SVM),
-        OPF(SVM_PREFETCH, "svm_prefetch", op_svm_prefetch, OP_PERM_ANY, 0, POLICY_OP_SVM),
-        OP(ADMIN_STATUS, "admin_status", op_admin_status, OP_PERM_ADMIN, 0),
-        OP(ADMIN_CLIENTS, "admin_clients", op_admin_clients, OP_PERM_ADMIN, 0),
-        OP(ADMIN_ALLOCATIONS, "admin_allocations", op_admin_allocations, OP_PERM_ADMIN, 0),
-        OP(ADMIN_QUOTA_GET, "admin_quota_get", op_admin_quota_get, OP_PERM_ADMIN, 0),
-        OP(ADMIN_QUOTA_SET, "admin_quota_set", op_admin_quota_set, OP_PERM_ADMIN, 0),
-        OP(ADMIN_DISCONNECT, "admin_disconnect", op_admin_disconnect, OP_PERM_ADMIN, 0),
-        OP(ADMIN_METRICS, "admin_metrics", op_admin_metrics, OP_PERM_ADMIN, 0),
-        OP(ADMIN_SET_LOG_LEVEL, "admin_set_log_level", op_admin_set_log_level, OP_PERM_ADMIN, 0),
+        /* request, handler, result, since, who may call, fds, policy family */
+        ROW(HELLO, op_hello, HELLO, 1, ANY, 0, 0),
+        ROW(PING, op_ping, PING, 1, ANY, 0, 0),
+        ROW(WINDOW_RETRY, op_window_retry, HELLO, 1, ANY, 0, 0),
+        ROW(TOPOLOGY, op_topology, TOPOLOGY, 1, ANY, 0, 0),
+        ROW(MEM_INFO, op_mem_info, MEM_INFO, 1, ANY, 0, 0),
+        ROW(POINTER_INFO, op_pointer_info, POINTER_INFO, 1, ANY, 0, 0),
+        ROW(ALLOC, op_alloc, ALLOC, 1, ANY, 0, 0),
+        ROW(FREE, op_free, EMPTY, 1, ANY, 0, 0),
+        ROW(MAP, op_map, EMPTY, 1, ANY, 0, 0),
+        ROW(UNMAP, op_unmap, EMPTY, 1, ANY, 0, 0),
+        ROW(VMM_RESERVE, op_vmm_reserve, VMM_RESERVE, 1, ANY, 0, POLICY_OP_VMM),
+        ROW(VMM_FREE, op_vmm_free, EMPTY, 1, ANY, 0, POLICY_OP_VMM),
+        ROW(VMM_CREATE, op_vmm_create, VMM_CREATE, 1, ANY, 0, POLICY_OP_VMM),
+        ROW(VMM_RELEASE, op_vmm_release, EMPTY, 1, ANY, 0, POLICY_OP_VMM),
+        ROW(VMM_MAP, op_vmm_map, EMPTY, 1, ANY, 0, POLICY_OP_VMM),
+        ROW(VMM_UNMAP, op_vmm_unmap, EMPTY, 1, ANY, 0, POLICY_OP_VMM),
+        ROW(VMM_SET_ACCESS, op_vmm_set_access, VMM_SET_ACCESS, 1, ANY, 0, POLICY_OP_VMM),
+        ROW(VMM_GET_ACCESS, op_vmm_get_access, VMM_GET_ACCESS, 1, ANY, 0, POLICY_OP_VMM),
+        ROW(VMM_GRANULARITY, op_vmm_granularity, VMM_GRANULARITY, 1, ANY, 0, 0),
+        ROW(VMM_RETAIN, op_vmm_retain, VMM_RETAIN, 1, ANY, 0, POLICY_OP_VMM),
+        ROW(VMM_PROPERTIES, op_vmm_properties, VMM_PROPERTIES, 1, ANY, 0, POLICY_OP_VMM),
+        ROW(DMABUF_EXPORT, op_dmabuf_export, DMABUF_EXPORT, 1, ANY, 0, POLICY_OP_EXPORT),
+        ROW(DMABUF_IMPORT, op_dmabuf_import, DMABUF_IMPORT, 1, ANY, 1, POLICY_OP_IMPORT),
+        ROW(SVM_SET_ATTR, op_svm_set_attr, EMPTY, 1, ANY, 0, POLICY_OP_SVM),
+        ROW(SVM_GET_ATTR, op_svm_get_attr, SVM_GET_ATTR, 1, ANY, 0, POLICY_OP_SVM),
+        ROW(SVM_PREFETCH, op_svm_prefetch, EMPTY, 1, ANY, 0, POLICY_OP_SVM),
+        ROW(ADMIN_STATUS, op_admin_status, ADMIN_STATUS, 1, ADMIN, 0, 0),
+        ROW(ADMIN_CLIENTS, op_admin_clients, ADMIN_CLIENTS, 1, ADMIN, 0, 0),
+        ROW(ADMIN_ALLOCATIONS, op_admin_allocations, ADMIN_ALLOCATIONS, 1, ADMIN, 0, 0),
+        ROW(ADMIN_QUOTA_GET, op_admin_quota_get, ADMIN_QUOTA_GET, 1, ADMIN, 0, 0),
+        ROW(ADMIN_QUOTA_SET, op_admin_quota_set, EMPTY, 1, ADMIN, 0, 0),
+        ROW(ADMIN_DISCONNECT, op_admin_disconnect, EMPTY, 1, ADMIN, 0, 0),
+        ROW(ADMIN_METRICS, op_admin_metrics, ADMIN_METRICS, 1, ADMIN, 0, 0),
+        ROW(ADMIN_SET_LOG_LEVEL, op_admin_set_log_level, EMPTY, 1, ADMIN, 0, 0),
 };
+
+/* The op's name: its Request field's, so there is no second list of names to keep. */
+static const char *op_name(uint32_t field)
+{
+        const ProtobufCFieldDescriptor *f =
+                protobuf_c_message_descriptor_get_field(&gpumem__request__descriptor, field);
+        return f ? f->name : "unknown";
+}
+
+int request_table_check(char *errbuf, size_t errlen)
+{
+        for (uint32_t i = 0; i < ARRAY_SIZE(op_table); i++) {
+                const OpDesc *op = &op_table[i];
+                const ProtobufCFieldDescriptor *rq, *rp;
+
+                if (!op->fn)
+                        continue;
+                rq = protobuf_c_message_descriptor_get_field(&gpumem__request__descriptor, i);
+                rp = protobuf_c_message_descriptor_get_field(&gpumem__reply__descriptor, (unsigned)op->reply);
+                if (!rq || rq->type != PROTOBUF_C_TYPE_MESSAGE) {
+                        snprintf(errbuf, errlen, "row %u is no op of Request", i);
+                        return -EINVAL;
+                }
+                if (!rp || rp->type != PROTOBUF_C_TYPE_MESSAGE ||
+                    !(rp->flags & PROTOBUF_C_FIELD_FLAG_ONEOF)) {
+                        snprintf(errbuf, errlen, "op %s: result %d is no case of Reply's result", rq->name,
+                                 (int)op->reply);
+                        return -EINVAL;
+                }
+                if (op->since < 1 || op->since > GM_PROTOCOL_VERSION) {
+                        snprintf(errbuf, errlen, "op %s: since %u is not a protocol version (1..%u)",
+                                 rq->name, op->since, GM_PROTOCOL_VERSION);
+                        return -EINVAL;
+                }
+                if (op->max_fds > GM_FRAME_MAX_FDS) {
+                        snprintf(errbuf, errlen, "op %s: takes more fds than a frame carries", rq->name);
+                        return -EINVAL;
+                }
+        }
+        return 0;
+}
+
+size_t request_op_count(void)
+{
+        size_t n = 0;
+        for (size_t i = 0; i < ARRAY_SIZE(op_table); i++)
+                n += op_table[i].fn != NULL;
+        return n;
+}
 
 int reply_fail(ReqCtx *r, int code, const char *fmt, ...)
 {
@@ -93,6 +153,32 @@ int req_take_fd(ReqCtx *r, int32_t index, int *ret_fd)
         r->in_fd_taken[index] = true;
         *ret_fd = r->in_fds[index];
         return 0;
+}
+
+int reply_result(ReqCtx *r, void *result)
+{
+        Gpumem__Reply reply = GPUMEM__REPLY__INIT;
+        const ProtobufCFieldDescriptor *f =
+                protobuf_c_message_descriptor_get_field(&gpumem__reply__descriptor, (unsigned)r->reply_case);
+        const ProtobufCMessage *msg = result;
+
+        /* the row names the result; a handler that filled another is a bug, answered as one */
+        if (!f || !msg || msg->descriptor != f->descriptor) {
+                log_error("op %u: the handler's result is not the %s its table row names", r->field,
+                          f ? f->name : "result");
+                gm_wire_close_fds(r->out_fds, r->n_out_fds);
+                r->n_out_fds = 0;
+                return reply_fail(r, -EPROTO, "internal error: reply of the wrong type");
+        }
+        reply.result_case = r->reply_case;
+        memcpy((char *)&reply + f->offset, &result, sizeof(result));
+        return reply_ok(r, &reply);
+}
+
+int reply_empty(ReqCtx *r)
+{
+        Gpumem__Empty empty = GPUMEM__EMPTY__INIT;
+        return reply_result(r, &empty);
 }
 
 int reply_ok(ReqCtx *r, Gpumem__Reply *reply)
@@ -157,6 +243,7 @@ void request_handle(Conn *c, const uint8_t *buf, size_t len, int *fds, size_t n_
         ReqCtx r = {.c = c, .m = m, .in_fds = fds, .n_in_fds = n_fds};
         Gpumem__Request *req = NULL;
         const OpDesc *op = NULL;
+        const char *name = NULL;
         const char *why = NULL;
         GmFrameHdr hdr;
         uint32_t field = 0;
@@ -176,8 +263,12 @@ void request_handle(Conn *c, const uint8_t *buf, size_t len, int *fds, size_t n_
                 request_violation(c, hdr.request_id, -EBADMSG, "request body does not start with an op");
                 goto out;
         }
-        if (field < ARRAY_SIZE(op_table) && op_table[field].fn)
+        if (field < ARRAY_SIZE(op_table) && op_table[field].fn) {
                 op = &op_table[field];
+                name = op_name(field);
+                r.field = field;
+                r.reply_case = op->reply;
+        }
 
         if (c->proto_version == 0 && field != GPUMEM__REQUEST__OP_HELLO) {
                 request_violation(c, hdr.request_id, -EPROTO, "the first request must be hello");
@@ -194,24 +285,24 @@ void request_handle(Conn *c, const uint8_t *buf, size_t len, int *fds, size_t n_
                 goto fail;
         }
         if (op->since > c->proto_version && field != GPUMEM__REQUEST__OP_HELLO) {
-                err = reply_fail(&r, -EOPNOTSUPP, "op %s needs protocol version %u", op->name, op->since);
+                err = reply_fail(&r, -EOPNOTSUPP, "op %s needs protocol version %u", name, op->since);
                 goto fail;
         }
         if (op->perm == OP_PERM_ADMIN && !c->admin) {
                 m->stats.denials++;
                 metrics_deny(m->metrics, DENY_ADMIN);
                 conn_log(c, LOG_NOTICE, GM_MESSAGE_DENIED, &c->log_rl, "%s denied: not an administrator",
-                         op->name);
-                err = reply_fail(&r, -EACCES, "%s is for administrators only", op->name);
+                         name);
+                err = reply_fail(&r, -EACCES, "%s is for administrators only", name);
                 goto fail;
         }
         if (op->family && c->cls && (c->cls->deny_ops & op->family)) {
                 m->stats.denials++;
                 metrics_deny(m->metrics, DENY_PERMISSION);
                 c->cls->denials++;
-                conn_log(c, LOG_NOTICE, GM_MESSAGE_DENIED, &c->log_rl, "%s denied by class '%s'", op->name,
+                conn_log(c, LOG_NOTICE, GM_MESSAGE_DENIED, &c->log_rl, "%s denied by class '%s'", name,
                          c->cls->name);
-                err = reply_fail(&r, -EACCES, "class '%s' may not call %s", c->cls->name, op->name);
+                err = reply_fail(&r, -EACCES, "class '%s' may not call %s", c->cls->name, name);
                 goto fail;
         }
 
@@ -230,19 +321,18 @@ void request_handle(Conn *c, const uint8_t *buf, size_t len, int *fds, size_t n_
         {
                 uint64_t t0 = now_usec(CLOCK_MONOTONIC);
                 err = op->fn(&r, req);
-                metrics_record(m->metrics, field, op->name, err, (now_usec(CLOCK_MONOTONIC) - t0) * 1000);
+                metrics_record(m->metrics, field, name, err, (now_usec(CLOCK_MONOTONIC) - t0) * 1000);
         }
         if (err == -EDQUOT) {
                 metrics_deny(m->metrics, DENY_QUOTA);
                 if (c->cls)
                         c->cls->denials++;
-                conn_log(c, LOG_NOTICE, GM_MESSAGE_DENIED, &c->log_rl, "%s over quota: %s", op->name,
-                         r.reason);
+                conn_log(c, LOG_NOTICE, GM_MESSAGE_DENIED, &c->log_rl, "%s over quota: %s", name, r.reason);
         } else if (err == -EACCES) {
                 metrics_deny(m->metrics, DENY_PERMISSION);
                 if (c->cls)
                         c->cls->denials++;
-                conn_log(c, LOG_NOTICE, GM_MESSAGE_DENIED, &c->log_rl, "%s denied: %s", op->name, r.reason);
+                conn_log(c, LOG_NOTICE, GM_MESSAGE_DENIED, &c->log_rl, "%s denied: %s", name, r.reason);
         }
         if (err >= 0 || r.replied)
                 goto out;

@@ -20,6 +20,8 @@ typedef struct ReqCtx {
         size_t n_out_fds;
         char reason[256];
         bool replied;
+        uint32_t field;                       /* the op */
+        Gpumem__Reply__ResultCase reply_case; /* what its successful reply carries (its table row) */
 } ReqCtx;
 
 /* A handler returns 0 after reply_ok(), or a negative errno after reply_fail() set the reason. */
@@ -30,6 +32,10 @@ enum {
         OP_PERM_ADMIN = 1, /* administrator identities only */
 };
 
+/* Every row of the op table names a Request op, a Reply result, a protocol version and a frame's fds. */
+int request_table_check(char *errbuf, size_t errlen);
+size_t request_op_count(void);
+
 /* Handle one received packet; takes ownership of @fds. */
 void request_handle(Conn *c, const uint8_t *buf, size_t len, int *fds, size_t n_fds);
 /* A protocol violation: log it (rate-limited), send one error reply, close the connection. */
@@ -37,7 +43,13 @@ void request_violation(Conn *c, uint32_t request_id, int code, const char *reaso
 /* Release everything the connection owned (called from conn_free). */
 void request_conn_teardown(Conn *c);
 
-/* Send the successful reply; takes the fds added with reply_add_fd. */
+/*
+ * Send the successful reply with @result, a message of the type the op's table row names (checked);
+ * takes the fds added with reply_add_fd. reply_empty() is the same for ops whose result is Empty.
+ */
+int reply_result(ReqCtx *r, void *result);
+int reply_empty(ReqCtx *r);
+/* Send a reply the handler built whole (the envelope included). */
 int reply_ok(ReqCtx *r, Gpumem__Reply *reply);
 /* Send a successful reply packed earlier (a Reply with its status, no fds). */
 int reply_ok_packed(ReqCtx *r, const uint8_t *body, size_t len);
