@@ -1,4 +1,4 @@
-/* KFD topology parser: a sysfs-layout directory (real or a model preset) into ThunkTopology. */
+/* KFD topology parser: a sysfs-layout tree (a directory or a ThunkTopologySource) into ThunkTopology. */
 #include "topology.h"
 
 #include <ctype.h>
@@ -14,10 +14,16 @@
 #define REL_MAX 128 /* "nodes/255/caches/4095/properties" and friends */
 
 typedef struct Parser {
-        int rootfd;
+        const ThunkTopologySource *src;
+        char *buf; /* THUNK_TOPOLOGY_MAX_FILE + 1 bytes: the file read last (one file is read at a time) */
         char *err;
         size_t errlen;
 } Parser;
+
+/* The directory source of thunk_topology_load(): paths are opened relative to @rootfd. */
+typedef struct DirSource {
+        int rootfd;
+} DirSource;
 
 /* Parsed properties file together with the line each key came from (for error messages). */
 typedef struct PropsFile {
@@ -130,52 +136,87 @@ static void props_file_done(PropsFile *pf)
         pf->lines = NULL;
 }
 
-/*
- * Read @rel (relative to the root) into a NUL-terminated buffer. A missing file is -ENOENT without a
- * message, so that the caller can decide whether the file is optional.
- */
-static int read_file(Parser *p, const char *rel, char **ret_buf, size_t *ret_len)
+static int dir_read_file(void *ctx, const char *rel, char *buf, size_t cap, size_t *ret_len,
+                         const char **ret_what)
 {
-        int fd = openat(p->rootfd, rel, O_RDONLY | O_CLOEXEC | O_NOCTTY);
+        const DirSource *ds = ctx;
+        int fd = openat(ds->rootfd, rel, O_RDONLY | O_CLOEXEC | O_NOCTTY);
         if (fd < 0) {
-                if (errno == ENOENT)
-                        return -ENOENT;
-                return fail(p, -errno, rel, 0, "cannot open: %s", strerror(errno));
-        }
-
-        char *buf = malloc(THUNK_TOPOLOGY_MAX_FILE + 1);
-        if (!buf) {
-                close(fd);
-                return -ENOMEM;
+                *ret_what = "cannot open";
+                return -errno;
         }
         size_t len = 0;
         int r = 0;
         /* sysfs files report a fixed st_size, so read until EOF rather than trusting stat. */
         for (;;) {
-                ssize_t k = read(fd, buf + len, THUNK_TOPOLOGY_MAX_FILE + 1 - len);
+                char extra; /* a full buffer: one more byte says whether the file is larger */
+                ssize_t k = len < cap ? read(fd, buf + len, cap - len) : read(fd, &extra, 1);
                 if (k < 0) {
                         if (errno == EINTR)
                                 continue;
-                        r = fail(p, -errno, rel, 0, "read failed: %s", strerror(errno));
+                        *ret_what = "read failed";
+                        r = -errno;
                         break;
                 }
                 if (k == 0)
                         break;
-                len += (size_t)k;
-                if (len > THUNK_TOPOLOGY_MAX_FILE) {
-                        r = fail(p, -E2BIG, rel, 0, "file larger than %d bytes", THUNK_TOPOLOGY_MAX_FILE);
+                if (len == cap) {
+                        r = -E2BIG;
                         break;
                 }
+                len += (size_t)k;
         }
         close(fd);
-        if (r == 0 && memchr(buf, '\0', len))
-                r = fail(p, -EINVAL, rel, 0, "file contains a NUL byte");
-        if (r < 0) {
-                free(buf);
+        if (r == 0)
+                *ret_len = len;
+        return r;
+}
+
+static int dir_list_dir(void *ctx, const char *rel, int (*each)(void *each_ctx, const char *name),
+                        void *each_ctx, const char **ret_what)
+{
+        const DirSource *ds = ctx;
+        int fd = openat(ds->rootfd, rel, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        if (fd < 0) {
+                *ret_what = "cannot open directory";
+                return -errno;
+        }
+        DIR *d = fdopendir(fd);
+        if (!d) {
+                int r = -errno;
+                close(fd);
+                *ret_what = "cannot read directory";
                 return r;
         }
-        buf[len] = '\0';
-        *ret_buf = buf;
+        int r = 0;
+        struct dirent *de;
+        while (r == 0 && (de = readdir(d)))
+                r = each(each_ctx, de->d_name);
+        closedir(d);
+        return r;
+}
+
+/*
+ * Read @rel (relative to the root) into p->buf, NUL-terminated; the next read_file reuses it. A missing
+ * file is -ENOENT without a message, so that the caller can decide whether the file is optional.
+ */
+static int read_file(Parser *p, const char *rel, char **ret_buf, size_t *ret_len)
+{
+        const char *what = NULL;
+        size_t len = 0;
+        int r = p->src->read_file(p->src->ctx, rel, p->buf, THUNK_TOPOLOGY_MAX_FILE, &len, &what);
+        if (r > 0)
+                r = -EIO; /* not a value the contract allows */
+        if (r == -ENOENT)
+                return -ENOENT;
+        if (r == -E2BIG || (r == 0 && len > THUNK_TOPOLOGY_MAX_FILE))
+                return fail(p, -E2BIG, rel, 0, "file larger than %d bytes", THUNK_TOPOLOGY_MAX_FILE);
+        if (r < 0)
+                return fail(p, r, rel, 0, "%s: %s", what ? what : "cannot read", strerror(-r));
+        if (memchr(p->buf, '\0', len))
+                return fail(p, -EINVAL, rel, 0, "file contains a NUL byte");
+        p->buf[len] = '\0';
+        *ret_buf = p->buf;
         *ret_len = len;
         return 0;
 }
@@ -345,9 +386,7 @@ static int load_props(Parser *p, const char *rel, PropsFile *out)
                 return fail(p, r, rel, 0, "missing");
         if (r < 0)
                 return r;
-        r = parse_props(p, rel, buf, len, out);
-        free(buf);
-        return r;
+        return parse_props(p, rel, buf, len, out);
 }
 
 static ssize_t find_key(const PropsFile *pf, const char *key)
@@ -401,7 +440,6 @@ static int load_number(Parser *p, const char *rel, uint64_t *ret)
                 r = fail(p, r, rel, 1, "value does not fit in 64 bits");
         else if (r < 0)
                 r = fail(p, r, rel, 1, "'%.*s' is not a number", (int)(len - s > 40 ? 40 : len - s), buf + s);
-        free(buf);
         return r;
 }
 
@@ -427,8 +465,42 @@ static int load_name(Parser *p, const char *rel, char name[THUNK_NAME_MAX])
                 memcpy(name, buf, len);
                 name[len] = '\0';
         }
-        free(buf);
         return r;
+}
+
+/* count_indexed_dir's walk over one directory. */
+typedef struct DirCount {
+        Parser *p;
+        const char *rel;
+        size_t cap;
+        bool *seen; /* cap flags, allocated at the first numbered entry */
+        size_t n;
+        int r; /* the parser's own refusal (with its message), returned by count_entry to stop the walk */
+} DirCount;
+
+static int count_entry(void *ctx, const char *nm)
+{
+        DirCount *c = ctx;
+        if (c->r < 0)
+                return c->r;
+        if (nm[0] == '.')
+                return 0;
+        uint64_t idx;
+        size_t l = strlen(nm);
+        if (parse_u64(nm, l, &idx) < 0 || (l > 1 && nm[0] == '0'))
+                return c->r = fail(c->p, -EINVAL, c->rel, 0,
+                                   "unexpected entry '%s' (entries are numbered 0..n-1)", nm);
+        if (idx >= c->cap)
+                return c->r = fail(c->p, -E2BIG, c->rel, 0, "entry '%s' exceeds the limit of %zu entries", nm,
+                                   c->cap);
+        if (!c->seen) {
+                c->seen = calloc(c->cap, sizeof(*c->seen));
+                if (!c->seen)
+                        return c->r = -ENOMEM;
+        }
+        c->seen[idx] = true;
+        c->n++;
+        return 0;
 }
 
 /*
@@ -437,52 +509,26 @@ static int load_name(Parser *p, const char *rel, char name[THUNK_NAME_MAX])
  */
 static int count_indexed_dir(Parser *p, const char *rel, size_t cap, size_t *ret)
 {
-        int fd = openat(p->rootfd, rel, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-        if (fd < 0) {
-                if (errno == ENOENT) {
-                        *ret = 0;
-                        return 0;
-                }
-                return fail(p, -errno, rel, 0, "cannot open directory: %s", strerror(errno));
+        DirCount c = {.p = p, .rel = rel, .cap = cap};
+        const char *what = NULL;
+        int r = p->src->list_dir(p->src->ctx, rel, count_entry, &c, &what);
+        if (r > 0)
+                r = -EIO; /* not a value the contract allows */
+        if (c.r < 0) {
+                r = c.r; /* refused by count_entry, which said why */
+        } else if (r == -ENOENT) {
+                c.n = 0;
+                r = 0;
+        } else if (r < 0) {
+                r = fail(p, r, rel, 0, "%s: %s", what ? what : "cannot read directory", strerror(-r));
         }
-        DIR *d = fdopendir(fd);
-        if (!d) {
-                int r = -errno;
-                close(fd);
-                return fail(p, r, rel, 0, "cannot read directory: %s", strerror(-r));
-        }
-        bool *seen = calloc(cap, sizeof(*seen));
-        if (!seen) {
-                closedir(d);
-                return -ENOMEM;
-        }
-        size_t n = 0;
-        int r = 0;
-        struct dirent *de;
-        while (r == 0 && (de = readdir(d))) {
-                const char *nm = de->d_name;
-                if (nm[0] == '.')
-                        continue;
-                uint64_t idx;
-                size_t l = strlen(nm);
-                if (parse_u64(nm, l, &idx) < 0 || (l > 1 && nm[0] == '0')) {
-                        r = fail(p, -EINVAL, rel, 0, "unexpected entry '%s' (entries are numbered 0..n-1)",
-                                 nm);
-                } else if (idx >= cap) {
-                        r = fail(p, -E2BIG, rel, 0, "entry '%s' exceeds the limit of %zu entries", nm, cap);
-                } else {
-                        seen[idx] = true;
-                        n++;
-                }
-        }
-        for (size_t i = 0; r == 0 && i < n; i++)
-                if (!seen[i])
-                        r = fail(p, -EINVAL, rel, 0, "entries are not numbered 0..%zu: %zu is missing", n - 1,
-                                 i);
-        free(seen);
-        closedir(d);
+        for (size_t i = 0; r == 0 && i < c.n; i++)
+                if (!c.seen[i])
+                        r = fail(p, -EINVAL, rel, 0, "entries are not numbered 0..%zu: %zu is missing",
+                                 c.n - 1, i);
+        free(c.seen);
         if (r == 0)
-                *ret = n;
+                *ret = c.n;
         return r;
 }
 
@@ -704,28 +750,26 @@ static int finish(Parser *p, ThunkTopology *t)
         return assign_numa(t);
 }
 
-int thunk_topology_load(const char *root, ThunkTopology **ret, char *errbuf, size_t errlen)
+int thunk_topology_load_source(const ThunkTopologySource *src, const char *root_name, ThunkTopology **ret,
+                               char *errbuf, size_t errlen)
 {
-        Parser p = {.rootfd = -1, .err = errbuf, .errlen = errlen};
+        Parser p = {.src = src, .err = errbuf, .errlen = errlen};
         ThunkTopology *t = NULL;
         PropsFile spf = {0};
         size_t n_nodes;
         int r;
 
-        if (!ret)
+        if (!src || !src->read_file || !src->list_dir || !root_name || !ret)
                 return -EINVAL;
-        if (!root)
-                root = THUNK_TOPOLOGY_DEFAULT_PATH;
-        p.rootfd = open(root, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-        if (p.rootfd < 0)
-                return fail(&p, -errno, root, 0, "cannot open topology directory: %s", strerror(errno));
-
+        p.buf = malloc(THUNK_TOPOLOGY_MAX_FILE + 1);
+        if (!p.buf)
+                return -ENOMEM;
         t = calloc(1, sizeof(*t));
         if (!t) {
                 r = -ENOMEM;
                 goto fail;
         }
-        t->root = strdup(root);
+        t->root = strdup(root_name);
         if (!t->root) {
                 r = -ENOMEM;
                 goto fail;
@@ -764,12 +808,30 @@ int thunk_topology_load(const char *root, ThunkTopology **ret, char *errbuf, siz
         if (r < 0)
                 goto fail;
 
-        close(p.rootfd);
+        free(p.buf);
         *ret = t;
         return 0;
 fail:
-        close(p.rootfd);
+        free(p.buf);
         thunk_topology_free(t);
+        return r;
+}
+
+int thunk_topology_load(const char *root, ThunkTopology **ret, char *errbuf, size_t errlen)
+{
+        Parser p = {.err = errbuf, .errlen = errlen}; /* for the message about the root only */
+        DirSource ds;
+        ThunkTopologySource src = {.ctx = &ds, .read_file = dir_read_file, .list_dir = dir_list_dir};
+
+        if (!ret)
+                return -EINVAL;
+        if (!root)
+                root = THUNK_TOPOLOGY_DEFAULT_PATH;
+        ds.rootfd = open(root, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        if (ds.rootfd < 0)
+                return fail(&p, -errno, root, 0, "cannot open topology directory: %s", strerror(errno));
+        int r = thunk_topology_load_source(&src, root, ret, errbuf, errlen);
+        close(ds.rootfd);
         return r;
 }
 

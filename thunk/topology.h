@@ -6,7 +6,8 @@
 #include <stdint.h>
 
 /*
- * The parser reads a directory laid out like /sys/devices/virtual/kfd/kfd/topology:
+ * The parser reads a directory (or a ThunkTopologySource, below) laid out like
+ * /sys/devices/virtual/kfd/kfd/topology:
  *   generation_id, system_properties, nodes/N/{gpu_id,name,properties},
  *   nodes/N/mem_banks/M/properties, nodes/N/caches/K/properties, nodes/N/io_links/L/properties
  * (and p2p_links/L/properties where present). Property files are "key value" lines.
@@ -107,7 +108,7 @@ typedef struct ThunkNode {
 } ThunkNode;
 
 typedef struct ThunkTopology {
-        char *root; /* the directory it was read from */
+        char *root; /* the directory it was read from, or the name given to thunk_topology_load_source */
         uint64_t generation_id;
         uint64_t platform_oem;
         uint64_t platform_id;
@@ -124,6 +125,49 @@ typedef struct ThunkTopology {
  * number"). @ret is untouched on failure.
  */
 int thunk_topology_load(const char *root, ThunkTopology **ret, char *errbuf, size_t errlen);
+
+/*
+ * Where the parser's files come from. The topology need not be a sysfs directory: it can be a tree held
+ * in memory (one a broker sends to a client, say), and the parser can be tested without a filesystem.
+ * thunk_topology_load() is the directory implementation (openat/read/readdir under a directory fd);
+ * thunk_topology_load_source() parses whatever a source serves, with the same rules and messages.
+ *
+ * Paths (@rel) are relative to the tree's root, '/'-separated, with no leading '/', no "." or ".."
+ * components and no empty ones: "generation_id", "nodes", "nodes/0/properties". Both callbacks return 0
+ * or a negative errno, and are called only from within thunk_topology_load_source(), on its thread:
+ *
+ * read_file: copy the whole of file @rel into @buf (at most @cap bytes) and its length into *ret_len.
+ *   -ENOENT: no such file (or a missing directory on the way); the parser decides whether the file is
+ *            optional or "missing", and writes no message of the source's.
+ *   -E2BIG:  the file holds more than @cap bytes (the parser says "file larger than ... bytes").
+ *   -EISDIR: @rel is a directory; -ENOTDIR: a component on the way is a file (as read(2) and openat(2)).
+ *   any other negative errno: the read failed.
+ * list_dir: call @each(@each_ctx, name) once for every entry of directory @rel, in any order. Names that
+ *   start with '.' (including "." and "..") may be passed and are ignored. -ENOENT: no such directory (it
+ *   has no entries); -ENOTDIR: @rel, or a component on the way, is a file; if @each returns a negative
+ *   errno, stop and return that value.
+ * ret_what: never NULL, and *ret_what is NULL on entry. On a failure other than -ENOENT and -E2BIG a
+ *   source may point it at a short static phrase naming the step that failed ("cannot open", "read
+ *   failed"); the parser's message is then "<rel>: <phrase>: <strerror>". Left NULL, the phrase is
+ *   "cannot read" for a file and "cannot read directory" for a directory.
+ */
+typedef struct ThunkTopologySource {
+        void *ctx;
+        int (*read_file)(void *ctx, const char *rel, char *buf, size_t cap, size_t *ret_len,
+                         const char **ret_what);
+        int (*list_dir)(void *ctx, const char *rel, int (*each)(void *each_ctx, const char *name),
+                        void *each_ctx, const char **ret_what);
+} ThunkTopologySource;
+
+/*
+ * Parse the tree @src serves, as thunk_topology_load() parses a directory; @root_name becomes the
+ * topology's root member (a directory, a broker's name for the tree, ...). -EINVAL without a message when
+ * @src, one of its callbacks, @root_name or @ret is NULL. On failure returns a negative errno with a
+ * message as thunk_topology_load() writes it; @ret is untouched.
+ */
+int thunk_topology_load_source(const ThunkTopologySource *src, const char *root_name, ThunkTopology **ret,
+                               char *errbuf, size_t errlen);
+
 ThunkTopology *thunk_topology_free(ThunkTopology *t);
 
 /* Look-ups; NULL when absent. */

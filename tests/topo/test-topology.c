@@ -559,6 +559,21 @@ static void test_malformed(void)
         put("nodes/1/io_links/0/properties", "type 2\nweight 20\n");
         EXPECT_FAIL(-EINVAL, "nodes/1/io_links/0/properties", "node_to");
 
+        /* Files and directories in each other's places: the step that failed is named */
+        make_valid();
+        del("nodes/1/gpu_id");
+        put("nodes/1/gpu_id/x", "1\n");
+        EXPECT_FAIL(-EISDIR, "nodes/1/gpu_id: read failed: ", NULL);
+        make_valid();
+        rm_children("nodes/1/caches", 1);
+        {
+                char dir[1024];
+                snprintf(dir, sizeof(dir), "%s/nodes/1/caches", tmproot);
+                CHECK(rmdir(dir) == 0);
+        }
+        put("nodes/1/caches", "level 1\n");
+        EXPECT_FAIL(-ENOTDIR, "nodes/1/caches: cannot open directory: ", NULL);
+
         /* Root and arguments */
         {
                 char msg[256] = "";
@@ -577,6 +592,233 @@ static void test_malformed(void)
         }
         CHECK(thunk_topology_free(NULL) == NULL);
         rm_tree();
+}
+
+/* ---- the source seam: a tree in memory ---- */
+
+/* A file of the tree; a NULL content makes an empty directory. Other directories follow from the paths. */
+typedef struct MemFile {
+        const char *path;
+        const char *content;
+} MemFile;
+
+typedef struct MemSource {
+        const MemFile *files;
+        size_t n;
+        const char *fail_path; /* reading or listing this path fails with fail_err and fail_what */
+        int fail_err;
+        const char *fail_what;
+        bool ignore_stop; /* list_dir goes on when @each says stop, and returns 0 */
+} MemSource;
+
+/* @path is @dir or under it: 1 for @dir itself, 2 for below it (the child's name at *child), else 0. */
+static int mem_under(const char *path, const char *dir, const char **child)
+{
+        size_t l = strlen(dir);
+        if (strncmp(path, dir, l) != 0)
+                return 0;
+        if (path[l] == '\0')
+                return 1;
+        if (path[l] != '/')
+                return 0;
+        *child = path + l + 1;
+        return 2;
+}
+
+static int mem_read_file(void *ctx, const char *rel, char *buf, size_t cap, size_t *ret_len,
+                         const char **ret_what)
+{
+        const MemSource *m = ctx;
+        const char *child;
+        if (m->fail_path && strcmp(rel, m->fail_path) == 0) {
+                *ret_what = m->fail_what;
+                return m->fail_err;
+        }
+        for (size_t i = 0; i < m->n; i++) {
+                int u = mem_under(m->files[i].path, rel, &child);
+                if (u == 2 || (u == 1 && !m->files[i].content))
+                        return -EISDIR;
+                if (u == 1) {
+                        size_t len = strlen(m->files[i].content);
+                        if (len > cap)
+                                return -E2BIG;
+                        memcpy(buf, m->files[i].content, len);
+                        *ret_len = len;
+                        return 0;
+                }
+        }
+        return -ENOENT;
+}
+
+static int mem_list_dir(void *ctx, const char *rel, int (*each)(void *each_ctx, const char *name),
+                        void *each_ctx, const char **ret_what)
+{
+        const MemSource *m = ctx;
+        const char *child, *prev;
+        bool exists = false;
+        int r = 0;
+        if (m->fail_path && strcmp(rel, m->fail_path) == 0) {
+                *ret_what = m->fail_what;
+                return m->fail_err;
+        }
+        for (size_t i = 0; i < m->n; i++) {
+                int u = mem_under(m->files[i].path, rel, &child);
+                if (u == 1 && m->files[i].content)
+                        return -ENOTDIR;
+                exists = exists || u != 0;
+        }
+        if (!exists)
+                return -ENOENT;
+        const char *dots[] = {".", "..", ".hidden"}; /* ignored by the parser */
+        for (size_t i = 0; i < 3; i++)
+                if (each(each_ctx, dots[i]) < 0)
+                        return -EBADE; /* the parser stopped on a dot name */
+        for (size_t i = 0; i < m->n && (r == 0 || m->ignore_stop); i++) {
+                if (mem_under(m->files[i].path, rel, &child) != 2)
+                        continue;
+                char name[64];
+                size_t l = strcspn(child, "/");
+                bool again = false;
+                for (size_t j = 0; j < i && !again; j++) /* each name once */
+                        again = mem_under(m->files[j].path, rel, &prev) == 2 &&
+                                strncmp(prev, child, l) == 0 && (prev[l] == '/' || prev[l] == '\0');
+                if (again || l >= sizeof(name))
+                        continue;
+                memcpy(name, child, l);
+                name[l] = '\0';
+                int q = each(each_ctx, name);
+                if (r == 0)
+                        r = q;
+        }
+        return m->ignore_stop ? 0 : r;
+}
+
+/* make_valid()'s tree, and an empty directory that is not part of the layout's numbering */
+static MemFile mem_valid[] = {
+        {"generation_id", "1\n"},
+        {"system_properties", "platform_oem 1\nplatform_id 2\nplatform_rev 3\n"},
+        {"nodes/0/gpu_id", "0\n"},
+        {"nodes/0/name", "\n"},
+        {"nodes/0/properties", "cpu_cores_count 4\nsimd_count 0\nmem_banks_count 1\ncaches_count 0\n"
+                               "io_links_count 1\n"},
+        {"nodes/0/mem_banks/0/properties", "heap_type 0\nsize_in_bytes 1073741824\n"},
+        {"nodes/0/io_links/0/properties", "type 2\nnode_from 0\nnode_to 1\nweight 20\n"},
+        {"nodes/1/gpu_id", "4660\n"},
+        {"nodes/1/name", "arcturus\n"},
+        {"nodes/1/properties", "cpu_cores_count 0\nsimd_count 16\nmem_banks_count 1\ncaches_count 1\n"
+                               "io_links_count 1\ncapability 134217728\ndrm_render_minor 128\n"},
+        {"nodes/1/mem_banks/0/properties", "heap_type 1\nsize_in_bytes 1073741824\n"},
+        {"nodes/1/caches/0/properties", "level 1\nsize 16\ntype 9\n"},
+        {"nodes/1/io_links/0/properties", "type 2\nnode_from 1\nnode_to 0\nweight 20\n"},
+        {"nodes/0/p2p_links", NULL},
+};
+
+#define MEM_N (sizeof(mem_valid) / sizeof(mem_valid[0]))
+
+static void expect_source_fail(int line, MemSource *m, int err, const char *msg_expected)
+{
+        ThunkTopologySource src = {.ctx = m, .read_file = mem_read_file, .list_dir = mem_list_dir};
+        char msg[512] = "";
+        ThunkTopology *sentinel = (ThunkTopology *)&msg, *t = sentinel;
+        int r = thunk_topology_load_source(&src, "memory", &t, msg, sizeof(msg));
+        if (r != err || t != sentinel || strcmp(msg, msg_expected) != 0) {
+                fprintf(stderr, "%s:%d: expected %d '%s', got %d '%s'\n", __FILE__, line, err, msg_expected,
+                        r, msg);
+                failures++;
+                if (r == 0 && t != sentinel)
+                        thunk_topology_free(t);
+        }
+}
+
+#define EXPECT_SOURCE_FAIL(m, err, msg) expect_source_fail(__LINE__, m, err, msg)
+
+static void test_source(void)
+{
+        MemSource m = {.files = mem_valid, .n = MEM_N};
+        ThunkTopologySource src = {.ctx = &m, .read_file = mem_read_file, .list_dir = mem_list_dir};
+        ThunkTopology *t = NULL;
+        char msg[512] = "";
+
+        CHECK_EQ(thunk_topology_load_source(&src, "broker:topology", &t, msg, sizeof(msg)), 0);
+        if (t) {
+                CHECK(strcmp(t->root, "broker:topology") == 0);
+                CHECK_EQ(t->generation_id, 1);
+                CHECK_EQ(t->platform_rev, 3);
+                CHECK_EQ(t->n_nodes, 2);
+                CHECK_EQ(t->n_gpus, 1);
+                CHECK(strcmp(t->nodes[1].name, "arcturus") == 0);
+                CHECK_EQ(t->nodes[1].gpu_id, 4660);
+                CHECK_EQ(t->nodes[1].numa_node, 0);
+                CHECK_EQ(t->nodes[1].n_caches, 1);
+                CHECK_EQ(t->nodes[0].n_p2p_links, 0);
+                thunk_topology_free(t);
+        }
+
+        /* The source's errors, with its phrase or the parser's own */
+        m.fail_path = "nodes/1/properties";
+        m.fail_err = -EIO;
+        EXPECT_SOURCE_FAIL(&m, -EIO, "nodes/1/properties: cannot read: Input/output error");
+        m.fail_what = "fetch failed";
+        EXPECT_SOURCE_FAIL(&m, -EIO, "nodes/1/properties: fetch failed: Input/output error");
+        m.fail_err = -E2BIG;
+        EXPECT_SOURCE_FAIL(&m, -E2BIG, "nodes/1/properties: file larger than 65536 bytes");
+        m.fail_path = "nodes/1/caches";
+        m.fail_err = -EIO;
+        m.fail_what = NULL;
+        EXPECT_SOURCE_FAIL(&m, -EIO, "nodes/1/caches: cannot read directory: Input/output error");
+        m.fail_path = "nodes/0/name"; /* an optional file: missing is fine */
+        m.fail_err = -ENOENT;
+        t = NULL;
+        CHECK_EQ(thunk_topology_load_source(&src, "memory", &t, msg, sizeof(msg)), 0);
+        CHECK(t && t->nodes[0].name[0] == '\0');
+        thunk_topology_free(t);
+        m.fail_path = "nodes/1/gpu_id";
+        EXPECT_SOURCE_FAIL(&m, -ENOENT, "nodes/1/gpu_id: missing");
+        m.fail_path = NULL;
+
+        /* The tree's own faults */
+        MemFile files[MEM_N];
+        memcpy(files, mem_valid, sizeof(mem_valid));
+        m.files = files;
+        files[2] = (MemFile){"nodes/0/gpu_id/0", "0\n"}; /* gpu_id is a directory */
+        EXPECT_SOURCE_FAIL(&m, -EISDIR, "nodes/0/gpu_id: cannot read: Is a directory");
+        memcpy(files, mem_valid, sizeof(mem_valid));
+        files[MEM_N - 1] = (MemFile){"nodes/1/io_links/x", "1\n"};
+        EXPECT_SOURCE_FAIL(&m, -EINVAL,
+                           "nodes/1/io_links: unexpected entry 'x' (entries are numbered 0..n-1)");
+        m.ignore_stop = true; /* a source that goes on after the parser said stop: the refusal stands */
+        EXPECT_SOURCE_FAIL(&m, -EINVAL,
+                           "nodes/1/io_links: unexpected entry 'x' (entries are numbered 0..n-1)");
+        m.ignore_stop = false;
+        memcpy(files, mem_valid, sizeof(mem_valid));
+        files[10] = (MemFile){"nodes/1/mem_banks", "heap_type 1\n"}; /* a file where a directory belongs */
+        EXPECT_SOURCE_FAIL(&m, -ENOTDIR, "nodes/1/mem_banks: cannot read directory: Not a directory");
+        memcpy(files, mem_valid, sizeof(mem_valid));
+        char *big = malloc(THUNK_TOPOLOGY_MAX_FILE + 2);
+        if (big) {
+                memset(big, '\n', THUNK_TOPOLOGY_MAX_FILE + 1);
+                big[THUNK_TOPOLOGY_MAX_FILE + 1] = '\0';
+                files[0].content = big;
+                EXPECT_SOURCE_FAIL(&m, -E2BIG, "generation_id: file larger than 65536 bytes");
+                big[THUNK_TOPOLOGY_MAX_FILE] = '\0'; /* exactly the limit: read, then refused as empty */
+                EXPECT_SOURCE_FAIL(&m, -EINVAL, "generation_id:1: '' is not a number");
+                free(big);
+        }
+        m.files = mem_valid;
+
+        /* Arguments: -EINVAL without a message, the result untouched */
+        ThunkTopology *sentinel = (ThunkTopology *)&msg;
+        ThunkTopologySource no_read = src, no_list = src;
+        no_read.read_file = NULL;
+        no_list.list_dir = NULL;
+        t = sentinel;
+        msg[0] = '\0';
+        CHECK_EQ(thunk_topology_load_source(NULL, "memory", &t, msg, sizeof(msg)), -EINVAL);
+        CHECK_EQ(thunk_topology_load_source(&no_read, "memory", &t, msg, sizeof(msg)), -EINVAL);
+        CHECK_EQ(thunk_topology_load_source(&no_list, "memory", &t, msg, sizeof(msg)), -EINVAL);
+        CHECK_EQ(thunk_topology_load_source(&src, NULL, &t, msg, sizeof(msg)), -EINVAL);
+        CHECK_EQ(thunk_topology_load_source(&src, "memory", NULL, msg, sizeof(msg)), -EINVAL);
+        CHECK(t == sentinel && msg[0] == '\0');
 }
 
 static int count_fds(void)
@@ -601,6 +843,7 @@ int main(void)
         test_gfx908();
         test_real_fixture();
         test_malformed();
+        test_source();
         CHECK_EQ(count_fds(), fds); /* every error path closed what it opened */
         if (failures) {
                 fprintf(stderr, "%d check(s) failed\n", failures);
