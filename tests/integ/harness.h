@@ -18,7 +18,7 @@ typedef struct Daemon {
         pthread_mutex_t notify_lock;
         pthread_t notify_thread; /* drains the notify socket so the daemon never waits on us */
         bool notify_thread_running;
-        volatile bool notify_stop;
+        _Atomic bool notify_stop; /* set by daemon_cleanup, read by the notify thread */
 } Daemon;
 
 /*
