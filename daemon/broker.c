@@ -42,6 +42,7 @@ struct Obj {
         bool foreign;       /* import of memory gpumemd did not export: charged by its size */
         bool handed_out;    /* an fd of its memory went to a client: it may outlive the handle */
         bool backing_fd;    /* the driver holds an fd for its memory in the daemon (the model's VRAM) */
+        bool pending;       /* being made in steps (broker_alloc_begin): has VA and a charge, no handle */
         uint64_t file_ino;  /* the inode of the files handed out (0: none), in Broker.files while it lives */
         dev_t file_dev;
 };
@@ -844,7 +845,8 @@ static int alloc_device(BrokerClient *c, const BrokerAllocArgs *a, Obj *o, Broke
         return 0;
 }
 
-static int alloc_host(BrokerClient *c, const BrokerAllocArgs *a, Obj *o, BrokerAllocResult *res, Why *w)
+/* Host memory, first step: the shared pages at the object's VA, bound to the NUMA node asked for. */
+static int host_pages(BrokerClient *c, const BrokerAllocArgs *a, Obj *o, Why *w)
 {
         Broker *b = c->b;
         uint32_t gpu = a->gpu_id ? a->gpu_id : b->gpu_ids[0];
@@ -870,16 +872,38 @@ static int alloc_host(BrokerClient *c, const BrokerAllocArgs *a, Obj *o, BrokerA
                           MPOL_MF_STRICT) < 0) {
                         r = why_set(w, -errno, "cannot bind the memory to NUMA node %d: %s", node,
                                     strerror(errno));
-                        goto fail;
+                        unmap_shared(b, o->va, o->size, false);
+                        o->memfd = safe_close(o->memfd);
+                        return r;
                 }
         }
-        /* pinned memory: fault every page in now, on the chosen node */
-        if (madvise((void *)(uintptr_t)o->va, o->size, MADV_POPULATE_WRITE) < 0) {
-                r = why_set(w, -errno, "cannot populate %llu bytes of host memory: %s",
-                            (unsigned long long)o->size, strerror(errno));
+        o->numa_node = node;
+        return 0;
+}
+
+/*
+ * Second step, the slow one: pinned memory has every page faulted in now, on the chosen node. It touches
+ * nothing but the object's own pages, so it may run on a worker thread. Returns 0 or a negative errno.
+ */
+static int host_populate(uint64_t va, uint64_t size)
+{
+        return madvise((void *)(uintptr_t)va, size, MADV_POPULATE_WRITE) < 0 ? -errno : 0;
+}
+
+/* Last step: register the populated pages with the driver, map them, and dup the fd for the client. On
+ * failure the pages are gone too. */
+static int host_register(BrokerClient *c, const BrokerAllocArgs *a, Obj *o, int populated,
+                         BrokerAllocResult *res, Why *w)
+{
+        Broker *b = c->b;
+        uint32_t gpu = a->gpu_id ? a->gpu_id : b->gpu_ids[0];
+        int r = populated;
+
+        if (r < 0) {
+                why_set(w, r, "cannot populate %llu bytes of host memory: %s", (unsigned long long)o->size,
+                        strerror(-r));
                 goto fail;
         }
-        o->numa_node = node;
         r = driver_mem_register_host(b->drv, gpu, o->va, o->size, a->flags, &o->mem);
         if (r < 0) {
                 why_set(w, r, "the driver refused to register host memory: %s", strerror(-r));
@@ -917,6 +941,15 @@ fail:
         return r;
 }
 
+static int alloc_host(BrokerClient *c, const BrokerAllocArgs *a, Obj *o, BrokerAllocResult *res, Why *w)
+{
+        int r = host_pages(c, a, o, w);
+
+        if (r < 0)
+                return r;
+        return host_register(c, a, o, host_populate(o->va, o->size), res, w);
+}
+
 static int alloc_managed(BrokerClient *c, const BrokerAllocArgs *a, Obj *o, BrokerAllocResult *res, Why *w)
 {
         Broker *b = c->b;
@@ -952,9 +985,9 @@ fail:
         return r;
 }
 
-int broker_alloc(BrokerClient *c, const BrokerAllocArgs *a, BrokerAllocResult *ret, Why *w)
+/* Check an allocation, reserve its quota-checked VA: the object, not published yet. */
+static int alloc_prepare(BrokerClient *c, const BrokerAllocArgs *a, Obj **ret, Why *w)
 {
-        BrokerAllocResult res = {.fd = -1};
         uint64_t size = 0, align;
         Obj *o;
         int r;
@@ -1011,12 +1044,18 @@ int broker_alloc(BrokerClient *c, const BrokerAllocArgs *a, BrokerAllocResult *r
                 free(o);
                 return r;
         }
-        if (a->kind == BROKER_KIND_DEVICE)
-                r = alloc_device(c, a, o, &res, w);
-        else if (a->kind == BROKER_KIND_HOST)
-                r = alloc_host(c, a, o, &res, w);
-        else
-                r = alloc_managed(c, a, o, &res, w);
+        *ret = o;
+        return 0;
+}
+
+/*
+ * Publish the object once the memory is made (@r >= 0), or give back its VA. @charged: its charge was taken
+ * already (a pending allocation holds its quota while it is made).
+ */
+static int alloc_finish(BrokerClient *c, const BrokerAllocArgs *a, Obj *o, BrokerAllocResult res, int r,
+                        bool charged, BrokerAllocResult *ret, Why *w)
+{
+        o->pending = false;
         if (r >= 0) {
                 r = obj_publish(c, o);
                 if (r < 0) {
@@ -1033,6 +1072,8 @@ int broker_alloc(BrokerClient *c, const BrokerAllocArgs *a, BrokerAllocResult *r
                 }
         }
         if (r < 0) {
+                if (charged)
+                        charge(c, o, -1);
                 (void)thunk_va_free(c->window, o->va);
                 free(o);
                 return r;
@@ -1041,12 +1082,103 @@ int broker_alloc(BrokerClient *c, const BrokerAllocArgs *a, BrokerAllocResult *r
                 o->gpu_id = a->gpu_id;
         if (res.fd >= 0)
                 note_file(c->b, o, res.fd);
-        charge(c, o, +1);
+        if (!charged)
+                charge(c, o, +1);
         res.handle = o->handle;
         res.va = o->va;
         res.size = o->size;
         *ret = res;
         return 0;
+}
+
+int broker_alloc(BrokerClient *c, const BrokerAllocArgs *a, BrokerAllocResult *ret, Why *w)
+{
+        BrokerAllocResult res = {.fd = -1};
+        Obj *o;
+        int r;
+
+        r = alloc_prepare(c, a, &o, w);
+        if (r < 0)
+                return r;
+        if (a->kind == BROKER_KIND_DEVICE)
+                r = alloc_device(c, a, o, &res, w);
+        else if (a->kind == BROKER_KIND_HOST)
+                r = alloc_host(c, a, o, &res, w);
+        else
+                r = alloc_managed(c, a, o, &res, w);
+        return alloc_finish(c, a, o, res, r, false, ret, w);
+}
+
+struct BrokerPending {
+        BrokerClient *c;
+        BrokerAllocArgs a;
+        uint32_t map_gpus[BROKER_MAX_GPUS];
+        Obj *o;
+        int populated; /* 0, or the populate's negative errno */
+};
+
+bool broker_alloc_is_slow(const BrokerAllocArgs *a)
+{
+        return a->kind == BROKER_KIND_HOST && a->size >= BROKER_SLOW_HOST_BYTES;
+}
+
+int broker_alloc_begin(BrokerClient *c, const BrokerAllocArgs *a, BrokerPending **ret, Why *w)
+{
+        BrokerPending *p;
+        Obj *o;
+        int r;
+
+        if (a->kind != BROKER_KIND_HOST)
+                return why_set(w, -EINVAL, "only host memory is allocated in steps");
+        if (a->n_map_gpus > BROKER_MAX_GPUS)
+                return why_set(w, -E2BIG, "more GPUs than there are");
+        p = calloc(1, sizeof(*p));
+        if (!p)
+                return why_set(w, -ENOMEM, "out of memory");
+        r = alloc_prepare(c, a, &o, w);
+        if (r < 0) {
+                free(p);
+                return r;
+        }
+        /* found by nobody (pointer queries, frees, overlapping VMM) until it is published */
+        o->pending = true;
+        r = host_pages(c, a, o, w);
+        if (r < 0) {
+                (void)alloc_finish(c, a, o, (BrokerAllocResult){.fd = -1}, r, false, NULL, w);
+                free(p);
+                return r;
+        }
+        /* the quota is held from now: allocations made meanwhile see it taken */
+        charge(c, o, +1);
+        p->c = c;
+        p->a = *a;
+        if (a->n_map_gpus)
+                memcpy(p->map_gpus, a->map_gpus, a->n_map_gpus * sizeof(*a->map_gpus));
+        p->a.map_gpus = p->map_gpus;
+        p->o = o;
+        *ret = p;
+        return 0;
+}
+
+void broker_pending_populate(BrokerPending *p)
+{
+        p->populated = host_populate(p->o->va, p->o->size);
+}
+
+int broker_alloc_end(BrokerPending *p, BrokerAllocResult *ret, Why *w)
+{
+        BrokerAllocResult res = {.fd = -1};
+        BrokerClient *c = p->c;
+        Obj *o = p->o;
+        int r;
+
+        /* the held charge goes back as it was taken (a failed registration closes the memory fd), and
+         * alloc_finish() charges the published object; nothing runs in between on the loop */
+        charge(c, o, -1);
+        r = host_register(c, &p->a, o, p->populated, &res, w);
+        r = alloc_finish(c, &p->a, o, res, r, false, ret, w);
+        free(p);
+        return r;
 }
 
 /* Free what an allocation holds (not its handle or VA). At a client's teardown (@teardown) a driver refusal
@@ -1216,7 +1348,8 @@ static bool in_window(const BrokerClient *c, uint64_t va, uint64_t size)
 static Obj *obj_at(const BrokerClient *c, uint64_t va)
 {
         ThunkVaObject vo;
-        return thunk_va_lookup(c->window, va, &vo) == 0 ? vo.data : NULL;
+        const Obj *o = thunk_va_lookup(c->window, va, &vo) == 0 ? vo.data : NULL;
+        return o && !o->pending ? (Obj *)o : NULL;
 }
 
 static VmmMap *map_at(const Obj *res, uint64_t va)

@@ -85,7 +85,7 @@ typedef struct BrokerAccount {
         uint64_t max_fds;
         uint64_t max_foreign;     /* bytes of foreign imports held at once */
         uint64_t max_foreign_one; /* bytes of one foreign import */
-        uint64_t max_host_one;    /* bytes of one host allocation: the daemon populates it on its loop */
+        uint64_t max_host_one;    /* bytes of one host allocation: the daemon populates it itself */
         uint64_t allowed_gpus;    /* bit per broker GPU index */
         bool import_foreign;
         unsigned lingering; /* freed memory still charged here: the account must outlive it */
@@ -154,6 +154,20 @@ typedef struct BrokerAllocResult {
 } BrokerAllocResult;
 
 int broker_alloc(BrokerClient *c, const BrokerAllocArgs *a, BrokerAllocResult *ret, Why *w);
+/*
+ * Host memory the daemon must populate itself is made in steps, so that the slow middle one can run off the
+ * event loop: broker_alloc_begin() checks the request, places it and holds its charge (the object is found
+ * by nothing yet); broker_pending_populate() faults its pages in and touches nothing else (any thread);
+ * broker_alloc_end() registers it with the driver and publishes it, or undoes all of it, and frees @p.
+ * The client must not be freed between begin and end. broker_alloc_is_slow() says which allocations are
+ * worth it.
+ */
+#define BROKER_SLOW_HOST_BYTES (4ull << 20)
+typedef struct BrokerPending BrokerPending;
+bool broker_alloc_is_slow(const BrokerAllocArgs *a);
+int broker_alloc_begin(BrokerClient *c, const BrokerAllocArgs *a, BrokerPending **ret, Why *w);
+void broker_pending_populate(BrokerPending *p);
+int broker_alloc_end(BrokerPending *p, BrokerAllocResult *ret, Why *w);
 /* Free an allocation (unmapping it first), or release a VMM handle or import (as broker_vmm_release). */
 int broker_mem_free(BrokerClient *c, uint64_t handle, Why *w);
 int broker_map(BrokerClient *c, uint64_t handle, const uint32_t *gpu_ids, size_t n, Why *w);

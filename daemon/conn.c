@@ -34,17 +34,23 @@
 /* Queued reply bytes beyond which a client that does not read is dropped. */
 #define CONN_OUT_MAX (1024u * 1024u)
 
+/*
+ * A reply waiting for the socket, or (hole) the place of one that a request finishing later will fill:
+ * replies leave in the order their requests came, so nothing behind a hole is sent before it.
+ */
 struct OutPacket {
         OutPacket *next;
+        bool hole;
         size_t len;
         size_t n_fds;
         int fds[GM_FRAME_MAX_FDS];
-        uint8_t data[];
+        uint8_t *data;
 };
 
 static void out_packet_free(OutPacket *p)
 {
         gm_wire_close_fds(p->fds, p->n_fds);
+        free(p->data);
         free(p);
 }
 
@@ -66,7 +72,8 @@ static void conn_on_send_timeout(evutil_socket_t fd, short what, void *userdata)
 {
         Conn *c = userdata;
 
-        if (c->dead || !c->out_head)
+        /* a reply the daemon has not made yet is no fault of the client's */
+        if (c->dead || !c->out_head || c->out_head->hole)
                 return;
         c->m->stats.stalled_drops++;
         conn_log(c, LOG_NOTICE, GM_MESSAGE_PROTOCOL_VIOLATION, &c->log_rl,
@@ -273,11 +280,29 @@ static void conn_unlink(Conn *c)
         m->n_conns--;
 }
 
+/* Dead: nothing more is read, written or timed for it. */
+static void conn_stop(Conn *c)
+{
+        c->dead = true;
+        event_del(c->rd_ev);
+        event_del(c->wr_ev);
+        if (c->hello_ev)
+                event_del(c->hello_ev);
+        event_del(c->send_ev);
+}
+
 Conn *conn_free(Conn *c)
 {
         if (!c)
                 return NULL;
         conn_unlink(c);
+        if (c->deferred) {
+                /* requests of it are still being worked on: freed when the last one ends
+                 * (conn_deferred_end), its objects and window staying until then */
+                c->free_when_idle = true;
+                conn_stop(c);
+                return NULL;
+        }
         request_conn_teardown(c);
         if (c->rd_ev)
                 event_free(c->rd_ev);
@@ -339,12 +364,7 @@ void conn_kill(Conn *c)
                 else if (n != -EMSGSIZE && n != -EPROTO)
                         break;
         }
-        c->dead = true;
-        event_del(c->rd_ev);
-        event_del(c->wr_ev);
-        if (c->hello_ev)
-                event_del(c->hello_ev);
-        event_del(c->send_ev);
+        conn_stop(c);
         /* Out of the list now, so counts and admin views no longer see it; freed after this callback. */
         conn_unlink(c);
         if (c->proto_version)
@@ -362,9 +382,38 @@ void conn_kill(Conn *c)
         }
 }
 
+static void packet_fill(OutPacket *p, const uint8_t *buf, size_t len, const int *fds, size_t n_fds)
+{
+        p->len = len;
+        p->n_fds = n_fds;
+        if (n_fds) /* fds is NULL when there are none */
+                memcpy(p->fds, fds, n_fds * sizeof(int));
+        memcpy(p->data, buf, len);
+}
+
+/* Queue @p; it counts in the connection's in-flight replies until it is sent. */
+static void out_append(Conn *c, OutPacket *p)
+{
+        p->next = NULL;
+        if (c->out_tail)
+                c->out_tail->next = p;
+        else
+                c->out_head = p;
+        c->out_tail = p;
+        c->out_count++;
+        if (c->cls)
+                c->cls->inflight++;
+        /* At its in-flight limit the connection is not read until the client takes replies; the others
+         * are served meanwhile, whatever its class does. */
+        if (c->out_count >= conn_inflight_limit(c)) {
+                metrics_deny(c->m->metrics, DENY_INFLIGHT);
+                event_del(c->rd_ev);
+        }
+}
+
 static int conn_flush(Conn *c)
 {
-        while (c->out_head) {
+        while (c->out_head && !c->out_head->hole) {
                 OutPacket *p = c->out_head;
                 int r = gm_wire_send(c->fd, p->data, p->len, NULL, 0, p->fds, p->n_fds, MSG_DONTWAIT);
                 if (r == -EAGAIN)
@@ -382,6 +431,7 @@ static int conn_flush(Conn *c)
                 if (!c->m->stopping && c->out_count < conn_inflight_limit(c))
                         event_add(c->rd_ev, NULL);
         }
+        /* empty, or waiting for a reply still being made: nothing to write, and no stall of the client's */
         event_del(c->wr_ev);
         event_del(c->send_ev);
         return 0;
@@ -393,6 +443,16 @@ static void conn_on_write(evutil_socket_t fd, short what, void *userdata)
 
         if (conn_flush(c) < 0)
                 conn_kill(c);
+}
+
+/* The frame header for @body_len bytes of body, in the transmit buffer. */
+static int conn_frame_hdr(Conn *c, uint32_t request_id, size_t body_len, size_t n_fds)
+{
+        int r = gm_frame_hdr_encode(c->m->tx_buf, c->proto_version ? c->proto_version : GM_PROTOCOL_VERSION,
+                                    request_id, (uint32_t)body_len, (unsigned)n_fds);
+        if (r < 0)
+                return r;
+        return body_len > GM_FRAME_BODY_MAX ? -EMSGSIZE : 0;
 }
 
 /* Send the frame in the manager's transmit buffer (header and body, @len bytes), or queue it. */
@@ -417,47 +477,83 @@ static int conn_send_frame(Conn *c, size_t len, int *fds, size_t n_fds)
                 conn_kill(c);
                 return -ENOBUFS;
         }
-        p = malloc(sizeof(*p) + len);
-        if (!p) {
+        p = calloc(1, sizeof(*p));
+        if (p)
+                p->data = malloc(len);
+        if (!p || !p->data) {
+                free(p);
                 gm_wire_close_fds(fds, n_fds);
                 conn_kill(c);
                 return -ENOMEM;
         }
-        p->next = NULL;
-        p->len = len;
-        p->n_fds = n_fds;
-        if (n_fds) /* fds is NULL when there are none */
-                memcpy(p->fds, fds, n_fds * sizeof(int));
-        memcpy(p->data, buf, len);
-        if (c->out_tail)
-                c->out_tail->next = p;
-        else
-                c->out_head = p;
-        c->out_tail = p;
+        packet_fill(p, buf, len, fds, n_fds);
         c->out_bytes += len;
-        c->out_count++;
-        if (c->cls)
-                c->cls->inflight++;
-        /* At its in-flight limit the connection is not read until the client takes replies; the others
-         * are served meanwhile, whatever its class does. */
-        if (c->out_count >= conn_inflight_limit(c)) {
-                metrics_deny(c->m->metrics, DENY_INFLIGHT);
-                event_del(c->rd_ev);
+        out_append(c, p);
+        if (!c->out_head->hole) {
+                if (c->out_head == p)
+                        send_timer_restart(c);
+                event_add(c->wr_ev, NULL);
         }
-        if (c->out_count == 1)
-                send_timer_restart(c);
-        event_add(c->wr_ev, NULL);
         return 0;
 }
 
-/* The frame header for @body_len bytes of body, in the transmit buffer. */
-static int conn_frame_hdr(Conn *c, uint32_t request_id, size_t body_len, size_t n_fds)
+int conn_slot_reserve(Conn *c, OutPacket **ret)
 {
-        int r = gm_frame_hdr_encode(c->m->tx_buf, c->proto_version ? c->proto_version : GM_PROTOCOL_VERSION,
-                                    request_id, (uint32_t)body_len, (unsigned)n_fds);
-        if (r < 0)
+        OutPacket *p;
+
+        if (c->dead)
+                return -ECONNRESET;
+        p = calloc(1, sizeof(*p));
+        if (!p)
+                return -ENOMEM;
+        p->hole = true;
+        out_append(c, p);
+        c->deferred++;
+        *ret = p;
+        return 0;
+}
+
+int conn_slot_fill(Conn *c, OutPacket *slot, uint32_t request_id, const Gpumem__Reply *reply, int *fds,
+                   size_t n_fds)
+{
+        size_t body_len = gpumem__reply__get_packed_size(reply);
+        int r;
+
+        if (c->dead) {
+                gm_wire_close_fds(fds, n_fds);
+                return -ECONNRESET;
+        }
+        r = conn_frame_hdr(c, request_id, body_len, n_fds);
+        if (r < 0) {
+                gm_wire_close_fds(fds, n_fds);
                 return r;
-        return body_len > GM_FRAME_BODY_MAX ? -EMSGSIZE : 0;
+        }
+        slot->data = malloc(GM_FRAME_HDR_SIZE + body_len);
+        if (!slot->data) {
+                gm_wire_close_fds(fds, n_fds);
+                conn_kill(c);
+                return -ENOMEM;
+        }
+        gpumem__reply__pack(reply, c->m->tx_buf + GM_FRAME_HDR_SIZE);
+        packet_fill(slot, c->m->tx_buf, GM_FRAME_HDR_SIZE + body_len, fds, n_fds);
+        slot->hole = false;
+        c->out_bytes += slot->len;
+        if (c->out_head == slot) {
+                send_timer_restart(c);
+                if (conn_flush(c) < 0)
+                        conn_kill(c);
+                else if (c->out_head && !c->out_head->hole)
+                        event_add(c->wr_ev, NULL);
+        }
+        return 0;
+}
+
+void conn_deferred_end(Conn *c)
+{
+        if (--c->deferred == 0 && c->free_when_idle) {
+                c->free_when_idle = false;
+                conn_free(c);
+        }
 }
 
 int conn_send(Conn *c, uint32_t request_id, const Gpumem__Reply *reply, int *fds, size_t n_fds)

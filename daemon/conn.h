@@ -58,6 +58,8 @@ typedef struct Conn {
         ClassState *cls;       /* its policy class */
         unsigned out_count;    /* replies queued, counted in the class's in-flight requests */
         struct event *send_ev; /* drops the client when its queued replies do not move for send-timeout */
+        unsigned deferred;     /* requests that finish later (their reply slots are queued) */
+        bool free_when_idle;   /* conn_free() came while some were still pending */
 } Conn;
 
 /* Take ownership of an accepted socket @fd (closed on failure too). */
@@ -72,6 +74,16 @@ void conn_kill(Conn *c);
  * the packet is queued and the connection stops reading until the queue drains (backpressure).
  */
 int conn_send(Conn *c, uint32_t request_id, const Gpumem__Reply *reply, int *fds, size_t n_fds);
+/*
+ * A request that finishes later keeps its place: conn_slot_reserve() queues an empty slot (counted in
+ * flight; replies behind it wait), conn_slot_fill() puts the reply in it and sends what can go, and
+ * conn_deferred_end() is called once the request is done with the connection, which conn_free() keeps
+ * alive until then.
+ */
+int conn_slot_reserve(Conn *c, OutPacket **ret);
+int conn_slot_fill(Conn *c, OutPacket *slot, uint32_t request_id, const Gpumem__Reply *reply, int *fds,
+                   size_t n_fds);
+void conn_deferred_end(Conn *c);
 /* Send a reply whose body (a packed Reply) was made earlier, e.g. a cached one; no fds. */
 int conn_send_packed(Conn *c, uint32_t request_id, const uint8_t *body, size_t body_len);
 /* Hello is done: the hello timer stops. */

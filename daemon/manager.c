@@ -24,6 +24,7 @@
 #include "driver-kfd.h"
 #include "log.h"
 #include "window.h"
+#include "worker.h"
 #include "wire.h"
 
 #define ACCEPTS_PER_WAKEUP 64
@@ -504,6 +505,14 @@ int manager_new(Manager **ret, const Options *opts)
         r = broker_new(m->drv, &m->broker);
         if (r < 0)
                 goto fail;
+        if (m->opts.worker_threads) {
+                r = worker_pool_new(m->base, m->opts.worker_threads, &m->workers);
+                if (r < 0) {
+                        log_error_errno(r, "cannot start %u worker threads: %s", m->opts.worker_threads,
+                                        strerror(-r));
+                        goto fail;
+                }
+        }
         {
                 Policy *policy = NULL;
                 char err[4096] = "";
@@ -574,6 +583,8 @@ Manager *manager_free(Manager *m)
         if (!m)
                 return NULL;
         m->freeing = true; /* from here teardowns finish at once */
+        /* first the work in progress: its requests end (their connections may be freed then) */
+        m->workers = worker_pool_free(m->workers);
         while (m->conns)
                 conn_free(m->conns);
         while (m->dying) {

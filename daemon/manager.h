@@ -27,6 +27,7 @@ typedef struct Manager {
         Options opts;
         Driver *drv; /* the device backend (driver-kfd.c) */
         struct Broker *broker;
+        struct WorkerPool *workers; /* slow work off the loop; NULL with worker-threads = 0 */
         struct Policy *policy;      /* the running policy (classes) */
         struct ClassState *classes; /* per-class state, by name */
         struct Metrics *metrics;

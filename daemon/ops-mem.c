@@ -8,6 +8,7 @@
 #include "classes.h"
 #include "manager.h"
 #include "request.h"
+#include "worker.h"
 
 /* The client's books, created at its first memory operation (its window is final by then). */
 static int client_of(ReqCtx *r, BrokerClient **ret)
@@ -40,14 +41,94 @@ static int fail_why(ReqCtx *r, int err, const Why *w)
 
 /* ---- device, host, managed ----------------------------------------------------------------------------- */
 
+/* The reply to an allocation the broker made (@err >= 0) or refused. */
+static int alloc_reply(ReqCtx *r, BrokerClient *bc, int err, const BrokerAllocResult *res, Why *w)
+{
+        Gpumem__AllocReply ar = GPUMEM__ALLOC_REPLY__INIT;
+        int idx = -1;
+
+        if (err < 0)
+                return fail_why(r, err, w);
+        if (res->fd >= 0) {
+                idx = reply_add_fd(r, res->fd);
+                if (idx < 0) {
+                        /* cannot happen with one fd per reply; keep the books straight anyway */
+                        (void)broker_mem_free(bc, res->handle, w);
+                        return reply_fail(r, idx, "cannot attach the memory fd");
+                }
+        }
+        ar.has_handle = ar.has_va = ar.has_size = ar.has_mem_fd_index = true;
+        ar.handle = res->handle;
+        ar.va = res->va;
+        ar.size = res->size;
+        ar.mem_fd_index = idx;
+        ar.has_mem_fd_offset = idx >= 0;
+        ar.mem_fd_offset = res->fd_offset;
+        return reply_result(r, &ar);
+}
+
+/* Host memory the daemon populates itself: the populating runs on a worker, the rest on the loop. */
+typedef struct AllocJob {
+        WorkerJob job; /* first: the pool hands it back */
+        Req *req;
+        BrokerClient *bc;
+        BrokerPending *pending;
+} AllocJob;
+
+static void alloc_job_run(WorkerJob *j)
+{
+        broker_pending_populate(((AllocJob *)j)->pending);
+}
+
+static void alloc_job_done(WorkerJob *j)
+{
+        AllocJob *aj = (AllocJob *)j;
+        BrokerAllocResult res = {.fd = -1};
+        Why w = {""};
+        int err;
+
+        err = broker_alloc_end(aj->pending, &res, &w);
+        err = alloc_reply(req_ctx(aj->req), aj->bc, err, &res, &w);
+        req_end(aj->req, err);
+        free(aj);
+}
+
+static int alloc_deferred(ReqCtx *r, BrokerClient *bc, const BrokerAllocArgs *args)
+{
+        AllocJob *aj = calloc(1, sizeof(*aj));
+        BrokerAllocResult res = {.fd = -1};
+        Why w = {""};
+        int err;
+
+        if (!aj)
+                return reply_fail(r, -ENOMEM, "out of memory");
+        err = broker_alloc_begin(bc, args, &aj->pending, &w);
+        if (err < 0) {
+                free(aj);
+                return fail_why(r, err, &w);
+        }
+        err = req_defer(r, &aj->req);
+        if (err < 0) {
+                /* no room to wait: make it here, on the loop, as without workers */
+                broker_pending_populate(aj->pending);
+                err = broker_alloc_end(aj->pending, &res, &w);
+                free(aj);
+                return alloc_reply(r, bc, err, &res, &w);
+        }
+        aj->bc = bc;
+        aj->job.run = alloc_job_run;
+        aj->job.done = alloc_job_done;
+        worker_submit(r->m->workers, &aj->job);
+        return REQ_DEFERRED;
+}
+
 int op_alloc(ReqCtx *r, const Gpumem__Request *req)
 {
         const Gpumem__Alloc *a = req->alloc;
         BrokerAllocArgs args = {0};
-        BrokerAllocResult res;
-        Gpumem__AllocReply ar = GPUMEM__ALLOC_REPLY__INIT;
+        BrokerAllocResult res = {.fd = -1};
         Why w = {""};
-        int err, idx = -1;
+        int err;
         WITH_CLIENT(r, bc);
 
         if (a->n_map_gpus > BROKER_MAX_GPUS)
@@ -79,25 +160,10 @@ int op_alloc(ReqCtx *r, const Gpumem__Request *req)
                                                                   : "managed");
                 }
         }
+        if (r->m->workers && broker_alloc_is_slow(&args))
+                return alloc_deferred(r, bc, &args);
         err = broker_alloc(bc, &args, &res, &w);
-        if (err < 0)
-                return fail_why(r, err, &w);
-        if (res.fd >= 0) {
-                idx = reply_add_fd(r, res.fd);
-                if (idx < 0) {
-                        /* cannot happen with one fd per reply; keep the books straight anyway */
-                        (void)broker_mem_free(bc, res.handle, &w);
-                        return reply_fail(r, idx, "cannot attach the memory fd");
-                }
-        }
-        ar.has_handle = ar.has_va = ar.has_size = ar.has_mem_fd_index = true;
-        ar.handle = res.handle;
-        ar.va = res.va;
-        ar.size = res.size;
-        ar.mem_fd_index = idx;
-        ar.has_mem_fd_offset = idx >= 0;
-        ar.mem_fd_offset = res.fd_offset;
-        return reply_result(r, &ar);
+        return alloc_reply(r, bc, err, &res, &w);
 }
 
 int op_free(ReqCtx *r, const Gpumem__Request *req)

@@ -36,6 +36,7 @@ void options_init(Options *o)
                 .max_window_bytes_per_uid = DEFAULT_MAX_WINDOW_BYTES_PER_UID,
                 .hello_timeout_sec = 10,
                 .send_timeout_sec = 30,
+                .worker_threads = 2,
                 .socket_mode = 0660,
         };
         o->socket_path = strdup(GPUMEMD_SOCKET_DEFAULT);
@@ -369,6 +370,12 @@ static int daemon_key(FileCtx *ctx, const char *name, const char *value)
                         return 1;
                 }
                 o->send_timeout_sec = (uint32_t)v;
+        } else if (strcmp(name, "worker-threads") == 0) {
+                if (parse_uint(value, 64, &v) < 0) {
+                        file_error(ctx, "worker-threads: '%s' is not a number from 0 to 64", value);
+                        return 1;
+                }
+                o->worker_threads = (uint32_t)v;
         } else if (strcmp(name, "window-size") == 0) {
                 if (parse_size(value, &v) < 0 || v < (1ull << 30) || v > (1ull << 44) ||
                     (v & ((2ull << 20) - 1))) {

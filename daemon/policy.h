@@ -54,7 +54,7 @@ typedef struct PolicyClass {
         bool import_foreign;         /* may import dmabufs the GPU driver did not export */
         uint64_t foreign_imports;    /* bytes of dmabufs gpumemd did not export, imported at once */
         uint64_t foreign_import_max; /* bytes of one such import */
-        uint64_t host_alloc_max;     /* bytes of one host allocation (populated on the event loop) */
+        uint64_t host_alloc_max;     /* bytes of one host allocation (populated by the daemon) */
         bool admin;
 } PolicyClass;
 

@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "broker.h"
@@ -155,6 +156,23 @@ int req_take_fd(ReqCtx *r, int32_t index, int *ret_fd)
         return 0;
 }
 
+/* An error reply, in the request's slot when it was deferred. */
+static void send_error(ReqCtx *r, int code, const char *reason)
+{
+        Gpumem__Reply reply = GPUMEM__REPLY__INIT;
+        Gpumem__Status st = GPUMEM__STATUS__INIT;
+
+        if (!r->slot) {
+                (void)conn_send_error(r->c, r->id, code, reason);
+                return;
+        }
+        st.has_code = true;
+        st.code = code;
+        st.reason = (char *)reason;
+        reply.status = &st;
+        (void)conn_slot_fill(r->c, r->slot, r->id, &reply, NULL, 0);
+}
+
 int reply_result(ReqCtx *r, void *result)
 {
         Gpumem__Reply reply = GPUMEM__REPLY__INIT;
@@ -190,13 +208,15 @@ int reply_ok(ReqCtx *r, Gpumem__Reply *reply)
         st.has_code = true;
         st.code = 0;
         st.reason = "";
-        reply->status = &st;
+        /* the caller's reply is packed below and not used after this call */
+        reply->status = &st; // cppcheck-suppress autoVariables
         r->n_out_fds = 0;
         r->replied = true;
-        err = conn_send(r->c, r->id, reply, r->out_fds, (size_t)n);
+        err = r->slot ? conn_slot_fill(r->c, r->slot, r->id, reply, r->out_fds, (size_t)n)
+                      : conn_send(r->c, r->id, reply, r->out_fds, (size_t)n);
         if (err == -EMSGSIZE) {
                 /* The result does not fit in a frame: tell the client rather than leave it waiting. */
-                (void)conn_send_error(r->c, r->id, -EMSGSIZE, "reply larger than the maximum frame size");
+                send_error(r, -EMSGSIZE, "reply larger than the maximum frame size");
         }
         return 0;
 }
@@ -235,6 +255,27 @@ static int peek_op(const uint8_t *body, size_t len, uint32_t *ret_field)
                 }
         }
         return -EBADMSG;
+}
+
+/* What follows a handler's answer: the op's latency and outcome, and the denials it logs. */
+static void request_account(ReqCtx *r, int err)
+{
+        Conn *c = r->c;
+        Manager *m = r->m;
+        const char *name = op_name(r->field);
+
+        metrics_record(m->metrics, r->field, name, err, (now_usec(CLOCK_MONOTONIC) - r->t0) * 1000);
+        if (err == -EDQUOT) {
+                metrics_deny(m->metrics, DENY_QUOTA);
+                if (c->cls)
+                        c->cls->denials++;
+                conn_log(c, LOG_NOTICE, GM_MESSAGE_DENIED, &c->log_rl, "%s over quota: %s", name, r->reason);
+        } else if (err == -EACCES) {
+                metrics_deny(m->metrics, DENY_PERMISSION);
+                if (c->cls)
+                        c->cls->denials++;
+                conn_log(c, LOG_NOTICE, GM_MESSAGE_DENIED, &c->log_rl, "%s denied: %s", name, r->reason);
+        }
 }
 
 void request_handle(Conn *c, const uint8_t *buf, size_t len, int *fds, size_t n_fds)
@@ -318,22 +359,11 @@ void request_handle(Conn *c, const uint8_t *buf, size_t len, int *fds, size_t n_
                 goto out;
         }
 
-        {
-                uint64_t t0 = now_usec(CLOCK_MONOTONIC);
-                err = op->fn(&r, req);
-                metrics_record(m->metrics, field, name, err, (now_usec(CLOCK_MONOTONIC) - t0) * 1000);
-        }
-        if (err == -EDQUOT) {
-                metrics_deny(m->metrics, DENY_QUOTA);
-                if (c->cls)
-                        c->cls->denials++;
-                conn_log(c, LOG_NOTICE, GM_MESSAGE_DENIED, &c->log_rl, "%s over quota: %s", name, r.reason);
-        } else if (err == -EACCES) {
-                metrics_deny(m->metrics, DENY_PERMISSION);
-                if (c->cls)
-                        c->cls->denials++;
-                conn_log(c, LOG_NOTICE, GM_MESSAGE_DENIED, &c->log_rl, "%s denied: %s", name, r.reason);
-        }
+        r.t0 = now_usec(CLOCK_MONOTONIC);
+        err = op->fn(&r, req);
+        if (err == REQ_DEFERRED)
+                goto out;
+        request_account(&r, err);
         if (err >= 0 || r.replied)
                 goto out;
 fail:
@@ -347,6 +377,55 @@ out:
                         safe_close(fds[i]);
         if (req)
                 gpumem__request__free_unpacked(req, NULL);
+}
+
+struct Req {
+        ReqCtx ctx;
+};
+
+int req_defer(ReqCtx *r, Req **ret)
+{
+        Req *q = calloc(1, sizeof(*q));
+        int err;
+
+        if (!q)
+                return -ENOMEM;
+        q->ctx = *r;
+        /* the received fds belong to the frame being handled, not to the request */
+        q->ctx.in_fds = NULL;
+        q->ctx.n_in_fds = 0;
+        err = conn_slot_reserve(r->c, &q->ctx.slot);
+        if (err < 0) {
+                free(q);
+                return err;
+        }
+        /* the reply fds attached so far go with it */
+        r->n_out_fds = 0;
+        *ret = q;
+        return 0;
+}
+
+ReqCtx *req_ctx(Req *q)
+{
+        return &q->ctx;
+}
+
+void req_end(Req *q, int err)
+{
+        ReqCtx *r = &q->ctx;
+        Conn *c = r->c;
+
+        request_account(r, err);
+        if (err < 0 && !r->replied) {
+                if (!r->reason[0])
+                        snprintf(r->reason, sizeof(r->reason), "%s", strerror(-err));
+                gm_wire_close_fds(r->out_fds, r->n_out_fds);
+                r->n_out_fds = 0;
+                send_error(r, err, r->reason);
+        }
+        gm_wire_close_fds(r->out_fds, r->n_out_fds);
+        free(q);
+        conn_deferred_end(c);
 }
 
 void request_conn_teardown(Conn *c)

@@ -22,9 +22,15 @@ typedef struct ReqCtx {
         bool replied;
         uint32_t field;                       /* the op */
         Gpumem__Reply__ResultCase reply_case; /* what its successful reply carries (its table row) */
+        struct OutPacket *slot;               /* a deferred request's place in the reply queue */
+        uint64_t t0;                          /* when it began, for the op's latency */
 } ReqCtx;
 
-/* A handler returns 0 after reply_ok(), or a negative errno after reply_fail() set the reason. */
+/*
+ * A handler returns 0 after reply_ok(), or a negative errno after reply_fail() set the reason, or
+ * REQ_DEFERRED after req_defer(): then the request finishes later (req_end).
+ */
+#define REQ_DEFERRED 1
 typedef int (*OpHandler)(ReqCtx *r, const Gpumem__Request *req);
 
 enum {
@@ -59,6 +65,20 @@ int reply_fail(ReqCtx *r, int code, const char *fmt, ...) _printf_(3, 4);
 int reply_add_fd(ReqCtx *r, int fd);
 /* Take the request's fd at @index (bounds-checked against the header's count): -EBADF when out of range. */
 int req_take_fd(ReqCtx *r, int32_t index, int *ret_fd);
+
+/*
+ * Finish the request later, for work that must leave the event loop. The request keeps its place among the
+ * connection's replies (later replies wait behind it) and its in-flight count; the connection stays
+ * allocated until it ends. Fds it needs must have been taken first (req_take_fd). The handler then returns
+ * REQ_DEFERRED and uses @r no more; on failure it answers as usual.
+ */
+typedef struct Req Req;
+int req_defer(ReqCtx *r, Req **ret);
+/* The deferred request's context, for reply_result(), reply_add_fd() and reply_fail(). */
+ReqCtx *req_ctx(Req *q);
+/* End it: @err >= 0 after a reply was made on req_ctx(q), or a negative errno after reply_fail(). Frees @q.
+ */
+void req_end(Req *q, int err);
 
 /* Handlers, by family (ops-*.c). */
 int op_hello(ReqCtx *r, const Gpumem__Request *req);

@@ -25,6 +25,7 @@
 #include "model.h"
 #include "request.h"
 #include "wire.h"
+#include "worker.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 int LLVMFuzzerInitialize(int *argc, char ***argv);
@@ -198,6 +199,9 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 
 static void run_loop(void)
 {
+        /* work handed to the worker threads ends on the loop: wait for all of it */
+        while (mgr->workers && worker_pending(mgr->workers))
+                event_base_loop(mgr->base, EVLOOP_ONCE);
         /* deferred frees and queued writes run from the event loop */
         for (int i = 0; i < 4; i++)
                 event_base_loop(mgr->base, EVLOOP_NONBLOCK);

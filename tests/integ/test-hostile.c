@@ -519,6 +519,129 @@ static void test_request_size(void)
 #define REQUEST_SIZE_CONFIG                                                                                  \
         "[daemon]\nlog-level = warning\n[class all]\nmatch-all = yes\nhost-alloc-max = 2M\n"
 
+/* Send one request (a packed Gpumem__Request) without waiting for its reply. */
+static void send_request(int fd, uint32_t id, const Gpumem__Request *q)
+{
+        uint8_t body[256];
+        size_t n = gpumem__request__get_packed_size(q);
+
+        CHECK(n <= sizeof(body));
+        if (n > sizeof(body))
+                return;
+        gpumem__request__pack(q, body);
+        CHECK_EQ(raw_send_frame(fd, id, body, n, GM_PROTOCOL_VERSION, 0, NULL, 0), 0);
+}
+
+static void send_host_alloc(int fd, uint32_t id, uint64_t size)
+{
+        Gpumem__Request q = GPUMEM__REQUEST__INIT;
+        Gpumem__Alloc a = GPUMEM__ALLOC__INIT;
+
+        a.has_kind = a.has_size = true;
+        a.kind = GPUMEM__MEM_KIND__MEM_KIND_HOST;
+        a.size = size;
+        q.op_case = GPUMEM__REQUEST__OP_ALLOC;
+        q.alloc = &a;
+        send_request(fd, id, &q);
+}
+
+static void send_ping(int fd, uint32_t id)
+{
+        Gpumem__Request q = GPUMEM__REQUEST__INIT;
+        Gpumem__Ping pg = GPUMEM__PING__INIT;
+
+        q.op_case = GPUMEM__REQUEST__OP_PING;
+        q.ping = &pg;
+        send_request(fd, id, &q);
+}
+
+/* Replies waiting on @fd right now (without blocking). */
+static bool reply_waiting(int fd)
+{
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        return poll(&p, 1, 0) == 1;
+}
+
+/*
+ * A host allocation the daemon must populate (512 MiB: a few hundred milliseconds of page faults) is made
+ * off the event loop: another client is served meanwhile, the allocating client's replies keep its request
+ * order, a class's quota is held while the memory is being made, and a client that goes away before its
+ * allocation is done leaves nothing behind.
+ */
+static void test_slow_alloc(void)
+{
+        int a = raw_connect(dmn.sock), b = raw_connect(dmn.sock), cfd, dfd;
+        uint32_t id = 0;
+        int code = 1;
+        char why[256];
+
+        CHECK(a >= 0 && b >= 0);
+        if (a < 0 || b < 0)
+                return;
+        CHECK_EQ(raw_hello(a), 0);
+        CHECK_EQ(raw_hello(b), 0);
+
+        /* a: the allocation, then a ping behind it */
+        send_host_alloc(a, 20, 512 * MiB);
+        send_ping(a, 21);
+        usleep(30 * 1000); /* the daemon has taken both by now */
+        /* b is answered while a's memory is still being populated */
+        send_ping(b, 30);
+        CHECK_EQ(raw_recv_reply(b, &id, &code, why, sizeof(why), 5000), 0);
+        CHECK_EQ(id, 30);
+        CHECK_EQ(code, 0);
+        CHECK(!reply_waiting(a));
+        /* a's replies come in its order: the allocation first, though its ping was quick */
+        CHECK_EQ(raw_recv_reply(a, &id, &code, why, sizeof(why), 20000), 0);
+        CHECK_EQ(id, 20);
+        CHECK_EQ(code, 0);
+        CHECK_EQ(raw_recv_reply(a, &id, &code, why, sizeof(why), 5000), 0);
+        CHECK_EQ(id, 21);
+        CHECK_EQ(code, 0);
+        CHECK_EQ(class_used("all", GM_RESOURCE_HOST), 512 * MiB);
+        close(a);
+        close(b);
+        CHECK(daemon_wait_base(&dmn, &base, 10000, NULL) == 0);
+
+        /* the quota is held from the start: a second allocation meanwhile is over it */
+        cfd = raw_connect(dmn.sock);
+        dfd = raw_connect(dmn.sock);
+        CHECK(cfd >= 0 && dfd >= 0);
+        if (cfd < 0 || dfd < 0)
+                return;
+        CHECK_EQ(raw_hello(cfd), 0);
+        CHECK_EQ(raw_hello(dfd), 0);
+        send_host_alloc(cfd, 40, 512 * MiB);
+        usleep(10 * 1000);
+        send_host_alloc(dfd, 50, 512 * MiB);
+        CHECK_EQ(raw_recv_reply(dfd, &id, &code, why, sizeof(why), 20000), 0);
+        CHECK_EQ(id, 50);
+        CHECK_EQ(code, -EDQUOT);
+        CHECK_EQ(raw_recv_reply(cfd, &id, &code, why, sizeof(why), 20000), 0);
+        CHECK_EQ(id, 40);
+        CHECK_EQ(code, 0);
+        close(cfd);
+        close(dfd);
+        CHECK(daemon_wait_base(&dmn, &base, 10000, NULL) == 0);
+
+        /* clients that go while their allocation is being made: nothing stays, and others are served */
+        for (int i = 0; i < 4; i++) {
+                int e = raw_connect(dmn.sock);
+                CHECK(e >= 0);
+                if (e < 0)
+                        return;
+                CHECK_EQ(raw_hello(e), 0);
+                send_host_alloc(e, 60, 256 * MiB);
+                send_ping(e, 61);
+                usleep((useconds_t)(i * 5000));
+                close(e);
+        }
+        CHECK(served_within(10));
+        CHECK(daemon_wait_base(&dmn, &base, 20000, NULL) == 0);
+}
+
+#define SLOW_ALLOC_CONFIG "[daemon]\nlog-level = warning\n[class all]\nmatch-all = yes\nhost = 768M\n"
+
 int main(int argc, char **argv)
 {
         static const struct {
@@ -545,6 +668,9 @@ int main(int argc, char **argv)
                 {"request-size",
                  REQUEST_SIZE_CONFIG,
                  {"one host allocation is bounded by host-alloc-max", test_request_size}},
+                {"slow-alloc",
+                 SLOW_ALLOC_CONFIG,
+                 {"a host allocation is populated off the event loop, replies in order", test_slow_alloc}},
         };
         int r = EXIT_FAILURE;
 

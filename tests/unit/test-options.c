@@ -46,6 +46,7 @@ static void test_argv(void)
         CHECK(o.config_explicit);
         CHECK_EQ(o.max_window_bytes_per_uid, 16ull << 40); /* the default: an eighth of the 47-bit space */
         CHECK_EQ(o.send_timeout_sec, 30);
+        CHECK_EQ(o.worker_threads, 2);
         CHECK_EQ(o.set_by_cli,
                  OPT_SET_SOCKET | OPT_SET_BACKEND | OPT_SET_PRESET | OPT_SET_LOG_LEVEL | OPT_SET_KFD_MINOR);
         options_done(&o);
@@ -88,6 +89,7 @@ static void test_file_good(void)
                                                    "max-connections-per-uid = 3\n"
                                                    "hello-timeout = 0\n"
                                                    "send-timeout = 5\n"
+                                                   "worker-threads = 0\n"
                                                    "window-size = 8G\n"
                                                    "max-window-bytes-per-uid = 1T\n"
                                                    "socket-mode = 0600\n"
@@ -101,6 +103,7 @@ static void test_file_good(void)
         CHECK_EQ(o.max_connections_per_uid, 3);
         CHECK_EQ(o.hello_timeout_sec, 0);
         CHECK_EQ(o.send_timeout_sec, 5);
+        CHECK_EQ(o.worker_threads, 0);
         CHECK_EQ(o.window_size, 8ull << 30);
         CHECK_EQ(o.max_window_bytes_per_uid, 1ull << 40);
         CHECK_EQ(o.socket_mode, 0600);
@@ -143,6 +146,7 @@ static void test_file_errors(void)
                 {"[daemon]\nsend-timeout = 0\n",
                  ":2: send-timeout: '0' is not a number of seconds from 1 to 3600"},
                 {"[daemon]\nsend-timeout = 3601\n", ":2: send-timeout"},
+                {"[daemon]\nworker-threads = 65\n", ":2: worker-threads: '65' is not a number from 0 to 64"},
                 {"[daemon]\nmax-window-bytes-per-uid = 256T\n", ":2: max-window-bytes-per-uid"},
                 /* checked against window-size wherever that comes in the file */
                 {"[daemon]\nmax-window-bytes-per-uid = 2G\nwindow-size = 4G\n",
