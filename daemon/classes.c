@@ -107,12 +107,12 @@ static void class_bind(Conn *c, ClassState *s)
                 return;
         if (c->cls) {
                 c->cls->connections--;
-                c->cls->inflight -= c->out_count;
+                c->cls->inflight -= c->t.out_count;
         }
         c->cls = s;
         if (s) {
                 s->connections++;
-                s->inflight += c->out_count;
+                s->inflight += c->t.out_count;
         }
         if (c->broker)
                 broker_client_set_account(c->broker, s ? &s->acct : NULL);
@@ -197,7 +197,7 @@ void classes_leave(Conn *c)
 {
         if (c->cls) {
                 c->cls->connections--;
-                c->cls->inflight -= c->out_count;
+                c->cls->inflight -= c->t.out_count;
                 c->cls = NULL;
         }
 }

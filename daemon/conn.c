@@ -19,77 +19,72 @@
 #include "log.h"
 #include "manager.h"
 #include "request.h"
+#include "transport.h"
 #include "wire.h"
 
 #ifndef SO_PEERPIDFD
 #define SO_PEERPIDFD 77
 #endif
 
-/*
- * Frames handled per wakeup before yielding to other clients. One: the loop is level-triggered, so a
- * client with more queued comes round again, others get their turn in between, and a client waiting for
- * its reply costs no extra recvmsg that would only say EAGAIN.
- */
-#define CONN_FRAMES_PER_WAKEUP 1
-/* Queued reply bytes beyond which a client that does not read is dropped. */
-#define CONN_OUT_MAX (1024u * 1024u)
-
-/*
- * A reply waiting for the socket, or (hole) the place of one that a request finishing later will fill:
- * replies leave in the order their requests came, so nothing behind a hole is sent before it.
- */
-struct OutPacket {
-        OutPacket *next;
-        bool hole;
-        size_t len;
-        size_t n_fds;
-        int fds[GM_FRAME_MAX_FDS];
-        uint8_t *data;
-};
-
-static void out_packet_free(OutPacket *p)
-{
-        gm_wire_close_fds(p->fds, p->n_fds);
-        free(p->data);
-        free(p);
-}
-
-static void out_dequeued(Conn *c)
-{
-        c->out_count--;
-        if (c->cls)
-                c->cls->inflight--;
-}
-
 uint64_t conn_inflight_limit(const Conn *c)
 {
         return c->cls ? c->cls->max_inflight : POLICY_DEFAULT_INFLIGHT;
 }
 
-/* A reply has waited since the queue last moved: a client that does not read is dropped, so it cannot hold
- * its connection slot, its class's counts and its memory for ever. */
-static void conn_on_send_timeout(evutil_socket_t fd, short what, void *userdata)
-{
-        Conn *c = userdata;
+/* ---- what the transport tells the connection ---------------------------------------------------------- */
 
-        /* a reply the daemon has not made yet is no fault of the client's */
-        if (c->dead || !c->out_head || c->out_head->hole)
-                return;
+static void on_packet(void *owner, const uint8_t *buf, size_t len, int *fds, size_t n_fds)
+{
+        request_handle(owner, buf, len, fds, n_fds);
+}
+
+static void on_refused(void *owner, int err, uint32_t request_id)
+{
+        request_violation(owner, request_id, err,
+                          err == -EMSGSIZE ? "frame larger than the maximum frame size"
+                                           : "ancillary data truncated or not SCM_RIGHTS");
+}
+
+static void on_closed(void *owner)
+{
+        conn_kill(owner);
+}
+
+static void on_stalled(void *owner)
+{
+        Conn *c = owner;
+
         c->m->stats.stalled_drops++;
         conn_log(c, LOG_NOTICE, GM_MESSAGE_PROTOCOL_VIOLATION, &c->log_rl,
-                 "does not read its replies: %u waiting for %u s, closing", c->out_count,
+                 "does not read its replies: %u waiting for %u s, closing", c->t.out_count,
                  c->m->opts.send_timeout_sec);
         conn_kill(c);
 }
 
-/* The queue moved (or began): the client has send-timeout seconds until it moves again. */
-static void send_timer_restart(Conn *c)
+/* Replies in flight count in the class too; a connection held at its limit is a denial in the metrics. */
+static void on_inflight(void *owner, int delta, bool limited)
 {
-        struct timeval tv = {(time_t)c->m->opts.send_timeout_sec, 0};
+        Conn *c = owner;
 
-        if (c->send_ev && c->m->opts.send_timeout_sec)
-                evtimer_add(c->send_ev, &tv);
+        if (c->cls)
+                c->cls->inflight += (int64_t)delta;
+        if (limited)
+                metrics_deny(c->m->metrics, DENY_INFLIGHT);
 }
+
+static uint64_t on_inflight_limit(void *owner)
+{
+        return conn_inflight_limit(owner);
+}
+
+static const TransportOps conn_transport_ops = {
+        .packet = on_packet,
+        .refused = on_refused,
+        .closed = on_closed,
+        .stalled = on_stalled,
+        .inflight = on_inflight,
+        .inflight_limit = on_inflight_limit,
+};
 
 bool conn_in_group(const Conn *c, gid_t gid)
 {
@@ -193,9 +188,6 @@ static int capture_identity(int fd, ConnIdentity *id)
         return 0;
 }
 
-static void conn_on_read(evutil_socket_t fd, short what, void *userdata);
-static void conn_on_write(evutil_socket_t fd, short what, void *userdata);
-
 /* A connection that never says hello holds a slot under the connection caps: it gets a deadline. */
 static void conn_on_hello_timeout(evutil_socket_t fd, short what, void *userdata)
 {
@@ -226,23 +218,19 @@ int conn_new(Manager *m, int fd, Conn **ret)
                 return -ENOMEM;
         }
         c->m = m;
-        c->fd = fd;
         c->ident.pidfd = -1;
         c->log_rl = (LogRatelimit)LOG_RATELIMIT_INIT(10, 1);
         c->connected_real_usec = now_usec(CLOCK_REALTIME);
 
+        /* the transport owns the fd from here, on failure too */
+        r = transport_init(&c->t, m->base, fd, m->rx_buf, m->tx_buf, &m->opts.send_timeout_sec,
+                           &conn_transport_ops, c);
+        if (r < 0)
+                goto fail;
         r = capture_identity(fd, &c->ident);
         if (r < 0)
                 goto fail;
         policy_container_of(c->ident.cgroup, c->container, sizeof(c->container), c->pod, sizeof(c->pod));
-
-        c->rd_ev = event_new(m->base, fd, EV_READ | EV_PERSIST, conn_on_read, c);
-        c->wr_ev = event_new(m->base, fd, EV_WRITE | EV_PERSIST, conn_on_write, c);
-        c->send_ev = evtimer_new(m->base, conn_on_send_timeout, c);
-        if (!c->rd_ev || !c->wr_ev || !c->send_ev || event_add(c->rd_ev, NULL) < 0) {
-                r = -ENOMEM;
-                goto fail;
-        }
         if (m->opts.hello_timeout_sec) {
                 struct timeval tv = {(time_t)m->opts.hello_timeout_sec, 0};
                 c->hello_ev = evtimer_new(m->base, conn_on_hello_timeout, c);
@@ -284,11 +272,9 @@ static void conn_unlink(Conn *c)
 static void conn_stop(Conn *c)
 {
         c->dead = true;
-        event_del(c->rd_ev);
-        event_del(c->wr_ev);
+        transport_stop(&c->t);
         if (c->hello_ev)
                 event_del(c->hello_ev);
-        event_del(c->send_ev);
 }
 
 Conn *conn_free(Conn *c)
@@ -304,22 +290,11 @@ Conn *conn_free(Conn *c)
                 return NULL;
         }
         request_conn_teardown(c);
-        if (c->rd_ev)
-                event_free(c->rd_ev);
-        if (c->wr_ev)
-                event_free(c->wr_ev);
         if (c->hello_ev)
                 event_free(c->hello_ev);
-        if (c->send_ev)
-                event_free(c->send_ev);
-        while (c->out_head) {
-                OutPacket *p = c->out_head;
-                c->out_head = p->next;
-                out_packet_free(p);
-                out_dequeued(c);
-        }
+        /* before the class goes: what is queued is counted there */
+        transport_done(&c->t);
         classes_leave(c);
-        safe_close(c->fd);
         safe_close(c->ident.pidfd);
         free(c->ident.groups);
         free(c->ident.cgroup);
@@ -350,20 +325,6 @@ void conn_kill(Conn *c)
 {
         if (c->dead)
                 return;
-        /* Consume what the client sent and we will never read: closing over unread data makes the kernel
-         * report a reset to the client before it has read our last (error) frame. */
-        for (int i = 0; i < 64; i++) {
-                /* a small buffer: the packet is consumed whole anyway (-EMSGSIZE), and the frame being
-                 * handled may still sit in the manager's receive buffer */
-                uint8_t scratch[64];
-                int fds[GM_FRAME_MAX_FDS];
-                size_t n_fds = 0;
-                ssize_t n = gm_wire_recv(c->fd, scratch, sizeof(scratch), fds, &n_fds, MSG_DONTWAIT);
-                if (n > 0)
-                        gm_wire_close_fds(fds, n_fds);
-                else if (n != -EMSGSIZE && n != -EPROTO)
-                        break;
-        }
         conn_stop(c);
         /* Out of the list now, so counts and admin views no longer see it; freed after this callback. */
         conn_unlink(c);
@@ -382,170 +343,34 @@ void conn_kill(Conn *c)
         }
 }
 
-static void packet_fill(OutPacket *p, const uint8_t *buf, size_t len, const int *fds, size_t n_fds)
+int conn_send(Conn *c, uint32_t request_id, const Gpumem__Reply *reply, int *fds, size_t n_fds)
 {
-        p->len = len;
-        p->n_fds = n_fds;
-        if (n_fds) /* fds is NULL when there are none */
-                memcpy(p->fds, fds, n_fds * sizeof(int));
-        memcpy(p->data, buf, len);
+        return transport_send(&c->t, request_id, reply, fds, n_fds);
 }
 
-/* Queue @p; it counts in the connection's in-flight replies until it is sent. */
-static void out_append(Conn *c, OutPacket *p)
+int conn_send_packed(Conn *c, uint32_t request_id, const uint8_t *body, size_t body_len)
 {
-        p->next = NULL;
-        if (c->out_tail)
-                c->out_tail->next = p;
-        else
-                c->out_head = p;
-        c->out_tail = p;
-        c->out_count++;
-        if (c->cls)
-                c->cls->inflight++;
-        /* At its in-flight limit the connection is not read until the client takes replies; the others
-         * are served meanwhile, whatever its class does. */
-        if (c->out_count >= conn_inflight_limit(c)) {
-                metrics_deny(c->m->metrics, DENY_INFLIGHT);
-                event_del(c->rd_ev);
-        }
+        return transport_send_packed(&c->t, request_id, body, body_len);
 }
 
-static int conn_flush(Conn *c)
+int conn_send_error(Conn *c, uint32_t request_id, int code, const char *reason)
 {
-        while (c->out_head && !c->out_head->hole) {
-                OutPacket *p = c->out_head;
-                int r = gm_wire_send(c->fd, p->data, p->len, NULL, 0, p->fds, p->n_fds, MSG_DONTWAIT);
-                if (r == -EAGAIN)
-                        return 0;
-                if (r < 0)
-                        return r;
-                c->out_head = p->next;
-                if (!c->out_head)
-                        c->out_tail = NULL;
-                c->out_bytes -= p->len;
-                out_packet_free(p);
-                out_dequeued(c);
-                send_timer_restart(c);
-                /* below its in-flight limit again: read it (replies keep their order in the queue) */
-                if (!c->m->stopping && c->out_count < conn_inflight_limit(c))
-                        event_add(c->rd_ev, NULL);
-        }
-        /* empty, or waiting for a reply still being made: nothing to write, and no stall of the client's */
-        event_del(c->wr_ev);
-        event_del(c->send_ev);
-        return 0;
+        return transport_send_error(&c->t, request_id, code, reason);
 }
 
-static void conn_on_write(evutil_socket_t fd, short what, void *userdata)
+int conn_slot_reserve(Conn *c, TransportPacket **ret)
 {
-        Conn *c = userdata;
+        int r = transport_slot_reserve(&c->t, ret);
 
-        if (conn_flush(c) < 0)
-                conn_kill(c);
+        if (r == 0)
+                c->deferred++;
+        return r;
 }
 
-/* The frame header for @body_len bytes of body, in the transmit buffer. */
-static int conn_frame_hdr(Conn *c, uint32_t request_id, size_t body_len, size_t n_fds)
-{
-        int r = gm_frame_hdr_encode(c->m->tx_buf, c->proto_version ? c->proto_version : GM_PROTOCOL_VERSION,
-                                    request_id, (uint32_t)body_len, (unsigned)n_fds);
-        if (r < 0)
-                return r;
-        return body_len > GM_FRAME_BODY_MAX ? -EMSGSIZE : 0;
-}
-
-/* Send the frame in the manager's transmit buffer (header and body, @len bytes), or queue it. */
-static int conn_send_frame(Conn *c, size_t len, int *fds, size_t n_fds)
-{
-        uint8_t *buf = c->m->tx_buf;
-        OutPacket *p;
-        int r;
-
-        if (!c->out_head) {
-                r = gm_wire_send(c->fd, buf, len, NULL, 0, fds, n_fds, MSG_DONTWAIT);
-                if (r != -EAGAIN) {
-                        gm_wire_close_fds(fds, n_fds);
-                        if (r < 0)
-                                conn_kill(c);
-                        return r;
-                }
-        }
-
-        if (c->out_bytes + len > CONN_OUT_MAX) {
-                gm_wire_close_fds(fds, n_fds);
-                conn_kill(c);
-                return -ENOBUFS;
-        }
-        p = calloc(1, sizeof(*p));
-        if (p)
-                p->data = malloc(len);
-        if (!p || !p->data) {
-                free(p);
-                gm_wire_close_fds(fds, n_fds);
-                conn_kill(c);
-                return -ENOMEM;
-        }
-        packet_fill(p, buf, len, fds, n_fds);
-        c->out_bytes += len;
-        out_append(c, p);
-        if (!c->out_head->hole) {
-                if (c->out_head == p)
-                        send_timer_restart(c);
-                event_add(c->wr_ev, NULL);
-        }
-        return 0;
-}
-
-int conn_slot_reserve(Conn *c, OutPacket **ret)
-{
-        OutPacket *p;
-
-        if (c->dead)
-                return -ECONNRESET;
-        p = calloc(1, sizeof(*p));
-        if (!p)
-                return -ENOMEM;
-        p->hole = true;
-        out_append(c, p);
-        c->deferred++;
-        *ret = p;
-        return 0;
-}
-
-int conn_slot_fill(Conn *c, OutPacket *slot, uint32_t request_id, const Gpumem__Reply *reply, int *fds,
+int conn_slot_fill(Conn *c, TransportPacket *slot, uint32_t request_id, const Gpumem__Reply *reply, int *fds,
                    size_t n_fds)
 {
-        size_t body_len = gpumem__reply__get_packed_size(reply);
-        int r;
-
-        if (c->dead) {
-                gm_wire_close_fds(fds, n_fds);
-                return -ECONNRESET;
-        }
-        r = conn_frame_hdr(c, request_id, body_len, n_fds);
-        if (r < 0) {
-                gm_wire_close_fds(fds, n_fds);
-                return r;
-        }
-        slot->data = malloc(GM_FRAME_HDR_SIZE + body_len);
-        if (!slot->data) {
-                gm_wire_close_fds(fds, n_fds);
-                conn_kill(c);
-                return -ENOMEM;
-        }
-        gpumem__reply__pack(reply, c->m->tx_buf + GM_FRAME_HDR_SIZE);
-        packet_fill(slot, c->m->tx_buf, GM_FRAME_HDR_SIZE + body_len, fds, n_fds);
-        slot->hole = false;
-        c->out_bytes += slot->len;
-        if (c->out_head == slot) {
-                send_timer_restart(c);
-                if (conn_flush(c) < 0)
-                        conn_kill(c);
-                else if (c->out_head && !c->out_head->hole)
-                        event_add(c->wr_ev, NULL);
-        }
-        return 0;
+        return transport_slot_fill(&c->t, slot, request_id, reply, fds, n_fds);
 }
 
 void conn_deferred_end(Conn *c)
@@ -553,94 +378,5 @@ void conn_deferred_end(Conn *c)
         if (--c->deferred == 0 && c->free_when_idle) {
                 c->free_when_idle = false;
                 conn_free(c);
-        }
-}
-
-int conn_send(Conn *c, uint32_t request_id, const Gpumem__Reply *reply, int *fds, size_t n_fds)
-{
-        size_t body_len;
-        int r;
-
-        if (c->dead) {
-                gm_wire_close_fds(fds, n_fds);
-                return -ECONNRESET;
-        }
-        body_len = gpumem__reply__get_packed_size(reply);
-        r = conn_frame_hdr(c, request_id, body_len, n_fds);
-        if (r < 0) {
-                gm_wire_close_fds(fds, n_fds);
-                return r;
-        }
-        gpumem__reply__pack(reply, c->m->tx_buf + GM_FRAME_HDR_SIZE);
-        return conn_send_frame(c, GM_FRAME_HDR_SIZE + body_len, fds, n_fds);
-}
-
-int conn_send_packed(Conn *c, uint32_t request_id, const uint8_t *body, size_t body_len)
-{
-        int r;
-
-        if (c->dead)
-                return -ECONNRESET;
-        r = conn_frame_hdr(c, request_id, body_len, 0);
-        if (r < 0)
-                return r;
-        memcpy(c->m->tx_buf + GM_FRAME_HDR_SIZE, body, body_len);
-        return conn_send_frame(c, GM_FRAME_HDR_SIZE + body_len, NULL, 0);
-}
-
-int conn_send_error(Conn *c, uint32_t request_id, int code, const char *reason)
-{
-        Gpumem__Reply reply = GPUMEM__REPLY__INIT;
-        Gpumem__Status st = GPUMEM__STATUS__INIT;
-
-        st.has_code = true;
-        st.code = code;
-        st.reason = (char *)(reason ? reason : "");
-        reply.status = &st;
-        return conn_send(c, request_id, &reply, NULL, 0);
-}
-
-static void conn_on_read(evutil_socket_t fd, short what, void *userdata)
-{
-        Conn *c = userdata;
-        Manager *m = c->m;
-
-        for (int i = 0; i < CONN_FRAMES_PER_WAKEUP && !c->dead; i++) {
-                int fds[GM_FRAME_MAX_FDS];
-                size_t n_fds = 0;
-                ssize_t n;
-
-                if (m->stopping)
-                        return;
-                if (c->out_count >= conn_inflight_limit(c)) {
-                        /* as many replies wait as this connection may have in flight: it waits, alone */
-                        metrics_deny(m->metrics, DENY_INFLIGHT);
-                        event_del(c->rd_ev);
-                        return;
-                }
-                /* The buffer is shared by all connections: a short packet refused for its control data must
-                 * not have its request id read from the previous packet's bytes. */
-                memset(m->rx_buf, 0, GM_FRAME_HDR_SIZE);
-                n = gm_wire_recv(c->fd, m->rx_buf, GM_FRAME_MAX, fds, &n_fds, MSG_DONTWAIT);
-                if (n == -EAGAIN)
-                        return;
-                if (n == 0 || n == -ECONNRESET) {
-                        conn_kill(c);
-                        return;
-                }
-                if (n == -EMSGSIZE || n == -EPROTO) {
-                        GmFrameHdr hdr;
-                        (void)gm_frame_parse(m->rx_buf, GM_FRAME_HDR_SIZE, 0, GM_PROTOCOL_VERSION, &hdr,
-                                             NULL);
-                        request_violation(c, hdr.request_id, (int)n,
-                                          n == -EMSGSIZE ? "frame larger than the maximum frame size"
-                                                         : "ancillary data truncated or not SCM_RIGHTS");
-                        return;
-                }
-                if (n < 0) {
-                        conn_kill(c);
-                        return;
-                }
-                request_handle(c, m->rx_buf, (size_t)n, fds, n_fds);
         }
 }

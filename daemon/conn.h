@@ -9,6 +9,7 @@
 
 #include "gpumem.pb-c.h"
 #include "log.h"
+#include "transport.h"
 #include "util.h"
 
 typedef struct Manager Manager;
@@ -27,14 +28,10 @@ typedef struct ConnIdentity {
         char *cgroup; /* unified-hierarchy path from /proc/PID/cgroup, or NULL */
 } ConnIdentity;
 
-typedef struct OutPacket OutPacket;
-
 typedef struct Conn {
         Manager *m;
         Conn *prev, *next;
-        int fd;
-        struct event *rd_ev;
-        struct event *wr_ev;
+        Transport t;            /* the socket, its frames and its reply queue */
         struct event *hello_ev; /* closes the connection if hello does not come in time */
         uint64_t id;
         ConnIdentity ident;
@@ -45,8 +42,6 @@ typedef struct Conn {
         bool admin;
         bool dead;
         Conn *dying_next; /* on the manager's list of killed connections until the loop frees them */
-        OutPacket *out_head, *out_tail;
-        size_t out_bytes;
         uint64_t requests;
         uint64_t connected_real_usec;
         ThunkVaSpace *window;
@@ -54,12 +49,10 @@ typedef struct Conn {
         ThunkVaSpace *window_rejected[4]; /* windows this client could not reserve, held until it leaves */
         unsigned n_window_rejected;
         LogRatelimit log_rl;
-        BrokerClient *broker;  /* the client's memory objects, from its first memory op */
-        ClassState *cls;       /* its policy class */
-        unsigned out_count;    /* replies queued, counted in the class's in-flight requests */
-        struct event *send_ev; /* drops the client when its queued replies do not move for send-timeout */
-        unsigned deferred;     /* requests that finish later (their reply slots are queued) */
-        bool free_when_idle;   /* conn_free() came while some were still pending */
+        BrokerClient *broker; /* the client's memory objects, from its first memory op */
+        ClassState *cls;      /* its policy class */
+        unsigned deferred;    /* requests that finish later (their reply slots are queued) */
+        bool free_when_idle;  /* conn_free() came while some were still pending */
 } Conn;
 
 /* Take ownership of an accepted socket @fd (closed on failure too). */
@@ -80,8 +73,8 @@ int conn_send(Conn *c, uint32_t request_id, const Gpumem__Reply *reply, int *fds
  * conn_deferred_end() is called once the request is done with the connection, which conn_free() keeps
  * alive until then.
  */
-int conn_slot_reserve(Conn *c, OutPacket **ret);
-int conn_slot_fill(Conn *c, OutPacket *slot, uint32_t request_id, const Gpumem__Reply *reply, int *fds,
+int conn_slot_reserve(Conn *c, TransportPacket **ret);
+int conn_slot_fill(Conn *c, TransportPacket *slot, uint32_t request_id, const Gpumem__Reply *reply, int *fds,
                    size_t n_fds);
 void conn_deferred_end(Conn *c);
 /* Send a reply whose body (a packed Reply) was made earlier, e.g. a cached one; no fds. */

@@ -292,7 +292,7 @@ static void on_drain_tick(evutil_socket_t fd, short what, void *userdata)
         /* Connections whose replies are all out can go; the rest get until the deadline. */
         for (Conn *c = m->conns, *next; c; c = next) {
                 next = c->next;
-                if (!c->out_head)
+                if (transport_idle(&c->t))
                         conn_kill(c);
         }
         if (m->n_conns == 0 || now_usec(CLOCK_MONOTONIC) >= m->drain_deadline_usec) {
@@ -315,7 +315,7 @@ static void on_signal_stop(evutil_socket_t sig, short what, void *userdata)
         event_del(m->listen_ev);
         event_del(m->accept_retry_ev);
         for (Conn *c = m->conns; c; c = c->next)
-                event_del(c->rd_ev);
+                transport_pause(&c->t, true);
         m->drain_deadline_usec = now_usec(CLOCK_MONOTONIC) + DRAIN_TIMEOUT_USEC;
         on_drain_tick(-1, 0, m);
 }

@@ -56,6 +56,7 @@ int op_hello(ReqCtx *r, const Gpumem__Request *req)
         c->name = sanitize_name(h->client_name);
         c->proto_version = (uint16_t)(h->protocol_version < GM_PROTOCOL_VERSION ? h->protocol_version
                                                                                 : GM_PROTOCOL_VERSION);
+        c->t.version = c->proto_version; /* replies now carry it */
         c->admin = classes_is_admin(m, c);
         conn_hello_done(c);
         driver_version(m->drv, &major, &minor);

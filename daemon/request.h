@@ -22,7 +22,7 @@ typedef struct ReqCtx {
         bool replied;
         uint32_t field;                       /* the op */
         Gpumem__Reply__ResultCase reply_case; /* what its successful reply carries (its table row) */
-        struct OutPacket *slot;               /* a deferred request's place in the reply queue */
+        TransportPacket *slot;                /* a deferred request's place in the reply queue */
         uint64_t t0;                          /* when it began, for the op's latency */
 } ReqCtx;
 

@@ -1,0 +1,386 @@
+/* A client's socket: one packet per wakeup in, replies out in request order, slots for late replies. */
+#include "transport.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+
+#include "frame.h"
+#include "util.h"
+#include "wire.h"
+
+/* Queued reply bytes beyond which a client that does not read is dropped. */
+#define TRANSPORT_OUT_MAX (1024u * 1024u)
+
+/*
+ * A reply waiting for the socket, or (hole) the place of one that a request finishing later will fill:
+ * replies leave in the order their requests came, so nothing behind a hole is sent before it.
+ */
+struct TransportPacket {
+        TransportPacket *next;
+        bool hole;
+        size_t len;
+        size_t n_fds;
+        int fds[GM_FRAME_MAX_FDS];
+        uint8_t *data;
+};
+
+static void packet_free(TransportPacket *p)
+{
+        gm_wire_close_fds(p->fds, p->n_fds);
+        free(p->data);
+        free(p);
+}
+
+static void packet_fill(TransportPacket *p, const uint8_t *buf, size_t len, const int *fds, size_t n_fds)
+{
+        p->len = len;
+        p->n_fds = n_fds;
+        if (n_fds) /* fds is NULL when there are none */
+                memcpy(p->fds, fds, n_fds * sizeof(int));
+        memcpy(p->data, buf, len);
+}
+
+/* The peer is gone or the socket failed: stop, and let the owner end the connection. */
+static void fail(Transport *t)
+{
+        if (t->dead)
+                return;
+        transport_stop(t);
+        t->ops->closed(t->owner);
+}
+
+/* The queue moved (or began): the client has send-timeout seconds until it moves again. */
+static void send_timer_restart(Transport *t)
+{
+        struct timeval tv = {(time_t)*t->send_timeout_sec, 0};
+
+        if (t->send_ev && *t->send_timeout_sec)
+                evtimer_add(t->send_ev, &tv);
+}
+
+/* A reply has waited since the queue last moved: a client that does not read is dropped, so it cannot hold
+ * its connection slot, its class's counts and its memory for ever. */
+static void on_send_timeout(evutil_socket_t fd, short what, void *userdata)
+{
+        Transport *t = userdata;
+
+        /* a reply the daemon has not made yet is no fault of the client's */
+        if (t->dead || !t->out_head || t->out_head->hole)
+                return;
+        t->ops->stalled(t->owner);
+}
+
+/* Queue @p; it counts in flight until it is sent. At the limit reading stops, for this connection alone. */
+static void out_append(Transport *t, TransportPacket *p)
+{
+        bool limited;
+
+        p->next = NULL;
+        if (t->out_tail)
+                t->out_tail->next = p;
+        else
+                t->out_head = p;
+        t->out_tail = p;
+        t->out_count++;
+        limited = t->out_count >= t->ops->inflight_limit(t->owner);
+        if (limited)
+                event_del(t->rd_ev);
+        t->ops->inflight(t->owner, +1, limited);
+}
+
+static int flush(Transport *t)
+{
+        while (t->out_head && !t->out_head->hole) {
+                TransportPacket *p = t->out_head;
+                int r = gm_wire_send(t->fd, p->data, p->len, NULL, 0, p->fds, p->n_fds, MSG_DONTWAIT);
+                if (r == -EAGAIN)
+                        return 0;
+                if (r < 0)
+                        return r;
+                t->out_head = p->next;
+                if (!t->out_head)
+                        t->out_tail = NULL;
+                t->out_bytes -= p->len;
+                packet_free(p);
+                t->out_count--;
+                t->ops->inflight(t->owner, -1, false);
+                send_timer_restart(t);
+                /* below its in-flight limit again: read it (replies keep their order in the queue) */
+                if (!t->paused && !t->dead && t->out_count < t->ops->inflight_limit(t->owner))
+                        event_add(t->rd_ev, NULL);
+        }
+        /* empty, or waiting for a reply still being made: nothing to write, and no stall of the client's */
+        event_del(t->wr_ev);
+        event_del(t->send_ev);
+        return 0;
+}
+
+static void on_write(evutil_socket_t fd, short what, void *userdata)
+{
+        Transport *t = userdata;
+
+        if (flush(t) < 0)
+                fail(t);
+}
+
+/* Frames handled per wakeup before yielding to other clients. One: the loop is level-triggered, so a
+ * client with more queued comes round again, others get their turn in between, and a client waiting for
+ * its reply costs no extra recvmsg that would only say EAGAIN. */
+static void on_read(evutil_socket_t fd, short what, void *userdata)
+{
+        Transport *t = userdata;
+        int fds[GM_FRAME_MAX_FDS];
+        size_t n_fds = 0;
+        ssize_t n;
+
+        if (t->dead || t->paused)
+                return;
+        if (t->out_count >= t->ops->inflight_limit(t->owner)) {
+                /* as many replies wait as this connection may have in flight: it waits, alone */
+                event_del(t->rd_ev);
+                t->ops->inflight(t->owner, 0, true);
+                return;
+        }
+        /* The buffer is shared by all connections: a short packet refused for its control data must not have
+         * its request id read from the previous packet's bytes. */
+        memset(t->rx_buf, 0, GM_FRAME_HDR_SIZE);
+        n = gm_wire_recv(t->fd, t->rx_buf, GM_FRAME_MAX, fds, &n_fds, MSG_DONTWAIT);
+        if (n == -EAGAIN)
+                return;
+        if (n == -EMSGSIZE || n == -EPROTO) {
+                GmFrameHdr hdr = {0};
+                (void)gm_frame_parse(t->rx_buf, GM_FRAME_HDR_SIZE, 0, GM_PROTOCOL_VERSION, &hdr, NULL);
+                t->ops->refused(t->owner, (int)n, hdr.request_id);
+                return;
+        }
+        if (n <= 0) {
+                fail(t);
+                return;
+        }
+        t->ops->packet(t->owner, t->rx_buf, (size_t)n, fds, n_fds);
+}
+
+int transport_init(Transport *t, struct event_base *base, int fd, uint8_t *rx_buf, uint8_t *tx_buf,
+                   const uint32_t *send_timeout_sec, const TransportOps *ops, void *owner)
+{
+        memset(t, 0, sizeof(*t));
+        t->fd = fd;
+        t->ops = ops;
+        t->owner = owner;
+        t->rx_buf = rx_buf;
+        t->tx_buf = tx_buf;
+        t->send_timeout_sec = send_timeout_sec;
+        t->rd_ev = event_new(base, fd, EV_READ | EV_PERSIST, on_read, t);
+        t->wr_ev = event_new(base, fd, EV_WRITE | EV_PERSIST, on_write, t);
+        t->send_ev = evtimer_new(base, on_send_timeout, t);
+        if (!t->rd_ev || !t->wr_ev || !t->send_ev || event_add(t->rd_ev, NULL) < 0)
+                return -ENOMEM;
+        return 0;
+}
+
+void transport_done(Transport *t)
+{
+        if (t->rd_ev)
+                event_free(t->rd_ev);
+        if (t->wr_ev)
+                event_free(t->wr_ev);
+        if (t->send_ev)
+                event_free(t->send_ev);
+        t->rd_ev = t->wr_ev = t->send_ev = NULL;
+        while (t->out_head) {
+                TransportPacket *p = t->out_head;
+                t->out_head = p->next;
+                packet_free(p);
+                t->out_count--;
+                t->ops->inflight(t->owner, -1, false);
+        }
+        t->out_tail = NULL;
+        t->fd = safe_close(t->fd);
+}
+
+void transport_stop(Transport *t)
+{
+        if (t->dead)
+                return;
+        /* Consume what the client sent and we will never read: closing over unread data makes the kernel
+         * report a reset to the client before it has read our last (error) frame. */
+        for (int i = 0; i < 64; i++) {
+                /* a small buffer: the packet is consumed whole anyway (-EMSGSIZE), and the frame being
+                 * handled may still sit in the shared receive buffer */
+                uint8_t scratch[64];
+                int fds[GM_FRAME_MAX_FDS];
+                size_t n_fds = 0;
+                ssize_t n = gm_wire_recv(t->fd, scratch, sizeof(scratch), fds, &n_fds, MSG_DONTWAIT);
+                if (n > 0)
+                        gm_wire_close_fds(fds, n_fds);
+                else if (n != -EMSGSIZE && n != -EPROTO)
+                        break;
+        }
+        t->dead = true;
+        if (t->rd_ev)
+                event_del(t->rd_ev);
+        if (t->wr_ev)
+                event_del(t->wr_ev);
+        if (t->send_ev)
+                event_del(t->send_ev);
+}
+
+void transport_pause(Transport *t, bool paused)
+{
+        t->paused = paused;
+        if (paused)
+                event_del(t->rd_ev);
+        else if (!t->dead && t->out_count < t->ops->inflight_limit(t->owner))
+                event_add(t->rd_ev, NULL);
+}
+
+bool transport_idle(const Transport *t)
+{
+        return !t->out_head;
+}
+
+/* The frame header for @body_len bytes of body, in the transmit buffer. */
+static int frame_hdr(Transport *t, uint32_t request_id, size_t body_len, size_t n_fds)
+{
+        int r = gm_frame_hdr_encode(t->tx_buf, t->version ? t->version : GM_PROTOCOL_VERSION, request_id,
+                                    (uint32_t)body_len, (unsigned)n_fds);
+        if (r < 0)
+                return r;
+        return body_len > GM_FRAME_BODY_MAX ? -EMSGSIZE : 0;
+}
+
+/* Send the frame in the transmit buffer (header and body, @len bytes), or queue it. */
+static int send_frame(Transport *t, size_t len, int *fds, size_t n_fds)
+{
+        TransportPacket *p;
+        int r;
+
+        if (!t->out_head) {
+                r = gm_wire_send(t->fd, t->tx_buf, len, NULL, 0, fds, n_fds, MSG_DONTWAIT);
+                if (r != -EAGAIN) {
+                        gm_wire_close_fds(fds, n_fds);
+                        if (r < 0)
+                                fail(t);
+                        return r;
+                }
+        }
+        if (t->out_bytes + len > TRANSPORT_OUT_MAX) {
+                gm_wire_close_fds(fds, n_fds);
+                fail(t);
+                return -ENOBUFS;
+        }
+        p = calloc(1, sizeof(*p));
+        if (p)
+                p->data = malloc(len);
+        if (!p || !p->data) {
+                free(p);
+                gm_wire_close_fds(fds, n_fds);
+                fail(t);
+                return -ENOMEM;
+        }
+        packet_fill(p, t->tx_buf, len, fds, n_fds);
+        t->out_bytes += len;
+        out_append(t, p);
+        if (!t->out_head->hole) {
+                if (t->out_head == p)
+                        send_timer_restart(t);
+                event_add(t->wr_ev, NULL);
+        }
+        return 0;
+}
+
+int transport_send(Transport *t, uint32_t request_id, const Gpumem__Reply *reply, int *fds, size_t n_fds)
+{
+        size_t body_len;
+        int r;
+
+        if (t->dead) {
+                gm_wire_close_fds(fds, n_fds);
+                return -ECONNRESET;
+        }
+        body_len = gpumem__reply__get_packed_size(reply);
+        r = frame_hdr(t, request_id, body_len, n_fds);
+        if (r < 0) {
+                gm_wire_close_fds(fds, n_fds);
+                return r;
+        }
+        gpumem__reply__pack(reply, t->tx_buf + GM_FRAME_HDR_SIZE);
+        return send_frame(t, GM_FRAME_HDR_SIZE + body_len, fds, n_fds);
+}
+
+int transport_send_packed(Transport *t, uint32_t request_id, const uint8_t *body, size_t body_len)
+{
+        int r;
+
+        if (t->dead)
+                return -ECONNRESET;
+        r = frame_hdr(t, request_id, body_len, 0);
+        if (r < 0)
+                return r;
+        memcpy(t->tx_buf + GM_FRAME_HDR_SIZE, body, body_len);
+        return send_frame(t, GM_FRAME_HDR_SIZE + body_len, NULL, 0);
+}
+
+int transport_send_error(Transport *t, uint32_t request_id, int code, const char *reason)
+{
+        Gpumem__Reply reply = GPUMEM__REPLY__INIT;
+        Gpumem__Status st = GPUMEM__STATUS__INIT;
+
+        st.has_code = true;
+        st.code = code;
+        st.reason = (char *)(reason ? reason : "");
+        reply.status = &st;
+        return transport_send(t, request_id, &reply, NULL, 0);
+}
+
+int transport_slot_reserve(Transport *t, TransportPacket **ret)
+{
+        TransportPacket *p;
+
+        if (t->dead)
+                return -ECONNRESET;
+        p = calloc(1, sizeof(*p));
+        if (!p)
+                return -ENOMEM;
+        p->hole = true;
+        out_append(t, p);
+        *ret = p;
+        return 0;
+}
+
+int transport_slot_fill(Transport *t, TransportPacket *slot, uint32_t request_id, const Gpumem__Reply *reply,
+                        int *fds, size_t n_fds)
+{
+        size_t body_len = gpumem__reply__get_packed_size(reply);
+        int r;
+
+        if (t->dead) {
+                gm_wire_close_fds(fds, n_fds);
+                return -ECONNRESET;
+        }
+        r = frame_hdr(t, request_id, body_len, n_fds);
+        if (r < 0) {
+                gm_wire_close_fds(fds, n_fds);
+                return r;
+        }
+        slot->data = malloc(GM_FRAME_HDR_SIZE + body_len);
+        if (!slot->data) {
+                gm_wire_close_fds(fds, n_fds);
+                fail(t);
+                return -ENOMEM;
+        }
+        gpumem__reply__pack(reply, t->tx_buf + GM_FRAME_HDR_SIZE);
+        packet_fill(slot, t->tx_buf, GM_FRAME_HDR_SIZE + body_len, fds, n_fds);
+        slot->hole = false;
+        t->out_bytes += slot->len;
+        if (t->out_head == slot) {
+                send_timer_restart(t);
+                if (flush(t) < 0)
+                        fail(t);
+                else if (t->out_head && !t->out_head->hole)
+                        event_add(t->wr_ev, NULL);
+        }
+        return 0;
+}
