@@ -106,18 +106,6 @@ struct BrokerClient {
         size_t teardown_iter;
 };
 
-int why_set(Why *w, int err, const char *fmt, ...)
-{
-        va_list ap;
-
-        if (w) {
-                va_start(ap, fmt);
-                vsnprintf(w->msg, sizeof(w->msg), fmt, ap);
-                va_end(ap);
-        }
-        return err;
-}
-
 static int gpu_index(const Broker *b, uint32_t gpu_id)
 {
         for (size_t i = 0; i < b->n_gpus; i++)
@@ -266,7 +254,7 @@ uint64_t broker_client_records(const BrokerClient *c)
 }
 
 /* The GPU VM device memory lives in: the client's own where the driver has one per client. */
-static int client_ctx(BrokerClient *c, DriverCtx **ret, Why *w)
+static int client_ctx(BrokerClient *c, DriverCtx **ret, Reason *w)
 {
         int r;
 
@@ -274,8 +262,8 @@ static int client_ctx(BrokerClient *c, DriverCtx **ret, Why *w)
                 if (driver_has(c->b->drv, DRIVER_CAP_PRIVATE_VM)) {
                         r = driver_ctx_new(c->b->drv, &c->ctx);
                         if (r < 0)
-                                return why_set(w, r, "cannot create a GPU VM for this client: %s",
-                                               strerror(-r));
+                                return reason_set(w, r, "cannot create a GPU VM for this client: %s",
+                                                  strerror(-r));
                         c->own_ctx = true;
                 } else {
                         c->ctx = c->b->primary;
@@ -468,7 +456,7 @@ void broker_process_events(Broker *b)
 /* Replace *@fd by a file of its own opened read-only for the same memory: its holder cannot map it writable.
  * The model's dmabufs and memfds can be opened again; a dmabuf of the kernel cannot: -EOPNOTSUPP, and
  * *@fd is closed either way. */
-static int make_read_only(int *fd, Why *w)
+static int make_read_only(int *fd, Reason *w)
 {
         char path[64];
         int ro;
@@ -479,8 +467,8 @@ static int make_read_only(int *fd, Why *w)
                 ro = -errno;
         *fd = safe_close(*fd);
         if (ro < 0)
-                return why_set(w, -EOPNOTSUPP, "this memory cannot be handed out read-only: %s",
-                               strerror(-ro));
+                return reason_set(w, -EOPNOTSUPP, "this memory cannot be handed out read-only: %s",
+                                  strerror(-ro));
         *fd = ro;
         return 0;
 }
@@ -532,18 +520,18 @@ void broker_client_set_account(BrokerClient *c, BrokerAccount *a)
 }
 
 /* May this client's class use @gpu_id? */
-static int gpu_allowed(const BrokerClient *c, uint32_t gpu_id, Why *w)
+static int gpu_allowed(const BrokerClient *c, uint32_t gpu_id, Reason *w)
 {
         int gi = gpu_index(c->b, gpu_id);
 
         if (gi < 0)
-                return why_set(w, -ENODEV, "no GPU with id %u", gpu_id);
+                return reason_set(w, -ENODEV, "no GPU with id %u", gpu_id);
         if (c->acct && !(c->acct->allowed_gpus & (1ull << gi)))
-                return why_set(w, -EACCES, "class '%s' may not use GPU %u", c->acct->name, gpu_id);
+                return reason_set(w, -EACCES, "class '%s' may not use GPU %u", c->acct->name, gpu_id);
         return 0;
 }
 
-static int gpus_allowed(const BrokerClient *c, const uint32_t *ids, size_t n, Why *w)
+static int gpus_allowed(const BrokerClient *c, const uint32_t *ids, size_t n, Reason *w)
 {
         for (size_t i = 0; i < n; i++) {
                 int r = gpu_allowed(c, ids[i], w);
@@ -553,31 +541,31 @@ static int gpus_allowed(const BrokerClient *c, const uint32_t *ids, size_t n, Wh
         return 0;
 }
 
-static int over(Why *w, const BrokerAccount *a, const char *what, uint64_t limit, uint64_t used,
+static int over(Reason *w, const BrokerAccount *a, const char *what, uint64_t limit, uint64_t used,
                 uint64_t asked, bool bytes)
 {
         char b1[32], b2[32], b3[32];
 
         if (!bytes)
-                return why_set(w, -EDQUOT, "class '%s' %s limit: %llu in use of %llu", a->name, what,
-                               (unsigned long long)used, (unsigned long long)limit);
-        return why_set(w, -EDQUOT, "class '%s' %s limit: %s in use of %s, %s asked", a->name, what,
-                       human(used, b1, sizeof(b1)), human(limit, b2, sizeof(b2)),
-                       human(asked, b3, sizeof(b3)));
+                return reason_set(w, -EDQUOT, "class '%s' %s limit: %llu in use of %llu", a->name, what,
+                                  (unsigned long long)used, (unsigned long long)limit);
+        return reason_set(w, -EDQUOT, "class '%s' %s limit: %s in use of %s, %s asked", a->name, what,
+                          human(used, b1, sizeof(b1)), human(limit, b2, sizeof(b2)),
+                          human(asked, b3, sizeof(b3)));
 }
 
 /* One request larger than the class allows for a single one. */
-static int over_one(Why *w, const BrokerAccount *a, const char *what, uint64_t limit, uint64_t asked)
+static int over_one(Reason *w, const BrokerAccount *a, const char *what, uint64_t limit, uint64_t asked)
 {
         char b1[32], b2[32];
 
-        return why_set(w, -EDQUOT, "class '%s' %s limit: at most %s, %s asked", a->name, what,
-                       human(limit, b1, sizeof(b1)), human(asked, b2, sizeof(b2)));
+        return reason_set(w, -EDQUOT, "class '%s' %s limit: at most %s, %s asked", a->name, what,
+                          human(limit, b1, sizeof(b1)), human(asked, b2, sizeof(b2)));
 }
 
 /* Would one more object of @kind with @bytes (on @gpu_id for VRAM) stay within the class's limits? */
 static int quota_check(const BrokerClient *c, BrokerKind kind, uint32_t gpu_id, uint64_t bytes, bool holds_fd,
-                       Why *w)
+                       Reason *w)
 {
         const BrokerAccount *a = c->acct;
         const BrokerUsage *u;
@@ -691,108 +679,109 @@ static uint64_t default_align(uint64_t size)
         return a;
 }
 
-static int check_gpus(const Broker *b, const uint32_t *ids, size_t n, Why *w)
+static int check_gpus(const Broker *b, const uint32_t *ids, size_t n, Reason *w)
 {
         for (size_t i = 0; i < n; i++) {
                 if (gpu_index(b, ids[i]) < 0)
-                        return why_set(w, -ENODEV, "no GPU with id %u", ids[i]);
+                        return reason_set(w, -ENODEV, "no GPU with id %u", ids[i]);
                 for (size_t k = 0; k < i; k++)
                         if (ids[k] == ids[i])
-                                return why_set(w, -EINVAL, "GPU %u listed twice", ids[i]);
+                                return reason_set(w, -EINVAL, "GPU %u listed twice", ids[i]);
         }
         return 0;
 }
 
-static int check_flags(uint32_t f, Why *w)
+static int check_flags(uint32_t f, Reason *w)
 {
         if (f & ~(uint32_t)_BROKER_FLAG_ALL)
-                return why_set(w, -EINVAL, "unknown allocation flags 0x%x", f & ~(uint32_t)_BROKER_FLAG_ALL);
+                return reason_set(w, -EINVAL, "unknown allocation flags 0x%x",
+                                  f & ~(uint32_t)_BROKER_FLAG_ALL);
         /* the same combinations libhsakmt refuses */
         if ((f & BROKER_FLAG_EXT_COHERENT) && !(f & BROKER_FLAG_COHERENT))
-                return why_set(w, -EINVAL, "extended coherence needs fine-grained (coherent) memory");
+                return reason_set(w, -EINVAL, "extended coherence needs fine-grained (coherent) memory");
         if ((f & BROKER_FLAG_EXT_COHERENT) && (f & BROKER_FLAG_UNCACHED))
-                return why_set(w, -EINVAL, "extended coherence and uncached exclude each other");
+                return reason_set(w, -EINVAL, "extended coherence and uncached exclude each other");
         return 0;
 }
 
 /* Reserve VA in the client's window. */
 static int take_va(BrokerClient *c, uint64_t size, uint64_t align, uint64_t fixed, Obj *o, uint64_t *ret,
-                   Why *w)
+                   Reason *w)
 {
         char b1[32];
         int r;
 
         if (fixed) {
                 if (fixed % align)
-                        return why_set(w, -EINVAL, "address 0x%llx is not aligned to %s",
-                                       (unsigned long long)fixed, human(align, b1, sizeof(b1)));
+                        return reason_set(w, -EINVAL, "address 0x%llx is not aligned to %s",
+                                          (unsigned long long)fixed, human(align, b1, sizeof(b1)));
                 r = thunk_va_alloc_fixed(c->window, fixed, size, o);
                 if (r == -ERANGE || r == -EOVERFLOW)
-                        return why_set(w, -EINVAL, "0x%llx+0x%llx is outside this client's VA window",
-                                       (unsigned long long)fixed, (unsigned long long)size);
+                        return reason_set(w, -EINVAL, "0x%llx+0x%llx is outside this client's VA window",
+                                          (unsigned long long)fixed, (unsigned long long)size);
                 if (r == -EADDRINUSE)
-                        return why_set(w, r, "0x%llx+0x%llx overlaps memory this client already has",
-                                       (unsigned long long)fixed, (unsigned long long)size);
+                        return reason_set(w, r, "0x%llx+0x%llx overlaps memory this client already has",
+                                          (unsigned long long)fixed, (unsigned long long)size);
                 if (r < 0)
-                        return why_set(w, r, "cannot place 0x%llx: %s", (unsigned long long)fixed,
-                                       strerror(-r));
+                        return reason_set(w, r, "cannot place 0x%llx: %s", (unsigned long long)fixed,
+                                          strerror(-r));
                 *ret = fixed;
                 return 0;
         }
         r = thunk_va_alloc(c->window, size, align, o, ret);
         if (r == -ENOMEM)
-                return why_set(w, r, "no room for %s in this client's VA window",
-                               human(size, b1, sizeof(b1)));
+                return reason_set(w, r, "no room for %s in this client's VA window",
+                                  human(size, b1, sizeof(b1)));
         if (r < 0)
-                return why_set(w, r, "cannot place %s in the VA window: %s", human(size, b1, sizeof(b1)),
-                               strerror(-r));
+                return reason_set(w, r, "cannot place %s in the VA window: %s", human(size, b1, sizeof(b1)),
+                                  strerror(-r));
         return 0;
 }
 
-static int check_size(uint64_t size, uint64_t window, uint64_t *ret_rounded, Why *w)
+static int check_size(uint64_t size, uint64_t window, uint64_t *ret_rounded, Reason *w)
 {
         char b1[32];
 
         if (size == 0)
-                return why_set(w, -EINVAL, "size 0");
+                return reason_set(w, -EINVAL, "size 0");
         if (size > UINT64_MAX - BROKER_PAGE_SIZE)
-                return why_set(w, -EOVERFLOW, "size %llu overflows", (unsigned long long)size);
+                return reason_set(w, -EOVERFLOW, "size %llu overflows", (unsigned long long)size);
         *ret_rounded = (size + BROKER_PAGE_SIZE - 1) & ~(BROKER_PAGE_SIZE - 1);
         if (*ret_rounded > window)
-                return why_set(w, -ENOMEM, "size %llu is larger than this client's %s VA window",
-                               (unsigned long long)size, human(window, b1, sizeof(b1)));
+                return reason_set(w, -ENOMEM, "size %llu is larger than this client's %s VA window",
+                                  (unsigned long long)size, human(window, b1, sizeof(b1)));
         return 0;
 }
 
-static int check_alignment(uint64_t align, Why *w)
+static int check_alignment(uint64_t align, Reason *w)
 {
         if (align && (align < BROKER_PAGE_SIZE || (align & (align - 1)) || align > (1ull << 30)))
-                return why_set(w, -EINVAL, "alignment %llu is not a power of two between 4 KiB and 1 GiB",
-                               (unsigned long long)align);
+                return reason_set(w, -EINVAL, "alignment %llu is not a power of two between 4 KiB and 1 GiB",
+                                  (unsigned long long)align);
         return 0;
 }
 
 /* Create the shared pages of host or managed memory and map them at va in the daemon. */
-static int shared_pages(uint64_t va, uint64_t size, const char *name, int *ret_fd, Why *w)
+static int shared_pages(uint64_t va, uint64_t size, const char *name, int *ret_fd, Reason *w)
 {
         int fd = memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
         void *p;
 
         if (fd < 0)
-                return why_set(w, -errno, "memfd_create: %s", strerror(errno));
+                return reason_set(w, -errno, "memfd_create: %s", strerror(errno));
         /* sealed at its size: a client holding the fd cannot shrink it under the daemon and the importers */
         if (ftruncate(fd, (off_t)size) < 0 ||
             fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0) {
                 int r = -errno;
                 close(fd);
-                return why_set(w, r, "cannot size shared memory: %s", strerror(-r));
+                return reason_set(w, r, "cannot size shared memory: %s", strerror(-r));
         }
         p = mmap((void *)(uintptr_t)va, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0);
         if (p == MAP_FAILED) {
                 int r = -errno;
                 close(fd);
                 reserve_again(va, size);
-                return why_set(w, r, "cannot map shared memory: %s", strerror(-r));
+                return reason_set(w, r, "cannot map shared memory: %s", strerror(-r));
         }
         *ret_fd = fd;
         return 0;
@@ -805,7 +794,7 @@ static bool host_has_node(int node)
                numa_bitmask_isbitset(numa_all_nodes_ptr, (unsigned)node);
 }
 
-static int alloc_device(BrokerClient *c, const BrokerAllocArgs *a, Obj *o, BrokerAllocResult *res, Why *w)
+static int alloc_device(BrokerClient *c, const BrokerAllocArgs *a, Obj *o, BrokerAllocResult *res, Reason *w)
 {
         uint32_t gpu = a->gpu_id;
         const uint32_t *map = a->n_map_gpus ? a->map_gpus : &gpu;
@@ -819,19 +808,19 @@ static int alloc_device(BrokerClient *c, const BrokerAllocArgs *a, Obj *o, Broke
                 return r;
         r = driver_mem_alloc_vram(c->b->drv, ctx, gpu, o->va, o->size, a->flags, &o->mem);
         if (r == -ENOMEM)
-                return why_set(w, r, "GPU %u has no room for %s of VRAM", gpu,
-                               human(o->size, b1, sizeof(b1)));
+                return reason_set(w, r, "GPU %u has no room for %s of VRAM", gpu,
+                                  human(o->size, b1, sizeof(b1)));
         if (r == -EOPNOTSUPP)
-                return why_set(w, r, "the driver cannot give contiguous VRAM (KFD: ABI 1.16)");
+                return reason_set(w, r, "the driver cannot give contiguous VRAM (KFD: ABI 1.16)");
         if (r == -EINVAL && (a->flags & BROKER_FLAG_HOST_VISIBLE))
-                return why_set(w, r, "GPU %u cannot give host-visible VRAM (small BAR)", gpu);
+                return reason_set(w, r, "GPU %u cannot give host-visible VRAM (small BAR)", gpu);
         if (r < 0)
-                return why_set(w, r, "the driver refused the allocation: %s", strerror(-r));
+                return reason_set(w, r, "the driver refused the allocation: %s", strerror(-r));
         r = driver_mem_map(c->b->drv, o->mem, map, n_map);
         if (r < 0) {
                 (void)driver_mem_free(c->b->drv, o->mem);
                 o->mem = NULL;
-                return why_set(w, r, "cannot map the allocation on the GPUs asked for: %s", strerror(-r));
+                return reason_set(w, r, "cannot map the allocation on the GPUs asked for: %s", strerror(-r));
         }
         if (a->flags & BROKER_FLAG_HOST_VISIBLE) {
                 r = driver_mem_export(c->b->drv, o->mem, &res->fd);
@@ -839,14 +828,15 @@ static int alloc_device(BrokerClient *c, const BrokerAllocArgs *a, Obj *o, Broke
                         (void)driver_mem_unmap_all(c->b->drv, o->mem);
                         (void)driver_mem_free(c->b->drv, o->mem);
                         o->mem = NULL;
-                        return why_set(w, r, "cannot export the allocation for CPU access: %s", strerror(-r));
+                        return reason_set(w, r, "cannot export the allocation for CPU access: %s",
+                                          strerror(-r));
                 }
         }
         return 0;
 }
 
 /* Host memory, first step: the shared pages at the object's VA, bound to the NUMA node asked for. */
-static int host_pages(BrokerClient *c, const BrokerAllocArgs *a, Obj *o, Why *w)
+static int host_pages(BrokerClient *c, const BrokerAllocArgs *a, Obj *o, Reason *w)
 {
         Broker *b = c->b;
         uint32_t gpu = a->gpu_id ? a->gpu_id : b->gpu_ids[0];
@@ -854,10 +844,10 @@ static int host_pages(BrokerClient *c, const BrokerAllocArgs *a, Obj *o, Why *w)
         int r;
 
         if (node < -1)
-                return why_set(w, -EINVAL, "NUMA node %d: a node number, or -1 for the one nearest the GPU",
-                               node);
+                return reason_set(w, -EINVAL,
+                                  "NUMA node %d: a node number, or -1 for the one nearest the GPU", node);
         if (node >= 0 && !host_has_node(node))
-                return why_set(w, -EINVAL, "NUMA node %d does not exist on this host", node);
+                return reason_set(w, -EINVAL, "NUMA node %d does not exist on this host", node);
         if (node < 0) {
                 int nearest = b->gpu_numa[gpu_index(b, gpu)];
                 node = host_has_node(nearest) ? nearest : -1;
@@ -870,8 +860,8 @@ static int host_pages(BrokerClient *c, const BrokerAllocArgs *a, Obj *o, Why *w)
                 mask[node / (8 * sizeof(long))] |= 1ul << (node % (8 * sizeof(long)));
                 if (mbind((void *)(uintptr_t)o->va, o->size, MPOL_BIND, mask, sizeof(mask) * 8,
                           MPOL_MF_STRICT) < 0) {
-                        r = why_set(w, -errno, "cannot bind the memory to NUMA node %d: %s", node,
-                                    strerror(errno));
+                        r = reason_set(w, -errno, "cannot bind the memory to NUMA node %d: %s", node,
+                                       strerror(errno));
                         unmap_shared(b, o->va, o->size, false);
                         o->memfd = safe_close(o->memfd);
                         return r;
@@ -893,20 +883,20 @@ static int host_populate(uint64_t va, uint64_t size)
 /* Last step: register the populated pages with the driver, map them, and dup the fd for the client. On
  * failure the pages are gone too. */
 static int host_register(BrokerClient *c, const BrokerAllocArgs *a, Obj *o, int populated,
-                         BrokerAllocResult *res, Why *w)
+                         BrokerAllocResult *res, Reason *w)
 {
         Broker *b = c->b;
         uint32_t gpu = a->gpu_id ? a->gpu_id : b->gpu_ids[0];
         int r = populated;
 
         if (r < 0) {
-                why_set(w, r, "cannot populate %llu bytes of host memory: %s", (unsigned long long)o->size,
-                        strerror(-r));
+                reason_set(w, r, "cannot populate %llu bytes of host memory: %s", (unsigned long long)o->size,
+                           strerror(-r));
                 goto fail;
         }
         r = driver_mem_register_host(b->drv, gpu, o->va, o->size, a->flags, &o->mem);
         if (r < 0) {
-                why_set(w, r, "the driver refused to register host memory: %s", strerror(-r));
+                reason_set(w, r, "the driver refused to register host memory: %s", strerror(-r));
                 goto fail;
         }
         if (a->n_map_gpus) {
@@ -921,14 +911,14 @@ static int host_register(BrokerClient *c, const BrokerAllocArgs *a, Obj *o, int 
                 r = n ? driver_mem_map(c->b->drv, o->mem, ids, n) : 0;
         }
         if (r < 0) {
-                why_set(w, r, "cannot map host memory on the GPUs: %s", strerror(-r));
+                reason_set(w, r, "cannot map host memory on the GPUs: %s", strerror(-r));
                 (void)driver_mem_free(c->b->drv, o->mem);
                 o->mem = NULL;
                 goto fail;
         }
         res->fd = fcntl(o->memfd, F_DUPFD_CLOEXEC, 3);
         if (res->fd < 0) {
-                r = why_set(w, -errno, "cannot duplicate the memory fd: %s", strerror(errno));
+                r = reason_set(w, -errno, "cannot duplicate the memory fd: %s", strerror(errno));
                 (void)driver_mem_unmap_all(c->b->drv, o->mem);
                 (void)driver_mem_free(c->b->drv, o->mem);
                 o->mem = NULL;
@@ -941,7 +931,7 @@ fail:
         return r;
 }
 
-static int alloc_host(BrokerClient *c, const BrokerAllocArgs *a, Obj *o, BrokerAllocResult *res, Why *w)
+static int alloc_host(BrokerClient *c, const BrokerAllocArgs *a, Obj *o, BrokerAllocResult *res, Reason *w)
 {
         int r = host_pages(c, a, o, w);
 
@@ -950,32 +940,32 @@ static int alloc_host(BrokerClient *c, const BrokerAllocArgs *a, Obj *o, BrokerA
         return host_register(c, a, o, host_populate(o->va, o->size), res, w);
 }
 
-static int alloc_managed(BrokerClient *c, const BrokerAllocArgs *a, Obj *o, BrokerAllocResult *res, Why *w)
+static int alloc_managed(BrokerClient *c, const BrokerAllocArgs *a, Obj *o, BrokerAllocResult *res, Reason *w)
 {
         Broker *b = c->b;
         int r;
 
         if (!driver_has(b->drv, DRIVER_CAP_MANAGED))
-                return why_set(w, -EOPNOTSUPP, "managed memory needs the driver's SVM API (KFD: ABI 1.5)");
+                return reason_set(w, -EOPNOTSUPP, "managed memory needs the driver's SVM API (KFD: ABI 1.5)");
         if (a->flags & ~(uint32_t)(BROKER_FLAG_COHERENT | BROKER_FLAG_READ_ONLY | BROKER_FLAG_EXECUTABLE |
                                    BROKER_FLAG_EXT_COHERENT))
-                return why_set(w, -EINVAL,
-                               "managed memory takes only coherent, ext-coherent, read-only and "
-                               "executable flags");
+                return reason_set(w, -EINVAL,
+                                  "managed memory takes only coherent, ext-coherent, read-only and "
+                                  "executable flags");
         r = shared_pages(o->va, o->size, "gpumem-managed", &o->memfd, w);
         if (r < 0)
                 return r;
         r = driver_managed_register(b->drv, o->va, o->size, a->flags);
         if (r < 0) {
-                why_set(w, r,
-                        r == -ENOMEM ? "the driver's system memory limit has no room for this range"
-                                     : "the driver refused the managed range: %s",
-                        strerror(-r));
+                reason_set(w, r,
+                           r == -ENOMEM ? "the driver's system memory limit has no room for this range"
+                                        : "the driver refused the managed range: %s",
+                           strerror(-r));
                 goto fail;
         }
         res->fd = fcntl(o->memfd, F_DUPFD_CLOEXEC, 3);
         if (res->fd < 0) {
-                r = why_set(w, -errno, "cannot duplicate the memory fd: %s", strerror(errno));
+                r = reason_set(w, -errno, "cannot duplicate the memory fd: %s", strerror(errno));
                 goto fail;
         }
         return 0;
@@ -986,7 +976,7 @@ fail:
 }
 
 /* Check an allocation, reserve its quota-checked VA: the object, not published yet. */
-static int alloc_prepare(BrokerClient *c, const BrokerAllocArgs *a, Obj **ret, Why *w)
+static int alloc_prepare(BrokerClient *c, const BrokerAllocArgs *a, Obj **ret, Reason *w)
 {
         uint64_t size = 0, align;
         Obj *o;
@@ -1004,20 +994,20 @@ static int alloc_prepare(BrokerClient *c, const BrokerAllocArgs *a, Obj **ret, W
         switch (a->kind) {
         case BROKER_KIND_DEVICE:
                 if (gpu_index(c->b, a->gpu_id) < 0)
-                        return why_set(w, -ENODEV, "no GPU with id %u", a->gpu_id);
+                        return reason_set(w, -ENODEV, "no GPU with id %u", a->gpu_id);
                 break;
         case BROKER_KIND_HOST:
                 if (a->gpu_id && gpu_index(c->b, a->gpu_id) < 0)
-                        return why_set(w, -ENODEV, "no GPU with id %u", a->gpu_id);
+                        return reason_set(w, -ENODEV, "no GPU with id %u", a->gpu_id);
                 if (a->flags & (BROKER_FLAG_CONTIGUOUS | BROKER_FLAG_HOST_VISIBLE))
-                        return why_set(w, -EINVAL, "contiguous and host-visible are device-memory flags");
+                        return reason_set(w, -EINVAL, "contiguous and host-visible are device-memory flags");
                 break;
         case BROKER_KIND_MANAGED:
                 if (a->n_map_gpus)
-                        return why_set(w, -EINVAL, "managed memory is mapped through its SVM attributes");
+                        return reason_set(w, -EINVAL, "managed memory is mapped through its SVM attributes");
                 break;
         default:
-                return why_set(w, -EINVAL, "memory kind %d cannot be allocated this way", (int)a->kind);
+                return reason_set(w, -EINVAL, "memory kind %d cannot be allocated this way", (int)a->kind);
         }
         r = check_gpus(c->b, a->map_gpus, a->n_map_gpus, w);
         if (r < 0)
@@ -1033,7 +1023,7 @@ static int alloc_prepare(BrokerClient *c, const BrokerAllocArgs *a, Obj **ret, W
 
         o = obj_new(a->kind);
         if (!o)
-                return why_set(w, -ENOMEM, "out of memory");
+                return reason_set(w, -ENOMEM, "out of memory");
         o->backing_fd = a->kind == BROKER_KIND_DEVICE && driver_holds_fd(c->b);
         o->size = size;
         o->gpu_id = a->kind == BROKER_KIND_MANAGED ? 0 : a->gpu_id;
@@ -1053,13 +1043,13 @@ static int alloc_prepare(BrokerClient *c, const BrokerAllocArgs *a, Obj **ret, W
  * already (a pending allocation holds its quota while it is made).
  */
 static int alloc_finish(BrokerClient *c, const BrokerAllocArgs *a, Obj *o, BrokerAllocResult res, int r,
-                        bool charged, BrokerAllocResult *ret, Why *w)
+                        bool charged, BrokerAllocResult *ret, Reason *w)
 {
         o->pending = false;
         if (r >= 0) {
                 r = obj_publish(c, o);
                 if (r < 0) {
-                        why_set(w, r, "out of memory");
+                        reason_set(w, r, "out of memory");
                         res.fd = safe_close(res.fd);
                         if (o->mem) {
                                 (void)driver_mem_unmap_all(c->b->drv, o->mem);
@@ -1091,7 +1081,7 @@ static int alloc_finish(BrokerClient *c, const BrokerAllocArgs *a, Obj *o, Broke
         return 0;
 }
 
-int broker_alloc(BrokerClient *c, const BrokerAllocArgs *a, BrokerAllocResult *ret, Why *w)
+int broker_alloc(BrokerClient *c, const BrokerAllocArgs *a, BrokerAllocResult *ret, Reason *w)
 {
         BrokerAllocResult res = {.fd = -1};
         Obj *o;
@@ -1122,19 +1112,19 @@ bool broker_alloc_is_slow(const BrokerAllocArgs *a)
         return a->kind == BROKER_KIND_HOST && a->size >= BROKER_SLOW_HOST_BYTES;
 }
 
-int broker_alloc_begin(BrokerClient *c, const BrokerAllocArgs *a, BrokerPending **ret, Why *w)
+int broker_alloc_begin(BrokerClient *c, const BrokerAllocArgs *a, BrokerPending **ret, Reason *w)
 {
         BrokerPending *p;
         Obj *o;
         int r;
 
         if (a->kind != BROKER_KIND_HOST)
-                return why_set(w, -EINVAL, "only host memory is allocated in steps");
+                return reason_set(w, -EINVAL, "only host memory is allocated in steps");
         if (a->n_map_gpus > BROKER_MAX_GPUS)
-                return why_set(w, -E2BIG, "more GPUs than there are");
+                return reason_set(w, -E2BIG, "more GPUs than there are");
         p = calloc(1, sizeof(*p));
         if (!p)
-                return why_set(w, -ENOMEM, "out of memory");
+                return reason_set(w, -ENOMEM, "out of memory");
         r = alloc_prepare(c, a, &o, w);
         if (r < 0) {
                 free(p);
@@ -1165,7 +1155,7 @@ void broker_pending_populate(BrokerPending *p)
         p->populated = host_populate(p->o->va, p->o->size);
 }
 
-int broker_alloc_end(BrokerPending *p, BrokerAllocResult *ret, Why *w)
+int broker_alloc_end(BrokerPending *p, BrokerAllocResult *ret, Reason *w)
 {
         BrokerAllocResult res = {.fd = -1};
         BrokerClient *c = p->c;
@@ -1184,7 +1174,7 @@ int broker_alloc_end(BrokerPending *p, BrokerAllocResult *ret, Why *w)
 /* Free what an allocation holds (not its handle or VA). At a client's teardown (@teardown) a driver refusal
  * does not stop the rest: the client's context release takes the GPU side, and the memory file must still
  * be closed. */
-static int destroy_alloc(BrokerClient *c, Obj *o, bool teardown, Why *w)
+static int destroy_alloc(BrokerClient *c, Obj *o, bool teardown, Reason *w)
 {
         int tmp_fd = -1, r;
 
@@ -1195,12 +1185,14 @@ static int destroy_alloc(BrokerClient *c, Obj *o, bool teardown, Why *w)
                 r = driver_mem_unmap_all(c->b->drv, o->mem);
                 if (r < 0 && !teardown) {
                         safe_close(tmp_fd);
-                        return why_set(w, r, "cannot unmap the allocation from its GPUs: %s", strerror(-r));
+                        return reason_set(w, r, "cannot unmap the allocation from its GPUs: %s",
+                                          strerror(-r));
                 }
                 r = r < 0 ? r : driver_mem_free(c->b->drv, o->mem);
                 if (r < 0 && !teardown) {
                         safe_close(tmp_fd);
-                        return why_set(w, r, "the driver refused to free the allocation: %s", strerror(-r));
+                        return reason_set(w, r, "the driver refused to free the allocation: %s",
+                                          strerror(-r));
                 }
                 o->mem = NULL;
         }
@@ -1218,7 +1210,7 @@ static int destroy_alloc(BrokerClient *c, Obj *o, bool teardown, Why *w)
         return 0;
 }
 
-static int free_alloc(BrokerClient *c, Obj *o, Why *w)
+static int free_alloc(BrokerClient *c, Obj *o, Reason *w)
 {
         int r = destroy_alloc(c, o, false, w);
 
@@ -1249,12 +1241,12 @@ static void phys_maybe_destroy(BrokerClient *c, Obj *o)
         free(o);
 }
 
-int broker_vmm_release(BrokerClient *c, uint64_t handle, Why *w)
+int broker_vmm_release(BrokerClient *c, uint64_t handle, Reason *w)
 {
         Obj *o = obj_lookup(c, handle);
 
         if (!o || (o->kind != BROKER_KIND_VMM && o->kind != BROKER_KIND_IMPORT))
-                return why_set(w, -ENOENT, "no VMM handle 0x%llx", (unsigned long long)handle);
+                return reason_set(w, -ENOENT, "no VMM handle 0x%llx", (unsigned long long)handle);
         if (--o->client_refs > 0)
                 return 0;
         hashmap_remove(&c->objs, o->handle);
@@ -1263,12 +1255,12 @@ int broker_vmm_release(BrokerClient *c, uint64_t handle, Why *w)
         return 0;
 }
 
-int broker_mem_free(BrokerClient *c, uint64_t handle, Why *w)
+int broker_mem_free(BrokerClient *c, uint64_t handle, Reason *w)
 {
         Obj *o = obj_lookup(c, handle);
 
         if (!o)
-                return why_set(w, -ENOENT, "no allocation with handle 0x%llx", (unsigned long long)handle);
+                return reason_set(w, -ENOENT, "no allocation with handle 0x%llx", (unsigned long long)handle);
         switch (o->kind) {
         case BROKER_KIND_DEVICE:
         case BROKER_KIND_HOST:
@@ -1281,24 +1273,24 @@ int broker_mem_free(BrokerClient *c, uint64_t handle, Why *w)
         case BROKER_KIND_IMPORT:
                 return broker_vmm_release(c, handle, w);
         default:
-                return why_set(w, -EINVAL, "0x%llx is a VA reservation: free it with vmm_free",
-                               (unsigned long long)handle);
+                return reason_set(w, -EINVAL, "0x%llx is a VA reservation: free it with vmm_free",
+                                  (unsigned long long)handle);
         }
 }
 
-int broker_map(BrokerClient *c, uint64_t handle, const uint32_t *gpu_ids, size_t n, Why *w)
+int broker_map(BrokerClient *c, uint64_t handle, const uint32_t *gpu_ids, size_t n, Reason *w)
 {
         Obj *o = obj_lookup(c, handle);
         int r;
 
         if (!o)
-                return why_set(w, -ENOENT, "no allocation with handle 0x%llx", (unsigned long long)handle);
+                return reason_set(w, -ENOENT, "no allocation with handle 0x%llx", (unsigned long long)handle);
         if (o->kind == BROKER_KIND_MANAGED)
-                return why_set(w, -EINVAL, "managed memory is mapped through its SVM attributes");
+                return reason_set(w, -EINVAL, "managed memory is mapped through its SVM attributes");
         if (o->kind != BROKER_KIND_DEVICE && o->kind != BROKER_KIND_HOST)
-                return why_set(w, -EINVAL, "VMM handles are mapped with vmm_map and vmm_set_access");
+                return reason_set(w, -EINVAL, "VMM handles are mapped with vmm_map and vmm_set_access");
         if (n == 0)
-                return why_set(w, -EINVAL, "no GPU to map on");
+                return reason_set(w, -EINVAL, "no GPU to map on");
         r = check_gpus(c->b, gpu_ids, n, w);
         if (r < 0)
                 return r;
@@ -1307,19 +1299,19 @@ int broker_map(BrokerClient *c, uint64_t handle, const uint32_t *gpu_ids, size_t
                 return r;
         r = driver_mem_map(c->b->drv, o->mem, gpu_ids, n);
         if (r < 0)
-                return why_set(w, r, "the driver refused to map the allocation: %s", strerror(-r));
+                return reason_set(w, r, "the driver refused to map the allocation: %s", strerror(-r));
         return 0;
 }
 
-int broker_unmap(BrokerClient *c, uint64_t handle, const uint32_t *gpu_ids, size_t n, Why *w)
+int broker_unmap(BrokerClient *c, uint64_t handle, const uint32_t *gpu_ids, size_t n, Reason *w)
 {
         Obj *o = obj_lookup(c, handle);
         int r;
 
         if (!o)
-                return why_set(w, -ENOENT, "no allocation with handle 0x%llx", (unsigned long long)handle);
+                return reason_set(w, -ENOENT, "no allocation with handle 0x%llx", (unsigned long long)handle);
         if (o->kind != BROKER_KIND_DEVICE && o->kind != BROKER_KIND_HOST)
-                return why_set(w, -EINVAL, "only device and host allocations are mapped to GPUs this way");
+                return reason_set(w, -EINVAL, "only device and host allocations are mapped to GPUs this way");
         if (n == 0) {
                 r = driver_mem_unmap_all(c->b->drv, o->mem);
         } else {
@@ -1328,12 +1320,12 @@ int broker_unmap(BrokerClient *c, uint64_t handle, const uint32_t *gpu_ids, size
                         return r;
                 for (size_t i = 0; i < n; i++)
                         if (!driver_mem_is_mapped(c->b->drv, o->mem, gpu_ids[i]))
-                                return why_set(w, -EINVAL, "the allocation is not mapped on GPU %u",
-                                               gpu_ids[i]);
+                                return reason_set(w, -EINVAL, "the allocation is not mapped on GPU %u",
+                                                  gpu_ids[i]);
                 r = driver_mem_unmap(c->b->drv, o->mem, gpu_ids, n);
         }
         if (r < 0)
-                return why_set(w, r, "the driver refused to unmap the allocation: %s", strerror(-r));
+                return reason_set(w, r, "the driver refused to unmap the allocation: %s", strerror(-r));
         return 0;
 }
 
@@ -1358,22 +1350,22 @@ static VmmMap *map_at(const Obj *res, uint64_t va)
         return thunk_va_lookup(res->maps, va, &vo) == 0 ? vo.data : NULL;
 }
 
-int broker_pointer_info(BrokerClient *c, uint64_t va, BrokerPtrInfo *ret, Why *w)
+int broker_pointer_info(BrokerClient *c, uint64_t va, BrokerPtrInfo *ret, Reason *w)
 {
         BrokerPtrInfo info = {0};
         Obj *o;
 
         if (!in_window(c, va, 1))
-                return why_set(w, -EFAULT, "0x%llx is outside this client's VA window",
-                               (unsigned long long)va);
+                return reason_set(w, -EFAULT, "0x%llx is outside this client's VA window",
+                                  (unsigned long long)va);
         o = obj_at(c, va);
         if (!o)
-                return why_set(w, -ENOENT, "nothing is allocated at 0x%llx", (unsigned long long)va);
+                return reason_set(w, -ENOENT, "nothing is allocated at 0x%llx", (unsigned long long)va);
         if (o->kind == BROKER_KIND_RESERVATION) {
                 VmmMap *m = map_at(o, va);
                 if (!m)
-                        return why_set(w, -ENOENT, "0x%llx is reserved but not mapped",
-                                       (unsigned long long)va);
+                        return reason_set(w, -ENOENT, "0x%llx is reserved but not mapped",
+                                          (unsigned long long)va);
                 info.handle = m->phys->client_refs ? m->phys->handle : 0;
                 info.kind = m->phys->kind;
                 info.gpu_id = m->phys->gpu_id;
@@ -1399,14 +1391,14 @@ int broker_pointer_info(BrokerClient *c, uint64_t va, BrokerPtrInfo *ret, Why *w
         return 0;
 }
 
-int broker_mem_info(BrokerClient *c, uint32_t gpu_id, BrokerGpuMem *out, size_t *ret_n, Why *w)
+int broker_mem_info(BrokerClient *c, uint32_t gpu_id, BrokerGpuMem *out, size_t *ret_n, Reason *w)
 {
         Broker *b = c->b;
         DriverCtx *ctx = c->ctx ? c->ctx : b->primary;
         size_t n = 0;
 
         if (gpu_id && gpu_index(b, gpu_id) < 0)
-                return why_set(w, -ENODEV, "no GPU with id %u", gpu_id);
+                return reason_set(w, -ENODEV, "no GPU with id %u", gpu_id);
         for (size_t i = 0; i < b->n_gpus; i++) {
                 uint64_t avail = 0;
                 int r;
@@ -1415,8 +1407,8 @@ int broker_mem_info(BrokerClient *c, uint32_t gpu_id, BrokerGpuMem *out, size_t 
                         continue;
                 r = driver_available_memory(b->drv, ctx, b->gpu_ids[i], &avail);
                 if (r < 0)
-                        return why_set(w, r, "cannot read the available memory of GPU %u: %s", b->gpu_ids[i],
-                                       strerror(-r));
+                        return reason_set(w, r, "cannot read the available memory of GPU %u: %s",
+                                          b->gpu_ids[i], strerror(-r));
                 out[n].gpu_id = b->gpu_ids[i];
                 out[n].total = b->gpu_vram[i];
                 out[n].used = c->usage.vram_bytes[i];
@@ -1448,23 +1440,23 @@ int broker_mem_info(BrokerClient *c, uint32_t gpu_id, BrokerGpuMem *out, size_t 
 
 /* ---- VMM --------------------------------------------------------------------------------------------- */
 
-static int check_gran(const char *what, uint64_t v, Why *w)
+static int check_gran(const char *what, uint64_t v, Reason *w)
 {
         if (v % BROKER_GRANULARITY_MIN)
-                return why_set(w, -EINVAL, "%s %llu is not a multiple of the 4 KiB granularity", what,
-                               (unsigned long long)v);
+                return reason_set(w, -EINVAL, "%s %llu is not a multiple of the 4 KiB granularity", what,
+                                  (unsigned long long)v);
         return 0;
 }
 
 int broker_vmm_reserve(BrokerClient *c, uint64_t size, uint64_t alignment, uint64_t fixed_va,
-                       uint64_t *ret_va, Why *w)
+                       uint64_t *ret_va, Reason *w)
 {
         uint64_t align;
         Obj *o;
         int r;
 
         if (size == 0)
-                return why_set(w, -EINVAL, "size 0");
+                return reason_set(w, -EINVAL, "size 0");
         r = check_gran("size", size, w);
         if (r < 0)
                 return r;
@@ -1472,9 +1464,9 @@ int broker_vmm_reserve(BrokerClient *c, uint64_t size, uint64_t alignment, uint6
         if (r < 0)
                 return r;
         if (size > thunk_va_space_limit(c->window) - thunk_va_space_base(c->window))
-                return why_set(w, -ENOMEM,
-                               "a reservation of %llu bytes is larger than this client's VA window",
-                               (unsigned long long)size);
+                return reason_set(w, -ENOMEM,
+                                  "a reservation of %llu bytes is larger than this client's VA window",
+                                  (unsigned long long)size);
         align = alignment ? alignment
                           : (size >= BROKER_GRANULARITY_RECOMM ? BROKER_GRANULARITY_RECOMM : 4096);
         r = quota_check(c, BROKER_KIND_RESERVATION, 0, 0, false, w);
@@ -1482,7 +1474,7 @@ int broker_vmm_reserve(BrokerClient *c, uint64_t size, uint64_t alignment, uint6
                 return r;
         o = obj_new(BROKER_KIND_RESERVATION);
         if (!o)
-                return why_set(w, -ENOMEM, "out of memory");
+                return reason_set(w, -ENOMEM, "out of memory");
         o->size = size;
         r = take_va(c, size, align, fixed_va, o, &o->va, w);
         if (r < 0) {
@@ -1496,7 +1488,7 @@ int broker_vmm_reserve(BrokerClient *c, uint64_t size, uint64_t alignment, uint6
                 thunk_va_space_free(o->maps);
                 (void)thunk_va_free(c->window, o->va);
                 free(o);
-                return why_set(w, r, "out of memory");
+                return reason_set(w, r, "out of memory");
         }
         charge(c, o, +1);
         *ret_va = o->va;
@@ -1509,18 +1501,19 @@ static Obj *reservation_at(const BrokerClient *c, uint64_t va)
         return o && o->kind == BROKER_KIND_RESERVATION ? o : NULL;
 }
 
-int broker_vmm_free(BrokerClient *c, uint64_t va, uint64_t size, Why *w)
+int broker_vmm_free(BrokerClient *c, uint64_t va, uint64_t size, Reason *w)
 {
         Obj *o = reservation_at(c, va);
 
         if (!o || o->va != va)
-                return why_set(w, -ENOENT, "no reservation starts at 0x%llx", (unsigned long long)va);
+                return reason_set(w, -ENOENT, "no reservation starts at 0x%llx", (unsigned long long)va);
         if (size != o->size)
-                return why_set(w, -EINVAL, "the reservation at 0x%llx is %llu bytes, not %llu",
-                               (unsigned long long)va, (unsigned long long)o->size, (unsigned long long)size);
+                return reason_set(w, -EINVAL, "the reservation at 0x%llx is %llu bytes, not %llu",
+                                  (unsigned long long)va, (unsigned long long)o->size,
+                                  (unsigned long long)size);
         if (thunk_va_space_count(o->maps) > 0)
-                return why_set(w, -EBUSY, "%zu mappings remain in the reservation at 0x%llx",
-                               thunk_va_space_count(o->maps), (unsigned long long)va);
+                return reason_set(w, -EBUSY, "%zu mappings remain in the reservation at 0x%llx",
+                                  thunk_va_space_count(o->maps), (unsigned long long)va);
         hashmap_remove(&c->objs, o->handle);
         (void)thunk_va_free(c->window, o->va);
         thunk_va_space_free(o->maps);
@@ -1530,7 +1523,7 @@ int broker_vmm_free(BrokerClient *c, uint64_t va, uint64_t size, Why *w)
 }
 
 int broker_vmm_create(BrokerClient *c, uint64_t size, uint32_t gpu_id, uint32_t flags, uint64_t *ret_handle,
-                      Why *w)
+                      Reason *w)
 {
         DriverCtx *ctx;
         char b1[32];
@@ -1538,7 +1531,7 @@ int broker_vmm_create(BrokerClient *c, uint64_t size, uint32_t gpu_id, uint32_t 
         int r;
 
         if (size == 0)
-                return why_set(w, -EINVAL, "size 0");
+                return reason_set(w, -EINVAL, "size 0");
         r = check_gran("size", size, w);
         if (r < 0)
                 return r;
@@ -1556,14 +1549,14 @@ int broker_vmm_create(BrokerClient *c, uint64_t size, uint32_t gpu_id, uint32_t 
                 return r;
         o = obj_new(BROKER_KIND_VMM);
         if (!o)
-                return why_set(w, -ENOMEM, "out of memory");
+                return reason_set(w, -ENOMEM, "out of memory");
         r = driver_mem_alloc_vram(c->b->drv, ctx, gpu_id, 0, size, flags, &o->mem);
         if (r < 0) {
                 free(o);
                 if (r == -ENOMEM)
-                        return why_set(w, r, "GPU %u has no room for %s of VRAM", gpu_id,
-                                       human(size, b1, sizeof(b1)));
-                return why_set(w, r, "the driver refused the allocation: %s", strerror(-r));
+                        return reason_set(w, r, "GPU %u has no room for %s of VRAM", gpu_id,
+                                          human(size, b1, sizeof(b1)));
+                return reason_set(w, r, "the driver refused the allocation: %s", strerror(-r));
         }
         o->size = size;
         o->gpu_id = gpu_id;
@@ -1574,44 +1567,44 @@ int broker_vmm_create(BrokerClient *c, uint64_t size, uint32_t gpu_id, uint32_t 
         if (r < 0) {
                 (void)driver_mem_free(c->b->drv, o->mem);
                 free(o);
-                return why_set(w, r, "out of memory");
+                return reason_set(w, r, "out of memory");
         }
         charge(c, o, +1);
         *ret_handle = o->handle;
         return 0;
 }
 
-int broker_vmm_map(BrokerClient *c, uint64_t va, uint64_t size, uint64_t offset, uint64_t handle, Why *w)
+int broker_vmm_map(BrokerClient *c, uint64_t va, uint64_t size, uint64_t offset, uint64_t handle, Reason *w)
 {
         Obj *phys = obj_lookup(c, handle), *res;
         VmmMap *m;
         int r;
 
         if (!phys || (phys->kind != BROKER_KIND_VMM && phys->kind != BROKER_KIND_IMPORT))
-                return why_set(w, -ENOENT, "no VMM handle 0x%llx", (unsigned long long)handle);
+                return reason_set(w, -ENOENT, "no VMM handle 0x%llx", (unsigned long long)handle);
         if (size == 0)
-                return why_set(w, -EINVAL, "size 0");
+                return reason_set(w, -EINVAL, "size 0");
         if ((r = check_gran("size", size, w)) < 0 || (r = check_gran("offset", offset, w)) < 0 ||
             (r = check_gran("address", va, w)) < 0)
                 return r;
         if (offset > phys->size || size > phys->size - offset)
-                return why_set(w, -EINVAL, "offset %llu + size %llu is beyond the %llu-byte handle",
-                               (unsigned long long)offset, (unsigned long long)size,
-                               (unsigned long long)phys->size);
+                return reason_set(w, -EINVAL, "offset %llu + size %llu is beyond the %llu-byte handle",
+                                  (unsigned long long)offset, (unsigned long long)size,
+                                  (unsigned long long)phys->size);
         if (!in_window(c, va, size))
-                return why_set(w, -EINVAL, "0x%llx+0x%llx is outside this client's VA window",
-                               (unsigned long long)va, (unsigned long long)size);
+                return reason_set(w, -EINVAL, "0x%llx+0x%llx is outside this client's VA window",
+                                  (unsigned long long)va, (unsigned long long)size);
         res = reservation_at(c, va);
         if (!res || va + size > res->va + res->size)
-                return why_set(w, -EINVAL, "0x%llx+0x%llx is not inside one VA reservation",
-                               (unsigned long long)va, (unsigned long long)size);
+                return reason_set(w, -EINVAL, "0x%llx+0x%llx is not inside one VA reservation",
+                                  (unsigned long long)va, (unsigned long long)size);
         /* the daemon keeps a record per mapping: it costs a handle like any object */
         r = quota_check(c, BROKER_KIND_RESERVATION, 0, 0, false, w);
         if (r < 0)
                 return r;
         m = calloc(1, sizeof(*m));
         if (!m)
-                return why_set(w, -ENOMEM, "out of memory");
+                return reason_set(w, -ENOMEM, "out of memory");
         m->res = res;
         m->phys = phys;
         m->va = va;
@@ -1621,9 +1614,9 @@ int broker_vmm_map(BrokerClient *c, uint64_t va, uint64_t size, uint64_t offset,
         if (r < 0) {
                 free(m);
                 if (r == -EADDRINUSE)
-                        return why_set(w, r, "0x%llx+0x%llx overlaps an existing mapping",
-                                       (unsigned long long)va, (unsigned long long)size);
-                return why_set(w, r, "cannot record the mapping: %s", strerror(-r));
+                        return reason_set(w, r, "0x%llx+0x%llx overlaps an existing mapping",
+                                          (unsigned long long)va, (unsigned long long)size);
+                return reason_set(w, r, "cannot record the mapping: %s", strerror(-r));
         }
         phys->map_refs++;
         charge_entry(c, +1);
@@ -1677,22 +1670,22 @@ static void map_destroy(BrokerClient *c, VmmMap *m)
  * boundaries and cut none. Gaps between mappings are fine.
  */
 static int covered_maps(BrokerClient *c, uint64_t va, uint64_t size, VmmMap **out, size_t cap, size_t *ret_n,
-                        Why *w)
+                        Reason *w)
 {
         Obj *res;
         size_t n = 0;
         uint64_t end;
 
         if (size == 0)
-                return why_set(w, -EINVAL, "size 0");
+                return reason_set(w, -EINVAL, "size 0");
         if (!in_window(c, va, size))
-                return why_set(w, -EINVAL, "0x%llx+0x%llx is outside this client's VA window",
-                               (unsigned long long)va, (unsigned long long)size);
+                return reason_set(w, -EINVAL, "0x%llx+0x%llx is outside this client's VA window",
+                                  (unsigned long long)va, (unsigned long long)size);
         res = reservation_at(c, va);
         end = va + size;
         if (!res || end > res->va + res->size)
-                return why_set(w, -EINVAL, "0x%llx+0x%llx is not inside one VA reservation",
-                               (unsigned long long)va, (unsigned long long)size);
+                return reason_set(w, -EINVAL, "0x%llx+0x%llx is not inside one VA reservation",
+                                  (unsigned long long)va, (unsigned long long)size);
         for (uint64_t at = va; at < end;) {
                 ThunkVaObject vo;
                 if (thunk_va_next(res->maps, at, &vo) < 0 || vo.start >= end)
@@ -1701,11 +1694,11 @@ static int covered_maps(BrokerClient *c, uint64_t va, uint64_t size, VmmMap **ou
                 if (m->va < va)
                         break; /* unreachable: next() starts at va */
                 if (m->va + m->size > end)
-                        return why_set(w, -EINVAL, "0x%llx+0x%llx cuts the mapping at 0x%llx",
-                                       (unsigned long long)va, (unsigned long long)size,
-                                       (unsigned long long)m->va);
+                        return reason_set(w, -EINVAL, "0x%llx+0x%llx cuts the mapping at 0x%llx",
+                                          (unsigned long long)va, (unsigned long long)size,
+                                          (unsigned long long)m->va);
                 if (n == cap)
-                        return why_set(w, -E2BIG, "more than %zu mappings in one call", cap);
+                        return reason_set(w, -E2BIG, "more than %zu mappings in one call", cap);
                 out[n++] = m;
                 at = m->va + m->size;
         }
@@ -1713,17 +1706,18 @@ static int covered_maps(BrokerClient *c, uint64_t va, uint64_t size, VmmMap **ou
                 /* a mapping that starts before va and reaches into the range is cut too */
                 VmmMap *first = map_at(res, va);
                 if (first && first->va != va)
-                        return why_set(w, -EINVAL, "0x%llx is inside the mapping at 0x%llx, not at its start",
-                                       (unsigned long long)va, (unsigned long long)first->va);
+                        return reason_set(w, -EINVAL,
+                                          "0x%llx is inside the mapping at 0x%llx, not at its start",
+                                          (unsigned long long)va, (unsigned long long)first->va);
         }
         if (n == 0)
-                return why_set(w, -EINVAL, "nothing is mapped in 0x%llx+0x%llx", (unsigned long long)va,
-                               (unsigned long long)size);
+                return reason_set(w, -EINVAL, "nothing is mapped in 0x%llx+0x%llx", (unsigned long long)va,
+                                  (unsigned long long)size);
         *ret_n = n;
         return 0;
 }
 
-int broker_vmm_unmap(BrokerClient *c, uint64_t va, uint64_t size, Why *w)
+int broker_vmm_unmap(BrokerClient *c, uint64_t va, uint64_t size, Reason *w)
 {
         VmmMap *maps[1024];
         size_t n = 0;
@@ -1735,8 +1729,8 @@ int broker_vmm_unmap(BrokerClient *c, uint64_t va, uint64_t size, Why *w)
         for (size_t i = 0; i < n; i++) {
                 r = map_revoke_all(c->b, maps[i]);
                 if (r < 0)
-                        return why_set(w, r, "the driver refused to unmap 0x%llx: %s",
-                                       (unsigned long long)maps[i]->va, strerror(-r));
+                        return reason_set(w, r, "the driver refused to unmap 0x%llx: %s",
+                                          (unsigned long long)maps[i]->va, strerror(-r));
                 map_destroy(c, maps[i]);
         }
         broker_process_events(c->b);
@@ -1775,7 +1769,7 @@ static int set_gpu_access(BrokerClient *c, DriverCtx *ctx, VmmMap *m, uint32_t g
 }
 
 int broker_vmm_set_access(BrokerClient *c, uint64_t va, uint64_t size, const BrokerAccess *d, size_t n,
-                          BrokerCpuMap *cpu, size_t *ret_n_cpu, Why *w)
+                          BrokerCpuMap *cpu, size_t *ret_n_cpu, Reason *w)
 {
         VmmMap *maps[256];
         size_t n_maps = 0, n_cpu = 0, n_undo = 0;
@@ -1786,16 +1780,17 @@ int broker_vmm_set_access(BrokerClient *c, uint64_t va, uint64_t size, const Bro
         int r;
 
         if (n == 0)
-                return why_set(w, -EINVAL, "no access descriptor");
+                return reason_set(w, -EINVAL, "no access descriptor");
         for (size_t i = 0; i < n; i++) {
                 if (d[i].access != BROKER_ACCESS_NONE && d[i].access != BROKER_ACCESS_READ &&
                     d[i].access != BROKER_ACCESS_READ_WRITE)
-                        return why_set(w, -EINVAL, "access %d is not none, read or read-write", d[i].access);
+                        return reason_set(w, -EINVAL, "access %d is not none, read or read-write",
+                                          d[i].access);
                 if (d[i].gpu_id) {
                         /* revoking needs no permission for the GPU, only that it exists */
                         int r0 = d[i].access == BROKER_ACCESS_NONE
                                          ? (gpu_index(c->b, d[i].gpu_id) < 0
-                                                    ? why_set(w, -ENODEV, "no GPU with id %u", d[i].gpu_id)
+                                                    ? reason_set(w, -ENODEV, "no GPU with id %u", d[i].gpu_id)
                                                     : 0)
                                          : gpu_allowed(c, d[i].gpu_id, w);
                         if (r0 < 0)
@@ -1803,33 +1798,34 @@ int broker_vmm_set_access(BrokerClient *c, uint64_t va, uint64_t size, const Bro
                 }
                 for (size_t k = 0; k < i; k++)
                         if (d[k].gpu_id == d[i].gpu_id)
-                                return why_set(w, -EINVAL, "location %u given twice", d[i].gpu_id);
+                                return reason_set(w, -EINVAL, "location %u given twice", d[i].gpu_id);
                 if (d[i].gpu_id == 0)
                         cpu_desc = &d[i];
                 else
                         any_gpu = true;
         }
         if (any_gpu && !driver_has(c->b->drv, DRIVER_CAP_VA_GRANTS))
-                return why_set(w, -EOPNOTSUPP,
-                               "the driver cannot grant GPU access to VMM mappings (KFD: ABI 1.15, GEM_VA)");
+                return reason_set(
+                        w, -EOPNOTSUPP,
+                        "the driver cannot grant GPU access to VMM mappings (KFD: ABI 1.15, GEM_VA)");
         r = covered_maps(c, va, size, maps, sizeof(maps) / sizeof(maps[0]), &n_maps, w);
         if (r < 0)
                 return r;
         for (size_t i = 0; i < n_maps; i++)
                 for (size_t k = 0; k < n; k++)
                         if (d[k].access == BROKER_ACCESS_READ_WRITE && obj_read_only(maps[i]->phys))
-                                return why_set(
+                                return reason_set(
                                         w, -EACCES, "0x%llx maps read-only memory: %s may only read it",
                                         (unsigned long long)maps[i]->va, d[k].gpu_id ? "a GPU" : "the CPU");
         if (cpu_desc && cpu_desc->access != BROKER_ACCESS_NONE && n_maps > BROKER_MAX_CPU_MAPS)
-                return why_set(w, -E2BIG, "CPU access is granted on at most %d mappings per call",
-                               BROKER_MAX_CPU_MAPS);
+                return reason_set(w, -E2BIG, "CPU access is granted on at most %d mappings per call",
+                                  BROKER_MAX_CPU_MAPS);
         r = client_ctx(c, &ctx, w);
         if (r < 0)
                 return r;
         undo = calloc(n_maps * n + 1, sizeof(*undo));
         if (!undo)
-                return why_set(w, -ENOMEM, "out of memory");
+                return reason_set(w, -ENOMEM, "out of memory");
 
         for (size_t i = 0; i < n_maps; i++) {
                 for (size_t k = 0; k < n; k++) {
@@ -1846,8 +1842,8 @@ int broker_vmm_set_access(BrokerClient *c, uint64_t va, uint64_t size, const Bro
                                 /* the old grant was dropped before the new one failed: put it back too */
                                 if (old != BROKER_ACCESS_NONE && !grant_of(maps[i], d[k].gpu_id))
                                         undo[n_undo++] = (Undo){maps[i], d[k].gpu_id, old};
-                                why_set(w, r, "the driver refused GPU %u access to 0x%llx: %s", d[k].gpu_id,
-                                        (unsigned long long)maps[i]->va, strerror(-r));
+                                reason_set(w, r, "the driver refused GPU %u access to 0x%llx: %s",
+                                           d[k].gpu_id, (unsigned long long)maps[i]->va, strerror(-r));
                                 goto rollback;
                         }
                         undo[n_undo++] = (Undo){maps[i], d[k].gpu_id, old};
@@ -1858,8 +1854,8 @@ int broker_vmm_set_access(BrokerClient *c, uint64_t va, uint64_t size, const Bro
                         int fd = -1;
                         r = driver_mem_export(c->b->drv, maps[i]->phys->mem, &fd);
                         if (r < 0) {
-                                why_set(w, r, "cannot export 0x%llx for CPU access: %s",
-                                        (unsigned long long)maps[i]->va, strerror(-r));
+                                reason_set(w, r, "cannot export 0x%llx for CPU access: %s",
+                                           (unsigned long long)maps[i]->va, strerror(-r));
                                 goto rollback;
                         }
                         /* a read grant hands out a file that cannot be mapped writable */
@@ -1900,15 +1896,15 @@ static VmmMap *mapping_at(const BrokerClient *c, uint64_t va)
         return res ? map_at(res, va) : NULL;
 }
 
-int broker_vmm_get_access(BrokerClient *c, uint64_t va, uint32_t gpu_id, int *ret_access, Why *w)
+int broker_vmm_get_access(BrokerClient *c, uint64_t va, uint32_t gpu_id, int *ret_access, Reason *w)
 {
         VmmMap *m = mapping_at(c, va);
         GemGrant *g;
 
         if (gpu_id && gpu_index(c->b, gpu_id) < 0)
-                return why_set(w, -ENODEV, "no GPU with id %u", gpu_id);
+                return reason_set(w, -ENODEV, "no GPU with id %u", gpu_id);
         if (!m)
-                return why_set(w, -EINVAL, "nothing is mapped at 0x%llx", (unsigned long long)va);
+                return reason_set(w, -EINVAL, "nothing is mapped at 0x%llx", (unsigned long long)va);
         if (gpu_id == 0) {
                 *ret_access = m->cpu_access;
                 return 0;
@@ -1918,57 +1914,58 @@ int broker_vmm_get_access(BrokerClient *c, uint64_t va, uint32_t gpu_id, int *re
         return 0;
 }
 
-int broker_vmm_retain(BrokerClient *c, uint64_t va, uint64_t *ret_handle, Why *w)
+int broker_vmm_retain(BrokerClient *c, uint64_t va, uint64_t *ret_handle, Reason *w)
 {
         VmmMap *m = mapping_at(c, va);
         Obj *phys;
         int r;
 
         if (!m)
-                return why_set(w, -EINVAL, "nothing is mapped at 0x%llx", (unsigned long long)va);
+                return reason_set(w, -EINVAL, "nothing is mapped at 0x%llx", (unsigned long long)va);
         phys = m->phys;
         if (phys->client_refs == 0) {
                 /* released but still mapped: the handle becomes nameable again */
                 r = hashmap_put(&c->objs, phys->handle, phys);
                 if (r < 0)
-                        return why_set(w, r, "out of memory");
+                        return reason_set(w, r, "out of memory");
         }
         phys->client_refs++;
         *ret_handle = phys->handle;
         return 0;
 }
 
-int broker_vmm_properties(BrokerClient *c, uint64_t handle, BrokerProps *ret, Why *w)
+int broker_vmm_properties(BrokerClient *c, uint64_t handle, BrokerProps *ret, Reason *w)
 {
         Obj *o = obj_lookup(c, handle);
 
         if (!o || o->kind == BROKER_KIND_RESERVATION)
-                return why_set(w, -ENOENT, "no handle 0x%llx", (unsigned long long)handle);
+                return reason_set(w, -ENOENT, "no handle 0x%llx", (unsigned long long)handle);
         *ret = (BrokerProps){o->kind, o->gpu_id, o->size, o->flags};
         return 0;
 }
 
 /* ---- sharing ----------------------------------------------------------------------------------------- */
 
-int broker_export(BrokerClient *c, uint64_t handle, bool read_only, int *ret_fd, uint64_t *ret_size, Why *w)
+int broker_export(BrokerClient *c, uint64_t handle, bool read_only, int *ret_fd, uint64_t *ret_size,
+                  Reason *w)
 {
         Obj *o = obj_lookup(c, handle);
         int fd = -1, r;
 
         if (!o)
-                return why_set(w, -ENOENT, "no handle 0x%llx", (unsigned long long)handle);
+                return reason_set(w, -ENOENT, "no handle 0x%llx", (unsigned long long)handle);
         if (o->kind == BROKER_KIND_RESERVATION)
-                return why_set(w, -EINVAL, "a VA reservation has no memory to export");
+                return reason_set(w, -EINVAL, "a VA reservation has no memory to export");
         if (o->memfd >= 0) {
                 fd = fcntl(o->memfd, F_DUPFD_CLOEXEC, 3);
                 if (fd < 0)
-                        return why_set(w, -errno, "cannot duplicate the memory fd: %s", strerror(errno));
+                        return reason_set(w, -errno, "cannot duplicate the memory fd: %s", strerror(errno));
         } else {
                 r = driver_mem_export(c->b->drv, o->mem, &fd);
                 if (r == -EINVAL && !driver_has(c->b->drv, DRIVER_CAP_EXPORT))
-                        return why_set(w, -EOPNOTSUPP, "the driver cannot export dmabufs (KFD: ABI 1.12)");
+                        return reason_set(w, -EOPNOTSUPP, "the driver cannot export dmabufs (KFD: ABI 1.12)");
                 if (r < 0)
-                        return why_set(w, r, "the driver refused to export: %s", strerror(-r));
+                        return reason_set(w, r, "the driver refused to export: %s", strerror(-r));
         }
         /* memory that is read-only to this client is read-only to everyone it gives it to */
         if ((read_only || obj_read_only(o)) && (r = make_read_only(&fd, w)) < 0)
@@ -1980,7 +1977,8 @@ int broker_export(BrokerClient *c, uint64_t handle, bool read_only, int *ret_fd,
         return 0;
 }
 
-int broker_import(BrokerClient *c, int fd, uint32_t gpu_id, uint64_t *ret_handle, uint64_t *ret_size, Why *w)
+int broker_import(BrokerClient *c, int fd, uint32_t gpu_id, uint64_t *ret_handle, uint64_t *ret_size,
+                  Reason *w)
 {
         DriverCtx *ctx;
         uint32_t gpu = gpu_id ? gpu_id : c->b->gpu_ids[0];
@@ -1995,7 +1993,7 @@ int broker_import(BrokerClient *c, int fd, uint32_t gpu_id, uint64_t *ret_handle
         if (r < 0)
                 return r;
         if (fstat(fd, &st) < 0 || (fl = fcntl(fd, F_GETFL)) < 0)
-                return why_set(w, -EBADF, "cannot inspect the fd: %s", strerror(errno));
+                return reason_set(w, -EBADF, "cannot inspect the fd: %s", strerror(errno));
         /* gpumemd's own exports are paid for by their exporter's class; anything else by the importer's */
         own = is_own_file(c->b, &st, &src);
         read_only = (fl & O_ACCMODE) == O_RDONLY || (src && obj_read_only(src));
@@ -2010,19 +2008,19 @@ int broker_import(BrokerClient *c, int fd, uint32_t gpu_id, uint64_t *ret_handle
                 return r;
         if (c->acct && !c->acct->import_foreign) {
                 if (!driver_dmabuf_is_own(c->b->drv, ctx, fd))
-                        return why_set(w, -EACCES,
-                                       "class '%s' may not import dmabufs the GPU driver did not export",
-                                       c->acct->name);
+                        return reason_set(w, -EACCES,
+                                          "class '%s' may not import dmabufs the GPU driver did not export",
+                                          c->acct->name);
         }
         o = obj_new(BROKER_KIND_IMPORT);
         if (!o)
-                return why_set(w, -ENOMEM, "out of memory");
+                return reason_set(w, -ENOMEM, "out of memory");
         r = driver_mem_import(c->b->drv, ctx, fd, gpu, &o->mem);
         if (r < 0) {
                 free(o);
                 if (r == -EINVAL || r == -EBADF)
-                        return why_set(w, r, "the driver cannot import this fd as GPU memory");
-                return why_set(w, r, "the driver refused the import: %s", strerror(-r));
+                        return reason_set(w, r, "the driver cannot import this fd as GPU memory");
+                return reason_set(w, r, "the driver refused the import: %s", strerror(-r));
         }
         o->size = driver_mem_size(c->b->drv, o->mem);
         o->gpu_id = gpu;
@@ -2044,7 +2042,7 @@ int broker_import(BrokerClient *c, int fd, uint32_t gpu_id, uint64_t *ret_handle
         if (r < 0) {
                 (void)driver_mem_free(c->b->drv, o->mem);
                 free(o);
-                return why_set(w, r, "out of memory");
+                return reason_set(w, r, "out of memory");
         }
         charge(c, o, +1);
         *ret_handle = o->handle;
@@ -2055,25 +2053,25 @@ int broker_import(BrokerClient *c, int fd, uint32_t gpu_id, uint64_t *ret_handle
 /* ---- managed memory ---------------------------------------------------------------------------------- */
 
 /* [va, va+size) must lie in one managed allocation of this client. */
-static int managed_range(BrokerClient *c, uint64_t va, uint64_t size, Why *w)
+static int managed_range(BrokerClient *c, uint64_t va, uint64_t size, Reason *w)
 {
         Obj *o;
 
         if (size == 0)
-                return why_set(w, -EINVAL, "size 0");
+                return reason_set(w, -EINVAL, "size 0");
         if (va % BROKER_PAGE_SIZE || size % BROKER_PAGE_SIZE)
-                return why_set(w, -EINVAL, "0x%llx+0x%llx is not page aligned", (unsigned long long)va,
-                               (unsigned long long)size);
+                return reason_set(w, -EINVAL, "0x%llx+0x%llx is not page aligned", (unsigned long long)va,
+                                  (unsigned long long)size);
         if (va + size < va)
-                return why_set(w, -EOVERFLOW, "0x%llx+0x%llx wraps around", (unsigned long long)va,
-                               (unsigned long long)size);
+                return reason_set(w, -EOVERFLOW, "0x%llx+0x%llx wraps around", (unsigned long long)va,
+                                  (unsigned long long)size);
         if (!in_window(c, va, size))
-                return why_set(w, -EFAULT, "0x%llx+0x%llx is outside this client's VA window",
-                               (unsigned long long)va, (unsigned long long)size);
+                return reason_set(w, -EFAULT, "0x%llx+0x%llx is outside this client's VA window",
+                                  (unsigned long long)va, (unsigned long long)size);
         o = obj_at(c, va);
         if (!o || o->kind != BROKER_KIND_MANAGED || va + size > o->va + o->size)
-                return why_set(w, -EINVAL, "0x%llx+0x%llx is not inside one managed allocation",
-                               (unsigned long long)va, (unsigned long long)size);
+                return reason_set(w, -EINVAL, "0x%llx+0x%llx is not inside one managed allocation",
+                                  (unsigned long long)va, (unsigned long long)size);
         return 0;
 }
 
@@ -2085,41 +2083,41 @@ static bool is_location(const Broker *b, uint32_t v, bool undefined_ok)
 
 #define SVM_FLAGS_ALL 0xffu
 
-static int check_svm_attrs(const Broker *b, const BrokerSvmAttr *a, size_t n, bool get, Why *w)
+static int check_svm_attrs(const Broker *b, const BrokerSvmAttr *a, size_t n, bool get, Reason *w)
 {
         if (n == 0)
-                return why_set(w, -EINVAL, "no attribute");
+                return reason_set(w, -EINVAL, "no attribute");
         if (n > BROKER_SVM_MAX_ATTRS)
-                return why_set(w, -E2BIG, "more than %d attributes", BROKER_SVM_MAX_ATTRS);
+                return reason_set(w, -E2BIG, "more than %d attributes", BROKER_SVM_MAX_ATTRS);
         for (size_t i = 0; i < n; i++) {
                 uint32_t t = a[i].type, v = a[i].value;
                 switch (t) {
                 case DRIVER_SVM_ATTR_PREFERRED_LOC:
                 case DRIVER_SVM_ATTR_PREFETCH_LOC:
                         if (!get && !is_location(b, v, t == DRIVER_SVM_ATTR_PREFERRED_LOC))
-                                return why_set(w, -EINVAL, "location %u is neither system memory nor a GPU",
-                                               v);
+                                return reason_set(w, -EINVAL,
+                                                  "location %u is neither system memory nor a GPU", v);
                         break;
                 case DRIVER_SVM_ATTR_ACCESS:
                 case DRIVER_SVM_ATTR_ACCESS_IN_PLACE:
                 case DRIVER_SVM_ATTR_NO_ACCESS:
                         if (get && t != DRIVER_SVM_ATTR_ACCESS)
-                                return why_set(w, -EINVAL, "query access with the ACCESS type");
+                                return reason_set(w, -EINVAL, "query access with the ACCESS type");
                         if (gpu_index(b, v) < 0)
-                                return why_set(w, -EINVAL,
-                                               "access attribute names GPU %u, which does not exist", v);
+                                return reason_set(w, -EINVAL,
+                                                  "access attribute names GPU %u, which does not exist", v);
                         break;
                 case DRIVER_SVM_ATTR_SET_FLAGS:
                 case DRIVER_SVM_ATTR_CLR_FLAGS:
                         if (!get && (v & ~SVM_FLAGS_ALL))
-                                return why_set(w, -EINVAL, "unknown SVM flags 0x%x", v & ~SVM_FLAGS_ALL);
+                                return reason_set(w, -EINVAL, "unknown SVM flags 0x%x", v & ~SVM_FLAGS_ALL);
                         break;
                 case DRIVER_SVM_ATTR_GRANULARITY:
                         if (!get && v > 0x3f)
-                                return why_set(w, -EINVAL, "granularity 2^%u pages is out of range", v);
+                                return reason_set(w, -EINVAL, "granularity 2^%u pages is out of range", v);
                         break;
                 default:
-                        return why_set(w, -EINVAL, "unknown SVM attribute type %u", t);
+                        return reason_set(w, -EINVAL, "unknown SVM attribute type %u", t);
                 }
                 /* one value per attribute (per GPU for the access kinds) */
                 for (size_t k = 0; k < i; k++) {
@@ -2129,14 +2127,14 @@ static int check_svm_attrs(const Broker *b, const BrokerSvmAttr *a, size_t n, bo
                                          a[k].type == DRIVER_SVM_ATTR_ACCESS_IN_PLACE ||
                                          a[k].type == DRIVER_SVM_ATTR_NO_ACCESS;
                         if (per_gpu && k_per_gpu ? a[k].value == v : a[k].type == t)
-                                return why_set(w, -EINVAL, "attribute %u%s given twice", t,
-                                               per_gpu ? " for one GPU" : "");
+                                return reason_set(w, -EINVAL, "attribute %u%s given twice", t,
+                                                  per_gpu ? " for one GPU" : "");
                 }
         }
         return 0;
 }
 
-int broker_svm_set(BrokerClient *c, uint64_t va, uint64_t size, const BrokerSvmAttr *a, size_t n, Why *w)
+int broker_svm_set(BrokerClient *c, uint64_t va, uint64_t size, const BrokerSvmAttr *a, size_t n, Reason *w)
 {
         DriverSvmAttr t[BROKER_SVM_MAX_ATTRS];
         int r;
@@ -2156,11 +2154,11 @@ int broker_svm_set(BrokerClient *c, uint64_t va, uint64_t size, const BrokerSvmA
                 t[i] = (DriverSvmAttr){a[i].type, a[i].value};
         r = driver_svm_set(c->b->drv, va, size, t, n);
         if (r < 0)
-                return why_set(w, r, "the driver refused the attributes: %s", strerror(-r));
+                return reason_set(w, r, "the driver refused the attributes: %s", strerror(-r));
         return 0;
 }
 
-int broker_svm_get(BrokerClient *c, uint64_t va, uint64_t size, BrokerSvmAttr *a, size_t n, Why *w)
+int broker_svm_get(BrokerClient *c, uint64_t va, uint64_t size, BrokerSvmAttr *a, size_t n, Reason *w)
 {
         DriverSvmAttr t[BROKER_SVM_MAX_ATTRS];
         int r;
@@ -2171,13 +2169,13 @@ int broker_svm_get(BrokerClient *c, uint64_t va, uint64_t size, BrokerSvmAttr *a
                 t[i] = (DriverSvmAttr){a[i].type, a[i].value};
         r = driver_svm_get(c->b->drv, va, size, t, n);
         if (r < 0)
-                return why_set(w, r, "the driver refused the query: %s", strerror(-r));
+                return reason_set(w, r, "the driver refused the query: %s", strerror(-r));
         for (size_t i = 0; i < n; i++)
                 a[i] = (BrokerSvmAttr){t[i].type, t[i].value};
         return 0;
 }
 
-int broker_svm_prefetch(BrokerClient *c, uint64_t va, uint64_t size, uint32_t location, Why *w)
+int broker_svm_prefetch(BrokerClient *c, uint64_t va, uint64_t size, uint32_t location, Reason *w)
 {
         BrokerSvmAttr a = {DRIVER_SVM_ATTR_PREFETCH_LOC, location};
         return broker_svm_set(c, va, size, &a, 1, w);

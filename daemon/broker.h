@@ -6,16 +6,9 @@
 #include <stdint.h>
 
 #include "driver.h"
+#include "reason.h"
 #include "util.h"
 #include "vaman.h"
-
-/* Why an operation failed, in one line for the client (the errno travels separately). */
-typedef struct Why {
-        char msg[256];
-} Why;
-
-/* Record the reason and return @err (negative errno). */
-int why_set(Why *w, int err, const char *fmt, ...) _printf_(3, 4);
 
 /* Values as in the protocol (gpumem.proto) so handlers pass them through unchanged. */
 typedef enum BrokerKind {
@@ -153,7 +146,7 @@ typedef struct BrokerAllocResult {
         uint64_t fd_offset;
 } BrokerAllocResult;
 
-int broker_alloc(BrokerClient *c, const BrokerAllocArgs *a, BrokerAllocResult *ret, Why *w);
+int broker_alloc(BrokerClient *c, const BrokerAllocArgs *a, BrokerAllocResult *ret, Reason *w);
 /*
  * Host memory the daemon must populate itself is made in steps, so that the slow middle one can run off the
  * event loop: broker_alloc_begin() checks the request, places it and holds its charge (the object is found
@@ -165,14 +158,14 @@ int broker_alloc(BrokerClient *c, const BrokerAllocArgs *a, BrokerAllocResult *r
 #define BROKER_SLOW_HOST_BYTES (4ull << 20)
 typedef struct BrokerPending BrokerPending;
 bool broker_alloc_is_slow(const BrokerAllocArgs *a);
-int broker_alloc_begin(BrokerClient *c, const BrokerAllocArgs *a, BrokerPending **ret, Why *w);
+int broker_alloc_begin(BrokerClient *c, const BrokerAllocArgs *a, BrokerPending **ret, Reason *w);
 void broker_pending_populate(BrokerPending *p);
-int broker_alloc_end(BrokerPending *p, BrokerAllocResult *ret, Why *w);
+int broker_alloc_end(BrokerPending *p, BrokerAllocResult *ret, Reason *w);
 /* Free an allocation (unmapping it first), or release a VMM handle or import (as broker_vmm_release). */
-int broker_mem_free(BrokerClient *c, uint64_t handle, Why *w);
-int broker_map(BrokerClient *c, uint64_t handle, const uint32_t *gpu_ids, size_t n, Why *w);
+int broker_mem_free(BrokerClient *c, uint64_t handle, Reason *w);
+int broker_map(BrokerClient *c, uint64_t handle, const uint32_t *gpu_ids, size_t n, Reason *w);
 /* n == 0: every GPU it is mapped on. */
-int broker_unmap(BrokerClient *c, uint64_t handle, const uint32_t *gpu_ids, size_t n, Why *w);
+int broker_unmap(BrokerClient *c, uint64_t handle, const uint32_t *gpu_ids, size_t n, Reason *w);
 
 /* ---- queries ----------------------------------------------------------------------------------------- */
 
@@ -188,7 +181,7 @@ typedef struct BrokerPtrInfo {
         uint32_t mapped[BROKER_MAX_GPUS];
 } BrokerPtrInfo;
 
-int broker_pointer_info(BrokerClient *c, uint64_t va, BrokerPtrInfo *ret, Why *w);
+int broker_pointer_info(BrokerClient *c, uint64_t va, BrokerPtrInfo *ret, Reason *w);
 
 /* One object, as administrators list them. */
 typedef struct BrokerObjInfo {
@@ -216,18 +209,18 @@ typedef struct BrokerGpuMem {
 } BrokerGpuMem;
 
 /* Per GPU (@gpu_id 0: all) as this client sees it. @out has room for BROKER_MAX_GPUS entries. */
-int broker_mem_info(BrokerClient *c, uint32_t gpu_id, BrokerGpuMem *out, size_t *ret_n, Why *w);
+int broker_mem_info(BrokerClient *c, uint32_t gpu_id, BrokerGpuMem *out, size_t *ret_n, Reason *w);
 
 /* ---- VMM --------------------------------------------------------------------------------------------- */
 
 int broker_vmm_reserve(BrokerClient *c, uint64_t size, uint64_t alignment, uint64_t fixed_va,
-                       uint64_t *ret_va, Why *w);
-int broker_vmm_free(BrokerClient *c, uint64_t va, uint64_t size, Why *w);
+                       uint64_t *ret_va, Reason *w);
+int broker_vmm_free(BrokerClient *c, uint64_t va, uint64_t size, Reason *w);
 int broker_vmm_create(BrokerClient *c, uint64_t size, uint32_t gpu_id, uint32_t flags, uint64_t *ret_handle,
-                      Why *w);
-int broker_vmm_release(BrokerClient *c, uint64_t handle, Why *w);
-int broker_vmm_map(BrokerClient *c, uint64_t va, uint64_t size, uint64_t offset, uint64_t handle, Why *w);
-int broker_vmm_unmap(BrokerClient *c, uint64_t va, uint64_t size, Why *w);
+                      Reason *w);
+int broker_vmm_release(BrokerClient *c, uint64_t handle, Reason *w);
+int broker_vmm_map(BrokerClient *c, uint64_t va, uint64_t size, uint64_t offset, uint64_t handle, Reason *w);
+int broker_vmm_unmap(BrokerClient *c, uint64_t va, uint64_t size, Reason *w);
 
 typedef struct BrokerAccess {
         uint32_t gpu_id; /* 0 = the CPU */
@@ -247,9 +240,9 @@ typedef struct BrokerCpuMap {
  * as fds to mmap (at most BROKER_MAX_CPU_MAPS per call); CPU revocations need nothing from the daemon.
  */
 int broker_vmm_set_access(BrokerClient *c, uint64_t va, uint64_t size, const BrokerAccess *d, size_t n,
-                          BrokerCpuMap *cpu, size_t *ret_n_cpu, Why *w);
-int broker_vmm_get_access(BrokerClient *c, uint64_t va, uint32_t gpu_id, int *ret_access, Why *w);
-int broker_vmm_retain(BrokerClient *c, uint64_t va, uint64_t *ret_handle, Why *w);
+                          BrokerCpuMap *cpu, size_t *ret_n_cpu, Reason *w);
+int broker_vmm_get_access(BrokerClient *c, uint64_t va, uint32_t gpu_id, int *ret_access, Reason *w);
+int broker_vmm_retain(BrokerClient *c, uint64_t va, uint64_t *ret_handle, Reason *w);
 
 typedef struct BrokerProps {
         BrokerKind kind;
@@ -258,13 +251,15 @@ typedef struct BrokerProps {
         uint32_t flags;
 } BrokerProps;
 
-int broker_vmm_properties(BrokerClient *c, uint64_t handle, BrokerProps *ret, Why *w);
+int broker_vmm_properties(BrokerClient *c, uint64_t handle, BrokerProps *ret, Reason *w);
 
 /* ---- sharing ----------------------------------------------------------------------------------------- */
 
-int broker_export(BrokerClient *c, uint64_t handle, bool read_only, int *ret_fd, uint64_t *ret_size, Why *w);
+int broker_export(BrokerClient *c, uint64_t handle, bool read_only, int *ret_fd, uint64_t *ret_size,
+                  Reason *w);
 /* @fd is borrowed; it has been checked to be a regular file or an anonymous-inode file. */
-int broker_import(BrokerClient *c, int fd, uint32_t gpu_id, uint64_t *ret_handle, uint64_t *ret_size, Why *w);
+int broker_import(BrokerClient *c, int fd, uint32_t gpu_id, uint64_t *ret_handle, uint64_t *ret_size,
+                  Reason *w);
 
 /* ---- managed memory (SVM attributes) ------------------------------------------------------------------ */
 
@@ -275,6 +270,6 @@ typedef struct BrokerSvmAttr {
 
 #define BROKER_SVM_MAX_ATTRS 32
 
-int broker_svm_set(BrokerClient *c, uint64_t va, uint64_t size, const BrokerSvmAttr *a, size_t n, Why *w);
-int broker_svm_get(BrokerClient *c, uint64_t va, uint64_t size, BrokerSvmAttr *a, size_t n, Why *w);
-int broker_svm_prefetch(BrokerClient *c, uint64_t va, uint64_t size, uint32_t location, Why *w);
+int broker_svm_set(BrokerClient *c, uint64_t va, uint64_t size, const BrokerSvmAttr *a, size_t n, Reason *w);
+int broker_svm_get(BrokerClient *c, uint64_t va, uint64_t size, BrokerSvmAttr *a, size_t n, Reason *w);
+int broker_svm_prefetch(BrokerClient *c, uint64_t va, uint64_t size, uint32_t location, Reason *w);

@@ -26,9 +26,9 @@ static int client_of(ReqCtx *r, BrokerClient **ret)
         return 0;
 }
 
-static int fail_why(ReqCtx *r, int err, const Why *w)
+static int fail_why(ReqCtx *r, int err, const Reason *w)
 {
-        return reply_fail(r, err, "%s", w->msg[0] ? w->msg : strerror(-err));
+        return reply_fail(r, err, "%s", reason_or_errno(w, err));
 }
 
 #define WITH_CLIENT(r, bc)                                                                                   \
@@ -42,7 +42,7 @@ static int fail_why(ReqCtx *r, int err, const Why *w)
 /* ---- device, host, managed ----------------------------------------------------------------------------- */
 
 /* The reply to an allocation the broker made (@err >= 0) or refused. */
-static int alloc_reply(ReqCtx *r, BrokerClient *bc, int err, const BrokerAllocResult *res, Why *w)
+static int alloc_reply(ReqCtx *r, BrokerClient *bc, int err, const BrokerAllocResult *res, Reason *w)
 {
         Gpumem__AllocReply ar = GPUMEM__ALLOC_REPLY__INIT;
         int idx = -1;
@@ -84,7 +84,7 @@ static void alloc_job_done(WorkerJob *j)
 {
         AllocJob *aj = (AllocJob *)j;
         BrokerAllocResult res = {.fd = -1};
-        Why w = {""};
+        Reason w = {""};
         int err;
 
         err = broker_alloc_end(aj->pending, &res, &w);
@@ -97,7 +97,7 @@ static int alloc_deferred(ReqCtx *r, BrokerClient *bc, const BrokerAllocArgs *ar
 {
         AllocJob *aj = calloc(1, sizeof(*aj));
         BrokerAllocResult res = {.fd = -1};
-        Why w = {""};
+        Reason w = {""};
         int err;
 
         if (!aj)
@@ -127,7 +127,7 @@ int op_alloc(ReqCtx *r, const Gpumem__Request *req)
         const Gpumem__Alloc *a = req->alloc;
         BrokerAllocArgs args = {0};
         BrokerAllocResult res = {.fd = -1};
-        Why w = {""};
+        Reason w = {""};
         int err;
         WITH_CLIENT(r, bc);
 
@@ -168,7 +168,7 @@ int op_alloc(ReqCtx *r, const Gpumem__Request *req)
 
 int op_free(ReqCtx *r, const Gpumem__Request *req)
 {
-        Why w = {""};
+        Reason w = {""};
         int err;
         WITH_CLIENT(r, bc);
 
@@ -178,7 +178,7 @@ int op_free(ReqCtx *r, const Gpumem__Request *req)
 
 int op_map(ReqCtx *r, const Gpumem__Request *req)
 {
-        Why w = {""};
+        Reason w = {""};
         int err;
         WITH_CLIENT(r, bc);
 
@@ -190,7 +190,7 @@ int op_map(ReqCtx *r, const Gpumem__Request *req)
 
 int op_unmap(ReqCtx *r, const Gpumem__Request *req)
 {
-        Why w = {""};
+        Reason w = {""};
         int err;
         WITH_CLIENT(r, bc);
 
@@ -206,7 +206,7 @@ int op_pointer_info(ReqCtx *r, const Gpumem__Request *req)
 {
         Gpumem__PointerInfoReply pr = GPUMEM__POINTER_INFO_REPLY__INIT;
         BrokerPtrInfo info;
-        Why w = {""};
+        Reason w = {""};
         int err;
         WITH_CLIENT(r, bc);
 
@@ -233,7 +233,7 @@ int op_mem_info(ReqCtx *r, const Gpumem__Request *req)
         BrokerGpuMem mem[BROKER_MAX_GPUS];
         Gpumem__GpuMemInfo g[BROKER_MAX_GPUS], *gp[BROKER_MAX_GPUS];
         size_t n = 0;
-        Why w = {""};
+        Reason w = {""};
         int err;
         WITH_CLIENT(r, bc);
 
@@ -261,7 +261,7 @@ int op_vmm_reserve(ReqCtx *r, const Gpumem__Request *req)
         const Gpumem__VmmReserve *a = req->vmm_reserve;
         Gpumem__VmmReserveReply vr = GPUMEM__VMM_RESERVE_REPLY__INIT;
         uint64_t va = 0;
-        Why w = {""};
+        Reason w = {""};
         int err;
         WITH_CLIENT(r, bc);
 
@@ -278,7 +278,7 @@ int op_vmm_reserve(ReqCtx *r, const Gpumem__Request *req)
 
 int op_vmm_free(ReqCtx *r, const Gpumem__Request *req)
 {
-        Why w = {""};
+        Reason w = {""};
         int err;
         WITH_CLIENT(r, bc);
 
@@ -291,7 +291,7 @@ int op_vmm_create(ReqCtx *r, const Gpumem__Request *req)
         const Gpumem__VmmCreate *a = req->vmm_create;
         Gpumem__VmmCreateReply cr = GPUMEM__VMM_CREATE_REPLY__INIT;
         uint64_t handle = 0;
-        Why w = {""};
+        Reason w = {""};
         int err;
         WITH_CLIENT(r, bc);
 
@@ -305,7 +305,7 @@ int op_vmm_create(ReqCtx *r, const Gpumem__Request *req)
 
 int op_vmm_release(ReqCtx *r, const Gpumem__Request *req)
 {
-        Why w = {""};
+        Reason w = {""};
         int err;
         WITH_CLIENT(r, bc);
 
@@ -316,7 +316,7 @@ int op_vmm_release(ReqCtx *r, const Gpumem__Request *req)
 int op_vmm_map(ReqCtx *r, const Gpumem__Request *req)
 {
         const Gpumem__VmmMap *a = req->vmm_map;
-        Why w = {""};
+        Reason w = {""};
         int err;
         WITH_CLIENT(r, bc);
 
@@ -326,7 +326,7 @@ int op_vmm_map(ReqCtx *r, const Gpumem__Request *req)
 
 int op_vmm_unmap(ReqCtx *r, const Gpumem__Request *req)
 {
-        Why w = {""};
+        Reason w = {""};
         int err;
         WITH_CLIENT(r, bc);
 
@@ -342,7 +342,7 @@ int op_vmm_set_access(ReqCtx *r, const Gpumem__Request *req)
         BrokerCpuMap cpu[BROKER_MAX_CPU_MAPS];
         Gpumem__CpuMapping cm[BROKER_MAX_CPU_MAPS], *cmp[BROKER_MAX_CPU_MAPS];
         size_t n_cpu = 0;
-        Why w = {""};
+        Reason w = {""};
         int err;
         WITH_CLIENT(r, bc);
 
@@ -373,7 +373,7 @@ int op_vmm_get_access(ReqCtx *r, const Gpumem__Request *req)
 {
         Gpumem__VmmGetAccessReply gr = GPUMEM__VMM_GET_ACCESS_REPLY__INIT;
         int access = 0;
-        Why w = {""};
+        Reason w = {""};
         int err;
         WITH_CLIENT(r, bc);
 
@@ -400,7 +400,7 @@ int op_vmm_retain(ReqCtx *r, const Gpumem__Request *req)
 {
         Gpumem__VmmRetainReply rr = GPUMEM__VMM_RETAIN_REPLY__INIT;
         uint64_t handle = 0;
-        Why w = {""};
+        Reason w = {""};
         int err;
         WITH_CLIENT(r, bc);
 
@@ -416,7 +416,7 @@ int op_vmm_properties(ReqCtx *r, const Gpumem__Request *req)
 {
         Gpumem__VmmPropertiesReply pr = GPUMEM__VMM_PROPERTIES_REPLY__INIT;
         BrokerProps p;
-        Why w = {""};
+        Reason w = {""};
         int err;
         WITH_CLIENT(r, bc);
 
@@ -437,7 +437,7 @@ int op_dmabuf_export(ReqCtx *r, const Gpumem__Request *req)
 {
         Gpumem__DmabufExportReply er = GPUMEM__DMABUF_EXPORT_REPLY__INIT;
         uint64_t size = 0;
-        Why w = {""};
+        Reason w = {""};
         int err, fd = -1;
         WITH_CLIENT(r, bc);
 
@@ -479,7 +479,7 @@ int op_dmabuf_import(ReqCtx *r, const Gpumem__Request *req)
         uint64_t handle = 0, size = 0;
         struct stat st;
         const char *kind;
-        Why w = {""};
+        Reason w = {""};
         int err, fd;
         WITH_CLIENT(r, bc);
 
@@ -524,7 +524,7 @@ int op_svm_set_attr(ReqCtx *r, const Gpumem__Request *req)
 {
         const Gpumem__SvmSetAttr *a = req->svm_set_attr;
         BrokerSvmAttr attrs[BROKER_SVM_MAX_ATTRS];
-        Why w = {""};
+        Reason w = {""};
         int err;
         WITH_CLIENT(r, bc);
 
@@ -541,7 +541,7 @@ int op_svm_get_attr(ReqCtx *r, const Gpumem__Request *req)
         Gpumem__SvmGetAttrReply gr = GPUMEM__SVM_GET_ATTR_REPLY__INIT;
         BrokerSvmAttr attrs[BROKER_SVM_MAX_ATTRS];
         Gpumem__SvmAttr out[BROKER_SVM_MAX_ATTRS], *outp[BROKER_SVM_MAX_ATTRS];
-        Why w = {""};
+        Reason w = {""};
         int err;
         WITH_CLIENT(r, bc);
 
@@ -566,7 +566,7 @@ int op_svm_get_attr(ReqCtx *r, const Gpumem__Request *req)
 int op_svm_prefetch(ReqCtx *r, const Gpumem__Request *req)
 {
         const Gpumem__SvmPrefetch *a = req->svm_prefetch;
-        Why w = {""};
+        Reason w = {""};
         int err;
         WITH_CLIENT(r, bc);
 

@@ -132,7 +132,7 @@ int reply_fail(ReqCtx *r, int code, const char *fmt, ...)
         va_list ap;
 
         va_start(ap, fmt);
-        vsnprintf(r->reason, sizeof(r->reason), fmt, ap);
+        vsnprintf(r->reason.msg, sizeof(r->reason.msg), fmt, ap);
         va_end(ap);
         return code;
 }
@@ -269,12 +269,13 @@ static void request_account(ReqCtx *r, int err)
                 metrics_deny(m->metrics, DENY_QUOTA);
                 if (c->cls)
                         c->cls->denials++;
-                conn_log(c, LOG_NOTICE, GM_MESSAGE_DENIED, &c->log_rl, "%s over quota: %s", name, r->reason);
+                conn_log(c, LOG_NOTICE, GM_MESSAGE_DENIED, &c->log_rl, "%s over quota: %s", name,
+                         r->reason.msg);
         } else if (err == -EACCES) {
                 metrics_deny(m->metrics, DENY_PERMISSION);
                 if (c->cls)
                         c->cls->denials++;
-                conn_log(c, LOG_NOTICE, GM_MESSAGE_DENIED, &c->log_rl, "%s denied: %s", name, r->reason);
+                conn_log(c, LOG_NOTICE, GM_MESSAGE_DENIED, &c->log_rl, "%s denied: %s", name, r->reason.msg);
         }
 }
 
@@ -367,10 +368,10 @@ void request_handle(Conn *c, const uint8_t *buf, size_t len, int *fds, size_t n_
         if (err >= 0 || r.replied)
                 goto out;
 fail:
-        if (!r.reason[0])
-                snprintf(r.reason, sizeof(r.reason), "%s", strerror(-err));
+        if (!r.reason.msg[0])
+                snprintf(r.reason.msg, sizeof(r.reason.msg), "%s", strerror(-err));
         gm_wire_close_fds(r.out_fds, r.n_out_fds);
-        (void)conn_send_error(c, r.id, err, r.reason);
+        (void)conn_send_error(c, r.id, err, r.reason.msg);
 out:
         for (size_t i = 0; i < n_fds; i++)
                 if (!r.in_fd_taken[i])
@@ -417,11 +418,11 @@ void req_end(Req *q, int err)
 
         request_account(r, err);
         if (err < 0 && !r->replied) {
-                if (!r->reason[0])
-                        snprintf(r->reason, sizeof(r->reason), "%s", strerror(-err));
+                if (!r->reason.msg[0])
+                        snprintf(r->reason.msg, sizeof(r->reason.msg), "%s", strerror(-err));
                 gm_wire_close_fds(r->out_fds, r->n_out_fds);
                 r->n_out_fds = 0;
-                send_error(r, err, r->reason);
+                send_error(r, err, r->reason.msg);
         }
         gm_wire_close_fds(r->out_fds, r->n_out_fds);
         free(q);

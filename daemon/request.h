@@ -7,6 +7,7 @@
 #include "conn.h"
 #include "frame.h"
 #include "gpumem.pb-c.h"
+#include "reason.h"
 
 /* What a handler gets: the connection, the request id, and room for the reason and reply fds. */
 typedef struct ReqCtx {
@@ -18,7 +19,7 @@ typedef struct ReqCtx {
         bool in_fd_taken[GM_FRAME_MAX_FDS];
         int out_fds[GM_FRAME_MAX_FDS]; /* owned fds to send with the reply */
         size_t n_out_fds;
-        char reason[256];
+        Reason reason; /* why it failed, for the reply */
         bool replied;
         uint32_t field;                       /* the op */
         Gpumem__Reply__ResultCase reply_case; /* what its successful reply carries (its table row) */

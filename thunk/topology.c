@@ -11,6 +11,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "macro.h"
+
 #define REL_MAX 128 /* "nodes/255/caches/4095/properties" and friends */
 
 typedef struct Parser {
@@ -102,8 +104,6 @@ static const Field system_fields[] = {
         F64(ThunkTopology, platform_id, "platform_id"),
         F64(ThunkTopology, platform_rev, "platform_rev"),
 };
-
-#define N_ELEMS(a) (sizeof(a) / sizeof((a)[0]))
 
 /* Record "file:line: message" (line 0: "file: message") and return @r. */
 __attribute__((format(printf, 5, 6))) static int fail(Parser *p, int r, const char *file, unsigned line,
@@ -641,7 +641,7 @@ static int load_node(Parser *p, unsigned idx, ThunkNode *n)
         r = load_props(p, rel, &pf);
         if (r < 0)
                 return r;
-        r = decode(p, rel, &pf, node_fields, N_ELEMS(node_fields), n);
+        r = decode(p, rel, &pf, node_fields, ARRAY_SIZE(node_fields), n);
         if (r < 0)
                 goto out;
         n->is_gpu = n->simd_count > 0;
@@ -656,25 +656,25 @@ static int load_node(Parser *p, unsigned idx, ThunkNode *n)
         }
 
         r = load_children(p, idx, "mem_banks", "mem_banks_count", &pf, THUNK_TOPOLOGY_MAX_MEM_BANKS,
-                          sizeof(ThunkMemBank), bank_fields, N_ELEMS(bank_fields),
+                          sizeof(ThunkMemBank), bank_fields, ARRAY_SIZE(bank_fields),
                           offsetof(ThunkMemBank, props), &items, &n->n_mem_banks);
         if (r < 0)
                 goto out;
         n->mem_banks = items;
         r = load_children(p, idx, "caches", "caches_count", &pf, THUNK_TOPOLOGY_MAX_CACHES,
-                          sizeof(ThunkCache), cache_fields, N_ELEMS(cache_fields),
+                          sizeof(ThunkCache), cache_fields, ARRAY_SIZE(cache_fields),
                           offsetof(ThunkCache, props), &items, &n->n_caches);
         if (r < 0)
                 goto out;
         n->caches = items;
         r = load_children(p, idx, "io_links", "io_links_count", &pf, THUNK_TOPOLOGY_MAX_IO_LINKS,
-                          sizeof(ThunkIoLink), link_fields, N_ELEMS(link_fields),
+                          sizeof(ThunkIoLink), link_fields, ARRAY_SIZE(link_fields),
                           offsetof(ThunkIoLink, props), &items, &n->n_io_links);
         if (r < 0)
                 goto out;
         n->io_links = items;
         r = load_children(p, idx, "p2p_links", "p2p_links_count", &pf, THUNK_TOPOLOGY_MAX_IO_LINKS,
-                          sizeof(ThunkIoLink), link_fields, N_ELEMS(link_fields),
+                          sizeof(ThunkIoLink), link_fields, ARRAY_SIZE(link_fields),
                           offsetof(ThunkIoLink, props), &items, &n->n_p2p_links);
         if (r < 0)
                 goto out;
@@ -780,7 +780,7 @@ int thunk_topology_load_source(const ThunkTopologySource *src, const char *root_
         r = load_props(&p, "system_properties", &spf);
         if (r < 0)
                 goto fail;
-        r = decode(&p, "system_properties", &spf, system_fields, N_ELEMS(system_fields), t);
+        r = decode(&p, "system_properties", &spf, system_fields, ARRAY_SIZE(system_fields), t);
         t->system_props = spf.props;
         free(spf.lines);
         if (r < 0)

@@ -1,4 +1,5 @@
-/* A small open-addressing hash map from non-zero 64-bit keys to pointers, shared by the daemon and the library. */
+/* A small open-addressing hash map from non-zero 64-bit keys to pointers, shared by the daemon and the
+ * library. */
 #pragma once
 
 #include <stdbool.h>

@@ -91,4 +91,7 @@ static inline int run_tests(const TestCase *cases, size_t n)
         return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }
 
-#define ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
+/* the same as util/macro.h's, for tests that do not include it */
+#ifndef ARRAY_SIZE
+#define ARRAY_SIZE(a) (sizeof(a) / sizeof((a)[0]))
+#endif

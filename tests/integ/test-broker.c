@@ -351,7 +351,7 @@ static void test_managed(void)
                          GM_SVM_FLAG_GPU_RO | GM_SVM_FLAG_GPU_EXEC | GM_SVM_FLAG_GPU_ALWAYS_MAPPED},
                         {GM_SVM_ATTR_GRANULARITY, 4},
                 };
-                CHECK_EQ(gm_svm_set_attributes(c, m, 8 * MiB, set, ARRAY_LEN(set)), 0);
+                CHECK_EQ(gm_svm_set_attributes(c, m, 8 * MiB, set, ARRAY_SIZE(set)), 0);
                 q[0] = (gm_svm_attr){GM_SVM_ATTR_GRANULARITY, 0};
                 q[1] = (gm_svm_attr){GM_SVM_ATTR_SET_FLAGS, 0};
                 q[2] = (gm_svm_attr){GM_SVM_ATTR_ACCESS, gpus[n_gpus - 1]};
@@ -821,7 +821,7 @@ int main(int argc, char **argv)
                 daemon_cleanup(&dmn);
                 return EXIT_FAILURE;
         }
-        for (size_t i = 0; i < t->n_nodes && n_gpus < ARRAY_LEN(gpus); i++)
+        for (size_t i = 0; i < t->n_nodes && n_gpus < ARRAY_SIZE(gpus); i++)
                 if (t->nodes[i].is_gpu)
                         gpus[n_gpus++] = t->nodes[i].gpu_id;
         gm_topology_free(t);
@@ -831,7 +831,7 @@ int main(int argc, char **argv)
         CHECK(s->has_model);
         gm_status_free(s);
         gm_client_close(c);
-        r = run_tests(cases, ARRAY_LEN(cases));
+        r = run_tests(cases, ARRAY_SIZE(cases));
         if (daemon_stop(&dmn) != 0)
                 r = EXIT_FAILURE;
         daemon_cleanup(&dmn);

@@ -561,7 +561,7 @@ int main(void)
                 return EXIT_FAILURE;
         }
         baseline_fds = daemon_quiet_fd_count(&dmn);
-        r = run_tests(cases, ARRAY_LEN(cases));
+        r = run_tests(cases, ARRAY_SIZE(cases));
         int st = daemon_stop(&dmn);
         if (st != 0) {
                 fprintf(stderr, "gpumemd exited with %d\n", st);

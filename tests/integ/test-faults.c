@@ -237,7 +237,7 @@ int main(void)
                 daemon_cleanup(&dmn);
                 return EXIT_FAILURE;
         }
-        for (size_t i = 0; i < t->n_nodes && n_gpus < ARRAY_LEN(gpus); i++)
+        for (size_t i = 0; i < t->n_nodes && n_gpus < ARRAY_SIZE(gpus); i++)
                 if (t->nodes[i].is_gpu)
                         gpus[n_gpus++] = t->nodes[i].gpu_id;
         gm_topology_free(t);
@@ -245,7 +245,7 @@ int main(void)
         usleep(100000);
         CHECK_EQ(daemon_state(&dmn, &base), 0);
         base.fds = daemon_quiet_fd_count(&dmn);
-        r = run_tests(cases, ARRAY_LEN(cases));
+        r = run_tests(cases, ARRAY_SIZE(cases));
         if (daemon_stop(&dmn) != 0)
                 r = EXIT_FAILURE;
         daemon_cleanup(&dmn);

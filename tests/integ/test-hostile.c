@@ -675,7 +675,7 @@ int main(int argc, char **argv)
         int r = EXIT_FAILURE;
 
         signal(SIGPIPE, SIG_IGN);
-        for (size_t i = 0; i < ARRAY_LEN(cases); i++)
+        for (size_t i = 0; i < ARRAY_SIZE(cases); i++)
                 if (argc > 1 && strcmp(argv[1], cases[i].name) == 0) {
                         if (start(cases[i].config) == 0)
                                 r = run_tests(&cases[i].tc, 1);
@@ -685,7 +685,7 @@ int main(int argc, char **argv)
                         return r;
                 }
         fprintf(stderr, "usage: %s CASE (", argv[0]);
-        for (size_t i = 0; i < ARRAY_LEN(cases); i++)
+        for (size_t i = 0; i < ARRAY_SIZE(cases); i++)
                 fprintf(stderr, "%s%s", i ? ", " : "", cases[i].name);
         fprintf(stderr, ")\n");
         return 2;

@@ -482,7 +482,7 @@ static void short_packet_too_many_fds(void)
         CHECK_EQ(rq(&r, &q, NULL, 0), 0);
         fds[0] = open("/dev/null", O_RDONLY | O_CLOEXEC);
         CHECK(fds[0] >= 0);
-        for (size_t i = 1; i < ARRAY_LEN(fds); i++)
+        for (size_t i = 1; i < ARRAY_SIZE(fds); i++)
                 fds[i] = fds[0];
         c->cmsg_level = SOL_SOCKET;
         c->cmsg_type = SCM_RIGHTS;
@@ -646,7 +646,7 @@ static void test_handles(void)
                 return;
         /* the victim's real handles, and their neighbours */
         uint64_t theirs[] = {victim.dev_handle, victim.host_handle, victim.vmm_handle};
-        for (size_t i = 0; i < ARRAY_LEN(theirs); i++)
+        for (size_t i = 0; i < ARRAY_SIZE(theirs); i++)
                 for (int op = 0; op < 6; op++) {
                         EXPECT_CLEAN(&r, req_handle_op(op, theirs[i]), NULL, 0, -ENOENT);
                         EXPECT_CLEAN(&r, req_handle_op(op, theirs[i] + 1), NULL, 0, -ENOENT);
@@ -704,7 +704,7 @@ static void test_addresses(void)
 
         if (!raw_open(&r))
                 return;
-        for (size_t i = 0; i < ARRAY_LEN(v); i++) {
+        for (size_t i = 0; i < ARRAY_SIZE(v); i++) {
                 uint64_t va = v[i];
                 /* another client's addresses are outside this one's window */
                 EXPECT_CLEAN(&r, req_alloc(GPUMEM__MEM_KIND__MEM_KIND_DEVICE, 2 * MiB, gpus[0], va), NULL, 0,
@@ -758,7 +758,7 @@ static void test_sizes(void)
 
         if (!raw_open(&r))
                 return;
-        for (size_t k = 0; k < ARRAY_LEN(kinds); k++) {
+        for (size_t k = 0; k < ARRAY_SIZE(kinds); k++) {
                 uint32_t g = kinds[k] == GPUMEM__MEM_KIND__MEM_KIND_DEVICE ? gpus[0] : 0;
                 EXPECT_CLEAN(&r, req_alloc(kinds[k], 0, g, 0), NULL, 0, -EINVAL);
                 EXPECT_CLEAN(&r, req_alloc(kinds[k], 1ull << 62, g, 0), NULL, 0, -ENOMEM);
@@ -846,7 +846,7 @@ static void test_list_limits(void)
 
         if (!raw_open(&r))
                 return;
-        for (size_t i = 0; i < ARRAY_LEN(ids); i++) {
+        for (size_t i = 0; i < ARRAY_SIZE(ids); i++) {
                 ids[i] = gpus[i % n_gpus];
                 gpumem__access_desc__init(&desc[i]);
                 desc[i].has_gpu_id = desc[i].has_access = true;
@@ -935,7 +935,7 @@ static void test_svm_attrs(void)
         s.attrs = ap;
         q.op_case = GPUMEM__REQUEST__OP_SVM_SET_ATTR;
         q.svm_set_attr = &s;
-        for (size_t i = 0; i < ARRAY_LEN(cases); i++) {
+        for (size_t i = 0; i < ARRAY_SIZE(cases); i++) {
                 for (size_t k = 0; k < cases[i].n; k++) {
                         gpumem__svm_attr__init(&a[k]);
                         a[k].has_type = a[k].has_value = true;
@@ -1209,7 +1209,7 @@ int main(int argc, char **argv)
                 daemon_cleanup(&dmn);
                 return EXIT_FAILURE;
         }
-        for (size_t i = 0; i < t->n_nodes && n_gpus < ARRAY_LEN(gpus); i++)
+        for (size_t i = 0; i < t->n_nodes && n_gpus < ARRAY_SIZE(gpus); i++)
                 if (t->nodes[i].is_gpu)
                         gpus[n_gpus++] = t->nodes[i].gpu_id;
         gm_topology_free(t);
@@ -1219,7 +1219,7 @@ int main(int argc, char **argv)
         usleep(100000);
         CHECK_EQ(daemon_state(&dmn, &with_victim), 0);
         with_victim.fds = daemon_quiet_fd_count(&dmn);
-        r = run_tests(cases, ARRAY_LEN(cases));
+        r = run_tests(cases, ARRAY_SIZE(cases));
         if (victim.c) {
                 gm_client_close(victim.c);
                 DaemonState s;

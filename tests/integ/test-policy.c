@@ -711,7 +711,7 @@ int main(void)
         /* the policy names GPU ids, so it is written once the topology is known, and loaded by SIGHUP */
         write_policy(8);
         reload();
-        r = run_tests(cases, ARRAY_LEN(cases));
+        r = run_tests(cases, ARRAY_SIZE(cases));
         if (daemon_stop(&dmn) != 0)
                 r = EXIT_FAILURE;
         daemon_cleanup(&dmn);

@@ -226,7 +226,7 @@ int main(void)
         usleep(100000);
         CHECK_EQ(daemon_state(&dmn, &fresh), 0);
         fresh.fds = daemon_quiet_fd_count(&dmn);
-        r = run_tests(cases, ARRAY_LEN(cases));
+        r = run_tests(cases, ARRAY_SIZE(cases));
         if (daemon_stop(&dmn) != 0)
                 r = EXIT_FAILURE;
         daemon_cleanup(&dmn);

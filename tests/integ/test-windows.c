@@ -579,7 +579,7 @@ int main(void)
         r = daemon_wrapped() ? start(config_caps) : start(config_default);
         if (r < 0)
                 return EXIT_FAILURE;
-        r = run_tests(cases, ARRAY_LEN(cases));
+        r = run_tests(cases, ARRAY_SIZE(cases));
         stop();
         return r;
 }

@@ -68,10 +68,10 @@ typedef struct WorkerReport {
 static void lat(WorkerReport *r, int64_t t0)
 {
         uint32_t us = (uint32_t)(now_us() - t0);
-        if (r->n_lat < ARRAY_LEN(r->lat_us))
+        if (r->n_lat < ARRAY_SIZE(r->lat_us))
                 r->lat_us[r->n_lat++] = us;
         else
-                r->lat_us[(uint32_t)rand() % ARRAY_LEN(r->lat_us)] = us;
+                r->lat_us[(uint32_t)rand() % ARRAY_SIZE(r->lat_us)] = us;
 }
 
 #define TIMED(r, call)                                                                                       \
@@ -299,7 +299,7 @@ static int run(const Run *cfg)
                         total.ops[k] += rep.ops[k];
                 total.errors += rep.errors;
                 total.corruptions += rep.corruptions;
-                for (uint32_t k = 0; k < rep.n_lat && total.n_lat < ARRAY_LEN(total.lat_us); k++)
+                for (uint32_t k = 0; k < rep.n_lat && total.n_lat < ARRAY_SIZE(total.lat_us); k++)
                         total.lat_us[total.n_lat++] = rep.lat_us[(k * 7) % rep.n_lat];
         }
         CHECK_EQ(failed, 0);
@@ -471,8 +471,8 @@ static void storm_client(uint64_t seed, StormSlot *slot, int mbox_tx, int mbox_r
                         static const unsigned flags[] = {0, GM_MEM_HOST_VISIBLE,
                                                          GM_MEM_HOST_VISIBLE | GM_MEM_COHERENT,
                                                          GM_MEM_UNCACHED};
-                        unsigned f = flags[rng_next(&rng) % ARRAY_LEN(flags)];
-                        if (n_mem == ARRAY_LEN(mem))
+                        unsigned f = flags[rng_next(&rng) % ARRAY_SIZE(flags)];
+                        if (n_mem == ARRAY_SIZE(mem))
                                 break;
                         STEP(ST_DEVICE);
                         if (gm_malloc(c, size, gpu, f, &p) != 0)
@@ -485,7 +485,7 @@ static void storm_client(uint64_t seed, StormSlot *slot, int mbox_tx, int mbox_r
                         break;
                 }
                 case 2:
-                        if (n_mem == ARRAY_LEN(mem))
+                        if (n_mem == ARRAY_SIZE(mem))
                                 break;
                         STEP(ST_HOST);
                         if (gm_host_malloc(c, size, gpu, -1, depth & 1 ? GM_MEM_COHERENT : 0, &p) != 0)
@@ -497,7 +497,7 @@ static void storm_client(uint64_t seed, StormSlot *slot, int mbox_tx, int mbox_r
                         gm_svm_attr a[3] = {{GM_SVM_ATTR_PREFERRED_LOC, depth & 1 ? gpu : GM_LOCATION_CPU},
                                             {GM_SVM_ATTR_ACCESS, other},
                                             {GM_SVM_ATTR_SET_FLAGS, GM_SVM_FLAG_COHERENT}};
-                        if (n_mem == ARRAY_LEN(mem))
+                        if (n_mem == ARRAY_SIZE(mem))
                                 break;
                         STEP(ST_MANAGED);
                         if (gm_malloc_managed(c, size, 0, &p) != 0)
@@ -519,7 +519,7 @@ static void storm_client(uint64_t seed, StormSlot *slot, int mbox_tx, int mbox_r
                         StormVmm *v = &vmm[n_vmm];
                         gm_access_desc acc[2] = {{gpu, GM_ACCESS_READ_WRITE},
                                                  {GM_LOCATION_CPU, GM_ACCESS_READ_WRITE}};
-                        if (n_vmm == ARRAY_LEN(vmm))
+                        if (n_vmm == ARRAY_SIZE(vmm))
                                 break;
                         STEP(ST_VMM);
                         size = (size + (2 * MiB - 1)) & ~(2 * MiB - 1);
@@ -554,7 +554,7 @@ static void storm_client(uint64_t seed, StormSlot *slot, int mbox_tx, int mbox_r
                         if (gm_pointer_get_attributes(c, p, &pa) != 0 ||
                             gm_mem_export(c, pa.handle, &fd, NULL) != 0)
                                 break;
-                        if (depth < 3 || n_fds == ARRAY_LEN(fds)) {
+                        if (depth < 3 || n_fds == ARRAY_SIZE(fds)) {
                                 mbox_post(mbox_tx, fd);
                                 close(fd);
                         } else {
@@ -577,15 +577,15 @@ static void storm_client(uint64_t seed, StormSlot *slot, int mbox_tx, int mbox_r
                                 close(fd);
                                 break;
                         }
-                        if (depth == 0 && n_fds < ARRAY_LEN(fds))
+                        if (depth == 0 && n_fds < ARRAY_SIZE(fds))
                                 fds[n_fds++] = fd; /* hold the dmabuf too */
                         else if (depth == 1)
                                 mbox_post(mbox_tx, fd), close(fd); /* pass it on */
                         else
                                 close(fd);
-                        if (depth < 2 || n_vmm == ARRAY_LEN(vmm) ||
+                        if (depth < 2 || n_vmm == ARRAY_SIZE(vmm) ||
                             gm_mem_address_reserve(c, isz, 0, NULL, 0, &v->va) != 0) {
-                                if (n_extra < ARRAY_LEN(extra))
+                                if (n_extra < ARRAY_SIZE(extra))
                                         extra[n_extra++] = h;
                                 break;
                         }
@@ -613,7 +613,7 @@ static void storm_client(uint64_t seed, StormSlot *slot, int mbox_tx, int mbox_r
                 case 9: {
                         gm_handle h = 0;
                         StormVmm *v = n_vmm ? &vmm[pat % n_vmm] : NULL;
-                        if (!v || !v->map_size || n_extra == ARRAY_LEN(extra))
+                        if (!v || !v->map_size || n_extra == ARRAY_SIZE(extra))
                                 break;
                         STEP(ST_RETAIN);
                         if (gm_mem_retain_allocation_handle(c, v->va, &h) == 0)
@@ -818,7 +818,7 @@ static int storm(int n_kills, int n_live, int n_bystanders)
                         total.ops[k] += rep.ops[k];
                 total.errors += rep.errors;
                 total.corruptions += rep.corruptions;
-                for (uint32_t k = 0; k < rep.n_lat && total.n_lat < ARRAY_LEN(total.lat_us); k++)
+                for (uint32_t k = 0; k < rep.n_lat && total.n_lat < ARRAY_SIZE(total.lat_us); k++)
                         total.lat_us[total.n_lat++] = rep.lat_us[(k * 7) % rep.n_lat];
         }
         /* exports still in the mailbox: the last holders of some memory */
@@ -933,7 +933,7 @@ int main(int argc, char **argv)
                 daemon_cleanup(&dmn);
                 return EXIT_FAILURE;
         }
-        for (size_t i = 0; i < t->n_nodes && n_gpus < ARRAY_LEN(gpus); i++)
+        for (size_t i = 0; i < t->n_nodes && n_gpus < ARRAY_SIZE(gpus); i++)
                 if (t->nodes[i].is_gpu)
                         gpus[n_gpus++] = t->nodes[i].gpu_id;
         gm_topology_free(t);

@@ -126,7 +126,7 @@ static void test_wire_fds(void)
                                      .msg_control = cbuf,
                                      .msg_controllen = sizeof(cbuf)};
                 struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
-                for (size_t i = 0; i < ARRAY_LEN(many); i++)
+                for (size_t i = 0; i < ARRAY_SIZE(many); i++)
                         many[i] = fds[0];
                 c->cmsg_level = SOL_SOCKET;
                 c->cmsg_type = SCM_RIGHTS;
@@ -155,5 +155,5 @@ int main(void)
                 {"malformed headers", test_malformed},
                 {"packet I/O with fds", test_wire_fds},
         };
-        return run_tests(cases, ARRAY_LEN(cases));
+        return run_tests(cases, ARRAY_SIZE(cases));
 }

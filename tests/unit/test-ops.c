@@ -27,5 +27,5 @@ int main(void)
                 {"rows name a request, a result, a version and fds", test_rows},
                 {"every op of Request has a row", test_every_op_has_a_row},
         };
-        return run_tests(cases, ARRAY_LEN(cases));
+        return run_tests(cases, ARRAY_SIZE(cases));
 }

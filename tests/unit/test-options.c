@@ -37,7 +37,7 @@ static void test_argv(void)
                 "gpumemd",     "--socket", "/tmp/x.sock",       "-b", "kfd",      "--model-preset", "mi100",
                 "--log-level", "debug",    "--model-kfd-minor", "15", "--config", "/etc/none"};
         options_init(&o);
-        CHECK_EQ(parse(&o, ARRAY_LEN(ok), ok), 0);
+        CHECK_EQ(parse(&o, ARRAY_SIZE(ok), ok), 0);
         CHECK(strcmp(o.socket_path, "/tmp/x.sock") == 0);
         CHECK_EQ(o.backend, OPT_BACKEND_KFD);
         CHECK(strcmp(o.model_preset, "mi100") == 0);
@@ -64,7 +64,7 @@ static void test_argv(void)
         const char *long_sock[] = {"gpumemd", "--socket", long_path};
         const char **bad[] = {bad_backend, bad_level, missing, unknown, extra, bad_minor, long_sock};
         const int bad_n[] = {3, 3, 2, 2, 2, 3, 3};
-        for (size_t i = 0; i < ARRAY_LEN(bad); i++) {
+        for (size_t i = 0; i < ARRAY_SIZE(bad); i++) {
                 options_init(&o);
                 CHECK_EQ(parse(&o, bad_n[i], bad[i]), -EINVAL);
                 options_done(&o);
@@ -113,7 +113,7 @@ static void test_file_good(void)
         /* flags given on the command line win over the file */
         const char *argv[] = {"gpumemd", "--model-preset", "mi100", "--log-level", "debug"};
         options_init(&o);
-        CHECK_EQ(parse(&o, ARRAY_LEN(argv), argv), 0);
+        CHECK_EQ(parse(&o, ARRAY_SIZE(argv), argv), 0);
         CHECK_EQ(options_load_file(&o, path, true, err, sizeof(err)), 0);
         CHECK(strcmp(o.model_preset, "mi100") == 0);
         CHECK_EQ(o.log_level, LOG_DEBUG);
@@ -157,10 +157,10 @@ static void test_file_errors(void)
         char err[2048];
         Options o;
 
-        for (size_t i = 0; i < ARRAY_LEN(cases); i++) {
+        for (size_t i = 0; i < ARRAY_SIZE(cases); i++) {
                 const char *text = cases[i].text;
                 char buf[256];
-                if (i == ARRAY_LEN(cases) - 1) {
+                if (i == ARRAY_SIZE(cases) - 1) {
                         snprintf(buf, sizeof(buf), "[daemon]\nlog-level = info\n%s",
                                  text + strlen("[daemon]\n"));
                         text = buf;
@@ -231,7 +231,7 @@ int main(void)
 
         if (!mkdtemp(tmpdir))
                 return EXIT_FAILURE;
-        r = run_tests(cases, ARRAY_LEN(cases));
+        r = run_tests(cases, ARRAY_SIZE(cases));
         char cmd[300];
         snprintf(cmd, sizeof(cmd), "rm -rf '%s'", tmpdir);
         (void)!system(cmd);

@@ -154,7 +154,7 @@ static void test_errors(void)
         char err[2048];
         Policy *p;
 
-        for (size_t i = 0; i < ARRAY_LEN(cases); i++) {
+        for (size_t i = 0; i < ARRAY_SIZE(cases); i++) {
                 const char *path = write_file("bad.conf", cases[i].text);
                 p = NULL;
                 err[0] = '\0';
@@ -204,7 +204,7 @@ static void test_containers(void)
         };
         char c[64], p[64];
 
-        for (size_t i = 0; i < ARRAY_LEN(cases); i++) {
+        for (size_t i = 0; i < ARRAY_SIZE(cases); i++) {
                 policy_container_of(cases[i].cgroup, c, sizeof(c), p, sizeof(p));
                 if (strcmp(c, cases[i].container) || strcmp(p, cases[i].pod))
                         fprintf(stderr, "%s -> '%s' '%s'\n", cases[i].cgroup, c, p);
@@ -226,7 +226,7 @@ int main(void)
 
         if (!mkdtemp(tmpdir))
                 return EXIT_FAILURE;
-        r = run_tests(cases, ARRAY_LEN(cases));
+        r = run_tests(cases, ARRAY_SIZE(cases));
         char cmd[300];
         snprintf(cmd, sizeof(cmd), "rm -rf '%s'", tmpdir);
         (void)!system(cmd);

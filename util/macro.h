@@ -1,0 +1,64 @@
+/* Helpers every part of gpumemd shares (daemon, thunk, client library): array size, cleanup, ownership. */
+#pragma once
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#define ARRAY_SIZE(a) (sizeof(a) / sizeof((a)[0]))
+
+#define _cleanup_(f)   __attribute__((cleanup(f)))
+#define _printf_(a, b) __attribute__((format(printf, a, b)))
+#define _unused_       __attribute__((unused))
+
+/* Move ownership out of a variable: the variable is left NULL (or -1 for fds). */
+#define TAKE_PTR(p)                                                                                          \
+        ({                                                                                                   \
+                __typeof__(p) _p_ = (p);                                                                     \
+                (p) = NULL;                                                                                  \
+                _p_;                                                                                         \
+        })
+#define TAKE_FD(fd)                                                                                          \
+        ({                                                                                                   \
+                int _fd_ = (fd);                                                                             \
+                (fd) = -1;                                                                                   \
+                _fd_;                                                                                        \
+        })
+
+static inline void freep(void *p)
+{
+        free(*(void **)p);
+}
+#define _cleanup_free_ _cleanup_(freep)
+
+/* Close @fd if it is one, keeping errno; returns -1 for "fd = safe_close(fd)". */
+static inline int safe_close(int fd)
+{
+        if (fd >= 0) {
+                int saved = errno;
+                close(fd);
+                errno = saved;
+        }
+        return -1;
+}
+
+static inline void closep(int *fd)
+{
+        *fd = safe_close(*fd);
+}
+#define _cleanup_close_ _cleanup_(closep)
+
+static inline void fclosep(FILE **f)
+{
+        if (*f)
+                fclose(*f);
+}
+#define _cleanup_fclose_ _cleanup_(fclosep)
+
+#define DEFINE_TRIVIAL_CLEANUP_FUNC(type, func)                                                              \
+        static inline void func##p(type *p)                                                                  \
+        {                                                                                                    \
+                if (*p)                                                                                      \
+                        *p = func(*p);                                                                       \
+        }
