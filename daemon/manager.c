@@ -491,7 +491,7 @@ int manager_new(Manager **ret, const Options *opts)
         m->rx_buf = malloc(GM_FRAME_MAX);
         m->tx_buf = malloc(GM_FRAME_MAX);
         m->base = event_base_new();
-        if (!m->rx_buf || !m->tx_buf || !m->base || !m->metrics) {
+        if (!m->rx_buf || !m->tx_buf || !m->base || !m->metrics || arena_init(&m->req_arena, 64 * 1024) < 0) {
                 r = -ENOMEM;
                 goto fail;
         }
@@ -635,6 +635,7 @@ Manager *manager_free(Manager *m)
                 event_base_free(m->base);
         free(m->rx_buf);
         free(m->tx_buf);
+        arena_done(&m->req_arena);
         free(m->topology_reply[0]);
         free(m->topology_reply[1]);
         options_done(&m->opts);

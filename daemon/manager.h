@@ -7,6 +7,7 @@
 
 #include "log.h"
 #include "options.h"
+#include "arena.h"
 #include "driver.h"
 #include "vaman.h"
 
@@ -61,6 +62,7 @@ typedef struct Manager {
 
         uint8_t *rx_buf; /* one frame at a time is handled, so one receive and one send buffer serve all */
         uint8_t *tx_buf;
+        Arena req_arena; /* a request's decoded messages, reset after each one */
         /* the topology reply, packed once ([1]: with every property): the topology never changes */
         uint8_t *topology_reply[2];
         size_t topology_reply_len[2];

@@ -279,10 +279,22 @@ static void request_account(ReqCtx *r, int err)
         }
 }
 
+static void *arena_alloc_cb(void *arena, size_t size)
+{
+        return arena_alloc(arena, size);
+}
+
+static void arena_free_cb(void *arena, void *p)
+{
+        arena_free(arena, p);
+}
+
 void request_handle(Conn *c, const uint8_t *buf, size_t len, int *fds, size_t n_fds)
 {
         Manager *m = c->m;
         ReqCtx r = {.c = c, .m = m, .in_fds = fds, .n_in_fds = n_fds};
+        /* decoded into the manager's arena: no malloc per message on the way in */
+        ProtobufCAllocator alloc = {arena_alloc_cb, arena_free_cb, &m->req_arena};
         Gpumem__Request *req = NULL;
         const OpDesc *op = NULL;
         const char *name = NULL;
@@ -350,7 +362,7 @@ void request_handle(Conn *c, const uint8_t *buf, size_t len, int *fds, size_t n_
 
         /* Gate passed: only now decode. The body is bounded by GM_FRAME_BODY_MAX, and so is what unpacking
          * can allocate. */
-        req = gpumem__request__unpack(NULL, hdr.body_len, buf + GM_FRAME_HDR_SIZE);
+        req = gpumem__request__unpack(&alloc, hdr.body_len, buf + GM_FRAME_HDR_SIZE);
         if (!req) {
                 request_violation(c, hdr.request_id, -EBADMSG, "request body is not a valid Request message");
                 goto out;
@@ -377,7 +389,8 @@ out:
                 if (!r.in_fd_taken[i])
                         safe_close(fds[i]);
         if (req)
-                gpumem__request__free_unpacked(req, NULL);
+                gpumem__request__free_unpacked(req, &alloc);
+        arena_reset(&m->req_arena);
 }
 
 struct Req {
