@@ -2134,9 +2134,10 @@ static int check_svm_attrs(const Broker *b, const BrokerSvmAttr *a, size_t n, bo
         return 0;
 }
 
-int broker_svm_set(BrokerClient *c, uint64_t va, uint64_t size, const BrokerSvmAttr *a, size_t n, Reason *w)
+/* The attributes may be set on [va, va+size): one managed allocation of the client's, GPUs it may use. */
+static int svm_set_check(BrokerClient *c, uint64_t va, uint64_t size, const BrokerSvmAttr *a, size_t n,
+                         Reason *w)
 {
-        DriverSvmAttr t[BROKER_SVM_MAX_ATTRS];
         int r;
 
         if ((r = managed_range(c, va, size, w)) < 0 || (r = check_svm_attrs(c->b, a, n, false, w)) < 0)
@@ -2150,6 +2151,16 @@ int broker_svm_set(BrokerClient *c, uint64_t va, uint64_t size, const BrokerSvmA
                 if (names_gpu && (r = gpu_allowed(c, a[i].value, w)) < 0)
                         return r;
         }
+        return 0;
+}
+
+int broker_svm_set(BrokerClient *c, uint64_t va, uint64_t size, const BrokerSvmAttr *a, size_t n, Reason *w)
+{
+        DriverSvmAttr t[BROKER_SVM_MAX_ATTRS];
+        int r = svm_set_check(c, va, size, a, n, w);
+
+        if (r < 0)
+                return r;
         for (size_t i = 0; i < n; i++)
                 t[i] = (DriverSvmAttr){a[i].type, a[i].value};
         r = driver_svm_set(c->b->drv, va, size, t, n);
@@ -2179,6 +2190,41 @@ int broker_svm_prefetch(BrokerClient *c, uint64_t va, uint64_t size, uint32_t lo
 {
         BrokerSvmAttr a = {DRIVER_SVM_ATTR_PREFETCH_LOC, location};
         return broker_svm_set(c, va, size, &a, 1, w);
+}
+
+bool broker_prefetch_is_slow(const BrokerClient *c, uint64_t size)
+{
+        return size >= BROKER_SLOW_PREFETCH_BYTES && driver_has(c->b->drv, DRIVER_CAP_THREADED_SVM);
+}
+
+int broker_prefetch_begin(BrokerClient *c, uint64_t va, uint64_t size, uint32_t location, BrokerPrefetch *p,
+                          Reason *w)
+{
+        BrokerSvmAttr a = {DRIVER_SVM_ATTR_PREFETCH_LOC, location};
+        int r = svm_set_check(c, va, size, &a, 1, w);
+
+        if (r < 0)
+                return r;
+        p->drv = c->b->drv;
+        p->va = va;
+        p->size = size;
+        p->location = location;
+        p->result = 0;
+        return 0;
+}
+
+void broker_prefetch_run(BrokerPrefetch *p)
+{
+        DriverSvmAttr a = {DRIVER_SVM_ATTR_PREFETCH_LOC, p->location};
+        p->result = driver_svm_set(p->drv, p->va, p->size, &a, 1);
+}
+
+int broker_prefetch_end(const BrokerPrefetch *p, Reason *w)
+{
+        if (p->result < 0)
+                return reason_set(w, p->result, "the driver refused the attributes: %s",
+                                  strerror(-p->result));
+        return 0;
 }
 
 /* ---- teardown ---------------------------------------------------------------------------------------- */

@@ -273,3 +273,22 @@ typedef struct BrokerSvmAttr {
 int broker_svm_set(BrokerClient *c, uint64_t va, uint64_t size, const BrokerSvmAttr *a, size_t n, Reason *w);
 int broker_svm_get(BrokerClient *c, uint64_t va, uint64_t size, BrokerSvmAttr *a, size_t n, Reason *w);
 int broker_svm_prefetch(BrokerClient *c, uint64_t va, uint64_t size, uint32_t location, Reason *w);
+
+/*
+ * A prefetch in steps, so that the driver's migration can run off the event loop: begin checks it on the
+ * loop, run asks the driver (any thread: only where DRIVER_CAP_THREADED_SVM, which broker_prefetch_is_slow()
+ * checks), end words its outcome on the loop. The caller keeps the client's range alive meanwhile (the
+ * client's later requests wait for this one).
+ */
+#define BROKER_SLOW_PREFETCH_BYTES (2ull << 20)
+typedef struct BrokerPrefetch {
+        Driver *drv;
+        uint64_t va, size;
+        uint32_t location;
+        int result;
+} BrokerPrefetch;
+bool broker_prefetch_is_slow(const BrokerClient *c, uint64_t size);
+int broker_prefetch_begin(BrokerClient *c, uint64_t va, uint64_t size, uint32_t location, BrokerPrefetch *p,
+                          Reason *w);
+void broker_prefetch_run(BrokerPrefetch *p);
+int broker_prefetch_end(const BrokerPrefetch *p, Reason *w);

@@ -362,8 +362,11 @@ int conn_slot_reserve(Conn *c, TransportPacket **ret)
 {
         int r = transport_slot_reserve(&c->t, ret);
 
-        if (r == 0)
+        /* the client's next request waits for this one: its requests run in the order it sent them */
+        if (r == 0) {
                 c->deferred++;
+                transport_hold(&c->t);
+        }
         return r;
 }
 
@@ -375,6 +378,7 @@ int conn_slot_fill(Conn *c, TransportPacket *slot, uint32_t request_id, const Gp
 
 void conn_deferred_end(Conn *c)
 {
+        transport_release(&c->t);
         if (--c->deferred == 0 && c->free_when_idle) {
                 c->free_when_idle = false;
                 conn_free(c);

@@ -106,8 +106,10 @@ static unsigned k_caps(const Driver *d)
 
         if (thunk_device_has(k->dev, THUNK_FEATURE_CREATE_PROCESS))
                 c |= DRIVER_CAP_PRIVATE_VM;
+        /* an SVM call is one ioctl on the daemon's own context: the kernel takes them from any thread, and
+         * the model serialises its ioctls */
         if (thunk_device_has(k->dev, THUNK_FEATURE_SVM))
-                c |= DRIVER_CAP_MANAGED;
+                c |= DRIVER_CAP_MANAGED | DRIVER_CAP_THREADED_SVM;
         if (thunk_device_has(k->dev, THUNK_FEATURE_GEM_VA))
                 c |= DRIVER_CAP_VA_GRANTS;
         if (thunk_device_has(k->dev, THUNK_FEATURE_EXPORT_DMABUF))

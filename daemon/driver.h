@@ -32,6 +32,7 @@ enum {
         DRIVER_CAP_FD_PER_BUFFER = 1u << 4, /* the driver holds an fd in the daemon for each buffer */
         DRIVER_CAP_TEST_FAULTS = 1u << 5,   /* driver_test_faults() */
         DRIVER_CAP_BACKEND_STATS = 1u << 6, /* driver_stats() */
+        DRIVER_CAP_THREADED_SVM = 1u << 7,  /* driver_svm_set/get may run on any thread, beside other calls */
 };
 
 /* Allocation flags: the protocol's values (gpumem.proto), which the broker passes through. */
@@ -284,7 +285,10 @@ static inline void driver_managed_forget(Driver *d, uint64_t va, uint64_t size)
 {
         d->ops->managed_forget(d, va, size);
 }
-/* SVM attributes of a range of managed memory, as the KFD's SVM ioctl takes them. */
+/*
+ * SVM attributes of a range of managed memory, as the KFD's SVM ioctl takes them. With
+ * DRIVER_CAP_THREADED_SVM these two may be called from any thread while the loop makes other calls.
+ */
 static inline int driver_svm_set(Driver *d, uint64_t va, uint64_t size, const DriverSvmAttr *a, size_t n)
 {
         return d->ops->svm_set(d, va, size, a, n);

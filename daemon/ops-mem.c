@@ -563,13 +563,56 @@ int op_svm_get_attr(ReqCtx *r, const Gpumem__Request *req)
         return reply_result(r, &gr);
 }
 
+/* A large prefetch: the driver's migration runs on a worker, the checks and the reply on the loop. */
+typedef struct PrefetchJob {
+        WorkerJob job; /* first: the pool hands it back */
+        Req *req;
+        BrokerPrefetch p;
+} PrefetchJob;
+
+static void prefetch_job_run(WorkerJob *j)
+{
+        broker_prefetch_run(&((PrefetchJob *)j)->p);
+}
+
+static void prefetch_job_done(WorkerJob *j)
+{
+        PrefetchJob *pj = (PrefetchJob *)j;
+        ReqCtx *r = req_ctx(pj->req);
+        Reason w = {""};
+        int err = broker_prefetch_end(&pj->p, &w);
+
+        req_end(pj->req, err < 0 ? fail_why(r, err, &w) : reply_empty(r));
+        free(pj);
+}
+
 int op_svm_prefetch(ReqCtx *r, const Gpumem__Request *req)
 {
         const Gpumem__SvmPrefetch *a = req->svm_prefetch;
+        PrefetchJob *pj;
         Reason w = {""};
         int err;
         WITH_CLIENT(r, bc);
 
-        err = broker_svm_prefetch(bc, a->va, a->size, a->location, &w);
+        if (!r->m->workers || !broker_prefetch_is_slow(bc, a->size)) {
+                err = broker_svm_prefetch(bc, a->va, a->size, a->location, &w);
+                return err < 0 ? fail_why(r, err, &w) : reply_empty(r);
+        }
+        pj = calloc(1, sizeof(*pj));
+        if (!pj)
+                return reply_fail(r, -ENOMEM, "out of memory");
+        err = broker_prefetch_begin(bc, a->va, a->size, a->location, &pj->p, &w);
+        if (err >= 0 && req_defer(r, &pj->req) == 0) {
+                pj->job.run = prefetch_job_run;
+                pj->job.done = prefetch_job_done;
+                worker_submit(r->m->workers, &pj->job);
+                return REQ_DEFERRED;
+        }
+        if (err >= 0) {
+                /* no room to wait: prefetch here, on the loop */
+                broker_prefetch_run(&pj->p);
+                err = broker_prefetch_end(&pj->p, &w);
+        }
+        free(pj);
         return err < 0 ? fail_why(r, err, &w) : reply_empty(r);
 }

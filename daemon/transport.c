@@ -90,6 +90,12 @@ static void out_append(Transport *t, TransportPacket *p)
         t->ops->inflight(t->owner, +1, limited);
 }
 
+/* Nothing stops reading: not dead, not paused or held, below the in-flight limit. */
+static bool reading_allowed(const Transport *t)
+{
+        return !t->dead && !t->paused && !t->held && t->out_count < t->ops->inflight_limit(t->owner);
+}
+
 static int flush(Transport *t)
 {
         while (t->out_head && !t->out_head->hole) {
@@ -108,7 +114,7 @@ static int flush(Transport *t)
                 t->ops->inflight(t->owner, -1, false);
                 send_timer_restart(t);
                 /* below its in-flight limit again: read it (replies keep their order in the queue) */
-                if (!t->paused && !t->dead && t->out_count < t->ops->inflight_limit(t->owner))
+                if (reading_allowed(t))
                         event_add(t->rd_ev, NULL);
         }
         /* empty, or waiting for a reply still being made: nothing to write, and no stall of the client's */
@@ -135,7 +141,7 @@ static void on_read(evutil_socket_t fd, short what, void *userdata)
         size_t n_fds = 0;
         ssize_t n;
 
-        if (t->dead || t->paused)
+        if (t->dead || t->paused || t->held)
                 return;
         if (t->out_count >= t->ops->inflight_limit(t->owner)) {
                 /* as many replies wait as this connection may have in flight: it waits, alone */
@@ -232,7 +238,19 @@ void transport_pause(Transport *t, bool paused)
         t->paused = paused;
         if (paused)
                 event_del(t->rd_ev);
-        else if (!t->dead && t->out_count < t->ops->inflight_limit(t->owner))
+        else if (reading_allowed(t))
+                event_add(t->rd_ev, NULL);
+}
+
+void transport_hold(Transport *t)
+{
+        if (t->held++ == 0 && t->rd_ev)
+                event_del(t->rd_ev);
+}
+
+void transport_release(Transport *t)
+{
+        if (t->held && --t->held == 0 && reading_allowed(t))
                 event_add(t->rd_ev, NULL);
 }
 

@@ -48,7 +48,8 @@ typedef struct Transport {
         unsigned out_count; /* replies queued or being made */
         uint16_t version;   /* written in reply headers (0: the newest) */
         bool dead;
-        bool paused; /* not reading (the daemon is stopping) */
+        bool paused;   /* not reading (the daemon is stopping) */
+        unsigned held; /* not reading until the owner's work in progress is done (transport_hold) */
 } Transport;
 
 /* Take @fd (closed by transport_done, also after a failure here) and start reading. */
@@ -61,6 +62,9 @@ void transport_done(Transport *t);
 void transport_stop(Transport *t);
 /* Stop or resume reading. */
 void transport_pause(Transport *t, bool paused);
+/* Hold reading (nested) while the owner works on a request, so that its next request waits for it. */
+void transport_hold(Transport *t);
+void transport_release(Transport *t);
 /* Nothing queued or being made. */
 bool transport_idle(const Transport *t);
 

@@ -555,6 +555,17 @@ static void send_ping(int fd, uint32_t id)
         send_request(fd, id, &q);
 }
 
+/* The next reply on @fd is @want_id's, with status @want_code; its reason goes to @why (may be NULL). */
+static void expect_reply(int fd, uint32_t want_id, int want_code, char *why, size_t why_len)
+{
+        uint32_t id = 0;
+        int code = 1;
+
+        CHECK_EQ(raw_recv_reply(fd, &id, &code, why, why_len, 20000), 0);
+        CHECK_EQ(id, want_id);
+        CHECK_EQ(code, want_code);
+}
+
 /* Replies waiting on @fd right now (without blocking). */
 static bool reply_waiting(int fd)
 {
@@ -571,8 +582,6 @@ static bool reply_waiting(int fd)
 static void test_slow_alloc(void)
 {
         int a = raw_connect(dmn.sock), b = raw_connect(dmn.sock), cfd, dfd;
-        uint32_t id = 0;
-        int code = 1;
         char why[256];
 
         CHECK(a >= 0 && b >= 0);
@@ -587,17 +596,11 @@ static void test_slow_alloc(void)
         usleep(30 * 1000); /* the daemon has taken both by now */
         /* b is answered while a's memory is still being populated */
         send_ping(b, 30);
-        CHECK_EQ(raw_recv_reply(b, &id, &code, why, sizeof(why), 5000), 0);
-        CHECK_EQ(id, 30);
-        CHECK_EQ(code, 0);
+        expect_reply(b, 30, 0, why, sizeof(why));
         CHECK(!reply_waiting(a));
         /* a's replies come in its order: the allocation first, though its ping was quick */
-        CHECK_EQ(raw_recv_reply(a, &id, &code, why, sizeof(why), 20000), 0);
-        CHECK_EQ(id, 20);
-        CHECK_EQ(code, 0);
-        CHECK_EQ(raw_recv_reply(a, &id, &code, why, sizeof(why), 5000), 0);
-        CHECK_EQ(id, 21);
-        CHECK_EQ(code, 0);
+        expect_reply(a, 20, 0, why, sizeof(why));
+        expect_reply(a, 21, 0, why, sizeof(why));
         CHECK_EQ(class_used("all", GM_RESOURCE_HOST), 512 * MiB);
         close(a);
         close(b);
@@ -614,12 +617,8 @@ static void test_slow_alloc(void)
         send_host_alloc(cfd, 40, 512 * MiB);
         usleep(10 * 1000);
         send_host_alloc(dfd, 50, 512 * MiB);
-        CHECK_EQ(raw_recv_reply(dfd, &id, &code, why, sizeof(why), 20000), 0);
-        CHECK_EQ(id, 50);
-        CHECK_EQ(code, -EDQUOT);
-        CHECK_EQ(raw_recv_reply(cfd, &id, &code, why, sizeof(why), 20000), 0);
-        CHECK_EQ(id, 40);
-        CHECK_EQ(code, 0);
+        expect_reply(dfd, 50, -EDQUOT, why, sizeof(why));
+        expect_reply(cfd, 40, 0, why, sizeof(why));
         close(cfd);
         close(dfd);
         CHECK(daemon_wait_base(&dmn, &base, 10000, NULL) == 0);
@@ -638,6 +637,104 @@ static void test_slow_alloc(void)
         }
         CHECK(served_within(10));
         CHECK(daemon_wait_base(&dmn, &base, 20000, NULL) == 0);
+}
+
+/*
+ * A client's requests run in the order it sent them, also when one of them finishes later: a pointer query
+ * behind a host allocation being populated finds it; a prefetch (off the loop from 2 MiB), the free of its
+ * memory and a prefetch of the freed range, pipelined, run in that order.
+ */
+static void test_ordered_prefetch(void)
+{
+        Gpumem__Request q = GPUMEM__REQUEST__INIT;
+        Gpumem__Alloc a = GPUMEM__ALLOC__INIT;
+        Gpumem__SvmPrefetch pf = GPUMEM__SVM_PREFETCH__INIT;
+        Gpumem__Free fr = GPUMEM__FREE__INIT;
+        Gpumem__Reply *rep = NULL;
+        int fds[16];
+        size_t n_fds = 0;
+        uint64_t va = 0, handle = 0, window_base = 0;
+        uint32_t id = 0;
+        int fd = raw_connect(dmn.sock), code = 1;
+        char why[256];
+
+        CHECK(fd >= 0);
+        if (fd < 0)
+                return;
+        {
+                /* the hello reply names the window, where the fixed address below is placed */
+                Gpumem__Hello h = GPUMEM__HELLO__INIT;
+                h.has_protocol_version = true;
+                h.protocol_version = 1;
+                h.client_name = "ordered";
+                q.op_case = GPUMEM__REQUEST__OP_HELLO;
+                q.hello = &h;
+                CHECK_EQ(raw_request(fd, 1, &q, NULL, 0, (void **)&rep, NULL, NULL, NULL), 0);
+                if (rep && rep->hello)
+                        window_base = rep->hello->window_base;
+                raw_reply_free(rep);
+                rep = NULL;
+        }
+        CHECK(window_base != 0);
+        {
+                /* a host allocation the daemon populates for a while, at a known address, and a pointer
+                 * query of that address right behind it: the query runs after the allocation */
+                Gpumem__Alloc h = GPUMEM__ALLOC__INIT;
+                Gpumem__PointerInfoGet pi = GPUMEM__POINTER_INFO_GET__INIT;
+                h.has_kind = h.has_size = h.has_fixed_va = true;
+                h.kind = GPUMEM__MEM_KIND__MEM_KIND_HOST;
+                h.size = 512 * MiB;
+                h.fixed_va = window_base + 1024 * MiB;
+                q.op_case = GPUMEM__REQUEST__OP_ALLOC;
+                q.alloc = &h;
+                send_request(fd, 70, &q);
+                pi.has_va = true;
+                pi.va = h.fixed_va + 4096;
+                q.op_case = GPUMEM__REQUEST__OP_POINTER_INFO;
+                q.pointer_info = &pi;
+                send_request(fd, 71, &q);
+                expect_reply(fd, 70, 0, why, sizeof(why));
+                expect_reply(fd, 71, 0, why, sizeof(why));
+        }
+        a.has_kind = a.has_size = true;
+        a.kind = GPUMEM__MEM_KIND__MEM_KIND_MANAGED;
+        a.size = 64 * MiB;
+        q.op_case = GPUMEM__REQUEST__OP_ALLOC;
+        q.alloc = &a;
+        CHECK_EQ(raw_request(fd, 80, &q, NULL, 0, (void **)&rep, fds, &n_fds, NULL), 0);
+        if (rep && rep->alloc) {
+                va = rep->alloc->va;
+                handle = rep->alloc->handle;
+        }
+        raw_reply_free(rep);
+        for (size_t i = 0; i < n_fds; i++)
+                close(fds[i]);
+        CHECK(va != 0 && handle != 0);
+
+        pf.has_va = pf.has_size = pf.has_location = true;
+        pf.va = va;
+        pf.size = 64 * MiB;
+        pf.location = gpus[0];
+        q.op_case = GPUMEM__REQUEST__OP_SVM_PREFETCH;
+        q.svm_prefetch = &pf;
+        send_request(fd, 81, &q);
+        fr.has_handle = true;
+        fr.handle = handle;
+        q.op_case = GPUMEM__REQUEST__OP_FREE;
+        q.free = &fr;
+        send_request(fd, 82, &q);
+        q.op_case = GPUMEM__REQUEST__OP_SVM_PREFETCH;
+        q.svm_prefetch = &pf;
+        send_request(fd, 83, &q);
+
+        expect_reply(fd, 81, 0, why, sizeof(why));
+        expect_reply(fd, 82, 0, why, sizeof(why));
+        CHECK_EQ(raw_recv_reply(fd, &id, &code, why, sizeof(why), 10000), 0);
+        CHECK_EQ(id, 83);
+        CHECK(code < 0);
+        CHECK_STR_CONTAINS(why, "managed");
+        close(fd);
+        CHECK(daemon_wait_base(&dmn, &base, 10000, NULL) == 0);
 }
 
 #define SLOW_ALLOC_CONFIG "[daemon]\nlog-level = warning\n[class all]\nmatch-all = yes\nhost = 768M\n"
@@ -671,6 +768,10 @@ int main(int argc, char **argv)
                 {"slow-alloc",
                  SLOW_ALLOC_CONFIG,
                  {"a host allocation is populated off the event loop, replies in order", test_slow_alloc}},
+                {"ordered",
+                 SLOW_ALLOC_CONFIG,
+                 {"a client's requests run in its order, a deferred prefetch among them",
+                  test_ordered_prefetch}},
         };
         int r = EXIT_FAILURE;
 
