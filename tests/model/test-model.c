@@ -1842,25 +1842,28 @@ static int test_queues(void)
         put_packet(ring, 1, 2 /* KERNEL_DISPATCH */, NULL, (uintptr_t)&sig[2]);
         __atomic_store_n(wptr, 2, __ATOMIC_RELEASE);
         usleep(50000);
-        CHECK(*rptr == 0 && sig[1].value == 1 && sig[2].value == 1);
-        sig[0].value = 0;
+        CHECK(__atomic_load_n(rptr, __ATOMIC_ACQUIRE) == 0 &&
+              __atomic_load_n(&sig[1].value, __ATOMIC_ACQUIRE) == 1 &&
+              __atomic_load_n(&sig[2].value, __ATOMIC_ACQUIRE) == 1);
+        __atomic_store_n(&sig[0].value, 0, __ATOMIC_RELEASE);
         CHECK(wait_value(rptr, 2));
-        CHECK(sig[1].value == 0 && sig[2].value == 0);
+        CHECK(__atomic_load_n(&sig[1].value, __ATOMIC_ACQUIRE) == 0 &&
+              __atomic_load_n(&sig[2].value, __ATOMIC_ACQUIRE) == 0);
         CHECK((*(uint16_t *)ring & 0xff) == 1 && (*(uint16_t *)(ring + 64) & 0xff) == 1);
 
         /* a barrier-OR retires as soon as one dependency is satisfied */
-        sig[3].value = 1;
-        sig[4].value = 1;
-        sig[1].value = 1;
+        __atomic_store_n(&sig[3].value, 1, __ATOMIC_RELEASE);
+        __atomic_store_n(&sig[4].value, 1, __ATOMIC_RELEASE);
+        __atomic_store_n(&sig[1].value, 1, __ATOMIC_RELEASE);
         deps[0] = (uintptr_t)&sig[3];
         deps[1] = (uintptr_t)&sig[4];
         put_packet(ring, 2, 5 /* BARRIER_OR */, deps, (uintptr_t)&sig[1]);
         __atomic_store_n(wptr, 3, __ATOMIC_RELEASE);
         usleep(30000);
-        CHECK(*rptr == 2);
-        sig[4].value = 0;
+        CHECK(__atomic_load_n(rptr, __ATOMIC_ACQUIRE) == 2);
+        __atomic_store_n(&sig[4].value, 0, __ATOMIC_RELEASE);
         CHECK(wait_value(rptr, 3));
-        CHECK(sig[1].value == 0);
+        CHECK(__atomic_load_n(&sig[1].value, __ATOMIC_ACQUIRE) == 0);
 
         /* a completion signal with an event mailbox: the id lands in the slot and the event fires */
         CHECK_RC(create_event(&f, KFD_IOC_EVENT_SIGNAL, true, &ev), 0);
@@ -1868,14 +1871,15 @@ static int test_queues(void)
         CHECK_RC(f.seam.ops->mmap(f.seam.impl, NULL, KFD_SIGNAL_EVENT_LIMIT * 8, PROT_READ | PROT_WRITE,
                                   MAP_SHARED, f.kfd, ev.event_page_offset, (void **)&events),
                  0);
-        sig[5].value = 1;
+        __atomic_store_n(&sig[5].value, 1, __ATOMIC_RELEASE);
         sig[5].mailbox = (uintptr_t)&events[id];
         sig[5].event_id = id;
         put_packet(ring, 3, 2, NULL, (uintptr_t)&sig[5]);
         __atomic_store_n(wptr, 4, __ATOMIC_RELEASE);
         CHECK_RC(wait_events(&f, &id, 1, false, 2000, &result), 0);
         CHECK(result == KFD_IOC_WAIT_RESULT_COMPLETE);
-        CHECK(sig[5].value == 0 && *rptr == 4);
+        CHECK(__atomic_load_n(&sig[5].value, __ATOMIC_ACQUIRE) == 0 &&
+              __atomic_load_n(rptr, __ATOMIC_ACQUIRE) == 4);
         /* the interrupt re-armed the slot */
         CHECK(events[id] == ~0ULL);
 
