@@ -181,6 +181,11 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
                 abort();
         }
         options_done(&o);
+        /* The daemon's SIGTERM and SIGINT events would take the signals from libFuzzer, which then never
+         * stops or prints its final stats when a run is cut off: give them back (libevent restores the
+         * handlers it replaced). */
+        event_del(mgr->sigterm_ev);
+        event_del(mgr->sigint_ev);
         /* the socket file is not needed: connections come from socketpairs */
         unlink(sock);
         rmdir(tmpdir);
