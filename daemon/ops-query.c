@@ -1,6 +1,5 @@
 /* Query ops: topology (decoded summary and, on request, every raw property). */
 #include <errno.h>
-#include <linux/kfd_sysfs.h>
 #include <stdlib.h>
 
 #include "manager.h"
@@ -54,8 +53,8 @@ static int topology_pack(const ThunkTopology *t, bool with_props, uint8_t **ret,
         for (size_t i = 0; i < t->n_nodes; i++) {
                 const ThunkNode *n = &t->nodes[i];
                 Gpumem__TopologyNode *o = &b.nodes[i];
-                uint64_t sysmem = 0;
-                bool large_bar = false;
+                uint64_t sysmem = thunk_node_system_bytes(n);
+                bool large_bar = thunk_node_has_public_vram(n);
 
                 gpumem__topology_node__init(o);
                 b.node_ptrs[i] = o;
@@ -80,12 +79,6 @@ static int topology_pack(const ThunkTopology *t, bool with_props, uint8_t **ret,
                 o->hive_id = n->hive_id;
                 o->numa_node = n->numa_node;
                 o->capability = n->capability;
-                for (size_t k = 0; k < n->n_mem_banks; k++) {
-                        if (n->mem_banks[k].heap_type == HSA_MEM_HEAP_TYPE_SYSTEM)
-                                sysmem += n->mem_banks[k].size_in_bytes;
-                        if (n->mem_banks[k].heap_type == HSA_MEM_HEAP_TYPE_FB_PUBLIC)
-                                large_bar = true;
-                }
                 o->has_large_bar = n->is_gpu;
                 o->large_bar = large_bar;
                 if (sysmem) {

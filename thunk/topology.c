@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <linux/kfd_sysfs.h>
 #include <unistd.h>
 
 #include "macro.h"
@@ -870,6 +871,24 @@ const ThunkNode *thunk_topology_gpu_by_index(const ThunkTopology *t, size_t gpu_
                 gpu_index--;
         }
         return NULL;
+}
+
+uint64_t thunk_node_system_bytes(const ThunkNode *n)
+{
+        uint64_t bytes = 0;
+
+        for (size_t k = 0; k < n->n_mem_banks; k++)
+                if (n->mem_banks[k].heap_type == HSA_MEM_HEAP_TYPE_SYSTEM)
+                        bytes += n->mem_banks[k].size_in_bytes;
+        return bytes;
+}
+
+bool thunk_node_has_public_vram(const ThunkNode *n)
+{
+        for (size_t k = 0; k < n->n_mem_banks; k++)
+                if (n->mem_banks[k].heap_type == HSA_MEM_HEAP_TYPE_FB_PUBLIC)
+                        return true;
+        return false;
 }
 
 int thunk_topology_numa_of(const ThunkTopology *t, const ThunkNode *n)

@@ -181,5 +181,10 @@ const ThunkNode *thunk_topology_gpu_by_index(const ThunkTopology *t, size_t gpu_
  */
 int thunk_topology_numa_of(const ThunkTopology *t, const ThunkNode *n);
 
+/* Bytes of system memory in @n's memory banks (heap type SYSTEM), 0 when it has none. */
+uint64_t thunk_node_system_bytes(const ThunkNode *n);
+/* Whether @n has a memory bank of host-visible VRAM (heap type FB_PUBLIC: a large BAR). */
+bool thunk_node_has_public_vram(const ThunkNode *n);
+
 /* A property by key; returns false (and leaves *ret alone) when the key is absent. */
 bool thunk_props_get(const ThunkProps *p, const char *key, uint64_t *ret);

@@ -123,6 +123,11 @@ static void test_mi300x(void)
                 if (!t->nodes[i].is_gpu)
                         sys += t->nodes[i].mem_banks[0].size_in_bytes;
         CHECK_EQ(sys, 1536 * GIB);
+        /* the helpers the daemon describes memory with, from the heap types */
+        CHECK_EQ(thunk_node_system_bytes(&t->nodes[0]) + thunk_node_system_bytes(&t->nodes[1]), 1536 * GIB);
+        CHECK(!thunk_node_has_public_vram(&t->nodes[0]));
+        CHECK_EQ(thunk_node_system_bytes(&t->nodes[2]), 0);
+        CHECK(thunk_node_has_public_vram(&t->nodes[2]));
         uint64_t hive = t->nodes[2].hive_id;
         CHECK(hive != 0);
         for (size_t g = 0; g < 8; g++) {
