@@ -12,7 +12,8 @@
  * operations on a device. A driver knows nothing of clients, classes or quotas: it is asked to allocate at a
  * VA the broker chose, to map on GPUs the broker checked, and it answers with a negative errno (no message;
  * the broker words the reason). Every pointer a driver returns is owned by the driver until the matching
- * free. A driver is used from one thread at a time.
+ * free. A driver is used from one thread at a time, but for driver_svm_set/get where it
+ * declares DRIVER_CAP_THREADED_SVM.
  *
  * Only driver implementations include KFD, thunk or model headers. The topology is described with the
  * thunk's plain structs (topology.h), which hold no driver state.

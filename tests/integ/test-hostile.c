@@ -593,7 +593,7 @@ static void test_slow_alloc(void)
         /* a: the allocation, then a ping behind it */
         send_host_alloc(a, 20, 512 * MiB);
         send_ping(a, 21);
-        usleep(30 * 1000); /* the daemon has taken both by now */
+        usleep(5 * 1000); /* the daemon has taken the allocation by now (the ping waits behind it) */
         /* b is answered while a's memory is still being populated */
         send_ping(b, 30);
         expect_reply(b, 30, 0, why, sizeof(why));
