@@ -249,9 +249,22 @@ static void pin_loop_apart(pid_t pid, int loop_cpu, int others_cpu)
                 set_affinity_tid(pid, &a);
                 return;
         }
-        while ((e = readdir(dir)))
-                if (e->d_name[0] != '.')
-                        set_affinity_tid((pid_t)atoi(e->d_name), atoi(e->d_name) == (int)pid ? &a : &b);
+        /* the main thread and the other event loops ("gpumemd-loop") on @loop_cpu, the worker threads
+         * ("gpumemd-work") on @others_cpu */
+        while ((e = readdir(dir))) {
+                char comm_path[sizeof(path) + 280], comm[32] = "";
+                FILE *f;
+                if (e->d_name[0] == '.')
+                        continue;
+                snprintf(comm_path, sizeof(comm_path), "%s/%s/comm", path, e->d_name);
+                f = fopen(comm_path, "re");
+                if (f) {
+                        if (!fgets(comm, sizeof(comm), f))
+                                comm[0] = '\0';
+                        fclose(f);
+                }
+                set_affinity_tid((pid_t)atoi(e->d_name), strncmp(comm, "gpumemd-work", 12) == 0 ? &b : &a);
+        }
         closedir(dir);
 }
 
@@ -1721,7 +1734,7 @@ static void print_report(const Settings *st, const Report *rep)
                 printf("%8u %14.0f %14.0f %7.2f\n", rep->tput_clients[i], rep->tput_gpumemd[i],
                        rep->tput_raw[i], rep->tput_gpumemd[i] / rep->tput_raw[i]);
 
-        printf("\nSmall ops beside slow ones (ping pinned with the daemon's loop on CPU %d; two clients and "
+        printf("\nSmall ops beside slow ones (ping pinned with the daemon's loops on CPU %d; two clients and "
                "the daemon's "
                "workers on CPU %d "
                "run "
