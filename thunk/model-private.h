@@ -1,4 +1,4 @@
-/* The KFD model's private data structures, shared by its source files (model.c, model-queue.c). */
+/* The KFD model's private data structures and internal calls, shared by its source files (thunk/model*.c). */
 #pragma once
 
 #include <pthread.h>
@@ -236,12 +236,67 @@ typedef struct Call {
         size_t usize;
 } Call;
 
+/* model.c: objects, fds and dispatch */
 int model_gpu_index(const ThunkModel *m, uint32_t gpu_id);
 int model_grow(void **p, size_t *cap, size_t need, size_t elem);
 ModelFd *model_fd_lookup(ThunkModel *m, int fd);
+/* The lowest free handle id of @pdd for @mem (sets mem->idr); -ENOMEM. */
+int model_idr_alloc(ModelPdd *pdd, ModelMem *mem);
 ModelMem *model_idr_find(ModelPdd *pdd, uint32_t id);
 int model_bind_pdd(Call *c, uint32_t gpu_id, int *ret_idx);
 void model_ctx_unref(ThunkModel *m, ModelCtx *c);
+
+/* model-mem.c: accounting, buffers, GPU VMs and the memory ioctls */
+/* Charge @size bytes of KFD memory type @type (VRAM on GPU index @gpu); -ENOMEM over a limit. */
+int model_charge(ThunkModel *m, int gpu, uint32_t type, uint64_t size);
+void model_uncharge(ThunkModel *m, int gpu, uint32_t type, uint64_t size);
+/* Let render file @f mmap @b (the allocating or importing VM's file, a file holding a GEM handle). */
+int model_buf_allow(ModelBuf *b, ModelFile *f);
+/* Forget @f in every buffer's list of files that may mmap it (the file is going away). */
+void model_buf_disallow(ThunkModel *m, ModelFile *f);
+/* Drop a reference; the last one refunds the charge and frees the memory. NULL-safe. */
+void model_buf_unref(ThunkModel *m, ModelBuf *b);
+/* The model's buffer behind dmabuf fd @fd (borrowed), or NULL with *err -EBADF (no open file) or -EINVAL. */
+ModelBuf *model_buf_by_fd(ThunkModel *m, int fd, int *err);
+bool model_fd_read_only(int fd);
+/* A new dmabuf fd of @b (O_CLOEXEC per @flags), read-only unless @writable; -EPERM for a userptr. */
+int model_buf_export_fd(ModelBuf *b, bool writable, uint32_t flags, int *ret_fd);
+/* Index of the first mapping of @vm that ends after @start. */
+size_t model_vm_lower(const ModelVm *vm, uint64_t start);
+bool model_vm_overlaps(const ModelVm *vm, uint64_t start, uint64_t end);
+/* Insert @mp in address order; -EINVAL if it overlaps, -ENOMEM. */
+int model_vm_insert(ModelVm *vm, const ModelMapping *mp);
+void model_vm_remove_at(ModelVm *vm, size_t i);
+/* Unmaps @mem everywhere in @c's VMs, drops its buffer and frees it (its context is going away). */
+void model_mem_destroy(ThunkModel *m, ModelCtx *c, ModelMem *mem);
+int model_kfd_alloc_memory_of_gpu(Call *c);
+int model_kfd_free_memory_of_gpu(Call *c);
+int model_kfd_map_memory_to_gpu(Call *c);
+int model_kfd_unmap_memory_from_gpu(Call *c);
+int model_kfd_get_dmabuf_info(Call *c);
+int model_kfd_import_dmabuf(Call *c);
+int model_kfd_export_dmabuf(Call *c);
+int model_kfd_available_memory(Call *c);
+
+/* model-svm.c: the process's CPU mappings, SVM ranges and attributes, XNACK */
+/* Is [start, end) mapped throughout in this process (any protection)? */
+bool model_cpu_range_mapped(uint64_t start, uint64_t end);
+/* The kernel's deferred munmap work: pages of @c's SVM ranges no longer mapped leave them (NULL-safe). */
+int model_svm_flush(ThunkModel *m, ModelCtx *c);
+bool model_svm_overlaps(const ModelCtx *c, uint64_t start, uint64_t end);
+/* Refunds and forgets every SVM range of @c (its context is going away). */
+void model_svm_release(ThunkModel *m, ModelCtx *c);
+int model_kfd_svm(Call *c);
+int model_kfd_set_xnack_mode(Call *c);
+
+/* model-drm.c: render files, GEM handles, PRIME, GEM_MMAP, GEM_VA */
+/* Drop a reference to a render file; the last one closes its GEM handles and frees its VM. NULL-safe. */
+void model_file_unref(ThunkModel *m, ModelFile *f);
+int model_drm_gem_close(Call *c);
+int model_drm_prime_fd_to_handle(Call *c);
+int model_drm_prime_handle_to_fd(Call *c);
+int model_drm_amdgpu_gem_mmap(Call *c);
+int model_drm_amdgpu_gem_va(Call *c);
 
 /* model-queue.c: events, queues, the packet processor and the remaining per-process ioctls */
 int model_kfd_create_queue(Call *c);
