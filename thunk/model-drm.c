@@ -110,7 +110,7 @@ int model_drm_prime_handle_to_fd(Call *c)
                 return -EINVAL;
         if (!g)
                 return -ENOENT;
-        r = model_buf_export_fd(g->buf, (a->flags & DRM_RDWR) != 0, a->flags, &fd);
+        r = model_buf_export_fd(c->m, g->buf, (a->flags & DRM_RDWR) != 0, a->flags, &fd);
         if (r < 0)
                 return r;
         a->fd = fd;

@@ -6,6 +6,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include "kfd-compat.h"
@@ -74,7 +75,356 @@ static uint64_t available_memory(const ThunkModel *m, int gpu)
         return (uint64_t)avail & ~(MODEL_2M - 1);
 }
 
+/* ------------------------------------------------------------------ backing files */
+
+/*
+ * Buffers that are never shared live in their GPU's backing file, a memfd the model never hands out. Its
+ * offsets are given out in blocks of 2^k pages, one free stack per k; a freed block goes back on its stack
+ * with its pages punched out, so its memory is released at once. Blocks are not merged: what is left over
+ * is offset space of a sparse file, which costs nothing, and a file with no buffer left is emptied. Each
+ * stack is kept able to take back every block of its order that buffers hold, so a free never needs memory.
+ */
+
+static int heap_order(uint64_t size, unsigned int *ret)
+{
+        uint64_t pages = size / MODEL_PAGE;
+        unsigned int k = 0;
+
+        while (k < MODEL_HEAP_ORDERS && (1ULL << k) < pages)
+                k++;
+        if (k == MODEL_HEAP_ORDERS)
+                return -ENOMEM;
+        *ret = k;
+        return 0;
+}
+
+static int heap_init(ModelHeap *h)
+{
+        struct stat st;
+
+        memset(h, 0, sizeof(*h));
+        h->fd = memfd_create("gpumem-heap", MFD_CLOEXEC);
+        if (h->fd < 0)
+                return -errno;
+        if (fstat(h->fd, &st) < 0) {
+                int r = -errno;
+
+                close(h->fd);
+                h->fd = -1;
+                return r;
+        }
+        h->dev = st.st_dev;
+        h->ino = st.st_ino;
+        return 0;
+}
+
+static void heap_done(ModelHeap *h)
+{
+        if (h->fd >= 0)
+                close(h->fd);
+        for (size_t k = 0; k < MODEL_HEAP_ORDERS; k++)
+                free(h->orders[k].free);
+        memset(h, 0, sizeof(*h));
+        h->fd = -1;
+}
+
+/* A block for @size bytes: its byte offset in the file. */
+static int heap_alloc(ModelHeap *h, uint64_t size, uint64_t *ret_off)
+{
+        ModelHeapOrder *o;
+        unsigned int k;
+        uint64_t page;
+        int r = heap_order(size, &k);
+
+        if (r < 0)
+                return r;
+        o = &h->orders[k];
+        if (o->n_free) {
+                page = o->free[--o->n_free];
+        } else {
+                uint64_t end = h->end + (1ULL << k);
+
+                if (end > (1ULL << MODEL_HEAP_ORDERS))
+                        return -ENOMEM;
+                /* room on the stack for this block's return, before anything changes */
+                if (model_grow((void **)&o->free, &o->cap, o->n_free + o->held + 1, sizeof(*o->free)) < 0)
+                        return -ENOMEM;
+                if (end > h->size) {
+                        uint64_t want = h->size ? h->size : 512; /* 2 MiB */
+
+                        while (want < end)
+                                want *= 2;
+                        if (ftruncate(h->fd, (off_t)(want * MODEL_PAGE)) < 0)
+                                return -errno;
+                        h->size = want;
+                }
+                page = h->end;
+                h->end = end;
+        }
+        o->held++;
+        h->used += (1ULL << k) * MODEL_PAGE;
+        *ret_off = page * MODEL_PAGE;
+        return 0;
+}
+
+/* Gives back the block at @off that held @size bytes; @touched: its pages may hold memory (were mapped). */
+static void heap_free(ModelHeap *h, uint64_t off, uint64_t size, bool touched)
+{
+        unsigned int k = 0;
+        ModelHeapOrder *o;
+
+        (void)heap_order(size, &k); /* it was allocated, so it has an order */
+        o = &h->orders[k];
+        if (touched)
+                (void)fallocate(h->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)off,
+                                (off_t)((1ULL << k) * MODEL_PAGE));
+        o->held--;
+        o->free[o->n_free++] = off / MODEL_PAGE;
+        h->used -= (1ULL << k) * MODEL_PAGE;
+        if (h->used == 0 && h->size) {
+                /* nothing left in it: start again from an empty file */
+                for (size_t i = 0; i < MODEL_HEAP_ORDERS; i++)
+                        h->orders[i].n_free = 0;
+                h->end = 0;
+                h->size = 0;
+                (void)ftruncate(h->fd, 0);
+        }
+}
+
+/*
+ * Does any mapping of this process still show [off, off+len) of @h? /proc/self/maps names each mapping's
+ * file (device, inode) and offset. Only asked of a buffer that was mapped once, when it must move.
+ */
+static int heap_range_mapped(const ModelHeap *h, uint64_t off, uint64_t len, bool *ret)
+{
+        FILE *f = fopen("/proc/self/maps", "re");
+        char line[512];
+
+        if (!f)
+                return -errno;
+        *ret = false;
+        while (!*ret && fgets(line, sizeof(line), f)) {
+                unsigned long long s, e, foff, ino;
+                unsigned int dmaj, dmin;
+                size_t n = strlen(line);
+
+                if (sscanf(line, "%llx-%llx %*s %llx %x:%x %llu", &s, &e, &foff, &dmaj, &dmin, &ino) == 6 &&
+                    ino == (unsigned long long)h->ino && dmaj == major(h->dev) && dmin == minor(h->dev) &&
+                    foff < off + len && foff + (e - s) > off)
+                        *ret = true;
+                /* skip the rest of an overlong line */
+                while (n && line[n - 1] != '\n' && fgets(line, sizeof(line), f))
+                        n = strlen(line);
+        }
+        fclose(f);
+        return 0;
+}
+
 /* ------------------------------------------------------------------ buffers */
+
+/*
+ * The sharing rule (docs/thunk-model.md). An fd of a buffer shows the whole file behind it, so a buffer
+ * must have a file of its own before any fd of it is handed out; a carved buffer that must become
+ * shareable moves to one, which only works while no CPU mapping of its carve-out is left (such a mapping
+ * would go on showing the old pages). Host-visible memory (GTT, PUBLIC VRAM) is what user space maps,
+ * usually right after allocation, and maps before it exports: it gets its file at allocation. Everything
+ * else (VRAM that is not host visible, doorbells, MMIO) is carved, and moves on its first export.
+ */
+static bool buf_born_shareable(const ThunkModel *m, uint32_t flags)
+{
+        return m->file_per_buffer || (flags & (KFD_IOC_ALLOC_MEM_FLAGS_GTT | KFD_IOC_ALLOC_MEM_FLAGS_PUBLIC));
+}
+
+static uint64_t ino_key(ino_t ino)
+{
+        /* never 0 (no inode is) nor the hash map's tombstone */
+        return (uint64_t)ino == UINT64_MAX ? UINT64_MAX - 1 : (uint64_t)ino;
+}
+
+/* Enters @b, whose memfd is set, in the index that finds a buffer from an fd of its file. */
+static int buf_index_file(ThunkModel *m, ModelBuf *b)
+{
+        ModelBuf *first = hashmap_get(&m->by_ino, ino_key(b->ino));
+
+        if (first) { /* another file with the same inode number, on another device */
+                b->ino_next = first->ino_next;
+                first->ino_next = b;
+                return 0;
+        }
+        b->ino_next = NULL;
+        return hashmap_put(&m->by_ino, ino_key(b->ino), b);
+}
+
+static void buf_unindex_file(ThunkModel *m, ModelBuf *b)
+{
+        ModelBuf *first = hashmap_get(&m->by_ino, ino_key(b->ino));
+
+        if (first == b) {
+                if (b->ino_next)
+                        hashmap_replace(&m->by_ino, ino_key(b->ino), b->ino_next);
+                else
+                        hashmap_remove(&m->by_ino, ino_key(b->ino));
+                return;
+        }
+        for (ModelBuf *p = first; p; p = p->ino_next)
+                if (p->ino_next == b) {
+                        p->ino_next = b->ino_next;
+                        return;
+                }
+}
+
+/* A memfd of @size bytes for one buffer, sealed at its size: whoever holds an exported fd can map it,
+ * never resize it under the others (a shrink would turn their pages into SIGBUS). */
+static int buf_file_new(uint64_t size, int *ret_fd, struct stat *ret_st)
+{
+        int fd = memfd_create("gpumem-bo", MFD_CLOEXEC | MFD_ALLOW_SEALING), r;
+
+        if (fd < 0)
+                return -errno;
+        if (ftruncate(fd, (off_t)size) < 0 ||
+            fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0 || fstat(fd, ret_st) < 0) {
+                r = -errno;
+                close(fd);
+                return r;
+        }
+        *ret_fd = fd;
+        return 0;
+}
+
+/* Gives @b the file @fd (owned from here on) and enters it in the file index. */
+static int buf_take_file(ThunkModel *m, ModelBuf *b, int fd, const struct stat *st)
+{
+        int r;
+
+        b->memfd = fd;
+        b->dev = st->st_dev;
+        b->ino = st->st_ino;
+        r = buf_index_file(m, b);
+        if (r < 0) {
+                b->memfd = -1;
+                return r;
+        }
+        m->n_buffer_files++;
+        return 0;
+}
+
+/* Copies @len bytes of @src from @off to @dst from 0, skipping holes (what was never written stays one). */
+static int copy_data(int src, uint64_t off, int dst, uint64_t len)
+{
+        const size_t chunk = 1 << 16;
+        char *buf = malloc(chunk);
+        uint64_t pos = 0;
+        int r = 0;
+
+        if (!buf)
+                return -ENOMEM;
+        while (pos < len) {
+                off_t data = lseek(src, (off_t)(off + pos), SEEK_DATA), hole;
+
+                if (data < 0 && errno == ENXIO)
+                        break;  /* no data past this point */
+                if (data < 0) { /* no hole map: copy all of it */
+                        data = (off_t)(off + pos);
+                        hole = (off_t)(off + len);
+                } else {
+                        if ((uint64_t)data >= off + len)
+                                break;
+                        hole = lseek(src, data, SEEK_HOLE);
+                        if (hole < 0 || (uint64_t)hole > off + len)
+                                hole = (off_t)(off + len);
+                }
+                for (off_t p = data; p < hole;) {
+                        size_t n = (size_t)(hole - p) < chunk ? (size_t)(hole - p) : chunk;
+                        ssize_t got = pread(src, buf, n, p), put;
+
+                        if (got <= 0) {
+                                r = got < 0 ? -errno : -EIO;
+                                goto out;
+                        }
+                        put = pwrite(dst, buf, (size_t)got, p - (off_t)off);
+                        if (put != got) {
+                                r = put < 0 ? -errno : -EIO;
+                                goto out;
+                        }
+                        p += got;
+                }
+                pos = (uint64_t)hole - off;
+        }
+out:
+        free(buf);
+        return r;
+}
+
+/*
+ * Moves carved @b to a file of its own, with its bytes: -EBUSY while a CPU mapping of its carve-out is left
+ * in this process, which would not follow the move. Nothing changes on failure.
+ */
+static int buf_make_shareable(ThunkModel *m, ModelBuf *b)
+{
+        struct stat st;
+        bool mapped = false;
+        int fd, r;
+
+        if (b->cpu_mapped) {
+                r = heap_range_mapped(b->heap, b->heap_off, b->size, &mapped);
+                if (r < 0)
+                        return r;
+                if (mapped)
+                        return -EBUSY;
+        }
+        r = buf_file_new(b->size, &fd, &st);
+        if (r < 0)
+                return r;
+        /* never mapped: never written, all zeros, like the new file */
+        if (b->cpu_mapped && (r = copy_data(b->heap->fd, b->heap_off, fd, b->size)) < 0) {
+                close(fd);
+                return r;
+        }
+        r = buf_take_file(m, b, fd, &st);
+        if (r < 0) {
+                close(fd);
+                return r;
+        }
+        heap_free(b->heap, b->heap_off, b->size, b->cpu_mapped);
+        b->heap = NULL;
+        b->heap_off = 0;
+        b->cpu_mapped = false;
+        return 0;
+}
+
+int model_buf_file(const ModelBuf *b, int *ret_fd, uint64_t *ret_off)
+{
+        if (b->heap) {
+                *ret_fd = b->heap->fd;
+                *ret_off = b->heap_off;
+                return 0;
+        }
+        if (b->memfd < 0)
+                return -EPERM;
+        *ret_fd = b->memfd;
+        *ret_off = 0;
+        return 0;
+}
+
+int model_buf_mmap(ModelBuf *b, void *addr, size_t len, int prot, int flags, void **ret)
+{
+        uint64_t off = 0;
+        void *p;
+        int fd = -1, r = model_buf_file(b, &fd, &off);
+
+        if (r < 0)
+                return r;
+        if (len > b->size)
+                return -EINVAL;
+        p = mmap(addr, len, prot, flags, fd, (off_t)off);
+        if (p == MAP_FAILED)
+                return -errno;
+        /* from now on its pages may hold data, and a move must look for mappings left */
+        if (b->heap)
+                b->cpu_mapped = true;
+        *ret = p;
+        return 0;
+}
 
 int model_buf_allow(ModelBuf *b, ModelFile *f)
 {
@@ -101,20 +451,32 @@ void model_buf_disallow(ThunkModel *m, ModelFile *f)
                         }
 }
 
-static void buf_link(ThunkModel *m, ModelBuf *b)
+/* Gives @b its DRM-style fake offset and links it in; -ENOMEM. */
+static int buf_link(ThunkModel *m, ModelBuf *b)
 {
+        b->mmap_offset = m->next_mmap_offset;
+        if (hashmap_put(&m->by_offset, b->mmap_offset, b) < 0)
+                return -ENOMEM;
+        m->next_mmap_offset += b->size + MODEL_PAGE; /* one page of space between objects */
         b->next = m->bufs;
         if (b->next)
                 b->next->pprev = &b->next;
         b->pprev = &m->bufs;
         m->bufs = b;
+        m->n_bufs++;
+        return 0;
+}
+
+ModelBuf *model_buf_at_offset(ThunkModel *m, uint64_t mmap_offset)
+{
+        return mmap_offset ? hashmap_get(&m->by_offset, mmap_offset) : NULL;
 }
 
 static int buf_new(ThunkModel *m, int owner, uint32_t type, uint32_t flags, uint64_t size, ModelBuf **ret)
 {
         ModelBuf *b = calloc(1, sizeof(*b));
         struct stat st;
-        int r;
+        int fd = -1, r;
 
         if (!b)
                 return -ENOMEM;
@@ -124,27 +486,37 @@ static int buf_new(ThunkModel *m, int owner, uint32_t type, uint32_t flags, uint
         b->type = type;
         b->flags = flags;
         b->owner = owner;
-        if (type != KFD_IOC_ALLOC_MEM_FLAGS_USERPTR) {
-                /* sealed at its size: whoever holds an exported fd can map it, never resize it under the
-                 * others (a shrink would turn their pages into SIGBUS) */
-                b->memfd = memfd_create("gpumem-bo", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-                if (b->memfd < 0 || ftruncate(b->memfd, (off_t)size) < 0 ||
-                    fcntl(b->memfd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0 ||
-                    fstat(b->memfd, &st) < 0) {
-                        r = -errno;
+        /* VRAM comes wiped: a carve-out was punched when it was last freed, a new file is empty */
+        if (type == KFD_IOC_ALLOC_MEM_FLAGS_USERPTR) {
+                /* the process's own pages: nothing of the model's */
+        } else if (buf_born_shareable(m, flags)) {
+                r = buf_file_new(size, &fd, &st);
+                if (r < 0)
+                        goto fail;
+                r = buf_take_file(m, b, fd, &st);
+                if (r < 0) {
+                        close(fd);
                         goto fail;
                 }
-                b->dev = st.st_dev;
-                b->ino = st.st_ino;
+        } else {
+                r = heap_alloc(&m->heaps[owner], size, &b->heap_off);
+                if (r < 0)
+                        goto fail;
+                b->heap = &m->heaps[owner];
         }
-        b->mmap_offset = m->next_mmap_offset;
-        m->next_mmap_offset += size + MODEL_PAGE; /* one page of space between objects */
-        buf_link(m, b);
+        r = buf_link(m, b);
+        if (r < 0)
+                goto fail;
         *ret = b;
         return 0;
 fail:
-        if (b->memfd >= 0)
+        if (b->heap)
+                heap_free(b->heap, b->heap_off, b->size, false);
+        if (b->memfd >= 0) {
+                buf_unindex_file(m, b);
+                m->n_buffer_files--;
                 close(b->memfd);
+        }
         free(b);
         return r;
 }
@@ -156,10 +528,17 @@ void model_buf_unref(ThunkModel *m, ModelBuf *b)
         *b->pprev = b->next;
         if (b->next)
                 b->next->pprev = b->pprev;
+        hashmap_remove(&m->by_offset, b->mmap_offset);
+        m->n_bufs--;
         if (b->charge_type)
                 model_uncharge(m, b->owner, b->charge_type, b->charge);
-        if (b->memfd >= 0)
+        if (b->heap)
+                heap_free(b->heap, b->heap_off, b->size, b->cpu_mapped);
+        if (b->memfd >= 0) {
+                buf_unindex_file(m, b);
+                m->n_buffer_files--;
                 close(b->memfd);
+        }
         free(b->allowed);
         free(b);
 }
@@ -172,8 +551,9 @@ ModelBuf *model_buf_by_fd(ThunkModel *m, int fd, int *err)
                 *err = -EBADF;
                 return NULL;
         }
-        for (ModelBuf *b = m->bufs; b; b = b->next)
-                if (b->memfd >= 0 && b->dev == st.st_dev && b->ino == st.st_ino)
+        /* only buffers with a file of their own: no fd of a backing file ever leaves the model */
+        for (ModelBuf *b = hashmap_get(&m->by_ino, ino_key(st.st_ino)); b; b = b->ino_next)
+                if (b->dev == st.st_dev && b->ino == st.st_ino)
                         return b;
         *err = -EINVAL;
         return NULL;
@@ -187,11 +567,16 @@ bool model_fd_read_only(int fd)
 }
 
 /* A new open file of @b's memory: what a dmabuf fd is to its receiver. Read-only unless writable. */
-int model_buf_export_fd(ModelBuf *b, bool writable, uint32_t flags, int *ret_fd)
+int model_buf_export_fd(ThunkModel *m, ModelBuf *b, bool writable, uint32_t flags, int *ret_fd)
 {
         char path[64];
-        int fd;
+        int fd, r;
 
+        if (b->heap) {
+                r = buf_make_shareable(m, b);
+                if (r < 0)
+                        return r;
+        }
         if (b->memfd < 0)
                 return -EPERM;
         if (writable) {
@@ -209,6 +594,48 @@ int model_buf_export_fd(ModelBuf *b, bool writable, uint32_t flags, int *ret_fd)
                 return -errno;
         *ret_fd = fd;
         return 0;
+}
+
+int model_heaps_init(ThunkModel *m)
+{
+        m->heaps = calloc(m->n_gpus, sizeof(*m->heaps));
+        if (!m->heaps)
+                return -ENOMEM;
+        for (size_t g = 0; g < m->n_gpus; g++) {
+                int r = heap_init(&m->heaps[g]);
+
+                if (r < 0) {
+                        while (g-- > 0)
+                                heap_done(&m->heaps[g]);
+                        free(m->heaps);
+                        m->heaps = NULL;
+                        return r;
+                }
+        }
+        return 0;
+}
+
+void model_heaps_done(ThunkModel *m)
+{
+        for (size_t g = 0; m->heaps && g < m->n_gpus; g++)
+                heap_done(&m->heaps[g]);
+        free(m->heaps);
+        m->heaps = NULL;
+}
+
+void model_heaps_stats(const ThunkModel *m, ThunkModelStats *s)
+{
+        for (size_t g = 0; g < m->n_gpus; g++) {
+                const ModelHeap *h = &m->heaps[g];
+                struct stat st;
+
+                s->backing_files++;
+                s->carved_bytes += h->used;
+                s->backing_extent_bytes += h->end * MODEL_PAGE;
+                if (fstat(h->fd, &st) == 0)
+                        s->backing_resident_bytes += (uint64_t)st.st_blocks * 512;
+        }
+        s->buffer_files = m->n_buffer_files;
 }
 
 /* ------------------------------------------------------------------ GPU VMs */
@@ -512,7 +939,7 @@ static int import_foreign(ThunkModel *m, int fd, int owner, ModelBuf **ret)
 {
         struct stat st;
         ModelBuf *b;
-        int dup_fd;
+        int dup_fd, r;
 
         if (m->minor < 15 || fcntl(fd, F_GET_SEALS) < 0 || fstat(fd, &st) < 0 || st.st_size <= 0)
                 return -EINVAL;
@@ -524,18 +951,26 @@ static int import_foreign(ThunkModel *m, int fd, int owner, ModelBuf **ret)
                 free(b);
                 return -errno;
         }
-        b->memfd = dup_fd;
-        b->dev = st.st_dev;
-        b->ino = st.st_ino;
         b->refs = 1;
         b->size = MODEL_PAGE_ALIGN((uint64_t)st.st_size);
         b->type = KFD_IOC_ALLOC_MEM_FLAGS_GTT;
         b->flags = KFD_IOC_ALLOC_MEM_FLAGS_GTT | KFD_IOC_ALLOC_MEM_FLAGS_WRITABLE;
         b->owner = owner;
         b->foreign = true;
-        b->mmap_offset = m->next_mmap_offset;
-        m->next_mmap_offset += b->size + MODEL_PAGE;
-        buf_link(m, b);
+        r = buf_take_file(m, b, dup_fd, &st);
+        if (r < 0) {
+                close(dup_fd);
+                free(b);
+                return r;
+        }
+        r = buf_link(m, b);
+        if (r < 0) {
+                buf_unindex_file(m, b);
+                m->n_buffer_files--;
+                close(dup_fd);
+                free(b);
+                return r;
+        }
         *ret = b;
         return 0;
 }
@@ -596,8 +1031,8 @@ int model_kfd_export_dmabuf(Call *c)
         mem = model_idr_find(&c->ctx->pdd[idx], THUNK_KFD_HANDLE_IDR(a->handle));
         if (!mem)
                 return -EINVAL;
-        r = model_buf_export_fd(mem->buf, (mem->flags & KFD_IOC_ALLOC_MEM_FLAGS_WRITABLE) != 0, a->flags,
-                                &fd);
+        r = model_buf_export_fd(c->m, mem->buf, (mem->flags & KFD_IOC_ALLOC_MEM_FLAGS_WRITABLE) != 0,
+                                a->flags, &fd);
         if (r < 0)
                 return r;
         a->dmabuf_fd = (uint32_t)fd;

@@ -6,6 +6,7 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+#include "hashmap.h"
 #include "kfd-compat.h"
 #include "model.h"
 
@@ -41,14 +42,43 @@ typedef struct ModelGpu {
 
 struct ModelFile;
 
-/* The backing object of an allocation (what amdgpu calls a BO): one memfd, shared by imports and handles. */
+#define MODEL_HEAP_ORDERS 41 /* blocks of 2^0 ... 2^40 pages */
+
+/* The free blocks of one size, 2^k pages, in a backing file. */
+typedef struct ModelHeapOrder {
+        uint64_t *free; /* page offsets */
+        size_t n_free;
+        size_t cap;  /* at least n_free + held: a free never needs memory */
+        size_t held; /* blocks of this size that buffers hold */
+} ModelHeapOrder;
+
+/* A GPU's backing file (model-mem.c): a memfd the model never hands out, buffers carved out of it. */
+typedef struct ModelHeap {
+        int fd;
+        dev_t dev; /* to find its mappings in /proc/self/maps */
+        ino_t ino;
+        uint64_t end;  /* pages handed out at least once, from 0 */
+        uint64_t size; /* pages the file is sized to */
+        uint64_t used; /* bytes of the blocks buffers hold */
+        ModelHeapOrder orders[MODEL_HEAP_ORDERS];
+} ModelHeap;
+
+/*
+ * The backing object of an allocation (what amdgpu calls a BO), shared by imports and handles. Its memory is
+ * a range of its GPU's backing file, or a file of its own once it can be shared (docs/thunk-model.md:
+ * the sharing rule); a userptr BO has none. model_buf_file() is the one way to its bytes.
+ */
 typedef struct ModelBuf {
         struct ModelBuf *next;
         struct ModelBuf **pprev; /* the pointer to this one: unlinking at a context's teardown is O(1) */
         unsigned int refs;
-        int memfd; /* -1 for userptr */
-        dev_t dev;
+        int memfd; /* a file of its own (shareable buffers, foreign imports), else -1 */
+        dev_t dev; /* of that file */
         ino_t ino;
+        struct ModelBuf *ino_next; /* others under the same key of the model's file index */
+        ModelHeap *heap;           /* carved out of this backing file, else NULL */
+        uint64_t heap_off;         /* bytes */
+        bool cpu_mapped;           /* its carve-out was mapped in this process at least once */
         uint64_t size;
         uint64_t mmap_offset;
         uint32_t type;  /* one KFD type bit: where it lives */
@@ -209,8 +239,14 @@ struct ThunkModel {
         int64_t system_used;
         int64_t ttm_used;
         bool xnack_default;
+        bool file_per_buffer; /* every buffer with memory gets a file of its own at allocation */
         uint64_t next_mmap_offset;
         ModelBuf *bufs;
+        uint64_t n_bufs;
+        uint64_t n_buffer_files; /* buffers with a file of their own */
+        HashMap by_offset;       /* mmap_offset -> ModelBuf */
+        HashMap by_ino;          /* inode of a buffer's own file -> ModelBuf (chained by ino_next) */
+        ModelHeap *heaps;        /* one backing file per GPU, in GPU order */
         ModelFile *files;
         ModelCtx *ctxs;
         ModelFd *fds;
@@ -246,7 +282,19 @@ ModelMem *model_idr_find(ModelPdd *pdd, uint32_t id);
 int model_bind_pdd(Call *c, uint32_t gpu_id, int *ret_idx);
 void model_ctx_unref(ThunkModel *m, ModelCtx *c);
 
-/* model-mem.c: accounting, buffers, GPU VMs and the memory ioctls */
+/* model-mem.c: accounting, backing files, buffers, GPU VMs and the memory ioctls */
+/* One backing file per GPU, made with the model and closed with it (after its last buffer). */
+int model_heaps_init(ThunkModel *m);
+void model_heaps_done(ThunkModel *m);
+/* Fills the backing-file and buffer-file counters of @s. */
+void model_heaps_stats(const ThunkModel *m, ThunkModelStats *s);
+/* Where @b's bytes are: a file and the offset of its first byte; -EPERM for a userptr BO (no memory of
+ * the model's). Borrowed: valid while @b keeps its memory where it is (an export may move a carved one). */
+int model_buf_file(const ModelBuf *b, int *ret_fd, uint64_t *ret_off);
+/* mmap(2) of the first @len bytes of @b (at most its size); -EPERM for a userptr BO. */
+int model_buf_mmap(ModelBuf *b, void *addr, size_t len, int prot, int flags, void **ret);
+/* The buffer whose DRM-style fake offset is @mmap_offset, or NULL. */
+ModelBuf *model_buf_at_offset(ThunkModel *m, uint64_t mmap_offset);
 /* Charge @size bytes of KFD memory type @type (VRAM on GPU index @gpu); -ENOMEM over a limit. */
 int model_charge(ThunkModel *m, int gpu, uint32_t type, uint64_t size);
 void model_uncharge(ThunkModel *m, int gpu, uint32_t type, uint64_t size);
@@ -259,8 +307,9 @@ void model_buf_unref(ThunkModel *m, ModelBuf *b);
 /* The model's buffer behind dmabuf fd @fd (borrowed), or NULL with *err -EBADF (no open file) or -EINVAL. */
 ModelBuf *model_buf_by_fd(ThunkModel *m, int fd, int *err);
 bool model_fd_read_only(int fd);
-/* A new dmabuf fd of @b (O_CLOEXEC per @flags), read-only unless @writable; -EPERM for a userptr. */
-int model_buf_export_fd(ModelBuf *b, bool writable, uint32_t flags, int *ret_fd);
+/* A new dmabuf fd of @b (O_CLOEXEC per @flags), read-only unless @writable; -EPERM for a userptr. A carved
+ * buffer first moves to a file of its own: -EBUSY while a CPU mapping of its carve-out is left. */
+int model_buf_export_fd(ThunkModel *m, ModelBuf *b, bool writable, uint32_t flags, int *ret_fd);
 /* Index of the first mapping of @vm that ends after @start. */
 size_t model_vm_lower(const ModelVm *vm, uint64_t start);
 bool model_vm_overlaps(const ModelVm *vm, uint64_t start, uint64_t end);

@@ -596,8 +596,7 @@ int thunk_model_mmap(ThunkModel *m, void *addr, size_t len, int prot, int flags,
 {
         ModelBuf *b = NULL;
         ModelFd *e;
-        void *p;
-        int r = 0, memfd = -1;
+        int r = 0;
 
         pthread_mutex_lock(&m->lock);
         e = model_fd_lookup(m, fd);
@@ -631,13 +630,9 @@ int thunk_model_mmap(ThunkModel *m, void *addr, size_t len, int prot, int flags,
                 }
                 if (!b)
                         goto out;
-                r = 0;
-                memfd = b->memfd;
-                offset = 0;
         } else {
-                for (b = m->bufs; b; b = b->next)
-                        if (b->mmap_offset == offset)
-                                break;
+                /* as in DRM: the exact start of an object, no longer than it, on a file allowed to see it */
+                b = model_buf_at_offset(m, offset);
                 if (!b || len > b->size) {
                         r = -EINVAL;
                         goto out;
@@ -648,18 +643,8 @@ int thunk_model_mmap(ThunkModel *m, void *addr, size_t len, int prot, int flags,
                                 r = 0;
                 if (r < 0)
                         goto out;
-                if (b->memfd < 0) {
-                        r = -EPERM;
-                        goto out;
-                }
-                memfd = b->memfd;
-                offset = 0;
         }
-        p = mmap(addr, len, prot, flags, memfd, (off_t)offset);
-        if (p == MAP_FAILED)
-                r = -errno;
-        else
-                *ret = p;
+        r = model_buf_mmap(b, addr, len, prot, flags, ret);
 out:
         pthread_mutex_unlock(&m->lock);
         return r;
@@ -751,6 +736,7 @@ int thunk_model_new(const ThunkTopology *topo, const ThunkModelOptions *opts, Th
                 return -ENOMEM;
         m->minor = o.kfd_minor;
         m->xnack_default = o.xnack_enabled;
+        m->file_per_buffer = o.file_per_buffer;
         m->next_mmap_offset = MODEL_MMAP_BASE;
         for (size_t i = 0; i < topo->n_nodes; i++) {
                 const ThunkNode *n = &topo->nodes[i];
@@ -794,6 +780,15 @@ int thunk_model_new(const ThunkTopology *topo, const ThunkModelOptions *opts, Th
                 return r;
         }
         {
+                int r = model_heaps_init(m);
+
+                if (r < 0) {
+                        close(m->anchor);
+                        free(m);
+                        return r;
+                }
+        }
+        {
                 pthread_condattr_t ca;
 
                 pthread_condattr_init(&ca);
@@ -827,6 +822,9 @@ ThunkModel *thunk_model_free(ThunkModel *m)
                 model_buf_unref(m, m->bufs);
         }
         free(m->fds);
+        model_heaps_done(m);
+        hashmap_done(&m->by_offset);
+        hashmap_done(&m->by_ino);
         close(m->anchor);
         pthread_mutex_unlock(&m->lock);
         pthread_mutex_destroy(&m->lock);
@@ -869,8 +867,8 @@ void thunk_model_get_stats(ThunkModel *m, ThunkModelStats *ret)
                 s.mappings += f->vm.n;
                 s.gem_handles += f->n_gems;
         }
-        for (ModelBuf *b = m->bufs; b; b = b->next)
-                s.bufs++;
+        s.bufs = m->n_bufs;
+        model_heaps_stats(m, &s);
         s.system_used = (uint64_t)m->system_used;
         s.ttm_used = (uint64_t)m->ttm_used;
         s.n_gpus = (uint32_t)m->n_gpus;
