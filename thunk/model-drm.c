@@ -26,9 +26,11 @@ static void file_gem_close_at(ThunkModel *m, ModelFile *f, size_t i)
 {
         ModelBuf *b = f->gems[i].buf;
 
-        for (size_t k = f->vm.n; k-- > 0;)
-                if (!f->vm.v[k].mem && f->vm.v[k].buf == b)
-                        model_vm_remove_at(&f->vm, k);
+        for (ModelMapping *mp = model_vm_first_after(&f->vm, 0), *next; mp; mp = next) {
+                next = model_vm_next(&f->vm, mp);
+                if (!mp->mem && mp->buf == b)
+                        model_vm_remove(&f->vm, mp);
+        }
         f->gems[i] = f->gems[--f->n_gems];
         model_buf_unref(m, b);
 }
@@ -46,7 +48,7 @@ void model_file_unref(ThunkModel *m, ModelFile *f)
                         break;
                 }
         free(f->gems);
-        free(f->vm.v);
+        model_vm_clear(&f->vm);
         free(f);
 }
 
@@ -165,13 +167,13 @@ int model_drm_amdgpu_gem_va(Call *c)
         if ((a->va_address | a->map_size | a->offset_in_bo) & (MODEL_PAGE - 1))
                 return -EINVAL;
         if (a->operation == AMDGPU_VA_OP_UNMAP) {
-                for (size_t i = 0; i < f->vm.n; i++)
-                        if (!f->vm.v[i].mem && f->vm.v[i].buf == g->buf &&
-                            f->vm.v[i].start == a->va_address) {
-                                model_vm_remove_at(&f->vm, i);
-                                return 0;
-                        }
-                return -ENOENT;
+                /* the exact start of a mapping of this handle's buffer: the first mapping to end after it */
+                ModelMapping *mp = model_vm_first_after(&f->vm, a->va_address);
+
+                if (!mp || mp->mem || mp->buf != g->buf || mp->start != a->va_address)
+                        return -ENOENT;
+                model_vm_remove(&f->vm, mp);
+                return 0;
         }
         if (a->map_size == 0)
                 return -EINVAL;
@@ -186,26 +188,29 @@ int model_drm_amdgpu_gem_va(Call *c)
         }
         if (a->operation == AMDGPU_VA_OP_CLEAR || a->operation == AMDGPU_VA_OP_REPLACE) {
                 /* trim GEM mappings out of [va, end); a KFD mapping in the way is a conflict */
-                for (size_t i = model_vm_lower(&f->vm, a->va_address); i < f->vm.n && f->vm.v[i].start < end;
-                     i++)
-                        if (f->vm.v[i].mem)
-                                return -EINVAL;
-                for (size_t i = model_vm_lower(&f->vm, a->va_address);
-                     i < f->vm.n && f->vm.v[i].start < end;) {
-                        ModelMapping *mp = &f->vm.v[i];
+                ModelMapping *mp, *next;
 
+                for (mp = model_vm_first_after(&f->vm, a->va_address); mp && mp->start < end;
+                     mp = model_vm_next(&f->vm, mp))
+                        if (mp->mem)
+                                return -EINVAL;
+                for (mp = model_vm_first_after(&f->vm, a->va_address); mp && mp->start < end; mp = next) {
+                        next = model_vm_next(&f->vm, mp);
                         if (mp->start < a->va_address && mp->end > end) {
                                 ModelMapping tail = *mp;
+                                uint64_t old_end = mp->end;
 
                                 tail.offset += end - mp->start;
                                 tail.start = end;
                                 mp->end = a->va_address;
-                                if (model_vm_insert(&f->vm, &tail) < 0)
+                                if (model_vm_insert(&f->vm, &tail) < 0) {
+                                        mp->end = old_end;
                                         return -ENOMEM;
+                                }
                                 break;
                         }
                         if (mp->start >= a->va_address && mp->end <= end) {
-                                model_vm_remove_at(&f->vm, i);
+                                model_vm_remove(&f->vm, mp);
                                 continue;
                         }
                         if (mp->start < a->va_address) {
@@ -214,7 +219,6 @@ int model_drm_amdgpu_gem_va(Call *c)
                                 mp->offset += end - mp->start;
                                 mp->start = end;
                         }
-                        i++;
                 }
                 if (a->operation == AMDGPU_VA_OP_CLEAR)
                         return 0;

@@ -640,62 +640,178 @@ void model_heaps_stats(const ThunkModel *m, ThunkModelStats *s)
 
 /* ------------------------------------------------------------------ GPU VMs */
 
-/* Index of the first mapping ending after @start. */
-size_t model_vm_lower(const ModelVm *vm, uint64_t start)
+static int vm_height(const ModelMapping *n)
 {
-        size_t lo = 0, hi = vm->n;
+        return n ? n->height : 0;
+}
 
-        while (lo < hi) {
-                size_t mid = (lo + hi) / 2;
+static ModelMapping *vm_fix(ModelMapping *n)
+{
+        int l = vm_height(n->left), r = vm_height(n->right);
 
-                if (vm->v[mid].end <= start)
-                        lo = mid + 1;
-                else
-                        hi = mid;
+        n->height = (l > r ? l : r) + 1;
+        return n;
+}
+
+static ModelMapping *vm_rotate_right(ModelMapping *n)
+{
+        ModelMapping *l = n->left;
+
+        n->left = l->right;
+        l->right = vm_fix(n);
+        return vm_fix(l);
+}
+
+static ModelMapping *vm_rotate_left(ModelMapping *n)
+{
+        ModelMapping *r = n->right;
+
+        n->right = r->left;
+        r->left = vm_fix(n);
+        return vm_fix(r);
+}
+
+static ModelMapping *vm_balance(ModelMapping *n)
+{
+        int b = vm_height(n->left) - vm_height(n->right);
+
+        if (b > 1) {
+                if (vm_height(n->left->left) < vm_height(n->left->right))
+                        n->left = vm_rotate_left(n->left);
+                return vm_rotate_right(n);
         }
-        return lo;
+        if (b < -1) {
+                if (vm_height(n->right->right) < vm_height(n->right->left))
+                        n->right = vm_rotate_right(n->right);
+                return vm_rotate_left(n);
+        }
+        return vm_fix(n);
+}
+
+static ModelMapping *vm_link(ModelMapping *n, ModelMapping *x)
+{
+        if (!n)
+                return x;
+        if (x->start < n->start)
+                n->left = vm_link(n->left, x);
+        else
+                n->right = vm_link(n->right, x);
+        return vm_balance(n);
+}
+
+/* Takes the leftmost node out of @n into *ret_min. Nodes are relinked, never copied: pointers stay good. */
+static ModelMapping *vm_unlink_min(ModelMapping *n, ModelMapping **ret_min)
+{
+        if (!n->left) {
+                *ret_min = n;
+                return n->right;
+        }
+        n->left = vm_unlink_min(n->left, ret_min);
+        return vm_balance(n);
+}
+
+static ModelMapping *vm_unlink(ModelMapping *n, const ModelMapping *x)
+{
+        ModelMapping *m = NULL, *r;
+
+        if (!n)
+                return NULL;
+        if (x->start < n->start) {
+                n->left = vm_unlink(n->left, x);
+                return vm_balance(n);
+        }
+        if (x->start > n->start) {
+                n->right = vm_unlink(n->right, x);
+                return vm_balance(n);
+        }
+        /* starts are unique: mappings never overlap and are never empty */
+        if (!n->right)
+                return n->left;
+        r = vm_unlink_min(n->right, &m);
+        m->left = n->left;
+        m->right = r;
+        return vm_balance(m);
+}
+
+ModelMapping *model_vm_first_after(const ModelVm *vm, uint64_t addr)
+{
+        ModelMapping *best = NULL;
+
+        for (ModelMapping *n = vm->root; n;) {
+                if (n->end > addr) {
+                        best = n;
+                        n = n->left;
+                } else {
+                        n = n->right;
+                }
+        }
+        return best;
+}
+
+ModelMapping *model_vm_next(const ModelVm *vm, const ModelMapping *mp)
+{
+        return model_vm_first_after(vm, mp->end);
 }
 
 bool model_vm_overlaps(const ModelVm *vm, uint64_t start, uint64_t end)
 {
-        size_t i = model_vm_lower(vm, start);
+        const ModelMapping *mp = model_vm_first_after(vm, start);
 
-        return i < vm->n && vm->v[i].start < end;
+        return mp && mp->start < end;
 }
 
 int model_vm_insert(ModelVm *vm, const ModelMapping *mp)
 {
-        size_t i;
+        ModelMapping *x;
 
-        if (model_vm_overlaps(vm, mp->start, mp->end))
+        if (mp->end <= mp->start || model_vm_overlaps(vm, mp->start, mp->end))
                 return -EINVAL;
-        if (model_grow((void **)&vm->v, &vm->cap, vm->n + 1, sizeof(*vm->v)) < 0)
+        x = malloc(sizeof(*x));
+        if (!x)
                 return -ENOMEM;
-        i = model_vm_lower(vm, mp->start);
-        memmove(&vm->v[i + 1], &vm->v[i], (vm->n - i) * sizeof(*vm->v));
-        vm->v[i] = *mp;
+        *x = *mp;
+        x->left = x->right = NULL;
+        x->height = 1;
+        vm->root = vm_link(vm->root, x);
         vm->n++;
         return 0;
 }
 
-void model_vm_remove_at(ModelVm *vm, size_t i)
+void model_vm_remove(ModelVm *vm, ModelMapping *mp)
 {
-        memmove(&vm->v[i], &vm->v[i + 1], (vm->n - i - 1) * sizeof(*vm->v));
+        vm->root = vm_unlink(vm->root, mp);
         vm->n--;
+        free(mp);
+}
+
+static void vm_free(ModelMapping *n)
+{
+        if (!n)
+                return;
+        vm_free(n->left);
+        vm_free(n->right);
+        free(n);
+}
+
+void model_vm_clear(ModelVm *vm)
+{
+        vm_free(vm->root);
+        vm->root = NULL;
+        vm->n = 0;
 }
 
 static bool vm_remove_mem(ModelVm *vm, const ModelMem *mem)
 {
-        /* a KFD mapping starts at its memory's VA: found by bisection, whatever the VM holds */
-        size_t at = model_vm_lower(vm, mem->va);
+        /* a KFD mapping starts at its memory's VA: the first one to end after it */
+        ModelMapping *mp = model_vm_first_after(vm, mem->va);
 
-        if (at < vm->n && vm->v[at].mem == mem) {
-                model_vm_remove_at(vm, at);
+        if (mp && mp->mem == mem) {
+                model_vm_remove(vm, mp);
                 return true;
         }
-        for (size_t i = 0; i < vm->n; i++)
-                if (vm->v[i].mem == mem) {
-                        model_vm_remove_at(vm, i);
+        for (mp = model_vm_first_after(vm, 0); mp; mp = model_vm_next(vm, mp))
+                if (mp->mem == mem) {
+                        model_vm_remove(vm, mp);
                         return true;
                 }
         return false;

@@ -94,18 +94,24 @@ typedef struct ModelBuf {
 
 struct ModelMem;
 
+/* One VA range of a GPU VM: a node of the VM's tree, which owns it. */
 typedef struct ModelMapping {
         uint64_t start;
         uint64_t end;
         ModelBuf *buf;
         struct ModelMem *mem; /* KFD mapping; NULL for GEM_VA */
         uint64_t offset;
+        struct ModelMapping *left, *right;
+        int height;
 } ModelMapping;
 
+/*
+ * A GPU VM's mappings, which never overlap: an AVL tree by start (so also by end), so that mapping and
+ * unmapping cost O(log n) however many a VM holds, in any order.
+ */
 typedef struct ModelVm {
-        ModelMapping *v;
+        ModelMapping *root;
         size_t n;
-        size_t cap;
 } ModelVm;
 
 typedef struct ModelGem {
@@ -310,12 +316,18 @@ bool model_fd_read_only(int fd);
 /* A new dmabuf fd of @b (O_CLOEXEC per @flags), read-only unless @writable; -EPERM for a userptr. A carved
  * buffer first moves to a file of its own: -EBUSY while a CPU mapping of its carve-out is left. */
 int model_buf_export_fd(ThunkModel *m, ModelBuf *b, bool writable, uint32_t flags, int *ret_fd);
-/* Index of the first mapping of @vm that ends after @start. */
-size_t model_vm_lower(const ModelVm *vm, uint64_t start);
+/* The first mapping of @vm that ends after @addr, or NULL. */
+ModelMapping *model_vm_first_after(const ModelVm *vm, uint64_t addr);
+/* The mapping after @mp in address order, or NULL. */
+ModelMapping *model_vm_next(const ModelVm *vm, const ModelMapping *mp);
 bool model_vm_overlaps(const ModelVm *vm, uint64_t start, uint64_t end);
-/* Insert @mp in address order; -EINVAL if it overlaps, -ENOMEM. */
+/* Insert a copy of @mp (its range, buffer, handle, offset); -EINVAL if it overlaps, -ENOMEM. A mapping's
+ * range may later shrink in place: that keeps the order. */
 int model_vm_insert(ModelVm *vm, const ModelMapping *mp);
-void model_vm_remove_at(ModelVm *vm, size_t i);
+/* Remove and free @mp; pointers to other mappings stay valid. */
+void model_vm_remove(ModelVm *vm, ModelMapping *mp);
+/* Free every mapping (the VM's file is going away). */
+void model_vm_clear(ModelVm *vm);
 /* Unmaps @mem everywhere in @c's VMs, drops its buffer and frees it (its context is going away). */
 void model_mem_destroy(ThunkModel *m, ModelCtx *c, ModelMem *mem);
 int model_kfd_alloc_memory_of_gpu(Call *c);

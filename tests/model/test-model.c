@@ -2179,9 +2179,34 @@ static int test_carve_fds(void)
         CHECK(count_fds() == before);
         thunk_model_get_stats(f.m, &s);
         CHECK(s.bufs == N && s.buffer_files == 0 && s.carved_bytes == N * PAGE && s.mappings == N);
-        for (int i = 0; i < N; i++) {
+        /* unmapped and freed out of order (7919 is prime to N): the VM stays exact throughout */
+        for (int k = 0; k < N; k++) {
+                int i = (int)(((uint64_t)k * 7919) % N);
+
                 CHECK_RC(map_bo(&f, f.kfd, false, h[i], ids, 1, NULL), 0);
                 CHECK_RC(free_bo(&f, f.kfd, h[i]), 0);
+                h[i] = 0;
+                if (k == N / 2) {
+                        uint64_t x = 0;
+                        int live = i + 1 < N && h[i + 1] ? i + 1 : -1;
+
+                        /* where a freed one was is free; where a live one is, is not */
+                        CHECK_RC(alloc_bo(&f, f.kfd, G0, 0x10000000 + (uint64_t)i * 2 * PAGE, PAGE, VRAM_PRIV,
+                                          &x, NULL),
+                                 0);
+                        CHECK_RC(map_bo(&f, f.kfd, true, x, ids, 1, NULL), 0);
+                        CHECK_RC(map_bo(&f, f.kfd, false, x, ids, 1, NULL), 0);
+                        CHECK_RC(free_bo(&f, f.kfd, x), 0);
+                        if (live >= 0) {
+                                CHECK_RC(alloc_bo(&f, f.kfd, G0, 0x10000000 + (uint64_t)live * 2 * PAGE, PAGE,
+                                                  VRAM_PRIV, &x, NULL),
+                                         0);
+                                CHECK_RC(map_bo(&f, f.kfd, true, x, ids, 1, NULL), -EINVAL);
+                                CHECK_RC(free_bo(&f, f.kfd, x), 0);
+                        }
+                        thunk_model_get_stats(f.m, &s);
+                        CHECK(s.mappings == N - (uint64_t)k - 1);
+                }
         }
         CHECK(count_fds() == before);
         CHECK_RC(fx_teardown(&f), 0);
