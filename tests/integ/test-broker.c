@@ -258,6 +258,38 @@ static void test_device(void)
         check_back_to_base("device");
 }
 
+/* Device memory that is not host visible is carved out of the model's file per GPU: however many
+ * allocations a client holds, the daemon's fd count stays where it was, until one is exported. */
+static void test_device_fds(void)
+{
+        enum { N = 2000 };
+        gm_client *c = connect_ok("device-fds");
+        static void *p[N];
+        int before, fd = -1;
+
+        if (!c)
+                return;
+        /* the first allocation makes the client's GPU VMs where it has its own (a kfd and render fds) */
+        CHECK_EQ(gm_malloc(c, 4096, gpus[0], 0, &p[0]), 0);
+        before = daemon_quiet_fd_count(&dmn);
+        for (int i = 1; i < N; i++)
+                CHECK_EQ(gm_malloc(c, 4096, gpus[0], 0, &p[i]), 0);
+        CHECK_EQ(daemon_quiet_fd_count(&dmn), before);
+        /* an export gives that one buffer a memory file of its own in the daemon */
+        {
+                gm_pointer_attributes pa = {.struct_size = sizeof(pa)};
+
+                CHECK_EQ(gm_pointer_get_attributes(c, p[7], &pa), 0);
+                CHECK_EQ(gm_mem_export(c, pa.handle, &fd, NULL), 0);
+                close(fd);
+                CHECK_EQ(daemon_quiet_fd_count(&dmn), before + 1);
+        }
+        for (int i = 0; i < N; i++)
+                CHECK_EQ(gm_mem_free(c, p[i]), 0);
+        gm_client_close(c);
+        check_back_to_base("device fds");
+}
+
 /* ---- host memory --------------------------------------------------------------------------------------- */
 
 static void test_host(void)
@@ -876,6 +908,7 @@ int main(int argc, char **argv)
 {
         static const TestCase cases[] = {
                 {"device memory", test_device},
+                {"device memory costs the daemon no fd", test_device_fds},
                 {"host memory", test_host},
                 {"managed memory", test_managed},
                 {"VMM", test_vmm},
