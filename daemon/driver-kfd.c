@@ -464,6 +464,32 @@ int driver_kfd_open(const DriverKfdOptions *o, Driver **ret, char *errbuf, size_
         return 0;
 }
 
+static int open_kernel(const DriverOpenArgs *a, Driver **ret, char *errbuf, size_t errlen)
+{
+        DriverKfdOptions o = {.topology_root = a->topology_root};
+        return driver_kfd_open(&o, ret, errbuf, errlen);
+}
+
+static int open_model(const DriverOpenArgs *a, Driver **ret, char *errbuf, size_t errlen)
+{
+        DriverKfdOptions o = {
+                .model = true, .topology_root = a->topology_root, .model_kfd_minor = a->model_kfd_minor};
+        return driver_kfd_open(&o, ret, errbuf, errlen);
+}
+
+const DriverBackend driver_kfd_backend = {
+        .name = "kfd",
+        .summary = "the kernel's /dev/kfd",
+        .open = open_kernel,
+};
+
+const DriverBackend driver_model_backend = {
+        .name = "model",
+        .summary = "the built-in KFD model (a simulated node from a preset)",
+        .flags = DRIVER_BACKEND_PRESET,
+        .open = open_model,
+};
+
 void driver_kfd_model_minor_range(uint32_t *ret_min, uint32_t *ret_max)
 {
         *ret_min = THUNK_MODEL_KFD_MINOR_MIN;

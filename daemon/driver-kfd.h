@@ -16,6 +16,10 @@ typedef struct DriverKfdOptions {
 /* Open the device: topology, KFD version, apertures, a GPU VM on every GPU. @errbuf gets the reason. */
 int driver_kfd_open(const DriverKfdOptions *o, Driver **ret, char *errbuf, size_t errlen);
 
+/* The two backends of this driver: the kernel's /dev/kfd, and the built-in KFD model. */
+extern const DriverBackend driver_kfd_backend;
+extern const DriverBackend driver_model_backend;
+
 /* The KFD ABI minor versions the model can report (--model-kfd-minor). */
 void driver_kfd_model_minor_range(uint32_t *ret_min, uint32_t *ret_max);
 

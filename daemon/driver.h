@@ -322,3 +322,34 @@ static inline int driver_test_faults(Driver *d, const char *path, char *errbuf, 
 {
         return d->ops->test_faults(d, path, errbuf, errlen);
 }
+
+/* ---- the backends ------------------------------------------------------------------------------------ */
+
+/* What a backend is opened with: the daemon's settings that concern drivers. */
+typedef struct DriverOpenArgs {
+        const char *topology_root; /* the device's topology (NULL: the system's); with DRIVER_BACKEND_PRESET
+                                      the preset's directory */
+        uint32_t model_kfd_minor;  /* the KFD model: the ABI minor version it reports (0: its newest) */
+} DriverOpenArgs;
+
+enum {
+        DRIVER_BACKEND_PRESET = 1u << 0, /* simulated: its topology comes from a model preset */
+};
+
+/*
+ * A backend the daemon can run on, as `--backend` and `backend =` name it. Each driver file declares its
+ * own; drivers.c lists them, so a new one is its file and one row there.
+ */
+typedef struct DriverBackend {
+        const char *name;
+        const char *summary; /* one line for --help */
+        unsigned flags;      /* DRIVER_BACKEND_* */
+        /* Open the device: topology, versions, apertures, whatever the broker needs before it serves.
+         * @errbuf gets the reason of a failure. */
+        int (*open)(const DriverOpenArgs *a, Driver **ret, char *errbuf, size_t errlen);
+} DriverBackend;
+
+/* The backend called @name, or NULL. */
+const DriverBackend *driver_backend_find(const char *name);
+/* Every backend, in the order --help lists them (NULL past the last). */
+const DriverBackend *driver_backend_at(size_t index);

@@ -22,7 +22,6 @@
 #include "config.h"
 #include "conn.h"
 #include "frame.h"
-#include "driver-kfd.h"
 #include "log.h"
 #include "request.h"
 #include "window.h"
@@ -508,7 +507,8 @@ int manager_reload(Manager *m)
         }
         /* both parts are good: apply them together (options first: the policy's admin rights use them) */
         if (strcmp(next.socket_path, m->opts.socket_path) != 0 || next.socket_mode != m->opts.socket_mode ||
-            next.backend != m->opts.backend || strcmp(next.model_preset, m->opts.model_preset) != 0 ||
+            strcmp(next.backend, m->opts.backend) != 0 ||
+            strcmp(next.model_preset, m->opts.model_preset) != 0 ||
             next.model_kfd_minor != m->opts.model_kfd_minor ||
             (next.topology_root == NULL) != (m->opts.topology_root == NULL) ||
             (next.topology_root && strcmp(next.topology_root, m->opts.topology_root) != 0) ||
@@ -538,29 +538,29 @@ int manager_reload(Manager *m)
 
 static int open_backend(Manager *m)
 {
+        const DriverBackend *b = driver_backend_find(m->opts.backend);
         char preset[PATH_MAX], err[512] = "";
-        DriverKfdOptions ko = {0};
+        DriverOpenArgs a = {.topology_root = m->opts.topology_root,
+                            .model_kfd_minor = m->opts.model_kfd_minor};
         int r;
 
-        if (m->opts.backend == OPT_BACKEND_MODEL) {
+        if (!b)
+                return log_error_errno(-EINVAL, "no backend called '%s'", m->opts.backend);
+        if (b->flags & DRIVER_BACKEND_PRESET) {
                 r = options_preset_dir(&m->opts, preset, sizeof(preset));
                 if (r < 0)
                         return log_error_errno(r, "model preset '%s' not found: %s", m->opts.model_preset,
                                                strerror(-r));
-                ko.model = true;
-                ko.topology_root = preset;
-                ko.model_kfd_minor = m->opts.model_kfd_minor;
+                a.topology_root = preset;
                 const char *slash = strrchr(preset, '/');
                 const char *name = slash ? slash + 1 : preset;
                 size_t n = strnlen(name, sizeof(m->preset_name) - 1);
                 memcpy(m->preset_name, name, n);
                 m->preset_name[n] = '\0';
-        } else {
-                ko.topology_root = m->opts.topology_root;
         }
-        r = driver_kfd_open(&ko, &m->drv, err, sizeof(err));
+        r = b->open(&a, &m->drv, err, sizeof(err));
         if (r < 0)
-                return log_error_errno(r, "cannot open the %s backend: %s", ko.model ? "model" : "kfd",
+                return log_error_errno(r, "cannot open the %s backend: %s", b->name,
                                        err[0] ? err : strerror(-r));
         return 0;
 }

@@ -16,6 +16,7 @@
 #include "log.h"
 #include "util.h"
 #include "driver-kfd.h"
+#include "driver.h"
 
 #define DEFAULT_WINDOW_SIZE (64ull << 30)
 /*
@@ -28,7 +29,7 @@
 void options_init(Options *o)
 {
         *o = (Options){
-                .backend = OPT_BACKEND_MODEL,
+                .backend = "model",
                 .log_level = LOG_INFO,
                 .max_connections = 4096,
                 .max_connections_per_uid = 1024,
@@ -72,8 +73,11 @@ static void help(void)
                "  -c, --config FILE         configuration file (default " GPUMEMD_CONFIG_FILE ")\n"
                "  -s, --socket PATH         listen on PATH when not socket-activated\n"
                "                            (default " GPUMEMD_SOCKET_DEFAULT ")\n"
-               "  -b, --backend kfd|model   /dev/kfd, or the built-in KFD model (default model)\n"
-               "  -p, --model-preset NAME   model topology preset or directory (default mi300x)\n"
+               "  -b, --backend NAME        the device gpumemd serves (default model):\n");
+        for (size_t i = 0; driver_backend_at(i); i++)
+                printf("                              %-8s %s\n", driver_backend_at(i)->name,
+                       driver_backend_at(i)->summary);
+        printf("  -p, --model-preset NAME   model topology preset or directory (default mi300x)\n"
                "      --model-kfd-minor N   KFD ABI minor version the model reports\n"
                "  -t, --topology DIR        KFD sysfs topology (default "
                "/sys/devices/virtual/kfd/kfd/topology)\n"
@@ -84,6 +88,17 @@ static void help(void)
                "\n"
                "Environment: GPUMEMD_MODEL_FAULTS_FILE=FILE (model backend, for tests): SIGUSR2 arms the\n"
                "model's fault injection from FILE, one \"IOCTL NTH ERRNO\" per line.\n");
+}
+
+/* "kfd, model": the backends there are, for errors. */
+static const char *backend_names(char *buf, size_t len)
+{
+        buf[0] = '\0';
+        for (size_t i = 0; driver_backend_at(i); i++) {
+                size_t used = strnlen(buf, len);
+                snprintf(buf + used, len - used, "%s%s", i ? ", " : "", driver_backend_at(i)->name);
+        }
+        return buf;
 }
 
 /* 0 (the model's newest) or a minor version the model can report: checked here, so --check-config sees it */
@@ -137,15 +152,13 @@ int options_parse_argv(Options *o, int argc, char **argv)
                         o->set_by_cli |= OPT_SET_SOCKET;
                         break;
                 case 'b':
-                        if (strcmp(optarg, "model") == 0)
-                                o->backend = OPT_BACKEND_MODEL;
-                        else if (strcmp(optarg, "kfd") == 0)
-                                o->backend = OPT_BACKEND_KFD;
-                        else {
-                                fprintf(stderr, "gpumemd: --backend: '%s' is neither 'kfd' nor 'model'\n",
-                                        optarg);
+                        if (!driver_backend_find(optarg)) {
+                                char names[128];
+                                fprintf(stderr, "gpumemd: --backend: no backend called '%s' (%s)\n", optarg,
+                                        backend_names(names, sizeof(names)));
                                 return -EINVAL;
                         }
+                        snprintf(o->backend, sizeof(o->backend), "%s", optarg);
                         o->set_by_cli |= OPT_SET_BACKEND;
                         break;
                 case 'p':
@@ -304,17 +317,14 @@ static int daemon_key(FileCtx *ctx, const char *name, const char *value)
                 }
                 o->socket_mode = (uint32_t)m;
         } else if (strcmp(name, "backend") == 0) {
-                OptBackend b;
-                if (strcmp(value, "model") == 0)
-                        b = OPT_BACKEND_MODEL;
-                else if (strcmp(value, "kfd") == 0)
-                        b = OPT_BACKEND_KFD;
-                else {
-                        file_error(ctx, "backend: '%s' is neither 'kfd' nor 'model'", value);
+                if (!driver_backend_find(value)) {
+                        char names[128];
+                        file_error(ctx, "backend: no backend called '%s' (%s)", value,
+                                   backend_names(names, sizeof(names)));
                         return 1;
                 }
                 if (!(cli & OPT_SET_BACKEND))
-                        o->backend = b;
+                        snprintf(o->backend, sizeof(o->backend), "%s", value);
         } else if (strcmp(name, "model-preset") == 0) {
                 if (!*value) {
                         file_error(ctx, "model-preset: empty value");

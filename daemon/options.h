@@ -5,11 +5,6 @@
 #include <stdint.h>
 #include <sys/types.h>
 
-typedef enum OptBackend {
-        OPT_BACKEND_MODEL,
-        OPT_BACKEND_KFD,
-} OptBackend;
-
 /* Which settings the command line gave, so the file does not override them. */
 enum {
         OPT_SET_SOCKET = 1u << 0,
@@ -26,7 +21,7 @@ typedef struct Options {
         char *config_path;    /* NULL: the default file, if it exists */
         bool config_explicit; /* --config given: the file must exist */
         char *socket_path;
-        OptBackend backend;
+        char backend[16]; /* a backend's name (driver.h): checked when set */
         char *model_preset;  /* a preset name under the preset dir, or a directory path */
         char *topology_root; /* KFD backend: sysfs topology dir */
         uint32_t model_kfd_minor;

@@ -172,7 +172,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
         options_init(&o);
         free(o.socket_path);
         o.socket_path = strdup(sock);
-        o.backend = OPT_BACKEND_MODEL;
+        snprintf(o.backend, sizeof(o.backend), "model");
         o.log_level = LOG_EMERG;
         o.window_size = 128ull << 20; /* bounds what one client can allocate (host memory is populated) */
         o.loops = 1;                  /* every connection on the one loop this harness runs */

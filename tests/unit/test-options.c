@@ -39,7 +39,7 @@ static void test_argv(void)
         options_init(&o);
         CHECK_EQ(parse(&o, ARRAY_SIZE(ok), ok), 0);
         CHECK(strcmp(o.socket_path, "/tmp/x.sock") == 0);
-        CHECK_EQ(o.backend, OPT_BACKEND_KFD);
+        CHECK(strcmp(o.backend, "kfd") == 0);
         CHECK(strcmp(o.model_preset, "mi100") == 0);
         CHECK_EQ(o.log_level, LOG_DEBUG);
         CHECK_EQ(o.model_kfd_minor, 15);
@@ -127,7 +127,7 @@ static void test_file_errors(void)
                 const char *text;
                 const char *want; /* "LINE: message fragment" */
         } cases[] = {
-                {"[daemon]\nbackend = gpu\n", ":2: backend: 'gpu'"},
+                {"[daemon]\nbackend = gpu\n", ":2: backend: no backend called 'gpu' (kfd, model)"},
                 {"[daemon]\n\nlog-level = shout\n", ":3: log-level"},
                 {"[daemon]\nsocket = relative.sock\n", ":2: socket"},
                 {"[daemon]\nmax-connections = 0\n", ":2: max-connections"},
