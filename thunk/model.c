@@ -202,6 +202,7 @@ static void buf_unref(ThunkModel *m, ModelBuf *b)
                 b->next->pprev = b->pprev;
         if (b->charge_type)
                 uncharge(m, b->owner, b->charge_type, b->charge);
+        model_gpuvm_forget(m, b);
         if (b->memfd >= 0)
                 close(b->memfd);
         free(b->allowed);
@@ -1679,8 +1680,11 @@ static int drm_amdgpu_gem_va(Call *c)
                         return 0;
         }
         {
-                ModelMapping mp = {
-                        .start = a->va_address, .end = end, .buf = g->buf, .offset = a->offset_in_bo};
+                ModelMapping mp = {.start = a->va_address,
+                                   .end = end,
+                                   .buf = g->buf,
+                                   .offset = a->offset_in_bo,
+                                   .gem_flags = a->flags};
 
                 return vm_insert(&f->vm, &mp);
         }

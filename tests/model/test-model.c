@@ -1747,6 +1747,19 @@ static void put_packet(uint8_t *ring, uint64_t slot, uint16_t type, const uint64
         __atomic_store_n((uint16_t *)p, type, __ATOMIC_RELEASE);
 }
 
+/* A kernel dispatch of the (zeroed, so 0-argument) kernel descriptor at @kd: the packet processor does not
+ * run kernels, but what the CP would read of one must be in the GPU VM. */
+static void put_dispatch(uint8_t *ring, uint64_t slot, const void *kd, uint64_t completion)
+{
+        uint8_t *p = ring + slot * 64;
+        uint64_t kobj = (uintptr_t)kd;
+
+        memset(p + 2, 0, 62);
+        memcpy(p + 32, &kobj, 8);
+        memcpy(p + 56, &completion, 8);
+        __atomic_store_n((uint16_t *)p, 2 /* KERNEL_DISPATCH */, __ATOMIC_RELEASE);
+}
+
 static bool wait_value(volatile uint64_t *p, uint64_t want)
 {
         for (int i = 0; i < 2000 && __atomic_load_n(p, __ATOMIC_ACQUIRE) != want; i++)
@@ -1761,18 +1774,33 @@ static int test_queues(void)
         struct kfd_ioctl_destroy_queue_args dq = {0};
         struct kfd_ioctl_set_xnack_mode_args xn = {.xnack_enabled = 1};
         struct kfd_ioctl_create_event_args ev;
-        uint64_t *mem, *rptr, *wptr, *events = NULL;
+        uint64_t *mem, *rptr, *wptr, *events;
         uint8_t *ring;
         TestSignal *sig;
-        uint64_t deps[5] = {0};
+        uint64_t deps[5] = {0}, h_mem, h_events, off;
         void *db = NULL;
-        uint32_t q0, q1, result, id;
+        uint32_t q0, q1, result, id, n = 0;
         ThunkModelStats s;
 
         CHECK_RC(fx_setup(&f, 11), 0);
-        mem = aligned_alloc(4096, 3 * 4096);
-        CHECK(mem != NULL);
-        memset(mem, 0, 3 * 4096);
+        /* everything the packet processor reads or writes is in the queue's GPU VM, as on a GPU: host
+         * pages registered as userptr BOs at their own address, the way libhsakmt maps host memory */
+        mem = aligned_alloc(4096, 4 * 4096);
+        events = aligned_alloc(4096, KFD_SIGNAL_EVENT_LIMIT * 8);
+        CHECK(mem != NULL && events != NULL);
+        memset(mem, 0, 4 * 4096);
+        off = (uintptr_t)mem;
+        CHECK_RC(alloc_bo(&f, f.kfd, G0, (uintptr_t)mem, 4 * 4096,
+                          KFD_IOC_ALLOC_MEM_FLAGS_USERPTR | KFD_IOC_ALLOC_MEM_FLAGS_WRITABLE, &h_mem, &off),
+                 0);
+        CHECK_RC(map_bo(&f, f.kfd, true, h_mem, (const uint32_t[]){G0}, 1, &n), 0);
+        off = (uintptr_t)events;
+        n = 0;
+        CHECK_RC(alloc_bo(&f, f.kfd, G0, (uintptr_t)events, KFD_SIGNAL_EVENT_LIMIT * 8,
+                          KFD_IOC_ALLOC_MEM_FLAGS_USERPTR | KFD_IOC_ALLOC_MEM_FLAGS_WRITABLE, &h_events,
+                          &off),
+                 0);
+        CHECK_RC(map_bo(&f, f.kfd, true, h_events, (const uint32_t[]){G0}, 1, &n), 0);
         ring = (uint8_t *)mem; /* 64 packets */
         rptr = mem + 4096 / 8; /* read and write indices */
         wptr = rptr + 8;
@@ -1811,7 +1839,12 @@ static int test_queues(void)
         {
                 struct kfd_ioctl_create_queue_args b = q;
 
+                /* its own (empty) ring and pointers: the SDMA engine runs it too */
                 b.queue_type = KFD_IOC_QUEUE_TYPE_SDMA;
+                b.ring_base_address = (uintptr_t)(mem + 3 * 4096 / 8);
+                b.ring_size = 2048;
+                b.read_pointer_address = (uintptr_t)(mem + 3 * 4096 / 8 + 256);
+                b.write_pointer_address = (uintptr_t)(mem + 3 * 4096 / 8 + 264);
                 CHECK_RC(io(&f, f.kfd, AMDKFD_IOC_CREATE_QUEUE, &b), 0);
                 q1 = b.queue_id;
                 CHECK(q1 == 0);
@@ -1839,7 +1872,7 @@ static int test_queues(void)
         sig[2].value = 1; /* dispatch completion */
         deps[0] = (uintptr_t)&sig[0];
         put_packet(ring, 0, 3 /* BARRIER_AND */, deps, (uintptr_t)&sig[1]);
-        put_packet(ring, 1, 2 /* KERNEL_DISPATCH */, NULL, (uintptr_t)&sig[2]);
+        put_dispatch(ring, 1, &sig[32], (uintptr_t)&sig[2]);
         __atomic_store_n(wptr, 2, __ATOMIC_RELEASE);
         usleep(50000);
         CHECK(__atomic_load_n(rptr, __ATOMIC_ACQUIRE) == 0 &&
@@ -1865,16 +1898,20 @@ static int test_queues(void)
         CHECK(wait_value(rptr, 3));
         CHECK(__atomic_load_n(&sig[1].value, __ATOMIC_ACQUIRE) == 0);
 
-        /* a completion signal with an event mailbox: the id lands in the slot and the event fires */
-        CHECK_RC(create_event(&f, KFD_IOC_EVENT_SIGNAL, true, &ev), 0);
+        /* a completion signal with an event mailbox: the id lands in the slot and the event fires (the signal
+         * page is a BO in the GPU VM, as libhsakmt gives it on dGPUs) */
+        {
+                struct kfd_ioctl_create_event_args a = {
+                        .event_type = KFD_IOC_EVENT_SIGNAL, .auto_reset = 1, .event_page_offset = h_events};
+
+                CHECK_RC(io(&f, f.kfd, AMDKFD_IOC_CREATE_EVENT, &a), 0);
+                ev = a;
+        }
         id = ev.event_id;
-        CHECK_RC(f.seam.ops->mmap(f.seam.impl, NULL, KFD_SIGNAL_EVENT_LIMIT * 8, PROT_READ | PROT_WRITE,
-                                  MAP_SHARED, f.kfd, ev.event_page_offset, (void **)&events),
-                 0);
         __atomic_store_n(&sig[5].value, 1, __ATOMIC_RELEASE);
         sig[5].mailbox = (uintptr_t)&events[id];
         sig[5].event_id = id;
-        put_packet(ring, 3, 2, NULL, (uintptr_t)&sig[5]);
+        put_dispatch(ring, 3, &sig[32], (uintptr_t)&sig[5]);
         __atomic_store_n(wptr, 4, __ATOMIC_RELEASE);
         CHECK_RC(wait_events(&f, &id, 1, false, 2000, &result), 0);
         CHECK(result == KFD_IOC_WAIT_RESULT_COMPLETE);
@@ -1891,9 +1928,9 @@ static int test_queues(void)
         CHECK(s.queues == 1 && s.events == 1);
         /* the rest goes with the context */
         munmap(db, 8192);
-        munmap(events, KFD_SIGNAL_EVENT_LIMIT * 8);
         CHECK_RC(fx_teardown(&f), 0);
         free(mem);
+        free(events);
         return 0;
 }
 
