@@ -74,6 +74,7 @@ uint64_t model_sys_clock(void);
 /* ---- the packet processors: each runs what it can of one queue; returns how many packets retired ---- */
 
 unsigned int model_sdma_run(ModelEngine *e);
+unsigned int model_pm4_run(ModelEngine *e);
 unsigned int model_aql_run(ModelEngine *e);
 
 /* The compare of a poll (SDMA POLL_REGMEM, PM4 WAIT_REG_MEM): function 0 always, 1 <, 2 <=, 3 ==, 4 !=,

@@ -622,6 +622,9 @@ static unsigned int queue_run(ThunkModel *m, ModelCtx *ctx, ModelQueue *q)
         case KFD_IOC_QUEUE_TYPE_SDMA_XGMI:
                 done = model_sdma_run(&e);
                 break;
+        case KFD_IOC_QUEUE_TYPE_COMPUTE:
+                done = model_pm4_run(&e);
+                break;
         default:
                 return 0;
         }
