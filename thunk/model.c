@@ -1801,9 +1801,10 @@ static int dispatch(ThunkModel *m, ModelFd *e, unsigned long request, void *arg)
         if (e->kind == FD_KFD) {
                 if (_IOC_TYPE(request) != AMDKFD_IOCTL_BASE)
                         return -ENOTTY;
+                /* a number outside this version's table is no ioctl of the driver (kfd_ioctl: -ENOTTY) */
                 if (nr < THUNK_KFD_COMMAND_START || nr >= thunk_kfd_command_end(m->minor) || nr >= 0x28 ||
                     kfd_table[nr].min_minor > m->minor)
-                        return -EINVAL;
+                        return -ENOTTY;
                 /* in the kernel's table, but queues, events, debugger, CRIU... are not modelled */
                 if (!kfd_table[nr].fn)
                         return -EOPNOTSUPP;
