@@ -998,6 +998,9 @@ static int test_svm(void)
         CHECK_RC(svm_get1(&f, base, 0, KFD_IOCTL_SVM_ATTR_GRANULARITY, 0, NULL, NULL), -EINVAL);
         CHECK_RC(svm_get1(&f, base, len + 1024 * PAGE * 1024, KFD_IOCTL_SVM_ATTR_GRANULARITY, 0, NULL, NULL),
                  -EFAULT);
+        /* GET checks the range before its attributes (SET the other way round) */
+        CHECK_RC(svm_get1(&f, base, len + 1024 * PAGE * 1024, KFD_IOCTL_SVM_ATTR_NO_ACCESS, G0, NULL, NULL),
+                 -EFAULT);
         {
                 struct kfd_ioctl_svm_args a = {.start_addr = base, .size = PAGE, .op = 7};
 
@@ -1016,6 +1019,13 @@ static int test_svm(void)
                 CHECK_RC(map_bo(&f, f.kfd, true, h, ids, 1, NULL), 0);
                 at[0] = (struct kfd_ioctl_svm_attribute){KFD_IOCTL_SVM_ATTR_SET_FLAGS, 0};
                 CHECK_RC(svm_call(&f, f.kfd, KFD_IOCTL_SVM_OP_SET_ATTR, base + 36 * PAGE, 8 * PAGE, at, 1),
+                         -EADDRINUSE);
+                /* and GET refuses the range as SET does */
+                CHECK_RC(svm_get1(&f, base + 36 * PAGE, 8 * PAGE, KFD_IOCTL_SVM_ATTR_GRANULARITY, 0, NULL,
+                                  NULL),
+                         -EADDRINUSE);
+                CHECK_RC(svm_get1(&f, base + 36 * PAGE, 8 * PAGE, KFD_IOCTL_SVM_ATTR_NO_ACCESS, G0, NULL,
+                                  NULL),
                          -EADDRINUSE);
                 CHECK_RC(map_bo(&f, f.kfd, false, h, ids, 1, NULL), 0);
                 CHECK_RC(free_bo(&f, f.kfd, h), 0);
