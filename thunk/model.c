@@ -969,7 +969,7 @@ int model_bind_pdd(Call *c, uint32_t gpu_id, int *ret_idx)
 static int kfd_set_memory_policy(Call *c)
 {
         struct kfd_ioctl_set_memory_policy_args *a = c->arg;
-        int idx;
+        int idx, r;
 
         if (a->default_policy != KFD_IOC_CACHE_POLICY_COHERENT &&
             a->default_policy != KFD_IOC_CACHE_POLICY_NONCOHERENT)
@@ -977,7 +977,9 @@ static int kfd_set_memory_policy(Call *c)
         if (a->alternate_policy != KFD_IOC_CACHE_POLICY_COHERENT &&
             a->alternate_policy != KFD_IOC_CACHE_POLICY_NONCOHERENT)
                 return -EINVAL;
-        return model_bind_pdd(c, a->gpu_id, &idx);
+        r = model_bind_pdd(c, a->gpu_id, &idx);
+        /* kfd_ioctl_set_memory_policy() words a failed bind -ESRCH, not the -ENODEV of the memory ioctls */
+        return r == -ENODEV ? -ESRCH : r;
 }
 
 static void fill_apertures(const ThunkModel *m, size_t g, struct kfd_process_device_apertures *ap)

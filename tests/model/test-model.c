@@ -367,6 +367,14 @@ static int test_acquire_vm(void)
         int other = -1, kfd2 = -1;
 
         CHECK_RC(fx_setup_topo(&f, topo_make(3, std_gpus, 64 * GiB), 19, false), 0);
+        /* before the VM: SET_MEMORY_POLICY cannot bind the process to the GPU (-ESRCH, not -ENODEV) */
+        {
+                struct kfd_ioctl_set_memory_policy_args mp = {.gpu_id = G0};
+
+                CHECK_RC(io(&f, f.kfd, AMDKFD_IOC_SET_MEMORY_POLICY, &mp), -ESRCH);
+                mp.gpu_id = 0x9999;
+                CHECK_RC(io(&f, f.kfd, AMDKFD_IOC_SET_MEMORY_POLICY, &mp), -EINVAL);
+        }
         CHECK_RC(fx_acquire(&f, f.kfd, f.render[0], 0x9999), -EINVAL);
         CHECK_RC(fx_acquire(&f, f.kfd, f.kfd, G0), -EINVAL);       /* not a render fd */
         CHECK_RC(fx_acquire(&f, f.kfd, 1, G0), -EINVAL);           /* not ours at all */
