@@ -1202,9 +1202,17 @@ static int map_common(Call *c, bool map)
                 return -EINVAL;
         if (!ids)
                 return -EFAULT;
-        r = model_bind_pdd(c, THUNK_KFD_HANDLE_GPU(a->handle), &idx);
-        if (r < 0)
-                return r;
+        /* MAP binds the process to the handle's device and to each target; kfd_ioctl_unmap_memory_from_gpu()
+         * binds none: a device without a VM just has nothing mapped */
+        if (map) {
+                r = model_bind_pdd(c, THUNK_KFD_HANDLE_GPU(a->handle), &idx);
+                if (r < 0)
+                        return r;
+        } else {
+                idx = model_gpu_index(m, THUNK_KFD_HANDLE_GPU(a->handle));
+                if (idx < 0)
+                        return -EINVAL;
+        }
         mem = model_idr_find(&c->ctx->pdd[idx], THUNK_KFD_HANDLE_IDR(a->handle));
         if (!mem)
                 return -ENOMEM;
@@ -1216,7 +1224,7 @@ static int map_common(Call *c, bool map)
                         return -EINVAL;
                 f = c->ctx->pdd[g].file;
                 if (!f)
-                        return -ENODEV;
+                        return map ? -ENODEV : -EINVAL;
                 if (map) {
                         if (!(mem->mapped & (1ULL << g))) {
                                 ModelMapping mp = {.start = mem->va,

@@ -551,6 +551,17 @@ static int test_map_errors(void)
         CHECK_RC(free_bo(&f, f.kfd, h0va), 0);
         CHECK_RC(free_bo(&f, f.kfd, hs), 0);
         CHECK_RC(fx_teardown(&f), 0);
+
+        /* a target GPU without a VM: MAP cannot bind it (-ENODEV), UNMAP binds nothing and finds nothing
+         * mapped there (-EINVAL) */
+        CHECK_RC(fx_setup_topo(&f, topo_make(3, std_gpus, 64 * GiB), 19, false), 0);
+        CHECK_RC(fx_acquire(&f, f.kfd, f.render[0], G0), 0);
+        CHECK_RC(alloc_bo(&f, f.kfd, G0, 0x100000, PAGE, VRAM_RW, &h, NULL), 0);
+        CHECK_RC(map_bo(&f, f.kfd, true, h, ids + 1, 1, NULL), -ENODEV);
+        CHECK_RC(map_bo(&f, f.kfd, false, h, ids + 1, 1, NULL), -EINVAL);
+        CHECK_RC(map_bo(&f, f.kfd, false, (uint64_t)G1 << 32, ids, 1, NULL), -ENOMEM);
+        CHECK_RC(free_bo(&f, f.kfd, h), 0);
+        CHECK_RC(fx_teardown(&f), 0);
         return 0;
 }
 
