@@ -1094,6 +1094,17 @@ static int kfd_alloc_memory_of_gpu(Call *c)
                 return -EINVAL;
         if (!c->ctx->pdd[idx].file)
                 return -ENODEV;
+        /* kfd_ioctl_alloc_memory_of_gpu() applies USERPTR's, else DOORBELL's, else MMIO_REMAP's rule by
+         * its bit, whatever domain the BO then gets (VRAM | DOORBELL is a VRAM BO of the doorbell size) */
+        if (flags & KFD_IOC_ALLOC_MEM_FLAGS_USERPTR) {
+                if (a->mmap_offset & (MODEL_PAGE - 1))
+                        return -EINVAL;
+        } else if (flags & KFD_IOC_ALLOC_MEM_FLAGS_DOORBELL) {
+                if (a->size != MODEL_DOORBELL_SLICE)
+                        return -EINVAL;
+        } else if ((flags & KFD_IOC_ALLOC_MEM_FLAGS_MMIO_REMAP) && a->size != MODEL_PAGE) {
+                return -EINVAL;
+        }
 
         if (flags & KFD_IOC_ALLOC_MEM_FLAGS_VRAM)
                 type = m->gpus[idx].apu ? KFD_IOC_ALLOC_MEM_FLAGS_GTT : KFD_IOC_ALLOC_MEM_FLAGS_VRAM;
@@ -1108,12 +1119,8 @@ static int kfd_alloc_memory_of_gpu(Call *c)
         else
                 return -EINVAL;
 
-        if (type == KFD_IOC_ALLOC_MEM_FLAGS_DOORBELL && a->size != MODEL_DOORBELL_SLICE)
-                return -EINVAL;
-        if (type == KFD_IOC_ALLOC_MEM_FLAGS_MMIO_REMAP && a->size != MODEL_PAGE)
-                return -EINVAL;
-        if (type == KFD_IOC_ALLOC_MEM_FLAGS_USERPTR &&
-            (a->mmap_offset == 0 || (a->mmap_offset & (MODEL_PAGE - 1))))
+        /* the GPUVM allocator wants a user address only for what becomes a userptr BO */
+        if (type == KFD_IOC_ALLOC_MEM_FLAGS_USERPTR && a->mmap_offset == 0)
                 return -EINVAL;
 
         r = charge(m, idx, type, size);
@@ -1145,7 +1152,7 @@ static int kfd_alloc_memory_of_gpu(Call *c)
         mem->flags = flags;
         mem->gpu = idx;
         a->handle = THUNK_KFD_HANDLE(a->gpu_id, mem->idr);
-        if (type == KFD_IOC_ALLOC_MEM_FLAGS_MMIO_REMAP)
+        if (flags & KFD_IOC_ALLOC_MEM_FLAGS_MMIO_REMAP)
                 a->mmap_offset = THUNK_KFD_MMAP_TYPE_MMIO | THUNK_KFD_MMAP_GPU_ID(a->gpu_id);
         else
                 a->mmap_offset = b->mmap_offset;

@@ -427,8 +427,32 @@ static int test_alloc_errors(void)
         CHECK_RC(alloc_bo(&f, f.kfd, G0, 0x100000, PAGE, KFD_IOC_ALLOC_MEM_FLAGS_USERPTR, &h, &off), -EINVAL);
         off = 0x10001;
         CHECK_RC(alloc_bo(&f, f.kfd, G0, 0x100000, PAGE, KFD_IOC_ALLOC_MEM_FLAGS_USERPTR, &h, &off), -EINVAL);
+        /* each type's rule applies whenever its bit is set, whatever the domain */
+        CHECK_RC(
+                alloc_bo(&f, f.kfd, G0, 0x100000, PAGE, VRAM_RW | KFD_IOC_ALLOC_MEM_FLAGS_DOORBELL, &h, NULL),
+                -EINVAL);
+        CHECK_RC(alloc_bo(&f, f.kfd, G0, 0x100000, 2 * PAGE, GTT_RW | KFD_IOC_ALLOC_MEM_FLAGS_MMIO_REMAP, &h,
+                          NULL),
+                 -EINVAL);
+        off = 0x10001;
+        CHECK_RC(alloc_bo(&f, f.kfd, G0, 0x100000, PAGE, VRAM_RW | KFD_IOC_ALLOC_MEM_FLAGS_USERPTR, &h, &off),
+                 -EINVAL);
         thunk_model_get_stats(f.m, &s);
         CHECK(s.mems == 0 && s.bufs == 0 && s.vram_used[0] == 0 && s.system_used == 0);
+        /* and then the domain decides: VRAM | DOORBELL of the doorbell size and VRAM | USERPTR without an
+         * address are VRAM BOs */
+        CHECK_RC(alloc_bo(&f, f.kfd, G0, 0x100000, 2 * PAGE, VRAM_RW | KFD_IOC_ALLOC_MEM_FLAGS_DOORBELL, &h,
+                          NULL),
+                 0);
+        thunk_model_get_stats(f.m, &s);
+        CHECK(s.vram_used[0] == 2 * PAGE);
+        CHECK_RC(free_bo(&f, f.kfd, h), 0);
+        off = 0;
+        CHECK_RC(alloc_bo(&f, f.kfd, G0, 0x100000, PAGE, VRAM_RW | KFD_IOC_ALLOC_MEM_FLAGS_USERPTR, &h, &off),
+                 0);
+        thunk_model_get_stats(f.m, &s);
+        CHECK(s.vram_used[0] == PAGE && s.system_used == 0);
+        CHECK_RC(free_bo(&f, f.kfd, h), 0);
         /* small-BAR VRAM without PUBLIC is fine; unaligned sizes are page-aligned */
         CHECK_RC(alloc_bo(&f, f.kfd, G2, 0x100000, PAGE + 1, VRAM_RW, &h, NULL), 0);
         thunk_model_get_stats(f.m, &s);
