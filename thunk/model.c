@@ -1458,12 +1458,13 @@ static int kfd_set_xnack_mode(Call *c)
                 a->xnack_enabled = ctx->xnack;
                 return 0;
         }
+        /* kfd_ioctl_set_xnack_mode(): queues first, then "already so", and only then "cannot" */
         if (ctx->n_queues)
                 return -EBUSY;
-        if (!m->svm_supported)
-                return -EPERM;
         if (on == ctx->xnack)
                 return 0;
+        if (!m->svm_supported)
+                return -EPERM;
         if (on) {
                 for (size_t g = 0; g < m->n_gpus; g++)
                         if (!m->gpus[g].xnack_capable)

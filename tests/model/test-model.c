@@ -1194,6 +1194,17 @@ static int test_xnack(void)
                 CHECK_RC(io(&f, f.kfd, AMDKFD_IOC_SET_XNACK_MODE, &x), 0);
                 CHECK_RC(fx_teardown(&f), 0);
         }
+        /* without any SVM GPU a change is -EPERM, but asking for the mode it has is answered first */
+        {
+                GpuSpec nosvm[] = {{G0, 8 * GiB, HSA_MEM_HEAP_TYPE_FB_PUBLIC, 0, 90010, false}};
+
+                CHECK_RC(fx_setup_topo(&f, topo_make(1, nosvm, 16 * GiB), 19, true), 0);
+                x.xnack_enabled = 0;
+                CHECK_RC(io(&f, f.kfd, AMDKFD_IOC_SET_XNACK_MODE, &x), 0);
+                x.xnack_enabled = 1;
+                CHECK_RC(io(&f, f.kfd, AMDKFD_IOC_SET_XNACK_MODE, &x), -EPERM);
+                CHECK_RC(fx_teardown(&f), 0);
+        }
         return 0;
 }
 
