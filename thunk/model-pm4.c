@@ -249,8 +249,10 @@ unsigned int model_pm4_run(ModelEngine *e)
                         break;
                 }
                 if (step == STEP_ENTER_IB) {
-                        /* a chained IB replaces the one running; the ring moves on when the last ends */
+                        /* a chained IB replaces the one running; the ring moves on when the last ends. It
+                         * counts as a packet: IBs chained in a loop run forever, a run at a time */
                         q->in_ib = true;
+                        done++;
                         continue;
                 }
                 if (q->in_ib) {

@@ -289,6 +289,7 @@ unsigned int model_sdma_run(ModelEngine *e)
                 }
                 if (step == STEP_ENTER_IB) {
                         q->in_ib = true;
+                        done++;
                         continue;
                 }
                 if (q->in_ib) {

@@ -630,6 +630,17 @@ static int test_pm4(void)
                 submit(&q, p, 5);
                 CHECK(until32(&x, &w[12], 13) && drained(&q) && *(volatile uint32_t *)q.rptr == 3);
         }
+        /* an IB that chains to itself runs forever, as on the CP, but a run at a time: runs return */
+        {
+                const uint32_t loop[] = {PACKET3(PM4_IB, 2), lo(ib + 128), hi(ib + 128),
+                                         4 | 1u << 20 | 1u << 23};
+
+                memcpy(ib + 128, loop, sizeof(loop));
+                submit(&q, (const uint32_t[]){PACKET3(PM4_IB, 2), lo(ib + 128), hi(ib + 128), 4 | 1u << 23},
+                       4);
+                for (int i = 0; i < 8; i++)
+                        CHECK(thunk_model_run_engines(x.m) > 0 || i > 0);
+        }
         return ex_teardown(&x);
 }
 
