@@ -316,11 +316,25 @@ static void usage_apply(BrokerUsage *u, const Broker *b, const Obj *o, int sign)
                 u->held_fds += (uint32_t)sign;
 }
 
-/* A driver that keeps each buffer's memory in a file of the daemon's (the model) costs an fd per buffer,
- * which the client's class pays for like the daemon's own memfds of host and managed memory. */
+/* A driver that keeps a buffer's memory in a file of the daemon's once it can be shared (the model) costs
+ * an fd per such buffer, which the client's class pays for like the daemon's own memfds of host and
+ * managed memory. */
 static bool driver_holds_fd(const Broker *b)
 {
-        return driver_has(b->drv, DRIVER_CAP_FD_PER_BUFFER);
+        return driver_has(b->drv, DRIVER_CAP_FD_PER_SHARED_BUFFER);
+}
+
+/* Does device memory allocated with @flags cost a file from its allocation? Host-visible memory does. */
+static bool driver_file_at_alloc(const Broker *b, uint32_t flags)
+{
+        return driver_holds_fd(b) && (flags & BROKER_FLAG_HOST_VISIBLE);
+}
+
+/* Device or VMM memory of @o that the driver gives a file only when it is first exported or granted. */
+static bool file_on_export(const Broker *b, const Obj *o)
+{
+        return driver_holds_fd(b) && !o->backing_fd && o->memfd < 0 &&
+               (o->kind == BROKER_KIND_DEVICE || o->kind == BROKER_KIND_VMM);
 }
 
 /* A bookkeeping entry that is not an object (a VMM mapping) costs a handle all the same. */
@@ -613,6 +627,31 @@ static int quota_check(const BrokerClient *c, BrokerKind kind, uint32_t gpu_id, 
                 break;
         }
         return 0;
+}
+
+/* Before @o's memory is exported or granted: the file the driver makes for it then is one more fd of the
+ * class's. */
+static int export_fd_check(const BrokerClient *c, const Obj *o, Reason *w)
+{
+        const BrokerAccount *a = c->acct;
+
+        if (!a || !file_on_export(c->b, o))
+                return 0;
+        if ((uint64_t)a->used.held_fds + 1 > a->max_fds)
+                return over(w, a, "fd", a->max_fds, a->used.held_fds, 1, false);
+        return 0;
+}
+
+/* After: the object pays for the file until it dies (charge() refunds it with the object). */
+static void export_fd_commit(BrokerClient *c, Obj *o)
+{
+        if (!file_on_export(c->b, o))
+                return;
+        o->backing_fd = true;
+        c->usage.held_fds++;
+        c->b->totals.held_fds++;
+        if (c->acct)
+                c->acct->used.held_fds++;
 }
 
 /* ---- objects ----------------------------------------------------------------------------------------- */
@@ -1016,15 +1055,15 @@ static int alloc_prepare(BrokerClient *c, const BrokerAllocArgs *a, Obj **ret, R
                 return r;
         if ((r = gpus_allowed(c, a->map_gpus, a->n_map_gpus, w)) < 0)
                 return r;
-        r = quota_check(c, a->kind, a->gpu_id, size, a->kind != BROKER_KIND_DEVICE || driver_holds_fd(c->b),
-                        w);
+        r = quota_check(c, a->kind, a->gpu_id, size,
+                        a->kind != BROKER_KIND_DEVICE || driver_file_at_alloc(c->b, a->flags), w);
         if (r < 0)
                 return r;
 
         o = obj_new(a->kind);
         if (!o)
                 return reason_set(w, -ENOMEM, "out of memory");
-        o->backing_fd = a->kind == BROKER_KIND_DEVICE && driver_holds_fd(c->b);
+        o->backing_fd = a->kind == BROKER_KIND_DEVICE && driver_file_at_alloc(c->b, a->flags);
         o->size = size;
         o->gpu_id = a->kind == BROKER_KIND_MANAGED ? 0 : a->gpu_id;
         o->flags = a->flags;
@@ -1541,7 +1580,7 @@ int broker_vmm_create(BrokerClient *c, uint64_t size, uint32_t gpu_id, uint32_t 
         r = check_flags(flags, w);
         if (r < 0)
                 return r;
-        r = quota_check(c, BROKER_KIND_VMM, gpu_id, size, driver_holds_fd(c->b), w);
+        r = quota_check(c, BROKER_KIND_VMM, gpu_id, size, driver_file_at_alloc(c->b, flags), w);
         if (r < 0)
                 return r;
         r = client_ctx(c, &ctx, w);
@@ -1562,7 +1601,7 @@ int broker_vmm_create(BrokerClient *c, uint64_t size, uint32_t gpu_id, uint32_t 
         o->gpu_id = gpu_id;
         o->flags = flags;
         o->client_refs = 1;
-        o->backing_fd = driver_holds_fd(c->b);
+        o->backing_fd = driver_file_at_alloc(c->b, flags);
         r = obj_publish(c, o);
         if (r < 0) {
                 (void)driver_mem_free(c->b->drv, o->mem);
@@ -1760,10 +1799,13 @@ static int set_gpu_access(BrokerClient *c, DriverCtx *ctx, VmmMap *m, uint32_t g
         if (m->n_gem == BROKER_MAX_GPUS)
                 return -E2BIG;
         DriverGrant *gm = NULL;
+        /* a grant goes through a dmabuf of the memory (KFD: export, then PRIME import): the caller checked
+         * the fd that may cost */
         r = driver_grant(c->b->drv, ctx, m->phys->mem, gpu_id, m->va, m->offset, m->size, access,
                          (m->phys->flags & BROKER_FLAG_EXECUTABLE) != 0, &gm);
         if (r < 0)
                 return r;
+        export_fd_commit(c, m->phys);
         m->gem[m->n_gem++] = (GemGrant){gpu_id, access, gm};
         return 0;
 }
@@ -1837,6 +1879,9 @@ int broker_vmm_set_access(BrokerClient *c, uint64_t va, uint64_t size, const Bro
                         old = g ? g->access : BROKER_ACCESS_NONE;
                         if (old == d[k].access)
                                 continue;
+                        if (d[k].access != BROKER_ACCESS_NONE &&
+                            (r = export_fd_check(c, maps[i]->phys, w)) < 0)
+                                goto rollback;
                         r = set_gpu_access(c, ctx, maps[i], d[k].gpu_id, d[k].access);
                         if (r < 0) {
                                 /* the old grant was dropped before the new one failed: put it back too */
@@ -1852,12 +1897,16 @@ int broker_vmm_set_access(BrokerClient *c, uint64_t va, uint64_t size, const Bro
         if (cpu_desc && cpu_desc->access != BROKER_ACCESS_NONE) {
                 for (size_t i = 0; i < n_maps; i++) {
                         int fd = -1;
+                        r = export_fd_check(c, maps[i]->phys, w);
+                        if (r < 0)
+                                goto rollback;
                         r = driver_mem_export(c->b->drv, maps[i]->phys->mem, &fd);
                         if (r < 0) {
                                 reason_set(w, r, "cannot export 0x%llx for CPU access: %s",
                                            (unsigned long long)maps[i]->va, strerror(-r));
                                 goto rollback;
                         }
+                        export_fd_commit(c, maps[i]->phys);
                         /* a read grant hands out a file that cannot be mapped writable */
                         if (cpu_desc->access != BROKER_ACCESS_READ_WRITE && (r = make_read_only(&fd, w)) < 0)
                                 goto rollback;
@@ -1961,11 +2010,15 @@ int broker_export(BrokerClient *c, uint64_t handle, bool read_only, int *ret_fd,
                 if (fd < 0)
                         return reason_set(w, -errno, "cannot duplicate the memory fd: %s", strerror(errno));
         } else {
+                r = export_fd_check(c, o, w);
+                if (r < 0)
+                        return r;
                 r = driver_mem_export(c->b->drv, o->mem, &fd);
                 if (r == -EINVAL && !driver_has(c->b->drv, DRIVER_CAP_EXPORT))
                         return reason_set(w, -EOPNOTSUPP, "the driver cannot export dmabufs (KFD: ABI 1.12)");
                 if (r < 0)
                         return reason_set(w, r, "the driver refused to export: %s", strerror(-r));
+                export_fd_commit(c, o);
         }
         /* memory that is read-only to this client is read-only to everyone it gives it to */
         if ((read_only || obj_read_only(o)) && (r = make_read_only(&fd, w)) < 0)

@@ -56,7 +56,7 @@ typedef struct BrokerUsage {
         uint64_t foreign_bytes;   /* imports of dmabufs gpumemd did not export */
         uint64_t lingering_bytes; /* of the above: freed, but kept alive by files handed to clients */
         uint64_t objects;         /* allocations, handles, imports and reservations */
-        uint32_t held_fds;        /* fds the daemon holds for this client (host and managed memory) */
+        uint32_t held_fds; /* fds the daemon holds for it: host and managed memory, the driver's files */
         uint32_t n_gpus;
         uint32_t gpu_ids[BROKER_MAX_GPUS];
         uint64_t vram_bytes[BROKER_MAX_GPUS]; /* device + VMM bytes per GPU */

@@ -56,7 +56,7 @@ static void state_configure(Manager *m, ClassState *s, const PolicyClass *k)
         a->max_handles = k->limit[POLICY_RES_HANDLES];
         a->max_fds = k->limit[POLICY_RES_FDS];
         s->max_connections = k->limit[POLICY_RES_CONNECTIONS];
-        s->max_inflight = k->limit[POLICY_RES_INFLIGHT];
+        WRITE_ONCE(s->max_inflight, k->limit[POLICY_RES_INFLIGHT]); /* read by the loops unlocked */
         s->max_windows = k->limit[POLICY_RES_WINDOWS];
         s->deny_ops = k->deny_ops;
         s->admin = k->admin;
@@ -105,15 +105,11 @@ static void class_bind(Conn *c, ClassState *s)
 {
         if (c->cls == s)
                 return;
-        if (c->cls) {
+        if (c->cls)
                 c->cls->connections--;
-                c->cls->inflight -= c->t.out_count;
-        }
-        c->cls = s;
-        if (s) {
+        WRITE_ONCE(c->cls, s); /* its loop reads it unlocked (conn_inflight_limit) */
+        if (s)
                 s->connections++;
-                s->inflight += c->t.out_count;
-        }
         if (c->broker)
                 broker_client_set_account(c->broker, s ? &s->acct : NULL);
 }
@@ -184,7 +180,7 @@ int classes_admit(Manager *m, Conn *c, char *reason, size_t len)
                 return -EACCES;
         }
         if (s->connections >= s->max_connections) {
-                s->denials++;
+                __atomic_fetch_add(&s->denials, 1, __ATOMIC_RELAXED);
                 snprintf(reason, len, "class '%s' is at its limit of %llu connections", s->name,
                          (unsigned long long)s->max_connections);
                 return -EUSERS;
@@ -197,8 +193,7 @@ void classes_leave(Conn *c)
 {
         if (c->cls) {
                 c->cls->connections--;
-                c->cls->inflight -= c->t.out_count;
-                c->cls = NULL;
+                WRITE_ONCE(c->cls, NULL);
         }
 }
 
@@ -261,7 +256,10 @@ void classes_get(const Manager *m, const ClassState *s, PolicyResource r, uint32
                 *ret_limit = s->max_connections;
                 break;
         case POLICY_RES_INFLIGHT:
-                *ret_used = s->inflight;
+                *ret_used = 0;
+                for (const Conn *c = m->conns; c; c = c->next)
+                        if (c->cls == s)
+                                *ret_used += (uint64_t)READ_ONCE(c->inflight);
                 *ret_limit = s->max_inflight;
                 break;
         case POLICY_RES_WINDOWS:
@@ -329,7 +327,7 @@ int classes_set_limit(Manager *m, ClassState *s, PolicyResource r, uint32_t gpu_
                 s->max_connections = limit;
                 break;
         case POLICY_RES_INFLIGHT:
-                s->max_inflight = limit;
+                WRITE_ONCE(s->max_inflight, limit);
                 break;
         case POLICY_RES_WINDOWS:
                 s->max_windows = limit;

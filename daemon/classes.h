@@ -16,12 +16,11 @@ typedef struct ClassState {
         const PolicyClass *klass; /* in the manager's current policy; NULL once a reload removed it */
         BrokerAccount acct;       /* limits and usage shared by every client of the class */
         uint64_t max_connections;
-        uint64_t max_inflight;
-        unsigned deny_ops; /* copied from the class, so a class a reload removed keeps its rules too */
+        uint64_t max_inflight; /* per connection; read by the loops without the lock */
+        unsigned deny_ops;     /* copied from the class, so a class a reload removed keeps its rules too */
         bool admin;
         unsigned connections;
-        unsigned inflight; /* requests being handled or whose replies wait in output queues */
-        uint64_t denials;
+        uint64_t denials;     /* atomic: counted where a request is refused, on any loop */
         uint64_t max_windows; /* VA windows its connections may hold at once (current and refused ones) */
 } ClassState;
 

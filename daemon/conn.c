@@ -28,7 +28,9 @@
 
 uint64_t conn_inflight_limit(const Conn *c)
 {
-        return c->cls ? c->cls->max_inflight : POLICY_DEFAULT_INFLIGHT;
+        /* read on the connection's loop without the lock: a reload or quota set may change both */
+        const ClassState *cls = READ_ONCE(c->cls);
+        return cls ? READ_ONCE(cls->max_inflight) : POLICY_DEFAULT_INFLIGHT;
 }
 
 /* ---- what the transport tells the connection ---------------------------------------------------------- */
@@ -40,36 +42,46 @@ static void on_packet(void *owner, const uint8_t *buf, size_t len, int *fds, siz
 
 static void on_refused(void *owner, int err, uint32_t request_id)
 {
-        request_violation(owner, request_id, err,
+        Conn *c = owner;
+
+        manager_lock(c->m);
+        request_violation(c, request_id, err,
                           err == -EMSGSIZE ? "frame larger than the maximum frame size"
                                            : "ancillary data truncated or not SCM_RIGHTS");
+        manager_unlock(c->m);
 }
 
 static void on_closed(void *owner)
 {
-        conn_kill(owner);
+        Conn *c = owner;
+
+        manager_lock(c->m);
+        conn_kill(c);
+        manager_unlock(c->m);
 }
 
 static void on_stalled(void *owner)
 {
         Conn *c = owner;
 
-        c->m->stats.stalled_drops++;
+        COUNTER_ADD(c->sh->stats.stalled_drops, 1);
+        manager_lock(c->m);
         conn_log(c, LOG_NOTICE, GM_MESSAGE_PROTOCOL_VIOLATION, &c->log_rl,
                  "does not read its replies: %u waiting for %u s, closing", c->t.out_count,
                  c->m->opts.send_timeout_sec);
         conn_kill(c);
+        manager_unlock(c->m);
 }
 
-/* Replies in flight count in the class too; a connection held at its limit is a denial in the metrics. */
+/* Replies in flight are summed per class when asked; a connection held at its limit is a denial in the
+ * metrics. */
 static void on_inflight(void *owner, int delta, bool limited)
 {
         Conn *c = owner;
 
-        if (c->cls)
-                c->cls->inflight += (int64_t)delta;
+        COUNTER_ADD(c->inflight, (int64_t)delta);
         if (limited)
-                metrics_deny(c->m->metrics, DENY_INFLIGHT);
+                metrics_deny(c->sh->metrics, DENY_INFLIGHT);
 }
 
 static uint64_t on_inflight_limit(void *owner)
@@ -195,10 +207,12 @@ static void conn_on_hello_timeout(evutil_socket_t fd, short what, void *userdata
 
         if (c->proto_version || c->dead)
                 return;
+        manager_lock(c->m);
         conn_log(c, LOG_NOTICE, GM_MESSAGE_PROTOCOL_VIOLATION, &c->log_rl, "no hello within %u s, closing",
                  c->m->opts.hello_timeout_sec);
         (void)conn_send_error(c, 0, -ETIMEDOUT, "no hello in time");
         conn_kill(c);
+        manager_unlock(c->m);
 }
 
 void conn_hello_done(Conn *c)
@@ -222,34 +236,53 @@ int conn_new(Manager *m, int fd, Conn **ret)
         c->log_rl = (LogRatelimit)LOG_RATELIMIT_INIT(10, 1);
         c->connected_real_usec = now_usec(CLOCK_REALTIME);
 
-        /* the transport owns the fd from here, on failure too */
-        r = transport_init(&c->t, m->base, fd, m->rx_buf, m->tx_buf, &m->opts.send_timeout_sec,
-                           &conn_transport_ops, c);
-        if (r < 0)
-                goto fail;
+        /* the transport owns the fd from here, on failure too; it watches it once started on its loop */
+        transport_adopt(&c->t, fd, &conn_transport_ops, c);
         r = capture_identity(fd, &c->ident);
-        if (r < 0)
-                goto fail;
-        policy_container_of(c->ident.cgroup, c->container, sizeof(c->container), c->pod, sizeof(c->pod));
-        if (m->opts.hello_timeout_sec) {
-                struct timeval tv = {(time_t)m->opts.hello_timeout_sec, 0};
-                c->hello_ev = evtimer_new(m->base, conn_on_hello_timeout, c);
-                if (!c->hello_ev || evtimer_add(c->hello_ev, &tv) < 0) {
-                        r = -ENOMEM;
-                        goto fail;
-                }
+        if (r < 0) {
+                conn_free(c);
+                return r;
         }
+        policy_container_of(c->ident.cgroup, c->container, sizeof(c->container), c->pod, sizeof(c->pod));
+        *ret = c;
+        return 0;
+}
+
+void conn_place(Conn *c, Shard *sh)
+{
+        Manager *m = c->m;
+
+        c->sh = sh;
         c->id = ++m->next_client_id;
         c->next = m->conns;
         if (m->conns)
                 m->conns->prev = c;
         m->conns = c;
         m->n_conns++;
-        *ret = c;
-        return 0;
-fail:
-        conn_free(c);
-        return r;
+        sh->n_conns++;
+}
+
+void conn_start(Conn *c)
+{
+        Manager *m = c->m;
+        Shard *sh = c->sh;
+        int r;
+
+        r = transport_start(&c->t, sh->base, sh->rx_buf, sh->tx_buf, &m->opts.send_timeout_sec);
+        uint32_t hello_timeout = READ_ONCE(m->opts.hello_timeout_sec);
+        if (r == 0 && hello_timeout && !c->dead) {
+                struct timeval tv = {(time_t)hello_timeout, 0};
+                c->hello_ev = evtimer_new(sh->base, conn_on_hello_timeout, c);
+                if (!c->hello_ev || evtimer_add(c->hello_ev, &tv) < 0)
+                        r = -ENOMEM;
+        }
+        if (r < 0) {
+                manager_lock(m);
+                conn_log(c, LOG_WARNING, GM_MESSAGE_PROTOCOL_VIOLATION, NULL,
+                         "cannot watch the connection: %s", strerror(-r));
+                conn_kill(c);
+                manager_unlock(m);
+        }
 }
 
 static void conn_unlink(Conn *c)
@@ -266,6 +299,7 @@ static void conn_unlink(Conn *c)
                 c->next->prev = c->prev;
         c->prev = c->next = NULL;
         m->n_conns--;
+        c->sh->n_conns--;
 }
 
 /* Dead: nothing more is read, written or timed for it. */
@@ -305,7 +339,7 @@ Conn *conn_free(Conn *c)
 
 static void conn_forget_dying(Conn *c)
 {
-        for (Conn **p = &c->m->dying; *p; p = &(*p)->dying_next)
+        for (Conn **p = &c->sh->dying; *p; p = &(*p)->dying_next)
                 if (*p == c) {
                         *p = c->dying_next;
                         c->dying_next = NULL;
@@ -316,9 +350,12 @@ static void conn_forget_dying(Conn *c)
 static void conn_free_cb(evutil_socket_t fd, short what, void *userdata)
 {
         Conn *c = userdata;
+        Manager *m = c->m;
 
+        manager_lock(m);
         conn_forget_dying(c);
         conn_free(c);
+        manager_unlock(m);
 }
 
 void conn_kill(Conn *c)
@@ -334,9 +371,9 @@ void conn_kill(Conn *c)
         manager_notify_status(c->m);
         /* Remembered until freed: when the loop stops first (the drain at SIGTERM breaks it as soon as the
          * last connection is unlinked), manager_free() frees what is left. */
-        c->dying_next = c->m->dying;
-        c->m->dying = c;
-        if (event_base_once(c->m->base, -1, EV_TIMEOUT, conn_free_cb, c, NULL) < 0) {
+        c->dying_next = c->sh->dying;
+        c->sh->dying = c;
+        if (event_base_once(c->sh->base, -1, EV_TIMEOUT, conn_free_cb, c, NULL) < 0) {
                 conn_forget_dying(c);
                 conn_free(c); /* cannot defer: no callback of this conn is on the stack at the callers that
                                  reach here without one, and libevent only fails on allocation */

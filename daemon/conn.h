@@ -9,10 +9,12 @@
 
 #include "gpumem.pb-c.h"
 #include "log.h"
+#include "loop.h"
 #include "transport.h"
 #include "util.h"
 
 typedef struct Manager Manager;
+typedef struct Shard Shard;
 typedef struct Conn Conn;
 typedef struct ThunkVaSpace ThunkVaSpace;
 typedef struct BrokerClient BrokerClient;
@@ -28,8 +30,14 @@ typedef struct ConnIdentity {
         char *cgroup; /* unified-hierarchy path from /proc/PID/cgroup, or NULL */
 } ConnIdentity;
 
+/*
+ * A client. It lives on one shard (its loop thread does all its I/O); what other threads read of it they
+ * read under the manager's lock, but for the counters its loop keeps without it (requests, inflight).
+ */
 typedef struct Conn {
         Manager *m;
+        Shard *sh; /* its loop; set when placed (conn_place) */
+        LoopWork start_work;
         Conn *prev, *next;
         Transport t;            /* the socket, its frames and its reply queue */
         struct event *hello_ev; /* closes the connection if hello does not come in time */
@@ -41,8 +49,9 @@ typedef struct Conn {
         uint16_t proto_version; /* 0 until hello */
         bool admin;
         bool dead;
-        Conn *dying_next; /* on the manager's list of killed connections until the loop frees them */
-        uint64_t requests;
+        Conn *dying_next;  /* on its shard's list of killed connections until the loop frees them */
+        uint64_t requests; /* written by its loop only */
+        int64_t inflight;  /* replies queued or being made (written by its loop only) */
         uint64_t connected_real_usec;
         ThunkVaSpace *window;
         uint64_t window_base, window_size;
@@ -55,13 +64,21 @@ typedef struct Conn {
         bool free_when_idle;  /* conn_free() came while some were still pending */
 } Conn;
 
-/* Take ownership of an accepted socket @fd (closed on failure too). */
+/*
+ * Take ownership of an accepted socket @fd (closed on failure too) and read the peer's identity. The
+ * connection is in no list and watches nothing yet. Under the manager's lock.
+ */
 int conn_new(Manager *m, int fd, Conn **ret);
-/* Free now (only from outside the connection's own callbacks, e.g. at shutdown). */
+/* Give it its id and its shard, and put it on the manager's list. Under the manager's lock. */
+void conn_place(Conn *c, Shard *sh);
+/* On its shard's thread, without the lock: start reading it and its hello deadline. */
+void conn_start(Conn *c);
+/* Free now (only from outside the connection's own callbacks, e.g. at shutdown). Under the lock, on its
+ * shard's thread (or when no loop runs). */
 Conn *conn_free(Conn *c);
-/* Mark dead, stop its events and free it from a fresh loop iteration. Safe inside its own callbacks. */
+/* Mark dead, stop its events and free it from a fresh loop iteration. Safe inside its own callbacks. Under
+ * the lock, on its shard's thread. */
 void conn_kill(Conn *c);
-
 /*
  * Send a reply frame. Takes ownership of @fds (closed once sent, or on failure). When the socket is full
  * the packet is queued and the connection stops reading until the queue drains (backpressure).

@@ -114,10 +114,10 @@ static unsigned k_caps(const Driver *d)
                 c |= DRIVER_CAP_VA_GRANTS;
         if (thunk_device_has(k->dev, THUNK_FEATURE_EXPORT_DMABUF))
                 c |= DRIVER_CAP_EXPORT;
-        /* the model keeps each buffer's memory in a memory file of the daemon's; the kernel's BOs cost no fd
-         */
+        /* the model gives a buffer a memory file of the daemon's once it can be shared, and carves the rest
+         * out of one file per GPU; the kernel's BOs cost no fd */
         if (k->model)
-                c |= DRIVER_CAP_FD_PER_BUFFER | DRIVER_CAP_TEST_FAULTS | DRIVER_CAP_BACKEND_STATS;
+                c |= DRIVER_CAP_FD_PER_SHARED_BUFFER | DRIVER_CAP_TEST_FAULTS | DRIVER_CAP_BACKEND_STATS;
         return c;
 }
 

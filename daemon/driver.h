@@ -26,15 +26,22 @@ typedef struct DriverGrant DriverGrant; /* one GPU's mapping of part of a Driver
 
 /* What a driver can do beyond allocation, mapping and import. */
 enum {
-        DRIVER_CAP_PRIVATE_VM = 1u << 0,    /* a GPU VM per client (driver_ctx_new) */
-        DRIVER_CAP_MANAGED = 1u << 1,       /* managed memory and SVM attributes */
-        DRIVER_CAP_VA_GRANTS = 1u << 2,     /* per-GPU grants of parts of memory at any VA (VMM access) */
-        DRIVER_CAP_EXPORT = 1u << 3,        /* dmabuf export of device memory */
-        DRIVER_CAP_FD_PER_BUFFER = 1u << 4, /* the driver holds an fd in the daemon for each buffer */
-        DRIVER_CAP_TEST_FAULTS = 1u << 5,   /* driver_test_faults() */
-        DRIVER_CAP_BACKEND_STATS = 1u << 6, /* driver_stats() */
-        DRIVER_CAP_THREADED_SVM = 1u << 7,  /* driver_svm_set/get may run on any thread, beside other calls */
+        DRIVER_CAP_PRIVATE_VM = 1u << 0, /* a GPU VM per client (driver_ctx_new) */
+        DRIVER_CAP_MANAGED = 1u << 1,    /* managed memory and SVM attributes */
+        DRIVER_CAP_VA_GRANTS = 1u << 2,  /* per-GPU grants of parts of memory at any VA (VMM access) */
+        DRIVER_CAP_EXPORT = 1u << 3,     /* dmabuf export of device memory */
+        DRIVER_CAP_FD_PER_SHARED_BUFFER = 1u << 4, /* an fd per buffer that can be shared (below) */
+        DRIVER_CAP_TEST_FAULTS = 1u << 5,          /* driver_test_faults() */
+        DRIVER_CAP_BACKEND_STATS = 1u << 6,        /* driver_stats() */
+        DRIVER_CAP_THREADED_SVM = 1u << 7, /* driver_svm_set/get may run on any thread, beside other calls */
 };
+
+/*
+ * DRIVER_CAP_FD_PER_SHARED_BUFFER: the driver holds an fd in the daemon for each buffer that can be shared:
+ * device memory allocated host visible from its allocation, other device and VMM memory from its first
+ * export or grant (a grant goes through a dmabuf), and each foreign import. The model carves the rest out of
+ * one file per GPU (docs/thunk-model.md, the sharing rule); the kernel's BOs cost no fd.
+ */
 
 /* Allocation flags: the protocol's values (gpumem.proto), which the broker passes through. */
 enum {

@@ -38,12 +38,12 @@ void log_setup(void)
 
 void log_set_level(int level)
 {
-        log_level = level;
+        __atomic_store_n(&log_level, level, __ATOMIC_RELAXED); /* read by every loop */
 }
 
 int log_get_level(void)
 {
-        return log_level;
+        return __atomic_load_n(&log_level, __ATOMIC_RELAXED);
 }
 
 int log_level_from_string(const char *s)
@@ -74,7 +74,7 @@ int log_full(int prio, int err, const char *message_id, const char *const *field
 
         if (err < 0)
                 err = -err;
-        if (prio > log_level)
+        if (prio > log_get_level())
                 return -err;
 
         va_start(ap, fmt);

@@ -59,8 +59,9 @@ int main(int argc, char **argv)
         /* Writes to a vanished client must fail with EPIPE, never kill the daemon. */
         signal(SIGPIPE, SIG_IGN);
 
-        /* Every client holds a socket and a pidfd here, and the KFD model one memfd per buffer: take all
-         * the fds the hard limit allows (the loop is epoll, so fds above 1024 are fine). */
+        /* Every client holds a socket and a pidfd here, host and managed memory a memfd each, and the KFD
+         * model one memfd per buffer that can be shared (docs/thunk-model.md): take all the fds the hard
+         * limit allows (the loop is epoll, so fds above 1024 are fine). */
         {
                 struct rlimit rl;
                 if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {

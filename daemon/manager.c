@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,6 +24,7 @@
 #include "frame.h"
 #include "driver-kfd.h"
 #include "log.h"
+#include "request.h"
 #include "window.h"
 #include "worker.h"
 #include "wire.h"
@@ -30,23 +32,71 @@
 #define ACCEPTS_PER_WAKEUP 64
 #define DRAIN_TIMEOUT_USEC (3u * 1000000u)
 
+void manager_lock(Manager *m)
+{
+        pthread_mutex_lock(&m->lock);
+}
+
+void manager_unlock(Manager *m)
+{
+        pthread_mutex_unlock(&m->lock);
+}
+
+Shard *manager_current_shard(Manager *m)
+{
+        for (unsigned i = 0; i < m->n_shards; i++)
+                if (loop_is_current(m->shards[i].loop))
+                        return &m->shards[i];
+        return NULL;
+}
+
+void manager_stats(const Manager *m, ManagerStats *ret)
+{
+        *ret = (ManagerStats){0};
+        for (unsigned i = 0; i < m->n_shards; i++) {
+                const ManagerStats *s = &m->shards[i].stats;
+                ret->requests += READ_ONCE(s->requests);
+                ret->protocol_errors += READ_ONCE(s->protocol_errors);
+                ret->denials += READ_ONCE(s->denials);
+                ret->connections_total += READ_ONCE(s->connections_total);
+                ret->connections_refused += READ_ONCE(s->connections_refused);
+                ret->stalled_drops += READ_ONCE(s->stalled_drops);
+        }
+}
+
 static void on_status_timer(evutil_socket_t fd, short what, void *userdata)
 {
         Manager *m = userdata;
+        unsigned n;
 
+        manager_lock(m);
         m->status_pending = false;
-        (void)sd_notifyf(0, "STATUS=Serving %u client%s on %s%s%s", m->n_conns, m->n_conns == 1 ? "" : "s",
-                         driver_name(m->drv), m->preset_name[0] ? " preset " : "", m->preset_name);
+        n = m->n_conns;
+        manager_unlock(m);
+        (void)sd_notifyf(0, "STATUS=Serving %u client%s on %s%s%s", n, n == 1 ? "" : "s", driver_name(m->drv),
+                         m->preset_name[0] ? " preset " : "", m->preset_name);
+}
+
+/* On the main loop: timers of the whole daemon are armed there, whichever loop asked. */
+static void status_arm(void *arg)
+{
+        static const struct timeval delay = {1, 0};
+        Manager *m = arg;
+
+        if (evtimer_add(m->status_ev, &delay) < 0) {
+                manager_lock(m);
+                m->status_pending = false;
+                manager_unlock(m);
+        }
 }
 
 /* Coalesce STATUS= updates to one a second: a notify socket that is slow to read must not stall clients. */
 void manager_notify_status(Manager *m)
 {
-        static const struct timeval delay = {1, 0};
-
-        if (m->status_pending || !m->status_ev)
+        if (m->status_pending || !m->status_ev || m->freeing)
                 return;
-        m->status_pending = evtimer_add(m->status_ev, &delay) == 0;
+        m->status_pending = true;
+        loop_post_work(m->shards[0].loop, &m->status_work, status_arm, m);
 }
 
 unsigned manager_conns_of_uid(const Manager *m, uid_t uid)
@@ -79,26 +129,38 @@ static void reaper_finish(Reaper *r)
         free(r);
 }
 
-/* One slice of the oldest teardown per loop round: the others' requests are served in between. */
+/* One slice of the oldest teardown per main loop round: requests are served in between. */
 static void on_reap(evutil_socket_t fd, short what, void *userdata)
 {
         static const struct timeval now = {0, 0};
         Manager *m = userdata;
-        Reaper *r = m->reapers;
+        Reaper *r;
+        bool more;
 
-        if (!r)
-                return;
-        if (broker_client_teardown_step(r->bc, MANAGER_TEARDOWN_SLICE)) {
+        manager_lock(m);
+        r = m->reapers;
+        if (r && broker_client_teardown_step(r->bc, MANAGER_TEARDOWN_SLICE)) {
                 m->reapers = r->next;
                 reaper_finish(r);
         }
-        if (m->reapers)
+        more = m->reapers != NULL;
+        if (!more)
+                m->reap_posted = false;
+        manager_unlock(m);
+        if (more)
                 evtimer_add(m->reap_ev, &now);
+}
+
+static void reap_arm(void *arg)
+{
+        static const struct timeval now = {0, 0};
+        Manager *m = arg;
+
+        evtimer_add(m->reap_ev, &now);
 }
 
 int manager_reap(Manager *m, BrokerClient *bc, Conn *c)
 {
-        static const struct timeval now = {0, 0};
         Reaper *r, **tail;
 
         if (m->freeing || !m->reap_ev)
@@ -111,12 +173,16 @@ int manager_reap(Manager *m, BrokerClient *bc, Conn *c)
         for (tail = &m->reapers; *tail; tail = &(*tail)->next)
                 ;
         *tail = r;
-        evtimer_add(m->reap_ev, &now);
+        /* the slices run on the main loop; it is told once until the list runs empty */
+        if (!m->reap_posted) {
+                m->reap_posted = true;
+                loop_post_work(m->shards[0].loop, &m->reap_work, reap_arm, m);
+        }
         return 0;
 }
 
-/* Refuse a connection with one error frame (request id 0: a connection-level error) and close it. */
-static void refuse(int fd, int code, const char *reason)
+/* Refuse a connection with one error frame (request id 0: a connection-level error). */
+static void refuse_send(int fd, int code, const char *reason)
 {
         Gpumem__Reply reply = GPUMEM__REPLY__INIT;
         Gpumem__Status st = GPUMEM__STATUS__INIT;
@@ -133,7 +199,32 @@ static void refuse(int fd, int code, const char *reason)
                 gpumem__reply__pack(&reply, buf + GM_FRAME_HDR_SIZE);
                 (void)gm_wire_send(fd, buf, GM_FRAME_HDR_SIZE + len, NULL, 0, NULL, 0, MSG_DONTWAIT);
         }
+}
+
+static void refuse(int fd, int code, const char *reason)
+{
+        refuse_send(fd, code, reason);
         safe_close(fd);
+}
+
+/* The shard with the fewest connections (the main loop's last among equals: it has the daemon's own work
+ * too). Under the lock. */
+static Shard *pick_shard(Manager *m)
+{
+        Shard *best = &m->shards[0];
+
+        for (unsigned i = 1; i < m->n_shards; i++) {
+                Shard *sh = &m->shards[(m->next_shard + i) % m->n_shards];
+                if (sh->n_conns < best->n_conns || (best->index == 0 && sh->n_conns == best->n_conns))
+                        best = sh;
+        }
+        m->next_shard = (best->index + 1) % m->n_shards;
+        return best;
+}
+
+static void start_cb(void *arg)
+{
+        conn_start(arg);
 }
 
 static void on_accept_retry(evutil_socket_t fd, short what, void *userdata)
@@ -143,6 +234,56 @@ static void on_accept_retry(evutil_socket_t fd, short what, void *userdata)
                 event_add(m->listen_ev, NULL);
 }
 
+/* Accept, check the caps, read the identity, admit to a class, and hand the connection to a loop. */
+static void accept_one(Manager *m, Shard *main_sh, int fd, const struct ucred *cred)
+{
+        char reason[256];
+        Conn *c;
+        int r;
+
+        manager_lock(m);
+        if (m->n_conns >= m->opts.max_connections) {
+                COUNTER_ADD(main_sh->stats.connections_refused, 1);
+                metrics_deny(main_sh->metrics, DENY_CONNECTIONS);
+                manager_unlock(m);
+                refuse(fd, -EUSERS, "gpumemd is at its connection limit");
+                return;
+        }
+        if (manager_conns_of_uid(m, cred->uid) >= m->opts.max_connections_per_uid) {
+                COUNTER_ADD(main_sh->stats.connections_refused, 1);
+                metrics_deny(main_sh->metrics, DENY_CONNECTIONS);
+                manager_unlock(m);
+                refuse(fd, -EUSERS, "too many connections from this user");
+                return;
+        }
+        if (conn_new(m, fd, &c) < 0) {
+                manager_unlock(m);
+                log_warning("cannot set up a connection from pid %d", (int)cred->pid);
+                return;
+        }
+        r = classes_admit(m, c, reason, sizeof(reason));
+        if (r < 0) {
+                COUNTER_ADD(main_sh->stats.connections_refused, 1);
+                COUNTER_ADD(main_sh->stats.denials, 1);
+                metrics_deny(main_sh->metrics, r == -EACCES ? DENY_NO_CLASS : DENY_CONNECTIONS);
+                conn_log(c, LOG_NOTICE, GM_MESSAGE_DENIED, &m->conn_log_rl, "refused: %s", reason);
+                refuse_send(c->t.fd, r, reason);
+                conn_free(c);
+                manager_unlock(m);
+                return;
+        }
+        conn_place(c, pick_shard(m));
+        COUNTER_ADD(main_sh->stats.connections_total, 1);
+        log_debug("accepted client %llu (pid %d uid %u) on loop %u", (unsigned long long)c->id,
+                  (int)cred->pid, (unsigned)cred->uid, c->sh->index);
+        manager_unlock(m);
+        /* from here only its loop touches its socket */
+        if (c->sh == main_sh)
+                conn_start(c);
+        else
+                loop_post_work(c->sh->loop, &c->start_work, start_cb, c);
+}
+
 static void on_accept(evutil_socket_t lfd, short what, void *userdata)
 {
         Manager *m = userdata;
@@ -150,7 +291,6 @@ static void on_accept(evutil_socket_t lfd, short what, void *userdata)
         for (int i = 0; i < ACCEPTS_PER_WAKEUP; i++) {
                 struct ucred cred;
                 socklen_t len = sizeof(cred);
-                Conn *c;
                 int fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
 
                 if (fd < 0) {
@@ -171,39 +311,7 @@ static void on_accept(evutil_socket_t lfd, short what, void *userdata)
                         safe_close(fd);
                         continue;
                 }
-                if (m->n_conns >= m->opts.max_connections) {
-                        m->stats.connections_refused++;
-                        metrics_deny(m->metrics, DENY_CONNECTIONS);
-                        refuse(fd, -EUSERS, "gpumemd is at its connection limit");
-                        continue;
-                }
-                if (manager_conns_of_uid(m, cred.uid) >= m->opts.max_connections_per_uid) {
-                        m->stats.connections_refused++;
-                        metrics_deny(m->metrics, DENY_CONNECTIONS);
-                        refuse(fd, -EUSERS, "too many connections from this user");
-                        continue;
-                }
-                if (conn_new(m, fd, &c) < 0) {
-                        log_warning("cannot set up a connection from pid %d", (int)cred.pid);
-                        continue;
-                }
-                {
-                        char reason[256];
-                        int r = classes_admit(m, c, reason, sizeof(reason));
-                        if (r < 0) {
-                                m->stats.connections_refused++;
-                                m->stats.denials++;
-                                metrics_deny(m->metrics, r == -EACCES ? DENY_NO_CLASS : DENY_CONNECTIONS);
-                                conn_log(c, LOG_NOTICE, GM_MESSAGE_DENIED, &m->conn_log_rl, "refused: %s",
-                                         reason);
-                                (void)conn_send_error(c, 0, r, reason);
-                                conn_kill(c);
-                                continue;
-                        }
-                }
-                m->stats.connections_total++;
-                log_debug("accepted client %llu (pid %d uid %u)", (unsigned long long)c->id, (int)cred.pid,
-                          (unsigned)cred.uid);
+                accept_one(m, &m->shards[0], fd, &cred);
         }
 }
 
@@ -284,52 +392,84 @@ static int listen_bind(Manager *m)
         return 0;
 }
 
+/* While stopping, every loop closes its connections whose replies are all out; the rest get until the
+ * deadline. The main loop's tick also ends the run, once no connection is left or the deadline passed. */
 static void on_drain_tick(evutil_socket_t fd, short what, void *userdata)
 {
-        Manager *m = userdata;
         static const struct timeval tick = {0, 50000};
+        Shard *sh = userdata;
+        Manager *m = sh->m;
+        unsigned left;
 
-        /* Connections whose replies are all out can go; the rest get until the deadline. */
+        manager_lock(m);
         for (Conn *c = m->conns, *next; c; c = next) {
                 next = c->next;
-                if (transport_idle(&c->t))
+                if (c->sh == sh && transport_idle(&c->t))
                         conn_kill(c);
         }
-        if (m->n_conns == 0 || now_usec(CLOCK_MONOTONIC) >= m->drain_deadline_usec) {
+        left = sh->index == 0 ? m->n_conns : sh->n_conns;
+        manager_unlock(m);
+        if (sh->index == 0 && (left == 0 || now_usec(CLOCK_MONOTONIC) >= m->drain_deadline_usec)) {
                 event_base_loopbreak(m->base);
                 return;
         }
-        evtimer_add(m->drain_ev, &tick);
+        if (left)
+                evtimer_add(sh->drain_ev, &tick);
+}
+
+/* On each loop: stop reading its clients, and start its drain. */
+static void drain_start(void *arg)
+{
+        Shard *sh = arg;
+        Manager *m = sh->m;
+
+        manager_lock(m);
+        for (Conn *c = m->conns; c; c = c->next)
+                if (c->sh == sh)
+                        transport_pause(&c->t, true);
+        manager_unlock(m);
+        on_drain_tick(-1, 0, sh);
 }
 
 static void on_signal_stop(evutil_socket_t sig, short what, void *userdata)
 {
         Manager *m = userdata;
+        unsigned n;
 
         if (m->stopping)
                 return;
         m->stopping = true;
-        log_info("received %s, draining %u client%s", sig == SIGTERM ? "SIGTERM" : "SIGINT", m->n_conns,
-                 m->n_conns == 1 ? "" : "s");
+        manager_lock(m);
+        n = m->n_conns;
+        m->drain_deadline_usec = now_usec(CLOCK_MONOTONIC) + DRAIN_TIMEOUT_USEC;
+        manager_unlock(m);
+        log_info("received %s, draining %u client%s", sig == SIGTERM ? "SIGTERM" : "SIGINT", n,
+                 n == 1 ? "" : "s");
         (void)sd_notify(0, "STOPPING=1\nSTATUS=Draining clients");
         event_del(m->listen_ev);
         event_del(m->accept_retry_ev);
-        for (Conn *c = m->conns; c; c = c->next)
-                transport_pause(&c->t, true);
-        m->drain_deadline_usec = now_usec(CLOCK_MONOTONIC) + DRAIN_TIMEOUT_USEC;
-        on_drain_tick(-1, 0, m);
+        for (unsigned i = 1; i < m->n_shards; i++)
+                loop_post_work(m->shards[i].loop, &m->shards[i].drain_work, drain_start, &m->shards[i]);
+        drain_start(&m->shards[0]);
 }
 
 /* Memory that outlived its handle has gone: its class is refunded. */
 static void on_broker_event(evutil_socket_t fd, short what, void *userdata)
 {
         Manager *m = userdata;
+
+        manager_lock(m);
         broker_process_events(m->broker);
+        manager_unlock(m);
 }
 
 static void on_sighup(evutil_socket_t sig, short what, void *userdata)
 {
-        (void)manager_reload(userdata);
+        Manager *m = userdata;
+
+        manager_lock(m);
+        (void)manager_reload(m);
+        manager_unlock(m);
 }
 
 static void on_watchdog(evutil_socket_t fd, short what, void *userdata)
@@ -371,9 +511,10 @@ int manager_reload(Manager *m)
             next.backend != m->opts.backend || strcmp(next.model_preset, m->opts.model_preset) != 0 ||
             next.model_kfd_minor != m->opts.model_kfd_minor ||
             (next.topology_root == NULL) != (m->opts.topology_root == NULL) ||
-            (next.topology_root && strcmp(next.topology_root, m->opts.topology_root) != 0))
-                log_notice("reload: socket, socket-mode, backend, model-preset, model-kfd-minor and topology "
-                           "changes take effect at the next start");
+            (next.topology_root && strcmp(next.topology_root, m->opts.topology_root) != 0) ||
+            next.worker_threads != m->opts.worker_threads || next.loops != m->opts.loops)
+                log_notice("reload: socket, socket-mode, backend, model-preset, model-kfd-minor, topology, "
+                           "worker-threads and loops changes take effect at the next start");
         if ((next.metrics_listen == NULL) != (m->opts.metrics_listen == NULL) ||
             (next.metrics_listen && strcmp(next.metrics_listen, m->opts.metrics_listen) != 0))
                 log_notice("reload: metrics-listen changes take effect at the next start");
@@ -381,8 +522,9 @@ int manager_reload(Manager *m)
         m->opts.log_level = next.log_level;
         m->opts.max_connections = next.max_connections;
         m->opts.max_connections_per_uid = next.max_connections_per_uid;
-        m->opts.hello_timeout_sec = next.hello_timeout_sec;
-        m->opts.send_timeout_sec = next.send_timeout_sec;
+        /* read by the loops without the lock */
+        WRITE_ONCE(m->opts.hello_timeout_sec, next.hello_timeout_sec);
+        WRITE_ONCE(m->opts.send_timeout_sec, next.send_timeout_sec);
         m->opts.window_size = next.window_size;
         m->opts.max_window_bytes_per_uid = next.max_window_bytes_per_uid;
         memcpy(m->opts.admin_gids, next.admin_gids, sizeof(next.admin_gids));
@@ -438,7 +580,9 @@ static void on_sigusr2(evutil_socket_t sig, short what, void *userdata)
 
         if (!path || !driver_has(m->drv, DRIVER_CAP_TEST_FAULTS))
                 return;
+        manager_lock(m);
         n = driver_test_faults(m->drv, path, err, sizeof(err));
+        manager_unlock(m);
         if (n < 0) {
                 log_warning_errno(n, "model faults: %s", err[0] ? err : strerror(-n));
                 return;
@@ -469,6 +613,56 @@ static int setup_va(Manager *m)
         return 0;
 }
 
+/* Loops to run: the option, or one per CPU this process may use. */
+static unsigned loops_wanted(const Options *o)
+{
+        cpu_set_t set;
+        unsigned n = o->loops;
+
+        if (n == 0)
+                n = sched_getaffinity(0, sizeof(set), &set) == 0 ? (unsigned)CPU_COUNT(&set) : 1;
+        return n < 1 ? 1 : n > MANAGER_MAX_LOOPS ? MANAGER_MAX_LOOPS : n;
+}
+
+static int shard_init(Manager *m, Shard *sh, unsigned index)
+{
+        struct event_base *base = index == 0 ? m->base : event_base_new();
+        int r;
+
+        sh->m = m;
+        sh->index = index;
+        if (!base)
+                return -ENOMEM;
+        r = loop_new(base, index > 0, &sh->loop); /* the base is the loop's from here */
+        if (r < 0)
+                return r;
+        sh->base = base;
+        sh->metrics = calloc(1, sizeof(*sh->metrics));
+        sh->rx_buf = malloc(GM_FRAME_MAX);
+        sh->tx_buf = malloc(GM_FRAME_MAX);
+        sh->drain_ev = evtimer_new(base, on_drain_tick, sh);
+        if (!sh->metrics || !sh->rx_buf || !sh->tx_buf || !sh->drain_ev ||
+            arena_init(&sh->req_arena, 64 * 1024) < 0)
+                return -ENOMEM;
+        if (m->workers) {
+                r = worker_home_new(m->workers, base, &sh->home);
+                if (r < 0)
+                        return r;
+        }
+        return 0;
+}
+
+static void shard_done(Shard *sh)
+{
+        if (sh->drain_ev)
+                event_free(sh->drain_ev);
+        free(sh->metrics);
+        free(sh->rx_buf);
+        free(sh->tx_buf);
+        arena_done(&sh->req_arena);
+        sh->loop = loop_free(sh->loop); /* and its base (the main loop's too) */
+}
+
 int manager_new(Manager **ret, const Options *opts)
 {
         Manager *m;
@@ -479,19 +673,26 @@ int manager_new(Manager **ret, const Options *opts)
         if (!m)
                 return -ENOMEM;
         m->listen_fd = -1;
+        {
+                /* recursive: a transport tells of a peer gone from inside a send, which may be made with
+                 * the lock held (a reply) or without it (a ping's) */
+                pthread_mutexattr_t attr;
+                pthread_mutexattr_init(&attr);
+                pthread_mutexattr_settype(&attr, PTHREAD_MUTEX_RECURSIVE);
+                pthread_mutex_init(&m->lock, &attr);
+                pthread_mutexattr_destroy(&attr);
+        }
         m->conn_log_rl = (LogRatelimit)LOG_RATELIMIT_INIT(100, 20);
         r = options_copy(&m->opts, opts);
         if (r < 0) {
+                pthread_mutex_destroy(&m->lock);
                 free(m);
                 return r;
         }
         m->started_mono_usec = now_usec(CLOCK_MONOTONIC);
         m->started_real_usec = now_usec(CLOCK_REALTIME);
-        m->metrics = calloc(1, sizeof(*m->metrics));
-        m->rx_buf = malloc(GM_FRAME_MAX);
-        m->tx_buf = malloc(GM_FRAME_MAX);
         m->base = event_base_new();
-        if (!m->rx_buf || !m->tx_buf || !m->base || !m->metrics || arena_init(&m->req_arena, 64 * 1024) < 0) {
+        if (!m->base) {
                 r = -ENOMEM;
                 goto fail;
         }
@@ -499,6 +700,11 @@ int manager_new(Manager **ret, const Options *opts)
         r = open_backend(m);
         if (r < 0)
                 goto fail;
+        r = op_topology_prepare(m);
+        if (r < 0) {
+                log_error_errno(r, "cannot pack the topology reply: %s", strerror(-r));
+                goto fail;
+        }
         r = setup_va(m);
         if (r < 0)
                 goto fail;
@@ -506,10 +712,23 @@ int manager_new(Manager **ret, const Options *opts)
         if (r < 0)
                 goto fail;
         if (m->opts.worker_threads) {
-                r = worker_pool_new(m->base, m->opts.worker_threads, &m->workers);
+                r = worker_pool_new(m->opts.worker_threads, &m->workers);
                 if (r < 0) {
                         log_error_errno(r, "cannot start %u worker threads: %s", m->opts.worker_threads,
                                         strerror(-r));
+                        goto fail;
+                }
+        }
+        m->n_shards = loops_wanted(&m->opts);
+        m->shards = calloc(m->n_shards, sizeof(*m->shards));
+        if (!m->shards) {
+                r = -ENOMEM;
+                goto fail;
+        }
+        for (unsigned i = 0; i < m->n_shards; i++) {
+                r = shard_init(m, &m->shards[i], i);
+                if (r < 0) {
+                        log_error_errno(r, "cannot set up event loop %u: %s", i, strerror(-r));
                         goto fail;
                 }
         }
@@ -562,14 +781,20 @@ int manager_new(Manager **ret, const Options *opts)
                 r = -ENOMEM;
                 goto fail;
         }
-        m->drain_ev = evtimer_new(m->base, on_drain_tick, m);
         m->status_ev = evtimer_new(m->base, on_status_timer, m);
         if (!m->listen_ev || !m->accept_retry_ev || !m->sigterm_ev || !m->sigint_ev || !m->sighup_ev ||
-            !m->drain_ev || !m->status_ev || event_add(m->listen_ev, NULL) < 0 ||
-            event_add(m->sigterm_ev, NULL) < 0 || event_add(m->sigint_ev, NULL) < 0 ||
-            event_add(m->sighup_ev, NULL) < 0) {
+            !m->status_ev || event_add(m->listen_ev, NULL) < 0 || event_add(m->sigterm_ev, NULL) < 0 ||
+            event_add(m->sigint_ev, NULL) < 0 || event_add(m->sighup_ev, NULL) < 0) {
                 r = -ENOMEM;
                 goto fail;
+        }
+        /* the other loops run from now on: nothing reaches them before the listener accepts */
+        for (unsigned i = 1; i < m->n_shards; i++) {
+                r = loop_start(m->shards[i].loop);
+                if (r < 0) {
+                        log_error_errno(r, "cannot start event loop %u: %s", i, strerror(-r));
+                        goto fail;
+                }
         }
         *ret = m;
         return 0;
@@ -578,20 +803,43 @@ fail:
         return r;
 }
 
+/* Work the loops had been handed and not run, run here once they stopped; it may hand on more. */
+static void run_pending(Manager *m)
+{
+        bool ran;
+
+        do {
+                ran = false;
+                for (unsigned i = 0; i < m->n_shards; i++)
+                        if (m->shards[i].loop)
+                                ran |= loop_run_pending(m->shards[i].loop);
+        } while (ran);
+}
+
 Manager *manager_free(Manager *m)
 {
         if (!m)
                 return NULL;
+        /* the other loops first: from here everything runs on this thread */
+        for (unsigned i = 1; i < m->n_shards; i++)
+                loop_stop(m->shards[i].loop);
+        manager_lock(m);
         m->freeing = true; /* from here teardowns finish at once */
-        /* first the work in progress: its requests end (their connections may be freed then) */
+        manager_unlock(m);
+        run_pending(m);
+        /* then the work in progress: its requests end (their connections may be freed then) */
         m->workers = worker_pool_free(m->workers);
+        run_pending(m);
+        manager_lock(m);
         while (m->conns)
                 conn_free(m->conns);
-        while (m->dying) {
-                Conn *c = m->dying;
-                m->dying = c->dying_next;
-                conn_free(c);
-        }
+        for (unsigned i = 0; i < m->n_shards; i++)
+                while (m->shards[i].dying) {
+                        Conn *c = m->shards[i].dying;
+                        m->shards[i].dying = c->dying_next;
+                        conn_free(c);
+                }
+        manager_unlock(m);
         if (m->listen_ev)
                 event_free(m->listen_ev);
         if (m->accept_retry_ev)
@@ -606,8 +854,6 @@ Manager *manager_free(Manager *m)
                 event_free(m->sigusr2_ev);
         if (m->watchdog_ev)
                 event_free(m->watchdog_ev);
-        if (m->drain_ev)
-                event_free(m->drain_ev);
         if (m->broker_ev)
                 event_free(m->broker_ev);
         while (m->reapers) {
@@ -628,17 +874,19 @@ Manager *manager_free(Manager *m)
                 evhttp_free(m->http);
         classes_free_all(m);
         broker_free(m->broker);
-        free(m->metrics);
         thunk_va_space_free(m->va);
         m->drv = driver_close(m->drv);
-        if (m->base)
-                event_base_free(m->base);
-        free(m->rx_buf);
-        free(m->tx_buf);
-        arena_done(&m->req_arena);
+        if (m->shards) {
+                for (unsigned i = 0; i < m->n_shards; i++)
+                        shard_done(&m->shards[i]);
+                free(m->shards);
+        } else if (m->base) {
+                event_base_free(m->base); /* the main loop's, when no shard took it over */
+        }
         free(m->topology_reply[0]);
         free(m->topology_reply[1]);
         options_done(&m->opts);
+        pthread_mutex_destroy(&m->lock);
         free(m);
         return NULL;
 }

@@ -32,6 +32,7 @@ static const char *const deny_names[_DENY_MAX] = {
         [DENY_NO_CLASS] = "no_class", [DENY_CONNECTIONS] = "connections", [DENY_INFLIGHT] = "inflight",
 };
 
+/* Each loop writes only its own Metrics (single writer: COUNTER_ADD); the rendering reads them all. */
 void metrics_record(Metrics *mt, unsigned op, const char *name, int result, uint64_t ns)
 {
         OpStats *s;
@@ -39,24 +40,46 @@ void metrics_record(Metrics *mt, unsigned op, const char *name, int result, uint
         if (op >= METRICS_MAX_OPS)
                 return;
         s = &mt->ops[op];
-        mt->op_names[op] = name;
+        if (!READ_ONCE(mt->op_names[op]))
+                WRITE_ONCE(mt->op_names[op], name);
         if (result >= 0)
-                s->ok++;
+                COUNTER_ADD(s->ok, 1);
         else if (-result < METRICS_MAX_ERRNO)
-                s->by_errno[-result]++;
+                COUNTER_ADD(s->by_errno[-result], 1);
         for (int i = 0; i < METRICS_N_BUCKETS; i++)
                 if (ns <= bucket_ns[i]) {
-                        s->buckets[i]++;
+                        COUNTER_ADD(s->buckets[i], 1);
                         break;
                 }
-        s->count++;
-        s->sum_ns += ns;
+        COUNTER_ADD(s->count, 1);
+        COUNTER_ADD(s->sum_ns, ns);
 }
 
 void metrics_deny(Metrics *mt, DenyReason why)
 {
         if (why < _DENY_MAX)
-                mt->denials[why]++;
+                COUNTER_ADD(mt->denials[why], 1);
+}
+
+/* Add @src (a loop's, being written meanwhile) to @dst (the caller's). */
+static void metrics_add(Metrics *dst, const Metrics *src)
+{
+        for (int op = 0; op < METRICS_MAX_OPS; op++) {
+                const OpStats *s = &src->ops[op];
+                OpStats *d = &dst->ops[op];
+                const char *name = READ_ONCE(src->op_names[op]);
+                if (name)
+                        dst->op_names[op] = name;
+                d->ok += READ_ONCE(s->ok);
+                for (int e = 0; e < METRICS_MAX_ERRNO; e++)
+                        d->by_errno[e] += READ_ONCE(s->by_errno[e]);
+                for (int i = 0; i < METRICS_N_BUCKETS; i++)
+                        d->buckets[i] += READ_ONCE(s->buckets[i]);
+                d->count += READ_ONCE(s->count);
+                d->sum_ns += READ_ONCE(s->sum_ns);
+        }
+        for (int i = 0; i < _DENY_MAX; i++)
+                dst->denials[i] += READ_ONCE(src->denials[i]);
 }
 
 static void limit_value(FILE *f, uint64_t v)
@@ -69,12 +92,19 @@ static void limit_value(FILE *f, uint64_t v)
 
 int metrics_render(Manager *m, char **ret, size_t *ret_len)
 {
-        Metrics *mt = m->metrics;
+        _cleanup_free_ Metrics *mt = calloc(1, sizeof(*mt));
         char *text = NULL;
         size_t len = 0;
-        FILE *f = open_memstream(&text, &len);
+        FILE *f;
         BrokerUsage tot;
+        ManagerStats st;
 
+        if (!mt)
+                return -ENOMEM;
+        for (unsigned i = 0; i < m->n_shards; i++)
+                metrics_add(mt, m->shards[i].metrics);
+        manager_stats(m, &st);
+        f = open_memstream(&text, &len);
         if (!f)
                 return -ENOMEM;
         broker_totals(m->broker, &tot);
@@ -98,9 +128,9 @@ int metrics_render(Manager *m, char **ret, size_t *ret_len)
                 "send-timeout seconds.\n"
                 "# TYPE gpumemd_clients_stalled_total counter\ngpumemd_clients_stalled_total %llu\n",
                 driver_name(m->drv), (double)(now_usec(CLOCK_MONOTONIC) - m->started_mono_usec) / 1e6,
-                m->n_conns, (unsigned long long)m->stats.connections_total,
-                (unsigned long long)m->stats.connections_refused, (unsigned long long)m->stats.requests,
-                (unsigned long long)m->stats.protocol_errors, (unsigned long long)m->stats.stalled_drops);
+                m->n_conns, (unsigned long long)st.connections_total,
+                (unsigned long long)st.connections_refused, (unsigned long long)st.requests,
+                (unsigned long long)st.protocol_errors, (unsigned long long)st.stalled_drops);
 
         fputs("# HELP gpumemd_denials_total Requests and connections refused, by reason.\n"
               "# TYPE gpumemd_denials_total counter\n",
@@ -201,7 +231,7 @@ int metrics_render(Manager *m, char **ret, size_t *ret_len)
               f);
         for (ClassState *s = m->classes; s; s = s->next)
                 fprintf(f, "gpumemd_class_denials_total{class=\"%s\"} %llu\n", s->name,
-                        (unsigned long long)s->denials);
+                        (unsigned long long)READ_ONCE(s->denials));
         if (fclose(f) != 0 || !text) {
                 free(text);
                 return -ENOMEM;
@@ -217,12 +247,16 @@ static void on_http(struct evhttp_request *req, void *userdata)
         struct evbuffer *buf;
         char *text = NULL;
         size_t len = 0;
+        int r;
 
         if (evhttp_request_get_command(req) != EVHTTP_REQ_GET) {
                 evhttp_send_error(req, 405, "only GET");
                 return;
         }
-        if (metrics_render(m, &text, &len) < 0 || !(buf = evbuffer_new())) {
+        manager_lock(m);
+        r = metrics_render(m, &text, &len);
+        manager_unlock(m);
+        if (r < 0 || !(buf = evbuffer_new())) {
                 free(text);
                 evhttp_send_error(req, 500, "out of memory");
                 return;

@@ -37,7 +37,7 @@ typedef struct Metrics {
 
 void metrics_record(Metrics *mt, unsigned op, const char *name, int result, uint64_t ns);
 void metrics_deny(Metrics *mt, DenyReason why);
-/* The Prometheus text exposition; the caller frees *ret. */
+/* The Prometheus text exposition, under the manager's lock; the caller frees *ret. */
 int metrics_render(Manager *m, char **ret, size_t *ret_len);
 /* Serve GET /metrics on ADDR:PORT with libevent's HTTP server. */
 int metrics_listen(Manager *m, const char *addr_port);

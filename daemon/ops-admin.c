@@ -39,8 +39,10 @@ int op_admin_status(ReqCtx *r, const Gpumem__Request *req)
         s.bytes_host = u.host_bytes;
         s.bytes_managed = u.managed_bytes;
         s.has_requests = s.has_protocol_errors = s.has_pid = s.has_protocol_version = true;
-        s.requests = m->stats.requests;
-        s.protocol_errors = m->stats.protocol_errors;
+        ManagerStats st;
+        manager_stats(m, &st);
+        s.requests = st.requests;
+        s.protocol_errors = st.protocol_errors;
         s.pid = (uint32_t)getpid();
         s.protocol_version = GM_PROTOCOL_VERSION;
         s.preset = m->preset_name;
@@ -102,7 +104,7 @@ int op_admin_clients(ReqCtx *r, const Gpumem__Request *req)
                 i->class_name = c->cls ? c->cls->name : "";
                 i->has_connected_usec = i->has_requests = i->has_admin = true;
                 i->connected_usec = c->connected_real_usec;
-                i->requests = c->requests;
+                i->requests = READ_ONCE(c->requests);
                 i->admin = c->admin;
                 i->has_handles = i->has_fds = i->has_host_bytes = i->has_managed_bytes = true;
                 if (c->broker) {
@@ -137,10 +139,63 @@ int op_admin_clients(ReqCtx *r, const Gpumem__Request *req)
         return err;
 }
 
+/* A disconnect of a client on another loop: done there, and answered here once it is. */
+typedef struct Disconnect {
+        Manager *m;
+        Shard *from;
+        Req *req;
+        uint64_t id;
+        bool found;
+        LoopWork there, back; /* embedded: neither way can fail */
+} Disconnect;
+
+static void disconnect_reply(Disconnect *d)
+{
+        ReqCtx *r = req_ctx(d->req);
+
+        req_end(d->req, d->found
+                                ? reply_empty(r)
+                                : reply_fail(r, -ESRCH, "no client with id %llu", (unsigned long long)d->id));
+        free(d);
+}
+
+static void disconnect_answered(void *arg)
+{
+        Disconnect *d = arg;
+        Manager *m = d->m;
+
+        manager_lock(m);
+        disconnect_reply(d);
+        manager_unlock(m);
+}
+
+static void disconnect_target(Conn *target)
+{
+        (void)conn_send_error(target, 0, -ECONNABORTED, "disconnected by an administrator");
+        conn_kill(target);
+}
+
+static void disconnect_there(void *arg)
+{
+        Disconnect *d = arg;
+        Manager *m = d->m;
+        Conn *target;
+
+        manager_lock(m);
+        target = manager_find_conn(m, d->id);
+        d->found = target != NULL;
+        if (target)
+                disconnect_target(target);
+        manager_unlock(m);
+        loop_post_work(d->from->loop, &d->back, disconnect_answered, d);
+}
+
 int op_admin_disconnect(ReqCtx *r, const Gpumem__Request *req)
 {
         uint64_t id = req->admin_disconnect->client_id;
         Conn *target = manager_find_conn(r->m, id);
+        Disconnect *d;
+        int err;
 
         if (!target)
                 return reply_fail(r, -ESRCH, "no client with id %llu", (unsigned long long)id);
@@ -148,9 +203,25 @@ int op_admin_disconnect(ReqCtx *r, const Gpumem__Request *req)
                 return reply_fail(r, -EINVAL, "a client cannot disconnect itself this way");
         conn_log(r->c, LOG_NOTICE, GM_MESSAGE_ADMIN_ACTION, NULL, "disconnected client %llu",
                  (unsigned long long)id);
-        (void)conn_send_error(target, 0, -ECONNABORTED, "disconnected by an administrator");
-        conn_kill(target);
-        return reply_empty(r);
+        if (target->sh == r->c->sh) {
+                disconnect_target(target);
+                return reply_empty(r);
+        }
+        /* its socket belongs to its own loop: the kill goes there, and the reply waits for it, so that the
+         * client's next call already fails */
+        d = calloc(1, sizeof(*d));
+        if (!d)
+                return reply_fail(r, -ENOMEM, "out of memory");
+        d->m = r->m;
+        d->from = r->c->sh;
+        d->id = id;
+        err = req_defer(r, &d->req);
+        if (err < 0) {
+                free(d);
+                return reply_fail(r, err, "cannot wait for the disconnect: %s", strerror(-err));
+        }
+        loop_post_work(target->sh->loop, &d->there, disconnect_there, d);
+        return REQ_DEFERRED;
 }
 
 int op_admin_metrics(ReqCtx *r, const Gpumem__Request *req)

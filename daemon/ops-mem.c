@@ -83,13 +83,16 @@ static void alloc_job_run(WorkerJob *j)
 static void alloc_job_done(WorkerJob *j)
 {
         AllocJob *aj = (AllocJob *)j;
+        Manager *m = req_ctx(aj->req)->m;
         BrokerAllocResult res = {.fd = -1};
         Reason w = {""};
         int err;
 
+        manager_lock(m);
         err = broker_alloc_end(aj->pending, &res, &w);
         err = alloc_reply(req_ctx(aj->req), aj->bc, err, &res, &w);
         req_end(aj->req, err);
+        manager_unlock(m);
         free(aj);
 }
 
@@ -118,7 +121,7 @@ static int alloc_deferred(ReqCtx *r, BrokerClient *bc, const BrokerAllocArgs *ar
         aj->bc = bc;
         aj->job.run = alloc_job_run;
         aj->job.done = alloc_job_done;
-        worker_submit(r->m->workers, &aj->job);
+        worker_submit(r->m->workers, r->c->sh->home, &aj->job);
         return REQ_DEFERRED;
 }
 
@@ -579,10 +582,14 @@ static void prefetch_job_done(WorkerJob *j)
 {
         PrefetchJob *pj = (PrefetchJob *)j;
         ReqCtx *r = req_ctx(pj->req);
+        Manager *m = r->m;
         Reason w = {""};
-        int err = broker_prefetch_end(&pj->p, &w);
+        int err;
 
+        manager_lock(m);
+        err = broker_prefetch_end(&pj->p, &w);
         req_end(pj->req, err < 0 ? fail_why(r, err, &w) : reply_empty(r));
+        manager_unlock(m);
         free(pj);
 }
 
@@ -605,7 +612,7 @@ int op_svm_prefetch(ReqCtx *r, const Gpumem__Request *req)
         if (err >= 0 && req_defer(r, &pj->req) == 0) {
                 pj->job.run = prefetch_job_run;
                 pj->job.done = prefetch_job_done;
-                worker_submit(r->m->workers, &pj->job);
+                worker_submit(r->m->workers, r->c->sh->home, &pj->job);
                 return REQ_DEFERRED;
         }
         if (err >= 0) {

@@ -136,13 +136,21 @@ static int topology_pack(const ThunkTopology *t, bool with_props, uint8_t **ret,
 
 int op_topology(ReqCtx *r, const Gpumem__Request *req)
 {
-        Manager *m = r->m;
+        const Manager *m = r->m;
         int with_props = req->topology->has_with_properties && req->topology->with_properties;
 
-        /* every client asks at start, and the answer never changes: built once */
-        if (!m->topology_reply[with_props] &&
-            topology_pack(driver_topology(m->drv), with_props, &m->topology_reply[with_props],
-                          &m->topology_reply_len[with_props]) < 0)
-                return reply_fail(r, -ENOMEM, "out of memory building the topology reply");
+        /* every client asks at start, and the answer never changes: packed once, at start
+         * (manager_new), and read by every loop without the lock */
         return reply_ok_packed(r, m->topology_reply[with_props], m->topology_reply_len[with_props]);
+}
+
+int op_topology_prepare(Manager *m)
+{
+        for (int with_props = 0; with_props < 2; with_props++) {
+                int r = topology_pack(driver_topology(m->drv), with_props, &m->topology_reply[with_props],
+                                      &m->topology_reply_len[with_props]);
+                if (r < 0)
+                        return r;
+        }
+        return 0;
 }

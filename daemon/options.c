@@ -376,6 +376,12 @@ static int daemon_key(FileCtx *ctx, const char *name, const char *value)
                         return 1;
                 }
                 o->worker_threads = (uint32_t)v;
+        } else if (strcmp(name, "loops") == 0) {
+                if (parse_uint(value, 64, &v) < 0) {
+                        file_error(ctx, "loops: '%s' is not a number from 0 (one per CPU) to 64", value);
+                        return 1;
+                }
+                o->loops = (uint32_t)v;
         } else if (strcmp(name, "window-size") == 0) {
                 if (parse_size(value, &v) < 0 || v < (1ull << 30) || v > (1ull << 44) ||
                     (v & ((2ull << 20) - 1))) {

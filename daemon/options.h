@@ -36,7 +36,8 @@ typedef struct Options {
         uint64_t window_size;
         uint64_t max_window_bytes_per_uid; /* VA windows (current and refused) all clients of one uid hold */
         uint32_t hello_timeout_sec; /* a connection that has not said hello by then is closed; 0 = never */
-        uint32_t worker_threads;    /* threads for slow work off the event loop; 0: all on the loop */
+        uint32_t worker_threads;    /* threads for slow work off the event loops; 0: all on the loops */
+        uint32_t loops;             /* event loops serving clients; 0: one per CPU the daemon may use */
         uint32_t send_timeout_sec;  /* a client whose queued replies do not move for this long is dropped */
         uint32_t socket_mode;
         gid_t admin_gids[OPT_MAX_ADMIN_GROUPS];

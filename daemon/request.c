@@ -27,15 +27,22 @@ typedef struct OpDesc {
         uint8_t perm;
         uint8_t max_fds;
         uint8_t family; /* POLICY_OP_* (alloc is checked by kind once decoded) */
+        bool unlocked;  /* touches none of the books: handled without the manager's lock */
 } OpDesc;
 
-#define ROW(field, handler, result, since_, perm_, fds, fam)                                                 \
+#define ROW_(field, handler, result, since_, perm_, fds, fam, unlocked_)                                     \
         [GPUMEM__REQUEST__OP_##field] = {.fn = handler,                                                      \
                                          .reply = GPUMEM__REPLY__RESULT_##result,                            \
                                          .since = since_,                                                    \
                                          .perm = perm_,                                                      \
                                          .max_fds = fds,                                                     \
-                                         .family = fam}
+                                         .family = fam,                                                      \
+                                         .unlocked = unlocked_}
+#define ROW(field, handler, result, since_, perm_, fds, fam)                                                 \
+        ROW_(field, handler, result, since_, perm_, fds, fam, false)
+/* An op whose handler reads only what never changes, or what its own connection's loop owns. */
+#define ROW_UNLOCKED(field, handler, result, since_)                                                         \
+        ROW_(field, handler, result, since_, OP_PERM_ANY, 0, 0, true)
 #define ANY   OP_PERM_ANY
 #define ADMIN OP_PERM_ADMIN
 
@@ -43,9 +50,9 @@ typedef struct OpDesc {
 static const OpDesc op_table[] = {
         /* request, handler, result, since, who may call, fds, policy family */
         ROW(HELLO, op_hello, HELLO, 1, ANY, 0, 0),
-        ROW(PING, op_ping, PING, 1, ANY, 0, 0),
+        ROW_UNLOCKED(PING, op_ping, PING, 1),
         ROW(WINDOW_RETRY, op_window_retry, HELLO, 1, ANY, 0, 0),
-        ROW(TOPOLOGY, op_topology, TOPOLOGY, 1, ANY, 0, 0),
+        ROW_UNLOCKED(TOPOLOGY, op_topology, TOPOLOGY, 1),
         ROW(MEM_INFO, op_mem_info, MEM_INFO, 1, ANY, 0, 0),
         ROW(POINTER_INFO, op_pointer_info, POINTER_INFO, 1, ANY, 0, 0),
         ROW(ALLOC, op_alloc, ALLOC, 1, ANY, 0, 0),
@@ -113,6 +120,12 @@ int request_table_check(char *errbuf, size_t errlen)
                 }
                 if (op->max_fds > GM_FRAME_MAX_FDS) {
                         snprintf(errbuf, errlen, "op %s: takes more fds than a frame carries", rq->name);
+                        return -EINVAL;
+                }
+                /* the gate of an unlocked op must read nothing a reload changes */
+                if (op->unlocked && (op->perm != OP_PERM_ANY || op->family || op->max_fds)) {
+                        snprintf(errbuf, errlen, "op %s: unlocked, but gated by rights, policy or fds",
+                                 rq->name);
                         return -EINVAL;
                 }
         }
@@ -231,9 +244,7 @@ int reply_ok_packed(ReqCtx *r, const uint8_t *body, size_t len)
 
 void request_violation(Conn *c, uint32_t request_id, int code, const char *reason)
 {
-        Manager *m = c->m;
-
-        m->stats.protocol_errors++;
+        COUNTER_ADD(c->sh->stats.protocol_errors, 1);
         conn_log(c, LOG_WARNING, GM_MESSAGE_PROTOCOL_VIOLATION, &c->log_rl,
                  "protocol violation: %s (%s), closing", reason, strerror(-code));
         (void)conn_send_error(c, request_id, code, reason);
@@ -261,20 +272,20 @@ static int peek_op(const uint8_t *body, size_t len, uint32_t *ret_field)
 static void request_account(ReqCtx *r, int err)
 {
         Conn *c = r->c;
-        Manager *m = r->m;
+        Metrics *mt = c->sh->metrics;
         const char *name = op_name(r->field);
 
-        metrics_record(m->metrics, r->field, name, err, (now_usec(CLOCK_MONOTONIC) - r->t0) * 1000);
+        metrics_record(mt, r->field, name, err, (now_usec(CLOCK_MONOTONIC) - r->t0) * 1000);
         if (err == -EDQUOT) {
-                metrics_deny(m->metrics, DENY_QUOTA);
+                metrics_deny(mt, DENY_QUOTA);
                 if (c->cls)
-                        c->cls->denials++;
+                        __atomic_fetch_add(&c->cls->denials, 1, __ATOMIC_RELAXED);
                 conn_log(c, LOG_NOTICE, GM_MESSAGE_DENIED, &c->log_rl, "%s over quota: %s", name,
                          r->reason.msg);
         } else if (err == -EACCES) {
-                metrics_deny(m->metrics, DENY_PERMISSION);
+                metrics_deny(mt, DENY_PERMISSION);
                 if (c->cls)
-                        c->cls->denials++;
+                        __atomic_fetch_add(&c->cls->denials, 1, __ATOMIC_RELAXED);
                 conn_log(c, LOG_NOTICE, GM_MESSAGE_DENIED, &c->log_rl, "%s denied: %s", name, r->reason.msg);
         }
 }
@@ -292,19 +303,34 @@ static void arena_free_cb(void *arena, void *p)
 void request_handle(Conn *c, const uint8_t *buf, size_t len, int *fds, size_t n_fds)
 {
         Manager *m = c->m;
+        Shard *sh = c->sh;
         ReqCtx r = {.c = c, .m = m, .in_fds = fds, .n_in_fds = n_fds};
-        /* decoded into the manager's arena: no malloc per message on the way in */
-        ProtobufCAllocator alloc = {arena_alloc_cb, arena_free_cb, &m->req_arena};
+        /* decoded into the loop's arena: no malloc per message on the way in */
+        ProtobufCAllocator alloc = {arena_alloc_cb, arena_free_cb, &sh->req_arena};
         Gpumem__Request *req = NULL;
         const OpDesc *op = NULL;
         const char *name = NULL;
         const char *why = NULL;
+        bool locked = false;
         GmFrameHdr hdr;
         uint32_t field = 0;
         int err;
 
         err = gm_frame_parse(buf, len, n_fds, GM_PROTOCOL_VERSION, &hdr, &why);
         r.id = hdr.request_id;
+        if (err == 0 && hdr.request_id != 0 && hdr.body_len != 0 &&
+            peek_op(buf + GM_FRAME_HDR_SIZE, hdr.body_len, &field) == 0 && field < ARRAY_SIZE(op_table) &&
+            op_table[field].fn) {
+                op = &op_table[field];
+                name = op_name(field);
+                r.field = field;
+                r.reply_case = op->reply;
+        }
+        /* everything but an unlocked op's well-formed request runs under the books' lock */
+        if (!(op && op->unlocked && c->proto_version && n_fds == 0)) {
+                manager_lock(m);
+                locked = true;
+        }
         if (err < 0) {
                 request_violation(c, hdr.request_id, err, why);
                 goto out;
@@ -313,15 +339,9 @@ void request_handle(Conn *c, const uint8_t *buf, size_t len, int *fds, size_t n_
                 request_violation(c, 0, -EPROTO, "request id 0 is reserved for connection errors");
                 goto out;
         }
-        if (hdr.body_len == 0 || peek_op(buf + GM_FRAME_HDR_SIZE, hdr.body_len, &field) < 0) {
+        if (hdr.body_len == 0 || (!op && peek_op(buf + GM_FRAME_HDR_SIZE, hdr.body_len, &field) < 0)) {
                 request_violation(c, hdr.request_id, -EBADMSG, "request body does not start with an op");
                 goto out;
-        }
-        if (field < ARRAY_SIZE(op_table) && op_table[field].fn) {
-                op = &op_table[field];
-                name = op_name(field);
-                r.field = field;
-                r.reply_case = op->reply;
         }
 
         if (c->proto_version == 0 && field != GPUMEM__REQUEST__OP_HELLO) {
@@ -332,8 +352,8 @@ void request_handle(Conn *c, const uint8_t *buf, size_t len, int *fds, size_t n_
                 request_violation(c, hdr.request_id, -EPROTO, "fds sent with an op that takes fewer");
                 goto out;
         }
-        m->stats.requests++;
-        c->requests++;
+        COUNTER_ADD(sh->stats.requests, 1);
+        COUNTER_ADD(c->requests, 1);
         if (!op) {
                 err = reply_fail(&r, -EOPNOTSUPP, "unknown op %u", field);
                 goto fail;
@@ -343,17 +363,17 @@ void request_handle(Conn *c, const uint8_t *buf, size_t len, int *fds, size_t n_
                 goto fail;
         }
         if (op->perm == OP_PERM_ADMIN && !c->admin) {
-                m->stats.denials++;
-                metrics_deny(m->metrics, DENY_ADMIN);
+                COUNTER_ADD(sh->stats.denials, 1);
+                metrics_deny(sh->metrics, DENY_ADMIN);
                 conn_log(c, LOG_NOTICE, GM_MESSAGE_DENIED, &c->log_rl, "%s denied: not an administrator",
                          name);
                 err = reply_fail(&r, -EACCES, "%s is for administrators only", name);
                 goto fail;
         }
         if (op->family && c->cls && (c->cls->deny_ops & op->family)) {
-                m->stats.denials++;
-                metrics_deny(m->metrics, DENY_PERMISSION);
-                c->cls->denials++;
+                COUNTER_ADD(sh->stats.denials, 1);
+                metrics_deny(sh->metrics, DENY_PERMISSION);
+                __atomic_fetch_add(&c->cls->denials, 1, __ATOMIC_RELAXED);
                 conn_log(c, LOG_NOTICE, GM_MESSAGE_DENIED, &c->log_rl, "%s denied by class '%s'", name,
                          c->cls->name);
                 err = reply_fail(&r, -EACCES, "class '%s' may not call %s", c->cls->name, name);
@@ -363,12 +383,13 @@ void request_handle(Conn *c, const uint8_t *buf, size_t len, int *fds, size_t n_
         /* Gate passed: only now decode. The body is bounded by GM_FRAME_BODY_MAX, and so is what unpacking
          * can allocate. */
         req = gpumem__request__unpack(&alloc, hdr.body_len, buf + GM_FRAME_HDR_SIZE);
-        if (!req) {
-                request_violation(c, hdr.request_id, -EBADMSG, "request body is not a valid Request message");
-                goto out;
-        }
-        if ((uint32_t)req->op_case != field) {
-                request_violation(c, hdr.request_id, -EBADMSG, "request carries more than one op");
+        if (!req || (uint32_t)req->op_case != field) {
+                if (!locked)
+                        manager_lock(m);
+                locked = true;
+                request_violation(c, hdr.request_id, -EBADMSG,
+                                  !req ? "request body is not a valid Request message"
+                                       : "request carries more than one op");
                 goto out;
         }
 
@@ -385,12 +406,14 @@ fail:
         gm_wire_close_fds(r.out_fds, r.n_out_fds);
         (void)conn_send_error(c, r.id, err, r.reason.msg);
 out:
+        if (locked)
+                manager_unlock(m);
         for (size_t i = 0; i < n_fds; i++)
                 if (!r.in_fd_taken[i])
                         safe_close(fds[i]);
         if (req)
                 gpumem__request__free_unpacked(req, &alloc);
-        arena_reset(&m->req_arena);
+        arena_reset(&sh->req_arena);
 }
 
 struct Req {

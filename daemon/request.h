@@ -86,6 +86,8 @@ int op_hello(ReqCtx *r, const Gpumem__Request *req);
 int op_ping(ReqCtx *r, const Gpumem__Request *req);
 int op_window_retry(ReqCtx *r, const Gpumem__Request *req);
 int op_topology(ReqCtx *r, const Gpumem__Request *req);
+/* Pack the topology replies once, at start: the topology op reads them from any loop without the lock. */
+int op_topology_prepare(Manager *m);
 int op_admin_status(ReqCtx *r, const Gpumem__Request *req);
 int op_admin_clients(ReqCtx *r, const Gpumem__Request *req);
 int op_admin_disconnect(ReqCtx *r, const Gpumem__Request *req);

@@ -54,9 +54,11 @@ static void fail(Transport *t)
 /* The queue moved (or began): the client has send-timeout seconds until it moves again. */
 static void send_timer_restart(Transport *t)
 {
-        struct timeval tv = {(time_t)*t->send_timeout_sec, 0};
+        /* the setting a reload may change meanwhile, on another thread */
+        uint32_t timeout = __atomic_load_n(t->send_timeout_sec, __ATOMIC_RELAXED);
+        struct timeval tv = {(time_t)timeout, 0};
 
-        if (t->send_ev && *t->send_timeout_sec)
+        if (t->send_ev && timeout)
                 evtimer_add(t->send_ev, &tv);
 }
 
@@ -168,22 +170,36 @@ static void on_read(evutil_socket_t fd, short what, void *userdata)
         t->ops->packet(t->owner, t->rx_buf, (size_t)n, fds, n_fds);
 }
 
-int transport_init(Transport *t, struct event_base *base, int fd, uint8_t *rx_buf, uint8_t *tx_buf,
-                   const uint32_t *send_timeout_sec, const TransportOps *ops, void *owner)
+void transport_adopt(Transport *t, int fd, const TransportOps *ops, void *owner)
 {
         memset(t, 0, sizeof(*t));
         t->fd = fd;
         t->ops = ops;
         t->owner = owner;
+}
+
+int transport_start(Transport *t, struct event_base *base, uint8_t *rx_buf, uint8_t *tx_buf,
+                    const uint32_t *send_timeout_sec)
+{
         t->rx_buf = rx_buf;
         t->tx_buf = tx_buf;
         t->send_timeout_sec = send_timeout_sec;
-        t->rd_ev = event_new(base, fd, EV_READ | EV_PERSIST, on_read, t);
-        t->wr_ev = event_new(base, fd, EV_WRITE | EV_PERSIST, on_write, t);
+        t->rd_ev = event_new(base, t->fd, EV_READ | EV_PERSIST, on_read, t);
+        t->wr_ev = event_new(base, t->fd, EV_WRITE | EV_PERSIST, on_write, t);
         t->send_ev = evtimer_new(base, on_send_timeout, t);
-        if (!t->rd_ev || !t->wr_ev || !t->send_ev || event_add(t->rd_ev, NULL) < 0)
+        if (!t->rd_ev || !t->wr_ev || !t->send_ev)
+                return -ENOMEM;
+        /* stopped, paused or held before it started: not read yet */
+        if (reading_allowed(t) && event_add(t->rd_ev, NULL) < 0)
                 return -ENOMEM;
         return 0;
+}
+
+int transport_init(Transport *t, struct event_base *base, int fd, uint8_t *rx_buf, uint8_t *tx_buf,
+                   const uint32_t *send_timeout_sec, const TransportOps *ops, void *owner)
+{
+        transport_adopt(t, fd, ops, owner);
+        return transport_start(t, base, rx_buf, tx_buf, send_timeout_sec);
 }
 
 void transport_done(Transport *t)
@@ -236,6 +252,8 @@ void transport_stop(Transport *t)
 void transport_pause(Transport *t, bool paused)
 {
         t->paused = paused;
+        if (!t->rd_ev)
+                return; /* not started: transport_start() looks at it */
         if (paused)
                 event_del(t->rd_ev);
         else if (reading_allowed(t))
@@ -250,7 +268,7 @@ void transport_hold(Transport *t)
 
 void transport_release(Transport *t)
 {
-        if (t->held && --t->held == 0 && reading_allowed(t))
+        if (t->held && --t->held == 0 && t->rd_ev && reading_allowed(t))
                 event_add(t->rd_ev, NULL);
 }
 

@@ -52,7 +52,14 @@ typedef struct Transport {
         unsigned held; /* not reading until the owner's work in progress is done (transport_hold) */
 } Transport;
 
-/* Take @fd (closed by transport_done, also after a failure here) and start reading. */
+/*
+ * Take @fd (closed by transport_done) without watching it yet: the transport can be stopped and done before
+ * transport_start(), which, on the thread of the loop of @base, creates its events and starts reading.
+ */
+void transport_adopt(Transport *t, int fd, const TransportOps *ops, void *owner);
+int transport_start(Transport *t, struct event_base *base, uint8_t *rx_buf, uint8_t *tx_buf,
+                    const uint32_t *send_timeout_sec);
+/* Both at once (@fd is closed by transport_done, also after a failure here). */
 int transport_init(Transport *t, struct event_base *base, int fd, uint8_t *rx_buf, uint8_t *tx_buf,
                    const uint32_t *send_timeout_sec, const TransportOps *ops, void *owner);
 /* Close the socket, drop what is queued (the owner is told of the in-flight change), free the events. */

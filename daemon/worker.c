@@ -1,4 +1,5 @@
-/* Worker threads: a job queue under one mutex, finished jobs handed back to the loop through an eventfd. */
+/* Worker threads: one job queue under one mutex; finished jobs go back to their loop's home via an eventfd.
+ */
 #include "worker.h"
 
 #include <errno.h>
@@ -10,23 +11,42 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+struct WorkerHome {
+        WorkerHome *next; /* the pool's list */
+        pthread_mutex_t lock;
+        WorkerJob *finished; /* run, done() not called yet */
+        int efd;             /* readable when jobs finished */
+        struct event *ev;    /* on the home's loop: efd */
+        size_t pending;      /* submitted, done() not run; touched on the home's loop thread only */
+};
+
 struct WorkerPool {
         pthread_mutex_t lock;
         pthread_cond_t wake;
         WorkerJob *queue, *queue_tail; /* to run, in submission order */
-        WorkerJob *finished;           /* run, done() not called yet */
         bool stopping;
         unsigned n_threads;
         pthread_t *threads;
-        int efd;          /* readable when jobs finished */
-        struct event *ev; /* on the loop: efd */
-        size_t pending;   /* submitted, done() not run; touched on the loop thread only */
+        WorkerHome *homes;
 };
+
+static void finish(WorkerJob *j)
+{
+        WorkerHome *h = j->home;
+
+        pthread_mutex_lock(&h->lock);
+        j->next = h->finished;
+        h->finished = j;
+        pthread_mutex_unlock(&h->lock);
+        /* an eventfd write only fails when the counter would overflow: it is read at every wakeup */
+        (void)!write(h->efd, &(uint64_t){1}, sizeof(uint64_t));
+}
 
 static void *worker_main(void *arg)
 {
         WorkerPool *p = arg;
 
+        (void)pthread_setname_np(pthread_self(), "gpumemd-work"); /* for top -H, perf and pinning */
         pthread_mutex_lock(&p->lock);
         for (;;) {
                 WorkerJob *j;
@@ -41,27 +61,24 @@ static void *worker_main(void *arg)
                 pthread_mutex_unlock(&p->lock);
 
                 j->run(j);
+                finish(j);
 
                 pthread_mutex_lock(&p->lock);
-                j->next = p->finished;
-                p->finished = j;
-                /* an eventfd write only fails when the counter would overflow: it is read at every wakeup */
-                (void)!write(p->efd, &(uint64_t){1}, sizeof(uint64_t));
         }
         pthread_mutex_unlock(&p->lock);
         return NULL;
 }
 
-void worker_reap(WorkerPool *p)
+void worker_reap(WorkerHome *h)
 {
         WorkerJob *list, *rev = NULL;
         uint64_t n;
 
-        (void)!read(p->efd, &n, sizeof(n));
-        pthread_mutex_lock(&p->lock);
-        list = p->finished;
-        p->finished = NULL;
-        pthread_mutex_unlock(&p->lock);
+        (void)!read(h->efd, &n, sizeof(n));
+        pthread_mutex_lock(&h->lock);
+        list = h->finished;
+        h->finished = NULL;
+        pthread_mutex_unlock(&h->lock);
         /* finished last-first on the list: call done() in the order the jobs finished */
         while (list) {
                 WorkerJob *next = list->next;
@@ -71,7 +88,7 @@ void worker_reap(WorkerPool *p)
         }
         while (rev) {
                 WorkerJob *next = rev->next;
-                p->pending--;
+                h->pending--;
                 rev->done(rev); /* may free the job, and may submit new ones */
                 rev = next;
         }
@@ -82,7 +99,7 @@ static void on_finished(evutil_socket_t fd, short what, void *userdata)
         worker_reap(userdata);
 }
 
-int worker_pool_new(struct event_base *base, unsigned n_threads, WorkerPool **ret)
+int worker_pool_new(unsigned n_threads, WorkerPool **ret)
 {
         WorkerPool *p;
         int r;
@@ -94,14 +111,8 @@ int worker_pool_new(struct event_base *base, unsigned n_threads, WorkerPool **re
                 return -ENOMEM;
         pthread_mutex_init(&p->lock, NULL);
         pthread_cond_init(&p->wake, NULL);
-        p->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
         p->threads = calloc(n_threads, sizeof(*p->threads));
-        if (p->efd < 0 || !p->threads) {
-                r = p->efd < 0 ? -errno : -ENOMEM;
-                goto fail;
-        }
-        p->ev = event_new(base, p->efd, EV_READ | EV_PERSIST, on_finished, p);
-        if (!p->ev || event_add(p->ev, NULL) < 0) {
+        if (!p->threads) {
                 r = -ENOMEM;
                 goto fail;
         }
@@ -117,6 +128,51 @@ fail:
         return r;
 }
 
+int worker_home_new(WorkerPool *p, struct event_base *base, WorkerHome **ret)
+{
+        WorkerHome *h = calloc(1, sizeof(*h));
+        int r;
+
+        if (!h)
+                return -ENOMEM;
+        pthread_mutex_init(&h->lock, NULL);
+        h->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+        if (h->efd < 0) {
+                r = -errno;
+                goto fail;
+        }
+        h->ev = event_new(base, h->efd, EV_READ | EV_PERSIST, on_finished, h);
+        if (!h->ev || event_add(h->ev, NULL) < 0) {
+                r = -ENOMEM;
+                goto fail;
+        }
+        /* homes are made while the daemon starts, before any loop thread runs */
+        h->next = p->homes;
+        p->homes = h;
+        *ret = h;
+        return 0;
+fail:
+        if (h->ev)
+                event_free(h->ev);
+        if (h->efd >= 0)
+                close(h->efd);
+        pthread_mutex_destroy(&h->lock);
+        free(h);
+        return r;
+}
+
+static bool reap_all(WorkerPool *p)
+{
+        bool any = false;
+
+        for (WorkerHome *h = p->homes; h; h = h->next)
+                if (h->pending) {
+                        any = true;
+                        worker_reap(h);
+                }
+        return any;
+}
+
 WorkerPool *worker_pool_free(WorkerPool *p)
 {
         if (!p)
@@ -127,25 +183,27 @@ WorkerPool *worker_pool_free(WorkerPool *p)
         pthread_mutex_unlock(&p->lock);
         for (unsigned i = 0; i < p->n_threads; i++)
                 pthread_join(p->threads[i], NULL);
-        /* every job has run: let the owners finish (and free) them; one that a done() submitted now runs
-         * here */
-        while (p->efd >= 0) {
-                worker_reap(p);
-                if (!p->queue)
+        /* every job has run: let the owners finish (and free) them; one that a done() submitted runs here */
+        for (;;) {
+                bool any = reap_all(p);
+                if (!p->queue && !any)
                         break;
                 while (p->queue) {
                         WorkerJob *j = p->queue;
                         p->queue = j->next;
                         j->run(j);
-                        j->next = p->finished;
-                        p->finished = j;
+                        finish(j);
                 }
                 p->queue_tail = NULL;
         }
-        if (p->ev)
-                event_free(p->ev);
-        if (p->efd >= 0)
-                close(p->efd);
+        while (p->homes) {
+                WorkerHome *h = p->homes;
+                p->homes = h->next;
+                event_free(h->ev);
+                close(h->efd);
+                pthread_mutex_destroy(&h->lock);
+                free(h);
+        }
         free(p->threads);
         pthread_cond_destroy(&p->wake);
         pthread_mutex_destroy(&p->lock);
@@ -153,10 +211,11 @@ WorkerPool *worker_pool_free(WorkerPool *p)
         return NULL;
 }
 
-void worker_submit(WorkerPool *p, WorkerJob *job)
+void worker_submit(WorkerPool *p, WorkerHome *h, WorkerJob *job)
 {
         job->next = NULL;
-        p->pending++;
+        job->home = h;
+        h->pending++;
         pthread_mutex_lock(&p->lock);
         if (p->queue_tail)
                 p->queue_tail->next = job;
@@ -167,7 +226,7 @@ void worker_submit(WorkerPool *p, WorkerJob *job)
         pthread_mutex_unlock(&p->lock);
 }
 
-size_t worker_pending(const WorkerPool *p)
+size_t worker_pending(const WorkerHome *h)
 {
-        return p->pending;
+        return h->pending;
 }

@@ -1,4 +1,4 @@
-/* Worker threads: slow work off the event loop, each job finished back on the loop thread. */
+/* Worker threads: slow work off the event loops, each job finished back on the loop that submitted it. */
 #pragma once
 
 #include <stddef.h>
@@ -7,28 +7,36 @@ struct event_base;
 
 /*
  * A job is embedded in its owner's struct. run() executes on a worker thread and must touch only what the
- * job owns (no broker, connection or manager state); done() then runs on the loop thread, where the owner
- * finishes the work and frees the job. Jobs run in no particular order relative to each other.
+ * job owns (no broker, connection or manager state); done() then runs on the thread of the loop whose home
+ * submitted it, where the owner finishes the work and frees the job. Jobs run in no particular order
+ * relative to each other.
  */
 typedef struct WorkerJob WorkerJob;
+typedef struct WorkerHome WorkerHome;
 struct WorkerJob {
         void (*run)(WorkerJob *job);
         void (*done)(WorkerJob *job);
-        WorkerJob *next; /* the pool's */
+        WorkerJob *next;  /* the pool's, then the home's */
+        WorkerHome *home; /* where done() runs */
 };
 
 typedef struct WorkerPool WorkerPool;
 
-/* @n_threads workers whose finished jobs are reported to the loop of @base; 0 threads is -EINVAL. */
-int worker_pool_new(struct event_base *base, unsigned n_threads, WorkerPool **ret);
+/* @n_threads workers shared by every loop; 0 threads is -EINVAL. */
+int worker_pool_new(unsigned n_threads, WorkerPool **ret);
 /*
- * Wait for every job submitted (queued ones run too), run their done() callbacks, stop the threads.
- * NULL-safe; returns NULL.
+ * Wait for every job submitted (queued ones run too), run their done() callbacks on the calling thread
+ * (every loop must have stopped), stop the threads, free the homes. NULL-safe; returns NULL.
  */
 WorkerPool *worker_pool_free(WorkerPool *p);
-/* Queue @job; it cannot fail once the pool exists. */
-void worker_submit(WorkerPool *p, WorkerJob *job);
-/* Jobs submitted whose done() has not run yet. */
-size_t worker_pending(const WorkerPool *p);
-/* Run the done() of every job finished so far (the loop does this itself when woken). */
-void worker_reap(WorkerPool *p);
+/*
+ * The place on the loop of @base where finished jobs come back (an eventfd that loop watches); freed with
+ * the pool. -ENOMEM, or the errno of eventfd().
+ */
+int worker_home_new(WorkerPool *p, struct event_base *base, WorkerHome **ret);
+/* Queue @job from the loop of @h; it cannot fail once the pool exists. */
+void worker_submit(WorkerPool *p, WorkerHome *h, WorkerJob *job);
+/* Jobs submitted from @h whose done() has not run yet. */
+size_t worker_pending(const WorkerHome *h);
+/* Run the done() of every job of @h finished so far (its loop does this itself when woken). */
+void worker_reap(WorkerHome *h);

@@ -10,8 +10,8 @@
 #include "model-engines.h"
 
 /* A CPU view of one buffer's bytes, made the first time an engine touches the buffer and dropped when the
- * buffer goes (model_gpuvm_forget): engines look at rings and signals many times a millisecond, and an
- * mmap per access would cost more than the access. */
+ * buffer goes or moves to a file of its own (model_gpuvm_forget): engines look at rings and signals many
+ * times a millisecond, and an mmap per access would cost more than the access. */
 typedef struct ModelView {
         ModelBuf *buf;
         uint8_t *base;
@@ -41,9 +41,11 @@ static ModelView *view_find(struct ModelViews *vs, const ModelBuf *b)
 /*
  * The engines' one way to a buffer's bytes: a CPU pointer to the start of @b, NULL if the model cannot
  * reach them with @access. A userptr BO's pages are the process's own, at their CPU address; any other
- * buffer is reached through a shared mapping of its memfd, which sees exactly what the CPU mappings of
- * the buffer and its exported dmabufs see. This is the function to re-point when buffers change how they
- * are backed.
+ * buffer is reached through a shared mapping made by model_buf_mmap(): of its range of the GPU's backing
+ * file while it is carved, of its own file once it has one. Either sees exactly what the CPU mappings of
+ * the buffer and its exported dmabufs see. The view counts as a CPU mapping of a carve-out, so a carved
+ * buffer's move to a file of its own (its first export) drops it first (model_gpuvm_forget), and the next
+ * access maps the new file.
  */
 static uint8_t *model_buf_bytes(ThunkModel *m, ModelBuf *b, unsigned int access)
 {
@@ -51,8 +53,9 @@ static uint8_t *model_buf_bytes(ThunkModel *m, ModelBuf *b, unsigned int access)
         ModelView *v;
         void *p;
         bool writable = true;
+        int r;
 
-        if (b->memfd < 0)
+        if (b->type == KFD_IOC_ALLOC_MEM_FLAGS_USERPTR)
                 return b->userptr ? (uint8_t *)(uintptr_t)b->userptr : NULL;
         if (!vs) {
                 vs = calloc(1, sizeof(*vs));
@@ -64,14 +67,14 @@ static uint8_t *model_buf_bytes(ThunkModel *m, ModelBuf *b, unsigned int access)
         if (!v) {
                 if (model_grow((void **)&vs->v, &vs->cap, vs->n + 1, sizeof(*vs->v)) < 0)
                         return NULL;
-                p = mmap(NULL, b->size, PROT_READ | PROT_WRITE, MAP_SHARED, b->memfd, 0);
-                if (p == MAP_FAILED) {
+                r = model_buf_mmap(b, NULL, b->size, PROT_READ | PROT_WRITE, MAP_SHARED, &p);
+                if (r == -EACCES) {
                         /* an import of a read-only file: the engines may only read it */
                         writable = false;
-                        p = mmap(NULL, b->size, PROT_READ, MAP_SHARED, b->memfd, 0);
-                        if (p == MAP_FAILED)
-                                return NULL;
+                        r = model_buf_mmap(b, NULL, b->size, PROT_READ, MAP_SHARED, &p);
                 }
+                if (r < 0)
+                        return NULL;
                 vs->last = vs->n;
                 v = &vs->v[vs->n++];
                 *v = (ModelView){.buf = b, .base = p, .size = b->size, .writable = writable};
@@ -126,22 +129,13 @@ static int vm_fault(ModelEngine *e, uint64_t va, bool not_present, bool read_onl
         return -EFAULT;
 }
 
-/* The mapping holding @va, or NULL: the VM's mappings are sorted and never overlap. */
+/* The mapping holding @va, or NULL: mappings never overlap, so it is the first one to end after @va, if
+ * that one starts at or below it. */
 static const ModelMapping *vm_lookup(const ModelVm *vm, uint64_t va)
 {
-        size_t lo = 0, hi = vm ? vm->n : 0;
+        const ModelMapping *mp = vm ? model_vm_first_after(vm, va) : NULL;
 
-        while (lo < hi) {
-                size_t mid = lo + (hi - lo) / 2;
-
-                if (vm->v[mid].end <= va)
-                        lo = mid + 1;
-                else
-                        hi = mid;
-        }
-        if (!vm || lo == vm->n || vm->v[lo].start > va)
-                return NULL;
-        return &vm->v[lo];
+        return mp && mp->start <= va ? mp : NULL;
 }
 
 /* The longest run of [va, va + len) that one mapping covers with @access: a CPU pointer to it and its

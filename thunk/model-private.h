@@ -1,4 +1,4 @@
-/* The KFD model's private data structures, shared by its source files (thunk/model*.c). */
+/* The KFD model's private data structures and internal calls, shared by its source files (thunk/model*.c). */
 #pragma once
 
 #include <pthread.h>
@@ -6,6 +6,7 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+#include "hashmap.h"
 #include "kfd-compat.h"
 #include "model.h"
 
@@ -41,14 +42,43 @@ typedef struct ModelGpu {
 
 struct ModelFile;
 
-/* The backing object of an allocation (what amdgpu calls a BO): one memfd, shared by imports and handles. */
+#define MODEL_HEAP_ORDERS 41 /* blocks of 2^0 ... 2^40 pages */
+
+/* The free blocks of one size, 2^k pages, in a backing file. */
+typedef struct ModelHeapOrder {
+        uint64_t *free; /* page offsets */
+        size_t n_free;
+        size_t cap;  /* at least n_free + held: a free never needs memory */
+        size_t held; /* blocks of this size that buffers hold */
+} ModelHeapOrder;
+
+/* A GPU's backing file (model-mem.c): a memfd the model never hands out, buffers carved out of it. */
+typedef struct ModelHeap {
+        int fd;
+        dev_t dev; /* to find its mappings in /proc/self/maps */
+        ino_t ino;
+        uint64_t end;  /* pages handed out at least once, from 0 */
+        uint64_t size; /* pages the file is sized to */
+        uint64_t used; /* bytes of the blocks buffers hold */
+        ModelHeapOrder orders[MODEL_HEAP_ORDERS];
+} ModelHeap;
+
+/*
+ * The backing object of an allocation (what amdgpu calls a BO), shared by imports and handles. Its memory is
+ * a range of its GPU's backing file, or a file of its own once it can be shared (docs/thunk-model.md:
+ * the sharing rule); a userptr BO has none. model_buf_file() is the one way to its bytes.
+ */
 typedef struct ModelBuf {
         struct ModelBuf *next;
         struct ModelBuf **pprev; /* the pointer to this one: unlinking at a context's teardown is O(1) */
         unsigned int refs;
-        int memfd; /* -1 for userptr */
-        dev_t dev;
+        int memfd; /* a file of its own (shareable buffers, foreign imports), else -1 */
+        dev_t dev; /* of that file */
         ino_t ino;
+        struct ModelBuf *ino_next; /* others under the same key of the model's file index */
+        ModelHeap *heap;           /* carved out of this backing file, else NULL */
+        uint64_t heap_off;         /* bytes */
+        bool cpu_mapped;           /* its carve-out was mapped in this process at least once */
         uint64_t size;
         uint64_t mmap_offset;
         uint32_t type;  /* one KFD type bit: where it lives */
@@ -64,6 +94,7 @@ typedef struct ModelBuf {
 
 struct ModelMem;
 
+/* One VA range of a GPU VM: a node of the VM's tree, which owns it. */
 typedef struct ModelMapping {
         uint64_t start;
         uint64_t end;
@@ -71,12 +102,17 @@ typedef struct ModelMapping {
         struct ModelMem *mem; /* KFD mapping; NULL for GEM_VA */
         uint64_t offset;
         uint32_t gem_flags; /* GEM_VA: the AMDGPU_VM_PAGE_* rights it was made with (KFD: the mem's flags) */
+        struct ModelMapping *left, *right;
+        int height;
 } ModelMapping;
 
+/*
+ * A GPU VM's mappings, which never overlap: an AVL tree by start (so also by end), so that mapping and
+ * unmapping cost O(log n) however many a VM holds, in any order.
+ */
 typedef struct ModelVm {
-        ModelMapping *v;
+        ModelMapping *root;
         size_t n;
-        size_t cap;
 } ModelVm;
 
 typedef struct ModelGem {
@@ -220,8 +256,14 @@ struct ThunkModel {
         int64_t system_used;
         int64_t ttm_used;
         bool xnack_default;
+        bool file_per_buffer; /* every buffer with memory gets a file of its own at allocation */
         uint64_t next_mmap_offset;
         ModelBuf *bufs;
+        uint64_t n_bufs;
+        uint64_t n_buffer_files; /* buffers with a file of their own */
+        HashMap by_offset;       /* mmap_offset -> ModelBuf */
+        HashMap by_ino;          /* inode of a buffer's own file -> ModelBuf (chained by ino_next) */
+        ModelHeap *heaps;        /* one backing file per GPU, in GPU order */
         ModelFile *files;
         ModelCtx *ctxs;
         ModelFd *fds;
@@ -248,12 +290,86 @@ typedef struct Call {
         size_t usize;
 } Call;
 
+/* model.c: objects, fds and dispatch */
 int model_gpu_index(const ThunkModel *m, uint32_t gpu_id);
 int model_grow(void **p, size_t *cap, size_t need, size_t elem);
 ModelFd *model_fd_lookup(ThunkModel *m, int fd);
+/* The lowest free handle id of @pdd for @mem (sets mem->idr); -ENOMEM. */
+int model_idr_alloc(ModelPdd *pdd, ModelMem *mem);
 ModelMem *model_idr_find(ModelPdd *pdd, uint32_t id);
 int model_bind_pdd(Call *c, uint32_t gpu_id, int *ret_idx);
 void model_ctx_unref(ThunkModel *m, ModelCtx *c);
+
+/* model-mem.c: accounting, backing files, buffers, GPU VMs and the memory ioctls */
+/* One backing file per GPU, made with the model and closed with it (after its last buffer). */
+int model_heaps_init(ThunkModel *m);
+void model_heaps_done(ThunkModel *m);
+/* Fills the backing-file and buffer-file counters of @s. */
+void model_heaps_stats(const ThunkModel *m, ThunkModelStats *s);
+/* Where @b's bytes are: a file and the offset of its first byte; -EPERM for a userptr BO (no memory of
+ * the model's). Borrowed: valid while @b keeps its memory where it is (an export may move a carved one). */
+int model_buf_file(const ModelBuf *b, int *ret_fd, uint64_t *ret_off);
+/* mmap(2) of the first @len bytes of @b (at most its size); -EPERM for a userptr BO. */
+int model_buf_mmap(ModelBuf *b, void *addr, size_t len, int prot, int flags, void **ret);
+/* The buffer whose DRM-style fake offset is @mmap_offset, or NULL. */
+ModelBuf *model_buf_at_offset(ThunkModel *m, uint64_t mmap_offset);
+/* Charge @size bytes of KFD memory type @type (VRAM on GPU index @gpu); -ENOMEM over a limit. */
+int model_charge(ThunkModel *m, int gpu, uint32_t type, uint64_t size);
+void model_uncharge(ThunkModel *m, int gpu, uint32_t type, uint64_t size);
+/* Let render file @f mmap @b (the allocating or importing VM's file, a file holding a GEM handle). */
+int model_buf_allow(ModelBuf *b, ModelFile *f);
+/* Forget @f in every buffer's list of files that may mmap it (the file is going away). */
+void model_buf_disallow(ThunkModel *m, ModelFile *f);
+/* Drop a reference; the last one refunds the charge and frees the memory. NULL-safe. */
+void model_buf_unref(ThunkModel *m, ModelBuf *b);
+/* The model's buffer behind dmabuf fd @fd (borrowed), or NULL with *err -EBADF (no open file) or -EINVAL. */
+ModelBuf *model_buf_by_fd(ThunkModel *m, int fd, int *err);
+bool model_fd_read_only(int fd);
+/* A new dmabuf fd of @b (O_CLOEXEC per @flags), read-only unless @writable; -EPERM for a userptr. A carved
+ * buffer first moves to a file of its own: -EBUSY while a CPU mapping of its carve-out is left. */
+int model_buf_export_fd(ThunkModel *m, ModelBuf *b, bool writable, uint32_t flags, int *ret_fd);
+/* The first mapping of @vm that ends after @addr, or NULL. */
+ModelMapping *model_vm_first_after(const ModelVm *vm, uint64_t addr);
+/* The mapping after @mp in address order, or NULL. */
+ModelMapping *model_vm_next(const ModelVm *vm, const ModelMapping *mp);
+bool model_vm_overlaps(const ModelVm *vm, uint64_t start, uint64_t end);
+/* Insert a copy of @mp (its range, buffer, handle, offset); -EINVAL if it overlaps, -ENOMEM. A mapping's
+ * range may later shrink in place: that keeps the order. */
+int model_vm_insert(ModelVm *vm, const ModelMapping *mp);
+/* Remove and free @mp; pointers to other mappings stay valid. */
+void model_vm_remove(ModelVm *vm, ModelMapping *mp);
+/* Free every mapping (the VM's file is going away). */
+void model_vm_clear(ModelVm *vm);
+/* Unmaps @mem everywhere in @c's VMs, drops its buffer and frees it (its context is going away). */
+void model_mem_destroy(ThunkModel *m, ModelCtx *c, ModelMem *mem);
+int model_kfd_alloc_memory_of_gpu(Call *c);
+int model_kfd_free_memory_of_gpu(Call *c);
+int model_kfd_map_memory_to_gpu(Call *c);
+int model_kfd_unmap_memory_from_gpu(Call *c);
+int model_kfd_get_dmabuf_info(Call *c);
+int model_kfd_import_dmabuf(Call *c);
+int model_kfd_export_dmabuf(Call *c);
+int model_kfd_available_memory(Call *c);
+
+/* model-svm.c: the process's CPU mappings, SVM ranges and attributes, XNACK */
+/* Is [start, end) mapped throughout in this process (any protection)? */
+bool model_cpu_range_mapped(uint64_t start, uint64_t end);
+/* The kernel's deferred munmap work: pages of @c's SVM ranges no longer mapped leave them (NULL-safe). */
+int model_svm_flush(ThunkModel *m, ModelCtx *c);
+bool model_svm_overlaps(const ModelCtx *c, uint64_t start, uint64_t end);
+/* Refunds and forgets every SVM range of @c (its context is going away). */
+void model_svm_release(ThunkModel *m, ModelCtx *c);
+int model_kfd_svm(Call *c);
+int model_kfd_set_xnack_mode(Call *c);
+
+/* model-drm.c: render files, GEM handles, PRIME, GEM_MMAP, GEM_VA */
+/* Drop a reference to a render file; the last one closes its GEM handles and frees its VM. NULL-safe. */
+void model_file_unref(ThunkModel *m, ModelFile *f);
+int model_drm_gem_close(Call *c);
+int model_drm_prime_fd_to_handle(Call *c);
+int model_drm_prime_handle_to_fd(Call *c);
+int model_drm_amdgpu_gem_mmap(Call *c);
+int model_drm_amdgpu_gem_va(Call *c);
 
 /* model-queue.c: events, queues, the packet processor and the remaining per-process ioctls */
 int model_kfd_create_queue(Call *c);
@@ -277,6 +393,7 @@ bool model_is_event_page(const ModelCtx *c, uint64_t handle);
 /* Stops and joins the packet processor; called without the model lock. */
 void model_cp_stop(ThunkModel *m);
 
-/* model-gpuvm.c: a buffer is going, so is the engines' view of it; and all of them, when the model goes */
+/* model-gpuvm.c: a buffer is going or moving to a file of its own, so is the engines' view of it (made again
+ * on their next access); and all of them, when the model goes */
 void model_gpuvm_forget(ThunkModel *m, ModelBuf *b);
 void model_gpuvm_release(ThunkModel *m);

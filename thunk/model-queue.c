@@ -114,10 +114,12 @@ static int event_page_from_bo(Call *c, uint64_t handle)
         mem = model_idr_find(&ctx->pdd[g], THUNK_KFD_HANDLE_IDR(handle));
         if (!mem)
                 return -EINVAL;
-        if (mem->buf->memfd >= 0) {
-                p = mmap(NULL, mem->buf->size, PROT_READ | PROT_WRITE, MAP_SHARED, mem->buf->memfd, 0);
-                if (p == MAP_FAILED)
-                        return -errno;
+        if (mem->buf->type != KFD_IOC_ALLOC_MEM_FLAGS_USERPTR) {
+                int r = model_buf_mmap(mem->buf, NULL, mem->buf->size, PROT_READ | PROT_WRITE, MAP_SHARED,
+                                       &p);
+
+                if (r < 0)
+                        return r;
                 ctx->evpage.unmap = true;
         } else if (mem->buf->userptr) {
                 /* the GPU reaches a userptr BO's pages at their CPU address: so does the model */
@@ -459,9 +461,11 @@ void model_cp_stop(ThunkModel *m)
         pthread_mutex_unlock(&m->lock);
         if (running)
                 pthread_join(m->cp_thread, NULL);
+        /* only the engines used the buffer views; they are the model's, under its lock like the rest */
+        pthread_mutex_lock(&m->lock);
         m->cp_running = false;
-        /* only the engines used the buffer views */
         model_gpuvm_release(m);
+        pthread_mutex_unlock(&m->lock);
 }
 
 int model_kfd_create_queue(Call *c)
@@ -716,10 +720,9 @@ int model_kfd_mmap_dev(ThunkModel *m, ModelCtx *ctx, void *addr, size_t len, int
                         g = model_gpu_index(m, THUNK_KFD_HANDLE_GPU(ctx->evpage.handle));
                         if (g >= 0)
                                 mem = model_idr_find(&ctx->pdd[g], THUNK_KFD_HANDLE_IDR(ctx->evpage.handle));
-                        if (!mem || mem->buf->memfd < 0)
+                        if (!mem || mem->buf->type == KFD_IOC_ALLOC_MEM_FLAGS_USERPTR)
                                 return -EINVAL;
-                        fd = mem->buf->memfd;
-                        off = 0;
+                        return model_buf_mmap(mem->buf, addr, len, prot, flags, ret);
                 } else {
                         off = ctx->evpage.dev_off;
                 }

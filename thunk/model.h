@@ -36,6 +36,10 @@ typedef struct ThunkModelOptions {
         uint64_t ttm_limit_bytes;
         /* XNACK mode of new contexts (the kernel's amdgpu.noretry=0 on capable GPUs). */
         bool xnack_enabled;
+        /* Give every buffer with memory a file of its own at allocation (one fd each in this process),
+         * instead of carving those that are not host visible out of their GPU's backing file. For callers
+         * that export buffers they keep mapped and that are not host visible (docs/thunk-model.md). */
+        bool file_per_buffer;
 } ThunkModelOptions;
 
 /* Counters that tests compare before and after an operation: equal means nothing leaked. */
@@ -45,17 +49,22 @@ typedef struct ThunkModelStats {
         uint32_t render_fds;   /* open render-node fds */
         uint32_t render_files; /* render-node DRM files still alive (fds, or held by an acquired VM) */
         uint64_t mems;         /* KFD handles (allocations and imports) over all contexts */
-        uint64_t bufs;         /* backing buffers (one memfd each) */
-        uint64_t imports;      /* KFD handles created by IMPORT_DMABUF */
-        uint64_t mappings;     /* VA mappings in all GPU VMs (KFD MAP and GEM_VA) */
-        uint64_t gem_handles;  /* DRM GEM handles on all render files */
-        uint64_t svm_ranges;   /* SVM ranges of the primary context */
-        uint64_t system_used;  /* bytes charged to the system limit */
-        uint64_t ttm_used;     /* bytes charged to the TTM limit */
+        uint64_t bufs;     /* backing objects of handles (BOs): carved, with a file of their own, userptr */
+        uint64_t imports;  /* KFD handles created by IMPORT_DMABUF */
+        uint64_t mappings; /* VA mappings in all GPU VMs (KFD MAP and GEM_VA) */
+        uint64_t gem_handles; /* DRM GEM handles on all render files */
+        uint64_t svm_ranges;  /* SVM ranges of the primary context */
+        uint64_t system_used; /* bytes charged to the system limit */
+        uint64_t ttm_used;    /* bytes charged to the TTM limit */
         uint32_t n_gpus;
         uint64_t vram_used[THUNK_MODEL_MAX_GPUS]; /* bytes charged to each GPU's VRAM, topology GPU order */
         uint32_t queues;                          /* user-mode queues (CREATE_QUEUE) over all contexts */
         uint32_t events;                          /* events (CREATE_EVENT) over all contexts */
+        uint32_t backing_files;                   /* files buffers are carved out of: one per GPU */
+        uint64_t buffer_files; /* buffers with a file of their own (shareable ones, foreign imports) */
+        uint64_t carved_bytes; /* bytes of the backing files that live buffers hold */
+        uint64_t backing_extent_bytes;   /* offsets of the backing files handed out (freed ones are reused) */
+        uint64_t backing_resident_bytes; /* memory the backing files hold (a freed buffer's is punched out) */
 } ThunkModelStats;
 
 /* Build a model of @topo. -EINVAL for an unsupported kfd_minor or a topology without GPUs, or more than

@@ -7,7 +7,7 @@
 /*
  * Every interaction with the driver goes through these ops: opening /dev/kfd and a render node, an ioctl
  * on one of those fds, an mmap of a device offset, and close. The kernel implementation (seam-kernel.c)
- * calls the real syscalls; the model (model.c) serves the same requests on the kernel's own structs
+ * calls the real syscalls; the model (model*.c) serves the same requests on the kernel's own structs
  * (<linux/kfd_ioctl.h>, kfd-compat.h, <drm/amdgpu_drm.h>), with the kernel's errno rules.
  *
  * All ops return 0 or a negative errno. Fds handed out are real file descriptors with O_CLOEXEC set,

@@ -92,6 +92,18 @@ void *hashmap_get(const HashMap *h, uint64_t key)
         return s == SIZE_MAX ? NULL : h->values[s];
 }
 
+void *hashmap_replace(HashMap *h, uint64_t key, void *value)
+{
+        size_t s = find(h, key);
+        void *v;
+
+        if (s == SIZE_MAX)
+                return NULL;
+        v = h->values[s];
+        h->values[s] = value;
+        return v;
+}
+
 void *hashmap_remove(HashMap *h, uint64_t key)
 {
         size_t s = find(h, key);

@@ -22,6 +22,9 @@ typedef struct HashMap {
 /* Insert @key (non-zero, not UINT64_MAX, not present). 0, -EEXIST, -EINVAL or -ENOMEM. */
 int hashmap_put(HashMap *h, uint64_t key, void *value);
 void *hashmap_get(const HashMap *h, uint64_t key);
+/* Give present @key the value @value, in place (never allocates); returns the old value, or NULL if absent.
+ */
+void *hashmap_replace(HashMap *h, uint64_t key, void *value);
 /* Remove and return the value, or NULL. */
 void *hashmap_remove(HashMap *h, uint64_t key);
 /* Iterate: start with *iter = 0; returns false at the end. The map must not change while iterating. */

@@ -175,6 +175,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
         o.backend = OPT_BACKEND_MODEL;
         o.log_level = LOG_EMERG;
         o.window_size = 128ull << 20; /* bounds what one client can allocate (host memory is populated) */
+        o.loops = 1;                  /* every connection on the one loop this harness runs */
         log_set_level(LOG_EMERG);
         if (manager_new(&mgr, &o) < 0) {
                 fprintf(stderr, "fuzz-request: cannot start the daemon core\n");
@@ -205,7 +206,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 static void run_loop(void)
 {
         /* work handed to the worker threads ends on the loop: wait for all of it */
-        while (mgr->workers && worker_pending(mgr->workers))
+        while (mgr->shards[0].home && worker_pending(mgr->shards[0].home))
                 event_base_loop(mgr->base, EVLOOP_ONCE);
         /* deferred frees and queued writes run from the event loop */
         for (int i = 0; i < 4; i++)
@@ -739,8 +740,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                 check_back_to_base(); /* the first call sets the fd baseline */
         if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0, sv) < 0)
                 abort();
+        manager_lock(mgr);
         if (conn_new(mgr, sv[0], &c) < 0)
                 abort();
+        conn_place(c, &mgr->shards[0]);
+        manager_unlock(mgr);
+        conn_start(c);
         session = rd8(&r);
         if (session & 2)
                 c->ident.uid = 65534; /* an unprivileged identity: admin ops must be refused */
@@ -798,8 +803,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         }
 
         /* the client goes: its connection closes, and everything it held must be released */
-        if (c && !c->dead)
+        if (c && !c->dead) {
+                manager_lock(mgr);
                 conn_kill(c);
+                manager_unlock(mgr);
+        }
         run_loop();
         close(sv[1]);
         /* and the files it was handed: memory freed while they lived (lingering, still charged) is refunded

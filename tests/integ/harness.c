@@ -543,6 +543,27 @@ int daemon_state(Daemon *d, DaemonState *ret)
         return 0;
 }
 
+int daemon_base_state(Daemon *d, DaemonState *ret)
+{
+        int64_t deadline = mono_ms() + (daemon_wrapped() ? 100000 : 10000);
+        int r;
+
+        /* connections closed just before are freed by their loops a moment later: wait until the status
+         * connection is the only client, then take the fds once the daemon has been quiet a while */
+        for (;;) {
+                r = daemon_state(d, ret);
+                if (r < 0)
+                        return r;
+                if (ret->clients <= 1)
+                        break;
+                if (mono_ms() >= deadline)
+                        return -ETIMEDOUT;
+                usleep(10000);
+        }
+        ret->fds = daemon_quiet_fd_count(d);
+        return ret->fds < 0 ? ret->fds : 0;
+}
+
 bool daemon_state_is_base(const DaemonState *s, const DaemonState *base)
 {
         return s->allocations == base->allocations && s->bytes_device == base->bytes_device &&

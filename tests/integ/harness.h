@@ -67,6 +67,8 @@ typedef struct DaemonState {
 
 /* Read the state (the status connection is counted in clients and va_windows, and closed again). */
 int daemon_state(Daemon *d, DaemonState *ret);
+/* The state to come back to: taken once no other client is connected, with the daemon's quiet fd count. */
+int daemon_base_state(Daemon *d, DaemonState *ret);
 /* True when nothing is held beyond @base: its allocations and bytes, the model's counters and fds. */
 bool daemon_state_is_base(const DaemonState *s, const DaemonState *base);
 /* Wait up to @timeout_ms for daemon_state_is_base(); 0, or -ETIMEDOUT with the last state in @ret_last

@@ -258,6 +258,38 @@ static void test_device(void)
         check_back_to_base("device");
 }
 
+/* Device memory that is not host visible is carved out of the model's file per GPU: however many
+ * allocations a client holds, the daemon's fd count stays where it was, until one is exported. */
+static void test_device_fds(void)
+{
+        enum { N = 2000 };
+        gm_client *c = connect_ok("device-fds");
+        static void *p[N];
+        int before, fd = -1;
+
+        if (!c)
+                return;
+        /* the first allocation makes the client's GPU VMs where it has its own (a kfd and render fds) */
+        CHECK_EQ(gm_malloc(c, 4096, gpus[0], 0, &p[0]), 0);
+        before = daemon_quiet_fd_count(&dmn);
+        for (int i = 1; i < N; i++)
+                CHECK_EQ(gm_malloc(c, 4096, gpus[0], 0, &p[i]), 0);
+        CHECK_EQ(daemon_quiet_fd_count(&dmn), before);
+        /* an export gives that one buffer a memory file of its own in the daemon */
+        {
+                gm_pointer_attributes pa = {.struct_size = sizeof(pa)};
+
+                CHECK_EQ(gm_pointer_get_attributes(c, p[7], &pa), 0);
+                CHECK_EQ(gm_mem_export(c, pa.handle, &fd, NULL), 0);
+                close(fd);
+                CHECK_EQ(daemon_quiet_fd_count(&dmn), before + 1);
+        }
+        for (int i = 0; i < N; i++)
+                CHECK_EQ(gm_mem_free(c, p[i]), 0);
+        gm_client_close(c);
+        check_back_to_base("device fds");
+}
+
 /* ---- host memory --------------------------------------------------------------------------------------- */
 
 static void test_host(void)
@@ -784,10 +816,99 @@ static void test_killed_mid_sequence(void)
         check_back_to_base("killed mid-sequence");
 }
 
+/* The class's usage of @res (all GPUs), read over a connection of its own. */
+static uint64_t class_used(const char *cls, int res)
+{
+        gm_client *c = connect_ok("quota");
+        gm_quota *q = NULL;
+        size_t n = 0;
+        uint64_t used = UINT64_MAX;
+
+        if (!c)
+                return used;
+        CHECK_EQ(gm_admin_quota_get(c, cls, &q, &n), 0);
+        for (size_t i = 0; i < n; i++)
+                if (q[i].resource == res && q[i].gpu_id == 0)
+                        used = q[i].used;
+        gm_quota_free(q, n);
+        gm_client_close(c);
+        return used;
+}
+
+/*
+ * Clients of one class allocating and freeing at once, spread over the daemon's loops: while they hold
+ * what they kept, the class's account holds exactly that; once they are gone, nothing.
+ */
+static void test_concurrent_accounts(void)
+{
+        enum { CLIENTS = 8, ROUNDS = 200 };
+        uint64_t vram0 = class_used("default", GM_RESOURCE_VRAM);
+        uint64_t host0 = class_used("default", GM_RESOURCE_HOST);
+        uint64_t handles0 = class_used("default", GM_RESOURCE_HANDLES);
+        uint64_t want_vram = 0, want_host = 0, want_handles = 0;
+        int ready[2], go[2];
+        pid_t pids[CLIENTS];
+
+        CHECK_EQ(pipe2(ready, O_CLOEXEC), 0);
+        CHECK_EQ(pipe2(go, O_CLOEXEC), 0);
+        for (int i = 0; i < CLIENTS; i++) {
+                want_vram += (uint64_t)(i % 3 + 1) * 2 * MiB;
+                want_host += (uint64_t)(i % 2 + 1) * MiB;
+                want_handles += (uint64_t)(i % 3 + 1) + (uint64_t)(i % 2 + 1);
+                pids[i] = fork();
+                if (pids[i] == 0) {
+                        gm_client *c = NULL;
+                        void *d[4], *h[4];
+                        char ch = 'x';
+                        close(ready[0]);
+                        close(go[1]);
+                        if (gm_client_connect(dmn.sock, "concurrent", &c) < 0)
+                                _exit(1);
+                        for (int round = 0; round < ROUNDS; round++) {
+                                if (gm_malloc(c, 2 * MiB, gpus[round % n_gpus], 0, &d[0]) < 0 ||
+                                    gm_host_malloc(c, MiB, 0, -1, 0, &h[0]) < 0 || gm_mem_free(c, d[0]) < 0 ||
+                                    gm_mem_free(c, h[0]) < 0)
+                                        _exit(2);
+                        }
+                        for (int k = 0; k < i % 3 + 1; k++)
+                                if (gm_malloc(c, 2 * MiB, gpus[k % n_gpus], 0, &d[k]) < 0)
+                                        _exit(3);
+                        for (int k = 0; k < i % 2 + 1; k++)
+                                if (gm_host_malloc(c, MiB, 0, -1, 0, &h[k]) < 0)
+                                        _exit(4);
+                        if (write(ready[1], &ch, 1) != 1 || read(go[0], &ch, 1) < 0)
+                                _exit(5);
+                        gm_client_close(c); /* what it kept goes with its connection */
+                        _exit(0);
+                }
+        }
+        close(ready[1]);
+        close(go[0]);
+        for (int i = 0; i < CLIENTS; i++) {
+                char ch;
+                CHECK_EQ(read(ready[0], &ch, 1), 1);
+        }
+        CHECK_EQ(class_used("default", GM_RESOURCE_VRAM) - vram0, want_vram);
+        CHECK_EQ(class_used("default", GM_RESOURCE_HOST) - host0, want_host);
+        CHECK_EQ(class_used("default", GM_RESOURCE_HANDLES) - handles0, want_handles);
+        close(go[1]); /* all of them go at once */
+        for (int i = 0; i < CLIENTS; i++) {
+                int st = -1;
+                CHECK_EQ(waitpid(pids[i], &st, 0), pids[i]);
+                CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+        }
+        close(ready[0]);
+        check_back_to_base("concurrent clients");
+        CHECK_EQ(class_used("default", GM_RESOURCE_VRAM), vram0);
+        CHECK_EQ(class_used("default", GM_RESOURCE_HOST), host0);
+        CHECK_EQ(class_used("default", GM_RESOURCE_HANDLES), handles0);
+}
+
 int main(int argc, char **argv)
 {
         static const TestCase cases[] = {
                 {"device memory", test_device},
+                {"device memory costs the daemon no fd", test_device_fds},
                 {"host memory", test_host},
                 {"managed memory", test_managed},
                 {"VMM", test_vmm},
@@ -795,6 +916,7 @@ int main(int argc, char **argv)
                 {"isolation between clients", test_isolation},
                 {"GPU VMs per client", test_private_vm},
                 {"clients SIGKILLed mid-sequence", test_killed_mid_sequence},
+                {"concurrent clients of one class keep its account exact", test_concurrent_accounts},
         };
         char minor[16];
         const char *extra[] = {"--model-kfd-minor", minor, NULL};
@@ -809,7 +931,8 @@ int main(int argc, char **argv)
                 kfd_minor = (unsigned)atoi(argv[2]);
         snprintf(minor, sizeof(minor), "%u", kfd_minor);
         signal(SIGPIPE, SIG_IGN);
-        r = daemon_start(&dmn, preset, "[daemon]\nlog-level = warning\n", extra);
+        /* more loops than this machine may have CPUs: clients land on different loops */
+        r = daemon_start(&dmn, preset, "[daemon]\nlog-level = warning\nloops = 4\n", extra);
         if (r < 0) {
                 fprintf(stderr, "cannot start gpumemd: %s\n", strerror(-r));
                 daemon_cleanup(&dmn);

@@ -243,7 +243,7 @@ int main(void)
         gm_topology_free(t);
         gm_client_close(c);
         usleep(100000);
-        CHECK_EQ(daemon_state(&dmn, &base), 0);
+        CHECK_EQ(daemon_base_state(&dmn, &base), 0);
         base.fds = daemon_quiet_fd_count(&dmn);
         r = run_tests(cases, ARRAY_SIZE(cases));
         if (daemon_stop(&dmn) != 0)

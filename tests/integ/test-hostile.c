@@ -52,7 +52,7 @@ static int start(const char *config)
         gm_topology_free(t);
         gm_client_close(c);
         if (r == 0)
-                r = daemon_state(&dmn, &base);
+                r = daemon_base_state(&dmn, &base);
         return r;
 }
 

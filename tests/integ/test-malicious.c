@@ -1202,7 +1202,7 @@ int main(int argc, char **argv)
                 daemon_cleanup(&dmn);
                 return r;
         }
-        r = daemon_state(&dmn, &base);
+        r = daemon_base_state(&dmn, &base);
         base.fds = daemon_quiet_fd_count(&dmn);
         CHECK_EQ(gm_client_connect(dmn.sock, "setup", &c), 0);
         if (r < 0 || !c || gm_topology_get(c, false, &t) < 0) {

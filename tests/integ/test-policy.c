@@ -248,8 +248,20 @@ static int alpha_paths(void *arg)
         EXPECT(gm_host_malloc(c, 4096, g0, -1, 0, &h2) == 0);
         r = gm_malloc_managed(c, 4096, 0, &m2);
         EXPECT(r == -EDQUOT && reason_has(c, r, "fd limit"));
-        EXPECT(gm_mem_free(c, h2) == 0); /* the VMM handle's memory file is the 4th */
+        EXPECT(gm_mem_free(c, h2) == 0);
+        /* a VMM handle holds no fd until its first export (or grant): then the model's memory file is one */
         EXPECT(gm_mem_create(c, 2 * MiB, g1, 0, &vh) == 0);
+        EXPECT(gm_host_malloc(c, 4096, g0, -1, 0, &h2) == 0);
+        {
+                int vfd = -1;
+
+                r = gm_mem_export(c, vh, &vfd, NULL);
+                EXPECT(r == -EDQUOT && reason_has(c, r, "fd limit"));
+                EXPECT(gm_mem_free(c, h2) == 0);
+                EXPECT(gm_mem_export(c, vh, &vfd, NULL) == 0);
+                if (vfd >= 0)
+                        close(vfd);
+        }
         EXPECT(gm_mem_address_reserve(c, 2 * MiB, 0, NULL, 0, &res) == 0);
         EXPECT(gm_pointer_get_attributes(c, d, &pa) == 0);
         EXPECT(gm_mem_export(c, pa.handle, &fd, NULL) == 0);
@@ -303,7 +315,8 @@ static void test_every_path(void)
                 CHECK_EQ(class_used("alpha", GM_RESOURCE_HOST, 0), 3 * MiB); /* the 4 KiB one was freed */
                 CHECK_EQ(class_used("alpha", GM_RESOURCE_MANAGED, 0), 3 * MiB);
                 CHECK_EQ(class_used("alpha", GM_RESOURCE_HANDLES, 0), 6);
-                CHECK_EQ(class_used("alpha", GM_RESOURCE_FDS, 0), 4); /* device, host, managed, VMM */
+                CHECK_EQ(class_used("alpha", GM_RESOURCE_FDS, 0),
+                         4); /* device, host, managed, VMM exported */
                 check_ledger_matches_model("every path");
                 (void)!write(sv[0], "k", 1);
         }

@@ -6,6 +6,7 @@
 #include <string.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <drm.h>
@@ -482,6 +483,173 @@ static int test_sdma(void)
         return ex_teardown(&x);
 }
 
+/* Mappings of the model's per-GPU backing files in this process (the memfd's name in /proc/self/maps). */
+static int heap_mappings(void)
+{
+        FILE *f = fopen("/proc/self/maps", "re");
+        char line[512];
+        int n = 0;
+
+        if (!f)
+                return -1;
+        while (fgets(line, sizeof(line), f))
+                if (strstr(line, "gpumem-heap"))
+                        n++;
+        fclose(f);
+        return n;
+}
+
+static int export_fd(Ex *x, uint64_t handle, int *ret_fd)
+{
+        struct kfd_ioctl_export_dmabuf_args a = {.handle = handle, .flags = O_CLOEXEC};
+        int r = io(x, x->kfd, AMDKFD_IOC_EXPORT_DMABUF, &a);
+
+        *ret_fd = (int)a.dmabuf_fd;
+        return r;
+}
+
+static int free_unmapped(Ex *x, uint64_t handle)
+{
+        uint32_t id = GPU;
+        struct kfd_ioctl_unmap_memory_from_gpu_args u = {
+                .handle = handle, .device_ids_array_ptr = (uintptr_t)&id, .n_devices = 1};
+        struct kfd_ioctl_free_memory_of_gpu_args f = {.handle = handle};
+        int r = io(x, x->kfd, AMDKFD_IOC_UNMAP_MEMORY_FROM_GPU, &u);
+
+        return r < 0 ? r : io(x, x->kfd, AMDKFD_IOC_FREE_MEMORY_OF_GPU, &f);
+}
+
+/*
+ * A carved buffer (VRAM that is not host visible) that an SDMA copy wrote into can still be exported: the
+ * engines' own view of its carve-out does not count as a CPU mapping left, the export shows the copied
+ * bytes, and the engines then reach the buffer's new file, not the old pages. A carved buffer's view goes
+ * with the buffer.
+ */
+static int test_sdma_export(void)
+{
+        Ex x;
+        Q q;
+        uint8_t *a, *d;
+        volatile uint32_t *w;
+        uint64_t hv = 0, hc = 0;
+        struct kfd_ioctl_alloc_memory_of_gpu_args al = {.va_addr = VRAM_VA,
+                                                        .size = 8 * PAGE,
+                                                        .gpu_id = GPU,
+                                                        .flags = KFD_IOC_ALLOC_MEM_FLAGS_VRAM | WRITABLE};
+        ThunkModelStats s;
+        int fd = -1, fd2 = -1;
+
+        CHECK_RC(ex_setup(&x), 0);
+        a = host(&x, 8 * PAGE, WRITABLE, NULL);
+        w = host(&x, PAGE, WRITABLE, NULL);
+        CHECK(a && w);
+        CHECK_RC(queue(&x, &q, KFD_IOC_QUEUE_TYPE_SDMA), 0);
+        CHECK_RC(io(&x, x.kfd, AMDKFD_IOC_ALLOC_MEMORY_OF_GPU, &al), 0);
+        hv = al.handle;
+        CHECK_RC(map(&x, hv), 0);
+        thunk_model_get_stats(x.m, &s);
+        CHECK(s.buffer_files == 0 && s.carved_bytes == 8 * PAGE);
+        CHECK(heap_mappings() == 0);
+
+        /* host -> carved VRAM, then a fence: the engine now holds a view of the carve-out */
+        for (int i = 0; i < 4 * (int)PAGE; i++)
+                a[i] = (uint8_t)(i * 7 + 3);
+        {
+                const uint32_t p[] = {
+                        SDMA_COPY,           4 * PAGE - 1, 0,     lo(a), hi(a), lo((void *)VRAM_VA),
+                        hi((void *)VRAM_VA), SDMA_FENCE,   lo(w), hi(w), 1};
+
+                submit(&q, p, 11);
+                CHECK(until32(&x, &w[0], 1));
+        }
+        CHECK(heap_mappings() == 1);
+
+        /* the first export moves it to a file of its own, with the copied bytes; the view goes first */
+        CHECK_RC(export_fd(&x, hv, &fd), 0);
+        thunk_model_get_stats(x.m, &s);
+        CHECK(s.buffer_files == 1 && s.carved_bytes == 0);
+        CHECK(heap_mappings() == 0);
+        d = mmap(NULL, 8 * PAGE, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        CHECK(d != MAP_FAILED);
+        CHECK(memcmp(d, a, 4 * PAGE) == 0);
+        for (uint64_t i = 4 * PAGE; i < 8 * PAGE; i++)
+                CHECK(d[i] == 0);
+
+        /* the engine writes the new file now: a write and a copy show through the export, and a copy out of
+         * it reads what a CPU write through the export put there */
+        d[6 * PAGE] = 0x5a;
+        {
+                const uint32_t p[] = {SDMA_WRITE,
+                                      lo((void *)(VRAM_VA + 5 * PAGE)),
+                                      hi((void *)(VRAM_VA + 5 * PAGE)),
+                                      1,
+                                      0x11223344,
+                                      0x55667788,
+                                      SDMA_COPY,
+                                      PAGE - 1,
+                                      0,
+                                      lo(a),
+                                      hi(a),
+                                      lo((void *)(VRAM_VA + 4 * PAGE)),
+                                      hi((void *)(VRAM_VA + 4 * PAGE)),
+                                      SDMA_COPY,
+                                      PAGE - 1,
+                                      0,
+                                      lo((void *)(VRAM_VA + 6 * PAGE)),
+                                      hi((void *)(VRAM_VA + 6 * PAGE)),
+                                      lo(a + 6 * PAGE),
+                                      hi(a + 6 * PAGE),
+                                      SDMA_FENCE,
+                                      lo(w),
+                                      hi(w),
+                                      2};
+
+                submit(&q, p, 24);
+                CHECK(until32(&x, &w[0], 2));
+        }
+        CHECK(((uint32_t *)(d + 5 * PAGE))[0] == 0x11223344 && ((uint32_t *)(d + 5 * PAGE))[1] == 0x55667788);
+        CHECK(memcmp(d + 4 * PAGE, a, PAGE) == 0);
+        CHECK(a[6 * PAGE] == 0x5a && a[6 * PAGE + 1] == 0);
+        CHECK(heap_mappings() == 0);
+        /* a second export is the same file again */
+        {
+                struct stat st, st2;
+
+                CHECK_RC(export_fd(&x, hv, &fd2), 0);
+                CHECK(fstat(fd, &st) == 0 && fstat(fd2, &st2) == 0 && st.st_ino == st2.st_ino);
+                close(fd2);
+        }
+        CHECK(munmap(d, 8 * PAGE) == 0);
+        close(fd);
+        CHECK_RC(free_unmapped(&x, hv), 0);
+
+        /* a carved buffer the engine touched and that is freed: its view goes with it */
+        al.va_addr = VRAM_VA + 64 * PAGE;
+        al.size = PAGE;
+        CHECK_RC(io(&x, x.kfd, AMDKFD_IOC_ALLOC_MEMORY_OF_GPU, &al), 0);
+        hc = al.handle;
+        CHECK_RC(map(&x, hc), 0);
+        {
+                const uint32_t p[] = {SDMA_FENCE,
+                                      lo((void *)(VRAM_VA + 64 * PAGE)),
+                                      hi((void *)(VRAM_VA + 64 * PAGE)),
+                                      9,
+                                      SDMA_FENCE,
+                                      lo(w),
+                                      hi(w),
+                                      3};
+
+                submit(&q, p, 8);
+                CHECK(until32(&x, &w[0], 3));
+        }
+        CHECK(heap_mappings() == 1);
+        CHECK_RC(free_unmapped(&x, hc), 0);
+        CHECK(heap_mappings() == 0);
+        thunk_model_get_stats(x.m, &s);
+        CHECK(s.carved_bytes == 0 && s.backing_resident_bytes == 0);
+        return ex_teardown(&x);
+}
+
 /* ------------------------------------------------------------------ PM4 */
 
 static int test_pm4(void)
@@ -863,6 +1031,7 @@ typedef struct TestCase {
 
 static const TestCase tests[] = {
         {"sdma", test_sdma},
+        {"sdma-export", test_sdma_export},
         {"pm4", test_pm4},
         {"faults-sdma", test_faults_sdma},
         {"faults-pm4", test_faults_pm4},

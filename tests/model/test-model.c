@@ -1,4 +1,5 @@
 /* Tests of the KFD model, driven through the seam with the kernel's ioctl structs. */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -7,6 +8,7 @@
 #include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -2017,6 +2019,302 @@ static int test_threads(void)
         return 0;
 }
 
+/* ------------------------------------------------------------------ carved buffers */
+
+#define VRAM_PRIV VRAM_RW /* not host visible: carved out of its GPU's backing file */
+
+static int map_cpu(Fx *f, int render, uint64_t off, size_t len, unsigned char **ret)
+{
+        return f->seam.ops->mmap(f->seam.impl, NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, render, off,
+                                 (void **)ret);
+}
+
+static bool all_bytes(const unsigned char *p, size_t len, unsigned char v)
+{
+        for (size_t i = 0; i < len; i++)
+                if (p[i] != v)
+                        return false;
+        return true;
+}
+
+/* Buffers carved out of one backing file are neighbours in it, and still never see each other's bytes. */
+static int test_carve(void)
+{
+        Fx f;
+        uint64_t h[3] = {0}, off[3] = {0};
+        unsigned char *p[3] = {NULL};
+        const uint64_t size[3] = {2 * PAGE, PAGE, 3 * PAGE};
+        ThunkModelStats s;
+
+        CHECK_RC(fx_setup(&f, 19), 0);
+        CHECK(f.empty.backing_files == 3 && f.empty.buffer_files == 0 && f.empty.carved_bytes == 0);
+        for (int i = 0; i < 3; i++)
+                CHECK_RC(alloc_bo(&f, f.kfd, G0, 0x100000 * (uint64_t)(i + 1), size[i], VRAM_PRIV, &h[i],
+                                  &off[i]),
+                         0);
+        thunk_model_get_stats(f.m, &s);
+        CHECK(s.bufs == 3 && s.buffer_files == 0);
+        CHECK(s.carved_bytes == 2 * PAGE + PAGE + 4 * PAGE); /* blocks of 2^k pages */
+        for (int i = 0; i < 3; i++) {
+                CHECK_RC(map_cpu(&f, f.render[0], off[i], size[i], &p[i]), 0);
+                CHECK(all_bytes(p[i], size[i], 0)); /* VRAM starts wiped */
+        }
+        for (int i = 0; i < 3; i++)
+                memset(p[i], 0x11 * (i + 1), size[i]);
+        for (int i = 0; i < 3; i++)
+                CHECK(all_bytes(p[i], size[i], (unsigned char)(0x11 * (i + 1))));
+        /* a second mapping of one buffer is the same pages, and stops at its end */
+        {
+                unsigned char *q = NULL;
+
+                CHECK_RC(map_cpu(&f, f.render[0], off[1], PAGE, &q), 0);
+                q[7] = 0x77;
+                CHECK(p[1][7] == 0x77);
+                CHECK(munmap(q, PAGE) == 0);
+                CHECK_RC(map_cpu(&f, f.render[0], off[1], 2 * PAGE, &q), -EINVAL);
+        }
+        thunk_model_get_stats(f.m, &s);
+        CHECK(s.backing_resident_bytes >= 6 * PAGE);
+        for (int i = 0; i < 3; i++) {
+                CHECK(munmap(p[i], size[i]) == 0);
+                CHECK_RC(free_bo(&f, f.kfd, h[i]), 0);
+        }
+        thunk_model_get_stats(f.m, &s);
+        CHECK(s.carved_bytes == 0 && s.backing_resident_bytes == 0 && s.backing_extent_bytes == 0);
+        CHECK_RC(fx_teardown(&f), 0);
+        return 0;
+}
+
+/* A freed carve-out is punched out (its memory goes back) and given to the next buffer, wiped. */
+static int test_carve_free(void)
+{
+        Fx f;
+        uint64_t keep = 0, h = 0, off = 0, extent;
+        unsigned char *p = NULL;
+        ThunkModelStats s;
+
+        CHECK_RC(fx_setup(&f, 19), 0);
+        /* a buffer that stays, so the backing file is never empty and keeps its offsets */
+        CHECK_RC(alloc_bo(&f, f.kfd, G0, 0x100000, PAGE, VRAM_PRIV, &keep, NULL), 0);
+        CHECK_RC(alloc_bo(&f, f.kfd, G0, 0x200000, 4 * PAGE, VRAM_PRIV, &h, &off), 0);
+        CHECK_RC(map_cpu(&f, f.render[0], off, 4 * PAGE, &p), 0);
+        memset(p, 0xa5, 4 * PAGE);
+        CHECK(munmap(p, 4 * PAGE) == 0);
+        thunk_model_get_stats(f.m, &s);
+        CHECK(s.carved_bytes == 5 * PAGE && s.backing_resident_bytes >= 4 * PAGE);
+        extent = s.backing_extent_bytes;
+        CHECK_RC(free_bo(&f, f.kfd, h), 0);
+        thunk_model_get_stats(f.m, &s);
+        CHECK(s.carved_bytes == PAGE && s.backing_resident_bytes == 0);
+        CHECK(s.backing_extent_bytes == extent);
+        /* the same offsets again, with nothing of the old bytes */
+        CHECK_RC(alloc_bo(&f, f.kfd, G0, 0x200000, 4 * PAGE, VRAM_PRIV, &h, &off), 0);
+        CHECK_RC(map_cpu(&f, f.render[0], off, 4 * PAGE, &p), 0);
+        CHECK(all_bytes(p, 4 * PAGE, 0));
+        CHECK(munmap(p, 4 * PAGE) == 0);
+        CHECK_RC(free_bo(&f, f.kfd, h), 0);
+        /* many allocations and frees reuse what was freed: once each size had a block, the file does not
+         * grow */
+        for (int i = 0; i < 4; i++) {
+                CHECK_RC(alloc_bo(&f, f.kfd, G0, 0x200000, (uint64_t)(1 + i) * PAGE, VRAM_PRIV, &h, NULL), 0);
+                CHECK_RC(free_bo(&f, f.kfd, h), 0);
+        }
+        thunk_model_get_stats(f.m, &s);
+        CHECK(s.backing_extent_bytes > extent);
+        extent = s.backing_extent_bytes;
+        for (int i = 0; i < 1000; i++) {
+                CHECK_RC(alloc_bo(&f, f.kfd, G0, 0x200000, (uint64_t)(1 + i % 4) * PAGE, VRAM_PRIV, &h, NULL),
+                         0);
+                CHECK_RC(free_bo(&f, f.kfd, h), 0);
+        }
+        thunk_model_get_stats(f.m, &s);
+        CHECK(s.backing_extent_bytes == extent && s.carved_bytes == PAGE);
+        /* the last buffer out empties the file */
+        CHECK_RC(free_bo(&f, f.kfd, keep), 0);
+        thunk_model_get_stats(f.m, &s);
+        CHECK(s.backing_extent_bytes == 0 && s.carved_bytes == 0);
+        CHECK_RC(fx_teardown(&f), 0);
+        return 0;
+}
+
+static int export_bo(Fx *f, uint64_t handle, int *ret_fd)
+{
+        struct kfd_ioctl_export_dmabuf_args ex = {.handle = handle, .flags = O_CLOEXEC};
+        int r = io(f, f->kfd, AMDKFD_IOC_EXPORT_DMABUF, &ex);
+
+        if (r == 0)
+                *ret_fd = (int)ex.dmabuf_fd;
+        return r;
+}
+
+/* Exporting a carved buffer moves it to a file of its own with its bytes: the fd shows that buffer only. */
+static int test_carve_export(void)
+{
+        Fx f;
+        uint64_t ha = 0, hb = 0, hp = 0, offa = 0, offb = 0;
+        unsigned char *pa = NULL, *pb = NULL, *q = NULL;
+        struct stat st;
+        ThunkModelStats s;
+        int fd = -1;
+
+        CHECK_RC(fx_setup(&f, 19), 0);
+        CHECK_RC(alloc_bo(&f, f.kfd, G0, 0x100000, 2 * PAGE, VRAM_PRIV, &ha, &offa), 0);
+        CHECK_RC(alloc_bo(&f, f.kfd, G0, 0x200000, 2 * PAGE, VRAM_PRIV, &hb, &offb), 0);
+        CHECK_RC(map_cpu(&f, f.render[0], offa, 2 * PAGE, &pa), 0);
+        CHECK_RC(map_cpu(&f, f.render[0], offb, 2 * PAGE, &pb), 0);
+        memset(pa, 0x3c, PAGE); /* the second page of a stays a hole */
+        memset(pb, 0xc3, 2 * PAGE);
+        /* a mapping of its carve-out would not follow the move: refused while one is left */
+        CHECK_RC(export_bo(&f, ha, &fd), -EBUSY);
+        CHECK(munmap(pa, 2 * PAGE) == 0);
+        CHECK_RC(export_bo(&f, ha, &fd), 0);
+        thunk_model_get_stats(f.m, &s);
+        CHECK(s.buffer_files == 1 && s.carved_bytes == 2 * PAGE);
+        /* the dmabuf is a's bytes and nothing else: its own file, of its size */
+        CHECK(fstat(fd, &st) == 0 && (uint64_t)st.st_size == 2 * PAGE);
+        q = mmap(NULL, 2 * PAGE, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        CHECK(q != MAP_FAILED);
+        CHECK(all_bytes(q, PAGE, 0x3c) && all_bytes(q + PAGE, PAGE, 0));
+        /* the render fd now maps the same file: a write through the dmabuf shows there */
+        q[PAGE + 1] = 0x99;
+        CHECK(munmap(q, 2 * PAGE) == 0);
+        CHECK_RC(map_cpu(&f, f.render[0], offa, 2 * PAGE, &pa), 0);
+        CHECK(pa[PAGE + 1] == 0x99 && pa[0] == 0x3c);
+        /* b kept its bytes in the backing file; a second export of a is the same file again */
+        CHECK(all_bytes(pb, 2 * PAGE, 0xc3));
+        {
+                int fd2 = -1;
+                struct stat st2;
+
+                CHECK_RC(export_bo(&f, ha, &fd2), 0);
+                CHECK(fstat(fd2, &st2) == 0 && st2.st_ino == st.st_ino);
+                close(fd2);
+        }
+        /* an import of the export is the same buffer */
+        {
+                struct kfd_ioctl_import_dmabuf_args im = {
+                        .va_addr = 0x400000, .gpu_id = G1, .dmabuf_fd = (uint32_t)fd};
+
+                CHECK_RC(io(&f, f.kfd, AMDKFD_IOC_IMPORT_DMABUF, &im), 0);
+                thunk_model_get_stats(f.m, &s);
+                CHECK(s.bufs == 2 && s.imports == 1);
+                CHECK_RC(free_bo(&f, f.kfd, im.handle), 0);
+        }
+        /* host-visible VRAM has its own file from the start */
+        CHECK_RC(alloc_bo(&f, f.kfd, G0, 0x800000, PAGE, VRAM_RW | KFD_IOC_ALLOC_MEM_FLAGS_PUBLIC, &hp, NULL),
+                 0);
+        thunk_model_get_stats(f.m, &s);
+        CHECK(s.buffer_files == 2 && s.carved_bytes == 2 * PAGE);
+        CHECK_RC(free_bo(&f, f.kfd, hp), 0);
+        CHECK(munmap(pa, 2 * PAGE) == 0);
+        CHECK(munmap(pb, 2 * PAGE) == 0);
+        close(fd);
+        CHECK_RC(free_bo(&f, f.kfd, ha), 0);
+        CHECK_RC(free_bo(&f, f.kfd, hb), 0);
+        CHECK_RC(fx_teardown(&f), 0);
+
+        /* file_per_buffer: every buffer gets its file at allocation, and exports while it is mapped */
+        {
+                ThunkModelOptions o = {.kfd_minor = 19, .file_per_buffer = true};
+                ThunkModel *m = NULL;
+                ThunkTopology *t = topo_make(3, std_gpus, 64 * GiB);
+                Fx g;
+
+                memset(&g, 0, sizeof(g));
+                CHECK_RC(thunk_model_new(t, &o, &m), 0);
+                topo_free(t);
+                g.m = m;
+                thunk_model_seam(m, &g.seam);
+                CHECK_RC(g.seam.ops->open_kfd(g.seam.impl, &g.kfd), 0);
+                CHECK_RC(g.seam.ops->open_render(g.seam.impl, 128, &g.render[0]), 0);
+                CHECK_RC(fx_acquire(&g, g.kfd, g.render[0], G0), 0);
+                CHECK_RC(alloc_bo(&g, g.kfd, G0, 0x100000, PAGE, VRAM_PRIV, &ha, &offa), 0);
+                CHECK_RC(map_cpu(&g, g.render[0], offa, PAGE, &pa), 0);
+                pa[0] = 5;
+                CHECK_RC(export_bo(&g, ha, &fd), 0);
+                q = mmap(NULL, PAGE, PROT_READ, MAP_SHARED, fd, 0);
+                CHECK(q != MAP_FAILED && q[0] == 5);
+                thunk_model_get_stats(m, &s);
+                CHECK(s.buffer_files == 1 && s.carved_bytes == 0);
+                CHECK(munmap(q, PAGE) == 0 && munmap(pa, PAGE) == 0);
+                close(fd);
+                CHECK_RC(free_bo(&g, g.kfd, ha), 0);
+                thunk_model_free(m);
+        }
+        return 0;
+}
+
+static int count_fds(void)
+{
+        DIR *d = opendir("/proc/self/fd");
+        struct dirent *e;
+        int n = 0;
+
+        if (!d)
+                return -1;
+        while ((e = readdir(d)))
+                if (e->d_name[0] != '.')
+                        n++;
+        closedir(d);
+        return n;
+}
+
+/* Carved buffers cost the process no fd: its count stays flat over many live allocations. */
+static int test_carve_fds(void)
+{
+        enum { N = 5000 };
+        static uint64_t h[N];
+        const uint32_t ids[] = {G0};
+        ThunkModelStats s;
+        Fx f;
+        int before;
+
+        CHECK_RC(fx_setup(&f, 19), 0);
+        before = count_fds();
+        CHECK(before > 0);
+        for (int i = 0; i < N; i++) {
+                CHECK_RC(alloc_bo(&f, f.kfd, G0, 0x10000000 + (uint64_t)i * 2 * PAGE, PAGE, VRAM_PRIV, &h[i],
+                                  NULL),
+                         0);
+                CHECK_RC(map_bo(&f, f.kfd, true, h[i], ids, 1, NULL), 0);
+        }
+        CHECK(count_fds() == before);
+        thunk_model_get_stats(f.m, &s);
+        CHECK(s.bufs == N && s.buffer_files == 0 && s.carved_bytes == N * PAGE && s.mappings == N);
+        /* unmapped and freed out of order (7919 is prime to N): the VM stays exact throughout */
+        for (int k = 0; k < N; k++) {
+                int i = (int)(((uint64_t)k * 7919) % N);
+
+                CHECK_RC(map_bo(&f, f.kfd, false, h[i], ids, 1, NULL), 0);
+                CHECK_RC(free_bo(&f, f.kfd, h[i]), 0);
+                h[i] = 0;
+                if (k == N / 2) {
+                        uint64_t x = 0;
+                        int live = i + 1 < N && h[i + 1] ? i + 1 : -1;
+
+                        /* where a freed one was is free; where a live one is, is not */
+                        CHECK_RC(alloc_bo(&f, f.kfd, G0, 0x10000000 + (uint64_t)i * 2 * PAGE, PAGE, VRAM_PRIV,
+                                          &x, NULL),
+                                 0);
+                        CHECK_RC(map_bo(&f, f.kfd, true, x, ids, 1, NULL), 0);
+                        CHECK_RC(map_bo(&f, f.kfd, false, x, ids, 1, NULL), 0);
+                        CHECK_RC(free_bo(&f, f.kfd, x), 0);
+                        if (live >= 0) {
+                                CHECK_RC(alloc_bo(&f, f.kfd, G0, 0x10000000 + (uint64_t)live * 2 * PAGE, PAGE,
+                                                  VRAM_PRIV, &x, NULL),
+                                         0);
+                                CHECK_RC(map_bo(&f, f.kfd, true, x, ids, 1, NULL), -EINVAL);
+                                CHECK_RC(free_bo(&f, f.kfd, x), 0);
+                        }
+                        thunk_model_get_stats(f.m, &s);
+                        CHECK(s.mappings == N - (uint64_t)k - 1);
+                }
+        }
+        CHECK(count_fds() == before);
+        CHECK_RC(fx_teardown(&f), 0);
+        return 0;
+}
+
 /* ------------------------------------------------------------------ runner */
 
 typedef struct TestCase {
@@ -2052,6 +2350,10 @@ static const TestCase tests[] = {
         {"threads", test_threads},
         {"events", test_events},
         {"queues", test_queues},
+        {"carve", test_carve},
+        {"carve-free", test_carve_free},
+        {"carve-export", test_carve_export},
+        {"carve-fds", test_carve_fds},
 };
 
 int main(int argc, char **argv)

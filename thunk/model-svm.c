@@ -1,0 +1,594 @@
+/* The software KFD's SVM: the process's CPU mappings, SVM ranges and their attributes, XNACK mode. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+
+#include "kfd-compat.h"
+#include "model-private.h"
+
+/* ------------------------------------------------------------------ SVM (kfd-abi.md §4) */
+
+/* Mapped CPU address intervals of this process, from /proc/self/maps (what the kernel sees as VMAs). */
+typedef struct CpuMaps {
+        uint64_t (*iv)[2];
+        size_t n;
+        size_t cap;
+} CpuMaps;
+
+static int cpu_maps_load(CpuMaps *cm)
+{
+        FILE *f = fopen("/proc/self/maps", "re");
+        char line[512];
+        int r = 0;
+
+        if (!f)
+                return -errno;
+        cm->n = 0;
+        while (fgets(line, sizeof(line), f)) {
+                unsigned long long s, e;
+                size_t len = strlen(line);
+
+                if (sscanf(line, "%llx-%llx", &s, &e) == 2) {
+                        if (cm->n && cm->iv[cm->n - 1][1] == s) {
+                                cm->iv[cm->n - 1][1] = e;
+                        } else {
+                                if (model_grow((void **)&cm->iv, &cm->cap, cm->n + 1, sizeof(*cm->iv)) < 0) {
+                                        r = -ENOMEM;
+                                        break;
+                                }
+                                cm->iv[cm->n][0] = s;
+                                cm->iv[cm->n][1] = e;
+                                cm->n++;
+                        }
+                }
+                /* skip the rest of an overlong line */
+                while (len && line[len - 1] != '\n' && fgets(line, sizeof(line), f))
+                        len = strlen(line);
+        }
+        fclose(f);
+        return r;
+}
+
+/* The first unmapped stretch of [start, end), if any. */
+static bool cpu_maps_gap(const CpuMaps *cm, uint64_t start, uint64_t end, uint64_t *gs, uint64_t *ge)
+{
+        uint64_t cur = start;
+
+        for (size_t i = 0; i < cm->n && cur < end; i++) {
+                if (cm->iv[i][1] <= cur)
+                        continue;
+                if (cm->iv[i][0] > cur) {
+                        *gs = cur;
+                        *ge = cm->iv[i][0] < end ? cm->iv[i][0] : end;
+                        return true;
+                }
+                cur = cm->iv[i][1];
+        }
+        if (cur < end) {
+                *gs = cur;
+                *ge = end;
+                return true;
+        }
+        return false;
+}
+
+static bool cpu_maps_cover(const CpuMaps *cm, uint64_t start, uint64_t end)
+{
+        uint64_t gs, ge;
+
+        return !cpu_maps_gap(cm, start, end, &gs, &ge);
+}
+
+/*
+ * Is [start, end) mapped throughout in this process? msync(MS_ASYNC) writes nothing back (a no-op since
+ * Linux 2.6.19) but still walks the VMAs of the range and fails with ENOMEM at the first hole: an O(log n)
+ * check where reading /proc/self/maps costs O(mappings) and a formatted read of each.
+ */
+bool model_cpu_range_mapped(uint64_t start, uint64_t end)
+{
+        return end > start && msync((void *)(uintptr_t)start, end - start, MS_ASYNC) == 0;
+}
+
+/* Every SVM range of @c still fully mapped: nothing for the deferred-unmap flush to do. */
+static bool svm_all_mapped(const ModelCtx *c)
+{
+        for (size_t i = 0; c && i < c->n_svm; i++)
+                if (!model_cpu_range_mapped(c->svm[i].start * MODEL_PAGE, (c->svm[i].last + 1) * MODEL_PAGE))
+                        return false;
+        return true;
+}
+
+static void svm_set_defaults(const ThunkModel *m, const ModelCtx *c, SvmRange *r)
+{
+        r->preferred = KFD_IOCTL_SVM_LOCATION_UNDEFINED;
+        r->prefetch = KFD_IOCTL_SVM_LOCATION_UNDEFINED;
+        r->granularity = MODEL_SVM_DEFAULT_GRANULARITY;
+        r->flags = KFD_IOCTL_SVM_FLAG_HOST_ACCESS | KFD_IOCTL_SVM_FLAG_COHERENT;
+        r->access = c->xnack ? m->svm_supported : 0;
+        r->in_place = 0;
+}
+
+static void svm_range_drop_charge(ThunkModel *m, SvmRange *r)
+{
+        if (r->charged) {
+                model_uncharge(m, 0, KFD_IOC_ALLOC_MEM_FLAGS_USERPTR, (r->last - r->start + 1) * MODEL_PAGE);
+                r->charged = false;
+        }
+}
+
+void model_svm_release(ThunkModel *m, ModelCtx *c)
+{
+        for (size_t i = 0; i < c->n_svm; i++)
+                svm_range_drop_charge(m, &c->svm[i]);
+        c->n_svm = 0;
+}
+
+static int svm_insert_at(ModelCtx *c, size_t i, const SvmRange *r)
+{
+        if (model_grow((void **)&c->svm, &c->cap_svm, c->n_svm + 1, sizeof(*c->svm)) < 0)
+                return -ENOMEM;
+        memmove(&c->svm[i + 1], &c->svm[i], (c->n_svm - i) * sizeof(*c->svm));
+        c->svm[i] = *r;
+        c->n_svm++;
+        return 0;
+}
+
+/* Removes the pages [s, l] from every range (what the MMU notifier does on munmap), refunding charges. */
+static int svm_remove_pages(ThunkModel *m, ModelCtx *c, uint64_t s, uint64_t l)
+{
+        for (size_t i = 0; i < c->n_svm;) {
+                SvmRange *r = &c->svm[i];
+
+                if (r->last < s || r->start > l) {
+                        i++;
+                        continue;
+                }
+                if (r->start < s && r->last > l) {
+                        SvmRange tail = *r;
+
+                        if (svm_insert_at(c, i + 1, &tail) < 0)
+                                return -ENOMEM;
+                        r = &c->svm[i];
+                        c->svm[i + 1].start = l + 1;
+                        r->last = s - 1;
+                        if (r->charged)
+                                model_uncharge(m, 0, KFD_IOC_ALLOC_MEM_FLAGS_USERPTR,
+                                               (l - s + 1) * MODEL_PAGE);
+                        return 0;
+                }
+                if (r->start >= s && r->last <= l) {
+                        svm_range_drop_charge(m, r);
+                        memmove(&c->svm[i], &c->svm[i + 1], (c->n_svm - i - 1) * sizeof(*c->svm));
+                        c->n_svm--;
+                        continue;
+                }
+                if (r->start < s) {
+                        if (r->charged)
+                                model_uncharge(m, 0, KFD_IOC_ALLOC_MEM_FLAGS_USERPTR,
+                                               (r->last - s + 1) * MODEL_PAGE);
+                        r->last = s - 1;
+                } else {
+                        if (r->charged)
+                                model_uncharge(m, 0, KFD_IOC_ALLOC_MEM_FLAGS_USERPTR,
+                                               (l - r->start + 1) * MODEL_PAGE);
+                        r->start = l + 1;
+                }
+                i++;
+        }
+        return 0;
+}
+
+/* The deferred munmap work the kernel flushes before SVM and allocation ioctls: pages no longer mapped
+ * in this process leave their ranges. */
+static int svm_flush_unmapped(ThunkModel *m, ModelCtx *c, CpuMaps *cm)
+{
+        if (!c)
+                return 0;
+        for (size_t i = 0; i < c->n_svm;) {
+                SvmRange *r = &c->svm[i];
+                uint64_t gs, ge;
+
+                if (!cpu_maps_gap(cm, r->start * MODEL_PAGE, (r->last + 1) * MODEL_PAGE, &gs, &ge)) {
+                        i++;
+                        continue;
+                }
+                /* cut the gap out; the array may change, so look at index i again */
+                if (svm_remove_pages(m, c, gs / MODEL_PAGE, (ge - 1) / MODEL_PAGE) < 0)
+                        return -ENOMEM;
+        }
+        return 0;
+}
+
+int model_svm_flush(ThunkModel *m, ModelCtx *c)
+{
+        CpuMaps cm = {0};
+        int r;
+
+        if (!c || c->n_svm == 0 || svm_all_mapped(c))
+                return 0;
+        r = cpu_maps_load(&cm);
+        if (r == 0)
+                r = svm_flush_unmapped(m, c, &cm);
+        free(cm.iv);
+        return r;
+}
+
+bool model_svm_overlaps(const ModelCtx *c, uint64_t start, uint64_t end)
+{
+        uint64_t s, l;
+
+        if (!c || end <= start)
+                return false;
+        s = start / MODEL_PAGE;
+        l = (end - 1) / MODEL_PAGE;
+        for (size_t i = 0; i < c->n_svm; i++)
+                if (c->svm[i].start <= l && c->svm[i].last >= s)
+                        return true;
+        return false;
+}
+
+static int svm_gpuidx(const ThunkModel *m, uint32_t gpu_id)
+{
+        return model_gpu_index(m, gpu_id);
+}
+
+static int svm_check_attr(const ThunkModel *m, uint32_t nattr, const struct kfd_ioctl_svm_attribute *a)
+{
+        for (uint32_t i = 0; i < nattr; i++) {
+                uint32_t v = a[i].value;
+                int idx = -1;
+
+                switch (a[i].type) {
+                case KFD_IOCTL_SVM_ATTR_PREFERRED_LOC:
+                        if (v != KFD_IOCTL_SVM_LOCATION_SYSMEM && v != KFD_IOCTL_SVM_LOCATION_UNDEFINED) {
+                                idx = svm_gpuidx(m, v);
+                                if (idx < 0)
+                                        return -EINVAL;
+                        }
+                        break;
+                case KFD_IOCTL_SVM_ATTR_PREFETCH_LOC:
+                        if (v != KFD_IOCTL_SVM_LOCATION_SYSMEM) {
+                                idx = svm_gpuidx(m, v);
+                                if (idx < 0)
+                                        return -EINVAL;
+                        }
+                        break;
+                case KFD_IOCTL_SVM_ATTR_ACCESS:
+                case KFD_IOCTL_SVM_ATTR_ACCESS_IN_PLACE:
+                case KFD_IOCTL_SVM_ATTR_NO_ACCESS:
+                        idx = svm_gpuidx(m, v);
+                        if (idx < 0)
+                                return -EINVAL;
+                        break;
+                case KFD_IOCTL_SVM_ATTR_SET_FLAGS:
+                case KFD_IOCTL_SVM_ATTR_CLR_FLAGS:
+                case KFD_IOCTL_SVM_ATTR_GRANULARITY:
+                        break;
+                default:
+                        return -EINVAL;
+                }
+                if (idx >= 0 && !(m->svm_supported & (1ULL << idx)))
+                        return -EINVAL;
+        }
+        return 0;
+}
+
+static void svm_apply(const ThunkModel *m, SvmRange *r, uint32_t nattr,
+                      const struct kfd_ioctl_svm_attribute *a)
+{
+        for (uint32_t i = 0; i < nattr; i++) {
+                uint32_t v = a[i].value;
+                int idx;
+
+                switch (a[i].type) {
+                case KFD_IOCTL_SVM_ATTR_PREFERRED_LOC:
+                        r->preferred = v;
+                        break;
+                case KFD_IOCTL_SVM_ATTR_PREFETCH_LOC:
+                        r->prefetch = v;
+                        break;
+                case KFD_IOCTL_SVM_ATTR_ACCESS:
+                case KFD_IOCTL_SVM_ATTR_ACCESS_IN_PLACE:
+                case KFD_IOCTL_SVM_ATTR_NO_ACCESS:
+                        idx = svm_gpuidx(m, v);
+                        r->access &= ~(1ULL << idx);
+                        r->in_place &= ~(1ULL << idx);
+                        if (a[i].type == KFD_IOCTL_SVM_ATTR_ACCESS)
+                                r->access |= 1ULL << idx;
+                        else if (a[i].type == KFD_IOCTL_SVM_ATTR_ACCESS_IN_PLACE)
+                                r->in_place |= 1ULL << idx;
+                        break;
+                case KFD_IOCTL_SVM_ATTR_SET_FLAGS:
+                        r->flags |= v;
+                        break;
+                case KFD_IOCTL_SVM_ATTR_CLR_FLAGS:
+                        r->flags &= ~v;
+                        break;
+                case KFD_IOCTL_SVM_ATTR_GRANULARITY:
+                        r->granularity = (uint8_t)(v < 0x3F ? v : 0x3F);
+                        break;
+                default:
+                        break;
+                }
+        }
+}
+
+/* True if [start, end) overlaps a mapping in any GPU VM of @c. */
+static bool ctx_vm_overlaps(const ThunkModel *m, const ModelCtx *c, uint64_t start, uint64_t end)
+{
+        for (size_t g = 0; g < m->n_gpus; g++)
+                if (c->pdd[g].file && model_vm_overlaps(&c->pdd[g].file->vm, start, end))
+                        return true;
+        return false;
+}
+
+static int svm_set(ThunkModel *m, ModelCtx *c, uint64_t s, uint64_t l, uint32_t nattr,
+                   const struct kfd_ioctl_svm_attribute *a)
+{
+        SvmRange *nv;
+        size_t n = 0, cap, gaps = 0;
+        uint64_t charge_pages = 0;
+        uint64_t p = s;
+
+        /* Build the new range list off to the side so that a failure changes nothing. */
+        for (size_t i = 0; i < c->n_svm; i++)
+                if (c->svm[i].start <= l && c->svm[i].last >= s)
+                        gaps++;
+        cap = c->n_svm + 2 * gaps + 4;
+        nv = calloc(cap, sizeof(*nv));
+        if (!nv)
+                return -ENOMEM;
+        for (size_t i = 0; i < c->n_svm; i++) {
+                SvmRange r = c->svm[i];
+
+                if (r.last < s || r.start > l) {
+                        if (r.start > l && p <= l) {
+                                SvmRange fresh;
+
+                                svm_set_defaults(m, c, &fresh);
+                                fresh.start = p;
+                                fresh.last = l;
+                                fresh.charged = !c->xnack;
+                                charge_pages += fresh.charged ? l - p + 1 : 0;
+                                svm_apply(m, &fresh, nattr, a);
+                                nv[n++] = fresh;
+                                p = l + 1;
+                        }
+                        nv[n++] = r;
+                        continue;
+                }
+                if (r.start < s) { /* head piece keeps its old attributes */
+                        SvmRange head = r;
+
+                        head.last = s - 1;
+                        nv[n++] = head;
+                        r.start = s;
+                }
+                if (r.start > p) { /* gap before this range */
+                        SvmRange fresh;
+
+                        svm_set_defaults(m, c, &fresh);
+                        fresh.start = p;
+                        fresh.last = r.start - 1;
+                        fresh.charged = !c->xnack;
+                        charge_pages += fresh.charged ? fresh.last - p + 1 : 0;
+                        svm_apply(m, &fresh, nattr, a);
+                        nv[n++] = fresh;
+                }
+                {
+                        SvmRange mid = r;
+                        SvmRange tail = r;
+                        bool has_tail = r.last > l;
+
+                        if (has_tail)
+                                mid.last = l;
+                        svm_apply(m, &mid, nattr, a);
+                        nv[n++] = mid;
+                        p = mid.last + 1;
+                        if (has_tail) {
+                                tail.start = l + 1;
+                                nv[n++] = tail;
+                        }
+                }
+        }
+        if (p <= l && p >= s) {
+                SvmRange fresh;
+
+                svm_set_defaults(m, c, &fresh);
+                fresh.start = p;
+                fresh.last = l;
+                fresh.charged = !c->xnack;
+                charge_pages += fresh.charged ? l - p + 1 : 0;
+                svm_apply(m, &fresh, nattr, a);
+                nv[n++] = fresh;
+        }
+        if (charge_pages &&
+            model_charge(m, 0, KFD_IOC_ALLOC_MEM_FLAGS_USERPTR, charge_pages * MODEL_PAGE) < 0) {
+                free(nv);
+                return -ENOMEM;
+        }
+        free(c->svm);
+        c->svm = nv;
+        c->n_svm = n;
+        c->cap_svm = cap;
+        return 0;
+}
+
+static void svm_get(const ThunkModel *m, const ModelCtx *c, uint64_t s, uint64_t l, uint32_t nattr,
+                    struct kfd_ioctl_svm_attribute *a)
+{
+        uint32_t loc = 0, pref = 0, flags_and = 0xffffffffu, flags_or = 0;
+        uint64_t access = ~0ULL, in_place = ~0ULL;
+        uint8_t gran = 0xff;
+        bool first = true;
+
+        for (size_t i = 0; i < c->n_svm; i++) {
+                const SvmRange *r = &c->svm[i];
+
+                if (r->last < s || r->start > l)
+                        continue;
+                if (first) {
+                        loc = r->preferred;
+                        pref = r->prefetch;
+                        first = false;
+                } else {
+                        if (loc != r->preferred)
+                                loc = KFD_IOCTL_SVM_LOCATION_UNDEFINED;
+                        if (pref != r->prefetch)
+                                pref = KFD_IOCTL_SVM_LOCATION_UNDEFINED;
+                }
+                flags_and &= r->flags;
+                flags_or |= r->flags;
+                access &= r->access;
+                in_place &= r->in_place;
+                if (r->granularity < gran)
+                        gran = r->granularity;
+        }
+        if (first) {
+                SvmRange d;
+
+                svm_set_defaults(m, c, &d);
+                loc = d.preferred;
+                pref = d.prefetch;
+                flags_and = flags_or = d.flags;
+                gran = d.granularity;
+                access = d.access;
+                in_place = 0;
+        }
+        for (uint32_t i = 0; i < nattr; i++) {
+                int idx;
+
+                switch (a[i].type) {
+                case KFD_IOCTL_SVM_ATTR_PREFERRED_LOC:
+                        a[i].value = loc;
+                        break;
+                case KFD_IOCTL_SVM_ATTR_PREFETCH_LOC:
+                        a[i].value = pref;
+                        break;
+                case KFD_IOCTL_SVM_ATTR_ACCESS:
+                        idx = svm_gpuidx(m, a[i].value);
+                        if (access & (1ULL << idx))
+                                a[i].type = KFD_IOCTL_SVM_ATTR_ACCESS;
+                        else if (in_place & (1ULL << idx))
+                                a[i].type = KFD_IOCTL_SVM_ATTR_ACCESS_IN_PLACE;
+                        else
+                                a[i].type = KFD_IOCTL_SVM_ATTR_NO_ACCESS;
+                        break;
+                case KFD_IOCTL_SVM_ATTR_SET_FLAGS:
+                        a[i].value = flags_and;
+                        break;
+                case KFD_IOCTL_SVM_ATTR_CLR_FLAGS:
+                        a[i].value = ~flags_or;
+                        break;
+                case KFD_IOCTL_SVM_ATTR_GRANULARITY:
+                        a[i].value = gran;
+                        break;
+                default:
+                        break;
+                }
+        }
+}
+
+/* ------------------------------------------------------------------ SVM ioctls */
+
+int model_kfd_svm(Call *c)
+{
+        struct kfd_ioctl_svm_args *a = c->arg;
+        ThunkModel *m = c->m;
+        uint64_t s, l;
+        CpuMaps cm = {0};
+        int r;
+
+        if (!c->ctx->primary)
+                return -EOPNOTSUPP;
+        if (c->usize < sizeof(*a) + (size_t)a->nattr * sizeof(a->attrs[0]))
+                return -EINVAL;
+        if (!a->start_addr || !a->size || (a->start_addr & (MODEL_PAGE - 1)) || (a->size & (MODEL_PAGE - 1)))
+                return -EINVAL;
+        if (a->start_addr + a->size < a->start_addr)
+                return -EOVERFLOW;
+        if (a->op != KFD_IOCTL_SVM_OP_SET_ATTR && a->op != KFD_IOCTL_SVM_OP_GET_ATTR)
+                return -EINVAL;
+        s = a->start_addr / MODEL_PAGE;
+        l = s + a->size / MODEL_PAGE - 1;
+        if (a->op == KFD_IOCTL_SVM_OP_SET_ATTR) {
+                r = svm_check_attr(m, a->nattr, a->attrs);
+                if (r < 0)
+                        return r;
+        }
+        /* the common case, everything still mapped, needs no walk of /proc/self/maps */
+        if (!model_cpu_range_mapped(a->start_addr, a->start_addr + a->size) || !svm_all_mapped(c->ctx)) {
+                r = cpu_maps_load(&cm);
+                if (r == 0)
+                        r = svm_flush_unmapped(m, c->ctx, &cm);
+                if (r == 0 && !cpu_maps_cover(&cm, a->start_addr, a->start_addr + a->size))
+                        r = -EFAULT;
+                free(cm.iv);
+                if (r < 0)
+                        return r;
+        }
+        /* svm_range_is_valid(), for GET as for SET: no BO may be mapped in the range */
+        if (ctx_vm_overlaps(m, c->ctx, a->start_addr, a->start_addr + a->size))
+                return -EADDRINUSE;
+        if (a->op == KFD_IOCTL_SVM_OP_SET_ATTR)
+                return svm_set(m, c->ctx, s, l, a->nattr, a->attrs);
+        /* GET checks its attributes only once the range is known valid (svm_range_get_attr) */
+        for (uint32_t i = 0; i < a->nattr; i++) {
+                switch (a->attrs[i].type) {
+                case KFD_IOCTL_SVM_ATTR_PREFERRED_LOC:
+                case KFD_IOCTL_SVM_ATTR_PREFETCH_LOC:
+                case KFD_IOCTL_SVM_ATTR_SET_FLAGS:
+                case KFD_IOCTL_SVM_ATTR_CLR_FLAGS:
+                case KFD_IOCTL_SVM_ATTR_GRANULARITY:
+                        break;
+                case KFD_IOCTL_SVM_ATTR_ACCESS:
+                        if (svm_gpuidx(m, a->attrs[i].value) < 0)
+                                return -EINVAL;
+                        break;
+                default:
+                        return -EINVAL;
+                }
+        }
+        svm_get(m, c->ctx, s, l, a->nattr, a->attrs);
+        return 0;
+}
+
+int model_kfd_set_xnack_mode(Call *c)
+{
+        struct kfd_ioctl_set_xnack_mode_args *a = c->arg;
+        ThunkModel *m = c->m;
+        ModelCtx *ctx = c->ctx;
+        bool on = a->xnack_enabled > 0;
+
+        if (a->xnack_enabled < 0) {
+                a->xnack_enabled = ctx->xnack;
+                return 0;
+        }
+        /* kfd_ioctl_set_xnack_mode(): queues first, then "already so", and only then "cannot" */
+        if (ctx->n_queues)
+                return -EBUSY;
+        if (on == ctx->xnack)
+                return 0;
+        if (!m->svm_supported)
+                return -EPERM;
+        if (on) {
+                for (size_t g = 0; g < m->n_gpus; g++)
+                        if (!m->gpus[g].xnack_capable)
+                                return -EPERM;
+                for (size_t i = 0; i < ctx->n_svm; i++)
+                        svm_range_drop_charge(m, &ctx->svm[i]);
+        } else {
+                uint64_t pages = 0;
+
+                for (size_t i = 0; i < ctx->n_svm; i++)
+                        pages += ctx->svm[i].last - ctx->svm[i].start + 1;
+                if (pages && model_charge(m, 0, KFD_IOC_ALLOC_MEM_FLAGS_USERPTR, pages * MODEL_PAGE) < 0)
+                        return -ENOMEM;
+                for (size_t i = 0; i < ctx->n_svm; i++)
+                        ctx->svm[i].charged = true;
+        }
+        ctx->xnack = on;
+        return 0;
+}
