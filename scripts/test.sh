@@ -52,7 +52,7 @@ if [ "$fuzz_seconds" -gt 0 ]; then
         CC=clang meson setup build-fuzz -Dfuzz=true -Db_sanitize=address,undefined -Db_lundef=false \
             -Ddocs=disabled >/dev/null
     fi
-    fuzzers="frame request topology model-ioctl"
+    fuzzers="frame request topology model-ioctl engines"
     targets=""
     for f in $fuzzers; do targets="$targets tests/fuzz/fuzz-$f"; done
     # shellcheck disable=SC2086

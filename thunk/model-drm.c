@@ -224,8 +224,11 @@ int model_drm_amdgpu_gem_va(Call *c)
                         return 0;
         }
         {
-                ModelMapping mp = {
-                        .start = a->va_address, .end = end, .buf = g->buf, .offset = a->offset_in_bo};
+                ModelMapping mp = {.start = a->va_address,
+                                   .end = end,
+                                   .buf = g->buf,
+                                   .offset = a->offset_in_bo,
+                                   .gem_flags = a->flags};
 
                 return model_vm_insert(&f->vm, &mp);
         }

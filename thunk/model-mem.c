@@ -357,7 +357,9 @@ out:
 
 /*
  * Moves carved @b to a file of its own, with its bytes: -EBUSY while a CPU mapping of its carve-out is left
- * in this process, which would not follow the move. Nothing changes on failure.
+ * in this process, which would not follow the move. Nothing changes on failure, but for the engines' view
+ * of the carve-out, which goes first: it is the model's own and is made again, of the new file, on the
+ * engines' next access.
  */
 static int buf_make_shareable(ThunkModel *m, ModelBuf *b)
 {
@@ -365,6 +367,7 @@ static int buf_make_shareable(ThunkModel *m, ModelBuf *b)
         bool mapped = false;
         int fd, r;
 
+        model_gpuvm_forget(m, b);
         if (b->cpu_mapped) {
                 r = heap_range_mapped(b->heap, b->heap_off, b->size, &mapped);
                 if (r < 0)
@@ -532,6 +535,8 @@ void model_buf_unref(ThunkModel *m, ModelBuf *b)
         m->n_bufs--;
         if (b->charge_type)
                 model_uncharge(m, b->owner, b->charge_type, b->charge);
+        /* the engines' CPU view of it goes before its pages are punched out */
+        model_gpuvm_forget(m, b);
         if (b->heap)
                 heap_free(b->heap, b->heap_off, b->size, b->cpu_mapped);
         if (b->memfd >= 0) {
@@ -867,6 +872,17 @@ int model_kfd_alloc_memory_of_gpu(Call *c)
                 return -EINVAL;
         if (!c->ctx->pdd[idx].file)
                 return -ENODEV;
+        /* kfd_ioctl_alloc_memory_of_gpu() applies USERPTR's, else DOORBELL's, else MMIO_REMAP's rule by
+         * its bit, whatever domain the BO then gets (VRAM | DOORBELL is a VRAM BO of the doorbell size) */
+        if (flags & KFD_IOC_ALLOC_MEM_FLAGS_USERPTR) {
+                if (a->mmap_offset & (MODEL_PAGE - 1))
+                        return -EINVAL;
+        } else if (flags & KFD_IOC_ALLOC_MEM_FLAGS_DOORBELL) {
+                if (a->size != MODEL_DOORBELL_SLICE)
+                        return -EINVAL;
+        } else if ((flags & KFD_IOC_ALLOC_MEM_FLAGS_MMIO_REMAP) && a->size != MODEL_PAGE) {
+                return -EINVAL;
+        }
 
         if (flags & KFD_IOC_ALLOC_MEM_FLAGS_VRAM)
                 type = m->gpus[idx].apu ? KFD_IOC_ALLOC_MEM_FLAGS_GTT : KFD_IOC_ALLOC_MEM_FLAGS_VRAM;
@@ -881,12 +897,8 @@ int model_kfd_alloc_memory_of_gpu(Call *c)
         else
                 return -EINVAL;
 
-        if (type == KFD_IOC_ALLOC_MEM_FLAGS_DOORBELL && a->size != MODEL_DOORBELL_SLICE)
-                return -EINVAL;
-        if (type == KFD_IOC_ALLOC_MEM_FLAGS_MMIO_REMAP && a->size != MODEL_PAGE)
-                return -EINVAL;
-        if (type == KFD_IOC_ALLOC_MEM_FLAGS_USERPTR &&
-            (a->mmap_offset == 0 || (a->mmap_offset & (MODEL_PAGE - 1))))
+        /* the GPUVM allocator wants a user address only for what becomes a userptr BO */
+        if (type == KFD_IOC_ALLOC_MEM_FLAGS_USERPTR && a->mmap_offset == 0)
                 return -EINVAL;
 
         r = model_charge(m, idx, type, size);
@@ -919,7 +931,7 @@ int model_kfd_alloc_memory_of_gpu(Call *c)
         mem->flags = flags;
         mem->gpu = idx;
         a->handle = THUNK_KFD_HANDLE(a->gpu_id, mem->idr);
-        if (type == KFD_IOC_ALLOC_MEM_FLAGS_MMIO_REMAP)
+        if (flags & KFD_IOC_ALLOC_MEM_FLAGS_MMIO_REMAP)
                 a->mmap_offset = THUNK_KFD_MMAP_TYPE_MMIO | THUNK_KFD_MMAP_GPU_ID(a->gpu_id);
         else
                 a->mmap_offset = b->mmap_offset;
@@ -976,9 +988,17 @@ static int map_common(Call *c, bool map)
                 return -EINVAL;
         if (!ids)
                 return -EFAULT;
-        r = model_bind_pdd(c, THUNK_KFD_HANDLE_GPU(a->handle), &idx);
-        if (r < 0)
-                return r;
+        /* MAP binds the process to the handle's device and to each target; kfd_ioctl_unmap_memory_from_gpu()
+         * binds none: a device without a VM just has nothing mapped */
+        if (map) {
+                r = model_bind_pdd(c, THUNK_KFD_HANDLE_GPU(a->handle), &idx);
+                if (r < 0)
+                        return r;
+        } else {
+                idx = model_gpu_index(m, THUNK_KFD_HANDLE_GPU(a->handle));
+                if (idx < 0)
+                        return -EINVAL;
+        }
         mem = model_idr_find(&c->ctx->pdd[idx], THUNK_KFD_HANDLE_IDR(a->handle));
         if (!mem)
                 return -ENOMEM;
@@ -990,7 +1010,7 @@ static int map_common(Call *c, bool map)
                         return -EINVAL;
                 f = c->ctx->pdd[g].file;
                 if (!f)
-                        return -ENODEV;
+                        return map ? -ENODEV : -EINVAL;
                 if (map) {
                         if (!(mem->mapped & (1ULL << g))) {
                                 ModelMapping mp = {.start = mem->va,

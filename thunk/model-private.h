@@ -101,6 +101,7 @@ typedef struct ModelMapping {
         ModelBuf *buf;
         struct ModelMem *mem; /* KFD mapping; NULL for GEM_VA */
         uint64_t offset;
+        uint32_t gem_flags; /* GEM_VA: the AMDGPU_VM_PAGE_* rights it was made with (KFD: the mem's flags) */
         struct ModelMapping *left, *right;
         int height;
 } ModelMapping;
@@ -160,6 +161,7 @@ typedef struct ModelEvent {
         uint32_t type; /* KFD_IOC_EVENT_* */
         bool auto_reset;
         bool signaled;
+        struct kfd_hsa_memory_exception_data mem_exc; /* MEMORY events: the last GPU VM fault */
 } ModelEvent;
 
 /* A user-mode queue: the ring and pointers live in the process's memory, as on the GPU. */
@@ -173,6 +175,14 @@ typedef struct ModelQueue {
         uint64_t wptr;
         uint32_t percentage;
         uint32_t priority;
+        /* the engine's own state (model-sdma.c, model-pm4.c): what the hardware keeps in its registers */
+        uint64_t hw_rptr; /* SDMA: bytes, monotonic; PM4: dwords into the ring */
+        uint64_t ib_base; /* the indirect buffer being run, if in_ib: GPU VA, size and position in dwords */
+        uint32_t ib_dwords;
+        uint32_t ib_pos;
+        bool in_ib;
+        uint32_t poll_tries; /* unsuccessful looks of a poll packet with a finite retry count */
+        bool stopped;        /* a GPU VM fault or an illegal packet stopped it for good */
 } ModelQueue;
 
 /* The signal page of a context: the slots the GPU writes an event id into before it interrupts. */
@@ -213,6 +223,7 @@ typedef struct ModelCtx {
         size_t n_queues;
         size_t cap_queues;
         ModelEventPage evpage;
+        bool vm_fault; /* a GPU VM fault evicted its queues for good, as kfd_dqm_evict_pasid() does */
 } ModelCtx;
 
 enum { FD_KFD = 1, FD_RENDER = 2 };
@@ -266,7 +277,8 @@ struct ThunkModel {
         pthread_t cp_thread;
         bool cp_running;
         bool cp_stop;
-        uint32_t n_queues; /* over all contexts */
+        uint32_t n_queues;        /* over all contexts */
+        struct ModelViews *views; /* model-gpuvm.c: CPU views of the buffers the engines touched */
 };
 
 typedef struct Call {
@@ -380,3 +392,8 @@ void model_ctx_release_queues(ThunkModel *m, ModelCtx *c);
 bool model_is_event_page(const ModelCtx *c, uint64_t handle);
 /* Stops and joins the packet processor; called without the model lock. */
 void model_cp_stop(ThunkModel *m);
+
+/* model-gpuvm.c: a buffer is going or moving to a file of its own, so is the engines' view of it (made again
+ * on their next access); and all of them, when the model goes */
+void model_gpuvm_forget(ThunkModel *m, ModelBuf *b);
+void model_gpuvm_release(ThunkModel *m);

@@ -1,6 +1,8 @@
-/* The software KFD: events, user-mode queues, the AQL packet processor and the small per-process ioctls. */
+/* The software KFD: events, user-mode queues, the thread that runs their engines, the small per-process
+ * ioctls. */
 #include <errno.h>
 #include <fcntl.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
@@ -8,7 +10,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "model-private.h"
+#include "model-engines.h"
 
 #define MODEL_ENOTSUPP            524 /* the kernel's internal ENOTSUPP, which reaches user space as is */
 #define MODEL_MAX_QUEUES          1024
@@ -22,25 +24,6 @@
 #define MODEL_TIMEOUT_INFINITE    0xffffffffu
 #define MODEL_GPU_CLOCK_HZ        100000000ULL /* the GPU's reference clock counter runs at 100 MHz */
 #define MODEL_GB_ADDR_CONFIG_GFX9 0x2a114042u  /* gfx9 golden value: 256-byte pipe interleave */
-
-/* AQL (HSA system architecture) packet and AMD signal layouts: the parts a packet processor touches. */
-#define AQL_PACKET_SIZE      64
-#define AQL_TYPE_VENDOR      0
-#define AQL_TYPE_INVALID     1
-#define AQL_TYPE_BARRIER_AND 3
-#define AQL_TYPE_BARRIER_OR  5
-#define AQL_DEP_SIGNALS      8 /* barrier packets: five dependency signals from byte 8 */
-#define AQL_N_DEPS           5
-#define AQL_COMPLETION       56 /* every packet type: the completion signal */
-#define AMD_VENDOR_FORMAT    2  /* vendor packets: AMD's format byte */
-#define AMD_BARRIER_VALUE    2
-#define AMD_BV_SIGNAL        8
-#define AMD_BV_VALUE         16
-#define AMD_BV_MASK          24
-#define AMD_BV_COND          32
-#define SIGNAL_VALUE         8 /* amd_signal_t: value, event mailbox address, event id */
-#define SIGNAL_MAILBOX       16
-#define SIGNAL_EVENT_ID      24
 
 static bool user_range_ok(uint64_t addr, uint64_t size)
 {
@@ -283,21 +266,78 @@ int model_kfd_reset_event(Call *c)
         return 0;
 }
 
-/* What an interrupt from the GPU does: the id was written into its slot; a signalled slot sets the event
- * and is re-armed. */
-static void event_interrupt(ThunkModel *m, ModelCtx *ctx, uint32_t id)
+/* What the kernel does for an event an interrupt names (set_event_from_interrupt): only events the GPU
+ * may signal, their slot re-armed. */
+static void event_from_interrupt(ThunkModel *m, ModelCtx *ctx, ModelEvent *ev)
 {
-        ModelEvent *ev;
-
-        if (!ctx->evpage.slots || id >= ctx->evpage.size / 8)
-                return;
-        if (__atomic_load_n(&ctx->evpage.slots[id], __ATOMIC_ACQUIRE) == MODEL_SLOT_UNSIGNALED)
-                return;
-        ev = event_find(ctx, id);
         if (!ev || !is_signal_type(ev->type))
                 return;
-        __atomic_store_n(&ctx->evpage.slots[id], MODEL_SLOT_UNSIGNALED, __ATOMIC_RELEASE);
+        __atomic_store_n(&ctx->evpage.slots[ev->id], MODEL_SLOT_UNSIGNALED, __ATOMIC_RELEASE);
         event_set(m, ev);
+}
+
+static bool slot_signaled(const ModelCtx *ctx, uint32_t id)
+{
+        return id < ctx->evpage.size / 8 &&
+               __atomic_load_n(&ctx->evpage.slots[id], __ATOMIC_ACQUIRE) != MODEL_SLOT_UNSIGNALED;
+}
+
+/*
+ * An interrupt from the GPU (kfd_signal_event_interrupt): the engine wrote an event id into the event's
+ * slot, then interrupted with @partial_id, of which @valid_bits are significant (32 from the CP's
+ * end-of-pipe, 28 from an SDMA trap). With enough bits the id names the event directly; with fewer the
+ * kernel tries every id that matches; when that finds nothing it sets every event whose slot is
+ * signalled, which is how ROCr's SDMA traps (context 0) reach their events.
+ */
+void model_event_interrupt(ThunkModel *m, ModelCtx *ctx, uint32_t partial_id, unsigned int valid_bits)
+{
+        ModelEvent *ev = NULL;
+
+        if (!ctx->evpage.slots)
+                return;
+        if (valid_bits > 31 || (1ULL << valid_bits) >= KFD_SIGNAL_EVENT_LIMIT) {
+                if (slot_signaled(ctx, partial_id))
+                        ev = event_find(ctx, partial_id);
+        } else if (valid_bits) {
+                for (uint64_t id = partial_id; id < KFD_SIGNAL_EVENT_LIMIT && !ev; id += 1ULL << valid_bits)
+                        if (slot_signaled(ctx, (uint32_t)id))
+                                ev = event_find(ctx, (uint32_t)id);
+        }
+        if (ev) {
+                event_from_interrupt(m, ctx, ev);
+                return;
+        }
+        for (size_t i = 0; i < ctx->n_events; i++)
+                if (ctx->events[i].id < KFD_SIGNAL_EVENT_LIMIT && slot_signaled(ctx, ctx->events[i].id))
+                        event_from_interrupt(m, ctx, &ctx->events[i]);
+}
+
+/*
+ * A GPU VM fault (the kernel's VMC fault interrupt): kfd_dqm_evict_pasid() stops every queue of the
+ * process and nothing restores them, and kfd_signal_vm_fault_event() hands the fault to every memory
+ * event of the process: the page, NotPresent for an invalid page, ReadOnly for a write to a read-only one,
+ * NoExecute for an instruction fetch from a non-executable one.
+ */
+void model_vm_fault_raise(ThunkModel *m, ModelCtx *ctx, int g, const ModelVmFault *f)
+{
+        ctx->vm_fault = true;
+        for (size_t i = 0; i < ctx->n_queues; i++)
+                ctx->queues[i].stopped = true;
+        for (size_t i = 0; i < ctx->n_events; i++) {
+                ModelEvent *ev = &ctx->events[i];
+
+                if (ev->type != KFD_IOC_EVENT_MEMORY)
+                        continue;
+                memset(&ev->mem_exc, 0, sizeof(ev->mem_exc));
+                ev->mem_exc.gpu_id = m->gpus[g].gpu_id;
+                ev->mem_exc.va = f->va;
+                ev->mem_exc.failure.NotPresent = f->not_present;
+                ev->mem_exc.failure.ReadOnly = f->read_only;
+                ev->mem_exc.failure.NoExecute = f->no_execute;
+                ev->mem_exc.failure.imprecise = 0;
+                ev->mem_exc.ErrorType = KFD_MEM_ERR_NO_RAS;
+                event_set(m, ev);
+        }
 }
 
 /* -1: an event is gone; 1: the wait is satisfied; 0: keep waiting. */
@@ -355,11 +395,16 @@ int model_kfd_wait_events(Call *c)
         } else if (st == 0) {
                 a->wait_result = KFD_IOC_WAIT_RESULT_TIMEOUT;
         } else {
-                /* auto-reset events are consumed by the waiter they release */
+                /* auto-reset events are consumed by the waiter they release; a memory event that released
+                 * it hands over its fault (copy_signaled_event_data) */
                 for (uint32_t i = 0; i < a->num_events; i++) {
                         ModelEvent *ev = event_find(ctx, d[i].event_id);
 
-                        if (ev && ev->signaled && ev->auto_reset)
+                        if (!ev || !ev->signaled)
+                                continue;
+                        if (ev->type == KFD_IOC_EVENT_MEMORY)
+                                d[i].memory_exception_data = ev->mem_exc;
+                        if (ev->auto_reset)
                                 ev->signaled = false;
                 }
                 a->wait_result = KFD_IOC_WAIT_RESULT_COMPLETE;
@@ -416,7 +461,11 @@ void model_cp_stop(ThunkModel *m)
         pthread_mutex_unlock(&m->lock);
         if (running)
                 pthread_join(m->cp_thread, NULL);
+        /* only the engines used the buffer views; they are the model's, under its lock like the rest */
+        pthread_mutex_lock(&m->lock);
         m->cp_running = false;
+        model_gpuvm_release(m);
+        pthread_mutex_unlock(&m->lock);
 }
 
 int model_kfd_create_queue(Call *c)
@@ -465,11 +514,9 @@ int model_kfd_create_queue(Call *c)
         r = ctx_doorbell(m, ctx, g, &db);
         if (r < 0)
                 return r;
-        if (a->queue_type == KFD_IOC_QUEUE_TYPE_COMPUTE_AQL) {
-                r = cp_start(m);
-                if (r < 0)
-                        return r;
-        }
+        r = cp_start(m);
+        if (r < 0)
+                return r;
         ctx->queues[ctx->n_queues++] = (ModelQueue){.id = id,
                                                     .type = a->queue_type,
                                                     .gpu = g,
@@ -478,7 +525,9 @@ int model_kfd_create_queue(Call *c)
                                                     .rptr = a->read_pointer_address,
                                                     .wptr = a->write_pointer_address,
                                                     .percentage = a->queue_percentage,
-                                                    .priority = a->queue_priority};
+                                                    .priority = a->queue_priority,
+                                                    /* after a VM fault the process's queues stay evicted */
+                                                    .stopped = ctx->vm_fault};
         m->n_queues++;
         pthread_cond_broadcast(&m->cp_cond);
         a->queue_id = id;
@@ -548,114 +597,64 @@ void model_ctx_release_queues(ThunkModel *m, ModelCtx *c)
         pthread_cond_broadcast(&m->event_cond);
 }
 
-/* ------------------------------------------------------------------ the packet processor */
+/* ------------------------------------------------------------------ the engines' thread */
 
-static uint64_t load64(uint64_t addr)
+uint64_t model_gpu_clock(void)
 {
-        return __atomic_load_n((volatile uint64_t *)(uintptr_t)addr, __ATOMIC_ACQUIRE);
+        return now_ns(CLOCK_MONOTONIC_RAW) / (1000000000ULL / MODEL_GPU_CLOCK_HZ);
 }
 
-static int64_t signal_value(uint64_t sig)
+uint64_t model_sys_clock(void)
 {
-        return (int64_t)load64(sig + SIGNAL_VALUE);
+        return now_ns(CLOCK_BOOTTIME);
 }
 
-/* Completes @sig as the command processor does: decrement the value, then, if the signal has an event
- * mailbox, write the event id there and raise the interrupt. */
-static void signal_complete(ThunkModel *m, ModelCtx *ctx, uint64_t sig)
-{
-        uint64_t mailbox;
-
-        if (!sig)
-                return;
-        __atomic_fetch_sub((volatile int64_t *)(uintptr_t)(sig + SIGNAL_VALUE), 1, __ATOMIC_ACQ_REL);
-        mailbox = load64(sig + SIGNAL_MAILBOX);
-        if (mailbox) {
-                uint32_t id = __atomic_load_n((volatile uint32_t *)(uintptr_t)(sig + SIGNAL_EVENT_ID),
-                                              __ATOMIC_ACQUIRE);
-
-                __atomic_store_n((volatile uint64_t *)(uintptr_t)mailbox, (uint64_t)id, __ATOMIC_RELEASE);
-                event_interrupt(m, ctx, id);
-        }
-}
-
-static bool barrier_value_met(uint64_t pkt)
-{
-        uint64_t sig = load64(pkt + AMD_BV_SIGNAL);
-        int64_t v, want = (int64_t)load64(pkt + AMD_BV_VALUE), mask = (int64_t)load64(pkt + AMD_BV_MASK);
-        uint32_t cond = *(volatile uint32_t *)(uintptr_t)(pkt + AMD_BV_COND);
-
-        if (!sig)
-                return true;
-        v = signal_value(sig) & mask;
-        switch (cond) {
-        case 0: /* equal */
-                return v == want;
-        case 1: /* not equal */
-                return v != want;
-        case 2: /* less than */
-                return v < want;
-        default: /* greater or equal */
-                return v >= want;
-        }
-}
-
-/* May the packet at @pkt retire now? Barriers wait for their dependencies; everything else retires at
- * once, since kernels are not executed. */
-static bool packet_ready(uint64_t pkt, uint8_t type)
-{
-        bool any = false, all = true, none = true;
-
-        if (type == AQL_TYPE_VENDOR) {
-                uint8_t fmt = *(volatile uint8_t *)(uintptr_t)(pkt + AMD_VENDOR_FORMAT);
-
-                return fmt != AMD_BARRIER_VALUE || barrier_value_met(pkt);
-        }
-        if (type != AQL_TYPE_BARRIER_AND && type != AQL_TYPE_BARRIER_OR)
-                return true;
-        for (int i = 0; i < AQL_N_DEPS; i++) {
-                uint64_t dep = load64(pkt + AQL_DEP_SIGNALS + 8 * (uint64_t)i);
-
-                if (!dep)
-                        continue;
-                none = false;
-                if (signal_value(dep) == 0)
-                        any = true;
-                else
-                        all = false;
-        }
-        if (type == AQL_TYPE_BARRIER_AND)
-                return all;
-        return none || any;
-}
-
-/* Retires what can be retired on one AQL queue; returns the number of packets. */
+/* Runs one queue's engine as far as it can go now; returns the number of packets it retired. */
 static unsigned int queue_run(ThunkModel *m, ModelCtx *ctx, ModelQueue *q)
 {
-        uint64_t slots = q->ring_size / AQL_PACKET_SIZE, rd, wr;
+        ModelEngine e;
+        unsigned int done;
+
+        if (q->stopped || !q->ring_base || !q->ring_size)
+                return 0;
+        model_engine_init(&e, m, ctx, q);
+        switch (q->type) {
+        case KFD_IOC_QUEUE_TYPE_COMPUTE_AQL:
+                done = model_aql_run(&e);
+                break;
+        case KFD_IOC_QUEUE_TYPE_SDMA:
+        case KFD_IOC_QUEUE_TYPE_SDMA_XGMI:
+                done = model_sdma_run(&e);
+                break;
+        case KFD_IOC_QUEUE_TYPE_COMPUTE:
+                done = model_pm4_run(&e);
+                break;
+        default:
+                return 0;
+        }
+        if (e.faulted)
+                model_vm_fault_raise(m, ctx, q->gpu, &e.fault);
+        return done;
+}
+
+/* One round: every queue's engine once. */
+static unsigned int cp_round(ThunkModel *m)
+{
         unsigned int done = 0;
 
-        if (q->type != KFD_IOC_QUEUE_TYPE_COMPUTE_AQL || slots == 0 || !q->ring_base || !q->rptr || !q->wptr)
-                return 0;
-        rd = load64(q->rptr);
-        wr = load64(q->wptr);
-        while (rd < wr && done < slots) {
-                uint64_t pkt = q->ring_base + (rd % slots) * AQL_PACKET_SIZE;
-                uint16_t hdr = __atomic_load_n((volatile uint16_t *)(uintptr_t)pkt, __ATOMIC_ACQUIRE);
-                uint8_t type = (uint8_t)(hdr & 0xff);
-                uint64_t sig;
+        for (ModelCtx *c = m->ctxs; c; c = c->next)
+                for (size_t i = 0; i < c->n_queues; i++)
+                        done += queue_run(m, c, &c->queues[i]);
+        return done;
+}
 
-                /* the producer publishes a packet by writing its header last */
-                if (type == AQL_TYPE_INVALID || !packet_ready(pkt, type))
-                        break;
-                sig = load64(pkt + AQL_COMPLETION);
-                __atomic_store_n((volatile uint16_t *)(uintptr_t)pkt,
-                                 (uint16_t)((hdr & ~0xffu) | AQL_TYPE_INVALID), __ATOMIC_RELEASE);
-                rd++;
-                __atomic_store_n((volatile uint64_t *)(uintptr_t)q->rptr, rd, __ATOMIC_RELEASE);
-                signal_complete(m, ctx, sig);
-                done++;
-        }
+unsigned int thunk_model_run_engines(ThunkModel *m)
+{
+        unsigned int done;
+
+        pthread_mutex_lock(&m->lock);
+        done = cp_round(m);
+        pthread_mutex_unlock(&m->lock);
         return done;
 }
 
@@ -666,24 +665,31 @@ static void *cp_main(void *arg)
 
         pthread_mutex_lock(&m->lock);
         while (!m->cp_stop) {
-                unsigned int done = 0;
+                struct timespec t;
 
                 if (m->n_queues == 0) {
                         pthread_cond_wait(&m->cp_cond, &m->lock);
                         continue;
                 }
-                for (ModelCtx *c = m->ctxs; c; c = c->next)
-                        for (size_t i = 0; i < c->n_queues; i++)
-                                done += queue_run(m, c, &c->queues[i]);
-                if (done) {
+                if (cp_round(m)) {
+                        /* busy: ioctls still get the lock between rounds, so an engine moving gigabytes
+                         * does not keep the process from waiting on its events */
                         idle_us = 0;
+                        pthread_mutex_unlock(&m->lock);
+                        sched_yield();
+                        pthread_mutex_lock(&m->lock);
                         continue;
                 }
-                /* nothing to do: back off from 20 us to 1 ms between looks at the write pointers */
+                /* nothing to do: back off from 20 us to 1 ms between looks at the write pointers (a doorbell
+                 * is a memory write the model cannot see); a new queue or the model's end wakes it at once */
                 idle_us = idle_us ? (idle_us * 2 > 1000 ? 1000 : idle_us * 2) : 20;
-                pthread_mutex_unlock(&m->lock);
-                usleep(idle_us);
-                pthread_mutex_lock(&m->lock);
+                clock_gettime(CLOCK_REALTIME, &t);
+                t.tv_nsec += (long)idle_us * 1000;
+                if (t.tv_nsec >= 1000000000L) {
+                        t.tv_sec++;
+                        t.tv_nsec -= 1000000000L;
+                }
+                pthread_cond_timedwait(&m->cp_cond, &m->lock, &t);
         }
         pthread_mutex_unlock(&m->lock);
         return NULL;
@@ -735,13 +741,10 @@ int model_kfd_mmap_dev(ThunkModel *m, ModelCtx *ctx, void *addr, size_t len, int
 int model_kfd_get_clock_counters(Call *c)
 {
         struct kfd_ioctl_get_clock_counters_args *a = c->arg;
-        uint64_t raw = now_ns(CLOCK_MONOTONIC_RAW);
-
         /* an unknown gpu_id (0 included) is no error: there is just no GPU counter to read */
-        a->gpu_clock_counter =
-                model_gpu_index(c->m, a->gpu_id) >= 0 ? raw / (1000000000ULL / MODEL_GPU_CLOCK_HZ) : 0;
-        a->cpu_clock_counter = raw;
-        a->system_clock_counter = now_ns(CLOCK_BOOTTIME);
+        a->gpu_clock_counter = model_gpu_index(c->m, a->gpu_id) >= 0 ? model_gpu_clock() : 0;
+        a->cpu_clock_counter = now_ns(CLOCK_MONOTONIC_RAW);
+        a->system_clock_counter = model_sys_clock();
         a->system_clock_freq = 1000000000ULL;
         return 0;
 }

@@ -517,23 +517,6 @@ int model_kfd_svm(Call *c)
                 r = svm_check_attr(m, a->nattr, a->attrs);
                 if (r < 0)
                         return r;
-        } else {
-                for (uint32_t i = 0; i < a->nattr; i++) {
-                        switch (a->attrs[i].type) {
-                        case KFD_IOCTL_SVM_ATTR_PREFERRED_LOC:
-                        case KFD_IOCTL_SVM_ATTR_PREFETCH_LOC:
-                        case KFD_IOCTL_SVM_ATTR_SET_FLAGS:
-                        case KFD_IOCTL_SVM_ATTR_CLR_FLAGS:
-                        case KFD_IOCTL_SVM_ATTR_GRANULARITY:
-                                break;
-                        case KFD_IOCTL_SVM_ATTR_ACCESS:
-                                if (svm_gpuidx(m, a->attrs[i].value) < 0)
-                                        return -EINVAL;
-                                break;
-                        default:
-                                return -EINVAL;
-                        }
-                }
         }
         /* the common case, everything still mapped, needs no walk of /proc/self/maps */
         if (!model_cpu_range_mapped(a->start_addr, a->start_addr + a->size) || !svm_all_mapped(c->ctx)) {
@@ -546,13 +529,30 @@ int model_kfd_svm(Call *c)
                 if (r < 0)
                         return r;
         }
-        if (a->op == KFD_IOCTL_SVM_OP_GET_ATTR) {
-                svm_get(m, c->ctx, s, l, a->nattr, a->attrs);
-                return 0;
-        }
+        /* svm_range_is_valid(), for GET as for SET: no BO may be mapped in the range */
         if (ctx_vm_overlaps(m, c->ctx, a->start_addr, a->start_addr + a->size))
                 return -EADDRINUSE;
-        return svm_set(m, c->ctx, s, l, a->nattr, a->attrs);
+        if (a->op == KFD_IOCTL_SVM_OP_SET_ATTR)
+                return svm_set(m, c->ctx, s, l, a->nattr, a->attrs);
+        /* GET checks its attributes only once the range is known valid (svm_range_get_attr) */
+        for (uint32_t i = 0; i < a->nattr; i++) {
+                switch (a->attrs[i].type) {
+                case KFD_IOCTL_SVM_ATTR_PREFERRED_LOC:
+                case KFD_IOCTL_SVM_ATTR_PREFETCH_LOC:
+                case KFD_IOCTL_SVM_ATTR_SET_FLAGS:
+                case KFD_IOCTL_SVM_ATTR_CLR_FLAGS:
+                case KFD_IOCTL_SVM_ATTR_GRANULARITY:
+                        break;
+                case KFD_IOCTL_SVM_ATTR_ACCESS:
+                        if (svm_gpuidx(m, a->attrs[i].value) < 0)
+                                return -EINVAL;
+                        break;
+                default:
+                        return -EINVAL;
+                }
+        }
+        svm_get(m, c->ctx, s, l, a->nattr, a->attrs);
+        return 0;
 }
 
 int model_kfd_set_xnack_mode(Call *c)
@@ -566,12 +566,13 @@ int model_kfd_set_xnack_mode(Call *c)
                 a->xnack_enabled = ctx->xnack;
                 return 0;
         }
+        /* kfd_ioctl_set_xnack_mode(): queues first, then "already so", and only then "cannot" */
         if (ctx->n_queues)
                 return -EBUSY;
-        if (!m->svm_supported)
-                return -EPERM;
         if (on == ctx->xnack)
                 return 0;
+        if (!m->svm_supported)
+                return -EPERM;
         if (on) {
                 for (size_t g = 0; g < m->n_gpus; g++)
                         if (!m->gpus[g].xnack_capable)

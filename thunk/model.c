@@ -163,7 +163,7 @@ int model_bind_pdd(Call *c, uint32_t gpu_id, int *ret_idx)
 static int kfd_set_memory_policy(Call *c)
 {
         struct kfd_ioctl_set_memory_policy_args *a = c->arg;
-        int idx;
+        int idx, r;
 
         if (a->default_policy != KFD_IOC_CACHE_POLICY_COHERENT &&
             a->default_policy != KFD_IOC_CACHE_POLICY_NONCOHERENT)
@@ -171,7 +171,9 @@ static int kfd_set_memory_policy(Call *c)
         if (a->alternate_policy != KFD_IOC_CACHE_POLICY_COHERENT &&
             a->alternate_policy != KFD_IOC_CACHE_POLICY_NONCOHERENT)
                 return -EINVAL;
-        return model_bind_pdd(c, a->gpu_id, &idx);
+        r = model_bind_pdd(c, a->gpu_id, &idx);
+        /* kfd_ioctl_set_memory_policy() words a failed bind -ESRCH, not the -ENODEV of the memory ioctls */
+        return r == -ENODEV ? -ESRCH : r;
 }
 
 static void fill_apertures(const ThunkModel *m, size_t g, struct kfd_process_device_apertures *ap)
@@ -353,6 +355,7 @@ typedef struct ModelDriver {
         unsigned int n_rows;
         unsigned int first;                  /* the lowest number of its table */
         unsigned int (*end)(uint32_t minor); /* one past its last number at an ABI minor; NULL: the table's */
+        int outside;                         /* a number outside its table at this minor */
         int unserved;                        /* a number in its table that has no handler here */
 } ModelDriver;
 
@@ -362,6 +365,10 @@ static const ModelDriver kfd_driver = {
         .n_rows = sizeof(kfd_rows) / sizeof(kfd_rows[0]),
         .first = THUNK_KFD_COMMAND_START,
         .end = thunk_kfd_command_end,
+        /* kfd_ioctl() answers a number past its table or outside [COMMAND_START, COMMAND_END) -ENOTTY, so
+         * that user space can tell an ioctl the running kernel lacks from a bad argument; at a lower minor
+         * the ioctls introduced later are not in the table */
+        .outside = -ENOTTY,
         /* in the kernel's table, but the debugger, CRIU, SMI... are not modelled */
         .unserved = -EOPNOTSUPP,
 };
@@ -372,12 +379,14 @@ static const ModelDriver drm_driver = {
         .n_rows = sizeof(drm_rows) / sizeof(drm_rows[0]),
         .first = 0,
         .end = NULL,
-        /* the DRM core answers every number it has no handler for alike */
+        /* the DRM core answers every number it has no handler for alike, inside its tables or not */
+        .outside = -EINVAL,
         .unserved = -EINVAL,
 };
 
 /* The row serving @request on @drv at ABI @minor: -ENOTTY for another driver's request (the model does
- * not run an unrelated handler), -EINVAL outside the table at this minor, drv->unserved for a hole. */
+ * not run an unrelated handler), drv->outside outside the table at this minor (a row's minor above it is
+ * outside too), drv->unserved for a hole. */
 static int ioctl_lookup(const ModelDriver *drv, uint32_t minor, unsigned long request, const ModelIoctl **ret)
 {
         unsigned int nr = _IOC_NR(request), end = drv->n_rows;
@@ -388,10 +397,10 @@ static int ioctl_lookup(const ModelDriver *drv, uint32_t minor, unsigned long re
         if (drv->end && drv->end(minor) < end)
                 end = drv->end(minor);
         if (nr < drv->first || nr >= end)
-                return -EINVAL;
+                return drv->outside;
         row = &drv->rows[nr];
         if (row->min_minor > minor)
-                return -EINVAL;
+                return drv->outside;
         if (!row->fn)
                 return drv->unserved;
         *ret = row;

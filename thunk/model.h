@@ -89,6 +89,10 @@ bool thunk_model_owns_fd(ThunkModel *m, int fd);
 
 void thunk_model_get_stats(ThunkModel *m, ThunkModelStats *ret);
 
+/* Runs every queue's engine once, as the model's packet processor thread does each round, and returns
+ * how many packets they retired: tests and fuzzers use it to drive queues without waiting. */
+unsigned int thunk_model_run_engines(ThunkModel *m);
+
 /*
  * Fault injection: the @nth_call-th (1 = the next) call of the ioctl @request (matched on type and
  * number, so any size variant counts) fails with -@err before it changes any state. At most 16 pending

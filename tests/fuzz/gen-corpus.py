@@ -153,4 +153,43 @@ ioctl_seeds = [
 ]
 for s in ioctl_seeds:
     put("model-ioctl", s)
+
+# ---- engines: [queue type: 0 SDMA, 1 PM4, 2 AQL][ring size sel][ring bytes]; addresses from fuzz-engines.c
+HOST = 0x510000000000
+RW, RO, PAGE, VRAM = HOST + 0x10000, HOST + 0x30000, HOST + 0x8000, 0x200000000
+
+
+def dw(*v):
+    return struct.pack("<%dI" % len(v), *[x & 0xFFFFFFFF for x in v])
+
+
+def lohi(a):
+    return [a & 0xFFFFFFFF, a >> 32]
+
+
+def p3(op, n):
+    return (3 << 30) | (op << 8) | (n << 16)
+
+
+engine_seeds = [
+    # SDMA: NOP, copy host -> VRAM, fence, trap; a write into read-only memory
+    bytes([0, 2]) + dw(0, 1, 0xFFF, 0, *lohi(RW), *lohi(VRAM), 5, *lohi(RW + 0x8000), 1, 6, 0),
+    bytes([0, 1]) + dw(2, *lohi(RO), 1, 7, 8, 11 | 2 << 30, *lohi(RW), 0xA5, 60, 8 | 3 << 28 | 1 << 31,
+                       *lohi(RW), 0, 0, 0xFFF << 16),
+    # SDMA: an IB in the data area, an atomic and a timestamp
+    bytes([0, 0]) + dw(4, *lohi(RW), 8, 0, 0, 10 | 0x2F << 25, *lohi(RW + 64), 1, 0, 0, 0, 0, 13 | 2 << 8,
+                       *lohi(RW + 128)),
+    # PM4: NOPs, WRITE_DATA, RELEASE_MEM with an interrupt, WAIT_REG_MEM, an IB
+    bytes([1, 2]) + dw(p3(0x10, 0x3FFF), p3(0x37, 3), 5 << 8, *lohi(RW), 7, p3(0x49, 6), 0x514, 1 << 29 | 2 << 24,
+                       *lohi(PAGE), 0, 0, 0, p3(0x3C, 5), 3 | 1 << 4, *lohi(RW), 7, 0xFF, 4,
+                       p3(0x3F, 2), *lohi(RW), 4),
+    bytes([1, 0]) + dw(p3(0x37, 3), 5 << 8, *lohi(VRAM + 0x10000), 1),
+    # AQL: a barrier-AND on a signal in the data area, a dispatch, an unknown packet
+    bytes([2, 1]) + struct.pack("<HH", 3, 0) + b"\0" * 4 + struct.pack("<5Q", RW, 0, 0, 0, 0) + b"\0" * 8
+    + struct.pack("<Q", RW + 64)
+    + struct.pack("<HH", 2, 0) + b"\0" * 28 + struct.pack("<QQ", RW, RW + 256) + b"\0" * 8 + struct.pack("<Q", 0)
+    + struct.pack("<HH", 7, 0) + b"\0" * 60,
+]
+for s in engine_seeds:
+    put("engines", s)
 print("corpora written under", os.path.join(here, "corpus"), file=sys.stderr)

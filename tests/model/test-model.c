@@ -268,14 +268,15 @@ static int test_dispatch(void)
         uint64_t buf[4] = {0};
 
         CHECK_RC(fx_setup(&f, 11), 0);
-        /* outside the table: -EINVAL, never -ENOTTY */
-        CHECK_RC(io(&f, f.kfd, _IOWR('K', 0x60, uint64_t), buf), -EINVAL);
-        CHECK_RC(io(&f, f.kfd, _IOWR('K', 0x00, uint64_t), buf), -EINVAL);
+        /* outside the table: -ENOTTY, as kfd_ioctl answers since it says which ioctls a kernel lacks */
+        CHECK_RC(io(&f, f.kfd, _IOWR('K', 0x60, uint64_t), buf), -ENOTTY);
+        CHECK_RC(io(&f, f.kfd, _IOWR('K', 0x00, uint64_t), buf), -ENOTTY);
+        CHECK_RC(io(&f, f.kfd, _IOWR('K', 0x82, uint64_t[5]), buf), -ENOTTY);
         /* in the table but not modelled (the old debugger interface) */
         CHECK_RC(io(&f, f.kfd, AMDKFD_IOC_DBG_REGISTER_DEPRECATED, buf), -EOPNOTSUPP);
         /* 1.11 has no EXPORT_DMABUF, RUNTIME_ENABLE, CREATE_PROCESS */
-        CHECK_RC(io(&f, f.kfd, AMDKFD_IOC_EXPORT_DMABUF, &ex), -EINVAL);
-        CHECK_RC(io(&f, f.kfd, AMDKFD_IOC_CREATE_PROCESS, NULL), -EINVAL);
+        CHECK_RC(io(&f, f.kfd, AMDKFD_IOC_EXPORT_DMABUF, &ex), -ENOTTY);
+        CHECK_RC(io(&f, f.kfd, AMDKFD_IOC_CREATE_PROCESS, NULL), -ENOTTY);
         /* another driver's request on the kfd fd, a KFD request on a render fd */
         CHECK_RC(io(&f, f.kfd, DRM_IOCTL_GEM_CLOSE, buf), -ENOTTY);
         CHECK_RC(io(&f, f.render[0], AMDKFD_IOC_GET_VERSION, buf), -ENOTTY);
@@ -299,7 +300,7 @@ static int test_dispatch(void)
         CHECK_RC(fx_teardown(&f), 0);
 
         CHECK_RC(fx_setup(&f, 15), 0);
-        CHECK_RC(io(&f, f.kfd, AMDKFD_IOC_CREATE_PROCESS, NULL), -EINVAL);
+        CHECK_RC(io(&f, f.kfd, AMDKFD_IOC_CREATE_PROCESS, NULL), -ENOTTY);
         CHECK_RC(fx_teardown(&f), 0);
         return 0;
 }
@@ -368,6 +369,14 @@ static int test_acquire_vm(void)
         int other = -1, kfd2 = -1;
 
         CHECK_RC(fx_setup_topo(&f, topo_make(3, std_gpus, 64 * GiB), 19, false), 0);
+        /* before the VM: SET_MEMORY_POLICY cannot bind the process to the GPU (-ESRCH, not -ENODEV) */
+        {
+                struct kfd_ioctl_set_memory_policy_args mp = {.gpu_id = G0};
+
+                CHECK_RC(io(&f, f.kfd, AMDKFD_IOC_SET_MEMORY_POLICY, &mp), -ESRCH);
+                mp.gpu_id = 0x9999;
+                CHECK_RC(io(&f, f.kfd, AMDKFD_IOC_SET_MEMORY_POLICY, &mp), -EINVAL);
+        }
         CHECK_RC(fx_acquire(&f, f.kfd, f.render[0], 0x9999), -EINVAL);
         CHECK_RC(fx_acquire(&f, f.kfd, f.kfd, G0), -EINVAL);       /* not a render fd */
         CHECK_RC(fx_acquire(&f, f.kfd, 1, G0), -EINVAL);           /* not ours at all */
@@ -420,8 +429,32 @@ static int test_alloc_errors(void)
         CHECK_RC(alloc_bo(&f, f.kfd, G0, 0x100000, PAGE, KFD_IOC_ALLOC_MEM_FLAGS_USERPTR, &h, &off), -EINVAL);
         off = 0x10001;
         CHECK_RC(alloc_bo(&f, f.kfd, G0, 0x100000, PAGE, KFD_IOC_ALLOC_MEM_FLAGS_USERPTR, &h, &off), -EINVAL);
+        /* each type's rule applies whenever its bit is set, whatever the domain */
+        CHECK_RC(
+                alloc_bo(&f, f.kfd, G0, 0x100000, PAGE, VRAM_RW | KFD_IOC_ALLOC_MEM_FLAGS_DOORBELL, &h, NULL),
+                -EINVAL);
+        CHECK_RC(alloc_bo(&f, f.kfd, G0, 0x100000, 2 * PAGE, GTT_RW | KFD_IOC_ALLOC_MEM_FLAGS_MMIO_REMAP, &h,
+                          NULL),
+                 -EINVAL);
+        off = 0x10001;
+        CHECK_RC(alloc_bo(&f, f.kfd, G0, 0x100000, PAGE, VRAM_RW | KFD_IOC_ALLOC_MEM_FLAGS_USERPTR, &h, &off),
+                 -EINVAL);
         thunk_model_get_stats(f.m, &s);
         CHECK(s.mems == 0 && s.bufs == 0 && s.vram_used[0] == 0 && s.system_used == 0);
+        /* and then the domain decides: VRAM | DOORBELL of the doorbell size and VRAM | USERPTR without an
+         * address are VRAM BOs */
+        CHECK_RC(alloc_bo(&f, f.kfd, G0, 0x100000, 2 * PAGE, VRAM_RW | KFD_IOC_ALLOC_MEM_FLAGS_DOORBELL, &h,
+                          NULL),
+                 0);
+        thunk_model_get_stats(f.m, &s);
+        CHECK(s.vram_used[0] == 2 * PAGE);
+        CHECK_RC(free_bo(&f, f.kfd, h), 0);
+        off = 0;
+        CHECK_RC(alloc_bo(&f, f.kfd, G0, 0x100000, PAGE, VRAM_RW | KFD_IOC_ALLOC_MEM_FLAGS_USERPTR, &h, &off),
+                 0);
+        thunk_model_get_stats(f.m, &s);
+        CHECK(s.vram_used[0] == PAGE && s.system_used == 0);
+        CHECK_RC(free_bo(&f, f.kfd, h), 0);
         /* small-BAR VRAM without PUBLIC is fine; unaligned sizes are page-aligned */
         CHECK_RC(alloc_bo(&f, f.kfd, G2, 0x100000, PAGE + 1, VRAM_RW, &h, NULL), 0);
         thunk_model_get_stats(f.m, &s);
@@ -543,6 +576,17 @@ static int test_map_errors(void)
         CHECK_RC(free_bo(&f, f.kfd, h2), 0);
         CHECK_RC(free_bo(&f, f.kfd, h0va), 0);
         CHECK_RC(free_bo(&f, f.kfd, hs), 0);
+        CHECK_RC(fx_teardown(&f), 0);
+
+        /* a target GPU without a VM: MAP cannot bind it (-ENODEV), UNMAP binds nothing and finds nothing
+         * mapped there (-EINVAL) */
+        CHECK_RC(fx_setup_topo(&f, topo_make(3, std_gpus, 64 * GiB), 19, false), 0);
+        CHECK_RC(fx_acquire(&f, f.kfd, f.render[0], G0), 0);
+        CHECK_RC(alloc_bo(&f, f.kfd, G0, 0x100000, PAGE, VRAM_RW, &h, NULL), 0);
+        CHECK_RC(map_bo(&f, f.kfd, true, h, ids + 1, 1, NULL), -ENODEV);
+        CHECK_RC(map_bo(&f, f.kfd, false, h, ids + 1, 1, NULL), -EINVAL);
+        CHECK_RC(map_bo(&f, f.kfd, false, (uint64_t)G1 << 32, ids, 1, NULL), -ENOMEM);
+        CHECK_RC(free_bo(&f, f.kfd, h), 0);
         CHECK_RC(fx_teardown(&f), 0);
         return 0;
 }
@@ -999,6 +1043,9 @@ static int test_svm(void)
         CHECK_RC(svm_get1(&f, base, 0, KFD_IOCTL_SVM_ATTR_GRANULARITY, 0, NULL, NULL), -EINVAL);
         CHECK_RC(svm_get1(&f, base, len + 1024 * PAGE * 1024, KFD_IOCTL_SVM_ATTR_GRANULARITY, 0, NULL, NULL),
                  -EFAULT);
+        /* GET checks the range before its attributes (SET the other way round) */
+        CHECK_RC(svm_get1(&f, base, len + 1024 * PAGE * 1024, KFD_IOCTL_SVM_ATTR_NO_ACCESS, G0, NULL, NULL),
+                 -EFAULT);
         {
                 struct kfd_ioctl_svm_args a = {.start_addr = base, .size = PAGE, .op = 7};
 
@@ -1017,6 +1064,13 @@ static int test_svm(void)
                 CHECK_RC(map_bo(&f, f.kfd, true, h, ids, 1, NULL), 0);
                 at[0] = (struct kfd_ioctl_svm_attribute){KFD_IOCTL_SVM_ATTR_SET_FLAGS, 0};
                 CHECK_RC(svm_call(&f, f.kfd, KFD_IOCTL_SVM_OP_SET_ATTR, base + 36 * PAGE, 8 * PAGE, at, 1),
+                         -EADDRINUSE);
+                /* and GET refuses the range as SET does */
+                CHECK_RC(svm_get1(&f, base + 36 * PAGE, 8 * PAGE, KFD_IOCTL_SVM_ATTR_GRANULARITY, 0, NULL,
+                                  NULL),
+                         -EADDRINUSE);
+                CHECK_RC(svm_get1(&f, base + 36 * PAGE, 8 * PAGE, KFD_IOCTL_SVM_ATTR_NO_ACCESS, G0, NULL,
+                                  NULL),
                          -EADDRINUSE);
                 CHECK_RC(map_bo(&f, f.kfd, false, h, ids, 1, NULL), 0);
                 CHECK_RC(free_bo(&f, f.kfd, h), 0);
@@ -1140,6 +1194,17 @@ static int test_xnack(void)
                 CHECK_RC(io(&f, f.kfd, AMDKFD_IOC_SET_XNACK_MODE, &x), -EPERM);
                 x.xnack_enabled = 0;
                 CHECK_RC(io(&f, f.kfd, AMDKFD_IOC_SET_XNACK_MODE, &x), 0);
+                CHECK_RC(fx_teardown(&f), 0);
+        }
+        /* without any SVM GPU a change is -EPERM, but asking for the mode it has is answered first */
+        {
+                GpuSpec nosvm[] = {{G0, 8 * GiB, HSA_MEM_HEAP_TYPE_FB_PUBLIC, 0, 90010, false}};
+
+                CHECK_RC(fx_setup_topo(&f, topo_make(1, nosvm, 16 * GiB), 19, true), 0);
+                x.xnack_enabled = 0;
+                CHECK_RC(io(&f, f.kfd, AMDKFD_IOC_SET_XNACK_MODE, &x), 0);
+                x.xnack_enabled = 1;
+                CHECK_RC(io(&f, f.kfd, AMDKFD_IOC_SET_XNACK_MODE, &x), -EPERM);
                 CHECK_RC(fx_teardown(&f), 0);
         }
         return 0;
@@ -1749,6 +1814,19 @@ static void put_packet(uint8_t *ring, uint64_t slot, uint16_t type, const uint64
         __atomic_store_n((uint16_t *)p, type, __ATOMIC_RELEASE);
 }
 
+/* A kernel dispatch of the (zeroed, so 0-argument) kernel descriptor at @kd: the packet processor does not
+ * run kernels, but what the CP would read of one must be in the GPU VM. */
+static void put_dispatch(uint8_t *ring, uint64_t slot, const void *kd, uint64_t completion)
+{
+        uint8_t *p = ring + slot * 64;
+        uint64_t kobj = (uintptr_t)kd;
+
+        memset(p + 2, 0, 62);
+        memcpy(p + 32, &kobj, 8);
+        memcpy(p + 56, &completion, 8);
+        __atomic_store_n((uint16_t *)p, 2 /* KERNEL_DISPATCH */, __ATOMIC_RELEASE);
+}
+
 static bool wait_value(volatile uint64_t *p, uint64_t want)
 {
         for (int i = 0; i < 2000 && __atomic_load_n(p, __ATOMIC_ACQUIRE) != want; i++)
@@ -1763,18 +1841,33 @@ static int test_queues(void)
         struct kfd_ioctl_destroy_queue_args dq = {0};
         struct kfd_ioctl_set_xnack_mode_args xn = {.xnack_enabled = 1};
         struct kfd_ioctl_create_event_args ev;
-        uint64_t *mem, *rptr, *wptr, *events = NULL;
+        uint64_t *mem, *rptr, *wptr, *events;
         uint8_t *ring;
         TestSignal *sig;
-        uint64_t deps[5] = {0};
+        uint64_t deps[5] = {0}, h_mem, h_events, off;
         void *db = NULL;
-        uint32_t q0, q1, result, id;
+        uint32_t q0, q1, result, id, n = 0;
         ThunkModelStats s;
 
         CHECK_RC(fx_setup(&f, 11), 0);
-        mem = aligned_alloc(4096, 3 * 4096);
-        CHECK(mem != NULL);
-        memset(mem, 0, 3 * 4096);
+        /* everything the packet processor reads or writes is in the queue's GPU VM, as on a GPU: host
+         * pages registered as userptr BOs at their own address, the way libhsakmt maps host memory */
+        mem = aligned_alloc(4096, 4 * 4096);
+        events = aligned_alloc(4096, KFD_SIGNAL_EVENT_LIMIT * 8);
+        CHECK(mem != NULL && events != NULL);
+        memset(mem, 0, 4 * 4096);
+        off = (uintptr_t)mem;
+        CHECK_RC(alloc_bo(&f, f.kfd, G0, (uintptr_t)mem, 4 * 4096,
+                          KFD_IOC_ALLOC_MEM_FLAGS_USERPTR | KFD_IOC_ALLOC_MEM_FLAGS_WRITABLE, &h_mem, &off),
+                 0);
+        CHECK_RC(map_bo(&f, f.kfd, true, h_mem, (const uint32_t[]){G0}, 1, &n), 0);
+        off = (uintptr_t)events;
+        n = 0;
+        CHECK_RC(alloc_bo(&f, f.kfd, G0, (uintptr_t)events, KFD_SIGNAL_EVENT_LIMIT * 8,
+                          KFD_IOC_ALLOC_MEM_FLAGS_USERPTR | KFD_IOC_ALLOC_MEM_FLAGS_WRITABLE, &h_events,
+                          &off),
+                 0);
+        CHECK_RC(map_bo(&f, f.kfd, true, h_events, (const uint32_t[]){G0}, 1, &n), 0);
         ring = (uint8_t *)mem; /* 64 packets */
         rptr = mem + 4096 / 8; /* read and write indices */
         wptr = rptr + 8;
@@ -1813,7 +1906,12 @@ static int test_queues(void)
         {
                 struct kfd_ioctl_create_queue_args b = q;
 
+                /* its own (empty) ring and pointers: the SDMA engine runs it too */
                 b.queue_type = KFD_IOC_QUEUE_TYPE_SDMA;
+                b.ring_base_address = (uintptr_t)(mem + 3 * 4096 / 8);
+                b.ring_size = 2048;
+                b.read_pointer_address = (uintptr_t)(mem + 3 * 4096 / 8 + 256);
+                b.write_pointer_address = (uintptr_t)(mem + 3 * 4096 / 8 + 264);
                 CHECK_RC(io(&f, f.kfd, AMDKFD_IOC_CREATE_QUEUE, &b), 0);
                 q1 = b.queue_id;
                 CHECK(q1 == 0);
@@ -1841,7 +1939,7 @@ static int test_queues(void)
         sig[2].value = 1; /* dispatch completion */
         deps[0] = (uintptr_t)&sig[0];
         put_packet(ring, 0, 3 /* BARRIER_AND */, deps, (uintptr_t)&sig[1]);
-        put_packet(ring, 1, 2 /* KERNEL_DISPATCH */, NULL, (uintptr_t)&sig[2]);
+        put_dispatch(ring, 1, &sig[32], (uintptr_t)&sig[2]);
         __atomic_store_n(wptr, 2, __ATOMIC_RELEASE);
         usleep(50000);
         CHECK(__atomic_load_n(rptr, __ATOMIC_ACQUIRE) == 0 &&
@@ -1867,16 +1965,20 @@ static int test_queues(void)
         CHECK(wait_value(rptr, 3));
         CHECK(__atomic_load_n(&sig[1].value, __ATOMIC_ACQUIRE) == 0);
 
-        /* a completion signal with an event mailbox: the id lands in the slot and the event fires */
-        CHECK_RC(create_event(&f, KFD_IOC_EVENT_SIGNAL, true, &ev), 0);
+        /* a completion signal with an event mailbox: the id lands in the slot and the event fires (the signal
+         * page is a BO in the GPU VM, as libhsakmt gives it on dGPUs) */
+        {
+                struct kfd_ioctl_create_event_args a = {
+                        .event_type = KFD_IOC_EVENT_SIGNAL, .auto_reset = 1, .event_page_offset = h_events};
+
+                CHECK_RC(io(&f, f.kfd, AMDKFD_IOC_CREATE_EVENT, &a), 0);
+                ev = a;
+        }
         id = ev.event_id;
-        CHECK_RC(f.seam.ops->mmap(f.seam.impl, NULL, KFD_SIGNAL_EVENT_LIMIT * 8, PROT_READ | PROT_WRITE,
-                                  MAP_SHARED, f.kfd, ev.event_page_offset, (void **)&events),
-                 0);
         __atomic_store_n(&sig[5].value, 1, __ATOMIC_RELEASE);
         sig[5].mailbox = (uintptr_t)&events[id];
         sig[5].event_id = id;
-        put_packet(ring, 3, 2, NULL, (uintptr_t)&sig[5]);
+        put_dispatch(ring, 3, &sig[32], (uintptr_t)&sig[5]);
         __atomic_store_n(wptr, 4, __ATOMIC_RELEASE);
         CHECK_RC(wait_events(&f, &id, 1, false, 2000, &result), 0);
         CHECK(result == KFD_IOC_WAIT_RESULT_COMPLETE);
@@ -1893,9 +1995,9 @@ static int test_queues(void)
         CHECK(s.queues == 1 && s.events == 1);
         /* the rest goes with the context */
         munmap(db, 8192);
-        munmap(events, KFD_SIGNAL_EVENT_LIMIT * 8);
         CHECK_RC(fx_teardown(&f), 0);
         free(mem);
+        free(events);
         return 0;
 }
 

@@ -1,0 +1,1062 @@
+/* Tests of the KFD model's engines: SDMA, PM4 and AQL packets and GPU VM faults, driven through the seam. */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <drm.h>
+#include <amdgpu_drm.h>
+#include <linux/kfd_sysfs.h>
+
+#include "config.h"
+#include "kfd-compat.h"
+#include "model.h"
+
+#define PAGE     4096ULL
+#define GPU      0x1111u
+#define VRAM_VA  0x200000000ULL
+#define RING     4096 /* bytes of every test ring */
+#define USERPTR  KFD_IOC_ALLOC_MEM_FLAGS_USERPTR
+#define WRITABLE KFD_IOC_ALLOC_MEM_FLAGS_WRITABLE
+
+#define CHECK(cond)                                                                                          \
+        do {                                                                                                 \
+                if (!(cond)) {                                                                               \
+                        fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond);             \
+                        return 1;                                                                            \
+                }                                                                                            \
+        } while (0)
+#define CHECK_RC(expr, want)                                                                                 \
+        do {                                                                                                 \
+                int rc_ = (expr);                                                                            \
+                if (rc_ != (want)) {                                                                         \
+                        fprintf(stderr, "%s:%d: %s = %d (%s), want %d\n", __FILE__, __LINE__, #expr, rc_,    \
+                                strerror(rc_ < 0 ? -rc_ : rc_), (want));                                     \
+                        return 1;                                                                            \
+                }                                                                                            \
+        } while (0)
+
+/* PM4 (soc15d.h) and SDMA v4 (vega10_sdma_pkt_open.h) encodings the tests write. */
+#define PACKET3(op, n)   ((3u << 30) | (((op)&0xffu) << 8) | (((n)&0x3fffu) << 16))
+#define PM4_NOP          0x10
+#define PM4_WRITE_DATA   0x37
+#define PM4_WAIT_REG_MEM 0x3c
+#define PM4_IB           0x3f
+#define PM4_EVENT_WRITE  0x46
+#define PM4_RELEASE_MEM  0x49
+#define PM4_ACQUIRE_MEM  0x58
+#define SDMA_NOP         0
+#define SDMA_COPY        1
+#define SDMA_WRITE       2
+#define SDMA_IB          4
+#define SDMA_FENCE       5
+#define SDMA_TRAP        6
+#define SDMA_POLL        8
+#define SDMA_ATOMIC      10
+#define SDMA_FILL        11
+#define SDMA_TIMESTAMP   13
+
+/* ------------------------------------------------------------------ fixture: one gfx9 GPU */
+
+typedef struct Ex {
+        ThunkModel *m;
+        ThunkSeam seam;
+        int kfd;
+        int render;
+        ThunkTopology *topo;
+        void *host[16]; /* host pages registered as userptr BOs, freed at the end */
+        size_t n_host;
+} Ex;
+
+static int io(Ex *x, int fd, unsigned long req, void *arg)
+{
+        return x->seam.ops->ioctl(x->seam.impl, fd, req, arg);
+}
+
+static int ex_setup(Ex *x)
+{
+        ThunkTopology *t = calloc(1, sizeof(*t));
+        ThunkModelOptions o = {.kfd_minor = 19};
+        struct kfd_ioctl_acquire_vm_args a = {.gpu_id = GPU};
+        int r;
+
+        memset(x, 0, sizeof(*x));
+        t->n_nodes = 2;
+        t->n_gpus = 1;
+        t->nodes = calloc(2, sizeof(*t->nodes));
+        t->nodes[0].cpu_cores_count = 4;
+        t->nodes[0].mem_banks = calloc(1, sizeof(ThunkMemBank));
+        t->nodes[0].n_mem_banks = 1;
+        t->nodes[0].mem_banks[0].heap_type = HSA_MEM_HEAP_TYPE_SYSTEM;
+        t->nodes[0].mem_banks[0].size_in_bytes = 16ULL << 30;
+        t->nodes[1].node_id = 1;
+        t->nodes[1].gpu_id = GPU;
+        t->nodes[1].is_gpu = true;
+        t->nodes[1].simd_count = 104;
+        t->nodes[1].drm_render_minor = 128;
+        t->nodes[1].gfx_target_version = 90008;
+        t->nodes[1].mem_banks = calloc(1, sizeof(ThunkMemBank));
+        t->nodes[1].n_mem_banks = 1;
+        t->nodes[1].mem_banks[0].heap_type = HSA_MEM_HEAP_TYPE_FB_PUBLIC;
+        t->nodes[1].mem_banks[0].size_in_bytes = 8ULL << 30;
+        r = thunk_model_new(t, &o, &x->m);
+        free(t->nodes[0].mem_banks);
+        free(t->nodes[1].mem_banks);
+        free(t->nodes);
+        free(t);
+        if (r < 0)
+                return r;
+        thunk_model_seam(x->m, &x->seam);
+        r = x->seam.ops->open_kfd(x->seam.impl, &x->kfd);
+        if (r == 0)
+                r = x->seam.ops->open_render(x->seam.impl, 128, &x->render);
+        a.drm_fd = (uint32_t)x->render;
+        return r < 0 ? r : io(x, x->kfd, AMDKFD_IOC_ACQUIRE_VM, &a);
+}
+
+/* Ends the model and checks it held nothing more than the fds. */
+static int ex_teardown(Ex *x)
+{
+        ThunkModelStats s;
+
+        CHECK_RC(x->seam.ops->close(x->seam.impl, x->kfd), 0);
+        CHECK_RC(x->seam.ops->close(x->seam.impl, x->render), 0);
+        thunk_model_get_stats(x->m, &s);
+        CHECK(s.contexts == 0 && s.bufs == 0 && s.mappings == 0 && s.queues == 0 && s.events == 0);
+        x->m = thunk_model_free(x->m);
+        for (size_t i = 0; i < x->n_host; i++)
+                free(x->host[i]);
+        return 0;
+}
+
+static int map(Ex *x, uint64_t handle)
+{
+        uint32_t id = GPU;
+        struct kfd_ioctl_map_memory_to_gpu_args a = {
+                .handle = handle, .device_ids_array_ptr = (uintptr_t)&id, .n_devices = 1};
+
+        return io(x, x->kfd, AMDKFD_IOC_MAP_MEMORY_TO_GPU, &a);
+}
+
+/* @size bytes of zeroed host memory, registered (userptr) at their own address and mapped on the GPU. */
+static void *host(Ex *x, uint64_t size, uint32_t flags, uint64_t *ret_handle)
+{
+        void *p = aligned_alloc(PAGE, size);
+        struct kfd_ioctl_alloc_memory_of_gpu_args a = {.size = size, .gpu_id = GPU, .flags = USERPTR | flags};
+
+        if (!p || x->n_host == 16)
+                return NULL;
+        memset(p, 0, size);
+        x->host[x->n_host++] = p;
+        a.va_addr = a.mmap_offset = (uintptr_t)p;
+        if (io(x, x->kfd, AMDKFD_IOC_ALLOC_MEMORY_OF_GPU, &a) < 0 || map(x, a.handle) < 0)
+                return NULL;
+        if (ret_handle)
+                *ret_handle = a.handle;
+        return p;
+}
+
+/* A VRAM BO at @va, mapped on the GPU, and its CPU mapping through the render fd. */
+static void *vram(Ex *x, uint64_t va, uint64_t size, uint32_t flags, uint64_t *ret_handle)
+{
+        struct kfd_ioctl_alloc_memory_of_gpu_args a = {.va_addr = va,
+                                                       .size = size,
+                                                       .gpu_id = GPU,
+                                                       .flags = KFD_IOC_ALLOC_MEM_FLAGS_VRAM |
+                                                                KFD_IOC_ALLOC_MEM_FLAGS_PUBLIC | flags};
+        void *p = NULL;
+
+        if (io(x, x->kfd, AMDKFD_IOC_ALLOC_MEMORY_OF_GPU, &a) < 0 || map(x, a.handle) < 0 ||
+            x->seam.ops->mmap(x->seam.impl, NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, x->render,
+                              a.mmap_offset, &p) < 0)
+                return NULL;
+        if (ret_handle)
+                *ret_handle = a.handle;
+        return p;
+}
+
+typedef struct Q {
+        Ex *x;
+        uint32_t id;
+        uint32_t type;
+        uint32_t *ring;
+        volatile uint64_t *rptr;
+        volatile uint64_t *wptr;
+        uint64_t w; /* SDMA: bytes; PM4: dwords; AQL: packets */
+} Q;
+
+static int queue(Ex *x, Q *q, uint32_t type)
+{
+        struct kfd_ioctl_create_queue_args a = {
+                .ring_size = RING, .gpu_id = GPU, .queue_type = type, .queue_percentage = 100};
+        uint64_t *ptrs;
+
+        memset(q, 0, sizeof(*q));
+        q->x = x;
+        q->type = type;
+        q->ring = host(x, RING, WRITABLE, NULL);
+        ptrs = host(x, PAGE, WRITABLE, NULL);
+        if (!q->ring || !ptrs)
+                return -ENOMEM;
+        q->rptr = ptrs;
+        q->wptr = ptrs + 8;
+        a.ring_base_address = (uintptr_t)q->ring;
+        a.read_pointer_address = (uintptr_t)q->rptr;
+        a.write_pointer_address = (uintptr_t)q->wptr;
+        if (io(x, x->kfd, AMDKFD_IOC_CREATE_QUEUE, &a) < 0)
+                return -EINVAL;
+        q->id = a.queue_id;
+        return 0;
+}
+
+/* Appends dwords to an SDMA or PM4 ring and publishes the write pointer. */
+static void submit(Q *q, const uint32_t *dw, size_t n)
+{
+        bool sdma = q->type != KFD_IOC_QUEUE_TYPE_COMPUTE;
+        uint64_t pos = sdma ? q->w / 4 : q->w;
+
+        for (size_t i = 0; i < n; i++)
+                q->ring[(pos + i) % (RING / 4)] = dw[i];
+        q->w += sdma ? n * 4 : n;
+        __atomic_store_n(q->wptr, q->w, __ATOMIC_RELEASE);
+}
+
+/* Runs the engines until @p holds @want (or about two seconds pass). */
+static bool until64(Ex *x, volatile uint64_t *p, uint64_t want)
+{
+        for (int i = 0; i < 2000 && __atomic_load_n(p, __ATOMIC_ACQUIRE) != want; i++)
+                if (thunk_model_run_engines(x->m) == 0)
+                        usleep(1000);
+        return __atomic_load_n(p, __ATOMIC_ACQUIRE) == want;
+}
+
+static bool until32(Ex *x, volatile uint32_t *p, uint32_t want)
+{
+        for (int i = 0; i < 2000 && __atomic_load_n(p, __ATOMIC_ACQUIRE) != want; i++)
+                if (thunk_model_run_engines(x->m) == 0)
+                        usleep(1000);
+        return __atomic_load_n(p, __ATOMIC_ACQUIRE) == want;
+}
+
+/* Has the engine read all that was submitted? */
+static bool drained(Q *q)
+{
+        if (q->type == KFD_IOC_QUEUE_TYPE_COMPUTE)
+                return until32(q->x, (volatile uint32_t *)q->rptr, (uint32_t)(q->w % (RING / 4)));
+        return until64(q->x, q->rptr, q->w);
+}
+
+/* Lets the engines run a while: for what must not happen. */
+static void settle(Ex *x)
+{
+        for (int i = 0; i < 20; i++) {
+                thunk_model_run_engines(x->m);
+                usleep(1000);
+        }
+}
+
+static uint32_t lo(const volatile void *p)
+{
+        return (uint32_t)(uintptr_t)p;
+}
+
+static uint32_t hi(const volatile void *p)
+{
+        return (uint32_t)((uintptr_t)p >> 32);
+}
+
+static int event_new(Ex *x, uint32_t type, uint64_t page_handle, struct kfd_ioctl_create_event_args *ret)
+{
+        struct kfd_ioctl_create_event_args a = {
+                .event_type = type, .auto_reset = 1, .event_page_offset = page_handle};
+        int r = io(x, x->kfd, AMDKFD_IOC_CREATE_EVENT, &a);
+
+        *ret = a;
+        return r;
+}
+
+static int wait_event(Ex *x, uint32_t id, uint32_t timeout, struct kfd_event_data *ret)
+{
+        struct kfd_event_data d = {.event_id = id};
+        struct kfd_ioctl_wait_events_args a = {
+                .events_ptr = (uintptr_t)&d, .num_events = 1, .timeout = timeout};
+        int r = io(x, x->kfd, AMDKFD_IOC_WAIT_EVENTS, &a);
+
+        if (ret)
+                *ret = d;
+        return r < 0 ? r : (int)a.wait_result;
+}
+
+/* ------------------------------------------------------------------ SDMA */
+
+static int test_sdma(void)
+{
+        Ex x;
+        Q q;
+        uint64_t h_page;
+        uint8_t *a, *v;
+        volatile uint32_t *w;
+        volatile uint64_t *w64;
+        uint64_t *slots;
+        struct kfd_ioctl_create_event_args ev;
+        ThunkModelStats s;
+
+        CHECK_RC(ex_setup(&x), 0);
+        a = host(&x, 64 * 1024, WRITABLE, NULL);
+        w = host(&x, PAGE, WRITABLE, NULL);
+        slots = host(&x, KFD_SIGNAL_EVENT_LIMIT * 8, WRITABLE, &h_page);
+        v = vram(&x, VRAM_VA, 64 * 1024, WRITABLE, NULL);
+        CHECK(a && w && slots && v);
+        w64 = (volatile uint64_t *)(w + 64);
+        CHECK_RC(queue(&x, &q, KFD_IOC_QUEUE_TYPE_SDMA), 0);
+
+        /* NOPs, one with two more dwords of its own; the read pointer is a byte count */
+        {
+                const uint32_t p[] = {SDMA_NOP, SDMA_NOP | 2u << 16, 0xdead, 0xbeef, SDMA_NOP};
+
+                submit(&q, p, 5);
+                CHECK(drained(&q) && *q.rptr == 20);
+        }
+        /* linear copy host -> VRAM (count is bytes - 1), then VRAM -> host, with a fence behind */
+        for (int i = 0; i < 4096; i++)
+                a[i] = (uint8_t)(i * 3 + 1);
+        {
+                const uint32_t p[] = {SDMA_COPY,
+                                      4095,
+                                      0,
+                                      lo(a),
+                                      hi(a),
+                                      lo((void *)VRAM_VA),
+                                      hi((void *)VRAM_VA),
+                                      SDMA_COPY,
+                                      4095,
+                                      0,
+                                      lo((void *)VRAM_VA),
+                                      hi((void *)VRAM_VA),
+                                      lo(a + 8192),
+                                      hi(a + 8192),
+                                      SDMA_FENCE,
+                                      lo(w),
+                                      hi(w),
+                                      1};
+
+                submit(&q, p, 18);
+                CHECK(until32(&x, &w[0], 1));
+                CHECK(memcmp(a, v, 4096) == 0 && memcmp(a, a + 8192, 4096) == 0);
+        }
+        /* linear write of three dwords (count is dwords - 1) */
+        {
+                const uint32_t p[] = {SDMA_WRITE, lo(&w[1]), hi(&w[1]), 2, 11, 22, 33};
+
+                submit(&q, p, 7);
+                CHECK(until32(&x, &w[3], 33) && w[1] == 11 && w[2] == 22);
+        }
+        /* constant fill: dwords (ROCr's count, (n - 1) * 4) and bytes (count = bytes - 1) */
+        {
+                const uint32_t p[] = {SDMA_FILL | 2u << 30,
+                                      lo(a + 16384),
+                                      hi(a + 16384),
+                                      0xa5a5a5a5,
+                                      4 * 4,
+                                      SDMA_FILL,
+                                      lo(a + 20480),
+                                      hi(a + 20480),
+                                      0x77,
+                                      2,
+                                      SDMA_FENCE,
+                                      lo(w),
+                                      hi(w),
+                                      2};
+
+                submit(&q, p, 14);
+                CHECK(until32(&x, &w[0], 2));
+                CHECK(((uint32_t *)(a + 16384))[4] == 0xa5a5a5a5 && ((uint32_t *)(a + 16384))[5] == 0);
+                CHECK(a[20480] == 0x77 && a[20482] == 0x77 && a[20483] == 0);
+        }
+        /* atomics: a 64-bit add of -1 (ROCr's signal decrement) and a compare-and-swap */
+        w64[0] = 5;
+        w64[1] = 9;
+        {
+                const uint32_t p[] = {
+                        SDMA_ATOMIC | 0x2fu << 25, lo(&w64[0]), hi(&w64[0]), 0xffffffff, 0xffffffff, 0, 0, 0,
+                        SDMA_ATOMIC | 0x28u << 25, lo(&w64[1]), hi(&w64[1]), 42,         0,          9, 0, 0};
+
+                submit(&q, p, 16);
+                CHECK(until64(&x, &w64[1], 42) && w64[0] == 4);
+        }
+        /* a global timestamp */
+        {
+                const uint32_t p[] = {SDMA_TIMESTAMP | 2u << 8, lo(&w64[2]), hi(&w64[2])};
+
+                submit(&q, p, 3);
+                CHECK(drained(&q) && w64[2] != 0);
+        }
+        /* a memory poll waits until the value matches; a register poll passes; a finite one gives up */
+        {
+                const uint32_t p[] = {SDMA_POLL | 3u << 28 | 1u << 31,
+                                      lo(&w[8]),
+                                      hi(&w[8]),
+                                      7,
+                                      0xff,
+                                      0xfff << 16 | 4,
+                                      SDMA_FENCE,
+                                      lo(w),
+                                      hi(w),
+                                      3};
+                const uint32_t r[] = {SDMA_POLL | 3u << 28,
+                                      0,
+                                      0,
+                                      7,
+                                      0xff,
+                                      0,
+                                      SDMA_POLL | 3u << 28 | 1u << 31,
+                                      lo(&w[9]),
+                                      hi(&w[9]),
+                                      1,
+                                      1,
+                                      2 << 16,
+                                      SDMA_FENCE,
+                                      lo(w),
+                                      hi(w),
+                                      4};
+
+                submit(&q, p, 10);
+                settle(&x);
+                CHECK(w[0] == 2);
+                __atomic_store_n(&w[8], 0x307, __ATOMIC_RELEASE);
+                CHECK(until32(&x, &w[0], 3));
+                submit(&q, r, 16);
+                CHECK(until32(&x, &w[0], 4));
+        }
+        /* an indirect buffer: packets in a buffer of their own */
+        {
+                uint32_t *ib = (uint32_t *)(a + 32768);
+                const uint32_t body[] = {SDMA_FENCE, lo(&w[10]), hi(&w[10]), 55,
+                                         SDMA_NOP,   SDMA_NOP,   SDMA_NOP,   SDMA_NOP};
+                const uint32_t p[] = {SDMA_IB, lo(ib), hi(ib), 8, 0, 0};
+
+                memcpy(ib, body, sizeof(body));
+                submit(&q, p, 6);
+                CHECK(until32(&x, &w[10], 55) && drained(&q));
+        }
+        /* a fence of the event id into its slot and a trap: the waiter wakes, the slot is re-armed */
+        CHECK_RC(event_new(&x, KFD_IOC_EVENT_SIGNAL, h_page, &ev), 0);
+        CHECK_RC(wait_event(&x, ev.event_id, 0, NULL), KFD_IOC_WAIT_RESULT_TIMEOUT);
+        {
+                const uint32_t p[] = {
+                        SDMA_FENCE, lo(&slots[ev.event_id]), hi(&slots[ev.event_id]), ev.event_id, SDMA_TRAP,
+                        0};
+
+                submit(&q, p, 6);
+        }
+        CHECK_RC(wait_event(&x, ev.event_id, 2000, NULL), KFD_IOC_WAIT_RESULT_COMPLETE);
+        CHECK(slots[ev.event_id] == ~0ULL);
+        /* packets wrap around the end of the ring, and the read pointer keeps counting */
+        while (q.w % RING != RING - 8) {
+                const uint32_t nop = SDMA_NOP;
+
+                submit(&q, &nop, 1);
+        }
+        {
+                const uint32_t p[] = {SDMA_FENCE, lo(w), hi(w), 5};
+
+                submit(&q, p, 4);
+                CHECK(until32(&x, &w[0], 5) && drained(&q) && *q.rptr > RING);
+        }
+        /* an opcode the engine does not have halts it, without a fault */
+        {
+                const uint32_t p[] = {SDMA_FENCE, lo(w), hi(w), 6, 0xff, SDMA_FENCE, lo(w), hi(w), 7};
+
+                submit(&q, p, 9);
+                CHECK(until32(&x, &w[0], 6));
+                settle(&x);
+                CHECK(w[0] == 6 && *q.rptr == q.w - 20);
+        }
+        thunk_model_get_stats(x.m, &s);
+        CHECK(s.queues == 1);
+        munmap(v, 64 * 1024);
+        return ex_teardown(&x);
+}
+
+/* Mappings of the model's per-GPU backing files in this process (the memfd's name in /proc/self/maps). */
+static int heap_mappings(void)
+{
+        FILE *f = fopen("/proc/self/maps", "re");
+        char line[512];
+        int n = 0;
+
+        if (!f)
+                return -1;
+        while (fgets(line, sizeof(line), f))
+                if (strstr(line, "gpumem-heap"))
+                        n++;
+        fclose(f);
+        return n;
+}
+
+static int export_fd(Ex *x, uint64_t handle, int *ret_fd)
+{
+        struct kfd_ioctl_export_dmabuf_args a = {.handle = handle, .flags = O_CLOEXEC};
+        int r = io(x, x->kfd, AMDKFD_IOC_EXPORT_DMABUF, &a);
+
+        *ret_fd = (int)a.dmabuf_fd;
+        return r;
+}
+
+static int free_unmapped(Ex *x, uint64_t handle)
+{
+        uint32_t id = GPU;
+        struct kfd_ioctl_unmap_memory_from_gpu_args u = {
+                .handle = handle, .device_ids_array_ptr = (uintptr_t)&id, .n_devices = 1};
+        struct kfd_ioctl_free_memory_of_gpu_args f = {.handle = handle};
+        int r = io(x, x->kfd, AMDKFD_IOC_UNMAP_MEMORY_FROM_GPU, &u);
+
+        return r < 0 ? r : io(x, x->kfd, AMDKFD_IOC_FREE_MEMORY_OF_GPU, &f);
+}
+
+/*
+ * A carved buffer (VRAM that is not host visible) that an SDMA copy wrote into can still be exported: the
+ * engines' own view of its carve-out does not count as a CPU mapping left, the export shows the copied
+ * bytes, and the engines then reach the buffer's new file, not the old pages. A carved buffer's view goes
+ * with the buffer.
+ */
+static int test_sdma_export(void)
+{
+        Ex x;
+        Q q;
+        uint8_t *a, *d;
+        volatile uint32_t *w;
+        uint64_t hv = 0, hc = 0;
+        struct kfd_ioctl_alloc_memory_of_gpu_args al = {.va_addr = VRAM_VA,
+                                                        .size = 8 * PAGE,
+                                                        .gpu_id = GPU,
+                                                        .flags = KFD_IOC_ALLOC_MEM_FLAGS_VRAM | WRITABLE};
+        ThunkModelStats s;
+        int fd = -1, fd2 = -1;
+
+        CHECK_RC(ex_setup(&x), 0);
+        a = host(&x, 8 * PAGE, WRITABLE, NULL);
+        w = host(&x, PAGE, WRITABLE, NULL);
+        CHECK(a && w);
+        CHECK_RC(queue(&x, &q, KFD_IOC_QUEUE_TYPE_SDMA), 0);
+        CHECK_RC(io(&x, x.kfd, AMDKFD_IOC_ALLOC_MEMORY_OF_GPU, &al), 0);
+        hv = al.handle;
+        CHECK_RC(map(&x, hv), 0);
+        thunk_model_get_stats(x.m, &s);
+        CHECK(s.buffer_files == 0 && s.carved_bytes == 8 * PAGE);
+        CHECK(heap_mappings() == 0);
+
+        /* host -> carved VRAM, then a fence: the engine now holds a view of the carve-out */
+        for (int i = 0; i < 4 * (int)PAGE; i++)
+                a[i] = (uint8_t)(i * 7 + 3);
+        {
+                const uint32_t p[] = {
+                        SDMA_COPY,           4 * PAGE - 1, 0,     lo(a), hi(a), lo((void *)VRAM_VA),
+                        hi((void *)VRAM_VA), SDMA_FENCE,   lo(w), hi(w), 1};
+
+                submit(&q, p, 11);
+                CHECK(until32(&x, &w[0], 1));
+        }
+        CHECK(heap_mappings() == 1);
+
+        /* the first export moves it to a file of its own, with the copied bytes; the view goes first */
+        CHECK_RC(export_fd(&x, hv, &fd), 0);
+        thunk_model_get_stats(x.m, &s);
+        CHECK(s.buffer_files == 1 && s.carved_bytes == 0);
+        CHECK(heap_mappings() == 0);
+        d = mmap(NULL, 8 * PAGE, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        CHECK(d != MAP_FAILED);
+        CHECK(memcmp(d, a, 4 * PAGE) == 0);
+        for (uint64_t i = 4 * PAGE; i < 8 * PAGE; i++)
+                CHECK(d[i] == 0);
+
+        /* the engine writes the new file now: a write and a copy show through the export, and a copy out of
+         * it reads what a CPU write through the export put there */
+        d[6 * PAGE] = 0x5a;
+        {
+                const uint32_t p[] = {SDMA_WRITE,
+                                      lo((void *)(VRAM_VA + 5 * PAGE)),
+                                      hi((void *)(VRAM_VA + 5 * PAGE)),
+                                      1,
+                                      0x11223344,
+                                      0x55667788,
+                                      SDMA_COPY,
+                                      PAGE - 1,
+                                      0,
+                                      lo(a),
+                                      hi(a),
+                                      lo((void *)(VRAM_VA + 4 * PAGE)),
+                                      hi((void *)(VRAM_VA + 4 * PAGE)),
+                                      SDMA_COPY,
+                                      PAGE - 1,
+                                      0,
+                                      lo((void *)(VRAM_VA + 6 * PAGE)),
+                                      hi((void *)(VRAM_VA + 6 * PAGE)),
+                                      lo(a + 6 * PAGE),
+                                      hi(a + 6 * PAGE),
+                                      SDMA_FENCE,
+                                      lo(w),
+                                      hi(w),
+                                      2};
+
+                submit(&q, p, 24);
+                CHECK(until32(&x, &w[0], 2));
+        }
+        CHECK(((uint32_t *)(d + 5 * PAGE))[0] == 0x11223344 && ((uint32_t *)(d + 5 * PAGE))[1] == 0x55667788);
+        CHECK(memcmp(d + 4 * PAGE, a, PAGE) == 0);
+        CHECK(a[6 * PAGE] == 0x5a && a[6 * PAGE + 1] == 0);
+        CHECK(heap_mappings() == 0);
+        /* a second export is the same file again */
+        {
+                struct stat st, st2;
+
+                CHECK_RC(export_fd(&x, hv, &fd2), 0);
+                CHECK(fstat(fd, &st) == 0 && fstat(fd2, &st2) == 0 && st.st_ino == st2.st_ino);
+                close(fd2);
+        }
+        CHECK(munmap(d, 8 * PAGE) == 0);
+        close(fd);
+        CHECK_RC(free_unmapped(&x, hv), 0);
+
+        /* a carved buffer the engine touched and that is freed: its view goes with it */
+        al.va_addr = VRAM_VA + 64 * PAGE;
+        al.size = PAGE;
+        CHECK_RC(io(&x, x.kfd, AMDKFD_IOC_ALLOC_MEMORY_OF_GPU, &al), 0);
+        hc = al.handle;
+        CHECK_RC(map(&x, hc), 0);
+        {
+                const uint32_t p[] = {SDMA_FENCE,
+                                      lo((void *)(VRAM_VA + 64 * PAGE)),
+                                      hi((void *)(VRAM_VA + 64 * PAGE)),
+                                      9,
+                                      SDMA_FENCE,
+                                      lo(w),
+                                      hi(w),
+                                      3};
+
+                submit(&q, p, 8);
+                CHECK(until32(&x, &w[0], 3));
+        }
+        CHECK(heap_mappings() == 1);
+        CHECK_RC(free_unmapped(&x, hc), 0);
+        CHECK(heap_mappings() == 0);
+        thunk_model_get_stats(x.m, &s);
+        CHECK(s.carved_bytes == 0 && s.backing_resident_bytes == 0);
+        return ex_teardown(&x);
+}
+
+/* ------------------------------------------------------------------ PM4 */
+
+static int test_pm4(void)
+{
+        Ex x;
+        Q q;
+        uint64_t h_page;
+        volatile uint32_t *w;
+        volatile uint64_t *w64;
+        uint64_t *slots;
+        uint32_t *ib;
+        struct kfd_ioctl_create_event_args ev;
+
+        CHECK_RC(ex_setup(&x), 0);
+        w = host(&x, PAGE, WRITABLE, NULL);
+        ib = host(&x, PAGE, WRITABLE, NULL);
+        slots = host(&x, KFD_SIGNAL_EVENT_LIMIT * 8, WRITABLE, &h_page);
+        CHECK(w && ib && slots);
+        w64 = (volatile uint64_t *)(w + 64);
+        CHECK_RC(queue(&x, &q, KFD_IOC_QUEUE_TYPE_COMPUTE), 0);
+
+        /* single-dword NOPs, a NOP with a body, a filler, a register write, cache and event packets */
+        {
+                const uint32_t p[] = {PACKET3(PM4_NOP, 0x3fff),
+                                      PACKET3(PM4_NOP, 1),
+                                      1,
+                                      2,
+                                      0x80000000,
+                                      (0u << 30) | 1u << 16 | 0x1234,
+                                      0,
+                                      0,
+                                      PACKET3(PM4_ACQUIRE_MEM, 5),
+                                      0,
+                                      0,
+                                      0,
+                                      0,
+                                      0,
+                                      0,
+                                      PACKET3(PM4_EVENT_WRITE, 0),
+                                      0x16};
+
+                submit(&q, p, 17);
+                CHECK(drained(&q) && *(volatile uint32_t *)q.rptr == 17);
+        }
+        /* WRITE_DATA to memory, and to one address */
+        {
+                const uint32_t p[] = {PACKET3(PM4_WRITE_DATA, 5),
+                                      5u << 8,
+                                      lo(&w[0]),
+                                      hi(&w[0]),
+                                      1,
+                                      2,
+                                      3,
+                                      PACKET3(PM4_WRITE_DATA, 4),
+                                      5u << 8 | 1u << 16,
+                                      lo(&w[4]),
+                                      hi(&w[4]),
+                                      8,
+                                      9};
+
+                submit(&q, p, 13);
+                CHECK(until32(&x, &w[4], 9) && w[0] == 1 && w[1] == 2 && w[2] == 3 && w[5] == 0);
+        }
+        /* RELEASE_MEM: 32-bit data, 64-bit data, the GPU clock */
+        {
+                const uint32_t p[] = {PACKET3(PM4_RELEASE_MEM, 6),
+                                      0x14 | 5u << 8,
+                                      1u << 29,
+                                      lo(&w[6]),
+                                      hi(&w[6]),
+                                      66,
+                                      0,
+                                      0,
+                                      PACKET3(PM4_RELEASE_MEM, 6),
+                                      0x14 | 5u << 8,
+                                      2u << 29,
+                                      lo(&w64[0]),
+                                      hi(&w64[0]),
+                                      0x11111111,
+                                      0x22222222,
+                                      0,
+                                      PACKET3(PM4_RELEASE_MEM, 6),
+                                      0x14 | 5u << 8,
+                                      3u << 29,
+                                      lo(&w64[1]),
+                                      hi(&w64[1]),
+                                      0,
+                                      0,
+                                      0};
+
+                submit(&q, p, 24);
+                CHECK(drained(&q) && w[6] == 66 && w64[0] == 0x2222222211111111ULL && w64[1] != 0);
+        }
+        /* WAIT_REG_MEM on memory holds the queue until the value matches */
+        {
+                const uint32_t p[] = {
+                        PACKET3(PM4_WAIT_REG_MEM, 5), 3 | 1u << 4, lo(&w[8]), hi(&w[8]), 5, 0xf, 4,
+                        PACKET3(PM4_WRITE_DATA, 3),   5u << 8,     lo(&w[9]), hi(&w[9]), 77};
+
+                submit(&q, p, 12);
+                settle(&x);
+                CHECK(w[9] == 0);
+                __atomic_store_n(&w[8], 0x35, __ATOMIC_RELEASE);
+                CHECK(until32(&x, &w[9], 77));
+        }
+        /* an indirect buffer, chaining to a second one */
+        {
+                const uint32_t second[] = {PACKET3(PM4_WRITE_DATA, 3), 5u << 8, lo(&w[11]), hi(&w[11]), 12};
+                const uint32_t first[] = {PACKET3(PM4_WRITE_DATA, 3),
+                                          5u << 8,
+                                          lo(&w[10]),
+                                          hi(&w[10]),
+                                          11,
+                                          PACKET3(PM4_IB, 2),
+                                          lo(ib + 64),
+                                          hi(ib + 64),
+                                          5 | 1u << 20 | 1u << 23};
+                const uint32_t p[] = {PACKET3(PM4_IB, 2), lo(ib), hi(ib), 9 | 1u << 23};
+
+                memcpy(ib, first, sizeof(first));
+                memcpy(ib + 64, second, sizeof(second));
+                submit(&q, p, 4);
+                CHECK(until32(&x, &w[11], 12) && w[10] == 11 && drained(&q));
+        }
+        /* RELEASE_MEM with an interrupt: the event id in its slot, INT_CTXID the id; the waiter wakes */
+        CHECK_RC(event_new(&x, KFD_IOC_EVENT_SIGNAL, h_page, &ev), 0);
+        {
+                const uint32_t p[] = {PACKET3(PM4_RELEASE_MEM, 6),
+                                      0x14 | 5u << 8,
+                                      1u << 29 | 2u << 24,
+                                      lo(&slots[ev.event_id]),
+                                      hi(&slots[ev.event_id]),
+                                      ev.event_id,
+                                      0,
+                                      ev.event_id};
+
+                submit(&q, p, 8);
+        }
+        CHECK_RC(wait_event(&x, ev.event_id, 2000, NULL), KFD_IOC_WAIT_RESULT_COMPLETE);
+        /* packets wrap around the end of the ring; the read pointer is a dword offset into it */
+        while (q.w % (RING / 4) != RING / 4 - 2)
+                submit(&q, (const uint32_t[]){PACKET3(PM4_NOP, 0x3fff)}, 1);
+        {
+                const uint32_t p[] = {PACKET3(PM4_WRITE_DATA, 3), 5u << 8, lo(&w[12]), hi(&w[12]), 13};
+
+                submit(&q, p, 5);
+                CHECK(until32(&x, &w[12], 13) && drained(&q) && *(volatile uint32_t *)q.rptr == 3);
+        }
+        /* an IB that chains to itself runs forever, as on the CP, but a run at a time: runs return */
+        {
+                const uint32_t loop[] = {PACKET3(PM4_IB, 2), lo(ib + 128), hi(ib + 128),
+                                         4 | 1u << 20 | 1u << 23};
+
+                memcpy(ib + 128, loop, sizeof(loop));
+                submit(&q, (const uint32_t[]){PACKET3(PM4_IB, 2), lo(ib + 128), hi(ib + 128), 4 | 1u << 23},
+                       4);
+                for (int i = 0; i < 8; i++)
+                        CHECK(thunk_model_run_engines(x.m) > 0 || i > 0);
+        }
+        return ex_teardown(&x);
+}
+
+/* ------------------------------------------------------------------ GPU VM faults */
+
+/* A fault must fire the memory event with @va's page and the reason, and stop the process's queues. */
+static int expect_fault(Ex *x, uint32_t mem_event, uint64_t va, bool not_present, bool read_only)
+{
+        struct kfd_event_data d;
+
+        CHECK_RC(wait_event(x, mem_event, 2000, &d), KFD_IOC_WAIT_RESULT_COMPLETE);
+        CHECK(d.memory_exception_data.gpu_id == GPU);
+        CHECK(d.memory_exception_data.va == (va & ~(PAGE - 1)));
+        CHECK(d.memory_exception_data.failure.NotPresent == not_present);
+        CHECK(d.memory_exception_data.failure.ReadOnly == read_only);
+        CHECK(d.memory_exception_data.failure.NoExecute == 0 &&
+              d.memory_exception_data.failure.imprecise == 0);
+        return 0;
+}
+
+static int test_faults_sdma(void)
+{
+        Ex x;
+        Q q, other, later;
+        struct kfd_ioctl_create_event_args mev;
+        volatile uint32_t *w, *ro;
+        uint8_t *a;
+
+        /* a copy from an unmapped page: NotPresent, and nothing copied */
+        CHECK_RC(ex_setup(&x), 0);
+        a = host(&x, 2 * PAGE, WRITABLE, NULL);
+        w = host(&x, PAGE, WRITABLE, NULL);
+        CHECK(a && w);
+        CHECK_RC(event_new(&x, KFD_IOC_EVENT_MEMORY, 0, &mev), 0);
+        CHECK_RC(queue(&x, &q, KFD_IOC_QUEUE_TYPE_SDMA), 0);
+        CHECK_RC(queue(&x, &other, KFD_IOC_QUEUE_TYPE_COMPUTE), 0);
+        {
+                const uint64_t gone = 0x700000000ULL;
+                const uint32_t p[] = {SDMA_COPY,
+                                      2 * PAGE - 1,
+                                      0,
+                                      lo((void *)(gone + 0x1800)),
+                                      hi((void *)(gone + 0x1800)),
+                                      lo(a),
+                                      hi(a),
+                                      SDMA_FENCE,
+                                      lo(w),
+                                      hi(w),
+                                      1};
+
+                memset(a, 0x5a, 2 * PAGE);
+                submit(&q, p, 11);
+                CHECK(expect_fault(&x, mev.event_id, gone + 0x1800, true, false) == 0);
+                CHECK(a[0] == 0x5a && a[2 * PAGE - 1] == 0x5a);
+        }
+        /* the queue stopped at the packet; so did every queue of the process, and new ones stay stopped */
+        settle(&x);
+        CHECK(w[0] == 0 && *q.rptr == 0);
+        submit(&other, (const uint32_t[]){PACKET3(PM4_WRITE_DATA, 3), 5u << 8, lo(&w[1]), hi(&w[1]), 1}, 5);
+        CHECK_RC(queue(&x, &later, KFD_IOC_QUEUE_TYPE_SDMA), 0);
+        submit(&later, (const uint32_t[]){SDMA_FENCE, lo(&w[2]), hi(&w[2]), 1}, 4);
+        settle(&x);
+        CHECK(w[1] == 0 && w[2] == 0);
+        CHECK_RC(ex_teardown(&x), 0);
+
+        /* a fence into a read-only BO: ReadOnly, and the BO keeps its bytes */
+        CHECK_RC(ex_setup(&x), 0);
+        ro = host(&x, PAGE, 0, NULL);
+        CHECK(ro);
+        CHECK_RC(event_new(&x, KFD_IOC_EVENT_MEMORY, 0, &mev), 0);
+        CHECK_RC(queue(&x, &q, KFD_IOC_QUEUE_TYPE_SDMA), 0);
+        submit(&q, (const uint32_t[]){SDMA_FENCE, lo(&ro[3]), hi(&ro[3]), 9}, 4);
+        CHECK(expect_fault(&x, mev.event_id, (uintptr_t)&ro[3], false, true) == 0);
+        CHECK(ro[3] == 0);
+        return ex_teardown(&x);
+}
+
+static int test_faults_pm4(void)
+{
+        Ex x;
+        Q q;
+        struct kfd_ioctl_create_event_args mev;
+        volatile uint32_t *ro;
+        uint64_t h;
+
+        /* WRITE_DATA into a read-only VRAM BO */
+        CHECK_RC(ex_setup(&x), 0);
+        ro = vram(&x, VRAM_VA, PAGE, 0, &h);
+        CHECK(ro);
+        CHECK_RC(event_new(&x, KFD_IOC_EVENT_MEMORY, 0, &mev), 0);
+        CHECK_RC(queue(&x, &q, KFD_IOC_QUEUE_TYPE_COMPUTE), 0);
+        submit(&q,
+               (const uint32_t[]){PACKET3(PM4_WRITE_DATA, 3), 5u << 8, (uint32_t)(VRAM_VA + 64),
+                                  (uint32_t)(VRAM_VA >> 32), 1},
+               5);
+        CHECK(expect_fault(&x, mev.event_id, VRAM_VA + 64, false, true) == 0);
+        CHECK(ro[16] == 0 && *(volatile uint32_t *)q.rptr == 0);
+        munmap((void *)ro, PAGE);
+        CHECK_RC(ex_teardown(&x), 0);
+
+        /* an indirect buffer nowhere: the CP's fetch faults */
+        CHECK_RC(ex_setup(&x), 0);
+        CHECK_RC(event_new(&x, KFD_IOC_EVENT_MEMORY, 0, &mev), 0);
+        CHECK_RC(queue(&x, &q, KFD_IOC_QUEUE_TYPE_COMPUTE), 0);
+        submit(&q, (const uint32_t[]){PACKET3(PM4_IB, 2), 0x40000000, 0x7, 16 | 1u << 23}, 4);
+        CHECK(expect_fault(&x, mev.event_id, 0x740000000ULL, true, false) == 0);
+        return ex_teardown(&x);
+}
+
+/* A GEM_VA mapping keeps the rights it was made with: a read-only one refuses an engine's write. */
+static int test_faults_gem_va(void)
+{
+        Ex x;
+        Q q;
+        struct kfd_ioctl_create_event_args mev;
+        struct kfd_ioctl_export_dmabuf_args ex = {.flags = O_CLOEXEC};
+        struct drm_prime_handle ph = {0};
+        struct drm_amdgpu_gem_va va = {0};
+        volatile uint32_t *w, *v;
+        uint64_t h;
+        const uint64_t alias = 0x300000000ULL;
+
+        CHECK_RC(ex_setup(&x), 0);
+        w = host(&x, PAGE, WRITABLE, NULL);
+        v = vram(&x, VRAM_VA, PAGE, WRITABLE, &h);
+        CHECK(w && v);
+        ex.handle = h;
+        CHECK_RC(io(&x, x.kfd, AMDKFD_IOC_EXPORT_DMABUF, &ex), 0);
+        ph.fd = (int)ex.dmabuf_fd;
+        CHECK_RC(io(&x, x.render, DRM_IOCTL_PRIME_FD_TO_HANDLE, &ph), 0);
+        va.handle = ph.handle;
+        va.operation = AMDGPU_VA_OP_MAP;
+        va.flags = AMDGPU_VM_PAGE_READABLE;
+        va.va_address = alias;
+        va.map_size = PAGE;
+        CHECK_RC(io(&x, x.render, DRM_IOCTL_AMDGPU_GEM_VA, &va), 0);
+        CHECK_RC(event_new(&x, KFD_IOC_EVENT_MEMORY, 0, &mev), 0);
+        CHECK_RC(queue(&x, &q, KFD_IOC_QUEUE_TYPE_SDMA), 0);
+        /* reading through the alias works: it is the BO's page */
+        v[0] = 0x1234;
+        submit(&q,
+               (const uint32_t[]){SDMA_COPY, 3, 0, (uint32_t)alias, (uint32_t)(alias >> 32), lo(&w[0]),
+                                  hi(&w[0])},
+               7);
+        CHECK(until32(&x, &w[0], 0x1234));
+        submit(&q, (const uint32_t[]){SDMA_FENCE, (uint32_t)alias + 8, (uint32_t)(alias >> 32), 5}, 4);
+        CHECK(expect_fault(&x, mev.event_id, alias + 8, false, true) == 0);
+        CHECK(v[2] == 0);
+        close((int)ex.dmabuf_fd);
+        munmap((void *)v, PAGE);
+        return ex_teardown(&x);
+}
+
+/* ------------------------------------------------------------------ AQL */
+
+/* A kernel dispatch whose descriptor, first instruction, arguments or completion signal is out of the VM
+ * faults there; the packet stays in the ring. */
+static int aql_dispatch_fault(int which)
+{
+        Ex x;
+        Q q;
+        struct kfd_ioctl_create_event_args mev;
+        uint8_t *mem, *pkt;
+        uint64_t kd, kernarg, sig, bad = 0x740000000ULL + 0x100, want;
+        uint32_t kernarg_size = 16;
+
+        CHECK_RC(ex_setup(&x), 0);
+        mem = host(&x, 4 * PAGE, WRITABLE, NULL);
+        CHECK(mem);
+        kd = (uintptr_t)mem;
+        kernarg = (uintptr_t)mem + PAGE;
+        sig = (uintptr_t)mem + 2 * PAGE;
+        ((int64_t *)(mem + 2 * PAGE))[1] = 1;
+        memcpy(mem + 8, &kernarg_size, 4); /* the descriptor's kernarg size */
+        if (which == 0)
+                kd = bad;
+        if (which == 1) {
+                int64_t entry = (int64_t)(bad - kd);
+
+                memcpy(mem + 16, &entry, 8); /* the entry point, relative to the descriptor */
+        }
+        if (which == 2)
+                kernarg = bad;
+        if (which == 3)
+                sig = bad;
+        want = which == 0 ? kd : which == 2 ? kernarg : bad;
+        CHECK_RC(event_new(&x, KFD_IOC_EVENT_MEMORY, 0, &mev), 0);
+        CHECK_RC(queue(&x, &q, KFD_IOC_QUEUE_TYPE_COMPUTE_AQL), 0);
+        for (int i = 0; i < RING / 64; i++)
+                *(uint16_t *)((uint8_t *)q.ring + i * 64) = 1; /* INVALID */
+        pkt = (uint8_t *)q.ring;
+        memcpy(pkt + 32, &kd, 8);
+        memcpy(pkt + 40, &kernarg, 8);
+        memcpy(pkt + 56, &sig, 8);
+        __atomic_store_n((uint16_t *)pkt, 2, __ATOMIC_RELEASE);
+        __atomic_store_n(q.wptr, 1, __ATOMIC_RELEASE);
+        CHECK(expect_fault(&x, mev.event_id, want, true, false) == 0);
+        CHECK(*q.rptr == 0 && (*(uint16_t *)pkt & 0xff) == 2);
+        if (which != 3)
+                CHECK(((int64_t *)(mem + 2 * PAGE))[1] == 1);
+        return ex_teardown(&x);
+}
+
+static int test_faults_aql(void)
+{
+        for (int which = 0; which < 4; which++)
+                if (aql_dispatch_fault(which) != 0) {
+                        fprintf(stderr, "AQL dispatch fault case %d\n", which);
+                        return 1;
+                }
+        return 0;
+}
+
+/* ------------------------------------------------------------------ runner */
+
+typedef struct TestCase {
+        const char *name;
+        int (*fn)(void);
+} TestCase;
+
+static const TestCase tests[] = {
+        {"sdma", test_sdma},
+        {"sdma-export", test_sdma_export},
+        {"pm4", test_pm4},
+        {"faults-sdma", test_faults_sdma},
+        {"faults-pm4", test_faults_pm4},
+        {"faults-gem-va", test_faults_gem_va},
+        {"faults-aql", test_faults_aql},
+};
+
+int main(int argc, char **argv)
+{
+        int failed = 0, ran = 0;
+
+        for (size_t i = 0; i < sizeof(tests) / sizeof(tests[0]); i++) {
+                if (argc > 1 && strcmp(argv[1], tests[i].name) != 0)
+                        continue;
+                ran++;
+                if (tests[i].fn() != 0) {
+                        fprintf(stderr, "FAIL %s\n", tests[i].name);
+                        failed++;
+                } else {
+                        printf("ok %s\n", tests[i].name);
+                }
+        }
+        if (ran == 0) {
+                fprintf(stderr, "no test named %s\n", argc > 1 ? argv[1] : "");
+                return 2;
+        }
+        return failed ? 1 : 0;
+}

@@ -1,0 +1,362 @@
+/* libhsakmt (ROCm's thunk, unmodified) on the KFD model: PM4 and SDMA queues that run, interrupt and fault.
+ */
+#include <hsakmt.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "model-stats.h"
+
+#define RING_SIZE 4096
+#define BUF_SIZE  (1ULL << 20)
+
+#define CHECK(cond)                                                                                          \
+        do {                                                                                                 \
+                if (!(cond)) {                                                                               \
+                        fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond);             \
+                        return 1;                                                                            \
+                }                                                                                            \
+        } while (0)
+#define CHECK_KMT(expr)                                                                                      \
+        do {                                                                                                 \
+                HSAKMT_STATUS s_ = (expr);                                                                   \
+                if (s_ != HSAKMT_STATUS_SUCCESS) {                                                           \
+                        fprintf(stderr, "%s:%d: %s = %d\n", __FILE__, __LINE__, #expr, (int)s_);             \
+                        return 1;                                                                            \
+                }                                                                                            \
+        } while (0)
+
+/* PM4 (soc15d.h) and SDMA v4 (vega10_sdma_pkt_open.h) encodings the test writes. */
+#define PACKET3(op, n)         ((3u << 30) | (((op)&0xffu) << 8) | (((n)&0x3fffu) << 16))
+#define PM4_NOP                0x10
+#define PM4_WRITE_DATA         0x37
+#define PM4_RELEASE_MEM        0x49
+#define SDMA_OP_COPY           1
+#define SDMA_OP_WRITE          2
+#define SDMA_OP_FENCE          5
+#define SDMA_OP_TRAP           6
+#define CACHE_FLUSH_AND_INV_TS 0x14
+#define EOP                    5
+
+typedef struct Queue {
+        HsaQueueResource res;
+        uint32_t *ring;
+        uint64_t wptr; /* PM4: dwords; SDMA: bytes */
+        bool sdma;
+} Queue;
+
+static uint32_t gpu_node;
+
+static void *gpu_mem(uint64_t size, bool vram, bool read_only)
+{
+        HsaMemFlags f;
+        void *p = NULL;
+        HSAuint64 va;
+
+        memset(&f, 0, sizeof(f));
+        f.ui32.HostAccess = 1;
+        f.ui32.NonPaged = 1;
+        f.ui32.ReadOnly = read_only;
+        f.ui32.CoarseGrain = vram;
+        f.ui32.PageSize = HSA_PAGE_SIZE_4KB;
+        if (hsaKmtAllocMemory(vram ? gpu_node : 0, size, f, &p) != HSAKMT_STATUS_SUCCESS)
+                return NULL;
+        if (hsaKmtMapMemoryToGPU(p, size, &va) != HSAKMT_STATUS_SUCCESS) {
+                hsaKmtFreeMemory(p, size);
+                return NULL;
+        }
+        return p;
+}
+
+static void gpu_free(void *p, uint64_t size)
+{
+        hsaKmtUnmapMemoryToGPU(p);
+        hsaKmtFreeMemory(p, size);
+}
+
+static int queue_new(Queue *q, bool sdma)
+{
+        memset(q, 0, sizeof(*q));
+        q->sdma = sdma;
+        q->ring = gpu_mem(RING_SIZE, false, false);
+        CHECK(q->ring != NULL);
+        memset(q->ring, 0, RING_SIZE);
+        CHECK_KMT(hsaKmtCreateQueue(gpu_node, sdma ? HSA_QUEUE_SDMA : HSA_QUEUE_COMPUTE, 100,
+                                    HSA_QUEUE_PRIORITY_NORMAL, q->ring, RING_SIZE, NULL, &q->res));
+        return 0;
+}
+
+static void queue_free(Queue *q)
+{
+        hsaKmtDestroyQueue(q->res.QueueId);
+        gpu_free(q->ring, RING_SIZE);
+}
+
+/* Appends dwords to the ring and rings the doorbell, as kfdtest's queues do on SOC15: the write pointer is
+ * a 64-bit count that only grows (dwords for PM4, bytes for SDMA). */
+static void submit(Queue *q, const uint32_t *dw, size_t n)
+{
+        uint64_t pos = q->sdma ? q->wptr / 4 : q->wptr;
+
+        for (size_t i = 0; i < n; i++)
+                q->ring[(pos + i) % (RING_SIZE / 4)] = dw[i];
+        q->wptr += q->sdma ? n * 4 : n;
+        __atomic_store_n(q->res.Queue_write_ptr_aql, q->wptr, __ATOMIC_RELEASE);
+        __atomic_store_n(q->res.Queue_DoorBell_aql, q->wptr, __ATOMIC_RELEASE);
+}
+
+/* Has the engine read everything submitted? PM4 reports a 32-bit dword offset into the ring, SDMA its
+ * 64-bit byte count. */
+static bool drained(const Queue *q)
+{
+        for (int i = 0; i < 2000; i++) {
+                if (q->sdma && __atomic_load_n(q->res.Queue_read_ptr_aql, __ATOMIC_ACQUIRE) == q->wptr)
+                        return true;
+                if (!q->sdma &&
+                    __atomic_load_n(q->res.Queue_read_ptr, __ATOMIC_ACQUIRE) == q->wptr % (RING_SIZE / 4))
+                        return true;
+                usleep(1000);
+        }
+        return false;
+}
+
+static bool wait32(volatile uint32_t *p, uint32_t want)
+{
+        for (int i = 0; i < 2000 && __atomic_load_n(p, __ATOMIC_ACQUIRE) != want; i++)
+                usleep(1000);
+        return __atomic_load_n(p, __ATOMIC_ACQUIRE) == want;
+}
+
+static uint32_t lo(const volatile void *p)
+{
+        return (uint32_t)(uintptr_t)p;
+}
+
+static uint32_t hi(const volatile void *p)
+{
+        return (uint32_t)((uintptr_t)p >> 32);
+}
+
+static int test_pm4(void)
+{
+        HsaEventDescriptor d = {.EventType = HSA_EVENTTYPE_SIGNAL, .NodeId = gpu_node};
+        volatile uint32_t *mem = gpu_mem(BUF_SIZE, false, false);
+        HsaEvent *ev = NULL;
+        Queue q;
+
+        CHECK(mem != NULL);
+        CHECK(queue_new(&q, false) == 0);
+        /* NOPs: single-dword ones and one with a body */
+        {
+                const uint32_t nops[] = {PACKET3(PM4_NOP, 0x3fff),
+                                         PACKET3(PM4_NOP, 0x3fff),
+                                         PACKET3(PM4_NOP, 2),
+                                         0xdead,
+                                         0xbeef,
+                                         0xf00d};
+
+                submit(&q, nops, 6);
+                CHECK(drained(&q));
+        }
+        /* WRITE_DATA to memory: two dwords land */
+        {
+                const uint32_t wd[] = {PACKET3(PM4_WRITE_DATA, 4),
+                                       5u << 8 | 1u << 20,
+                                       lo(mem),
+                                       hi(mem),
+                                       0x12345678,
+                                       0x9abcdef0};
+
+                submit(&q, wd, 6);
+                CHECK(wait32(&mem[0], 0x12345678) && wait32(&mem[1], 0x9abcdef0));
+        }
+        /* RELEASE_MEM at end of pipe: the event id goes to the event's slot, the interrupt wakes the waiter
+         */
+        CHECK_KMT(hsaKmtCreateEvent(&d, false, false, &ev));
+        CHECK(hsaKmtWaitOnEvent(ev, 0) == HSAKMT_STATUS_WAIT_TIMEOUT);
+        {
+                uint64_t slot = ev->EventData.HWData2;
+                const uint32_t rm[] = {PACKET3(PM4_RELEASE_MEM, 6),
+                                       CACHE_FLUSH_AND_INV_TS | EOP << 8,
+                                       1u << 29 | 2u << 24, /* 32-bit data, interrupt after the write */
+                                       (uint32_t)slot,
+                                       (uint32_t)(slot >> 32),
+                                       ev->EventId,
+                                       0,
+                                       ev->EventId};
+
+                submit(&q, rm, 8);
+        }
+        CHECK_KMT(hsaKmtWaitOnEvent(ev, 2000));
+        CHECK(drained(&q));
+        CHECK_KMT(hsaKmtDestroyEvent(ev));
+        queue_free(&q);
+        gpu_free((void *)mem, BUF_SIZE);
+        printf("pm4: nop, write_data, release_mem interrupt: ok\n");
+        return 0;
+}
+
+static int test_sdma(void)
+{
+        HsaEventDescriptor d = {.EventType = HSA_EVENTTYPE_SIGNAL, .NodeId = gpu_node};
+        uint8_t *src = gpu_mem(BUF_SIZE, false, false), *vram = gpu_mem(BUF_SIZE, true, false);
+        volatile uint32_t *fence = gpu_mem(4096, false, false);
+        HsaEvent *ev = NULL;
+        Queue q;
+
+        CHECK(src && vram && fence);
+        for (size_t i = 0; i < BUF_SIZE; i++)
+                src[i] = (uint8_t)(i * 7 + 1);
+        memset(vram, 0, BUF_SIZE);
+        fence[0] = 0;
+        CHECK(queue_new(&q, true) == 0);
+        /* a NOP, then a fence */
+        {
+                const uint32_t p[] = {0, SDMA_OP_FENCE, lo(fence), hi(fence), 1};
+
+                submit(&q, p, 5);
+                CHECK(wait32(&fence[0], 1) && drained(&q));
+        }
+        /* a linear copy from host memory into VRAM, then a fence behind it */
+        {
+                const uint32_t p[] = {SDMA_OP_COPY, BUF_SIZE - 1,  0,         lo(src),   hi(src), lo(vram),
+                                      hi(vram),     SDMA_OP_FENCE, lo(fence), hi(fence), 2};
+
+                submit(&q, p, 11);
+                CHECK(wait32(&fence[0], 2));
+                CHECK(memcmp(src, vram, BUF_SIZE) == 0);
+        }
+        /* a trap after the event id was fenced into its slot: the wait wakes (ROCr's interrupt signals) */
+        CHECK_KMT(hsaKmtCreateEvent(&d, false, false, &ev));
+        {
+                uint64_t slot = ev->EventData.HWData2;
+                const uint32_t p[] = {SDMA_OP_FENCE, (uint32_t)slot, (uint32_t)(slot >> 32),
+                                      ev->EventId,   SDMA_OP_TRAP,   0};
+
+                submit(&q, p, 6);
+        }
+        CHECK_KMT(hsaKmtWaitOnEvent(ev, 2000));
+        CHECK(drained(&q));
+        CHECK_KMT(hsaKmtDestroyEvent(ev));
+        queue_free(&q);
+        gpu_free(src, BUF_SIZE);
+        gpu_free(vram, BUF_SIZE);
+        gpu_free((void *)fence, 4096);
+        printf("sdma: nop, fence, copy host -> vram, trap interrupt: ok\n");
+        return 0;
+}
+
+/* A write the GPU VM refuses: the memory event reports it and the queue stops. @unmapped: to an address
+ * no BO covers (NotPresent), else into a read-only BO (ReadOnly). */
+static int test_fault(bool sdma, bool unmapped)
+{
+        HsaEventDescriptor d = {.EventType = HSA_EVENTTYPE_MEMORY, .NodeId = gpu_node};
+        volatile uint32_t *ro = gpu_mem(4096, false, true), *fence = gpu_mem(4096, false, false);
+        HsaEvent *ev = NULL;
+        uintptr_t target;
+        Queue q;
+
+        CHECK(ro && fence);
+        fence[0] = 0;
+        CHECK_KMT(hsaKmtCreateEvent(&d, true, false, &ev));
+        CHECK(queue_new(&q, sdma) == 0);
+        /* a page that was mapped and no longer is (taken after the queue's own, which could reuse it) */
+        if (unmapped) {
+                void *gone = gpu_mem(4096, false, false);
+
+                CHECK(gone);
+                gpu_free(gone, 4096);
+                target = (uintptr_t)gone + 0x10;
+        } else {
+                target = (uintptr_t)ro + 0x10;
+        }
+        if (sdma) {
+                const uint32_t p[] = {SDMA_OP_WRITE,
+                                      (uint32_t)target,
+                                      (uint32_t)(target >> 32),
+                                      0,
+                                      0x5555,
+                                      SDMA_OP_FENCE,
+                                      lo(fence),
+                                      hi(fence),
+                                      7};
+
+                submit(&q, p, 9);
+        } else {
+                const uint32_t p[] = {PACKET3(PM4_WRITE_DATA, 3),
+                                      5u << 8,
+                                      (uint32_t)target,
+                                      (uint32_t)(target >> 32),
+                                      0x5555,
+                                      PACKET3(PM4_WRITE_DATA, 3),
+                                      5u << 8,
+                                      lo(fence),
+                                      hi(fence),
+                                      7};
+
+                submit(&q, p, 10);
+        }
+        CHECK_KMT(hsaKmtWaitOnEvent(ev, 2000));
+        printf("%s fault: va 0x%llx not-present %u read-only %u\n", sdma ? "sdma" : "pm4",
+               (unsigned long long)ev->EventData.EventData.MemoryAccessFault.VirtualAddress,
+               ev->EventData.EventData.MemoryAccessFault.Failure.NotPresent,
+               ev->EventData.EventData.MemoryAccessFault.Failure.ReadOnly);
+        CHECK(ev->EventData.EventData.MemoryAccessFault.VirtualAddress == (target & ~4095ULL));
+        CHECK(ev->EventData.EventData.MemoryAccessFault.NodeId == gpu_node);
+        CHECK(ev->EventData.EventData.MemoryAccessFault.Failure.NotPresent == unmapped);
+        CHECK(ev->EventData.EventData.MemoryAccessFault.Failure.ReadOnly == !unmapped);
+        /* the queue stopped at the fault: nothing behind it runs, and the read-only page kept its bytes */
+        usleep(50000);
+        CHECK(fence[0] == 0);
+        CHECK(ro[4] == 0);
+        CHECK_KMT(hsaKmtDestroyEvent(ev));
+        queue_free(&q);
+        gpu_free((void *)ro, 4096);
+        gpu_free((void *)fence, 4096);
+        return 0;
+}
+
+static int open_kfd(void)
+{
+        HsaSystemProperties sp;
+        HsaNodeProperties np;
+
+        CHECK_KMT(hsaKmtOpenKFD());
+        CHECK_KMT(hsaKmtAcquireSystemProperties(&sp));
+        for (uint32_t n = 0; n < sp.NumNodes; n++) {
+                CHECK_KMT(hsaKmtGetNodeProperties(n, &np));
+                if (np.NumFComputeCores)
+                        gpu_node = n;
+        }
+        CHECK(gpu_node != 0);
+        return 0;
+}
+
+static int close_kfd(void)
+{
+        ModelCounts c;
+
+        CHECK_KMT(hsaKmtReleaseSystemProperties());
+        CHECK_KMT(hsaKmtCloseKFD());
+        CHECK(model_counts(&c) == 0);
+        CHECK(c.contexts == 0 && c.mems == 0 && c.bufs == 0 && c.queues == 0 && c.events == 0);
+        return 0;
+}
+
+int main(void)
+{
+        /* a VM fault stops every queue of the process for good, as in the kernel: each fault gets a fresh
+         * process context (close and reopen the KFD) */
+        CHECK(open_kfd() == 0);
+        CHECK(test_pm4() == 0 && test_sdma() == 0);
+        CHECK(test_fault(false, false) == 0);
+        CHECK(close_kfd() == 0);
+        CHECK(open_kfd() == 0);
+        CHECK(test_fault(true, true) == 0);
+        CHECK(close_kfd() == 0);
+        printf("ok\n");
+        return 0;
+}

@@ -1,0 +1,101 @@
+/* The KFD model's GPU engines: GPU-VM access for them, and the SDMA, PM4 and AQL packet processors. */
+#pragma once
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "model-private.h"
+
+/* What an access needs from a GPU VM mapping. */
+enum {
+        MODEL_VM_READ = 1,
+        MODEL_VM_WRITE = 2,
+        MODEL_VM_EXEC = 4,
+};
+
+/* A GPU VM fault as the memory controller reports it: the faulting page and why. */
+typedef struct ModelVmFault {
+        uint64_t va; /* page address, as the kernel reports page_addr << PAGE_SHIFT */
+        bool not_present;
+        bool read_only;
+        bool no_execute;
+} ModelVmFault;
+
+/* One engine's run over one queue: the process, the queue and the GPU VM every address goes through. */
+typedef struct ModelEngine {
+        ThunkModel *m;
+        ModelCtx *ctx;
+        ModelQueue *q;
+        const ModelVm *vm;
+        bool faulted; /* the first fault is in @fault; the queue stops */
+        ModelVmFault fault;
+        uint64_t budget; /* bytes the engine may still move before it lets other queues run */
+} ModelEngine;
+
+/* Per run: how many packets an engine may retire, and how many bytes it may move, before the processor
+ * looks at the other queues and lets ioctls in. */
+#define MODEL_ENGINE_PACKETS 256
+#define MODEL_ENGINE_BYTES   (64ULL << 20)
+
+/* ---- model-gpuvm.c: every byte an engine touches goes through these ---- */
+
+/* Prepares @e for a run on @q of @ctx (the VM is the queue's GPU's acquired VM). */
+void model_engine_init(ModelEngine *e, ThunkModel *m, ModelCtx *ctx, ModelQueue *q);
+/* Is [va, va + len) mapped in @e's VM with @access? 0, or -EFAULT with the fault recorded in @e. */
+int model_vm_check(ModelEngine *e, uint64_t va, uint64_t len, unsigned int access);
+/* Reads or writes @len bytes at @va; checked whole first, so a faulting access touches nothing. */
+int model_vm_read(ModelEngine *e, uint64_t va, void *dst, uint64_t len);
+int model_vm_write(ModelEngine *e, uint64_t va, const void *src, uint64_t len);
+/* Copies @len bytes from @src to @dst inside the VM (overlap allowed); both ranges are checked first. */
+int model_vm_copy(ModelEngine *e, uint64_t dst, uint64_t src, uint64_t len);
+/* Writes @n elements of @size bytes (1, 2, 4 or 8), each the low bytes of @value, from @va. */
+int model_vm_fill(ModelEngine *e, uint64_t va, uint64_t value, unsigned int size, uint64_t n);
+/* Single naturally aligned 32/64-bit accesses, atomic where the hardware's are. */
+int model_vm_load32(ModelEngine *e, uint64_t va, uint32_t *ret);
+int model_vm_load64(ModelEngine *e, uint64_t va, uint64_t *ret);
+int model_vm_store32(ModelEngine *e, uint64_t va, uint32_t v);
+int model_vm_store64(ModelEngine *e, uint64_t va, uint64_t v);
+/* An atomic read-modify-write: TC_OP_ATOMIC_* @op (the RTN/NORTN, 32/64-bit encodings), returning the
+ * old value in @ret_old. -EINVAL for an operation the model does not know (nothing touched). */
+int model_vm_atomic(ModelEngine *e, uint64_t va, unsigned int op, uint64_t src, uint64_t cmp,
+                    uint64_t *ret_old);
+
+/* ---- model-queue.c: what engines raise ---- */
+
+/* An interrupt carrying @partial_id with @valid_bits significant bits, as kfd_signal_event_interrupt()
+ * takes it: the event whose slot is signalled, else every signalled slot. */
+void model_event_interrupt(ThunkModel *m, ModelCtx *ctx, uint32_t partial_id, unsigned int valid_bits);
+/* A GPU VM fault on GPU @g: the process's queues stop for good and its memory events fire. */
+void model_vm_fault_raise(ThunkModel *m, ModelCtx *ctx, int g, const ModelVmFault *f);
+/* The GPU's clock counter (100 MHz) and the system counter (ns), as GET_CLOCK_COUNTERS reads them. */
+uint64_t model_gpu_clock(void);
+uint64_t model_sys_clock(void);
+
+/* ---- the packet processors: each runs what it can of one queue; returns how many packets retired ---- */
+
+unsigned int model_sdma_run(ModelEngine *e);
+unsigned int model_pm4_run(ModelEngine *e);
+unsigned int model_aql_run(ModelEngine *e);
+
+/* The compare of a poll (SDMA POLL_REGMEM, PM4 WAIT_REG_MEM): function 0 always, 1 <, 2 <=, 3 ==, 4 !=,
+ * 5 >=, 6 >, of the masked value against the reference; 7 is reserved and taken as "always". */
+static inline bool model_poll_met(unsigned int func, uint32_t value, uint32_t mask, uint32_t ref)
+{
+        value &= mask;
+        switch (func) {
+        case 1:
+                return value < ref;
+        case 2:
+                return value <= ref;
+        case 3:
+                return value == ref;
+        case 4:
+                return value != ref;
+        case 5:
+                return value >= ref;
+        case 6:
+                return value > ref;
+        default:
+                return true;
+        }
+}

@@ -1,0 +1,476 @@
+/* GPU-VM access for the model's engines: every address goes through the queue's VM, its mappings and rights.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+
+#include <amdgpu_drm.h>
+
+#include "model-engines.h"
+
+/* A CPU view of one buffer's bytes, made the first time an engine touches the buffer and dropped when the
+ * buffer goes or moves to a file of its own (model_gpuvm_forget): engines look at rings and signals many
+ * times a millisecond, and an mmap per access would cost more than the access. */
+typedef struct ModelView {
+        ModelBuf *buf;
+        uint8_t *base;
+        uint64_t size;
+        bool writable;
+} ModelView;
+
+struct ModelViews {
+        ModelView *v;
+        size_t n;
+        size_t cap;
+        size_t last; /* the last hit: engines touch one buffer many times in a row */
+};
+
+static ModelView *view_find(struct ModelViews *vs, const ModelBuf *b)
+{
+        if (vs->last < vs->n && vs->v[vs->last].buf == b)
+                return &vs->v[vs->last];
+        for (size_t i = 0; i < vs->n; i++)
+                if (vs->v[i].buf == b) {
+                        vs->last = i;
+                        return &vs->v[i];
+                }
+        return NULL;
+}
+
+/*
+ * The engines' one way to a buffer's bytes: a CPU pointer to the start of @b, NULL if the model cannot
+ * reach them with @access. A userptr BO's pages are the process's own, at their CPU address; any other
+ * buffer is reached through a shared mapping made by model_buf_mmap(): of its range of the GPU's backing
+ * file while it is carved, of its own file once it has one. Either sees exactly what the CPU mappings of
+ * the buffer and its exported dmabufs see. The view counts as a CPU mapping of a carve-out, so a carved
+ * buffer's move to a file of its own (its first export) drops it first (model_gpuvm_forget), and the next
+ * access maps the new file.
+ */
+static uint8_t *model_buf_bytes(ThunkModel *m, ModelBuf *b, unsigned int access)
+{
+        struct ModelViews *vs = m->views;
+        ModelView *v;
+        void *p;
+        bool writable = true;
+        int r;
+
+        if (b->type == KFD_IOC_ALLOC_MEM_FLAGS_USERPTR)
+                return b->userptr ? (uint8_t *)(uintptr_t)b->userptr : NULL;
+        if (!vs) {
+                vs = calloc(1, sizeof(*vs));
+                if (!vs)
+                        return NULL;
+                m->views = vs;
+        }
+        v = view_find(vs, b);
+        if (!v) {
+                if (model_grow((void **)&vs->v, &vs->cap, vs->n + 1, sizeof(*vs->v)) < 0)
+                        return NULL;
+                r = model_buf_mmap(b, NULL, b->size, PROT_READ | PROT_WRITE, MAP_SHARED, &p);
+                if (r == -EACCES) {
+                        /* an import of a read-only file: the engines may only read it */
+                        writable = false;
+                        r = model_buf_mmap(b, NULL, b->size, PROT_READ, MAP_SHARED, &p);
+                }
+                if (r < 0)
+                        return NULL;
+                vs->last = vs->n;
+                v = &vs->v[vs->n++];
+                *v = (ModelView){.buf = b, .base = p, .size = b->size, .writable = writable};
+        }
+        if ((access & MODEL_VM_WRITE) && !v->writable)
+                return NULL;
+        return v->base;
+}
+
+void model_gpuvm_forget(ThunkModel *m, ModelBuf *b)
+{
+        struct ModelViews *vs = m->views;
+        ModelView *v = vs ? view_find(vs, b) : NULL;
+
+        if (!v)
+                return;
+        munmap(v->base, v->size);
+        *v = vs->v[--vs->n];
+}
+
+void model_gpuvm_release(ThunkModel *m)
+{
+        struct ModelViews *vs = m->views;
+
+        if (!vs)
+                return;
+        for (size_t i = 0; i < vs->n; i++)
+                munmap(vs->v[i].base, vs->v[i].size);
+        free(vs->v);
+        free(vs);
+        m->views = NULL;
+}
+
+/* ------------------------------------------------------------------ translation */
+
+void model_engine_init(ModelEngine *e, ThunkModel *m, ModelCtx *ctx, ModelQueue *q)
+{
+        ModelFile *f = ctx->pdd[q->gpu].file;
+
+        *e = (ModelEngine){.m = m, .ctx = ctx, .q = q, .vm = f ? &f->vm : NULL, .budget = MODEL_ENGINE_BYTES};
+}
+
+static int vm_fault(ModelEngine *e, uint64_t va, bool not_present, bool read_only, bool no_execute)
+{
+        if (!e->faulted) {
+                e->faulted = true;
+                e->fault = (ModelVmFault){.va = va & ~(MODEL_PAGE - 1),
+                                          .not_present = not_present,
+                                          .read_only = read_only,
+                                          .no_execute = no_execute};
+        }
+        return -EFAULT;
+}
+
+/* The mapping holding @va, or NULL: mappings never overlap, so it is the first one to end after @va, if
+ * that one starts at or below it. */
+static const ModelMapping *vm_lookup(const ModelVm *vm, uint64_t va)
+{
+        const ModelMapping *mp = vm ? model_vm_first_after(vm, va) : NULL;
+
+        return mp && mp->start <= va ? mp : NULL;
+}
+
+/* The longest run of [va, va + len) that one mapping covers with @access: a CPU pointer to it and its
+ * length. A KFD mapping has the rights of its allocation (always readable, WRITABLE, EXECUTABLE); a
+ * GEM_VA mapping those it was made with. */
+static int vm_span(ModelEngine *e, uint64_t va, uint64_t len, unsigned int access, uint8_t **ret,
+                   uint64_t *ret_len)
+{
+        const ModelMapping *mp = vm_lookup(e->vm, va);
+        bool readable, writable, exec;
+        uint64_t off, n;
+        uint8_t *base;
+
+        if (!mp)
+                return vm_fault(e, va, true, false, false);
+        if (mp->mem) {
+                readable = true;
+                writable = mp->mem->flags & KFD_IOC_ALLOC_MEM_FLAGS_WRITABLE;
+                exec = mp->mem->flags & KFD_IOC_ALLOC_MEM_FLAGS_EXECUTABLE;
+        } else {
+                readable = mp->gem_flags & AMDGPU_VM_PAGE_READABLE;
+                writable = mp->gem_flags & AMDGPU_VM_PAGE_WRITEABLE;
+                exec = mp->gem_flags & AMDGPU_VM_PAGE_EXECUTABLE;
+        }
+        /* the kernel words a fault by the protection bits the memory controller reports: a write to a
+         * read-only page is ReadOnly, an instruction fetch from a non-executable one NoExecute, and a read
+         * of an unreadable one sets neither */
+        if ((access & MODEL_VM_WRITE) && !writable)
+                return vm_fault(e, va, false, true, false);
+        if ((access & MODEL_VM_EXEC) && !exec)
+                return vm_fault(e, va, false, false, true);
+        if ((access & MODEL_VM_READ) && !readable)
+                return vm_fault(e, va, false, false, false);
+        off = mp->offset + (va - mp->start);
+        base = off < mp->buf->size ? model_buf_bytes(e->m, mp->buf, access) : NULL;
+        if (!base)
+                return vm_fault(e, va, !(access & MODEL_VM_WRITE), (access & MODEL_VM_WRITE) != 0, false);
+        n = mp->end - va;
+        if (n > mp->buf->size - off)
+                n = mp->buf->size - off;
+        *ret = base + off;
+        *ret_len = n < len ? n : len;
+        return 0;
+}
+
+int model_vm_check(ModelEngine *e, uint64_t va, uint64_t len, unsigned int access)
+{
+        uint8_t *p;
+        uint64_t n;
+
+        if (len && va + len - 1 < va)
+                return vm_fault(e, 0, true, false, false);
+        while (len) {
+                int r = vm_span(e, va, len, access, &p, &n);
+
+                if (r < 0)
+                        return r;
+                va += n;
+                len -= n;
+        }
+        return 0;
+}
+
+int model_vm_read(ModelEngine *e, uint64_t va, void *dst, uint64_t len)
+{
+        uint8_t *d = dst, *p;
+        uint64_t n;
+        int r = model_vm_check(e, va, len, MODEL_VM_READ);
+
+        while (r == 0 && len) {
+                r = vm_span(e, va, len, MODEL_VM_READ, &p, &n);
+                if (r == 0) {
+                        memcpy(d, p, n);
+                        d += n;
+                        va += n;
+                        len -= n;
+                }
+        }
+        return r;
+}
+
+int model_vm_write(ModelEngine *e, uint64_t va, const void *src, uint64_t len)
+{
+        const uint8_t *s = src;
+        uint8_t *p;
+        uint64_t n;
+        int r = model_vm_check(e, va, len, MODEL_VM_WRITE);
+
+        while (r == 0 && len) {
+                r = vm_span(e, va, len, MODEL_VM_WRITE, &p, &n);
+                if (r == 0) {
+                        memcpy(p, s, n);
+                        s += n;
+                        va += n;
+                        len -= n;
+                }
+        }
+        return r;
+}
+
+int model_vm_copy(ModelEngine *e, uint64_t dst, uint64_t src, uint64_t len)
+{
+        uint8_t *d, *s;
+        uint64_t nd, ns;
+        int r;
+
+        /* the source is read before anything is written: a fault on either side moves no byte */
+        r = model_vm_check(e, src, len, MODEL_VM_READ);
+        if (r == 0)
+                r = model_vm_check(e, dst, len, MODEL_VM_WRITE);
+        while (r == 0 && len) {
+                r = vm_span(e, src, len, MODEL_VM_READ, &s, &ns);
+                if (r == 0)
+                        r = vm_span(e, dst, ns, MODEL_VM_WRITE, &d, &nd);
+                if (r == 0) {
+                        memmove(d, s, nd);
+                        src += nd;
+                        dst += nd;
+                        len -= nd;
+                }
+        }
+        return r;
+}
+
+int model_vm_fill(ModelEngine *e, uint64_t va, uint64_t value, unsigned int size, uint64_t n)
+{
+        /* 4 KiB of the pattern: a whole number of elements of every size, so a run starting at byte k of
+         * an element is pat + k */
+        uint8_t pat[4096 + 8];
+        uint64_t len = n * size, pos = 0, got;
+        uint8_t *p;
+        int r;
+
+        if (size == 0 || size > 8 || (size & (size - 1)) || (n && len / size != n))
+                return -EINVAL;
+        for (size_t i = 0; i < sizeof(pat); i++)
+                pat[i] = (uint8_t)(value >> (8 * (i % size)));
+        r = model_vm_check(e, va, len, MODEL_VM_WRITE);
+        while (r == 0 && pos < len) {
+                r = vm_span(e, va + pos, len - pos, MODEL_VM_WRITE, &p, &got);
+                for (uint64_t done = 0; r == 0 && done < got;) {
+                        uint64_t k = (pos + done) % size, c = got - done < 4096 ? got - done : 4096;
+
+                        memcpy(p + done, pat + k, c);
+                        done += c;
+                }
+                if (r == 0)
+                        pos += got;
+        }
+        return r;
+}
+
+/* A pointer for a single access of @size bytes, if one mapping covers it and it is naturally aligned
+ * (then the access can be atomic); NULL with 0 if it must go byte by byte, NULL with the fault else. */
+static uint8_t *vm_word(ModelEngine *e, uint64_t va, unsigned int size, unsigned int access, int *err)
+{
+        uint8_t *p;
+        uint64_t n;
+
+        *err = model_vm_check(e, va, size, access);
+        if (*err < 0 || (va & (size - 1)))
+                return NULL;
+        *err = vm_span(e, va, size, access, &p, &n);
+        return *err == 0 && n == size && ((uintptr_t)p & (size - 1)) == 0 ? p : NULL;
+}
+
+int model_vm_load32(ModelEngine *e, uint64_t va, uint32_t *ret)
+{
+        int r;
+        uint8_t *p = vm_word(e, va, 4, MODEL_VM_READ, &r);
+
+        if (p) {
+                *ret = __atomic_load_n((uint32_t *)p, __ATOMIC_ACQUIRE);
+                return 0;
+        }
+        return r < 0 ? r : model_vm_read(e, va, ret, 4);
+}
+
+int model_vm_load64(ModelEngine *e, uint64_t va, uint64_t *ret)
+{
+        int r;
+        uint8_t *p = vm_word(e, va, 8, MODEL_VM_READ, &r);
+
+        if (p) {
+                *ret = __atomic_load_n((uint64_t *)p, __ATOMIC_ACQUIRE);
+                return 0;
+        }
+        return r < 0 ? r : model_vm_read(e, va, ret, 8);
+}
+
+int model_vm_store32(ModelEngine *e, uint64_t va, uint32_t v)
+{
+        int r;
+        uint8_t *p = vm_word(e, va, 4, MODEL_VM_WRITE, &r);
+
+        if (p) {
+                __atomic_store_n((uint32_t *)p, v, __ATOMIC_RELEASE);
+                return 0;
+        }
+        return r < 0 ? r : model_vm_write(e, va, &v, 4);
+}
+
+int model_vm_store64(ModelEngine *e, uint64_t va, uint64_t v)
+{
+        int r;
+        uint8_t *p = vm_word(e, va, 8, MODEL_VM_WRITE, &r);
+
+        if (p) {
+                __atomic_store_n((uint64_t *)p, v, __ATOMIC_RELEASE);
+                return 0;
+        }
+        return r < 0 ? r : model_vm_write(e, va, &v, 8);
+}
+
+/* TC_OP_ATOMIC_* (gfx9): bit 5 selects 64-bit, bit 6 "no return"; the low five bits are the operation. */
+enum {
+        TC_ATOMIC_SWAP = 0x07,
+        TC_ATOMIC_CMPSWAP = 0x08,
+        TC_ATOMIC_ADD = 0x0f,
+        TC_ATOMIC_SUB = 0x10,
+        TC_ATOMIC_SMIN = 0x11,
+        TC_ATOMIC_UMIN = 0x12,
+        TC_ATOMIC_SMAX = 0x13,
+        TC_ATOMIC_UMAX = 0x14,
+        TC_ATOMIC_AND = 0x15,
+        TC_ATOMIC_OR = 0x16,
+        TC_ATOMIC_XOR = 0x17,
+        TC_ATOMIC_INC = 0x18,
+        TC_ATOMIC_DEC = 0x19,
+};
+
+/* The new value of an atomic on @old; false if it leaves memory alone (a failed compare-and-swap). */
+static bool atomic_apply(unsigned int kind, bool wide, uint64_t old, uint64_t src, uint64_t cmp,
+                         uint64_t *ret)
+{
+        uint64_t mask = wide ? ~0ULL : 0xffffffffULL;
+        int64_t so = wide ? (int64_t)old : (int64_t)(int32_t)old,
+                ss = wide ? (int64_t)src : (int64_t)(int32_t)src;
+
+        old &= mask;
+        src &= mask;
+        switch (kind) {
+        case TC_ATOMIC_SWAP:
+                *ret = src;
+                return true;
+        case TC_ATOMIC_CMPSWAP:
+                *ret = src;
+                return old == (cmp & mask);
+        case TC_ATOMIC_ADD:
+                *ret = (old + src) & mask;
+                return true;
+        case TC_ATOMIC_SUB:
+                *ret = (old - src) & mask;
+                return true;
+        case TC_ATOMIC_SMIN:
+                *ret = (uint64_t)(so < ss ? so : ss) & mask;
+                return true;
+        case TC_ATOMIC_UMIN:
+                *ret = old < src ? old : src;
+                return true;
+        case TC_ATOMIC_SMAX:
+                *ret = (uint64_t)(so > ss ? so : ss) & mask;
+                return true;
+        case TC_ATOMIC_UMAX:
+                *ret = old > src ? old : src;
+                return true;
+        case TC_ATOMIC_AND:
+                *ret = old & src;
+                return true;
+        case TC_ATOMIC_OR:
+                *ret = old | src;
+                return true;
+        case TC_ATOMIC_XOR:
+                *ret = old ^ src;
+                return true;
+        case TC_ATOMIC_INC: /* wraps to 0 past the source value */
+                *ret = old >= src ? 0 : old + 1;
+                return true;
+        case TC_ATOMIC_DEC: /* wraps to the source value below 0 or above it */
+                *ret = (old == 0 || old > src) ? src : old - 1;
+                return true;
+        default:
+                return false;
+        }
+}
+
+static bool atomic_known(unsigned int op)
+{
+        unsigned int kind = op & 0x1f;
+
+        return op < 0x80 && (kind == TC_ATOMIC_SWAP || kind == TC_ATOMIC_CMPSWAP ||
+                             (kind >= TC_ATOMIC_ADD && kind <= TC_ATOMIC_DEC));
+}
+
+int model_vm_atomic(ModelEngine *e, uint64_t va, unsigned int op, uint64_t src, uint64_t cmp,
+                    uint64_t *ret_old)
+{
+        bool wide = (op & 0x20) != 0;
+        unsigned int size = wide ? 8 : 4, kind = op & 0x1f;
+        uint64_t old = 0, nv;
+        uint8_t *p;
+        int r;
+
+        if (!atomic_known(op))
+                return -EINVAL;
+        p = vm_word(e, va, size, MODEL_VM_READ | MODEL_VM_WRITE, &r);
+        if (!p) {
+                /* unaligned or split across mappings: no atomicity to be had, as on the GPU */
+                if (r < 0)
+                        return r;
+                r = model_vm_read(e, va, &old, size);
+                if (r == 0 && atomic_apply(kind, wide, old, src, cmp, &nv))
+                        r = model_vm_write(e, va, &nv, size);
+                *ret_old = old;
+                return r;
+        }
+        if (wide) {
+                uint64_t cur = __atomic_load_n((uint64_t *)p, __ATOMIC_ACQUIRE);
+
+                do {
+                        old = cur;
+                        if (!atomic_apply(kind, true, old, src, cmp, &nv))
+                                break;
+                } while (!__atomic_compare_exchange_n((uint64_t *)p, &cur, nv, false, __ATOMIC_ACQ_REL,
+                                                      __ATOMIC_ACQUIRE));
+        } else {
+                uint32_t cur = __atomic_load_n((uint32_t *)p, __ATOMIC_ACQUIRE);
+
+                do {
+                        old = cur;
+                        if (!atomic_apply(kind, false, old, src, cmp, &nv))
+                                break;
+                } while (!__atomic_compare_exchange_n((uint32_t *)p, &cur, (uint32_t)nv, false,
+                                                      __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE));
+        }
+        *ret_old = old;
+        return 0;
+}

@@ -1,0 +1,305 @@
+/* The SDMA engines of the KFD model: SDMA v4 (gfx9) packets from a user-mode ring, every address through the
+ * GPU VM. */
+#include <errno.h>
+#include <string.h>
+
+#include "model-engines.h"
+
+/* Opcodes and field positions: the kernel's vega10_sdma_pkt_open.h and ROCr's sdma_registers.h. */
+#define SDMA_OP_NOP              0
+#define SDMA_OP_COPY             1
+#define SDMA_OP_WRITE            2
+#define SDMA_OP_INDIRECT         4
+#define SDMA_OP_FENCE            5
+#define SDMA_OP_TRAP             6
+#define SDMA_OP_POLL_REGMEM      8
+#define SDMA_OP_ATOMIC           10
+#define SDMA_OP_CONST_FILL       11
+#define SDMA_OP_TIMESTAMP        13
+#define SDMA_SUBOP_COPY_LINEAR   0
+#define SDMA_SUBOP_WRITE_LINEAR  0
+#define SDMA_SUBOP_TS_SET        0
+#define SDMA_SUBOP_TS_GET        1
+#define SDMA_SUBOP_TS_GET_GLOBAL 2
+
+#define SDMA_TRAP_VALID_IDS  28    /* the trap interrupt carries 28 bits of context */
+#define SDMA_POLL_FOREVER    0xfff /* a POLL_REGMEM retry count that never gives up */
+#define SDMA_IB_PACKET_BYTES 24
+#define SDMA_MAX_FIXED       8 /* dwords of the longest fixed-size packet the model runs (ATOMIC) */
+#define SDMA_WRITE_CHUNK     256
+
+#define TC_OP_CMPSWAP_MASK 0x1f
+#define TC_OP_CMPSWAP      0x08
+
+/* what a packet did: retired, waits (a poll), stopped the engine, began an IB, or is not all there yet */
+enum { STEP_DONE, STEP_WAIT, STEP_STOP, STEP_ENTER_IB, STEP_SHORT };
+
+/* Where the packets come from: the ring (positions in bytes, wrapping) or an indirect buffer (dwords). */
+typedef struct SdmaSrc {
+        bool ib;
+        uint64_t base;
+        uint64_t pos;
+        uint64_t ring_size;
+        uint64_t avail; /* dwords that may be read from pos */
+} SdmaSrc;
+
+static int src_read(ModelEngine *e, const SdmaSrc *s, uint64_t idx, uint32_t *out, uint64_t n)
+{
+        uint64_t off, first;
+        int r;
+
+        if (s->ib)
+                return model_vm_read(e, s->base + (s->pos + idx) * 4, out, n * 4);
+        off = (s->pos + idx * 4) % s->ring_size;
+        first = s->ring_size - off;
+        if (first >= n * 4)
+                return model_vm_read(e, s->base + off, out, n * 4);
+        /* the packet wraps around the end of the ring */
+        r = model_vm_read(e, s->base + off, out, first);
+        return r < 0 ? r : model_vm_read(e, s->base, (uint8_t *)out + first, n * 4 - first);
+}
+
+static uint64_t addr64(uint32_t lo, uint32_t hi)
+{
+        return (uint64_t)hi << 32 | lo;
+}
+
+/* WRITE linear: count + 1 dwords of data follow the four header dwords, and may be many. */
+static int sdma_write(ModelEngine *e, const SdmaSrc *s, const uint32_t *p, uint32_t *len)
+{
+        uint64_t dst = addr64(p[1] & ~3u, p[2]), ndw = (uint64_t)(p[3] & 0xfffff) + 1;
+        uint32_t buf[SDMA_WRITE_CHUNK];
+
+        if (4 + ndw > s->avail)
+                return STEP_SHORT;
+        *len = (uint32_t)(4 + ndw);
+        if (model_vm_check(e, dst, ndw * 4, MODEL_VM_WRITE) < 0)
+                return STEP_STOP;
+        for (uint64_t i = 0; i < ndw;) {
+                uint64_t n = ndw - i < SDMA_WRITE_CHUNK ? ndw - i : SDMA_WRITE_CHUNK;
+
+                if (src_read(e, s, 4 + i, buf, n) < 0 || model_vm_write(e, dst + i * 4, buf, n * 4) < 0)
+                        return STEP_STOP;
+                i += n;
+        }
+        e->budget = e->budget > ndw * 4 ? e->budget - ndw * 4 : 0;
+        return STEP_DONE;
+}
+
+static int sdma_poll(ModelEngine *e, const uint32_t *p)
+{
+        unsigned int func = (p[0] >> 28) & 7, retry = (p[5] >> 16) & 0xfff;
+        bool mem = (p[0] >> 31) & 1;
+        uint32_t v;
+
+        /* a register poll (the HDP flush handshake among them): registers are not modelled and every
+         * compare on them holds */
+        if (!mem)
+                return STEP_DONE;
+        if (model_vm_load32(e, addr64(p[1] & ~3u, p[2]), &v) < 0)
+                return STEP_STOP;
+        if (model_poll_met(func, v, p[4], p[3])) {
+                e->q->poll_tries = 0;
+                return STEP_DONE;
+        }
+        /* a finite retry count gives up and moves on (the poll-timeout interrupt KFD does not forward) */
+        if (retry != SDMA_POLL_FOREVER && ++e->q->poll_tries > retry) {
+                e->q->poll_tries = 0;
+                return STEP_DONE;
+        }
+        return STEP_WAIT;
+}
+
+static int sdma_atomic(ModelEngine *e, const uint32_t *p)
+{
+        unsigned int op = (p[0] >> 25) & 0x7f;
+        bool loop = (p[0] >> 16) & 1, wide = (op & 0x20) != 0;
+        uint64_t cmp = addr64(p[5], p[6]), old = 0;
+        int r = model_vm_atomic(e, addr64(p[1], p[2]), op, addr64(p[3], p[4]), cmp, &old);
+
+        if (r < 0)
+                return STEP_STOP; /* a fault, or an operation the engine does not have */
+        /* "loop": a compare-and-swap that failed is tried again until it succeeds */
+        if (loop && (op & TC_OP_CMPSWAP_MASK) == TC_OP_CMPSWAP && old != (wide ? cmp : (uint32_t)cmp))
+                return STEP_WAIT;
+        return STEP_DONE;
+}
+
+static int sdma_fill(ModelEngine *e, const uint32_t *p)
+{
+        /* FILLSIZE selects elements of 1, 2 or 4 bytes of the data dword (3 is taken as 4); COUNT is the
+         * byte count minus one, so (count >> log2(size)) + 1 elements, which is what both ROCr's
+         * (dwords - 1) * 4 and amdgpu's bytes - 1 encodings mean */
+        unsigned int shift = (p[0] >> 30) & 3;
+        uint32_t count = p[4] & 0x3fffff;
+        uint64_t n;
+
+        if (shift > 2)
+                shift = 2;
+        n = (uint64_t)(count >> shift) + 1;
+        if (model_vm_fill(e, addr64(p[1], p[2]), p[3], 1u << shift, n) < 0)
+                return STEP_STOP;
+        e->budget = e->budget > (n << shift) ? e->budget - (n << shift) : 0;
+        return STEP_DONE;
+}
+
+/* The length of the fixed-size packet @op/@sub in dwords, 0 if the engine does not run it. */
+static uint32_t sdma_fixed_len(unsigned int op, unsigned int sub)
+{
+        switch (op) {
+        case SDMA_OP_COPY:
+                return sub == SDMA_SUBOP_COPY_LINEAR ? 7 : 0;
+        case SDMA_OP_INDIRECT:
+                return 6;
+        case SDMA_OP_FENCE:
+                return 4;
+        case SDMA_OP_TRAP:
+                return 2;
+        case SDMA_OP_POLL_REGMEM:
+                return 6;
+        case SDMA_OP_ATOMIC:
+                return 8;
+        case SDMA_OP_CONST_FILL:
+                return 5;
+        case SDMA_OP_TIMESTAMP:
+                return sub <= SDMA_SUBOP_TS_GET_GLOBAL ? 3 : 0;
+        default:
+                return 0;
+        }
+}
+
+/* Runs the packet at the source's position. @h holds its first dwords (as many as are available, up to
+ * SDMA_MAX_FIXED); *len gets its length in dwords when it completes. */
+static int sdma_step(ModelEngine *e, const SdmaSrc *s, const uint32_t *h, uint32_t *len)
+{
+        unsigned int op = h[0] & 0xff, sub = (h[0] >> 8) & 0xff;
+        uint32_t p[SDMA_MAX_FIXED];
+        uint64_t bytes;
+
+        if (op == SDMA_OP_NOP) {
+                /* COUNT more dwords belong to it; ROCr pads with runs of zero dwords, taken together */
+                uint32_t n = 1 + ((h[0] >> 16) & 0x3fff);
+
+                if (n > s->avail)
+                        return STEP_SHORT;
+                if (n == 1)
+                        while (n < s->avail && n < SDMA_MAX_FIXED && h[n] == 0)
+                                n++;
+                *len = n;
+                return STEP_DONE;
+        }
+        if (op == SDMA_OP_WRITE && sub == SDMA_SUBOP_WRITE_LINEAR) {
+                if (s->avail < 4)
+                        return STEP_SHORT;
+                return sdma_write(e, s, h, len);
+        }
+        *len = sdma_fixed_len(op, sub);
+        if (*len == 0)
+                return STEP_STOP; /* an illegal packet halts the engine */
+        if (*len > s->avail)
+                return STEP_SHORT;
+        memcpy(p, h, *len * 4);
+        switch (op) {
+        case SDMA_OP_COPY:
+                bytes = (uint64_t)(p[1] & 0x3fffff) + 1;
+                if (model_vm_copy(e, addr64(p[5], p[6]), addr64(p[3], p[4]), bytes) < 0)
+                        return STEP_STOP;
+                e->budget = e->budget > bytes ? e->budget - bytes : 0;
+                return STEP_DONE;
+        case SDMA_OP_INDIRECT:
+                /* an IB may not hold another one */
+                if (s->ib)
+                        return STEP_STOP;
+                e->q->ib_base = addr64(p[1] & ~0x1fu, p[2]);
+                e->q->ib_dwords = p[3] & 0xfffff;
+                e->q->ib_pos = 0;
+                return STEP_ENTER_IB;
+        case SDMA_OP_FENCE:
+                return model_vm_store32(e, addr64(p[1] & ~3u, p[2]), p[3]) < 0 ? STEP_STOP : STEP_DONE;
+        case SDMA_OP_TRAP:
+                model_event_interrupt(e->m, e->ctx, p[1] & 0x0fffffff, SDMA_TRAP_VALID_IDS);
+                return STEP_DONE;
+        case SDMA_OP_POLL_REGMEM:
+                return sdma_poll(e, p);
+        case SDMA_OP_ATOMIC:
+                return sdma_atomic(e, p);
+        case SDMA_OP_CONST_FILL:
+                return sdma_fill(e, p);
+        case SDMA_OP_TIMESTAMP:
+                /* the local and the global timestamp are both the GPU's reference clock; SET is ignored */
+                if (sub == SDMA_SUBOP_TS_SET)
+                        return STEP_DONE;
+                return model_vm_store64(e, addr64(p[1], p[2]), model_gpu_clock()) < 0 ? STEP_STOP : STEP_DONE;
+        default:
+                return STEP_STOP;
+        }
+}
+
+/*
+ * The ring and its pointers as KFD sets up an SDMA queue on SOC15: the ring in dwords, the read and write
+ * pointers 64-bit byte offsets that only grow (the engine wraps them into the ring), the read pointer
+ * written back as the engine moves past each packet. ROCr (BlitSdma<uint64_t, true, -1>) and libhsakmt
+ * users rely on exactly that.
+ */
+unsigned int model_sdma_run(ModelEngine *e)
+{
+        ModelQueue *q = e->q;
+        unsigned int done = 0;
+        uint64_t wptr;
+
+        if (q->ring_size < 4 || model_vm_load64(e, q->wptr, &wptr) < 0)
+                return 0;
+        while (done < MODEL_ENGINE_PACKETS && e->budget) {
+                SdmaSrc s = {.ring_size = q->ring_size};
+                uint32_t h[SDMA_MAX_FIXED] = {0}, len = 0;
+                int step;
+
+                if (q->in_ib) {
+                        s.ib = true;
+                        s.base = q->ib_base;
+                        s.pos = q->ib_pos;
+                        s.avail = q->ib_dwords - q->ib_pos;
+                        if (s.avail == 0) {
+                                /* the IB is done: so is the INDIRECT packet in the ring */
+                                q->in_ib = false;
+                                q->hw_rptr += SDMA_IB_PACKET_BYTES;
+                                if (model_vm_store64(e, q->rptr, q->hw_rptr) < 0)
+                                        break;
+                                done++;
+                                continue;
+                        }
+                } else {
+                        s.base = q->ring_base;
+                        s.pos = q->hw_rptr;
+                        s.avail = (wptr - q->hw_rptr) / 4;
+                        if (s.avail == 0)
+                                break;
+                }
+                if (src_read(e, &s, 0, h, s.avail < SDMA_MAX_FIXED ? s.avail : SDMA_MAX_FIXED) < 0)
+                        break;
+                step = sdma_step(e, &s, h, &len);
+                /* the rest of a packet may still come to the ring, never to an IB */
+                if (step == STEP_SHORT)
+                        step = s.ib ? STEP_STOP : STEP_WAIT;
+                if (step == STEP_WAIT)
+                        break;
+                if (step == STEP_STOP) {
+                        q->stopped = true;
+                        break;
+                }
+                if (step == STEP_ENTER_IB) {
+                        q->in_ib = true;
+                        done++;
+                        continue;
+                }
+                if (q->in_ib) {
+                        q->ib_pos += len;
+                } else {
+                        q->hw_rptr += (uint64_t)len * 4;
+                        if (model_vm_store64(e, q->rptr, q->hw_rptr) < 0)
+                                break;
+                }
+                done++;
+        }
+        return done;
+}
