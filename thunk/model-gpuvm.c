@@ -176,8 +176,21 @@ static int vm_span(ModelEngine *e, uint64_t va, uint64_t len, unsigned int acces
         n = mp->end - va;
         if (n > mp->buf->size - off)
                 n = mp->buf->size - off;
+        if (n > len)
+                n = len;
+        /* A userptr BO's pages are the process's: ones it unmapped while the BO stayed mapped on the GPU
+         * (the kernel's MMU notifier would evict the BO) are not present to the GPU, and touching them here
+         * would fault the model's own thread. Pages unmapped by another thread between this check and the
+         * access are not covered: the process races with itself there, as it does on the hardware. */
+        if (mp->buf->type == KFD_IOC_ALLOC_MEM_FLAGS_USERPTR) {
+                uint64_t cpu = (uint64_t)(uintptr_t)(base + off);
+                uint64_t lo = cpu & ~(MODEL_PAGE - 1);
+                uint64_t hi = MODEL_PAGE_ALIGN(cpu + n);
+                if (!model_cpu_range_mapped(lo, hi))
+                        return vm_fault(e, va, true, false, false);
+        }
         *ret = base + off;
-        *ret_len = n < len ? n : len;
+        *ret_len = n;
         return 0;
 }
 

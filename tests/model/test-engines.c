@@ -874,6 +874,26 @@ static int test_faults_sdma(void)
         CHECK(w[1] == 0 && w[2] == 0);
         CHECK_RC(ex_teardown(&x), 0);
 
+        /* a userptr BO whose pages the process unmapped while the BO stayed mapped on the GPU: the pages are
+         * not present to the engine (NotPresent), and the model's thread does not touch them */
+        CHECK_RC(ex_setup(&x), 0);
+        {
+                struct kfd_ioctl_alloc_memory_of_gpu_args al = {
+                        .size = PAGE, .gpu_id = GPU, .flags = USERPTR | WRITABLE};
+                void *p = mmap(NULL, PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+
+                CHECK(p != MAP_FAILED);
+                al.va_addr = al.mmap_offset = (uintptr_t)p;
+                CHECK_RC(io(&x, x.kfd, AMDKFD_IOC_ALLOC_MEMORY_OF_GPU, &al), 0);
+                CHECK_RC(map(&x, al.handle), 0);
+                CHECK_RC(event_new(&x, KFD_IOC_EVENT_MEMORY, 0, &mev), 0);
+                CHECK_RC(queue(&x, &q, KFD_IOC_QUEUE_TYPE_SDMA), 0);
+                munmap(p, PAGE);
+                submit(&q, (const uint32_t[]){SDMA_FENCE, lo(p), hi(p), 7}, 4);
+                CHECK(expect_fault(&x, mev.event_id, (uintptr_t)p, true, false) == 0);
+        }
+        CHECK_RC(ex_teardown(&x), 0);
+
         /* a fence into a read-only BO: ReadOnly, and the BO keeps its bytes */
         CHECK_RC(ex_setup(&x), 0);
         ro = host(&x, PAGE, 0, NULL);
