@@ -81,6 +81,24 @@ bool daemon_wrapped(void)
         return w && *w;
 }
 
+#if defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define HARNESS_TSAN 1
+#endif
+#endif
+#if defined(__SANITIZE_THREAD__)
+#define HARNESS_TSAN 1
+#endif
+
+bool daemon_under_tsan(void)
+{
+#ifdef HARNESS_TSAN
+        return true;
+#else
+        return false;
+#endif
+}
+
 static int spawn(Daemon *d, const char *preset, const char *const *extra_args)
 {
         const char *bin = getenv("GPUMEMD");

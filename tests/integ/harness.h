@@ -47,6 +47,12 @@ int daemon_quiet_fd_count(const Daemon *d);
  * --leak-check=full"): split at spaces and put before the daemon's argv. Start-up waits are longer then.
  */
 bool daemon_wrapped(void);
+/*
+ * The tests (and so the daemon next to them) are built with ThreadSanitizer, whose shadow and metadata
+ * take most of the address space above 1 TiB: the daemon then has room for a few TiB of client VA windows,
+ * in pieces of at most 1.5 TiB.
+ */
+bool daemon_under_tsan(void);
 /* Like daemon_start(), but on an existing Daemon whose dir, socket and config are kept (a restart). */
 int daemon_restart(Daemon *d, const char *preset, const char *const *extra_args);
 /* SIGKILL and reap. */
