@@ -9,7 +9,7 @@
 
 #include "conn.h"
 #include "log.h"
-#include "manager.h"
+#include "core.h"
 #include "window.h"
 
 ClassState *classes_find(Manager *m, const char *name)
@@ -208,17 +208,6 @@ void classes_free_all(Manager *m)
         m->policy = policy_free(m->policy);
 }
 
-unsigned classes_windows(const Manager *m, const ClassState *s)
-{
-        unsigned n = 0;
-
-        /* counted where they are, so no path that gives a window back can forget the class's count */
-        for (const Conn *c = m->conns; c; c = c->next)
-                if (c->cls == s)
-                        n += window_count(c);
-        return n;
-}
-
 void classes_get(const Manager *m, const ClassState *s, PolicyResource r, uint32_t gpu_id, uint64_t *ret_used,
                  uint64_t *ret_limit)
 {
@@ -263,7 +252,7 @@ void classes_get(const Manager *m, const ClassState *s, PolicyResource r, uint32
                 *ret_limit = s->max_inflight;
                 break;
         case POLICY_RES_WINDOWS:
-                *ret_used = classes_windows(m, s);
+                *ret_used = window_count_of_class(m, s);
                 *ret_limit = s->max_windows;
                 break;
         default:

@@ -5,24 +5,11 @@
 #include <stdint.h>
 
 #include "broker.h"
+#include "class-state.h"
 #include "policy.h"
 
 typedef struct Manager Manager;
 typedef struct Conn Conn;
-
-typedef struct ClassState {
-        struct ClassState *next;
-        char *name;
-        const PolicyClass *klass; /* in the manager's current policy; NULL once a reload removed it */
-        BrokerAccount acct;       /* limits and usage shared by every client of the class */
-        uint64_t max_connections;
-        uint64_t max_inflight; /* per connection; read by the loops without the lock */
-        unsigned deny_ops;     /* copied from the class, so a class a reload removed keeps its rules too */
-        bool admin;
-        unsigned connections;
-        uint64_t denials;     /* atomic: counted where a request is refused, on any loop */
-        uint64_t max_windows; /* VA windows its connections may hold at once (current and refused ones) */
-} ClassState;
 
 /* Make @p the running policy: states follow it by class name, every connection is matched again and its
  * usage moves with it. Takes ownership of @p. */
@@ -42,8 +29,6 @@ void classes_free_all(Manager *m);
  */
 int classes_set_limit(Manager *m, ClassState *s, PolicyResource r, uint32_t gpu_id, uint64_t limit,
                       bool force, char *reason, size_t len);
-/* VA windows the connections of @s hold now: each one's current window and those it could not reserve. */
-unsigned classes_windows(const Manager *m, const ClassState *s);
 /* Current usage of @r (per GPU when @gpu_id) and its limit. */
 void classes_get(const Manager *m, const ClassState *s, PolicyResource r, uint32_t gpu_id, uint64_t *ret_used,
                  uint64_t *ret_limit);

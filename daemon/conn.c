@@ -12,13 +12,10 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#include "classes.h"
-#include "policy.h"
 #include "frame.h"
-#include "metrics.h"
 #include "log.h"
-#include "manager.h"
-#include "request.h"
+#include "policy.h"
+#include "shard.h"
 #include "transport.h"
 #include "wire.h"
 
@@ -28,36 +25,36 @@
 
 uint64_t conn_inflight_limit(const Conn *c)
 {
-        /* read on the connection's loop without the lock: a reload or quota set may change both */
-        const ClassState *cls = READ_ONCE(c->cls);
-        return cls ? READ_ONCE(cls->max_inflight) : POLICY_DEFAULT_INFLIGHT;
+        return c->host->inflight_limit(c);
 }
 
 /* ---- what the transport tells the connection ---------------------------------------------------------- */
 
 static void on_packet(void *owner, const uint8_t *buf, size_t len, int *fds, size_t n_fds)
 {
-        request_handle(owner, buf, len, fds, n_fds);
+        Conn *c = owner;
+
+        c->host->packet(c, buf, len, fds, n_fds);
 }
 
 static void on_refused(void *owner, int err, uint32_t request_id)
 {
         Conn *c = owner;
 
-        manager_lock(c->m);
-        request_violation(c, request_id, err,
-                          err == -EMSGSIZE ? "frame larger than the maximum frame size"
-                                           : "ancillary data truncated or not SCM_RIGHTS");
-        manager_unlock(c->m);
+        c->host->lock(c->m);
+        c->host->violation(c, request_id, err,
+                           err == -EMSGSIZE ? "frame larger than the maximum frame size"
+                                            : "ancillary data truncated or not SCM_RIGHTS");
+        c->host->unlock(c->m);
 }
 
 static void on_closed(void *owner)
 {
         Conn *c = owner;
 
-        manager_lock(c->m);
+        c->host->lock(c->m);
         conn_kill(c);
-        manager_unlock(c->m);
+        c->host->unlock(c->m);
 }
 
 static void on_stalled(void *owner)
@@ -65,12 +62,12 @@ static void on_stalled(void *owner)
         Conn *c = owner;
 
         COUNTER_ADD(c->sh->stats.stalled_drops, 1);
-        manager_lock(c->m);
+        c->host->lock(c->m);
         conn_log(c, LOG_NOTICE, GM_MESSAGE_PROTOCOL_VIOLATION, &c->log_rl,
                  "does not read its replies: %u waiting for %u s, closing", c->t.out_count,
-                 c->m->opts.send_timeout_sec);
+                 READ_ONCE(*c->send_timeout_sec));
         conn_kill(c);
-        manager_unlock(c->m);
+        c->host->unlock(c->m);
 }
 
 /* Replies in flight are summed per class when asked; a connection held at its limit is a denial in the
@@ -81,7 +78,7 @@ static void on_inflight(void *owner, int delta, bool limited)
 
         COUNTER_ADD(c->inflight, (int64_t)delta);
         if (limited)
-                metrics_deny(c->sh->metrics, DENY_INFLIGHT);
+                c->host->limited(c);
 }
 
 static uint64_t on_inflight_limit(void *owner)
@@ -121,7 +118,7 @@ void conn_log(Conn *c, int prio, const char *message_id, LogRatelimit *rl, const
         snprintf(f_client, sizeof(f_client), "GPUMEM_CLIENT_ID=%llu", (unsigned long long)c->id);
         snprintf(f_cgroup, sizeof(f_cgroup), "GPUMEM_CLIENT_CGROUP=%s",
                  c->ident.cgroup ? c->ident.cgroup : "");
-        snprintf(f_class, sizeof(f_class), "GPUMEM_CLIENT_CLASS=%s", c->cls ? c->cls->name : "");
+        snprintf(f_class, sizeof(f_class), "GPUMEM_CLIENT_CLASS=%s", c->host->class_name(c));
         va_start(ap, fmt);
         vsnprintf(msg, sizeof(msg), fmt, ap);
         va_end(ap);
@@ -207,12 +204,12 @@ static void conn_on_hello_timeout(evutil_socket_t fd, short what, void *userdata
 
         if (c->proto_version || c->dead)
                 return;
-        manager_lock(c->m);
+        c->host->lock(c->m);
         conn_log(c, LOG_NOTICE, GM_MESSAGE_PROTOCOL_VIOLATION, &c->log_rl, "no hello within %u s, closing",
-                 c->m->opts.hello_timeout_sec);
+                 READ_ONCE(*c->hello_timeout_sec));
         (void)conn_send_error(c, 0, -ETIMEDOUT, "no hello in time");
         conn_kill(c);
-        manager_unlock(c->m);
+        c->host->unlock(c->m);
 }
 
 void conn_hello_done(Conn *c)
@@ -221,7 +218,8 @@ void conn_hello_done(Conn *c)
                 event_del(c->hello_ev);
 }
 
-int conn_new(Manager *m, int fd, Conn **ret)
+int conn_new(Manager *m, const ConnHost *host, const uint32_t *send_timeout_sec,
+             const uint32_t *hello_timeout_sec, int fd, Conn **ret)
 {
         Conn *c;
         int r;
@@ -232,6 +230,9 @@ int conn_new(Manager *m, int fd, Conn **ret)
                 return -ENOMEM;
         }
         c->m = m;
+        c->host = host;
+        c->send_timeout_sec = send_timeout_sec;
+        c->hello_timeout_sec = hello_timeout_sec;
         c->ident.pidfd = -1;
         c->log_rl = (LogRatelimit)LOG_RATELIMIT_INIT(10, 1);
         c->connected_real_usec = now_usec(CLOCK_REALTIME);
@@ -248,28 +249,13 @@ int conn_new(Manager *m, int fd, Conn **ret)
         return 0;
 }
 
-void conn_place(Conn *c, Shard *sh)
-{
-        Manager *m = c->m;
-
-        c->sh = sh;
-        c->id = ++m->next_client_id;
-        c->next = m->conns;
-        if (m->conns)
-                m->conns->prev = c;
-        m->conns = c;
-        m->n_conns++;
-        sh->n_conns++;
-}
-
 void conn_start(Conn *c)
 {
-        Manager *m = c->m;
         Shard *sh = c->sh;
+        uint32_t hello_timeout = READ_ONCE(*c->hello_timeout_sec);
         int r;
 
-        r = transport_start(&c->t, sh->base, sh->rx_buf, sh->tx_buf, &m->opts.send_timeout_sec);
-        uint32_t hello_timeout = READ_ONCE(m->opts.hello_timeout_sec);
+        r = transport_start(&c->t, sh->base, sh->rx_buf, sh->tx_buf, c->send_timeout_sec);
         if (r == 0 && hello_timeout && !c->dead) {
                 struct timeval tv = {(time_t)hello_timeout, 0};
                 c->hello_ev = evtimer_new(sh->base, conn_on_hello_timeout, c);
@@ -277,29 +263,12 @@ void conn_start(Conn *c)
                         r = -ENOMEM;
         }
         if (r < 0) {
-                manager_lock(m);
+                c->host->lock(c->m);
                 conn_log(c, LOG_WARNING, GM_MESSAGE_PROTOCOL_VIOLATION, NULL,
                          "cannot watch the connection: %s", strerror(-r));
                 conn_kill(c);
-                manager_unlock(m);
+                c->host->unlock(c->m);
         }
-}
-
-static void conn_unlink(Conn *c)
-{
-        Manager *m = c->m;
-
-        if (c->prev)
-                c->prev->next = c->next;
-        else if (m->conns == c)
-                m->conns = c->next;
-        else
-                return; /* not linked */
-        if (c->next)
-                c->next->prev = c->prev;
-        c->prev = c->next = NULL;
-        m->n_conns--;
-        c->sh->n_conns--;
 }
 
 /* Dead: nothing more is read, written or timed for it. */
@@ -315,7 +284,8 @@ Conn *conn_free(Conn *c)
 {
         if (!c)
                 return NULL;
-        conn_unlink(c);
+        if (c->host)
+                c->host->gone(c, false);
         if (c->deferred) {
                 /* requests of it are still being worked on: freed when the last one ends
                  * (conn_deferred_end), its objects and window staying until then */
@@ -323,12 +293,11 @@ Conn *conn_free(Conn *c)
                 conn_stop(c);
                 return NULL;
         }
-        request_conn_teardown(c);
+        if (c->host)
+                c->host->teardown(c); /* its objects, its window, its class */
         if (c->hello_ev)
                 event_free(c->hello_ev);
-        /* before the class goes: what is queued is counted there */
         transport_done(&c->t);
-        classes_leave(c);
         safe_close(c->ident.pidfd);
         free(c->ident.groups);
         free(c->ident.cgroup);
@@ -350,12 +319,13 @@ static void conn_forget_dying(Conn *c)
 static void conn_free_cb(evutil_socket_t fd, short what, void *userdata)
 {
         Conn *c = userdata;
+        const ConnHost *host = c->host;
         Manager *m = c->m;
 
-        manager_lock(m);
+        host->lock(m);
         conn_forget_dying(c);
         conn_free(c);
-        manager_unlock(m);
+        host->unlock(m);
 }
 
 void conn_kill(Conn *c)
@@ -364,11 +334,7 @@ void conn_kill(Conn *c)
                 return;
         conn_stop(c);
         /* Out of the list now, so counts and admin views no longer see it; freed after this callback. */
-        conn_unlink(c);
-        if (c->proto_version)
-                conn_log(c, LOG_INFO, GM_MESSAGE_CLIENT_DISCONNECT, &c->m->conn_log_rl,
-                         "disconnected after %llu requests", (unsigned long long)c->requests);
-        manager_notify_status(c->m);
+        c->host->gone(c, true);
         /* Remembered until freed: when the loop stops first (the drain at SIGTERM breaks it as soon as the
          * last connection is unlinked), manager_free() frees what is left. */
         c->dying_next = c->sh->dying;

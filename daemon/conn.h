@@ -20,6 +20,30 @@ typedef struct ThunkVaSpace ThunkVaSpace;
 typedef struct BrokerClient BrokerClient;
 typedef struct ClassState ClassState;
 
+/*
+ * What a connection asks of the daemon above it, which hands it these at conn_new(): the connection calls
+ * nothing above itself but through them. All are called on the connection's loop.
+ */
+typedef struct ConnHost {
+        /* A request packet (the loop's receive buffer, valid during the call); takes @fds. */
+        void (*packet)(Conn *c, const uint8_t *buf, size_t len, int *fds, size_t n_fds);
+        /* The transport refused a packet: a protocol violation, answered and closed by the daemon. */
+        void (*violation)(Conn *c, uint32_t request_id, int code, const char *reason);
+        /* The daemon's books' lock, around what the connection does on its own (recursive). */
+        void (*lock)(Manager *m);
+        void (*unlock)(Manager *m);
+        /* Out of the daemon's list and counts (a no-op once out); @killed: it was closed, not freed at
+         * shutdown. Under the lock. */
+        void (*gone)(Conn *c, bool killed);
+        /* Release what the daemon holds for it (memory objects, window, class). Under the lock. */
+        void (*teardown)(Conn *c);
+        /* Replies it may have in flight; and that it was held at that limit. */
+        uint64_t (*inflight_limit)(const Conn *c);
+        void (*limited)(Conn *c);
+        /* Its class's name for log lines ("" for none). */
+        const char *(*class_name)(const Conn *c);
+} ConnHost;
+
 typedef struct ConnIdentity {
         pid_t pid;
         uid_t uid;
@@ -35,8 +59,11 @@ typedef struct ConnIdentity {
  * read under the manager's lock, but for the counters its loop keeps without it (requests, inflight).
  */
 typedef struct Conn {
-        Manager *m;
-        Shard *sh; /* its loop; set when placed (conn_place) */
+        Manager *m; /* for the request handlers above; the connection itself only carries it */
+        const ConnHost *host;
+        const uint32_t *send_timeout_sec,
+                *hello_timeout_sec; /* the daemon's settings (read as they change) */
+        Shard *sh;                  /* its loop; set when the daemon places it */
         LoopWork start_work;
         Conn *prev, *next;
         Transport t;            /* the socket, its frames and its reply queue */
@@ -66,11 +93,11 @@ typedef struct Conn {
 
 /*
  * Take ownership of an accepted socket @fd (closed on failure too) and read the peer's identity. The
- * connection is in no list and watches nothing yet. Under the manager's lock.
+ * connection is in no list and watches nothing yet. @send_timeout_sec and @hello_timeout_sec point at the
+ * daemon's settings, which a reload may change. Under the daemon's lock.
  */
-int conn_new(Manager *m, int fd, Conn **ret);
-/* Give it its id and its shard, and put it on the manager's list. Under the manager's lock. */
-void conn_place(Conn *c, Shard *sh);
+int conn_new(Manager *m, const ConnHost *host, const uint32_t *send_timeout_sec,
+             const uint32_t *hello_timeout_sec, int fd, Conn **ret);
 /* On its shard's thread, without the lock: start reading it and its hello deadline. */
 void conn_start(Conn *c);
 /* Free now (only from outside the connection's own callbacks, e.g. at shutdown). Under the lock, on its

@@ -16,6 +16,7 @@
 
 #include "broker.h"
 #include "classes.h"
+#include "exposition.h"
 #include "metrics.h"
 #include <event2/http.h>
 #include "policy.h"
@@ -29,39 +30,9 @@
 #include "wire.h"
 
 #define ACCEPTS_PER_WAKEUP 64
-#define DRAIN_TIMEOUT_USEC (3u * 1000000u)
-
-void manager_lock(Manager *m)
-{
-        pthread_mutex_lock(&m->lock);
-}
-
-void manager_unlock(Manager *m)
-{
-        pthread_mutex_unlock(&m->lock);
-}
-
-Shard *manager_current_shard(Manager *m)
-{
-        for (unsigned i = 0; i < m->n_shards; i++)
-                if (loop_is_current(m->shards[i].loop))
-                        return &m->shards[i];
-        return NULL;
-}
-
-void manager_stats(const Manager *m, ManagerStats *ret)
-{
-        *ret = (ManagerStats){0};
-        for (unsigned i = 0; i < m->n_shards; i++) {
-                const ManagerStats *s = &m->shards[i].stats;
-                ret->requests += READ_ONCE(s->requests);
-                ret->protocol_errors += READ_ONCE(s->protocol_errors);
-                ret->denials += READ_ONCE(s->denials);
-                ret->connections_total += READ_ONCE(s->connections_total);
-                ret->connections_refused += READ_ONCE(s->connections_refused);
-                ret->stalled_drops += READ_ONCE(s->stalled_drops);
-        }
-}
+/* Objects a departed client's teardown frees per loop round, other clients' requests in between. */
+#define MANAGER_TEARDOWN_SLICE 4096
+#define DRAIN_TIMEOUT_USEC     (3u * 1000000u)
 
 static void on_status_timer(evutil_socket_t fd, short what, void *userdata)
 {
@@ -74,45 +45,6 @@ static void on_status_timer(evutil_socket_t fd, short what, void *userdata)
         manager_unlock(m);
         (void)sd_notifyf(0, "STATUS=Serving %u client%s on %s%s%s", n, n == 1 ? "" : "s", driver_name(m->drv),
                          m->preset_name[0] ? " preset " : "", m->preset_name);
-}
-
-/* On the main loop: timers of the whole daemon are armed there, whichever loop asked. */
-static void status_arm(void *arg)
-{
-        static const struct timeval delay = {1, 0};
-        Manager *m = arg;
-
-        if (evtimer_add(m->status_ev, &delay) < 0) {
-                manager_lock(m);
-                m->status_pending = false;
-                manager_unlock(m);
-        }
-}
-
-/* Coalesce STATUS= updates to one a second: a notify socket that is slow to read must not stall clients. */
-void manager_notify_status(Manager *m)
-{
-        if (m->status_pending || !m->status_ev || m->freeing)
-                return;
-        m->status_pending = true;
-        loop_post_work(m->shards[0].loop, &m->status_work, status_arm, m);
-}
-
-unsigned manager_conns_of_uid(const Manager *m, uid_t uid)
-{
-        unsigned n = 0;
-        for (const Conn *c = m->conns; c; c = c->next)
-                if (c->ident.uid == uid)
-                        n++;
-        return n;
-}
-
-Conn *manager_find_conn(Manager *m, uint64_t client_id)
-{
-        for (Conn *c = m->conns; c; c = c->next)
-                if (c->id == client_id)
-                        return c;
-        return NULL;
 }
 
 typedef struct Reaper {
@@ -158,7 +90,11 @@ static void reap_arm(void *arg)
         evtimer_add(m->reap_ev, &now);
 }
 
-int manager_reap(Manager *m, BrokerClient *bc, Conn *c)
+/*
+ * Take over the teardown of @bc and the windows of @c (moved out of it) and finish it in slices from the
+ * main loop. -ENOMEM or -ESHUTDOWN (the manager is being freed): the caller tears down at once.
+ */
+static int manager_reap(Manager *m, BrokerClient *bc, Conn *c)
 {
         Reaper *r, **tail;
 
@@ -226,6 +162,102 @@ static void start_cb(void *arg)
         conn_start(arg);
 }
 
+/* ---- what a connection asks of the daemon (ConnHost) ----------------------------------------------------
+ */
+
+static void host_packet(Conn *c, const uint8_t *buf, size_t len, int *fds, size_t n_fds)
+{
+        request_handle(c, buf, len, fds, n_fds);
+}
+
+static void host_violation(Conn *c, uint32_t request_id, int code, const char *reason)
+{
+        request_violation(c, request_id, code, reason);
+}
+
+static void host_gone(Conn *c, bool killed)
+{
+        Manager *m = c->m;
+
+        if (c->prev)
+                c->prev->next = c->next;
+        else if (m->conns == c)
+                m->conns = c->next;
+        else
+                return; /* not linked */
+        if (c->next)
+                c->next->prev = c->prev;
+        c->prev = c->next = NULL;
+        m->n_conns--;
+        c->sh->n_conns--;
+        if (!killed)
+                return;
+        if (c->proto_version)
+                conn_log(c, LOG_INFO, GM_MESSAGE_CLIENT_DISCONNECT, &m->conn_log_rl,
+                         "disconnected after %llu requests", (unsigned long long)c->requests);
+        manager_notify_status(m);
+}
+
+static void host_teardown(Conn *c)
+{
+        /* objects first (they live in the window), then the window itself; a client with many objects goes
+         * in slices between other clients' requests */
+        if (c->broker && broker_client_records(c->broker) > MANAGER_TEARDOWN_SLICE &&
+            manager_reap(c->m, c->broker, c) == 0)
+                c->broker = NULL;
+        else {
+                c->broker = broker_client_free(c->broker);
+                window_release(c);
+        }
+        classes_leave(c);
+}
+
+static uint64_t host_inflight_limit(const Conn *c)
+{
+        /* read on the connection's loop without the lock: a reload or quota set may change both */
+        const ClassState *cls = READ_ONCE(c->cls);
+        return cls ? READ_ONCE(cls->max_inflight) : POLICY_DEFAULT_INFLIGHT;
+}
+
+static void host_limited(Conn *c)
+{
+        metrics_deny(c->sh->metrics, DENY_INFLIGHT);
+}
+
+static const char *host_class_name(const Conn *c)
+{
+        return c->cls ? c->cls->name : "";
+}
+
+static const ConnHost conn_host = {
+        .packet = host_packet,
+        .violation = host_violation,
+        .lock = manager_lock,
+        .unlock = manager_unlock,
+        .gone = host_gone,
+        .teardown = host_teardown,
+        .inflight_limit = host_inflight_limit,
+        .limited = host_limited,
+        .class_name = host_class_name,
+};
+
+int manager_conn_new(Manager *m, int fd, Conn **ret)
+{
+        return conn_new(m, &conn_host, &m->opts.send_timeout_sec, &m->opts.hello_timeout_sec, fd, ret);
+}
+
+void manager_conn_place(Manager *m, Conn *c, Shard *sh)
+{
+        c->sh = sh;
+        c->id = ++m->next_client_id;
+        c->next = m->conns;
+        if (m->conns)
+                m->conns->prev = c;
+        m->conns = c;
+        m->n_conns++;
+        sh->n_conns++;
+}
+
 static void on_accept_retry(evutil_socket_t fd, short what, void *userdata)
 {
         Manager *m = userdata;
@@ -255,7 +287,7 @@ static void accept_one(Manager *m, Shard *main_sh, int fd, const struct ucred *c
                 refuse(fd, -EUSERS, "too many connections from this user");
                 return;
         }
-        if (conn_new(m, fd, &c) < 0) {
+        if (manager_conn_new(m, fd, &c) < 0) {
                 manager_unlock(m);
                 log_warning("cannot set up a connection from pid %d", (int)cred->pid);
                 return;
@@ -271,7 +303,7 @@ static void accept_one(Manager *m, Shard *main_sh, int fd, const struct ucred *c
                 manager_unlock(m);
                 return;
         }
-        conn_place(c, pick_shard(m));
+        manager_conn_place(m, c, pick_shard(m));
         COUNTER_ADD(main_sh->stats.connections_total, 1);
         log_debug("accepted client %llu (pid %d uid %u) on loop %u", (unsigned long long)c->id,
                   (int)cred->pid, (unsigned)cred->uid, c->sh->index);

@@ -1,11 +1,8 @@
-/* Metrics: per-op counts and latency histograms, denials, and the Prometheus text rendering (and listener).
- */
+/* Metrics: per-op counts and latency histograms and denials, kept by each loop for itself. */
 #pragma once
 
 #include <stddef.h>
 #include <stdint.h>
-
-typedef struct Manager Manager;
 
 #define METRICS_MAX_OPS   128
 #define METRICS_MAX_ERRNO 134
@@ -37,7 +34,9 @@ typedef struct Metrics {
 
 void metrics_record(Metrics *mt, unsigned op, const char *name, int result, uint64_t ns);
 void metrics_deny(Metrics *mt, DenyReason why);
-/* The Prometheus text exposition, under the manager's lock; the caller frees *ret. */
-int metrics_render(Manager *m, char **ret, size_t *ret_len);
-/* Serve GET /metrics on ADDR:PORT with libevent's HTTP server. */
-int metrics_listen(Manager *m, const char *addr_port);
+/* Add @src (a loop's, being written meanwhile) to @dst (the caller's). */
+void metrics_add(Metrics *dst, const Metrics *src);
+
+/* Upper bounds of the latency buckets (ns), and the denial reasons' names, for the exposition. */
+extern const uint64_t metrics_bucket_ns[METRICS_N_BUCKETS];
+extern const char *const metrics_deny_names[_DENY_MAX];

@@ -7,10 +7,11 @@
 
 #include "broker.h"
 #include "classes.h"
+#include "exposition.h"
 #include "metrics.h"
 #include "config.h"
 #include "log.h"
-#include "manager.h"
+#include "core.h"
 #include "request.h"
 
 int op_admin_status(ReqCtx *r, const Gpumem__Request *req)

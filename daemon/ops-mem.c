@@ -6,7 +6,7 @@
 
 #include "broker.h"
 #include "classes.h"
-#include "manager.h"
+#include "core.h"
 #include "request.h"
 #include "worker.h"
 

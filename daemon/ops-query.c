@@ -2,7 +2,7 @@
 #include <errno.h>
 #include <stdlib.h>
 
-#include "manager.h"
+#include "core.h"
 #include "request.h"
 
 typedef struct TopoBufs {

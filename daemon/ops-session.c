@@ -7,7 +7,7 @@
 #include "classes.h"
 #include "config.h"
 #include "log.h"
-#include "manager.h"
+#include "core.h"
 #include "request.h"
 #include "window.h"
 

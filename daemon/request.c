@@ -11,7 +11,7 @@
 #include "classes.h"
 #include "metrics.h"
 #include "log.h"
-#include "manager.h"
+#include "core.h"
 #include "window.h"
 #include "wire.h"
 
@@ -463,17 +463,4 @@ void req_end(Req *q, int err)
         gm_wire_close_fds(r->out_fds, r->n_out_fds);
         free(q);
         conn_deferred_end(c);
-}
-
-void request_conn_teardown(Conn *c)
-{
-        /* objects first (they live in the window), then the window itself; a client with many objects goes
-         * in slices between other clients' requests */
-        if (c->broker && broker_client_records(c->broker) > MANAGER_TEARDOWN_SLICE &&
-            manager_reap(c->m, c->broker, c) == 0) {
-                c->broker = NULL;
-                return;
-        }
-        c->broker = broker_client_free(c->broker);
-        window_release(c);
 }

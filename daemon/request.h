@@ -47,9 +47,6 @@ size_t request_op_count(void);
 void request_handle(Conn *c, const uint8_t *buf, size_t len, int *fds, size_t n_fds);
 /* A protocol violation: log it (rate-limited), send one error reply, close the connection. */
 void request_violation(Conn *c, uint32_t request_id, int code, const char *reason);
-/* Release everything the connection owned (called from conn_free). */
-void request_conn_teardown(Conn *c);
-
 /*
  * Send the successful reply with @result, a message of the type the op's table row names (checked);
  * takes the fds added with reply_add_fd. reply_empty() is the same for ops whose result is Empty.

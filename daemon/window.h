@@ -19,6 +19,11 @@ static inline unsigned window_count(const Conn *c)
 {
         return (c->window ? 1u : 0u) + c->n_window_rejected;
 }
+typedef struct ClassState ClassState;
+
+/* VA windows the connections of class @s hold now: each one's current window and those it could not
+ * reserve. */
+unsigned window_count_of_class(const Manager *m, const ClassState *s);
 /* Bytes of VA windows the connections of @uid hold (current and refused ones). */
 uint64_t window_bytes_of_uid(const Manager *m, uid_t uid);
 

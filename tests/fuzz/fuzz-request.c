@@ -741,9 +741,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0, sv) < 0)
                 abort();
         manager_lock(mgr);
-        if (conn_new(mgr, sv[0], &c) < 0)
+        if (manager_conn_new(mgr, sv[0], &c) < 0)
                 abort();
-        conn_place(c, &mgr->shards[0]);
+        manager_conn_place(mgr, c, &mgr->shards[0]);
         manager_unlock(mgr);
         conn_start(c);
         session = rd8(&r);

@@ -1,0 +1,95 @@
+/* gpumemd's shared state (the Manager) and what the layers above the connection use of it: the books' lock,
+ * the connection list, the shards' counters, status updates. manager.c creates, runs and frees it. */
+#pragma once
+
+#include <event2/event.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "arena.h"
+#include "driver.h"
+#include "log.h"
+#include "loop.h"
+#include "options.h"
+#include "shard.h"
+#include "vaman.h"
+
+typedef struct Conn Conn;
+typedef struct BrokerClient BrokerClient;
+
+#define MANAGER_MAX_LOOPS 64
+
+struct Manager {
+        struct event_base *base; /* the main loop's (shard 0) */
+        Options opts;
+        Driver *drv; /* the device backend (driver-kfd.c) */
+        struct Broker *broker;
+        struct WorkerPool *workers; /* slow work off the loops; NULL with worker-threads = 0 */
+        struct Policy *policy;      /* the running policy (classes) */
+        struct ClassState *classes; /* per-class state, by name */
+        struct evhttp *http;        /* optional metrics listener */
+        char preset_name[64];
+
+        /*
+         * The books' lock: the broker and its accounts, the classes, the VA windows, the driver and the
+         * connection list are touched only under it. The loops take it around a request's handler, a
+         * connection's setup and teardown and a worker job's end; a ping and the topology never take it,
+         * nor does a connection's socket I/O. It is recursive: a transport reports a peer gone from
+         * inside a send, made with or without it.
+         */
+        pthread_mutex_t lock;
+        Shard *shards;
+        unsigned n_shards;
+        unsigned next_shard;
+
+        int listen_fd;
+        bool listen_bound; /* we bound it ourselves (not socket-activated): unlink on exit */
+        struct event *listen_ev;
+        struct event *accept_retry_ev;
+        struct event *sigterm_ev, *sigint_ev, *sighup_ev;
+        struct event *sigusr2_ev; /* model fault injection for tests ($GPUMEMD_MODEL_FAULTS_FILE) */
+        struct event *watchdog_ev;
+        struct event *broker_ev; /* the broker's notice that memory which outlived its handle is gone */
+        struct Reaper *reapers;  /* teardowns of departed clients, going on in slices */
+        struct event *reap_ev;
+        bool reap_posted; /* the main loop was told to run reap_ev (under the lock) */
+        LoopWork reap_work;
+        bool freeing;
+        struct event *status_ev;
+        bool status_pending; /* a STATUS= update is due (under the lock) */
+        LoopWork status_work;
+
+        /* Client VA windows are carved from this space (the SVM aperture above the low reserved range). */
+        ThunkVaSpace *va;
+        size_t va_blocked; /* ranges of the space the daemon itself maps (never windows) */
+
+        Conn *conns; /* doubly linked, newest first */
+        unsigned n_conns;
+        uint64_t next_client_id;
+
+        /* the topology reply, packed at start ([1]: with every property): the topology never changes */
+        uint8_t *topology_reply[2];
+        size_t topology_reply_len[2];
+
+        uint64_t started_mono_usec;
+        uint64_t started_real_usec;
+        LogRatelimit conn_log_rl; /* connect/disconnect lines, which any client can cause (under the lock) */
+        bool stopping;
+        uint64_t drain_deadline_usec;
+        int exit_code;
+};
+
+/* The books' lock (Manager.lock). */
+void manager_lock(Manager *m);
+void manager_unlock(Manager *m);
+/* Every shard's counters added up. */
+void manager_stats(const Manager *m, ManagerStats *ret);
+/* The shard whose loop runs on the calling thread (NULL on any other thread). */
+Shard *manager_current_shard(Manager *m);
+/* Tell systemd how many clients are served (STATUS=), at most once a second. Under the lock. */
+void manager_notify_status(Manager *m);
+/* Connections of @uid; the connection with @client_id (NULL: none). Under the lock. */
+unsigned manager_conns_of_uid(const Manager *m, uid_t uid);
+Conn *manager_find_conn(Manager *m, uint64_t client_id);
