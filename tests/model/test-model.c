@@ -17,6 +17,7 @@
 #include <amdgpu_drm.h>
 #include <linux/kfd_sysfs.h>
 
+#include "../common/check.h"
 #include "config.h"
 #include "kfd-compat.h"
 #include "model.h"
@@ -25,23 +26,6 @@
 #define MiB    (1ULL << 20)
 #define GiB    (1ULL << 30)
 #define SVM_VA 0x7f0000000000ULL
-
-#define CHECK(cond)                                                                                          \
-        do {                                                                                                 \
-                if (!(cond)) {                                                                               \
-                        fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond);             \
-                        return 1;                                                                            \
-                }                                                                                            \
-        } while (0)
-#define CHECK_RC(expr, want)                                                                                 \
-        do {                                                                                                 \
-                int rc_ = (expr);                                                                            \
-                if (rc_ != (want)) {                                                                         \
-                        fprintf(stderr, "%s:%d: %s = %d (%s), want %d\n", __FILE__, __LINE__, #expr, rc_,    \
-                                strerror(rc_ < 0 ? -rc_ : rc_), (want));                                     \
-                        return 1;                                                                            \
-                }                                                                                            \
-        } while (0)
 
 /* ------------------------------------------------------------------ hand-made topologies */
 
@@ -168,11 +152,11 @@ static int fx_teardown(Fx *f)
 {
         ThunkModelStats s;
 
-        CHECK_RC(f->seam.ops->close(f->seam.impl, f->kfd), 0);
+        REQUIRE_RC(f->seam.ops->close(f->seam.impl, f->kfd), 0);
         for (size_t i = 0; i < f->n_gpus && i < 3; i++)
-                CHECK_RC(f->seam.ops->close(f->seam.impl, f->render[i]), 0);
+                REQUIRE_RC(f->seam.ops->close(f->seam.impl, f->render[i]), 0);
         thunk_model_get_stats(f->m, &s);
-        CHECK(memcmp(&s, &f->empty, sizeof(s)) == 0);
+        REQUIRE(memcmp(&s, &f->empty, sizeof(s)) == 0);
         f->m = thunk_model_free(f->m);
         return 0;
 }
@@ -238,24 +222,24 @@ static int test_version(void)
                 Fx f;
                 struct kfd_ioctl_get_version_args v;
 
-                CHECK_RC(fx_setup(&f, minors[i]), 0);
+                REQUIRE_RC(fx_setup(&f, minors[i]), 0);
                 memset(&v, 0xff, sizeof(v));
-                CHECK_RC(io(&f, f.kfd, AMDKFD_IOC_GET_VERSION, &v), 0);
-                CHECK(v.major_version == 1);
-                CHECK(v.minor_version == (minors[i] ? minors[i] : 19));
-                CHECK_RC(fx_teardown(&f), 0);
+                REQUIRE_RC(io(&f, f.kfd, AMDKFD_IOC_GET_VERSION, &v), 0);
+                REQUIRE(v.major_version == 1);
+                REQUIRE(v.minor_version == (minors[i] ? minors[i] : 19));
+                REQUIRE_RC(fx_teardown(&f), 0);
         }
         {
                 ThunkModel *m = NULL;
                 ThunkTopology *t = topo_make(1, std_gpus, 8 * GiB);
                 ThunkModelOptions o = {.kfd_minor = 10};
 
-                CHECK_RC(thunk_model_new(t, &o, &m), -EINVAL);
+                REQUIRE_RC(thunk_model_new(t, &o, &m), -EINVAL);
                 o.kfd_minor = 20;
-                CHECK_RC(thunk_model_new(t, &o, &m), -EINVAL);
-                CHECK(m == NULL);
+                REQUIRE_RC(thunk_model_new(t, &o, &m), -EINVAL);
+                REQUIRE(m == NULL);
                 t->n_gpus = 0;
-                CHECK_RC(thunk_model_new(t, NULL, &m), -EINVAL);
+                REQUIRE_RC(thunk_model_new(t, NULL, &m), -EINVAL);
                 topo_free(t);
         }
         return 0;
@@ -267,41 +251,41 @@ static int test_dispatch(void)
         struct kfd_ioctl_export_dmabuf_args ex = {0};
         uint64_t buf[4] = {0};
 
-        CHECK_RC(fx_setup(&f, 11), 0);
+        REQUIRE_RC(fx_setup(&f, 11), 0);
         /* outside the table: -ENOTTY, as kfd_ioctl answers since it says which ioctls a kernel lacks */
-        CHECK_RC(io(&f, f.kfd, _IOWR('K', 0x60, uint64_t), buf), -ENOTTY);
-        CHECK_RC(io(&f, f.kfd, _IOWR('K', 0x00, uint64_t), buf), -ENOTTY);
-        CHECK_RC(io(&f, f.kfd, _IOWR('K', 0x82, uint64_t[5]), buf), -ENOTTY);
+        REQUIRE_RC(io(&f, f.kfd, _IOWR('K', 0x60, uint64_t), buf), -ENOTTY);
+        REQUIRE_RC(io(&f, f.kfd, _IOWR('K', 0x00, uint64_t), buf), -ENOTTY);
+        REQUIRE_RC(io(&f, f.kfd, _IOWR('K', 0x82, uint64_t[5]), buf), -ENOTTY);
         /* in the table but not modelled (the old debugger interface) */
-        CHECK_RC(io(&f, f.kfd, AMDKFD_IOC_DBG_REGISTER_DEPRECATED, buf), -EOPNOTSUPP);
+        REQUIRE_RC(io(&f, f.kfd, AMDKFD_IOC_DBG_REGISTER_DEPRECATED, buf), -EOPNOTSUPP);
         /* 1.11 has no EXPORT_DMABUF, RUNTIME_ENABLE, CREATE_PROCESS */
-        CHECK_RC(io(&f, f.kfd, AMDKFD_IOC_EXPORT_DMABUF, &ex), -ENOTTY);
-        CHECK_RC(io(&f, f.kfd, AMDKFD_IOC_CREATE_PROCESS, NULL), -ENOTTY);
+        REQUIRE_RC(io(&f, f.kfd, AMDKFD_IOC_EXPORT_DMABUF, &ex), -ENOTTY);
+        REQUIRE_RC(io(&f, f.kfd, AMDKFD_IOC_CREATE_PROCESS, NULL), -ENOTTY);
         /* another driver's request on the kfd fd, a KFD request on a render fd */
-        CHECK_RC(io(&f, f.kfd, DRM_IOCTL_GEM_CLOSE, buf), -ENOTTY);
-        CHECK_RC(io(&f, f.render[0], AMDKFD_IOC_GET_VERSION, buf), -ENOTTY);
+        REQUIRE_RC(io(&f, f.kfd, DRM_IOCTL_GEM_CLOSE, buf), -ENOTTY);
+        REQUIRE_RC(io(&f, f.render[0], AMDKFD_IOC_GET_VERSION, buf), -ENOTTY);
         /* unknown DRM request: -EINVAL like the DRM core */
-        CHECK_RC(io(&f, f.render[0], DRM_IOWR(0x7e, uint64_t), buf), -EINVAL);
+        REQUIRE_RC(io(&f, f.render[0], DRM_IOWR(0x7e, uint64_t), buf), -EINVAL);
         /* fds the model does not know */
-        CHECK_RC(io(&f, 0, AMDKFD_IOC_GET_VERSION, buf), -EBADF);
-        CHECK_RC(io(&f, 12345, AMDKFD_IOC_GET_VERSION, buf), -EBADF);
-        CHECK(thunk_model_owns_fd(f.m, f.kfd));
-        CHECK(!thunk_model_owns_fd(f.m, 1));
-        CHECK(f.kfd > 2 && (fcntl(f.kfd, F_GETFD) & FD_CLOEXEC));
-        CHECK(f.render[0] > 2 && (fcntl(f.render[0], F_GETFD) & FD_CLOEXEC));
+        REQUIRE_RC(io(&f, 0, AMDKFD_IOC_GET_VERSION, buf), -EBADF);
+        REQUIRE_RC(io(&f, 12345, AMDKFD_IOC_GET_VERSION, buf), -EBADF);
+        REQUIRE(thunk_model_owns_fd(f.m, f.kfd));
+        REQUIRE(!thunk_model_owns_fd(f.m, 1));
+        REQUIRE(f.kfd > 2 && (fcntl(f.kfd, F_GETFD) & FD_CLOEXEC));
+        REQUIRE(f.render[0] > 2 && (fcntl(f.render[0], F_GETFD) & FD_CLOEXEC));
         /* an unknown render minor does not exist */
         {
                 int fd = -1;
 
-                CHECK_RC(f.seam.ops->open_render(f.seam.impl, 200, &fd), -ENOENT);
-                CHECK(fd == -1);
+                REQUIRE_RC(f.seam.ops->open_render(f.seam.impl, 200, &fd), -ENOENT);
+                REQUIRE(fd == -1);
         }
-        CHECK_RC(f.seam.ops->close(f.seam.impl, 12345), -EBADF);
-        CHECK_RC(fx_teardown(&f), 0);
+        REQUIRE_RC(f.seam.ops->close(f.seam.impl, 12345), -EBADF);
+        REQUIRE_RC(fx_teardown(&f), 0);
 
-        CHECK_RC(fx_setup(&f, 15), 0);
-        CHECK_RC(io(&f, f.kfd, AMDKFD_IOC_CREATE_PROCESS, NULL), -ENOTTY);
-        CHECK_RC(fx_teardown(&f), 0);
+        REQUIRE_RC(fx_setup(&f, 15), 0);
+        REQUIRE_RC(io(&f, f.kfd, AMDKFD_IOC_CREATE_PROCESS, NULL), -ENOTTY);
+        REQUIRE_RC(fx_teardown(&f), 0);
         return 0;
 }
 
@@ -312,22 +296,22 @@ static int test_struct_sizes(void)
         unsigned char b[64];
         struct kfd_ioctl_get_available_memory_args *am = (void *)b;
 
-        CHECK_RC(fx_setup(&f, 19), 0);
+        REQUIRE_RC(fx_setup(&f, 19), 0);
         /* a 24-byte GET_VERSION: only 8 bytes are answered, the rest stays as the caller left it */
         memset(b, 0xab, sizeof(b));
-        CHECK_RC(io(&f, f.kfd, _IOC(_IOC_READ, 'K', 0x01, 24), b), 0);
-        CHECK(((uint32_t *)b)[0] == 1 && ((uint32_t *)b)[1] == 19);
-        CHECK(b[8] == 0 && b[23] == 0 && b[24] == 0xab);
+        REQUIRE_RC(io(&f, f.kfd, _IOC(_IOC_READ, 'K', 0x01, 24), b), 0);
+        REQUIRE(((uint32_t *)b)[0] == 1 && ((uint32_t *)b)[1] == 19);
+        REQUIRE(b[8] == 0 && b[23] == 0 && b[24] == 0xab);
         /* a 12-byte AVAILABLE_MEMORY (no pad): copy-out stops at 12 bytes */
         memset(b, 0xcd, sizeof(b));
         am->gpu_id = G0;
-        CHECK_RC(io(&f, f.kfd, _IOC(_IOC_READ | _IOC_WRITE, 'K', 0x23, 12), b), 0);
-        CHECK(am->available > 0 && am->gpu_id == G0);
-        CHECK(b[12] == 0xcd);
+        REQUIRE_RC(io(&f, f.kfd, _IOC(_IOC_READ | _IOC_WRITE, 'K', 0x23, 12), b), 0);
+        REQUIRE(am->available > 0 && am->gpu_id == G0);
+        REQUIRE(b[12] == 0xcd);
         /* a 4-byte ALLOC: everything past the va is zero, so size 0 -> -EINVAL */
-        CHECK_RC(io(&f, f.kfd, _IOC(_IOC_READ | _IOC_WRITE, 'K', 0x16, 4), b), -EINVAL);
-        CHECK_RC(io(&f, f.kfd, AMDKFD_IOC_GET_VERSION, NULL), -EFAULT);
-        CHECK_RC(fx_teardown(&f), 0);
+        REQUIRE_RC(io(&f, f.kfd, _IOC(_IOC_READ | _IOC_WRITE, 'K', 0x16, 4), b), -EINVAL);
+        REQUIRE_RC(io(&f, f.kfd, AMDKFD_IOC_GET_VERSION, NULL), -EFAULT);
+        REQUIRE_RC(fx_teardown(&f), 0);
         return 0;
 }
 
@@ -338,28 +322,28 @@ static int test_apertures(void)
         struct kfd_ioctl_get_process_apertures_new_args a = {0};
         struct kfd_ioctl_get_process_apertures_args old;
 
-        CHECK_RC(fx_setup_topo(&f, topo_make(3, std_gpus, 64 * GiB), 19, false), 0);
+        REQUIRE_RC(fx_setup_topo(&f, topo_make(3, std_gpus, 64 * GiB), 19, false), 0);
         /* works before ACQUIRE_VM; 0 nodes = count only */
-        CHECK_RC(io(&f, f.kfd, AMDKFD_IOC_GET_PROCESS_APERTURES_NEW, &a), 0);
-        CHECK(a.num_of_nodes == 3);
+        REQUIRE_RC(io(&f, f.kfd, AMDKFD_IOC_GET_PROCESS_APERTURES_NEW, &a), 0);
+        REQUIRE(a.num_of_nodes == 3);
         memset(ap, 0xee, sizeof(ap));
         a.kfd_process_device_apertures_ptr = (uintptr_t)ap;
         a.num_of_nodes = 2;
-        CHECK_RC(io(&f, f.kfd, AMDKFD_IOC_GET_PROCESS_APERTURES_NEW, &a), 0);
-        CHECK(a.num_of_nodes == 2);
-        CHECK(ap[0].gpu_id == G0 && ap[1].gpu_id == G1);
-        CHECK(ap[2].gpu_id == 0xeeeeeeee);
-        CHECK(ap[0].lds_base == 1ULL << 48 && ap[0].lds_limit == ((1ULL << 48) | 0xffffffffULL));
-        CHECK(ap[0].scratch_base == 2ULL << 48 && ap[0].scratch_limit == ((2ULL << 48) | 0xffffffffULL));
-        CHECK(ap[0].gpuvm_base == 64 * 1024 && ap[0].gpuvm_limit == 0x7FFFFFFFFFFFULL);
+        REQUIRE_RC(io(&f, f.kfd, AMDKFD_IOC_GET_PROCESS_APERTURES_NEW, &a), 0);
+        REQUIRE(a.num_of_nodes == 2);
+        REQUIRE(ap[0].gpu_id == G0 && ap[1].gpu_id == G1);
+        REQUIRE(ap[2].gpu_id == 0xeeeeeeee);
+        REQUIRE(ap[0].lds_base == 1ULL << 48 && ap[0].lds_limit == ((1ULL << 48) | 0xffffffffULL));
+        REQUIRE(ap[0].scratch_base == 2ULL << 48 && ap[0].scratch_limit == ((2ULL << 48) | 0xffffffffULL));
+        REQUIRE(ap[0].gpuvm_base == 64 * 1024 && ap[0].gpuvm_limit == 0x7FFFFFFFFFFFULL);
         a.num_of_nodes = 8;
-        CHECK_RC(io(&f, f.kfd, AMDKFD_IOC_GET_PROCESS_APERTURES_NEW, &a), 0);
-        CHECK(a.num_of_nodes == 3 && ap[2].gpu_id == G2);
+        REQUIRE_RC(io(&f, f.kfd, AMDKFD_IOC_GET_PROCESS_APERTURES_NEW, &a), 0);
+        REQUIRE(a.num_of_nodes == 3 && ap[2].gpu_id == G2);
         a.kfd_process_device_apertures_ptr = 0;
-        CHECK_RC(io(&f, f.kfd, AMDKFD_IOC_GET_PROCESS_APERTURES_NEW, &a), -EFAULT);
-        CHECK_RC(io(&f, f.kfd, AMDKFD_IOC_GET_PROCESS_APERTURES, &old), 0);
-        CHECK(old.num_of_nodes == 3 && old.process_apertures[1].gpu_id == G1);
-        CHECK_RC(fx_teardown(&f), 0);
+        REQUIRE_RC(io(&f, f.kfd, AMDKFD_IOC_GET_PROCESS_APERTURES_NEW, &a), -EFAULT);
+        REQUIRE_RC(io(&f, f.kfd, AMDKFD_IOC_GET_PROCESS_APERTURES, &old), 0);
+        REQUIRE(old.num_of_nodes == 3 && old.process_apertures[1].gpu_id == G1);
+        REQUIRE_RC(fx_teardown(&f), 0);
         return 0;
 }
 
@@ -368,40 +352,40 @@ static int test_acquire_vm(void)
         Fx f;
         int other = -1, kfd2 = -1;
 
-        CHECK_RC(fx_setup_topo(&f, topo_make(3, std_gpus, 64 * GiB), 19, false), 0);
+        REQUIRE_RC(fx_setup_topo(&f, topo_make(3, std_gpus, 64 * GiB), 19, false), 0);
         /* before the VM: SET_MEMORY_POLICY cannot bind the process to the GPU (-ESRCH, not -ENODEV) */
         {
                 struct kfd_ioctl_set_memory_policy_args mp = {.gpu_id = G0};
 
-                CHECK_RC(io(&f, f.kfd, AMDKFD_IOC_SET_MEMORY_POLICY, &mp), -ESRCH);
+                REQUIRE_RC(io(&f, f.kfd, AMDKFD_IOC_SET_MEMORY_POLICY, &mp), -ESRCH);
                 mp.gpu_id = 0x9999;
-                CHECK_RC(io(&f, f.kfd, AMDKFD_IOC_SET_MEMORY_POLICY, &mp), -EINVAL);
+                REQUIRE_RC(io(&f, f.kfd, AMDKFD_IOC_SET_MEMORY_POLICY, &mp), -EINVAL);
         }
-        CHECK_RC(fx_acquire(&f, f.kfd, f.render[0], 0x9999), -EINVAL);
-        CHECK_RC(fx_acquire(&f, f.kfd, f.kfd, G0), -EINVAL);       /* not a render fd */
-        CHECK_RC(fx_acquire(&f, f.kfd, 1, G0), -EINVAL);           /* not ours at all */
-        CHECK_RC(fx_acquire(&f, f.kfd, f.render[1], G0), -EINVAL); /* another GPU's node */
-        CHECK_RC(fx_acquire(&f, f.kfd, f.render[0], G0), 0);
-        CHECK_RC(fx_acquire(&f, f.kfd, f.render[0], G0), 0); /* same file: idempotent */
-        CHECK_RC(f.seam.ops->open_render(f.seam.impl, 128, &other), 0);
-        CHECK_RC(fx_acquire(&f, f.kfd, other, G0), -EBUSY);
+        REQUIRE_RC(fx_acquire(&f, f.kfd, f.render[0], 0x9999), -EINVAL);
+        REQUIRE_RC(fx_acquire(&f, f.kfd, f.kfd, G0), -EINVAL);       /* not a render fd */
+        REQUIRE_RC(fx_acquire(&f, f.kfd, 1, G0), -EINVAL);           /* not ours at all */
+        REQUIRE_RC(fx_acquire(&f, f.kfd, f.render[1], G0), -EINVAL); /* another GPU's node */
+        REQUIRE_RC(fx_acquire(&f, f.kfd, f.render[0], G0), 0);
+        REQUIRE_RC(fx_acquire(&f, f.kfd, f.render[0], G0), 0); /* same file: idempotent */
+        REQUIRE_RC(f.seam.ops->open_render(f.seam.impl, 128, &other), 0);
+        REQUIRE_RC(fx_acquire(&f, f.kfd, other, G0), -EBUSY);
         /* a second kfd fd of the process is the same context */
-        CHECK_RC(f.seam.ops->open_kfd(f.seam.impl, &kfd2), 0);
-        CHECK_RC(fx_acquire(&f, kfd2, f.render[0], G0), 0);
+        REQUIRE_RC(f.seam.ops->open_kfd(f.seam.impl, &kfd2), 0);
+        REQUIRE_RC(fx_acquire(&f, kfd2, f.render[0], G0), 0);
         /* a secondary context cannot take a VM that is already a compute VM */
-        CHECK_RC(io(&f, kfd2, AMDKFD_IOC_CREATE_PROCESS, NULL), 0);
-        CHECK_RC(fx_acquire(&f, kfd2, f.render[0], G0), -EINVAL);
-        CHECK_RC(fx_acquire(&f, kfd2, other, G0), 0);
+        REQUIRE_RC(io(&f, kfd2, AMDKFD_IOC_CREATE_PROCESS, NULL), 0);
+        REQUIRE_RC(fx_acquire(&f, kfd2, f.render[0], G0), -EINVAL);
+        REQUIRE_RC(fx_acquire(&f, kfd2, other, G0), 0);
         /* the acquired file outlives its fd */
         {
                 ThunkModelStats s;
 
-                CHECK_RC(f.seam.ops->close(f.seam.impl, other), 0);
+                REQUIRE_RC(f.seam.ops->close(f.seam.impl, other), 0);
                 thunk_model_get_stats(f.m, &s);
-                CHECK(s.render_fds == 3 && s.render_files == 4 && s.contexts == 2 && s.kfd_fds == 2);
+                REQUIRE(s.render_fds == 3 && s.render_files == 4 && s.contexts == 2 && s.kfd_fds == 2);
         }
-        CHECK_RC(f.seam.ops->close(f.seam.impl, kfd2), 0);
-        CHECK_RC(fx_teardown(&f), 0);
+        REQUIRE_RC(f.seam.ops->close(f.seam.impl, kfd2), 0);
+        REQUIRE_RC(fx_teardown(&f), 0);
         return 0;
 }
 
@@ -411,74 +395,81 @@ static int test_alloc_errors(void)
         uint64_t h = 0, off = 0;
         ThunkModelStats s;
 
-        CHECK_RC(fx_setup_topo(&f, topo_make(3, std_gpus, 64 * GiB), 19, false), 0);
-        CHECK_RC(fx_acquire(&f, f.kfd, f.render[0], G0), 0);
-        CHECK_RC(fx_acquire(&f, f.kfd, f.render[2], G2), 0);
-        CHECK_RC(alloc_bo(&f, f.kfd, G0, 0x100000, 0, VRAM_RW, &h, NULL), -EINVAL);
-        CHECK_RC(alloc_bo(&f, f.kfd, G0, 0x100000, PAGE, KFD_IOC_ALLOC_MEM_FLAGS_WRITABLE, &h, NULL),
-                 -EINVAL);
-        CHECK_RC(alloc_bo(&f, f.kfd, 0x4444, 0x100000, PAGE, VRAM_RW, &h, NULL), -EINVAL);
-        CHECK_RC(alloc_bo(&f, f.kfd, G2, 0x100000, PAGE, VRAM_RW | KFD_IOC_ALLOC_MEM_FLAGS_PUBLIC, &h, NULL),
-                 -EINVAL);
-        CHECK_RC(alloc_bo(&f, f.kfd, G1, 0x100000, PAGE, VRAM_RW, &h, NULL), -ENODEV);
+        REQUIRE_RC(fx_setup_topo(&f, topo_make(3, std_gpus, 64 * GiB), 19, false), 0);
+        REQUIRE_RC(fx_acquire(&f, f.kfd, f.render[0], G0), 0);
+        REQUIRE_RC(fx_acquire(&f, f.kfd, f.render[2], G2), 0);
+        REQUIRE_RC(alloc_bo(&f, f.kfd, G0, 0x100000, 0, VRAM_RW, &h, NULL), -EINVAL);
+        REQUIRE_RC(alloc_bo(&f, f.kfd, G0, 0x100000, PAGE, KFD_IOC_ALLOC_MEM_FLAGS_WRITABLE, &h, NULL),
+                   -EINVAL);
+        REQUIRE_RC(alloc_bo(&f, f.kfd, 0x4444, 0x100000, PAGE, VRAM_RW, &h, NULL), -EINVAL);
+        REQUIRE_RC(
+                alloc_bo(&f, f.kfd, G2, 0x100000, PAGE, VRAM_RW | KFD_IOC_ALLOC_MEM_FLAGS_PUBLIC, &h, NULL),
+                -EINVAL);
+        REQUIRE_RC(alloc_bo(&f, f.kfd, G1, 0x100000, PAGE, VRAM_RW, &h, NULL), -ENODEV);
         /* checks come in the kernel's order: unknown GPU before missing VM, small BAR before missing VM */
-        CHECK_RC(alloc_bo(&f, f.kfd, G1, 0x100000, 0, VRAM_RW, &h, NULL), -EINVAL);
-        CHECK_RC(alloc_bo(&f, f.kfd, G0, 0, PAGE, KFD_IOC_ALLOC_MEM_FLAGS_DOORBELL, &h, NULL), -EINVAL);
-        CHECK_RC(alloc_bo(&f, f.kfd, G0, 0, 2 * PAGE, KFD_IOC_ALLOC_MEM_FLAGS_MMIO_REMAP, &h, NULL), -EINVAL);
+        REQUIRE_RC(alloc_bo(&f, f.kfd, G1, 0x100000, 0, VRAM_RW, &h, NULL), -EINVAL);
+        REQUIRE_RC(alloc_bo(&f, f.kfd, G0, 0, PAGE, KFD_IOC_ALLOC_MEM_FLAGS_DOORBELL, &h, NULL), -EINVAL);
+        REQUIRE_RC(alloc_bo(&f, f.kfd, G0, 0, 2 * PAGE, KFD_IOC_ALLOC_MEM_FLAGS_MMIO_REMAP, &h, NULL),
+                   -EINVAL);
         off = 0;
-        CHECK_RC(alloc_bo(&f, f.kfd, G0, 0x100000, PAGE, KFD_IOC_ALLOC_MEM_FLAGS_USERPTR, &h, &off), -EINVAL);
+        REQUIRE_RC(alloc_bo(&f, f.kfd, G0, 0x100000, PAGE, KFD_IOC_ALLOC_MEM_FLAGS_USERPTR, &h, &off),
+                   -EINVAL);
         off = 0x10001;
-        CHECK_RC(alloc_bo(&f, f.kfd, G0, 0x100000, PAGE, KFD_IOC_ALLOC_MEM_FLAGS_USERPTR, &h, &off), -EINVAL);
+        REQUIRE_RC(alloc_bo(&f, f.kfd, G0, 0x100000, PAGE, KFD_IOC_ALLOC_MEM_FLAGS_USERPTR, &h, &off),
+                   -EINVAL);
         /* each type's rule applies whenever its bit is set, whatever the domain */
-        CHECK_RC(
+        REQUIRE_RC(
                 alloc_bo(&f, f.kfd, G0, 0x100000, PAGE, VRAM_RW | KFD_IOC_ALLOC_MEM_FLAGS_DOORBELL, &h, NULL),
                 -EINVAL);
-        CHECK_RC(alloc_bo(&f, f.kfd, G0, 0x100000, 2 * PAGE, GTT_RW | KFD_IOC_ALLOC_MEM_FLAGS_MMIO_REMAP, &h,
-                          NULL),
-                 -EINVAL);
+        REQUIRE_RC(alloc_bo(&f, f.kfd, G0, 0x100000, 2 * PAGE, GTT_RW | KFD_IOC_ALLOC_MEM_FLAGS_MMIO_REMAP,
+                            &h, NULL),
+                   -EINVAL);
         off = 0x10001;
-        CHECK_RC(alloc_bo(&f, f.kfd, G0, 0x100000, PAGE, VRAM_RW | KFD_IOC_ALLOC_MEM_FLAGS_USERPTR, &h, &off),
-                 -EINVAL);
+        REQUIRE_RC(
+                alloc_bo(&f, f.kfd, G0, 0x100000, PAGE, VRAM_RW | KFD_IOC_ALLOC_MEM_FLAGS_USERPTR, &h, &off),
+                -EINVAL);
         thunk_model_get_stats(f.m, &s);
-        CHECK(s.mems == 0 && s.bufs == 0 && s.vram_used[0] == 0 && s.system_used == 0);
+        REQUIRE(s.mems == 0 && s.bufs == 0 && s.vram_used[0] == 0 && s.system_used == 0);
         /* and then the domain decides: VRAM | DOORBELL of the doorbell size and VRAM | USERPTR without an
          * address are VRAM BOs */
-        CHECK_RC(alloc_bo(&f, f.kfd, G0, 0x100000, 2 * PAGE, VRAM_RW | KFD_IOC_ALLOC_MEM_FLAGS_DOORBELL, &h,
-                          NULL),
-                 0);
+        REQUIRE_RC(alloc_bo(&f, f.kfd, G0, 0x100000, 2 * PAGE, VRAM_RW | KFD_IOC_ALLOC_MEM_FLAGS_DOORBELL, &h,
+                            NULL),
+                   0);
         thunk_model_get_stats(f.m, &s);
-        CHECK(s.vram_used[0] == 2 * PAGE);
-        CHECK_RC(free_bo(&f, f.kfd, h), 0);
+        REQUIRE(s.vram_used[0] == 2 * PAGE);
+        REQUIRE_RC(free_bo(&f, f.kfd, h), 0);
         off = 0;
-        CHECK_RC(alloc_bo(&f, f.kfd, G0, 0x100000, PAGE, VRAM_RW | KFD_IOC_ALLOC_MEM_FLAGS_USERPTR, &h, &off),
-                 0);
+        REQUIRE_RC(
+                alloc_bo(&f, f.kfd, G0, 0x100000, PAGE, VRAM_RW | KFD_IOC_ALLOC_MEM_FLAGS_USERPTR, &h, &off),
+                0);
         thunk_model_get_stats(f.m, &s);
-        CHECK(s.vram_used[0] == PAGE && s.system_used == 0);
-        CHECK_RC(free_bo(&f, f.kfd, h), 0);
+        REQUIRE(s.vram_used[0] == PAGE && s.system_used == 0);
+        REQUIRE_RC(free_bo(&f, f.kfd, h), 0);
         /* small-BAR VRAM without PUBLIC is fine; unaligned sizes are page-aligned */
-        CHECK_RC(alloc_bo(&f, f.kfd, G2, 0x100000, PAGE + 1, VRAM_RW, &h, NULL), 0);
+        REQUIRE_RC(alloc_bo(&f, f.kfd, G2, 0x100000, PAGE + 1, VRAM_RW, &h, NULL), 0);
         thunk_model_get_stats(f.m, &s);
-        CHECK(s.vram_used[2] == 2 * PAGE && s.mems == 1);
-        CHECK_RC(free_bo(&f, f.kfd, h), 0);
+        REQUIRE(s.vram_used[2] == 2 * PAGE && s.mems == 1);
+        REQUIRE_RC(free_bo(&f, f.kfd, h), 0);
         /* doorbell and MMIO with the right sizes; MMIO's offset encodes the GPU */
-        CHECK_RC(alloc_bo(&f, f.kfd, G0, 0x200000, 2 * PAGE, KFD_IOC_ALLOC_MEM_FLAGS_DOORBELL, &h, NULL), 0);
-        CHECK_RC(free_bo(&f, f.kfd, h), 0);
+        REQUIRE_RC(alloc_bo(&f, f.kfd, G0, 0x200000, 2 * PAGE, KFD_IOC_ALLOC_MEM_FLAGS_DOORBELL, &h, NULL),
+                   0);
+        REQUIRE_RC(free_bo(&f, f.kfd, h), 0);
         off = 0;
-        CHECK_RC(alloc_bo(&f, f.kfd, G0, 0x200000, PAGE, KFD_IOC_ALLOC_MEM_FLAGS_MMIO_REMAP, &h, &off), 0);
-        CHECK(off == (THUNK_KFD_MMAP_TYPE_MMIO | THUNK_KFD_MMAP_GPU_ID(G0)));
+        REQUIRE_RC(alloc_bo(&f, f.kfd, G0, 0x200000, PAGE, KFD_IOC_ALLOC_MEM_FLAGS_MMIO_REMAP, &h, &off), 0);
+        REQUIRE(off == (THUNK_KFD_MMAP_TYPE_MMIO | THUNK_KFD_MMAP_GPU_ID(G0)));
         {
                 void *p = NULL;
 
-                CHECK_RC(f.seam.ops->mmap(f.seam.impl, NULL, PAGE, PROT_READ | PROT_WRITE, MAP_SHARED, f.kfd,
-                                          off, &p),
-                         0);
-                CHECK(munmap(p, PAGE) == 0);
-                CHECK_RC(f.seam.ops->mmap(f.seam.impl, NULL, PAGE, PROT_READ, MAP_SHARED, f.kfd,
-                                          THUNK_KFD_MMAP_TYPE_DOORBELL | THUNK_KFD_MMAP_GPU_ID(G0), &p),
-                         -EINVAL);
+                REQUIRE_RC(f.seam.ops->mmap(f.seam.impl, NULL, PAGE, PROT_READ | PROT_WRITE, MAP_SHARED,
+                                            f.kfd, off, &p),
+                           0);
+                REQUIRE(munmap(p, PAGE) == 0);
+                REQUIRE_RC(f.seam.ops->mmap(f.seam.impl, NULL, PAGE, PROT_READ, MAP_SHARED, f.kfd,
+                                            THUNK_KFD_MMAP_TYPE_DOORBELL | THUNK_KFD_MMAP_GPU_ID(G0), &p),
+                           -EINVAL);
         }
-        CHECK_RC(free_bo(&f, f.kfd, h), 0);
-        CHECK_RC(fx_teardown(&f), 0);
+        REQUIRE_RC(free_bo(&f, f.kfd, h), 0);
+        REQUIRE_RC(fx_teardown(&f), 0);
         return 0;
 }
 
@@ -487,21 +478,21 @@ static int test_handles(void)
         Fx f;
         uint64_t h[4] = {0}, x = 0;
 
-        CHECK_RC(fx_setup(&f, 19), 0);
+        REQUIRE_RC(fx_setup(&f, 19), 0);
         for (int i = 0; i < 3; i++)
-                CHECK_RC(alloc_bo(&f, f.kfd, G0, 0x100000 * (i + 1), PAGE, VRAM_RW, &h[i], NULL), 0);
-        CHECK_RC(alloc_bo(&f, f.kfd, G1, 0x100000, PAGE, GTT_RW, &h[3], NULL), 0);
-        CHECK(h[0] == ((uint64_t)G0 << 32 | 0) && h[1] == ((uint64_t)G0 << 32 | 1));
-        CHECK(h[2] == ((uint64_t)G0 << 32 | 2));
-        CHECK(h[3] == ((uint64_t)G1 << 32 | 0)); /* per-GPU ids */
-        CHECK_RC(free_bo(&f, f.kfd, h[1]), 0);
-        CHECK_RC(alloc_bo(&f, f.kfd, G0, 0x900000, PAGE, VRAM_RW, &x, NULL), 0);
-        CHECK(x == h[1]); /* lowest free id again */
-        CHECK_RC(free_bo(&f, f.kfd, x), 0);
-        CHECK_RC(free_bo(&f, f.kfd, h[0]), 0);
-        CHECK_RC(free_bo(&f, f.kfd, h[2]), 0);
-        CHECK_RC(free_bo(&f, f.kfd, h[3]), 0);
-        CHECK_RC(fx_teardown(&f), 0);
+                REQUIRE_RC(alloc_bo(&f, f.kfd, G0, 0x100000 * (i + 1), PAGE, VRAM_RW, &h[i], NULL), 0);
+        REQUIRE_RC(alloc_bo(&f, f.kfd, G1, 0x100000, PAGE, GTT_RW, &h[3], NULL), 0);
+        REQUIRE(h[0] == ((uint64_t)G0 << 32 | 0) && h[1] == ((uint64_t)G0 << 32 | 1));
+        REQUIRE(h[2] == ((uint64_t)G0 << 32 | 2));
+        REQUIRE(h[3] == ((uint64_t)G1 << 32 | 0)); /* per-GPU ids */
+        REQUIRE_RC(free_bo(&f, f.kfd, h[1]), 0);
+        REQUIRE_RC(alloc_bo(&f, f.kfd, G0, 0x900000, PAGE, VRAM_RW, &x, NULL), 0);
+        REQUIRE(x == h[1]); /* lowest free id again */
+        REQUIRE_RC(free_bo(&f, f.kfd, x), 0);
+        REQUIRE_RC(free_bo(&f, f.kfd, h[0]), 0);
+        REQUIRE_RC(free_bo(&f, f.kfd, h[2]), 0);
+        REQUIRE_RC(free_bo(&f, f.kfd, h[3]), 0);
+        REQUIRE_RC(fx_teardown(&f), 0);
         return 0;
 }
 
@@ -511,17 +502,17 @@ static int test_free_errors(void)
         uint64_t h = 0;
         uint32_t ids[] = {G0};
 
-        CHECK_RC(fx_setup(&f, 19), 0);
-        CHECK_RC(alloc_bo(&f, f.kfd, G0, 0x100000, PAGE, VRAM_RW, &h, NULL), 0);
-        CHECK_RC(free_bo(&f, f.kfd, (uint64_t)0x7777 << 32), -EINVAL);
-        CHECK_RC(free_bo(&f, f.kfd, h + 5), -EINVAL);
-        CHECK_RC(free_bo(&f, f.kfd, ((uint64_t)G1 << 32) | (h & 0xffffffff)), -EINVAL);
-        CHECK_RC(map_bo(&f, f.kfd, true, h, ids, 1, NULL), 0);
-        CHECK_RC(free_bo(&f, f.kfd, h), -EBUSY);
-        CHECK_RC(map_bo(&f, f.kfd, false, h, ids, 1, NULL), 0);
-        CHECK_RC(free_bo(&f, f.kfd, h), 0);
-        CHECK_RC(free_bo(&f, f.kfd, h), -EINVAL);
-        CHECK_RC(fx_teardown(&f), 0);
+        REQUIRE_RC(fx_setup(&f, 19), 0);
+        REQUIRE_RC(alloc_bo(&f, f.kfd, G0, 0x100000, PAGE, VRAM_RW, &h, NULL), 0);
+        REQUIRE_RC(free_bo(&f, f.kfd, (uint64_t)0x7777 << 32), -EINVAL);
+        REQUIRE_RC(free_bo(&f, f.kfd, h + 5), -EINVAL);
+        REQUIRE_RC(free_bo(&f, f.kfd, ((uint64_t)G1 << 32) | (h & 0xffffffff)), -EINVAL);
+        REQUIRE_RC(map_bo(&f, f.kfd, true, h, ids, 1, NULL), 0);
+        REQUIRE_RC(free_bo(&f, f.kfd, h), -EBUSY);
+        REQUIRE_RC(map_bo(&f, f.kfd, false, h, ids, 1, NULL), 0);
+        REQUIRE_RC(free_bo(&f, f.kfd, h), 0);
+        REQUIRE_RC(free_bo(&f, f.kfd, h), -EINVAL);
+        REQUIRE_RC(fx_teardown(&f), 0);
         return 0;
 }
 
@@ -533,61 +524,61 @@ static int test_map_errors(void)
         uint32_t n;
         ThunkModelStats s;
 
-        CHECK_RC(fx_setup(&f, 19), 0);
-        CHECK_RC(alloc_bo(&f, f.kfd, G0, 0x100000, 2 * PAGE, VRAM_RW, &h, NULL), 0);
-        CHECK_RC(map_bo(&f, f.kfd, true, h, ids, 0, NULL), -EINVAL);
+        REQUIRE_RC(fx_setup(&f, 19), 0);
+        REQUIRE_RC(alloc_bo(&f, f.kfd, G0, 0x100000, 2 * PAGE, VRAM_RW, &h, NULL), 0);
+        REQUIRE_RC(map_bo(&f, f.kfd, true, h, ids, 0, NULL), -EINVAL);
         n = 3;
-        CHECK_RC(map_bo(&f, f.kfd, true, h, ids, 2, &n), -EINVAL);
-        CHECK_RC(map_bo(&f, f.kfd, true, h, NULL, 1, NULL), -EFAULT);
-        CHECK_RC(map_bo(&f, f.kfd, true, h + 9, ids, 1, NULL), -ENOMEM); /* unknown idr: -ENOMEM */
-        CHECK_RC(map_bo(&f, f.kfd, false, h + 9, ids, 1, NULL), -ENOMEM);
-        CHECK_RC(map_bo(&f, f.kfd, true, (uint64_t)0x7777 << 32, ids, 1, NULL), -EINVAL);
-        CHECK_RC(map_bo(&f, f.kfd, false, h, ids, 1, NULL), -EINVAL); /* not mapped */
-        CHECK_RC(map_bo(&f, f.kfd, true, h, ids, 2, NULL), 0);
-        CHECK_RC(map_bo(&f, f.kfd, true, h, ids, 2, NULL), 0); /* again: no-op */
+        REQUIRE_RC(map_bo(&f, f.kfd, true, h, ids, 2, &n), -EINVAL);
+        REQUIRE_RC(map_bo(&f, f.kfd, true, h, NULL, 1, NULL), -EFAULT);
+        REQUIRE_RC(map_bo(&f, f.kfd, true, h + 9, ids, 1, NULL), -ENOMEM); /* unknown idr: -ENOMEM */
+        REQUIRE_RC(map_bo(&f, f.kfd, false, h + 9, ids, 1, NULL), -ENOMEM);
+        REQUIRE_RC(map_bo(&f, f.kfd, true, (uint64_t)0x7777 << 32, ids, 1, NULL), -EINVAL);
+        REQUIRE_RC(map_bo(&f, f.kfd, false, h, ids, 1, NULL), -EINVAL); /* not mapped */
+        REQUIRE_RC(map_bo(&f, f.kfd, true, h, ids, 2, NULL), 0);
+        REQUIRE_RC(map_bo(&f, f.kfd, true, h, ids, 2, NULL), 0); /* again: no-op */
         thunk_model_get_stats(f.m, &s);
-        CHECK(s.mappings == 2);
+        REQUIRE(s.mappings == 2);
         /* VA 0 can never be mapped */
-        CHECK_RC(alloc_bo(&f, f.kfd, G0, 0, PAGE, VRAM_RW, &h0va, NULL), 0);
-        CHECK_RC(map_bo(&f, f.kfd, true, h0va, ids, 1, NULL), -EINVAL);
+        REQUIRE_RC(alloc_bo(&f, f.kfd, G0, 0, PAGE, VRAM_RW, &h0va, NULL), 0);
+        REQUIRE_RC(map_bo(&f, f.kfd, true, h0va, ids, 1, NULL), -EINVAL);
         /* overlapping VA is accepted by ALLOC and refused by MAP, per VM */
-        CHECK_RC(alloc_bo(&f, f.kfd, G0, 0x101000, PAGE, VRAM_RW, &h2, NULL), 0);
-        CHECK_RC(map_bo(&f, f.kfd, true, h2, ids, 1, NULL), -EINVAL);
-        CHECK_RC(map_bo(&f, f.kfd, false, h, ids, 1, NULL), 0);
-        CHECK_RC(map_bo(&f, f.kfd, true, h2, ids, 1, NULL), 0); /* G0's VM is free there now */
+        REQUIRE_RC(alloc_bo(&f, f.kfd, G0, 0x101000, PAGE, VRAM_RW, &h2, NULL), 0);
+        REQUIRE_RC(map_bo(&f, f.kfd, true, h2, ids, 1, NULL), -EINVAL);
+        REQUIRE_RC(map_bo(&f, f.kfd, false, h, ids, 1, NULL), 0);
+        REQUIRE_RC(map_bo(&f, f.kfd, true, h2, ids, 1, NULL), 0); /* G0's VM is free there now */
         n = 0;
-        CHECK_RC(map_bo(&f, f.kfd, true, h2, ids, 2, &n), -EINVAL); /* G1 still has h there */
-        CHECK(n == 1);
+        REQUIRE_RC(map_bo(&f, f.kfd, true, h2, ids, 2, &n), -EINVAL); /* G1 still has h there */
+        REQUIRE(n == 1);
         /* peer access: small-BAR VRAM of G2 cannot be mapped on G0; large-BAR/hive peers can */
-        CHECK_RC(alloc_bo(&f, f.kfd, G2, 0x800000, PAGE, VRAM_RW, &hs, NULL), 0);
+        REQUIRE_RC(alloc_bo(&f, f.kfd, G2, 0x800000, PAGE, VRAM_RW, &hs, NULL), 0);
         {
                 uint32_t peer[] = {G2, G0};
 
                 n = 0;
-                CHECK_RC(map_bo(&f, f.kfd, true, hs, peer, 2, &n), -EINVAL);
-                CHECK(n == 1);
-                CHECK_RC(map_bo(&f, f.kfd, false, hs, peer, 1, NULL), 0);
+                REQUIRE_RC(map_bo(&f, f.kfd, true, hs, peer, 2, &n), -EINVAL);
+                REQUIRE(n == 1);
+                REQUIRE_RC(map_bo(&f, f.kfd, false, hs, peer, 1, NULL), 0);
         }
-        CHECK_RC(map_bo(&f, f.kfd, false, h, ids + 1, 1, NULL), 0);
-        CHECK_RC(map_bo(&f, f.kfd, false, h2, ids, 1, NULL), 0);
+        REQUIRE_RC(map_bo(&f, f.kfd, false, h, ids + 1, 1, NULL), 0);
+        REQUIRE_RC(map_bo(&f, f.kfd, false, h2, ids, 1, NULL), 0);
         thunk_model_get_stats(f.m, &s);
-        CHECK(s.mappings == 0);
-        CHECK_RC(free_bo(&f, f.kfd, h), 0);
-        CHECK_RC(free_bo(&f, f.kfd, h2), 0);
-        CHECK_RC(free_bo(&f, f.kfd, h0va), 0);
-        CHECK_RC(free_bo(&f, f.kfd, hs), 0);
-        CHECK_RC(fx_teardown(&f), 0);
+        REQUIRE(s.mappings == 0);
+        REQUIRE_RC(free_bo(&f, f.kfd, h), 0);
+        REQUIRE_RC(free_bo(&f, f.kfd, h2), 0);
+        REQUIRE_RC(free_bo(&f, f.kfd, h0va), 0);
+        REQUIRE_RC(free_bo(&f, f.kfd, hs), 0);
+        REQUIRE_RC(fx_teardown(&f), 0);
 
         /* a target GPU without a VM: MAP cannot bind it (-ENODEV), UNMAP binds nothing and finds nothing
          * mapped there (-EINVAL) */
-        CHECK_RC(fx_setup_topo(&f, topo_make(3, std_gpus, 64 * GiB), 19, false), 0);
-        CHECK_RC(fx_acquire(&f, f.kfd, f.render[0], G0), 0);
-        CHECK_RC(alloc_bo(&f, f.kfd, G0, 0x100000, PAGE, VRAM_RW, &h, NULL), 0);
-        CHECK_RC(map_bo(&f, f.kfd, true, h, ids + 1, 1, NULL), -ENODEV);
-        CHECK_RC(map_bo(&f, f.kfd, false, h, ids + 1, 1, NULL), -EINVAL);
-        CHECK_RC(map_bo(&f, f.kfd, false, (uint64_t)G1 << 32, ids, 1, NULL), -ENOMEM);
-        CHECK_RC(free_bo(&f, f.kfd, h), 0);
-        CHECK_RC(fx_teardown(&f), 0);
+        REQUIRE_RC(fx_setup_topo(&f, topo_make(3, std_gpus, 64 * GiB), 19, false), 0);
+        REQUIRE_RC(fx_acquire(&f, f.kfd, f.render[0], G0), 0);
+        REQUIRE_RC(alloc_bo(&f, f.kfd, G0, 0x100000, PAGE, VRAM_RW, &h, NULL), 0);
+        REQUIRE_RC(map_bo(&f, f.kfd, true, h, ids + 1, 1, NULL), -ENODEV);
+        REQUIRE_RC(map_bo(&f, f.kfd, false, h, ids + 1, 1, NULL), -EINVAL);
+        REQUIRE_RC(map_bo(&f, f.kfd, false, (uint64_t)G1 << 32, ids, 1, NULL), -ENOMEM);
+        REQUIRE_RC(free_bo(&f, f.kfd, h), 0);
+        REQUIRE_RC(fx_teardown(&f), 0);
         return 0;
 }
 
@@ -600,22 +591,22 @@ static int test_map_resume(void)
         struct kfd_ioctl_map_memory_to_gpu_args a;
         ThunkModelStats s;
 
-        CHECK_RC(fx_setup(&f, 19), 0);
-        CHECK_RC(alloc_bo(&f, f.kfd, G0, 0x100000, PAGE, GTT_RW, &h, NULL), 0);
+        REQUIRE_RC(fx_setup(&f, 19), 0);
+        REQUIRE_RC(alloc_bo(&f, f.kfd, G0, 0x100000, PAGE, GTT_RW, &h, NULL), 0);
         a = (struct kfd_ioctl_map_memory_to_gpu_args){
                 .handle = h, .device_ids_array_ptr = (uintptr_t)ids, .n_devices = 3};
-        CHECK_RC(io(&f, f.kfd, AMDKFD_IOC_MAP_MEMORY_TO_GPU, &a), -EINVAL);
-        CHECK(a.n_success == 1);
+        REQUIRE_RC(io(&f, f.kfd, AMDKFD_IOC_MAP_MEMORY_TO_GPU, &a), -EINVAL);
+        REQUIRE(a.n_success == 1);
         ids[1] = G1;
-        CHECK_RC(io(&f, f.kfd, AMDKFD_IOC_MAP_MEMORY_TO_GPU, &a), 0);
-        CHECK(a.n_success == 3);
+        REQUIRE_RC(io(&f, f.kfd, AMDKFD_IOC_MAP_MEMORY_TO_GPU, &a), 0);
+        REQUIRE(a.n_success == 3);
         thunk_model_get_stats(f.m, &s);
-        CHECK(s.mappings == 3);
+        REQUIRE(s.mappings == 3);
         a.n_success = 0;
-        CHECK_RC(io(&f, f.kfd, AMDKFD_IOC_UNMAP_MEMORY_FROM_GPU, &a), 0);
-        CHECK(a.n_success == 3);
-        CHECK_RC(free_bo(&f, f.kfd, h), 0);
-        CHECK_RC(fx_teardown(&f), 0);
+        REQUIRE_RC(io(&f, f.kfd, AMDKFD_IOC_UNMAP_MEMORY_FROM_GPU, &a), 0);
+        REQUIRE(a.n_success == 3);
+        REQUIRE_RC(free_bo(&f, f.kfd, h), 0);
+        REQUIRE_RC(fx_teardown(&f), 0);
         return 0;
 }
 
@@ -627,72 +618,72 @@ static int test_available_and_limits(void)
         const uint64_t ram = 64 * GiB, pt = (ram >> 14) > 8 * MiB ? ram >> 14 : 8 * MiB;
         const uint64_t sys_limit = ram - (ram >> 6) - 3 * (GiB / 2);
 
-        CHECK_RC(fx_setup(&f, 19), 0);
+        REQUIRE_RC(fx_setup(&f, 19), 0);
         a0 = avail(&f, G0);
-        CHECK(a0 == ((16 * GiB - pt) & ~(2 * MiB - 1)));
-        CHECK_RC(alloc_bo(&f, f.kfd, G0, 0x100000, PAGE, VRAM_RW, &h, NULL), 0);
+        REQUIRE(a0 == ((16 * GiB - pt) & ~(2 * MiB - 1)));
+        REQUIRE_RC(alloc_bo(&f, f.kfd, G0, 0x100000, PAGE, VRAM_RW, &h, NULL), 0);
         a1 = avail(&f, G0);
-        CHECK(a1 == a0 - 2 * MiB); /* charged 2 MiB-aligned for availability */
-        CHECK(avail(&f, G1) == a0);
+        REQUIRE(a1 == a0 - 2 * MiB); /* charged 2 MiB-aligned for availability */
+        REQUIRE(avail(&f, G1) == a0);
         {
                 struct kfd_ioctl_get_available_memory_args am = {.gpu_id = 0x7777};
 
-                CHECK_RC(io(&f, f.kfd, AMDKFD_IOC_AVAILABLE_MEMORY, &am), -EINVAL);
+                REQUIRE_RC(io(&f, f.kfd, AMDKFD_IOC_AVAILABLE_MEMORY, &am), -EINVAL);
         }
-        CHECK_RC(free_bo(&f, f.kfd, h), 0);
-        CHECK(avail(&f, G0) == a0);
+        REQUIRE_RC(free_bo(&f, f.kfd, h), 0);
+        REQUIRE(avail(&f, G0) == a0);
         /* the VRAM limit is size minus the page-table reserve */
-        CHECK_RC(alloc_bo(&f, f.kfd, G0, 0x100000, 16 * GiB - pt + PAGE, VRAM_RW, &h, NULL), -ENOMEM);
-        CHECK_RC(alloc_bo(&f, f.kfd, G0, 0x100000, 16 * GiB - pt, VRAM_RW, &h, NULL), 0);
-        CHECK(avail(&f, G0) == 0);
-        CHECK_RC(alloc_bo(&f, f.kfd, G0, 0x100000, PAGE, VRAM_RW, &h2, NULL), -ENOMEM);
-        CHECK_RC(free_bo(&f, f.kfd, h), 0);
+        REQUIRE_RC(alloc_bo(&f, f.kfd, G0, 0x100000, 16 * GiB - pt + PAGE, VRAM_RW, &h, NULL), -ENOMEM);
+        REQUIRE_RC(alloc_bo(&f, f.kfd, G0, 0x100000, 16 * GiB - pt, VRAM_RW, &h, NULL), 0);
+        REQUIRE(avail(&f, G0) == 0);
+        REQUIRE_RC(alloc_bo(&f, f.kfd, G0, 0x100000, PAGE, VRAM_RW, &h2, NULL), -ENOMEM);
+        REQUIRE_RC(free_bo(&f, f.kfd, h), 0);
         /* GTT is charged to system and TTM (TTM = RAM/2 is the tighter one) */
-        CHECK_RC(alloc_bo(&f, f.kfd, G0, 0x100000, ram / 2 + PAGE, GTT_RW, &h, NULL), -ENOMEM);
-        CHECK_RC(alloc_bo(&f, f.kfd, G0, 0x100000, ram / 2, GTT_RW, &h, NULL), 0);
+        REQUIRE_RC(alloc_bo(&f, f.kfd, G0, 0x100000, ram / 2 + PAGE, GTT_RW, &h, NULL), -ENOMEM);
+        REQUIRE_RC(alloc_bo(&f, f.kfd, G0, 0x100000, ram / 2, GTT_RW, &h, NULL), 0);
         thunk_model_get_stats(f.m, &s);
-        CHECK(s.system_used == ram / 2 && s.ttm_used == ram / 2);
-        CHECK_RC(alloc_bo(&f, f.kfd, G1, 0x100000, PAGE, GTT_RW, &h2, NULL), -ENOMEM);
-        CHECK_RC(free_bo(&f, f.kfd, h), 0);
+        REQUIRE(s.system_used == ram / 2 && s.ttm_used == ram / 2);
+        REQUIRE_RC(alloc_bo(&f, f.kfd, G1, 0x100000, PAGE, GTT_RW, &h2, NULL), -ENOMEM);
+        REQUIRE_RC(free_bo(&f, f.kfd, h), 0);
         /* USERPTR is charged to system only; the pages must exist */
         {
                 void *p = mmap(NULL, 4 * PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 
-                CHECK(p != MAP_FAILED);
+                REQUIRE(p != MAP_FAILED);
                 off = (uintptr_t)p;
-                CHECK_RC(alloc_bo(&f, f.kfd, G0, 0x100000, 4 * PAGE, KFD_IOC_ALLOC_MEM_FLAGS_USERPTR, &h,
-                                  &off),
-                         0);
+                REQUIRE_RC(alloc_bo(&f, f.kfd, G0, 0x100000, 4 * PAGE, KFD_IOC_ALLOC_MEM_FLAGS_USERPTR, &h,
+                                    &off),
+                           0);
                 thunk_model_get_stats(f.m, &s);
-                CHECK(s.system_used == 4 * PAGE && s.ttm_used == 0);
-                CHECK_RC(free_bo(&f, f.kfd, h), 0);
+                REQUIRE(s.system_used == 4 * PAGE && s.ttm_used == 0);
+                REQUIRE_RC(free_bo(&f, f.kfd, h), 0);
                 off = (uintptr_t)p;
-                CHECK_RC(alloc_bo(&f, f.kfd, G0, 0x100000, sys_limit + PAGE, KFD_IOC_ALLOC_MEM_FLAGS_USERPTR,
-                                  &h, &off),
-                         -ENOMEM);
-                CHECK(munmap(p, 4 * PAGE) == 0);
+                REQUIRE_RC(alloc_bo(&f, f.kfd, G0, 0x100000, sys_limit + PAGE,
+                                    KFD_IOC_ALLOC_MEM_FLAGS_USERPTR, &h, &off),
+                           -ENOMEM);
+                REQUIRE(munmap(p, 4 * PAGE) == 0);
                 off = (uintptr_t)p;
-                CHECK_RC(alloc_bo(&f, f.kfd, G0, 0x100000, 4 * PAGE, KFD_IOC_ALLOC_MEM_FLAGS_USERPTR, &h,
-                                  &off),
-                         -EFAULT);
+                REQUIRE_RC(alloc_bo(&f, f.kfd, G0, 0x100000, 4 * PAGE, KFD_IOC_ALLOC_MEM_FLAGS_USERPTR, &h,
+                                    &off),
+                           -EFAULT);
         }
-        CHECK_RC(fx_teardown(&f), 0);
+        REQUIRE_RC(fx_teardown(&f), 0);
 
         /* an APU: VRAM requests become GTT, availability is the system/TTM headroom */
         {
                 GpuSpec apu = {0x5555, 0, 0, 0, 90012, true};
 
-                CHECK_RC(fx_setup_topo(&f, topo_make(1, &apu, 8 * GiB), 19, false), 0);
-                CHECK_RC(fx_acquire(&f, f.kfd, f.render[0], 0x5555), 0);
-                CHECK(avail(&f, 0x5555) == 4 * GiB); /* TTM = RAM/2 < system limit */
-                CHECK_RC(alloc_bo(&f, f.kfd, 0x5555, 0x100000, MiB, VRAM_RW | KFD_IOC_ALLOC_MEM_FLAGS_PUBLIC,
-                                  &h, NULL),
-                         0);
+                REQUIRE_RC(fx_setup_topo(&f, topo_make(1, &apu, 8 * GiB), 19, false), 0);
+                REQUIRE_RC(fx_acquire(&f, f.kfd, f.render[0], 0x5555), 0);
+                REQUIRE(avail(&f, 0x5555) == 4 * GiB); /* TTM = RAM/2 < system limit */
+                REQUIRE_RC(alloc_bo(&f, f.kfd, 0x5555, 0x100000, MiB,
+                                    VRAM_RW | KFD_IOC_ALLOC_MEM_FLAGS_PUBLIC, &h, NULL),
+                           0);
                 thunk_model_get_stats(f.m, &s);
-                CHECK(s.vram_used[0] == 0 && s.ttm_used == MiB);
-                CHECK(avail(&f, 0x5555) == 4 * GiB - MiB);
-                CHECK_RC(free_bo(&f, f.kfd, h), 0);
-                CHECK_RC(fx_teardown(&f), 0);
+                REQUIRE(s.vram_used[0] == 0 && s.ttm_used == MiB);
+                REQUIRE(avail(&f, 0x5555) == 4 * GiB - MiB);
+                REQUIRE_RC(free_bo(&f, f.kfd, h), 0);
+                REQUIRE_RC(fx_teardown(&f), 0);
         }
         return 0;
 }
@@ -705,41 +696,41 @@ static int test_mmap_data(void)
         unsigned char *p = NULL, *q = NULL;
         int other = -1;
 
-        CHECK_RC(fx_setup(&f, 19), 0);
-        CHECK_RC(alloc_bo(&f, f.kfd, G0, 0x100000, 2 * PAGE, VRAM_RW | KFD_IOC_ALLOC_MEM_FLAGS_PUBLIC, &h,
-                          &off),
-                 0);
-        CHECK_RC(alloc_bo(&f, f.kfd, G0, 0x200000, PAGE, GTT_RW, &h2, &off2), 0);
-        CHECK(off != off2 && off % PAGE == 0 && off2 % PAGE == 0);
-        CHECK_RC(f.seam.ops->mmap(f.seam.impl, NULL, 2 * PAGE, PROT_READ | PROT_WRITE, MAP_SHARED,
-                                  f.render[0], off, (void **)&p),
-                 0);
-        CHECK(p[0] == 0 && p[2 * PAGE - 1] == 0); /* VRAM starts wiped */
+        REQUIRE_RC(fx_setup(&f, 19), 0);
+        REQUIRE_RC(alloc_bo(&f, f.kfd, G0, 0x100000, 2 * PAGE, VRAM_RW | KFD_IOC_ALLOC_MEM_FLAGS_PUBLIC, &h,
+                            &off),
+                   0);
+        REQUIRE_RC(alloc_bo(&f, f.kfd, G0, 0x200000, PAGE, GTT_RW, &h2, &off2), 0);
+        REQUIRE(off != off2 && off % PAGE == 0 && off2 % PAGE == 0);
+        REQUIRE_RC(f.seam.ops->mmap(f.seam.impl, NULL, 2 * PAGE, PROT_READ | PROT_WRITE, MAP_SHARED,
+                                    f.render[0], off, (void **)&p),
+                   0);
+        REQUIRE(p[0] == 0 && p[2 * PAGE - 1] == 0); /* VRAM starts wiped */
         memset(p, 0x5a, 2 * PAGE);
-        CHECK_RC(f.seam.ops->mmap(f.seam.impl, NULL, 2 * PAGE, PROT_READ, MAP_SHARED, f.render[0], off,
-                                  (void **)&q),
-                 0);
-        CHECK(q[PAGE + 7] == 0x5a);
-        CHECK(munmap(q, 2 * PAGE) == 0);
+        REQUIRE_RC(f.seam.ops->mmap(f.seam.impl, NULL, 2 * PAGE, PROT_READ, MAP_SHARED, f.render[0], off,
+                                    (void **)&q),
+                   0);
+        REQUIRE(q[PAGE + 7] == 0x5a);
+        REQUIRE(munmap(q, 2 * PAGE) == 0);
         /* exact offsets only, never past the object, only on files that may see it */
-        CHECK_RC(f.seam.ops->mmap(f.seam.impl, NULL, PAGE, PROT_READ, MAP_SHARED, f.render[0], off + PAGE,
-                                  (void **)&q),
-                 -EINVAL);
-        CHECK_RC(f.seam.ops->mmap(f.seam.impl, NULL, 3 * PAGE, PROT_READ, MAP_SHARED, f.render[0], off,
-                                  (void **)&q),
-                 -EINVAL);
-        CHECK_RC(f.seam.ops->open_render(f.seam.impl, 128, &other), 0);
-        CHECK_RC(f.seam.ops->mmap(f.seam.impl, NULL, PAGE, PROT_READ, MAP_SHARED, other, off, (void **)&q),
-                 -EACCES);
-        CHECK_RC(f.seam.ops->mmap(f.seam.impl, NULL, PAGE, PROT_READ, MAP_SHARED, 999, off, (void **)&q),
-                 -EBADF);
-        CHECK_RC(f.seam.ops->close(f.seam.impl, other), 0);
+        REQUIRE_RC(f.seam.ops->mmap(f.seam.impl, NULL, PAGE, PROT_READ, MAP_SHARED, f.render[0], off + PAGE,
+                                    (void **)&q),
+                   -EINVAL);
+        REQUIRE_RC(f.seam.ops->mmap(f.seam.impl, NULL, 3 * PAGE, PROT_READ, MAP_SHARED, f.render[0], off,
+                                    (void **)&q),
+                   -EINVAL);
+        REQUIRE_RC(f.seam.ops->open_render(f.seam.impl, 128, &other), 0);
+        REQUIRE_RC(f.seam.ops->mmap(f.seam.impl, NULL, PAGE, PROT_READ, MAP_SHARED, other, off, (void **)&q),
+                   -EACCES);
+        REQUIRE_RC(f.seam.ops->mmap(f.seam.impl, NULL, PAGE, PROT_READ, MAP_SHARED, 999, off, (void **)&q),
+                   -EBADF);
+        REQUIRE_RC(f.seam.ops->close(f.seam.impl, other), 0);
         /* the mapping stays valid after FREE (the pages belong to the mapping too), the model forgets it */
-        CHECK_RC(free_bo(&f, f.kfd, h), 0);
-        CHECK(p[5] == 0x5a);
-        CHECK(munmap(p, 2 * PAGE) == 0);
-        CHECK_RC(free_bo(&f, f.kfd, h2), 0);
-        CHECK_RC(fx_teardown(&f), 0);
+        REQUIRE_RC(free_bo(&f, f.kfd, h), 0);
+        REQUIRE(p[5] == 0x5a);
+        REQUIRE(munmap(p, 2 * PAGE) == 0);
+        REQUIRE_RC(free_bo(&f, f.kfd, h2), 0);
+        REQUIRE_RC(fx_teardown(&f), 0);
         return 0;
 }
 
@@ -816,89 +807,89 @@ static int test_dmabuf(void)
         pid_t pid;
         ThunkModelStats s;
 
-        CHECK_RC(fx_setup(&f, 19), 0);
-        CHECK_RC(alloc_bo(&f, f.kfd, G0, 0x100000, 2 * PAGE, VRAM_RW | KFD_IOC_ALLOC_MEM_FLAGS_PUBLIC, &h,
-                          &off),
-                 0);
-        CHECK_RC(f.seam.ops->mmap(f.seam.impl, NULL, 2 * PAGE, PROT_READ | PROT_WRITE, MAP_SHARED,
-                                  f.render[0], off, (void **)&p),
-                 0);
+        REQUIRE_RC(fx_setup(&f, 19), 0);
+        REQUIRE_RC(alloc_bo(&f, f.kfd, G0, 0x100000, 2 * PAGE, VRAM_RW | KFD_IOC_ALLOC_MEM_FLAGS_PUBLIC, &h,
+                            &off),
+                   0);
+        REQUIRE_RC(f.seam.ops->mmap(f.seam.impl, NULL, 2 * PAGE, PROT_READ | PROT_WRITE, MAP_SHARED,
+                                    f.render[0], off, (void **)&p),
+                   0);
         for (size_t i = 0; i < PAGE; i++)
                 p[i] = (unsigned char)(i * 7);
         ex = (struct kfd_ioctl_export_dmabuf_args){.handle = h, .flags = O_CLOEXEC};
-        CHECK_RC(io(&f, f.kfd, AMDKFD_IOC_EXPORT_DMABUF, &ex), 0);
-        CHECK(fcntl((int)ex.dmabuf_fd, F_GETFD) & FD_CLOEXEC);
+        REQUIRE_RC(io(&f, f.kfd, AMDKFD_IOC_EXPORT_DMABUF, &ex), 0);
+        REQUIRE(fcntl((int)ex.dmabuf_fd, F_GETFD) & FD_CLOEXEC);
 
         /* another process receives the fd over a socket and sees the same bytes, and we see its write */
-        CHECK(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == 0);
+        REQUIRE(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == 0);
         pid = fork();
-        CHECK(pid >= 0);
+        REQUIRE(pid >= 0);
         if (pid == 0) {
                 close(sv[0]);
                 _exit(child_check(sv[1], 2 * PAGE));
         }
         close(sv[1]);
-        CHECK_RC(send_fd(sv[0], (int)ex.dmabuf_fd), 0);
-        CHECK(waitpid(pid, &status, 0) == pid);
-        CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-        CHECK(p[PAGE] == 0xc3);
+        REQUIRE_RC(send_fd(sv[0], (int)ex.dmabuf_fd), 0);
+        REQUIRE(waitpid(pid, &status, 0) == pid);
+        REQUIRE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+        REQUIRE(p[PAGE] == 0xc3);
         close(sv[0]);
 
         /* GET_DMABUF_INFO describes the owner */
         memset(&info, 0, sizeof(info));
         info.dmabuf_fd = ex.dmabuf_fd;
-        CHECK_RC(io(&f, f.kfd, AMDKFD_IOC_GET_DMABUF_INFO, &info), 0);
-        CHECK(info.size == 2 * PAGE && info.gpu_id == G0);
-        CHECK(info.flags == (KFD_IOC_ALLOC_MEM_FLAGS_VRAM | KFD_IOC_ALLOC_MEM_FLAGS_PUBLIC));
+        REQUIRE_RC(io(&f, f.kfd, AMDKFD_IOC_GET_DMABUF_INFO, &info), 0);
+        REQUIRE(info.size == 2 * PAGE && info.gpu_id == G0);
+        REQUIRE(info.flags == (KFD_IOC_ALLOC_MEM_FLAGS_VRAM | KFD_IOC_ALLOC_MEM_FLAGS_PUBLIC));
         /* import on a hive peer: a new handle on the importing GPU, same pages */
         im = (struct kfd_ioctl_import_dmabuf_args){
                 .va_addr = 0x400000, .gpu_id = G1, .dmabuf_fd = ex.dmabuf_fd};
-        CHECK_RC(io(&f, f.kfd, AMDKFD_IOC_IMPORT_DMABUF, &im), 0);
+        REQUIRE_RC(io(&f, f.kfd, AMDKFD_IOC_IMPORT_DMABUF, &im), 0);
         himp = im.handle;
-        CHECK(himp == ((uint64_t)G1 << 32 | 0));
+        REQUIRE(himp == ((uint64_t)G1 << 32 | 0));
         thunk_model_get_stats(f.m, &s);
-        CHECK(s.imports == 1 && s.mems == 2 && s.bufs == 1);
+        REQUIRE(s.imports == 1 && s.mems == 2 && s.bufs == 1);
         {
                 uint32_t ids[] = {G1};
 
-                CHECK_RC(map_bo(&f, f.kfd, true, himp, ids, 1, NULL), 0);
-                CHECK_RC(map_bo(&f, f.kfd, false, himp, ids, 1, NULL), 0);
+                REQUIRE_RC(map_bo(&f, f.kfd, true, himp, ids, 1, NULL), 0);
+                REQUIRE_RC(map_bo(&f, f.kfd, false, himp, ids, 1, NULL), 0);
         }
         /* errors */
         im.gpu_id = 0x7777;
-        CHECK_RC(io(&f, f.kfd, AMDKFD_IOC_IMPORT_DMABUF, &im), -EINVAL);
+        REQUIRE_RC(io(&f, f.kfd, AMDKFD_IOC_IMPORT_DMABUF, &im), -EINVAL);
         im.gpu_id = G1;
         im.dmabuf_fd = 9999;
-        CHECK_RC(io(&f, f.kfd, AMDKFD_IOC_IMPORT_DMABUF, &im), -EBADF);
+        REQUIRE_RC(io(&f, f.kfd, AMDKFD_IOC_IMPORT_DMABUF, &im), -EBADF);
         info.dmabuf_fd = 9999;
-        CHECK_RC(io(&f, f.kfd, AMDKFD_IOC_GET_DMABUF_INFO, &info), -EBADF);
+        REQUIRE_RC(io(&f, f.kfd, AMDKFD_IOC_GET_DMABUF_INFO, &info), -EBADF);
         info.dmabuf_fd = 1;
-        CHECK_RC(io(&f, f.kfd, AMDKFD_IOC_GET_DMABUF_INFO, &info), -EINVAL);
+        REQUIRE_RC(io(&f, f.kfd, AMDKFD_IOC_GET_DMABUF_INFO, &info), -EINVAL);
         ex.handle = h + 40;
-        CHECK_RC(io(&f, f.kfd, AMDKFD_IOC_EXPORT_DMABUF, &ex), -EINVAL);
+        REQUIRE_RC(io(&f, f.kfd, AMDKFD_IOC_EXPORT_DMABUF, &ex), -EINVAL);
         ex.handle = (uint64_t)0x7777 << 32;
-        CHECK_RC(io(&f, f.kfd, AMDKFD_IOC_EXPORT_DMABUF, &ex), -EINVAL);
+        REQUIRE_RC(io(&f, f.kfd, AMDKFD_IOC_EXPORT_DMABUF, &ex), -EINVAL);
         /* a BO without WRITABLE exports read-only */
-        CHECK_RC(alloc_bo(&f, f.kfd, G0, 0x800000, PAGE, KFD_IOC_ALLOC_MEM_FLAGS_GTT, &hro, NULL), 0);
+        REQUIRE_RC(alloc_bo(&f, f.kfd, G0, 0x800000, PAGE, KFD_IOC_ALLOC_MEM_FLAGS_GTT, &hro, NULL), 0);
         {
                 struct kfd_ioctl_export_dmabuf_args ro = {.handle = hro, .flags = O_CLOEXEC};
 
-                CHECK_RC(io(&f, f.kfd, AMDKFD_IOC_EXPORT_DMABUF, &ro), 0);
-                CHECK(mmap(NULL, PAGE, PROT_READ | PROT_WRITE, MAP_SHARED, (int)ro.dmabuf_fd, 0) ==
-                      MAP_FAILED);
+                REQUIRE_RC(io(&f, f.kfd, AMDKFD_IOC_EXPORT_DMABUF, &ro), 0);
+                REQUIRE(mmap(NULL, PAGE, PROT_READ | PROT_WRITE, MAP_SHARED, (int)ro.dmabuf_fd, 0) ==
+                        MAP_FAILED);
                 close((int)ro.dmabuf_fd);
         }
-        CHECK_RC(free_bo(&f, f.kfd, hro), 0);
+        REQUIRE_RC(free_bo(&f, f.kfd, hro), 0);
         /* freeing the exporter keeps the import's pages */
-        CHECK(munmap(p, 2 * PAGE) == 0);
-        CHECK_RC(free_bo(&f, f.kfd, h), 0);
+        REQUIRE(munmap(p, 2 * PAGE) == 0);
+        REQUIRE_RC(free_bo(&f, f.kfd, h), 0);
         thunk_model_get_stats(f.m, &s);
-        CHECK(s.bufs == 1 && s.vram_used[0] == 2 * PAGE);
-        CHECK_RC(free_bo(&f, f.kfd, himp), 0);
+        REQUIRE(s.bufs == 1 && s.vram_used[0] == 2 * PAGE);
+        REQUIRE_RC(free_bo(&f, f.kfd, himp), 0);
         thunk_model_get_stats(f.m, &s);
-        CHECK(s.bufs == 0 && s.vram_used[0] == 0);
+        REQUIRE(s.bufs == 0 && s.vram_used[0] == 0);
         close((int)ex.dmabuf_fd);
-        CHECK_RC(fx_teardown(&f), 0);
+        REQUIRE_RC(fx_teardown(&f), 0);
         return 0;
 }
 
@@ -913,26 +904,26 @@ static int test_dmabuf_foreign(void)
                 struct kfd_ioctl_import_dmabuf_args im = {.va_addr = 0x400000, .gpu_id = G0};
                 struct kfd_ioctl_get_dmabuf_info_args info = {0};
 
-                CHECK(mfd >= 0 && ftruncate(mfd, 3 * PAGE) == 0);
+                REQUIRE(mfd >= 0 && ftruncate(mfd, 3 * PAGE) == 0);
                 im.dmabuf_fd = (uint32_t)mfd;
-                CHECK_RC(fx_setup(&f, minors[i]), 0);
+                REQUIRE_RC(fx_setup(&f, minors[i]), 0);
                 info.dmabuf_fd = (uint32_t)mfd;
-                CHECK_RC(io(&f, f.kfd, AMDKFD_IOC_GET_DMABUF_INFO, &info), -EINVAL);
+                REQUIRE_RC(io(&f, f.kfd, AMDKFD_IOC_GET_DMABUF_INFO, &info), -EINVAL);
                 if (minors[i] < 15) {
-                        CHECK_RC(io(&f, f.kfd, AMDKFD_IOC_IMPORT_DMABUF, &im), -EINVAL);
+                        REQUIRE_RC(io(&f, f.kfd, AMDKFD_IOC_IMPORT_DMABUF, &im), -EINVAL);
                 } else {
                         uint32_t ids[] = {G0, G2};
                         ThunkModelStats s;
 
-                        CHECK_RC(io(&f, f.kfd, AMDKFD_IOC_IMPORT_DMABUF, &im), 0);
-                        CHECK_RC(map_bo(&f, f.kfd, true, im.handle, ids, 2, NULL), 0);
+                        REQUIRE_RC(io(&f, f.kfd, AMDKFD_IOC_IMPORT_DMABUF, &im), 0);
+                        REQUIRE_RC(map_bo(&f, f.kfd, true, im.handle, ids, 2, NULL), 0);
                         thunk_model_get_stats(f.m, &s);
-                        CHECK(s.imports == 1 && s.system_used == 0 && s.mappings == 2);
-                        CHECK_RC(map_bo(&f, f.kfd, false, im.handle, ids, 2, NULL), 0);
-                        CHECK_RC(free_bo(&f, f.kfd, im.handle), 0);
+                        REQUIRE(s.imports == 1 && s.system_used == 0 && s.mappings == 2);
+                        REQUIRE_RC(map_bo(&f, f.kfd, false, im.handle, ids, 2, NULL), 0);
+                        REQUIRE_RC(free_bo(&f, f.kfd, im.handle), 0);
                 }
                 close(mfd);
-                CHECK_RC(fx_teardown(&f), 0);
+                REQUIRE_RC(fx_teardown(&f), 0);
         }
         return 0;
 }
@@ -978,111 +969,113 @@ static int test_svm(void)
         ThunkModelStats s;
         struct kfd_ioctl_svm_attribute at[4];
 
-        CHECK_RC(fx_setup(&f, 19), 0);
+        REQUIRE_RC(fx_setup(&f, 19), 0);
         p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-        CHECK(p != MAP_FAILED);
+        REQUIRE(p != MAP_FAILED);
         base = (uintptr_t)p;
 
         /* defaults before any range exists (XNACK off: no access) */
-        CHECK_RC(svm_get1(&f, base, len, KFD_IOCTL_SVM_ATTR_PREFERRED_LOC, 0, NULL, &v), 0);
-        CHECK(v == KFD_IOCTL_SVM_LOCATION_UNDEFINED);
-        CHECK_RC(svm_get1(&f, base, len, KFD_IOCTL_SVM_ATTR_SET_FLAGS, 0, NULL, &v), 0);
-        CHECK(v == (KFD_IOCTL_SVM_FLAG_HOST_ACCESS | KFD_IOCTL_SVM_FLAG_COHERENT));
-        CHECK_RC(svm_get1(&f, base, len, KFD_IOCTL_SVM_ATTR_GRANULARITY, 0, NULL, &v), 0);
-        CHECK(v == 9);
-        CHECK_RC(svm_get1(&f, base, len, KFD_IOCTL_SVM_ATTR_ACCESS, G0, &t, NULL), 0);
-        CHECK(t == KFD_IOCTL_SVM_ATTR_NO_ACCESS);
+        REQUIRE_RC(svm_get1(&f, base, len, KFD_IOCTL_SVM_ATTR_PREFERRED_LOC, 0, NULL, &v), 0);
+        REQUIRE(v == KFD_IOCTL_SVM_LOCATION_UNDEFINED);
+        REQUIRE_RC(svm_get1(&f, base, len, KFD_IOCTL_SVM_ATTR_SET_FLAGS, 0, NULL, &v), 0);
+        REQUIRE(v == (KFD_IOCTL_SVM_FLAG_HOST_ACCESS | KFD_IOCTL_SVM_FLAG_COHERENT));
+        REQUIRE_RC(svm_get1(&f, base, len, KFD_IOCTL_SVM_ATTR_GRANULARITY, 0, NULL, &v), 0);
+        REQUIRE(v == 9);
+        REQUIRE_RC(svm_get1(&f, base, len, KFD_IOCTL_SVM_ATTR_ACCESS, G0, &t, NULL), 0);
+        REQUIRE(t == KFD_IOCTL_SVM_ATTR_NO_ACCESS);
 
         /* one range over 16 pages; XNACK off charges the system limit */
         at[0] = (struct kfd_ioctl_svm_attribute){KFD_IOCTL_SVM_ATTR_PREFERRED_LOC, G0};
         at[1] = (struct kfd_ioctl_svm_attribute){KFD_IOCTL_SVM_ATTR_ACCESS, G1};
-        CHECK_RC(svm_call(&f, f.kfd, KFD_IOCTL_SVM_OP_SET_ATTR, base + 8 * PAGE, 16 * PAGE, at, 2), 0);
+        REQUIRE_RC(svm_call(&f, f.kfd, KFD_IOCTL_SVM_OP_SET_ATTR, base + 8 * PAGE, 16 * PAGE, at, 2), 0);
         thunk_model_get_stats(f.m, &s);
-        CHECK(s.svm_ranges == 1 && s.system_used == 16 * PAGE);
+        REQUIRE(s.svm_ranges == 1 && s.system_used == 16 * PAGE);
         /* a second set from page 12 to 30: [8,12) keeps the old attributes, [12,24) changes, [24,30) is new
          */
         at[0] = (struct kfd_ioctl_svm_attribute){KFD_IOCTL_SVM_ATTR_ACCESS_IN_PLACE, G1};
         at[1] = (struct kfd_ioctl_svm_attribute){KFD_IOCTL_SVM_ATTR_SET_FLAGS, KFD_IOCTL_SVM_FLAG_GPU_RO};
         at[2] = (struct kfd_ioctl_svm_attribute){KFD_IOCTL_SVM_ATTR_GRANULARITY, 2};
-        CHECK_RC(svm_call(&f, f.kfd, KFD_IOCTL_SVM_OP_SET_ATTR, base + 12 * PAGE, 18 * PAGE, at, 3), 0);
+        REQUIRE_RC(svm_call(&f, f.kfd, KFD_IOCTL_SVM_OP_SET_ATTR, base + 12 * PAGE, 18 * PAGE, at, 3), 0);
         thunk_model_get_stats(f.m, &s);
-        CHECK(s.svm_ranges == 3 && s.system_used == 22 * PAGE);
-        CHECK_RC(svm_get1(&f, base + 12 * PAGE, 8 * PAGE, KFD_IOCTL_SVM_ATTR_ACCESS, G1, &t, NULL), 0);
-        CHECK(t == KFD_IOCTL_SVM_ATTR_ACCESS_IN_PLACE);
-        CHECK_RC(svm_get1(&f, base + 8 * PAGE, 4 * PAGE, KFD_IOCTL_SVM_ATTR_ACCESS, G1, &t, NULL), 0);
-        CHECK(t == KFD_IOCTL_SVM_ATTR_ACCESS);
-        CHECK_RC(svm_get1(&f, base + 20 * PAGE, 4 * PAGE, KFD_IOCTL_SVM_ATTR_PREFERRED_LOC, 0, NULL, &v), 0);
-        CHECK(v == G0);
+        REQUIRE(s.svm_ranges == 3 && s.system_used == 22 * PAGE);
+        REQUIRE_RC(svm_get1(&f, base + 12 * PAGE, 8 * PAGE, KFD_IOCTL_SVM_ATTR_ACCESS, G1, &t, NULL), 0);
+        REQUIRE(t == KFD_IOCTL_SVM_ATTR_ACCESS_IN_PLACE);
+        REQUIRE_RC(svm_get1(&f, base + 8 * PAGE, 4 * PAGE, KFD_IOCTL_SVM_ATTR_ACCESS, G1, &t, NULL), 0);
+        REQUIRE(t == KFD_IOCTL_SVM_ATTR_ACCESS);
+        REQUIRE_RC(svm_get1(&f, base + 20 * PAGE, 4 * PAGE, KFD_IOCTL_SVM_ATTR_PREFERRED_LOC, 0, NULL, &v),
+                   0);
+        REQUIRE(v == G0);
         /* GET over mixed ranges: locations differ -> UNDEFINED, flags AND / NOT-OR, granularity min */
         at[0] = (struct kfd_ioctl_svm_attribute){KFD_IOCTL_SVM_ATTR_PREFERRED_LOC, 0};
         at[1] = (struct kfd_ioctl_svm_attribute){KFD_IOCTL_SVM_ATTR_SET_FLAGS, 0};
         at[2] = (struct kfd_ioctl_svm_attribute){KFD_IOCTL_SVM_ATTR_CLR_FLAGS, 0};
         at[3] = (struct kfd_ioctl_svm_attribute){KFD_IOCTL_SVM_ATTR_GRANULARITY, 0};
-        CHECK_RC(svm_call(&f, f.kfd, KFD_IOCTL_SVM_OP_GET_ATTR, base + 8 * PAGE, 22 * PAGE, at, 4), 0);
-        CHECK(at[0].value == KFD_IOCTL_SVM_LOCATION_UNDEFINED);
-        CHECK(at[1].value == (KFD_IOCTL_SVM_FLAG_HOST_ACCESS | KFD_IOCTL_SVM_FLAG_COHERENT));
-        CHECK(at[2].value == ~(uint32_t)(KFD_IOCTL_SVM_FLAG_HOST_ACCESS | KFD_IOCTL_SVM_FLAG_COHERENT |
-                                         KFD_IOCTL_SVM_FLAG_GPU_RO));
-        CHECK(at[3].value == 2);
-        CHECK_RC(svm_get1(&f, base + 8 * PAGE, 22 * PAGE, KFD_IOCTL_SVM_ATTR_ACCESS, G1, &t, NULL), 0);
-        CHECK(t == KFD_IOCTL_SVM_ATTR_NO_ACCESS); /* neither bit set on every range */
+        REQUIRE_RC(svm_call(&f, f.kfd, KFD_IOCTL_SVM_OP_GET_ATTR, base + 8 * PAGE, 22 * PAGE, at, 4), 0);
+        REQUIRE(at[0].value == KFD_IOCTL_SVM_LOCATION_UNDEFINED);
+        REQUIRE(at[1].value == (KFD_IOCTL_SVM_FLAG_HOST_ACCESS | KFD_IOCTL_SVM_FLAG_COHERENT));
+        REQUIRE(at[2].value == ~(uint32_t)(KFD_IOCTL_SVM_FLAG_HOST_ACCESS | KFD_IOCTL_SVM_FLAG_COHERENT |
+                                           KFD_IOCTL_SVM_FLAG_GPU_RO));
+        REQUIRE(at[3].value == 2);
+        REQUIRE_RC(svm_get1(&f, base + 8 * PAGE, 22 * PAGE, KFD_IOCTL_SVM_ATTR_ACCESS, G1, &t, NULL), 0);
+        REQUIRE(t == KFD_IOCTL_SVM_ATTR_NO_ACCESS); /* neither bit set on every range */
 
         /* attribute validation */
         at[0] = (struct kfd_ioctl_svm_attribute){KFD_IOCTL_SVM_ATTR_ACCESS, 0x7777};
-        CHECK_RC(svm_call(&f, f.kfd, KFD_IOCTL_SVM_OP_SET_ATTR, base, PAGE, at, 1), -EINVAL);
+        REQUIRE_RC(svm_call(&f, f.kfd, KFD_IOCTL_SVM_OP_SET_ATTR, base, PAGE, at, 1), -EINVAL);
         at[0] = (struct kfd_ioctl_svm_attribute){KFD_IOCTL_SVM_ATTR_PREFETCH_LOC,
                                                  KFD_IOCTL_SVM_LOCATION_UNDEFINED};
-        CHECK_RC(svm_call(&f, f.kfd, KFD_IOCTL_SVM_OP_SET_ATTR, base, PAGE, at, 1), -EINVAL);
+        REQUIRE_RC(svm_call(&f, f.kfd, KFD_IOCTL_SVM_OP_SET_ATTR, base, PAGE, at, 1), -EINVAL);
         at[0] = (struct kfd_ioctl_svm_attribute){99, 0};
-        CHECK_RC(svm_call(&f, f.kfd, KFD_IOCTL_SVM_OP_SET_ATTR, base, PAGE, at, 1), -EINVAL);
-        CHECK_RC(svm_get1(&f, base, PAGE, KFD_IOCTL_SVM_ATTR_ACCESS_IN_PLACE, G0, NULL, NULL), -EINVAL);
-        CHECK_RC(svm_get1(&f, base, PAGE, KFD_IOCTL_SVM_ATTR_NO_ACCESS, G0, NULL, NULL), -EINVAL);
-        CHECK_RC(svm_get1(&f, base, PAGE, KFD_IOCTL_SVM_ATTR_ACCESS, 0x7777, NULL, NULL), -EINVAL);
+        REQUIRE_RC(svm_call(&f, f.kfd, KFD_IOCTL_SVM_OP_SET_ATTR, base, PAGE, at, 1), -EINVAL);
+        REQUIRE_RC(svm_get1(&f, base, PAGE, KFD_IOCTL_SVM_ATTR_ACCESS_IN_PLACE, G0, NULL, NULL), -EINVAL);
+        REQUIRE_RC(svm_get1(&f, base, PAGE, KFD_IOCTL_SVM_ATTR_NO_ACCESS, G0, NULL, NULL), -EINVAL);
+        REQUIRE_RC(svm_get1(&f, base, PAGE, KFD_IOCTL_SVM_ATTR_ACCESS, 0x7777, NULL, NULL), -EINVAL);
         /* range validation */
-        CHECK_RC(svm_get1(&f, base + 1, PAGE, KFD_IOCTL_SVM_ATTR_GRANULARITY, 0, NULL, NULL), -EINVAL);
-        CHECK_RC(svm_get1(&f, base, 0, KFD_IOCTL_SVM_ATTR_GRANULARITY, 0, NULL, NULL), -EINVAL);
-        CHECK_RC(svm_get1(&f, base, len + 1024 * PAGE * 1024, KFD_IOCTL_SVM_ATTR_GRANULARITY, 0, NULL, NULL),
-                 -EFAULT);
+        REQUIRE_RC(svm_get1(&f, base + 1, PAGE, KFD_IOCTL_SVM_ATTR_GRANULARITY, 0, NULL, NULL), -EINVAL);
+        REQUIRE_RC(svm_get1(&f, base, 0, KFD_IOCTL_SVM_ATTR_GRANULARITY, 0, NULL, NULL), -EINVAL);
+        REQUIRE_RC(
+                svm_get1(&f, base, len + 1024 * PAGE * 1024, KFD_IOCTL_SVM_ATTR_GRANULARITY, 0, NULL, NULL),
+                -EFAULT);
         /* GET checks the range before its attributes (SET the other way round) */
-        CHECK_RC(svm_get1(&f, base, len + 1024 * PAGE * 1024, KFD_IOCTL_SVM_ATTR_NO_ACCESS, G0, NULL, NULL),
-                 -EFAULT);
+        REQUIRE_RC(svm_get1(&f, base, len + 1024 * PAGE * 1024, KFD_IOCTL_SVM_ATTR_NO_ACCESS, G0, NULL, NULL),
+                   -EFAULT);
         {
                 struct kfd_ioctl_svm_args a = {.start_addr = base, .size = PAGE, .op = 7};
 
-                CHECK_RC(io(&f, f.kfd, AMDKFD_IOC_SVM, &a), -EINVAL);
+                REQUIRE_RC(io(&f, f.kfd, AMDKFD_IOC_SVM, &a), -EINVAL);
                 a.op = KFD_IOCTL_SVM_OP_GET_ATTR;
                 a.nattr = 1; /* claims an attribute the size field does not carry */
-                CHECK_RC(io(&f, f.kfd, AMDKFD_IOC_SVM, &a), -EINVAL);
+                REQUIRE_RC(io(&f, f.kfd, AMDKFD_IOC_SVM, &a), -EINVAL);
         }
         /* SVM and KFD BOs exclude each other */
         {
                 uint64_t h = 0;
                 uint32_t ids[] = {G0};
 
-                CHECK_RC(alloc_bo(&f, f.kfd, G0, base + 10 * PAGE, PAGE, VRAM_RW, &h, NULL), -EADDRINUSE);
-                CHECK_RC(alloc_bo(&f, f.kfd, G0, base + 40 * PAGE, PAGE, VRAM_RW, &h, NULL), 0);
-                CHECK_RC(map_bo(&f, f.kfd, true, h, ids, 1, NULL), 0);
+                REQUIRE_RC(alloc_bo(&f, f.kfd, G0, base + 10 * PAGE, PAGE, VRAM_RW, &h, NULL), -EADDRINUSE);
+                REQUIRE_RC(alloc_bo(&f, f.kfd, G0, base + 40 * PAGE, PAGE, VRAM_RW, &h, NULL), 0);
+                REQUIRE_RC(map_bo(&f, f.kfd, true, h, ids, 1, NULL), 0);
                 at[0] = (struct kfd_ioctl_svm_attribute){KFD_IOCTL_SVM_ATTR_SET_FLAGS, 0};
-                CHECK_RC(svm_call(&f, f.kfd, KFD_IOCTL_SVM_OP_SET_ATTR, base + 36 * PAGE, 8 * PAGE, at, 1),
-                         -EADDRINUSE);
+                REQUIRE_RC(svm_call(&f, f.kfd, KFD_IOCTL_SVM_OP_SET_ATTR, base + 36 * PAGE, 8 * PAGE, at, 1),
+                           -EADDRINUSE);
                 /* and GET refuses the range as SET does */
-                CHECK_RC(svm_get1(&f, base + 36 * PAGE, 8 * PAGE, KFD_IOCTL_SVM_ATTR_GRANULARITY, 0, NULL,
-                                  NULL),
-                         -EADDRINUSE);
-                CHECK_RC(svm_get1(&f, base + 36 * PAGE, 8 * PAGE, KFD_IOCTL_SVM_ATTR_NO_ACCESS, G0, NULL,
-                                  NULL),
-                         -EADDRINUSE);
-                CHECK_RC(map_bo(&f, f.kfd, false, h, ids, 1, NULL), 0);
-                CHECK_RC(free_bo(&f, f.kfd, h), 0);
+                REQUIRE_RC(svm_get1(&f, base + 36 * PAGE, 8 * PAGE, KFD_IOCTL_SVM_ATTR_GRANULARITY, 0, NULL,
+                                    NULL),
+                           -EADDRINUSE);
+                REQUIRE_RC(svm_get1(&f, base + 36 * PAGE, 8 * PAGE, KFD_IOCTL_SVM_ATTR_NO_ACCESS, G0, NULL,
+                                    NULL),
+                           -EADDRINUSE);
+                REQUIRE_RC(map_bo(&f, f.kfd, false, h, ids, 1, NULL), 0);
+                REQUIRE_RC(free_bo(&f, f.kfd, h), 0);
         }
         /* munmap of part of a range splits it and refunds the charge */
-        CHECK(munmap(p + 14 * PAGE, 2 * PAGE) == 0);
+        REQUIRE(munmap(p + 14 * PAGE, 2 * PAGE) == 0);
         thunk_model_get_stats(f.m, &s);
-        CHECK(s.svm_ranges == 4 && s.system_used == 20 * PAGE);
-        CHECK(munmap(p, len) == 0);
+        REQUIRE(s.svm_ranges == 4 && s.system_used == 20 * PAGE);
+        REQUIRE(munmap(p, len) == 0);
         thunk_model_get_stats(f.m, &s);
-        CHECK(s.svm_ranges == 0 && s.system_used == 0);
-        CHECK_RC(fx_teardown(&f), 0);
+        REQUIRE(s.svm_ranges == 0 && s.system_used == 0);
+        REQUIRE_RC(fx_teardown(&f), 0);
         return 0;
 }
 
@@ -1104,35 +1097,36 @@ static int test_svm_limits(void)
                 struct kfd_ioctl_alloc_memory_of_gpu_args al = {
                         .va_addr = 0x100000, .gpu_id = G0, .flags = GTT_RW};
 
-                CHECK_RC(thunk_model_new(t, &o, &m), 0);
+                REQUIRE_RC(thunk_model_new(t, &o, &m), 0);
                 topo_free(t);
                 thunk_model_seam(m, &seam);
-                CHECK_RC(seam.ops->open_kfd(seam.impl, &kfd), 0);
-                CHECK_RC(seam.ops->open_render(seam.impl, 128, &render), 0);
+                REQUIRE_RC(seam.ops->open_kfd(seam.impl, &kfd), 0);
+                REQUIRE_RC(seam.ops->open_render(seam.impl, 128, &render), 0);
                 acq.drm_fd = (uint32_t)render;
-                CHECK_RC(seam.ops->ioctl(seam.impl, kfd, AMDKFD_IOC_ACQUIRE_VM, &acq), 0);
+                REQUIRE_RC(seam.ops->ioctl(seam.impl, kfd, AMDKFD_IOC_ACQUIRE_VM, &acq), 0);
                 al.size = (2 * GiB - (2 * GiB >> 6)) / 2 + PAGE;
-                CHECK_RC(seam.ops->ioctl(seam.impl, kfd, AMDKFD_IOC_ALLOC_MEMORY_OF_GPU, &al), -ENOMEM);
+                REQUIRE_RC(seam.ops->ioctl(seam.impl, kfd, AMDKFD_IOC_ALLOC_MEMORY_OF_GPU, &al), -ENOMEM);
                 al.size -= PAGE;
-                CHECK_RC(seam.ops->ioctl(seam.impl, kfd, AMDKFD_IOC_ALLOC_MEMORY_OF_GPU, &al), 0);
+                REQUIRE_RC(seam.ops->ioctl(seam.impl, kfd, AMDKFD_IOC_ALLOC_MEMORY_OF_GPU, &al), 0);
                 thunk_model_free(m);
         }
-        CHECK_RC(fx_setup(&f, 19), 0);
+        REQUIRE_RC(fx_setup(&f, 19), 0);
         p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-        CHECK(p != MAP_FAILED);
+        REQUIRE(p != MAP_FAILED);
         {
                 uint64_t big = 63 * GiB;
                 void *q = mmap(NULL, big, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
                 ThunkModelStats s;
 
-                CHECK(q != MAP_FAILED);
-                CHECK_RC(svm_call(&f, f.kfd, KFD_IOCTL_SVM_OP_SET_ATTR, (uintptr_t)q, big, &at, 1), -ENOMEM);
+                REQUIRE(q != MAP_FAILED);
+                REQUIRE_RC(svm_call(&f, f.kfd, KFD_IOCTL_SVM_OP_SET_ATTR, (uintptr_t)q, big, &at, 1),
+                           -ENOMEM);
                 thunk_model_get_stats(f.m, &s);
-                CHECK(s.svm_ranges == 0 && s.system_used == 0);
-                CHECK(munmap(q, big) == 0);
+                REQUIRE(s.svm_ranges == 0 && s.system_used == 0);
+                REQUIRE(munmap(q, big) == 0);
         }
-        CHECK(munmap(p, len) == 0);
-        CHECK_RC(fx_teardown(&f), 0);
+        REQUIRE(munmap(p, len) == 0);
+        REQUIRE_RC(fx_teardown(&f), 0);
         return 0;
 }
 
@@ -1146,66 +1140,66 @@ static int test_xnack(void)
         struct kfd_ioctl_svm_attribute at = {KFD_IOCTL_SVM_ATTR_SET_FLAGS, 0};
         uint32_t t;
 
-        CHECK_RC(fx_setup(&f, 19), 0);
-        CHECK_RC(io(&f, f.kfd, AMDKFD_IOC_SET_XNACK_MODE, &x), 0);
-        CHECK(x.xnack_enabled == 0);
+        REQUIRE_RC(fx_setup(&f, 19), 0);
+        REQUIRE_RC(io(&f, f.kfd, AMDKFD_IOC_SET_XNACK_MODE, &x), 0);
+        REQUIRE(x.xnack_enabled == 0);
         p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-        CHECK(p != MAP_FAILED);
-        CHECK_RC(svm_call(&f, f.kfd, KFD_IOCTL_SVM_OP_SET_ATTR, (uintptr_t)p, len, &at, 1), 0);
+        REQUIRE(p != MAP_FAILED);
+        REQUIRE_RC(svm_call(&f, f.kfd, KFD_IOCTL_SVM_OP_SET_ATTR, (uintptr_t)p, len, &at, 1), 0);
         thunk_model_get_stats(f.m, &s);
-        CHECK(s.system_used == len);
+        REQUIRE(s.system_used == len);
         /* XNACK on: charges go away, new defaults grant access */
         x.xnack_enabled = 1;
-        CHECK_RC(io(&f, f.kfd, AMDKFD_IOC_SET_XNACK_MODE, &x), 0);
+        REQUIRE_RC(io(&f, f.kfd, AMDKFD_IOC_SET_XNACK_MODE, &x), 0);
         thunk_model_get_stats(f.m, &s);
-        CHECK(s.system_used == 0);
-        CHECK_RC(svm_get1(&f, PAGE, PAGE, KFD_IOCTL_SVM_ATTR_ACCESS, G0, &t, NULL), -EFAULT);
-        CHECK_RC(svm_get1(&f, (uintptr_t)p, PAGE, KFD_IOCTL_SVM_ATTR_ACCESS, G0, &t, NULL), 0);
-        CHECK(t == KFD_IOCTL_SVM_ATTR_NO_ACCESS); /* an existing range keeps what it had */
+        REQUIRE(s.system_used == 0);
+        REQUIRE_RC(svm_get1(&f, PAGE, PAGE, KFD_IOCTL_SVM_ATTR_ACCESS, G0, &t, NULL), -EFAULT);
+        REQUIRE_RC(svm_get1(&f, (uintptr_t)p, PAGE, KFD_IOCTL_SVM_ATTR_ACCESS, G0, &t, NULL), 0);
+        REQUIRE(t == KFD_IOCTL_SVM_ATTR_NO_ACCESS); /* an existing range keeps what it had */
         {
                 void *q = mmap(NULL, PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 
-                CHECK(q != MAP_FAILED);
-                CHECK_RC(svm_get1(&f, (uintptr_t)q, PAGE, KFD_IOCTL_SVM_ATTR_ACCESS, G2, &t, NULL), 0);
-                CHECK(t == KFD_IOCTL_SVM_ATTR_ACCESS); /* defaults under XNACK: every SVM GPU */
-                CHECK_RC(svm_call(&f, f.kfd, KFD_IOCTL_SVM_OP_SET_ATTR, (uintptr_t)q, PAGE, &at, 1), 0);
-                CHECK_RC(svm_get1(&f, (uintptr_t)q, PAGE, KFD_IOCTL_SVM_ATTR_ACCESS, G1, &t, NULL), 0);
-                CHECK(t == KFD_IOCTL_SVM_ATTR_ACCESS);
+                REQUIRE(q != MAP_FAILED);
+                REQUIRE_RC(svm_get1(&f, (uintptr_t)q, PAGE, KFD_IOCTL_SVM_ATTR_ACCESS, G2, &t, NULL), 0);
+                REQUIRE(t == KFD_IOCTL_SVM_ATTR_ACCESS); /* defaults under XNACK: every SVM GPU */
+                REQUIRE_RC(svm_call(&f, f.kfd, KFD_IOCTL_SVM_OP_SET_ATTR, (uintptr_t)q, PAGE, &at, 1), 0);
+                REQUIRE_RC(svm_get1(&f, (uintptr_t)q, PAGE, KFD_IOCTL_SVM_ATTR_ACCESS, G1, &t, NULL), 0);
+                REQUIRE(t == KFD_IOCTL_SVM_ATTR_ACCESS);
                 thunk_model_get_stats(f.m, &s);
-                CHECK(s.system_used == 0 && s.svm_ranges == 2);
-                CHECK(munmap(q, PAGE) == 0);
+                REQUIRE(s.system_used == 0 && s.svm_ranges == 2);
+                REQUIRE(munmap(q, PAGE) == 0);
         }
         x.xnack_enabled = -1;
-        CHECK_RC(io(&f, f.kfd, AMDKFD_IOC_SET_XNACK_MODE, &x), 0);
-        CHECK(x.xnack_enabled == 1);
+        REQUIRE_RC(io(&f, f.kfd, AMDKFD_IOC_SET_XNACK_MODE, &x), 0);
+        REQUIRE(x.xnack_enabled == 1);
         x.xnack_enabled = 0;
-        CHECK_RC(io(&f, f.kfd, AMDKFD_IOC_SET_XNACK_MODE, &x), 0);
+        REQUIRE_RC(io(&f, f.kfd, AMDKFD_IOC_SET_XNACK_MODE, &x), 0);
         thunk_model_get_stats(f.m, &s);
-        CHECK(s.system_used == len);
-        CHECK(munmap(p, len) == 0);
-        CHECK_RC(fx_teardown(&f), 0);
+        REQUIRE(s.system_used == len);
+        REQUIRE(munmap(p, len) == 0);
+        REQUIRE_RC(fx_teardown(&f), 0);
 
         /* an RDNA GPU cannot do XNACK: -EPERM */
         {
                 GpuSpec navi[] = {{G0, 8 * GiB, HSA_MEM_HEAP_TYPE_FB_PUBLIC, 0, 110000, true}};
 
-                CHECK_RC(fx_setup_topo(&f, topo_make(1, navi, 16 * GiB), 19, true), 0);
+                REQUIRE_RC(fx_setup_topo(&f, topo_make(1, navi, 16 * GiB), 19, true), 0);
                 x.xnack_enabled = 1;
-                CHECK_RC(io(&f, f.kfd, AMDKFD_IOC_SET_XNACK_MODE, &x), -EPERM);
+                REQUIRE_RC(io(&f, f.kfd, AMDKFD_IOC_SET_XNACK_MODE, &x), -EPERM);
                 x.xnack_enabled = 0;
-                CHECK_RC(io(&f, f.kfd, AMDKFD_IOC_SET_XNACK_MODE, &x), 0);
-                CHECK_RC(fx_teardown(&f), 0);
+                REQUIRE_RC(io(&f, f.kfd, AMDKFD_IOC_SET_XNACK_MODE, &x), 0);
+                REQUIRE_RC(fx_teardown(&f), 0);
         }
         /* without any SVM GPU a change is -EPERM, but asking for the mode it has is answered first */
         {
                 GpuSpec nosvm[] = {{G0, 8 * GiB, HSA_MEM_HEAP_TYPE_FB_PUBLIC, 0, 90010, false}};
 
-                CHECK_RC(fx_setup_topo(&f, topo_make(1, nosvm, 16 * GiB), 19, true), 0);
+                REQUIRE_RC(fx_setup_topo(&f, topo_make(1, nosvm, 16 * GiB), 19, true), 0);
                 x.xnack_enabled = 0;
-                CHECK_RC(io(&f, f.kfd, AMDKFD_IOC_SET_XNACK_MODE, &x), 0);
+                REQUIRE_RC(io(&f, f.kfd, AMDKFD_IOC_SET_XNACK_MODE, &x), 0);
                 x.xnack_enabled = 1;
-                CHECK_RC(io(&f, f.kfd, AMDKFD_IOC_SET_XNACK_MODE, &x), -EPERM);
-                CHECK_RC(fx_teardown(&f), 0);
+                REQUIRE_RC(io(&f, f.kfd, AMDKFD_IOC_SET_XNACK_MODE, &x), -EPERM);
+                REQUIRE_RC(fx_teardown(&f), 0);
         }
         return 0;
 }
@@ -1218,44 +1212,44 @@ static int test_secondary(void)
         uint32_t ids[] = {G0};
         ThunkModelStats s;
 
-        CHECK_RC(fx_setup(&f, 19), 0);
-        CHECK_RC(f.seam.ops->open_kfd(f.seam.impl, &kfd2), 0);
-        CHECK_RC(io(&f, kfd2, AMDKFD_IOC_CREATE_PROCESS, NULL), 0);
-        CHECK_RC(io(&f, kfd2, AMDKFD_IOC_CREATE_PROCESS, NULL), -EINVAL); /* already secondary */
+        REQUIRE_RC(fx_setup(&f, 19), 0);
+        REQUIRE_RC(f.seam.ops->open_kfd(f.seam.impl, &kfd2), 0);
+        REQUIRE_RC(io(&f, kfd2, AMDKFD_IOC_CREATE_PROCESS, NULL), 0);
+        REQUIRE_RC(io(&f, kfd2, AMDKFD_IOC_CREATE_PROCESS, NULL), -EINVAL); /* already secondary */
         thunk_model_get_stats(f.m, &s);
-        CHECK(s.contexts == 2);
-        CHECK_RC(f.seam.ops->open_render(f.seam.impl, 128, &r0), 0);
-        CHECK_RC(f.seam.ops->open_render(f.seam.impl, 129, &r1), 0);
-        CHECK_RC(alloc_bo(&f, kfd2, G0, 0x100000, PAGE, VRAM_RW, &h2, NULL), -ENODEV);
-        CHECK_RC(fx_acquire(&f, kfd2, r0, G0), 0);
+        REQUIRE(s.contexts == 2);
+        REQUIRE_RC(f.seam.ops->open_render(f.seam.impl, 128, &r0), 0);
+        REQUIRE_RC(f.seam.ops->open_render(f.seam.impl, 129, &r1), 0);
+        REQUIRE_RC(alloc_bo(&f, kfd2, G0, 0x100000, PAGE, VRAM_RW, &h2, NULL), -ENODEV);
+        REQUIRE_RC(fx_acquire(&f, kfd2, r0, G0), 0);
         /* own handles from 0, own VM: the same VA maps in both contexts */
-        CHECK_RC(alloc_bo(&f, f.kfd, G0, 0x100000, PAGE, VRAM_RW, &h1, NULL), 0);
-        CHECK_RC(alloc_bo(&f, kfd2, G0, 0x100000, PAGE, VRAM_RW, &h2, NULL), 0);
-        CHECK(h1 == h2 && h2 == ((uint64_t)G0 << 32));
-        CHECK_RC(map_bo(&f, f.kfd, true, h1, ids, 1, NULL), 0);
-        CHECK_RC(map_bo(&f, kfd2, true, h2, ids, 1, NULL), 0);
+        REQUIRE_RC(alloc_bo(&f, f.kfd, G0, 0x100000, PAGE, VRAM_RW, &h1, NULL), 0);
+        REQUIRE_RC(alloc_bo(&f, kfd2, G0, 0x100000, PAGE, VRAM_RW, &h2, NULL), 0);
+        REQUIRE(h1 == h2 && h2 == ((uint64_t)G0 << 32));
+        REQUIRE_RC(map_bo(&f, f.kfd, true, h1, ids, 1, NULL), 0);
+        REQUIRE_RC(map_bo(&f, kfd2, true, h2, ids, 1, NULL), 0);
         /* SVM and USERPTR stay with the primary context */
         {
                 struct kfd_ioctl_svm_attribute at = {KFD_IOCTL_SVM_ATTR_SET_FLAGS, 0};
                 void *p = mmap(NULL, PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 
-                CHECK(p != MAP_FAILED);
-                CHECK_RC(svm_call(&f, kfd2, KFD_IOCTL_SVM_OP_SET_ATTR, (uintptr_t)p, PAGE, &at, 1),
-                         -EOPNOTSUPP);
+                REQUIRE(p != MAP_FAILED);
+                REQUIRE_RC(svm_call(&f, kfd2, KFD_IOCTL_SVM_OP_SET_ATTR, (uintptr_t)p, PAGE, &at, 1),
+                           -EOPNOTSUPP);
                 off = (uintptr_t)p;
-                CHECK_RC(alloc_bo(&f, kfd2, G0, 0x300000, PAGE, KFD_IOC_ALLOC_MEM_FLAGS_USERPTR, &h2, &off),
-                         -EOPNOTSUPP);
+                REQUIRE_RC(alloc_bo(&f, kfd2, G0, 0x300000, PAGE, KFD_IOC_ALLOC_MEM_FLAGS_USERPTR, &h2, &off),
+                           -EOPNOTSUPP);
                 munmap(p, PAGE);
         }
         /* closing the secondary fd releases its context and everything in it */
-        CHECK_RC(f.seam.ops->close(f.seam.impl, kfd2), 0);
+        REQUIRE_RC(f.seam.ops->close(f.seam.impl, kfd2), 0);
         thunk_model_get_stats(f.m, &s);
-        CHECK(s.contexts == 1 && s.mems == 1 && s.mappings == 1 && s.render_files == 5);
-        CHECK_RC(f.seam.ops->close(f.seam.impl, r0), 0);
-        CHECK_RC(f.seam.ops->close(f.seam.impl, r1), 0);
-        CHECK_RC(map_bo(&f, f.kfd, false, h1, ids, 1, NULL), 0);
-        CHECK_RC(free_bo(&f, f.kfd, h1), 0);
-        CHECK_RC(fx_teardown(&f), 0);
+        REQUIRE(s.contexts == 1 && s.mems == 1 && s.mappings == 1 && s.render_files == 5);
+        REQUIRE_RC(f.seam.ops->close(f.seam.impl, r0), 0);
+        REQUIRE_RC(f.seam.ops->close(f.seam.impl, r1), 0);
+        REQUIRE_RC(map_bo(&f, f.kfd, false, h1, ids, 1, NULL), 0);
+        REQUIRE_RC(free_bo(&f, f.kfd, h1), 0);
+        REQUIRE_RC(fx_teardown(&f), 0);
         return 0;
 }
 
@@ -1286,98 +1280,101 @@ static int test_gem_va(void)
                 unsigned char *p = NULL;
                 uint32_t ids[] = {G0};
 
-                CHECK_RC(fx_setup(&f, minors[i] < 12 ? 12 : minors[i]), 0);
-                CHECK_RC(alloc_bo(&f, f.kfd, G0, 0, 4 * PAGE, VRAM_RW, &h, NULL), 0);
+                REQUIRE_RC(fx_setup(&f, minors[i] < 12 ? 12 : minors[i]), 0);
+                REQUIRE_RC(alloc_bo(&f, f.kfd, G0, 0, 4 * PAGE, VRAM_RW, &h, NULL), 0);
                 ex = (struct kfd_ioctl_export_dmabuf_args){.handle = h, .flags = O_CLOEXEC};
-                CHECK_RC(io(&f, f.kfd, AMDKFD_IOC_EXPORT_DMABUF, &ex), 0);
+                REQUIRE_RC(io(&f, f.kfd, AMDKFD_IOC_EXPORT_DMABUF, &ex), 0);
                 ph.fd = (int)ex.dmabuf_fd;
-                CHECK_RC(io(&f, f.render[0], DRM_IOCTL_PRIME_FD_TO_HANDLE, &ph), 0);
-                CHECK(ph.handle == 1);
+                REQUIRE_RC(io(&f, f.render[0], DRM_IOCTL_PRIME_FD_TO_HANDLE, &ph), 0);
+                REQUIRE(ph.handle == 1);
                 {
                         struct drm_prime_handle again = {.fd = (int)ex.dmabuf_fd};
 
-                        CHECK_RC(io(&f, f.render[0], DRM_IOCTL_PRIME_FD_TO_HANDLE, &again), 0);
-                        CHECK(again.handle == ph.handle); /* one handle per object per file */
+                        REQUIRE_RC(io(&f, f.render[0], DRM_IOCTL_PRIME_FD_TO_HANDLE, &again), 0);
+                        REQUIRE(again.handle == ph.handle); /* one handle per object per file */
                 }
                 close((int)ex.dmabuf_fd);
                 if (minors[i] < 15) {
-                        CHECK_RC(gem_va(&f, f.render[0], AMDGPU_VA_OP_MAP, ph.handle, 0x200000, 0, 4 * PAGE),
-                                 -EINVAL);
+                        REQUIRE_RC(
+                                gem_va(&f, f.render[0], AMDGPU_VA_OP_MAP, ph.handle, 0x200000, 0, 4 * PAGE),
+                                -EINVAL);
                 } else {
-                        CHECK_RC(gem_va(&f, f.render[0], AMDGPU_VA_OP_MAP, ph.handle, 0x200000, PAGE,
-                                        2 * PAGE),
-                                 0);
-                        CHECK_RC(gem_va(&f, f.render[0], AMDGPU_VA_OP_MAP, ph.handle, 0x201000, 0, PAGE),
-                                 -EINVAL);
-                        CHECK_RC(gem_va(&f, f.render[0], AMDGPU_VA_OP_MAP, ph.handle, 0x300000, 0, 5 * PAGE),
-                                 -EINVAL);
-                        CHECK_RC(gem_va(&f, f.render[0], AMDGPU_VA_OP_MAP, ph.handle, 0x300001, 0, PAGE),
-                                 -EINVAL);
-                        CHECK_RC(gem_va(&f, f.render[0], AMDGPU_VA_OP_MAP, ph.handle, 0x1000, 0, PAGE),
-                                 -EINVAL);
-                        CHECK_RC(gem_va(&f, f.render[0], AMDGPU_VA_OP_MAP, 77, 0x300000, 0, PAGE), -ENOENT);
-                        CHECK_RC(gem_va(&f, f.render[0], 9, ph.handle, 0x300000, 0, PAGE), -EINVAL);
+                        REQUIRE_RC(gem_va(&f, f.render[0], AMDGPU_VA_OP_MAP, ph.handle, 0x200000, PAGE,
+                                          2 * PAGE),
+                                   0);
+                        REQUIRE_RC(gem_va(&f, f.render[0], AMDGPU_VA_OP_MAP, ph.handle, 0x201000, 0, PAGE),
+                                   -EINVAL);
+                        REQUIRE_RC(
+                                gem_va(&f, f.render[0], AMDGPU_VA_OP_MAP, ph.handle, 0x300000, 0, 5 * PAGE),
+                                -EINVAL);
+                        REQUIRE_RC(gem_va(&f, f.render[0], AMDGPU_VA_OP_MAP, ph.handle, 0x300001, 0, PAGE),
+                                   -EINVAL);
+                        REQUIRE_RC(gem_va(&f, f.render[0], AMDGPU_VA_OP_MAP, ph.handle, 0x1000, 0, PAGE),
+                                   -EINVAL);
+                        REQUIRE_RC(gem_va(&f, f.render[0], AMDGPU_VA_OP_MAP, 77, 0x300000, 0, PAGE), -ENOENT);
+                        REQUIRE_RC(gem_va(&f, f.render[0], 9, ph.handle, 0x300000, 0, PAGE), -EINVAL);
                         /* a KFD mapping and a GEM_VA mapping share the VM */
-                        CHECK_RC(alloc_bo(&f, f.kfd, G0, 0x201000, PAGE, VRAM_RW, &hk, NULL), 0);
-                        CHECK_RC(map_bo(&f, f.kfd, true, hk, ids, 1, NULL), -EINVAL);
-                        CHECK_RC(free_bo(&f, f.kfd, hk), 0);
+                        REQUIRE_RC(alloc_bo(&f, f.kfd, G0, 0x201000, PAGE, VRAM_RW, &hk, NULL), 0);
+                        REQUIRE_RC(map_bo(&f, f.kfd, true, hk, ids, 1, NULL), -EINVAL);
+                        REQUIRE_RC(free_bo(&f, f.kfd, hk), 0);
                         /* SVM over a GEM_VA mapping is refused too: checked via the VM */
                         thunk_model_get_stats(f.m, &s);
-                        CHECK(s.mappings == 1 && s.gem_handles == 1);
-                        CHECK_RC(gem_va(&f, f.render[0], AMDGPU_VA_OP_UNMAP, ph.handle, 0x300000, 0, PAGE),
-                                 -ENOENT);
-                        CHECK_RC(
+                        REQUIRE(s.mappings == 1 && s.gem_handles == 1);
+                        REQUIRE_RC(gem_va(&f, f.render[0], AMDGPU_VA_OP_UNMAP, ph.handle, 0x300000, 0, PAGE),
+                                   -ENOENT);
+                        REQUIRE_RC(
                                 gem_va(&f, f.render[0], AMDGPU_VA_OP_UNMAP, ph.handle, 0x200000, 0, 2 * PAGE),
                                 0);
                         /* CLEAR trims, REPLACE maps over */
-                        CHECK_RC(gem_va(&f, f.render[0], AMDGPU_VA_OP_MAP, ph.handle, 0x400000, 0, 4 * PAGE),
-                                 0);
-                        CHECK_RC(gem_va(&f, f.render[0], AMDGPU_VA_OP_CLEAR, 0, 0x401000, 0, PAGE), 0);
+                        REQUIRE_RC(
+                                gem_va(&f, f.render[0], AMDGPU_VA_OP_MAP, ph.handle, 0x400000, 0, 4 * PAGE),
+                                0);
+                        REQUIRE_RC(gem_va(&f, f.render[0], AMDGPU_VA_OP_CLEAR, 0, 0x401000, 0, PAGE), 0);
                         thunk_model_get_stats(f.m, &s);
-                        CHECK(s.mappings == 2);
-                        CHECK_RC(gem_va(&f, f.render[0], AMDGPU_VA_OP_REPLACE, ph.handle, 0x400000, 0,
-                                        4 * PAGE),
-                                 0);
+                        REQUIRE(s.mappings == 2);
+                        REQUIRE_RC(gem_va(&f, f.render[0], AMDGPU_VA_OP_REPLACE, ph.handle, 0x400000, 0,
+                                          4 * PAGE),
+                                   0);
                         thunk_model_get_stats(f.m, &s);
-                        CHECK(s.mappings == 1);
+                        REQUIRE(s.mappings == 1);
                 }
                 /* CPU view through GEM_MMAP on the same render fd */
                 mm.in.handle = ph.handle;
-                CHECK_RC(io(&f, f.render[0], DRM_IOCTL_AMDGPU_GEM_MMAP, &mm), 0);
-                CHECK_RC(f.seam.ops->mmap(f.seam.impl, NULL, 4 * PAGE, PROT_READ | PROT_WRITE, MAP_SHARED,
-                                          f.render[0], mm.out.addr_ptr, (void **)&p),
-                         0);
+                REQUIRE_RC(io(&f, f.render[0], DRM_IOCTL_AMDGPU_GEM_MMAP, &mm), 0);
+                REQUIRE_RC(f.seam.ops->mmap(f.seam.impl, NULL, 4 * PAGE, PROT_READ | PROT_WRITE, MAP_SHARED,
+                                            f.render[0], mm.out.addr_ptr, (void **)&p),
+                           0);
                 p[3] = 9;
-                CHECK(munmap(p, 4 * PAGE) == 0);
+                REQUIRE(munmap(p, 4 * PAGE) == 0);
                 mm.in.handle = 55;
-                CHECK_RC(io(&f, f.render[0], DRM_IOCTL_AMDGPU_GEM_MMAP, &mm), -ENOENT);
+                REQUIRE_RC(io(&f, f.render[0], DRM_IOCTL_AMDGPU_GEM_MMAP, &mm), -ENOENT);
                 /* HANDLE_TO_FD exports the same pages */
                 {
                         struct drm_prime_handle out = {.handle = ph.handle, .flags = DRM_CLOEXEC | DRM_RDWR};
 
-                        CHECK_RC(io(&f, f.render[0], DRM_IOCTL_PRIME_HANDLE_TO_FD, &out), 0);
+                        REQUIRE_RC(io(&f, f.render[0], DRM_IOCTL_PRIME_HANDLE_TO_FD, &out), 0);
                         p = mmap(NULL, PAGE, PROT_READ, MAP_SHARED, out.fd, 0);
-                        CHECK(p != MAP_FAILED && p[3] == 9);
+                        REQUIRE(p != MAP_FAILED && p[3] == 9);
                         munmap(p, PAGE);
                         close(out.fd);
                         out.handle = 55;
-                        CHECK_RC(io(&f, f.render[0], DRM_IOCTL_PRIME_HANDLE_TO_FD, &out), -ENOENT);
+                        REQUIRE_RC(io(&f, f.render[0], DRM_IOCTL_PRIME_HANDLE_TO_FD, &out), -ENOENT);
                         out.flags = 0x4;
-                        CHECK_RC(io(&f, f.render[0], DRM_IOCTL_PRIME_HANDLE_TO_FD, &out), -EINVAL);
+                        REQUIRE_RC(io(&f, f.render[0], DRM_IOCTL_PRIME_HANDLE_TO_FD, &out), -EINVAL);
                 }
                 /* the GEM handle keeps the pages after FREE; GEM_CLOSE takes its mappings along */
-                CHECK_RC(free_bo(&f, f.kfd, h), 0);
+                REQUIRE_RC(free_bo(&f, f.kfd, h), 0);
                 thunk_model_get_stats(f.m, &s);
-                CHECK(s.bufs == 1);
+                REQUIRE(s.bufs == 1);
                 {
                         struct drm_gem_close gc = {.handle = ph.handle};
 
-                        CHECK_RC(io(&f, f.render[0], DRM_IOCTL_GEM_CLOSE, &gc), 0);
-                        CHECK_RC(io(&f, f.render[0], DRM_IOCTL_GEM_CLOSE, &gc), -EINVAL);
+                        REQUIRE_RC(io(&f, f.render[0], DRM_IOCTL_GEM_CLOSE, &gc), 0);
+                        REQUIRE_RC(io(&f, f.render[0], DRM_IOCTL_GEM_CLOSE, &gc), -EINVAL);
                 }
                 thunk_model_get_stats(f.m, &s);
-                CHECK(s.bufs == 0 && s.mappings == 0 && s.gem_handles == 0 && s.vram_used[0] == 0);
-                CHECK_RC(fx_teardown(&f), 0);
+                REQUIRE(s.bufs == 0 && s.mappings == 0 && s.gem_handles == 0 && s.vram_used[0] == 0);
+                REQUIRE_RC(fx_teardown(&f), 0);
         }
         return 0;
 }
@@ -1395,43 +1392,43 @@ static int test_read_only_import(void)
         char path[64];
         int ro;
 
-        CHECK_RC(fx_setup(&f, 15), 0);
-        CHECK_RC(alloc_bo(&f, f.kfd, G0, 0, 4 * PAGE, VRAM_RW, &h, NULL), 0);
+        REQUIRE_RC(fx_setup(&f, 15), 0);
+        REQUIRE_RC(alloc_bo(&f, f.kfd, G0, 0, 4 * PAGE, VRAM_RW, &h, NULL), 0);
         ex = (struct kfd_ioctl_export_dmabuf_args){.handle = h, .flags = O_CLOEXEC};
-        CHECK_RC(io(&f, f.kfd, AMDKFD_IOC_EXPORT_DMABUF, &ex), 0);
+        REQUIRE_RC(io(&f, f.kfd, AMDKFD_IOC_EXPORT_DMABUF, &ex), 0);
         snprintf(path, sizeof(path), "/proc/self/fd/%d", (int)ex.dmabuf_fd);
         ro = open(path, O_RDONLY | O_CLOEXEC);
-        CHECK(ro >= 0);
+        REQUIRE(ro >= 0);
         close((int)ex.dmabuf_fd);
         /* the KFD import of the read-only file exports read-only */
         im = (struct kfd_ioctl_import_dmabuf_args){
                 .va_addr = 0x400000, .gpu_id = G0, .dmabuf_fd = (uint32_t)ro};
-        CHECK_RC(io(&f, f.kfd, AMDKFD_IOC_IMPORT_DMABUF, &im), 0);
+        REQUIRE_RC(io(&f, f.kfd, AMDKFD_IOC_IMPORT_DMABUF, &im), 0);
         ex = (struct kfd_ioctl_export_dmabuf_args){.handle = im.handle, .flags = O_CLOEXEC};
-        CHECK_RC(io(&f, f.kfd, AMDKFD_IOC_EXPORT_DMABUF, &ex), 0);
-        CHECK((fcntl((int)ex.dmabuf_fd, F_GETFL) & O_ACCMODE) == O_RDONLY);
+        REQUIRE_RC(io(&f, f.kfd, AMDKFD_IOC_EXPORT_DMABUF, &ex), 0);
+        REQUIRE((fcntl((int)ex.dmabuf_fd, F_GETFL) & O_ACCMODE) == O_RDONLY);
         close((int)ex.dmabuf_fd);
-        CHECK_RC(free_bo(&f, f.kfd, im.handle), 0);
+        REQUIRE_RC(free_bo(&f, f.kfd, im.handle), 0);
         /* GEM_VA: read-only yes, writable no */
         ph.fd = ro;
-        CHECK_RC(io(&f, f.render[0], DRM_IOCTL_PRIME_FD_TO_HANDLE, &ph), 0);
+        REQUIRE_RC(io(&f, f.render[0], DRM_IOCTL_PRIME_FD_TO_HANDLE, &ph), 0);
         va = (struct drm_amdgpu_gem_va){.handle = ph.handle,
                                         .operation = AMDGPU_VA_OP_MAP,
                                         .flags = AMDGPU_VM_PAGE_READABLE | AMDGPU_VM_PAGE_WRITEABLE,
                                         .va_address = 0x200000,
                                         .map_size = 4 * PAGE};
-        CHECK_RC(io(&f, f.render[0], DRM_IOCTL_AMDGPU_GEM_VA, &va), -EPERM);
+        REQUIRE_RC(io(&f, f.render[0], DRM_IOCTL_AMDGPU_GEM_VA, &va), -EPERM);
         va.flags = AMDGPU_VM_PAGE_READABLE;
-        CHECK_RC(io(&f, f.render[0], DRM_IOCTL_AMDGPU_GEM_VA, &va), 0);
+        REQUIRE_RC(io(&f, f.render[0], DRM_IOCTL_AMDGPU_GEM_VA, &va), 0);
         va.operation = AMDGPU_VA_OP_UNMAP;
-        CHECK_RC(io(&f, f.render[0], DRM_IOCTL_AMDGPU_GEM_VA, &va), 0);
+        REQUIRE_RC(io(&f, f.render[0], DRM_IOCTL_AMDGPU_GEM_VA, &va), 0);
         {
                 struct drm_gem_close gc = {.handle = ph.handle};
-                CHECK_RC(io(&f, f.render[0], DRM_IOCTL_GEM_CLOSE, &gc), 0);
+                REQUIRE_RC(io(&f, f.render[0], DRM_IOCTL_GEM_CLOSE, &gc), 0);
         }
         close(ro);
-        CHECK_RC(free_bo(&f, f.kfd, h), 0);
-        CHECK_RC(fx_teardown(&f), 0);
+        REQUIRE_RC(free_bo(&f, f.kfd, h), 0);
+        REQUIRE_RC(fx_teardown(&f), 0);
         return 0;
 }
 
@@ -1441,39 +1438,39 @@ static int test_faults(void)
         uint64_t h[3] = {0};
         ThunkModelStats s0, s;
 
-        CHECK_RC(fx_setup(&f, 19), 0);
-        CHECK_RC(thunk_model_inject_fault(f.m, AMDKFD_IOC_ALLOC_MEMORY_OF_GPU, 0, ENOMEM), -EINVAL);
-        CHECK_RC(thunk_model_inject_fault(f.m, AMDKFD_IOC_ALLOC_MEMORY_OF_GPU, 1, 0), -EINVAL);
-        CHECK_RC(thunk_model_inject_fault(f.m, AMDKFD_IOC_ALLOC_MEMORY_OF_GPU, 2, ENOSPC), 0);
-        CHECK_RC(alloc_bo(&f, f.kfd, G0, 0x100000, PAGE, VRAM_RW, &h[0], NULL), 0);
+        REQUIRE_RC(fx_setup(&f, 19), 0);
+        REQUIRE_RC(thunk_model_inject_fault(f.m, AMDKFD_IOC_ALLOC_MEMORY_OF_GPU, 0, ENOMEM), -EINVAL);
+        REQUIRE_RC(thunk_model_inject_fault(f.m, AMDKFD_IOC_ALLOC_MEMORY_OF_GPU, 1, 0), -EINVAL);
+        REQUIRE_RC(thunk_model_inject_fault(f.m, AMDKFD_IOC_ALLOC_MEMORY_OF_GPU, 2, ENOSPC), 0);
+        REQUIRE_RC(alloc_bo(&f, f.kfd, G0, 0x100000, PAGE, VRAM_RW, &h[0], NULL), 0);
         thunk_model_get_stats(f.m, &s0);
-        CHECK_RC(alloc_bo(&f, f.kfd, G0, 0x200000, PAGE, VRAM_RW, &h[1], NULL), -ENOSPC);
+        REQUIRE_RC(alloc_bo(&f, f.kfd, G0, 0x200000, PAGE, VRAM_RW, &h[1], NULL), -ENOSPC);
         thunk_model_get_stats(f.m, &s);
-        CHECK(memcmp(&s, &s0, sizeof(s)) == 0); /* nothing changed */
-        CHECK_RC(alloc_bo(&f, f.kfd, G0, 0x200000, PAGE, VRAM_RW, &h[1], NULL), 0);
-        CHECK(h[1] == h[0] + 1);
+        REQUIRE(memcmp(&s, &s0, sizeof(s)) == 0); /* nothing changed */
+        REQUIRE_RC(alloc_bo(&f, f.kfd, G0, 0x200000, PAGE, VRAM_RW, &h[1], NULL), 0);
+        REQUIRE(h[1] == h[0] + 1);
         /* any size variant of the request counts; FREE -EBUSY injected keeps the handle */
-        CHECK_RC(thunk_model_inject_fault(f.m, AMDKFD_IOC_FREE_MEMORY_OF_GPU, 1, EBUSY), 0);
-        CHECK_RC(free_bo(&f, f.kfd, h[1]), -EBUSY);
-        CHECK_RC(free_bo(&f, f.kfd, h[1]), 0);
+        REQUIRE_RC(thunk_model_inject_fault(f.m, AMDKFD_IOC_FREE_MEMORY_OF_GPU, 1, EBUSY), 0);
+        REQUIRE_RC(free_bo(&f, f.kfd, h[1]), -EBUSY);
+        REQUIRE_RC(free_bo(&f, f.kfd, h[1]), 0);
         /* DRM requests too, and clearing forgets pending faults */
-        CHECK_RC(thunk_model_inject_fault(f.m, DRM_IOCTL_AMDGPU_GEM_VA, 1, EIO), 0);
-        CHECK_RC(thunk_model_inject_fault(f.m, AMDKFD_IOC_MAP_MEMORY_TO_GPU, 1, EINTR), 0);
+        REQUIRE_RC(thunk_model_inject_fault(f.m, DRM_IOCTL_AMDGPU_GEM_VA, 1, EIO), 0);
+        REQUIRE_RC(thunk_model_inject_fault(f.m, AMDKFD_IOC_MAP_MEMORY_TO_GPU, 1, EINTR), 0);
         {
                 uint32_t ids[] = {G0};
 
-                CHECK_RC(map_bo(&f, f.kfd, true, h[0], ids, 1, NULL), -EINTR);
-                CHECK_RC(map_bo(&f, f.kfd, true, h[0], ids, 1, NULL), 0);
-                CHECK_RC(map_bo(&f, f.kfd, false, h[0], ids, 1, NULL), 0);
+                REQUIRE_RC(map_bo(&f, f.kfd, true, h[0], ids, 1, NULL), -EINTR);
+                REQUIRE_RC(map_bo(&f, f.kfd, true, h[0], ids, 1, NULL), 0);
+                REQUIRE_RC(map_bo(&f, f.kfd, false, h[0], ids, 1, NULL), 0);
         }
         thunk_model_clear_faults(f.m);
-        CHECK_RC(gem_va(&f, f.render[0], AMDGPU_VA_OP_MAP, 5, 0x200000, 0, PAGE), -ENOENT);
+        REQUIRE_RC(gem_va(&f, f.render[0], AMDGPU_VA_OP_MAP, 5, 0x200000, 0, PAGE), -ENOENT);
         for (int i = 0; i < 16; i++)
-                CHECK_RC(thunk_model_inject_fault(f.m, AMDKFD_IOC_SVM, 100, EIO), 0);
-        CHECK_RC(thunk_model_inject_fault(f.m, AMDKFD_IOC_SVM, 100, EIO), -ENOSPC);
+                REQUIRE_RC(thunk_model_inject_fault(f.m, AMDKFD_IOC_SVM, 100, EIO), 0);
+        REQUIRE_RC(thunk_model_inject_fault(f.m, AMDKFD_IOC_SVM, 100, EIO), -ENOSPC);
         thunk_model_clear_faults(f.m);
-        CHECK_RC(free_bo(&f, f.kfd, h[0]), 0);
-        CHECK_RC(fx_teardown(&f), 0);
+        REQUIRE_RC(free_bo(&f, f.kfd, h[0]), 0);
+        REQUIRE_RC(fx_teardown(&f), 0);
         return 0;
 }
 
@@ -1484,26 +1481,26 @@ static int test_two_models(void)
         struct kfd_ioctl_export_dmabuf_args ex;
         struct kfd_ioctl_import_dmabuf_args im;
 
-        CHECK_RC(fx_setup(&a, 19), 0);
-        CHECK_RC(fx_setup(&b, 11), 0);
-        CHECK(a.kfd != b.kfd);
-        CHECK_RC(alloc_bo(&a, a.kfd, G0, 0x100000, PAGE, VRAM_RW, &ha, NULL), 0);
-        CHECK_RC(alloc_bo(&b, b.kfd, G0, 0x100000, PAGE, VRAM_RW, &hb, NULL), 0);
-        CHECK(ha == hb);
+        REQUIRE_RC(fx_setup(&a, 19), 0);
+        REQUIRE_RC(fx_setup(&b, 11), 0);
+        REQUIRE(a.kfd != b.kfd);
+        REQUIRE_RC(alloc_bo(&a, a.kfd, G0, 0x100000, PAGE, VRAM_RW, &ha, NULL), 0);
+        REQUIRE_RC(alloc_bo(&b, b.kfd, G0, 0x100000, PAGE, VRAM_RW, &hb, NULL), 0);
+        REQUIRE(ha == hb);
         /* each model knows only its own fds */
-        CHECK_RC(io(&a, b.kfd, AMDKFD_IOC_FREE_MEMORY_OF_GPU, &hb), -EBADF);
-        CHECK_RC(fx_acquire(&a, a.kfd, b.render[1], G1), -EBUSY);
+        REQUIRE_RC(io(&a, b.kfd, AMDKFD_IOC_FREE_MEMORY_OF_GPU, &hb), -EBADF);
+        REQUIRE_RC(fx_acquire(&a, a.kfd, b.render[1], G1), -EBUSY);
         /* the other model's dmabuf is foreign (1.11: refused) */
         ex = (struct kfd_ioctl_export_dmabuf_args){.handle = ha, .flags = O_CLOEXEC};
-        CHECK_RC(io(&a, a.kfd, AMDKFD_IOC_EXPORT_DMABUF, &ex), 0);
+        REQUIRE_RC(io(&a, a.kfd, AMDKFD_IOC_EXPORT_DMABUF, &ex), 0);
         im = (struct kfd_ioctl_import_dmabuf_args){
                 .va_addr = 0x200000, .gpu_id = G0, .dmabuf_fd = ex.dmabuf_fd};
-        CHECK_RC(io(&b, b.kfd, AMDKFD_IOC_IMPORT_DMABUF, &im), -EINVAL);
+        REQUIRE_RC(io(&b, b.kfd, AMDKFD_IOC_IMPORT_DMABUF, &im), -EINVAL);
         close((int)ex.dmabuf_fd);
-        CHECK_RC(free_bo(&a, a.kfd, ha), 0);
-        CHECK_RC(free_bo(&b, b.kfd, hb), 0);
-        CHECK_RC(fx_teardown(&b), 0);
-        CHECK_RC(fx_teardown(&a), 0);
+        REQUIRE_RC(free_bo(&a, a.kfd, ha), 0);
+        REQUIRE_RC(free_bo(&b, b.kfd, hb), 0);
+        REQUIRE_RC(fx_teardown(&b), 0);
+        REQUIRE_RC(fx_teardown(&a), 0);
         return 0;
 }
 
@@ -1516,26 +1513,26 @@ static int test_teardown(void)
         ThunkModelStats s;
         int fd;
 
-        CHECK_RC(fx_setup(&f, 19), 0);
-        CHECK_RC(alloc_bo(&f, f.kfd, G0, 0x100000, MiB, VRAM_RW, &h, NULL), 0);
-        CHECK_RC(alloc_bo(&f, f.kfd, G1, 0x300000, MiB, GTT_RW, &h2, &off), 0);
-        CHECK_RC(map_bo(&f, f.kfd, true, h, ids, 2, NULL), 0);
-        CHECK_RC(map_bo(&f, f.kfd, true, h2, ids, 2, NULL), 0);
-        CHECK_RC(f.seam.ops->close(f.seam.impl, f.kfd), 0);
+        REQUIRE_RC(fx_setup(&f, 19), 0);
+        REQUIRE_RC(alloc_bo(&f, f.kfd, G0, 0x100000, MiB, VRAM_RW, &h, NULL), 0);
+        REQUIRE_RC(alloc_bo(&f, f.kfd, G1, 0x300000, MiB, GTT_RW, &h2, &off), 0);
+        REQUIRE_RC(map_bo(&f, f.kfd, true, h, ids, 2, NULL), 0);
+        REQUIRE_RC(map_bo(&f, f.kfd, true, h2, ids, 2, NULL), 0);
+        REQUIRE_RC(f.seam.ops->close(f.seam.impl, f.kfd), 0);
         thunk_model_get_stats(f.m, &s);
-        CHECK(s.contexts == 0 && s.mems == 0 && s.bufs == 0 && s.mappings == 0 && s.system_used == 0);
-        CHECK(s.vram_used[0] == 0 && s.render_files == 3);
-        CHECK_RC(f.seam.ops->open_kfd(f.seam.impl, &f.kfd), 0);
-        CHECK_RC(fx_teardown(&f), 0);
+        REQUIRE(s.contexts == 0 && s.mems == 0 && s.bufs == 0 && s.mappings == 0 && s.system_used == 0);
+        REQUIRE(s.vram_used[0] == 0 && s.render_files == 3);
+        REQUIRE_RC(f.seam.ops->open_kfd(f.seam.impl, &f.kfd), 0);
+        REQUIRE_RC(fx_teardown(&f), 0);
 
         /* thunk_model_free with everything still open */
-        CHECK_RC(fx_setup(&f, 19), 0);
-        CHECK_RC(alloc_bo(&f, f.kfd, G0, 0x100000, MiB, VRAM_RW, &h, NULL), 0);
-        CHECK_RC(map_bo(&f, f.kfd, true, h, ids, 2, NULL), 0);
+        REQUIRE_RC(fx_setup(&f, 19), 0);
+        REQUIRE_RC(alloc_bo(&f, f.kfd, G0, 0x100000, MiB, VRAM_RW, &h, NULL), 0);
+        REQUIRE_RC(map_bo(&f, f.kfd, true, h, ids, 2, NULL), 0);
         fd = f.kfd;
         f.m = thunk_model_free(f.m);
-        CHECK(f.m == NULL);
-        CHECK(fcntl(fd, F_GETFD) < 0 && errno == EBADF);
+        REQUIRE(f.m == NULL);
+        REQUIRE(fcntl(fd, F_GETFD) < 0 && errno == EBADF);
         return 0;
 }
 
@@ -1560,19 +1557,19 @@ static int test_presets(void)
                         fprintf(stderr, "preset %s: %s\n", names[i], err);
                         return 1;
                 }
-                CHECK_RC(thunk_model_new(t, NULL, &m), 0);
+                REQUIRE_RC(thunk_model_new(t, NULL, &m), 0);
                 g = thunk_topology_gpu_by_index(t, 0);
-                CHECK(g != NULL);
+                REQUIRE(g != NULL);
                 thunk_model_seam(m, &seam);
                 thunk_model_get_stats(m, &s0);
-                CHECK(s0.n_gpus == t->n_gpus);
-                CHECK_RC(seam.ops->open_kfd(seam.impl, &kfd), 0);
-                CHECK_RC(seam.ops->ioctl(seam.impl, kfd, AMDKFD_IOC_GET_PROCESS_APERTURES_NEW, &ap), 0);
-                CHECK(ap.num_of_nodes == t->n_gpus && ap.num_of_nodes <= 16);
+                REQUIRE(s0.n_gpus == t->n_gpus);
+                REQUIRE_RC(seam.ops->open_kfd(seam.impl, &kfd), 0);
+                REQUIRE_RC(seam.ops->ioctl(seam.impl, kfd, AMDKFD_IOC_GET_PROCESS_APERTURES_NEW, &ap), 0);
+                REQUIRE(ap.num_of_nodes == t->n_gpus && ap.num_of_nodes <= 16);
                 ap.kfd_process_device_apertures_ptr = (uintptr_t)aps;
-                CHECK_RC(seam.ops->ioctl(seam.impl, kfd, AMDKFD_IOC_GET_PROCESS_APERTURES_NEW, &ap), 0);
-                CHECK(aps[0].gpu_id == g->gpu_id);
-                CHECK_RC(seam.ops->open_render(seam.impl, g->drm_render_minor, &render), 0);
+                REQUIRE_RC(seam.ops->ioctl(seam.impl, kfd, AMDKFD_IOC_GET_PROCESS_APERTURES_NEW, &ap), 0);
+                REQUIRE(aps[0].gpu_id == g->gpu_id);
+                REQUIRE_RC(seam.ops->open_render(seam.impl, g->drm_render_minor, &render), 0);
                 {
                         struct kfd_ioctl_acquire_vm_args acq = {.drm_fd = (uint32_t)render,
                                                                 .gpu_id = g->gpu_id};
@@ -1584,25 +1581,27 @@ static int test_presets(void)
                         struct kfd_ioctl_get_available_memory_args am = {.gpu_id = g->gpu_id};
                         int want = strcmp(names[i], "workstation") == 0 ? -EINVAL : 0;
 
-                        CHECK_RC(seam.ops->ioctl(seam.impl, kfd, AMDKFD_IOC_ACQUIRE_VM, &acq), 0);
-                        CHECK_RC(seam.ops->ioctl(seam.impl, kfd, AMDKFD_IOC_AVAILABLE_MEMORY, &am), 0);
-                        CHECK(am.available > 0);
+                        REQUIRE_RC(seam.ops->ioctl(seam.impl, kfd, AMDKFD_IOC_ACQUIRE_VM, &acq), 0);
+                        REQUIRE_RC(seam.ops->ioctl(seam.impl, kfd, AMDKFD_IOC_AVAILABLE_MEMORY, &am), 0);
+                        REQUIRE(am.available > 0);
                         /* The APU's memory is its node's SYSTEM heap (32 GiB): half of it is the TTM limit,
                          * the smallest of the APU's three limits. */
                         if (strcmp(names[i], "apu") == 0)
-                                CHECK(am.available == 16 * GiB);
-                        CHECK_RC(seam.ops->ioctl(seam.impl, kfd, AMDKFD_IOC_ALLOC_MEMORY_OF_GPU, &al), want);
+                                REQUIRE(am.available == 16 * GiB);
+                        REQUIRE_RC(seam.ops->ioctl(seam.impl, kfd, AMDKFD_IOC_ALLOC_MEMORY_OF_GPU, &al),
+                                   want);
                         if (want == 0) {
                                 struct kfd_ioctl_free_memory_of_gpu_args fr = {.handle = al.handle};
 
-                                CHECK_RC(seam.ops->ioctl(seam.impl, kfd, AMDKFD_IOC_FREE_MEMORY_OF_GPU, &fr),
-                                         0);
+                                REQUIRE_RC(
+                                        seam.ops->ioctl(seam.impl, kfd, AMDKFD_IOC_FREE_MEMORY_OF_GPU, &fr),
+                                        0);
                         }
                 }
-                CHECK_RC(seam.ops->close(seam.impl, render), 0);
-                CHECK_RC(seam.ops->close(seam.impl, kfd), 0);
+                REQUIRE_RC(seam.ops->close(seam.impl, render), 0);
+                REQUIRE_RC(seam.ops->close(seam.impl, kfd), 0);
                 thunk_model_get_stats(m, &s);
-                CHECK(memcmp(&s, &s0, sizeof(s)) == 0);
+                REQUIRE(memcmp(&s, &s0, sizeof(s)) == 0);
                 thunk_model_free(m);
                 thunk_topology_free(t);
         }
@@ -1697,97 +1696,98 @@ static int test_events(void)
         Setter st;
         double t;
 
-        CHECK_RC(fx_setup(&f, 11), 0);
+        REQUIRE_RC(fx_setup(&f, 11), 0);
         /* a signal event: slot = id, the driver's signal page is mapped through the kfd fd */
-        CHECK_RC(create_event(&f, KFD_IOC_EVENT_SIGNAL, true, &sig), 0);
-        CHECK(sig.event_id == 0 && sig.event_slot_index == 0 && sig.event_trigger_data == 0);
-        CHECK(sig.event_page_offset == THUNK_KFD_MMAP_TYPE_EVENTS);
-        CHECK_RC(f.seam.ops->mmap(f.seam.impl, NULL, KFD_SIGNAL_EVENT_LIMIT * 8, PROT_READ | PROT_WRITE,
-                                  MAP_SHARED, f.kfd, sig.event_page_offset, (void **)&page),
-                 0);
-        CHECK(page[0] == ~0ULL);
-        CHECK_RC(create_event(&f, KFD_IOC_EVENT_SIGNAL, false, &man), 0);
-        CHECK(man.event_id == 1);
+        REQUIRE_RC(create_event(&f, KFD_IOC_EVENT_SIGNAL, true, &sig), 0);
+        REQUIRE(sig.event_id == 0 && sig.event_slot_index == 0 && sig.event_trigger_data == 0);
+        REQUIRE(sig.event_page_offset == THUNK_KFD_MMAP_TYPE_EVENTS);
+        REQUIRE_RC(f.seam.ops->mmap(f.seam.impl, NULL, KFD_SIGNAL_EVENT_LIMIT * 8, PROT_READ | PROT_WRITE,
+                                    MAP_SHARED, f.kfd, sig.event_page_offset, (void **)&page),
+                   0);
+        REQUIRE(page[0] == ~0ULL);
+        REQUIRE_RC(create_event(&f, KFD_IOC_EVENT_SIGNAL, false, &man), 0);
+        REQUIRE(man.event_id == 1);
         /* other events take ids from the upper half; only signal events may be set from the CPU */
-        CHECK_RC(create_event(&f, KFD_IOC_EVENT_HW_EXCEPTION, false, &hw), 0);
-        CHECK(hw.event_id >= 0x40000000u);
+        REQUIRE_RC(create_event(&f, KFD_IOC_EVENT_HW_EXCEPTION, false, &hw), 0);
+        REQUIRE(hw.event_id >= 0x40000000u);
         set.event_id = hw.event_id;
-        CHECK_RC(io(&f, f.kfd, AMDKFD_IOC_SET_EVENT, &set), -EINVAL);
+        REQUIRE_RC(io(&f, f.kfd, AMDKFD_IOC_SET_EVENT, &set), -EINVAL);
         set.event_id = 77;
-        CHECK_RC(io(&f, f.kfd, AMDKFD_IOC_SET_EVENT, &set), -EINVAL);
+        REQUIRE_RC(io(&f, f.kfd, AMDKFD_IOC_SET_EVENT, &set), -EINVAL);
         /* the page is set once: naming another is -EINVAL */
         {
                 struct kfd_ioctl_create_event_args again = {.event_page_offset = THUNK_KFD_HANDLE(G0, 0)};
 
-                CHECK_RC(io(&f, f.kfd, AMDKFD_IOC_CREATE_EVENT, &again), -EINVAL);
+                REQUIRE_RC(io(&f, f.kfd, AMDKFD_IOC_CREATE_EVENT, &again), -EINVAL);
         }
         thunk_model_get_stats(f.m, &s);
-        CHECK(s.events == 3);
+        REQUIRE(s.events == 3);
 
         /* an unsignalled wait blocks until its timeout */
         ids[0] = sig.event_id;
         t = ms_now();
-        CHECK_RC(wait_events(&f, ids, 1, false, 60, &result), 0);
-        CHECK(result == KFD_IOC_WAIT_RESULT_TIMEOUT && ms_now() - t >= 55);
+        REQUIRE_RC(wait_events(&f, ids, 1, false, 60, &result), 0);
+        REQUIRE(result == KFD_IOC_WAIT_RESULT_TIMEOUT && ms_now() - t >= 55);
         /* set: the wait completes and consumes an auto-reset event */
         set.event_id = sig.event_id;
-        CHECK_RC(io(&f, f.kfd, AMDKFD_IOC_SET_EVENT, &set), 0);
-        CHECK_RC(wait_events(&f, ids, 1, false, 1000, &result), 0);
-        CHECK(result == KFD_IOC_WAIT_RESULT_COMPLETE);
-        CHECK_RC(wait_events(&f, ids, 1, false, 0, &result), 0);
-        CHECK(result == KFD_IOC_WAIT_RESULT_TIMEOUT);
+        REQUIRE_RC(io(&f, f.kfd, AMDKFD_IOC_SET_EVENT, &set), 0);
+        REQUIRE_RC(wait_events(&f, ids, 1, false, 1000, &result), 0);
+        REQUIRE(result == KFD_IOC_WAIT_RESULT_COMPLETE);
+        REQUIRE_RC(wait_events(&f, ids, 1, false, 0, &result), 0);
+        REQUIRE(result == KFD_IOC_WAIT_RESULT_TIMEOUT);
         /* a manual-reset event stays set until reset */
         set.event_id = man.event_id;
-        CHECK_RC(io(&f, f.kfd, AMDKFD_IOC_SET_EVENT, &set), 0);
+        REQUIRE_RC(io(&f, f.kfd, AMDKFD_IOC_SET_EVENT, &set), 0);
         ids[0] = man.event_id;
-        CHECK_RC(wait_events(&f, ids, 1, false, 0, &result), 0);
-        CHECK(result == KFD_IOC_WAIT_RESULT_COMPLETE);
-        CHECK_RC(wait_events(&f, ids, 1, false, 0, &result), 0);
-        CHECK(result == KFD_IOC_WAIT_RESULT_COMPLETE);
+        REQUIRE_RC(wait_events(&f, ids, 1, false, 0, &result), 0);
+        REQUIRE(result == KFD_IOC_WAIT_RESULT_COMPLETE);
+        REQUIRE_RC(wait_events(&f, ids, 1, false, 0, &result), 0);
+        REQUIRE(result == KFD_IOC_WAIT_RESULT_COMPLETE);
         /* wait for all: one of two set is not enough; wait for any: it is */
         ids[1] = sig.event_id;
-        CHECK_RC(wait_events(&f, ids, 2, true, 0, &result), 0);
-        CHECK(result == KFD_IOC_WAIT_RESULT_TIMEOUT);
-        CHECK_RC(wait_events(&f, ids, 2, false, 0, &result), 0);
-        CHECK(result == KFD_IOC_WAIT_RESULT_COMPLETE);
+        REQUIRE_RC(wait_events(&f, ids, 2, true, 0, &result), 0);
+        REQUIRE(result == KFD_IOC_WAIT_RESULT_TIMEOUT);
+        REQUIRE_RC(wait_events(&f, ids, 2, false, 0, &result), 0);
+        REQUIRE(result == KFD_IOC_WAIT_RESULT_COMPLETE);
         reset.event_id = man.event_id;
-        CHECK_RC(io(&f, f.kfd, AMDKFD_IOC_RESET_EVENT, &reset), 0);
-        CHECK_RC(wait_events(&f, ids, 1, false, 0, &result), 0);
-        CHECK(result == KFD_IOC_WAIT_RESULT_TIMEOUT);
+        REQUIRE_RC(io(&f, f.kfd, AMDKFD_IOC_RESET_EVENT, &reset), 0);
+        REQUIRE_RC(wait_events(&f, ids, 1, false, 0, &result), 0);
+        REQUIRE(result == KFD_IOC_WAIT_RESULT_TIMEOUT);
         /* an infinite wait is released by a SET_EVENT from another thread */
         st = (Setter){.f = &f, .id = sig.event_id};
-        CHECK(pthread_create(&th, NULL, set_later, &st) == 0);
+        REQUIRE(pthread_create(&th, NULL, set_later, &st) == 0);
         ids[0] = sig.event_id;
-        CHECK_RC(wait_events(&f, ids, 1, false, 0xffffffffu, &result), 0);
-        CHECK(result == KFD_IOC_WAIT_RESULT_COMPLETE);
+        REQUIRE_RC(wait_events(&f, ids, 1, false, 0xffffffffu, &result), 0);
+        REQUIRE(result == KFD_IOC_WAIT_RESULT_COMPLETE);
         pthread_join(th, NULL);
         /* unknown events */
         ids[0] = 4000;
-        CHECK_RC(wait_events(&f, ids, 1, false, 0, &result), -EINVAL);
+        REQUIRE_RC(wait_events(&f, ids, 1, false, 0, &result), -EINVAL);
         destroy.event_id = 4000;
-        CHECK_RC(io(&f, f.kfd, AMDKFD_IOC_DESTROY_EVENT, &destroy), -EINVAL);
+        REQUIRE_RC(io(&f, f.kfd, AMDKFD_IOC_DESTROY_EVENT, &destroy), -EINVAL);
         destroy.event_id = hw.event_id;
-        CHECK_RC(io(&f, f.kfd, AMDKFD_IOC_DESTROY_EVENT, &destroy), 0);
+        REQUIRE_RC(io(&f, f.kfd, AMDKFD_IOC_DESTROY_EVENT, &destroy), 0);
 
         /* clock counters: gpu_id 0 is no error, it just has no GPU counter */
-        CHECK_RC(io(&f, f.kfd, AMDKFD_IOC_GET_CLOCK_COUNTERS, &clk), 0);
-        CHECK(clk.gpu_clock_counter == 0 && clk.cpu_clock_counter && clk.system_clock_freq == 1000000000ULL);
+        REQUIRE_RC(io(&f, f.kfd, AMDKFD_IOC_GET_CLOCK_COUNTERS, &clk), 0);
+        REQUIRE(clk.gpu_clock_counter == 0 && clk.cpu_clock_counter &&
+                clk.system_clock_freq == 1000000000ULL);
         clk.gpu_id = G0;
-        CHECK_RC(io(&f, f.kfd, AMDKFD_IOC_GET_CLOCK_COUNTERS, &clk), 0);
-        CHECK(clk.gpu_clock_counter != 0);
+        REQUIRE_RC(io(&f, f.kfd, AMDKFD_IOC_GET_CLOCK_COUNTERS, &clk), 0);
+        REQUIRE(clk.gpu_clock_counter != 0);
         /* tile config: counts clamp to the driver's tables */
         tile.tile_config_ptr = (uintptr_t)tiles;
         tile.macro_tile_config_ptr = (uintptr_t)tiles;
         tile.num_tile_configs = 64;
         tile.num_macro_tile_configs = 64;
         tile.gpu_id = G0;
-        CHECK_RC(io(&f, f.kfd, AMDKFD_IOC_GET_TILE_CONFIG, &tile), 0);
-        CHECK(tile.num_tile_configs == 32 && tile.num_macro_tile_configs == 16 && tile.gb_addr_config != 0);
+        REQUIRE_RC(io(&f, f.kfd, AMDKFD_IOC_GET_TILE_CONFIG, &tile), 0);
+        REQUIRE(tile.num_tile_configs == 32 && tile.num_macro_tile_configs == 16 && tile.gb_addr_config != 0);
         tile.gpu_id = 0x9999;
-        CHECK_RC(io(&f, f.kfd, AMDKFD_IOC_GET_TILE_CONFIG, &tile), -EINVAL);
-        CHECK_RC(io(&f, f.kfd, AMDKFD_IOC_SET_TRAP_HANDLER, &trap), 0);
+        REQUIRE_RC(io(&f, f.kfd, AMDKFD_IOC_GET_TILE_CONFIG, &tile), -EINVAL);
+        REQUIRE_RC(io(&f, f.kfd, AMDKFD_IOC_SET_TRAP_HANDLER, &trap), 0);
         trap.gpu_id = 0x9999;
-        CHECK_RC(io(&f, f.kfd, AMDKFD_IOC_SET_TRAP_HANDLER, &trap), -EINVAL);
+        REQUIRE_RC(io(&f, f.kfd, AMDKFD_IOC_SET_TRAP_HANDLER, &trap), -EINVAL);
         munmap(page, KFD_SIGNAL_EVENT_LIMIT * 8);
         return fx_teardown(&f);
 }
@@ -1849,25 +1849,25 @@ static int test_queues(void)
         uint32_t q0, q1, result, id, n = 0;
         ThunkModelStats s;
 
-        CHECK_RC(fx_setup(&f, 11), 0);
+        REQUIRE_RC(fx_setup(&f, 11), 0);
         /* everything the packet processor reads or writes is in the queue's GPU VM, as on a GPU: host
          * pages registered as userptr BOs at their own address, the way libhsakmt maps host memory */
         mem = aligned_alloc(4096, 4 * 4096);
         events = aligned_alloc(4096, KFD_SIGNAL_EVENT_LIMIT * 8);
-        CHECK(mem != NULL && events != NULL);
+        REQUIRE(mem != NULL && events != NULL);
         memset(mem, 0, 4 * 4096);
         off = (uintptr_t)mem;
-        CHECK_RC(alloc_bo(&f, f.kfd, G0, (uintptr_t)mem, 4 * 4096,
-                          KFD_IOC_ALLOC_MEM_FLAGS_USERPTR | KFD_IOC_ALLOC_MEM_FLAGS_WRITABLE, &h_mem, &off),
-                 0);
-        CHECK_RC(map_bo(&f, f.kfd, true, h_mem, (const uint32_t[]){G0}, 1, &n), 0);
+        REQUIRE_RC(alloc_bo(&f, f.kfd, G0, (uintptr_t)mem, 4 * 4096,
+                            KFD_IOC_ALLOC_MEM_FLAGS_USERPTR | KFD_IOC_ALLOC_MEM_FLAGS_WRITABLE, &h_mem, &off),
+                   0);
+        REQUIRE_RC(map_bo(&f, f.kfd, true, h_mem, (const uint32_t[]){G0}, 1, &n), 0);
         off = (uintptr_t)events;
         n = 0;
-        CHECK_RC(alloc_bo(&f, f.kfd, G0, (uintptr_t)events, KFD_SIGNAL_EVENT_LIMIT * 8,
-                          KFD_IOC_ALLOC_MEM_FLAGS_USERPTR | KFD_IOC_ALLOC_MEM_FLAGS_WRITABLE, &h_events,
-                          &off),
-                 0);
-        CHECK_RC(map_bo(&f, f.kfd, true, h_events, (const uint32_t[]){G0}, 1, &n), 0);
+        REQUIRE_RC(alloc_bo(&f, f.kfd, G0, (uintptr_t)events, KFD_SIGNAL_EVENT_LIMIT * 8,
+                            KFD_IOC_ALLOC_MEM_FLAGS_USERPTR | KFD_IOC_ALLOC_MEM_FLAGS_WRITABLE, &h_events,
+                            &off),
+                   0);
+        REQUIRE_RC(map_bo(&f, f.kfd, true, h_events, (const uint32_t[]){G0}, 1, &n), 0);
         ring = (uint8_t *)mem; /* 64 packets */
         rptr = mem + 4096 / 8; /* read and write indices */
         wptr = rptr + 8;
@@ -1888,19 +1888,19 @@ static int test_queues(void)
                 struct kfd_ioctl_create_queue_args b = q;
 
                 b.queue_percentage = 101;
-                CHECK_RC(io(&f, f.kfd, AMDKFD_IOC_CREATE_QUEUE, &b), -EINVAL);
+                REQUIRE_RC(io(&f, f.kfd, AMDKFD_IOC_CREATE_QUEUE, &b), -EINVAL);
                 b = q;
                 b.ring_size = 3000;
-                CHECK_RC(io(&f, f.kfd, AMDKFD_IOC_CREATE_QUEUE, &b), -EINVAL);
+                REQUIRE_RC(io(&f, f.kfd, AMDKFD_IOC_CREATE_QUEUE, &b), -EINVAL);
                 b = q;
                 b.queue_type = 9;
-                CHECK_RC(io(&f, f.kfd, AMDKFD_IOC_CREATE_QUEUE, &b), -524);
+                REQUIRE_RC(io(&f, f.kfd, AMDKFD_IOC_CREATE_QUEUE, &b), -524);
                 b = q;
                 b.gpu_id = 0x9999;
-                CHECK_RC(io(&f, f.kfd, AMDKFD_IOC_CREATE_QUEUE, &b), -EINVAL);
+                REQUIRE_RC(io(&f, f.kfd, AMDKFD_IOC_CREATE_QUEUE, &b), -EINVAL);
                 b = q;
                 b.write_pointer_address = 1ULL << 60;
-                CHECK_RC(io(&f, f.kfd, AMDKFD_IOC_CREATE_QUEUE, &b), -EFAULT);
+                REQUIRE_RC(io(&f, f.kfd, AMDKFD_IOC_CREATE_QUEUE, &b), -EFAULT);
         }
         /* a dummy second queue first: ids and SOC15 doorbell offsets (8 bytes per queue in the slice) */
         {
@@ -1912,26 +1912,26 @@ static int test_queues(void)
                 b.ring_size = 2048;
                 b.read_pointer_address = (uintptr_t)(mem + 3 * 4096 / 8 + 256);
                 b.write_pointer_address = (uintptr_t)(mem + 3 * 4096 / 8 + 264);
-                CHECK_RC(io(&f, f.kfd, AMDKFD_IOC_CREATE_QUEUE, &b), 0);
+                REQUIRE_RC(io(&f, f.kfd, AMDKFD_IOC_CREATE_QUEUE, &b), 0);
                 q1 = b.queue_id;
-                CHECK(q1 == 0);
+                REQUIRE(q1 == 0);
         }
-        CHECK_RC(io(&f, f.kfd, AMDKFD_IOC_CREATE_QUEUE, &q), 0);
+        REQUIRE_RC(io(&f, f.kfd, AMDKFD_IOC_CREATE_QUEUE, &q), 0);
         q0 = q.queue_id;
-        CHECK(q0 == 1);
-        CHECK(q.doorbell_offset == (THUNK_KFD_MMAP_TYPE_DOORBELL | THUNK_KFD_MMAP_GPU_ID(G0) | 8));
+        REQUIRE(q0 == 1);
+        REQUIRE(q.doorbell_offset == (THUNK_KFD_MMAP_TYPE_DOORBELL | THUNK_KFD_MMAP_GPU_ID(G0) | 8));
         /* the doorbell slice is real shared memory behind the kfd fd, and only maps whole */
-        CHECK_RC(f.seam.ops->mmap(f.seam.impl, NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, f.kfd,
-                                  q.doorbell_offset & ~8191ULL, &db),
-                 -EINVAL);
-        CHECK_RC(f.seam.ops->mmap(f.seam.impl, NULL, 8192, PROT_READ | PROT_WRITE, MAP_SHARED, f.kfd,
-                                  q.doorbell_offset & ~8191ULL, &db),
-                 0);
+        REQUIRE_RC(f.seam.ops->mmap(f.seam.impl, NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, f.kfd,
+                                    q.doorbell_offset & ~8191ULL, &db),
+                   -EINVAL);
+        REQUIRE_RC(f.seam.ops->mmap(f.seam.impl, NULL, 8192, PROT_READ | PROT_WRITE, MAP_SHARED, f.kfd,
+                                    q.doorbell_offset & ~8191ULL, &db),
+                   0);
         ((volatile uint64_t *)db)[1] = 0;
         thunk_model_get_stats(f.m, &s);
-        CHECK(s.queues == 2);
+        REQUIRE(s.queues == 2);
         /* XNACK cannot change while queues exist */
-        CHECK_RC(io(&f, f.kfd, AMDKFD_IOC_SET_XNACK_MODE, &xn), -EBUSY);
+        REQUIRE_RC(io(&f, f.kfd, AMDKFD_IOC_SET_XNACK_MODE, &xn), -EBUSY);
 
         /* a barrier-AND waits for its dependency; the dispatch behind it waits in order */
         sig[0].value = 1; /* dependency */
@@ -1942,14 +1942,14 @@ static int test_queues(void)
         put_dispatch(ring, 1, &sig[32], (uintptr_t)&sig[2]);
         __atomic_store_n(wptr, 2, __ATOMIC_RELEASE);
         usleep(50000);
-        CHECK(__atomic_load_n(rptr, __ATOMIC_ACQUIRE) == 0 &&
-              __atomic_load_n(&sig[1].value, __ATOMIC_ACQUIRE) == 1 &&
-              __atomic_load_n(&sig[2].value, __ATOMIC_ACQUIRE) == 1);
+        REQUIRE(__atomic_load_n(rptr, __ATOMIC_ACQUIRE) == 0 &&
+                __atomic_load_n(&sig[1].value, __ATOMIC_ACQUIRE) == 1 &&
+                __atomic_load_n(&sig[2].value, __ATOMIC_ACQUIRE) == 1);
         __atomic_store_n(&sig[0].value, 0, __ATOMIC_RELEASE);
-        CHECK(wait_value(rptr, 2));
-        CHECK(__atomic_load_n(&sig[1].value, __ATOMIC_ACQUIRE) == 0 &&
-              __atomic_load_n(&sig[2].value, __ATOMIC_ACQUIRE) == 0);
-        CHECK((*(uint16_t *)ring & 0xff) == 1 && (*(uint16_t *)(ring + 64) & 0xff) == 1);
+        REQUIRE(wait_value(rptr, 2));
+        REQUIRE(__atomic_load_n(&sig[1].value, __ATOMIC_ACQUIRE) == 0 &&
+                __atomic_load_n(&sig[2].value, __ATOMIC_ACQUIRE) == 0);
+        REQUIRE((*(uint16_t *)ring & 0xff) == 1 && (*(uint16_t *)(ring + 64) & 0xff) == 1);
 
         /* a barrier-OR retires as soon as one dependency is satisfied */
         __atomic_store_n(&sig[3].value, 1, __ATOMIC_RELEASE);
@@ -1960,10 +1960,10 @@ static int test_queues(void)
         put_packet(ring, 2, 5 /* BARRIER_OR */, deps, (uintptr_t)&sig[1]);
         __atomic_store_n(wptr, 3, __ATOMIC_RELEASE);
         usleep(30000);
-        CHECK(__atomic_load_n(rptr, __ATOMIC_ACQUIRE) == 2);
+        REQUIRE(__atomic_load_n(rptr, __ATOMIC_ACQUIRE) == 2);
         __atomic_store_n(&sig[4].value, 0, __ATOMIC_RELEASE);
-        CHECK(wait_value(rptr, 3));
-        CHECK(__atomic_load_n(&sig[1].value, __ATOMIC_ACQUIRE) == 0);
+        REQUIRE(wait_value(rptr, 3));
+        REQUIRE(__atomic_load_n(&sig[1].value, __ATOMIC_ACQUIRE) == 0);
 
         /* a completion signal with an event mailbox: the id lands in the slot and the event fires (the signal
          * page is a BO in the GPU VM, as libhsakmt gives it on dGPUs) */
@@ -1971,7 +1971,7 @@ static int test_queues(void)
                 struct kfd_ioctl_create_event_args a = {
                         .event_type = KFD_IOC_EVENT_SIGNAL, .auto_reset = 1, .event_page_offset = h_events};
 
-                CHECK_RC(io(&f, f.kfd, AMDKFD_IOC_CREATE_EVENT, &a), 0);
+                REQUIRE_RC(io(&f, f.kfd, AMDKFD_IOC_CREATE_EVENT, &a), 0);
                 ev = a;
         }
         id = ev.event_id;
@@ -1980,22 +1980,22 @@ static int test_queues(void)
         sig[5].event_id = id;
         put_dispatch(ring, 3, &sig[32], (uintptr_t)&sig[5]);
         __atomic_store_n(wptr, 4, __ATOMIC_RELEASE);
-        CHECK_RC(wait_events(&f, &id, 1, false, 2000, &result), 0);
-        CHECK(result == KFD_IOC_WAIT_RESULT_COMPLETE);
-        CHECK(__atomic_load_n(&sig[5].value, __ATOMIC_ACQUIRE) == 0 &&
-              __atomic_load_n(rptr, __ATOMIC_ACQUIRE) == 4);
+        REQUIRE_RC(wait_events(&f, &id, 1, false, 2000, &result), 0);
+        REQUIRE(result == KFD_IOC_WAIT_RESULT_COMPLETE);
+        REQUIRE(__atomic_load_n(&sig[5].value, __ATOMIC_ACQUIRE) == 0 &&
+                __atomic_load_n(rptr, __ATOMIC_ACQUIRE) == 4);
         /* the interrupt re-armed the slot */
-        CHECK(events[id] == ~0ULL);
+        REQUIRE(events[id] == ~0ULL);
 
         dq.queue_id = 77;
-        CHECK_RC(io(&f, f.kfd, AMDKFD_IOC_DESTROY_QUEUE, &dq), -EINVAL);
+        REQUIRE_RC(io(&f, f.kfd, AMDKFD_IOC_DESTROY_QUEUE, &dq), -EINVAL);
         dq.queue_id = q1;
-        CHECK_RC(io(&f, f.kfd, AMDKFD_IOC_DESTROY_QUEUE, &dq), 0);
+        REQUIRE_RC(io(&f, f.kfd, AMDKFD_IOC_DESTROY_QUEUE, &dq), 0);
         thunk_model_get_stats(f.m, &s);
-        CHECK(s.queues == 1 && s.events == 1);
+        REQUIRE(s.queues == 1 && s.events == 1);
         /* the rest goes with the context */
         munmap(db, 8192);
-        CHECK_RC(fx_teardown(&f), 0);
+        REQUIRE_RC(fx_teardown(&f), 0);
         free(mem);
         free(events);
         return 0;
@@ -2006,16 +2006,16 @@ static int test_threads(void)
         Fx f;
         pthread_t th[4];
 
-        CHECK_RC(fx_setup(&f, 19), 0);
+        REQUIRE_RC(fx_setup(&f, 19), 0);
         for (int i = 0; i < 4; i++)
-                CHECK(pthread_create(&th[i], NULL, thread_body, &f) == 0);
+                REQUIRE(pthread_create(&th[i], NULL, thread_body, &f) == 0);
         for (int i = 0; i < 4; i++) {
                 void *r;
 
-                CHECK(pthread_join(th[i], &r) == 0);
-                CHECK(r == NULL);
+                REQUIRE(pthread_join(th[i], &r) == 0);
+                REQUIRE(r == NULL);
         }
-        CHECK_RC(fx_teardown(&f), 0);
+        REQUIRE_RC(fx_teardown(&f), 0);
         return 0;
 }
 
@@ -2046,42 +2046,42 @@ static int test_carve(void)
         const uint64_t size[3] = {2 * PAGE, PAGE, 3 * PAGE};
         ThunkModelStats s;
 
-        CHECK_RC(fx_setup(&f, 19), 0);
-        CHECK(f.empty.backing_files == 3 && f.empty.buffer_files == 0 && f.empty.carved_bytes == 0);
+        REQUIRE_RC(fx_setup(&f, 19), 0);
+        REQUIRE(f.empty.backing_files == 3 && f.empty.buffer_files == 0 && f.empty.carved_bytes == 0);
         for (int i = 0; i < 3; i++)
-                CHECK_RC(alloc_bo(&f, f.kfd, G0, 0x100000 * (uint64_t)(i + 1), size[i], VRAM_PRIV, &h[i],
-                                  &off[i]),
-                         0);
+                REQUIRE_RC(alloc_bo(&f, f.kfd, G0, 0x100000 * (uint64_t)(i + 1), size[i], VRAM_PRIV, &h[i],
+                                    &off[i]),
+                           0);
         thunk_model_get_stats(f.m, &s);
-        CHECK(s.bufs == 3 && s.buffer_files == 0);
-        CHECK(s.carved_bytes == 2 * PAGE + PAGE + 4 * PAGE); /* blocks of 2^k pages */
+        REQUIRE(s.bufs == 3 && s.buffer_files == 0);
+        REQUIRE(s.carved_bytes == 2 * PAGE + PAGE + 4 * PAGE); /* blocks of 2^k pages */
         for (int i = 0; i < 3; i++) {
-                CHECK_RC(map_cpu(&f, f.render[0], off[i], size[i], &p[i]), 0);
-                CHECK(all_bytes(p[i], size[i], 0)); /* VRAM starts wiped */
+                REQUIRE_RC(map_cpu(&f, f.render[0], off[i], size[i], &p[i]), 0);
+                REQUIRE(all_bytes(p[i], size[i], 0)); /* VRAM starts wiped */
         }
         for (int i = 0; i < 3; i++)
                 memset(p[i], 0x11 * (i + 1), size[i]);
         for (int i = 0; i < 3; i++)
-                CHECK(all_bytes(p[i], size[i], (unsigned char)(0x11 * (i + 1))));
+                REQUIRE(all_bytes(p[i], size[i], (unsigned char)(0x11 * (i + 1))));
         /* a second mapping of one buffer is the same pages, and stops at its end */
         {
                 unsigned char *q = NULL;
 
-                CHECK_RC(map_cpu(&f, f.render[0], off[1], PAGE, &q), 0);
+                REQUIRE_RC(map_cpu(&f, f.render[0], off[1], PAGE, &q), 0);
                 q[7] = 0x77;
-                CHECK(p[1][7] == 0x77);
-                CHECK(munmap(q, PAGE) == 0);
-                CHECK_RC(map_cpu(&f, f.render[0], off[1], 2 * PAGE, &q), -EINVAL);
+                REQUIRE(p[1][7] == 0x77);
+                REQUIRE(munmap(q, PAGE) == 0);
+                REQUIRE_RC(map_cpu(&f, f.render[0], off[1], 2 * PAGE, &q), -EINVAL);
         }
         thunk_model_get_stats(f.m, &s);
-        CHECK(s.backing_resident_bytes >= 6 * PAGE);
+        REQUIRE(s.backing_resident_bytes >= 6 * PAGE);
         for (int i = 0; i < 3; i++) {
-                CHECK(munmap(p[i], size[i]) == 0);
-                CHECK_RC(free_bo(&f, f.kfd, h[i]), 0);
+                REQUIRE(munmap(p[i], size[i]) == 0);
+                REQUIRE_RC(free_bo(&f, f.kfd, h[i]), 0);
         }
         thunk_model_get_stats(f.m, &s);
-        CHECK(s.carved_bytes == 0 && s.backing_resident_bytes == 0 && s.backing_extent_bytes == 0);
-        CHECK_RC(fx_teardown(&f), 0);
+        REQUIRE(s.carved_bytes == 0 && s.backing_resident_bytes == 0 && s.backing_extent_bytes == 0);
+        REQUIRE_RC(fx_teardown(&f), 0);
         return 0;
 }
 
@@ -2093,47 +2093,49 @@ static int test_carve_free(void)
         unsigned char *p = NULL;
         ThunkModelStats s;
 
-        CHECK_RC(fx_setup(&f, 19), 0);
+        REQUIRE_RC(fx_setup(&f, 19), 0);
         /* a buffer that stays, so the backing file is never empty and keeps its offsets */
-        CHECK_RC(alloc_bo(&f, f.kfd, G0, 0x100000, PAGE, VRAM_PRIV, &keep, NULL), 0);
-        CHECK_RC(alloc_bo(&f, f.kfd, G0, 0x200000, 4 * PAGE, VRAM_PRIV, &h, &off), 0);
-        CHECK_RC(map_cpu(&f, f.render[0], off, 4 * PAGE, &p), 0);
+        REQUIRE_RC(alloc_bo(&f, f.kfd, G0, 0x100000, PAGE, VRAM_PRIV, &keep, NULL), 0);
+        REQUIRE_RC(alloc_bo(&f, f.kfd, G0, 0x200000, 4 * PAGE, VRAM_PRIV, &h, &off), 0);
+        REQUIRE_RC(map_cpu(&f, f.render[0], off, 4 * PAGE, &p), 0);
         memset(p, 0xa5, 4 * PAGE);
-        CHECK(munmap(p, 4 * PAGE) == 0);
+        REQUIRE(munmap(p, 4 * PAGE) == 0);
         thunk_model_get_stats(f.m, &s);
-        CHECK(s.carved_bytes == 5 * PAGE && s.backing_resident_bytes >= 4 * PAGE);
+        REQUIRE(s.carved_bytes == 5 * PAGE && s.backing_resident_bytes >= 4 * PAGE);
         extent = s.backing_extent_bytes;
-        CHECK_RC(free_bo(&f, f.kfd, h), 0);
+        REQUIRE_RC(free_bo(&f, f.kfd, h), 0);
         thunk_model_get_stats(f.m, &s);
-        CHECK(s.carved_bytes == PAGE && s.backing_resident_bytes == 0);
-        CHECK(s.backing_extent_bytes == extent);
+        REQUIRE(s.carved_bytes == PAGE && s.backing_resident_bytes == 0);
+        REQUIRE(s.backing_extent_bytes == extent);
         /* the same offsets again, with nothing of the old bytes */
-        CHECK_RC(alloc_bo(&f, f.kfd, G0, 0x200000, 4 * PAGE, VRAM_PRIV, &h, &off), 0);
-        CHECK_RC(map_cpu(&f, f.render[0], off, 4 * PAGE, &p), 0);
-        CHECK(all_bytes(p, 4 * PAGE, 0));
-        CHECK(munmap(p, 4 * PAGE) == 0);
-        CHECK_RC(free_bo(&f, f.kfd, h), 0);
+        REQUIRE_RC(alloc_bo(&f, f.kfd, G0, 0x200000, 4 * PAGE, VRAM_PRIV, &h, &off), 0);
+        REQUIRE_RC(map_cpu(&f, f.render[0], off, 4 * PAGE, &p), 0);
+        REQUIRE(all_bytes(p, 4 * PAGE, 0));
+        REQUIRE(munmap(p, 4 * PAGE) == 0);
+        REQUIRE_RC(free_bo(&f, f.kfd, h), 0);
         /* many allocations and frees reuse what was freed: once each size had a block, the file does not
          * grow */
         for (int i = 0; i < 4; i++) {
-                CHECK_RC(alloc_bo(&f, f.kfd, G0, 0x200000, (uint64_t)(1 + i) * PAGE, VRAM_PRIV, &h, NULL), 0);
-                CHECK_RC(free_bo(&f, f.kfd, h), 0);
+                REQUIRE_RC(alloc_bo(&f, f.kfd, G0, 0x200000, (uint64_t)(1 + i) * PAGE, VRAM_PRIV, &h, NULL),
+                           0);
+                REQUIRE_RC(free_bo(&f, f.kfd, h), 0);
         }
         thunk_model_get_stats(f.m, &s);
-        CHECK(s.backing_extent_bytes > extent);
+        REQUIRE(s.backing_extent_bytes > extent);
         extent = s.backing_extent_bytes;
         for (int i = 0; i < 1000; i++) {
-                CHECK_RC(alloc_bo(&f, f.kfd, G0, 0x200000, (uint64_t)(1 + i % 4) * PAGE, VRAM_PRIV, &h, NULL),
-                         0);
-                CHECK_RC(free_bo(&f, f.kfd, h), 0);
+                REQUIRE_RC(
+                        alloc_bo(&f, f.kfd, G0, 0x200000, (uint64_t)(1 + i % 4) * PAGE, VRAM_PRIV, &h, NULL),
+                        0);
+                REQUIRE_RC(free_bo(&f, f.kfd, h), 0);
         }
         thunk_model_get_stats(f.m, &s);
-        CHECK(s.backing_extent_bytes == extent && s.carved_bytes == PAGE);
+        REQUIRE(s.backing_extent_bytes == extent && s.carved_bytes == PAGE);
         /* the last buffer out empties the file */
-        CHECK_RC(free_bo(&f, f.kfd, keep), 0);
+        REQUIRE_RC(free_bo(&f, f.kfd, keep), 0);
         thunk_model_get_stats(f.m, &s);
-        CHECK(s.backing_extent_bytes == 0 && s.carved_bytes == 0);
-        CHECK_RC(fx_teardown(&f), 0);
+        REQUIRE(s.backing_extent_bytes == 0 && s.carved_bytes == 0);
+        REQUIRE_RC(fx_teardown(&f), 0);
         return 0;
 }
 
@@ -2157,37 +2159,37 @@ static int test_carve_export(void)
         ThunkModelStats s;
         int fd = -1;
 
-        CHECK_RC(fx_setup(&f, 19), 0);
-        CHECK_RC(alloc_bo(&f, f.kfd, G0, 0x100000, 2 * PAGE, VRAM_PRIV, &ha, &offa), 0);
-        CHECK_RC(alloc_bo(&f, f.kfd, G0, 0x200000, 2 * PAGE, VRAM_PRIV, &hb, &offb), 0);
-        CHECK_RC(map_cpu(&f, f.render[0], offa, 2 * PAGE, &pa), 0);
-        CHECK_RC(map_cpu(&f, f.render[0], offb, 2 * PAGE, &pb), 0);
+        REQUIRE_RC(fx_setup(&f, 19), 0);
+        REQUIRE_RC(alloc_bo(&f, f.kfd, G0, 0x100000, 2 * PAGE, VRAM_PRIV, &ha, &offa), 0);
+        REQUIRE_RC(alloc_bo(&f, f.kfd, G0, 0x200000, 2 * PAGE, VRAM_PRIV, &hb, &offb), 0);
+        REQUIRE_RC(map_cpu(&f, f.render[0], offa, 2 * PAGE, &pa), 0);
+        REQUIRE_RC(map_cpu(&f, f.render[0], offb, 2 * PAGE, &pb), 0);
         memset(pa, 0x3c, PAGE); /* the second page of a stays a hole */
         memset(pb, 0xc3, 2 * PAGE);
         /* a mapping of its carve-out would not follow the move: refused while one is left */
-        CHECK_RC(export_bo(&f, ha, &fd), -EBUSY);
-        CHECK(munmap(pa, 2 * PAGE) == 0);
-        CHECK_RC(export_bo(&f, ha, &fd), 0);
+        REQUIRE_RC(export_bo(&f, ha, &fd), -EBUSY);
+        REQUIRE(munmap(pa, 2 * PAGE) == 0);
+        REQUIRE_RC(export_bo(&f, ha, &fd), 0);
         thunk_model_get_stats(f.m, &s);
-        CHECK(s.buffer_files == 1 && s.carved_bytes == 2 * PAGE);
+        REQUIRE(s.buffer_files == 1 && s.carved_bytes == 2 * PAGE);
         /* the dmabuf is a's bytes and nothing else: its own file, of its size */
-        CHECK(fstat(fd, &st) == 0 && (uint64_t)st.st_size == 2 * PAGE);
+        REQUIRE(fstat(fd, &st) == 0 && (uint64_t)st.st_size == 2 * PAGE);
         q = mmap(NULL, 2 * PAGE, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-        CHECK(q != MAP_FAILED);
-        CHECK(all_bytes(q, PAGE, 0x3c) && all_bytes(q + PAGE, PAGE, 0));
+        REQUIRE(q != MAP_FAILED);
+        REQUIRE(all_bytes(q, PAGE, 0x3c) && all_bytes(q + PAGE, PAGE, 0));
         /* the render fd now maps the same file: a write through the dmabuf shows there */
         q[PAGE + 1] = 0x99;
-        CHECK(munmap(q, 2 * PAGE) == 0);
-        CHECK_RC(map_cpu(&f, f.render[0], offa, 2 * PAGE, &pa), 0);
-        CHECK(pa[PAGE + 1] == 0x99 && pa[0] == 0x3c);
+        REQUIRE(munmap(q, 2 * PAGE) == 0);
+        REQUIRE_RC(map_cpu(&f, f.render[0], offa, 2 * PAGE, &pa), 0);
+        REQUIRE(pa[PAGE + 1] == 0x99 && pa[0] == 0x3c);
         /* b kept its bytes in the backing file; a second export of a is the same file again */
-        CHECK(all_bytes(pb, 2 * PAGE, 0xc3));
+        REQUIRE(all_bytes(pb, 2 * PAGE, 0xc3));
         {
                 int fd2 = -1;
                 struct stat st2;
 
-                CHECK_RC(export_bo(&f, ha, &fd2), 0);
-                CHECK(fstat(fd2, &st2) == 0 && st2.st_ino == st.st_ino);
+                REQUIRE_RC(export_bo(&f, ha, &fd2), 0);
+                REQUIRE(fstat(fd2, &st2) == 0 && st2.st_ino == st.st_ino);
                 close(fd2);
         }
         /* an import of the export is the same buffer */
@@ -2195,23 +2197,24 @@ static int test_carve_export(void)
                 struct kfd_ioctl_import_dmabuf_args im = {
                         .va_addr = 0x400000, .gpu_id = G1, .dmabuf_fd = (uint32_t)fd};
 
-                CHECK_RC(io(&f, f.kfd, AMDKFD_IOC_IMPORT_DMABUF, &im), 0);
+                REQUIRE_RC(io(&f, f.kfd, AMDKFD_IOC_IMPORT_DMABUF, &im), 0);
                 thunk_model_get_stats(f.m, &s);
-                CHECK(s.bufs == 2 && s.imports == 1);
-                CHECK_RC(free_bo(&f, f.kfd, im.handle), 0);
+                REQUIRE(s.bufs == 2 && s.imports == 1);
+                REQUIRE_RC(free_bo(&f, f.kfd, im.handle), 0);
         }
         /* host-visible VRAM has its own file from the start */
-        CHECK_RC(alloc_bo(&f, f.kfd, G0, 0x800000, PAGE, VRAM_RW | KFD_IOC_ALLOC_MEM_FLAGS_PUBLIC, &hp, NULL),
-                 0);
+        REQUIRE_RC(
+                alloc_bo(&f, f.kfd, G0, 0x800000, PAGE, VRAM_RW | KFD_IOC_ALLOC_MEM_FLAGS_PUBLIC, &hp, NULL),
+                0);
         thunk_model_get_stats(f.m, &s);
-        CHECK(s.buffer_files == 2 && s.carved_bytes == 2 * PAGE);
-        CHECK_RC(free_bo(&f, f.kfd, hp), 0);
-        CHECK(munmap(pa, 2 * PAGE) == 0);
-        CHECK(munmap(pb, 2 * PAGE) == 0);
+        REQUIRE(s.buffer_files == 2 && s.carved_bytes == 2 * PAGE);
+        REQUIRE_RC(free_bo(&f, f.kfd, hp), 0);
+        REQUIRE(munmap(pa, 2 * PAGE) == 0);
+        REQUIRE(munmap(pb, 2 * PAGE) == 0);
         close(fd);
-        CHECK_RC(free_bo(&f, f.kfd, ha), 0);
-        CHECK_RC(free_bo(&f, f.kfd, hb), 0);
-        CHECK_RC(fx_teardown(&f), 0);
+        REQUIRE_RC(free_bo(&f, f.kfd, ha), 0);
+        REQUIRE_RC(free_bo(&f, f.kfd, hb), 0);
+        REQUIRE_RC(fx_teardown(&f), 0);
 
         /* file_per_buffer: every buffer gets its file at allocation, and exports while it is mapped */
         {
@@ -2221,42 +2224,27 @@ static int test_carve_export(void)
                 Fx g;
 
                 memset(&g, 0, sizeof(g));
-                CHECK_RC(thunk_model_new(t, &o, &m), 0);
+                REQUIRE_RC(thunk_model_new(t, &o, &m), 0);
                 topo_free(t);
                 g.m = m;
                 thunk_model_seam(m, &g.seam);
-                CHECK_RC(g.seam.ops->open_kfd(g.seam.impl, &g.kfd), 0);
-                CHECK_RC(g.seam.ops->open_render(g.seam.impl, 128, &g.render[0]), 0);
-                CHECK_RC(fx_acquire(&g, g.kfd, g.render[0], G0), 0);
-                CHECK_RC(alloc_bo(&g, g.kfd, G0, 0x100000, PAGE, VRAM_PRIV, &ha, &offa), 0);
-                CHECK_RC(map_cpu(&g, g.render[0], offa, PAGE, &pa), 0);
+                REQUIRE_RC(g.seam.ops->open_kfd(g.seam.impl, &g.kfd), 0);
+                REQUIRE_RC(g.seam.ops->open_render(g.seam.impl, 128, &g.render[0]), 0);
+                REQUIRE_RC(fx_acquire(&g, g.kfd, g.render[0], G0), 0);
+                REQUIRE_RC(alloc_bo(&g, g.kfd, G0, 0x100000, PAGE, VRAM_PRIV, &ha, &offa), 0);
+                REQUIRE_RC(map_cpu(&g, g.render[0], offa, PAGE, &pa), 0);
                 pa[0] = 5;
-                CHECK_RC(export_bo(&g, ha, &fd), 0);
+                REQUIRE_RC(export_bo(&g, ha, &fd), 0);
                 q = mmap(NULL, PAGE, PROT_READ, MAP_SHARED, fd, 0);
-                CHECK(q != MAP_FAILED && q[0] == 5);
+                REQUIRE(q != MAP_FAILED && q[0] == 5);
                 thunk_model_get_stats(m, &s);
-                CHECK(s.buffer_files == 1 && s.carved_bytes == 0);
-                CHECK(munmap(q, PAGE) == 0 && munmap(pa, PAGE) == 0);
+                REQUIRE(s.buffer_files == 1 && s.carved_bytes == 0);
+                REQUIRE(munmap(q, PAGE) == 0 && munmap(pa, PAGE) == 0);
                 close(fd);
-                CHECK_RC(free_bo(&g, g.kfd, ha), 0);
+                REQUIRE_RC(free_bo(&g, g.kfd, ha), 0);
                 thunk_model_free(m);
         }
         return 0;
-}
-
-static int count_fds(void)
-{
-        DIR *d = opendir("/proc/self/fd");
-        struct dirent *e;
-        int n = 0;
-
-        if (!d)
-                return -1;
-        while ((e = readdir(d)))
-                if (e->d_name[0] != '.')
-                        n++;
-        closedir(d);
-        return n;
 }
 
 /* Carved buffers cost the process no fd: its count stays flat over many live allocations. */
@@ -2269,60 +2257,55 @@ static int test_carve_fds(void)
         Fx f;
         int before;
 
-        CHECK_RC(fx_setup(&f, 19), 0);
-        before = count_fds();
-        CHECK(before > 0);
+        REQUIRE_RC(fx_setup(&f, 19), 0);
+        before = count_fds(0);
+        REQUIRE(before > 0);
         for (int i = 0; i < N; i++) {
-                CHECK_RC(alloc_bo(&f, f.kfd, G0, 0x10000000 + (uint64_t)i * 2 * PAGE, PAGE, VRAM_PRIV, &h[i],
-                                  NULL),
-                         0);
-                CHECK_RC(map_bo(&f, f.kfd, true, h[i], ids, 1, NULL), 0);
+                REQUIRE_RC(alloc_bo(&f, f.kfd, G0, 0x10000000 + (uint64_t)i * 2 * PAGE, PAGE, VRAM_PRIV,
+                                    &h[i], NULL),
+                           0);
+                REQUIRE_RC(map_bo(&f, f.kfd, true, h[i], ids, 1, NULL), 0);
         }
-        CHECK(count_fds() == before);
+        REQUIRE(count_fds(0) == before);
         thunk_model_get_stats(f.m, &s);
-        CHECK(s.bufs == N && s.buffer_files == 0 && s.carved_bytes == N * PAGE && s.mappings == N);
+        REQUIRE(s.bufs == N && s.buffer_files == 0 && s.carved_bytes == N * PAGE && s.mappings == N);
         /* unmapped and freed out of order (7919 is prime to N): the VM stays exact throughout */
         for (int k = 0; k < N; k++) {
                 int i = (int)(((uint64_t)k * 7919) % N);
 
-                CHECK_RC(map_bo(&f, f.kfd, false, h[i], ids, 1, NULL), 0);
-                CHECK_RC(free_bo(&f, f.kfd, h[i]), 0);
+                REQUIRE_RC(map_bo(&f, f.kfd, false, h[i], ids, 1, NULL), 0);
+                REQUIRE_RC(free_bo(&f, f.kfd, h[i]), 0);
                 h[i] = 0;
                 if (k == N / 2) {
                         uint64_t x = 0;
                         int live = i + 1 < N && h[i + 1] ? i + 1 : -1;
 
                         /* where a freed one was is free; where a live one is, is not */
-                        CHECK_RC(alloc_bo(&f, f.kfd, G0, 0x10000000 + (uint64_t)i * 2 * PAGE, PAGE, VRAM_PRIV,
-                                          &x, NULL),
-                                 0);
-                        CHECK_RC(map_bo(&f, f.kfd, true, x, ids, 1, NULL), 0);
-                        CHECK_RC(map_bo(&f, f.kfd, false, x, ids, 1, NULL), 0);
-                        CHECK_RC(free_bo(&f, f.kfd, x), 0);
+                        REQUIRE_RC(alloc_bo(&f, f.kfd, G0, 0x10000000 + (uint64_t)i * 2 * PAGE, PAGE,
+                                            VRAM_PRIV, &x, NULL),
+                                   0);
+                        REQUIRE_RC(map_bo(&f, f.kfd, true, x, ids, 1, NULL), 0);
+                        REQUIRE_RC(map_bo(&f, f.kfd, false, x, ids, 1, NULL), 0);
+                        REQUIRE_RC(free_bo(&f, f.kfd, x), 0);
                         if (live >= 0) {
-                                CHECK_RC(alloc_bo(&f, f.kfd, G0, 0x10000000 + (uint64_t)live * 2 * PAGE, PAGE,
-                                                  VRAM_PRIV, &x, NULL),
-                                         0);
-                                CHECK_RC(map_bo(&f, f.kfd, true, x, ids, 1, NULL), -EINVAL);
-                                CHECK_RC(free_bo(&f, f.kfd, x), 0);
+                                REQUIRE_RC(alloc_bo(&f, f.kfd, G0, 0x10000000 + (uint64_t)live * 2 * PAGE,
+                                                    PAGE, VRAM_PRIV, &x, NULL),
+                                           0);
+                                REQUIRE_RC(map_bo(&f, f.kfd, true, x, ids, 1, NULL), -EINVAL);
+                                REQUIRE_RC(free_bo(&f, f.kfd, x), 0);
                         }
                         thunk_model_get_stats(f.m, &s);
-                        CHECK(s.mappings == N - (uint64_t)k - 1);
+                        REQUIRE(s.mappings == N - (uint64_t)k - 1);
                 }
         }
-        CHECK(count_fds() == before);
-        CHECK_RC(fx_teardown(&f), 0);
+        REQUIRE(count_fds(0) == before);
+        REQUIRE_RC(fx_teardown(&f), 0);
         return 0;
 }
 
 /* ------------------------------------------------------------------ runner */
 
-typedef struct TestCase {
-        const char *name;
-        int (*fn)(void);
-} TestCase;
-
-static const TestCase tests[] = {
+static const RcTestCase tests[] = {
         {"version", test_version},
         {"dispatch", test_dispatch},
         {"struct-sizes", test_struct_sizes},
@@ -2358,22 +2341,5 @@ static const TestCase tests[] = {
 
 int main(int argc, char **argv)
 {
-        int failed = 0, ran = 0;
-
-        for (size_t i = 0; i < sizeof(tests) / sizeof(tests[0]); i++) {
-                if (argc > 1 && strcmp(argv[1], tests[i].name) != 0)
-                        continue;
-                ran++;
-                if (tests[i].fn() != 0) {
-                        fprintf(stderr, "FAIL %s\n", tests[i].name);
-                        failed++;
-                } else {
-                        printf("ok %s\n", tests[i].name);
-                }
-        }
-        if (ran == 0) {
-                fprintf(stderr, "no test named %s\n", argc > 1 ? argv[1] : "");
-                return 2;
-        }
-        return failed ? 1 : 0;
+        return run_rc_tests(tests, ARRAY_SIZE(tests), argc > 1 ? argv[1] : NULL);
 }
