@@ -10,7 +10,7 @@
  * The floors and the broker ops, pinned and unpinned, in interleaved rounds: whatever else the machine does
  * during the run falls on every row alike, so the ratios compare like with like.
  */
-void run_latency(const Settings *st, Report *rep, const Daemon *d)
+void run_latency(const Settings *st, Report *rep, const BenchDaemon *d)
 {
         const struct {
                 const char *name;

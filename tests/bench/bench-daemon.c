@@ -44,7 +44,7 @@ unsigned long long raise_nofile(void)
 
 /* Start gpumemd with @config_text (NULL: none) and RLIMIT_NOFILE @nofile (soft and hard; 0: as high as this
  * process may raise it). */
-int daemon_start(Daemon *d, const Settings *st, const char *config_text, unsigned long long nofile)
+int bench_daemon_start(BenchDaemon *d, const Settings *st, const char *config_text, unsigned long long nofile)
 {
         struct sockaddr_un sa = {.sun_family = AF_UNIX};
         char conf[160] = "/dev/null";
@@ -122,7 +122,7 @@ int daemon_start(Daemon *d, const Settings *st, const char *config_text, unsigne
         }
 }
 
-void daemon_kill(Daemon *d)
+void bench_daemon_kill(BenchDaemon *d)
 {
         char cmd[128];
 

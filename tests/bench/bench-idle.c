@@ -6,12 +6,13 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "../integ/harness.h"
 #include "bench.h"
 
 void run_idle(const Settings *st, Report *rep)
 {
         char conf[256];
-        Daemon d;
+        BenchDaemon d;
         size_t want_n = st->idle_conns;
         int *fds = calloc(want_n + 1, sizeof(int));
         long slab0;
@@ -22,7 +23,7 @@ void run_idle(const Settings *st, Report *rep)
                 die("out of memory");
         snprintf(conf, sizeof(conf), "[daemon]\nmax-connections = %zu\nmax-connections-per-uid = %zu\n",
                  st->idle_conns + 64, st->idle_conns + 64);
-        r = daemon_start(&d, st, conf, 0);
+        r = bench_daemon_start(&d, st, conf, 0);
         if (r < 0)
                 die("cannot start gpumemd for the idle-connection run: %s", strerror(-r));
         rep->idle_want = want_n;
@@ -40,7 +41,7 @@ void run_idle(const Settings *st, Report *rep)
         }
         /* one connection first, so what every daemon allocates once is not counted */
         fds[0] = raw_connect(d.sock);
-        if (fds[0] < 0 || raw_hello(fds[0], 2 * MIB) < 0)
+        if (fds[0] < 0 || raw_hello_window(fds[0], 2 * MIB) < 0)
                 die("idle: first connection failed");
         usleep(100000);
         rep->idle_rss_before_kb = proc_status_kb(d.pid, "VmRSS");
@@ -52,7 +53,7 @@ void run_idle(const Settings *st, Report *rep)
                         break;
                 }
                 fds[n] = fd;
-                r = raw_hello(fd, 2 * MIB);
+                r = raw_hello_window(fd, 2 * MIB);
                 if (r < 0) {
                         snprintf(rep->idle_note, sizeof(rep->idle_note), "hello %zu: %s", n, strerror(-r));
                         break;
@@ -71,5 +72,5 @@ void run_idle(const Settings *st, Report *rep)
                 if (fds[i] > 0)
                         close(fds[i]);
         free(fds);
-        daemon_kill(&d);
+        bench_daemon_kill(&d);
 }

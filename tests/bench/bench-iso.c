@@ -53,7 +53,7 @@ static void slow_client(const char *sock, int kind, int stop_r, int result_w)
         _exit(0);
 }
 
-void run_isolation(const Settings *st, Report *rep, const Daemon *d)
+void run_isolation(const Settings *st, Report *rep, const BenchDaemon *d)
 {
         int stop[2], res[2][2];
         pid_t pids[2];

@@ -15,7 +15,7 @@
 void run_many(const Settings *st, Report *rep)
 {
         Lat small[N_HELD_OPS];
-        Daemon d;
+        BenchDaemon d;
         Ops o;
         size_t have, got;
         uint64_t t0;
@@ -24,7 +24,7 @@ void run_many(const Settings *st, Report *rep)
         rep->many_ran = true;
         rep->many_small = st->many_small;
         rep->many_want = st->many_big;
-        r = daemon_start(&d, st, NULL, st->many_nofile);
+        r = bench_daemon_start(&d, st, NULL, st->many_nofile);
         if (r < 0)
                 die("cannot start gpumemd for the many-allocations run: %s", strerror(-r));
         rep->many_nofile = proc_nofile(d.pid);
@@ -55,5 +55,5 @@ void run_many(const Settings *st, Report *rep)
         held_ops_rows(st, d.pid, &o, small, "many", rep->many_rows, &rep->n_many_rows);
         /* the probe's status calls walk the model's books: not too often while a million go */
         rep->many_teardown_seconds = teardown_seconds(d.sock, &o, 20000);
-        daemon_kill(&d);
+        bench_daemon_kill(&d);
 }

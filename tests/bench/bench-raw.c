@@ -12,26 +12,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "../integ/harness.h"
 #include "frame.h"
 #include "gpumem.pb-c.h"
 #include "wire.h"
 #include "bench.h"
-
-int raw_connect(const char *path)
-{
-        struct sockaddr_un sa = {.sun_family = AF_UNIX};
-        int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
-
-        if (fd < 0)
-                return -errno;
-        snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", path);
-        if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
-                int r = -errno;
-                close(fd);
-                return r;
-        }
-        return fd;
-}
 
 /* Send @req with request id 1; receive the reply packet. Returns the request packet length via
  * @ret_req_len, the reply's length, or a negative errno (also for a failed status). */
@@ -72,7 +57,7 @@ static ssize_t raw_call(int fd, const Gpumem__Request *req, size_t *ret_req_len)
         return r < 0 ? r : n;
 }
 
-int raw_hello(int fd, uint64_t window_size)
+int raw_hello_window(int fd, uint64_t window_size)
 {
         Gpumem__Request req = GPUMEM__REQUEST__INIT;
         Gpumem__Hello h = GPUMEM__HELLO__INIT;
@@ -103,7 +88,7 @@ int measure_frame_sizes(Report *rep, const char *sock)
 
         if (fd < 0)
                 return fd;
-        if (raw_hello(fd, 0) < 0) {
+        if (raw_hello_window(fd, 0) < 0) {
                 close(fd);
                 return -EPROTO;
         }

@@ -125,7 +125,7 @@ void held_ops_rows(const Settings *st, pid_t pid, Ops *o, const Lat *small, cons
 void run_scaling(const Settings *st, Report *rep)
 {
         Lat small[N_HELD_OPS];
-        Daemon d;
+        BenchDaemon d;
         Ops o;
         size_t have, got;
         uint64_t t0;
@@ -133,7 +133,7 @@ void run_scaling(const Settings *st, Report *rep)
 
         rep->scale_small = st->scale_small;
         rep->scale_big = rep->scale_want = st->scale_big;
-        r = daemon_start(&d, st, NULL, 0);
+        r = bench_daemon_start(&d, st, NULL, 0);
         if (r < 0)
                 die("cannot start gpumemd for the scaling run: %s", strerror(-r));
         rep->daemon_nofile = proc_nofile(d.pid);
@@ -160,5 +160,5 @@ void run_scaling(const Settings *st, Report *rep)
         /* Teardown: how long the daemon is busy freeing what a client held when it leaves (it serves
          * nobody meanwhile). Measured until its books show the objects gone. */
         rep->scale_teardown_seconds = teardown_seconds(d.sock, &o, 1000);
-        daemon_kill(&d);
+        bench_daemon_kill(&d);
 }

@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "../integ/harness.h"
 #include "frame.h"
 #include "bench.h"
 
@@ -89,7 +90,7 @@ static double fleet_run(const Settings *st, const char *sock, bool raw, size_t r
         return (double)total / st->tput_seconds;
 }
 
-void run_throughput(const Settings *st, Report *rep, const Daemon *d)
+void run_throughput(const Settings *st, Report *rep, const BenchDaemon *d)
 {
         static const unsigned counts[] = {1, 4, 16, 64};
         RawServer rs;

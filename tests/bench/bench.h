@@ -116,17 +116,22 @@ void pin_process(pid_t pid, int cpu);
 
 /* ---- the daemon (bench-daemon.c) ----------------------------------------------------------------------- */
 
-typedef struct Daemon {
+/*
+ * Not the integration harness's Daemon: the bench sets the daemon's fd limit and CPUs between fork and exec,
+ * and stops reading its notifications once it is ready (no reader thread beside the measured one).
+ */
+typedef struct BenchDaemon {
         pid_t pid;
         char dir[32];
         char sock[96];
         char notify[96];
         int notify_fd;
-} Daemon;
+} BenchDaemon;
 
 unsigned long long raise_nofile(void);
-int daemon_start(Daemon *d, const Settings *st, const char *config_text, unsigned long long nofile);
-void daemon_kill(Daemon *d);
+int bench_daemon_start(BenchDaemon *d, const Settings *st, const char *config_text,
+                       unsigned long long nofile);
+void bench_daemon_kill(BenchDaemon *d);
 long proc_status_kb(pid_t pid, const char *key);
 long meminfo_kb(const char *key);
 unsigned long long proc_nofile(pid_t pid);
@@ -134,8 +139,7 @@ int proc_fd_count(pid_t pid);
 
 /* ---- the raw protocol, the floors and the raw server (bench-raw.c) ------------------------------------- */
 
-int raw_connect(const char *path);
-int raw_hello(int fd, uint64_t window_size);
+int raw_hello_window(int fd, uint64_t window_size);
 int measure_frame_sizes(Report *rep, const char *sock);
 ssize_t recv_packet(int fd, void *buf, size_t cap, int *ret_fd);
 int send_packet(int fd, const void *buf, size_t len, int pass_fd);
@@ -187,10 +191,10 @@ extern const BrokerOp broker_ops[N_BROKER_OPS];
 
 /* ---- the sections, each in bench-SECTION.c, and the report (bench-report.c) ---------------------------- */
 
-void run_latency(const Settings *st, Report *rep, const Daemon *d);
+void run_latency(const Settings *st, Report *rep, const BenchDaemon *d);
 void run_inproc(const Settings *st, Report *rep);
-void run_throughput(const Settings *st, Report *rep, const Daemon *d);
-void run_isolation(const Settings *st, Report *rep, const Daemon *d);
+void run_throughput(const Settings *st, Report *rep, const BenchDaemon *d);
+void run_isolation(const Settings *st, Report *rep, const BenchDaemon *d);
 void run_scaling(const Settings *st, Report *rep);
 void run_many(const Settings *st, Report *rep);
 void run_idle(const Settings *st, Report *rep);

@@ -43,7 +43,7 @@ int main(int argc, char **argv)
         Settings st = {.json_path = "gpumem-bench.json"};
         const char *only = NULL, *env;
         cpu_set_t mine;
-        Daemon d;
+        BenchDaemon d;
         int c, r;
 
         st.gpumemd = getenv("GPUMEMD");
@@ -112,7 +112,7 @@ int main(int argc, char **argv)
         (void)raise_nofile(); /* 10k idle connections live in this process */
         signal(SIGPIPE, SIG_IGN);
 
-        r = daemon_start(&d, &st, NULL, 0);
+        r = bench_daemon_start(&d, &st, NULL, 0);
         if (r < 0)
                 die("cannot start %s: %s", st.gpumemd, strerror(-r));
         r = measure_frame_sizes(&rep, d.sock);
@@ -126,7 +126,7 @@ int main(int argc, char **argv)
                 run_throughput(&st, &rep, &d);
         if (want(only, "iso"))
                 run_isolation(&st, &rep, &d);
-        daemon_kill(&d);
+        bench_daemon_kill(&d);
         if (want(only, "scale"))
                 run_scaling(&st, &rep);
         if (only ? want(only, "many") : st.long_run)
