@@ -1,43 +1,111 @@
-/* Minimal test helpers shared by gpumemd's C tests: checks that report file:line and a test runner. */
+/* The assertion helper of gpumemd's C tests: checks that report file:line and both values, and test runners.
+ */
 #pragma once
 
 #include <dirent.h>
 #include <errno.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-static int check_failures __attribute__((unused));
+/*
+ * Three flavours of every check, all counted in check_failures and reported in one format
+ * ("FILE:LINE: check failed: ..."); they differ only in what follows a failure:
+ *   CHECK*    go on, so that one run shows every broken expectation;
+ *   REQUIRE*  return 1 from the calling function (a case or helper returning 0 or 1), for checks whose
+ *             failure leaves nothing sensible to test after them;
+ *   ASSERT*   exit(EXIT_FAILURE), for programs that have nothing to unwind.
+ * Each of them comes as X(cond), X_EQ(a, b) (integers, both values shown), X_RC(expr, want) (0 or a
+ * negative errno, both shown with their text) and X_STR_CONTAINS(hay, needle).
+ */
 
-#define CHECK(cond)                                                                                          \
+/* Weak, so that the files of one test program share one counter without one of them defining it. */
+int check_failures __attribute__((weak));
+
+static inline void check_failed(const char *file, int line, const char *fmt, ...)
+        __attribute__((format(printf, 3, 4)));
+static inline void check_failed(const char *file, int line, const char *fmt, ...)
+{
+        char msg[1024];
+        va_list ap;
+
+        va_start(ap, fmt);
+        vsnprintf(msg, sizeof(msg), fmt, ap);
+        va_end(ap);
+        fprintf(stderr, "%s:%d: check failed: %s\n", file, line, msg);
+        __atomic_fetch_add(&check_failures, 1, __ATOMIC_RELAXED);
+}
+
+/* @v in decimal, and in hex too where it is too large to read as a count (addresses, sizes, masks). */
+static inline const char *check_fmt_int(char *buf, size_t len, long long v)
+{
+        if (v > -65536 && v < 65536)
+                snprintf(buf, len, "%lld", v);
+        else
+                snprintf(buf, len, "%lld (%#llx)", v, (unsigned long long)v);
+        return buf;
+}
+
+/* @v as a return code: the number and its errno text ("Success" for 0). */
+static inline const char *check_fmt_rc(char *buf, size_t len, long long v)
+{
+        snprintf(buf, len, "%lld (%s)", v, strerror(v < 0 ? (int)-v : (int)v));
+        return buf;
+}
+
+static inline void check_failed_eq(const char *file, int line, const char *ea, const char *eb, long long a,
+                                   long long b, const char *(*fmt)(char *, size_t, long long))
+{
+        char va[96], vb[96];
+
+        check_failed(file, line, "%s == %s: %s != %s", ea, eb, fmt(va, sizeof(va), a),
+                     fmt(vb, sizeof(vb), b));
+}
+
+#define CHECK_THEN_(cond, on_fail)                                                                           \
         do {                                                                                                 \
                 if (!(cond)) {                                                                               \
-                        fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond);             \
-                        check_failures++;                                                                    \
+                        check_failed(__FILE__, __LINE__, "%s", #cond);                                       \
+                        on_fail;                                                                             \
                 }                                                                                            \
         } while (0)
 
-#define CHECK_EQ(a, b)                                                                                       \
+#define CHECK_EQ_THEN_(a, b, fmt, on_fail)                                                                   \
         do {                                                                                                 \
-                long long _a = (long long)(a), _b = (long long)(b);                                          \
-                if (_a != _b) {                                                                              \
-                        fprintf(stderr, "%s:%d: check failed: %s == %s (%lld != %lld)\n", __FILE__,          \
-                                __LINE__, #a, #b, _a, _b);                                                   \
-                        check_failures++;                                                                    \
+                long long check_a_ = (long long)(a), check_b_ = (long long)(b);                              \
+                if (check_a_ != check_b_) {                                                                  \
+                        check_failed_eq(__FILE__, __LINE__, #a, #b, check_a_, check_b_, fmt);                \
+                        on_fail;                                                                             \
                 }                                                                                            \
         } while (0)
 
-#define CHECK_STR_CONTAINS(hay, needle)                                                                      \
+#define CHECK_STR_CONTAINS_THEN_(hay, needle, on_fail)                                                       \
         do {                                                                                                 \
-                const char *_h = (hay);                                                                      \
-                if (!_h || !strstr(_h, (needle))) {                                                          \
-                        fprintf(stderr, "%s:%d: check failed: '%s' does not contain '%s'\n", __FILE__,       \
-                                __LINE__, _h ? _h : "(null)", (needle));                                     \
-                        check_failures++;                                                                    \
+                const char *check_h_ = (hay), *check_n_ = (needle);                                          \
+                if (!check_h_ || !strstr(check_h_, check_n_)) {                                              \
+                        check_failed(__FILE__, __LINE__, "%s contains '%s': '%s'", #hay, check_n_,           \
+                                     check_h_ ? check_h_ : "(null)");                                        \
+                        on_fail;                                                                             \
                 }                                                                                            \
         } while (0)
 
-/* Number of open fds of @pid (0 = this process). */
+#define CHECK(cond)                     CHECK_THEN_(cond, (void)0)
+#define CHECK_EQ(a, b)                  CHECK_EQ_THEN_(a, b, check_fmt_int, (void)0)
+#define CHECK_RC(expr, want)            CHECK_EQ_THEN_(expr, want, check_fmt_rc, (void)0)
+#define CHECK_STR_CONTAINS(hay, needle) CHECK_STR_CONTAINS_THEN_(hay, needle, (void)0)
+
+#define REQUIRE(cond)                     CHECK_THEN_(cond, return 1)
+#define REQUIRE_EQ(a, b)                  CHECK_EQ_THEN_(a, b, check_fmt_int, return 1)
+#define REQUIRE_RC(expr, want)            CHECK_EQ_THEN_(expr, want, check_fmt_rc, return 1)
+#define REQUIRE_STR_CONTAINS(hay, needle) CHECK_STR_CONTAINS_THEN_(hay, needle, return 1)
+
+#define ASSERT(cond)                     CHECK_THEN_(cond, exit(EXIT_FAILURE))
+#define ASSERT_EQ(a, b)                  CHECK_EQ_THEN_(a, b, check_fmt_int, exit(EXIT_FAILURE))
+#define ASSERT_RC(expr, want)            CHECK_EQ_THEN_(expr, want, check_fmt_rc, exit(EXIT_FAILURE))
+#define ASSERT_STR_CONTAINS(hay, needle) CHECK_STR_CONTAINS_THEN_(hay, needle, exit(EXIT_FAILURE))
+
+/* Number of open fds of @pid (0 = this process), or a negative errno. */
 static inline int count_fds(int pid)
 {
         char path[64];
@@ -89,6 +157,41 @@ static inline int run_tests(const TestCase *cases, size_t n)
         }
         printf("%d passed, %d failed\n", passed, failed);
         return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
+
+/* A case that returns 0, or 1 when it failed (it stops at its first failed REQUIRE). */
+typedef struct RcTestCase {
+        const char *name;
+        int (*fn)(void);
+} RcTestCase;
+
+/*
+ * Run the case called @name, or every case when @name is NULL (one meson test per case passes its name).
+ * A case fails when it returns non-zero or a CHECK in it failed. Prints "ok NAME" or "FAIL NAME" for each;
+ * returns 0, 1 when any failed, 2 when no case is called @name.
+ */
+static inline int run_rc_tests(const RcTestCase *cases, size_t n, const char *name)
+{
+        int failed = 0, ran = 0;
+
+        for (size_t i = 0; i < n; i++) {
+                int before = check_failures;
+
+                if (name && strcmp(name, cases[i].name) != 0)
+                        continue;
+                ran++;
+                if (cases[i].fn() != 0 || check_failures != before) {
+                        fprintf(stderr, "FAIL %s\n", cases[i].name);
+                        failed++;
+                } else {
+                        printf("ok %s\n", cases[i].name);
+                }
+        }
+        if (ran == 0) {
+                fprintf(stderr, "no test named %s\n", name ? name : "");
+                return 2;
+        }
+        return failed ? 1 : 0;
 }
 
 /* the same as util/macro.h's, for tests that do not include it */

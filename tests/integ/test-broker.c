@@ -144,9 +144,8 @@ static Snap snap_settled(gm_client *c)
                 int _r = (call);                                                                             \
                 char _m[256];                                                                                \
                 if (_r != (want))                                                                            \
-                        fprintf(stderr, "%s:%d: %s -> %d (%s), want %d\n", __FILE__, __LINE__, #call, _r,    \
-                                gm_strerror(c, _r, _m, sizeof(_m)), want);                                   \
-                CHECK_EQ(_r, want);                                                                          \
+                        check_failed(__FILE__, __LINE__, "%s -> %d (%s), want %d", #call, _r,                \
+                                     gm_strerror(c, _r, _m, sizeof(_m)), want);                              \
                 gm_strerror(c, _r, _m, sizeof(_m));                                                          \
                 CHECK(strchr(_m, ':') != NULL); /* a reason follows the errno's text */                      \
                 CHECK(snap_eq(_before, snap(c)));                                                            \

@@ -55,16 +55,14 @@ static bool same_state(const DaemonState *a, const DaemonState *b)
                 CHECK_EQ(arm(spec), 0);                                                                      \
                 int _r = (call);                                                                             \
                 if (_r != -(err))                                                                            \
-                        fprintf(stderr, "%s:%d: [%s] %s -> %d (%s), want %d\n", __FILE__, __LINE__, spec,    \
-                                #call, _r, gm_strerror(c, _r, _m, sizeof(_m)), -(err));                      \
-                CHECK_EQ(_r, -(err));                                                                        \
+                        check_failed(__FILE__, __LINE__, "[%s] %s -> %d (%s), want %d", spec, #call, _r,     \
+                                     gm_strerror(c, _r, _m, sizeof(_m)), -(err));                            \
                 gm_strerror(c, _r, _m, sizeof(_m));                                                          \
                 CHECK_STR_CONTAINS(_m, strerror(err));                                                       \
                 CHECK_EQ(arm(""), 0);                                                                        \
                 CHECK_EQ(daemon_state(&dmn, &_s1), 0);                                                       \
                 if (!same_state(&_s0, &_s1))                                                                 \
-                        fprintf(stderr, "%s:%d: [%s] left something behind\n", __FILE__, __LINE__, spec);    \
-                CHECK(same_state(&_s0, &_s1));                                                               \
+                        check_failed(__FILE__, __LINE__, "[%s] left something behind", spec);                \
         } while (0)
 
 static void check_base(const char *what)

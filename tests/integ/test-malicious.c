@@ -199,9 +199,7 @@ static int rq(Raw *r, Gpumem__Request *q, const int *fds, size_t n_fds)
                 CHECK_EQ(daemon_state(&dmn, &_s0), 0);                                                       \
                 int _code = rq((r), (q), (fds), (n_fds));                                                    \
                 if (_code != (want))                                                                         \
-                        fprintf(stderr, "%s:%d: %s -> %d, want %d\n", __FILE__, __LINE__, #q, _code,         \
-                                (want));                                                                     \
-                CHECK_EQ(_code, (want));                                                                     \
+                        check_failed(__FILE__, __LINE__, "%s -> %d, want %d", #q, _code, (want));            \
                 CHECK_EQ(daemon_state(&dmn, &_s1), 0);                                                       \
                 CHECK(state_same(&_s0, &_s1));                                                               \
         } while (0)

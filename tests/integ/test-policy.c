@@ -72,15 +72,6 @@ static int run_as(uid_t uid, int (*fn)(void *), void *arg)
         return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
-/* In children: report the first failed expectation through the exit code (its line). */
-#define EXPECT(cond)                                                                                         \
-        do {                                                                                                 \
-                if (!(cond)) {                                                                               \
-                        fprintf(stderr, "child %d: %s:%d: %s\n", (int)getuid(), __FILE__, __LINE__, #cond);  \
-                        return 1;                                                                            \
-                }                                                                                            \
-        } while (0)
-
 static bool reason_has(gm_client *c, int err, const char *needle)
 {
         char buf[512];
@@ -158,29 +149,29 @@ static int alpha_shared(void *arg)
         size_t fr = 0, tot = 0;
         int r;
 
-        EXPECT(gm_client_connect(dmn.sock, "alpha-1", &a) == 0);
-        EXPECT(gm_client_connect(dmn.sock, "alpha-2", &b) == 0);
-        EXPECT(gm_malloc(a, 6 * MiB, g0, 0, &p1) == 0);
+        REQUIRE(gm_client_connect(dmn.sock, "alpha-1", &a) == 0);
+        REQUIRE(gm_client_connect(dmn.sock, "alpha-2", &b) == 0);
+        REQUIRE(gm_malloc(a, 6 * MiB, g0, 0, &p1) == 0);
         r = gm_malloc(b, 4 * MiB, g1, 0, &p2); /* 6 + 4 > the class's 8 MiB, though b holds nothing */
-        EXPECT(r == -EDQUOT);
-        EXPECT(reason_has(b, r, "class 'alpha' VRAM limit"));
-        EXPECT(gm_malloc(b, 2 * MiB, g1, 0, &p2) == 0);
+        REQUIRE(r == -EDQUOT);
+        REQUIRE(reason_has(b, r, "class 'alpha' VRAM limit"));
+        REQUIRE(gm_malloc(b, 2 * MiB, g1, 0, &p2) == 0);
         r = gm_malloc(a, 2 * MiB, g0, 0, &p3); /* the class's 6 MiB on g0 are used */
-        EXPECT(r == -EDQUOT);
-        EXPECT(reason_has(a, r, "on GPU"));
+        REQUIRE(r == -EDQUOT);
+        REQUIRE(reason_has(a, r, "on GPU"));
         /* what the clients see: their allowance, not the device */
-        EXPECT(gm_mem_get_info(b, g0, &fr, &tot) == 0);
-        EXPECT(tot == 6 * MiB && fr == 0);
-        EXPECT(gm_mem_get_info(b, g1, &fr, &tot) == 0);
-        EXPECT(tot == 8 * MiB && fr == 0);
+        REQUIRE(gm_mem_get_info(b, g0, &fr, &tot) == 0);
+        REQUIRE(tot == 6 * MiB && fr == 0);
+        REQUIRE(gm_mem_get_info(b, g1, &fr, &tot) == 0);
+        REQUIRE(tot == 8 * MiB && fr == 0);
         /* the admin plane is closed to this class */
         gm_status *s = NULL;
-        EXPECT(gm_admin_status(a, &s) == -EACCES);
+        REQUIRE(gm_admin_status(a, &s) == -EACCES);
         /* hold until the parent has looked */
         char ch;
-        EXPECT(read(*(int *)arg, &ch, 1) == 1);
-        EXPECT(gm_mem_free(a, p1) == 0);
-        EXPECT(gm_mem_free(b, p2) == 0);
+        REQUIRE(read(*(int *)arg, &ch, 1) == 1);
+        REQUIRE(gm_mem_free(a, p1) == 0);
+        REQUIRE(gm_mem_free(b, p2) == 0);
         gm_client_close(a);
         gm_client_close(b);
         return 0;
@@ -190,9 +181,9 @@ static int beta_big(void *arg)
 {
         gm_client *c = NULL;
         void *p = NULL;
-        EXPECT(gm_client_connect(dmn.sock, "beta", &c) == 0);
-        EXPECT(gm_malloc(c, 32 * MiB, g0, 0, &p) == 0); /* another class: alpha's limits do not apply */
-        EXPECT(gm_mem_free(c, p) == 0);
+        REQUIRE(gm_client_connect(dmn.sock, "beta", &c) == 0);
+        REQUIRE(gm_malloc(c, 32 * MiB, g0, 0, &p) == 0); /* another class: alpha's limits do not apply */
+        REQUIRE(gm_mem_free(c, p) == 0);
         gm_client_close(c);
         return 0;
 }
@@ -236,60 +227,60 @@ static int alpha_paths(void *arg)
         gm_pointer_attributes pa = {.struct_size = sizeof(pa)};
         int fd = -1, r;
 
-        EXPECT(gm_client_connect(dmn.sock, "alpha-paths", &c) == 0);
-        EXPECT(gm_malloc(c, 2 * MiB, g0, GM_MEM_HOST_VISIBLE, &d) == 0);
-        EXPECT(gm_host_malloc(c, 3 * MiB, g0, -1, 0, &h) == 0);
+        REQUIRE(gm_client_connect(dmn.sock, "alpha-paths", &c) == 0);
+        REQUIRE(gm_malloc(c, 2 * MiB, g0, GM_MEM_HOST_VISIBLE, &d) == 0);
+        REQUIRE(gm_host_malloc(c, 3 * MiB, g0, -1, 0, &h) == 0);
         r = gm_host_malloc(c, 2 * MiB, g0, -1, 0, &h2); /* 3 + 2 > 4 MiB */
-        EXPECT(r == -EDQUOT && reason_has(c, r, "host memory"));
-        EXPECT(gm_malloc_managed(c, 3 * MiB, 0, &m) == 0);
+        REQUIRE(r == -EDQUOT && reason_has(c, r, "host memory"));
+        REQUIRE(gm_malloc_managed(c, 3 * MiB, 0, &m) == 0);
         r = gm_malloc_managed(c, 2 * MiB, 0, &m2);
-        EXPECT(r == -EDQUOT && reason_has(c, r, "managed memory"));
+        REQUIRE(r == -EDQUOT && reason_has(c, r, "managed memory"));
         /* device (the model's memory file), host and managed memory hold an fd each in the daemon: 4 */
-        EXPECT(gm_host_malloc(c, 4096, g0, -1, 0, &h2) == 0);
+        REQUIRE(gm_host_malloc(c, 4096, g0, -1, 0, &h2) == 0);
         r = gm_malloc_managed(c, 4096, 0, &m2);
-        EXPECT(r == -EDQUOT && reason_has(c, r, "fd limit"));
-        EXPECT(gm_mem_free(c, h2) == 0);
+        REQUIRE(r == -EDQUOT && reason_has(c, r, "fd limit"));
+        REQUIRE(gm_mem_free(c, h2) == 0);
         /* a VMM handle holds no fd until its first export (or grant): then the model's memory file is one */
-        EXPECT(gm_mem_create(c, 2 * MiB, g1, 0, &vh) == 0);
-        EXPECT(gm_host_malloc(c, 4096, g0, -1, 0, &h2) == 0);
+        REQUIRE(gm_mem_create(c, 2 * MiB, g1, 0, &vh) == 0);
+        REQUIRE(gm_host_malloc(c, 4096, g0, -1, 0, &h2) == 0);
         {
                 int vfd = -1;
 
                 r = gm_mem_export(c, vh, &vfd, NULL);
-                EXPECT(r == -EDQUOT && reason_has(c, r, "fd limit"));
-                EXPECT(gm_mem_free(c, h2) == 0);
-                EXPECT(gm_mem_export(c, vh, &vfd, NULL) == 0);
+                REQUIRE(r == -EDQUOT && reason_has(c, r, "fd limit"));
+                REQUIRE(gm_mem_free(c, h2) == 0);
+                REQUIRE(gm_mem_export(c, vh, &vfd, NULL) == 0);
                 if (vfd >= 0)
                         close(vfd);
         }
-        EXPECT(gm_mem_address_reserve(c, 2 * MiB, 0, NULL, 0, &res) == 0);
-        EXPECT(gm_pointer_get_attributes(c, d, &pa) == 0);
-        EXPECT(gm_mem_export(c, pa.handle, &fd, NULL) == 0);
-        EXPECT(gm_mem_import(c, fd, g1, &ih, NULL) == 0); /* handle 6 of 6 */
+        REQUIRE(gm_mem_address_reserve(c, 2 * MiB, 0, NULL, 0, &res) == 0);
+        REQUIRE(gm_pointer_get_attributes(c, d, &pa) == 0);
+        REQUIRE(gm_mem_export(c, pa.handle, &fd, NULL) == 0);
+        REQUIRE(gm_mem_import(c, fd, g1, &ih, NULL) == 0); /* handle 6 of 6 */
         r = gm_mem_import(c, fd, g1, &x, NULL);
-        EXPECT(r == -EDQUOT && reason_has(c, r, "handle limit"));
+        REQUIRE(r == -EDQUOT && reason_has(c, r, "handle limit"));
         r = gm_mem_create(c, 6 * MiB, g1, 0, &x); /* over the VRAM total too, but handles come first */
-        EXPECT(r == -EDQUOT);
+        REQUIRE(r == -EDQUOT);
         /* a third connection is fine, a fourth is not */
-        EXPECT(gm_client_connect(dmn.sock, "alpha-2", &c2) == 0);
+        REQUIRE(gm_client_connect(dmn.sock, "alpha-2", &c2) == 0);
         gm_client *c3 = NULL, *c4 = NULL;
-        EXPECT(gm_client_connect(dmn.sock, "alpha-3", &c3) == 0);
+        REQUIRE(gm_client_connect(dmn.sock, "alpha-3", &c3) == 0);
         r = gm_client_connect(dmn.sock, "alpha-4", &c4);
         if (r != -EUSERS)
                 fprintf(stderr, "fourth alpha connection: %d\n", r);
-        EXPECT(r == -EUSERS);
+        REQUIRE(r == -EUSERS);
         gm_client_close(c3);
         gm_client_close(c2);
         close(fd);
         char ch;
-        EXPECT(write(*(int *)arg, "r", 1) == 1); /* tell the parent everything is held */
-        EXPECT(read(*(int *)arg, &ch, 1) == 1);
-        EXPECT(gm_mem_release(c, ih) == 0);
-        EXPECT(gm_mem_release(c, vh) == 0);
-        EXPECT(gm_mem_address_free(c, res, 2 * MiB) == 0);
-        EXPECT(gm_mem_free(c, d) == 0);
-        EXPECT(gm_mem_free(c, h) == 0);
-        EXPECT(gm_mem_free(c, m) == 0);
+        REQUIRE(write(*(int *)arg, "r", 1) == 1); /* tell the parent everything is held */
+        REQUIRE(read(*(int *)arg, &ch, 1) == 1);
+        REQUIRE(gm_mem_release(c, ih) == 0);
+        REQUIRE(gm_mem_release(c, vh) == 0);
+        REQUIRE(gm_mem_address_free(c, res, 2 * MiB) == 0);
+        REQUIRE(gm_mem_free(c, d) == 0);
+        REQUIRE(gm_mem_free(c, h) == 0);
+        REQUIRE(gm_mem_free(c, m) == 0);
         gm_client_close(c);
         return 0;
 }
@@ -336,24 +327,24 @@ static int beta_limits(void *arg)
         gm_handle x;
         int r, fd;
 
-        EXPECT(gm_client_connect(dmn.sock, "beta", &c) == 0);
+        REQUIRE(gm_client_connect(dmn.sock, "beta", &c) == 0);
         r = gm_malloc(c, MiB, g1, 0, &p);
-        EXPECT(r == -EACCES && reason_has(c, r, "may not use GPU"));
-        EXPECT(gm_mem_get_info(c, g1, &fr, &tot) == 0 && tot == 0 && fr == 0);
-        EXPECT(gm_host_malloc(c, MiB, 0, -1, 0, &h) == 0);
-        EXPECT(gm_pointer_get_attributes(c, h, &pa) == 0);
-        EXPECT(pa.n_mapped_gpus == 1 && pa.mapped_gpus[0] == g0); /* only where the class may go */
-        EXPECT(gm_malloc(c, MiB, g0, 0, &p) == 0);
-        EXPECT(gm_mem_map_gpus(c, p, &g1, 1) == -EACCES);
+        REQUIRE(r == -EACCES && reason_has(c, r, "may not use GPU"));
+        REQUIRE(gm_mem_get_info(c, g1, &fr, &tot) == 0 && tot == 0 && fr == 0);
+        REQUIRE(gm_host_malloc(c, MiB, 0, -1, 0, &h) == 0);
+        REQUIRE(gm_pointer_get_attributes(c, h, &pa) == 0);
+        REQUIRE(pa.n_mapped_gpus == 1 && pa.mapped_gpus[0] == g0); /* only where the class may go */
+        REQUIRE(gm_malloc(c, MiB, g0, 0, &p) == 0);
+        REQUIRE(gm_mem_map_gpus(c, p, &g1, 1) == -EACCES);
         r = gm_svm_set_attributes(c, h, MiB, &(gm_svm_attr){GM_SVM_ATTR_GRANULARITY, 2}, 1);
-        EXPECT(r == -EACCES && reason_has(c, r, "class 'beta' may not call svm_set_attr"));
-        EXPECT(gm_pointer_get_attributes(c, p, &pa) == 0);
-        EXPECT(gm_mem_export(c, pa.handle, &fd, NULL) == 0);
+        REQUIRE(r == -EACCES && reason_has(c, r, "class 'beta' may not call svm_set_attr"));
+        REQUIRE(gm_pointer_get_attributes(c, p, &pa) == 0);
+        REQUIRE(gm_mem_export(c, pa.handle, &fd, NULL) == 0);
         r = gm_mem_import(c, fd, g0, &x, NULL);
-        EXPECT(r == -EACCES && reason_has(c, r, "may not call dmabuf_import"));
+        REQUIRE(r == -EACCES && reason_has(c, r, "may not call dmabuf_import"));
         close(fd);
-        EXPECT(gm_mem_free(c, p) == 0);
-        EXPECT(gm_mem_free(c, h) == 0);
+        REQUIRE(gm_mem_free(c, p) == 0);
+        REQUIRE(gm_mem_free(c, h) == 0);
         gm_client_close(c);
         return 0;
 }
@@ -371,14 +362,14 @@ static int alpha_hold(void *arg)
         char ch;
         int fdw = ((int *)arg)[0];
 
-        EXPECT(gm_client_connect(dmn.sock, "alpha-hold", &c) == 0);
-        EXPECT(gm_malloc(c, 2 * MiB, g0, 0, &p) == 0);
-        EXPECT(gm_malloc(c, 2 * MiB, g1, 0, &p) == 0);
-        EXPECT(write(fdw, "h", 1) == 1);
-        EXPECT(read(fdw, &ch, 1) == 1);
+        REQUIRE(gm_client_connect(dmn.sock, "alpha-hold", &c) == 0);
+        REQUIRE(gm_malloc(c, 2 * MiB, g0, 0, &p) == 0);
+        REQUIRE(gm_malloc(c, 2 * MiB, g1, 0, &p) == 0);
+        REQUIRE(write(fdw, "h", 1) == 1);
+        REQUIRE(read(fdw, &ch, 1) == 1);
         /* the administrator lowered the limit below what the class holds */
         int r = gm_malloc(c, 4096, g1, 0, &p);
-        EXPECT(r == -EDQUOT);
+        REQUIRE(r == -EDQUOT);
         gm_client_close(c);
         return 0;
 }
@@ -480,9 +471,9 @@ static int alpha_big(void *arg)
         gm_client *c = NULL;
         void *p = NULL;
         int want = *(int *)arg;
-        EXPECT(gm_client_connect(dmn.sock, "alpha-big", &c) == 0);
+        REQUIRE(gm_client_connect(dmn.sock, "alpha-big", &c) == 0);
         int r = gm_malloc(c, 12 * MiB, g1, 0, &p);
-        EXPECT(r == want);
+        REQUIRE(r == want);
         gm_client_close(c);
         return 0;
 }
@@ -514,7 +505,7 @@ static int random_client(void *arg)
         void *ptrs[16] = {0};
         gm_handle handles[16] = {0};
 
-        EXPECT(gm_client_connect(dmn.sock, "random", &c) == 0);
+        REQUIRE(gm_client_connect(dmn.sock, "random", &c) == 0);
         for (int step = 0; step < 200; step++) {
                 int i = rand_r(&seed) % 16;
                 size_t size = (size_t)(1 + rand_r(&seed) % 4) * MiB / 2;
@@ -547,8 +538,8 @@ static int random_client(void *arg)
         }
         /* hold everything until killed or told to go */
         char ch;
-        EXPECT(write(((int *)arg)[1], "r", 1) == 1);
-        EXPECT(read(((int *)arg)[1], &ch, 1) >= 0);
+        REQUIRE(write(((int *)arg)[1], "r", 1) == 1);
+        REQUIRE(read(((int *)arg)[1], &ch, 1) >= 0);
         gm_client_close(c);
         return 0;
 }
@@ -600,22 +591,22 @@ static int gamma_flood(void *arg)
         uint8_t body[] = {0x12, 0x00}; /* Request.ping {} */
         int sent = 0;
 
-        EXPECT(fd >= 0);
-        EXPECT(raw_hello(fd) == 0);
+        REQUIRE(fd >= 0);
+        REQUIRE(raw_hello(fd) == 0);
         gm_frame_hdr_encode(frame, 1, 7, sizeof(body), 0);
         memcpy(frame + GM_FRAME_HDR_SIZE, body, sizeof(body));
         /* blocking sends with a timeout: keep the daemon answering until its replies to us back up */
         struct timeval tv = {0, 300000};
-        EXPECT(setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv)) == 0);
+        REQUIRE(setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv)) == 0);
         for (int i = 0; i < 100000; i++) {
                 if (send(fd, frame, GM_FRAME_HDR_SIZE + sizeof(body), MSG_NOSIGNAL) < 0)
                         break;
                 sent++;
         }
-        EXPECT(sent > 10);
-        EXPECT(write(*(int *)arg, "f", 1) == 1);
+        REQUIRE(sent > 10);
+        REQUIRE(write(*(int *)arg, "f", 1) == 1);
         char ch;
-        EXPECT(read(*(int *)arg, &ch, 1) >= 0);
+        REQUIRE(read(*(int *)arg, &ch, 1) >= 0);
         close(fd);
         return 0;
 }
@@ -623,9 +614,9 @@ static int gamma_flood(void *arg)
 static int beta_ping(void *arg)
 {
         gm_client *c = NULL;
-        EXPECT(gm_client_connect(dmn.sock, "beta-ping", &c) == 0);
+        REQUIRE(gm_client_connect(dmn.sock, "beta-ping", &c) == 0);
         for (int i = 0; i < 50; i++)
-                EXPECT(gm_ping(c) == 0);
+                REQUIRE(gm_ping(c) == 0);
         gm_client_close(c);
         return 0;
 }

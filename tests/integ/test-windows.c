@@ -127,15 +127,6 @@ static int retry(int fd, uint64_t *base, char *why, size_t len)
 
 /* ---- children of other uids ---- */
 
-/* In children: report the first failed expectation and exit 1. */
-#define EXPECT(cond)                                                                                         \
-        do {                                                                                                 \
-                if (!(cond)) {                                                                               \
-                        fprintf(stderr, "child %d: %s:%d: %s\n", (int)getuid(), __FILE__, __LINE__, #cond);  \
-                        return 1;                                                                            \
-                }                                                                                            \
-        } while (0)
-
 typedef struct Child {
         pid_t pid;
         int sync; /* our end of a socketpair: the child writes 'r' when ready, waits for 'g' */
@@ -290,32 +281,32 @@ static int hog(int sync)
         snprintf(want, sizeof(want),
                  "uid 65534 holds %d GiB of VA windows, its limit is %d GiB: 1 GiB more is refused",
                  hog_cap_gib, hog_cap_gib);
-        EXPECT(code == -EDQUOT);
-        EXPECT(held == hog_cap_gib);
-        EXPECT(n == 2);
-        EXPECT(strcmp(why, want) == 0);
+        REQUIRE(code == -EDQUOT);
+        REQUIRE(held == hog_cap_gib);
+        REQUIRE(n == 2);
+        REQUIRE(strcmp(why, want) == 0);
         /* the refused retry changed nothing: its base is still the connection's window, and refused again */
-        EXPECT(retry(fds[1], &base, why, sizeof(why)) == -EDQUOT);
+        REQUIRE(retry(fds[1], &base, why, sizeof(why)) == -EDQUOT);
         /* a hello on a new connection is refused too, before any window is made */
         extra = raw_connect(dmn.sock);
-        EXPECT(extra >= 0);
+        REQUIRE(extra >= 0);
         code = hello(extra, &base, why, sizeof(why));
-        EXPECT(code == -EDQUOT);
-        EXPECT(strcmp(why, want) == 0);
+        REQUIRE(code == -EDQUOT);
+        REQUIRE(strcmp(why, want) == 0);
         /* what the library says */
         {
                 gm_client *gc = NULL;
-                EXPECT(gm_client_open(dmn.sock, "hog", &gc, why, sizeof(why)) == -EDQUOT);
-                EXPECT(strstr(why, want) != NULL);
+                REQUIRE(gm_client_open(dmn.sock, "hog", &gc, why, sizeof(why)) == -EDQUOT);
+                REQUIRE(strstr(why, want) != NULL);
         }
-        EXPECT(signal_and_wait(sync) == 0);
+        REQUIRE(signal_and_wait(sync) == 0);
 
         /* the first connection (5 windows) goes: the refused hello succeeds on the same connection */
         close(fds[0]);
         for (int i = 0; i < 250 && (code = hello(extra, &base, why, sizeof(why))) == -EDQUOT; i++)
                 usleep(20000);
-        EXPECT(code == 0);
-        EXPECT(signal_and_wait(sync) == 0);
+        REQUIRE(code == 0);
+        REQUIRE(signal_and_wait(sync) == 0);
         /* killed with its windows held */
         pause();
         return 0;
@@ -333,14 +324,14 @@ static int bystander(int sync)
         (void)sync;
         if (r < 0)
                 fprintf(stderr, "bystander: %s\n", buf);
-        EXPECT(r == 0);
-        EXPECT(gm_topology_get(c, false, &t) == 0);
+        REQUIRE(r == 0);
+        REQUIRE(gm_topology_get(c, false, &t) == 0);
         for (size_t i = 0; i < t->n_nodes && !gpu; i++)
                 if (t->nodes[i].is_gpu)
                         gpu = t->nodes[i].gpu_id;
         gm_topology_free(t);
-        EXPECT(gm_malloc(c, 2 * MiB, gpu, 0, &p) == 0);
-        EXPECT(gm_mem_free(c, p) == 0);
+        REQUIRE(gm_malloc(c, 2 * MiB, gpu, 0, &p) == 0);
+        REQUIRE(gm_mem_free(c, p) == 0);
         gm_client_close(c);
         return 0;
 }
@@ -423,34 +414,34 @@ static int batch(int sync)
 
         for (int i = 0; i < 4; i++) {
                 fd[i] = raw_connect(dmn.sock);
-                EXPECT(fd[i] >= 0);
+                REQUIRE(fd[i] >= 0);
         }
         for (int i = 0; i < 3; i++)
-                EXPECT(hello(fd[i], &base[i], why, sizeof(why)) == 0);
+                REQUIRE(hello(fd[i], &base[i], why, sizeof(why)) == 0);
         /* the 4th window: by hello, and by window_retry */
         code = hello(fd[3], &base[3], why, sizeof(why));
         fprintf(stderr, "batch: 4th hello: %d (%s)\n", code, why);
-        EXPECT(code == -EDQUOT);
-        EXPECT(strcmp(why, "class 'batch' window limit: 3 in use of 3") == 0);
+        REQUIRE(code == -EDQUOT);
+        REQUIRE(strcmp(why, "class 'batch' window limit: 3 in use of 3") == 0);
         code = retry(fd[0], &base[0], why, sizeof(why));
-        EXPECT(code == -EDQUOT);
-        EXPECT(strcmp(why, "class 'batch' window limit: 3 in use of 3") == 0);
-        EXPECT(signal_and_wait(sync) == 0);
+        REQUIRE(code == -EDQUOT);
+        REQUIRE(strcmp(why, "class 'batch' window limit: 3 in use of 3") == 0);
+        REQUIRE(signal_and_wait(sync) == 0);
 
         /* a disconnect frees one: the refused hello now succeeds, and the class is full again */
         close(fd[1]);
         for (int i = 0; i < 250 && (code = hello(fd[3], &base[3], why, sizeof(why))) == -EDQUOT; i++)
                 usleep(20000);
-        EXPECT(code == 0);
-        EXPECT(retry(fd[0], &base[0], why, sizeof(why)) == -EDQUOT);
+        REQUIRE(code == 0);
+        REQUIRE(retry(fd[0], &base[0], why, sizeof(why)) == -EDQUOT);
         /* another one goes: a retry takes its place (the refused window stays counted) */
         close(fd[3]);
         for (int i = 0; i < 250 && (code = retry(fd[0], &base[0], why, sizeof(why))) == -EDQUOT; i++)
                 usleep(20000);
-        EXPECT(code == 0);
+        REQUIRE(code == 0);
         fd[1] = raw_connect(dmn.sock);
-        EXPECT(hello(fd[1], &base[1], why, sizeof(why)) == -EDQUOT);
-        EXPECT(signal_and_wait(sync) == 0);
+        REQUIRE(hello(fd[1], &base[1], why, sizeof(why)) == -EDQUOT);
+        REQUIRE(signal_and_wait(sync) == 0);
         return 0;
 }
 
@@ -535,10 +526,10 @@ static int hog_default(int sync)
         code = hog_take_all(fds, &n, 16, &held, &base, why, sizeof(why));
         fprintf(stderr, "hog: %d windows of 16 TiB on %d connections, then %d (%s)\n", held, n, code, why);
         /* held while the bystander connects, whatever happened */
-        EXPECT(signal_and_wait(sync) == 0);
-        EXPECT(code == -EDQUOT);
-        EXPECT(held == 1);
-        EXPECT(strstr(why, "uid 65534 holds 16 TiB of VA windows, its limit is 16 TiB"));
+        REQUIRE(signal_and_wait(sync) == 0);
+        REQUIRE(code == -EDQUOT);
+        REQUIRE(held == 1);
+        REQUIRE(strstr(why, "uid 65534 holds 16 TiB of VA windows, its limit is 16 TiB"));
         return 0;
 }
 

@@ -13,6 +13,7 @@
 #include <amdgpu_drm.h>
 #include <linux/kfd_sysfs.h>
 
+#include "../common/check.h"
 #include "config.h"
 #include "kfd-compat.h"
 #include "model.h"
@@ -23,23 +24,6 @@
 #define RING     4096 /* bytes of every test ring */
 #define USERPTR  KFD_IOC_ALLOC_MEM_FLAGS_USERPTR
 #define WRITABLE KFD_IOC_ALLOC_MEM_FLAGS_WRITABLE
-
-#define CHECK(cond)                                                                                          \
-        do {                                                                                                 \
-                if (!(cond)) {                                                                               \
-                        fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond);             \
-                        return 1;                                                                            \
-                }                                                                                            \
-        } while (0)
-#define CHECK_RC(expr, want)                                                                                 \
-        do {                                                                                                 \
-                int rc_ = (expr);                                                                            \
-                if (rc_ != (want)) {                                                                         \
-                        fprintf(stderr, "%s:%d: %s = %d (%s), want %d\n", __FILE__, __LINE__, #expr, rc_,    \
-                                strerror(rc_ < 0 ? -rc_ : rc_), (want));                                     \
-                        return 1;                                                                            \
-                }                                                                                            \
-        } while (0)
 
 /* PM4 (soc15d.h) and SDMA v4 (vega10_sdma_pkt_open.h) encodings the tests write. */
 #define PACKET3(op, n)   ((3u << 30) | (((op)&0xffu) << 8) | (((n)&0x3fffu) << 16))
@@ -124,10 +108,10 @@ static int ex_teardown(Ex *x)
 {
         ThunkModelStats s;
 
-        CHECK_RC(x->seam.ops->close(x->seam.impl, x->kfd), 0);
-        CHECK_RC(x->seam.ops->close(x->seam.impl, x->render), 0);
+        REQUIRE_RC(x->seam.ops->close(x->seam.impl, x->kfd), 0);
+        REQUIRE_RC(x->seam.ops->close(x->seam.impl, x->render), 0);
         thunk_model_get_stats(x->m, &s);
-        CHECK(s.contexts == 0 && s.bufs == 0 && s.mappings == 0 && s.queues == 0 && s.events == 0);
+        REQUIRE(s.contexts == 0 && s.bufs == 0 && s.mappings == 0 && s.queues == 0 && s.events == 0);
         x->m = thunk_model_free(x->m);
         for (size_t i = 0; i < x->n_host; i++)
                 free(x->host[i]);
@@ -306,21 +290,21 @@ static int test_sdma(void)
         struct kfd_ioctl_create_event_args ev;
         ThunkModelStats s;
 
-        CHECK_RC(ex_setup(&x), 0);
+        REQUIRE_RC(ex_setup(&x), 0);
         a = host(&x, 64 * 1024, WRITABLE, NULL);
         w = host(&x, PAGE, WRITABLE, NULL);
         slots = host(&x, KFD_SIGNAL_EVENT_LIMIT * 8, WRITABLE, &h_page);
         v = vram(&x, VRAM_VA, 64 * 1024, WRITABLE, NULL);
-        CHECK(a && w && slots && v);
+        REQUIRE(a && w && slots && v);
         w64 = (volatile uint64_t *)(w + 64);
-        CHECK_RC(queue(&x, &q, KFD_IOC_QUEUE_TYPE_SDMA), 0);
+        REQUIRE_RC(queue(&x, &q, KFD_IOC_QUEUE_TYPE_SDMA), 0);
 
         /* NOPs, one with two more dwords of its own; the read pointer is a byte count */
         {
                 const uint32_t p[] = {SDMA_NOP, SDMA_NOP | 2u << 16, 0xdead, 0xbeef, SDMA_NOP};
 
                 submit(&q, p, 5);
-                CHECK(drained(&q) && *q.rptr == 20);
+                REQUIRE(drained(&q) && *q.rptr == 20);
         }
         /* linear copy host -> VRAM (count is bytes - 1), then VRAM -> host, with a fence behind */
         for (int i = 0; i < 4096; i++)
@@ -346,15 +330,15 @@ static int test_sdma(void)
                                       1};
 
                 submit(&q, p, 18);
-                CHECK(until32(&x, &w[0], 1));
-                CHECK(memcmp(a, v, 4096) == 0 && memcmp(a, a + 8192, 4096) == 0);
+                REQUIRE(until32(&x, &w[0], 1));
+                REQUIRE(memcmp(a, v, 4096) == 0 && memcmp(a, a + 8192, 4096) == 0);
         }
         /* linear write of three dwords (count is dwords - 1) */
         {
                 const uint32_t p[] = {SDMA_WRITE, lo(&w[1]), hi(&w[1]), 2, 11, 22, 33};
 
                 submit(&q, p, 7);
-                CHECK(until32(&x, &w[3], 33) && w[1] == 11 && w[2] == 22);
+                REQUIRE(until32(&x, &w[3], 33) && w[1] == 11 && w[2] == 22);
         }
         /* constant fill: dwords (ROCr's count, (n - 1) * 4) and bytes (count = bytes - 1) */
         {
@@ -374,9 +358,9 @@ static int test_sdma(void)
                                       2};
 
                 submit(&q, p, 14);
-                CHECK(until32(&x, &w[0], 2));
-                CHECK(((uint32_t *)(a + 16384))[4] == 0xa5a5a5a5 && ((uint32_t *)(a + 16384))[5] == 0);
-                CHECK(a[20480] == 0x77 && a[20482] == 0x77 && a[20483] == 0);
+                REQUIRE(until32(&x, &w[0], 2));
+                REQUIRE(((uint32_t *)(a + 16384))[4] == 0xa5a5a5a5 && ((uint32_t *)(a + 16384))[5] == 0);
+                REQUIRE(a[20480] == 0x77 && a[20482] == 0x77 && a[20483] == 0);
         }
         /* atomics: a 64-bit add of -1 (ROCr's signal decrement) and a compare-and-swap */
         w64[0] = 5;
@@ -387,14 +371,14 @@ static int test_sdma(void)
                         SDMA_ATOMIC | 0x28u << 25, lo(&w64[1]), hi(&w64[1]), 42,         0,          9, 0, 0};
 
                 submit(&q, p, 16);
-                CHECK(until64(&x, &w64[1], 42) && w64[0] == 4);
+                REQUIRE(until64(&x, &w64[1], 42) && w64[0] == 4);
         }
         /* a global timestamp */
         {
                 const uint32_t p[] = {SDMA_TIMESTAMP | 2u << 8, lo(&w64[2]), hi(&w64[2])};
 
                 submit(&q, p, 3);
-                CHECK(drained(&q) && w64[2] != 0);
+                REQUIRE(drained(&q) && w64[2] != 0);
         }
         /* a memory poll waits until the value matches; a register poll passes; a finite one gives up */
         {
@@ -427,11 +411,11 @@ static int test_sdma(void)
 
                 submit(&q, p, 10);
                 settle(&x);
-                CHECK(w[0] == 2);
+                REQUIRE(w[0] == 2);
                 __atomic_store_n(&w[8], 0x307, __ATOMIC_RELEASE);
-                CHECK(until32(&x, &w[0], 3));
+                REQUIRE(until32(&x, &w[0], 3));
                 submit(&q, r, 16);
-                CHECK(until32(&x, &w[0], 4));
+                REQUIRE(until32(&x, &w[0], 4));
         }
         /* an indirect buffer: packets in a buffer of their own */
         {
@@ -442,11 +426,11 @@ static int test_sdma(void)
 
                 memcpy(ib, body, sizeof(body));
                 submit(&q, p, 6);
-                CHECK(until32(&x, &w[10], 55) && drained(&q));
+                REQUIRE(until32(&x, &w[10], 55) && drained(&q));
         }
         /* a fence of the event id into its slot and a trap: the waiter wakes, the slot is re-armed */
-        CHECK_RC(event_new(&x, KFD_IOC_EVENT_SIGNAL, h_page, &ev), 0);
-        CHECK_RC(wait_event(&x, ev.event_id, 0, NULL), KFD_IOC_WAIT_RESULT_TIMEOUT);
+        REQUIRE_RC(event_new(&x, KFD_IOC_EVENT_SIGNAL, h_page, &ev), 0);
+        REQUIRE_RC(wait_event(&x, ev.event_id, 0, NULL), KFD_IOC_WAIT_RESULT_TIMEOUT);
         {
                 const uint32_t p[] = {
                         SDMA_FENCE, lo(&slots[ev.event_id]), hi(&slots[ev.event_id]), ev.event_id, SDMA_TRAP,
@@ -454,8 +438,8 @@ static int test_sdma(void)
 
                 submit(&q, p, 6);
         }
-        CHECK_RC(wait_event(&x, ev.event_id, 2000, NULL), KFD_IOC_WAIT_RESULT_COMPLETE);
-        CHECK(slots[ev.event_id] == ~0ULL);
+        REQUIRE_RC(wait_event(&x, ev.event_id, 2000, NULL), KFD_IOC_WAIT_RESULT_COMPLETE);
+        REQUIRE(slots[ev.event_id] == ~0ULL);
         /* packets wrap around the end of the ring, and the read pointer keeps counting */
         while (q.w % RING != RING - 8) {
                 const uint32_t nop = SDMA_NOP;
@@ -466,19 +450,19 @@ static int test_sdma(void)
                 const uint32_t p[] = {SDMA_FENCE, lo(w), hi(w), 5};
 
                 submit(&q, p, 4);
-                CHECK(until32(&x, &w[0], 5) && drained(&q) && *q.rptr > RING);
+                REQUIRE(until32(&x, &w[0], 5) && drained(&q) && *q.rptr > RING);
         }
         /* an opcode the engine does not have halts it, without a fault */
         {
                 const uint32_t p[] = {SDMA_FENCE, lo(w), hi(w), 6, 0xff, SDMA_FENCE, lo(w), hi(w), 7};
 
                 submit(&q, p, 9);
-                CHECK(until32(&x, &w[0], 6));
+                REQUIRE(until32(&x, &w[0], 6));
                 settle(&x);
-                CHECK(w[0] == 6 && *q.rptr == q.w - 20);
+                REQUIRE(w[0] == 6 && *q.rptr == q.w - 20);
         }
         thunk_model_get_stats(x.m, &s);
-        CHECK(s.queues == 1);
+        REQUIRE(s.queues == 1);
         munmap(v, 64 * 1024);
         return ex_teardown(&x);
 }
@@ -539,17 +523,17 @@ static int test_sdma_export(void)
         ThunkModelStats s;
         int fd = -1, fd2 = -1;
 
-        CHECK_RC(ex_setup(&x), 0);
+        REQUIRE_RC(ex_setup(&x), 0);
         a = host(&x, 8 * PAGE, WRITABLE, NULL);
         w = host(&x, PAGE, WRITABLE, NULL);
-        CHECK(a && w);
-        CHECK_RC(queue(&x, &q, KFD_IOC_QUEUE_TYPE_SDMA), 0);
-        CHECK_RC(io(&x, x.kfd, AMDKFD_IOC_ALLOC_MEMORY_OF_GPU, &al), 0);
+        REQUIRE(a && w);
+        REQUIRE_RC(queue(&x, &q, KFD_IOC_QUEUE_TYPE_SDMA), 0);
+        REQUIRE_RC(io(&x, x.kfd, AMDKFD_IOC_ALLOC_MEMORY_OF_GPU, &al), 0);
         hv = al.handle;
-        CHECK_RC(map(&x, hv), 0);
+        REQUIRE_RC(map(&x, hv), 0);
         thunk_model_get_stats(x.m, &s);
-        CHECK(s.buffer_files == 0 && s.carved_bytes == 8 * PAGE);
-        CHECK(heap_mappings() == 0);
+        REQUIRE(s.buffer_files == 0 && s.carved_bytes == 8 * PAGE);
+        REQUIRE(heap_mappings() == 0);
 
         /* host -> carved VRAM, then a fence: the engine now holds a view of the carve-out */
         for (int i = 0; i < 4 * (int)PAGE; i++)
@@ -560,20 +544,20 @@ static int test_sdma_export(void)
                         hi((void *)VRAM_VA), SDMA_FENCE,   lo(w), hi(w), 1};
 
                 submit(&q, p, 11);
-                CHECK(until32(&x, &w[0], 1));
+                REQUIRE(until32(&x, &w[0], 1));
         }
-        CHECK(heap_mappings() == 1);
+        REQUIRE(heap_mappings() == 1);
 
         /* the first export moves it to a file of its own, with the copied bytes; the view goes first */
-        CHECK_RC(export_fd(&x, hv, &fd), 0);
+        REQUIRE_RC(export_fd(&x, hv, &fd), 0);
         thunk_model_get_stats(x.m, &s);
-        CHECK(s.buffer_files == 1 && s.carved_bytes == 0);
-        CHECK(heap_mappings() == 0);
+        REQUIRE(s.buffer_files == 1 && s.carved_bytes == 0);
+        REQUIRE(heap_mappings() == 0);
         d = mmap(NULL, 8 * PAGE, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-        CHECK(d != MAP_FAILED);
-        CHECK(memcmp(d, a, 4 * PAGE) == 0);
+        REQUIRE(d != MAP_FAILED);
+        REQUIRE(memcmp(d, a, 4 * PAGE) == 0);
         for (uint64_t i = 4 * PAGE; i < 8 * PAGE; i++)
-                CHECK(d[i] == 0);
+                REQUIRE(d[i] == 0);
 
         /* the engine writes the new file now: a write and a copy show through the export, and a copy out of
          * it reads what a CPU write through the export put there */
@@ -605,30 +589,31 @@ static int test_sdma_export(void)
                                       2};
 
                 submit(&q, p, 24);
-                CHECK(until32(&x, &w[0], 2));
+                REQUIRE(until32(&x, &w[0], 2));
         }
-        CHECK(((uint32_t *)(d + 5 * PAGE))[0] == 0x11223344 && ((uint32_t *)(d + 5 * PAGE))[1] == 0x55667788);
-        CHECK(memcmp(d + 4 * PAGE, a, PAGE) == 0);
-        CHECK(a[6 * PAGE] == 0x5a && a[6 * PAGE + 1] == 0);
-        CHECK(heap_mappings() == 0);
+        REQUIRE(((uint32_t *)(d + 5 * PAGE))[0] == 0x11223344 &&
+                ((uint32_t *)(d + 5 * PAGE))[1] == 0x55667788);
+        REQUIRE(memcmp(d + 4 * PAGE, a, PAGE) == 0);
+        REQUIRE(a[6 * PAGE] == 0x5a && a[6 * PAGE + 1] == 0);
+        REQUIRE(heap_mappings() == 0);
         /* a second export is the same file again */
         {
                 struct stat st, st2;
 
-                CHECK_RC(export_fd(&x, hv, &fd2), 0);
-                CHECK(fstat(fd, &st) == 0 && fstat(fd2, &st2) == 0 && st.st_ino == st2.st_ino);
+                REQUIRE_RC(export_fd(&x, hv, &fd2), 0);
+                REQUIRE(fstat(fd, &st) == 0 && fstat(fd2, &st2) == 0 && st.st_ino == st2.st_ino);
                 close(fd2);
         }
-        CHECK(munmap(d, 8 * PAGE) == 0);
+        REQUIRE(munmap(d, 8 * PAGE) == 0);
         close(fd);
-        CHECK_RC(free_unmapped(&x, hv), 0);
+        REQUIRE_RC(free_unmapped(&x, hv), 0);
 
         /* a carved buffer the engine touched and that is freed: its view goes with it */
         al.va_addr = VRAM_VA + 64 * PAGE;
         al.size = PAGE;
-        CHECK_RC(io(&x, x.kfd, AMDKFD_IOC_ALLOC_MEMORY_OF_GPU, &al), 0);
+        REQUIRE_RC(io(&x, x.kfd, AMDKFD_IOC_ALLOC_MEMORY_OF_GPU, &al), 0);
         hc = al.handle;
-        CHECK_RC(map(&x, hc), 0);
+        REQUIRE_RC(map(&x, hc), 0);
         {
                 const uint32_t p[] = {SDMA_FENCE,
                                       lo((void *)(VRAM_VA + 64 * PAGE)),
@@ -640,13 +625,13 @@ static int test_sdma_export(void)
                                       3};
 
                 submit(&q, p, 8);
-                CHECK(until32(&x, &w[0], 3));
+                REQUIRE(until32(&x, &w[0], 3));
         }
-        CHECK(heap_mappings() == 1);
-        CHECK_RC(free_unmapped(&x, hc), 0);
-        CHECK(heap_mappings() == 0);
+        REQUIRE(heap_mappings() == 1);
+        REQUIRE_RC(free_unmapped(&x, hc), 0);
+        REQUIRE(heap_mappings() == 0);
         thunk_model_get_stats(x.m, &s);
-        CHECK(s.carved_bytes == 0 && s.backing_resident_bytes == 0);
+        REQUIRE(s.carved_bytes == 0 && s.backing_resident_bytes == 0);
         return ex_teardown(&x);
 }
 
@@ -663,13 +648,13 @@ static int test_pm4(void)
         uint32_t *ib;
         struct kfd_ioctl_create_event_args ev;
 
-        CHECK_RC(ex_setup(&x), 0);
+        REQUIRE_RC(ex_setup(&x), 0);
         w = host(&x, PAGE, WRITABLE, NULL);
         ib = host(&x, PAGE, WRITABLE, NULL);
         slots = host(&x, KFD_SIGNAL_EVENT_LIMIT * 8, WRITABLE, &h_page);
-        CHECK(w && ib && slots);
+        REQUIRE(w && ib && slots);
         w64 = (volatile uint64_t *)(w + 64);
-        CHECK_RC(queue(&x, &q, KFD_IOC_QUEUE_TYPE_COMPUTE), 0);
+        REQUIRE_RC(queue(&x, &q, KFD_IOC_QUEUE_TYPE_COMPUTE), 0);
 
         /* single-dword NOPs, a NOP with a body, a filler, a register write, cache and event packets */
         {
@@ -692,7 +677,7 @@ static int test_pm4(void)
                                       0x16};
 
                 submit(&q, p, 17);
-                CHECK(drained(&q) && *(volatile uint32_t *)q.rptr == 17);
+                REQUIRE(drained(&q) && *(volatile uint32_t *)q.rptr == 17);
         }
         /* WRITE_DATA to memory, and to one address */
         {
@@ -711,7 +696,7 @@ static int test_pm4(void)
                                       9};
 
                 submit(&q, p, 13);
-                CHECK(until32(&x, &w[4], 9) && w[0] == 1 && w[1] == 2 && w[2] == 3 && w[5] == 0);
+                REQUIRE(until32(&x, &w[4], 9) && w[0] == 1 && w[1] == 2 && w[2] == 3 && w[5] == 0);
         }
         /* RELEASE_MEM: 32-bit data, 64-bit data, the GPU clock */
         {
@@ -741,7 +726,7 @@ static int test_pm4(void)
                                       0};
 
                 submit(&q, p, 24);
-                CHECK(drained(&q) && w[6] == 66 && w64[0] == 0x2222222211111111ULL && w64[1] != 0);
+                REQUIRE(drained(&q) && w[6] == 66 && w64[0] == 0x2222222211111111ULL && w64[1] != 0);
         }
         /* WAIT_REG_MEM on memory holds the queue until the value matches */
         {
@@ -751,9 +736,9 @@ static int test_pm4(void)
 
                 submit(&q, p, 12);
                 settle(&x);
-                CHECK(w[9] == 0);
+                REQUIRE(w[9] == 0);
                 __atomic_store_n(&w[8], 0x35, __ATOMIC_RELEASE);
-                CHECK(until32(&x, &w[9], 77));
+                REQUIRE(until32(&x, &w[9], 77));
         }
         /* an indirect buffer, chaining to a second one */
         {
@@ -772,10 +757,10 @@ static int test_pm4(void)
                 memcpy(ib, first, sizeof(first));
                 memcpy(ib + 64, second, sizeof(second));
                 submit(&q, p, 4);
-                CHECK(until32(&x, &w[11], 12) && w[10] == 11 && drained(&q));
+                REQUIRE(until32(&x, &w[11], 12) && w[10] == 11 && drained(&q));
         }
         /* RELEASE_MEM with an interrupt: the event id in its slot, INT_CTXID the id; the waiter wakes */
-        CHECK_RC(event_new(&x, KFD_IOC_EVENT_SIGNAL, h_page, &ev), 0);
+        REQUIRE_RC(event_new(&x, KFD_IOC_EVENT_SIGNAL, h_page, &ev), 0);
         {
                 const uint32_t p[] = {PACKET3(PM4_RELEASE_MEM, 6),
                                       0x14 | 5u << 8,
@@ -788,7 +773,7 @@ static int test_pm4(void)
 
                 submit(&q, p, 8);
         }
-        CHECK_RC(wait_event(&x, ev.event_id, 2000, NULL), KFD_IOC_WAIT_RESULT_COMPLETE);
+        REQUIRE_RC(wait_event(&x, ev.event_id, 2000, NULL), KFD_IOC_WAIT_RESULT_COMPLETE);
         /* packets wrap around the end of the ring; the read pointer is a dword offset into it */
         while (q.w % (RING / 4) != RING / 4 - 2)
                 submit(&q, (const uint32_t[]){PACKET3(PM4_NOP, 0x3fff)}, 1);
@@ -796,7 +781,7 @@ static int test_pm4(void)
                 const uint32_t p[] = {PACKET3(PM4_WRITE_DATA, 3), 5u << 8, lo(&w[12]), hi(&w[12]), 13};
 
                 submit(&q, p, 5);
-                CHECK(until32(&x, &w[12], 13) && drained(&q) && *(volatile uint32_t *)q.rptr == 3);
+                REQUIRE(until32(&x, &w[12], 13) && drained(&q) && *(volatile uint32_t *)q.rptr == 3);
         }
         /* an IB that chains to itself runs forever, as on the CP, but a run at a time: runs return */
         {
@@ -807,7 +792,7 @@ static int test_pm4(void)
                 submit(&q, (const uint32_t[]){PACKET3(PM4_IB, 2), lo(ib + 128), hi(ib + 128), 4 | 1u << 23},
                        4);
                 for (int i = 0; i < 8; i++)
-                        CHECK(thunk_model_run_engines(x.m) > 0 || i > 0);
+                        REQUIRE(thunk_model_run_engines(x.m) > 0 || i > 0);
         }
         return ex_teardown(&x);
 }
@@ -819,13 +804,13 @@ static int expect_fault(Ex *x, uint32_t mem_event, uint64_t va, bool not_present
 {
         struct kfd_event_data d;
 
-        CHECK_RC(wait_event(x, mem_event, 2000, &d), KFD_IOC_WAIT_RESULT_COMPLETE);
-        CHECK(d.memory_exception_data.gpu_id == GPU);
-        CHECK(d.memory_exception_data.va == (va & ~(PAGE - 1)));
-        CHECK(d.memory_exception_data.failure.NotPresent == not_present);
-        CHECK(d.memory_exception_data.failure.ReadOnly == read_only);
-        CHECK(d.memory_exception_data.failure.NoExecute == 0 &&
-              d.memory_exception_data.failure.imprecise == 0);
+        REQUIRE_RC(wait_event(x, mem_event, 2000, &d), KFD_IOC_WAIT_RESULT_COMPLETE);
+        REQUIRE(d.memory_exception_data.gpu_id == GPU);
+        REQUIRE(d.memory_exception_data.va == (va & ~(PAGE - 1)));
+        REQUIRE(d.memory_exception_data.failure.NotPresent == not_present);
+        REQUIRE(d.memory_exception_data.failure.ReadOnly == read_only);
+        REQUIRE(d.memory_exception_data.failure.NoExecute == 0 &&
+                d.memory_exception_data.failure.imprecise == 0);
         return 0;
 }
 
@@ -838,13 +823,13 @@ static int test_faults_sdma(void)
         uint8_t *a;
 
         /* a copy from an unmapped page: NotPresent, and nothing copied */
-        CHECK_RC(ex_setup(&x), 0);
+        REQUIRE_RC(ex_setup(&x), 0);
         a = host(&x, 2 * PAGE, WRITABLE, NULL);
         w = host(&x, PAGE, WRITABLE, NULL);
-        CHECK(a && w);
-        CHECK_RC(event_new(&x, KFD_IOC_EVENT_MEMORY, 0, &mev), 0);
-        CHECK_RC(queue(&x, &q, KFD_IOC_QUEUE_TYPE_SDMA), 0);
-        CHECK_RC(queue(&x, &other, KFD_IOC_QUEUE_TYPE_COMPUTE), 0);
+        REQUIRE(a && w);
+        REQUIRE_RC(event_new(&x, KFD_IOC_EVENT_MEMORY, 0, &mev), 0);
+        REQUIRE_RC(queue(&x, &q, KFD_IOC_QUEUE_TYPE_SDMA), 0);
+        REQUIRE_RC(queue(&x, &other, KFD_IOC_QUEUE_TYPE_COMPUTE), 0);
         {
                 const uint64_t gone = 0x700000000ULL;
                 const uint32_t p[] = {SDMA_COPY,
@@ -861,48 +846,48 @@ static int test_faults_sdma(void)
 
                 memset(a, 0x5a, 2 * PAGE);
                 submit(&q, p, 11);
-                CHECK(expect_fault(&x, mev.event_id, gone + 0x1800, true, false) == 0);
-                CHECK(a[0] == 0x5a && a[2 * PAGE - 1] == 0x5a);
+                REQUIRE(expect_fault(&x, mev.event_id, gone + 0x1800, true, false) == 0);
+                REQUIRE(a[0] == 0x5a && a[2 * PAGE - 1] == 0x5a);
         }
         /* the queue stopped at the packet; so did every queue of the process, and new ones stay stopped */
         settle(&x);
-        CHECK(w[0] == 0 && *q.rptr == 0);
+        REQUIRE(w[0] == 0 && *q.rptr == 0);
         submit(&other, (const uint32_t[]){PACKET3(PM4_WRITE_DATA, 3), 5u << 8, lo(&w[1]), hi(&w[1]), 1}, 5);
-        CHECK_RC(queue(&x, &later, KFD_IOC_QUEUE_TYPE_SDMA), 0);
+        REQUIRE_RC(queue(&x, &later, KFD_IOC_QUEUE_TYPE_SDMA), 0);
         submit(&later, (const uint32_t[]){SDMA_FENCE, lo(&w[2]), hi(&w[2]), 1}, 4);
         settle(&x);
-        CHECK(w[1] == 0 && w[2] == 0);
-        CHECK_RC(ex_teardown(&x), 0);
+        REQUIRE(w[1] == 0 && w[2] == 0);
+        REQUIRE_RC(ex_teardown(&x), 0);
 
         /* a userptr BO whose pages the process unmapped while the BO stayed mapped on the GPU: the pages are
          * not present to the engine (NotPresent), and the model's thread does not touch them */
-        CHECK_RC(ex_setup(&x), 0);
+        REQUIRE_RC(ex_setup(&x), 0);
         {
                 struct kfd_ioctl_alloc_memory_of_gpu_args al = {
                         .size = PAGE, .gpu_id = GPU, .flags = USERPTR | WRITABLE};
                 void *p = mmap(NULL, PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 
-                CHECK(p != MAP_FAILED);
+                REQUIRE(p != MAP_FAILED);
                 al.va_addr = al.mmap_offset = (uintptr_t)p;
-                CHECK_RC(io(&x, x.kfd, AMDKFD_IOC_ALLOC_MEMORY_OF_GPU, &al), 0);
-                CHECK_RC(map(&x, al.handle), 0);
-                CHECK_RC(event_new(&x, KFD_IOC_EVENT_MEMORY, 0, &mev), 0);
-                CHECK_RC(queue(&x, &q, KFD_IOC_QUEUE_TYPE_SDMA), 0);
+                REQUIRE_RC(io(&x, x.kfd, AMDKFD_IOC_ALLOC_MEMORY_OF_GPU, &al), 0);
+                REQUIRE_RC(map(&x, al.handle), 0);
+                REQUIRE_RC(event_new(&x, KFD_IOC_EVENT_MEMORY, 0, &mev), 0);
+                REQUIRE_RC(queue(&x, &q, KFD_IOC_QUEUE_TYPE_SDMA), 0);
                 munmap(p, PAGE);
                 submit(&q, (const uint32_t[]){SDMA_FENCE, lo(p), hi(p), 7}, 4);
-                CHECK(expect_fault(&x, mev.event_id, (uintptr_t)p, true, false) == 0);
+                REQUIRE(expect_fault(&x, mev.event_id, (uintptr_t)p, true, false) == 0);
         }
-        CHECK_RC(ex_teardown(&x), 0);
+        REQUIRE_RC(ex_teardown(&x), 0);
 
         /* a fence into a read-only BO: ReadOnly, and the BO keeps its bytes */
-        CHECK_RC(ex_setup(&x), 0);
+        REQUIRE_RC(ex_setup(&x), 0);
         ro = host(&x, PAGE, 0, NULL);
-        CHECK(ro);
-        CHECK_RC(event_new(&x, KFD_IOC_EVENT_MEMORY, 0, &mev), 0);
-        CHECK_RC(queue(&x, &q, KFD_IOC_QUEUE_TYPE_SDMA), 0);
+        REQUIRE(ro);
+        REQUIRE_RC(event_new(&x, KFD_IOC_EVENT_MEMORY, 0, &mev), 0);
+        REQUIRE_RC(queue(&x, &q, KFD_IOC_QUEUE_TYPE_SDMA), 0);
         submit(&q, (const uint32_t[]){SDMA_FENCE, lo(&ro[3]), hi(&ro[3]), 9}, 4);
-        CHECK(expect_fault(&x, mev.event_id, (uintptr_t)&ro[3], false, true) == 0);
-        CHECK(ro[3] == 0);
+        REQUIRE(expect_fault(&x, mev.event_id, (uintptr_t)&ro[3], false, true) == 0);
+        REQUIRE(ro[3] == 0);
         return ex_teardown(&x);
 }
 
@@ -915,26 +900,26 @@ static int test_faults_pm4(void)
         uint64_t h;
 
         /* WRITE_DATA into a read-only VRAM BO */
-        CHECK_RC(ex_setup(&x), 0);
+        REQUIRE_RC(ex_setup(&x), 0);
         ro = vram(&x, VRAM_VA, PAGE, 0, &h);
-        CHECK(ro);
-        CHECK_RC(event_new(&x, KFD_IOC_EVENT_MEMORY, 0, &mev), 0);
-        CHECK_RC(queue(&x, &q, KFD_IOC_QUEUE_TYPE_COMPUTE), 0);
+        REQUIRE(ro);
+        REQUIRE_RC(event_new(&x, KFD_IOC_EVENT_MEMORY, 0, &mev), 0);
+        REQUIRE_RC(queue(&x, &q, KFD_IOC_QUEUE_TYPE_COMPUTE), 0);
         submit(&q,
                (const uint32_t[]){PACKET3(PM4_WRITE_DATA, 3), 5u << 8, (uint32_t)(VRAM_VA + 64),
                                   (uint32_t)(VRAM_VA >> 32), 1},
                5);
-        CHECK(expect_fault(&x, mev.event_id, VRAM_VA + 64, false, true) == 0);
-        CHECK(ro[16] == 0 && *(volatile uint32_t *)q.rptr == 0);
+        REQUIRE(expect_fault(&x, mev.event_id, VRAM_VA + 64, false, true) == 0);
+        REQUIRE(ro[16] == 0 && *(volatile uint32_t *)q.rptr == 0);
         munmap((void *)ro, PAGE);
-        CHECK_RC(ex_teardown(&x), 0);
+        REQUIRE_RC(ex_teardown(&x), 0);
 
         /* an indirect buffer nowhere: the CP's fetch faults */
-        CHECK_RC(ex_setup(&x), 0);
-        CHECK_RC(event_new(&x, KFD_IOC_EVENT_MEMORY, 0, &mev), 0);
-        CHECK_RC(queue(&x, &q, KFD_IOC_QUEUE_TYPE_COMPUTE), 0);
+        REQUIRE_RC(ex_setup(&x), 0);
+        REQUIRE_RC(event_new(&x, KFD_IOC_EVENT_MEMORY, 0, &mev), 0);
+        REQUIRE_RC(queue(&x, &q, KFD_IOC_QUEUE_TYPE_COMPUTE), 0);
         submit(&q, (const uint32_t[]){PACKET3(PM4_IB, 2), 0x40000000, 0x7, 16 | 1u << 23}, 4);
-        CHECK(expect_fault(&x, mev.event_id, 0x740000000ULL, true, false) == 0);
+        REQUIRE(expect_fault(&x, mev.event_id, 0x740000000ULL, true, false) == 0);
         return ex_teardown(&x);
 }
 
@@ -951,32 +936,32 @@ static int test_faults_gem_va(void)
         uint64_t h;
         const uint64_t alias = 0x300000000ULL;
 
-        CHECK_RC(ex_setup(&x), 0);
+        REQUIRE_RC(ex_setup(&x), 0);
         w = host(&x, PAGE, WRITABLE, NULL);
         v = vram(&x, VRAM_VA, PAGE, WRITABLE, &h);
-        CHECK(w && v);
+        REQUIRE(w && v);
         ex.handle = h;
-        CHECK_RC(io(&x, x.kfd, AMDKFD_IOC_EXPORT_DMABUF, &ex), 0);
+        REQUIRE_RC(io(&x, x.kfd, AMDKFD_IOC_EXPORT_DMABUF, &ex), 0);
         ph.fd = (int)ex.dmabuf_fd;
-        CHECK_RC(io(&x, x.render, DRM_IOCTL_PRIME_FD_TO_HANDLE, &ph), 0);
+        REQUIRE_RC(io(&x, x.render, DRM_IOCTL_PRIME_FD_TO_HANDLE, &ph), 0);
         va.handle = ph.handle;
         va.operation = AMDGPU_VA_OP_MAP;
         va.flags = AMDGPU_VM_PAGE_READABLE;
         va.va_address = alias;
         va.map_size = PAGE;
-        CHECK_RC(io(&x, x.render, DRM_IOCTL_AMDGPU_GEM_VA, &va), 0);
-        CHECK_RC(event_new(&x, KFD_IOC_EVENT_MEMORY, 0, &mev), 0);
-        CHECK_RC(queue(&x, &q, KFD_IOC_QUEUE_TYPE_SDMA), 0);
+        REQUIRE_RC(io(&x, x.render, DRM_IOCTL_AMDGPU_GEM_VA, &va), 0);
+        REQUIRE_RC(event_new(&x, KFD_IOC_EVENT_MEMORY, 0, &mev), 0);
+        REQUIRE_RC(queue(&x, &q, KFD_IOC_QUEUE_TYPE_SDMA), 0);
         /* reading through the alias works: it is the BO's page */
         v[0] = 0x1234;
         submit(&q,
                (const uint32_t[]){SDMA_COPY, 3, 0, (uint32_t)alias, (uint32_t)(alias >> 32), lo(&w[0]),
                                   hi(&w[0])},
                7);
-        CHECK(until32(&x, &w[0], 0x1234));
+        REQUIRE(until32(&x, &w[0], 0x1234));
         submit(&q, (const uint32_t[]){SDMA_FENCE, (uint32_t)alias + 8, (uint32_t)(alias >> 32), 5}, 4);
-        CHECK(expect_fault(&x, mev.event_id, alias + 8, false, true) == 0);
-        CHECK(v[2] == 0);
+        REQUIRE(expect_fault(&x, mev.event_id, alias + 8, false, true) == 0);
+        REQUIRE(v[2] == 0);
         close((int)ex.dmabuf_fd);
         munmap((void *)v, PAGE);
         return ex_teardown(&x);
@@ -995,9 +980,9 @@ static int aql_dispatch_fault(int which)
         uint64_t kd, kernarg, sig, bad = 0x740000000ULL + 0x100, want;
         uint32_t kernarg_size = 16;
 
-        CHECK_RC(ex_setup(&x), 0);
+        REQUIRE_RC(ex_setup(&x), 0);
         mem = host(&x, 4 * PAGE, WRITABLE, NULL);
-        CHECK(mem);
+        REQUIRE(mem);
         kd = (uintptr_t)mem;
         kernarg = (uintptr_t)mem + PAGE;
         sig = (uintptr_t)mem + 2 * PAGE;
@@ -1015,8 +1000,8 @@ static int aql_dispatch_fault(int which)
         if (which == 3)
                 sig = bad;
         want = which == 0 ? kd : which == 2 ? kernarg : bad;
-        CHECK_RC(event_new(&x, KFD_IOC_EVENT_MEMORY, 0, &mev), 0);
-        CHECK_RC(queue(&x, &q, KFD_IOC_QUEUE_TYPE_COMPUTE_AQL), 0);
+        REQUIRE_RC(event_new(&x, KFD_IOC_EVENT_MEMORY, 0, &mev), 0);
+        REQUIRE_RC(queue(&x, &q, KFD_IOC_QUEUE_TYPE_COMPUTE_AQL), 0);
         for (int i = 0; i < RING / 64; i++)
                 *(uint16_t *)((uint8_t *)q.ring + i * 64) = 1; /* INVALID */
         pkt = (uint8_t *)q.ring;
@@ -1025,10 +1010,10 @@ static int aql_dispatch_fault(int which)
         memcpy(pkt + 56, &sig, 8);
         __atomic_store_n((uint16_t *)pkt, 2, __ATOMIC_RELEASE);
         __atomic_store_n(q.wptr, 1, __ATOMIC_RELEASE);
-        CHECK(expect_fault(&x, mev.event_id, want, true, false) == 0);
-        CHECK(*q.rptr == 0 && (*(uint16_t *)pkt & 0xff) == 2);
+        REQUIRE(expect_fault(&x, mev.event_id, want, true, false) == 0);
+        REQUIRE(*q.rptr == 0 && (*(uint16_t *)pkt & 0xff) == 2);
         if (which != 3)
-                CHECK(((int64_t *)(mem + 2 * PAGE))[1] == 1);
+                REQUIRE(((int64_t *)(mem + 2 * PAGE))[1] == 1);
         return ex_teardown(&x);
 }
 
@@ -1044,12 +1029,7 @@ static int test_faults_aql(void)
 
 /* ------------------------------------------------------------------ runner */
 
-typedef struct TestCase {
-        const char *name;
-        int (*fn)(void);
-} TestCase;
-
-static const TestCase tests[] = {
+static const RcTestCase tests[] = {
         {"sdma", test_sdma},
         {"sdma-export", test_sdma_export},
         {"pm4", test_pm4},
@@ -1061,22 +1041,5 @@ static const TestCase tests[] = {
 
 int main(int argc, char **argv)
 {
-        int failed = 0, ran = 0;
-
-        for (size_t i = 0; i < sizeof(tests) / sizeof(tests[0]); i++) {
-                if (argc > 1 && strcmp(argv[1], tests[i].name) != 0)
-                        continue;
-                ran++;
-                if (tests[i].fn() != 0) {
-                        fprintf(stderr, "FAIL %s\n", tests[i].name);
-                        failed++;
-                } else {
-                        printf("ok %s\n", tests[i].name);
-                }
-        }
-        if (ran == 0) {
-                fprintf(stderr, "no test named %s\n", argc > 1 ? argv[1] : "");
-                return 2;
-        }
-        return failed ? 1 : 0;
+        return run_rc_tests(tests, ARRAY_SIZE(tests), argc > 1 ? argv[1] : NULL);
 }

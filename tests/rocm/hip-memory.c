@@ -6,24 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "hip-check.h"
 #include "model-stats.h"
-
-#define CHECK(cond)                                                                                          \
-        do {                                                                                                 \
-                if (!(cond)) {                                                                               \
-                        fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond);             \
-                        return 1;                                                                            \
-                }                                                                                            \
-        } while (0)
-#define CHECK_HIP(expr)                                                                                      \
-        do {                                                                                                 \
-                hipError_t e_ = (expr);                                                                      \
-                if (e_ != hipSuccess) {                                                                      \
-                        fprintf(stderr, "%s:%d: %s = %d (%s)\n", __FILE__, __LINE__, #expr, (int)e_,         \
-                                hipGetErrorString(e_));                                                      \
-                        return 1;                                                                            \
-                }                                                                                            \
-        } while (0)
 
 int main(int argc, char **argv)
 {
@@ -38,41 +22,41 @@ int main(int argc, char **argv)
                 fprintf(stderr, "usage: %s GCN_ARCH_NAME VRAM_BYTES CU_COUNT\n", argv[0]);
                 return 2;
         }
-        CHECK_HIP(hipGetDeviceCount(&count));
-        CHECK(count == 1);
-        CHECK_HIP(hipGetDeviceProperties(&prop, 0));
+        REQUIRE_HIP(hipGetDeviceCount(&count));
+        REQUIRE(count == 1);
+        REQUIRE_HIP(hipGetDeviceProperties(&prop, 0));
         printf("device 0: %s arch %s mem %zu cus %d\n", prop.name, prop.gcnArchName, prop.totalGlobalMem,
                prop.multiProcessorCount);
-        CHECK(strncmp(prop.gcnArchName, argv[1], strlen(argv[1])) == 0);
-        CHECK(prop.totalGlobalMem == strtoull(argv[2], NULL, 0));
-        CHECK(prop.multiProcessorCount == atoi(argv[3]));
-        CHECK_HIP(hipMemGetInfo(&free0, &total0));
+        REQUIRE(strncmp(prop.gcnArchName, argv[1], strlen(argv[1])) == 0);
+        REQUIRE(prop.totalGlobalMem == strtoull(argv[2], NULL, 0));
+        REQUIRE(prop.multiProcessorCount == atoi(argv[3]));
+        REQUIRE_HIP(hipMemGetInfo(&free0, &total0));
         printf("before: free %zu total %zu\n", free0, total0);
-        CHECK(total0 == prop.totalGlobalMem);
-        CHECK(free0 <= total0 && free0 > size);
+        REQUIRE(total0 == prop.totalGlobalMem);
+        REQUIRE(free0 <= total0 && free0 > size);
         /* the first allocation may also set up the runtime's own buffers: measure from the second one */
-        CHECK_HIP(hipMalloc(&p, 1 << 20));
-        CHECK_HIP(hipFree(p));
-        CHECK(model_counts(&c0) == 0);
-        CHECK_HIP(hipMalloc(&p, size));
-        CHECK(p != NULL);
+        REQUIRE_HIP(hipMalloc(&p, 1 << 20));
+        REQUIRE_HIP(hipFree(p));
+        REQUIRE(model_counts(&c0) == 0);
+        REQUIRE_HIP(hipMalloc(&p, size));
+        REQUIRE(p != NULL);
         /* the model saw the VRAM allocation, and nothing else changed in system memory */
-        CHECK(model_counts(&c1) == 0);
-        CHECK(c1.vram_used >= c0.vram_used + size && c1.mems > c0.mems);
-        CHECK_HIP(hipMemGetInfo(&free1, &total1));
+        REQUIRE(model_counts(&c1) == 0);
+        REQUIRE(c1.vram_used >= c0.vram_used + size && c1.mems > c0.mems);
+        REQUIRE_HIP(hipMemGetInfo(&free1, &total1));
         printf("allocated: free %zu total %zu\n", free1, total1);
-        CHECK(total1 == total0);
-        CHECK(free1 + size <= free0);
-        CHECK_HIP(hipFree(p));
-        CHECK_HIP(hipMemGetInfo(&free2, &total2));
+        REQUIRE(total1 == total0);
+        REQUIRE(free1 + size <= free0);
+        REQUIRE_HIP(hipFree(p));
+        REQUIRE_HIP(hipMemGetInfo(&free2, &total2));
         printf("freed: free %zu total %zu\n", free2, total2);
-        CHECK(total2 == total0 && free2 == free0);
+        REQUIRE(total2 == total0 && free2 == free0);
         /* and the model's accounting is back where it started */
-        CHECK(model_counts(&c2) == 0);
+        REQUIRE(model_counts(&c2) == 0);
         printf("model: handles %llu -> %llu -> %llu, vram %llu -> %llu -> %llu\n", c0.mems, c1.mems, c2.mems,
                c0.vram_used, c1.vram_used, c2.vram_used);
-        CHECK(c2.vram_used == c0.vram_used && c2.mems == c0.mems && c2.bufs == c0.bufs &&
-              c2.mappings == c0.mappings && c2.system_used == c0.system_used && c2.ttm_used == c0.ttm_used);
+        REQUIRE(c2.vram_used == c0.vram_used && c2.mems == c0.mems && c2.bufs == c0.bufs &&
+                c2.mappings == c0.mappings && c2.system_used == c0.system_used && c2.ttm_used == c0.ttm_used);
         printf("ok\n");
         return 0;
 }

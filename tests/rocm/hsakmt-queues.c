@@ -8,26 +8,14 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "../common/check.h"
 #include "model-stats.h"
 
 #define RING_SIZE 4096
 #define BUF_SIZE  (1ULL << 20)
 
-#define CHECK(cond)                                                                                          \
-        do {                                                                                                 \
-                if (!(cond)) {                                                                               \
-                        fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond);             \
-                        return 1;                                                                            \
-                }                                                                                            \
-        } while (0)
-#define CHECK_KMT(expr)                                                                                      \
-        do {                                                                                                 \
-                HSAKMT_STATUS s_ = (expr);                                                                   \
-                if (s_ != HSAKMT_STATUS_SUCCESS) {                                                           \
-                        fprintf(stderr, "%s:%d: %s = %d\n", __FILE__, __LINE__, #expr, (int)s_);             \
-                        return 1;                                                                            \
-                }                                                                                            \
-        } while (0)
+/* an HSAKMT_STATUS that must be HSAKMT_STATUS_SUCCESS */
+#define REQUIRE_KMT(expr) REQUIRE_EQ(expr, HSAKMT_STATUS_SUCCESS)
 
 /* PM4 (soc15d.h) and SDMA v4 (vega10_sdma_pkt_open.h) encodings the test writes. */
 #define PACKET3(op, n)         ((3u << 30) | (((op)&0xffu) << 8) | (((n)&0x3fffu) << 16))
@@ -82,10 +70,10 @@ static int queue_new(Queue *q, bool sdma)
         memset(q, 0, sizeof(*q));
         q->sdma = sdma;
         q->ring = gpu_mem(RING_SIZE, false, false);
-        CHECK(q->ring != NULL);
+        REQUIRE(q->ring != NULL);
         memset(q->ring, 0, RING_SIZE);
-        CHECK_KMT(hsaKmtCreateQueue(gpu_node, sdma ? HSA_QUEUE_SDMA : HSA_QUEUE_COMPUTE, 100,
-                                    HSA_QUEUE_PRIORITY_NORMAL, q->ring, RING_SIZE, NULL, &q->res));
+        REQUIRE_KMT(hsaKmtCreateQueue(gpu_node, sdma ? HSA_QUEUE_SDMA : HSA_QUEUE_COMPUTE, 100,
+                                      HSA_QUEUE_PRIORITY_NORMAL, q->ring, RING_SIZE, NULL, &q->res));
         return 0;
 }
 
@@ -147,8 +135,8 @@ static int test_pm4(void)
         HsaEvent *ev = NULL;
         Queue q;
 
-        CHECK(mem != NULL);
-        CHECK(queue_new(&q, false) == 0);
+        REQUIRE(mem != NULL);
+        REQUIRE(queue_new(&q, false) == 0);
         /* NOPs: single-dword ones and one with a body */
         {
                 const uint32_t nops[] = {PACKET3(PM4_NOP, 0x3fff),
@@ -159,7 +147,7 @@ static int test_pm4(void)
                                          0xf00d};
 
                 submit(&q, nops, 6);
-                CHECK(drained(&q));
+                REQUIRE(drained(&q));
         }
         /* WRITE_DATA to memory: two dwords land */
         {
@@ -171,12 +159,12 @@ static int test_pm4(void)
                                        0x9abcdef0};
 
                 submit(&q, wd, 6);
-                CHECK(wait32(&mem[0], 0x12345678) && wait32(&mem[1], 0x9abcdef0));
+                REQUIRE(wait32(&mem[0], 0x12345678) && wait32(&mem[1], 0x9abcdef0));
         }
         /* RELEASE_MEM at end of pipe: the event id goes to the event's slot, the interrupt wakes the waiter
          */
-        CHECK_KMT(hsaKmtCreateEvent(&d, false, false, &ev));
-        CHECK(hsaKmtWaitOnEvent(ev, 0) == HSAKMT_STATUS_WAIT_TIMEOUT);
+        REQUIRE_KMT(hsaKmtCreateEvent(&d, false, false, &ev));
+        REQUIRE(hsaKmtWaitOnEvent(ev, 0) == HSAKMT_STATUS_WAIT_TIMEOUT);
         {
                 uint64_t slot = ev->EventData.HWData2;
                 const uint32_t rm[] = {PACKET3(PM4_RELEASE_MEM, 6),
@@ -190,9 +178,9 @@ static int test_pm4(void)
 
                 submit(&q, rm, 8);
         }
-        CHECK_KMT(hsaKmtWaitOnEvent(ev, 2000));
-        CHECK(drained(&q));
-        CHECK_KMT(hsaKmtDestroyEvent(ev));
+        REQUIRE_KMT(hsaKmtWaitOnEvent(ev, 2000));
+        REQUIRE(drained(&q));
+        REQUIRE_KMT(hsaKmtDestroyEvent(ev));
         queue_free(&q);
         gpu_free((void *)mem, BUF_SIZE);
         printf("pm4: nop, write_data, release_mem interrupt: ok\n");
@@ -207,18 +195,18 @@ static int test_sdma(void)
         HsaEvent *ev = NULL;
         Queue q;
 
-        CHECK(src && vram && fence);
+        REQUIRE(src && vram && fence);
         for (size_t i = 0; i < BUF_SIZE; i++)
                 src[i] = (uint8_t)(i * 7 + 1);
         memset(vram, 0, BUF_SIZE);
         fence[0] = 0;
-        CHECK(queue_new(&q, true) == 0);
+        REQUIRE(queue_new(&q, true) == 0);
         /* a NOP, then a fence */
         {
                 const uint32_t p[] = {0, SDMA_OP_FENCE, lo(fence), hi(fence), 1};
 
                 submit(&q, p, 5);
-                CHECK(wait32(&fence[0], 1) && drained(&q));
+                REQUIRE(wait32(&fence[0], 1) && drained(&q));
         }
         /* a linear copy from host memory into VRAM, then a fence behind it */
         {
@@ -226,11 +214,11 @@ static int test_sdma(void)
                                       hi(vram),     SDMA_OP_FENCE, lo(fence), hi(fence), 2};
 
                 submit(&q, p, 11);
-                CHECK(wait32(&fence[0], 2));
-                CHECK(memcmp(src, vram, BUF_SIZE) == 0);
+                REQUIRE(wait32(&fence[0], 2));
+                REQUIRE(memcmp(src, vram, BUF_SIZE) == 0);
         }
         /* a trap after the event id was fenced into its slot: the wait wakes (ROCr's interrupt signals) */
-        CHECK_KMT(hsaKmtCreateEvent(&d, false, false, &ev));
+        REQUIRE_KMT(hsaKmtCreateEvent(&d, false, false, &ev));
         {
                 uint64_t slot = ev->EventData.HWData2;
                 const uint32_t p[] = {SDMA_OP_FENCE, (uint32_t)slot, (uint32_t)(slot >> 32),
@@ -238,9 +226,9 @@ static int test_sdma(void)
 
                 submit(&q, p, 6);
         }
-        CHECK_KMT(hsaKmtWaitOnEvent(ev, 2000));
-        CHECK(drained(&q));
-        CHECK_KMT(hsaKmtDestroyEvent(ev));
+        REQUIRE_KMT(hsaKmtWaitOnEvent(ev, 2000));
+        REQUIRE(drained(&q));
+        REQUIRE_KMT(hsaKmtDestroyEvent(ev));
         queue_free(&q);
         gpu_free(src, BUF_SIZE);
         gpu_free(vram, BUF_SIZE);
@@ -259,15 +247,15 @@ static int test_fault(bool sdma, bool unmapped)
         uintptr_t target;
         Queue q;
 
-        CHECK(ro && fence);
+        REQUIRE(ro && fence);
         fence[0] = 0;
-        CHECK_KMT(hsaKmtCreateEvent(&d, true, false, &ev));
-        CHECK(queue_new(&q, sdma) == 0);
+        REQUIRE_KMT(hsaKmtCreateEvent(&d, true, false, &ev));
+        REQUIRE(queue_new(&q, sdma) == 0);
         /* a page that was mapped and no longer is (taken after the queue's own, which could reuse it) */
         if (unmapped) {
                 void *gone = gpu_mem(4096, false, false);
 
-                CHECK(gone);
+                REQUIRE(gone);
                 gpu_free(gone, 4096);
                 target = (uintptr_t)gone + 0x10;
         } else {
@@ -299,20 +287,20 @@ static int test_fault(bool sdma, bool unmapped)
 
                 submit(&q, p, 10);
         }
-        CHECK_KMT(hsaKmtWaitOnEvent(ev, 2000));
+        REQUIRE_KMT(hsaKmtWaitOnEvent(ev, 2000));
         printf("%s fault: va 0x%llx not-present %u read-only %u\n", sdma ? "sdma" : "pm4",
                (unsigned long long)ev->EventData.EventData.MemoryAccessFault.VirtualAddress,
                ev->EventData.EventData.MemoryAccessFault.Failure.NotPresent,
                ev->EventData.EventData.MemoryAccessFault.Failure.ReadOnly);
-        CHECK(ev->EventData.EventData.MemoryAccessFault.VirtualAddress == (target & ~4095ULL));
-        CHECK(ev->EventData.EventData.MemoryAccessFault.NodeId == gpu_node);
-        CHECK(ev->EventData.EventData.MemoryAccessFault.Failure.NotPresent == unmapped);
-        CHECK(ev->EventData.EventData.MemoryAccessFault.Failure.ReadOnly == !unmapped);
+        REQUIRE(ev->EventData.EventData.MemoryAccessFault.VirtualAddress == (target & ~4095ULL));
+        REQUIRE(ev->EventData.EventData.MemoryAccessFault.NodeId == gpu_node);
+        REQUIRE(ev->EventData.EventData.MemoryAccessFault.Failure.NotPresent == unmapped);
+        REQUIRE(ev->EventData.EventData.MemoryAccessFault.Failure.ReadOnly == !unmapped);
         /* the queue stopped at the fault: nothing behind it runs, and the read-only page kept its bytes */
         usleep(50000);
-        CHECK(fence[0] == 0);
-        CHECK(ro[4] == 0);
-        CHECK_KMT(hsaKmtDestroyEvent(ev));
+        REQUIRE(fence[0] == 0);
+        REQUIRE(ro[4] == 0);
+        REQUIRE_KMT(hsaKmtDestroyEvent(ev));
         queue_free(&q);
         gpu_free((void *)ro, 4096);
         gpu_free((void *)fence, 4096);
@@ -324,14 +312,14 @@ static int open_kfd(void)
         HsaSystemProperties sp;
         HsaNodeProperties np;
 
-        CHECK_KMT(hsaKmtOpenKFD());
-        CHECK_KMT(hsaKmtAcquireSystemProperties(&sp));
+        REQUIRE_KMT(hsaKmtOpenKFD());
+        REQUIRE_KMT(hsaKmtAcquireSystemProperties(&sp));
         for (uint32_t n = 0; n < sp.NumNodes; n++) {
-                CHECK_KMT(hsaKmtGetNodeProperties(n, &np));
+                REQUIRE_KMT(hsaKmtGetNodeProperties(n, &np));
                 if (np.NumFComputeCores)
                         gpu_node = n;
         }
-        CHECK(gpu_node != 0);
+        REQUIRE(gpu_node != 0);
         return 0;
 }
 
@@ -339,10 +327,10 @@ static int close_kfd(void)
 {
         ModelCounts c;
 
-        CHECK_KMT(hsaKmtReleaseSystemProperties());
-        CHECK_KMT(hsaKmtCloseKFD());
-        CHECK(model_counts(&c) == 0);
-        CHECK(c.contexts == 0 && c.mems == 0 && c.bufs == 0 && c.queues == 0 && c.events == 0);
+        REQUIRE_KMT(hsaKmtReleaseSystemProperties());
+        REQUIRE_KMT(hsaKmtCloseKFD());
+        REQUIRE(model_counts(&c) == 0);
+        REQUIRE(c.contexts == 0 && c.mems == 0 && c.bufs == 0 && c.queues == 0 && c.events == 0);
         return 0;
 }
 
@@ -350,13 +338,13 @@ int main(void)
 {
         /* a VM fault stops every queue of the process for good, as in the kernel: each fault gets a fresh
          * process context (close and reopen the KFD) */
-        CHECK(open_kfd() == 0);
-        CHECK(test_pm4() == 0 && test_sdma() == 0);
-        CHECK(test_fault(false, false) == 0);
-        CHECK(close_kfd() == 0);
-        CHECK(open_kfd() == 0);
-        CHECK(test_fault(true, true) == 0);
-        CHECK(close_kfd() == 0);
+        REQUIRE(open_kfd() == 0);
+        REQUIRE(test_pm4() == 0 && test_sdma() == 0);
+        REQUIRE(test_fault(false, false) == 0);
+        REQUIRE(close_kfd() == 0);
+        REQUIRE(open_kfd() == 0);
+        REQUIRE(test_fault(true, true) == 0);
+        REQUIRE(close_kfd() == 0);
         printf("ok\n");
         return 0;
 }

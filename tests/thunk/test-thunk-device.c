@@ -18,50 +18,50 @@ static void test_open_close(const char *name)
         uint64_t base, limit;
         uint32_t major = 0, minor = 0;
 
-        CHECK(t);
-        CHECK(strcmp(thunk_device_backend_name(d), "model") == 0);
+        ASSERT(t);
+        ASSERT(strcmp(thunk_device_backend_name(d), "model") == 0);
         thunk_device_version(d, &major, &minor);
-        CHECK(major == 1 && minor == 19);
+        ASSERT(major == 1 && minor == 19);
 
-        CHECK(thunk_device_gpu_count(d) == t->n_gpus);
-        CHECK(thunk_device_gpu_count(d) > 0);
-        CHECK(s.contexts == 1);
-        CHECK(s.kfd_fds == 1);
-        CHECK(s.render_fds == thunk_device_gpu_count(d));
-        CHECK(s.n_gpus == thunk_device_gpu_count(d));
-        CHECK(s.mems == 0 && s.mappings == 0);
+        ASSERT(thunk_device_gpu_count(d) == t->n_gpus);
+        ASSERT(thunk_device_gpu_count(d) > 0);
+        ASSERT(s.contexts == 1);
+        ASSERT(s.kfd_fds == 1);
+        ASSERT(s.render_fds == thunk_device_gpu_count(d));
+        ASSERT(s.n_gpus == thunk_device_gpu_count(d));
+        ASSERT(s.mems == 0 && s.mappings == 0);
 
-        CHECK(pc && thunk_context_is_primary(pc) && thunk_context_device(pc) == d);
-        CHECK(thunk_context_kfd_fd(pc) >= 0);
-        CHECK(fcntl(thunk_context_kfd_fd(pc), F_GETFD) & FD_CLOEXEC);
+        ASSERT(pc && thunk_context_is_primary(pc) && thunk_context_device(pc) == d);
+        ASSERT(thunk_context_kfd_fd(pc) >= 0);
+        ASSERT(fcntl(thunk_context_kfd_fd(pc), F_GETFD) & FD_CLOEXEC);
 
         thunk_device_svm_aperture(d, &base, &limit);
-        CHECK(base < limit);
+        ASSERT(base < limit);
         for (size_t i = 0; i < thunk_device_gpu_count(d); i++) {
                 const ThunkGpu *g = thunk_device_gpu(d, i);
                 const ThunkNode *n = thunk_topology_gpu_by_id(t, g->gpu_id);
                 int fd = thunk_context_render_fd(pc, g->gpu_id);
 
-                CHECK(n && n->node_id == g->node_id && n->drm_render_minor == g->drm_render_minor);
-                CHECK(thunk_device_gpu_by_id(d, g->gpu_id) == g);
-                CHECK(fd >= 0 && (fcntl(fd, F_GETFD) & FD_CLOEXEC));
-                CHECK(g->apertures.gpuvm_base <= base && g->apertures.gpuvm_limit >= limit);
-                CHECK(g->apertures.lds_base != 0 && g->apertures.scratch_base != 0);
+                ASSERT(n && n->node_id == g->node_id && n->drm_render_minor == g->drm_render_minor);
+                ASSERT(thunk_device_gpu_by_id(d, g->gpu_id) == g);
+                ASSERT(fd >= 0 && (fcntl(fd, F_GETFD) & FD_CLOEXEC));
+                ASSERT(g->apertures.gpuvm_base <= base && g->apertures.gpuvm_limit >= limit);
+                ASSERT(g->apertures.lds_base != 0 && g->apertures.scratch_base != 0);
         }
-        CHECK(thunk_device_gpu(d, thunk_device_gpu_count(d)) == NULL);
-        CHECK(thunk_device_gpu_by_id(d, 0) == NULL);
-        CHECK_R(thunk_context_render_fd(pc, 0), -ENODEV);
+        ASSERT(thunk_device_gpu(d, thunk_device_gpu_count(d)) == NULL);
+        ASSERT(thunk_device_gpu_by_id(d, 0) == NULL);
+        ASSERT_RC(thunk_context_render_fd(pc, 0), -ENODEV);
         /* The primary context is the device's: freeing it is a no-op. */
-        CHECK(thunk_context_free(pc) == NULL);
-        CHECK(thunk_device_primary_context(d) == pc);
+        ASSERT(thunk_context_free(pc) == NULL);
+        ASSERT(thunk_device_primary_context(d) == pc);
         {
                 ThunkModelStats s2 = model_stats(d);
 
-                CHECK_STATS_EQUAL(&s, &s2);
+                ASSERT_STATS_EQUAL(&s, &s2);
         }
 
-        CHECK(thunk_device_close(d) == NULL);
-        CHECK(thunk_device_close(NULL) == NULL);
+        ASSERT(thunk_device_close(d) == NULL);
+        ASSERT(thunk_device_close(NULL) == NULL);
 }
 
 /* Every feature is on exactly from the minor that introduced it, and the calls behind it say so. */
@@ -82,32 +82,32 @@ static void test_version_gating(const char *name)
                 int fd = -1, r;
 
                 thunk_device_version(d, NULL, &v_minor);
-                CHECK(v_minor == minor);
+                ASSERT(v_minor == minor);
                 for (ThunkFeature f = 0; f < _THUNK_FEATURE_MAX; f++) {
-                        CHECK(thunk_feature_name(f));
-                        CHECK(thunk_device_has(d, f) == (minor >= thunk_feature_min_minor(f)));
+                        ASSERT(thunk_feature_name(f));
+                        ASSERT(thunk_device_has(d, f) == (minor >= thunk_feature_min_minor(f)));
                 }
-                CHECK(!thunk_device_has(d, _THUNK_FEATURE_MAX));
+                ASSERT(!thunk_device_has(d, _THUNK_FEATURE_MAX));
 
                 /* CONTIGUOUS (1.16) */
                 r = thunk_bo_alloc(pc, &a, &bo);
                 if (minor >= 16) {
-                        CHECK_R(r, 0);
-                        CHECK_R(thunk_bo_free(bo), 0);
+                        ASSERT_RC(r, 0);
+                        ASSERT_RC(thunk_bo_free(bo), 0);
                 } else {
-                        CHECK_R(r, -EOPNOTSUPP);
+                        ASSERT_RC(r, -EOPNOTSUPP);
                 }
 
                 /* EXPORT_DMABUF (1.12) */
                 a.flags = THUNK_MEM_WRITABLE;
-                CHECK_R(thunk_bo_alloc(pc, &a, &bo), 0);
+                ASSERT_RC(thunk_bo_alloc(pc, &a, &bo), 0);
                 r = thunk_bo_export_dmabuf(bo, &fd);
                 if (minor >= 12) {
-                        CHECK_R(r, 0);
-                        CHECK(fd >= 0 && (fcntl(fd, F_GETFD) & FD_CLOEXEC));
+                        ASSERT_RC(r, 0);
+                        ASSERT(fd >= 0 && (fcntl(fd, F_GETFD) & FD_CLOEXEC));
                         close(fd);
                 } else {
-                        CHECK_R(r, -EOPNOTSUPP);
+                        ASSERT_RC(r, -EOPNOTSUPP);
                 }
 
                 /* GEM_VA (1.15) */
@@ -117,24 +117,24 @@ static void test_version_gating(const char *name)
                         r = thunk_gem_map_bo(pc, bo, g->gpu_id, test_va(d, 0), 0, 1 << 21,
                                              THUNK_GEM_VA_READABLE | THUNK_GEM_VA_WRITEABLE, &m);
                         if (minor >= 15) {
-                                CHECK_R(r, 0);
-                                CHECK_R(thunk_gem_unmap(m), 0);
+                                ASSERT_RC(r, 0);
+                                ASSERT_RC(thunk_gem_unmap(m), 0);
                         } else {
-                                CHECK_R(r, -EOPNOTSUPP);
+                                ASSERT_RC(r, -EOPNOTSUPP);
                         }
                 }
-                CHECK_R(thunk_bo_free(bo), 0);
+                ASSERT_RC(thunk_bo_free(bo), 0);
 
                 /* CREATE_PROCESS (1.19) */
                 r = thunk_context_new(d, &c);
                 if (minor >= 19) {
-                        CHECK_R(r, 0);
-                        CHECK(!thunk_context_is_primary(c));
-                        CHECK(model_stats(d).contexts == 2);
-                        CHECK(thunk_context_free(c) == NULL);
+                        ASSERT_RC(r, 0);
+                        ASSERT(!thunk_context_is_primary(c));
+                        ASSERT(model_stats(d).contexts == 2);
+                        ASSERT(thunk_context_free(c) == NULL);
                 } else {
-                        CHECK_R(r, -EOPNOTSUPP);
-                        CHECK(c == NULL);
+                        ASSERT_RC(r, -EOPNOTSUPP);
+                        ASSERT(c == NULL);
                 }
 
                 /* AVAILABLE_MEMORY (1.9) and SVM (1.5) predate every supported minor. */
@@ -142,14 +142,14 @@ static void test_version_gating(const char *name)
                         uint64_t avail = 0;
                         bool xnack;
 
-                        CHECK_R(thunk_context_available_memory(pc, g->gpu_id, &avail), 0);
-                        CHECK(avail > 0);
-                        CHECK_R(thunk_context_get_xnack(pc, &xnack), 0);
+                        ASSERT_RC(thunk_context_available_memory(pc, g->gpu_id, &avail), 0);
+                        ASSERT(avail > 0);
+                        ASSERT_RC(thunk_context_get_xnack(pc, &xnack), 0);
                 }
                 {
                         ThunkModelStats s1 = model_stats(d);
 
-                        CHECK_STATS_EQUAL(&s0, &s1);
+                        ASSERT_STATS_EQUAL(&s0, &s1);
                 }
                 thunk_device_close(d);
         }
@@ -161,18 +161,18 @@ static void test_bad_options(void)
         ThunkDevice *d = NULL;
         ThunkOptions o = {.backend = THUNK_BACKEND_MODEL, .topology_root = NULL};
 
-        CHECK_R(thunk_device_open(NULL, &d, err, sizeof(err)), -EINVAL);
-        CHECK_R(thunk_device_open(&o, &d, err, sizeof(err)), -EINVAL);
-        CHECK(strstr(err, "topology"));
+        ASSERT_RC(thunk_device_open(NULL, &d, err, sizeof(err)), -EINVAL);
+        ASSERT_RC(thunk_device_open(&o, &d, err, sizeof(err)), -EINVAL);
+        ASSERT(strstr(err, "topology"));
         o.backend = (ThunkBackend)42;
-        CHECK_R(thunk_device_open(&o, &d, err, sizeof(err)), -EINVAL);
-        CHECK(strstr(err, "backend"));
+        ASSERT_RC(thunk_device_open(&o, &d, err, sizeof(err)), -EINVAL);
+        ASSERT(strstr(err, "backend"));
 
         o.backend = THUNK_BACKEND_MODEL;
         o.topology_root = "/nonexistent/gpumemd-preset";
         err[0] = '\0';
-        CHECK(thunk_device_open(&o, &d, err, sizeof(err)) < 0);
-        CHECK(err[0] != '\0');
+        ASSERT(thunk_device_open(&o, &d, err, sizeof(err)) < 0);
+        ASSERT(err[0] != '\0');
         /* An unsupported model minor is refused by the model and reported. */
         {
                 char path[4096];
@@ -181,12 +181,12 @@ static void test_bad_options(void)
                 o.topology_root = path;
                 o.model_kfd_minor = 3;
                 err[0] = '\0';
-                CHECK_R(thunk_device_open(&o, &d, err, sizeof(err)), -EINVAL);
-                CHECK(strstr(err, "model"));
+                ASSERT_RC(thunk_device_open(&o, &d, err, sizeof(err)), -EINVAL);
+                ASSERT(strstr(err, "model"));
         }
-        CHECK(d == NULL);
+        ASSERT(d == NULL);
         /* errbuf is optional. */
-        CHECK_R(thunk_device_open(NULL, &d, NULL, 0), -EINVAL);
+        ASSERT_RC(thunk_device_open(NULL, &d, NULL, 0), -EINVAL);
 }
 
 /* This machine has no /dev/kfd: the KFD backend must fail with a message that says why. */
@@ -204,17 +204,17 @@ static int test_kfd_backend(void)
         /* Default topology root: absent without amdkfd. */
         err[0] = '\0';
         r = thunk_device_open(&o, &d, err, sizeof(err));
-        CHECK(r < 0);
-        CHECK(err[0] != '\0');
-        CHECK(d == NULL);
+        ASSERT(r < 0);
+        ASSERT(err[0] != '\0');
+        ASSERT(d == NULL);
 
         /* With a topology supplied, the failure is the device itself. */
         preset_path(path, sizeof(path), presets_root, "workstation");
         o.topology_root = path;
         err[0] = '\0';
-        CHECK_R(thunk_device_open(&o, &d, err, sizeof(err)), -ENOENT);
-        CHECK(strstr(err, "/dev/kfd"));
-        CHECK(d == NULL);
+        ASSERT_RC(thunk_device_open(&o, &d, err, sizeof(err)), -ENOENT);
+        ASSERT(strstr(err, "/dev/kfd"));
+        ASSERT(d == NULL);
         return 0;
 }
 
@@ -225,28 +225,28 @@ static int test_kernel_seam(void)
         void *p = NULL;
         int fd = -1;
 
-        CHECK(strcmp(ops->name, "kfd") == 0);
+        ASSERT(strcmp(ops->name, "kfd") == 0);
         if (stat("/dev/kfd", &st) == 0)
                 return TEST_SKIP;
-        CHECK_R(ops->open_kfd(NULL, &fd), -ENOENT);
-        CHECK(fd == -1);
+        ASSERT_RC(ops->open_kfd(NULL, &fd), -ENOENT);
+        ASSERT(fd == -1);
         if (stat("/dev/dri/renderD250", &st) != 0)
-                CHECK_R(ops->open_render(NULL, 250, &fd), -ENOENT);
-        CHECK(fd == -1);
-        CHECK_R(ops->ioctl(NULL, -1, 0xc0104b01, &st), -EBADF);
-        CHECK_R(ops->close(NULL, -1), -EBADF);
+                ASSERT_RC(ops->open_render(NULL, 250, &fd), -ENOENT);
+        ASSERT(fd == -1);
+        ASSERT_RC(ops->ioctl(NULL, -1, 0xc0104b01, &st), -EBADF);
+        ASSERT_RC(ops->close(NULL, -1), -EBADF);
 
         /* mmap and close go straight to the kernel. */
-        CHECK_R(ops->mmap(NULL, NULL, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0, &p),
-                0);
-        CHECK(p != NULL);
+        ASSERT_RC(ops->mmap(NULL, NULL, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0, &p),
+                  0);
+        ASSERT(p != NULL);
         ((volatile char *)p)[0] = 1;
         munmap(p, 4096);
-        CHECK_R(ops->mmap(NULL, NULL, 4096, PROT_READ, MAP_SHARED, -1, 0, &p), -EBADF);
+        ASSERT_RC(ops->mmap(NULL, NULL, 4096, PROT_READ, MAP_SHARED, -1, 0, &p), -EBADF);
         fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
-        CHECK(fd >= 0);
-        CHECK_R(ops->close(NULL, fd), 0);
-        CHECK(fcntl(fd, F_GETFD) < 0 && errno == EBADF);
+        ASSERT(fd >= 0);
+        ASSERT_RC(ops->close(NULL, fd), 0);
+        ASSERT(fcntl(fd, F_GETFD) < 0 && errno == EBADF);
         return 0;
 }
 
@@ -261,35 +261,35 @@ static void test_two_devices(void)
         ThunkBo *boa, *bob;
         uint32_t ida, idb;
 
-        CHECK(thunk_device_model(a) != thunk_device_model(b));
+        ASSERT(thunk_device_model(a) != thunk_device_model(b));
         args.gpu_id = ga->gpu_id;
         args.va = test_va(a, 1);
-        CHECK_R(thunk_bo_alloc(thunk_device_primary_context(a), &args, &boa), 0);
+        ASSERT_RC(thunk_bo_alloc(thunk_device_primary_context(a), &args, &boa), 0);
         args.gpu_id = gb->gpu_id;
         args.va = test_va(b, 1);
-        CHECK_R(thunk_bo_alloc(thunk_device_primary_context(b), &args, &bob), 0);
+        ASSERT_RC(thunk_bo_alloc(thunk_device_primary_context(b), &args, &bob), 0);
         ida = ga->gpu_id;
         idb = gb->gpu_id;
-        CHECK_R(thunk_bo_map(boa, &ida, 1), 0);
-        CHECK_R(thunk_bo_map(bob, &idb, 1), 0);
-        CHECK(model_stats(a).mems == sa.mems + 1 && model_stats(a).mappings == sa.mappings + 1);
-        CHECK(model_stats(b).mems == sb.mems + 1 && model_stats(b).mappings == sb.mappings + 1);
+        ASSERT_RC(thunk_bo_map(boa, &ida, 1), 0);
+        ASSERT_RC(thunk_bo_map(bob, &idb, 1), 0);
+        ASSERT(model_stats(a).mems == sa.mems + 1 && model_stats(a).mappings == sa.mappings + 1);
+        ASSERT(model_stats(b).mems == sb.mems + 1 && model_stats(b).mappings == sb.mappings + 1);
 
         /* Closing one leaves the other whole. */
         thunk_device_close(a);
-        CHECK_R(thunk_bo_unmap(bob, &idb, 1), 0);
-        CHECK_R(thunk_bo_free(bob), 0);
+        ASSERT_RC(thunk_bo_unmap(bob, &idb, 1), 0);
+        ASSERT_RC(thunk_bo_free(bob), 0);
         {
                 ThunkModelStats s = model_stats(b);
 
-                CHECK_STATS_EQUAL(&sb, &s);
+                ASSERT_STATS_EQUAL(&sb, &s);
         }
         thunk_device_close(b);
 }
 
 int main(int argc, char **argv)
 {
-        int r, skipped = 0, fds0 = count_fds();
+        int r, skipped = 0, fds0 = count_fds(0);
 
         if (argc < 3) {
                 fprintf(stderr, "usage: %s PRESETS_DIR PRESET...\n", argv[0]);
@@ -302,7 +302,7 @@ int main(int argc, char **argv)
         }
         RUN(test_bad_options);
         RUN(test_two_devices);
-        CHECK(count_fds() == fds0);
+        ASSERT(count_fds(0) == fds0);
         r = test_kfd_backend();
         printf("%s test_kfd_backend\n", r == TEST_SKIP ? "skip" : "ok");
         skipped += r == TEST_SKIP;

@@ -15,7 +15,7 @@ static uint32_t gpu_id_at(ThunkDevice *d, size_t i)
 {
         const ThunkGpu *g = thunk_device_gpu(d, i);
 
-        CHECK(g);
+        ASSERT(g);
         return g->gpu_id;
 }
 
@@ -29,7 +29,7 @@ static bool vram_peer_ok(ThunkDevice *d, uint32_t owner, uint32_t target)
         const ThunkNode *o = thunk_topology_gpu_by_id(t, owner), *g = thunk_topology_gpu_by_id(t, target);
         uint64_t priv = 0, vram = 0;
 
-        CHECK(o && g);
+        ASSERT(o && g);
         if (owner == target)
                 return true;
         for (size_t i = 0; i < g->n_mem_banks; i++)
@@ -78,8 +78,8 @@ static ThunkBo *alloc_bo(ThunkContext *c, ThunkMemKind kind, uint32_t gpu_id, ui
         ThunkAllocArgs a = {.kind = kind, .gpu_id = gpu_id, .flags = flags, .va = va, .size = size};
         ThunkBo *bo = NULL;
 
-        CHECK_R(thunk_bo_alloc(c, &a, &bo), 0);
-        CHECK(bo);
+        ASSERT_RC(thunk_bo_alloc(c, &a, &bo), 0);
+        ASSERT(bo);
         return bo;
 }
 
@@ -113,7 +113,8 @@ static void test_alloc_validation(ThunkDevice *d)
         ThunkAllocArgs good = {.kind = THUNK_MEM_VRAM, .gpu_id = g, .size = 2 * MiB, .va = va};
         ThunkBo *bo = NULL;
 
-        CHECK_R(thunk_model_inject_fault(thunk_device_model(d), AMDKFD_IOC_ALLOC_MEMORY_OF_GPU, 1, E2BIG), 0);
+        ASSERT_RC(thunk_model_inject_fault(thunk_device_model(d), AMDKFD_IOC_ALLOC_MEMORY_OF_GPU, 1, E2BIG),
+                  0);
         for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
                 int r = thunk_bo_alloc(pc, &bad[i], &bo);
 
@@ -121,22 +122,22 @@ static void test_alloc_validation(ThunkDevice *d)
                         fprintf(stderr, "bad alloc %zu: %d\n", i, r);
                         exit(1);
                 }
-                CHECK(bo == NULL);
+                ASSERT(bo == NULL);
         }
-        CHECK_R(thunk_bo_alloc(NULL, &good, &bo), -EINVAL);
-        CHECK_R(thunk_bo_alloc(pc, NULL, &bo), -EINVAL);
-        CHECK_R(thunk_bo_alloc(pc, &good, NULL), -EINVAL);
+        ASSERT_RC(thunk_bo_alloc(NULL, &good, &bo), -EINVAL);
+        ASSERT_RC(thunk_bo_alloc(pc, NULL, &bo), -EINVAL);
+        ASSERT_RC(thunk_bo_alloc(pc, &good, NULL), -EINVAL);
         /* The driver's own errno comes back unchanged. */
-        CHECK_R(thunk_bo_alloc(pc, &good, &bo), -E2BIG);
-        CHECK(bo == NULL);
-        CHECK_R(thunk_bo_alloc(pc, &good, &bo), 0);
-        CHECK(thunk_bo_info(bo)->handle >> 32 == g);
-        CHECK_R(thunk_bo_free(bo), 0);
-        CHECK_R(thunk_bo_free(NULL), -EINVAL);
+        ASSERT_RC(thunk_bo_alloc(pc, &good, &bo), -E2BIG);
+        ASSERT(bo == NULL);
+        ASSERT_RC(thunk_bo_alloc(pc, &good, &bo), 0);
+        ASSERT(thunk_bo_info(bo)->handle >> 32 == g);
+        ASSERT_RC(thunk_bo_free(bo), 0);
+        ASSERT_RC(thunk_bo_free(NULL), -EINVAL);
         {
                 ThunkModelStats s1 = model_stats(d);
 
-                CHECK_STATS_EQUAL(&s0, &s1);
+                ASSERT_STATS_EQUAL(&s0, &s1);
         }
 }
 
@@ -158,7 +159,7 @@ static void test_alloc_map_free(ThunkDevice *d)
         uint32_t *ids = calloc(n, sizeof(*ids));
         ThunkModelStats s0 = model_stats(d);
 
-        CHECK(ids);
+        ASSERT(ids);
         for (size_t i = 0; i < n; i++)
                 ids[i] = gpu_id_at(d, i);
 
@@ -170,40 +171,40 @@ static void test_alloc_map_free(ThunkDevice *d)
                 ThunkBo *bo;
                 const ThunkBoInfo *info;
 
-                CHECK_R(thunk_context_available_memory(pc, owner, &avail0), 0);
+                ASSERT_RC(thunk_context_available_memory(pc, owner, &avail0), 0);
                 bo = alloc_bo(pc, variants[v].kind, owner, variants[v].flags, test_va(d, 3), size);
                 info = thunk_bo_info(bo);
-                CHECK(info->gpu_id == owner && info->size == size && info->va == test_va(d, 3));
-                CHECK(info->kind == variants[v].kind && info->flags == variants[v].flags && !info->imported);
-                CHECK(thunk_bo_context(bo) == pc);
-                CHECK(model_stats(d).mems == s0.mems + 1);
-                CHECK_R(thunk_context_available_memory(pc, owner, &avail1), 0);
-                CHECK(avail1 <= avail0);
+                ASSERT(info->gpu_id == owner && info->size == size && info->va == test_va(d, 3));
+                ASSERT(info->kind == variants[v].kind && info->flags == variants[v].flags && !info->imported);
+                ASSERT(thunk_bo_context(bo) == pc);
+                ASSERT(model_stats(d).mems == s0.mems + 1);
+                ASSERT_RC(thunk_context_available_memory(pc, owner, &avail1), 0);
+                ASSERT(avail1 <= avail0);
                 if (variants[v].kind == THUNK_MEM_VRAM && has_vram(d, owner))
-                        CHECK(avail0 - avail1 >= size);
+                        ASSERT(avail0 - avail1 >= size);
 
-                CHECK_R(thunk_bo_map(bo, set, n_set), 0);
-                CHECK(thunk_bo_mapped_count(bo) == n_set);
+                ASSERT_RC(thunk_bo_map(bo, set, n_set), 0);
+                ASSERT(thunk_bo_mapped_count(bo) == n_set);
                 for (size_t i = 0; i < n_set; i++)
-                        CHECK(thunk_bo_is_mapped(bo, set[i]));
-                CHECK(model_stats(d).mappings == s0.mappings + n_set);
+                        ASSERT(thunk_bo_is_mapped(bo, set[i]));
+                ASSERT(model_stats(d).mappings == s0.mappings + n_set);
                 /* Mapping again where it is mapped is a no-op. */
-                CHECK_R(thunk_bo_map(bo, set, 1), 0);
-                CHECK(model_stats(d).mappings == s0.mappings + n_set);
+                ASSERT_RC(thunk_bo_map(bo, set, 1), 0);
+                ASSERT(model_stats(d).mappings == s0.mappings + n_set);
 
                 /* Mapped BOs cannot be freed. */
-                CHECK_R(thunk_bo_free(bo), -EBUSY);
-                CHECK(model_stats(d).mems == s0.mems + 1);
+                ASSERT_RC(thunk_bo_free(bo), -EBUSY);
+                ASSERT(model_stats(d).mems == s0.mems + 1);
 
-                CHECK_R(thunk_bo_unmap(bo, set, 1), 0);
-                CHECK(!thunk_bo_is_mapped(bo, set[0]));
-                CHECK(thunk_bo_mapped_count(bo) == n_set - 1);
-                CHECK_R(thunk_bo_unmap(bo, set, 1), -EINVAL); /* not mapped there any more */
-                CHECK(model_stats(d).mappings == s0.mappings + n_set - 1);
-                CHECK_R(thunk_bo_unmap_all(bo), 0);
-                CHECK(thunk_bo_mapped_count(bo) == 0);
-                CHECK_R(thunk_bo_unmap_all(bo), 0);
-                CHECK_R(thunk_bo_free(bo), 0);
+                ASSERT_RC(thunk_bo_unmap(bo, set, 1), 0);
+                ASSERT(!thunk_bo_is_mapped(bo, set[0]));
+                ASSERT(thunk_bo_mapped_count(bo) == n_set - 1);
+                ASSERT_RC(thunk_bo_unmap(bo, set, 1), -EINVAL); /* not mapped there any more */
+                ASSERT(model_stats(d).mappings == s0.mappings + n_set - 1);
+                ASSERT_RC(thunk_bo_unmap_all(bo), 0);
+                ASSERT(thunk_bo_mapped_count(bo) == 0);
+                ASSERT_RC(thunk_bo_unmap_all(bo), 0);
+                ASSERT_RC(thunk_bo_free(bo), 0);
         }
 
         /* Argument checks of map/unmap. */
@@ -212,22 +213,22 @@ static void test_alloc_map_free(ThunkDevice *d)
                         alloc_bo(pc, THUNK_MEM_VRAM, ids[0], THUNK_MEM_WRITABLE, test_va(d, 3), 2 * MiB);
                 uint32_t dup[2] = {ids[0], ids[0]}, unknown = 0xfffe;
 
-                CHECK_R(thunk_bo_map(bo, NULL, 1), -EINVAL);
-                CHECK_R(thunk_bo_map(bo, ids, 0), -EINVAL);
-                CHECK_R(thunk_bo_map(bo, &unknown, 1), -EINVAL);
+                ASSERT_RC(thunk_bo_map(bo, NULL, 1), -EINVAL);
+                ASSERT_RC(thunk_bo_map(bo, ids, 0), -EINVAL);
+                ASSERT_RC(thunk_bo_map(bo, &unknown, 1), -EINVAL);
                 if (n >= 2)
-                        CHECK_R(thunk_bo_map(bo, dup, 2), -EINVAL);
-                CHECK_R(thunk_bo_unmap(bo, ids, 1), -EINVAL);
-                CHECK(model_stats(d).mappings == s0.mappings);
-                CHECK_R(thunk_bo_free(bo), 0);
+                        ASSERT_RC(thunk_bo_map(bo, dup, 2), -EINVAL);
+                ASSERT_RC(thunk_bo_unmap(bo, ids, 1), -EINVAL);
+                ASSERT(model_stats(d).mappings == s0.mappings);
+                ASSERT_RC(thunk_bo_free(bo), 0);
         }
 
         /* A VA-less handle exists but can only be bound through GEM_VA. */
         {
                 ThunkBo *bo = alloc_bo(pc, THUNK_MEM_VRAM, ids[0], THUNK_MEM_WRITABLE, 0, 2 * MiB);
 
-                CHECK_R(thunk_bo_map(bo, ids, 1), -EINVAL);
-                CHECK_R(thunk_bo_free(bo), 0);
+                ASSERT_RC(thunk_bo_map(bo, ids, 1), -EINVAL);
+                ASSERT_RC(thunk_bo_free(bo), 0);
         }
 
         /* USERPTR over our own pages, GPU VA = CPU VA as libhsakmt lays it out. */
@@ -240,15 +241,15 @@ static void test_alloc_map_free(ThunkDevice *d)
                 ThunkBo *bo = NULL;
                 void *cpu = NULL;
 
-                CHECK(p != MAP_FAILED);
+                ASSERT(p != MAP_FAILED);
                 memset(p, 0x5a, 2 * MiB);
                 a.va = a.userptr = (uint64_t)(uintptr_t)p;
-                CHECK_R(thunk_bo_alloc(pc, &a, &bo), 0);
-                CHECK(thunk_bo_info(bo)->kind == THUNK_MEM_USERPTR);
-                CHECK_R(thunk_bo_mmap(bo, NULL, PROT_READ, MAP_SHARED, &cpu), -EINVAL);
-                CHECK_R(thunk_bo_map(bo, ids, 1), 0);
-                CHECK_R(thunk_bo_unmap(bo, ids, 1), 0);
-                CHECK_R(thunk_bo_free(bo), 0);
+                ASSERT_RC(thunk_bo_alloc(pc, &a, &bo), 0);
+                ASSERT(thunk_bo_info(bo)->kind == THUNK_MEM_USERPTR);
+                ASSERT_RC(thunk_bo_mmap(bo, NULL, PROT_READ, MAP_SHARED, &cpu), -EINVAL);
+                ASSERT_RC(thunk_bo_map(bo, ids, 1), 0);
+                ASSERT_RC(thunk_bo_unmap(bo, ids, 1), 0);
+                ASSERT_RC(thunk_bo_free(bo), 0);
                 munmap(p, 2 * MiB);
         }
 
@@ -256,7 +257,7 @@ static void test_alloc_map_free(ThunkDevice *d)
         {
                 ThunkModelStats s1 = model_stats(d);
 
-                CHECK_STATS_EQUAL(&s0, &s1);
+                ASSERT_STATS_EQUAL(&s0, &s1);
         }
 }
 
@@ -277,42 +278,43 @@ static void test_map_rollback(ThunkDevice *d)
         if (n < 2)
                 return;
         ids = calloc(n, sizeof(*ids));
-        CHECK(ids);
+        ASSERT(ids);
         for (size_t i = 0; i < n; i++)
                 ids[i] = gpu_id_at(d, i);
         last = ids[n - 1];
 
         /* GTT, so that every GPU may map it and only the VA conflict stands in the way. */
         blocker = alloc_bo(pc, THUNK_MEM_GTT, last, THUNK_MEM_WRITABLE, va, 2 * MiB);
-        CHECK_R(thunk_bo_map(blocker, &last, 1), 0);
+        ASSERT_RC(thunk_bo_map(blocker, &last, 1), 0);
         bo = alloc_bo(pc, THUNK_MEM_GTT, ids[0], THUNK_MEM_WRITABLE, va, 2 * MiB);
 
         /* With three or more GPUs, one is mapped beforehand and must stay mapped. */
         if (n >= 3)
-                CHECK_R(thunk_bo_map(bo, &ids[1], 1), 0);
+                ASSERT_RC(thunk_bo_map(bo, &ids[1], 1), 0);
         {
                 ThunkModelStats before = model_stats(d);
 
                 r = thunk_bo_map(bo, ids, n);
-                CHECK(r < 0);
-                CHECK(r != -EINTR);
+                ASSERT(r < 0);
+                ASSERT(r != -EINTR);
                 ThunkModelStats after = model_stats(d);
-                CHECK_STATS_EQUAL(&before, &after);
+                ASSERT_STATS_EQUAL(&before, &after);
         }
-        CHECK(thunk_bo_mapped_count(bo) == (n >= 3 ? 1u : 0u));
+        ASSERT(thunk_bo_mapped_count(bo) == (n >= 3 ? 1u : 0u));
         for (size_t i = 0; i < n; i++)
-                CHECK(thunk_bo_is_mapped(bo, ids[i]) == (n >= 3 && i == 1));
+                ASSERT(thunk_bo_is_mapped(bo, ids[i]) == (n >= 3 && i == 1));
 
         /* If the rollback itself fails, the BO records what is still mapped, and a later unmap clears it. */
-        CHECK_R(thunk_model_inject_fault(thunk_device_model(d), AMDKFD_IOC_UNMAP_MEMORY_FROM_GPU, 1, EIO), 0);
+        ASSERT_RC(thunk_model_inject_fault(thunk_device_model(d), AMDKFD_IOC_UNMAP_MEMORY_FROM_GPU, 1, EIO),
+                  0);
         r = thunk_bo_map(bo, ids, n);
-        CHECK(r < 0 && r != -EIO);
-        CHECK(thunk_bo_mapped_count(bo) == n - 1);
+        ASSERT(r < 0 && r != -EIO);
+        ASSERT(thunk_bo_mapped_count(bo) == n - 1);
         for (size_t i = 0; i + 1 < n; i++)
-                CHECK(thunk_bo_is_mapped(bo, ids[i]));
-        CHECK(model_stats(d).mappings == s0.mappings + 1 + (n - 1));
-        CHECK_R(thunk_bo_unmap_all(bo), 0);
-        CHECK(model_stats(d).mappings == s0.mappings + 1);
+                ASSERT(thunk_bo_is_mapped(bo, ids[i]));
+        ASSERT(model_stats(d).mappings == s0.mappings + 1 + (n - 1));
+        ASSERT_RC(thunk_bo_unmap_all(bo), 0);
+        ASSERT(model_stats(d).mappings == s0.mappings + 1);
 
         /* Small-BAR VRAM cannot be mapped on a PCIe peer: the driver refuses the second GPU of the set. */
         for (size_t i = 0; i < n; i++)
@@ -327,29 +329,29 @@ static void test_map_rollback(ThunkDevice *d)
                         {
                                 ThunkModelStats before = model_stats(d), after;
 
-                                CHECK_R(thunk_bo_map(vb, pair, 2), -EINVAL);
+                                ASSERT_RC(thunk_bo_map(vb, pair, 2), -EINVAL);
                                 after = model_stats(d);
-                                CHECK_STATS_EQUAL(&before, &after);
+                                ASSERT_STATS_EQUAL(&before, &after);
                         }
-                        CHECK(thunk_bo_mapped_count(vb) == 0);
-                        CHECK_R(thunk_bo_map(vb, pair, 1), 0);
-                        CHECK_R(thunk_bo_unmap_all(vb), 0);
-                        CHECK_R(thunk_bo_free(vb), 0);
+                        ASSERT(thunk_bo_mapped_count(vb) == 0);
+                        ASSERT_RC(thunk_bo_map(vb, pair, 1), 0);
+                        ASSERT_RC(thunk_bo_unmap_all(vb), 0);
+                        ASSERT_RC(thunk_bo_free(vb), 0);
                         i = j = n; /* one pair is enough */
                 }
 
         /* Once the blocker is gone the same set maps whole. */
-        CHECK_R(thunk_bo_unmap(blocker, &last, 1), 0);
-        CHECK_R(thunk_bo_free(blocker), 0);
-        CHECK_R(thunk_bo_map(bo, ids, n), 0);
-        CHECK(thunk_bo_mapped_count(bo) == n);
-        CHECK_R(thunk_bo_unmap_all(bo), 0);
-        CHECK_R(thunk_bo_free(bo), 0);
+        ASSERT_RC(thunk_bo_unmap(blocker, &last, 1), 0);
+        ASSERT_RC(thunk_bo_free(blocker), 0);
+        ASSERT_RC(thunk_bo_map(bo, ids, n), 0);
+        ASSERT(thunk_bo_mapped_count(bo) == n);
+        ASSERT_RC(thunk_bo_unmap_all(bo), 0);
+        ASSERT_RC(thunk_bo_free(bo), 0);
         free(ids);
         {
                 ThunkModelStats s1 = model_stats(d);
 
-                CHECK_STATS_EQUAL(&s0, &s1);
+                ASSERT_STATS_EQUAL(&s0, &s1);
         }
 }
 
@@ -363,37 +365,37 @@ static void test_map_faults(ThunkDevice *d)
         uint32_t *ids = calloc(n, sizeof(*ids));
         ThunkBo *bo;
 
-        CHECK(ids);
+        ASSERT(ids);
         for (size_t i = 0; i < n; i++)
                 ids[i] = gpu_id_at(d, i);
         bo = alloc_bo(pc, THUNK_MEM_GTT, ids[0], THUNK_MEM_WRITABLE, test_va(d, 5), 2 * MiB);
 
-        CHECK_R(thunk_model_inject_fault(m, AMDKFD_IOC_MAP_MEMORY_TO_GPU, 1, EINTR), 0);
-        CHECK_R(thunk_model_inject_fault(m, AMDKFD_IOC_MAP_MEMORY_TO_GPU, 2, EINTR), 0);
-        CHECK_R(thunk_bo_map(bo, ids, n), 0);
-        CHECK(thunk_bo_mapped_count(bo) == n);
-        CHECK(model_stats(d).mappings == s0.mappings + n);
+        ASSERT_RC(thunk_model_inject_fault(m, AMDKFD_IOC_MAP_MEMORY_TO_GPU, 1, EINTR), 0);
+        ASSERT_RC(thunk_model_inject_fault(m, AMDKFD_IOC_MAP_MEMORY_TO_GPU, 2, EINTR), 0);
+        ASSERT_RC(thunk_bo_map(bo, ids, n), 0);
+        ASSERT(thunk_bo_mapped_count(bo) == n);
+        ASSERT(model_stats(d).mappings == s0.mappings + n);
 
-        CHECK_R(thunk_model_inject_fault(m, AMDKFD_IOC_UNMAP_MEMORY_FROM_GPU, 1, EINTR), 0);
-        CHECK_R(thunk_bo_unmap_all(bo), 0);
-        CHECK(thunk_bo_mapped_count(bo) == 0);
-        CHECK(model_stats(d).mappings == s0.mappings);
+        ASSERT_RC(thunk_model_inject_fault(m, AMDKFD_IOC_UNMAP_MEMORY_FROM_GPU, 1, EINTR), 0);
+        ASSERT_RC(thunk_bo_unmap_all(bo), 0);
+        ASSERT(thunk_bo_mapped_count(bo) == 0);
+        ASSERT(model_stats(d).mappings == s0.mappings);
 
-        CHECK_R(thunk_model_inject_fault(m, AMDKFD_IOC_MAP_MEMORY_TO_GPU, 1, ENOMEM), 0);
-        CHECK_R(thunk_bo_map(bo, ids, n), -ENOMEM);
-        CHECK(thunk_bo_mapped_count(bo) == 0);
-        CHECK(model_stats(d).mappings == s0.mappings);
+        ASSERT_RC(thunk_model_inject_fault(m, AMDKFD_IOC_MAP_MEMORY_TO_GPU, 1, ENOMEM), 0);
+        ASSERT_RC(thunk_bo_map(bo, ids, n), -ENOMEM);
+        ASSERT(thunk_bo_mapped_count(bo) == 0);
+        ASSERT(model_stats(d).mappings == s0.mappings);
 
-        CHECK_R(thunk_model_inject_fault(m, AMDKFD_IOC_FREE_MEMORY_OF_GPU, 1, EIO), 0);
-        CHECK_R(thunk_bo_free(bo), -EIO);
-        CHECK(thunk_bo_info(bo)->size == 2 * MiB); /* still ours */
-        CHECK_R(thunk_bo_free(bo), 0);
+        ASSERT_RC(thunk_model_inject_fault(m, AMDKFD_IOC_FREE_MEMORY_OF_GPU, 1, EIO), 0);
+        ASSERT_RC(thunk_bo_free(bo), -EIO);
+        ASSERT(thunk_bo_info(bo)->size == 2 * MiB); /* still ours */
+        ASSERT_RC(thunk_bo_free(bo), 0);
         thunk_model_clear_faults(m);
         free(ids);
         {
                 ThunkModelStats s1 = model_stats(d);
 
-                CHECK_STATS_EQUAL(&s0, &s1);
+                ASSERT_STATS_EQUAL(&s0, &s1);
         }
 }
 
@@ -424,47 +426,48 @@ static void test_dmabuf(ThunkDevice *d)
         int fd = -1;
 
         bo = alloc_bo(pc, THUNK_MEM_GTT, owner, THUNK_MEM_WRITABLE | THUNK_MEM_PUBLIC, test_va(d, 6), size);
-        CHECK_R(thunk_bo_mmap(bo, NULL, PROT_READ | PROT_WRITE, MAP_PRIVATE, (void **)&cpu), -EINVAL);
-        CHECK_R(thunk_bo_mmap(bo, NULL, PROT_READ | PROT_WRITE, MAP_SHARED, (void **)&cpu), 0);
+        ASSERT_RC(thunk_bo_mmap(bo, NULL, PROT_READ | PROT_WRITE, MAP_PRIVATE, (void **)&cpu), -EINVAL);
+        ASSERT_RC(thunk_bo_mmap(bo, NULL, PROT_READ | PROT_WRITE, MAP_SHARED, (void **)&cpu), 0);
         fill(cpu, size, 3);
 
-        CHECK_R(thunk_bo_export_dmabuf(bo, &fd), 0);
-        CHECK(fd >= 0 && (fcntl(fd, F_GETFD) & FD_CLOEXEC));
-        CHECK_R(thunk_dmabuf_info(pc, fd, NULL, 0, &info), 0);
-        CHECK(info.size == size && info.gpu_id == owner && info.kind == THUNK_MEM_GTT);
+        ASSERT_RC(thunk_bo_export_dmabuf(bo, &fd), 0);
+        ASSERT(fd >= 0 && (fcntl(fd, F_GETFD) & FD_CLOEXEC));
+        ASSERT_RC(thunk_dmabuf_info(pc, fd, NULL, 0, &info), 0);
+        ASSERT(info.size == size && info.gpu_id == owner && info.kind == THUNK_MEM_GTT);
 
         /* The exported memory is the BO's memory. */
-        CHECK_R(thunk_dmabuf_mmap(d, fd, NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, (void **)&viafd), 0);
-        CHECK(same(viafd, size, 3));
+        ASSERT_RC(thunk_dmabuf_mmap(d, fd, NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, (void **)&viafd),
+                  0);
+        ASSERT(same(viafd, size, 3));
         fill(viafd, 4096, 9);
-        CHECK(same(cpu, 4096, 9));
+        ASSERT(same(cpu, 4096, 9));
 
         /* Import on another GPU at another VA, map it there. */
-        CHECK_R(thunk_bo_import_dmabuf(pc, fd, other, test_va(d, 7), &imp), 0);
-        CHECK(thunk_bo_info(imp)->imported && thunk_bo_info(imp)->size == size);
-        CHECK(thunk_bo_info(imp)->gpu_id == other && thunk_bo_info(imp)->kind == THUNK_MEM_GTT);
-        CHECK(thunk_bo_info(imp)->handle >> 32 == other);
-        CHECK(model_stats(d).imports == s0.imports + 1);
-        CHECK_R(thunk_bo_map(imp, &other, 1), 0);
-        CHECK_R(thunk_bo_mmap(imp, NULL, PROT_READ, MAP_SHARED, (void **)&viaimp), -EINVAL);
+        ASSERT_RC(thunk_bo_import_dmabuf(pc, fd, other, test_va(d, 7), &imp), 0);
+        ASSERT(thunk_bo_info(imp)->imported && thunk_bo_info(imp)->size == size);
+        ASSERT(thunk_bo_info(imp)->gpu_id == other && thunk_bo_info(imp)->kind == THUNK_MEM_GTT);
+        ASSERT(thunk_bo_info(imp)->handle >> 32 == other);
+        ASSERT(model_stats(d).imports == s0.imports + 1);
+        ASSERT_RC(thunk_bo_map(imp, &other, 1), 0);
+        ASSERT_RC(thunk_bo_mmap(imp, NULL, PROT_READ, MAP_SHARED, (void **)&viaimp), -EINVAL);
 
         /* A second context imports the same memory into its own VM. */
         if (thunk_device_has(d, THUNK_FEATURE_CREATE_PROCESS)) {
-                CHECK_R(thunk_context_new(d, &sc), 0);
-                CHECK_R(thunk_bo_import_dmabuf(sc, fd, owner, test_va(d, 6), &imp2), 0);
-                CHECK_R(thunk_bo_map(imp2, &owner, 1), 0);
-                CHECK(model_stats(d).imports == s0.imports + 2);
+                ASSERT_RC(thunk_context_new(d, &sc), 0);
+                ASSERT_RC(thunk_bo_import_dmabuf(sc, fd, owner, test_va(d, 6), &imp2), 0);
+                ASSERT_RC(thunk_bo_map(imp2, &owner, 1), 0);
+                ASSERT(model_stats(d).imports == s0.imports + 2);
         }
 
         /* Argument checks, then the driver's verdict on something that is not a dmabuf. */
-        CHECK_R(thunk_bo_import_dmabuf(pc, fd, 0xfffe, 0, &imp2), -EINVAL);
-        CHECK_R(thunk_bo_import_dmabuf(pc, fd, other, 12, &imp2), -EINVAL);
-        CHECK_R(thunk_bo_import_dmabuf(pc, -1, other, 0, &imp2), -EINVAL);
+        ASSERT_RC(thunk_bo_import_dmabuf(pc, fd, 0xfffe, 0, &imp2), -EINVAL);
+        ASSERT_RC(thunk_bo_import_dmabuf(pc, fd, other, 12, &imp2), -EINVAL);
+        ASSERT_RC(thunk_bo_import_dmabuf(pc, -1, other, 0, &imp2), -EINVAL);
         {
                 int nfd = open("/dev/null", O_RDONLY | O_CLOEXEC);
 
-                CHECK(nfd >= 0);
-                CHECK(thunk_dmabuf_info(pc, nfd, NULL, 0, &info) < 0);
+                ASSERT(nfd >= 0);
+                ASSERT(thunk_dmabuf_info(pc, nfd, NULL, 0, &info) < 0);
                 close(nfd);
         }
 
@@ -473,31 +476,31 @@ static void test_dmabuf(ThunkDevice *d)
                 int mfd = memfd_create("thunk-test", MFD_CLOEXEC);
                 ThunkBo *fb = NULL;
 
-                CHECK(mfd >= 0 && ftruncate(mfd, (off_t)size) == 0);
-                CHECK(thunk_dmabuf_info(pc, mfd, NULL, 0, &info) == -EINVAL);
-                CHECK_R(thunk_bo_import_dmabuf(pc, mfd, other, test_va(d, 11), &fb), 0);
-                CHECK(thunk_bo_info(fb)->size == size && thunk_bo_info(fb)->kind == THUNK_MEM_GTT);
-                CHECK_R(thunk_bo_map(fb, &other, 1), 0);
-                CHECK_R(thunk_bo_unmap_all(fb), 0);
-                CHECK_R(thunk_bo_free(fb), 0);
+                ASSERT(mfd >= 0 && ftruncate(mfd, (off_t)size) == 0);
+                ASSERT(thunk_dmabuf_info(pc, mfd, NULL, 0, &info) == -EINVAL);
+                ASSERT_RC(thunk_bo_import_dmabuf(pc, mfd, other, test_va(d, 11), &fb), 0);
+                ASSERT(thunk_bo_info(fb)->size == size && thunk_bo_info(fb)->kind == THUNK_MEM_GTT);
+                ASSERT_RC(thunk_bo_map(fb, &other, 1), 0);
+                ASSERT_RC(thunk_bo_unmap_all(fb), 0);
+                ASSERT_RC(thunk_bo_free(fb), 0);
                 close(mfd);
         }
 
-        CHECK(munmap(viafd, size) == 0);
-        CHECK(munmap(cpu, size) == 0);
+        ASSERT(munmap(viafd, size) == 0);
+        ASSERT(munmap(cpu, size) == 0);
         close(fd);
         if (sc) {
-                CHECK_R(thunk_bo_unmap_all(imp2), 0);
-                CHECK_R(thunk_bo_free(imp2), 0);
+                ASSERT_RC(thunk_bo_unmap_all(imp2), 0);
+                ASSERT_RC(thunk_bo_free(imp2), 0);
                 thunk_context_free(sc);
         }
-        CHECK_R(thunk_bo_unmap_all(imp), 0);
-        CHECK_R(thunk_bo_free(imp), 0);
-        CHECK_R(thunk_bo_free(bo), 0);
+        ASSERT_RC(thunk_bo_unmap_all(imp), 0);
+        ASSERT_RC(thunk_bo_free(imp), 0);
+        ASSERT_RC(thunk_bo_free(bo), 0);
         {
                 ThunkModelStats s1 = model_stats(d);
 
-                CHECK_STATS_EQUAL(&s0, &s1);
+                ASSERT_STATS_EQUAL(&s0, &s1);
         }
 }
 
@@ -511,14 +514,14 @@ static void test_svm_xnack(ThunkDevice *d)
         uint8_t *p;
         uint64_t start;
 
-        CHECK_R(thunk_context_get_xnack(pc, &xnack), 0);
-        CHECK_R(thunk_context_set_xnack(pc, xnack), 0);
-        CHECK_R(thunk_context_get_xnack(pc, &xnack2), 0);
-        CHECK(xnack == xnack2);
+        ASSERT_RC(thunk_context_get_xnack(pc, &xnack), 0);
+        ASSERT_RC(thunk_context_set_xnack(pc, xnack), 0);
+        ASSERT_RC(thunk_context_get_xnack(pc, &xnack2), 0);
+        ASSERT(xnack == xnack2);
 
         /* SVM ranges must be backed by our own CPU mappings. */
         p = mmap(NULL, size + 2 * MiB, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-        CHECK(p != MAP_FAILED);
+        ASSERT(p != MAP_FAILED);
         start = align_up((uint64_t)(uintptr_t)p, 2 * MiB);
         {
                 ThunkSvmAttr set[] = {
@@ -535,43 +538,43 @@ static void test_svm_xnack(ThunkDevice *d)
                 };
                 ThunkSvmAttr too_many[THUNK_SVM_MAX_ATTRS + 1];
 
-                CHECK_R(thunk_svm_set(pc, start, size, set, 4), 0);
-                CHECK_R(thunk_svm_get(pc, start, size, get, 4), 0);
-                CHECK(get[0].type == KFD_IOCTL_SVM_ATTR_PREFERRED_LOC && get[0].value == g0);
-                CHECK(get[1].value & KFD_IOCTL_SVM_FLAG_GPU_RO);
-                CHECK(get[2].value == 4);
-                CHECK(get[3].type == KFD_IOCTL_SVM_ATTR_ACCESS && get[3].value == g0);
-                CHECK(model_stats(d).svm_ranges > s0.svm_ranges);
+                ASSERT_RC(thunk_svm_set(pc, start, size, set, 4), 0);
+                ASSERT_RC(thunk_svm_get(pc, start, size, get, 4), 0);
+                ASSERT(get[0].type == KFD_IOCTL_SVM_ATTR_PREFERRED_LOC && get[0].value == g0);
+                ASSERT(get[1].value & KFD_IOCTL_SVM_FLAG_GPU_RO);
+                ASSERT(get[2].value == 4);
+                ASSERT(get[3].type == KFD_IOCTL_SVM_ATTR_ACCESS && get[3].value == g0);
+                ASSERT(model_stats(d).svm_ranges > s0.svm_ranges);
 
                 /* A sub-range reads back the same; the caller's SET array is left alone. */
                 get[0].value = 0;
-                CHECK_R(thunk_svm_get(pc, start + MiB, MiB, get, 1), 0);
-                CHECK(get[0].value == g0);
-                CHECK(set[0].value == g0 && set[3].type == KFD_IOCTL_SVM_ATTR_ACCESS);
+                ASSERT_RC(thunk_svm_get(pc, start + MiB, MiB, get, 1), 0);
+                ASSERT(get[0].value == g0);
+                ASSERT(set[0].value == g0 && set[3].type == KFD_IOCTL_SVM_ATTR_ACCESS);
 
                 /* Validation before the driver. */
                 memset(too_many, 0, sizeof(too_many));
-                CHECK_R(thunk_svm_set(pc, start, 0, set, 1), -EINVAL);
-                CHECK_R(thunk_svm_set(pc, start + 1, size, set, 1), -EINVAL);
-                CHECK_R(thunk_svm_set(pc, start, size - 1, set, 1), -EINVAL);
-                CHECK_R(thunk_svm_set(pc, start, size, NULL, 1), -EINVAL);
-                CHECK_R(thunk_svm_set(pc, start, size, too_many, THUNK_SVM_MAX_ATTRS + 1), -EINVAL);
-                CHECK_R(thunk_svm_get(pc, start, size, get, 0), -EINVAL);
+                ASSERT_RC(thunk_svm_set(pc, start, 0, set, 1), -EINVAL);
+                ASSERT_RC(thunk_svm_set(pc, start + 1, size, set, 1), -EINVAL);
+                ASSERT_RC(thunk_svm_set(pc, start, size - 1, set, 1), -EINVAL);
+                ASSERT_RC(thunk_svm_set(pc, start, size, NULL, 1), -EINVAL);
+                ASSERT_RC(thunk_svm_set(pc, start, size, too_many, THUNK_SVM_MAX_ATTRS + 1), -EINVAL);
+                ASSERT_RC(thunk_svm_get(pc, start, size, get, 0), -EINVAL);
                 /* The driver's validation: ACCESS_IN_PLACE is not a GET input. */
                 get[0] = (ThunkSvmAttr){KFD_IOCTL_SVM_ATTR_ACCESS_IN_PLACE, g0};
-                CHECK_R(thunk_svm_get(pc, start, size, get, 1), -EINVAL);
+                ASSERT_RC(thunk_svm_get(pc, start, size, get, 1), -EINVAL);
         }
         /* Unmapping the CPU pages ends the ranges, as the kernel's MMU notifier does. */
         munmap(p, size + 2 * MiB);
         {
                 ThunkSvmAttr get = {KFD_IOCTL_SVM_ATTR_PREFERRED_LOC, 0};
 
-                CHECK(thunk_svm_get(pc, start, size, &get, 1) < 0);
+                ASSERT(thunk_svm_get(pc, start, size, &get, 1) < 0);
         }
         {
                 ThunkModelStats s1 = model_stats(d);
 
-                CHECK_STATS_EQUAL(&s0, &s1);
+                ASSERT_STATS_EQUAL(&s0, &s1);
         }
 }
 
@@ -589,50 +592,51 @@ static void test_gem_va(ThunkDevice *d)
 
         /* A physical handle with no VA, as hipMemCreate makes. */
         bo = alloc_bo(pc, THUNK_MEM_VRAM, g0, THUNK_MEM_WRITABLE, 0, 4 * MiB);
-        CHECK_R(thunk_gem_map_bo(pc, bo, g0, va, 0, 4 * MiB, rw, &m1), 0);
-        CHECK(model_stats(d).mappings == s0.mappings + 1);
-        CHECK(model_stats(d).gem_handles == s0.gem_handles + 1);
+        ASSERT_RC(thunk_gem_map_bo(pc, bo, g0, va, 0, 4 * MiB, rw, &m1), 0);
+        ASSERT(model_stats(d).mappings == s0.mappings + 1);
+        ASSERT(model_stats(d).gem_handles == s0.gem_handles + 1);
         /* Part of it again elsewhere: the same GEM handle (PRIME dedups per DRM file) serves both. */
-        CHECK_R(thunk_gem_map_bo(pc, bo, g0, va + 8 * MiB, 2 * MiB, 2 * MiB, THUNK_GEM_VA_READABLE, &m2), 0);
-        CHECK(model_stats(d).mappings == s0.mappings + 2);
-        CHECK(model_stats(d).gem_handles == s0.gem_handles + 1);
+        ASSERT_RC(thunk_gem_map_bo(pc, bo, g0, va + 8 * MiB, 2 * MiB, 2 * MiB, THUNK_GEM_VA_READABLE, &m2),
+                  0);
+        ASSERT(model_stats(d).mappings == s0.mappings + 2);
+        ASSERT(model_stats(d).gem_handles == s0.gem_handles + 1);
         /* Another GPU's VM gets a handle of its own. */
-        CHECK_R(thunk_gem_map_bo(pc, bo, g1, va + 16 * MiB, 0, 4 * MiB, rw | THUNK_GEM_VA_EXECUTABLE, &m3),
-                0);
-        CHECK(model_stats(d).mappings == s0.mappings + 3);
-        CHECK(model_stats(d).gem_handles == s0.gem_handles + (g1 == g0 ? 1 : 2));
+        ASSERT_RC(thunk_gem_map_bo(pc, bo, g1, va + 16 * MiB, 0, 4 * MiB, rw | THUNK_GEM_VA_EXECUTABLE, &m3),
+                  0);
+        ASSERT(model_stats(d).mappings == s0.mappings + 3);
+        ASSERT(model_stats(d).gem_handles == s0.gem_handles + (g1 == g0 ? 1 : 2));
 
         /* From a dmabuf fd the caller holds. */
-        CHECK_R(thunk_bo_export_dmabuf(bo, &fd), 0);
-        CHECK_R(thunk_gem_map_dmabuf(pc, fd, g0, va + 24 * MiB, 0, 2 * MiB, rw, &m4), 0);
+        ASSERT_RC(thunk_bo_export_dmabuf(bo, &fd), 0);
+        ASSERT_RC(thunk_gem_map_dmabuf(pc, fd, g0, va + 24 * MiB, 0, 2 * MiB, rw, &m4), 0);
         close(fd);
 
         /* Validation. */
-        CHECK_R(thunk_gem_map_bo(pc, bo, g0, va + 32 * MiB, 0, 4 * MiB, 0, &bad), -EINVAL);
-        CHECK_R(thunk_gem_map_bo(pc, bo, g0, va + 32 * MiB, 0, 4 * MiB, 1u << 7, &bad), -EINVAL);
-        CHECK_R(thunk_gem_map_bo(pc, bo, g0, va + 32 * MiB + 8, 0, 4 * MiB, rw, &bad), -EINVAL);
-        CHECK_R(thunk_gem_map_bo(pc, bo, g0, va + 32 * MiB, 4096, 4 * MiB, rw, &bad), -EINVAL);
-        CHECK_R(thunk_gem_map_bo(pc, bo, g0, va + 32 * MiB, 0, 0, rw, &bad), -EINVAL);
-        CHECK_R(thunk_gem_map_bo(pc, bo, 0xfffe, va + 32 * MiB, 0, 4 * MiB, rw, &bad), -EINVAL);
-        CHECK(bad == NULL);
-        CHECK(model_stats(d).mappings == s0.mappings + 4);
+        ASSERT_RC(thunk_gem_map_bo(pc, bo, g0, va + 32 * MiB, 0, 4 * MiB, 0, &bad), -EINVAL);
+        ASSERT_RC(thunk_gem_map_bo(pc, bo, g0, va + 32 * MiB, 0, 4 * MiB, 1u << 7, &bad), -EINVAL);
+        ASSERT_RC(thunk_gem_map_bo(pc, bo, g0, va + 32 * MiB + 8, 0, 4 * MiB, rw, &bad), -EINVAL);
+        ASSERT_RC(thunk_gem_map_bo(pc, bo, g0, va + 32 * MiB, 4096, 4 * MiB, rw, &bad), -EINVAL);
+        ASSERT_RC(thunk_gem_map_bo(pc, bo, g0, va + 32 * MiB, 0, 0, rw, &bad), -EINVAL);
+        ASSERT_RC(thunk_gem_map_bo(pc, bo, 0xfffe, va + 32 * MiB, 0, 4 * MiB, rw, &bad), -EINVAL);
+        ASSERT(bad == NULL);
+        ASSERT(model_stats(d).mappings == s0.mappings + 4);
 
         /* The driver refuses an overlapping VA in the same VM; no handle is left over. */
-        CHECK(thunk_gem_map_bo(pc, bo, g0, va, 0, 2 * MiB, rw, &bad) < 0);
-        CHECK(bad == NULL);
-        CHECK(model_stats(d).gem_handles == s0.gem_handles + (g1 == g0 ? 1 : 2));
+        ASSERT(thunk_gem_map_bo(pc, bo, g0, va, 0, 2 * MiB, rw, &bad) < 0);
+        ASSERT(bad == NULL);
+        ASSERT(model_stats(d).gem_handles == s0.gem_handles + (g1 == g0 ? 1 : 2));
 
-        CHECK_R(thunk_gem_unmap(m1), 0);
-        CHECK(model_stats(d).gem_handles == s0.gem_handles + (g1 == g0 ? 1 : 2));
-        CHECK_R(thunk_gem_unmap(m2), 0);
-        CHECK_R(thunk_gem_unmap(m4), 0);
-        CHECK_R(thunk_gem_unmap(m3), 0);
-        CHECK_R(thunk_gem_unmap(NULL), -EINVAL);
-        CHECK_R(thunk_bo_free(bo), 0);
+        ASSERT_RC(thunk_gem_unmap(m1), 0);
+        ASSERT(model_stats(d).gem_handles == s0.gem_handles + (g1 == g0 ? 1 : 2));
+        ASSERT_RC(thunk_gem_unmap(m2), 0);
+        ASSERT_RC(thunk_gem_unmap(m4), 0);
+        ASSERT_RC(thunk_gem_unmap(m3), 0);
+        ASSERT_RC(thunk_gem_unmap(NULL), -EINVAL);
+        ASSERT_RC(thunk_bo_free(bo), 0);
         {
                 ThunkModelStats s1 = model_stats(d);
 
-                CHECK_STATS_EQUAL(&s0, &s1);
+                ASSERT_STATS_EQUAL(&s0, &s1);
         }
 }
 
@@ -645,22 +649,22 @@ static void test_contexts(ThunkDevice *d)
         uint64_t va = test_va(d, 9);
         ThunkBo *p_bo, *a_bo, *b_bo;
 
-        CHECK_R(thunk_context_new(d, &a), 0);
-        CHECK_R(thunk_context_new(d, &b), 0);
-        CHECK(a != b && !thunk_context_is_primary(a));
-        CHECK(model_stats(d).contexts == s0.contexts + 2);
-        CHECK(model_stats(d).render_fds == s0.render_fds + 2 * n);
-        CHECK(thunk_context_kfd_fd(a) != thunk_context_kfd_fd(pc));
-        CHECK(thunk_context_render_fd(a, g0) != thunk_context_render_fd(pc, g0));
+        ASSERT_RC(thunk_context_new(d, &a), 0);
+        ASSERT_RC(thunk_context_new(d, &b), 0);
+        ASSERT(a != b && !thunk_context_is_primary(a));
+        ASSERT(model_stats(d).contexts == s0.contexts + 2);
+        ASSERT(model_stats(d).render_fds == s0.render_fds + 2 * n);
+        ASSERT(thunk_context_kfd_fd(a) != thunk_context_kfd_fd(pc));
+        ASSERT(thunk_context_render_fd(a, g0) != thunk_context_render_fd(pc, g0));
 
         /* Each context has its own GPU VM: one VA holds a different BO in each. */
         p_bo = alloc_bo(pc, THUNK_MEM_VRAM, g0, THUNK_MEM_WRITABLE, va, 2 * MiB);
         a_bo = alloc_bo(a, THUNK_MEM_VRAM, g0, THUNK_MEM_WRITABLE, va, 2 * MiB);
         b_bo = alloc_bo(b, THUNK_MEM_GTT, g0, THUNK_MEM_WRITABLE, va, 2 * MiB);
-        CHECK_R(thunk_bo_map(p_bo, &g0, 1), 0);
-        CHECK_R(thunk_bo_map(a_bo, &g0, 1), 0);
-        CHECK_R(thunk_bo_map(b_bo, &g0, 1), 0);
-        CHECK(thunk_bo_context(a_bo) == a);
+        ASSERT_RC(thunk_bo_map(p_bo, &g0, 1), 0);
+        ASSERT_RC(thunk_bo_map(a_bo, &g0, 1), 0);
+        ASSERT_RC(thunk_bo_map(b_bo, &g0, 1), 0);
+        ASSERT(thunk_bo_context(a_bo) == a);
 
         /* SVM and USERPTR stay with the primary context. */
         {
@@ -669,28 +673,28 @@ static void test_contexts(ThunkDevice *d)
                 ThunkSvmAttr attr = {KFD_IOCTL_SVM_ATTR_PREFERRED_LOC, g0};
                 ThunkBo *ubo = NULL;
 
-                CHECK(p != MAP_FAILED);
+                ASSERT(p != MAP_FAILED);
                 u.va = u.userptr = (uint64_t)(uintptr_t)p & ~(uint64_t)4095;
-                CHECK(thunk_bo_alloc(a, &u, &ubo) < 0);
-                CHECK(ubo == NULL);
-                CHECK(thunk_svm_set(a, u.userptr, 2 * MiB, &attr, 1) < 0);
+                ASSERT(thunk_bo_alloc(a, &u, &ubo) < 0);
+                ASSERT(ubo == NULL);
+                ASSERT(thunk_svm_set(a, u.userptr, 2 * MiB, &attr, 1) < 0);
                 munmap(p, 2 * MiB);
         }
 
         /* Freeing a context with live, mapped BOs releases them all in the driver. */
         thunk_context_free(a);
-        CHECK(model_stats(d).contexts == s0.contexts + 1);
-        CHECK(model_stats(d).mems == s0.mems + 2);
-        CHECK_R(thunk_bo_unmap_all(b_bo), 0);
-        CHECK_R(thunk_bo_free(b_bo), 0);
+        ASSERT(model_stats(d).contexts == s0.contexts + 1);
+        ASSERT(model_stats(d).mems == s0.mems + 2);
+        ASSERT_RC(thunk_bo_unmap_all(b_bo), 0);
+        ASSERT_RC(thunk_bo_free(b_bo), 0);
         thunk_context_free(b);
-        CHECK_R(thunk_bo_unmap_all(p_bo), 0);
-        CHECK_R(thunk_bo_free(p_bo), 0);
-        CHECK(thunk_context_free(NULL) == NULL);
+        ASSERT_RC(thunk_bo_unmap_all(p_bo), 0);
+        ASSERT_RC(thunk_bo_free(p_bo), 0);
+        ASSERT(thunk_context_free(NULL) == NULL);
         {
                 ThunkModelStats s1 = model_stats(d);
 
-                CHECK_STATS_EQUAL(&s0, &s1);
+                ASSERT_STATS_EQUAL(&s0, &s1);
         }
 }
 
@@ -705,7 +709,7 @@ int main(int argc, char **argv)
         }
         presets_root = argv[1];
 
-        fds0 = count_fds();
+        fds0 = count_fds(0);
         d = open_model(presets_root, argv[2], 0);
         RUN(test_alloc_validation, d);
         RUN(test_alloc_map_free, d);
@@ -716,6 +720,6 @@ int main(int argc, char **argv)
         RUN(test_gem_va, d);
         RUN(test_contexts, d);
         thunk_device_close(d);
-        CHECK(count_fds() == fds0);
+        ASSERT(count_fds(0) == fds0);
         return 0;
 }

@@ -1,7 +1,6 @@
-/* Helpers shared by the thunk tests: checks that stop the test, model devices, and model stats comparison. */
+/* Helpers shared by the thunk tests: model devices and model stats comparison (checks: ../common/check.h). */
 #pragma once
 
-#include <dirent.h>
 #include <errno.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -9,27 +8,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../common/check.h"
 #include "model.h"
 #include "thunk.h"
-
-#define CHECK(cond)                                                                                          \
-        do {                                                                                                 \
-                if (!(cond)) {                                                                               \
-                        fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond);             \
-                        exit(1);                                                                             \
-                }                                                                                            \
-        } while (0)
-
-/* @expr must return exactly @want (0 or a negative errno). */
-#define CHECK_R(expr, want)                                                                                  \
-        do {                                                                                                 \
-                int r_ = (expr), w_ = (want);                                                                \
-                if (r_ != w_) {                                                                              \
-                        fprintf(stderr, "%s:%d: %s = %d (%s), want %d (%s)\n", __FILE__, __LINE__, #expr,    \
-                                r_, strerror(r_ < 0 ? -r_ : r_), w_, strerror(w_ < 0 ? -w_ : w_));           \
-                        exit(1);                                                                             \
-                }                                                                                            \
-        } while (0)
 
 #define TEST_SKIP 77
 
@@ -39,26 +20,11 @@
                 printf("ok %s\n", #fn);                                                                      \
         } while (0)
 
-/* Open fds of this process, to prove that a test closed everything it (or the thunk) opened. */
-static inline int count_fds(void)
-{
-        DIR *dir = opendir("/proc/self/fd");
-        struct dirent *e;
-        int n = 0;
-
-        CHECK(dir);
-        while ((e = readdir(dir)))
-                if (e->d_name[0] != '.')
-                        n++;
-        closedir(dir);
-        return n - 1; /* the directory's own fd */
-}
-
 static inline void preset_path(char *buf, size_t len, const char *root, const char *name)
 {
         int n = snprintf(buf, len, "%s/%s", root, name);
 
-        CHECK(n > 0 && (size_t)n < len);
+        ASSERT(n > 0 && (size_t)n < len);
 }
 
 /* A MODEL device on preset @name under @root reporting KFD minor @minor (0 = model default). */
@@ -75,7 +41,7 @@ static inline ThunkDevice *open_model(const char *root, const char *name, uint32
                 fprintf(stderr, "open model %s (minor %u): %s: %s\n", name, minor, strerror(-r), err);
                 exit(1);
         }
-        CHECK(d);
+        ASSERT(d);
         return d;
 }
 
@@ -84,12 +50,12 @@ static inline ThunkModelStats model_stats(ThunkDevice *d)
         ThunkModelStats s;
 
         memset(&s, 0, sizeof(s));
-        CHECK(thunk_device_model(d));
+        ASSERT(thunk_device_model(d));
         thunk_model_get_stats(thunk_device_model(d), &s);
         return s;
 }
 
-/* Every counter of @b equals @a's: nothing leaked, nothing lost. */
+/* Every counter of @b equals @a's: nothing leaked, nothing lost (the program exits if not). */
 static inline void check_stats_equal_at(const ThunkModelStats *a, const ThunkModelStats *b, const char *file,
                                         int line)
 {
@@ -102,13 +68,14 @@ static inline void check_stats_equal_at(const ThunkModelStats *a, const ThunkMod
         for (uint32_t i = 0; ok && i < a->n_gpus && i < THUNK_MODEL_MAX_GPUS; i++)
                 ok = a->vram_used[i] == b->vram_used[i];
         if (!ok) {
-                fprintf(stderr,
-                        "%s:%d: model stats differ:\n"
+                check_failed(
+                        file, line,
+                        "model stats differ:\n"
                         "  contexts %u/%u kfd_fds %u/%u render_fds %u/%u render_files %u/%u\n"
                         "  mems %llu/%llu bufs %llu/%llu imports %llu/%llu mappings %llu/%llu gem %llu/%llu\n"
-                        "  svm %llu/%llu system %llu/%llu ttm %llu/%llu\n",
-                        file, line, a->contexts, b->contexts, a->kfd_fds, b->kfd_fds, a->render_fds,
-                        b->render_fds, a->render_files, b->render_files, (unsigned long long)a->mems,
+                        "  svm %llu/%llu system %llu/%llu ttm %llu/%llu",
+                        a->contexts, b->contexts, a->kfd_fds, b->kfd_fds, a->render_fds, b->render_fds,
+                        a->render_files, b->render_files, (unsigned long long)a->mems,
                         (unsigned long long)b->mems, (unsigned long long)a->bufs, (unsigned long long)b->bufs,
                         (unsigned long long)a->imports, (unsigned long long)b->imports,
                         (unsigned long long)a->mappings, (unsigned long long)b->mappings,
@@ -116,11 +83,11 @@ static inline void check_stats_equal_at(const ThunkModelStats *a, const ThunkMod
                         (unsigned long long)a->svm_ranges, (unsigned long long)b->svm_ranges,
                         (unsigned long long)a->system_used, (unsigned long long)b->system_used,
                         (unsigned long long)a->ttm_used, (unsigned long long)b->ttm_used);
-                exit(1);
+                exit(EXIT_FAILURE);
         }
 }
 
-#define CHECK_STATS_EQUAL(a, b) check_stats_equal_at((a), (b), __FILE__, __LINE__)
+#define ASSERT_STATS_EQUAL(a, b) check_stats_equal_at((a), (b), __FILE__, __LINE__)
 
 static inline uint64_t align_up(uint64_t v, uint64_t a)
 {
@@ -134,6 +101,6 @@ static inline uint64_t test_va(const ThunkDevice *d, unsigned slot)
 
         thunk_device_svm_aperture(d, &base, &limit);
         va = align_up(base, 1ull << 21) + (1ull << 30) + (uint64_t)slot * (64ull << 20);
-        CHECK(va + (64ull << 20) - 1 <= limit);
+        ASSERT(va + (64ull << 20) - 1 <= limit);
         return va;
 }

@@ -1,8 +1,8 @@
 /* Tests of the topology parser: every preset, a real-world fixture, and malformed trees. */
+#include "../common/check.h"
 #include "config.h"
 #include "topology.h"
 
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
@@ -17,26 +17,6 @@
 #error "TOPO_DATA_DIR must point at tests/topo/data"
 #endif
 
-static int failures;
-
-#define CHECK(cond)                                                                                          \
-        do {                                                                                                 \
-                if (!(cond)) {                                                                               \
-                        fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond);             \
-                        failures++;                                                                          \
-                }                                                                                            \
-        } while (0)
-
-#define CHECK_EQ(a, b)                                                                                       \
-        do {                                                                                                 \
-                unsigned long long a_ = (unsigned long long)(a), b_ = (unsigned long long)(b);               \
-                if (a_ != b_) {                                                                              \
-                        fprintf(stderr, "%s:%d: %s == %llu, expected %s == %llu\n", __FILE__, __LINE__, #a,  \
-                                a_, #b, b_);                                                                 \
-                        failures++;                                                                          \
-                }                                                                                            \
-        } while (0)
-
 #define GIB (1ULL << 30)
 
 static ThunkTopology *load_ok(const char *root)
@@ -46,7 +26,7 @@ static ThunkTopology *load_ok(const char *root)
         int r = thunk_topology_load(root, &t, err, sizeof(err));
         if (r != 0) {
                 fprintf(stderr, "loading %s failed: %d %s\n", root, r, err);
-                failures++;
+                check_failures++;
                 return NULL;
         }
         return t;
@@ -399,9 +379,8 @@ static void expect_fail(int line, int err, const char *needle1, const char *need
         int r = thunk_topology_load(tmproot, &t, msg, sizeof(msg));
         if (r != err || t != sentinel || (needle1 && !strstr(msg, needle1)) ||
             (needle2 && !strstr(msg, needle2))) {
-                fprintf(stderr, "%s:%d: expected %d with '%s' '%s', got %d '%s'\n", __FILE__, line, err,
-                        needle1 ? needle1 : "", needle2 ? needle2 : "", r, msg);
-                failures++;
+                check_failed(__FILE__, line, "expected %d with '%s' '%s', got %d '%s'", err,
+                             needle1 ? needle1 : "", needle2 ? needle2 : "", r, msg);
                 if (r == 0 && t != sentinel)
                         thunk_topology_free(t);
         }
@@ -414,7 +393,7 @@ static void test_malformed(void)
         tmproot = mkdtemp(tmpl);
         if (!tmproot) {
                 perror("mkdtemp");
-                failures++;
+                check_failures++;
                 return;
         }
 
@@ -727,9 +706,7 @@ static void expect_source_fail(int line, MemSource *m, int err, const char *msg_
         ThunkTopology *sentinel = (ThunkTopology *)&msg, *t = sentinel;
         int r = thunk_topology_load_source(&src, "memory", &t, msg, sizeof(msg));
         if (r != err || t != sentinel || strcmp(msg, msg_expected) != 0) {
-                fprintf(stderr, "%s:%d: expected %d '%s', got %d '%s'\n", __FILE__, line, err, msg_expected,
-                        r, msg);
-                failures++;
+                check_failed(__FILE__, line, "expected %d '%s', got %d '%s'", err, msg_expected, r, msg);
                 if (r == 0 && t != sentinel)
                         thunk_topology_free(t);
         }
@@ -826,21 +803,9 @@ static void test_source(void)
         CHECK(t == sentinel && msg[0] == '\0');
 }
 
-static int count_fds(void)
-{
-        int n = 0;
-        DIR *d = opendir("/proc/self/fd");
-        if (!d)
-                return -1;
-        while (readdir(d))
-                n++;
-        closedir(d);
-        return n;
-}
-
 int main(void)
 {
-        int fds = count_fds();
+        int fds = count_fds(0);
         test_mi300x();
         test_mi100();
         test_workstation();
@@ -849,9 +814,9 @@ int main(void)
         test_real_fixture();
         test_malformed();
         test_source();
-        CHECK_EQ(count_fds(), fds); /* every error path closed what it opened */
-        if (failures) {
-                fprintf(stderr, "%d check(s) failed\n", failures);
+        CHECK_EQ(count_fds(0), fds); /* every error path closed what it opened */
+        if (check_failures) {
+                fprintf(stderr, "%d check(s) failed\n", check_failures);
                 return 1;
         }
         printf("topology: all checks passed\n");

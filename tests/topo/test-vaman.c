@@ -1,31 +1,12 @@
 /* Tests of the VA aperture manager: unit cases, windows, handle apertures, and a randomized reference check.
  */
+#include "../common/check.h"
 #include "vaman.h"
 
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-static int failures;
-
-#define CHECK(cond)                                                                                          \
-        do {                                                                                                 \
-                if (!(cond)) {                                                                               \
-                        fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond);             \
-                        failures++;                                                                          \
-                }                                                                                            \
-        } while (0)
-
-#define CHECK_EQ(a, b)                                                                                       \
-        do {                                                                                                 \
-                long long a_ = (long long)(a), b_ = (long long)(b);                                          \
-                if (a_ != b_) {                                                                              \
-                        fprintf(stderr, "%s:%d: %s == %lld (0x%llx), expected %lld (0x%llx)\n", __FILE__,    \
-                                __LINE__, #a, a_, (unsigned long long)a_, b_, (unsigned long long)b_);       \
-                        failures++;                                                                          \
-                }                                                                                            \
-        } while (0)
 
 #define PG   THUNK_VA_PAGE_SIZE
 #define MIB  (1ULL << 20)
@@ -347,7 +328,7 @@ static void compare_all(ThunkVaSpace *s, const Ref *r)
                     o.data != r->v[i].data) {
                         fprintf(stderr, "object %zu differs: expected 0x%llx\n", i,
                                 (unsigned long long)r->v[i].start);
-                        failures++;
+                        check_failures++;
                         return;
                 }
                 at = o.start + 1;
@@ -362,13 +343,13 @@ static void random_run(uint64_t seed, uint64_t guard, const uint64_t *aligns, si
         const uint64_t base = BASE, span = 256 * MIB;
         ThunkVaSpace *s = NULL;
         Ref r = {base, base + span, guard, calloc(span / PG, sizeof(RefObj)), 0};
-        int before = failures;
+        int before = check_failures;
         /* Outcome tallies: the run must have reached every interesting path. */
         int alloc_ok = 0, nomem = 0, fixed_ok = 0, inuse = 0, range = 0, free_ok = 0, noent = 0;
 
         rng_state = seed * 0x9E3779B97F4A7C15ULL + 1;
         CHECK_EQ(thunk_va_space_new(base, span, guard, &s), 0);
-        for (int op = 0; op < ops && failures == before; op++) {
+        for (int op = 0; op < ops && check_failures == before; op++) {
                 /* Mostly small objects, now and then a large one, so the space fills and fragments. */
                 uint64_t pages = rnd_below(8) == 0 ? 1 + rnd_below(4096) : 1 + rnd_below(16);
                 uint64_t size = pages * PG, align = aligns[rnd_below(n_aligns)];
@@ -388,7 +369,7 @@ static void random_run(uint64_t seed, uint64_t guard, const uint64_t *aligns, si
                                         (unsigned long long)seed, op, (unsigned long long)size,
                                         (unsigned long long)align, rs, (unsigned long long)got, rr,
                                         (unsigned long long)want);
-                                failures++;
+                                check_failures++;
                         }
                 } else if (kind < 60) {
                         uint64_t addr = base - MIB + rnd_below((span + 2 * MIB) / PG) * PG;
@@ -400,7 +381,7 @@ static void random_run(uint64_t seed, uint64_t guard, const uint64_t *aligns, si
                         if (rs != rr) {
                                 fprintf(stderr, "seed %llu op %d fixed(0x%llx): %d, reference %d\n",
                                         (unsigned long long)seed, op, (unsigned long long)addr, rs, rr);
-                                failures++;
+                                check_failures++;
                         }
                 } else if (kind < 95) {
                         uint64_t addr;
@@ -415,7 +396,7 @@ static void random_run(uint64_t seed, uint64_t guard, const uint64_t *aligns, si
                         if (rs != rr) {
                                 fprintf(stderr, "seed %llu op %d free(0x%llx): %d, reference %d\n",
                                         (unsigned long long)seed, op, (unsigned long long)addr, rs, rr);
-                                failures++;
+                                check_failures++;
                         }
                 }
                 /* A look-up after every operation. */
@@ -426,7 +407,7 @@ static void random_run(uint64_t seed, uint64_t guard, const uint64_t *aligns, si
                 if ((rs == 0) != (ro != NULL) || (ro && (o.start != ro->start || o.size != ro->size))) {
                         fprintf(stderr, "seed %llu op %d lookup(0x%llx) differs\n", (unsigned long long)seed,
                                 op, (unsigned long long)probe);
-                        failures++;
+                        check_failures++;
                 }
                 if (op % 500 == 0)
                         compare_all(s, &r);
@@ -491,8 +472,8 @@ int main(void)
         test_handles();
         test_random();
         test_many();
-        if (failures) {
-                fprintf(stderr, "%d check(s) failed\n", failures);
+        if (check_failures) {
+                fprintf(stderr, "%d check(s) failed\n", check_failures);
                 return 1;
         }
         printf("vaman: all checks passed\n");

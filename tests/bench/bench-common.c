@@ -1,0 +1,172 @@
+/* gpumem-bench: what every section uses: failing, clocks, latency figures, result rows, CPU placement. */
+#include <dirent.h>
+#include <math.h>
+#include <sched.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "bench.h"
+
+void die(const char *fmt, ...)
+{
+        va_list ap;
+
+        va_start(ap, fmt);
+        fputs("gpumem-bench: ", stderr);
+        vfprintf(stderr, fmt, ap);
+        va_end(ap);
+        fputc('\n', stderr);
+        exit(1);
+}
+
+uint64_t now_ns(void)
+{
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static int cmp_u64(const void *a, const void *b)
+{
+        uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+        return x < y ? -1 : x > y;
+}
+
+/* Sorts @s. */
+Lat lat_of(uint64_t *s, size_t n)
+{
+        Lat l = {.n = n};
+        double sum = 0;
+
+        if (n == 0)
+                return l;
+        qsort(s, n, sizeof(*s), cmp_u64);
+        for (size_t i = 0; i < n; i++)
+                sum += (double)s[i];
+        l.p50_us = (double)s[n / 2] / 1e3;
+        l.p99_us = (double)s[(size_t)((double)(n - 1) * 0.99)] / 1e3;
+        l.mean_us = sum / (double)n / 1e3;
+        l.ops_per_s = sum > 0 ? (double)n / (sum / 1e9) : 0;
+        return l;
+}
+
+Row *add_row(Report *r, const char *section, const char *name, unsigned rtts, bool fd)
+{
+        Row *w;
+
+        if (r->n_rows >= sizeof(r->rows) / sizeof(r->rows[0]))
+                die("too many result rows");
+        w = &r->rows[r->n_rows++];
+        memset(w, 0, sizeof(*w));
+        snprintf(w->section, sizeof(w->section), "%s", section);
+        snprintf(w->name, sizeof(w->name), "%s", name);
+        w->rtts = rtts;
+        w->fd = fd;
+        return w;
+}
+
+const Row *find_row(const Report *r, const char *section, const char *name)
+{
+        for (size_t i = 0; i < r->n_rows; i++)
+                if (strcmp(r->rows[i].section, section) == 0 && strcmp(r->rows[i].name, name) == 0)
+                        return &r->rows[i];
+        return NULL;
+}
+
+void add_target(Report *r, const char *what, const char *measured, double ratio, double limit,
+                bool higher_is_better)
+{
+        Target *t = &r->targets[r->n_targets++];
+
+        snprintf(t->what, sizeof(t->what), "%s", what);
+        snprintf(t->measured, sizeof(t->measured), "%s", measured);
+        t->ratio = ratio;
+        t->limit = limit;
+        t->higher_is_better = higher_is_better;
+        t->met = !isnan(ratio) && (higher_is_better ? ratio >= limit : ratio <= limit);
+}
+
+void set_affinity_tid(pid_t tid, const cpu_set_t *set)
+{
+        (void)sched_setaffinity(tid, sizeof(*set), set);
+}
+
+void pin_self(int cpu)
+{
+        cpu_set_t s;
+        CPU_ZERO(&s);
+        CPU_SET(cpu, &s);
+        set_affinity_tid(0, &s);
+}
+
+void unpin_self(const Settings *st)
+{
+        set_affinity_tid(0, &st->all_cpus);
+}
+
+/* Every thread of @pid, as taskset -a does. */
+void place_process(pid_t pid, const cpu_set_t *set)
+{
+        char path[64];
+        struct dirent *e;
+        DIR *dir;
+
+        snprintf(path, sizeof(path), "/proc/%d/task", (int)pid);
+        dir = opendir(path);
+        if (!dir) {
+                set_affinity_tid(pid, set);
+                return;
+        }
+        while ((e = readdir(dir)))
+                if (e->d_name[0] != '.')
+                        set_affinity_tid((pid_t)atoi(e->d_name), set);
+        closedir(dir);
+}
+
+/* The event loop (the main thread) on @loop_cpu, every other thread of @pid (its workers) on @others_cpu. */
+void pin_loop_apart(pid_t pid, int loop_cpu, int others_cpu)
+{
+        char path[64];
+        struct dirent *e;
+        cpu_set_t a, b;
+        DIR *dir;
+
+        CPU_ZERO(&a);
+        CPU_SET(loop_cpu, &a);
+        CPU_ZERO(&b);
+        CPU_SET(others_cpu, &b);
+        snprintf(path, sizeof(path), "/proc/%d/task", (int)pid);
+        dir = opendir(path);
+        if (!dir) {
+                set_affinity_tid(pid, &a);
+                return;
+        }
+        /* the main thread and the other event loops ("gpumemd-loop") on @loop_cpu, the worker threads
+         * ("gpumemd-work") on @others_cpu */
+        while ((e = readdir(dir))) {
+                char comm_path[sizeof(path) + 280], comm[32] = "";
+                FILE *f;
+                if (e->d_name[0] == '.')
+                        continue;
+                snprintf(comm_path, sizeof(comm_path), "%s/%s/comm", path, e->d_name);
+                f = fopen(comm_path, "re");
+                if (f) {
+                        if (!fgets(comm, sizeof(comm), f))
+                                comm[0] = '\0';
+                        fclose(f);
+                }
+                set_affinity_tid((pid_t)atoi(e->d_name), strncmp(comm, "gpumemd-work", 12) == 0 ? &b : &a);
+        }
+        closedir(dir);
+}
+
+void pin_process(pid_t pid, int cpu)
+{
+        cpu_set_t s;
+        CPU_ZERO(&s);
+        CPU_SET(cpu, &s);
+        place_process(pid, &s);
+}
