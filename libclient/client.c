@@ -18,6 +18,14 @@
 
 #define WINDOW_RETRIES 4
 
+/*
+ * Requests up to this size are built on the caller's stack, larger ones in a malloc'd buffer. Every request
+ * whose size the API bounds fits with room to spare (the largest, 65 access descriptors, packs to under
+ * 700 bytes); only one carrying a long string of the caller's (a client or class name) is bigger. 2 KiB
+ * is little beside any thread's stack.
+ */
+#define SEND_STACK_MAX 2048
+
 struct Pending {
         Pending *next;
         uint32_t id;
@@ -222,10 +230,11 @@ static int wait_reply(gm_client *c, uint32_t id, Pending **ret)
 int gm_call(gm_client *c, Gpumem__Request *req, const int *fds, size_t n_fds, Gpumem__Reply **ret_reply,
             int *ret_fds, size_t *ret_n_fds)
 {
+        uint8_t stack_buf[SEND_STACK_MAX];
         Gpumem__Reply *reply;
         Pending *p = NULL;
         GmFrameHdr h;
-        uint8_t *buf;
+        uint8_t *buf = stack_buf;
         size_t len;
         uint32_t id;
         int r;
@@ -235,9 +244,11 @@ int gm_call(gm_client *c, Gpumem__Request *req, const int *fds, size_t n_fds, Gp
                 return gm_set_reason(c, -EMSGSIZE, "request larger than the maximum frame size");
         if (n_fds > GM_FRAME_MAX_FDS)
                 return gm_set_reason(c, -E2BIG, "more than %u fds in one request", GM_FRAME_MAX_FDS);
-        buf = malloc(GM_FRAME_HDR_SIZE + len);
-        if (!buf)
-                return gm_set_reason(c, -ENOMEM, "out of memory");
+        if (GM_FRAME_HDR_SIZE + len > sizeof(stack_buf)) {
+                buf = malloc(GM_FRAME_HDR_SIZE + len);
+                if (!buf)
+                        return gm_set_reason(c, -ENOMEM, "out of memory");
+        }
 
         pthread_mutex_lock(&c->lock);
         if (c->broken) {
@@ -245,7 +256,8 @@ int gm_call(gm_client *c, Gpumem__Request *req, const int *fds, size_t n_fds, Gp
                 ErrSlot *s = err_slot(c);
                 snprintf(s->reason, sizeof(s->reason), "%s", c->broken_reason);
                 pthread_mutex_unlock(&c->lock);
-                free(buf);
+                if (buf != stack_buf)
+                        free(buf);
                 return r;
         }
         id = ++c->next_id;
@@ -258,7 +270,8 @@ int gm_call(gm_client *c, Gpumem__Request *req, const int *fds, size_t n_fds, Gp
         pthread_mutex_lock(&c->send_lock);
         r = gm_wire_send(c->fd, buf, GM_FRAME_HDR_SIZE + len, NULL, 0, fds, n_fds, 0);
         pthread_mutex_unlock(&c->send_lock);
-        free(buf);
+        if (buf != stack_buf)
+                free(buf);
         if (r < 0) {
                 /* The daemon may have said why it hung up (a frame with id 0 still queued): prefer that. */
                 pthread_mutex_lock(&c->lock);
