@@ -50,7 +50,7 @@ static int call_simple(gm_client *c, Gpumem__Request *req)
         int r = gm_call(c, req, NULL, 0, &reply, NULL, NULL);
         if (r < 0)
                 return r;
-        gpumem__reply__free_unpacked(reply, NULL);
+        gm_reply_free(c, reply);
         return 0;
 }
 
@@ -66,7 +66,7 @@ static int call_result(gm_client *c, Gpumem__Request *req, Gpumem__Reply__Result
                 return r;
         if (reply->result_case != want) {
                 gm_wire_close_fds(fds, n);
-                gpumem__reply__free_unpacked(reply, NULL);
+                gm_reply_free(c, reply);
                 return gm_set_reason(c, -EPROTO, "gpumemd replied with an unexpected result");
         }
         if (n_fds)
@@ -145,7 +145,7 @@ int gm_malloc_desc(gm_client *c, const gm_alloc_desc *d, void **ret_ptr)
                         reserve_again(va, size);
                 goto undo_daemon;
         }
-        gpumem__reply__free_unpacked(reply, NULL);
+        gm_reply_free(c, reply);
         *ret_ptr = (void *)(uintptr_t)va;
         return 0;
 
@@ -162,7 +162,7 @@ undo_daemon : {
         (void)call_simple(c, &freq);
 }
         free(e);
-        gpumem__reply__free_unpacked(reply, NULL);
+        gm_reply_free(c, reply);
         return r;
 }
 
@@ -292,14 +292,14 @@ int gm_mem_get_info(gm_client *c, uint32_t gpu_id, size_t *ret_free, size_t *ret
                 return r;
         if (reply->mem_info->n_gpus != 1) {
                 size_t n = reply->mem_info->n_gpus;
-                gpumem__reply__free_unpacked(reply, NULL);
+                gm_reply_free(c, reply);
                 return gm_set_reason(c, -EPROTO, "gpumemd answered for %zu GPUs", n);
         }
         if (ret_free)
                 *ret_free = reply->mem_info->gpus[0]->free;
         if (ret_total)
                 *ret_total = reply->mem_info->gpus[0]->total;
-        gpumem__reply__free_unpacked(reply, NULL);
+        gm_reply_free(c, reply);
         return 0;
 }
 
@@ -333,7 +333,7 @@ int gm_pointer_get_attributes(gm_client *c, const void *ptr, gm_pointer_attribut
         a.n_mapped_gpus = p->n_mapped_gpus < 64 ? p->n_mapped_gpus : 64;
         if (a.n_mapped_gpus) /* mapped_gpus is NULL when the memory is mapped on no GPU */
                 memcpy(a.mapped_gpus, p->mapped_gpus, a.n_mapped_gpus * sizeof(uint32_t));
-        gpumem__reply__free_unpacked(reply, NULL);
+        gm_reply_free(c, reply);
         a.struct_size = ret->struct_size < sizeof(a) ? ret->struct_size : sizeof(a);
         memcpy(ret, &a, a.struct_size);
         return 0;
@@ -409,14 +409,14 @@ int gm_svm_get_attributes(gm_client *c, const void *ptr, size_t size, gm_svm_att
         if (r < 0)
                 return r;
         if (reply->svm_get_attr->n_attrs != n) {
-                gpumem__reply__free_unpacked(reply, NULL);
-                return gm_set_reason(c, -EPROTO, "gpumemd answered %zu attributes for %zu",
-                                     reply->svm_get_attr->n_attrs, n);
+                size_t got = reply->svm_get_attr->n_attrs;
+                gm_reply_free(c, reply);
+                return gm_set_reason(c, -EPROTO, "gpumemd answered %zu attributes for %zu", got, n);
         }
         for (size_t i = 0; i < n; i++)
                 attrs[i] = (gm_svm_attr){reply->svm_get_attr->attrs[i]->type,
                                          reply->svm_get_attr->attrs[i]->value};
-        gpumem__reply__free_unpacked(reply, NULL);
+        gm_reply_free(c, reply);
         return 0;
 }
 
@@ -507,7 +507,7 @@ int gm_mem_address_reserve(gm_client *c, size_t size, size_t alignment, void *ad
         if (r < 0)
                 return r;
         *ret_ptr = (void *)(uintptr_t)reply->vmm_reserve->va;
-        gpumem__reply__free_unpacked(reply, NULL);
+        gm_reply_free(c, reply);
         return 0;
 }
 
@@ -545,7 +545,7 @@ int gm_mem_create(gm_client *c, size_t size, uint32_t gpu_id, unsigned flags, gm
         if (r < 0)
                 return r;
         *ret_handle = reply->vmm_create->handle;
-        gpumem__reply__free_unpacked(reply, NULL);
+        gm_reply_free(c, reply);
         return 0;
 }
 
@@ -646,7 +646,7 @@ int gm_mem_set_access(gm_client *c, void *ptr, size_t size, const gm_access_desc
                                       strerror(-r));
         }
         gm_wire_close_fds(fds, n_fds);
-        gpumem__reply__free_unpacked(reply, NULL);
+        gm_reply_free(c, reply);
         if (r == 0 && cpu_none && in_window(c, v.va, v.size))
                 reserve_again(v.va, v.size);
         return r;
@@ -670,7 +670,7 @@ int gm_mem_get_access(gm_client *c, const void *ptr, uint32_t location, int *ret
         if (r < 0)
                 return r;
         *ret_access = reply->vmm_get_access->access;
-        gpumem__reply__free_unpacked(reply, NULL);
+        gm_reply_free(c, reply);
         return 0;
 }
 
@@ -695,7 +695,7 @@ int gm_mem_get_allocation_granularity(gm_client *c, uint32_t gpu_id, int option,
         if (r < 0)
                 return r;
         *ret_granularity = reply->vmm_granularity->granularity;
-        gpumem__reply__free_unpacked(reply, NULL);
+        gm_reply_free(c, reply);
         return 0;
 }
 
@@ -716,7 +716,7 @@ int gm_mem_retain_allocation_handle(gm_client *c, void *ptr, gm_handle *ret_hand
         if (r < 0)
                 return r;
         *ret_handle = reply->vmm_retain->handle;
-        gpumem__reply__free_unpacked(reply, NULL);
+        gm_reply_free(c, reply);
         return 0;
 }
 
@@ -741,7 +741,7 @@ int gm_mem_get_allocation_properties(gm_client *c, gm_handle handle, gm_allocati
         p.gpu_id = reply->vmm_properties->gpu_id;
         p.size = reply->vmm_properties->size;
         p.flags = reply->vmm_properties->flags;
-        gpumem__reply__free_unpacked(reply, NULL);
+        gm_reply_free(c, reply);
         p.struct_size = ret->struct_size < sizeof(p) ? ret->struct_size : sizeof(p);
         memcpy(ret, &p, p.struct_size);
         return 0;
@@ -780,13 +780,13 @@ int gm_mem_export_flags(gm_client *c, gm_handle handle, unsigned flags, int *ret
         idx = reply->dmabuf_export->fd_index;
         if (idx < 0 || (size_t)idx >= n_fds) {
                 gm_wire_close_fds(fds, n_fds);
-                gpumem__reply__free_unpacked(reply, NULL);
+                gm_reply_free(c, reply);
                 return gm_set_reason(c, -EPROTO, "gpumemd named a dmabuf fd it did not send");
         }
         if ((flags & GM_EXPORT_READ_ONLY) && (fcntl(fds[idx], F_GETFL) & O_ACCMODE) != O_RDONLY) {
                 /* a daemon that does not know the flag exported it writable: never hand that on */
                 gm_wire_close_fds(fds, n_fds);
-                gpumem__reply__free_unpacked(reply, NULL);
+                gm_reply_free(c, reply);
                 return gm_set_reason(c, -EOPNOTSUPP, "this gpumemd cannot export read-only");
         }
         *ret_fd = fds[idx];
@@ -794,7 +794,7 @@ int gm_mem_export_flags(gm_client *c, gm_handle handle, unsigned flags, int *ret
         if (ret_size)
                 *ret_size = reply->dmabuf_export->size;
         gm_wire_close_fds(fds, n_fds);
-        gpumem__reply__free_unpacked(reply, NULL);
+        gm_reply_free(c, reply);
         return 0;
 }
 
@@ -816,12 +816,12 @@ int gm_mem_import(gm_client *c, int fd, uint32_t gpu_id, gm_handle *ret_handle, 
         if (r < 0)
                 return r;
         if (reply->result_case != GPUMEM__REPLY__RESULT_DMABUF_IMPORT) {
-                gpumem__reply__free_unpacked(reply, NULL);
+                gm_reply_free(c, reply);
                 return gm_set_reason(c, -EPROTO, "gpumemd replied with an unexpected result");
         }
         *ret_handle = reply->dmabuf_import->handle;
         if (ret_size)
                 *ret_size = reply->dmabuf_import->size;
-        gpumem__reply__free_unpacked(reply, NULL);
+        gm_reply_free(c, reply);
         return 0;
 }

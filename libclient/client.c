@@ -113,6 +113,95 @@ static void mark_broken(gm_client *c, int err, const char *reason)
         pthread_mutex_unlock(&c->lock);
 }
 
+static void *arena_alloc_cb(void *arena, size_t size)
+{
+        return arena_alloc(arena, size);
+}
+
+static void arena_free_cb(void *arena, void *p)
+{
+        arena_free(arena, p);
+}
+
+/* A free reply arena, made when every one made is in use and the pool has room; -1 if none. Lock held. */
+static int arena_take_locked(gm_client *c)
+{
+        unsigned i;
+
+        for (i = 0; i < c->n_arenas; i++)
+                if (!(c->arenas_busy & (1u << i)))
+                        break;
+        if (i == GM_REPLY_ARENAS)
+                return -1;
+        if (i == c->n_arenas) {
+                if (arena_init(&c->arenas[i], GM_REPLY_ARENA_SIZE) < 0)
+                        return -1;
+                c->n_arenas++;
+        }
+        c->arenas_busy |= 1u << i;
+        return (int)i;
+}
+
+/* Forget what arena @i holds and give it back to the pool. */
+static void arena_give_back(gm_client *c, unsigned i)
+{
+        pthread_mutex_lock(&c->lock);
+        arena_reset(&c->arenas[i]);
+        c->arenas_busy &= ~(1u << i);
+        pthread_mutex_unlock(&c->lock);
+}
+
+/* Decode a reply body into a free arena, or with malloc when there is none. Free with gm_reply_free(). */
+static Gpumem__Reply *reply_unpack(gm_client *c, const uint8_t *body, size_t len)
+{
+        Gpumem__Reply *reply;
+        int i;
+
+        pthread_mutex_lock(&c->lock);
+        i = arena_take_locked(c);
+        pthread_mutex_unlock(&c->lock);
+        if (i < 0)
+                return gpumem__reply__unpack(NULL, len, body);
+        ProtobufCAllocator alloc = {arena_alloc_cb, arena_free_cb, &c->arenas[i]};
+        reply = gpumem__reply__unpack(&alloc, len, body);
+        if (!reply) /* what it had spilled into malloc it freed already */
+                arena_give_back(c, (unsigned)i);
+        return reply;
+}
+
+void gm_reply_free(gm_client *c, Gpumem__Reply *reply)
+{
+        const uint8_t *p = (const uint8_t *)reply;
+        Arena *a = NULL;
+        unsigned i;
+
+        if (!reply)
+                return;
+        /* A reply decoded in an arena begins in it: protobuf-c allocates the top message first. */
+        pthread_mutex_lock(&c->lock);
+        for (i = 0; i < c->n_arenas; i++) {
+                if (p >= c->arenas[i].buf && p < c->arenas[i].buf + c->arenas[i].cap) {
+                        a = &c->arenas[i];
+                        break;
+                }
+        }
+        if (a && !a->spilled) { /* the common case: all of it in the arena, nothing to walk */
+                arena_reset(a);
+                c->arenas_busy &= ~(1u << i);
+                pthread_mutex_unlock(&c->lock);
+                return;
+        }
+        pthread_mutex_unlock(&c->lock);
+        if (!a) { /* decoded while every arena was in use */
+                gpumem__reply__free_unpacked(reply, NULL);
+                return;
+        }
+        /* the arena's free() frees only what went beyond it, into malloc */
+        ProtobufCAllocator alloc = {arena_alloc_cb, arena_free_cb, a};
+        gpumem__reply__free_unpacked(reply, &alloc);
+        arena_give_back(c, i);
+}
+
 /*
  * Receive one packet into the receive buffer (we are the reader, lock not held), its fds into @fds and
  * its request id (0 when too short to have one) into *ret_id. Returns its length, -EAGAIN when
@@ -161,7 +250,7 @@ static void connection_error(gm_client *c, const uint8_t *data, size_t len, int 
         GmFrameHdr h;
 
         if (gm_frame_parse(data, len, n_fds, GM_PROTOCOL_VERSION, &h, NULL) == 0)
-                reply = gpumem__reply__unpack(NULL, h.body_len, data + GM_FRAME_HDR_SIZE);
+                reply = reply_unpack(c, data + GM_FRAME_HDR_SIZE, h.body_len);
         pthread_mutex_lock(&c->lock);
         if (reply && reply->status && reply->status->code < 0)
                 mark_broken_locked(c, reply->status->code,
@@ -169,8 +258,7 @@ static void connection_error(gm_client *c, const uint8_t *data, size_t len, int 
         else
                 mark_broken_locked(c, -EPROTO, "malformed connection error from gpumemd");
         pthread_mutex_unlock(&c->lock);
-        if (reply)
-                gpumem__reply__free_unpacked(reply, NULL);
+        gm_reply_free(c, reply);
         gm_wire_close_fds(fds, n_fds);
 }
 
@@ -219,7 +307,7 @@ static int take_reply(gm_client *c, const uint8_t *data, size_t len, int *fds, s
                 r = gm_set_reason(c, -EPROTO, "malformed reply frame from gpumemd");
                 goto fail;
         }
-        reply = gpumem__reply__unpack(NULL, h.body_len, data + GM_FRAME_HDR_SIZE);
+        reply = reply_unpack(c, data + GM_FRAME_HDR_SIZE, h.body_len);
         if (!reply || !reply->status || !reply->status->has_code) {
                 r = gm_set_reason(c, -EPROTO, "undecodable reply from gpumemd");
                 goto fail;
@@ -239,8 +327,7 @@ static int take_reply(gm_client *c, const uint8_t *data, size_t len, int *fds, s
         return 0;
 
 fail:
-        if (reply)
-                gpumem__reply__free_unpacked(reply, NULL);
+        gm_reply_free(c, reply);
         gm_wire_close_fds(fds, n_fds);
         return r;
 }
@@ -407,7 +494,7 @@ static int handshake(gm_client *c, const char *name)
         h = reply->hello;
         if (reply->result_case != GPUMEM__REPLY__RESULT_HELLO || !h || !h->has_window_base ||
             !h->has_window_size || h->protocol_version == 0 || h->protocol_version > GM_PROTOCOL_VERSION) {
-                gpumem__reply__free_unpacked(reply, NULL);
+                gm_reply_free(c, reply);
                 return gm_set_reason(c, -EPROTO, "gpumemd answered hello with an unusable reply");
         }
         c->protocol_version = h->protocol_version;
@@ -418,7 +505,7 @@ static int handshake(gm_client *c, const char *name)
         c->kfd_minor = h->kfd_minor;
         c->server_version = dup_or_empty(h->server_version);
         c->backend = dup_or_empty(h->backend);
-        gpumem__reply__free_unpacked(reply, NULL);
+        gm_reply_free(c, reply);
         if (!c->server_version || !c->backend)
                 return gm_set_reason(c, -ENOMEM, "out of memory");
 
@@ -444,11 +531,11 @@ static int handshake(gm_client *c, const char *name)
                 if (r < 0)
                         return r;
                 if (!reply->hello || !reply->hello->has_window_base) {
-                        gpumem__reply__free_unpacked(reply, NULL);
+                        gm_reply_free(c, reply);
                         return gm_set_reason(c, -EPROTO, "gpumemd answered a window retry without a window");
                 }
                 c->window_base = reply->hello->window_base;
-                gpumem__reply__free_unpacked(reply, NULL);
+                gm_reply_free(c, reply);
         }
 }
 
@@ -543,6 +630,8 @@ void gm_client_close(gm_client *c)
         pthread_mutex_destroy(&c->lock);
         free(c->server_version);
         free(c->backend);
+        for (unsigned i = 0; i < c->n_arenas; i++)
+                arena_done(&c->arenas[i]);
         free(c->rxbuf);
         free(c);
 }
@@ -600,7 +689,7 @@ int gm_ping(gm_client *c)
         r = (reply->result_case == GPUMEM__REPLY__RESULT_PING && reply->ping->cookie == ping.cookie)
                     ? 0
                     : gm_set_reason(c, -EPROTO, "ping answered with the wrong cookie");
-        gpumem__reply__free_unpacked(reply, NULL);
+        gm_reply_free(c, reply);
         return r;
 }
 
