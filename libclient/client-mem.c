@@ -341,11 +341,9 @@ int gm_pointer_get_attributes(gm_client *c, const void *ptr, gm_pointer_attribut
 
 /* ---- managed memory ---------------------------------------------------------------------------------- */
 
-static Gpumem__SvmAttr **attrs_to_wire(const gm_svm_attr *attrs, size_t n, Gpumem__SvmAttr *buf)
+/* @n attributes in wire form, in @buf, each pointed to from @ptrs: the caller's stack, no allocation. */
+static void attrs_to_wire(const gm_svm_attr *attrs, size_t n, Gpumem__SvmAttr *buf, Gpumem__SvmAttr **ptrs)
 {
-        Gpumem__SvmAttr **ptrs = calloc(n ? n : 1, sizeof(*ptrs));
-        if (!ptrs)
-                return NULL;
         for (size_t i = 0; i < n; i++) {
                 gpumem__svm_attr__init(&buf[i]);
                 buf[i].has_type = buf[i].has_value = true;
@@ -353,7 +351,6 @@ static Gpumem__SvmAttr **attrs_to_wire(const gm_svm_attr *attrs, size_t n, Gpume
                 buf[i].value = attrs[i].value;
                 ptrs[i] = &buf[i];
         }
-        return ptrs;
 }
 
 #define GM_SVM_MAX_ATTRS 32
@@ -362,8 +359,7 @@ int gm_svm_set_attributes(gm_client *c, const void *ptr, size_t size, const gm_s
 {
         Gpumem__Request req = GPUMEM__REQUEST__INIT;
         Gpumem__SvmSetAttr s = GPUMEM__SVM_SET_ATTR__INIT;
-        Gpumem__SvmAttr buf[GM_SVM_MAX_ATTRS];
-        int r;
+        Gpumem__SvmAttr buf[GM_SVM_MAX_ATTRS], *ptrs[GM_SVM_MAX_ATTRS];
 
         if (!c || (n && !attrs))
                 return BAD_ARGS(c);
@@ -373,21 +369,18 @@ int gm_svm_set_attributes(gm_client *c, const void *ptr, size_t size, const gm_s
         s.va = ptr_u64(ptr);
         s.size = size;
         s.n_attrs = n;
-        s.attrs = attrs_to_wire(attrs, n, buf);
-        if (!s.attrs)
-                return gm_set_reason(c, -ENOMEM, "out of memory");
+        s.attrs = ptrs;
+        attrs_to_wire(attrs, n, buf, ptrs);
         req.op_case = GPUMEM__REQUEST__OP_SVM_SET_ATTR;
         req.svm_set_attr = &s;
-        r = call_simple(c, &req);
-        free(s.attrs);
-        return r;
+        return call_simple(c, &req);
 }
 
 int gm_svm_get_attributes(gm_client *c, const void *ptr, size_t size, gm_svm_attr *attrs, size_t n)
 {
         Gpumem__Request req = GPUMEM__REQUEST__INIT;
         Gpumem__SvmGetAttr g = GPUMEM__SVM_GET_ATTR__INIT;
-        Gpumem__SvmAttr buf[GM_SVM_MAX_ATTRS];
+        Gpumem__SvmAttr buf[GM_SVM_MAX_ATTRS], *ptrs[GM_SVM_MAX_ATTRS];
         Gpumem__Reply *reply = NULL;
         int r;
 
@@ -399,13 +392,11 @@ int gm_svm_get_attributes(gm_client *c, const void *ptr, size_t size, gm_svm_att
         g.va = ptr_u64(ptr);
         g.size = size;
         g.n_attrs = n;
-        g.attrs = attrs_to_wire(attrs, n, buf);
-        if (!g.attrs)
-                return gm_set_reason(c, -ENOMEM, "out of memory");
+        g.attrs = ptrs;
+        attrs_to_wire(attrs, n, buf, ptrs);
         req.op_case = GPUMEM__REQUEST__OP_SVM_GET_ATTR;
         req.svm_get_attr = &g;
         r = call_result(c, &req, GPUMEM__REPLY__RESULT_SVM_GET_ATTR, &reply, NULL, NULL);
-        free(g.attrs);
         if (r < 0)
                 return r;
         if (reply->svm_get_attr->n_attrs != n) {
