@@ -13,11 +13,13 @@
         ((c) ? gm_set_reason((c), -EINVAL, "%s: a required argument is missing or invalid", __func__)        \
              : -EINVAL)
 
-typedef struct MemEntry {
+struct MemEntry {
         gm_handle handle;
-        uint64_t size;
+        uint64_t va, size;
         bool cpu_mapped;
-} MemEntry;
+        bool freeing; /* gm_mem_free() is taking it down; on c->freeing */
+        MemEntry *next_freeing;
+};
 
 static uint64_t ptr_u64(const void *p)
 {
@@ -41,6 +43,26 @@ static int map_fd_at(uint64_t va, uint64_t size, int fd, uint64_t offset, bool w
 static bool in_window(const gm_client *c, uint64_t va, uint64_t size)
 {
         return va >= c->window_base && size <= c->window_size && va - c->window_base <= c->window_size - size;
+}
+
+/*
+ * Wait until no other thread is still taking down an allocation of this client's over [va, va + size).
+ * The daemon may hand an address out again as soon as it has freed it, before the thread that freed it
+ * has put the window's reservation back over its CPU mapping and forgotten it: a mapping made there in
+ * the meantime would be lost, and the address found taken.
+ */
+static void wait_range_free(gm_client *c, uint64_t va, uint64_t size)
+{
+        pthread_mutex_lock(&c->mem_lock);
+        for (;;) {
+                const MemEntry *e = c->freeing;
+                while (e && !(va < e->va + e->size && e->va < va + size))
+                        e = e->next_freeing;
+                if (!e)
+                        break;
+                pthread_cond_wait(&c->mem_cond, &c->mem_lock);
+        }
+        pthread_mutex_unlock(&c->mem_lock);
 }
 
 /* One request whose reply carries only a status. */
@@ -114,6 +136,7 @@ int gm_malloc_desc(gm_client *c, const gm_alloc_desc *d, void **ret_ptr)
         e = calloc(1, sizeof(*e));
         if (e) {
                 e->handle = reply->alloc->handle;
+                e->va = va;
                 e->size = size;
         }
         if (!e || !in_window(c, va, size)) {
@@ -121,6 +144,7 @@ int gm_malloc_desc(gm_client *c, const gm_alloc_desc *d, void **ret_ptr)
                                   e ? "gpumemd placed memory outside the window" : "out of memory");
                 goto undo;
         }
+        wait_range_free(c, va, size);
         if (reply->alloc->mem_fd_index >= 0) {
                 if ((size_t)reply->alloc->mem_fd_index >= n_fds) {
                         r = gm_set_reason(c, -EPROTO, "gpumemd named a memory fd it did not send");
@@ -201,33 +225,53 @@ int gm_mem_free(gm_client *c, void *ptr)
         Gpumem__Request req = GPUMEM__REQUEST__INIT;
         Gpumem__Free f = GPUMEM__FREE__INIT;
         MemEntry *e;
+        bool busy;
         int r;
 
         if (!c)
                 return BAD_ARGS(c);
         if (!ptr)
                 return 0; /* like free(NULL) and hipFree(nullptr) */
-        e = entry_of(c, ptr);
+        pthread_mutex_lock(&c->mem_lock);
+        e = hashmap_get(&c->allocs, ptr_u64(ptr));
+        busy = e && e->freeing;
+        if (e && !busy) {
+                e->freeing = true;
+                e->next_freeing = c->freeing;
+                c->freeing = e;
+        }
+        pthread_mutex_unlock(&c->mem_lock);
         if (!e)
                 return gm_set_reason(c, -EINVAL,
                                      "%p was not returned by gm_malloc, gm_host_malloc or "
                                      "gm_malloc_managed",
                                      ptr);
+        if (busy)
+                return gm_set_reason(c, -EINVAL, "%p is being freed by another thread", ptr);
         f.has_handle = true;
         f.handle = e->handle;
         req.op_case = GPUMEM__REQUEST__OP_FREE;
         req.free = &f;
         r = call_simple(c, &req);
-        if (r < 0)
-                return r;
-        pthread_mutex_lock(&c->mem_lock);
-        e = hashmap_remove(&c->allocs, ptr_u64(ptr));
-        pthread_mutex_unlock(&c->mem_lock);
         /* After the free: the pages then go in this process, as it drops the last mapping, not on the
          * daemon's event loop. The daemon keeps the memory charged until then and refunds it when the
          * kernel reports the file gone, a moment after this returns. */
-        if (e && e->cpu_mapped)
-                reserve_again(ptr_u64(ptr), e->size);
+        if (r == 0 && e->cpu_mapped)
+                reserve_again(e->va, e->size);
+        pthread_mutex_lock(&c->mem_lock);
+        for (MemEntry **pp = &c->freeing; *pp; pp = &(*pp)->next_freeing) {
+                if (*pp == e) {
+                        *pp = e->next_freeing;
+                        break;
+                }
+        }
+        e->freeing = false;
+        if (r == 0)
+                (void)hashmap_remove(&c->allocs, e->va);
+        pthread_cond_broadcast(&c->mem_cond);
+        pthread_mutex_unlock(&c->mem_lock);
+        if (r < 0)
+                return r;
         free(e);
         return 0;
 }
@@ -483,6 +527,7 @@ int gm_mem_address_reserve(gm_client *c, size_t size, size_t alignment, void *ad
         Gpumem__Request req = GPUMEM__REQUEST__INIT;
         Gpumem__VmmReserve v = GPUMEM__VMM_RESERVE__INIT;
         Gpumem__Reply *reply = NULL;
+        uint64_t va;
         int r;
 
         if (!c || !ret_ptr)
@@ -497,8 +542,11 @@ int gm_mem_address_reserve(gm_client *c, size_t size, size_t alignment, void *ad
         r = call_result(c, &req, GPUMEM__REPLY__RESULT_VMM_RESERVE, &reply, NULL, NULL);
         if (r < 0)
                 return r;
-        *ret_ptr = (void *)(uintptr_t)reply->vmm_reserve->va;
+        va = reply->vmm_reserve->va;
         gm_reply_free(c, reply);
+        /* the caller maps into the range next: not while a free over it is still in progress */
+        wait_range_free(c, va, size);
+        *ret_ptr = (void *)(uintptr_t)va;
         return 0;
 }
 

@@ -21,6 +21,7 @@ typedef struct ErrSlot {
 } ErrSlot;
 
 typedef struct Pending Pending;
+typedef struct MemEntry MemEntry;
 
 /*
  * Replies are decoded into arenas the client keeps, so that a call makes no allocation of its own. 4 KiB
@@ -58,7 +59,9 @@ struct gm_client {
         char *backend;
 
         pthread_mutex_t mem_lock; /* the allocation table */
+        pthread_cond_t mem_cond;  /* an allocation's teardown in this process ended */
         HashMap allocs;           /* base address → MemEntry, for gm_mem_free and friends */
+        MemEntry *freeing;        /* allocations gm_mem_free() is taking down: not yet to be mapped over */
 };
 
 /* One request/reply round trip. On success *ret_reply is the decoded reply (status 0), to be released

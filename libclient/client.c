@@ -553,6 +553,7 @@ static gm_client *client_new(void)
         pthread_mutex_init(&c->lock, NULL);
         pthread_mutex_init(&c->send_lock, NULL);
         pthread_mutex_init(&c->mem_lock, NULL);
+        pthread_cond_init(&c->mem_cond, NULL);
         pthread_cond_init(&c->cond, NULL);
         return c;
 }
@@ -624,6 +625,7 @@ void gm_client_close(gm_client *c)
                         free(e);
                 hashmap_done(&c->allocs);
         }
+        pthread_cond_destroy(&c->mem_cond);
         pthread_mutex_destroy(&c->mem_lock);
         pthread_cond_destroy(&c->cond);
         pthread_mutex_destroy(&c->send_lock);
