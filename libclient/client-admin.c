@@ -20,7 +20,7 @@ static int call_expect(gm_client *c, Gpumem__Request *req, Gpumem__Reply__Result
         if (r < 0)
                 return r;
         if (reply->result_case != want) {
-                gpumem__reply__free_unpacked(reply, NULL);
+                gm_reply_free(c, reply);
                 return gm_set_reason(c, -EPROTO, "gpumemd replied with an unexpected result");
         }
         *ret = reply;
@@ -126,7 +126,7 @@ int gm_topology_get(gm_client *c, bool with_properties, gm_topology **ret)
         if (r < 0)
                 return r;
         r = topology_convert(reply->topology, ret);
-        gpumem__reply__free_unpacked(reply, NULL);
+        gm_reply_free(c, reply);
         return r < 0 ? gm_set_reason(c, r, "out of memory") : 0;
 }
 
@@ -190,7 +190,7 @@ int gm_admin_status(gm_client *c, gm_status **ret)
                         s->model_vram_bytes = a->model->vram_bytes;
                 }
         }
-        gpumem__reply__free_unpacked(reply, NULL);
+        gm_reply_free(c, reply);
         if (!s || !s->server_version || !s->backend || !s->preset) {
                 gm_status_free(s);
                 return gm_set_reason(c, -ENOMEM, "out of memory");
@@ -264,7 +264,7 @@ int gm_admin_clients(gm_client *c, gm_client_info **ret, size_t *ret_n)
                         d->usage[k] = (gm_gpu_usage){s->usage[k]->gpu_id, s->usage[k]->vram_bytes};
                 d->n_usage = s->n_usage;
         }
-        gpumem__reply__free_unpacked(reply, NULL);
+        gm_reply_free(c, reply);
         if (oom) {
                 gm_client_info_free(infos, n);
                 return gm_set_reason(c, -ENOMEM, "out of memory");
@@ -290,7 +290,7 @@ int gm_admin_disconnect(gm_client *c, uint64_t client_id)
         r = call_expect(c, &req, GPUMEM__REPLY__RESULT_EMPTY, &reply);
         if (r < 0)
                 return r;
-        gpumem__reply__free_unpacked(reply, NULL);
+        gm_reply_free(c, reply);
         return 0;
 }
 
@@ -310,7 +310,7 @@ int gm_admin_metrics(gm_client *c, char **ret_text)
         if (r < 0)
                 return r;
         text = xstrdup(reply->admin_metrics->text);
-        gpumem__reply__free_unpacked(reply, NULL);
+        gm_reply_free(c, reply);
         if (!text)
                 return gm_set_reason(c, -ENOMEM, "out of memory");
         *ret_text = text;
@@ -332,7 +332,7 @@ int gm_admin_set_log_level(gm_client *c, const char *level)
         r = call_expect(c, &req, GPUMEM__REPLY__RESULT_EMPTY, &reply);
         if (r < 0)
                 return r;
-        gpumem__reply__free_unpacked(reply, NULL);
+        gm_reply_free(c, reply);
         return 0;
 }
 
@@ -367,7 +367,7 @@ int gm_admin_allocations(gm_client *c, uint64_t client_id, unsigned limit, uint6
         ar = reply->admin_allocations;
         out = calloc(ar->n_allocations ? ar->n_allocations : 1, sizeof(*out));
         if (!out) {
-                gpumem__reply__free_unpacked(reply, NULL);
+                gm_reply_free(c, reply);
                 return gm_set_reason(c, -ENOMEM, "out of memory");
         }
         for (size_t i = 0; i < ar->n_allocations; i++) {
@@ -385,7 +385,7 @@ int gm_admin_allocations(gm_client *c, uint64_t client_id, unsigned limit, uint6
         *ret_n = ar->n_allocations;
         *cursor = ar->next_cursor;
         *ret = out;
-        gpumem__reply__free_unpacked(reply, NULL);
+        gm_reply_free(c, reply);
         return 0;
 }
 
@@ -435,7 +435,7 @@ int gm_admin_quota_get(gm_client *c, const char *class_name, gm_quota **ret, siz
                                 break;
                         }
                 }
-        gpumem__reply__free_unpacked(reply, NULL);
+        gm_reply_free(c, reply);
         if (!out)
                 return gm_set_reason(c, -ENOMEM, "out of memory");
         *ret = out;
@@ -464,6 +464,6 @@ int gm_admin_quota_set(gm_client *c, const char *class_name, int resource, uint3
         r = call_expect(c, &req, GPUMEM__REPLY__RESULT_EMPTY, &reply);
         if (r < 0)
                 return r;
-        gpumem__reply__free_unpacked(reply, NULL);
+        gm_reply_free(c, reply);
         return 0;
 }

@@ -13,11 +13,13 @@
         ((c) ? gm_set_reason((c), -EINVAL, "%s: a required argument is missing or invalid", __func__)        \
              : -EINVAL)
 
-typedef struct MemEntry {
+struct MemEntry {
         gm_handle handle;
-        uint64_t size;
+        uint64_t va, size;
         bool cpu_mapped;
-} MemEntry;
+        bool freeing; /* gm_mem_free() is taking it down; on c->freeing */
+        MemEntry *next_freeing;
+};
 
 static uint64_t ptr_u64(const void *p)
 {
@@ -43,6 +45,26 @@ static bool in_window(const gm_client *c, uint64_t va, uint64_t size)
         return va >= c->window_base && size <= c->window_size && va - c->window_base <= c->window_size - size;
 }
 
+/*
+ * Wait until no other thread is still taking down an allocation of this client's over [va, va + size).
+ * The daemon may hand an address out again as soon as it has freed it, before the thread that freed it
+ * has put the window's reservation back over its CPU mapping and forgotten it: a mapping made there in
+ * the meantime would be lost, and the address found taken.
+ */
+static void wait_range_free(gm_client *c, uint64_t va, uint64_t size)
+{
+        pthread_mutex_lock(&c->mem_lock);
+        for (;;) {
+                const MemEntry *e = c->freeing;
+                while (e && !(va < e->va + e->size && e->va < va + size))
+                        e = e->next_freeing;
+                if (!e)
+                        break;
+                pthread_cond_wait(&c->mem_cond, &c->mem_lock);
+        }
+        pthread_mutex_unlock(&c->mem_lock);
+}
+
 /* One request whose reply carries only a status. */
 static int call_simple(gm_client *c, Gpumem__Request *req)
 {
@@ -50,7 +72,7 @@ static int call_simple(gm_client *c, Gpumem__Request *req)
         int r = gm_call(c, req, NULL, 0, &reply, NULL, NULL);
         if (r < 0)
                 return r;
-        gpumem__reply__free_unpacked(reply, NULL);
+        gm_reply_free(c, reply);
         return 0;
 }
 
@@ -66,7 +88,7 @@ static int call_result(gm_client *c, Gpumem__Request *req, Gpumem__Reply__Result
                 return r;
         if (reply->result_case != want) {
                 gm_wire_close_fds(fds, n);
-                gpumem__reply__free_unpacked(reply, NULL);
+                gm_reply_free(c, reply);
                 return gm_set_reason(c, -EPROTO, "gpumemd replied with an unexpected result");
         }
         if (n_fds)
@@ -114,6 +136,7 @@ int gm_malloc_desc(gm_client *c, const gm_alloc_desc *d, void **ret_ptr)
         e = calloc(1, sizeof(*e));
         if (e) {
                 e->handle = reply->alloc->handle;
+                e->va = va;
                 e->size = size;
         }
         if (!e || !in_window(c, va, size)) {
@@ -121,6 +144,7 @@ int gm_malloc_desc(gm_client *c, const gm_alloc_desc *d, void **ret_ptr)
                                   e ? "gpumemd placed memory outside the window" : "out of memory");
                 goto undo;
         }
+        wait_range_free(c, va, size);
         if (reply->alloc->mem_fd_index >= 0) {
                 if ((size_t)reply->alloc->mem_fd_index >= n_fds) {
                         r = gm_set_reason(c, -EPROTO, "gpumemd named a memory fd it did not send");
@@ -145,7 +169,7 @@ int gm_malloc_desc(gm_client *c, const gm_alloc_desc *d, void **ret_ptr)
                         reserve_again(va, size);
                 goto undo_daemon;
         }
-        gpumem__reply__free_unpacked(reply, NULL);
+        gm_reply_free(c, reply);
         *ret_ptr = (void *)(uintptr_t)va;
         return 0;
 
@@ -162,7 +186,7 @@ undo_daemon : {
         (void)call_simple(c, &freq);
 }
         free(e);
-        gpumem__reply__free_unpacked(reply, NULL);
+        gm_reply_free(c, reply);
         return r;
 }
 
@@ -201,33 +225,53 @@ int gm_mem_free(gm_client *c, void *ptr)
         Gpumem__Request req = GPUMEM__REQUEST__INIT;
         Gpumem__Free f = GPUMEM__FREE__INIT;
         MemEntry *e;
+        bool busy;
         int r;
 
         if (!c)
                 return BAD_ARGS(c);
         if (!ptr)
                 return 0; /* like free(NULL) and hipFree(nullptr) */
-        e = entry_of(c, ptr);
+        pthread_mutex_lock(&c->mem_lock);
+        e = hashmap_get(&c->allocs, ptr_u64(ptr));
+        busy = e && e->freeing;
+        if (e && !busy) {
+                e->freeing = true;
+                e->next_freeing = c->freeing;
+                c->freeing = e;
+        }
+        pthread_mutex_unlock(&c->mem_lock);
         if (!e)
                 return gm_set_reason(c, -EINVAL,
                                      "%p was not returned by gm_malloc, gm_host_malloc or "
                                      "gm_malloc_managed",
                                      ptr);
+        if (busy)
+                return gm_set_reason(c, -EINVAL, "%p is being freed by another thread", ptr);
         f.has_handle = true;
         f.handle = e->handle;
         req.op_case = GPUMEM__REQUEST__OP_FREE;
         req.free = &f;
         r = call_simple(c, &req);
-        if (r < 0)
-                return r;
-        pthread_mutex_lock(&c->mem_lock);
-        e = hashmap_remove(&c->allocs, ptr_u64(ptr));
-        pthread_mutex_unlock(&c->mem_lock);
         /* After the free: the pages then go in this process, as it drops the last mapping, not on the
          * daemon's event loop. The daemon keeps the memory charged until then and refunds it when the
          * kernel reports the file gone, a moment after this returns. */
-        if (e && e->cpu_mapped)
-                reserve_again(ptr_u64(ptr), e->size);
+        if (r == 0 && e->cpu_mapped)
+                reserve_again(e->va, e->size);
+        pthread_mutex_lock(&c->mem_lock);
+        for (MemEntry **pp = &c->freeing; *pp; pp = &(*pp)->next_freeing) {
+                if (*pp == e) {
+                        *pp = e->next_freeing;
+                        break;
+                }
+        }
+        e->freeing = false;
+        if (r == 0)
+                (void)hashmap_remove(&c->allocs, e->va);
+        pthread_cond_broadcast(&c->mem_cond);
+        pthread_mutex_unlock(&c->mem_lock);
+        if (r < 0)
+                return r;
         free(e);
         return 0;
 }
@@ -292,14 +336,14 @@ int gm_mem_get_info(gm_client *c, uint32_t gpu_id, size_t *ret_free, size_t *ret
                 return r;
         if (reply->mem_info->n_gpus != 1) {
                 size_t n = reply->mem_info->n_gpus;
-                gpumem__reply__free_unpacked(reply, NULL);
+                gm_reply_free(c, reply);
                 return gm_set_reason(c, -EPROTO, "gpumemd answered for %zu GPUs", n);
         }
         if (ret_free)
                 *ret_free = reply->mem_info->gpus[0]->free;
         if (ret_total)
                 *ret_total = reply->mem_info->gpus[0]->total;
-        gpumem__reply__free_unpacked(reply, NULL);
+        gm_reply_free(c, reply);
         return 0;
 }
 
@@ -333,7 +377,7 @@ int gm_pointer_get_attributes(gm_client *c, const void *ptr, gm_pointer_attribut
         a.n_mapped_gpus = p->n_mapped_gpus < 64 ? p->n_mapped_gpus : 64;
         if (a.n_mapped_gpus) /* mapped_gpus is NULL when the memory is mapped on no GPU */
                 memcpy(a.mapped_gpus, p->mapped_gpus, a.n_mapped_gpus * sizeof(uint32_t));
-        gpumem__reply__free_unpacked(reply, NULL);
+        gm_reply_free(c, reply);
         a.struct_size = ret->struct_size < sizeof(a) ? ret->struct_size : sizeof(a);
         memcpy(ret, &a, a.struct_size);
         return 0;
@@ -341,11 +385,9 @@ int gm_pointer_get_attributes(gm_client *c, const void *ptr, gm_pointer_attribut
 
 /* ---- managed memory ---------------------------------------------------------------------------------- */
 
-static Gpumem__SvmAttr **attrs_to_wire(const gm_svm_attr *attrs, size_t n, Gpumem__SvmAttr *buf)
+/* @n attributes in wire form, in @buf, each pointed to from @ptrs: the caller's stack, no allocation. */
+static void attrs_to_wire(const gm_svm_attr *attrs, size_t n, Gpumem__SvmAttr *buf, Gpumem__SvmAttr **ptrs)
 {
-        Gpumem__SvmAttr **ptrs = calloc(n ? n : 1, sizeof(*ptrs));
-        if (!ptrs)
-                return NULL;
         for (size_t i = 0; i < n; i++) {
                 gpumem__svm_attr__init(&buf[i]);
                 buf[i].has_type = buf[i].has_value = true;
@@ -353,7 +395,6 @@ static Gpumem__SvmAttr **attrs_to_wire(const gm_svm_attr *attrs, size_t n, Gpume
                 buf[i].value = attrs[i].value;
                 ptrs[i] = &buf[i];
         }
-        return ptrs;
 }
 
 #define GM_SVM_MAX_ATTRS 32
@@ -362,8 +403,7 @@ int gm_svm_set_attributes(gm_client *c, const void *ptr, size_t size, const gm_s
 {
         Gpumem__Request req = GPUMEM__REQUEST__INIT;
         Gpumem__SvmSetAttr s = GPUMEM__SVM_SET_ATTR__INIT;
-        Gpumem__SvmAttr buf[GM_SVM_MAX_ATTRS];
-        int r;
+        Gpumem__SvmAttr buf[GM_SVM_MAX_ATTRS], *ptrs[GM_SVM_MAX_ATTRS];
 
         if (!c || (n && !attrs))
                 return BAD_ARGS(c);
@@ -373,21 +413,18 @@ int gm_svm_set_attributes(gm_client *c, const void *ptr, size_t size, const gm_s
         s.va = ptr_u64(ptr);
         s.size = size;
         s.n_attrs = n;
-        s.attrs = attrs_to_wire(attrs, n, buf);
-        if (!s.attrs)
-                return gm_set_reason(c, -ENOMEM, "out of memory");
+        s.attrs = ptrs;
+        attrs_to_wire(attrs, n, buf, ptrs);
         req.op_case = GPUMEM__REQUEST__OP_SVM_SET_ATTR;
         req.svm_set_attr = &s;
-        r = call_simple(c, &req);
-        free(s.attrs);
-        return r;
+        return call_simple(c, &req);
 }
 
 int gm_svm_get_attributes(gm_client *c, const void *ptr, size_t size, gm_svm_attr *attrs, size_t n)
 {
         Gpumem__Request req = GPUMEM__REQUEST__INIT;
         Gpumem__SvmGetAttr g = GPUMEM__SVM_GET_ATTR__INIT;
-        Gpumem__SvmAttr buf[GM_SVM_MAX_ATTRS];
+        Gpumem__SvmAttr buf[GM_SVM_MAX_ATTRS], *ptrs[GM_SVM_MAX_ATTRS];
         Gpumem__Reply *reply = NULL;
         int r;
 
@@ -399,24 +436,22 @@ int gm_svm_get_attributes(gm_client *c, const void *ptr, size_t size, gm_svm_att
         g.va = ptr_u64(ptr);
         g.size = size;
         g.n_attrs = n;
-        g.attrs = attrs_to_wire(attrs, n, buf);
-        if (!g.attrs)
-                return gm_set_reason(c, -ENOMEM, "out of memory");
+        g.attrs = ptrs;
+        attrs_to_wire(attrs, n, buf, ptrs);
         req.op_case = GPUMEM__REQUEST__OP_SVM_GET_ATTR;
         req.svm_get_attr = &g;
         r = call_result(c, &req, GPUMEM__REPLY__RESULT_SVM_GET_ATTR, &reply, NULL, NULL);
-        free(g.attrs);
         if (r < 0)
                 return r;
         if (reply->svm_get_attr->n_attrs != n) {
-                gpumem__reply__free_unpacked(reply, NULL);
-                return gm_set_reason(c, -EPROTO, "gpumemd answered %zu attributes for %zu",
-                                     reply->svm_get_attr->n_attrs, n);
+                size_t got = reply->svm_get_attr->n_attrs;
+                gm_reply_free(c, reply);
+                return gm_set_reason(c, -EPROTO, "gpumemd answered %zu attributes for %zu", got, n);
         }
         for (size_t i = 0; i < n; i++)
                 attrs[i] = (gm_svm_attr){reply->svm_get_attr->attrs[i]->type,
                                          reply->svm_get_attr->attrs[i]->value};
-        gpumem__reply__free_unpacked(reply, NULL);
+        gm_reply_free(c, reply);
         return 0;
 }
 
@@ -492,6 +527,7 @@ int gm_mem_address_reserve(gm_client *c, size_t size, size_t alignment, void *ad
         Gpumem__Request req = GPUMEM__REQUEST__INIT;
         Gpumem__VmmReserve v = GPUMEM__VMM_RESERVE__INIT;
         Gpumem__Reply *reply = NULL;
+        uint64_t va;
         int r;
 
         if (!c || !ret_ptr)
@@ -506,8 +542,11 @@ int gm_mem_address_reserve(gm_client *c, size_t size, size_t alignment, void *ad
         r = call_result(c, &req, GPUMEM__REPLY__RESULT_VMM_RESERVE, &reply, NULL, NULL);
         if (r < 0)
                 return r;
-        *ret_ptr = (void *)(uintptr_t)reply->vmm_reserve->va;
-        gpumem__reply__free_unpacked(reply, NULL);
+        va = reply->vmm_reserve->va;
+        gm_reply_free(c, reply);
+        /* the caller maps into the range next: not while a free over it is still in progress */
+        wait_range_free(c, va, size);
+        *ret_ptr = (void *)(uintptr_t)va;
         return 0;
 }
 
@@ -545,7 +584,7 @@ int gm_mem_create(gm_client *c, size_t size, uint32_t gpu_id, unsigned flags, gm
         if (r < 0)
                 return r;
         *ret_handle = reply->vmm_create->handle;
-        gpumem__reply__free_unpacked(reply, NULL);
+        gm_reply_free(c, reply);
         return 0;
 }
 
@@ -646,7 +685,7 @@ int gm_mem_set_access(gm_client *c, void *ptr, size_t size, const gm_access_desc
                                       strerror(-r));
         }
         gm_wire_close_fds(fds, n_fds);
-        gpumem__reply__free_unpacked(reply, NULL);
+        gm_reply_free(c, reply);
         if (r == 0 && cpu_none && in_window(c, v.va, v.size))
                 reserve_again(v.va, v.size);
         return r;
@@ -670,7 +709,7 @@ int gm_mem_get_access(gm_client *c, const void *ptr, uint32_t location, int *ret
         if (r < 0)
                 return r;
         *ret_access = reply->vmm_get_access->access;
-        gpumem__reply__free_unpacked(reply, NULL);
+        gm_reply_free(c, reply);
         return 0;
 }
 
@@ -695,7 +734,7 @@ int gm_mem_get_allocation_granularity(gm_client *c, uint32_t gpu_id, int option,
         if (r < 0)
                 return r;
         *ret_granularity = reply->vmm_granularity->granularity;
-        gpumem__reply__free_unpacked(reply, NULL);
+        gm_reply_free(c, reply);
         return 0;
 }
 
@@ -716,7 +755,7 @@ int gm_mem_retain_allocation_handle(gm_client *c, void *ptr, gm_handle *ret_hand
         if (r < 0)
                 return r;
         *ret_handle = reply->vmm_retain->handle;
-        gpumem__reply__free_unpacked(reply, NULL);
+        gm_reply_free(c, reply);
         return 0;
 }
 
@@ -741,7 +780,7 @@ int gm_mem_get_allocation_properties(gm_client *c, gm_handle handle, gm_allocati
         p.gpu_id = reply->vmm_properties->gpu_id;
         p.size = reply->vmm_properties->size;
         p.flags = reply->vmm_properties->flags;
-        gpumem__reply__free_unpacked(reply, NULL);
+        gm_reply_free(c, reply);
         p.struct_size = ret->struct_size < sizeof(p) ? ret->struct_size : sizeof(p);
         memcpy(ret, &p, p.struct_size);
         return 0;
@@ -780,13 +819,13 @@ int gm_mem_export_flags(gm_client *c, gm_handle handle, unsigned flags, int *ret
         idx = reply->dmabuf_export->fd_index;
         if (idx < 0 || (size_t)idx >= n_fds) {
                 gm_wire_close_fds(fds, n_fds);
-                gpumem__reply__free_unpacked(reply, NULL);
+                gm_reply_free(c, reply);
                 return gm_set_reason(c, -EPROTO, "gpumemd named a dmabuf fd it did not send");
         }
         if ((flags & GM_EXPORT_READ_ONLY) && (fcntl(fds[idx], F_GETFL) & O_ACCMODE) != O_RDONLY) {
                 /* a daemon that does not know the flag exported it writable: never hand that on */
                 gm_wire_close_fds(fds, n_fds);
-                gpumem__reply__free_unpacked(reply, NULL);
+                gm_reply_free(c, reply);
                 return gm_set_reason(c, -EOPNOTSUPP, "this gpumemd cannot export read-only");
         }
         *ret_fd = fds[idx];
@@ -794,7 +833,7 @@ int gm_mem_export_flags(gm_client *c, gm_handle handle, unsigned flags, int *ret
         if (ret_size)
                 *ret_size = reply->dmabuf_export->size;
         gm_wire_close_fds(fds, n_fds);
-        gpumem__reply__free_unpacked(reply, NULL);
+        gm_reply_free(c, reply);
         return 0;
 }
 
@@ -816,12 +855,12 @@ int gm_mem_import(gm_client *c, int fd, uint32_t gpu_id, gm_handle *ret_handle, 
         if (r < 0)
                 return r;
         if (reply->result_case != GPUMEM__REPLY__RESULT_DMABUF_IMPORT) {
-                gpumem__reply__free_unpacked(reply, NULL);
+                gm_reply_free(c, reply);
                 return gm_set_reason(c, -EPROTO, "gpumemd replied with an unexpected result");
         }
         *ret_handle = reply->dmabuf_import->handle;
         if (ret_size)
                 *ret_size = reply->dmabuf_import->size;
-        gpumem__reply__free_unpacked(reply, NULL);
+        gm_reply_free(c, reply);
         return 0;
 }

@@ -5,6 +5,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "arena.h"
 #include "frame.h"
 #include "gpumem-client.h"
 #include "gpumem.pb-c.h"
@@ -20,6 +21,17 @@ typedef struct ErrSlot {
 } ErrSlot;
 
 typedef struct Pending Pending;
+typedef struct MemEntry MemEntry;
+
+/*
+ * Replies are decoded into arenas the client keeps, so that a call makes no allocation of its own. 4 KiB
+ * holds every reply whose size the API bounds (the largest, a pointer query on 64 GPUs or 32 SVM
+ * attributes, decode into under 3.6 KiB); a bigger one (the topology, the administrators' lists) goes on
+ * in malloc. A call holds one arena from decoding its reply until gm_reply_free(). The client makes them
+ * as calls run at once, up to GM_REPLY_ARENAS; a call beyond that decodes its reply with malloc.
+ */
+#define GM_REPLY_ARENA_SIZE 4096
+#define GM_REPLY_ARENAS     16
 
 struct gm_client {
         int fd;
@@ -33,7 +45,10 @@ struct gm_client {
         uint32_t next_id;
         ErrSlot errs[GM_ERR_SLOTS]; /* last failure reason per thread */
         unsigned next_err_slot;
-        uint8_t *rxbuf; /* used only by the reading thread */
+        uint8_t *rxbuf;                /* used only by the reading thread */
+        Arena arenas[GM_REPLY_ARENAS]; /* the first n_arenas are made; their contents are their holder's */
+        unsigned n_arenas;
+        uint32_t arenas_busy; /* bit i: arenas[i] holds a reply not yet freed */
 
         uint32_t protocol_version;
         uint64_t client_id;
@@ -44,13 +59,19 @@ struct gm_client {
         char *backend;
 
         pthread_mutex_t mem_lock; /* the allocation table */
+        pthread_cond_t mem_cond;  /* an allocation's teardown in this process ended */
         HashMap allocs;           /* base address → MemEntry, for gm_mem_free and friends */
+        MemEntry *freeing;        /* allocations gm_mem_free() is taking down: not yet to be mapped over */
 };
 
-/* One request/reply round trip. On success *ret_reply is the decoded reply (status 0) and, if asked,
- * the reply's fds are handed over. On failure the reason is recorded for the calling thread. */
+/* One request/reply round trip. On success *ret_reply is the decoded reply (status 0), to be released
+ * with gm_reply_free(), and, if asked, the reply's fds are handed over. On failure the reason is recorded
+ * for the calling thread. */
 int gm_call(gm_client *c, Gpumem__Request *req, const int *fds, size_t n_fds, Gpumem__Reply **ret_reply,
             int *ret_fds, size_t *ret_n_fds);
+
+/* Release a reply from gm_call(), wherever it was decoded; NULL-safe. Nothing may point into it after. */
+void gm_reply_free(gm_client *c, Gpumem__Reply *reply);
 
 /* Record @err's reason for the calling thread; returns @err. */
 int gm_set_reason(gm_client *c, int err, const char *fmt, ...) __attribute__((format(printf, 3, 4)));

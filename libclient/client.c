@@ -18,6 +18,14 @@
 
 #define WINDOW_RETRIES 4
 
+/*
+ * Requests up to this size are built on the caller's stack, larger ones in a malloc'd buffer. Every request
+ * whose size the API bounds fits with room to spare (the largest, 65 access descriptors, packs to under
+ * 700 bytes); only one carrying a long string of the caller's (a client or class name) is bigger. 2 KiB
+ * is little beside any thread's stack.
+ */
+#define SEND_STACK_MAX 2048
+
 struct Pending {
         Pending *next;
         uint32_t id;
@@ -98,92 +106,257 @@ static void pending_free(Pending *p)
         free(p);
 }
 
-/*
- * Read one packet (we are the reader, lock not held). Returns the packet, or NULL after marking the
- * connection broken.
- */
-static Pending *read_one(gm_client *c, int flags)
+static void mark_broken(gm_client *c, int err, const char *reason)
 {
-        int fds[GM_FRAME_MAX_FDS];
-        size_t n_fds = 0;
-        ssize_t n;
-        Pending *p;
+        pthread_mutex_lock(&c->lock);
+        mark_broken_locked(c, err, reason);
+        pthread_mutex_unlock(&c->lock);
+}
 
-        n = gm_wire_recv(c->fd, c->rxbuf, GM_FRAME_MAX, fds, &n_fds, flags);
+static void *arena_alloc_cb(void *arena, size_t size)
+{
+        return arena_alloc(arena, size);
+}
+
+static void arena_free_cb(void *arena, void *p)
+{
+        arena_free(arena, p);
+}
+
+/* A free reply arena, made when every one made is in use and the pool has room; -1 if none. Lock held. */
+static int arena_take_locked(gm_client *c)
+{
+        unsigned i;
+
+        for (i = 0; i < c->n_arenas; i++)
+                if (!(c->arenas_busy & (1u << i)))
+                        break;
+        if (i == GM_REPLY_ARENAS)
+                return -1;
+        if (i == c->n_arenas) {
+                if (arena_init(&c->arenas[i], GM_REPLY_ARENA_SIZE) < 0)
+                        return -1;
+                c->n_arenas++;
+        }
+        c->arenas_busy |= 1u << i;
+        return (int)i;
+}
+
+/* Forget what arena @i holds and give it back to the pool. */
+static void arena_give_back(gm_client *c, unsigned i)
+{
+        pthread_mutex_lock(&c->lock);
+        arena_reset(&c->arenas[i]);
+        c->arenas_busy &= ~(1u << i);
+        pthread_mutex_unlock(&c->lock);
+}
+
+/* Decode a reply body into a free arena, or with malloc when there is none. Free with gm_reply_free(). */
+static Gpumem__Reply *reply_unpack(gm_client *c, const uint8_t *body, size_t len)
+{
+        Gpumem__Reply *reply;
+        int i;
+
+        pthread_mutex_lock(&c->lock);
+        i = arena_take_locked(c);
+        pthread_mutex_unlock(&c->lock);
+        if (i < 0)
+                return gpumem__reply__unpack(NULL, len, body);
+        ProtobufCAllocator alloc = {arena_alloc_cb, arena_free_cb, &c->arenas[i]};
+        reply = gpumem__reply__unpack(&alloc, len, body);
+        if (!reply) /* what it had spilled into malloc it freed already */
+                arena_give_back(c, (unsigned)i);
+        return reply;
+}
+
+void gm_reply_free(gm_client *c, Gpumem__Reply *reply)
+{
+        const uint8_t *p = (const uint8_t *)reply;
+        Arena *a = NULL;
+        unsigned i;
+
+        if (!reply)
+                return;
+        /* A reply decoded in an arena begins in it: protobuf-c allocates the top message first. */
+        pthread_mutex_lock(&c->lock);
+        for (i = 0; i < c->n_arenas; i++) {
+                if (p >= c->arenas[i].buf && p < c->arenas[i].buf + c->arenas[i].cap) {
+                        a = &c->arenas[i];
+                        break;
+                }
+        }
+        if (a && !a->spilled) { /* the common case: all of it in the arena, nothing to walk */
+                arena_reset(a);
+                c->arenas_busy &= ~(1u << i);
+                pthread_mutex_unlock(&c->lock);
+                return;
+        }
+        pthread_mutex_unlock(&c->lock);
+        if (!a) { /* decoded while every arena was in use */
+                gpumem__reply__free_unpacked(reply, NULL);
+                return;
+        }
+        /* the arena's free() frees only what went beyond it, into malloc */
+        ProtobufCAllocator alloc = {arena_alloc_cb, arena_free_cb, a};
+        gpumem__reply__free_unpacked(reply, &alloc);
+        arena_give_back(c, i);
+}
+
+/*
+ * Receive one packet into the receive buffer (we are the reader, lock not held), its fds into @fds and
+ * its request id (0 when too short to have one) into *ret_id. Returns its length, -EAGAIN when
+ * @flags has MSG_DONTWAIT and nothing is there, or another negative errno after marking the connection
+ * broken. The packet stays valid until the reading role is given up.
+ */
+static ssize_t read_one(gm_client *c, int flags, int *fds, size_t *ret_n_fds, uint32_t *ret_id)
+{
+        ssize_t n;
+
+        *ret_n_fds = 0;
+        n = gm_wire_recv(c->fd, c->rxbuf, GM_FRAME_MAX, fds, ret_n_fds, flags);
         if (n == -ECONNRESET) {
                 /* The daemon hung up with our request unread: the kernel reports the reset first, then still
                  * delivers what the daemon sent before (its reason, in a connection-error frame). */
-                n = gm_wire_recv(c->fd, c->rxbuf, GM_FRAME_MAX, fds, &n_fds, MSG_DONTWAIT);
+                n = gm_wire_recv(c->fd, c->rxbuf, GM_FRAME_MAX, fds, ret_n_fds, MSG_DONTWAIT);
                 if (n == -EAGAIN || n == 0)
                         n = -ECONNRESET;
         }
         if (n == -EAGAIN)
-                return NULL;
-        if (n <= 0) {
-                pthread_mutex_lock(&c->lock);
-                if (n == 0)
-                        mark_broken_locked(c, -ECONNRESET, "gpumemd closed the connection");
-                else if (n == -EMSGSIZE || n == -EPROTO)
-                        mark_broken_locked(c, -EPROTO, "malformed packet from gpumemd");
+                return n;
+        if (n == 0) {
+                mark_broken(c, -ECONNRESET, "gpumemd closed the connection");
+                return -ECONNRESET;
+        }
+        if (n < 0) {
+                if (n == -EMSGSIZE || n == -EPROTO)
+                        mark_broken(c, -EPROTO, "malformed packet from gpumemd");
                 else
-                        mark_broken_locked(c, (int)n, "cannot receive from gpumemd");
-                pthread_mutex_unlock(&c->lock);
-                return NULL;
+                        mark_broken(c, (int)n, "cannot receive from gpumemd");
+                return n;
         }
-        p = malloc(sizeof(*p) + (size_t)n);
-        if (!p) {
-                gm_wire_close_fds(fds, n_fds);
-                pthread_mutex_lock(&c->lock);
-                mark_broken_locked(c, -ENOMEM, "out of memory receiving a reply");
-                pthread_mutex_unlock(&c->lock);
-                return NULL;
-        }
-        p->next = NULL;
-        p->len = (size_t)n;
-        p->n_fds = n_fds;
-        memcpy(p->fds, fds, n_fds * sizeof(int));
-        memcpy(p->data, c->rxbuf, (size_t)n);
-        p->id = 0;
-        if (p->len >= GM_FRAME_HDR_SIZE) {
+        *ret_id = 0;
+        if ((size_t)n >= GM_FRAME_HDR_SIZE) {
                 GmFrameHdr h;
-                (void)gm_frame_parse(p->data, GM_FRAME_HDR_SIZE, 0, GM_PROTOCOL_VERSION, &h, NULL);
-                p->id = h.request_id;
+                (void)gm_frame_parse(c->rxbuf, GM_FRAME_HDR_SIZE, 0, GM_PROTOCOL_VERSION, &h, NULL);
+                *ret_id = h.request_id;
         }
-        return p;
+        return n;
 }
 
-/* A frame with request id 0 is a connection-level error: the daemon is about to close. Lock held. */
-static void handle_connection_error_locked(gm_client *c, Pending *p)
+/* A frame with request id 0 is a connection-level error: the daemon is about to close. */
+static void connection_error(gm_client *c, const uint8_t *data, size_t len, int *fds, size_t n_fds)
 {
         Gpumem__Reply *reply = NULL;
         GmFrameHdr h;
 
-        if (gm_frame_parse(p->data, p->len, p->n_fds, GM_PROTOCOL_VERSION, &h, NULL) == 0)
-                reply = gpumem__reply__unpack(NULL, h.body_len, p->data + GM_FRAME_HDR_SIZE);
+        if (gm_frame_parse(data, len, n_fds, GM_PROTOCOL_VERSION, &h, NULL) == 0)
+                reply = reply_unpack(c, data + GM_FRAME_HDR_SIZE, h.body_len);
+        pthread_mutex_lock(&c->lock);
         if (reply && reply->status && reply->status->code < 0)
                 mark_broken_locked(c, reply->status->code,
                                    reply->status->reason ? reply->status->reason : "connection error");
         else
                 mark_broken_locked(c, -EPROTO, "malformed connection error from gpumemd");
-        if (reply)
-                gpumem__reply__free_unpacked(reply, NULL);
-        pending_free(p);
+        pthread_mutex_unlock(&c->lock);
+        gm_reply_free(c, reply);
+        gm_wire_close_fds(fds, n_fds);
 }
 
-/* Wait for the packet answering @id: one thread reads at a time and hands others their replies. */
-static int wait_reply(gm_client *c, uint32_t id, Pending **ret)
+/*
+ * The packet the reader just received answers another thread, or the connection: keep a copy for that
+ * thread, as the receive buffer holds the next packet once the reader lets go. This is the uncommon case
+ * (several threads calling at once); the reader's own reply is decoded in place.
+ */
+static void dispatch_other(gm_client *c, size_t len, int *fds, size_t n_fds, uint32_t id)
+{
+        Pending *p;
+
+        if (id == 0) {
+                connection_error(c, c->rxbuf, len, fds, n_fds);
+                return;
+        }
+        p = malloc(sizeof(*p) + len);
+        if (!p) {
+                gm_wire_close_fds(fds, n_fds);
+                mark_broken(c, -ENOMEM, "out of memory receiving a reply");
+                return;
+        }
+        p->id = id;
+        p->len = len;
+        p->n_fds = n_fds;
+        memcpy(p->fds, fds, n_fds * sizeof(int));
+        memcpy(p->data, c->rxbuf, len);
+        pthread_mutex_lock(&c->lock);
+        p->next = c->pending;
+        c->pending = p;
+        pthread_mutex_unlock(&c->lock);
+}
+
+/*
+ * Decode the reply frame in @data (the receive buffer while we still read, or a Pending's copy) and hand
+ * its fds to the caller if asked, else close them. On failure the reason is recorded for this thread.
+ */
+static int take_reply(gm_client *c, const uint8_t *data, size_t len, int *fds, size_t n_fds,
+                      Gpumem__Reply **ret_reply, int *ret_fds, size_t *ret_n_fds)
+{
+        Gpumem__Reply *reply = NULL;
+        GmFrameHdr h;
+        int r;
+
+        if (gm_frame_parse(data, len, n_fds, GM_PROTOCOL_VERSION, &h, NULL) < 0) {
+                r = gm_set_reason(c, -EPROTO, "malformed reply frame from gpumemd");
+                goto fail;
+        }
+        reply = reply_unpack(c, data + GM_FRAME_HDR_SIZE, h.body_len);
+        if (!reply || !reply->status || !reply->status->has_code) {
+                r = gm_set_reason(c, -EPROTO, "undecodable reply from gpumemd");
+                goto fail;
+        }
+        if (reply->status->code < 0) {
+                r = reply->status->code;
+                gm_set_reason(c, r, "%s", reply->status->reason ? reply->status->reason : "");
+                goto fail;
+        }
+        if (ret_fds && ret_n_fds) {
+                memcpy(ret_fds, fds, n_fds * sizeof(int));
+                *ret_n_fds = n_fds;
+        } else {
+                gm_wire_close_fds(fds, n_fds);
+        }
+        *ret_reply = reply;
+        return 0;
+
+fail:
+        gm_reply_free(c, reply);
+        gm_wire_close_fds(fds, n_fds);
+        return r;
+}
+
+/*
+ * Wait for the reply to @id and decode it: one thread reads at a time and hands others their replies.
+ * The reader that receives its own reply decodes it from the receive buffer before it lets another
+ * thread read, so the common case copies nothing.
+ */
+static int wait_reply(gm_client *c, uint32_t id, Gpumem__Reply **ret_reply, int *ret_fds, size_t *ret_n_fds)
 {
         pthread_mutex_lock(&c->lock);
         for (;;) {
-                Pending **pp;
+                int fds[GM_FRAME_MAX_FDS];
+                size_t n_fds = 0;
+                uint32_t got = 0;
+                bool mine = false;
+                ssize_t n;
+                int r = 0;
 
-                for (pp = &c->pending; *pp; pp = &(*pp)->next) {
+                for (Pending **pp = &c->pending; *pp; pp = &(*pp)->next) {
                         if ((*pp)->id == id) {
                                 Pending *p = *pp;
                                 *pp = p->next;
                                 pthread_mutex_unlock(&c->lock);
-                                *ret = p;
-                                return 0;
+                                r = take_reply(c, p->data, p->len, p->fds, p->n_fds, ret_reply, ret_fds,
+                                               ret_n_fds);
+                                free(p); /* its fds were handed over or closed */
+                                return r;
                         }
                 }
                 if (c->broken) {
@@ -199,33 +372,28 @@ static int wait_reply(gm_client *c, uint32_t id, Pending **ret)
                 }
                 c->reading = true;
                 pthread_mutex_unlock(&c->lock);
-                Pending *p = read_one(c, 0);
+                n = read_one(c, 0, fds, &n_fds, &got);
+                if (n > 0 && got == id) {
+                        r = take_reply(c, c->rxbuf, (size_t)n, fds, n_fds, ret_reply, ret_fds, ret_n_fds);
+                        mine = true;
+                } else if (n > 0) {
+                        dispatch_other(c, (size_t)n, fds, n_fds, got);
+                }
                 pthread_mutex_lock(&c->lock);
                 c->reading = false;
-                if (p) {
-                        if (p->id == 0) {
-                                handle_connection_error_locked(c, p);
-                        } else if (p->id == id) {
-                                pthread_cond_broadcast(&c->cond);
-                                pthread_mutex_unlock(&c->lock);
-                                *ret = p;
-                                return 0;
-                        } else {
-                                p->next = c->pending;
-                                c->pending = p;
-                        }
-                }
                 pthread_cond_broadcast(&c->cond);
+                if (mine) {
+                        pthread_mutex_unlock(&c->lock);
+                        return r;
+                }
         }
 }
 
 int gm_call(gm_client *c, Gpumem__Request *req, const int *fds, size_t n_fds, Gpumem__Reply **ret_reply,
             int *ret_fds, size_t *ret_n_fds)
 {
-        Gpumem__Reply *reply;
-        Pending *p = NULL;
-        GmFrameHdr h;
-        uint8_t *buf;
+        uint8_t stack_buf[SEND_STACK_MAX];
+        uint8_t *buf = stack_buf;
         size_t len;
         uint32_t id;
         int r;
@@ -235,9 +403,11 @@ int gm_call(gm_client *c, Gpumem__Request *req, const int *fds, size_t n_fds, Gp
                 return gm_set_reason(c, -EMSGSIZE, "request larger than the maximum frame size");
         if (n_fds > GM_FRAME_MAX_FDS)
                 return gm_set_reason(c, -E2BIG, "more than %u fds in one request", GM_FRAME_MAX_FDS);
-        buf = malloc(GM_FRAME_HDR_SIZE + len);
-        if (!buf)
-                return gm_set_reason(c, -ENOMEM, "out of memory");
+        if (GM_FRAME_HDR_SIZE + len > sizeof(stack_buf)) {
+                buf = malloc(GM_FRAME_HDR_SIZE + len);
+                if (!buf)
+                        return gm_set_reason(c, -ENOMEM, "out of memory");
+        }
 
         pthread_mutex_lock(&c->lock);
         if (c->broken) {
@@ -245,7 +415,8 @@ int gm_call(gm_client *c, Gpumem__Request *req, const int *fds, size_t n_fds, Gp
                 ErrSlot *s = err_slot(c);
                 snprintf(s->reason, sizeof(s->reason), "%s", c->broken_reason);
                 pthread_mutex_unlock(&c->lock);
-                free(buf);
+                if (buf != stack_buf)
+                        free(buf);
                 return r;
         }
         id = ++c->next_id;
@@ -258,61 +429,29 @@ int gm_call(gm_client *c, Gpumem__Request *req, const int *fds, size_t n_fds, Gp
         pthread_mutex_lock(&c->send_lock);
         r = gm_wire_send(c->fd, buf, GM_FRAME_HDR_SIZE + len, NULL, 0, fds, n_fds, 0);
         pthread_mutex_unlock(&c->send_lock);
-        free(buf);
+        if (buf != stack_buf)
+                free(buf);
         if (r < 0) {
                 /* The daemon may have said why it hung up (a frame with id 0 still queued): prefer that. */
                 pthread_mutex_lock(&c->lock);
                 if (!c->reading) {
+                        int in_fds[GM_FRAME_MAX_FDS];
+                        size_t n_in = 0;
+                        uint32_t got = 0;
+                        ssize_t n;
+
                         c->reading = true;
                         pthread_mutex_unlock(&c->lock);
-                        Pending *q;
-                        while ((q = read_one(c, MSG_DONTWAIT))) {
-                                pthread_mutex_lock(&c->lock);
-                                if (q->id == 0) {
-                                        handle_connection_error_locked(c, q);
-                                } else {
-                                        q->next = c->pending;
-                                        c->pending = q;
-                                }
-                                pthread_mutex_unlock(&c->lock);
-                        }
+                        while ((n = read_one(c, MSG_DONTWAIT, in_fds, &n_in, &got)) > 0)
+                                dispatch_other(c, (size_t)n, in_fds, n_in, got);
                         pthread_mutex_lock(&c->lock);
                         c->reading = false;
+                        pthread_cond_broadcast(&c->cond);
                 }
                 mark_broken_locked(c, r == -EPIPE ? -ECONNRESET : r, "cannot send to gpumemd");
                 pthread_mutex_unlock(&c->lock);
         }
-        r = wait_reply(c, id, &p);
-        if (r < 0)
-                return r;
-
-        r = gm_frame_parse(p->data, p->len, p->n_fds, GM_PROTOCOL_VERSION, &h, NULL);
-        if (r < 0) {
-                pending_free(p);
-                return gm_set_reason(c, -EPROTO, "malformed reply frame from gpumemd");
-        }
-        reply = gpumem__reply__unpack(NULL, h.body_len, p->data + GM_FRAME_HDR_SIZE);
-        if (!reply || !reply->status || !reply->status->has_code) {
-                if (reply)
-                        gpumem__reply__free_unpacked(reply, NULL);
-                pending_free(p);
-                return gm_set_reason(c, -EPROTO, "undecodable reply from gpumemd");
-        }
-        if (reply->status->code < 0) {
-                r = reply->status->code;
-                gm_set_reason(c, r, "%s", reply->status->reason ? reply->status->reason : "");
-                gpumem__reply__free_unpacked(reply, NULL);
-                pending_free(p);
-                return r;
-        }
-        if (ret_fds && ret_n_fds) {
-                memcpy(ret_fds, p->fds, p->n_fds * sizeof(int));
-                *ret_n_fds = p->n_fds;
-                p->n_fds = 0;
-        }
-        pending_free(p);
-        *ret_reply = reply;
-        return 0;
+        return wait_reply(c, id, ret_reply, ret_fds, ret_n_fds);
 }
 
 static int reserve_window(uint64_t base, uint64_t size)
@@ -355,7 +494,7 @@ static int handshake(gm_client *c, const char *name)
         h = reply->hello;
         if (reply->result_case != GPUMEM__REPLY__RESULT_HELLO || !h || !h->has_window_base ||
             !h->has_window_size || h->protocol_version == 0 || h->protocol_version > GM_PROTOCOL_VERSION) {
-                gpumem__reply__free_unpacked(reply, NULL);
+                gm_reply_free(c, reply);
                 return gm_set_reason(c, -EPROTO, "gpumemd answered hello with an unusable reply");
         }
         c->protocol_version = h->protocol_version;
@@ -366,7 +505,7 @@ static int handshake(gm_client *c, const char *name)
         c->kfd_minor = h->kfd_minor;
         c->server_version = dup_or_empty(h->server_version);
         c->backend = dup_or_empty(h->backend);
-        gpumem__reply__free_unpacked(reply, NULL);
+        gm_reply_free(c, reply);
         if (!c->server_version || !c->backend)
                 return gm_set_reason(c, -ENOMEM, "out of memory");
 
@@ -392,11 +531,11 @@ static int handshake(gm_client *c, const char *name)
                 if (r < 0)
                         return r;
                 if (!reply->hello || !reply->hello->has_window_base) {
-                        gpumem__reply__free_unpacked(reply, NULL);
+                        gm_reply_free(c, reply);
                         return gm_set_reason(c, -EPROTO, "gpumemd answered a window retry without a window");
                 }
                 c->window_base = reply->hello->window_base;
-                gpumem__reply__free_unpacked(reply, NULL);
+                gm_reply_free(c, reply);
         }
 }
 
@@ -414,6 +553,7 @@ static gm_client *client_new(void)
         pthread_mutex_init(&c->lock, NULL);
         pthread_mutex_init(&c->send_lock, NULL);
         pthread_mutex_init(&c->mem_lock, NULL);
+        pthread_cond_init(&c->mem_cond, NULL);
         pthread_cond_init(&c->cond, NULL);
         return c;
 }
@@ -485,12 +625,15 @@ void gm_client_close(gm_client *c)
                         free(e);
                 hashmap_done(&c->allocs);
         }
+        pthread_cond_destroy(&c->mem_cond);
         pthread_mutex_destroy(&c->mem_lock);
         pthread_cond_destroy(&c->cond);
         pthread_mutex_destroy(&c->send_lock);
         pthread_mutex_destroy(&c->lock);
         free(c->server_version);
         free(c->backend);
+        for (unsigned i = 0; i < c->n_arenas; i++)
+                arena_done(&c->arenas[i]);
         free(c->rxbuf);
         free(c);
 }
@@ -548,7 +691,7 @@ int gm_ping(gm_client *c)
         r = (reply->result_case == GPUMEM__REPLY__RESULT_PING && reply->ping->cookie == ping.cookie)
                     ? 0
                     : gm_set_reason(c, -EPROTO, "ping answered with the wrong cookie");
-        gpumem__reply__free_unpacked(reply, NULL);
+        gm_reply_free(c, reply);
         return r;
 }
 

@@ -177,7 +177,7 @@ typedef struct gm_alloc_desc {
 int gm_malloc_desc(gm_client *c, const gm_alloc_desc *desc, void **ret_ptr);
 
 /** Free memory from gm_malloc, gm_host_malloc or gm_malloc_managed (hipFree / hipHostFree); it is unmapped
- *  from every GPU first. -EINVAL when @ptr was not returned by them. */
+ *  from every GPU first. -EINVAL when @ptr was not returned by them, or another thread is freeing it. */
 int gm_mem_free(gm_client *c, void *ptr);
 
 /** Map an allocation on more GPUs, or unmap it (@n 0: from every GPU). */

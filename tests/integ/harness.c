@@ -508,13 +508,11 @@ int daemon_own_fds(const Daemon *d)
         return n;
 }
 
-int daemon_state(Daemon *d, DaemonState *ret)
+/* @req on a connection of the harness's own, after hello; its reply carrying @want (raw_reply_free), or a
+ * negative errno. */
+static int own_request(Daemon *d, Gpumem__Request *req, Gpumem__Reply__ResultCase want, Gpumem__Reply **ret)
 {
-        Gpumem__Request req = GPUMEM__REQUEST__INIT;
-        Gpumem__AdminStatus as = GPUMEM__ADMIN_STATUS__INIT;
         Gpumem__Reply *reply = NULL;
-        Gpumem__AdminStatusReply *s;
-        DaemonState st = {0};
         bool transport;
         int fd, r;
 
@@ -526,14 +524,50 @@ int daemon_state(Daemon *d, DaemonState *ret)
                 close(fd);
                 return r < 0 ? r : -EPROTO;
         }
-        req.op_case = GPUMEM__REQUEST__OP_ADMIN_STATUS;
-        req.admin_status = &as;
-        r = raw_request(fd, 2, &req, NULL, 0, (void **)&reply, NULL, NULL, &transport);
+        r = raw_request(fd, 2, req, NULL, 0, (void **)&reply, NULL, NULL, &transport);
         close(fd);
-        if (r != 0 || !reply || reply->result_case != GPUMEM__REPLY__RESULT_ADMIN_STATUS) {
+        if (r != 0 || !reply || reply->result_case != want) {
                 raw_reply_free(reply);
                 return r < 0 ? r : -EBADMSG;
         }
+        *ret = reply;
+        return 0;
+}
+
+int daemon_gpus(Daemon *d, uint32_t *ret_ids, size_t cap)
+{
+        Gpumem__Request req = GPUMEM__REQUEST__INIT;
+        Gpumem__TopologyGet tg = GPUMEM__TOPOLOGY_GET__INIT;
+        Gpumem__Reply *reply = NULL;
+        size_t n = 0;
+        int r;
+
+        req.op_case = GPUMEM__REQUEST__OP_TOPOLOGY;
+        req.topology = &tg;
+        r = own_request(d, &req, GPUMEM__REPLY__RESULT_TOPOLOGY, &reply);
+        if (r < 0)
+                return r;
+        for (size_t i = 0; i < reply->topology->n_nodes && n < cap; i++)
+                if (reply->topology->nodes[i]->is_gpu)
+                        ret_ids[n++] = reply->topology->nodes[i]->gpu_id;
+        raw_reply_free(reply);
+        return (int)n;
+}
+
+int daemon_state(Daemon *d, DaemonState *ret)
+{
+        Gpumem__Request req = GPUMEM__REQUEST__INIT;
+        Gpumem__AdminStatus as = GPUMEM__ADMIN_STATUS__INIT;
+        Gpumem__Reply *reply = NULL;
+        Gpumem__AdminStatusReply *s;
+        DaemonState st = {0};
+        int r;
+
+        req.op_case = GPUMEM__REQUEST__OP_ADMIN_STATUS;
+        req.admin_status = &as;
+        r = own_request(d, &req, GPUMEM__REPLY__RESULT_ADMIN_STATUS, &reply);
+        if (r < 0)
+                return r;
         s = reply->admin_status;
         st.clients = s->clients;
         st.va_windows = s->va_windows;

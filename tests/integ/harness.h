@@ -71,6 +71,9 @@ typedef struct DaemonState {
         int fds; /* the daemon's open fds, counted while the status connection is closed */
 } DaemonState;
 
+/* The ids of the daemon's GPUs in its topology's order, at most @cap, read over a connection of the
+ * harness's own; how many, or a negative errno. */
+int daemon_gpus(Daemon *d, uint32_t *ret_ids, size_t cap);
 /* Read the state (the status connection is counted in clients and va_windows, and closed again). */
 int daemon_state(Daemon *d, DaemonState *ret);
 /* The state to come back to: taken once no other client is connected, with the daemon's quiet fd count. */

@@ -209,8 +209,6 @@ int main(void)
                 {"faults on existing objects", test_existing},
                 {"faults in VMM operations", test_vmm},
         };
-        gm_client *c = NULL;
-        gm_topology *t = NULL;
         char dir[] = "/tmp/gpumemd-faults-XXXXXX";
         int r;
 
@@ -230,16 +228,12 @@ int main(void)
                 daemon_cleanup(&dmn);
                 return EXIT_FAILURE;
         }
-        CHECK_EQ(gm_client_connect(dmn.sock, "setup", &c), 0);
-        if (!c || gm_topology_get(c, false, &t) < 0) {
+        r = daemon_gpus(&dmn, gpus, ARRAY_SIZE(gpus));
+        if (r < 0) {
                 daemon_cleanup(&dmn);
                 return EXIT_FAILURE;
         }
-        for (size_t i = 0; i < t->n_nodes && n_gpus < ARRAY_SIZE(gpus); i++)
-                if (t->nodes[i].is_gpu)
-                        gpus[n_gpus++] = t->nodes[i].gpu_id;
-        gm_topology_free(t);
-        gm_client_close(c);
+        n_gpus = (size_t)r;
         usleep(100000);
         CHECK_EQ(daemon_base_state(&dmn, &base), 0);
         base.fds = daemon_quiet_fd_count(&dmn);

@@ -35,25 +35,17 @@ static int64_t now_ms(void)
 
 static int start(const char *config)
 {
-        gm_client *c = NULL;
-        gm_topology *t = NULL;
         int r = daemon_start(&dmn, "mi300x", config, NULL);
 
         if (r < 0) {
                 fprintf(stderr, "cannot start gpumemd: %s\n", strerror(-r));
                 return r;
         }
-        r = gm_client_connect(dmn.sock, "hostile-setup", &c);
-        if (r == 0)
-                r = gm_topology_get(c, false, &t);
-        for (size_t i = 0; r == 0 && i < t->n_nodes && n_gpus < 16; i++)
-                if (t->nodes[i].is_gpu)
-                        gpus[n_gpus++] = t->nodes[i].gpu_id;
-        gm_topology_free(t);
-        gm_client_close(c);
-        if (r == 0)
-                r = daemon_base_state(&dmn, &base);
-        return r;
+        r = daemon_gpus(&dmn, gpus, ARRAY_SIZE(gpus));
+        if (r < 0)
+                return r;
+        n_gpus = (size_t)r;
+        return daemon_base_state(&dmn, &base);
 }
 
 /* A raw connection after hello that sends pings and never reads a reply, until the daemon stops taking

@@ -1172,8 +1172,6 @@ int main(int argc, char **argv)
         char config[256];
         bool hello_timeout = argc > 1 && strcmp(argv[1], "hello-timeout") == 0;
         struct rlimit rl = {8192, 8192};
-        gm_topology *t = NULL;
-        gm_client *c = NULL;
         int r;
 
         signal(SIGPIPE, SIG_IGN);
@@ -1205,16 +1203,13 @@ int main(int argc, char **argv)
         }
         r = daemon_base_state(&dmn, &base);
         base.fds = daemon_quiet_fd_count(&dmn);
-        CHECK_EQ(gm_client_connect(dmn.sock, "setup", &c), 0);
-        if (r < 0 || !c || gm_topology_get(c, false, &t) < 0) {
+        if (r == 0)
+                r = daemon_gpus(&dmn, gpus, ARRAY_SIZE(gpus));
+        if (r < 0) {
                 daemon_cleanup(&dmn);
                 return EXIT_FAILURE;
         }
-        for (size_t i = 0; i < t->n_nodes && n_gpus < ARRAY_SIZE(gpus); i++)
-                if (t->nodes[i].is_gpu)
-                        gpus[n_gpus++] = t->nodes[i].gpu_id;
-        gm_topology_free(t);
-        gm_client_close(c);
+        n_gpus = (size_t)r;
         victim_setup();
         /* the baseline of every case: the victim's memory held, nothing else */
         usleep(100000);

@@ -888,8 +888,6 @@ int main(int argc, char **argv)
 {
         Run cfg = {.seconds = 20, .workers = 4, .crash = false};
         const char *env = getenv("GPUMEM_STRESS_SECONDS");
-        gm_client *c = NULL;
-        gm_topology *t = NULL;
         int r;
 
         bool is_storm = argc >= 2 && strcmp(argv[1], "storm") == 0;
@@ -929,15 +927,12 @@ int main(int argc, char **argv)
                 daemon_cleanup(&dmn);
                 return EXIT_FAILURE;
         }
-        if (gm_client_connect(dmn.sock, "setup", &c) < 0 || gm_topology_get(c, false, &t) < 0) {
+        r = daemon_gpus(&dmn, gpus, ARRAY_SIZE(gpus));
+        if (r < 0) {
                 daemon_cleanup(&dmn);
                 return EXIT_FAILURE;
         }
-        for (size_t i = 0; i < t->n_nodes && n_gpus < ARRAY_SIZE(gpus); i++)
-                if (t->nodes[i].is_gpu)
-                        gpus[n_gpus++] = t->nodes[i].gpu_id;
-        gm_topology_free(t);
-        gm_client_close(c);
+        n_gpus = (size_t)r;
         r = is_storm ? storm(storm_kills, storm_live, storm_bystanders) : run(&cfg);
         if (daemon_stop(&dmn) != 0)
                 r = EXIT_FAILURE;

@@ -1,0 +1,382 @@
+/* The client library's hot path: calls that allocate nothing, and one gm_client shared by many threads. */
+#include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "../common/check.h"
+#include "gpumem-client.h"
+#include "harness.h"
+
+#define MiB (1ull << 20)
+
+/*
+ * Allocations are counted on the calling thread only, while it counts: the harness's own thread and the
+ * rest of the process go on allocating as they like. A sanitizer owns malloc and offers hooks for this;
+ * otherwise this program defines malloc and its kin over glibc's, which every shared object of the
+ * process then calls (protobuf-c's default allocator included). Linking with --wrap=malloc would see only
+ * the calls made from this program's own objects, not from libgpumem_client or libprotobuf-c.
+ */
+static __thread bool counting;
+static __thread unsigned long counted;
+
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define SANITIZER_ALLOCATOR 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+#define SANITIZER_ALLOCATOR 1
+#endif
+#endif
+
+#ifdef SANITIZER_ALLOCATOR
+/* from compiler-rt's sanitizer/allocator_interface.h, which GCC does not install */
+int __sanitizer_install_malloc_and_free_hooks(void (*malloc_hook)(const volatile void *, size_t),
+                                              void (*free_hook)(const volatile void *));
+
+static void on_malloc(const volatile void *p, size_t size)
+{
+        (void)p;
+        (void)size;
+        if (counting)
+                counted++;
+}
+
+static void on_free(const volatile void *p)
+{
+        (void)p;
+}
+
+static void count_init(void)
+{
+        __sanitizer_install_malloc_and_free_hooks(on_malloc, on_free);
+}
+#else
+extern void *__libc_malloc(size_t size);
+extern void *__libc_calloc(size_t n, size_t size);
+extern void *__libc_realloc(void *p, size_t size);
+extern void __libc_free(void *p);
+
+void *malloc(size_t size)
+{
+        if (counting)
+                counted++;
+        return __libc_malloc(size);
+}
+
+void *calloc(size_t n, size_t size)
+{
+        if (counting)
+                counted++;
+        return __libc_calloc(n, size);
+}
+
+void *realloc(void *p, size_t size)
+{
+        if (counting)
+                counted++;
+        return __libc_realloc(p, size);
+}
+
+void free(void *p)
+{
+        __libc_free(p);
+}
+
+static void count_init(void)
+{
+}
+#endif
+
+static Daemon dmn;
+static uint32_t gpus[16];
+static size_t n_gpus;
+
+static gm_client *connect_ok(const char *name)
+{
+        gm_client *c = NULL;
+        CHECK_EQ(gm_client_connect(dmn.sock, name, &c), 0);
+        return c;
+}
+
+/* What one kind of call costs in allocations; @max is what it may take per call. */
+typedef struct Op {
+        const char *name;
+        int (*fn)(gm_client *c, void *arg);
+        unsigned max;
+} Op;
+
+typedef struct Target {
+        void *dev;     /* 4 KiB of device memory on the first GPU */
+        void *managed; /* 2 MiB of managed memory */
+} Target;
+
+static int op_ping(gm_client *c, void *arg)
+{
+        (void)arg;
+        return gm_ping(c);
+}
+
+static int op_pointer_query(gm_client *c, void *arg)
+{
+        const Target *t = arg;
+        gm_pointer_attributes pa = {.struct_size = sizeof(pa)};
+        int r = gm_pointer_get_attributes(c, t->dev, &pa);
+        return r < 0 ? r : pa.base == t->dev && pa.size == 4096 ? 0 : -EPROTO;
+}
+
+static int op_pointer_query_missing(gm_client *c, void *arg)
+{
+        const Target *t = arg;
+        gm_pointer_attributes pa = {.struct_size = sizeof(pa)};
+        /* an error reply carries a reason: decoded and kept without an allocation too */
+        int r = gm_pointer_get_attributes(c, (char *)t->dev + 64 * MiB, &pa);
+        return r == -ENOENT || r == -EFAULT ? 0 : -EPROTO;
+}
+
+static int op_mem_info(gm_client *c, void *arg)
+{
+        size_t free_b = 0, total = 0;
+        (void)arg;
+        return gm_mem_get_info(c, gpus[0], &free_b, &total);
+}
+
+static int op_map_unmap(gm_client *c, void *arg)
+{
+        const Target *t = arg;
+        int r = gm_mem_map_gpus(c, t->dev, &gpus[1], 1);
+        return r < 0 ? r : gm_mem_unmap_gpus(c, t->dev, &gpus[1], 1);
+}
+
+static int op_svm_set(gm_client *c, void *arg)
+{
+        const Target *t = arg;
+        gm_svm_attr a[] = {{GM_SVM_ATTR_PREFERRED_LOC, gpus[0]}, {GM_SVM_ATTR_GRANULARITY, 9}};
+        return gm_svm_set_attributes(c, t->managed, 2 * MiB, a, ARRAY_SIZE(a));
+}
+
+static int op_svm_get(gm_client *c, void *arg)
+{
+        const Target *t = arg;
+        gm_svm_attr a[] = {{GM_SVM_ATTR_PREFERRED_LOC, 0}, {GM_SVM_ATTR_GRANULARITY, 0}};
+        return gm_svm_get_attributes(c, t->managed, 2 * MiB, a, ARRAY_SIZE(a));
+}
+
+static int op_export(gm_client *c, void *arg)
+{
+        const Target *t = arg;
+        gm_pointer_attributes pa = {.struct_size = sizeof(pa)};
+        int fd = -1;
+        int r = gm_pointer_get_attributes(c, t->dev, &pa);
+        if (r == 0)
+                r = gm_mem_export(c, pa.handle, &fd, NULL);
+        if (fd >= 0)
+                close(fd);
+        return r;
+}
+
+static int op_alloc_free(gm_client *c, void *arg)
+{
+        void *p = NULL;
+        int r;
+        (void)arg;
+        r = gm_malloc(c, 4096, gpus[0], 0, &p);
+        return r < 0 ? r : gm_mem_free(c, p);
+}
+
+/* Run @op @n times while counting; returns the allocations it made, or ~0ul when a call failed. */
+static unsigned long count_calls(gm_client *c, const Op *op, void *arg, unsigned n)
+{
+        unsigned long got;
+        int failed = 0;
+
+        counted = 0;
+        counting = true;
+        for (unsigned i = 0; i < n; i++)
+                failed |= op->fn(c, arg) < 0;
+        counting = false;
+        got = counted;
+        return failed ? ~0ul : got;
+}
+
+static void test_allocations(void)
+{
+        static const Op ops[] = {
+                {"ping", op_ping, 0},
+                {"pointer query", op_pointer_query, 0},
+                {"pointer query (error reply)", op_pointer_query_missing, 0},
+                {"mem info", op_mem_info, 0},
+                {"map+unmap (second GPU)", op_map_unmap, 0},
+                {"svm set attributes", op_svm_set, 0},
+                {"svm get attributes", op_svm_get, 0},
+                {"pointer query + dmabuf export (+fd)", op_export, 0},
+                /* the library's record of the allocation, and nothing else */
+                {"alloc+free (4 KiB device)", op_alloc_free, 1},
+        };
+        gm_client *c = connect_ok("allocations");
+        Target t = {0};
+        enum { N = 1000 };
+
+        if (!c)
+                return;
+        CHECK(n_gpus >= 2);
+        CHECK_EQ(gm_malloc(c, 4096, gpus[0], 0, &t.dev), 0);
+        CHECK_EQ(gm_malloc_managed(c, 2 * MiB, 0, &t.managed), 0);
+        if (t.dev && t.managed && n_gpus >= 2) {
+                for (size_t i = 0; i < ARRAY_SIZE(ops); i++) {
+                        /* the first calls may set up what later ones reuse */
+                        CHECK_EQ(count_calls(c, &ops[i], &t, 10) == ~0ul, 0);
+                        unsigned long got = count_calls(c, &ops[i], &t, N);
+                        printf("# %-36s %lu allocations in %u calls\n", ops[i].name, got, N);
+                        if (got > (unsigned long)ops[i].max * N)
+                                fprintf(stderr, "%s: %lu allocations in %u calls, at most %u each allowed\n",
+                                        ops[i].name, got, N, ops[i].max);
+                        CHECK(got <= (unsigned long)ops[i].max * N);
+                }
+        }
+        CHECK_EQ(gm_mem_free(c, t.managed), 0);
+        CHECK_EQ(gm_mem_free(c, t.dev), 0);
+        gm_client_close(c);
+}
+
+typedef struct Worker {
+        gm_client *c;
+        unsigned idx;
+        unsigned rounds;
+        int failures;
+        char why[256];
+} Worker;
+
+static void worker_fail(Worker *w, const char *what, int r)
+{
+        char msg[256];
+        if (!w->failures++)
+                snprintf(w->why, sizeof(w->why), "thread %u: %s: %s", w->idx, what,
+                         gm_strerror(w->c, r, msg, sizeof(msg)));
+}
+
+/* Each reply must be the one its thread asked for: sizes, addresses and reasons are the thread's own. */
+static void *mixed_calls(void *arg)
+{
+        Worker *w = arg;
+        uint32_t gpu = gpus[w->idx % n_gpus];
+        size_t size = 4096 * (w->idx + 1);
+        char msg[256], want[64];
+        uint64_t base = 0, wsize = 0, bad;
+        int r;
+
+        gm_client_window(w->c, &base, &wsize);
+        bad = base + wsize + (uint64_t)w->idx * w->rounds * 4096;
+
+        for (unsigned i = 0; i < w->rounds; i++) {
+                gm_pointer_attributes pa = {.struct_size = sizeof(pa)};
+                void *p = NULL;
+                int fd = -1;
+                size_t esize = 0;
+
+                if ((r = gm_ping(w->c)) < 0) {
+                        worker_fail(w, "ping", r);
+                        continue;
+                }
+                if ((r = gm_malloc(w->c, size, gpu, 0, &p)) < 0) {
+                        worker_fail(w, "alloc", r);
+                        continue;
+                }
+                r = gm_pointer_get_attributes(w->c, (char *)p + 100, &pa);
+                if (r < 0 || pa.base != p || pa.size != size || pa.gpu_id != gpu)
+                        worker_fail(w, "pointer query answered for another allocation", r);
+                if (i % 8 == 0) {
+                        struct stat st;
+                        r = gm_mem_export(w->c, pa.handle, &fd, &esize);
+                        if (r < 0 || fd < 0 || fstat(fd, &st) < 0 || esize != size)
+                                worker_fail(w, "export", r);
+                        if (fd >= 0)
+                                close(fd);
+                }
+                if (i % 16 == 3) {
+                        /* a reply too big for a reply arena */
+                        gm_topology *t = NULL;
+                        r = gm_topology_get(w->c, true, &t);
+                        if (r < 0 || !t || t->n_nodes < n_gpus)
+                                worker_fail(w, "topology", r);
+                        gm_topology_free(t);
+                }
+                if ((r = gm_mem_free(w->c, p)) < 0)
+                        worker_fail(w, "free", r);
+                /* an error reply, whose reason (naming an address of this thread's) must reach this thread */
+                bad += 4096;
+                r = gm_pointer_get_attributes(w->c, (void *)(uintptr_t)bad, &pa);
+                snprintf(want, sizeof(want), "0x%llx", (unsigned long long)bad);
+                if (r != -EFAULT || !strstr(gm_strerror(w->c, r, msg, sizeof(msg)), want))
+                        worker_fail(w, "pointer query outside the window", r);
+        }
+        return NULL;
+}
+
+static void run_threads(unsigned n, unsigned rounds)
+{
+        gm_client *c = connect_ok("threads");
+        pthread_t th[32];
+        Worker w[32];
+        unsigned started = 0;
+
+        if (!c)
+                return;
+        for (unsigned i = 0; i < n && i < ARRAY_SIZE(th); i++) {
+                w[i] = (Worker){.c = c, .idx = i, .rounds = rounds};
+                if (pthread_create(&th[i], NULL, mixed_calls, &w[i]) != 0)
+                        break;
+                started++;
+        }
+        CHECK_EQ(started, n);
+        for (unsigned i = 0; i < started; i++) {
+                pthread_join(th[i], NULL);
+                if (w[i].failures)
+                        fprintf(stderr, "%d failure(s), the first: %s\n", w[i].failures, w[i].why);
+                CHECK_EQ(w[i].failures, 0);
+        }
+        CHECK_EQ(gm_ping(c), 0);
+        gm_client_close(c);
+}
+
+static void test_eight_threads(void)
+{
+        run_threads(8, 200);
+}
+
+/* More threads than a client keeps reply arenas: some replies are decoded without one. */
+static void test_many_threads(void)
+{
+        run_threads(32, 40);
+}
+
+int main(void)
+{
+        static const TestCase cases[] = {
+                {"calls on the hot path allocate nothing", test_allocations},
+                {"eight threads share one client with mixed calls", test_eight_threads},
+                {"more threads than reply arenas", test_many_threads},
+        };
+        int r;
+
+        count_init();
+        signal(SIGPIPE, SIG_IGN);
+        r = daemon_start(&dmn, "mi300x", "[daemon]\nlog-level = warning\n", NULL);
+        if (r == 0)
+                r = daemon_gpus(&dmn, gpus, ARRAY_SIZE(gpus));
+        if (r < 0) {
+                fprintf(stderr, "cannot start gpumemd and list its GPUs: %s\n", strerror(-r));
+                daemon_cleanup(&dmn);
+                return EXIT_FAILURE;
+        }
+        n_gpus = (size_t)r;
+        r = run_tests(cases, ARRAY_SIZE(cases));
+        if (daemon_stop(&dmn) != 0)
+                r = EXIT_FAILURE;
+        daemon_cleanup(&dmn);
+        return r;
+}
