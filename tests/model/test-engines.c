@@ -865,8 +865,17 @@ static int test_faults_sdma(void)
         {
                 struct kfd_ioctl_alloc_memory_of_gpu_args al = {
                         .size = PAGE, .gpu_id = GPU, .flags = USERPTR | WRITABLE};
-                void *p = mmap(NULL, PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+                /* far below where the kernel places new mappings (top down from the stack): the hole the
+                 * munmap leaves is not filled again by some other mapping of this process meanwhile */
+                void *want = (void *)(uintptr_t)0x5e0000000000ULL;
+                void *p = mmap(want, PAGE, PROT_READ | PROT_WRITE,
+                               MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0);
 
+                if (p != want) {
+                        if (p != MAP_FAILED)
+                                munmap(p, PAGE);
+                        p = mmap(NULL, PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+                }
                 REQUIRE(p != MAP_FAILED);
                 al.va_addr = al.mmap_offset = (uintptr_t)p;
                 REQUIRE_RC(io(&x, x.kfd, AMDKFD_IOC_ALLOC_MEMORY_OF_GPU, &al), 0);
@@ -874,6 +883,7 @@ static int test_faults_sdma(void)
                 REQUIRE_RC(event_new(&x, KFD_IOC_EVENT_MEMORY, 0, &mev), 0);
                 REQUIRE_RC(queue(&x, &q, KFD_IOC_QUEUE_TYPE_SDMA), 0);
                 munmap(p, PAGE);
+                REQUIRE(msync(p, PAGE, MS_ASYNC) < 0 && errno == ENOMEM); /* gone when the engine looks */
                 submit(&q, (const uint32_t[]){SDMA_FENCE, lo(p), hi(p), 7}, 4);
                 REQUIRE(expect_fault(&x, mev.event_id, (uintptr_t)p, true, false) == 0);
         }
