@@ -144,6 +144,14 @@ void print_report(const Settings *st, const Report *rep)
         for (size_t i = 0; i < rep->n_tput; i++)
                 printf("%8u %14.0f %14.0f %7.2f\n", rep->tput_clients[i], rep->tput_gpumemd[i],
                        rep->tput_raw[i], rep->tput_gpumemd[i] / rep->tput_raw[i]);
+        if (rep->n_tput) {
+                printf("\nThroughput of alloc+free (4 KiB device, unpinned; every memory request takes the "
+                       "daemon's books' lock)\n%8s %14s %10s\n",
+                       "clients", "pairs/s", "x 1 client");
+                for (size_t i = 0; i < rep->n_tput; i++)
+                        printf("%8u %14.0f %10.2f\n", rep->tput_clients[i], rep->tput_alloc[i],
+                               rep->tput_alloc[0] > 0 ? rep->tput_alloc[i] / rep->tput_alloc[0] : 0.0);
+        }
 
         printf("\nSmall ops beside slow ones (ping pinned with the daemon's loops on CPU %d; two clients and "
                "the daemon's "
@@ -284,9 +292,10 @@ int write_json(const Settings *st, const Report *rep)
         for (size_t i = 0; i < rep->n_tput; i++)
                 fprintf(f,
                         "    {\"clients\": %u, \"gpumemd_ops_per_s\": %.1f, \"raw_ops_per_s\": %.1f, "
-                        "\"ratio\": %.3f}%s\n",
+                        "\"ratio\": %.3f, \"alloc_free_per_s\": %.1f}%s\n",
                         rep->tput_clients[i], rep->tput_gpumemd[i], rep->tput_raw[i],
-                        rep->tput_gpumemd[i] / rep->tput_raw[i], i + 1 < rep->n_tput ? "," : "");
+                        rep->tput_gpumemd[i] / rep->tput_raw[i], rep->tput_alloc[i],
+                        i + 1 < rep->n_tput ? "," : "");
         fprintf(f, "  ],\n  \"isolation\": {");
         json_lat(f, "idle", &rep->iso_idle);
         fprintf(f, ", ");

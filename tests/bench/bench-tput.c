@@ -1,4 +1,5 @@
-/* gpumem-bench, section tput: ping throughput of 1 to 64 client processes, against a raw echo server. */
+/* gpumem-bench, section tput: ping throughput of 1 to 64 client processes, against a raw echo server; and
+ * how alloc+free scales with its clients (every memory request takes the daemon's books' lock). */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -11,9 +12,17 @@
 #include "bench.h"
 
 /* A client process: connect, report ready, wait for the start, run for @seconds, write its count. */
-static void fleet_client(const char *sock, bool raw, size_t req_len, double seconds, int ready_w, int go_r,
+typedef enum FleetOp {
+        FLEET_PING,
+        FLEET_RAW,   /* the raw echo server's ping */
+        FLEET_ALLOC, /* alloc+free of 4 KiB of device memory: one count per pair */
+} FleetOp;
+
+static void fleet_client(const char *sock, FleetOp op, size_t req_len, double seconds, int ready_w, int go_r,
                          int result_w)
 {
+        bool raw = op == FLEET_RAW;
+        uint32_t gpu = 0;
         static uint8_t buf[GM_FRAME_MAX], in[GM_FRAME_MAX];
         gm_client *c = NULL;
         uint64_t count = 0, deadline;
@@ -26,6 +35,15 @@ static void fleet_client(const char *sock, bool raw, size_t req_len, double seco
                 _exit(2);
         if (raw && fd < 0)
                 _exit(2);
+        if (op == FLEET_ALLOC) {
+                gm_topology *t = NULL;
+                if (gm_topology_get(c, false, &t) < 0)
+                        _exit(2);
+                for (size_t i = 0; i < t->n_nodes && !gpu; i++)
+                        if (t->nodes[i].is_gpu)
+                                gpu = t->nodes[i].gpu_id;
+                gm_topology_free(t);
+        }
         memset(buf, 0xa5, req_len);
         (void)!write(ready_w, &one, 1);
         close(ready_w);
@@ -37,6 +55,10 @@ static void fleet_client(const char *sock, bool raw, size_t req_len, double seco
                                 if (send_packet(fd, buf, req_len, -1) < 0 ||
                                     recv_packet(fd, in, sizeof(in), NULL) <= 0)
                                         _exit(3);
+                        } else if (op == FLEET_ALLOC) {
+                                void *p = NULL;
+                                if (gm_malloc(c, 4096, gpu, 0, &p) < 0 || gm_mem_free(c, p) < 0)
+                                        _exit(3);
                         } else if (gm_ping(c) < 0) {
                                 _exit(3);
                         }
@@ -47,7 +69,7 @@ static void fleet_client(const char *sock, bool raw, size_t req_len, double seco
         _exit(0);
 }
 
-static double fleet_run(const Settings *st, const char *sock, bool raw, size_t req_len, unsigned n)
+static double fleet_run(const Settings *st, const char *sock, FleetOp op, size_t req_len, unsigned n)
 {
         int go[2], ready[2];
         pid_t pids[64];
@@ -67,7 +89,7 @@ static double fleet_run(const Settings *st, const char *sock, bool raw, size_t r
                         close(ready[0]);
                         close(rp[0]);
                         unpin_self(st);
-                        fleet_client(sock, raw, req_len, st->tput_seconds, ready[1], go[0], rp[1]);
+                        fleet_client(sock, op, req_len, st->tput_seconds, ready[1], go[0], rp[1]);
                 }
                 close(rp[1]);
                 res[i] = rp[0];
@@ -100,8 +122,9 @@ void run_throughput(const Settings *st, Report *rep, const BenchDaemon *d)
         unpin_self(st);
         for (size_t i = 0; i < 4; i++) {
                 rep->tput_clients[i] = counts[i];
-                rep->tput_gpumemd[i] = fleet_run(st, d->sock, false, 0, counts[i]);
-                rep->tput_raw[i] = fleet_run(st, rs.path, true, rep->sz_ping_req, counts[i]);
+                rep->tput_gpumemd[i] = fleet_run(st, d->sock, FLEET_PING, 0, counts[i]);
+                rep->tput_raw[i] = fleet_run(st, rs.path, FLEET_RAW, rep->sz_ping_req, counts[i]);
+                rep->tput_alloc[i] = fleet_run(st, d->sock, FLEET_ALLOC, 0, counts[i]);
         }
         rep->n_tput = 4;
         raw_server_stop(&rs);

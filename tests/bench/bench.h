@@ -69,6 +69,7 @@ typedef struct Report {
         unsigned tput_clients[4];
         double tput_gpumemd[4], tput_raw[4];
         size_t n_tput;
+        double tput_alloc[4]; /* alloc+free (4 KiB device) of as many clients, each with its own connection */
         /* slow-op isolation */
         Lat iso_idle, iso_loaded;
         double iso_bg_ops_per_s[2], iso_bg_mean_ms[2];
