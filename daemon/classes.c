@@ -56,7 +56,7 @@ static void state_configure(Manager *m, ClassState *s, const PolicyClass *k)
         a->max_handles = k->limit[POLICY_RES_HANDLES];
         a->max_fds = k->limit[POLICY_RES_FDS];
         s->max_connections = k->limit[POLICY_RES_CONNECTIONS];
-        WRITE_ONCE(s->max_inflight, k->limit[POLICY_RES_INFLIGHT]); /* read by the loops unlocked */
+        s->max_inflight = k->limit[POLICY_RES_INFLIGHT];
         s->max_windows = k->limit[POLICY_RES_WINDOWS];
         s->deny_ops = k->deny_ops;
         s->admin = k->admin;
@@ -101,13 +101,23 @@ static const PolicyClass *match_conn(const Manager *m, const Conn *c)
         return policy_match(m->policy, &id);
 }
 
+/* The in-flight limit of @s (every class when NULL) into its connections, which read it without the lock. */
+static void refresh_inflight(Manager *m, const ClassState *s)
+{
+        for (Conn *c = m->conns; c; c = c->next)
+                if (c->cls && (!s || c->cls == s))
+                        WRITE_ONCE(c->max_inflight, c->cls->max_inflight);
+}
+
 static void class_bind(Conn *c, ClassState *s)
 {
         if (c->cls == s)
                 return;
         if (c->cls)
                 c->cls->connections--;
-        WRITE_ONCE(c->cls, s); /* its loop reads it unlocked (conn_inflight_limit) */
+        c->cls = s;
+        /* its loop reads the limit without the lock; the class itself may go at a reload */
+        WRITE_ONCE(c->max_inflight, s ? s->max_inflight : POLICY_DEFAULT_INFLIGHT);
         if (s)
                 s->connections++;
         if (c->broker)
@@ -166,6 +176,7 @@ void classes_apply(Manager *m, Policy *p)
                         pp = &s->next;
                 }
         }
+        refresh_inflight(m, NULL); /* a limit may have changed in a class its clients stay in */
         policy_free(old);
 }
 
@@ -193,7 +204,7 @@ void classes_leave(Conn *c)
 {
         if (c->cls) {
                 c->cls->connections--;
-                WRITE_ONCE(c->cls, NULL);
+                c->cls = NULL;
         }
 }
 
@@ -316,7 +327,8 @@ int classes_set_limit(Manager *m, ClassState *s, PolicyResource r, uint32_t gpu_
                 s->max_connections = limit;
                 break;
         case POLICY_RES_INFLIGHT:
-                WRITE_ONCE(s->max_inflight, limit);
+                s->max_inflight = limit;
+                refresh_inflight(m, s);
                 break;
         case POLICY_RES_WINDOWS:
                 s->max_windows = limit;

@@ -28,6 +28,8 @@ uint64_t conn_inflight_limit(const Conn *c)
         return c->host->inflight_limit(c);
 }
 
+static void conn_free_cb(evutil_socket_t fd, short what, void *userdata);
+
 /* ---- what the transport tells the connection ---------------------------------------------------------- */
 
 static void on_packet(void *owner, const uint8_t *buf, size_t len, int *fds, size_t n_fds)
@@ -234,6 +236,7 @@ int conn_new(Manager *m, const ConnHost *host, const uint32_t *send_timeout_sec,
         c->send_timeout_sec = send_timeout_sec;
         c->hello_timeout_sec = hello_timeout_sec;
         c->ident.pidfd = -1;
+        c->max_inflight = 1; /* until its class is bound */
         c->log_rl = (LogRatelimit)LOG_RATELIMIT_INIT(10, 1);
         c->connected_real_usec = now_usec(CLOCK_REALTIME);
 
@@ -256,6 +259,10 @@ void conn_start(Conn *c)
         int r;
 
         r = transport_start(&c->t, sh->base, sh->rx_buf, sh->tx_buf, c->send_timeout_sec);
+        c->started = true;
+        c->free_ev = evtimer_new(sh->base, conn_free_cb, c);
+        if (!c->free_ev)
+                r = -ENOMEM;
         if (r == 0 && hello_timeout && !c->dead) {
                 struct timeval tv = {(time_t)hello_timeout, 0};
                 c->hello_ev = evtimer_new(sh->base, conn_on_hello_timeout, c);
@@ -297,6 +304,8 @@ Conn *conn_free(Conn *c)
                 c->host->teardown(c); /* its objects, its window, its class */
         if (c->hello_ev)
                 event_free(c->hello_ev);
+        if (c->free_ev)
+                event_free(c->free_ev); /* also from its own callback: a one-shot event, no longer pending */
         transport_done(&c->t);
         safe_close(c->ident.pidfd);
         free(c->ident.groups);
@@ -339,6 +348,11 @@ void conn_kill(Conn *c)
          * last connection is unlinked), manager_free() frees what is left. */
         c->dying_next = c->sh->dying;
         c->sh->dying = c;
+        if (c->free_ev) {
+                event_active(c->free_ev, EV_TIMEOUT, 1);
+                return;
+        }
+        /* not started (its free event is made at its start): no callback of it can be on the stack */
         if (event_base_once(c->sh->base, -1, EV_TIMEOUT, conn_free_cb, c, NULL) < 0) {
                 conn_forget_dying(c);
                 conn_free(c); /* cannot defer: no callback of this conn is on the stack at the callers that

@@ -68,6 +68,7 @@ typedef struct Conn {
         Conn *prev, *next;
         Transport t;            /* the socket, its frames and its reply queue */
         struct event *hello_ev; /* closes the connection if hello does not come in time */
+        struct event *free_ev;  /* its deferred free (conn_kill), made at its start so a kill cannot fail */
         uint64_t id;
         ConnIdentity ident;
         char *name;
@@ -76,9 +77,11 @@ typedef struct Conn {
         uint16_t proto_version; /* 0 until hello */
         bool admin;
         bool dead;
-        Conn *dying_next;  /* on its shard's list of killed connections until the loop frees them */
-        uint64_t requests; /* written by its loop only */
-        int64_t inflight;  /* replies queued or being made (written by its loop only) */
+        Conn *dying_next;      /* on its shard's list of killed connections until the loop frees them */
+        uint64_t requests;     /* written by its loop only */
+        int64_t inflight;      /* replies queued or being made (written by its loop only) */
+        uint64_t max_inflight; /* its class's limit, kept here for its loop to read without the lock */
+        bool started;          /* conn_start() ran: its transport has events and buffers */
         uint64_t connected_real_usec;
         ThunkVaSpace *window;
         uint64_t window_base, window_size;

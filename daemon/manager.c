@@ -214,9 +214,9 @@ static void host_teardown(Conn *c)
 
 static uint64_t host_inflight_limit(const Conn *c)
 {
-        /* read on the connection's loop without the lock: a reload or quota set may change both */
-        const ClassState *cls = READ_ONCE(c->cls);
-        return cls ? READ_ONCE(cls->max_inflight) : POLICY_DEFAULT_INFLIGHT;
+        /* read on the connection's loop without the lock: its class's limit, copied into it whenever the
+         * class or the limit changes (a reload may free the class it had) */
+        return READ_ONCE(c->max_inflight);
 }
 
 static void host_limited(Conn *c)
@@ -269,6 +269,7 @@ static void on_accept_retry(evutil_socket_t fd, short what, void *userdata)
 static void accept_one(Manager *m, Shard *main_sh, int fd, const struct ucred *cred)
 {
         char reason[256];
+        bool on_main;
         Conn *c;
         int r;
 
@@ -307,12 +308,15 @@ static void accept_one(Manager *m, Shard *main_sh, int fd, const struct ucred *c
         COUNTER_ADD(main_sh->stats.connections_total, 1);
         log_debug("accepted client %llu (pid %d uid %u) on loop %u", (unsigned long long)c->id,
                   (int)cred->pid, (unsigned)cred->uid, c->sh->index);
-        manager_unlock(m);
-        /* from here only its loop touches its socket */
-        if (c->sh == main_sh)
-                conn_start(c);
-        else
+        /* From here only its loop touches its socket. Posted before the lock goes: whatever another loop
+         * then posts there for it (an administrator's disconnect) comes after its start. */
+        on_main = c->sh == main_sh;
+        if (!on_main)
                 loop_post_work(c->sh->loop, &c->start_work, start_cb, c);
+        manager_unlock(m);
+        /* (another loop's connection may be gone already: not touched here again) */
+        if (on_main)
+                conn_start(c);
 }
 
 static void on_accept(evutil_socket_t lfd, short what, void *userdata)

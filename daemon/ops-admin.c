@@ -204,12 +204,12 @@ int op_admin_disconnect(ReqCtx *r, const Gpumem__Request *req)
                 return reply_fail(r, -EINVAL, "a client cannot disconnect itself this way");
         conn_log(r->c, LOG_NOTICE, GM_MESSAGE_ADMIN_ACTION, NULL, "disconnected client %llu",
                  (unsigned long long)id);
-        if (target->sh == r->c->sh) {
+        if (target->sh == r->c->sh && target->started) {
                 disconnect_target(target);
                 return reply_empty(r);
         }
-        /* its socket belongs to its own loop: the kill goes there, and the reply waits for it, so that the
-         * client's next call already fails */
+        /* its socket belongs to its own loop: the kill goes there, behind its start if that is still to
+         * come, and the reply waits for it, so that the client's next call already fails */
         d = calloc(1, sizeof(*d));
         if (!d)
                 return reply_fail(r, -ENOMEM, "out of memory");

@@ -21,7 +21,7 @@ typedef struct Options {
         char *config_path;    /* NULL: the default file, if it exists */
         bool config_explicit; /* --config given: the file must exist */
         char *socket_path;
-        char backend[16]; /* a backend's name (driver.h): checked when set */
+        char backend[16];    /* a backend's name (driver.h): checked when set */
         char *model_preset;  /* a preset name under the preset dir, or a directory path */
         char *topology_root; /* KFD backend: sysfs topology dir */
         uint32_t model_kfd_minor;

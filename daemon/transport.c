@@ -278,6 +278,12 @@ bool transport_idle(const Transport *t)
 }
 
 /* The frame header for @body_len bytes of body, in the transmit buffer. */
+/* Why nothing can be sent: dead, or not started on its loop yet (no transmit buffer). 0: it can. */
+static int cannot_send(const Transport *t)
+{
+        return t->dead ? -ECONNRESET : !t->tx_buf ? -ENOTCONN : 0;
+}
+
 static int frame_hdr(Transport *t, uint32_t request_id, size_t body_len, size_t n_fds)
 {
         int r = gm_frame_hdr_encode(t->tx_buf, t->version ? t->version : GM_PROTOCOL_VERSION, request_id,
@@ -330,11 +336,11 @@ static int send_frame(Transport *t, size_t len, int *fds, size_t n_fds)
 int transport_send(Transport *t, uint32_t request_id, const Gpumem__Reply *reply, int *fds, size_t n_fds)
 {
         size_t body_len;
-        int r;
+        int r = cannot_send(t);
 
-        if (t->dead) {
+        if (r < 0) {
                 gm_wire_close_fds(fds, n_fds);
-                return -ECONNRESET;
+                return r;
         }
         body_len = gpumem__reply__get_packed_size(reply);
         r = frame_hdr(t, request_id, body_len, n_fds);
@@ -348,10 +354,10 @@ int transport_send(Transport *t, uint32_t request_id, const Gpumem__Reply *reply
 
 int transport_send_packed(Transport *t, uint32_t request_id, const uint8_t *body, size_t body_len)
 {
-        int r;
+        int r = cannot_send(t);
 
-        if (t->dead)
-                return -ECONNRESET;
+        if (r < 0)
+                return r;
         r = frame_hdr(t, request_id, body_len, 0);
         if (r < 0)
                 return r;
@@ -374,9 +380,10 @@ int transport_send_error(Transport *t, uint32_t request_id, int code, const char
 int transport_slot_reserve(Transport *t, TransportPacket **ret)
 {
         TransportPacket *p;
+        int r = cannot_send(t);
 
-        if (t->dead)
-                return -ECONNRESET;
+        if (r < 0)
+                return r;
         p = calloc(1, sizeof(*p));
         if (!p)
                 return -ENOMEM;
@@ -390,11 +397,11 @@ int transport_slot_fill(Transport *t, TransportPacket *slot, uint32_t request_id
                         int *fds, size_t n_fds)
 {
         size_t body_len = gpumem__reply__get_packed_size(reply);
-        int r;
+        int r = cannot_send(t);
 
-        if (t->dead) {
+        if (r < 0) {
                 gm_wire_close_fds(fds, n_fds);
-                return -ECONNRESET;
+                return r;
         }
         r = frame_hdr(t, request_id, body_len, n_fds);
         if (r < 0) {

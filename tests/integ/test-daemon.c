@@ -400,6 +400,47 @@ static void test_non_admin(void)
         chmod(dmn.sock, 0660);
 }
 
+/*
+ * An administrator disconnects clients the moment they connect, before their loop may have started them:
+ * each disconnect is answered (0, or -ESRCH when it came before the accept), the daemon stays up, and the
+ * clients it reached are told so.
+ */
+static void test_disconnect_at_connect(void)
+{
+        gm_client *admin = connect_ok("admin");
+        gm_client *probe;
+        uint64_t next;
+        int hit = 0, missed = 0;
+
+        if (!admin)
+                return;
+        probe = connect_ok("probe");
+        if (!probe) {
+                gm_client_close(admin);
+                return;
+        }
+        next = gm_client_id(probe) + 1;
+        gm_client_close(probe);
+        for (int i = 0; i < 200; i++, next++) {
+                int fd = raw_connect(dmn.sock);
+                int r;
+
+                CHECK(fd >= 0);
+                if (fd < 0)
+                        break;
+                r = gm_admin_disconnect(admin, next);
+                CHECK(r == 0 || r == -ESRCH);
+                if (r == 0)
+                        hit++;
+                else
+                        missed++;
+                close(fd);
+        }
+        CHECK_EQ(gm_ping(admin), 0);
+        fprintf(stderr, "disconnect at connect: %d reached, %d before their accept\n", hit, missed);
+        gm_client_close(admin);
+}
+
 static void test_admin_status_and_disconnect(void)
 {
         gm_client *admin = connect_ok("admin");
@@ -547,6 +588,7 @@ int main(void)
                 {"request errors keep the connection", test_request_errors},
                 {"non-administrators are refused admin ops", test_non_admin},
                 {"admin status, clients, metrics, disconnect", test_admin_status_and_disconnect},
+                {"disconnects the moment clients connect", test_disconnect_at_connect},
                 {"flooding without reading stalls only the flooder", test_flood_without_reading},
                 {"SIGKILLed client is cleaned up", test_killed_client},
                 {"daemon fds back to baseline", test_daemon_fds_back_to_baseline},
