@@ -281,8 +281,11 @@ static int buf_file_new(uint64_t size, int *ret_fd, struct stat *ret_st)
 
         if (fd < 0)
                 return -errno;
+        /* mode 0400: a memfd is created 0777, and whoever holds an fd of it read-only could open it again
+         * writable through /proc (its fds are opened again only to make read-only ones) */
         if (ftruncate(fd, (off_t)size) < 0 ||
-            fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0 || fstat(fd, ret_st) < 0) {
+            fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0 || fchmod(fd, 0400) < 0 ||
+            fstat(fd, ret_st) < 0) {
                 r = -errno;
                 close(fd);
                 return r;

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -195,6 +196,31 @@ static bool cannot_map_writable(int fd, size_t size)
         return errno == EACCES;
 }
 
+/*
+ * Nor can its holder open the same file again writable through /proc (a memfd's mode would allow it): tried
+ * by a child with another uid when we are root (root passes every permission check), dumpable so that its
+ * own /proc entries stay its own.
+ */
+static bool cannot_reopen_writable(int fd)
+{
+        pid_t pid = fork();
+        int st = -1;
+
+        if (pid < 0)
+                return false;
+        if (pid == 0) {
+                char path[64];
+                int w;
+                if (getuid() == 0 && (setgid(65534) < 0 || setuid(65534) < 0))
+                        _exit(2);
+                (void)prctl(PR_SET_DUMPABLE, 1, 0, 0, 0);
+                snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
+                w = open(path, O_RDWR | O_CLOEXEC);
+                _exit(w < 0 && errno == EACCES ? 0 : 1);
+        }
+        return waitpid(pid, &st, 0) == pid && WIFEXITED(st) && WEXITSTATUS(st) == 0;
+}
+
 #define RO_CONFIG "[daemon]\nlog-level = warning\n[class all]\nmatch-all = yes\n"
 
 /*
@@ -218,8 +244,10 @@ static void test_read_only(void)
                 memset(dev, 0x5a, 2 * MiB);
         CHECK_EQ(gm_mem_export_flags(x, handle_of(x, dev), GM_EXPORT_READ_ONLY, &fd, &size), 0);
         CHECK(fd_is_read_only(fd));
-        if (fd >= 0)
+        if (fd >= 0) {
                 CHECK(cannot_map_writable(fd, 2 * MiB));
+                CHECK(cannot_reopen_writable(fd));
+        }
         CHECK_EQ(gm_mem_export_flags(x, handle_of(x, dev), 0x80, &fd2, NULL), -EINVAL);
 
         /* the importer: GPU and CPU read-write are refused, read is granted and reads the exporter's data */
@@ -251,8 +279,10 @@ static void test_read_only(void)
         CHECK_EQ(gm_host_malloc(x, 2 * MiB, 0, -1, 0, &host), 0);
         CHECK_EQ(gm_mem_export_flags(x, handle_of(x, host), GM_EXPORT_READ_ONLY, &fd3, NULL), 0);
         CHECK(fd_is_read_only(fd3));
-        if (fd3 >= 0)
+        if (fd3 >= 0) {
                 CHECK(cannot_map_writable(fd3, 2 * MiB));
+                CHECK(cannot_reopen_writable(fd3));
+        }
         CHECK_EQ(gm_malloc(x, 2 * MiB, gpus[0], GM_MEM_READ_ONLY, &ro_dev), 0);
         CHECK_EQ(gm_mem_export(x, handle_of(x, ro_dev), &fd4, NULL), 0);
         CHECK(fd_is_read_only(fd4));
