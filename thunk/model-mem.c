@@ -842,6 +842,22 @@ void model_mem_destroy(ThunkModel *m, ModelCtx *c, ModelMem *mem)
 
 /* ------------------------------------------------------------------ memory ioctls */
 
+/* A handle of @b (one reference of it, taken over) in the process's table for GPU @idx: the render file may
+ * then reach the buffer. On failure the reference is dropped. */
+static int mem_new(Call *c, int idx, ModelBuf *b, ModelMem **ret)
+{
+        ModelMem *mem = calloc(1, sizeof(*mem));
+
+        if (!mem || model_buf_allow(b, c->ctx->pdd[idx].file) < 0 ||
+            model_idr_alloc(&c->ctx->pdd[idx], mem) < 0) {
+                free(mem);
+                model_buf_unref(c->m, b);
+                return -ENOMEM;
+        }
+        *ret = mem;
+        return 0;
+}
+
 int model_kfd_alloc_memory_of_gpu(Call *c)
 {
         struct kfd_ioctl_alloc_memory_of_gpu_args *a = c->arg;
@@ -922,13 +938,9 @@ int model_kfd_alloc_memory_of_gpu(Call *c)
         b->charge_type = type;
         if (type == KFD_IOC_ALLOC_MEM_FLAGS_USERPTR)
                 b->userptr = a->mmap_offset;
-        mem = calloc(1, sizeof(*mem));
-        if (!mem || model_buf_allow(b, c->ctx->pdd[idx].file) < 0 ||
-            model_idr_alloc(&c->ctx->pdd[idx], mem) < 0) {
-                free(mem);
-                model_buf_unref(m, b);
-                return -ENOMEM;
-        }
+        r = mem_new(c, idx, b, &mem);
+        if (r < 0)
+                return r;
         mem->buf = b;
         mem->va = a->va_addr;
         mem->flags = flags;
@@ -1137,13 +1149,9 @@ int model_kfd_import_dmabuf(Call *c)
                         return -EINVAL;
                 b->refs++;
         }
-        mem = calloc(1, sizeof(*mem));
-        if (!mem || model_buf_allow(b, c->ctx->pdd[idx].file) < 0 ||
-            model_idr_alloc(&c->ctx->pdd[idx], mem) < 0) {
-                free(mem);
-                model_buf_unref(m, b);
-                return -ENOMEM;
-        }
+        r = mem_new(c, idx, b, &mem);
+        if (r < 0)
+                return r;
         mem->buf = b;
         mem->va = a->va_addr;
         /* the kernel marks every import writable; the model keeps what the dmabuf file allows, so that a

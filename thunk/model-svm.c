@@ -324,6 +324,22 @@ static bool ctx_vm_overlaps(const ThunkModel *m, const ModelCtx *c, uint64_t sta
         return false;
 }
 
+/* A new range [@p, @l] with the defaults and then @a's attributes, charged (its pages added to
+ * *@charge_pages) unless XNACK is on. */
+static SvmRange svm_fresh(const ThunkModel *m, const ModelCtx *c, uint64_t p, uint64_t l, uint32_t nattr,
+                          const struct kfd_ioctl_svm_attribute *a, uint64_t *charge_pages)
+{
+        SvmRange fresh;
+
+        svm_set_defaults(m, c, &fresh);
+        fresh.start = p;
+        fresh.last = l;
+        fresh.charged = !c->xnack;
+        *charge_pages += fresh.charged ? l - p + 1 : 0;
+        svm_apply(m, &fresh, nattr, a);
+        return fresh;
+}
+
 static int svm_set(ThunkModel *m, ModelCtx *c, uint64_t s, uint64_t l, uint32_t nattr,
                    const struct kfd_ioctl_svm_attribute *a)
 {
@@ -345,15 +361,7 @@ static int svm_set(ThunkModel *m, ModelCtx *c, uint64_t s, uint64_t l, uint32_t 
 
                 if (r.last < s || r.start > l) {
                         if (r.start > l && p <= l) {
-                                SvmRange fresh;
-
-                                svm_set_defaults(m, c, &fresh);
-                                fresh.start = p;
-                                fresh.last = l;
-                                fresh.charged = !c->xnack;
-                                charge_pages += fresh.charged ? l - p + 1 : 0;
-                                svm_apply(m, &fresh, nattr, a);
-                                nv[n++] = fresh;
+                                nv[n++] = svm_fresh(m, c, p, l, nattr, a, &charge_pages);
                                 p = l + 1;
                         }
                         nv[n++] = r;
@@ -393,17 +401,8 @@ static int svm_set(ThunkModel *m, ModelCtx *c, uint64_t s, uint64_t l, uint32_t 
                         }
                 }
         }
-        if (p <= l && p >= s) {
-                SvmRange fresh;
-
-                svm_set_defaults(m, c, &fresh);
-                fresh.start = p;
-                fresh.last = l;
-                fresh.charged = !c->xnack;
-                charge_pages += fresh.charged ? l - p + 1 : 0;
-                svm_apply(m, &fresh, nattr, a);
-                nv[n++] = fresh;
-        }
+        if (p <= l && p >= s)
+                nv[n++] = svm_fresh(m, c, p, l, nattr, a, &charge_pages);
         if (charge_pages &&
             model_charge(m, 0, KFD_IOC_ALLOC_MEM_FLAGS_USERPTR, charge_pages * MODEL_PAGE) < 0) {
                 free(nv);

@@ -90,6 +90,7 @@ static void test_file_good(void)
                                                    "hello-timeout = 0\n"
                                                    "send-timeout = 5\n"
                                                    "worker-threads = 0\n"
+                                                   "loops = 3\n"
                                                    "window-size = 8G\n"
                                                    "max-window-bytes-per-uid = 1T\n"
                                                    "socket-mode = 0600\n"
@@ -104,6 +105,7 @@ static void test_file_good(void)
         CHECK_EQ(o.hello_timeout_sec, 0);
         CHECK_EQ(o.send_timeout_sec, 5);
         CHECK_EQ(o.worker_threads, 0);
+        CHECK_EQ(o.loops, 3);
         CHECK_EQ(o.window_size, 8ull << 30);
         CHECK_EQ(o.max_window_bytes_per_uid, 1ull << 40);
         CHECK_EQ(o.socket_mode, 0600);
@@ -147,6 +149,8 @@ static void test_file_errors(void)
                  ":2: send-timeout: '0' is not a number of seconds from 1 to 3600"},
                 {"[daemon]\nsend-timeout = 3601\n", ":2: send-timeout"},
                 {"[daemon]\nworker-threads = 65\n", ":2: worker-threads: '65' is not a number from 0 to 64"},
+                {"[daemon]\nloops = 65\n", ":2: loops: '65' is not a number from 0 (one per CPU) to 64"},
+                {"[daemon]\nloops = -1\n", ":2: loops: '-1' is not a number from 0 (one per CPU) to 64"},
                 {"[daemon]\nmax-window-bytes-per-uid = 256T\n", ":2: max-window-bytes-per-uid"},
                 /* checked against window-size wherever that comes in the file */
                 {"[daemon]\nmax-window-bytes-per-uid = 2G\nwindow-size = 4G\n",
