@@ -1,5 +1,6 @@
 /* The thunk's memory layer: BOs, GPU map/unmap with rollback, dmabuf, SVM, XNACK, GEM_VA. */
 #include <errno.h>
+#include <pthread.h>
 #include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
@@ -111,13 +112,16 @@ static void bo_link(ThunkBo *bo)
 {
         ThunkContext *c = bo->ctx;
 
+        pthread_mutex_lock(&c->lock);
         bo->next = c->bos;
         if (c->bos)
                 c->bos->prev = bo;
         c->bos = bo;
+        pthread_mutex_unlock(&c->lock);
 }
 
-static void bo_destroy(ThunkBo *bo)
+/* Out of its context's list (under the context's lock) and freed. */
+static void bo_destroy_locked(ThunkBo *bo)
 {
         ThunkContext *c = bo->ctx;
 
@@ -131,6 +135,16 @@ static void bo_destroy(ThunkBo *bo)
         free(bo);
 }
 
+static void bo_destroy(ThunkBo *bo)
+{
+        ThunkContext *c = bo->ctx;
+
+        pthread_mutex_lock(&c->lock);
+        bo_destroy_locked(bo);
+        pthread_mutex_unlock(&c->lock);
+}
+
+/* Under the context's lock. */
 static void gem_map_destroy(ThunkGemMapping *m)
 {
         ThunkContext *c = m->ctx;
@@ -146,14 +160,16 @@ static void gem_map_destroy(ThunkGemMapping *m)
 
 void thunk_context_drop_objects(ThunkContext *c)
 {
+        pthread_mutex_lock(&c->lock);
         while (c->bos)
-                bo_destroy(c->bos);
+                bo_destroy_locked(c->bos);
         while (c->gem_maps)
                 gem_map_destroy(c->gem_maps);
         for (size_t i = 0; c->gem_refs && i < c->dev->n_gpus; i++) {
                 free(c->gem_refs[i].items);
                 c->gem_refs[i] = (ThunkGemRefs){0};
         }
+        pthread_mutex_unlock(&c->lock);
 }
 
 static int check_gpu(const ThunkContext *c, uint32_t gpu_id)
@@ -687,6 +703,11 @@ int thunk_svm_get(ThunkContext *c, uint64_t start, uint64_t size, ThunkSvmAttr *
 
 /* ---- GEM_VA ------------------------------------------------------------------------------------- */
 
+/*
+ * The reference counts below are taken under the context's lock together with the PRIME import that finds
+ * the handle and the GEM_CLOSE that ends it: otherwise a handle one thread is closing could be the one
+ * another thread's import just got.
+ */
 static int gem_ref(ThunkContext *c, size_t gi, uint32_t handle)
 {
         ThunkGemRefs *refs = &c->gem_refs[gi];
@@ -806,16 +827,19 @@ int thunk_gem_map_dmabuf(ThunkContext *c, int dmabuf_fd, uint32_t gpu_id, uint64
                 return -ENOMEM;
 
         prime.fd = dmabuf_fd;
+        pthread_mutex_lock(&c->lock);
         r = thunk_ioctl(c->dev, c->render_fds[gi], DRM_IOCTL_PRIME_FD_TO_HANDLE, &prime);
         if (r < 0) {
+                pthread_mutex_unlock(&c->lock);
                 free(m);
                 return r;
         }
         had_ref = gem_tracked(c, (size_t)gi, prime.handle);
         r = gem_ref(c, (size_t)gi, prime.handle);
+        if (r < 0 && !had_ref)
+                gem_close_untracked(c, (size_t)gi, prime.handle);
+        pthread_mutex_unlock(&c->lock);
         if (r < 0) {
-                if (!had_ref)
-                        gem_close_untracked(c, (size_t)gi, prime.handle);
                 free(m);
                 return r;
         }
@@ -828,7 +852,9 @@ int thunk_gem_map_dmabuf(ThunkContext *c, int dmabuf_fd, uint32_t gpu_id, uint64
         gva.map_size = size;
         r = thunk_ioctl(c->dev, c->render_fds[gi], DRM_IOCTL_AMDGPU_GEM_VA, &gva);
         if (r < 0) {
+                pthread_mutex_lock(&c->lock);
                 (void)gem_unref(c, (size_t)gi, prime.handle);
+                pthread_mutex_unlock(&c->lock);
                 free(m);
                 return r;
         }
@@ -842,10 +868,12 @@ int thunk_gem_map_dmabuf(ThunkContext *c, int dmabuf_fd, uint32_t gpu_id, uint64
                 .size = size,
                 .flags = flags,
         };
+        pthread_mutex_lock(&c->lock);
         m->next = c->gem_maps;
         if (c->gem_maps)
                 c->gem_maps->prev = m;
         c->gem_maps = m;
+        pthread_mutex_unlock(&c->lock);
         *ret = m;
         return 0;
 }
@@ -893,7 +921,9 @@ int thunk_gem_unmap(ThunkGemMapping *m)
         if (r < 0)
                 return r;
         /* The VA is gone; a failing GEM_CLOSE only leaves the handle for the context's teardown. */
+        pthread_mutex_lock(&c->lock);
         (void)gem_unref(c, m->gpu_index, m->gem_handle);
         gem_map_destroy(m);
+        pthread_mutex_unlock(&c->lock);
         return 0;
 }

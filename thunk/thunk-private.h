@@ -1,6 +1,8 @@
 /* The thunk's internal object layouts, shared by thunk.c (device, contexts) and thunk-mem.c (memory). */
 #pragma once
 
+#include <pthread.h>
+
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -33,7 +35,8 @@ struct ThunkDevice {
         size_t n_gpus;
         uint64_t svm_base, svm_limit;
         ThunkContext *primary;
-        ThunkContext *contexts; /* secondary contexts, a list */
+        ThunkContext *contexts;   /* secondary contexts, a list */
+        pthread_mutex_t ctx_lock; /* around the list: contexts come and go on any thread */
 };
 
 struct ThunkContext {
@@ -44,6 +47,9 @@ struct ThunkContext {
         ThunkGemRefs *gem_refs; /* indexed like dev->gpus */
         ThunkBo *bos;
         ThunkGemMapping *gem_maps;
+        /* Around bos, gem_maps and gem_refs: the context's callers may be on several threads (a shared
+         * context in the daemon, ROCr's threads in a process). A BO itself is its caller's to serialise. */
+        pthread_mutex_t lock;
         ThunkContext *prev, *next;
 };
 

@@ -90,6 +90,7 @@ static void context_destroy(ThunkContext *c)
                 return;
         context_close_fds(c);
         thunk_context_drop_objects(c);
+        pthread_mutex_destroy(&c->lock);
         free(c->render_fds);
         free(c->gem_refs);
         free(c);
@@ -115,6 +116,7 @@ static int context_alloc(ThunkDevice *d, bool primary, ThunkContext **ret)
         }
         for (size_t i = 0; i < d->n_gpus; i++)
                 c->render_fds[i] = -1;
+        pthread_mutex_init(&c->lock, NULL);
         *ret = c;
         return 0;
 }
@@ -178,10 +180,12 @@ int thunk_context_new(ThunkDevice *d, ThunkContext **ret)
         if (r < 0)
                 goto fail;
 
+        pthread_mutex_lock(&d->ctx_lock);
         c->next = d->contexts;
         if (d->contexts)
                 d->contexts->prev = c;
         d->contexts = c;
+        pthread_mutex_unlock(&d->ctx_lock);
         *ret = c;
         return 0;
 fail:
@@ -196,12 +200,14 @@ ThunkContext *thunk_context_free(ThunkContext *c)
         if (!c || c->primary)
                 return NULL;
         d = c->dev;
+        pthread_mutex_lock(&d->ctx_lock);
         if (c->prev)
                 c->prev->next = c->next;
         else
                 d->contexts = c->next;
         if (c->next)
                 c->next->prev = c->prev;
+        pthread_mutex_unlock(&d->ctx_lock);
         context_destroy(c);
         return NULL;
 }
@@ -378,6 +384,7 @@ int thunk_device_open(const ThunkOptions *opts, ThunkDevice **ret, char *errbuf,
         if (!d)
                 return set_error(errbuf, errlen, -ENOMEM, "out of memory");
         d->backend = opts->backend;
+        pthread_mutex_init(&d->ctx_lock, NULL);
         d->page_size = (size_t)sysconf(_SC_PAGESIZE);
 
         r = thunk_topology_load(opts->topology_root, &d->topo, errbuf, errlen);
@@ -452,6 +459,7 @@ ThunkDevice *thunk_device_close(ThunkDevice *d)
                 d->model = thunk_model_free(d->model);
         thunk_topology_free(d->topo);
         free(d->gpus);
+        pthread_mutex_destroy(&d->ctx_lock);
         free(d);
         return NULL;
 }
