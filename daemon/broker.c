@@ -78,6 +78,12 @@ struct VmmMap {
         GemGrant gem[BROKER_MAX_GPUS];
 };
 
+/*
+ * Locks, in the order they are taken: the caller serialises each client (its BrokerClient and objects);
+ * the broker's lock guards what clients share (the totals, the handed-out and lingering files, the
+ * inotify queue); an account's lock guards its usage and limits, and is taken alone or inside the
+ * broker's. Driver calls are made under none of the broker's locks.
+ */
 struct Broker {
         Driver *drv;
         DriverCtx *primary;
@@ -85,6 +91,7 @@ struct Broker {
         uint32_t gpu_ids[BROKER_MAX_GPUS];
         uint64_t gpu_vram[BROKER_MAX_GPUS];
         int gpu_numa[BROKER_MAX_GPUS];
+        pthread_mutex_t lock;
         BrokerUsage totals;
         unsigned clients;
         int notify_fd;      /* inotify: the death of lingering memory */
@@ -139,6 +146,29 @@ void broker_account_init(BrokerAccount *a, const char *name)
                 a->max_vram_gpu[i] = UINT64_MAX;
         a->allowed_gpus = UINT64_MAX;
         a->import_foreign = true;
+        pthread_mutex_init(&a->lock, NULL);
+}
+
+void broker_account_done(BrokerAccount *a)
+{
+        pthread_mutex_destroy(&a->lock);
+}
+
+void broker_account_lock(BrokerAccount *a)
+{
+        pthread_mutex_lock(&a->lock);
+}
+
+void broker_account_unlock(BrokerAccount *a)
+{
+        pthread_mutex_unlock(&a->lock);
+}
+
+void broker_account_usage(BrokerAccount *a, BrokerUsage *ret)
+{
+        pthread_mutex_lock(&a->lock);
+        *ret = a->used;
+        pthread_mutex_unlock(&a->lock);
 }
 
 static const char *human(uint64_t v, char *buf, size_t len)
@@ -168,6 +198,7 @@ int broker_new(Driver *drv, Broker **ret)
                 free(b);
                 return r;
         }
+        pthread_mutex_init(&b->lock, NULL);
         b->drv = drv;
         b->primary = driver_ctx_primary(drv);
         b->n_gpus = driver_gpu_count(drv);
@@ -204,6 +235,7 @@ Broker *broker_free(Broker *b)
         hashmap_done(&b->dead_files);
         hashmap_done(&b->files);
         safe_close(b->notify_fd);
+        pthread_mutex_destroy(&b->lock);
         free(b);
         return NULL;
 }
@@ -213,9 +245,11 @@ int broker_event_fd(const Broker *b)
         return b->notify_fd;
 }
 
-void broker_totals(const Broker *b, BrokerUsage *ret)
+void broker_totals(Broker *b, BrokerUsage *ret)
 {
+        pthread_mutex_lock(&b->lock);
         *ret = b->totals;
+        pthread_mutex_unlock(&b->lock);
 }
 
 int broker_client_new(Broker *b, ThunkVaSpace *window, BrokerClient **ret)
@@ -228,7 +262,9 @@ int broker_client_new(Broker *b, ThunkVaSpace *window, BrokerClient **ret)
         c->window = window;
         c->usage.n_gpus = (uint32_t)b->n_gpus;
         memcpy(c->usage.gpu_ids, b->gpu_ids, sizeof(b->gpu_ids));
+        pthread_mutex_lock(&b->lock);
         b->clients++;
+        pthread_mutex_unlock(&b->lock);
         *ret = c;
         return 0;
 }
@@ -275,46 +311,19 @@ static int client_ctx(BrokerClient *c, DriverCtx **ret, Reason *w)
 
 /* ---- accounting -------------------------------------------------------------------------------------- */
 
-/* The bytes of memory of @kind: what a live object and lingering memory are charged alike. */
-static void usage_apply_bytes(BrokerUsage *u, const Broker *b, BrokerKind kind, uint32_t gpu_id,
-                              uint64_t size, bool foreign, int sign)
-{
-        int64_t d = sign * (int64_t)size;
-        int gi = gpu_index(b, gpu_id);
-
-        switch (kind) {
-        case BROKER_KIND_DEVICE:
-                u->device_bytes += (uint64_t)d;
-                if (gi >= 0)
-                        u->vram_bytes[gi] += (uint64_t)d;
-                break;
-        case BROKER_KIND_VMM:
-                u->vmm_bytes += (uint64_t)d;
-                if (gi >= 0)
-                        u->vram_bytes[gi] += (uint64_t)d;
-                break;
-        case BROKER_KIND_HOST:
-                u->host_bytes += (uint64_t)d;
-                break;
-        case BROKER_KIND_MANAGED:
-                u->managed_bytes += (uint64_t)d;
-                break;
-        case BROKER_KIND_IMPORT:
-                if (foreign)
-                        u->foreign_bytes += (uint64_t)d;
-                break;
-        default:
-                break;
-        }
-}
-
-static void usage_apply(BrokerUsage *u, const Broker *b, const Obj *o, int sign)
-{
-        u->objects += (uint64_t)(int64_t)sign;
-        usage_apply_bytes(u, b, o->kind, o->gpu_id, o->size, o->foreign, sign);
-        if (o->memfd >= 0 || o->backing_fd)
-                u->held_fds += (uint32_t)sign;
-}
+/*
+ * What an object (or a bookkeeping entry, or one file) costs: the same record is charged to its client, its
+ * class's account and the broker's totals, and refunded from all three, so they cannot drift apart.
+ */
+typedef struct Charge {
+        uint64_t objects;
+        uint32_t held_fds;
+        BrokerKind kind; /* what @bytes are of (0: no bytes) */
+        uint32_t gpu_id;
+        uint64_t bytes;
+        bool foreign;   /* an import's bytes count only when it is of memory gpumemd did not export */
+        bool lingering; /* memory whose handle is gone: its bytes count as lingering too */
+} Charge;
 
 /* A driver that keeps a buffer's memory in a file of the daemon's once it can be shared (the model) costs
  * an fd per such buffer, which the client's class pays for like the daemon's own memfds of host and
@@ -337,21 +346,223 @@ static bool file_on_export(const Broker *b, const Obj *o)
                (o->kind == BROKER_KIND_DEVICE || o->kind == BROKER_KIND_VMM);
 }
 
-/* A bookkeeping entry that is not an object (a VMM mapping) costs a handle all the same. */
-static void charge_entry(BrokerClient *c, int sign)
+static Charge obj_charge(const Obj *o)
 {
-        c->usage.objects += (uint64_t)(int64_t)sign;
-        c->b->totals.objects += (uint64_t)(int64_t)sign;
-        if (c->acct)
-                c->acct->used.objects += (uint64_t)(int64_t)sign;
+        return (Charge){.objects = 1,
+                        .held_fds = o->memfd >= 0 || o->backing_fd,
+                        .kind = o->kind,
+                        .gpu_id = o->gpu_id,
+                        .bytes = o->size,
+                        .foreign = o->foreign};
 }
 
-static void charge(BrokerClient *c, const Obj *o, int sign)
+static void usage_apply(BrokerUsage *u, const Broker *b, const Charge *ch, int sign)
 {
-        usage_apply(&c->usage, c->b, o, sign);
-        usage_apply(&c->b->totals, c->b, o, sign);
-        if (c->acct)
-                usage_apply(&c->acct->used, c->b, o, sign);
+        int64_t d = sign * (int64_t)ch->bytes;
+        int gi = gpu_index(b, ch->gpu_id);
+
+        u->objects += (uint64_t)(sign * (int64_t)ch->objects);
+        u->held_fds += (uint32_t)(sign * (int32_t)ch->held_fds);
+        switch (ch->kind) {
+        case BROKER_KIND_DEVICE:
+                u->device_bytes += (uint64_t)d;
+                if (gi >= 0)
+                        u->vram_bytes[gi] += (uint64_t)d;
+                break;
+        case BROKER_KIND_VMM:
+                u->vmm_bytes += (uint64_t)d;
+                if (gi >= 0)
+                        u->vram_bytes[gi] += (uint64_t)d;
+                break;
+        case BROKER_KIND_HOST:
+                u->host_bytes += (uint64_t)d;
+                break;
+        case BROKER_KIND_MANAGED:
+                u->managed_bytes += (uint64_t)d;
+                break;
+        case BROKER_KIND_IMPORT:
+                if (ch->foreign)
+                        u->foreign_bytes += (uint64_t)d;
+                break;
+        default:
+                break;
+        }
+        if (ch->lingering)
+                u->lingering_bytes += (uint64_t)d;
+}
+
+static int over(Reason *w, const BrokerAccount *a, const char *what, uint64_t limit, uint64_t used,
+                uint64_t asked, bool bytes)
+{
+        char b1[32], b2[32], b3[32];
+
+        if (!bytes)
+                return reason_set(w, -EDQUOT, "class '%s' %s limit: %llu in use of %llu", a->name, what,
+                                  (unsigned long long)used, (unsigned long long)limit);
+        return reason_set(w, -EDQUOT, "class '%s' %s limit: %s in use of %s, %s asked", a->name, what,
+                          human(used, b1, sizeof(b1)), human(limit, b2, sizeof(b2)),
+                          human(asked, b3, sizeof(b3)));
+}
+
+/* One request larger than the class allows for a single one. */
+static int over_one(Reason *w, const BrokerAccount *a, const char *what, uint64_t limit, uint64_t asked)
+{
+        char b1[32], b2[32];
+
+        return reason_set(w, -EDQUOT, "class '%s' %s limit: at most %s, %s asked", a->name, what,
+                          human(limit, b1, sizeof(b1)), human(asked, b2, sizeof(b2)));
+}
+
+/* Would @ch stay within @a's limits? Under the account's lock. */
+static int fits(const Broker *b, const BrokerAccount *a, const Charge *ch, Reason *w)
+{
+        const BrokerUsage *u = &a->used;
+        char what[64];
+
+        if (ch->objects && u->objects + ch->objects > a->max_handles)
+                return over(w, a, "handle", a->max_handles, u->objects, ch->objects, false);
+        if (ch->held_fds && (uint64_t)u->held_fds + ch->held_fds > a->max_fds)
+                return over(w, a, "fd", a->max_fds, u->held_fds, ch->held_fds, false);
+        switch (ch->kind) {
+        case BROKER_KIND_DEVICE:
+        case BROKER_KIND_VMM: {
+                uint64_t vram = u->device_bytes + u->vmm_bytes, bytes = ch->bytes;
+                int gi = gpu_index(b, ch->gpu_id);
+                /* the more specific limit first, so the reason names it */
+                if (gi >= 0 &&
+                    (bytes > a->max_vram_gpu[gi] || u->vram_bytes[gi] > a->max_vram_gpu[gi] - bytes)) {
+                        snprintf(what, sizeof(what), "VRAM on GPU %u", ch->gpu_id);
+                        return over(w, a, what, a->max_vram_gpu[gi], u->vram_bytes[gi], bytes, true);
+                }
+                if (bytes > a->max_vram || vram > a->max_vram - bytes)
+                        return over(w, a, "VRAM", a->max_vram, vram, bytes, true);
+                break;
+        }
+        case BROKER_KIND_HOST:
+                if (ch->bytes > a->max_host_one)
+                        return over_one(w, a, "single host allocation", a->max_host_one, ch->bytes);
+                if (ch->bytes > a->max_host || u->host_bytes > a->max_host - ch->bytes)
+                        return over(w, a, "host memory", a->max_host, u->host_bytes, ch->bytes, true);
+                break;
+        case BROKER_KIND_MANAGED:
+                if (ch->bytes > a->max_managed || u->managed_bytes > a->max_managed - ch->bytes)
+                        return over(w, a, "managed memory", a->max_managed, u->managed_bytes, ch->bytes,
+                                    true);
+                break;
+        case BROKER_KIND_IMPORT:
+                if (!ch->foreign)
+                        break;
+                if (ch->bytes > a->max_foreign_one)
+                        return over_one(w, a, "single foreign import", a->max_foreign_one, ch->bytes);
+                if (ch->bytes > a->max_foreign || u->foreign_bytes > a->max_foreign - ch->bytes)
+                        return over(w, a, "foreign import", a->max_foreign, u->foreign_bytes, ch->bytes,
+                                    true);
+                break;
+        default:
+                break;
+        }
+        return 0;
+}
+
+/* The broker's totals, under its lock. */
+static void totals_apply(Broker *b, const Charge *ch, int sign)
+{
+        pthread_mutex_lock(&b->lock);
+        usage_apply(&b->totals, b, ch, sign);
+        pthread_mutex_unlock(&b->lock);
+}
+
+/*
+ * Charge @ch to the client, its class and the totals if the class's limits allow it: checking and charging
+ * are one step under the account's lock, so clients of one class on several threads cannot together pass
+ * a limit that each of them checked alone.
+ */
+static int charge_take(BrokerClient *c, const Charge *ch, Reason *w)
+{
+        BrokerAccount *a = c->acct;
+
+        if (a) {
+                int r;
+                pthread_mutex_lock(&a->lock);
+                r = fits(c->b, a, ch, w);
+                if (r == 0)
+                        usage_apply(&a->used, c->b, ch, +1);
+                pthread_mutex_unlock(&a->lock);
+                if (r < 0)
+                        return r;
+        }
+        usage_apply(&c->usage, c->b, ch, +1);
+        totals_apply(c->b, ch, +1);
+        return 0;
+}
+
+static void charge_give(BrokerClient *c, const Charge *ch)
+{
+        BrokerAccount *a = c->acct;
+
+        if (a) {
+                pthread_mutex_lock(&a->lock);
+                usage_apply(&a->used, c->b, ch, -1);
+                pthread_mutex_unlock(&a->lock);
+        }
+        usage_apply(&c->usage, c->b, ch, -1);
+        totals_apply(c->b, ch, -1);
+}
+
+static void charge_obj_give(BrokerClient *c, const Obj *o)
+{
+        Charge ch = obj_charge(o);
+        charge_give(c, &ch);
+}
+
+/*
+ * Would one more object of @kind with @bytes (on @gpu_id for VRAM) stay within the class's limits? A check
+ * before the driver is asked, so that work it cannot keep is not done; charge_take() decides.
+ */
+static int quota_check(const BrokerClient *c, BrokerKind kind, uint32_t gpu_id, uint64_t bytes, bool holds_fd,
+                       Reason *w)
+{
+        Charge ch = {.objects = 1,
+                     .held_fds = holds_fd,
+                     .kind = kind,
+                     .gpu_id = gpu_id,
+                     .bytes = bytes,
+                     .foreign = kind == BROKER_KIND_IMPORT};
+        BrokerAccount *a = c->acct;
+        int r;
+
+        if (!a)
+                return 0;
+        pthread_mutex_lock(&a->lock);
+        r = fits(c->b, a, &ch, w);
+        pthread_mutex_unlock(&a->lock);
+        return r;
+}
+
+/*
+ * Before @o's memory is exported or granted: the file the driver makes for it then is one more fd of the
+ * class's, taken now. 1: taken, 0: none needed, or the refusal.
+ */
+static int export_fd_take(BrokerClient *c, const Obj *o, Reason *w)
+{
+        int r;
+
+        if (!file_on_export(c->b, o))
+                return 0;
+        r = charge_take(c, &(Charge){.held_fds = 1}, w);
+        return r < 0 ? r : 1;
+}
+
+/* After: when the driver made its file (@made), the object pays for it until it dies (its charge refunds
+ * it then); when it did not, the fd taken goes back now. */
+static void export_fd_end(BrokerClient *c, Obj *o, int taken, bool made)
+{
+        if (taken <= 0)
+                return;
+        if (made)
+                o->backing_fd = true;
+        else
+                charge_give(c, &(Charge){.held_fds = 1});
 }
 
 /* ---- memory that outlives its handle ------------------------------------------------------------------ */
@@ -374,18 +585,28 @@ static void note_file(Broker *b, Obj *o, int fd)
                 return;
         o->file_ino = (uint64_t)st.st_ino;
         o->file_dev = st.st_dev;
+        pthread_mutex_lock(&b->lock);
         if (hashmap_put(&b->files, ino_key(o->file_ino), o) < 0)
                 o->file_ino = 0; /* taken by another object's file (the same memory) or no memory: unknown */
+        pthread_mutex_unlock(&b->lock);
 }
 
+static Charge linger_of(const Linger *l)
+{
+        return (Charge){.kind = l->kind, .gpu_id = l->gpu_id, .bytes = l->size, .lingering = true};
+}
+
+/* Under the broker's lock (the account's is taken inside it). */
 static void linger_charge(Broker *b, Linger *l, int sign)
 {
-        usage_apply_bytes(&b->totals, b, l->kind, l->gpu_id, l->size, false, sign);
-        b->totals.lingering_bytes += (uint64_t)(sign * (int64_t)l->size);
+        Charge ch = linger_of(l);
+
+        usage_apply(&b->totals, b, &ch, sign);
         if (l->acct) {
-                usage_apply_bytes(&l->acct->used, b, l->kind, l->gpu_id, l->size, false, sign);
-                l->acct->used.lingering_bytes += (uint64_t)(sign * (int64_t)l->size);
+                pthread_mutex_lock(&l->acct->lock);
+                usage_apply(&l->acct->used, b, &ch, sign);
                 l->acct->lingering += (unsigned)sign;
+                pthread_mutex_unlock(&l->acct->lock);
         }
 }
 
@@ -407,11 +628,12 @@ static void linger_start(BrokerClient *c, const Obj *o, int fd)
             st.st_nlink != 0)
                 return;
         snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
-        wd = inotify_add_watch(b->notify_fd, path, IN_DELETE_SELF);
-        l = wd >= 0 ? calloc(1, sizeof(*l)) : NULL;
-        if (!l) {
+        l = calloc(1, sizeof(*l));
+        pthread_mutex_lock(&b->lock);
+        wd = l ? inotify_add_watch(b->notify_fd, path, IN_DELETE_SELF) : -1;
+        if (wd < 0) {
                 b->watch_failures++;
-                return;
+                goto out;
         }
         *l = (Linger){.acct = c->acct,
                       .kind = o->kind,
@@ -425,19 +647,26 @@ static void linger_start(BrokerClient *c, const Obj *o, int fd)
                 l->next = first->next;
                 first->next = l;
         } else if (hashmap_put(&b->lingering, (uint64_t)wd + 1, l) < 0) {
-                free(l);
                 b->watch_failures++;
-                return;
+                goto out;
         } else {
                 (void)hashmap_put(&b->dead_files, ino_key(l->ino), l);
         }
         linger_charge(b, l, +1);
+        l = NULL;
+out:
+        pthread_mutex_unlock(&b->lock);
+        free(l);
 }
 
 static void obj_forget_file(Broker *b, Obj *o)
 {
-        if (o->file_ino && hashmap_get(&b->files, ino_key(o->file_ino)) == o)
+        if (!o->file_ino)
+                return;
+        pthread_mutex_lock(&b->lock);
+        if (hashmap_get(&b->files, ino_key(o->file_ino)) == o)
                 hashmap_remove(&b->files, ino_key(o->file_ino));
+        pthread_mutex_unlock(&b->lock);
         o->file_ino = 0;
 }
 
@@ -445,10 +674,11 @@ void broker_process_events(Broker *b)
 {
         char buf[4096] __attribute__((aligned(__alignof__(struct inotify_event))));
 
+        pthread_mutex_lock(&b->lock);
         for (;;) {
                 ssize_t n = read(b->notify_fd, buf, sizeof(buf));
                 if (n <= 0)
-                        return;
+                        break;
                 for (char *p = buf; p < buf + n;) {
                         const struct inotify_event *e = (const struct inotify_event *)(void *)p;
                         p += sizeof(*e) + e->len;
@@ -465,6 +695,7 @@ void broker_process_events(Broker *b)
                         }
                 }
         }
+        pthread_mutex_unlock(&b->lock);
 }
 
 /* Replace *@fd by a file of its own opened read-only for the same memory: its holder cannot map it writable.
@@ -492,14 +723,26 @@ static bool obj_read_only(const Obj *o)
         return o->read_only || (o->flags & BROKER_FLAG_READ_ONLY);
 }
 
-/* Is @st one of the files gpumemd handed out, of live or lingering memory? */
-static bool is_own_file(const Broker *b, const struct stat *st, const Obj **ret_obj)
+/*
+ * Is @st one of the files gpumemd handed out, of live or lingering memory? *@ret_read_only: the live
+ * memory it is of is read-only. The object may be another client's, which may free it at any time: it is
+ * read only under the broker's lock.
+ */
+static bool is_own_file(Broker *b, const struct stat *st, bool *ret_read_only)
 {
-        const Obj *o = hashmap_get(&b->files, ino_key((uint64_t)st->st_ino));
-        const Linger *l = hashmap_get(&b->dead_files, ino_key((uint64_t)st->st_ino));
+        const Obj *o;
+        const Linger *l;
+        bool own;
 
-        *ret_obj = o && o->file_dev == st->st_dev ? o : NULL;
-        return *ret_obj || (l && l->dev == st->st_dev);
+        pthread_mutex_lock(&b->lock);
+        o = hashmap_get(&b->files, ino_key((uint64_t)st->st_ino));
+        l = hashmap_get(&b->dead_files, ino_key((uint64_t)st->st_ino));
+        if (o && o->file_dev != st->st_dev)
+                o = NULL;
+        *ret_read_only = o && obj_read_only(o);
+        own = o || (l && l->dev == st->st_dev);
+        pthread_mutex_unlock(&b->lock);
+        return own;
 }
 
 /* Add (@sign 1) or remove (-1) one usage record to another. */
@@ -521,16 +764,33 @@ void broker_client_set_account(BrokerClient *c, BrokerAccount *a)
         if (c->acct == a)
                 return;
         if (c->acct) {
+                pthread_mutex_lock(&c->acct->lock);
                 usage_move(&c->acct->used, &c->usage, -1);
                 c->acct->clients--;
+                pthread_mutex_unlock(&c->acct->lock);
         }
         c->acct = a;
         if (a) {
+                pthread_mutex_lock(&a->lock);
                 a->clients++;
                 a->used.n_gpus = (uint32_t)c->b->n_gpus;
                 memcpy(a->used.gpu_ids, c->b->gpu_ids, sizeof(c->b->gpu_ids));
                 usage_move(&a->used, &c->usage, +1);
+                pthread_mutex_unlock(&a->lock);
         }
+}
+
+/* The broker GPUs (a bit per index) the client's class may use. */
+static uint64_t allowed_gpus(const BrokerClient *c)
+{
+        uint64_t mask;
+
+        if (!c->acct)
+                return UINT64_MAX;
+        pthread_mutex_lock(&c->acct->lock);
+        mask = c->acct->allowed_gpus;
+        pthread_mutex_unlock(&c->acct->lock);
+        return mask;
 }
 
 /* May this client's class use @gpu_id? */
@@ -540,7 +800,7 @@ static int gpu_allowed(const BrokerClient *c, uint32_t gpu_id, Reason *w)
 
         if (gi < 0)
                 return reason_set(w, -ENODEV, "no GPU with id %u", gpu_id);
-        if (c->acct && !(c->acct->allowed_gpus & (1ull << gi)))
+        if (!(allowed_gpus(c) & (1ull << gi)))
                 return reason_set(w, -EACCES, "class '%s' may not use GPU %u", c->acct->name, gpu_id);
         return 0;
 }
@@ -553,105 +813,6 @@ static int gpus_allowed(const BrokerClient *c, const uint32_t *ids, size_t n, Re
                         return r;
         }
         return 0;
-}
-
-static int over(Reason *w, const BrokerAccount *a, const char *what, uint64_t limit, uint64_t used,
-                uint64_t asked, bool bytes)
-{
-        char b1[32], b2[32], b3[32];
-
-        if (!bytes)
-                return reason_set(w, -EDQUOT, "class '%s' %s limit: %llu in use of %llu", a->name, what,
-                                  (unsigned long long)used, (unsigned long long)limit);
-        return reason_set(w, -EDQUOT, "class '%s' %s limit: %s in use of %s, %s asked", a->name, what,
-                          human(used, b1, sizeof(b1)), human(limit, b2, sizeof(b2)),
-                          human(asked, b3, sizeof(b3)));
-}
-
-/* One request larger than the class allows for a single one. */
-static int over_one(Reason *w, const BrokerAccount *a, const char *what, uint64_t limit, uint64_t asked)
-{
-        char b1[32], b2[32];
-
-        return reason_set(w, -EDQUOT, "class '%s' %s limit: at most %s, %s asked", a->name, what,
-                          human(limit, b1, sizeof(b1)), human(asked, b2, sizeof(b2)));
-}
-
-/* Would one more object of @kind with @bytes (on @gpu_id for VRAM) stay within the class's limits? */
-static int quota_check(const BrokerClient *c, BrokerKind kind, uint32_t gpu_id, uint64_t bytes, bool holds_fd,
-                       Reason *w)
-{
-        const BrokerAccount *a = c->acct;
-        const BrokerUsage *u;
-        char what[64];
-
-        if (!a)
-                return 0;
-        u = &a->used;
-        if (u->objects + 1 > a->max_handles)
-                return over(w, a, "handle", a->max_handles, u->objects, 1, false);
-        if (holds_fd && (uint64_t)u->held_fds + 1 > a->max_fds)
-                return over(w, a, "fd", a->max_fds, u->held_fds, 1, false);
-        switch (kind) {
-        case BROKER_KIND_DEVICE:
-        case BROKER_KIND_VMM: {
-                uint64_t vram = u->device_bytes + u->vmm_bytes;
-                int gi = gpu_index(c->b, gpu_id);
-                /* the more specific limit first, so the reason names it */
-                if (gi >= 0 &&
-                    (bytes > a->max_vram_gpu[gi] || u->vram_bytes[gi] > a->max_vram_gpu[gi] - bytes)) {
-                        snprintf(what, sizeof(what), "VRAM on GPU %u", gpu_id);
-                        return over(w, a, what, a->max_vram_gpu[gi], u->vram_bytes[gi], bytes, true);
-                }
-                if (bytes > a->max_vram || vram > a->max_vram - bytes)
-                        return over(w, a, "VRAM", a->max_vram, vram, bytes, true);
-                break;
-        }
-        case BROKER_KIND_HOST:
-                if (bytes > a->max_host_one)
-                        return over_one(w, a, "single host allocation", a->max_host_one, bytes);
-                if (bytes > a->max_host || u->host_bytes > a->max_host - bytes)
-                        return over(w, a, "host memory", a->max_host, u->host_bytes, bytes, true);
-                break;
-        case BROKER_KIND_MANAGED:
-                if (bytes > a->max_managed || u->managed_bytes > a->max_managed - bytes)
-                        return over(w, a, "managed memory", a->max_managed, u->managed_bytes, bytes, true);
-                break;
-        case BROKER_KIND_IMPORT: /* @bytes: a foreign import's size (imports of gpumemd's own exports: 0) */
-                if (bytes > a->max_foreign_one)
-                        return over_one(w, a, "single foreign import", a->max_foreign_one, bytes);
-                if (bytes > a->max_foreign || u->foreign_bytes > a->max_foreign - bytes)
-                        return over(w, a, "foreign import", a->max_foreign, u->foreign_bytes, bytes, true);
-                break;
-        default:
-                break;
-        }
-        return 0;
-}
-
-/* Before @o's memory is exported or granted: the file the driver makes for it then is one more fd of the
- * class's. */
-static int export_fd_check(const BrokerClient *c, const Obj *o, Reason *w)
-{
-        const BrokerAccount *a = c->acct;
-
-        if (!a || !file_on_export(c->b, o))
-                return 0;
-        if ((uint64_t)a->used.held_fds + 1 > a->max_fds)
-                return over(w, a, "fd", a->max_fds, a->used.held_fds, 1, false);
-        return 0;
-}
-
-/* After: the object pays for the file until it dies (charge() refunds it with the object). */
-static void export_fd_commit(BrokerClient *c, Obj *o)
-{
-        if (!file_on_export(c->b, o))
-                return;
-        o->backing_fd = true;
-        c->usage.held_fds++;
-        c->b->totals.held_fds++;
-        if (c->acct)
-                c->acct->used.held_fds++;
 }
 
 /* ---- objects ----------------------------------------------------------------------------------------- */
@@ -945,9 +1106,10 @@ static int host_register(BrokerClient *c, const BrokerAllocArgs *a, Obj *o, int 
         } else {
                 /* every GPU the client's class may use */
                 uint32_t ids[BROKER_MAX_GPUS];
+                uint64_t allowed = allowed_gpus(c);
                 size_t n = 0;
                 for (size_t i = 0; i < b->n_gpus; i++)
-                        if (!c->acct || (c->acct->allowed_gpus & (1ull << i)))
+                        if (allowed & (1ull << i))
                                 ids[n++] = b->gpu_ids[i];
                 r = n ? driver_mem_map(c->b->drv, o->mem, ids, n) : 0;
         }
@@ -1080,17 +1242,28 @@ static int alloc_prepare(BrokerClient *c, const BrokerAllocArgs *a, Obj **ret, R
 }
 
 /*
- * Publish the object once the memory is made (@r >= 0), or give back its VA. @charged: its charge was taken
- * already (a pending allocation holds its quota while it is made).
+ * Charge and publish the object once the memory is made (@r >= 0), or undo it all and give back its VA.
+ * @charged: what was charged for it already (a pending allocation holds its quota while it is made), or
+ * NULL.
  */
 static int alloc_finish(BrokerClient *c, const BrokerAllocArgs *a, Obj *o, BrokerAllocResult res, int r,
-                        bool charged, BrokerAllocResult *ret, Reason *w)
+                        const Charge *charged, BrokerAllocResult *ret, Reason *w)
 {
+        Charge taken = {0};
+        bool paid = charged != NULL;
+
+        if (charged)
+                taken = *charged;
         o->pending = false;
         if (r >= 0) {
-                r = obj_publish(c, o);
-                if (r < 0) {
+                if (!paid) {
+                        taken = obj_charge(o);
+                        r = charge_take(c, &taken, w);
+                        paid = r >= 0;
+                }
+                if (r >= 0 && (r = obj_publish(c, o)) < 0)
                         reason_set(w, r, "out of memory");
+                if (r < 0) {
                         res.fd = safe_close(res.fd);
                         if (o->mem) {
                                 (void)driver_mem_unmap_all(c->b->drv, o->mem);
@@ -1103,8 +1276,8 @@ static int alloc_finish(BrokerClient *c, const BrokerAllocArgs *a, Obj *o, Broke
                 }
         }
         if (r < 0) {
-                if (charged)
-                        charge(c, o, -1);
+                if (paid)
+                        charge_give(c, &taken);
                 (void)thunk_va_free(c->window, o->va);
                 free(o);
                 return r;
@@ -1113,8 +1286,6 @@ static int alloc_finish(BrokerClient *c, const BrokerAllocArgs *a, Obj *o, Broke
                 o->gpu_id = a->gpu_id;
         if (res.fd >= 0)
                 note_file(c->b, o, res.fd);
-        if (!charged)
-                charge(c, o, +1);
         res.handle = o->handle;
         res.va = o->va;
         res.size = o->size;
@@ -1137,7 +1308,7 @@ int broker_alloc(BrokerClient *c, const BrokerAllocArgs *a, BrokerAllocResult *r
                 r = alloc_host(c, a, o, &res, w);
         else
                 r = alloc_managed(c, a, o, &res, w);
-        return alloc_finish(c, a, o, res, r, false, ret, w);
+        return alloc_finish(c, a, o, res, r, NULL, ret, w);
 }
 
 struct BrokerPending {
@@ -1145,7 +1316,8 @@ struct BrokerPending {
         BrokerAllocArgs a;
         uint32_t map_gpus[BROKER_MAX_GPUS];
         Obj *o;
-        int populated; /* 0, or the populate's negative errno */
+        Charge charged; /* what it holds of its class's quota while it is made */
+        int populated;  /* 0, or the populate's negative errno */
 };
 
 bool broker_alloc_is_slow(const BrokerAllocArgs *a)
@@ -1173,14 +1345,21 @@ int broker_alloc_begin(BrokerClient *c, const BrokerAllocArgs *a, BrokerPending 
         }
         /* found by nobody (pointer queries, frees, overlapping VMM) until it is published */
         o->pending = true;
-        r = host_pages(c, a, o, w);
+        /* the quota is held from now, its memory file included: allocations made meanwhile see it taken */
+        p->charged = obj_charge(o);
+        p->charged.held_fds = 1;
+        r = charge_take(c, &p->charged, w);
         if (r < 0) {
-                (void)alloc_finish(c, a, o, (BrokerAllocResult){.fd = -1}, r, false, NULL, w);
+                (void)alloc_finish(c, a, o, (BrokerAllocResult){.fd = -1}, r, NULL, NULL, w);
                 free(p);
                 return r;
         }
-        /* the quota is held from now: allocations made meanwhile see it taken */
-        charge(c, o, +1);
+        r = host_pages(c, a, o, w);
+        if (r < 0) {
+                (void)alloc_finish(c, a, o, (BrokerAllocResult){.fd = -1}, r, &p->charged, NULL, w);
+                free(p);
+                return r;
+        }
         p->c = c;
         p->a = *a;
         if (a->n_map_gpus)
@@ -1203,11 +1382,9 @@ int broker_alloc_end(BrokerPending *p, BrokerAllocResult *ret, Reason *w)
         Obj *o = p->o;
         int r;
 
-        /* the held charge goes back as it was taken (a failed registration closes the memory fd), and
-         * alloc_finish() charges the published object; nothing runs in between on the loop */
-        charge(c, o, -1);
+        /* the charge held is the object's (or goes back as it was taken, when registering fails) */
         r = host_register(c, &p->a, o, p->populated, &res, w);
-        r = alloc_finish(c, &p->a, o, res, r, false, ret, w);
+        r = alloc_finish(c, &p->a, o, res, r, &p->charged, ret, w);
         free(p);
         return r;
 }
@@ -1243,10 +1420,7 @@ static int destroy_alloc(BrokerClient *c, Obj *o, bool teardown, Reason *w)
         if (o->memfd >= 0) {
                 unmap_shared(c->b, o->va, o->size, o->kind == BROKER_KIND_MANAGED);
                 o->memfd = safe_close(o->memfd);
-                c->usage.held_fds--;
-                c->b->totals.held_fds--;
-                if (c->acct)
-                        c->acct->used.held_fds--;
+                charge_give(c, &(Charge){.held_fds = 1});
         }
         return 0;
 }
@@ -1259,7 +1433,7 @@ static int free_alloc(BrokerClient *c, Obj *o, Reason *w)
                 return r;
         hashmap_remove(&c->objs, o->handle);
         (void)thunk_va_free(c->window, o->va);
-        charge(c, o, -1); /* held_fds was already refunded when the fd closed */
+        charge_obj_give(c, o); /* held_fds was already refunded when the fd closed */
         free(o);
         return 0;
 }
@@ -1278,7 +1452,7 @@ static void phys_maybe_destroy(BrokerClient *c, Obj *o)
         linger_start(c, o, tmp_fd);
         safe_close(tmp_fd);
         obj_forget_file(c->b, o);
-        charge(c, o, -1);
+        charge_obj_give(c, o);
         free(o);
 }
 
@@ -1457,7 +1631,8 @@ int broker_mem_info(BrokerClient *c, uint32_t gpu_id, BrokerGpuMem *out, size_t 
                 if (c->acct) {
                         /* the class's allowance: its per-GPU and total VRAM limits, less what the class uses
                          */
-                        const BrokerAccount *a = c->acct;
+                        BrokerAccount *a = c->acct;
+                        broker_account_lock(a);
                         uint64_t vram = a->used.device_bytes + a->used.vmm_bytes;
                         uint64_t used_gpu = a->used.vram_bytes[i];
                         uint64_t left_gpu = used_gpu < a->max_vram_gpu[i] ? a->max_vram_gpu[i] - used_gpu : 0;
@@ -1472,6 +1647,7 @@ int broker_mem_info(BrokerClient *c, uint32_t gpu_id, BrokerGpuMem *out, size_t 
                                 out[n].free = left_gpu;
                         if (left_all < out[n].free)
                                 out[n].free = left_all;
+                        broker_account_unlock(a);
                 }
                 n++;
         }
@@ -1492,6 +1668,7 @@ static int check_gran(const char *what, uint64_t v, Reason *w)
 int broker_vmm_reserve(BrokerClient *c, uint64_t size, uint64_t alignment, uint64_t fixed_va,
                        uint64_t *ret_va, Reason *w)
 {
+        Charge ch;
         uint64_t align;
         Obj *o;
         int r;
@@ -1510,15 +1687,20 @@ int broker_vmm_reserve(BrokerClient *c, uint64_t size, uint64_t alignment, uint6
                                   (unsigned long long)size);
         align = alignment ? alignment
                           : (size >= BROKER_GRANULARITY_RECOMM ? BROKER_GRANULARITY_RECOMM : 4096);
-        r = quota_check(c, BROKER_KIND_RESERVATION, 0, 0, false, w);
-        if (r < 0)
-                return r;
         o = obj_new(BROKER_KIND_RESERVATION);
         if (!o)
                 return reason_set(w, -ENOMEM, "out of memory");
         o->size = size;
+        /* a reservation is a handle and no memory: nothing for the driver to do, so it is paid first */
+        ch = obj_charge(o);
+        r = charge_take(c, &ch, w);
+        if (r < 0) {
+                free(o);
+                return r;
+        }
         r = take_va(c, size, align, fixed_va, o, &o->va, w);
         if (r < 0) {
+                charge_give(c, &ch);
                 free(o);
                 return r;
         }
@@ -1528,10 +1710,10 @@ int broker_vmm_reserve(BrokerClient *c, uint64_t size, uint64_t alignment, uint6
         if (r < 0) {
                 thunk_va_space_free(o->maps);
                 (void)thunk_va_free(c->window, o->va);
+                charge_give(c, &ch);
                 free(o);
                 return reason_set(w, r, "out of memory");
         }
-        charge(c, o, +1);
         *ret_va = o->va;
         return 0;
 }
@@ -1558,7 +1740,7 @@ int broker_vmm_free(BrokerClient *c, uint64_t va, uint64_t size, Reason *w)
         hashmap_remove(&c->objs, o->handle);
         (void)thunk_va_free(c->window, o->va);
         thunk_va_space_free(o->maps);
-        charge(c, o, -1);
+        charge_obj_give(c, o);
         free(o);
         return 0;
 }
@@ -1567,6 +1749,7 @@ int broker_vmm_create(BrokerClient *c, uint64_t size, uint32_t gpu_id, uint32_t 
                       Reason *w)
 {
         DriverCtx *ctx;
+        Charge ch;
         char b1[32];
         Obj *o;
         int r;
@@ -1604,13 +1787,17 @@ int broker_vmm_create(BrokerClient *c, uint64_t size, uint32_t gpu_id, uint32_t 
         o->flags = flags;
         o->client_refs = 1;
         o->backing_fd = driver_file_at_alloc(c->b, flags);
-        r = obj_publish(c, o);
+        ch = obj_charge(o);
+        r = charge_take(c, &ch, w);
+        if (r >= 0 && (r = obj_publish(c, o)) < 0) {
+                charge_give(c, &ch);
+                reason_set(w, r, "out of memory");
+        }
         if (r < 0) {
                 (void)driver_mem_free(c->b->drv, o->mem);
                 free(o);
-                return reason_set(w, r, "out of memory");
+                return r;
         }
-        charge(c, o, +1);
         *ret_handle = o->handle;
         return 0;
 }
@@ -1640,12 +1827,14 @@ int broker_vmm_map(BrokerClient *c, uint64_t va, uint64_t size, uint64_t offset,
                 return reason_set(w, -EINVAL, "0x%llx+0x%llx is not inside one VA reservation",
                                   (unsigned long long)va, (unsigned long long)size);
         /* the daemon keeps a record per mapping: it costs a handle like any object */
-        r = quota_check(c, BROKER_KIND_RESERVATION, 0, 0, false, w);
+        r = charge_take(c, &(Charge){.objects = 1}, w);
         if (r < 0)
                 return r;
         m = calloc(1, sizeof(*m));
-        if (!m)
+        if (!m) {
+                charge_give(c, &(Charge){.objects = 1});
                 return reason_set(w, -ENOMEM, "out of memory");
+        }
         m->res = res;
         m->phys = phys;
         m->va = va;
@@ -1654,13 +1843,13 @@ int broker_vmm_map(BrokerClient *c, uint64_t va, uint64_t size, uint64_t offset,
         r = thunk_va_alloc_fixed(res->maps, va, size, m);
         if (r < 0) {
                 free(m);
+                charge_give(c, &(Charge){.objects = 1});
                 if (r == -EADDRINUSE)
                         return reason_set(w, r, "0x%llx+0x%llx overlaps an existing mapping",
                                           (unsigned long long)va, (unsigned long long)size);
                 return reason_set(w, r, "cannot record the mapping: %s", strerror(-r));
         }
         phys->map_refs++;
-        charge_entry(c, +1);
         return 0;
 }
 
@@ -1701,7 +1890,7 @@ static void map_destroy(BrokerClient *c, VmmMap *m)
 
         (void)thunk_va_free(m->res->maps, m->va);
         free(m);
-        charge_entry(c, -1);
+        charge_give(c, &(Charge){.objects = 1});
         phys->map_refs--;
         phys_maybe_destroy(c, phys);
 }
@@ -1785,10 +1974,10 @@ typedef struct Undo {
 } Undo;
 
 /* Set one GPU's access to a mapping: revoke the old grant, then add the new one. */
-static int set_gpu_access(BrokerClient *c, DriverCtx *ctx, VmmMap *m, uint32_t gpu_id, int access)
+static int set_gpu_access(BrokerClient *c, DriverCtx *ctx, VmmMap *m, uint32_t gpu_id, int access, Reason *w)
 {
         GemGrant *g = grant_of(m, gpu_id);
-        int r;
+        int r, taken;
 
         if (g) {
                 r = driver_revoke(c->b->drv, g->m);
@@ -1801,13 +1990,17 @@ static int set_gpu_access(BrokerClient *c, DriverCtx *ctx, VmmMap *m, uint32_t g
         if (m->n_gem == BROKER_MAX_GPUS)
                 return -E2BIG;
         DriverGrant *gm = NULL;
-        /* a grant goes through a dmabuf of the memory (KFD: export, then PRIME import): the caller checked
-         * the fd that may cost */
+        /* a grant goes through a dmabuf of the memory (KFD: export, then PRIME import): the fd it may
+         * cost is paid first */
+        taken = export_fd_take(c, m->phys, w);
+        if (taken < 0)
+                return taken;
         r = driver_grant(c->b->drv, ctx, m->phys->mem, gpu_id, m->va, m->offset, m->size, access,
                          (m->phys->flags & BROKER_FLAG_EXECUTABLE) != 0, &gm);
+        export_fd_end(c, m->phys, taken, r >= 0);
         if (r < 0)
-                return r;
-        export_fd_commit(c, m->phys);
+                return reason_set(w, r, "the driver refused GPU %u access to 0x%llx: %s", gpu_id,
+                                  (unsigned long long)m->va, strerror(-r));
         m->gem[m->n_gem++] = (GemGrant){gpu_id, access, gm};
         return 0;
 }
@@ -1881,16 +2074,11 @@ int broker_vmm_set_access(BrokerClient *c, uint64_t va, uint64_t size, const Bro
                         old = g ? g->access : BROKER_ACCESS_NONE;
                         if (old == d[k].access)
                                 continue;
-                        if (d[k].access != BROKER_ACCESS_NONE &&
-                            (r = export_fd_check(c, maps[i]->phys, w)) < 0)
-                                goto rollback;
-                        r = set_gpu_access(c, ctx, maps[i], d[k].gpu_id, d[k].access);
+                        r = set_gpu_access(c, ctx, maps[i], d[k].gpu_id, d[k].access, w);
                         if (r < 0) {
                                 /* the old grant was dropped before the new one failed: put it back too */
                                 if (old != BROKER_ACCESS_NONE && !grant_of(maps[i], d[k].gpu_id))
                                         undo[n_undo++] = (Undo){maps[i], d[k].gpu_id, old};
-                                reason_set(w, r, "the driver refused GPU %u access to 0x%llx: %s",
-                                           d[k].gpu_id, (unsigned long long)maps[i]->va, strerror(-r));
                                 goto rollback;
                         }
                         undo[n_undo++] = (Undo){maps[i], d[k].gpu_id, old};
@@ -1898,17 +2086,18 @@ int broker_vmm_set_access(BrokerClient *c, uint64_t va, uint64_t size, const Bro
         }
         if (cpu_desc && cpu_desc->access != BROKER_ACCESS_NONE) {
                 for (size_t i = 0; i < n_maps; i++) {
-                        int fd = -1;
-                        r = export_fd_check(c, maps[i]->phys, w);
-                        if (r < 0)
+                        int fd = -1, taken = export_fd_take(c, maps[i]->phys, w);
+                        if (taken < 0) {
+                                r = taken;
                                 goto rollback;
+                        }
                         r = driver_mem_export(c->b->drv, maps[i]->phys->mem, &fd);
+                        export_fd_end(c, maps[i]->phys, taken, r >= 0);
                         if (r < 0) {
                                 reason_set(w, r, "cannot export 0x%llx for CPU access: %s",
                                            (unsigned long long)maps[i]->va, strerror(-r));
                                 goto rollback;
                         }
-                        export_fd_commit(c, maps[i]->phys);
                         /* a read grant hands out a file that cannot be mapped writable */
                         if (cpu_desc->access != BROKER_ACCESS_READ_WRITE && (r = make_read_only(&fd, w)) < 0)
                                 goto rollback;
@@ -1935,7 +2124,8 @@ rollback:
         }
         while (n_undo > 0) {
                 Undo *u = &undo[--n_undo];
-                (void)set_gpu_access(c, ctx, u->m, u->gpu_id, u->old_access);
+                Reason ignored = {""}; /* the first failure is the one reported */
+                (void)set_gpu_access(c, ctx, u->m, u->gpu_id, u->old_access, &ignored);
         }
         free(undo);
         return r;
@@ -2012,15 +2202,15 @@ int broker_export(BrokerClient *c, uint64_t handle, bool read_only, int *ret_fd,
                 if (fd < 0)
                         return reason_set(w, -errno, "cannot duplicate the memory fd: %s", strerror(errno));
         } else {
-                r = export_fd_check(c, o, w);
-                if (r < 0)
-                        return r;
+                int taken = export_fd_take(c, o, w);
+                if (taken < 0)
+                        return taken;
                 r = driver_mem_export(c->b->drv, o->mem, &fd);
+                export_fd_end(c, o, taken, r >= 0);
                 if (r == -EINVAL && !driver_has(c->b->drv, DRIVER_CAP_EXPORT))
                         return reason_set(w, -EOPNOTSUPP, "the driver cannot export dmabufs (KFD: ABI 1.12)");
                 if (r < 0)
                         return reason_set(w, r, "the driver refused to export: %s", strerror(-r));
-                export_fd_commit(c, o);
         }
         /* memory that is read-only to this client is read-only to everyone it gives it to */
         if ((read_only || obj_read_only(o)) && (r = make_read_only(&fd, w)) < 0)
@@ -2037,9 +2227,10 @@ int broker_import(BrokerClient *c, int fd, uint32_t gpu_id, uint64_t *ret_handle
 {
         DriverCtx *ctx;
         uint32_t gpu = gpu_id ? gpu_id : c->b->gpu_ids[0];
-        const Obj *src = NULL;
         struct stat st;
-        bool own, read_only;
+        bool own, read_only, src_read_only;
+        bool import_foreign = true;
+        Charge ch;
         uint64_t size;
         Obj *o;
         int r, fl;
@@ -2050,8 +2241,8 @@ int broker_import(BrokerClient *c, int fd, uint32_t gpu_id, uint64_t *ret_handle
         if (fstat(fd, &st) < 0 || (fl = fcntl(fd, F_GETFL)) < 0)
                 return reason_set(w, -EBADF, "cannot inspect the fd: %s", strerror(errno));
         /* gpumemd's own exports are paid for by their exporter's class; anything else by the importer's */
-        own = is_own_file(c->b, &st, &src);
-        read_only = (fl & O_ACCMODE) == O_RDONLY || (src && obj_read_only(src));
+        own = is_own_file(c->b, &st, &src_read_only);
+        read_only = (fl & O_ACCMODE) == O_RDONLY || src_read_only;
         size = (uint64_t)(st.st_size > 0 ? st.st_size : 0);
         size = (size + BROKER_PAGE_SIZE - 1) & ~(BROKER_PAGE_SIZE - 1);
         /* a foreign file is one more the model keeps open; an own export's memory file is the exporter's */
@@ -2061,7 +2252,12 @@ int broker_import(BrokerClient *c, int fd, uint32_t gpu_id, uint64_t *ret_handle
         r = client_ctx(c, &ctx, w);
         if (r < 0)
                 return r;
-        if (c->acct && !c->acct->import_foreign) {
+        if (c->acct) {
+                broker_account_lock(c->acct);
+                import_foreign = c->acct->import_foreign;
+                broker_account_unlock(c->acct);
+        }
+        if (!import_foreign) {
                 if (!driver_dmabuf_is_own(c->b->drv, ctx, fd))
                         return reason_set(w, -EACCES,
                                           "class '%s' may not import dmabufs the GPU driver did not export",
@@ -2084,22 +2280,18 @@ int broker_import(BrokerClient *c, int fd, uint32_t gpu_id, uint64_t *ret_handle
         o->flags = read_only ? BROKER_FLAG_READ_ONLY : 0;
         o->foreign = !own;
         o->backing_fd = !own && driver_holds_fd(c->b);
-        if (!own && o->size > size) {
-                /* the driver's size is the one charged: check it too */
-                r = quota_check(c, BROKER_KIND_IMPORT, gpu, o->size, driver_holds_fd(c->b), w);
-                if (r < 0) {
-                        (void)driver_mem_free(c->b->drv, o->mem);
-                        free(o);
-                        return r;
-                }
+        /* the driver's size is the one charged (and checked again: it may be larger than the file's) */
+        ch = obj_charge(o);
+        r = charge_take(c, &ch, w);
+        if (r >= 0 && (r = obj_publish(c, o)) < 0) {
+                charge_give(c, &ch);
+                reason_set(w, r, "out of memory");
         }
-        r = obj_publish(c, o);
         if (r < 0) {
                 (void)driver_mem_free(c->b->drv, o->mem);
                 free(o);
-                return reason_set(w, r, "out of memory");
+                return r;
         }
-        charge(c, o, +1);
         *ret_handle = o->handle;
         *ret_size = o->size;
         return 0;
@@ -2308,7 +2500,7 @@ static void teardown_object(BrokerClient *c, Obj *o)
         case BROKER_KIND_HOST:
         case BROKER_KIND_MANAGED:
                 (void)destroy_alloc(c, o, true, NULL);
-                charge(c, o, -1);
+                charge_obj_give(c, o);
                 break;
         case BROKER_KIND_VMM:
         case BROKER_KIND_IMPORT:
@@ -2319,7 +2511,7 @@ static void teardown_object(BrokerClient *c, Obj *o)
                 return;
         case BROKER_KIND_RESERVATION:
                 thunk_va_space_free(o->maps);
-                charge(c, o, -1);
+                charge_obj_give(c, o);
                 break;
         }
         free(o);
@@ -2368,7 +2560,9 @@ BrokerClient *broker_client_free(BrokerClient *c)
         /* the client's own GPU VM: closing it releases anything the driver still holds for it */
         if (c->own_ctx)
                 driver_ctx_free(c->b->drv, c->ctx);
+        pthread_mutex_lock(&c->b->lock);
         c->b->clients--;
+        pthread_mutex_unlock(&c->b->lock);
         free(c);
         return NULL;
 }

@@ -1,6 +1,7 @@
 /* The broker: GPU memory objects owned by clients, executed through the thunk, torn down in order. */
 #pragma once
 
+#include <pthread.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -64,11 +65,14 @@ typedef struct BrokerUsage {
 
 /*
  * What a class of clients may use, and what it uses: all clients bound to one account share its limits.
- * The broker checks these before it asks the driver and charges them when the driver succeeded; objects
- * refund them when they die. Limits are UINT64_MAX when unlimited.
+ * The broker checks these before it asks the driver and checks and charges them in one step when the
+ * driver succeeded; objects refund them when they die. Limits are UINT64_MAX when unlimited. Clients of
+ * one account run on several threads: everything below the name is read and written under the account's
+ * lock (broker_account_lock()).
  */
 typedef struct BrokerAccount {
         const char *name; /* for messages (borrowed) */
+        pthread_mutex_t lock;
         BrokerUsage used;
         uint64_t max_vram;                      /* device + VMM bytes, all GPUs */
         uint64_t max_vram_gpu[BROKER_MAX_GPUS]; /* in broker GPU order (broker_gpu_index) */
@@ -85,8 +89,14 @@ typedef struct BrokerAccount {
         unsigned clients;   /* broker clients bound to it, torn-down ones included: the same */
 } BrokerAccount;
 
-/* An account with no limits: every GPU, every import. */
+/* An account with no limits: every GPU, every import. broker_account_done() when it goes. */
 void broker_account_init(BrokerAccount *a, const char *name);
+void broker_account_done(BrokerAccount *a);
+/* Around reading or changing an account's usage and limits from outside the broker. */
+void broker_account_lock(BrokerAccount *a);
+void broker_account_unlock(BrokerAccount *a);
+/* What the account's clients use now. */
+void broker_account_usage(BrokerAccount *a, BrokerUsage *ret);
 
 /* The broker over @drv (borrowed; it must outlive the broker). */
 int broker_new(Driver *drv, Broker **ret);
@@ -103,9 +113,13 @@ Broker *broker_free(Broker *b);
  */
 int broker_event_fd(const Broker *b);
 void broker_process_events(Broker *b);
-void broker_totals(const Broker *b, BrokerUsage *ret);
+void broker_totals(Broker *b, BrokerUsage *ret);
 
-/* A client's books, over its VA window (borrowed; it must outlive the client). */
+/*
+ * A client's books, over its VA window (borrowed; it must outlive the client). Calls for different clients
+ * may run at once on different threads; the calls for one client, and reads of its usage and objects,
+ * are serialised by the caller.
+ */
 int broker_client_new(Broker *b, ThunkVaSpace *window, BrokerClient **ret);
 /* Bind the client to @a (may be NULL): its usage moves from the old account to the new one. */
 void broker_client_set_account(BrokerClient *c, BrokerAccount *a);

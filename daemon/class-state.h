@@ -11,10 +11,11 @@ typedef struct ClassState {
         struct ClassState *next;
         char *name;
         const PolicyClass *klass; /* in the manager's current policy; NULL once a reload removed it */
-        BrokerAccount acct;       /* limits and usage shared by every client of the class */
+        BrokerAccount acct;       /* limits and usage shared by every client of the class (its own lock) */
         uint64_t max_connections;
         uint64_t max_inflight; /* per connection; read by the loops without the lock */
-        unsigned deny_ops;     /* copied from the class, so a class a reload removed keeps its rules too */
+        unsigned deny_ops;     /* copied from the class, so a class a reload removed keeps its rules too;
+                                  read by the loops without the lock (READ_ONCE) */
         bool admin;
         unsigned connections;
         uint64_t denials;     /* atomic: counted where a request is refused, on any loop */

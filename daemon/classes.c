@@ -44,12 +44,14 @@ static ClassState *state_get(Manager *m, const char *name)
         return s;
 }
 
-/* Limits of the state from its class (a reload resets runtime changes to the file's values). */
+/* Limits of the state from its class (a reload resets runtime changes to the file's values). The account is
+ * read by its clients' loops under its lock, the rules without any lock. */
 static void state_configure(Manager *m, ClassState *s, const PolicyClass *k)
 {
         BrokerAccount *a = &s->acct;
 
         s->klass = k;
+        broker_account_lock(a);
         a->max_vram = k->limit[POLICY_RES_VRAM];
         a->max_host = k->limit[POLICY_RES_HOST];
         a->max_managed = k->limit[POLICY_RES_MANAGED];
@@ -58,7 +60,7 @@ static void state_configure(Manager *m, ClassState *s, const PolicyClass *k)
         s->max_connections = k->limit[POLICY_RES_CONNECTIONS];
         s->max_inflight = k->limit[POLICY_RES_INFLIGHT];
         s->max_windows = k->limit[POLICY_RES_WINDOWS];
-        s->deny_ops = k->deny_ops;
+        WRITE_ONCE(s->deny_ops, k->deny_ops);
         s->admin = k->admin;
         a->import_foreign = k->import_foreign;
         a->max_foreign = k->foreign_imports;
@@ -87,6 +89,7 @@ static void state_configure(Manager *m, ClassState *s, const PolicyClass *k)
                                 a->allowed_gpus |= 1ull << gi;
                 }
         }
+        broker_account_unlock(a);
 }
 
 static const PolicyClass *match_conn(const Manager *m, const Conn *c)
@@ -109,10 +112,12 @@ static void refresh_inflight(Manager *m, const ClassState *s)
                         WRITE_ONCE(c->max_inflight, c->cls->max_inflight);
 }
 
+/* Under the manager's lock, from any thread: the client's lock keeps its running requests out meanwhile. */
 static void class_bind(Conn *c, ClassState *s)
 {
         if (c->cls == s)
                 return;
+        conn_lock(c);
         if (c->cls)
                 c->cls->connections--;
         c->cls = s;
@@ -122,6 +127,7 @@ static void class_bind(Conn *c, ClassState *s)
                 s->connections++;
         if (c->broker)
                 broker_client_set_account(c->broker, s ? &s->acct : NULL);
+        conn_unlock(c);
 }
 
 bool classes_is_admin(const Manager *m, const Conn *c)
@@ -168,8 +174,13 @@ void classes_apply(Manager *m, Policy *p)
         /* states of removed classes go once empty */
         for (ClassState **pp = &m->classes; *pp;) {
                 ClassState *s = *pp;
-                if (!s->klass && s->connections == 0 && s->acct.lingering == 0 && s->acct.clients == 0) {
+                bool held;
+                broker_account_lock(&s->acct);
+                held = s->acct.lingering > 0 || s->acct.clients > 0;
+                broker_account_unlock(&s->acct);
+                if (!s->klass && s->connections == 0 && !held) {
                         *pp = s->next;
+                        broker_account_done(&s->acct);
                         free(s->name);
                         free(s);
                 } else {
@@ -213,16 +224,18 @@ void classes_free_all(Manager *m)
         while (m->classes) {
                 ClassState *s = m->classes;
                 m->classes = s->next;
+                broker_account_done(&s->acct);
                 free(s->name);
                 free(s);
         }
         m->policy = policy_free(m->policy);
 }
 
-void classes_get(const Manager *m, const ClassState *s, PolicyResource r, uint32_t gpu_id, uint64_t *ret_used,
-                 uint64_t *ret_limit)
+/* Under the account's lock. */
+static void get_locked(const Manager *m, ClassState *s, PolicyResource r, uint32_t gpu_id, uint64_t *ret_used,
+                       uint64_t *ret_limit)
 {
-        const BrokerAccount *a = &s->acct;
+        BrokerAccount *a = &s->acct;
         int gi = gpu_id ? broker_gpu_index(m->broker, gpu_id) : -1;
 
         switch (r) {
@@ -271,6 +284,14 @@ void classes_get(const Manager *m, const ClassState *s, PolicyResource r, uint32
         }
 }
 
+void classes_get(const Manager *m, ClassState *s, PolicyResource r, uint32_t gpu_id, uint64_t *ret_used,
+                 uint64_t *ret_limit)
+{
+        broker_account_lock(&s->acct);
+        get_locked(m, s, r, gpu_id, ret_used, ret_limit);
+        broker_account_unlock(&s->acct);
+}
+
 int classes_set_limit(Manager *m, ClassState *s, PolicyResource r, uint32_t gpu_id, uint64_t limit,
                       bool force, char *reason, size_t len)
 {
@@ -296,8 +317,11 @@ int classes_set_limit(Manager *m, ClassState *s, PolicyResource r, uint32_t gpu_
                 snprintf(reason, len, "unknown resource %d", (int)r);
                 return -EINVAL;
         }
-        classes_get(m, s, r, gpu_id, &used, &old);
+        /* checked and set in one step: its clients' allocations on other loops wait meanwhile */
+        broker_account_lock(&s->acct);
+        get_locked(m, s, r, gpu_id, &used, &old);
         if (used > limit && !force) {
+                broker_account_unlock(&s->acct);
                 snprintf(reason, len,
                          "class '%s' uses %llu of %s, more than the new limit %llu (force to override)",
                          s->name, (unsigned long long)used, policy_resource_name(r),
@@ -336,6 +360,7 @@ int classes_set_limit(Manager *m, ClassState *s, PolicyResource r, uint32_t gpu_
         default:
                 break;
         }
+        broker_account_unlock(&s->acct);
         snprintf(reason, len, "%llu", (unsigned long long)old); /* the old limit, for the log */
         return 0;
 }

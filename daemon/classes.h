@@ -30,5 +30,5 @@ void classes_free_all(Manager *m);
 int classes_set_limit(Manager *m, ClassState *s, PolicyResource r, uint32_t gpu_id, uint64_t limit,
                       bool force, char *reason, size_t len);
 /* Current usage of @r (per GPU when @gpu_id) and its limit. */
-void classes_get(const Manager *m, const ClassState *s, PolicyResource r, uint32_t gpu_id, uint64_t *ret_used,
+void classes_get(const Manager *m, ClassState *s, PolicyResource r, uint32_t gpu_id, uint64_t *ret_used,
                  uint64_t *ret_limit);

@@ -50,13 +50,16 @@ static void on_refused(void *owner, int err, uint32_t request_id)
         c->host->unlock(c->m);
 }
 
+static void conn_end(Conn *c, bool unlink);
+
+/*
+ * Also reported from inside a send, which a handler may make holding the client's lock alone: the
+ * manager's lock cannot be taken after it, so the connection stops now and leaves the daemon's list from
+ * a fresh loop iteration, under the manager's lock.
+ */
 static void on_closed(void *owner)
 {
-        Conn *c = owner;
-
-        c->host->lock(c->m);
-        conn_kill(c);
-        c->host->unlock(c->m);
+        conn_end(owner, false);
 }
 
 static void on_stalled(void *owner)
@@ -239,6 +242,7 @@ int conn_new(Manager *m, const ConnHost *host, const uint32_t *send_timeout_sec,
         c->max_inflight = 1; /* until its class is bound */
         c->log_rl = (LogRatelimit)LOG_RATELIMIT_INIT(10, 1);
         c->connected_real_usec = now_usec(CLOCK_REALTIME);
+        pthread_mutex_init(&c->lock, NULL);
 
         /* the transport owns the fd from here, on failure too; it watches it once started on its loop */
         transport_adopt(&c->t, fd, &conn_transport_ops, c);
@@ -311,6 +315,7 @@ Conn *conn_free(Conn *c)
         free(c->ident.groups);
         free(c->ident.cgroup);
         free(c->name);
+        pthread_mutex_destroy(&c->lock);
         free(c);
         return NULL;
 }
@@ -333,17 +338,21 @@ static void conn_free_cb(evutil_socket_t fd, short what, void *userdata)
 
         host->lock(m);
         conn_forget_dying(c);
+        host->gone(c, true); /* a no-op when conn_kill() took it out already */
         conn_free(c);
         host->unlock(m);
 }
 
-void conn_kill(Conn *c)
+/* Stop it and free it from a fresh loop iteration; @unlink: out of the daemon's list now (under the
+ * manager's lock), or only then. */
+static void conn_end(Conn *c, bool unlink)
 {
         if (c->dead)
                 return;
         conn_stop(c);
         /* Out of the list now, so counts and admin views no longer see it; freed after this callback. */
-        c->host->gone(c, true);
+        if (unlink)
+                c->host->gone(c, true);
         /* Remembered until freed: when the loop stops first (the drain at SIGTERM breaks it as soon as the
          * last connection is unlinked), manager_free() frees what is left. */
         c->dying_next = c->sh->dying;
@@ -358,6 +367,11 @@ void conn_kill(Conn *c)
                 conn_free(c); /* cannot defer: no callback of this conn is on the stack at the callers that
                                  reach here without one, and libevent only fails on allocation */
         }
+}
+
+void conn_kill(Conn *c)
+{
+        conn_end(c, true);
 }
 
 int conn_send(Conn *c, uint32_t request_id, const Gpumem__Reply *reply, int *fds, size_t n_fds)

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <event2/event.h>
+#include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <sys/socket.h>
@@ -29,7 +30,7 @@ typedef struct ConnHost {
         void (*packet)(Conn *c, const uint8_t *buf, size_t len, int *fds, size_t n_fds);
         /* The transport refused a packet: a protocol violation, answered and closed by the daemon. */
         void (*violation)(Conn *c, uint32_t request_id, int code, const char *reason);
-        /* The daemon's books' lock, around what the connection does on its own (recursive). */
+        /* The manager's lock, around what the connection does on its own (recursive). */
         void (*lock)(Manager *m);
         void (*unlock)(Manager *m);
         /* Out of the daemon's list and counts (a no-op once out); @killed: it was closed, not freed at
@@ -55,8 +56,10 @@ typedef struct ConnIdentity {
 } ConnIdentity;
 
 /*
- * A client. It lives on one shard (its loop thread does all its I/O); what other threads read of it they
- * read under the manager's lock, but for the counters its loop keeps without it (requests, inflight).
+ * A client. It lives on one shard (its loop thread does all its I/O and runs all its requests). Its books
+ * (broker client, class, window) are written on its loop under its lock (conn_lock: requests on its own
+ * memory) or under the manager's (everything else); other threads read or change them holding both, the
+ * manager's first. Its loop keeps some counters without either (requests, inflight).
  */
 typedef struct Conn {
         Manager *m; /* for the request handlers above; the connection itself only carries it */
@@ -92,7 +95,18 @@ typedef struct Conn {
         ClassState *cls;      /* its policy class */
         unsigned deferred;    /* requests that finish later (their reply slots are queued) */
         bool free_when_idle;  /* conn_free() came while some were still pending */
+        pthread_mutex_t lock; /* the client's lock (above) */
 } Conn;
+
+static inline void conn_lock(Conn *c)
+{
+        pthread_mutex_lock(&c->lock);
+}
+
+static inline void conn_unlock(Conn *c)
+{
+        pthread_mutex_unlock(&c->lock);
+}
 
 /*
  * Take ownership of an accepted socket @fd (closed on failure too) and read the peer's identity. The

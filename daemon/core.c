@@ -1,4 +1,5 @@
-/* The shared state's helpers: the books' lock, the shards' counters, the connection list, STATUS= updates. */
+/* The shared state's helpers: the manager's lock, the shards' counters, the connection list, STATUS= updates.
+ */
 #include "core.h"
 
 #include "conn.h"

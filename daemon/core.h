@@ -1,5 +1,5 @@
-/* gpumemd's shared state (the Manager) and what the layers above the connection use of it: the books' lock,
- * the connection list, the shards' counters, status updates. manager.c creates, runs and frees it. */
+/* gpumemd's shared state (the Manager) and what the layers above the connection use of it: the manager's
+ * lock, the connection list, the shards' counters, status updates. manager.c creates, runs and frees it. */
 #pragma once
 
 #include <event2/event.h>
@@ -33,11 +33,14 @@ struct Manager {
         char preset_name[64];
 
         /*
-         * The books' lock: the broker and its accounts, the classes, the VA windows, the driver and the
-         * connection list are touched only under it. The loops take it around a request's handler, a
-         * connection's setup and teardown and a worker job's end; a ping and the topology never take it,
-         * nor does a connection's socket I/O. It is recursive: a transport reports a peer gone from
-         * inside a send, made with or without it.
+         * The manager's lock: the connection list, the classes, the VA windows and the daemon's settings
+         * are touched only under it, and so is any client's books from a thread other than its loop's
+         * (with the client's lock inside it). The loops take it around a connection's setup and teardown,
+         * hello, administration, a worker job's end and a violation. A request on the client's own memory
+         * takes only the client's lock (the broker locks what clients share, each account its usage);
+         * a ping and the topology take neither, nor does socket I/O. Locks are taken in this order:
+         * manager, client, broker, account, then the driver's own. It is recursive: a connection that
+         * ends inside a callback made under it takes it again.
          */
         pthread_mutex_t lock;
         Shard *shards;
@@ -81,7 +84,7 @@ struct Manager {
         int exit_code;
 };
 
-/* The books' lock (Manager.lock). */
+/* The manager's lock (Manager.lock). */
 void manager_lock(Manager *m);
 void manager_unlock(Manager *m);
 /* Every shard's counters added up. */

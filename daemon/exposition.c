@@ -129,7 +129,8 @@ int metrics_render(Manager *m, char **ret, size_t *ret_len)
         fputs("# HELP gpumemd_class_bytes Memory a class holds, by kind.\n# TYPE gpumemd_class_bytes gauge\n",
               f);
         for (ClassState *s = m->classes; s; s = s->next) {
-                const BrokerUsage *u = &s->acct.used;
+                BrokerUsage used, *u = &used;
+                broker_account_usage(&s->acct, &used);
                 fprintf(f, "gpumemd_class_bytes{class=\"%s\",kind=\"device\"} %llu\n", s->name,
                         (unsigned long long)u->device_bytes);
                 fprintf(f, "gpumemd_class_bytes{class=\"%s\",kind=\"vmm\"} %llu\n", s->name,
@@ -142,10 +143,13 @@ int metrics_render(Manager *m, char **ret, size_t *ret_len)
         fputs("# HELP gpumemd_class_vram_bytes VRAM a class holds, per GPU.\n"
               "# TYPE gpumemd_class_vram_bytes gauge\n",
               f);
-        for (ClassState *s = m->classes; s; s = s->next)
+        for (ClassState *s = m->classes; s; s = s->next) {
+                BrokerUsage u;
+                broker_account_usage(&s->acct, &u);
                 for (size_t g = 0; g < broker_gpu_count(m->broker); g++)
                         fprintf(f, "gpumemd_class_vram_bytes{class=\"%s\",gpu=\"%u\"} %llu\n", s->name,
-                                broker_gpu_id(m->broker, g), (unsigned long long)s->acct.used.vram_bytes[g]);
+                                broker_gpu_id(m->broker, g), (unsigned long long)u.vram_bytes[g]);
+        }
         fputs("# HELP gpumemd_class_limit A class's limit, by resource (+Inf: none).\n"
               "# TYPE gpumemd_class_limit gauge\n",
               f);

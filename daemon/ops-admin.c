@@ -108,9 +108,15 @@ int op_admin_clients(ReqCtx *r, const Gpumem__Request *req)
                 i->requests = READ_ONCE(c->requests);
                 i->admin = c->admin;
                 i->has_handles = i->has_fds = i->has_host_bytes = i->has_managed_bytes = true;
-                if (c->broker) {
-                        BrokerUsage u;
+                BrokerUsage u;
+                bool has_books;
+                /* its loop may be changing its books meanwhile */
+                conn_lock(c);
+                has_books = c->broker != NULL;
+                if (has_books)
                         broker_client_usage(c->broker, &u);
+                conn_unlock(c);
+                if (has_books) {
                         i->handles = (uint32_t)u.objects;
                         i->fds = u.held_fds;
                         i->host_bytes = u.host_bytes;
@@ -299,10 +305,11 @@ int op_admin_allocations(ReqCtx *r, const Gpumem__Request *req)
                         break;
                 if (c->id != cid)
                         pos = 0;
-                if (!c->broker)
-                        continue;
-                size_t cursor = pos;
-                size_t got = broker_client_list(c->broker, &cursor, objs + n, limit - n);
+                size_t cursor = pos, got = 0;
+                conn_lock(c);
+                if (c->broker)
+                        got = broker_client_list(c->broker, &cursor, objs + n, limit - n);
+                conn_unlock(c);
                 for (size_t k = 0; k < got; k++)
                         client_of[n + k] = c->id;
                 n += got;
@@ -346,7 +353,7 @@ out:
         return err;
 }
 
-static int fill_class(const Manager *m, const ClassState *s, Gpumem__ClassQuota *q, Gpumem__QuotaEntry *e,
+static int fill_class(const Manager *m, ClassState *s, Gpumem__ClassQuota *q, Gpumem__QuotaEntry *e,
                       Gpumem__QuotaEntry **ep)
 {
         size_t n = 0, ngpu = broker_gpu_count(m->broker);

@@ -155,7 +155,7 @@ int op_alloc(ReqCtx *r, const Gpumem__Request *req)
                                : a->kind == GPUMEM__MEM_KIND__MEM_KIND_HOST ? POLICY_OP_HOST
                                                                             : POLICY_OP_MANAGED;
                 ClassState *cs = r->c->cls;
-                if (cs && (cs->deny_ops & fam)) {
+                if (cs && (READ_ONCE(cs->deny_ops) & fam)) {
                         /* counted with the other denials where the request's -EACCES is seen */
                         return reply_fail(r, -EACCES, "class '%s' may not allocate %s memory", cs->name,
                                           fam == POLICY_OP_DEVICE ? "device"

@@ -27,22 +27,33 @@ typedef struct OpDesc {
         uint8_t perm;
         uint8_t max_fds;
         uint8_t family; /* POLICY_OP_* (alloc is checked by kind once decoded) */
-        bool unlocked;  /* touches none of the books: handled without the manager's lock */
+        uint8_t lock;   /* OP_LOCK_*: what the handler runs under */
 } OpDesc;
 
-#define ROW_(field, handler, result, since_, perm_, fds, fam, unlocked_)                                     \
+/*
+ * What a handler runs under. Most ops touch only the calling client's own books and the broker, which
+ * locks what clients share: they take the client's lock alone, so clients on other loops go on at the
+ * same time. Ops that touch other connections, the classes, windows or the daemon's settings take the
+ * manager's lock (and the client's inside it). Some touch nothing that changes.
+ */
+enum { OP_LOCK_MANAGER, OP_LOCK_CLIENT, OP_LOCK_NONE };
+
+#define ROW_(field, handler, result, since_, perm_, fds, fam, lock_)                                         \
         [GPUMEM__REQUEST__OP_##field] = {.fn = handler,                                                      \
                                          .reply = GPUMEM__REPLY__RESULT_##result,                            \
                                          .since = since_,                                                    \
                                          .perm = perm_,                                                      \
                                          .max_fds = fds,                                                     \
                                          .family = fam,                                                      \
-                                         .unlocked = unlocked_}
+                                         .lock = lock_}
 #define ROW(field, handler, result, since_, perm_, fds, fam)                                                 \
-        ROW_(field, handler, result, since_, perm_, fds, fam, false)
+        ROW_(field, handler, result, since_, perm_, fds, fam, OP_LOCK_MANAGER)
+/* An op on the client's own books (and the broker's shared ones, which lock themselves). */
+#define ROW_CLIENT(field, handler, result, since_, fds, fam)                                                 \
+        ROW_(field, handler, result, since_, OP_PERM_ANY, fds, fam, OP_LOCK_CLIENT)
 /* An op whose handler reads only what never changes, or what its own connection's loop owns. */
 #define ROW_UNLOCKED(field, handler, result, since_)                                                         \
-        ROW_(field, handler, result, since_, OP_PERM_ANY, 0, 0, true)
+        ROW_(field, handler, result, since_, OP_PERM_ANY, 0, 0, OP_LOCK_NONE)
 #define ANY   OP_PERM_ANY
 #define ADMIN OP_PERM_ADMIN
 
@@ -53,28 +64,28 @@ static const OpDesc op_table[] = {
         ROW_UNLOCKED(PING, op_ping, PING, 1),
         ROW(WINDOW_RETRY, op_window_retry, HELLO, 1, ANY, 0, 0),
         ROW_UNLOCKED(TOPOLOGY, op_topology, TOPOLOGY, 1),
-        ROW(MEM_INFO, op_mem_info, MEM_INFO, 1, ANY, 0, 0),
-        ROW(POINTER_INFO, op_pointer_info, POINTER_INFO, 1, ANY, 0, 0),
-        ROW(ALLOC, op_alloc, ALLOC, 1, ANY, 0, 0),
-        ROW(FREE, op_free, EMPTY, 1, ANY, 0, 0),
-        ROW(MAP, op_map, EMPTY, 1, ANY, 0, 0),
-        ROW(UNMAP, op_unmap, EMPTY, 1, ANY, 0, 0),
-        ROW(VMM_RESERVE, op_vmm_reserve, VMM_RESERVE, 1, ANY, 0, POLICY_OP_VMM),
-        ROW(VMM_FREE, op_vmm_free, EMPTY, 1, ANY, 0, POLICY_OP_VMM),
-        ROW(VMM_CREATE, op_vmm_create, VMM_CREATE, 1, ANY, 0, POLICY_OP_VMM),
-        ROW(VMM_RELEASE, op_vmm_release, EMPTY, 1, ANY, 0, POLICY_OP_VMM),
-        ROW(VMM_MAP, op_vmm_map, EMPTY, 1, ANY, 0, POLICY_OP_VMM),
-        ROW(VMM_UNMAP, op_vmm_unmap, EMPTY, 1, ANY, 0, POLICY_OP_VMM),
-        ROW(VMM_SET_ACCESS, op_vmm_set_access, VMM_SET_ACCESS, 1, ANY, 0, POLICY_OP_VMM),
-        ROW(VMM_GET_ACCESS, op_vmm_get_access, VMM_GET_ACCESS, 1, ANY, 0, POLICY_OP_VMM),
-        ROW(VMM_GRANULARITY, op_vmm_granularity, VMM_GRANULARITY, 1, ANY, 0, 0),
-        ROW(VMM_RETAIN, op_vmm_retain, VMM_RETAIN, 1, ANY, 0, POLICY_OP_VMM),
-        ROW(VMM_PROPERTIES, op_vmm_properties, VMM_PROPERTIES, 1, ANY, 0, POLICY_OP_VMM),
-        ROW(DMABUF_EXPORT, op_dmabuf_export, DMABUF_EXPORT, 1, ANY, 0, POLICY_OP_EXPORT),
-        ROW(DMABUF_IMPORT, op_dmabuf_import, DMABUF_IMPORT, 1, ANY, 1, POLICY_OP_IMPORT),
-        ROW(SVM_SET_ATTR, op_svm_set_attr, EMPTY, 1, ANY, 0, POLICY_OP_SVM),
-        ROW(SVM_GET_ATTR, op_svm_get_attr, SVM_GET_ATTR, 1, ANY, 0, POLICY_OP_SVM),
-        ROW(SVM_PREFETCH, op_svm_prefetch, EMPTY, 1, ANY, 0, POLICY_OP_SVM),
+        ROW_CLIENT(MEM_INFO, op_mem_info, MEM_INFO, 1, 0, 0),
+        ROW_CLIENT(POINTER_INFO, op_pointer_info, POINTER_INFO, 1, 0, 0),
+        ROW_CLIENT(ALLOC, op_alloc, ALLOC, 1, 0, 0),
+        ROW_CLIENT(FREE, op_free, EMPTY, 1, 0, 0),
+        ROW_CLIENT(MAP, op_map, EMPTY, 1, 0, 0),
+        ROW_CLIENT(UNMAP, op_unmap, EMPTY, 1, 0, 0),
+        ROW_CLIENT(VMM_RESERVE, op_vmm_reserve, VMM_RESERVE, 1, 0, POLICY_OP_VMM),
+        ROW_CLIENT(VMM_FREE, op_vmm_free, EMPTY, 1, 0, POLICY_OP_VMM),
+        ROW_CLIENT(VMM_CREATE, op_vmm_create, VMM_CREATE, 1, 0, POLICY_OP_VMM),
+        ROW_CLIENT(VMM_RELEASE, op_vmm_release, EMPTY, 1, 0, POLICY_OP_VMM),
+        ROW_CLIENT(VMM_MAP, op_vmm_map, EMPTY, 1, 0, POLICY_OP_VMM),
+        ROW_CLIENT(VMM_UNMAP, op_vmm_unmap, EMPTY, 1, 0, POLICY_OP_VMM),
+        ROW_CLIENT(VMM_SET_ACCESS, op_vmm_set_access, VMM_SET_ACCESS, 1, 0, POLICY_OP_VMM),
+        ROW_CLIENT(VMM_GET_ACCESS, op_vmm_get_access, VMM_GET_ACCESS, 1, 0, POLICY_OP_VMM),
+        ROW_CLIENT(VMM_GRANULARITY, op_vmm_granularity, VMM_GRANULARITY, 1, 0, 0),
+        ROW_CLIENT(VMM_RETAIN, op_vmm_retain, VMM_RETAIN, 1, 0, POLICY_OP_VMM),
+        ROW_CLIENT(VMM_PROPERTIES, op_vmm_properties, VMM_PROPERTIES, 1, 0, POLICY_OP_VMM),
+        ROW_CLIENT(DMABUF_EXPORT, op_dmabuf_export, DMABUF_EXPORT, 1, 0, POLICY_OP_EXPORT),
+        ROW_CLIENT(DMABUF_IMPORT, op_dmabuf_import, DMABUF_IMPORT, 1, 1, POLICY_OP_IMPORT),
+        ROW_CLIENT(SVM_SET_ATTR, op_svm_set_attr, EMPTY, 1, 0, POLICY_OP_SVM),
+        ROW_CLIENT(SVM_GET_ATTR, op_svm_get_attr, SVM_GET_ATTR, 1, 0, POLICY_OP_SVM),
+        ROW_CLIENT(SVM_PREFETCH, op_svm_prefetch, EMPTY, 1, 0, POLICY_OP_SVM),
         ROW(ADMIN_STATUS, op_admin_status, ADMIN_STATUS, 1, ADMIN, 0, 0),
         ROW(ADMIN_CLIENTS, op_admin_clients, ADMIN_CLIENTS, 1, ADMIN, 0, 0),
         ROW(ADMIN_ALLOCATIONS, op_admin_allocations, ADMIN_ALLOCATIONS, 1, ADMIN, 0, 0),
@@ -123,7 +134,7 @@ int request_table_check(char *errbuf, size_t errlen)
                         return -EINVAL;
                 }
                 /* the gate of an unlocked op must read nothing a reload changes */
-                if (op->unlocked && (op->perm != OP_PERM_ANY || op->family || op->max_fds)) {
+                if (op->lock == OP_LOCK_NONE && (op->perm != OP_PERM_ANY || op->family || op->max_fds)) {
                         snprintf(errbuf, errlen, "op %s: unlocked, but gated by rights, policy or fds",
                                  rq->name);
                         return -EINVAL;
@@ -311,7 +322,7 @@ void request_handle(Conn *c, const uint8_t *buf, size_t len, int *fds, size_t n_
         const OpDesc *op = NULL;
         const char *name = NULL;
         const char *why = NULL;
-        bool locked = false;
+        bool locked = false, client_locked = false;
         GmFrameHdr hdr;
         uint32_t field = 0;
         int err;
@@ -326,8 +337,13 @@ void request_handle(Conn *c, const uint8_t *buf, size_t len, int *fds, size_t n_
                 r.field = field;
                 r.reply_case = op->reply;
         }
-        /* everything but an unlocked op's well-formed request runs under the books' lock */
-        if (!(op && op->unlocked && c->proto_version && n_fds == 0)) {
+        /* a well-formed request after hello runs under what its op needs; anything else under the manager's
+         * lock, which ending the connection takes */
+        if (op && c->proto_version && op->lock == OP_LOCK_CLIENT && n_fds <= op->max_fds) {
+                conn_lock(c);
+                client_locked = true;
+        } else if (!(op && op->lock == OP_LOCK_NONE && c->proto_version && n_fds == 0)) {
+                /* its loop is the only writer of the client's books besides it: no client lock needed */
                 manager_lock(m);
                 locked = true;
         }
@@ -370,7 +386,7 @@ void request_handle(Conn *c, const uint8_t *buf, size_t len, int *fds, size_t n_
                 err = reply_fail(&r, -EACCES, "%s is for administrators only", name);
                 goto fail;
         }
-        if (op->family && c->cls && (c->cls->deny_ops & op->family)) {
+        if (op->family && c->cls && (READ_ONCE(c->cls->deny_ops) & op->family)) {
                 COUNTER_ADD(sh->stats.denials, 1);
                 metrics_deny(sh->metrics, DENY_PERMISSION);
                 __atomic_fetch_add(&c->cls->denials, 1, __ATOMIC_RELAXED);
@@ -384,8 +400,13 @@ void request_handle(Conn *c, const uint8_t *buf, size_t len, int *fds, size_t n_
          * can allocate. */
         req = gpumem__request__unpack(&alloc, hdr.body_len, buf + GM_FRAME_HDR_SIZE);
         if (!req || (uint32_t)req->op_case != field) {
-                if (!locked)
+                if (!locked) {
+                        /* the manager's lock comes before the client's, which is not needed under it */
+                        if (client_locked)
+                                conn_unlock(c);
+                        client_locked = false;
                         manager_lock(m);
+                }
                 locked = true;
                 request_violation(c, hdr.request_id, -EBADMSG,
                                   !req ? "request body is not a valid Request message"
@@ -406,6 +427,8 @@ fail:
         gm_wire_close_fds(r.out_fds, r.n_out_fds);
         (void)conn_send_error(c, r.id, err, r.reason.msg);
 out:
+        if (client_locked)
+                conn_unlock(c);
         if (locked)
                 manager_unlock(m);
         for (size_t i = 0; i < n_fds; i++)

@@ -815,8 +815,8 @@ static void test_killed_mid_sequence(void)
         check_back_to_base("killed mid-sequence");
 }
 
-/* The class's usage of @res (all GPUs), read over a connection of its own. */
-static uint64_t class_used(const char *cls, int res)
+/* The class's usage of @res (all GPUs), or its limit (@limit), read over a connection of its own. */
+static uint64_t class_get(const char *cls, int res, bool limit)
 {
         gm_client *c = connect_ok("quota");
         gm_quota *q = NULL;
@@ -828,10 +828,15 @@ static uint64_t class_used(const char *cls, int res)
         CHECK_EQ(gm_admin_quota_get(c, cls, &q, &n), 0);
         for (size_t i = 0; i < n; i++)
                 if (q[i].resource == res && q[i].gpu_id == 0)
-                        used = q[i].used;
+                        used = limit ? q[i].limit : q[i].used;
         gm_quota_free(q, n);
         gm_client_close(c);
         return used;
+}
+
+static uint64_t class_used(const char *cls, int res)
+{
+        return class_get(cls, res, false);
 }
 
 /*
@@ -903,6 +908,88 @@ static void test_concurrent_accounts(void)
         CHECK_EQ(class_used("default", GM_RESOURCE_HANDLES), handles0);
 }
 
+/*
+ * Clients of one class racing for the last of its VRAM on several loops: together they get exactly what the
+ * limit leaves, never more, and each refusal says why.
+ */
+static void test_concurrent_limit(void)
+{
+        enum { CLIENTS = 8, TRIES = 6, ROOM = 10 };
+        uint64_t vram0 = class_used("default", GM_RESOURCE_VRAM);
+        uint64_t limit0 = class_get("default", GM_RESOURCE_VRAM, true);
+        gm_client *adm = connect_ok("quota-admin");
+        int ready[2], go[2], got[2], done[2];
+        pid_t pids[CLIENTS];
+        unsigned total = 0;
+
+        if (!adm)
+                return;
+        CHECK_EQ(gm_admin_quota_set(adm, "default", GM_RESOURCE_VRAM, 0, vram0 + ROOM * 2 * MiB, false), 0);
+        CHECK_EQ(pipe2(ready, O_CLOEXEC), 0);
+        CHECK_EQ(pipe2(go, O_CLOEXEC), 0);
+        CHECK_EQ(pipe2(got, O_CLOEXEC), 0);
+        CHECK_EQ(pipe2(done, O_CLOEXEC), 0);
+        for (int i = 0; i < CLIENTS; i++) {
+                pids[i] = fork();
+                if (pids[i] == 0) {
+                        gm_client *c = NULL;
+                        void *d[TRIES];
+                        unsigned char n = 0;
+                        char ch = 'x';
+                        close(ready[0]);
+                        close(go[1]);
+                        close(got[0]);
+                        close(done[1]);
+                        if (gm_client_connect(dmn.sock, "racer", &c) < 0)
+                                _exit(1);
+                        /* all connected before any allocates */
+                        if (write(ready[1], &ch, 1) != 1 || read(go[0], &ch, 1) < 0)
+                                _exit(2);
+                        for (int k = 0; k < TRIES; k++) {
+                                int r = gm_malloc(c, 2 * MiB, gpus[(i + k) % n_gpus], 0, &d[k]);
+                                if (r == 0)
+                                        n++;
+                                else if (r != -EDQUOT)
+                                        _exit(3);
+                        }
+                        /* hold them until the parent has counted */
+                        if (write(got[1], &n, 1) != 1 || read(done[0], &ch, 1) < 0)
+                                _exit(4);
+                        gm_client_close(c);
+                        _exit(0);
+                }
+        }
+        close(ready[1]);
+        close(go[0]);
+        close(got[1]);
+        close(done[0]);
+        for (int i = 0; i < CLIENTS; i++) {
+                char ch;
+                CHECK_EQ(read(ready[0], &ch, 1), 1);
+        }
+        CHECK_EQ(write(go[1], "gggggggg", CLIENTS), CLIENTS);
+        for (int i = 0; i < CLIENTS; i++) {
+                unsigned char n = 0;
+                CHECK_EQ(read(got[0], &n, 1), 1);
+                total += n;
+        }
+        CHECK_EQ(total, (unsigned)ROOM);
+        CHECK_EQ(class_used("default", GM_RESOURCE_VRAM), vram0 + ROOM * 2 * MiB);
+        close(done[1]); /* all of them go at once */
+        for (int i = 0; i < CLIENTS; i++) {
+                int st = -1;
+                CHECK_EQ(waitpid(pids[i], &st, 0), pids[i]);
+                CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+        }
+        close(ready[0]);
+        close(got[0]);
+        close(go[1]);
+        CHECK_EQ(gm_admin_quota_set(adm, "default", GM_RESOURCE_VRAM, 0, limit0, false), 0);
+        gm_client_close(adm);
+        check_back_to_base("racing clients");
+        CHECK_EQ(class_used("default", GM_RESOURCE_VRAM), vram0);
+}
+
 int main(int argc, char **argv)
 {
         static const TestCase cases[] = {
@@ -916,6 +1003,7 @@ int main(int argc, char **argv)
                 {"GPU VMs per client", test_private_vm},
                 {"clients SIGKILLed mid-sequence", test_killed_mid_sequence},
                 {"concurrent clients of one class keep its account exact", test_concurrent_accounts},
+                {"concurrent clients of one class never pass its limit together", test_concurrent_limit},
         };
         char minor[16];
         const char *extra[] = {"--model-kfd-minor", minor, NULL};
