@@ -1,5 +1,5 @@
-/* LD_PRELOAD shim: serves /dev/kfd, the render nodes and the KFD sysfs topology from an in-process KFD model.
- */
+/* The KFD interposition layer of the LD_PRELOAD libraries: /dev/kfd, the render nodes, the KFD sysfs topology
+ * and /proc/modules, served by a backend (backend.h): the in-process KFD model or gpumemd. */
 /* The shim defines both open and open64 (and mmap, mmap64): libc's 64-bit aliasing must stay out. */
 #undef _FILE_OFFSET_BITS
 #include <dirent.h>
@@ -10,6 +10,7 @@
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,19 +23,17 @@
 #include <drm.h>
 #include <amdgpu_drm.h>
 
-#include "config.h"
+#include "backend.h"
 #include "kfd-compat.h"
-#include "model.h"
-#include "topology.h"
 
 /*
  * Everything here is process state by nature: the shim stands in for a kernel driver that every library of
- * the process reaches through libc, so it keeps one model per process, created on the first open of
- * /dev/kfd or a render node. The model itself has no globals.
+ * the process reaches through libc, so it keeps one backend per process, started on the first open of
+ * /dev/kfd, a render node or a topology path.
  *
- * Which fds belong to the model is tracked here, in a lock-free table, rather than asked of the model:
- * the model closes and maps its own memfds while holding its lock, and those calls come back through
- * these very wrappers.
+ * Which fds belong to the backend is tracked here, in a lock-free table, rather than asked of it: a
+ * backend closes and maps its own files (memfds, its socket) while holding its locks, and those calls
+ * come back through these very wrappers.
  */
 
 #define PRELOAD_EXPORT __attribute__((visibility("default")))
@@ -57,12 +56,11 @@ static struct {
         bool env_read;
         int log_level;
         FILE *log;
-        char preset_dir[PATH_MAX];
-        uint32_t kfd_minor;
         char stats_path[PATH_MAX];
-        ThunkModel *model;
-        int model_err;
-        int modules_fd; /* memfd with the /proc/modules text the model presents */
+        bool started;
+        int start_err;               /* the backend's start failed: every device open fails with it */
+        char topology_dir[PATH_MAX]; /* what the KFD sysfs topology paths lead to once started */
+        int modules_fd;              /* memfd with the /proc/modules text the backend's machine presents */
         _Atomic unsigned char owned[FD_TABLE_MAX];
 } g = {.lock = PTHREAD_MUTEX_INITIALIZER, .modules_fd = -1};
 
@@ -104,33 +102,36 @@ static void logf_(int level, const char *fmt, ...)
         if (g.log_level < level || !g.log)
                 return;
         va_start(ap, fmt);
-        fputs("gpumem-preload: ", g.log);
+        fprintf(g.log, "%s: ", preload_backend.log_name);
         vfprintf(g.log, fmt, ap);
         fputc('\n', g.log);
         fflush(g.log);
         va_end(ap);
 }
 
-static bool dir_exists(const char *p)
+/* The backend's variable @suffix ("LOG" -> GPUMEM_MODEL_LOG or GPUMEM_KFD_LOG). */
+static const char *env(const char *suffix)
 {
-        struct stat st;
+        char name[64];
 
-        return stat(p, &st) == 0 && S_ISDIR(st.st_mode);
+        snprintf(name, sizeof(name), "%s%s", preload_backend.env_prefix, suffix);
+        return getenv(name);
 }
 
 /* Called with g.lock held. */
 static void read_env(void)
 {
-        const char *preset, *v;
+        const char *v;
 
         if (g.env_read)
                 return;
         g.env_read = true;
         g.log = stderr;
-        v = getenv("GPUMEM_MODEL_LOG");
+        g.log_level = 0;
+        v = env("LOG");
         if (v)
                 g.log_level = atoi(v);
-        v = getenv("GPUMEM_MODEL_LOG_FILE");
+        v = env("LOG_FILE");
         if (v && *v) {
                 int fd = raw_openat(AT_FDCWD, v, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
                 FILE *f = fd >= 0 ? fdopen(fd, "a") : NULL;
@@ -140,59 +141,39 @@ static void read_env(void)
                 else if (fd >= 0)
                         raw_close(fd);
         }
-        v = getenv("GPUMEM_MODEL_KFD_MINOR");
-        if (v)
-                g.kfd_minor = (uint32_t)strtoul(v, NULL, 10);
-        v = getenv("GPUMEM_MODEL_STATS");
+        v = env("STATS");
         if (v)
                 snprintf(g.stats_path, sizeof(g.stats_path), "%s", v);
-        preset = getenv("GPUMEM_MODEL_PRESET");
-        if (!preset || !*preset)
-                preset = "gfx908";
-        if (strchr(preset, '/'))
-                snprintf(g.preset_dir, sizeof(g.preset_dir), "%s", preset);
-        else {
-                snprintf(g.preset_dir, sizeof(g.preset_dir), "%s/%s", GPUMEMD_PRESETDIR, preset);
-                if (!dir_exists(g.preset_dir))
-                        snprintf(g.preset_dir, sizeof(g.preset_dir), "%s/%s", GPUMEMD_SOURCE_PRESETDIR,
-                                 preset);
-        }
 }
 
-static void ensure_env(void)
+static void preload_log(void *ctx, int level, const char *msg)
 {
-        pthread_mutex_lock(&g.lock);
-        read_env();
-        pthread_mutex_unlock(&g.lock);
+        (void)ctx;
+        logf_(level, "%s", msg);
 }
 
-/* Called with g.lock held. */
-static ThunkModel *model_get(void)
+/* Start the backend once (called with g.lock held); 0 or its error, which every later call gets too. */
+static int start(void)
 {
-        ThunkTopology *topo = NULL;
-        ThunkModelOptions o = {0};
-        char err[256] = "";
+        char err[512] = "";
         int r;
 
         read_env();
-        if (g.model || g.model_err)
-                return g.model;
-        r = thunk_topology_load(g.preset_dir, &topo, err, sizeof(err));
+        if (g.started)
+                return g.start_err;
+        g.started = true;
+        r = preload_backend.start(&(PreloadHost){.log = preload_log}, g.topology_dir, sizeof(g.topology_dir),
+                                  err, sizeof(err));
         if (r < 0) {
-                g.model_err = r;
-                logf_(0, "cannot load the topology preset %s: %s", g.preset_dir, err);
-                return NULL;
+                g.start_err = r;
+                g.topology_dir[0] = '\0';
+                /* said once, even when logging is off: without it the program only sees "no GPU" */
+                if (g.log)
+                        fprintf(g.log, "%s: %s\n", preload_backend.log_name, err[0] ? err : strerror(-r));
+                return r;
         }
-        o.kfd_minor = g.kfd_minor;
-        r = thunk_model_new(topo, &o, &g.model);
-        thunk_topology_free(topo);
-        if (r < 0) {
-                g.model_err = r;
-                logf_(0, "cannot create the KFD model of %s: %s", g.preset_dir, strerror(-r));
-                return NULL;
-        }
-        logf_(1, "KFD model of %s", g.preset_dir);
-        return g.model;
+        logf_(1, "%s", err);
+        return 0;
 }
 
 /* ------------------------------------------------------------------ paths */
@@ -206,8 +187,13 @@ static const char *redirect(const char *path, char *buf, size_t len)
                 size_t n = strlen(kfd_topology_paths[i]);
 
                 if (strncmp(path, kfd_topology_paths[i], n) == 0 && (path[n] == '\0' || path[n] == '/')) {
-                        ensure_env();
-                        snprintf(buf, len, "%s%s", g.preset_dir, path + n);
+                        pthread_mutex_lock(&g.lock);
+                        /* no backend: no topology (what a machine without the driver shows) */
+                        if (start() < 0)
+                                snprintf(buf, len, "/nonexistent/gpumem-kfd-topology%s", path + n);
+                        else
+                                snprintf(buf, len, "%s%s", g.topology_dir, path + n);
+                        pthread_mutex_unlock(&g.lock);
                         logf_(2, "%s -> %s", path, buf);
                         return buf;
                 }
@@ -215,7 +201,7 @@ static const char *redirect(const char *path, char *buf, size_t len)
         return NULL;
 }
 
-/* /proc/modules as the model's machine has it: the real list plus the amdgpu driver, which is what tools
+/* /proc/modules as the backend's machine has it: the real list plus the amdgpu driver, which is what tools
  * look for to tell whether the KFD is present. */
 static int open_modules(int flags)
 {
@@ -252,27 +238,26 @@ static int open_modules(int flags)
 static int device_open(const char *path, int flags)
 {
         unsigned int minor;
-        ThunkModel *m;
         int fd = -1, r;
 
         pthread_mutex_lock(&g.lock);
-        m = model_get();
-        if (!m) {
-                r = g.model_err;
+        r = start();
+        if (r < 0) {
+                /* as start() said */
         } else if (strcmp(path, "/dev/kfd") == 0) {
-                r = thunk_model_open_kfd(m, &fd);
+                r = preload_backend.open_kfd(&fd);
         } else if (sscanf(path, "/dev/dri/renderD%u", &minor) == 1) {
-                r = thunk_model_open_render(m, minor, &fd);
+                r = preload_backend.open_render(minor, &fd);
         } else {
                 r = -ENOENT;
         }
         if (r == 0) {
                 if (fd >= FD_TABLE_MAX) {
-                        thunk_model_close(m, fd);
+                        preload_backend.close(fd);
                         r = -EMFILE;
                 } else {
                         atomic_store(&g.owned[fd], 1);
-                        /* the model hands out O_CLOEXEC fds; honour a caller that did not ask for it */
+                        /* backends hand out O_CLOEXEC fds; honour a caller that did not ask for it */
                         if (!(flags & O_CLOEXEC))
                                 fcntl(fd, F_SETFD, 0);
                 }
@@ -502,7 +487,7 @@ PRELOAD_EXPORT int ioctl(int fd, unsigned long request, ...)
         va_end(ap);
         if (!fd_owned(fd))
                 return raw_ioctl(fd, request, arg);
-        r = thunk_model_ioctl(g.model, fd, request, arg);
+        r = preload_backend.ioctl(fd, request, arg);
         if (_IOC_NR(request) != _IOC_NR(AMDKFD_IOC_WAIT_EVENTS) || _IOC_TYPE(request) != AMDKFD_IOCTL_BASE ||
             g.log_level >= 3)
                 logf_(1, "ioctl fd=%d %s (0x%08lx) -> %d%s%s", fd, ioctl_name(fd, request), request, r,
@@ -521,7 +506,7 @@ PRELOAD_EXPORT int close(int fd)
         if (!fd_owned(fd))
                 return raw_close(fd);
         atomic_store(&g.owned[fd], 0);
-        r = thunk_model_close(g.model, fd);
+        r = preload_backend.close(fd);
         logf_(2, "close %d -> %d", fd, r);
         if (r < 0) {
                 errno = -r;
@@ -536,7 +521,7 @@ static void *do_mmap(void *addr, size_t len, int prot, int flags, int fd, off_t 
         int r;
 
         if (!(flags & MAP_ANONYMOUS) && fd_owned(fd)) {
-                r = thunk_model_mmap(g.model, addr, len, prot, flags, fd, (uint64_t)off, &p);
+                r = preload_backend.mmap(addr, len, prot, flags, fd, (uint64_t)off, &p);
                 logf_(2, "mmap fd=%d offset=0x%llx len=0x%zx -> %d", fd, (unsigned long long)off, len, r);
                 if (r < 0) {
                         errno = -r;
@@ -564,27 +549,13 @@ PRELOAD_EXPORT void *mmap64(void *addr, size_t len, int prot, int flags, int fd,
 
 /* ------------------------------------------------------------------ statistics */
 
-/* One line describing the model's live objects and charges, for tests and GPUMEM_MODEL_STATS. Returns the
- * length written (snprintf rules), or -1 if no model exists yet. */
+/* One line describing the backend's live objects, for tests and the STATS variable. Returns the length
+ * written (snprintf rules), or -1 if the backend has not started. */
 PRELOAD_EXPORT int gpumem_preload_stats(char *buf, size_t len)
 {
-        ThunkModelStats s;
-        uint64_t vram = 0;
-
-        if (!g.model)
+        if (!g.started || g.start_err)
                 return -1;
-        thunk_model_get_stats(g.model, &s);
-        for (uint32_t i = 0; i < s.n_gpus; i++)
-                vram += s.vram_used[i];
-        return snprintf(buf, len,
-                        "contexts=%u kfd_fds=%u render_fds=%u render_files=%u mems=%llu bufs=%llu "
-                        "mappings=%llu gem_handles=%llu svm_ranges=%llu system_used=%llu ttm_used=%llu "
-                        "vram_used=%llu queues=%u events=%u",
-                        s.contexts, s.kfd_fds, s.render_fds, s.render_files, (unsigned long long)s.mems,
-                        (unsigned long long)s.bufs, (unsigned long long)s.mappings,
-                        (unsigned long long)s.gem_handles, (unsigned long long)s.svm_ranges,
-                        (unsigned long long)s.system_used, (unsigned long long)s.ttm_used,
-                        (unsigned long long)vram, s.queues, s.events);
+        return preload_backend.stats(buf, len);
 }
 
 __attribute__((destructor)) static void preload_exit(void)
@@ -596,7 +567,7 @@ __attribute__((destructor)) static void preload_exit(void)
         if (!g.stats_path[0] || gpumem_preload_stats(line, sizeof(line)) < 0)
                 return;
         if (strcmp(g.stats_path, "-") == 0) {
-                fprintf(stderr, "gpumem-model-stats %s\n", line);
+                fprintf(stderr, "%s %s\n", preload_backend.stats_tag, line);
                 return;
         }
         fd = raw_openat(AT_FDCWD, g.stats_path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
@@ -606,6 +577,6 @@ __attribute__((destructor)) static void preload_exit(void)
                         raw_close(fd);
                 return;
         }
-        fprintf(f, "gpumem-model-stats %s\n", line);
+        fprintf(f, "%s %s\n", preload_backend.stats_tag, line);
         fclose(f);
 }
