@@ -910,3 +910,93 @@ bool thunk_props_get(const ThunkProps *p, const char *key, uint64_t *ret)
         }
         return false;
 }
+
+/* ---- writing the tree out again ------------------------------------------------------------------------ */
+
+/* A properties file as the kernel prints one: "key value" lines, decimal. */
+static int emit_props(const ThunkProps *p, const char *rel, ThunkTopologyEmit emit, void *ctx)
+{
+        size_t cap = p->n * (THUNK_PROP_KEY_MAX + 24) + 1, len = 0;
+        char *buf = malloc(cap);
+        int r;
+
+        if (!buf)
+                return -ENOMEM;
+        for (size_t i = 0; i < p->n; i++)
+                len += (size_t)snprintf(buf + len, cap - len, "%s %llu\n", p->items[i].key,
+                                        (unsigned long long)p->items[i].value);
+        r = emit(ctx, rel, buf, len);
+        free(buf);
+        return r;
+}
+
+static int emit_text(const char *rel, ThunkTopologyEmit emit, void *ctx, const char *fmt, ...)
+        __attribute__((format(printf, 4, 5)));
+
+static int emit_text(const char *rel, ThunkTopologyEmit emit, void *ctx, const char *fmt, ...)
+{
+        char buf[THUNK_NAME_MAX + 32];
+        va_list ap;
+        int n;
+
+        va_start(ap, fmt);
+        n = vsnprintf(buf, sizeof(buf), fmt, ap);
+        va_end(ap);
+        return emit(ctx, rel, buf, (size_t)n < sizeof(buf) ? (size_t)n : sizeof(buf) - 1);
+}
+
+static int emit_children(unsigned node, const char *dir, size_t n, const void *items, size_t item_size,
+                         size_t props_off, ThunkTopologyEmit emit, void *ctx)
+{
+        char rel[REL_MAX];
+
+        for (size_t i = 0; i < n; i++) {
+                const ThunkProps *p =
+                        (const ThunkProps *)(const void *)((const char *)items + i * item_size + props_off);
+                int r;
+                snprintf(rel, sizeof(rel), "nodes/%u/%s/%zu/properties", node, dir, i);
+                r = emit_props(p, rel, emit, ctx);
+                if (r < 0)
+                        return r;
+        }
+        return 0;
+}
+
+int thunk_topology_write(const ThunkTopology *t, ThunkTopologyEmit emit, void *ctx)
+{
+        char rel[REL_MAX];
+        int r;
+
+        if (!t || !emit)
+                return -EINVAL;
+        r = emit_text("generation_id", emit, ctx, "%llu\n", (unsigned long long)t->generation_id);
+        if (r >= 0)
+                r = emit_props(&t->system_props, "system_properties", emit, ctx);
+        for (size_t i = 0; r >= 0 && i < t->n_nodes; i++) {
+                const ThunkNode *n = &t->nodes[i];
+                unsigned id = n->node_id;
+                snprintf(rel, sizeof(rel), "nodes/%u/gpu_id", id);
+                r = emit_text(rel, emit, ctx, "%u\n", n->gpu_id);
+                if (r < 0)
+                        break;
+                snprintf(rel, sizeof(rel), "nodes/%u/name", id);
+                r = emit_text(rel, emit, ctx, "%s\n", n->name);
+                if (r < 0)
+                        break;
+                snprintf(rel, sizeof(rel), "nodes/%u/properties", id);
+                r = emit_props(&n->props, rel, emit, ctx);
+                if (r >= 0)
+                        r = emit_children(id, "mem_banks", n->n_mem_banks, n->mem_banks, sizeof(ThunkMemBank),
+                                          offsetof(ThunkMemBank, props), emit, ctx);
+                if (r >= 0)
+                        r = emit_children(id, "caches", n->n_caches, n->caches, sizeof(ThunkCache),
+                                          offsetof(ThunkCache, props), emit, ctx);
+                if (r >= 0)
+                        r = emit_children(id, "io_links", n->n_io_links, n->io_links, sizeof(ThunkIoLink),
+                                          offsetof(ThunkIoLink, props), emit, ctx);
+                if (r >= 0)
+                        r = emit_children(id, "p2p_links", n->n_p2p_links, n->p2p_links, sizeof(ThunkIoLink),
+                                          offsetof(ThunkIoLink, props), emit, ctx);
+        }
+        return r < 0 ? r : 0;
+}

@@ -170,6 +170,14 @@ int thunk_topology_load_source(const ThunkTopologySource *src, const char *root_
 
 ThunkTopology *thunk_topology_free(ThunkTopology *t);
 
+/*
+ * The tree again, file by file as the parser reads it (every property kept, in file order, values in
+ * decimal as the kernel prints them): @emit gets each file's path (relative, as for a source) and content.
+ * Parsing what it emits gives back the same topology. Returns 0, -EINVAL, -ENOMEM or what @emit returned.
+ */
+typedef int (*ThunkTopologyEmit)(void *ctx, const char *rel, const char *content, size_t len);
+int thunk_topology_write(const ThunkTopology *t, ThunkTopologyEmit emit, void *ctx);
+
 /* Look-ups; NULL when absent. */
 const ThunkNode *thunk_topology_gpu_by_id(const ThunkTopology *t, uint32_t gpu_id);
 const ThunkNode *thunk_topology_gpu_by_index(const ThunkTopology *t, size_t gpu_index);

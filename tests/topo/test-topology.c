@@ -803,6 +803,104 @@ static void test_source(void)
         CHECK(t == sentinel && msg[0] == '\0');
 }
 
+/* ---- writing a tree out and reading it back ---- */
+
+typedef struct DirWriter {
+        char root[256];
+        int err;
+} DirWriter;
+
+static int write_into_dir(void *ctx, const char *rel, const char *content, size_t len)
+{
+        DirWriter *w = ctx;
+        char path[512];
+        int fd;
+
+        snprintf(path, sizeof(path), "%s/%s", w->root, rel);
+        for (char *p = path + strlen(w->root) + 1; (p = strchr(p, '/')); p++) {
+                *p = '\0';
+                (void)mkdir(path, 0700);
+                *p = '/';
+        }
+        fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+        if (fd < 0 || write(fd, content, len) != (ssize_t)len) {
+                w->err = -errno;
+                if (fd >= 0)
+                        close(fd);
+                return w->err;
+        }
+        close(fd);
+        return 0;
+}
+
+static void check_props_equal(const ThunkProps *a, const ThunkProps *b, const char *what)
+{
+        CHECK_EQ(a->n, b->n);
+        for (size_t i = 0; i < a->n && i < b->n; i++) {
+                if (strcmp(a->items[i].key, b->items[i].key) != 0 || a->items[i].value != b->items[i].value) {
+                        fprintf(stderr, "%s: property %zu differs: %s %llu vs %s %llu\n", what, i,
+                                a->items[i].key, (unsigned long long)a->items[i].value, b->items[i].key,
+                                (unsigned long long)b->items[i].value);
+                        check_failures++;
+                        return;
+                }
+        }
+}
+
+static int rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
+{
+        (void)st;
+        (void)flag;
+        (void)ftw;
+        return remove(path);
+}
+
+/* Every preset, written out and parsed again, is the same topology (what a client-side KFD serves). */
+static void test_write_round_trip(void)
+{
+        static const char *const presets[] = {"mi300x", "mi100", "workstation", "apu", "gfx908"};
+
+        for (size_t k = 0; k < sizeof(presets) / sizeof(presets[0]); k++) {
+                ThunkTopology *a = load_preset(presets[k]), *b;
+                DirWriter w = {.err = 0};
+
+                if (!a)
+                        continue;
+                snprintf(w.root, sizeof(w.root), "/tmp/gpumem-topo-XXXXXX");
+                ASSERT(mkdtemp(w.root));
+                CHECK_EQ(thunk_topology_write(a, write_into_dir, &w), 0);
+                CHECK_EQ(w.err, 0);
+                b = load_ok(w.root);
+                if (b) {
+                        CHECK_EQ(b->generation_id, a->generation_id);
+                        CHECK_EQ(b->n_nodes, a->n_nodes);
+                        check_props_equal(&a->system_props, &b->system_props, "system_properties");
+                        for (size_t i = 0; i < a->n_nodes && i < b->n_nodes; i++) {
+                                const ThunkNode *x = &a->nodes[i], *y = &b->nodes[i];
+                                CHECK_EQ(y->gpu_id, x->gpu_id);
+                                CHECK(strcmp(y->name, x->name) == 0);
+                                check_props_equal(&x->props, &y->props, "node");
+                                CHECK_EQ(y->n_mem_banks, x->n_mem_banks);
+                                CHECK_EQ(y->n_caches, x->n_caches);
+                                CHECK_EQ(y->n_io_links, x->n_io_links);
+                                CHECK_EQ(y->n_p2p_links, x->n_p2p_links);
+                                for (size_t j = 0; j < x->n_mem_banks && j < y->n_mem_banks; j++)
+                                        check_props_equal(&x->mem_banks[j].props, &y->mem_banks[j].props,
+                                                          "mem bank");
+                                for (size_t j = 0; j < x->n_caches && j < y->n_caches; j++)
+                                        check_props_equal(&x->caches[j].props, &y->caches[j].props, "cache");
+                                for (size_t j = 0; j < x->n_io_links && j < y->n_io_links; j++)
+                                        check_props_equal(&x->io_links[j].props, &y->io_links[j].props,
+                                                          "io link");
+                        }
+                        thunk_topology_free(b);
+                }
+                nftw(w.root, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+                thunk_topology_free(a);
+        }
+        CHECK_EQ(thunk_topology_write(NULL, write_into_dir, NULL), -EINVAL);
+}
+
 int main(void)
 {
         int fds = count_fds(0);
@@ -814,6 +912,7 @@ int main(void)
         test_real_fixture();
         test_malformed();
         test_source();
+        test_write_round_trip();
         CHECK_EQ(count_fds(0), fds); /* every error path closed what it opened */
         if (check_failures) {
                 fprintf(stderr, "%d check(s) failed\n", check_failures);
