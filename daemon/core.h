@@ -75,6 +75,13 @@ struct Manager {
         /* the topology reply, packed at start ([1]: with every property): the topology never changes */
         uint8_t *topology_reply[2];
         size_t topology_reply_len[2];
+        /* the same topology as its sysfs files (TOPOLOGY_FILES), made at start */
+        struct TopologyFile {
+                char *path;
+                char *content;
+                size_t len;
+        } * topology_files;
+        size_t n_topology_files;
 
         uint64_t started_mono_usec;
         uint64_t started_real_usec;

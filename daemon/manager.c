@@ -130,7 +130,7 @@ static void refuse_send(int fd, int code, const char *reason)
         reply.status = &st;
         len = gpumem__reply__get_packed_size(&reply);
         if (len <= sizeof(buf) - GM_FRAME_HDR_SIZE &&
-            gm_frame_hdr_encode(buf, GM_PROTOCOL_VERSION, 0, (uint32_t)len, 0) == 0) {
+            gm_frame_hdr_encode(buf, GM_PROTOCOL_VERSION_MIN, 0, (uint32_t)len, 0) == 0) {
                 gpumem__reply__pack(&reply, buf + GM_FRAME_HDR_SIZE);
                 (void)gm_wire_send(fd, buf, GM_FRAME_HDR_SIZE + len, NULL, 0, NULL, 0, MSG_DONTWAIT);
         }
@@ -921,6 +921,11 @@ Manager *manager_free(Manager *m)
         }
         free(m->topology_reply[0]);
         free(m->topology_reply[1]);
+        for (size_t i = 0; i < m->n_topology_files; i++) {
+                free(m->topology_files[i].path);
+                free(m->topology_files[i].content);
+        }
+        free(m->topology_files);
         options_done(&m->opts);
         pthread_mutex_destroy(&m->lock);
         free(m);

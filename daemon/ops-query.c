@@ -1,9 +1,12 @@
 /* Query ops: topology (decoded summary and, on request, every raw property). */
 #include <errno.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "core.h"
 #include "request.h"
+#include "frame.h"
+#include "topology.h"
 
 typedef struct TopoBufs {
         Gpumem__TopologyNode *nodes;
@@ -144,6 +147,67 @@ int op_topology(ReqCtx *r, const Gpumem__Request *req)
         return reply_ok_packed(r, m->topology_reply[with_props], m->topology_reply_len[with_props]);
 }
 
+/* Files of a reply at most: what fits well inside one frame (the daemon's topology files are small). */
+#define TOPOLOGY_FILES_PER_REPLY 256
+#define TOPOLOGY_FILES_BYTES     (GM_FRAME_BODY_MAX - 4096)
+
+int op_topology_files(ReqCtx *r, const Gpumem__Request *req)
+{
+        const Manager *m = r->m;
+        Gpumem__TopologyFilesReply tr = GPUMEM__TOPOLOGY_FILES_REPLY__INIT;
+        Gpumem__TopologyFile items[TOPOLOGY_FILES_PER_REPLY], *ptrs[TOPOLOGY_FILES_PER_REPLY];
+        uint32_t from = req->topology_files->has_from ? req->topology_files->from : 0;
+        size_t n = 0, bytes = 0;
+
+        if (from > m->n_topology_files)
+                return reply_fail(r, -EINVAL, "file %u is past the topology's %zu files", from,
+                                  m->n_topology_files);
+        /* read by every loop without the lock: made at start, never changed */
+        while (from + n < m->n_topology_files && n < TOPOLOGY_FILES_PER_REPLY) {
+                const struct TopologyFile *f = &m->topology_files[from + n];
+                size_t cost = strlen(f->path) + f->len + 16;
+                if (n > 0 && bytes + cost > TOPOLOGY_FILES_BYTES)
+                        break;
+                gpumem__topology_file__init(&items[n]);
+                items[n].path = f->path;
+                items[n].has_content = true;
+                items[n].content.data = (uint8_t *)f->content;
+                items[n].content.len = f->len;
+                ptrs[n] = &items[n];
+                bytes += cost;
+                n++;
+        }
+        tr.n_files = n;
+        tr.files = ptrs;
+        tr.has_next = tr.has_total = true;
+        tr.next = from + n < m->n_topology_files ? from + (uint32_t)n : 0;
+        tr.total = (uint32_t)m->n_topology_files;
+        return reply_result(r, &tr);
+}
+
+static int add_topology_file(void *ctx, const char *rel, const char *content, size_t len)
+{
+        Manager *m = ctx;
+        struct TopologyFile *files = realloc(m->topology_files, (m->n_topology_files + 1) * sizeof(*files));
+        struct TopologyFile *f;
+
+        if (!files)
+                return -ENOMEM;
+        m->topology_files = files;
+        f = &files[m->n_topology_files];
+        f->path = strdup(rel);
+        f->content = malloc(len ? len : 1);
+        if (!f->path || !f->content) {
+                free(f->path);
+                free(f->content);
+                return -ENOMEM;
+        }
+        memcpy(f->content, content, len);
+        f->len = len;
+        m->n_topology_files++;
+        return 0;
+}
+
 int op_topology_prepare(Manager *m)
 {
         for (int with_props = 0; with_props < 2; with_props++) {
@@ -152,5 +216,5 @@ int op_topology_prepare(Manager *m)
                 if (r < 0)
                         return r;
         }
-        return 0;
+        return thunk_topology_write(driver_topology(m->drv), add_topology_file, m);
 }

@@ -83,6 +83,7 @@ int op_hello(ReqCtx *r, const Gpumem__Request *req);
 int op_ping(ReqCtx *r, const Gpumem__Request *req);
 int op_window_retry(ReqCtx *r, const Gpumem__Request *req);
 int op_topology(ReqCtx *r, const Gpumem__Request *req);
+int op_topology_files(ReqCtx *r, const Gpumem__Request *req);
 /* Pack the topology replies once, at start: the topology op reads them from any loop without the lock. */
 int op_topology_prepare(Manager *m);
 int op_admin_status(ReqCtx *r, const Gpumem__Request *req);

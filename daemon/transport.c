@@ -286,7 +286,7 @@ static int cannot_send(const Transport *t)
 
 static int frame_hdr(Transport *t, uint32_t request_id, size_t body_len, size_t n_fds)
 {
-        int r = gm_frame_hdr_encode(t->tx_buf, t->version ? t->version : GM_PROTOCOL_VERSION, request_id,
+        int r = gm_frame_hdr_encode(t->tx_buf, t->version ? t->version : GM_PROTOCOL_VERSION_MIN, request_id,
                                     (uint32_t)body_len, (unsigned)n_fds);
         if (r < 0)
                 return r;

@@ -130,6 +130,92 @@ int gm_topology_get(gm_client *c, bool with_properties, gm_topology **ret)
         return r < 0 ? gm_set_reason(c, r, "out of memory") : 0;
 }
 
+void gm_topology_files_free(gm_topology_file *files, size_t n)
+{
+        for (size_t i = 0; files && i < n; i++) {
+                free(files[i].path);
+                free(files[i].content);
+        }
+        free(files);
+}
+
+/* Append the files of one reply to *@files. */
+static int topology_files_take(const Gpumem__TopologyFilesReply *tr, gm_topology_file **files, size_t *n)
+{
+        gm_topology_file *more;
+
+        if (tr->n_files == 0)
+                return 0;
+        more = realloc(*files, (*n + tr->n_files) * sizeof(*more));
+        if (!more)
+                return -ENOMEM;
+        *files = more;
+        for (size_t i = 0; i < tr->n_files; i++) {
+                const Gpumem__TopologyFile *f = tr->files[i];
+                gm_topology_file *d = &more[*n];
+                size_t len = f->has_content ? f->content.len : 0;
+                d->path = strdup(f->path ? f->path : "");
+                d->content = malloc(len + 1);
+                if (!d->path || !d->content) {
+                        free(d->path);
+                        free(d->content);
+                        return -ENOMEM;
+                }
+                if (len)
+                        memcpy(d->content, f->content.data, len);
+                d->content[len] = '\0';
+                d->len = len;
+                (*n)++;
+        }
+        return 0;
+}
+
+int gm_topology_files(gm_client *c, gm_topology_file **ret, size_t *ret_n)
+{
+        gm_topology_file *files = NULL;
+        uint32_t from = 0;
+        size_t n = 0;
+        int r;
+
+        if (!c || !ret || !ret_n)
+                return -EINVAL;
+        do {
+                Gpumem__Request req = GPUMEM__REQUEST__INIT;
+                Gpumem__TopologyFilesGet tg = GPUMEM__TOPOLOGY_FILES_GET__INIT;
+                Gpumem__Reply *reply = NULL;
+                uint32_t next;
+
+                tg.has_from = true;
+                tg.from = from;
+                req.op_case = GPUMEM__REQUEST__OP_TOPOLOGY_FILES;
+                req.topology_files = &tg;
+                r = call_expect(c, &req, GPUMEM__REPLY__RESULT_TOPOLOGY_FILES, &reply);
+                if (r < 0)
+                        break;
+                next = reply->topology_files->has_next ? reply->topology_files->next : 0;
+                r = topology_files_take(reply->topology_files, &files, &n);
+                gm_reply_free(c, reply);
+                if (r < 0) {
+                        r = gm_set_reason(c, r, "out of memory");
+                        break;
+                }
+                /* the daemon moves forward or says it is done; anything else is not a reply of it */
+                if (next != 0 && next <= from) {
+                        r = gm_set_reason(c, -EPROTO, "the topology's next file %u does not follow %u", next,
+                                          from);
+                        break;
+                }
+                from = next;
+        } while (from != 0);
+        if (r < 0) {
+                gm_topology_files_free(files, n);
+                return r;
+        }
+        *ret = files;
+        *ret_n = n;
+        return 0;
+}
+
 void gm_status_free(gm_status *s)
 {
         if (!s)

@@ -121,6 +121,20 @@ typedef struct gm_topology {
 int gm_topology_get(gm_client *c, bool with_properties, gm_topology **ret);
 void gm_topology_free(gm_topology *t);
 
+/* One file of the KFD sysfs topology (since libgpumem_client 1.3, protocol 2). */
+typedef struct gm_topology_file {
+        char *path; /* relative to the topology's root: "generation_id", "nodes/1/properties" */
+        char *content;
+        size_t len;
+} gm_topology_file;
+
+/**
+ * The daemon's KFD topology as the kernel lays it out under /sys/devices/virtual/kfd/kfd/topology, file by
+ * file (what a client-side KFD serves to ROCm). -EOPNOTSUPP from a daemon older than protocol 2.
+ */
+int gm_topology_files(gm_client *c, gm_topology_file **ret, size_t *ret_n);
+void gm_topology_files_free(gm_topology_file *files, size_t n);
+
 /* ---- memory (since libgpumem_client 1.1) ------------------------------------------------------------ */
 
 /**

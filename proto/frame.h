@@ -16,11 +16,14 @@
  * Everything here is checked before anything is allocated or unpacked.
  */
 #define GM_FRAME_MAGIC      0x4d454d47u /* "GMEM" */
-#define GM_PROTOCOL_VERSION 1u
-#define GM_FRAME_HDR_SIZE   16u
-#define GM_FRAME_MAX        (128u * 1024u) /* header + body */
-#define GM_FRAME_BODY_MAX   (GM_FRAME_MAX - GM_FRAME_HDR_SIZE)
-#define GM_FRAME_MAX_FDS    16u
+#define GM_PROTOCOL_VERSION 2u
+/* The oldest version there is: what the daemon answers in before hello agreed on one (every client reads
+ * it; the header is the same in every version). */
+#define GM_PROTOCOL_VERSION_MIN 1u
+#define GM_FRAME_HDR_SIZE       16u
+#define GM_FRAME_MAX            (128u * 1024u) /* header + body */
+#define GM_FRAME_BODY_MAX       (GM_FRAME_MAX - GM_FRAME_HDR_SIZE)
+#define GM_FRAME_MAX_FDS        16u
 
 typedef struct GmFrameHdr {
         uint32_t magic;

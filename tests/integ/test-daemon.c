@@ -54,7 +54,7 @@ static void test_handshake(void)
         CHECK(p == MAP_FAILED && errno == EEXIST);
         CHECK(strcmp(gm_client_backend(c), "model") == 0);
         CHECK(gm_client_server_version(c)[0] != '\0');
-        CHECK_EQ(gm_client_protocol_version(c), 1);
+        CHECK_EQ(gm_client_protocol_version(c), GM_PROTOCOL_VERSION);
         gm_client_kfd_version(c, &major, &minor);
         CHECK_EQ(major, 1);
         CHECK(minor >= 11);
@@ -130,6 +130,56 @@ static void test_topology(void)
         }
         CHECK_EQ(gpus, 8);
         CHECK_EQ(cpus, 2);
+        gm_client_close(c);
+}
+
+/* The topology as sysfs files: every node's gpu_id, name and properties as the decoded topology has them. */
+static void test_topology_files(void)
+{
+        gm_client *c = connect_ok("topology-files");
+        gm_topology_file *f = NULL;
+        gm_topology *t = NULL;
+        size_t n = 0, props_files = 0;
+
+        if (!c)
+                return;
+        CHECK_EQ(gm_topology_files(c, &f, &n), 0);
+        CHECK_EQ(gm_topology_get(c, true, &t), 0);
+        CHECK(n > 2 * 10); /* two files of the tree and three per node at least */
+        for (size_t i = 0; t && i < n; i++) {
+                unsigned node;
+                char tail[32];
+                CHECK(f[i].path[0] != '/' && !strstr(f[i].path, ".."));
+                if (sscanf(f[i].path, "nodes/%u/%31s", &node, tail) != 2 || node >= t->n_nodes)
+                        continue;
+                const gm_topology_node *tn = &t->nodes[node];
+                if (strcmp(tail, "gpu_id") == 0) {
+                        CHECK_EQ(strtoul(f[i].content, NULL, 10), tn->gpu_id);
+                } else if (strcmp(tail, "name") == 0) {
+                        CHECK(strncmp(f[i].content, tn->name, strlen(tn->name)) == 0);
+                } else if (strcmp(tail, "properties") == 0) {
+                        /* the same lines, in the same order, as the raw properties */
+                        const char *p = f[i].content;
+                        size_t k = 0;
+                        char key[64];
+                        unsigned long long v;
+                        int used;
+                        while (sscanf(p, "%63s %llu\n%n", key, &v, &used) == 2) {
+                                CHECK(k < tn->n_properties);
+                                if (k < tn->n_properties) {
+                                        CHECK(strcmp(key, tn->properties[k].key) == 0);
+                                        CHECK_EQ(v, tn->properties[k].value);
+                                }
+                                k++;
+                                p += used;
+                        }
+                        CHECK_EQ(k, tn->n_properties);
+                        props_files++;
+                }
+        }
+        CHECK_EQ(props_files, 10);
+        gm_topology_files_free(f, n);
+        gm_topology_free(t);
         gm_client_close(c);
 }
 
@@ -583,6 +633,7 @@ int main(void)
                 {"handshake and VA window", test_handshake},
                 {"a window the client cannot reserve is retried", test_window_retry},
                 {"topology", test_topology},
+                {"topology as sysfs files", test_topology_files},
                 {"threads share one connection", test_threads},
                 {"hostile frames get one error and a close", test_hostile_frames},
                 {"request errors keep the connection", test_request_errors},
