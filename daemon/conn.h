@@ -89,6 +89,7 @@ typedef struct Conn {
         ThunkVaSpace *window;
         uint64_t window_base, window_size;
         ThunkVaSpace *window_rejected[4]; /* windows this client could not reserve, held until it leaves */
+        bool low_window;                  /* its windows lie below 1 TiB (asked for at hello) */
         unsigned n_window_rejected;
         LogRatelimit log_rl;
         BrokerClient *broker; /* the client's memory objects, from its first memory op */

@@ -67,6 +67,10 @@ struct Manager {
         /* Client VA windows are carved from this space (the SVM aperture above the low reserved range). */
         ThunkVaSpace *va;
         size_t va_blocked; /* ranges of the space the daemon itself maps (never windows) */
+        /* Windows below 1 TiB for clients that ask (Hello's GM_HELLO_LOW_WINDOW); NULL when the aperture or
+         * the daemon's own mappings leave no room there. */
+        ThunkVaSpace *va_low;
+        size_t va_low_blocked;
 
         Conn *conns; /* doubly linked, newest first */
         unsigned n_conns;

@@ -646,6 +646,17 @@ static int setup_va(Manager *m)
         if (r < 0)
                 return log_error_errno(r, "cannot read the daemon's own mappings: %s", strerror(-r));
         m->va_blocked = thunk_va_space_count(m->va);
+
+        /* the low space, below the first: only what the aperture has of it */
+        start = base > WINDOW_LOW_START ? base : WINDOW_LOW_START;
+        start = (start + WINDOW_ALIGN - 1) & ~(WINDOW_ALIGN - 1);
+        if (start < WINDOW_SPACE_START && limit > start &&
+            thunk_va_space_new(start, WINDOW_SPACE_START - start, WINDOW_ALIGN, &m->va_low) == 0) {
+                r = window_space_init(m->va_low);
+                if (r < 0)
+                        return log_error_errno(r, "cannot read the daemon's own mappings: %s", strerror(-r));
+                m->va_low_blocked = thunk_va_space_count(m->va_low);
+        }
         return 0;
 }
 
@@ -911,6 +922,7 @@ Manager *manager_free(Manager *m)
         classes_free_all(m);
         broker_free(m->broker);
         thunk_va_space_free(m->va);
+        thunk_va_space_free(m->va_low);
         m->drv = driver_close(m->drv);
         if (m->shards) {
                 for (unsigned i = 0; i < m->n_shards; i++)

@@ -49,6 +49,8 @@ int op_admin_status(ReqCtx *r, const Gpumem__Request *req)
         s.preset = m->preset_name;
         s.has_va_windows = true;
         s.va_windows = (uint32_t)(thunk_va_space_count(m->va) - m->va_blocked);
+        if (m->va_low)
+                s.va_windows += (uint32_t)(thunk_va_space_count(m->va_low) - m->va_low_blocked);
         Gpumem__BackendStats ms = GPUMEM__BACKEND_STATS__INIT;
         DriverStats ds;
         if (driver_stats(m->drv, &ds) == 0) {

@@ -46,6 +46,8 @@ int op_hello(ReqCtx *r, const Gpumem__Request *req)
                                 (unsigned long long)h->window_size, (unsigned long long)m->opts.window_size);
                 size = h->window_size;
         }
+        /* a window where libhsakmt accepts an SVM aperture, for ROCm through gpumemd */
+        c->low_window = (h->features & GM_HELLO_LOW_WINDOW) != 0;
         err = window_assign(c, size, why, sizeof(why));
         if (err == -EDQUOT)
                 return reply_fail(r, err, "%s", why);

@@ -96,9 +96,13 @@ static int window_new(Conn *c, uint64_t size, ThunkVaSpace **ret)
         size_t n_blocked = 0;
         int r;
 
+        ThunkVaSpace *space = c->low_window ? m->va_low : m->va;
+
+        if (!space)
+                return -ENOSPC; /* no low space on this machine */
         for (;;) {
                 ThunkVaSpace *w = NULL;
-                r = thunk_va_space_new_window(m->va, size, WINDOW_ALIGN, WINDOW_GUARD, &w);
+                r = thunk_va_space_new_window(space, size, WINDOW_ALIGN, WINDOW_GUARD, &w);
                 if (r < 0)
                         break;
                 r = reserve_here(thunk_va_space_base(w), size);

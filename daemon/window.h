@@ -13,6 +13,11 @@
 #define WINDOW_MAX_RETRIES 4
 /* Windows start at 1 TiB: low addresses hold non-PIE executables and brk heaps in many clients. */
 #define WINDOW_SPACE_START (1ull << 40)
+/*
+ * Clients that need their window below 1 TiB (libhsakmt 5.2 refuses an SVM aperture above it: ROCm through
+ * gpumemd) get one from 64 GiB up, above where executables and their heaps live, in a space of its own.
+ */
+#define WINDOW_LOW_START (64ull << 30)
 
 /* VA windows @c holds: its current one and the refused ones it keeps until it leaves. */
 static inline unsigned window_count(const Conn *c)

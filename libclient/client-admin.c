@@ -175,7 +175,7 @@ int gm_topology_files(gm_client *c, gm_topology_file **ret, size_t *ret_n)
         gm_topology_file *files = NULL;
         uint32_t from = 0;
         size_t n = 0;
-        int r;
+        int r = 0;
 
         if (!c || !ret || !ret_n)
                 return -EINVAL;

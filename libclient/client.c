@@ -473,7 +473,7 @@ static char *dup_or_empty(const char *s)
         return strdup(s ? s : "");
 }
 
-static int handshake(gm_client *c, const char *name)
+static int handshake(gm_client *c, const char *name, uint64_t window_size, bool low_window)
 {
         Gpumem__Request req = GPUMEM__REQUEST__INIT;
         Gpumem__Hello hello = GPUMEM__HELLO__INIT;
@@ -484,8 +484,10 @@ static int handshake(gm_client *c, const char *name)
         hello.has_protocol_version = true;
         hello.protocol_version = GM_PROTOCOL_VERSION;
         hello.has_features = true;
-        hello.features = 0;
+        hello.features = low_window ? GM_HELLO_LOW_WINDOW : 0;
         hello.client_name = (char *)(name ? name : "");
+        hello.has_window_size = window_size != 0;
+        hello.window_size = window_size;
         req.op_case = GPUMEM__REQUEST__OP_HELLO;
         req.hello = &hello;
         r = gm_call(c, &req, NULL, 0, &reply, NULL, NULL);
@@ -496,6 +498,12 @@ static int handshake(gm_client *c, const char *name)
             !h->has_window_size || h->protocol_version == 0 || h->protocol_version > GM_PROTOCOL_VERSION) {
                 gm_reply_free(c, reply);
                 return gm_set_reason(c, -EPROTO, "gpumemd answered hello with an unusable reply");
+        }
+        if (low_window && (h->protocol_version < 2 || h->window_base + h->window_size > GM_LOW_WINDOW_END)) {
+                gm_reply_free(c, reply);
+                return gm_set_reason(c, -EOPNOTSUPP,
+                                     "gpumemd (protocol %u) cannot place the VA window below 1 TiB",
+                                     h->protocol_version);
         }
         c->protocol_version = h->protocol_version;
         c->client_id = h->client_id;
@@ -574,14 +582,25 @@ static int open_failed(gm_client *c, int err, char *errbuf, size_t errlen)
 
 int gm_client_open(const char *socket_path, const char *name, gm_client **ret, char *errbuf, size_t errlen)
 {
+        gm_client_options o = {.struct_size = sizeof(o), .socket_path = socket_path, .name = name};
+
+        return gm_client_open_with(&o, ret, errbuf, errlen);
+}
+
+int gm_client_open_with(const gm_client_options *o, gm_client **ret, char *errbuf, size_t errlen)
+{
         struct sockaddr_un sa = {.sun_family = AF_UNIX};
+        gm_client_options opts = {0};
+        const char *socket_path;
         gm_client *c;
         int r;
 
         if (errbuf && errlen)
                 errbuf[0] = '\0';
-        if (!ret)
+        if (!ret || !o || o->struct_size < offsetof(gm_client_options, low_window) + sizeof(bool))
                 return open_failed(NULL, -EINVAL, errbuf, errlen);
+        memcpy(&opts, o, o->struct_size < sizeof(opts) ? o->struct_size : sizeof(opts));
+        socket_path = opts.socket_path;
         if (!socket_path || !*socket_path)
                 socket_path = getenv("GPUMEM_SOCKET");
         if (!socket_path || !*socket_path)
@@ -598,7 +617,7 @@ int gm_client_open(const char *socket_path, const char *name, gm_client **ret, c
                 return open_failed(c, -errno, errbuf, errlen);
         if (connect(c->fd, (struct sockaddr *)&sa, sizeof(sa)) < 0)
                 return open_failed(c, -errno, errbuf, errlen);
-        r = handshake(c, name);
+        r = handshake(c, opts.name, opts.window_size, opts.low_window);
         if (r < 0)
                 return open_failed(c, r, errbuf, errlen);
         *ret = c;

@@ -46,6 +46,21 @@ int gm_client_connect(const char *socket_path, const char *name, gm_client **ret
  */
 int gm_client_open(const char *socket_path, const char *name, gm_client **ret, char *errbuf, size_t errlen);
 
+/** What a connection asks of the daemon at hello (since 1.3). Zero-initialise, set struct_size. */
+typedef struct gm_client_options {
+        size_t struct_size;      /* sizeof(gm_client_options) */
+        const char *socket_path; /* NULL: $GPUMEM_SOCKET, else the default socket */
+        const char *name;        /* a label for administrators */
+        uint64_t window_size;    /* VA window in bytes (a multiple of 2 MiB); 0 = the daemon's default */
+        /* The window must lie below 1 TiB, where libhsakmt 5.2 accepts an SVM aperture (for a client-side KFD
+         * under ROCm); -ENOSPC when the daemon has no room there, -EOPNOTSUPP from a daemon older than
+         * protocol 2. */
+        bool low_window;
+} gm_client_options;
+
+/** gm_client_open with options. */
+int gm_client_open_with(const gm_client_options *o, gm_client **ret, char *errbuf, size_t errlen);
+
 /** Close the connection and release the VA window. NULL-safe. Everything the client held in the daemon
  *  is freed by the daemon. */
 void gm_client_close(gm_client *c);

@@ -20,10 +20,15 @@
 /* The oldest version there is: what the daemon answers in before hello agreed on one (every client reads
  * it; the header is the same in every version). */
 #define GM_PROTOCOL_VERSION_MIN 1u
-#define GM_FRAME_HDR_SIZE       16u
-#define GM_FRAME_MAX            (128u * 1024u) /* header + body */
-#define GM_FRAME_BODY_MAX       (GM_FRAME_MAX - GM_FRAME_HDR_SIZE)
-#define GM_FRAME_MAX_FDS        16u
+
+/* Hello.features bits. */
+/* (since 2) The client's window must lie below 1 TiB: libhsakmt 5.2 takes an SVM aperture only there. */
+#define GM_HELLO_LOW_WINDOW 1ull
+#define GM_LOW_WINDOW_END   (1ull << 40)
+#define GM_FRAME_HDR_SIZE   16u
+#define GM_FRAME_MAX        (128u * 1024u) /* header + body */
+#define GM_FRAME_BODY_MAX   (GM_FRAME_MAX - GM_FRAME_HDR_SIZE)
+#define GM_FRAME_MAX_FDS    16u
 
 typedef struct GmFrameHdr {
         uint32_t magic;

@@ -4,6 +4,7 @@
 #include <grp.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -131,6 +132,36 @@ static void test_topology(void)
         CHECK_EQ(gpus, 8);
         CHECK_EQ(cpus, 2);
         gm_client_close(c);
+}
+
+/* A client that asks for it gets its window below 1 TiB (libhsakmt's limit), above 64 GiB. */
+static void test_low_window(void)
+{
+        gm_client_options o = {
+                .struct_size = sizeof(o), .socket_path = dmn.sock, .name = "low", .low_window = true};
+        gm_client *c = NULL, *d = NULL, *e = NULL;
+        uint64_t base = 0, size = 0;
+        char err[256];
+
+        CHECK_EQ(gm_client_open_with(&o, &c, err, sizeof(err)), 0);
+        if (c) {
+                gm_client_window(c, &base, &size);
+                CHECK(base >= (64ull << 30));
+                CHECK(base + size <= (1ull << 40));
+                CHECK_EQ(gm_ping(c), 0);
+        }
+        /* the others stay above it */
+        d = connect_ok("high");
+        if (d) {
+                gm_client_window(d, &base, &size);
+                CHECK(base >= (1ull << 40));
+        }
+        /* a struct too short to hold the flag is refused, not read past */
+        o.struct_size = offsetof(gm_client_options, low_window);
+        CHECK_EQ(gm_client_open_with(&o, &e, err, sizeof(err)), -EINVAL);
+        CHECK(e == NULL);
+        gm_client_close(c);
+        gm_client_close(d);
 }
 
 /* The topology as sysfs files: every node's gpu_id, name and properties as the decoded topology has them. */
@@ -634,6 +665,7 @@ int main(void)
                 {"a window the client cannot reserve is retried", test_window_retry},
                 {"topology", test_topology},
                 {"topology as sysfs files", test_topology_files},
+                {"windows below 1 TiB for clients that ask", test_low_window},
                 {"threads share one connection", test_threads},
                 {"hostile frames get one error and a close", test_hostile_frames},
                 {"request errors keep the connection", test_request_errors},
