@@ -1,4 +1,5 @@
-/* The seam between the KFD interposition layer (shim.c) and what serves it: the in-process model or gpumemd. */
+/* The seam between the KFD interposition layer (shim.c) and what serves it: the in-process model or gpumemd.
+ */
 #pragma once
 
 #include <stddef.h>
@@ -34,6 +35,13 @@ typedef struct PreloadBackend {
         int (*ioctl)(int fd, unsigned long request, void *arg);
         int (*mmap)(void *addr, size_t len, int prot, int flags, int fd, uint64_t offset, void **ret);
         int (*close)(int fd);
+        /*
+         * Optional, for a backend that holds address space of the process's (gpumemd's VA window): an
+         * anonymous mmap the process asks for at @addr without MAP_FIXED, and a munmap. 1 when the backend
+         * did it (the mmap's address in *@ret), 0 when the call goes on to the kernel, or a negative errno.
+         */
+        int (*mmap_anon)(void *addr, size_t len, int prot, int flags, void **ret);
+        int (*munmap)(void *addr, size_t len);
         /* One line describing what it holds (snprintf rules). */
         int (*stats)(char *buf, size_t len);
 } PreloadBackend;

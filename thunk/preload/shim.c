@@ -58,6 +58,7 @@ static struct {
         FILE *log;
         char stats_path[PATH_MAX];
         bool started;
+        _Atomic bool started_ok;     /* read without the lock by mmap and munmap */
         int start_err;               /* the backend's start failed: every device open fails with it */
         char topology_dir[PATH_MAX]; /* what the KFD sysfs topology paths lead to once started */
         int modules_fd;              /* memfd with the /proc/modules text the backend's machine presents */
@@ -162,8 +163,10 @@ static int start(void)
         if (g.started)
                 return g.start_err;
         g.started = true;
-        r = preload_backend.start(&(PreloadHost){.log = preload_log}, g.topology_dir, sizeof(g.topology_dir),
-                                  err, sizeof(err));
+        /* the backend keeps it: it lives as long as the process */
+        static const PreloadHost host = {.log = preload_log};
+
+        r = preload_backend.start(&host, g.topology_dir, sizeof(g.topology_dir), err, sizeof(err));
         if (r < 0) {
                 g.start_err = r;
                 g.topology_dir[0] = '\0';
@@ -173,6 +176,7 @@ static int start(void)
                 return r;
         }
         logf_(1, "%s", err);
+        atomic_store(&g.started_ok, true);
         return 0;
 }
 
@@ -529,6 +533,16 @@ static void *do_mmap(void *addr, size_t len, int prot, int flags, int fd, off_t 
                 }
                 return p;
         }
+        if ((flags & MAP_ANONYMOUS) && addr && !(flags & (MAP_FIXED | MAP_FIXED_NOREPLACE)) &&
+            preload_backend.mmap_anon && atomic_load(&g.started_ok)) {
+                r = preload_backend.mmap_anon(addr, len, prot, flags, &p);
+                if (r < 0) {
+                        errno = -r;
+                        return MAP_FAILED;
+                }
+                if (r > 0)
+                        return p;
+        }
         p = raw_mmap(addr, len, prot, flags, fd, off);
         if ((uintptr_t)p > (uintptr_t)-4096) {
                 errno = -(int)(intptr_t)p;
@@ -545,6 +559,22 @@ PRELOAD_EXPORT void *mmap(void *addr, size_t len, int prot, int flags, int fd, o
 PRELOAD_EXPORT void *mmap64(void *addr, size_t len, int prot, int flags, int fd, off_t off)
 {
         return do_mmap(addr, len, prot, flags, fd, off);
+}
+
+PRELOAD_EXPORT int munmap(void *addr, size_t len)
+{
+        if (preload_backend.munmap && atomic_load(&g.started_ok)) {
+                int r = preload_backend.munmap(addr, len);
+                if (r < 0) {
+                        errno = -r;
+                        return -1;
+                }
+                if (r > 0)
+                        return 0;
+        }
+        if (syscall(SYS_munmap, addr, len) < 0)
+                return -1;
+        return 0;
 }
 
 /* ------------------------------------------------------------------ statistics */

@@ -1,0 +1,856 @@
+/* The gpumemd backend of the KFD interposition layer: /dev/kfd and the render nodes served by the daemon. */
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <drm.h>
+
+#include "backend.h"
+#include "config.h"
+#include "gpumem-client.h"
+#include "kfd-compat.h"
+
+/*
+ * One connection per process, made at the layer's start: the process's KFD is its connection's context in
+ * the daemon. Every ioctl is turned into the daemon's own operations (memory by its kind and flags, at the
+ * address libhsakmt chose in the client's window); no ioctl's bytes or pointers travel.
+ *
+ * What this backend serves so far: the process-level ioctls (version, apertures, ACQUIRE_VM, memory
+ * policy, clock counters, XNACK mode, available memory, the debugger's probe) and memory: VRAM and GTT
+ * BOs, registration of pages inside the window (substituted by memory the daemon shares), GPU mapping and
+ * CPU mapping at the same address. Queues, events, doorbells, the MMIO remap page, SVM and registration of
+ * pages outside the window are not served yet: each answers -EOPNOTSUPP and logs its name once.
+ */
+
+#define MAX_GPUS 64
+#define MAX_FDS  256
+#define PAGE     4096ull
+/* GPU apertures of gfx9 and later as KFD reports them (the window is the GPUVM one). */
+#define LDS_BASE     (1ull << 48)
+#define SCRATCH_BASE (2ull << 48)
+
+typedef enum { FD_KFD = 1, FD_RENDER = 2 } FdKind;
+
+typedef struct Bo {
+        uint64_t handle; /* gpu_id << 32 | index, as KFD makes them */
+        uint64_t va, size;
+        uint64_t mmap_offset;
+        uint32_t gpu_id;
+        uint32_t kfd_flags;
+        bool userptr;
+        bool host;       /* the CPU can map it (GTT, host-visible VRAM, registered pages) */
+        uint64_t mapped; /* bit per GPU index: mapped through MAP_MEMORY_TO_GPU */
+} Bo;
+
+static struct {
+        pthread_mutex_t lock;
+        gm_client *c;
+        const PreloadHost *host;
+        uint64_t window_base, window_size;
+        uint32_t kfd_major, kfd_minor;
+        char topology_dir[PATH_MAX];
+        size_t n_gpus;
+        struct {
+                uint32_t gpu_id, render_minor;
+                int acquired_fd; /* the render fd ACQUIRE_VM took, or -1 */
+        } gpus[MAX_GPUS];
+        struct {
+                int fd;
+                FdKind kind;
+                uint32_t minor;
+        } fds[MAX_FDS];
+        Bo *bos;
+        size_t n_bos, cap_bos;
+        uint32_t next_bo;
+        uint64_t unserved_said; /* bit per ioctl number already logged as not served */
+} kb = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+static void say(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+static void say(int level, const char *fmt, ...)
+{
+        char msg[512];
+        va_list ap;
+
+        if (!kb.host)
+                return;
+        va_start(ap, fmt);
+        vsnprintf(msg, sizeof(msg), fmt, ap);
+        va_end(ap);
+        kb.host->log(kb.host->ctx, level, msg);
+}
+
+static int gpu_index(uint32_t gpu_id)
+{
+        for (size_t i = 0; i < kb.n_gpus; i++)
+                if (kb.gpus[i].gpu_id == gpu_id)
+                        return (int)i;
+        return -1;
+}
+
+/* ---- start: connection, window, topology ------------------------------------------------------------- */
+
+static int write_file(const char *root, const char *rel, const char *content, size_t len)
+{
+        char path[PATH_MAX];
+        int fd;
+
+        if (snprintf(path, sizeof(path), "%s/%s", root, rel) >= (int)sizeof(path) || strstr(rel, ".."))
+                return -EINVAL;
+        for (char *p = path + strlen(root) + 1; (p = strchr(p, '/')); p++) {
+                *p = '\0';
+                if (mkdir(path, 0700) < 0 && errno != EEXIST)
+                        return -errno;
+                *p = '/';
+        }
+        fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+        if (fd < 0)
+                return -errno;
+        if (write(fd, content, len) != (ssize_t)len) {
+                int r = -errno;
+                close(fd);
+                return r ? r : -EIO;
+        }
+        close(fd);
+        return 0;
+}
+
+static int rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
+{
+        (void)st;
+        (void)flag;
+        (void)ftw;
+        return remove(path);
+}
+
+__attribute__((destructor)) static void remove_topology(void)
+{
+        if (kb.topology_dir[0])
+                nftw(kb.topology_dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+}
+
+/* The daemon's topology as a directory of this process's, which the layer serves in place of sysfs. */
+static int make_topology(char *msg, size_t msglen)
+{
+        const char *rt = getenv("XDG_RUNTIME_DIR");
+        gm_topology_file *files = NULL;
+        gm_topology *t = NULL;
+        size_t n = 0;
+        int r;
+
+        r = gm_topology_files(kb.c, &files, &n);
+        if (r < 0) {
+                gm_strerror(kb.c, r, msg, msglen);
+                return r;
+        }
+        snprintf(kb.topology_dir, sizeof(kb.topology_dir), "%s/gpumem-kfd-XXXXXX", rt && *rt ? rt : "/tmp");
+        if (!mkdtemp(kb.topology_dir)) {
+                r = -errno;
+                snprintf(msg, msglen, "cannot make a directory for the KFD topology: %s", strerror(errno));
+                kb.topology_dir[0] = '\0';
+                gm_topology_files_free(files, n);
+                return r;
+        }
+        for (size_t i = 0; i < n && r == 0; i++)
+                r = write_file(kb.topology_dir, files[i].path, files[i].content, files[i].len);
+        gm_topology_files_free(files, n);
+        if (r < 0) {
+                snprintf(msg, msglen, "cannot write the KFD topology into %s: %s", kb.topology_dir,
+                         strerror(-r));
+                return r;
+        }
+        r = gm_topology_get(kb.c, false, &t);
+        if (r < 0) {
+                gm_strerror(kb.c, r, msg, msglen);
+                return r;
+        }
+        for (size_t i = 0; i < t->n_nodes && kb.n_gpus < MAX_GPUS; i++)
+                if (t->nodes[i].is_gpu) {
+                        kb.gpus[kb.n_gpus].gpu_id = t->nodes[i].gpu_id;
+                        kb.gpus[kb.n_gpus].render_minor = t->nodes[i].drm_render_minor;
+                        kb.gpus[kb.n_gpus].acquired_fd = -1;
+                        kb.n_gpus++;
+                }
+        gm_topology_free(t);
+        return 0;
+}
+
+static int b_start(const PreloadHost *host, char *topology_dir, size_t len, char *msg, size_t msglen)
+{
+        const char *sock = getenv("GPUMEM_SOCKET");
+        char name[64] = "", err[400] = "";
+        gm_client_options o = {.struct_size = sizeof(o), .low_window = true};
+        int r, fd;
+
+        kb.host = host;
+        for (size_t i = 0; i < MAX_FDS; i++)
+                kb.fds[i].fd = -1;
+        if (!sock || !*sock)
+                sock = GPUMEMD_SOCKET_DEFAULT;
+        fd = open("/proc/self/comm", O_RDONLY | O_CLOEXEC);
+        if (fd >= 0) {
+                ssize_t n = read(fd, name, sizeof(name) - 1);
+                name[n > 0 ? n : 0] = '\0';
+                name[strcspn(name, "\n")] = '\0';
+                close(fd);
+        }
+        o.socket_path = sock;
+        o.name = name;
+        r = gm_client_open_with(&o, &kb.c, err, sizeof(err));
+        if (r < 0) {
+                snprintf(msg, msglen, "cannot reach gpumemd at %s (set GPUMEM_SOCKET): %s", sock, err);
+                return r;
+        }
+        gm_client_window(kb.c, &kb.window_base, &kb.window_size);
+        gm_client_kfd_version(kb.c, &kb.kfd_major, &kb.kfd_minor);
+        r = make_topology(err, sizeof(err));
+        if (r < 0) {
+                snprintf(msg, msglen, "gpumemd at %s: %s", sock, err);
+                gm_client_close(kb.c);
+                kb.c = NULL;
+                return r;
+        }
+        snprintf(topology_dir, len, "%s", kb.topology_dir);
+        snprintf(msg, msglen, "gpumemd at %s: client %llu, window 0x%llx+0x%llx, %zu GPUs", sock,
+                 (unsigned long long)gm_client_id(kb.c), (unsigned long long)kb.window_base,
+                 (unsigned long long)kb.window_size, kb.n_gpus);
+        return 0;
+}
+
+/* ---- device fds ---------------------------------------------------------------------------------------- */
+
+static int new_fd(FdKind kind, uint32_t minor, int *ret_fd)
+{
+        char name[32];
+        int fd;
+
+        snprintf(name, sizeof(name), kind == FD_KFD ? "gpumem-kfd" : "gpumem-renderD%u", minor);
+        fd = (int)syscall(SYS_memfd_create, name, MFD_CLOEXEC);
+        if (fd < 0)
+                return -errno;
+        pthread_mutex_lock(&kb.lock);
+        for (size_t i = 0; i < MAX_FDS; i++)
+                if (kb.fds[i].fd < 0) {
+                        kb.fds[i].fd = fd;
+                        kb.fds[i].kind = kind;
+                        kb.fds[i].minor = minor;
+                        pthread_mutex_unlock(&kb.lock);
+                        *ret_fd = fd;
+                        return 0;
+                }
+        pthread_mutex_unlock(&kb.lock);
+        (void)syscall(SYS_close, fd);
+        return -EMFILE;
+}
+
+static int b_open_kfd(int *ret_fd)
+{
+        return new_fd(FD_KFD, 0, ret_fd);
+}
+
+static int b_open_render(unsigned minor, int *ret_fd)
+{
+        for (size_t i = 0; i < kb.n_gpus; i++)
+                if (kb.gpus[i].render_minor == minor)
+                        return new_fd(FD_RENDER, minor, ret_fd);
+        return -ENOENT;
+}
+
+/* Under kb.lock. */
+static int fd_slot(int fd)
+{
+        for (size_t i = 0; i < MAX_FDS; i++)
+                if (kb.fds[i].fd == fd)
+                        return (int)i;
+        return -1;
+}
+
+static int b_close(int fd)
+{
+        int i;
+
+        pthread_mutex_lock(&kb.lock);
+        i = fd_slot(fd);
+        if (i >= 0) {
+                kb.fds[i].fd = -1;
+                for (size_t g = 0; g < kb.n_gpus; g++)
+                        if (kb.gpus[g].acquired_fd == fd)
+                                kb.gpus[g].acquired_fd = -1;
+        }
+        pthread_mutex_unlock(&kb.lock);
+        return syscall(SYS_close, fd) < 0 ? -errno : 0;
+}
+
+/* ---- process-level ioctls ------------------------------------------------------------------------------ */
+
+static void fill_apertures(size_t g, struct kfd_process_device_apertures *ap)
+{
+        memset(ap, 0, sizeof(*ap));
+        ap->gpu_id = kb.gpus[g].gpu_id;
+        ap->lds_base = LDS_BASE;
+        ap->lds_limit = LDS_BASE | 0xFFFFFFFFull;
+        ap->scratch_base = SCRATCH_BASE;
+        ap->scratch_limit = SCRATCH_BASE | 0xFFFFFFFFull;
+        /* the client's window: every address the daemon and libhsakmt place lies there */
+        ap->gpuvm_base = kb.window_base;
+        ap->gpuvm_limit = kb.window_base + kb.window_size - 1;
+}
+
+static int get_apertures_new(struct kfd_ioctl_get_process_apertures_new_args *a)
+{
+        struct kfd_process_device_apertures *out =
+                (struct kfd_process_device_apertures *)(uintptr_t)a->kfd_process_device_apertures_ptr;
+        size_t n = kb.n_gpus;
+
+        if (a->num_of_nodes == 0) { /* how many: the caller sizes its array */
+                a->num_of_nodes = (uint32_t)n;
+                return 0;
+        }
+        if (!out)
+                return -EFAULT;
+        if (n > a->num_of_nodes)
+                n = a->num_of_nodes;
+        for (size_t g = 0; g < n; g++)
+                fill_apertures(g, &out[g]);
+        a->num_of_nodes = (uint32_t)n;
+        return 0;
+}
+
+static int get_apertures(struct kfd_ioctl_get_process_apertures_args *a)
+{
+        size_t n = kb.n_gpus < NUM_OF_SUPPORTED_GPUS ? kb.n_gpus : NUM_OF_SUPPORTED_GPUS;
+
+        for (size_t g = 0; g < n; g++)
+                fill_apertures(g, &a->process_apertures[g]);
+        a->num_of_nodes = (uint32_t)n;
+        return 0;
+}
+
+static int acquire_vm(const struct kfd_ioctl_acquire_vm_args *a)
+{
+        int g = gpu_index(a->gpu_id), slot, r = 0;
+
+        if (g < 0)
+                return -EINVAL;
+        pthread_mutex_lock(&kb.lock);
+        slot = fd_slot((int)a->drm_fd);
+        if (slot < 0 || kb.fds[slot].kind != FD_RENDER || kb.fds[slot].minor != kb.gpus[g].render_minor)
+                r = -EINVAL; /* not a render node of that GPU */
+        else if (kb.gpus[g].acquired_fd >= 0 && kb.gpus[g].acquired_fd != (int)a->drm_fd)
+                r = -EBUSY; /* the VM was acquired through another file */
+        else
+                kb.gpus[g].acquired_fd = (int)a->drm_fd;
+        pthread_mutex_unlock(&kb.lock);
+        return r;
+}
+
+static int set_memory_policy(const struct kfd_ioctl_set_memory_policy_args *a)
+{
+        if (gpu_index(a->gpu_id) < 0)
+                return -EINVAL;
+        if ((a->default_policy != KFD_IOC_CACHE_POLICY_COHERENT &&
+             a->default_policy != KFD_IOC_CACHE_POLICY_NONCOHERENT) ||
+            (a->alternate_policy != KFD_IOC_CACHE_POLICY_COHERENT &&
+             a->alternate_policy != KFD_IOC_CACHE_POLICY_NONCOHERENT))
+                return -EINVAL;
+        /* the policy applies to the process's queues, which are not served through gpumemd yet */
+        return 0;
+}
+
+static uint64_t clock_ns(clockid_t id)
+{
+        struct timespec ts;
+
+        clock_gettime(id, &ts);
+        return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static int clock_counters(struct kfd_ioctl_get_clock_counters_args *a)
+{
+        if (gpu_index(a->gpu_id) < 0)
+                return -EINVAL;
+        /* the GPU's counter as the model keeps it: the raw monotonic clock, in nanoseconds */
+        a->gpu_clock_counter = clock_ns(CLOCK_MONOTONIC_RAW);
+        a->cpu_clock_counter = clock_ns(CLOCK_MONOTONIC_RAW);
+        a->system_clock_counter = clock_ns(CLOCK_BOOTTIME);
+        a->system_clock_freq = 1000000000ull;
+        return 0;
+}
+
+static int xnack_mode(struct kfd_ioctl_set_xnack_mode_args *a)
+{
+        if (a->xnack_enabled < 0) { /* a query */
+                a->xnack_enabled = 0;
+                return 0;
+        }
+        /* retry faults would need the client's context in the daemon switched too: not served */
+        return a->xnack_enabled == 0 ? 0 : -EPERM;
+}
+
+static int available_memory(struct kfd_ioctl_get_available_memory_args *a)
+{
+        size_t free_bytes = 0, total = 0;
+        int r;
+
+        if (gpu_index(a->gpu_id) < 0)
+                return -EINVAL;
+        r = gm_mem_get_info(kb.c, a->gpu_id, &free_bytes, &total);
+        if (r < 0)
+                return r;
+        a->available = free_bytes;
+        return 0;
+}
+
+/* ---- memory -------------------------------------------------------------------------------------------- */
+
+/* Under kb.lock. */
+static Bo *bo_find(uint64_t handle)
+{
+        for (size_t i = 0; i < kb.n_bos; i++)
+                if (kb.bos[i].handle == handle)
+                        return &kb.bos[i];
+        return NULL;
+}
+
+static unsigned gm_flags_of(uint32_t k)
+{
+        unsigned f = 0;
+
+        if (k & KFD_IOC_ALLOC_MEM_FLAGS_PUBLIC)
+                f |= GM_MEM_HOST_VISIBLE;
+        if (k & KFD_IOC_ALLOC_MEM_FLAGS_COHERENT)
+                f |= GM_MEM_COHERENT;
+        if (k & KFD_IOC_ALLOC_MEM_FLAGS_UNCACHED)
+                f |= GM_MEM_UNCACHED;
+        if (k & KFD_IOC_ALLOC_MEM_FLAGS_EXECUTABLE)
+                f |= GM_MEM_EXECUTABLE;
+        if (k & KFD_IOC_ALLOC_MEM_FLAGS_CONTIGUOUS)
+                f |= GM_MEM_CONTIGUOUS;
+        if ((k & KFD_IOC_ALLOC_MEM_FLAGS_EXT_COHERENT) && (k & KFD_IOC_ALLOC_MEM_FLAGS_COHERENT))
+                f |= GM_MEM_EXT_COHERENT;
+        if (!(k & KFD_IOC_ALLOC_MEM_FLAGS_WRITABLE))
+                f |= GM_MEM_READ_ONLY;
+        return f;
+}
+
+static bool in_window(uint64_t va, uint64_t size)
+{
+        return size && va >= kb.window_base && size <= kb.window_size &&
+               va - kb.window_base <= kb.window_size - size;
+}
+
+/*
+ * Pages the process registers inside its window become memory the daemon shares at the same address: the
+ * daemon cannot reach the process's private pages, so what they hold is copied into the shared ones,
+ * which then take their place (on the kernel path the same holds: secondary contexts take no userptr).
+ */
+static int substitute_pages(uint64_t va, uint64_t size, uint32_t gpu_id, unsigned flags)
+{
+        gm_alloc_desc d = {.kind = GM_KIND_HOST,
+                           .size = size,
+                           .gpu_id = gpu_id,
+                           .flags = flags & ~(unsigned)GM_MEM_READ_ONLY,
+                           .numa_node = -1,
+                           .alignment = PAGE,
+                           .fixed_addr = (void *)(uintptr_t)va};
+        size_t pages = size / PAGE;
+        unsigned char *resident = malloc(pages ? pages : 1);
+        uint8_t *saved = NULL;
+        bool any = false;
+        void *p = NULL;
+        int r;
+
+        if (!resident)
+                return -ENOMEM;
+        if (mincore((void *)(uintptr_t)va, size, resident) < 0) {
+                free(resident);
+                return -EFAULT; /* not mapped in this process */
+        }
+        for (size_t i = 0; i < pages && !any; i++)
+                any = resident[i] & 1;
+        if (any && !(saved = malloc(size))) {
+                free(resident);
+                return -ENOMEM;
+        }
+        for (size_t i = 0; any && i < pages; i++)
+                if (resident[i] & 1)
+                        memcpy(saved + i * PAGE, (void *)(uintptr_t)(va + i * PAGE), PAGE);
+        r = gm_malloc_desc(kb.c, &d, &p);
+        for (size_t i = 0; r == 0 && any && i < pages; i++)
+                if (resident[i] & 1)
+                        memcpy((void *)(uintptr_t)(va + i * PAGE), saved + i * PAGE, PAGE);
+        free(saved);
+        free(resident);
+        return r;
+}
+
+/* The substituted pages go back to being the process's own, with what they hold, when it deregisters. */
+static int unsubstitute_pages(uint64_t va, uint64_t size)
+{
+        uint8_t *saved = malloc(size);
+        void *p;
+        int r;
+
+        if (!saved)
+                return -ENOMEM;
+        memcpy(saved, (void *)(uintptr_t)va, size);
+        r = gm_mem_free(kb.c, (void *)(uintptr_t)va);
+        if (r == 0) {
+                p = mmap((void *)(uintptr_t)va, size, PROT_READ | PROT_WRITE,
+                         MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
+                if (p == MAP_FAILED)
+                        r = -errno;
+                else
+                        memcpy(p, saved, size);
+        }
+        free(saved);
+        return r;
+}
+
+static int alloc_memory(struct kfd_ioctl_alloc_memory_of_gpu_args *a)
+{
+        uint32_t k = a->flags;
+        unsigned flags = gm_flags_of(k);
+        Bo bo = {.va = a->va_addr, .size = a->size, .gpu_id = a->gpu_id, .kfd_flags = k};
+        int g = gpu_index(a->gpu_id), r;
+        void *p = NULL;
+
+        if (g < 0)
+                return -EINVAL;
+        if (a->size == 0 || a->size % PAGE || a->va_addr % PAGE)
+                return -EINVAL;
+        if (k & (KFD_IOC_ALLOC_MEM_FLAGS_DOORBELL | KFD_IOC_ALLOC_MEM_FLAGS_MMIO_REMAP)) {
+                say(0, "%s BOs are not served through gpumemd yet",
+                    k & KFD_IOC_ALLOC_MEM_FLAGS_DOORBELL ? "doorbell" : "MMIO-remap");
+                return -EOPNOTSUPP;
+        }
+        if (!in_window(a->va_addr, a->size))
+                return -EINVAL; /* libhsakmt places every BO in its GPUVM aperture, the window */
+        if (k & KFD_IOC_ALLOC_MEM_FLAGS_USERPTR) {
+                if (a->mmap_offset != a->va_addr || !in_window(a->mmap_offset, a->size)) {
+                        say(0,
+                            "registering pages at 0x%llx outside the window (or at another GPU address) "
+                            "is not served through gpumemd yet",
+                            (unsigned long long)a->mmap_offset);
+                        return -EOPNOTSUPP;
+                }
+                r = substitute_pages(a->va_addr, a->size, a->gpu_id, flags);
+                bo.userptr = bo.host = true;
+        } else if (k & KFD_IOC_ALLOC_MEM_FLAGS_VRAM) {
+                gm_alloc_desc d = {.kind = GM_KIND_DEVICE,
+                                   .size = a->size,
+                                   .gpu_id = a->gpu_id,
+                                   .flags = flags,
+                                   .numa_node = -1,
+                                   .alignment = PAGE,
+                                   .fixed_addr = (void *)(uintptr_t)a->va_addr};
+                r = gm_malloc_desc(kb.c, &d, &p);
+                bo.host = (k & KFD_IOC_ALLOC_MEM_FLAGS_PUBLIC) != 0;
+        } else if (k & KFD_IOC_ALLOC_MEM_FLAGS_GTT) {
+                gm_alloc_desc d = {.kind = GM_KIND_HOST,
+                                   .size = a->size,
+                                   .gpu_id = a->gpu_id,
+                                   .flags = flags & ~(unsigned)(GM_MEM_HOST_VISIBLE | GM_MEM_CONTIGUOUS),
+                                   .numa_node = -1,
+                                   .alignment = PAGE,
+                                   .fixed_addr = (void *)(uintptr_t)a->va_addr};
+                r = gm_malloc_desc(kb.c, &d, &p);
+                bo.host = true;
+        } else {
+                return -EINVAL;
+        }
+        if (r < 0) {
+                char why[300];
+                say(1, "ALLOC 0x%llx+0x%llx: %s", (unsigned long long)a->va_addr, (unsigned long long)a->size,
+                    gm_strerror(kb.c, r, why, sizeof(why)));
+                /* KFD's words for a full device or class */
+                return r == -EDQUOT ? -ENOMEM : r;
+        }
+        pthread_mutex_lock(&kb.lock);
+        if (kb.n_bos == kb.cap_bos) {
+                size_t cap = kb.cap_bos ? kb.cap_bos * 2 : 64;
+                Bo *more = realloc(kb.bos, cap * sizeof(*more));
+                if (!more) {
+                        pthread_mutex_unlock(&kb.lock);
+                        (void)gm_mem_free(kb.c, (void *)(uintptr_t)a->va_addr);
+                        return -ENOMEM;
+                }
+                kb.bos = more;
+                kb.cap_bos = cap;
+        }
+        bo.handle = (uint64_t)a->gpu_id << 32 | ++kb.next_bo;
+        /* what libhsakmt hands to mmap on the render node: names the BO, nothing else */
+        bo.mmap_offset = (uint64_t)kb.next_bo << 32;
+        kb.bos[kb.n_bos++] = bo;
+        pthread_mutex_unlock(&kb.lock);
+        a->handle = bo.handle;
+        if (!bo.userptr)
+                a->mmap_offset = bo.mmap_offset;
+        return 0;
+}
+
+static int free_memory(const struct kfd_ioctl_free_memory_of_gpu_args *a)
+{
+        Bo bo;
+        Bo *b;
+        int r;
+
+        pthread_mutex_lock(&kb.lock);
+        b = bo_find(a->handle);
+        if (!b) {
+                pthread_mutex_unlock(&kb.lock);
+                return -EINVAL;
+        }
+        bo = *b;
+        *b = kb.bos[--kb.n_bos];
+        pthread_mutex_unlock(&kb.lock);
+        r = bo.userptr ? unsubstitute_pages(bo.va, bo.size) : gm_mem_free(kb.c, (void *)(uintptr_t)bo.va);
+        if (r < 0) { /* still the daemon's: keep it known */
+                pthread_mutex_lock(&kb.lock);
+                kb.bos[kb.n_bos++] = bo;
+                pthread_mutex_unlock(&kb.lock);
+        }
+        return r;
+}
+
+/* MAP (@map) or UNMAP on the devices of the list from n_success on, as KFD goes through them. */
+static int map_memory(uint64_t handle, uint64_t ids_ptr, uint32_t n_devices, uint32_t *n_success, bool map)
+{
+        const uint32_t *ids = (const uint32_t *)(uintptr_t)ids_ptr;
+        uint64_t va;
+        Bo *b;
+        int r = 0;
+
+        if (!ids || n_devices == 0 || *n_success > n_devices)
+                return -EINVAL;
+        pthread_mutex_lock(&kb.lock);
+        b = bo_find(handle);
+        va = b ? b->va : 0;
+        pthread_mutex_unlock(&kb.lock);
+        if (!b)
+                return -EINVAL;
+        for (uint32_t i = *n_success; i < n_devices; i++) {
+                int g = gpu_index(ids[i]);
+                if (g < 0)
+                        return -EINVAL;
+                r = map ? gm_mem_map_gpus(kb.c, (void *)(uintptr_t)va, &ids[i], 1)
+                        : gm_mem_unmap_gpus(kb.c, (void *)(uintptr_t)va, &ids[i], 1);
+                /* already in that state in the daemon (an allocation is mapped on its own GPU): done */
+                if (r == -EEXIST || r == -EALREADY || (!map && r == -EINVAL))
+                        r = 0;
+                if (r < 0)
+                        return r;
+                pthread_mutex_lock(&kb.lock);
+                b = bo_find(handle);
+                if (b) {
+                        if (map)
+                                b->mapped |= 1ull << g;
+                        else
+                                b->mapped &= ~(1ull << g);
+                }
+                pthread_mutex_unlock(&kb.lock);
+                (*n_success)++;
+        }
+        return 0;
+}
+
+static int b_mmap(void *addr, size_t len, int prot, int flags, int fd, uint64_t offset, void **ret)
+{
+        uint64_t va = 0, size = 0;
+        bool host = false;
+        int slot;
+
+        pthread_mutex_lock(&kb.lock);
+        slot = fd_slot(fd);
+        for (size_t i = 0; slot >= 0 && i < kb.n_bos; i++)
+                if (kb.bos[i].mmap_offset == offset && !kb.bos[i].userptr) {
+                        va = kb.bos[i].va;
+                        size = kb.bos[i].size;
+                        host = kb.bos[i].host;
+                }
+        pthread_mutex_unlock(&kb.lock);
+        if (slot < 0)
+                return -EBADF;
+        if (!va) {
+                say(1, "mmap at offset 0x%llx names no BO served through gpumemd",
+                    (unsigned long long)offset);
+                return -EINVAL;
+        }
+        if ((uint64_t)(uintptr_t)addr != va || len > size) {
+                say(1, "mmap of the BO at 0x%llx+0x%llx at %p+0x%zx: only at its own address",
+                    (unsigned long long)va, (unsigned long long)size, addr, len);
+                return -EINVAL;
+        }
+        if (!host) {
+                /* memory the CPU cannot reach: libhsakmt maps it PROT_NONE to hold the range, which the
+                 * window's reservation does already */
+                if (prot != PROT_NONE)
+                        return -EINVAL;
+                *ret = addr;
+                return 0;
+        }
+        /* the memory is mapped at its address already (the daemon's file, at alloc): only there */
+        if (mprotect(addr, len, prot) < 0)
+                return -errno;
+        *ret = addr;
+        return 0;
+}
+
+/* ---- the window --------------------------------------------------------------------------------------- */
+
+static bool range_in_window(const void *addr, size_t len)
+{
+        return in_window((uint64_t)(uintptr_t)addr, len);
+}
+
+/*
+ * libhsakmt reserves its GPUVM aperture itself, asking for the window's address without MAP_FIXED: the
+ * library reserved the window already, so the kernel would place it elsewhere. The reservation is handed
+ * over instead (the same kind of mapping, made over it).
+ */
+static int b_mmap_anon(void *addr, size_t len, int prot, int flags, void **ret)
+{
+        void *p;
+
+        if (!range_in_window(addr, len))
+                return 0;
+        p = (void *)syscall(SYS_mmap, addr, len, prot, flags | MAP_FIXED, -1, 0);
+        if ((uintptr_t)p > (uintptr_t)-4096)
+                return (int)(intptr_t)p;
+        *ret = p;
+        return 1;
+}
+
+/* What the process unmaps inside the window stays reserved: the daemon places memory there, and nothing
+ * else of the process's may land in it meanwhile. */
+static int b_munmap(void *addr, size_t len)
+{
+        void *p;
+
+        if (!range_in_window(addr, len))
+                return 0;
+        p = (void *)syscall(SYS_mmap, addr, len, PROT_NONE,
+                            MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+        return (uintptr_t)p > (uintptr_t)-4096 ? (int)(intptr_t)p : 1;
+}
+
+/* ---- dispatch ------------------------------------------------------------------------------------------ */
+
+static int unserved(unsigned long request)
+{
+        unsigned nr = _IOC_NR(request);
+
+        pthread_mutex_lock(&kb.lock);
+        bool first = nr < 64 && !(kb.unserved_said & (1ull << nr));
+        if (nr < 64)
+                kb.unserved_said |= 1ull << nr;
+        pthread_mutex_unlock(&kb.lock);
+        if (first)
+                say(0, "KFD ioctl 0x%02x is not served through gpumemd yet", nr);
+        return -EOPNOTSUPP;
+}
+
+static int kfd_ioctl(unsigned long request, void *arg)
+{
+        switch (request) {
+        case AMDKFD_IOC_GET_VERSION: {
+                struct kfd_ioctl_get_version_args *a = arg;
+                a->major_version = kb.kfd_major;
+                a->minor_version = kb.kfd_minor;
+                return 0;
+        }
+        case AMDKFD_IOC_GET_PROCESS_APERTURES:
+                return get_apertures(arg);
+        case AMDKFD_IOC_GET_PROCESS_APERTURES_NEW:
+                return get_apertures_new(arg);
+        case AMDKFD_IOC_ACQUIRE_VM:
+                return acquire_vm(arg);
+        case AMDKFD_IOC_SET_MEMORY_POLICY:
+                return set_memory_policy(arg);
+        case AMDKFD_IOC_GET_CLOCK_COUNTERS:
+                return clock_counters(arg);
+        case AMDKFD_IOC_SET_XNACK_MODE:
+                return xnack_mode(arg);
+        case AMDKFD_IOC_AVAILABLE_MEMORY:
+                return available_memory(arg);
+        case AMDKFD_IOC_ALLOC_MEMORY_OF_GPU:
+                return alloc_memory(arg);
+        case AMDKFD_IOC_FREE_MEMORY_OF_GPU:
+                return free_memory(arg);
+        case AMDKFD_IOC_MAP_MEMORY_TO_GPU: {
+                struct kfd_ioctl_map_memory_to_gpu_args *a = arg;
+                return map_memory(a->handle, a->device_ids_array_ptr, a->n_devices, &a->n_success, true);
+        }
+        case AMDKFD_IOC_UNMAP_MEMORY_FROM_GPU: {
+                struct kfd_ioctl_unmap_memory_from_gpu_args *a = arg;
+                return map_memory(a->handle, a->device_ids_array_ptr, a->n_devices, &a->n_success, false);
+        }
+        default:
+                break;
+        }
+        /* outside the KFD's table: what the kernel answers (the debugger's probe among them) */
+        if (_IOC_TYPE(request) != AMDKFD_IOCTL_BASE || _IOC_NR(request) < AMDKFD_COMMAND_START ||
+            _IOC_NR(request) >= AMDKFD_COMMAND_END)
+                return -ENOTTY;
+        return unserved(request);
+}
+
+static int b_ioctl(int fd, unsigned long request, void *arg)
+{
+        FdKind kind;
+        int slot;
+
+        pthread_mutex_lock(&kb.lock);
+        slot = fd_slot(fd);
+        kind = slot >= 0 ? kb.fds[slot].kind : 0;
+        pthread_mutex_unlock(&kb.lock);
+        if (slot < 0)
+                return -EBADF;
+        if (!arg)
+                return -EFAULT;
+        if (kind == FD_KFD)
+                return kfd_ioctl(request, arg);
+        /* a render node: its VM is the process's context in the daemon, reached through /dev/kfd */
+        return _IOC_TYPE(request) == DRM_IOCTL_BASE ? -EINVAL : -ENOTTY;
+}
+
+static int b_stats(char *buf, size_t len)
+{
+        size_t fds = 0;
+
+        pthread_mutex_lock(&kb.lock);
+        for (size_t i = 0; i < MAX_FDS; i++)
+                fds += kb.fds[i].fd >= 0;
+        int n = snprintf(buf, len, "client=%llu fds=%zu bos=%zu", (unsigned long long)gm_client_id(kb.c), fds,
+                         kb.n_bos);
+        pthread_mutex_unlock(&kb.lock);
+        return n;
+}
+
+const PreloadBackend preload_backend = {
+        .log_name = "gpumem-kfd",
+        .env_prefix = "GPUMEM_KFD_",
+        .stats_tag = "gpumem-kfd-stats",
+        .start = b_start,
+        .open_kfd = b_open_kfd,
+        .open_render = b_open_render,
+        .ioctl = b_ioctl,
+        .mmap = b_mmap,
+        .close = b_close,
+        .mmap_anon = b_mmap_anon,
+        .munmap = b_munmap,
+        .stats = b_stats,
+};

@@ -1,0 +1,132 @@
+/* libhsakmt (ROCm 5.2.3) through gpumemd: run under libgpumem-kfd.so with no /dev/kfd of its own. */
+#include <hsakmt.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+
+#include "../common/check.h"
+
+#define SIZE (2ULL << 20)
+
+#define REQUIRE_KMT(expr) REQUIRE_EQ(expr, HSAKMT_STATUS_SUCCESS)
+
+/* Fill @p with a pattern, or (@check) verify it. */
+static int pattern(volatile uint64_t *p, uint64_t n, uint64_t seed, int check)
+{
+        for (uint64_t i = 0; i < n; i++) {
+                if (!check)
+                        p[i] = seed * 0x9e3779b97f4a7c15ULL + i;
+                else if (p[i] != seed * 0x9e3779b97f4a7c15ULL + i)
+                        return -1;
+        }
+        return 0;
+}
+
+/* "fill": 2 MiB VRAM BOs until the daemon refuses one (the class's limit); says how many, frees them. */
+static int fill(uint32_t gpu_node)
+{
+        void *bo[64];
+        HsaMemFlags f;
+        int n = 0;
+
+        memset(&f, 0, sizeof(f));
+        f.ui32.NonPaged = 1;
+        f.ui32.CoarseGrain = 1;
+        f.ui32.PageSize = HSA_PAGE_SIZE_4KB;
+        while (n < 64 && hsaKmtAllocMemory(gpu_node, SIZE, f, &bo[n]) == HSAKMT_STATUS_SUCCESS)
+                n++;
+        printf("got %d\n", n);
+        fflush(stdout);
+        while (n > 0)
+                REQUIRE_KMT(hsaKmtFreeMemory(bo[--n], SIZE));
+        REQUIRE_KMT(hsaKmtCloseKFD());
+        printf("closed\n");
+        return 0;
+}
+
+/*
+ * Usage: hsakmt-broker VRAM_BYTES [fill]
+ * Opens the KFD, checks the GPU node against the daemon's preset, makes host-visible VRAM, GTT and
+ * registered (paged) system memory, maps each on the GPU and writes a pattern, says "holding" and waits
+ * for a line on stdin (the test looks at the daemon meanwhile), then checks the patterns, frees it all and
+ * closes the KFD.
+ */
+int main(int argc, char **argv)
+{
+        uint64_t vram_bytes = argc > 1 ? strtoull(argv[1], NULL, 0) : 0;
+        HsaVersionInfo v;
+        HsaSystemProperties sp;
+        HsaNodeProperties np;
+        HsaMemFlags f;
+        uint32_t gpu_node = 0;
+        void *vram = NULL, *gtt = NULL, *paged = NULL;
+        uint64_t va = 0;
+        char line[16];
+        int gpus = 0;
+
+        REQUIRE_KMT(hsaKmtOpenKFD());
+        REQUIRE_KMT(hsaKmtGetVersion(&v));
+        REQUIRE(v.KernelInterfaceMajorVersion == 1);
+        REQUIRE_KMT(hsaKmtAcquireSystemProperties(&sp));
+        for (uint32_t n = 0; n < sp.NumNodes; n++) {
+                REQUIRE_KMT(hsaKmtGetNodeProperties(n, &np));
+                if (np.NumFComputeCores == 0)
+                        continue;
+                gpus++;
+                gpu_node = n;
+                REQUIRE(np.LocalMemSize == vram_bytes);
+        }
+        REQUIRE(gpus >= 1);
+        if (argc > 2 && strcmp(argv[2], "fill") == 0)
+                return fill(gpu_node);
+
+        /* host-visible VRAM on the GPU node */
+        memset(&f, 0, sizeof(f));
+        f.ui32.NonPaged = 1;
+        f.ui32.HostAccess = 1;
+        f.ui32.CoarseGrain = 1;
+        f.ui32.PageSize = HSA_PAGE_SIZE_4KB;
+        REQUIRE_KMT(hsaKmtAllocMemory(gpu_node, SIZE, f, &vram));
+        REQUIRE_KMT(hsaKmtMapMemoryToGPU(vram, SIZE, &va));
+        REQUIRE(pattern(vram, SIZE / 8, 1, 0) == 0);
+
+        /* system memory the GPU reaches (GTT) */
+        memset(&f, 0, sizeof(f));
+        f.ui32.NonPaged = 1;
+        f.ui32.HostAccess = 1;
+        f.ui32.PageSize = HSA_PAGE_SIZE_4KB;
+        REQUIRE_KMT(hsaKmtAllocMemory(0, SIZE, f, &gtt));
+        REQUIRE_KMT(hsaKmtMapMemoryToGPU(gtt, SIZE, &va));
+        REQUIRE(pattern(gtt, SIZE / 8, 2, 0) == 0);
+
+        /* paged system memory: libhsakmt's own pages in its aperture, registered (userptr) */
+        memset(&f, 0, sizeof(f));
+        f.ui32.HostAccess = 1;
+        f.ui32.PageSize = HSA_PAGE_SIZE_4KB;
+        REQUIRE_KMT(hsaKmtAllocMemory(0, SIZE, f, &paged));
+        REQUIRE(pattern(paged, SIZE / 8, 3, 0) == 0);
+        REQUIRE_KMT(hsaKmtMapMemoryToGPU(paged, SIZE, &va));
+        /* what it held before the registration is still there */
+        REQUIRE(pattern(paged, SIZE / 8, 3, 1) == 0);
+
+        printf("holding vram=%p gtt=%p paged=%p\n", vram, gtt, paged);
+        fflush(stdout);
+        if (!fgets(line, sizeof(line), stdin))
+                return 1;
+
+        REQUIRE(pattern(vram, SIZE / 8, 1, 1) == 0);
+        REQUIRE(pattern(gtt, SIZE / 8, 2, 1) == 0);
+        REQUIRE(pattern(paged, SIZE / 8, 3, 1) == 0);
+        REQUIRE_KMT(hsaKmtUnmapMemoryToGPU(vram));
+        REQUIRE_KMT(hsaKmtFreeMemory(vram, SIZE));
+        REQUIRE_KMT(hsaKmtUnmapMemoryToGPU(gtt));
+        REQUIRE_KMT(hsaKmtFreeMemory(gtt, SIZE));
+        REQUIRE_KMT(hsaKmtUnmapMemoryToGPU(paged));
+        REQUIRE_KMT(hsaKmtFreeMemory(paged, SIZE));
+        REQUIRE_KMT(hsaKmtReleaseSystemProperties());
+        REQUIRE_KMT(hsaKmtCloseKFD());
+        printf("closed\n");
+        return 0;
+}

@@ -1,0 +1,149 @@
+#!/usr/bin/env python3
+"""Unmodified libhsakmt (ROCm 5.2.3) through a real gpumemd under libgpumem-kfd.so: memory the daemon holds and
+charges while the process runs, nothing once it ends or is killed, and a clear error with no daemon."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
+from gmtest import GPUMEMD, Notify, check, ctl, run_tests, stop  # noqa: E402
+
+KFD_LIB = os.environ.get("GPUMEM_KFD_LIB", "")
+PROGRAM = os.environ.get("HSAKMT_BROKER", "")
+VRAM = 32 << 30  # the gfx908 preset
+SIZE = 2 << 20
+
+
+def start_daemon(tmp, classes=""):
+    sock = os.path.join(tmp, "gpumemd.sock")
+    conf = os.path.join(tmp, "gpumemd.conf")
+    with open(conf, "w") as f:
+        f.write("[daemon]\nlog-level = notice\n" + classes)
+    notify = Notify(os.path.join(tmp, "notify"))
+    proc = subprocess.Popen([GPUMEMD, "--socket", sock, "--config", conf, "--backend", "model",
+                             "--model-preset", "gfx908"], env=dict(os.environ, NOTIFY_SOCKET=notify.path),
+                            stderr=subprocess.PIPE, text=True)
+    check(notify.wait("READY=1"), "gpumemd is ready")
+    return proc, notify, sock
+
+
+def run_program(sock, *args, **kw):
+    env = dict(os.environ, LD_PRELOAD=KFD_LIB, GPUMEM_SOCKET=sock)
+    return subprocess.Popen([PROGRAM, str(VRAM), *args], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, **kw)
+
+
+def client_of(sock, pid):
+    r = ctl(sock, "--json", "clients")
+    check(r.returncode == 0, f"gpumemctl clients: {r.stderr}")
+    for c in json.loads(r.stdout)["clients"]:
+        if c["pid"] == pid:
+            return c
+    return None
+
+
+def allocations_of(sock, client_id):
+    r = ctl(sock, "--json", "allocations")
+    check(r.returncode == 0, f"gpumemctl allocations: {r.stderr}")
+    return [a for a in json.loads(r.stdout)["allocations"] if a["client_id"] == client_id]
+
+
+def wait_gone(sock, pid, client_id, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if client_of(sock, pid) is None and not allocations_of(sock, client_id):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def holding(proc):
+    line = proc.stdout.readline()
+    return line.startswith("holding"), line
+
+
+def test_memory(tmp):
+    daemon, notify, sock = start_daemon(tmp)
+    try:
+        p = run_program(sock)
+        ok, line = holding(p)
+        if not check(ok, f"the program holds its memory (said {line!r})"):
+            p.kill()
+            print(p.communicate()[1], file=sys.stderr)
+            return
+        c = client_of(sock, p.pid)
+        if check(c is not None, "gpumemctl clients shows the process"):
+            check(c["name"] == "hsakmt-broker", f"its name is the program's: {c['name']}")
+            check(c["handles"] == 3, f"it holds 3 handles: {c['handles']}")
+            check(sum(v["bytes"] for v in c["vram"]) == SIZE, f"its VRAM is charged: {c['vram']}")
+            check(c["host_bytes"] == 2 * SIZE, f"its GTT and registered pages are charged: {c['host_bytes']}")
+            allocs = allocations_of(sock, c["id"])
+            kinds = sorted(a["kind"] for a in allocs)
+            check(kinds == ["device", "host", "host"], f"gpumemctl allocations lists them: {kinds}")
+            check(all(a["size"] == SIZE and a["mapped_gpus"] for a in allocs), f"each mapped, 2 MiB: {allocs}")
+        out, err = p.communicate("go\n", timeout=30)
+        check(p.returncode == 0, f"the program passed (rc {p.returncode}): {err}")
+        check("closed" in out, "it closed the KFD")
+        if c is not None:
+            check(wait_gone(sock, p.pid, c["id"]), "nothing of it is left in the daemon")
+    finally:
+        stop(daemon)
+        notify.close()
+
+
+def test_killed(tmp):
+    daemon, notify, sock = start_daemon(tmp)
+    try:
+        p = run_program(sock)
+        ok, _ = holding(p)
+        c = client_of(sock, p.pid) if ok else None
+        check(c is not None and len(allocations_of(sock, c["id"])) == 3, "it holds its memory")
+        p.send_signal(signal.SIGKILL)
+        p.communicate(timeout=10)
+        if c is not None:
+            check(wait_gone(sock, p.pid, c["id"]), "SIGKILL: everything it held is freed")
+        r = ctl(sock, "--json", "status")
+        check(r.returncode == 0, "the daemon still serves")
+    finally:
+        stop(daemon)
+        notify.close()
+
+
+def test_quota(tmp):
+    # 5 MiB of VRAM for the class: two 2 MiB BOs fit, the third is refused by the daemon
+    daemon, notify, sock = start_daemon(tmp, "[class small]\nmatch-all = yes\nvram = 5M\n")
+    try:
+        p = run_program(sock, "fill")
+        out, err = p.communicate("", timeout=60)
+        check(p.returncode == 0, f"the program passed (rc {p.returncode}): {err}")
+        check("got 2\n" in out, f"exactly what the class allows is allocated: {out!r}")
+        r = ctl(sock, "--json", "quota", "show", "small")
+        if check(r.returncode == 0, f"gpumemctl quota: {r.stderr}"):
+            used = [q["used"] for q in json.loads(r.stdout)["quotas"] if q["resource"] == "vram"]
+            check(used == [0, 0], f"the class is whole again after the frees: {used}")
+    finally:
+        stop(daemon)
+        notify.close()
+
+
+def test_no_daemon(tmp):
+    sock = os.path.join(tmp, "nobody.sock")
+    p = run_program(sock)
+    out, err = p.communicate("", timeout=30)
+    check(p.returncode != 0, "without a daemon the program fails")
+    check(f"cannot reach gpumemd at {sock}" in err, f"and says which socket it tried: {err!r}")
+
+
+if __name__ == "__main__":
+    if not KFD_LIB or not PROGRAM:
+        print("SKIP: " + (sys.argv[1] if len(sys.argv) > 1 else "libgpumem-kfd.so or the program not built"))
+        sys.exit(77)
+    run_tests([
+        ("libhsakmt's memory through gpumemd, charged and listed while it runs", test_memory),
+        ("a process killed while holding memory leaves nothing", test_killed),
+        ("a BO over the class's VRAM limit is refused, and the class is whole after", test_quota),
+        ("with no daemon, a clear error naming the socket", test_no_daemon),
+    ])
