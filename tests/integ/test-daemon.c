@@ -143,6 +143,13 @@ static void test_low_window(void)
         uint64_t base = 0, size = 0;
         char err[256];
 
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+        /* the sanitizer's shadow memory fills that range in the daemon: it has no low windows to give */
+        int r = gm_client_open_with(&o, &c, err, sizeof(err));
+        CHECK(r == -ENOMEM || r == -ENOSPC);
+        CHECK(c == NULL);
+        return;
+#endif
         CHECK_EQ(gm_client_open_with(&o, &c, err, sizeof(err)), 0);
         if (c) {
                 gm_client_window(c, &base, &size);
