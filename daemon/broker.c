@@ -16,6 +16,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "events.h"
 #include "hashmap.h"
 
 #ifndef MADV_POPULATE_WRITE
@@ -111,6 +112,7 @@ struct BrokerClient {
         BrokerAccount *acct; /* the class's shared limits and usage; NULL = unlimited */
         int teardown_phase;  /* TEARDOWN_*: how far a teardown in slices went */
         size_t teardown_iter;
+        ClientEvents *events; /* its KFD events, from its first (each costs a handle) */
 };
 
 static int gpu_index(const Broker *b, uint32_t gpu_id)
@@ -281,7 +283,7 @@ bool broker_client_private_vm(const BrokerClient *c)
 
 size_t broker_client_objects(const BrokerClient *c)
 {
-        return c->objs.n;
+        return c->objs.n + client_events_count(c->events);
 }
 
 uint64_t broker_client_records(const BrokerClient *c)
@@ -2555,6 +2557,10 @@ BrokerClient *broker_client_free(BrokerClient *c)
                 return NULL;
         while (!broker_client_teardown_step(c, 4096))
                 ;
+        if (c->events) {
+                charge_give(c, &(Charge){.objects = client_events_count(c->events)});
+                c->events = client_events_free(c->events);
+        }
         hashmap_done(&c->objs);
         broker_client_set_account(c, NULL);
         /* the client's own GPU VM: closing it releases anything the driver still holds for it */
@@ -2565,6 +2571,70 @@ BrokerClient *broker_client_free(BrokerClient *c)
         pthread_mutex_unlock(&c->b->lock);
         free(c);
         return NULL;
+}
+
+/* ---- events ------------------------------------------------------------------------------------------ */
+
+int broker_event_create(BrokerClient *c, uint32_t type, bool auto_reset, uint64_t page_va, uint32_t *ret_id,
+                        uint32_t *ret_slot, Reason *w)
+{
+        uint64_t page_size = 0;
+        int r;
+
+        if (page_va) {
+                /* memory of this client's that the CPU reaches: the host memory libhsakmt made for it */
+                const Obj *o = obj_at(c, page_va);
+                if (!o || o->va != page_va || o->memfd < 0)
+                        return reason_set(w, -EINVAL,
+                                          "the event page 0x%llx is no host memory of this client",
+                                          (unsigned long long)page_va);
+                page_size = o->size;
+        }
+        if (!c->events && !(c->events = client_events_new()))
+                return reason_set(w, -ENOMEM, "out of memory");
+        r = charge_take(c, &(Charge){.objects = 1}, w);
+        if (r < 0)
+                return r;
+        r = client_event_create(c->events, type, auto_reset, page_va, page_size, ret_id, ret_slot, w);
+        if (r < 0)
+                charge_give(c, &(Charge){.objects = 1});
+        return r;
+}
+
+int broker_event_destroy(BrokerClient *c, uint32_t id, Reason *w)
+{
+        int r;
+
+        if (!c->events)
+                return reason_set(w, -EINVAL, "no event %u", id);
+        r = client_event_destroy(c->events, id, w);
+        if (r == 0)
+                charge_give(c, &(Charge){.objects = 1});
+        return r;
+}
+
+int broker_event_set(BrokerClient *c, uint32_t id, Reason *w)
+{
+        return c->events ? client_event_set(c->events, id, w) : reason_set(w, -EINVAL, "no event %u", id);
+}
+
+int broker_event_reset(BrokerClient *c, uint32_t id, Reason *w)
+{
+        return c->events ? client_event_reset(c->events, id, w) : reason_set(w, -EINVAL, "no event %u", id);
+}
+
+int broker_event_wait(BrokerClient *c, const uint32_t *ids, size_t n, bool all, bool pend, EventWaitDone done,
+                      void *ctx, EventWait **ret, Reason *w)
+{
+        if (!c->events)
+                return reason_set(w, -EINVAL, "no event %u", n ? ids[0] : 0);
+        return client_event_wait(c->events, ids, n, all, pend, done, ctx, ret, w);
+}
+
+void broker_event_wait_cancel(BrokerClient *c, EventWait *wt)
+{
+        if (c->events)
+                client_event_wait_cancel(c->events, wt);
 }
 
 size_t broker_client_list(const BrokerClient *c, size_t *cursor, BrokerObjInfo *out, size_t cap)

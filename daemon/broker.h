@@ -7,6 +7,7 @@
 #include <stdint.h>
 
 #include "driver.h"
+#include "events.h"
 #include "reason.h"
 #include "util.h"
 #include "vaman.h"
@@ -306,3 +307,16 @@ int broker_prefetch_begin(BrokerClient *c, uint64_t va, uint64_t size, uint32_t 
                           Reason *w);
 void broker_prefetch_run(BrokerPrefetch *p);
 int broker_prefetch_end(const BrokerPrefetch *p, Reason *w);
+
+/* ---- KFD events (events.h keeps them; each costs its class a handle) ---------------------------------- */
+
+/* @page_va: the event page, memory of the client's the CPU reaches (host memory), named once. */
+int broker_event_create(BrokerClient *c, uint32_t type, bool auto_reset, uint64_t page_va, uint32_t *ret_id,
+                        uint32_t *ret_slot, Reason *w);
+int broker_event_destroy(BrokerClient *c, uint32_t id, Reason *w);
+int broker_event_set(BrokerClient *c, uint32_t id, Reason *w);
+int broker_event_reset(BrokerClient *c, uint32_t id, Reason *w);
+/* As client_event_wait(). Pending waits must be cancelled before the client is freed. */
+int broker_event_wait(BrokerClient *c, const uint32_t *ids, size_t n, bool all, bool pend, EventWaitDone done,
+                      void *ctx, EventWait **ret, Reason *w);
+void broker_event_wait_cancel(BrokerClient *c, EventWait *wt);

@@ -92,11 +92,12 @@ typedef struct Conn {
         bool low_window;                  /* its windows lie below 1 TiB (asked for at hello) */
         unsigned n_window_rejected;
         LogRatelimit log_rl;
-        BrokerClient *broker; /* the client's memory objects, from its first memory op */
-        ClassState *cls;      /* its policy class */
-        unsigned deferred;    /* requests that finish later (their reply slots are queued) */
-        bool free_when_idle;  /* conn_free() came while some were still pending */
-        pthread_mutex_t lock; /* the client's lock (above) */
+        BrokerClient *broker;            /* the client's memory objects, from its first memory op */
+        ClassState *cls;                 /* its policy class */
+        unsigned deferred;               /* requests that finish later (their reply slots are queued) */
+        struct PendingWait *event_waits; /* event waits answered when they end (ops-events.c) */
+        bool free_when_idle;             /* conn_free() came while some were still pending */
+        pthread_mutex_t lock;            /* the client's lock (above) */
 } Conn;
 
 static inline void conn_lock(Conn *c)

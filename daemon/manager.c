@@ -200,6 +200,7 @@ static void host_gone(Conn *c, bool killed)
 
 static void host_teardown(Conn *c)
 {
+        events_conn_gone(c); /* its waits refer to its books */
         /* objects first (they live in the window), then the window itself; a client with many objects goes
          * in slices between other clients' requests */
         if (c->broker && broker_client_records(c->broker) > MANAGER_TEARDOWN_SLICE &&

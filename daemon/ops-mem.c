@@ -10,8 +10,7 @@
 #include "request.h"
 #include "worker.h"
 
-/* The client's books, created at its first memory operation (its window is final by then). */
-static int client_of(ReqCtx *r, BrokerClient **ret)
+int req_books(ReqCtx *r, BrokerClient **ret)
 {
         Conn *c = r->c;
         int err;
@@ -34,7 +33,7 @@ static int fail_why(ReqCtx *r, int err, const Reason *w)
 #define WITH_CLIENT(r, bc)                                                                                   \
         BrokerClient *bc;                                                                                    \
         do {                                                                                                 \
-                int _e = client_of(r, &bc);                                                                  \
+                int _e = req_books(r, &bc);                                                                  \
                 if (_e < 0)                                                                                  \
                         return _e;                                                                           \
         } while (0)

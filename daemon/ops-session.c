@@ -112,7 +112,7 @@ int op_window_retry(ReqCtx *r, const Gpumem__Request *req)
         int err;
 
         /* an allocation still being made counts: it has its place in this window already */
-        if (c->deferred || (c->broker && broker_client_objects(c->broker) > 0))
+        if (c->deferred || c->event_waits || (c->broker && broker_client_objects(c->broker) > 0))
                 return reply_fail(r, -EBUSY, "the window can only change before the first allocation");
         c->broker = broker_client_free(c->broker);
         if (req->window_retry->failed_base != c->window_base)

@@ -78,12 +78,24 @@ ReqCtx *req_ctx(Req *q);
  */
 void req_end(Req *q, int err);
 
+/* The client's books, created at its first memory or event operation (its window is final by then);
+ * answers the request itself when that fails. */
+typedef struct BrokerClient BrokerClient;
+int req_books(ReqCtx *r, BrokerClient **ret);
+
 /* Handlers, by family (ops-*.c). */
 int op_hello(ReqCtx *r, const Gpumem__Request *req);
 int op_ping(ReqCtx *r, const Gpumem__Request *req);
 int op_window_retry(ReqCtx *r, const Gpumem__Request *req);
 int op_topology(ReqCtx *r, const Gpumem__Request *req);
 int op_topology_files(ReqCtx *r, const Gpumem__Request *req);
+int op_event_create(ReqCtx *r, const Gpumem__Request *req);
+int op_event_destroy(ReqCtx *r, const Gpumem__Request *req);
+int op_event_set(ReqCtx *r, const Gpumem__Request *req);
+int op_event_reset(ReqCtx *r, const Gpumem__Request *req);
+int op_event_wait(ReqCtx *r, const Gpumem__Request *req);
+/* The connection goes: its pending event waits end unanswered (before its books go). */
+void events_conn_gone(Conn *c);
 /* Pack the topology replies once, at start: the topology op reads them from any loop without the lock. */
 int op_topology_prepare(Manager *m);
 int op_admin_status(ReqCtx *r, const Gpumem__Request *req);

@@ -10,23 +10,6 @@ static char *xstrdup(const char *s)
         return strdup(s ? s : "");
 }
 
-/* Issue @req and check that the reply carries @want. */
-static int call_expect(gm_client *c, Gpumem__Request *req, Gpumem__Reply__ResultCase want,
-                       Gpumem__Reply **ret)
-{
-        Gpumem__Reply *reply = NULL;
-        int r = gm_call(c, req, NULL, 0, &reply, NULL, NULL);
-
-        if (r < 0)
-                return r;
-        if (reply->result_case != want) {
-                gm_reply_free(c, reply);
-                return gm_set_reason(c, -EPROTO, "gpumemd replied with an unexpected result");
-        }
-        *ret = reply;
-        return 0;
-}
-
 void gm_topology_free(gm_topology *t)
 {
         if (!t)
@@ -122,7 +105,7 @@ int gm_topology_get(gm_client *c, bool with_properties, gm_topology **ret)
         tg.with_properties = with_properties;
         req.op_case = GPUMEM__REQUEST__OP_TOPOLOGY;
         req.topology = &tg;
-        r = call_expect(c, &req, GPUMEM__REPLY__RESULT_TOPOLOGY, &reply);
+        r = gm_call_expect(c, &req, GPUMEM__REPLY__RESULT_TOPOLOGY, &reply);
         if (r < 0)
                 return r;
         r = topology_convert(reply->topology, ret);
@@ -189,7 +172,7 @@ int gm_topology_files(gm_client *c, gm_topology_file **ret, size_t *ret_n)
                 tg.from = from;
                 req.op_case = GPUMEM__REQUEST__OP_TOPOLOGY_FILES;
                 req.topology_files = &tg;
-                r = call_expect(c, &req, GPUMEM__REPLY__RESULT_TOPOLOGY_FILES, &reply);
+                r = gm_call_expect(c, &req, GPUMEM__REPLY__RESULT_TOPOLOGY_FILES, &reply);
                 if (r < 0)
                         break;
                 next = reply->topology_files->has_next ? reply->topology_files->next : 0;
@@ -239,7 +222,7 @@ int gm_admin_status(gm_client *c, gm_status **ret)
                 return -EINVAL;
         req.op_case = GPUMEM__REQUEST__OP_ADMIN_STATUS;
         req.admin_status = &as;
-        r = call_expect(c, &req, GPUMEM__REPLY__RESULT_ADMIN_STATUS, &reply);
+        r = gm_call_expect(c, &req, GPUMEM__REPLY__RESULT_ADMIN_STATUS, &reply);
         if (r < 0)
                 return r;
         a = reply->admin_status;
@@ -315,7 +298,7 @@ int gm_admin_clients(gm_client *c, gm_client_info **ret, size_t *ret_n)
                 return -EINVAL;
         req.op_case = GPUMEM__REQUEST__OP_ADMIN_CLIENTS;
         req.admin_clients = &ac;
-        r = call_expect(c, &req, GPUMEM__REPLY__RESULT_ADMIN_CLIENTS, &reply);
+        r = gm_call_expect(c, &req, GPUMEM__REPLY__RESULT_ADMIN_CLIENTS, &reply);
         if (r < 0)
                 return r;
         a = reply->admin_clients;
@@ -373,7 +356,7 @@ int gm_admin_disconnect(gm_client *c, uint64_t client_id)
         ad.client_id = client_id;
         req.op_case = GPUMEM__REQUEST__OP_ADMIN_DISCONNECT;
         req.admin_disconnect = &ad;
-        r = call_expect(c, &req, GPUMEM__REPLY__RESULT_EMPTY, &reply);
+        r = gm_call_expect(c, &req, GPUMEM__REPLY__RESULT_EMPTY, &reply);
         if (r < 0)
                 return r;
         gm_reply_free(c, reply);
@@ -392,7 +375,7 @@ int gm_admin_metrics(gm_client *c, char **ret_text)
                 return -EINVAL;
         req.op_case = GPUMEM__REQUEST__OP_ADMIN_METRICS;
         req.admin_metrics = &am;
-        r = call_expect(c, &req, GPUMEM__REPLY__RESULT_ADMIN_METRICS, &reply);
+        r = gm_call_expect(c, &req, GPUMEM__REPLY__RESULT_ADMIN_METRICS, &reply);
         if (r < 0)
                 return r;
         text = xstrdup(reply->admin_metrics->text);
@@ -415,7 +398,7 @@ int gm_admin_set_log_level(gm_client *c, const char *level)
         ll.level = (char *)level;
         req.op_case = GPUMEM__REQUEST__OP_ADMIN_SET_LOG_LEVEL;
         req.admin_set_log_level = &ll;
-        r = call_expect(c, &req, GPUMEM__REPLY__RESULT_EMPTY, &reply);
+        r = gm_call_expect(c, &req, GPUMEM__REPLY__RESULT_EMPTY, &reply);
         if (r < 0)
                 return r;
         gm_reply_free(c, reply);
@@ -447,7 +430,7 @@ int gm_admin_allocations(gm_client *c, uint64_t client_id, unsigned limit, uint6
         aa.limit = limit;
         req.op_case = GPUMEM__REQUEST__OP_ADMIN_ALLOCATIONS;
         req.admin_allocations = &aa;
-        r = call_expect(c, &req, GPUMEM__REPLY__RESULT_ADMIN_ALLOCATIONS, &reply);
+        r = gm_call_expect(c, &req, GPUMEM__REPLY__RESULT_ADMIN_ALLOCATIONS, &reply);
         if (r < 0)
                 return r;
         ar = reply->admin_allocations;
@@ -500,7 +483,7 @@ int gm_admin_quota_get(gm_client *c, const char *class_name, gm_quota **ret, siz
         qg.class_name = (char *)(class_name ? class_name : "");
         req.op_case = GPUMEM__REQUEST__OP_ADMIN_QUOTA_GET;
         req.admin_quota_get = &qg;
-        r = call_expect(c, &req, GPUMEM__REPLY__RESULT_ADMIN_QUOTA_GET, &reply);
+        r = gm_call_expect(c, &req, GPUMEM__REPLY__RESULT_ADMIN_QUOTA_GET, &reply);
         if (r < 0)
                 return r;
         qr = reply->admin_quota_get;
@@ -547,7 +530,7 @@ int gm_admin_quota_set(gm_client *c, const char *class_name, int resource, uint3
         qs.force = force;
         req.op_case = GPUMEM__REQUEST__OP_ADMIN_QUOTA_SET;
         req.admin_quota_set = &qs;
-        r = call_expect(c, &req, GPUMEM__REPLY__RESULT_EMPTY, &reply);
+        r = gm_call_expect(c, &req, GPUMEM__REPLY__RESULT_EMPTY, &reply);
         if (r < 0)
                 return r;
         gm_reply_free(c, reply);

@@ -75,3 +75,5 @@ void gm_reply_free(gm_client *c, Gpumem__Reply *reply);
 
 /* Record @err's reason for the calling thread; returns @err. */
 int gm_set_reason(gm_client *c, int err, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* gm_call without fds that also checks the reply carries @want (-EPROTO otherwise). */
+int gm_call_expect(gm_client *c, Gpumem__Request *req, Gpumem__Reply__ResultCase want, Gpumem__Reply **ret);

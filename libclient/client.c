@@ -389,6 +389,21 @@ static int wait_reply(gm_client *c, uint32_t id, Gpumem__Reply **ret_reply, int 
         }
 }
 
+int gm_call_expect(gm_client *c, Gpumem__Request *req, Gpumem__Reply__ResultCase want, Gpumem__Reply **ret)
+{
+        Gpumem__Reply *reply = NULL;
+        int r = gm_call(c, req, NULL, 0, &reply, NULL, NULL);
+
+        if (r < 0)
+                return r;
+        if (reply->result_case != want) {
+                gm_reply_free(c, reply);
+                return gm_set_reason(c, -EPROTO, "gpumemd replied with an unexpected result");
+        }
+        *ret = reply;
+        return 0;
+}
+
 int gm_call(gm_client *c, Gpumem__Request *req, const int *fds, size_t n_fds, Gpumem__Reply **ret_reply,
             int *ret_fds, size_t *ret_n_fds)
 {

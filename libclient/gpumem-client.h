@@ -61,6 +61,26 @@ typedef struct gm_client_options {
 /** gm_client_open with options. */
 int gm_client_open_with(const gm_client_options *o, gm_client **ret, char *errbuf, size_t errlen);
 
+/* ---- KFD events of the client's context (since 1.3, protocol 2): what a client-side KFD serves ------ */
+
+/**
+ * A KFD event of @type (0 a signal event, 8 a memory-exception event, ...). The first event may name the
+ * event page, host memory of this client's (@page; NULL: none). A signal event's slot in the page is its
+ * id. Each event costs the class a handle. -EINVAL: bad type, or a page when one is set; -ENOSPC.
+ */
+int gm_event_create(gm_client *c, uint32_t type, bool auto_reset, const void *page, uint32_t *ret_id,
+                    uint32_t *ret_slot);
+int gm_event_destroy(gm_client *c, uint32_t id);
+/** Set a signal event (every pending wait on it is woken; an auto-reset one is taken by them). */
+int gm_event_set(gm_client *c, uint32_t id);
+int gm_event_reset(gm_client *c, uint32_t id);
+/**
+ * Wait for any (@all: all) of @ids, at most @timeout_ms (0: look only; UINT32_MAX: no limit) without
+ * holding up the connection's other calls. Returns KFD's result: 0 complete, 1 timeout, 2 an event it
+ * named was destroyed; -EINVAL for an unknown event, -EAGAIN with 256 waits pending.
+ */
+int gm_event_wait(gm_client *c, const uint32_t *ids, size_t n, bool all, uint32_t timeout_ms);
+
 /** Close the connection and release the VA window. NULL-safe. Everything the client held in the daemon
  *  is freed by the daemon. */
 void gm_client_close(gm_client *c);

@@ -374,7 +374,7 @@ int raw_recv_reply(int fd, uint32_t *ret_id, int *ret_code, char *reason, size_t
         if (n < 0)
                 return (int)n;
         gm_wire_close_fds(fds, n_fds);
-        if (gm_frame_parse(buf, (size_t)n, n_fds, 1, &h, NULL) < 0)
+        if (gm_frame_parse(buf, (size_t)n, n_fds, GM_PROTOCOL_VERSION, &h, NULL) < 0)
                 return -EPROTO;
         reply = gpumem__reply__unpack(NULL, h.body_len, buf + GM_FRAME_HDR_SIZE);
         if (!reply || !reply->status) {
@@ -437,7 +437,7 @@ int raw_request(int fd, uint32_t request_id, const void *req, const int *fds, si
                         return -ECONNRESET;
                 if (n < 0)
                         return (int)n;
-                if (gm_frame_parse(buf, (size_t)n, n_in, 1, &h, NULL) < 0) {
+                if (gm_frame_parse(buf, (size_t)n, n_in, GM_PROTOCOL_VERSION, &h, NULL) < 0) {
                         gm_wire_close_fds(in_fds, n_in);
                         return -EPROTO;
                 }

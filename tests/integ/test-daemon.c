@@ -587,6 +587,175 @@ static void test_admin_status_and_disconnect(void)
         gm_client_close(admin);
 }
 
+static void wait_daemon_fds(int want)
+{
+        for (int i = 0; i < 250 && daemon_fd_count(&dmn) != want; i++)
+                usleep(20000);
+}
+
+typedef struct EventWaiter {
+        gm_client *c;
+        uint32_t id;
+        int result;
+} EventWaiter;
+
+static void *event_waiter(void *arg)
+{
+        EventWaiter *w = arg;
+        w->result = gm_event_wait(w->c, &w->id, 1, false, 10000);
+        return NULL;
+}
+
+/* The handles the daemon counts for the client with @id (gpumemctl clients). */
+static uint32_t handles_of(gm_client *admin, uint64_t id)
+{
+        gm_client_info *infos = NULL;
+        size_t n = 0;
+        uint32_t h = UINT32_MAX;
+
+        if (gm_admin_clients(admin, &infos, &n) < 0)
+                return h;
+        for (size_t i = 0; i < n; i++)
+                if (infos[i].client_id == id)
+                        h = infos[i].handles;
+        gm_client_info_free(infos, n);
+        return h;
+}
+
+/* KFD events kept by the daemon: set, reset, auto-reset, wait-all, destroy under a wait, bad input. */
+static void test_events(void)
+{
+        gm_client *c = connect_ok("events"), *admin = connect_ok("events-admin");
+        uint32_t a = 0, b = 0, m = 0, slot = 99, ids[2];
+        EventWaiter w = {0};
+        pthread_t th;
+        void *page = NULL;
+
+        if (!c || !admin)
+                goto out;
+        CHECK_EQ(gm_host_malloc(c, 64 << 10, 0, -1, 0, &page), 0);
+        CHECK_EQ(gm_event_create(c, 0, true, page, &a, &slot), 0);
+        CHECK_EQ(slot, a);
+        CHECK_EQ(gm_event_create(c, 0, false, NULL, &m, NULL), 0);
+        CHECK(m != a);
+        CHECK_EQ(handles_of(admin, gm_client_id(c)), 3); /* the page and two events */
+
+        /* auto-reset: a wait takes it */
+        CHECK_EQ(gm_event_wait(c, &a, 1, false, 0), 1);
+        CHECK_EQ(gm_event_set(c, a), 0);
+        CHECK_EQ(gm_event_wait(c, &a, 1, false, 0), 0);
+        CHECK_EQ(gm_event_wait(c, &a, 1, false, 0), 1);
+        /* manual reset: it stays set until reset */
+        CHECK_EQ(gm_event_set(c, m), 0);
+        CHECK_EQ(gm_event_wait(c, &m, 1, false, 0), 0);
+        CHECK_EQ(gm_event_wait(c, &m, 1, false, 0), 0);
+        CHECK_EQ(gm_event_reset(c, m), 0);
+        CHECK_EQ(gm_event_wait(c, &m, 1, false, 50), 1);
+        /* all of them */
+        ids[0] = a;
+        ids[1] = m;
+        CHECK_EQ(gm_event_set(c, m), 0);
+        CHECK_EQ(gm_event_wait(c, ids, 2, true, 0), 1);
+        CHECK_EQ(gm_event_set(c, m), 0);
+        CHECK_EQ(gm_event_set(c, a), 0);
+        CHECK_EQ(gm_event_wait(c, ids, 2, true, 0), 0);
+
+        /* a wait on an event that is destroyed meanwhile fails as KFD's does */
+        CHECK_EQ(gm_event_create(c, 0, true, NULL, &b, NULL), 0);
+        w.c = c;
+        w.id = b;
+        CHECK_EQ(pthread_create(&th, NULL, event_waiter, &w), 0);
+        usleep(50 * 1000);
+        CHECK_EQ(gm_ping(c), 0); /* the connection goes on meanwhile */
+        CHECK_EQ(gm_event_destroy(c, b), 0);
+        CHECK_EQ(pthread_join(th, NULL), 0);
+        CHECK_EQ(w.result, 2);
+
+        /* bad input changes nothing */
+        CHECK_EQ(gm_event_create(c, 99, false, NULL, &b, NULL), -EINVAL);
+        CHECK_EQ(gm_event_create(c, 0, false, page, &b, NULL), -EINVAL); /* the page is set already */
+        CHECK_EQ(gm_event_wait(c, (uint32_t[]){12345}, 1, false, 0), -EINVAL);
+        CHECK_EQ(gm_event_destroy(c, b), -EINVAL);
+        CHECK_EQ(gm_event_create(c, 8, false, NULL, &b, NULL), 0);
+        CHECK(b >= 0x40000000u);
+        CHECK_EQ(gm_event_set(c, b), -EINVAL); /* only signal events are set from the CPU */
+        CHECK_EQ(handles_of(admin, gm_client_id(c)), 4);
+        CHECK_EQ(gm_event_destroy(c, b), 0);
+        CHECK_EQ(gm_event_destroy(c, a), 0);
+        CHECK_EQ(gm_event_destroy(c, m), 0);
+        CHECK_EQ(handles_of(admin, gm_client_id(c)), 1);
+        CHECK_EQ(gm_mem_free(c, page), 0);
+out:
+        gm_client_close(c);
+        gm_client_close(admin);
+}
+
+/* One request of protocol 2 on a raw connection, and (@want_reply) its reply's code. */
+static int raw_v2(int fd, uint32_t id, Gpumem__Request *req, bool want_reply)
+{
+        uint8_t buf[512], body[256];
+        size_t n = gpumem__request__pack(req, body);
+        uint32_t got = 0;
+        int code = 0;
+        char reason[128];
+
+        if (raw_send(fd, buf, frame(buf, id, body, n, 2, 0), NULL, 0) < 0)
+                return -EIO;
+        if (!want_reply)
+                return 0;
+        if (raw_recv_reply(fd, &got, &code, reason, sizeof(reason), 5000) < 0 || got != id)
+                return -EPROTO;
+        return code;
+}
+
+/* A client that goes while its waits are pending leaves nothing (raw: the waits are never answered). */
+static void test_events_pending_at_exit(void)
+{
+        Gpumem__Request req = GPUMEM__REQUEST__INIT;
+        Gpumem__Hello h = GPUMEM__HELLO__INIT;
+        Gpumem__EventCreate ec = GPUMEM__EVENT_CREATE__INIT;
+        Gpumem__EventWait ew = GPUMEM__EVENT_WAIT__INIT;
+        uint32_t id0 = 0;
+        int fd = raw_connect(dmn.sock);
+
+        CHECK(fd >= 0);
+        if (fd < 0)
+                return;
+        h.has_protocol_version = true;
+        h.protocol_version = 2;
+        req.op_case = GPUMEM__REQUEST__OP_HELLO;
+        req.hello = &h;
+        CHECK_EQ(raw_v2(fd, 1, &req, true), 0);
+        ec.has_type = true;
+        req.op_case = GPUMEM__REQUEST__OP_EVENT_CREATE;
+        req.event_create = &ec;
+        CHECK_EQ(raw_v2(fd, 2, &req, true), 0); /* the client's first event: id 0 */
+        ew.n_event_ids = 1;
+        ew.event_ids = &id0;
+        req.op_case = GPUMEM__REQUEST__OP_EVENT_WAIT;
+        req.event_wait = &ew;
+        for (uint32_t i = 0; i < 4; i++)
+                CHECK_EQ(raw_v2(fd, 10 + i, &req, false), 0); /* no timeout: pending until the client goes */
+        /* the daemon answers other requests meanwhile */
+        req.op_case = GPUMEM__REQUEST__OP_EVENT_RESET;
+        Gpumem__EventId e = GPUMEM__EVENT_ID__INIT;
+        e.has_event_id = true;
+        req.event_reset = &e;
+        CHECK_EQ(raw_v2(fd, 20, &req, true), 0);
+        close(fd);
+        wait_daemon_fds(baseline_fds);
+        CHECK_EQ(daemon_fd_count(&dmn), baseline_fds);
+        gm_client *c = connect_ok("events-after");
+        if (c) {
+                gm_status *st = NULL;
+                CHECK_EQ(gm_admin_status(c, &st), 0);
+                if (st)
+                        CHECK_EQ(st->clients, 1);
+                gm_status_free(st);
+                gm_client_close(c);
+        }
+}
+
 /* A client that floods requests and never reads stalls only itself. */
 static void test_flood_without_reading(void)
 {
@@ -616,11 +785,6 @@ static void test_flood_without_reading(void)
 }
 
 /* A client killed with SIGKILL mid-session leaves nothing behind in the daemon. */
-static void wait_daemon_fds(int want)
-{
-        for (int i = 0; i < 250 && daemon_fd_count(&dmn) != want; i++)
-                usleep(20000);
-}
 
 static void test_killed_client(void)
 {
@@ -673,6 +837,8 @@ int main(void)
                 {"topology", test_topology},
                 {"topology as sysfs files", test_topology_files},
                 {"windows below 1 TiB for clients that ask", test_low_window},
+                {"KFD events kept by the daemon", test_events},
+                {"pending event waits of a client that goes", test_events_pending_at_exit},
                 {"threads share one connection", test_threads},
                 {"hostile frames get one error and a close", test_hostile_frames},
                 {"request errors keep the connection", test_request_errors},

@@ -1,0 +1,61 @@
+/* KFD events of one client: ids, types, signalled state, the event page it named, and waits on them. */
+#pragma once
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "reason.h"
+
+/* KFD's numbers (kfd_ioctl.h): event types, wait results, and the ids of signal and other events. */
+#define EVENTS_TYPE_SIGNAL     0u
+#define EVENTS_TYPE_MEMORY     8u
+#define EVENTS_TYPE_MAX        8u
+#define EVENTS_SIGNAL_LIMIT    4096u
+#define EVENTS_FIRST_NONSIGNAL 0x40000000u
+#define EVENTS_WAIT_COMPLETE   0u
+#define EVENTS_WAIT_TIMEOUT    1u
+#define EVENTS_WAIT_FAIL       2u
+/* Events one wait may name, and waits one client may have pending at once. */
+#define EVENTS_WAIT_MAX_IDS      256u
+#define EVENTS_MAX_PENDING_WAITS 256u
+
+typedef struct ClientEvents ClientEvents;
+typedef struct EventWait EventWait;
+
+/* A pending wait's end: @result is EVENTS_WAIT_COMPLETE or EVENTS_WAIT_FAIL (an event it named went). The
+ * wait is out of the books by then; the callee frees what it attached. */
+typedef void (*EventWaitDone)(EventWait *w, unsigned result, void *ctx);
+
+ClientEvents *client_events_new(void);
+/* Every pending wait is dropped without its callback (the caller ended them already). */
+ClientEvents *client_events_free(ClientEvents *e);
+size_t client_events_count(const ClientEvents *e);
+
+/*
+ * A new event of KFD @type. The first event may name the event page (@page_va, @page_size: memory of the
+ * client's that libhsakmt allocated for it); a signal event takes the lowest free id below the page's slot
+ * count (4096 without a page) and that id is its slot. -EINVAL: unknown type, or a page when one is set;
+ * -ENOSPC: no id left.
+ */
+int client_event_create(ClientEvents *e, uint32_t type, bool auto_reset, uint64_t page_va, uint64_t page_size,
+                        uint32_t *ret_id, uint32_t *ret_slot, Reason *w);
+/* Pending waits that name it end with EVENTS_WAIT_FAIL. -EINVAL: no such event. */
+int client_event_destroy(ClientEvents *e, uint32_t id, Reason *w);
+/*
+ * Set a signal event as KFD does: every pending wait on it is activated; an auto-reset event with such
+ * waits stays unsignalled (they took it), any other becomes signalled. Waits that are complete end.
+ */
+int client_event_set(ClientEvents *e, uint32_t id, Reason *w);
+int client_event_reset(ClientEvents *e, uint32_t id, Reason *w);
+
+/*
+ * Wait for any (or with @all, all) of @ids: 1 when that holds now (signalled auto-reset events are
+ * consumed), 0 when the wait is pending (*@ret is it; @done is called when it completes), -EINVAL for an
+ * unknown id or more than EVENTS_WAIT_MAX_IDS, -EAGAIN at EVENTS_MAX_PENDING_WAITS. @pend false: never
+ * pending (a timeout of 0), 0 means not yet.
+ */
+int client_event_wait(ClientEvents *e, const uint32_t *ids, size_t n, bool all, bool pend, EventWaitDone done,
+                      void *ctx, EventWait **ret, Reason *w);
+/* A pending wait ends without its callback (its timeout, its connection going). */
+void client_event_wait_cancel(ClientEvents *e, EventWait *w);

@@ -1,0 +1,199 @@
+/* Event ops: KFD events of the client's context; waits are answered when they end, never on the loop's time.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "broker.h"
+#include "conn.h"
+#include "core.h"
+#include "log.h"
+#include "request.h"
+
+/* A wait the broker could not answer at once: its reply goes out when the event comes or the time is up. */
+typedef struct PendingWait {
+        struct PendingWait *prev, *next; /* the connection's (Conn.event_waits) */
+        Conn *c;
+        Manager *m;
+        uint32_t id;
+        uint32_t field;
+        EventWait *wait;
+        struct event *timer; /* NULL: no timeout */
+} PendingWait;
+
+static void pending_unlink(PendingWait *p)
+{
+        if (p->prev)
+                p->prev->next = p->next;
+        else
+                p->c->event_waits = p->next;
+        if (p->next)
+                p->next->prev = p->prev;
+}
+
+static void pending_free(PendingWait *p)
+{
+        pending_unlink(p);
+        if (p->timer)
+                event_free(p->timer);
+        free(p);
+}
+
+/* The reply of a wait that ended, out of the connection's order (the client matches replies by id). */
+static void pending_reply(PendingWait *p, unsigned result)
+{
+        Gpumem__EventWaitReply wr = GPUMEM__EVENT_WAIT_REPLY__INIT;
+        ReqCtx r = {.c = p->c,
+                    .m = p->m,
+                    .id = p->id,
+                    .field = p->field,
+                    .reply_case = GPUMEM__REPLY__RESULT_EVENT_WAIT};
+
+        wr.has_result = true;
+        wr.result = result;
+        (void)reply_result(&r, &wr);
+}
+
+/* From the broker, inside the request that set or destroyed an event (under the client's lock). */
+static void wait_done(EventWait *w, unsigned result, void *ctx)
+{
+        PendingWait *p = ctx;
+
+        (void)w; /* the broker frees it */
+        pending_reply(p, result);
+        pending_free(p);
+}
+
+/* On the connection's loop, outside any request: its own lock, as a request on its books takes. */
+static void wait_timeout(evutil_socket_t fd, short what, void *userdata)
+{
+        PendingWait *p = userdata;
+        Conn *c = p->c;
+
+        (void)fd;
+        (void)what;
+        conn_lock(c);
+        broker_event_wait_cancel(c->broker, p->wait);
+        pending_reply(p, 1 /* KFD_IOC_WAIT_RESULT_TIMEOUT */);
+        pending_free(p);
+        conn_unlock(c);
+}
+
+void events_conn_gone(Conn *c)
+{
+        while (c->event_waits) {
+                PendingWait *p = c->event_waits;
+                if (c->broker)
+                        broker_event_wait_cancel(c->broker, p->wait);
+                pending_free(p);
+        }
+}
+
+static int fail_why(ReqCtx *r, int err, const Reason *w)
+{
+        return reply_fail(r, err, "%s", reason_or_errno(w, err));
+}
+
+int op_event_create(ReqCtx *r, const Gpumem__Request *req)
+{
+        const Gpumem__EventCreate *a = req->event_create;
+        Gpumem__EventCreateReply cr = GPUMEM__EVENT_CREATE_REPLY__INIT;
+        BrokerClient *bc;
+        Reason w = {""};
+        uint32_t id = 0, slot = 0;
+        int err = req_books(r, &bc);
+
+        if (err < 0)
+                return err;
+        err = broker_event_create(bc, a->type, a->auto_reset, a->page_va, &id, &slot, &w);
+        if (err < 0)
+                return fail_why(r, err, &w);
+        cr.has_event_id = cr.has_slot_index = true;
+        cr.event_id = id;
+        cr.slot_index = slot;
+        return reply_result(r, &cr);
+}
+
+/* destroy, set, reset: one event by id */
+static int event_op(ReqCtx *r, const Gpumem__EventId *a, int (*fn)(BrokerClient *, uint32_t, Reason *))
+{
+        BrokerClient *bc;
+        Reason w = {""};
+        int err = req_books(r, &bc);
+
+        if (err < 0)
+                return err;
+        err = fn(bc, a->event_id, &w);
+        return err < 0 ? fail_why(r, err, &w) : reply_empty(r);
+}
+
+int op_event_destroy(ReqCtx *r, const Gpumem__Request *req)
+{
+        return event_op(r, req->event_destroy, broker_event_destroy);
+}
+
+int op_event_set(ReqCtx *r, const Gpumem__Request *req)
+{
+        return event_op(r, req->event_set, broker_event_set);
+}
+
+int op_event_reset(ReqCtx *r, const Gpumem__Request *req)
+{
+        return event_op(r, req->event_reset, broker_event_reset);
+}
+
+int op_event_wait(ReqCtx *r, const Gpumem__Request *req)
+{
+        const Gpumem__EventWait *a = req->event_wait;
+        Gpumem__EventWaitReply wr = GPUMEM__EVENT_WAIT_REPLY__INIT;
+        uint32_t timeout = a->has_timeout_ms ? a->timeout_ms : UINT32_MAX;
+        BrokerClient *bc;
+        PendingWait *p;
+        Reason w = {""};
+        int err = req_books(r, &bc);
+
+        if (err < 0)
+                return err;
+        p = timeout ? calloc(1, sizeof(*p)) : NULL;
+        if (timeout && !p)
+                return reply_fail(r, -ENOMEM, "out of memory");
+        if (p && timeout != UINT32_MAX) {
+                struct timeval tv = {(time_t)(timeout / 1000), (suseconds_t)(timeout % 1000) * 1000};
+                p->timer = evtimer_new(r->c->sh->base, wait_timeout, p);
+                if (!p->timer || evtimer_add(p->timer, &tv) < 0) {
+                        if (p->timer)
+                                event_free(p->timer);
+                        free(p);
+                        return reply_fail(r, -ENOMEM, "cannot time the wait");
+                }
+        }
+        err = broker_event_wait(bc, a->event_ids, a->n_event_ids, a->wait_all, timeout != 0, wait_done, p,
+                                p ? &p->wait : NULL, &w);
+        if (err != 0) {
+                if (p) {
+                        if (p->timer)
+                                event_free(p->timer);
+                        free(p);
+                }
+                if (err < 0)
+                        return fail_why(r, err, &w);
+                wr.has_result = true;
+                wr.result = 0; /* KFD_IOC_WAIT_RESULT_COMPLETE */
+                return reply_result(r, &wr);
+        }
+        if (!p) { /* a look that found nothing */
+                wr.has_result = true;
+                wr.result = 1; /* KFD_IOC_WAIT_RESULT_TIMEOUT */
+                return reply_result(r, &wr);
+        }
+        /* answered later, from wait_done() or wait_timeout() on this connection's loop */
+        p->c = r->c;
+        p->m = r->m;
+        p->id = r->id;
+        p->field = r->field;
+        p->next = r->c->event_waits;
+        if (p->next)
+                p->next->prev = p;
+        r->c->event_waits = p;
+        return REQ_DEFERRED;
+}
