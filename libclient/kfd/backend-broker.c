@@ -29,10 +29,11 @@
  * address libhsakmt chose in the client's window); no ioctl's bytes or pointers travel.
  *
  * What this backend serves so far: the process-level ioctls (version, apertures, ACQUIRE_VM, memory
- * policy, clock counters, XNACK mode, available memory, the debugger's probe) and memory: VRAM and GTT
- * BOs, registration of pages inside the window (substituted by memory the daemon shares), GPU mapping and
- * CPU mapping at the same address. Queues, events, doorbells, the MMIO remap page, SVM and registration of
- * pages outside the window are not served yet: each answers -EOPNOTSUPP and logs its name once.
+ * policy, clock counters, XNACK mode, available memory, the debugger's probe), memory (VRAM and GTT BOs,
+ * registration of pages inside the window, substituted by memory the daemon shares, GPU mapping and CPU
+ * mapping at the same address) and events (kept by the daemon, waits answered by it). Queues, doorbells,
+ * the MMIO remap page, the tile config, SVM and registration of pages outside the window are not served
+ * yet: each answers -EOPNOTSUPP and logs its name once (docs/rocm-in-containers.md).
  */
 
 #define MAX_GPUS 64
@@ -75,7 +76,8 @@ static struct {
         Bo *bos;
         size_t n_bos, cap_bos;
         uint32_t next_bo;
-        uint64_t unserved_said; /* bit per ioctl number already logged as not served */
+        uint64_t unserved_said;               /* bit per ioctl number already logged as not served */
+        uint64_t event_page, event_page_size; /* the GTT BO named at the first CREATE_EVENT */
 } kb = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
 static void say(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -709,6 +711,78 @@ static int b_mmap(void *addr, size_t len, int prot, int flags, int fd, uint64_t 
         return 0;
 }
 
+/* ---- events ------------------------------------------------------------------------------------------- */
+
+/*
+ * The process's events are its context's in the daemon. The event page is the GTT BO libhsakmt allocated
+ * for it (memory the daemon shares): a signal event's slot there starts unsignalled, as KFD leaves it.
+ */
+static int create_event(struct kfd_ioctl_create_event_args *a)
+{
+        uint64_t page_va = 0, page_size = 0;
+        uint32_t id = 0, slot = 0;
+        int r;
+
+        if (a->event_page_offset) {
+                Bo *b;
+                pthread_mutex_lock(&kb.lock);
+                b = bo_find(a->event_page_offset);
+                if (b && b->host && !b->userptr) {
+                        page_va = b->va;
+                        page_size = b->size;
+                }
+                pthread_mutex_unlock(&kb.lock);
+                if (!page_va)
+                        return -EINVAL;
+        }
+        r = gm_event_create(kb.c, a->event_type, a->auto_reset != 0, (void *)(uintptr_t)page_va, &id, &slot);
+        if (r < 0)
+                return r;
+        pthread_mutex_lock(&kb.lock);
+        if (page_va) {
+                kb.event_page = page_va;
+                kb.event_page_size = page_size;
+        }
+        if (a->event_type == KFD_IOC_EVENT_SIGNAL && kb.event_page && 8ull * slot < kb.event_page_size)
+                __atomic_store_n((uint64_t *)(uintptr_t)(kb.event_page + 8ull * slot), ~0ull,
+                                 __ATOMIC_RELEASE);
+        pthread_mutex_unlock(&kb.lock);
+        a->event_id = id;
+        a->event_trigger_data = id;
+        if (a->event_type == KFD_IOC_EVENT_SIGNAL) {
+                a->event_slot_index = slot;
+                a->event_page_offset = THUNK_KFD_MMAP_TYPE_EVENTS;
+        }
+        return 0;
+}
+
+static int wait_events(struct kfd_ioctl_wait_events_args *a)
+{
+        const struct kfd_event_data *ev = (const struct kfd_event_data *)(uintptr_t)a->events_ptr;
+        uint32_t ids[256];
+        int r;
+
+        if (a->num_events == 0 || a->num_events > 256)
+                return -EINVAL;
+        if (!ev)
+                return -EFAULT;
+        for (uint32_t i = 0; i < a->num_events; i++)
+                ids[i] = ev[i].event_id;
+        /* the wait is the daemon's: it answers when an event comes, other calls going on meanwhile */
+        r = gm_event_wait(kb.c, ids, a->num_events, a->wait_for_all != 0, a->timeout);
+        if (r < 0)
+                return r;
+        a->wait_result = (uint32_t)r;
+        return 0;
+}
+
+/* What the process's queues would run with: recorded by KFD per device; checked here, and kept for the
+ * queues, which are not served through gpumemd yet. */
+static int queue_setting(uint32_t gpu_id)
+{
+        return gpu_index(gpu_id) < 0 ? -EINVAL : 0;
+}
+
 /* ---- the window --------------------------------------------------------------------------------------- */
 
 static bool range_in_window(const void *addr, size_t len)
@@ -798,6 +872,20 @@ static int kfd_ioctl(unsigned long request, void *arg)
                 struct kfd_ioctl_unmap_memory_from_gpu_args *a = arg;
                 return map_memory(a->handle, a->device_ids_array_ptr, a->n_devices, &a->n_success, false);
         }
+        case AMDKFD_IOC_CREATE_EVENT:
+                return create_event(arg);
+        case AMDKFD_IOC_DESTROY_EVENT:
+                return gm_event_destroy(kb.c, ((struct kfd_ioctl_destroy_event_args *)arg)->event_id);
+        case AMDKFD_IOC_SET_EVENT:
+                return gm_event_set(kb.c, ((struct kfd_ioctl_set_event_args *)arg)->event_id);
+        case AMDKFD_IOC_RESET_EVENT:
+                return gm_event_reset(kb.c, ((struct kfd_ioctl_reset_event_args *)arg)->event_id);
+        case AMDKFD_IOC_WAIT_EVENTS:
+                return wait_events(arg);
+        case AMDKFD_IOC_SET_TRAP_HANDLER:
+                return queue_setting(((struct kfd_ioctl_set_trap_handler_args *)arg)->gpu_id);
+        case AMDKFD_IOC_SET_SCRATCH_BACKING_VA:
+                return queue_setting(((struct kfd_ioctl_set_scratch_backing_va_args *)arg)->gpu_id);
         default:
                 break;
         }

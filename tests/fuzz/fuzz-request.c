@@ -360,7 +360,12 @@ static size_t build_request(Reader *r, const Pool *p, uint8_t *out, size_t cap)
                 Gpumem__AdminDisconnect disc;
                 Gpumem__Ping ping;
                 Gpumem__WindowRetry retry;
+                Gpumem__TopologyFilesGet tfiles;
+                Gpumem__EventCreate ecreate;
+                Gpumem__EventId eid;
+                Gpumem__EventWait ewait;
         } u;
+        uint32_t event_ids[3];
         Gpumem__AdminStatus astat = GPUMEM__ADMIN_STATUS__INIT;
         Gpumem__AdminClients aclients = GPUMEM__ADMIN_CLIENTS__INIT;
         Gpumem__AdminMetrics ametrics = GPUMEM__ADMIN_METRICS__INIT;
@@ -590,7 +595,7 @@ static size_t build_request(Reader *r, const Pool *p, uint8_t *out, size_t cap)
                 q.svm_prefetch = &u.spre;
                 break;
         default:
-                switch (rd8(r) % 6) {
+                switch (rd8(r) % 10) {
                 case 0:
                         q.op_case = GPUMEM__REQUEST__OP_ADMIN_STATUS;
                         q.admin_status = &astat;
@@ -616,6 +621,52 @@ static size_t build_request(Reader *r, const Pool *p, uint8_t *out, size_t cap)
                         u.retry.failed_base = rd8(r) & 1 ? p->window_base : rdn(r, 8);
                         q.op_case = GPUMEM__REQUEST__OP_WINDOW_RETRY;
                         q.window_retry = &u.retry;
+                        break;
+                case 5:
+                        gpumem__topology_files_get__init(&u.tfiles);
+                        u.tfiles.has_from = rd8(r) & 1;
+                        u.tfiles.from = (uint32_t)rdn(r, rd8(r) % 3);
+                        q.op_case = GPUMEM__REQUEST__OP_TOPOLOGY_FILES;
+                        q.topology_files = &u.tfiles;
+                        break;
+                case 6:
+                        gpumem__event_create__init(&u.ecreate);
+                        u.ecreate.has_type = u.ecreate.has_auto_reset = u.ecreate.has_page_va = true;
+                        u.ecreate.type = rd8(r) % 10;
+                        u.ecreate.auto_reset = rd8(r) & 1;
+                        u.ecreate.page_va = rd8(r) & 1 ? pick_va(r, p) : 0;
+                        q.op_case = GPUMEM__REQUEST__OP_EVENT_CREATE;
+                        q.event_create = &u.ecreate;
+                        break;
+                case 7: {
+                        uint8_t which = rd8(r);
+                        gpumem__event_id__init(&u.eid);
+                        u.eid.has_event_id = true;
+                        /* the first ids are the ones events get */
+                        u.eid.event_id = (which & 4 ? 0x40000000u : 0u) + rd8(r) % 4;
+                        q.op_case = which % 3 == 0   ? GPUMEM__REQUEST__OP_EVENT_SET
+                                    : which % 3 == 1 ? GPUMEM__REQUEST__OP_EVENT_RESET
+                                                     : GPUMEM__REQUEST__OP_EVENT_DESTROY;
+                        if (q.op_case == GPUMEM__REQUEST__OP_EVENT_SET)
+                                q.event_set = &u.eid;
+                        else if (q.op_case == GPUMEM__REQUEST__OP_EVENT_RESET)
+                                q.event_reset = &u.eid;
+                        else
+                                q.event_destroy = &u.eid;
+                        break;
+                }
+                case 8:
+                        gpumem__event_wait__init(&u.ewait);
+                        u.ewait.n_event_ids = rd8(r) % 4;
+                        for (size_t i = 0; i < u.ewait.n_event_ids; i++)
+                                event_ids[i] = rd8(r) % 4;
+                        u.ewait.event_ids = event_ids;
+                        u.ewait.has_wait_all = u.ewait.has_timeout_ms = true;
+                        u.ewait.wait_all = rd8(r) & 1;
+                        /* short waits: a pending one ends before the input does */
+                        u.ewait.timeout_ms = rd8(r) % 3;
+                        q.op_case = GPUMEM__REQUEST__OP_EVENT_WAIT;
+                        q.event_wait = &u.ewait;
                         break;
                 default:
                         gpumem__ping__init(&u.ping);

@@ -1,10 +1,13 @@
 /* libhsakmt (ROCm 5.2.3) through gpumemd: run under libgpumem-kfd.so with no /dev/kfd of its own. */
 #include <hsakmt.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <sys/mman.h>
+#include <time.h>
 
 #include "../common/check.h"
 
@@ -21,6 +24,59 @@ static int pattern(volatile uint64_t *p, uint64_t n, uint64_t seed, int check)
                 else if (p[i] != seed * 0x9e3779b97f4a7c15ULL + i)
                         return -1;
         }
+        return 0;
+}
+
+static double now_ms(void)
+{
+        struct timespec ts;
+
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+static void *waiter(void *arg)
+{
+        HsaEvent *ev = arg;
+        return (void *)(uintptr_t)hsaKmtWaitOnEvent(ev, 5000);
+}
+
+/* Signal events kept by the daemon: timeouts, set and auto-reset, and a wait that holds up nothing else. */
+static int test_events(uint32_t gpu_node)
+{
+        HsaEventDescriptor d = {.EventType = HSA_EVENTTYPE_SIGNAL, .NodeId = gpu_node};
+        HsaEvent *ev = NULL;
+        pthread_t th;
+        void *res = NULL, *p = NULL;
+        HsaMemFlags f;
+        double t;
+
+        REQUIRE_KMT(hsaKmtCreateEvent(&d, false, false, &ev));
+        /* unsignalled: the wait really lasts until its timeout */
+        t = now_ms();
+        REQUIRE(hsaKmtWaitOnEvent(ev, 100) == HSAKMT_STATUS_WAIT_TIMEOUT);
+        REQUIRE(now_ms() - t >= 95);
+        REQUIRE_KMT(hsaKmtSetEvent(ev));
+        REQUIRE_KMT(hsaKmtWaitOnEvent(ev, 1000));
+        /* auto-reset: the wait took it */
+        REQUIRE(hsaKmtWaitOnEvent(ev, 10) == HSAKMT_STATUS_WAIT_TIMEOUT);
+
+        /* another thread waits; this one allocates meanwhile over the same connection, then wakes it */
+        REQUIRE(pthread_create(&th, NULL, waiter, ev) == 0);
+        usleep(50 * 1000);
+        memset(&f, 0, sizeof(f));
+        f.ui32.NonPaged = 1;
+        f.ui32.HostAccess = 1;
+        f.ui32.PageSize = HSA_PAGE_SIZE_4KB;
+        t = now_ms();
+        REQUIRE_KMT(hsaKmtAllocMemory(0, SIZE, f, &p));
+        REQUIRE_KMT(hsaKmtFreeMemory(p, SIZE));
+        REQUIRE(now_ms() - t < 1000); /* not held up behind the wait */
+        REQUIRE_KMT(hsaKmtSetEvent(ev));
+        REQUIRE(pthread_join(th, &res) == 0);
+        REQUIRE((uintptr_t)res == HSAKMT_STATUS_SUCCESS);
+        REQUIRE_KMT(hsaKmtDestroyEvent(ev));
+        printf("events passed\n");
         return 0;
 }
 
@@ -125,6 +181,8 @@ int main(int argc, char **argv)
         REQUIRE_KMT(hsaKmtFreeMemory(gtt, SIZE));
         REQUIRE_KMT(hsaKmtUnmapMemoryToGPU(paged));
         REQUIRE_KMT(hsaKmtFreeMemory(paged, SIZE));
+        if (test_events(gpu_node) != 0)
+                return 1;
         REQUIRE_KMT(hsaKmtReleaseSystemProperties());
         REQUIRE_KMT(hsaKmtCloseKFD());
         printf("closed\n");

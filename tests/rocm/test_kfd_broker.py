@@ -86,6 +86,7 @@ def test_memory(tmp):
             check(all(a["size"] == SIZE and a["mapped_gpus"] for a in allocs), f"each mapped, 2 MiB: {allocs}")
         out, err = p.communicate("go\n", timeout=30)
         check(p.returncode == 0, f"the program passed (rc {p.returncode}): {err}")
+        check("events passed" in out, "its events, kept by the daemon, passed")
         check("closed" in out, "it closed the KFD")
         if c is not None:
             check(wait_gone(sock, p.pid, c["id"]), "nothing of it is left in the daemon")
@@ -129,6 +130,26 @@ def test_quota(tmp):
         notify.close()
 
 
+def test_rocminfo(tmp):
+    daemon, notify, sock = start_daemon(tmp)
+    try:
+        env = dict(os.environ, LD_PRELOAD=KFD_LIB, GPUMEM_SOCKET=sock)
+        r = subprocess.run(["rocminfo"], env=env, capture_output=True, text=True, timeout=120)
+        out = r.stdout
+        check(r.returncode == 0, f"rocminfo exits 0 through gpumemd: {r.returncode} {r.stderr[-500:]!r}")
+        check("ROCk module is loaded" in out, "it finds the KFD")
+        check(len([ln for ln in out.splitlines() if ln.startswith("Agent ")]) == 2, "two agents (CPU and GPU)")
+        check(any(ln.split() == ["Name:", "gfx908"] for ln in out.splitlines()), "the preset's gfx908 agent")
+        check(any(ln.split() == ["Compute", "Unit:", "120"] for ln in out.splitlines()), "with 120 CUs")
+        check("33554432(0x2000000) KB" in out, "and its 32 GiB VRAM pool")
+        r = ctl(sock, "--json", "clients")
+        names = [c["name"] for c in json.loads(r.stdout)["clients"]] if r.returncode == 0 else None
+        check(names is not None and "rocminfo" not in names, f"nothing of it is left after it ends: {names}")
+    finally:
+        stop(daemon)
+        notify.close()
+
+
 def test_no_daemon(tmp):
     sock = os.path.join(tmp, "nobody.sock")
     p = run_program(sock)
@@ -145,5 +166,6 @@ if __name__ == "__main__":
         ("libhsakmt's memory through gpumemd, charged and listed while it runs", test_memory),
         ("a process killed while holding memory leaves nothing", test_killed),
         ("a BO over the class's VRAM limit is refused, and the class is whole after", test_quota),
+        ("rocminfo through gpumemd", test_rocminfo),
         ("with no daemon, a clear error naming the socket", test_no_daemon),
     ])
