@@ -178,6 +178,18 @@ static void k_ctx_free(Driver *d, DriverCtx *ctx)
         thunk_context_free(tctx(ctx));
 }
 
+_Static_assert(sizeof(DriverTileConfig) == sizeof(ThunkTileConfig), "tile config layout");
+
+static int k_tile_config(Driver *d, uint32_t gpu_id, DriverTileConfig *ret)
+{
+        ThunkTileConfig t;
+        int r = thunk_context_tile_config(kfd(d)->primary, gpu_id, &t);
+
+        if (r == 0)
+                memcpy(ret, &t, sizeof(*ret));
+        return r;
+}
+
 static int k_available_memory(Driver *d, DriverCtx *ctx, uint32_t gpu_id, uint64_t *ret_bytes)
 {
         return thunk_context_available_memory(ctx ? tctx(ctx) : kfd(d)->primary, gpu_id, ret_bytes);
@@ -419,6 +431,7 @@ static const DriverOps kfd_ops = {
         .ctx_new = k_ctx_new,
         .ctx_free = k_ctx_free,
         .available_memory = k_available_memory,
+        .tile_config = k_tile_config,
         .mem_alloc_vram = k_mem_alloc_vram,
         .mem_register_host = k_mem_register_host,
         .mem_import = k_mem_import,

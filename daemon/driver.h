@@ -1,6 +1,7 @@
 /* The driver seam: what the broker asks of a GPU driver, one vtable per backend (driver-kfd.c today). */
 #pragma once
 
+#include <errno.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -82,6 +83,18 @@ typedef struct DriverSvmAttr {
         uint32_t value;
 } DriverSvmAttr;
 
+/* A GPU's tiling configuration (KFD's GET_TILE_CONFIG): the tables are all zero from GFX9 on. */
+#define DRIVER_TILE_CONFIGS       32
+#define DRIVER_MACRO_TILE_CONFIGS 16
+typedef struct DriverTileConfig {
+        uint32_t gb_addr_config;
+        uint32_t num_banks;
+        uint32_t num_ranks;
+        uint32_t n_tile, n_macro;
+        uint32_t tile[DRIVER_TILE_CONFIGS];
+        uint32_t macro[DRIVER_MACRO_TILE_CONFIGS];
+} DriverTileConfig;
+
 typedef struct DriverGpu {
         uint32_t gpu_id;
         uint64_t vram_bytes; /* the GPU's own memory, or what the driver lets an APU have */
@@ -115,6 +128,8 @@ typedef struct DriverOps {
         int (*ctx_new)(Driver *d, DriverCtx **ret);
         void (*ctx_free)(Driver *d, DriverCtx *ctx);
         int (*available_memory)(Driver *d, DriverCtx *ctx, uint32_t gpu_id, uint64_t *ret_bytes);
+        /* The GPU's tiling configuration, as KFD's GET_TILE_CONFIG reports it; NULL: -EOPNOTSUPP. */
+        int (*tile_config)(Driver *d, uint32_t gpu_id, DriverTileConfig *ret);
 
         int (*mem_alloc_vram)(Driver *d, DriverCtx *ctx, uint32_t gpu_id, uint64_t va, uint64_t size,
                               uint32_t flags, DriverMem **ret);
@@ -206,6 +221,10 @@ static inline void driver_ctx_free(Driver *d, DriverCtx *ctx)
 static inline int driver_available_memory(Driver *d, DriverCtx *ctx, uint32_t gpu_id, uint64_t *ret_bytes)
 {
         return d->ops->available_memory(d, ctx, gpu_id, ret_bytes);
+}
+static inline int driver_tile_config(Driver *d, uint32_t gpu_id, DriverTileConfig *ret)
+{
+        return d->ops->tile_config ? d->ops->tile_config(d, gpu_id, ret) : -EOPNOTSUPP;
 }
 
 /*

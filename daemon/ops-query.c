@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "broker.h"
 #include "core.h"
 #include "request.h"
 #include "frame.h"
@@ -145,6 +146,30 @@ int op_topology(ReqCtx *r, const Gpumem__Request *req)
         /* every client asks at start, and the answer never changes: packed once, at start
          * (manager_new), and read by every loop without the lock */
         return reply_ok_packed(r, m->topology_reply[with_props], m->topology_reply_len[with_props]);
+}
+
+int op_tile_config(ReqCtx *r, const Gpumem__Request *req)
+{
+        Gpumem__TileConfigReply tr = GPUMEM__TILE_CONFIG_REPLY__INIT;
+        uint32_t gpu_id = req->tile_config->gpu_id;
+        DriverTileConfig t;
+        int err;
+
+        if (broker_gpu_index(r->m->broker, gpu_id) < 0)
+                return reply_fail(r, -ENODEV, "no GPU with id %u", gpu_id);
+        err = driver_tile_config(r->m->drv, gpu_id, &t);
+        if (err < 0)
+                return reply_fail(r, err, "the driver cannot report GPU %u's tiling: %s", gpu_id,
+                                  strerror(-err));
+        tr.has_gb_addr_config = tr.has_num_banks = tr.has_num_ranks = true;
+        tr.gb_addr_config = t.gb_addr_config;
+        tr.num_banks = t.num_banks;
+        tr.num_ranks = t.num_ranks;
+        tr.n_tile_config = t.n_tile;
+        tr.tile_config = t.tile;
+        tr.n_macro_tile_config = t.n_macro;
+        tr.macro_tile_config = t.macro;
+        return reply_result(r, &tr);
 }
 
 /* Files of a reply at most: what fits well inside one frame (the daemon's topology files are small). */

@@ -65,6 +65,7 @@ static const OpDesc op_table[] = {
         ROW(WINDOW_RETRY, op_window_retry, HELLO, 1, ANY, 0, 0),
         ROW_UNLOCKED(TOPOLOGY, op_topology, TOPOLOGY, 1),
         ROW_UNLOCKED(TOPOLOGY_FILES, op_topology_files, TOPOLOGY_FILES, 2),
+        ROW_CLIENT(TILE_CONFIG, op_tile_config, TILE_CONFIG, 2, 0, 0),
         ROW_CLIENT(MEM_INFO, op_mem_info, MEM_INFO, 1, 0, 0),
         ROW_CLIENT(POINTER_INFO, op_pointer_info, POINTER_INFO, 1, 0, 0),
         ROW_CLIENT(ALLOC, op_alloc, ALLOC, 1, 0, 0),

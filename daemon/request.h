@@ -89,6 +89,7 @@ int op_ping(ReqCtx *r, const Gpumem__Request *req);
 int op_window_retry(ReqCtx *r, const Gpumem__Request *req);
 int op_topology(ReqCtx *r, const Gpumem__Request *req);
 int op_topology_files(ReqCtx *r, const Gpumem__Request *req);
+int op_tile_config(ReqCtx *r, const Gpumem__Request *req);
 int op_event_create(ReqCtx *r, const Gpumem__Request *req);
 int op_event_destroy(ReqCtx *r, const Gpumem__Request *req);
 int op_event_set(ReqCtx *r, const Gpumem__Request *req);

@@ -199,6 +199,36 @@ int gm_topology_files(gm_client *c, gm_topology_file **ret, size_t *ret_n)
         return 0;
 }
 
+int gm_tile_config_get(gm_client *c, uint32_t gpu_id, gm_tile_config *ret)
+{
+        Gpumem__Request req = GPUMEM__REQUEST__INIT;
+        Gpumem__TileConfigGet tg = GPUMEM__TILE_CONFIG_GET__INIT;
+        Gpumem__Reply *reply = NULL;
+        const Gpumem__TileConfigReply *t;
+        int r;
+
+        if (!c || !ret)
+                return -EINVAL;
+        tg.has_gpu_id = true;
+        tg.gpu_id = gpu_id;
+        req.op_case = GPUMEM__REQUEST__OP_TILE_CONFIG;
+        req.tile_config = &tg;
+        r = gm_call_expect(c, &req, GPUMEM__REPLY__RESULT_TILE_CONFIG, &reply);
+        if (r < 0)
+                return r;
+        t = reply->tile_config;
+        memset(ret, 0, sizeof(*ret));
+        ret->gb_addr_config = t->gb_addr_config;
+        ret->num_banks = t->num_banks;
+        ret->num_ranks = t->num_ranks;
+        ret->n_tile = t->n_tile_config < 32 ? (uint32_t)t->n_tile_config : 32;
+        ret->n_macro = t->n_macro_tile_config < 16 ? (uint32_t)t->n_macro_tile_config : 16;
+        memcpy(ret->tile, t->tile_config, ret->n_tile * sizeof(uint32_t));
+        memcpy(ret->macro, t->macro_tile_config, ret->n_macro * sizeof(uint32_t));
+        gm_reply_free(c, reply);
+        return 0;
+}
+
 void gm_status_free(gm_status *s)
 {
         if (!s)

@@ -170,6 +170,19 @@ typedef struct gm_topology_file {
 int gm_topology_files(gm_client *c, gm_topology_file **ret, size_t *ret_n);
 void gm_topology_files_free(gm_topology_file *files, size_t n);
 
+/** A GPU's tiling configuration as KFD's GET_TILE_CONFIG reports it (since 1.3, protocol 2). */
+typedef struct gm_tile_config {
+        uint32_t gb_addr_config;
+        uint32_t num_banks;
+        uint32_t num_ranks;
+        uint32_t n_tile, n_macro; /* entries below that the driver filled */
+        uint32_t tile[32];
+        uint32_t macro[16];
+} gm_tile_config;
+
+/** -ENODEV: no such GPU. */
+int gm_tile_config_get(gm_client *c, uint32_t gpu_id, gm_tile_config *ret);
+
 /* ---- memory (since libgpumem_client 1.1) ------------------------------------------------------------ */
 
 /**

@@ -621,6 +621,34 @@ int thunk_context_available_memory(ThunkContext *c, uint32_t gpu_id, uint64_t *r
         return 0;
 }
 
+int thunk_context_tile_config(ThunkContext *c, uint32_t gpu_id, ThunkTileConfig *ret)
+{
+        struct kfd_ioctl_get_tile_config_args a = {0};
+        ThunkTileConfig t = {0};
+        int r;
+
+        if (!c || !ret)
+                return -EINVAL;
+        if (check_gpu(c, gpu_id) < 0)
+                return -EINVAL;
+        a.gpu_id = gpu_id;
+        a.tile_config_ptr = (uint64_t)(uintptr_t)t.tile;
+        a.num_tile_configs = THUNK_TILE_CONFIGS;
+        a.macro_tile_config_ptr = (uint64_t)(uintptr_t)t.macro;
+        a.num_macro_tile_configs = THUNK_MACRO_TILE_CONFIGS;
+        r = thunk_ioctl(c->dev, c->kfd_fd, AMDKFD_IOC_GET_TILE_CONFIG, &a);
+        if (r < 0)
+                return r;
+        t.gb_addr_config = a.gb_addr_config;
+        t.num_banks = a.num_banks;
+        t.num_ranks = a.num_ranks;
+        t.n_tile = a.num_tile_configs < THUNK_TILE_CONFIGS ? a.num_tile_configs : THUNK_TILE_CONFIGS;
+        t.n_macro = a.num_macro_tile_configs < THUNK_MACRO_TILE_CONFIGS ? a.num_macro_tile_configs
+                                                                        : THUNK_MACRO_TILE_CONFIGS;
+        *ret = t;
+        return 0;
+}
+
 int thunk_context_get_xnack(ThunkContext *c, bool *ret_enabled)
 {
         struct kfd_ioctl_set_xnack_mode_args a = {.xnack_enabled = -1};

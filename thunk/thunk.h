@@ -108,6 +108,20 @@ int thunk_context_render_fd(const ThunkContext *c, uint32_t gpu_id); /* -ENODEV 
 /* AVAILABLE_MEMORY (1.9): bytes still allocatable on @gpu_id in this context's view. */
 int thunk_context_available_memory(ThunkContext *c, uint32_t gpu_id, uint64_t *ret_bytes);
 
+/* The GPU's tiling configuration (GET_TILE_CONFIG): the address config register, banks, ranks and the
+ * tile and macro-tile mode tables (all zero from GFX9 on, which keeps no such tables). */
+#define THUNK_TILE_CONFIGS       32
+#define THUNK_MACRO_TILE_CONFIGS 16
+typedef struct ThunkTileConfig {
+        uint32_t gb_addr_config;
+        uint32_t num_banks;
+        uint32_t num_ranks;
+        uint32_t n_tile, n_macro; /* entries the driver filled */
+        uint32_t tile[THUNK_TILE_CONFIGS];
+        uint32_t macro[THUNK_MACRO_TILE_CONFIGS];
+} ThunkTileConfig;
+int thunk_context_tile_config(ThunkContext *c, uint32_t gpu_id, ThunkTileConfig *ret);
+
 /* XNACK mode of the context's process (SET_XNACK_MODE, 1.5). */
 int thunk_context_get_xnack(ThunkContext *c, bool *ret_enabled);
 int thunk_context_set_xnack(ThunkContext *c, bool enabled);

@@ -216,6 +216,20 @@ static void test_topology_files(void)
                 }
         }
         CHECK_EQ(props_files, 10);
+        /* and each GPU's tiling: GFX9 keeps no tables, only its address config */
+        for (size_t i = 0; t && i < t->n_nodes; i++) {
+                gm_tile_config tc;
+                if (!t->nodes[i].is_gpu)
+                        continue;
+                CHECK_EQ(gm_tile_config_get(c, t->nodes[i].gpu_id, &tc), 0);
+                CHECK(tc.gb_addr_config != 0);
+                for (uint32_t k = 0; k < tc.n_tile; k++)
+                        CHECK_EQ(tc.tile[k], 0);
+        }
+        {
+                gm_tile_config tc;
+                CHECK_EQ(gm_tile_config_get(c, 12345, &tc), -ENODEV);
+        }
         gm_topology_files_free(f, n);
         gm_topology_free(t);
         gm_client_close(c);
