@@ -776,6 +776,35 @@ static int wait_events(struct kfd_ioctl_wait_events_args *a)
         return 0;
 }
 
+/* The GPU's tiling as the daemon's driver reports it, into the caller's arrays as far as they go. */
+static int tile_config(struct kfd_ioctl_get_tile_config_args *a)
+{
+        gm_tile_config t;
+        int r;
+
+        if (gpu_index(a->gpu_id) < 0)
+                return -EINVAL;
+        r = gm_tile_config_get(kb.c, a->gpu_id, &t);
+        if (r < 0)
+                return r;
+        a->gb_addr_config = t.gb_addr_config;
+        a->num_banks = t.num_banks;
+        a->num_ranks = t.num_ranks;
+        if (a->num_tile_configs > t.n_tile)
+                a->num_tile_configs = t.n_tile;
+        if (a->num_macro_tile_configs > t.n_macro)
+                a->num_macro_tile_configs = t.n_macro;
+        if ((a->num_tile_configs && !a->tile_config_ptr) ||
+            (a->num_macro_tile_configs && !a->macro_tile_config_ptr))
+                return -EFAULT;
+        if (a->num_tile_configs)
+                memcpy((void *)(uintptr_t)a->tile_config_ptr, t.tile, a->num_tile_configs * sizeof(uint32_t));
+        if (a->num_macro_tile_configs)
+                memcpy((void *)(uintptr_t)a->macro_tile_config_ptr, t.macro,
+                       a->num_macro_tile_configs * sizeof(uint32_t));
+        return 0;
+}
+
 /* What the process's queues would run with: recorded by KFD per device; checked here, and kept for the
  * queues, which are not served through gpumemd yet. */
 static int queue_setting(uint32_t gpu_id)
@@ -882,6 +911,8 @@ static int kfd_ioctl(unsigned long request, void *arg)
                 return gm_event_reset(kb.c, ((struct kfd_ioctl_reset_event_args *)arg)->event_id);
         case AMDKFD_IOC_WAIT_EVENTS:
                 return wait_events(arg);
+        case AMDKFD_IOC_GET_TILE_CONFIG:
+                return tile_config(arg);
         case AMDKFD_IOC_SET_TRAP_HANDLER:
                 return queue_setting(((struct kfd_ioctl_set_trap_handler_args *)arg)->gpu_id);
         case AMDKFD_IOC_SET_SCRATCH_BACKING_VA:

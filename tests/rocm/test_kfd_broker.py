@@ -13,6 +13,7 @@ from gmtest import GPUMEMD, Notify, check, ctl, run_tests, stop  # noqa: E402
 
 KFD_LIB = os.environ.get("GPUMEM_KFD_LIB", "")
 PROGRAM = os.environ.get("HSAKMT_BROKER", "")
+HIP_PROGRAM = os.environ.get("HIP_BROKER", "")
 VRAM = 32 << 30  # the gfx908 preset
 SIZE = 2 << 20
 
@@ -150,6 +151,62 @@ def test_rocminfo(tmp):
         notify.close()
 
 
+def run_hip(sock, *args):
+    env = dict(os.environ, LD_PRELOAD=KFD_LIB, GPUMEM_SOCKET=sock)
+    return subprocess.Popen([HIP_PROGRAM, "gfx908", str(VRAM), "120", *args], env=env, stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_hip(tmp):
+    if not HIP_PROGRAM:
+        print("  (no HIP: libamdhip64-dev is not installed)")
+        return
+    daemon, notify, sock = start_daemon(tmp)
+    try:
+        p = run_hip(sock)
+        line = ""
+        while not line.startswith("holding"):
+            line = p.stdout.readline()
+            if not line:
+                break
+        if not check(line.startswith("holding"), "the HIP program holds its memory"):
+            p.kill()
+            print(p.communicate()[1][-2000:], file=sys.stderr)
+            return
+        c = client_of(sock, p.pid)
+        if check(c is not None, "gpumemctl clients shows the HIP process"):
+            check(c["name"] == "hip-broker", f"by its name: {c['name']}")
+            vram = sum(v["bytes"] for v in c["vram"])
+            check(vram >= 64 << 20, f"its 64 MiB hipMalloc is charged: {vram}")
+            check(c["host_bytes"] >= 8 << 20, f"its 8 MiB hipHostMalloc is charged: {c['host_bytes']}")
+            sizes = [a["size"] for a in allocations_of(sock, c["id"])]
+            check(64 << 20 in sizes and 8 << 20 in sizes, f"gpumemctl allocations lists both: {sizes}")
+        out, err = p.communicate("go\n", timeout=60)
+        check(p.returncode == 0 and "ok" in out.splitlines(), f"the HIP program passed: {out!r} {err[-1500:]!r}")
+        if c is not None:
+            check(wait_gone(sock, p.pid, c["id"]), "nothing of it is left after it ends")
+    finally:
+        stop(daemon)
+        notify.close()
+
+
+def test_hip_over_quota(tmp):
+    if not HIP_PROGRAM:
+        return
+    daemon, notify, sock = start_daemon(tmp, "[class small]\nmatch-all = yes\nvram = 96M\n")
+    try:
+        p = run_hip(sock, "over", str(128 << 20))
+        out, err = p.communicate("", timeout=60)
+        check(p.returncode == 0 and "over quota refused" in out,
+              f"a hipMalloc over the class's limit is hipErrorOutOfMemory: {out!r} {err[-1500:]!r}")
+        r = ctl(sock, "--json", "quota", "show", "small")
+        used = [q["used"] for q in json.loads(r.stdout)["quotas"] if q["resource"] == "vram"] if r.returncode == 0 else None
+        check(used == [0, 0], f"the class is whole again after it ends: {used}")
+    finally:
+        stop(daemon)
+        notify.close()
+
+
 def test_no_daemon(tmp):
     sock = os.path.join(tmp, "nobody.sock")
     p = run_program(sock)
@@ -167,5 +224,7 @@ if __name__ == "__main__":
         ("a process killed while holding memory leaves nothing", test_killed),
         ("a BO over the class's VRAM limit is refused, and the class is whole after", test_quota),
         ("rocminfo through gpumemd", test_rocminfo),
+        ("HIP: devices, memory info, hipMalloc and hipHostMalloc through gpumemd", test_hip),
+        ("HIP: a hipMalloc over the class's limit", test_hip_over_quota),
         ("with no daemon, a clear error naming the socket", test_no_daemon),
     ])
