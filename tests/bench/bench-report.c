@@ -129,7 +129,13 @@ void print_report(const Settings *st, const Report *rep)
                 print_lat_cells(&w->unpinned);
                 if (strcmp(w->section, "gpumemd") == 0)
                         printf("  %-14s %6.2f %6.2f", w->floor, w->ratio_p50, w->ratio_p99);
-                else if (strcmp(w->section, "in-process") == 0) {
+                else if (strcmp(w->section, "rocm-gpumemd") == 0) {
+                        const Row *b = find_row(rep, "rocm-model", w->name);
+                        if (b && b->pinned.n)
+                                printf("  %-14s %6.2f %6.2f", "(this/model)",
+                                       w->pinned.p50_us / b->pinned.p50_us,
+                                       w->pinned.p99_us / b->pinned.p99_us);
+                } else if (strcmp(w->section, "in-process") == 0) {
                         const Row *b = find_row(rep, "gpumemd", w->name);
                         if (b)
                                 printf("  %-14s %6.2f %6.2f", "(broker/this)",

@@ -96,6 +96,9 @@ typedef struct Report {
         long idle_rss_before_kb, idle_rss_after_kb, idle_slab_delta_kb;
         double idle_bytes_per_conn, idle_slab_per_conn;
         char idle_note[256];
+        /* HIP through gpumemd beside the in-process model */
+        bool rocm_ran;
+        char rocm_note[256];
         /* frame sizes */
         size_t sz_ping_req, sz_ping_rep, sz_topo_req, sz_topo_rep, sz_export_rep;
 } Report;
@@ -199,6 +202,7 @@ void run_isolation(const Settings *st, Report *rep, const BenchDaemon *d);
 void run_scaling(const Settings *st, Report *rep);
 void run_many(const Settings *st, Report *rep);
 void run_idle(const Settings *st, Report *rep);
+void run_rocm(const Settings *st, Report *rep);
 
 /* bench-scale.c, for bench-many.c too */
 size_t fill(gm_client *c, uint32_t gpu, size_t n, int *ret_err);

@@ -18,9 +18,12 @@ static void usage(void)
                "connections\n"
                "  GPUMEM_BENCH_ALLOCS=N, GPUMEM_BENCH_CONNS=N override those counts\n"
                "  --only: comma-separated subset of broker (with the "
-               "floors),inproc,tput,iso,scale,many,idle;\n"
+               "floors),inproc,tput,iso,scale,many,idle,rocm;\n"
                "    many (1M live allocations in a daemon limited to 20,000 fds; GPUMEM_BENCH_MANY=N sets\n"
-               "    the count) runs in a --long run or when named\n");
+               "    the count) runs in a --long run or when named\n"
+               "  rocm (when named): HIP through gpumemd beside the in-process model; GPUMEM_BENCH_HIP,\n"
+               "    GPUMEM_BENCH_MODEL_PRELOAD and GPUMEM_BENCH_KFD_PRELOAD name the timing program and\n"
+               "    the two KFD libraries (the meson benchmark sets them)\n");
 }
 
 static bool want(const char *only, const char *what)
@@ -133,6 +136,8 @@ int main(int argc, char **argv)
                 run_many(&st, &rep);
         if (want(only, "idle"))
                 run_idle(&st, &rep);
+        if (only && want(only, "rocm"))
+                run_rocm(&st, &rep);
 
         compute_ratios(&rep);
         if (!only)

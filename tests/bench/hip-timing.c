@@ -1,0 +1,70 @@
+/* Times HIP memory calls under whichever KFD the process has (the model's preload, or gpumemd's). */
+#include <hip/hip_runtime_api.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+
+static uint64_t now_ns(void)
+{
+        struct timespec ts;
+
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static int cmp(const void *a, const void *b)
+{
+        uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+        return x < y ? -1 : x > y;
+}
+
+/* One line per op: "op NAME N P50_NS P99_NS MEAN_NS" (the bench reads them). */
+static void report(const char *name, uint64_t *s, size_t n)
+{
+        uint64_t sum = 0;
+
+        for (size_t i = 0; i < n; i++)
+                sum += s[i];
+        qsort(s, n, sizeof(*s), cmp);
+        printf("op %s %zu %llu %llu %llu\n", name, n, (unsigned long long)s[n / 2],
+               (unsigned long long)s[(n * 99) / 100], (unsigned long long)(sum / n));
+}
+
+int main(int argc, char **argv)
+{
+        size_t n = argc > 1 ? strtoul(argv[1], NULL, 10) : 1000;
+        uint64_t *s = calloc(n ? n : 1, sizeof(*s));
+        size_t free_b, total;
+        void *p;
+
+        if (!s || n == 0)
+                return 2;
+        /* sizes above what ROCr keeps in its own blocks, so every call reaches the KFD */
+        const size_t dev = 8ull << 20, host = 4ull << 20;
+        if (hipSetDevice(0) != hipSuccess || hipMalloc(&p, dev) != hipSuccess || hipFree(p) != hipSuccess)
+                return fprintf(stderr, "hip-timing: HIP has no device\n"), 1;
+        for (size_t i = 0; i < n; i++) {
+                uint64_t t = now_ns();
+                if (hipMalloc(&p, dev) != hipSuccess || hipFree(p) != hipSuccess)
+                        return 1;
+                s[i] = now_ns() - t;
+        }
+        report("hipMalloc+hipFree", s, n);
+        for (size_t i = 0; i < n; i++) {
+                uint64_t t = now_ns();
+                if (hipHostMalloc(&p, host, 0) != hipSuccess || hipHostFree(p) != hipSuccess)
+                        return 1;
+                s[i] = now_ns() - t;
+        }
+        report("hipHostMalloc+hipHostFree", s, n);
+        for (size_t i = 0; i < n; i++) {
+                uint64_t t = now_ns();
+                if (hipMemGetInfo(&free_b, &total) != hipSuccess)
+                        return 1;
+                s[i] = now_ns() - t;
+        }
+        report("hipMemGetInfo", s, n);
+        free(s);
+        return 0;
+}
