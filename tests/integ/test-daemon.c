@@ -707,12 +707,15 @@ out:
 /* One request of protocol 2 on a raw connection, and (@want_reply) its reply's code. */
 static int raw_v2(int fd, uint32_t id, Gpumem__Request *req, bool want_reply)
 {
-        uint8_t buf[512], body[256];
-        size_t n = gpumem__request__pack(req, body);
+        uint8_t buf[GM_FRAME_HDR_SIZE + 2048], body[2048];
+        size_t n = gpumem__request__get_packed_size(req);
         uint32_t got = 0;
         int code = 0;
         char reason[128];
 
+        if (n > sizeof(body))
+                return -E2BIG;
+        n = gpumem__request__pack(req, body);
         if (raw_send(fd, buf, frame(buf, id, body, n, 2, 0), NULL, 0) < 0)
                 return -EIO;
         if (!want_reply)
@@ -767,6 +770,104 @@ static void test_events_pending_at_exit(void)
                         CHECK_EQ(st->clients, 1);
                 gm_status_free(st);
                 gm_client_close(c);
+        }
+}
+
+/* What a hostile client can do with the protocol-2 ops gets a clear error, and others go on meanwhile. */
+static void test_v2_ops_hostile(void)
+{
+        Gpumem__Request req = GPUMEM__REQUEST__INIT;
+        Gpumem__Hello h = GPUMEM__HELLO__INIT;
+        Gpumem__EventCreate ec = GPUMEM__EVENT_CREATE__INIT;
+        Gpumem__EventWait ew = GPUMEM__EVENT_WAIT__INIT;
+        Gpumem__TopologyFilesGet tf = GPUMEM__TOPOLOGY_FILES_GET__INIT;
+        uint32_t ids[300] = {0};
+        gm_client *other = connect_ok("bystander");
+        void *dev = NULL;
+        int fd = raw_connect(dmn.sock);
+
+        CHECK(fd >= 0);
+        if (fd < 0 || !other)
+                goto out;
+        h.has_protocol_version = true;
+        h.protocol_version = 2;
+        req.op_case = GPUMEM__REQUEST__OP_HELLO;
+        req.hello = &h;
+        CHECK_EQ(raw_v2(fd, 1, &req, true), 0);
+        tf.has_from = true;
+        tf.from = 1u << 30;
+        req.op_case = GPUMEM__REQUEST__OP_TOPOLOGY_FILES;
+        req.topology_files = &tf;
+        CHECK_EQ(raw_v2(fd, 2, &req, true), -EINVAL);
+        /* an event page that is no host memory of this client's: nothing, then someone else's device memory
+         */
+        ec.has_page_va = true;
+        ec.page_va = 0x1000;
+        req.op_case = GPUMEM__REQUEST__OP_EVENT_CREATE;
+        req.event_create = &ec;
+        CHECK_EQ(raw_v2(fd, 3, &req, true), -EINVAL);
+        uint32_t gpu[8];
+        CHECK(daemon_gpus(&dmn, gpu, 8) > 0);
+        CHECK_EQ(gm_malloc(other, 2 << 20, gpu[0], 0, &dev), 0);
+        ec.page_va = (uint64_t)(uintptr_t)dev;
+        CHECK_EQ(raw_v2(fd, 4, &req, true), -EINVAL);
+        ec.has_page_va = false;
+        CHECK_EQ(raw_v2(fd, 5, &req, true), 0); /* event 0 */
+        /* too many events in one wait */
+        ew.n_event_ids = 300;
+        ew.event_ids = ids;
+        req.op_case = GPUMEM__REQUEST__OP_EVENT_WAIT;
+        req.event_wait = &ew;
+        CHECK_EQ(raw_v2(fd, 6, &req, true), -EINVAL);
+        /* 256 pending waits; the next is refused at once, and the connection and the others go on */
+        ew.n_event_ids = 1;
+        for (uint32_t i = 0; i < 256; i++)
+                CHECK_EQ(raw_v2(fd, 100 + i, &req, false), 0);
+        CHECK_EQ(raw_v2(fd, 7, &req, true), -EAGAIN);
+        CHECK_EQ(gm_ping(other), 0);
+        Gpumem__EventId e = GPUMEM__EVENT_ID__INIT;
+        e.has_event_id = true;
+        req.op_case = GPUMEM__REQUEST__OP_EVENT_SET;
+        req.event_set = &e;
+        /* setting it ends all 256 (answered before or after the set's own reply) */
+        CHECK_EQ(raw_v2(fd, 8, &req, false), 0);
+        {
+                unsigned got = 0, set_ok = 0;
+                for (int i = 0; i < 257; i++) {
+                        uint32_t id = 0;
+                        int code = -1;
+                        char reason[64];
+                        if (raw_recv_reply(fd, &id, &code, reason, sizeof(reason), 5000) < 0)
+                                break;
+                        if (id == 8)
+                                set_ok += code == 0;
+                        else if (id >= 100 && id < 356 && code == 0)
+                                got++;
+                }
+                CHECK_EQ(got, 256);
+                CHECK_EQ(set_ok, 1);
+        }
+out:
+        if (fd >= 0)
+                close(fd);
+        if (dev)
+                CHECK_EQ(gm_mem_free(other, dev), 0);
+        gm_client_close(other);
+        /* a version-1 client is told the event ops are newer than what it agreed on */
+        fd = raw_connect(dmn.sock);
+        if (fd >= 0) {
+                CHECK_EQ(raw_hello(fd), 0);
+                req.op_case = GPUMEM__REQUEST__OP_EVENT_CREATE;
+                req.event_create = &ec;
+                uint8_t buf[256], body[128];
+                size_t n = gpumem__request__pack(&req, body);
+                uint32_t id = 0;
+                int code = 0;
+                char reason[128];
+                CHECK_EQ(raw_send(fd, buf, frame(buf, 9, body, n, 1, 0), NULL, 0), 0);
+                CHECK_EQ(raw_recv_reply(fd, &id, &code, reason, sizeof(reason), 5000), 0);
+                CHECK_EQ(code, -EOPNOTSUPP);
+                close(fd);
         }
 }
 
@@ -853,6 +954,7 @@ int main(void)
                 {"windows below 1 TiB for clients that ask", test_low_window},
                 {"KFD events kept by the daemon", test_events},
                 {"pending event waits of a client that goes", test_events_pending_at_exit},
+                {"hostile use of the protocol-2 ops", test_v2_ops_hostile},
                 {"threads share one connection", test_threads},
                 {"hostile frames get one error and a close", test_hostile_frames},
                 {"request errors keep the connection", test_request_errors},
