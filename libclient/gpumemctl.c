@@ -1,13 +1,17 @@
 /* gpumemctl: the administrators' CLI for gpumemd (tables for people, stable JSON with --json). */
 #include <ctype.h>
 #include <errno.h>
+#include <limits.h>
+#include <link.h>
 #include <getopt.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
+#include "config.h"
 #include "gpumem-client.h"
 
 #define GPUMEMCTL_JSON_SCHEMA 1
@@ -452,21 +456,61 @@ static bool cdi_path_ok(const char *path)
         return true;
 }
 
+/* Where this process loaded libprotobuf-c from: the library gpumem-kfd needs beside it in a container. */
+static int find_protobuf_c(struct dl_phdr_info *info, size_t size, void *data)
+{
+        const char *base = strrchr(info->dlpi_name, '/');
+
+        (void)size;
+        if (base && strncmp(base + 1, "libprotobuf-c.so.", 17) == 0) {
+                snprintf(data, PATH_MAX, "%s", info->dlpi_name);
+                return 1;
+        }
+        return 0;
+}
+
+/* One read-only bind mount of a file into the container. */
+static void cdi_mount(const char *host, const char *inside, const char *const *opts, bool last)
+{
+        printf("          {\n            \"hostPath\": ");
+        json_str(host);
+        printf(",\n            \"containerPath\": ");
+        json_str(inside);
+        printf(",\n            \"type\": \"bind\",\n            \"options\": [");
+        for (size_t i = 0; opts[i]; i++)
+                printf("%s\"%s\"", i ? ", " : "", opts[i]);
+        printf("]\n          }%s\n", last ? "" : ",");
+}
+
+#define CDI_ROCM_DIR "/opt/gpumemd/lib"
+
 /*
  * A Container Device Interface spec for the socket: the container gets a bind mount of the socket and
- * GPUMEM_SOCKET, and no device node, since gpumemd alone opens /dev/kfd. Version 0.5.0 of the CDI spec
- * covers everything used here (mount type and options), so older runtimes accept it too.
+ * GPUMEM_SOCKET, and no device node, since gpumemd alone opens /dev/kfd. With --rocm it also gets the
+ * client-side KFD (libgpumem-kfd.so and the libprotobuf-c it needs, read-only, in /opt/gpumemd/lib) and
+ * LD_PRELOAD naming it, so unmodified ROCm programs in it run through gpumemd. Version 0.5.0 of the CDI
+ * spec covers everything used here (env, mount type and options), so older runtimes accept it too.
  */
 static int cmd_cdi(Ctl *ctl, int argc, char **argv)
 {
         const char *kind = "gpumem.io/socket", *name = "default";
         const char *host = ctl->socket ? ctl->socket : GM_DEFAULT_SOCKET, *inside = NULL;
-        char env[160];
+        const char *kfd_lib = GPUMEMD_KFD_LIBRARY;
+        static const char *const sock_opts[] = {"bind", "nosuid", "nodev", "noexec", NULL};
+        static const char *const lib_opts[] = {"bind", "ro", "nosuid", "nodev", NULL};
+        char env[160], pbc[PATH_MAX] = "", in_pbc[PATH_MAX];
+        bool rocm = false;
 
         for (int i = 1; i < argc; i++) {
-                static const char *const opts[] = {"--kind", "--name", "--socket-path", "--container-path"};
-                const char **dst[] = {&kind, &name, &host, &inside};
+                static const char *const opts[] = {"--kind", "--name", "--socket-path", "--container-path",
+                                                   "--kfd-library"};
+                const char **dst[] = {&kind, &name, &host, &inside, &kfd_lib};
                 size_t k, len = 0;
+
+                if (strcmp(argv[i], "--rocm") == 0) {
+                        rocm = true;
+                        continue;
+                }
 
                 for (k = 0; k < sizeof(opts) / sizeof(opts[0]); k++) {
                         len = strlen(opts[k]);
@@ -502,6 +546,19 @@ static int cmd_cdi(Ctl *ctl, int argc, char **argv)
                                 "free of control characters and '='\n");
                 return EXIT_FAILURE;
         }
+        if (rocm) {
+                if (!cdi_path_ok(kfd_lib) || access(kfd_lib, R_OK) < 0) {
+                        fprintf(stderr, "gpumemctl: cdi: no client-side KFD at %s (--kfd-library PATH)\n",
+                                kfd_lib);
+                        return EXIT_FAILURE;
+                }
+                dl_iterate_phdr(find_protobuf_c, pbc);
+                if (!pbc[0] || !cdi_path_ok(pbc)) {
+                        fprintf(stderr, "gpumemctl: cdi: cannot tell where libprotobuf-c is\n");
+                        return EXIT_FAILURE;
+                }
+                snprintf(in_pbc, sizeof(in_pbc), "%s/%s", CDI_ROCM_DIR, strrchr(pbc, '/') + 1);
+        }
         printf("{\n  \"cdiVersion\": \"0.5.0\",\n  \"kind\": ");
         json_str(kind);
         printf(",\n  \"devices\": [\n    {\n      \"name\": ");
@@ -509,13 +566,17 @@ static int cmd_cdi(Ctl *ctl, int argc, char **argv)
         printf(",\n      \"containerEdits\": {\n        \"env\": [");
         snprintf(env, sizeof(env), "GPUMEM_SOCKET=%s", inside);
         json_str(env);
-        printf("],\n        \"mounts\": [\n          {\n            \"hostPath\": ");
-        json_str(host);
-        printf(",\n            \"containerPath\": ");
-        json_str(inside);
-        printf(",\n            \"type\": \"bind\",\n"
-               "            \"options\": [\"bind\", \"nosuid\", \"nodev\", \"noexec\"]\n"
-               "          }\n        ]\n      }\n    }\n  ]\n}\n");
+        if (rocm) {
+                printf(", ");
+                json_str("LD_PRELOAD=" CDI_ROCM_DIR "/libgpumem-kfd.so");
+        }
+        printf("],\n        \"mounts\": [\n");
+        cdi_mount(host, inside, sock_opts, !rocm);
+        if (rocm) {
+                cdi_mount(kfd_lib, CDI_ROCM_DIR "/libgpumem-kfd.so", lib_opts, false);
+                cdi_mount(pbc, in_pbc, lib_opts, true);
+        }
+        printf("        ]\n      }\n    }\n  ]\n}\n");
         return EXIT_SUCCESS;
 }
 
@@ -799,7 +860,8 @@ static const struct {
         {"metrics", cmd_metrics, "metrics in Prometheus text format"},
         {"log-level", cmd_log_level, "set the daemon's log level: log-level LEVEL"},
         {"ping", cmd_ping, "one round trip to the daemon"},
-        {"cdi", cmd_cdi, "print a CDI spec giving containers the socket [--kind K] [--name N]", true},
+        {"cdi", cmd_cdi, "print a CDI spec giving containers the socket [--kind K] [--name N] [--rocm]",
+         true},
 };
 
 static void usage(FILE *f)

@@ -129,9 +129,67 @@ def test_spec_in_mount_namespace(tmp):
         notify.close()
 
 
+def test_rocm_spec(tmp):
+    kfd = os.environ.get("GPUMEM_KFD_LIB", "")
+    if not kfd:
+        print("  skipped: libgpumem-kfd.so is not built here", file=sys.stderr)
+        return
+    r = cdi("--rocm", "--kfd-library", kfd)
+    check(r.returncode == 0, f"cdi --rocm: {r.stderr}")
+    dev = validate(json.loads(r.stdout))
+    edits = dev["containerEdits"]
+    check("LD_PRELOAD=/opt/gpumemd/lib/libgpumem-kfd.so" in edits["env"], f"LD_PRELOAD names the library: {edits}")
+    libs = {m["containerPath"]: m for m in edits["mounts"][1:]}
+    check(set(libs) == {"/opt/gpumemd/lib/libgpumem-kfd.so", "/opt/gpumemd/lib/libprotobuf-c.so.1"},
+          f"the library and the one it needs, beside it: {sorted(libs)}")
+    check(all("ro" in m["options"] for m in libs.values()), "mounted read-only")
+    check("/dev/" not in r.stdout and "deviceNodes" not in r.stdout, "still no device node")
+    r = cdi("--rocm", "--kfd-library", os.path.join(tmp, "none.so"))
+    check(r.returncode != 0 and "none.so" in r.stderr and r.stdout == "", "a missing library is refused")
+
+
+def test_rocm_in_mount_namespace(tmp):
+    """The --rocm spec as a runtime applies it, with no /dev/kfd or /dev/dri: rocminfo through the daemon."""
+    kfd = os.environ.get("GPUMEM_KFD_LIB", "")
+    unshare, rocminfo = shutil.which("unshare"), shutil.which("rocminfo")
+    probe = subprocess.run([unshare, "--mount", "true"], capture_output=True) if unshare else None
+    if not kfd or not rocminfo or not probe or probe.returncode != 0:
+        print("  skipped: needs libgpumem-kfd.so, rocminfo and mount namespaces", file=sys.stderr)
+        return
+    host_sock = os.path.join(tmp, "host", "gpumemd.sock")
+    os.makedirs(os.path.dirname(host_sock))
+    spec = json.loads(cdi("--rocm", "--kfd-library", kfd, "--socket-path", host_sock,
+                          "--container-path", "/run/gpumemd-cdi/gpumemd.sock").stdout)
+    edits = spec["devices"][0]["containerEdits"]
+    notify = Notify(os.path.join(tmp, "notify"))
+    daemon = subprocess.Popen([GPUMEMD, "--socket", host_sock, "--config", "/dev/null", "--model-preset", "gfx908"],
+                              env=dict(os.environ, NOTIFY_SOCKET=notify.path), stderr=subprocess.PIPE, text=True)
+    try:
+        check(notify.wait("READY=1"), "daemon ready")
+        # tmpfs over /opt and /run in the namespace hold the container paths; /dev/kfd and /dev/dri are hidden
+        lines = ["set -e", "mount -t tmpfs tmpfs /opt", "mount -t tmpfs tmpfs /run"]
+        for d in ("/dev/kfd", "/dev/dri"):
+            lines.append(f"if [ -e {d} ]; then mount -t tmpfs tmpfs {d} 2>/dev/null || mount --bind /dev/null {d}; fi")
+        for m in edits["mounts"]:
+            opts = ",".join(o for o in m["options"] if o != "bind")
+            lines += [f'mkdir -p "$(dirname {m["containerPath"]})"', f'touch {m["containerPath"]}',
+                      f'mount --bind {m["hostPath"]} {m["containerPath"]}',
+                      f'mount -o remount,bind,{opts} {m["containerPath"]}']
+        lines.append(f'exec env -u GPUMEM_SOCKET -u LD_PRELOAD {" ".join(edits["env"])} {rocminfo}')
+        r = subprocess.run([unshare, "--mount", "--propagation", "private", "sh", "-c", "\n".join(lines)],
+                           capture_output=True, text=True, timeout=60)
+        check(r.returncode == 0, f"rocminfo in the namespace runs through gpumemd: {r.returncode} {r.stderr[-800:]}")
+        check(any(ln.split() == ["Name:", "gfx908"] for ln in r.stdout.splitlines()), "and sees the daemon's GPU")
+    finally:
+        stop(daemon)
+        notify.close()
+
+
 run_tests([
     ("default spec", test_default),
     ("kind, name and paths", test_options),
     ("invalid names and paths are refused", test_refusals),
     ("the spec applied in a mount namespace", test_spec_in_mount_namespace),
+    ("--rocm: the client-side KFD and LD_PRELOAD", test_rocm_spec),
+    ("--rocm applied in a mount namespace without /dev/kfd: rocminfo", test_rocm_in_mount_namespace),
 ])

@@ -85,6 +85,16 @@ def test_layout(tmp):
           "libgpumem_client.so, the link-time name, points at the library")
     r = subprocess.run(["readelf", "-d", real], capture_output=True, text=True)
     check("Library soname: [libgpumem_client.so.1]" in r.stdout, "the soname is libgpumem_client.so.1")
+    # the client-side KFD, where the preload libraries are built: it finds libprotobuf-c beside it
+    kfd = os.path.join(libdir, "gpumemd", "libgpumem-kfd.so")
+    if os.path.exists(os.path.join(libdir, "gpumemd", "libgpumem-model-preload.so")):
+        check(os.path.isfile(kfd), "libgpumem-kfd.so installed beside the model's preload library")
+        if os.path.isfile(kfd):
+            r = subprocess.run(["readelf", "-d", kfd], capture_output=True, text=True)
+            check("[$ORIGIN]" in r.stdout, f"its RUNPATH is $ORIGIN: {r.stdout}")
+            needed = re.findall(r"Shared library: \[([^]]+)\]", r.stdout)
+            check(set(needed) <= {"libprotobuf-c.so.1", "libc.so.6"},
+                  f"it needs libprotobuf-c and libc only, as a container gets them: {needed}")
     with open(os.path.join(libdir, "pkgconfig", "gpumem-client.pc")) as f:
         pc = f.read()
     check(f"prefix={E['PREFIX']}" in pc and "-lgpumem_client" in pc, "the .pc file names the prefix and library")
