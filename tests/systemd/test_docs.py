@@ -27,7 +27,7 @@ def test_yaml(tmp):
         return
     docs = [d for b in blocks("containers.md", "yaml") for d in yaml.safe_load_all(b)]
     kinds = [d["kind"] for d in docs]
-    check(kinds == ["ConfigMap", "DaemonSet", "Pod"], f"the Kubernetes objects: {kinds}")
+    check(kinds == ["ConfigMap", "DaemonSet", "Pod", "Pod"], f"the Kubernetes objects: {kinds}")
     ds = docs[1]["spec"]
     tpl = ds["template"]
     check(ds["selector"]["matchLabels"] == tpl["metadata"]["labels"], "the DaemonSet selects its own pods")
@@ -48,6 +48,21 @@ def test_yaml(tmp):
     check(pod["securityContext"]["supplementalGroups"] == [tpl["spec"]["containers"][0]["securityContext"]
                                                            ["runAsGroup"]], "pods carry the socket's group")
     check("privileged" not in json.dumps(pod) and "/dev/" not in json.dumps(pod), "pods get no device")
+    # the ROCm pod: the socket, the client-side KFD and its one library, read-only, and LD_PRELOAD
+    rocm = docs[3]["spec"]
+    c = rocm["containers"][0]
+    env = {e["name"]: e["value"] for e in c["env"]}
+    check(env.get("LD_PRELOAD") == "/opt/gpumemd/lib/libgpumem-kfd.so", f"LD_PRELOAD names the library: {env}")
+    rvols = {v["name"]: v["hostPath"] for v in rocm["volumes"]}
+    mounts = {m["name"]: m for m in c["volumeMounts"]}
+    check(set(mounts) == set(rvols), "every mount has its volume")
+    check(rvols["kfd-lib"]["path"].endswith("/gpumemd/libgpumem-kfd.so") and rvols["kfd-lib"]["type"] == "File",
+          "the library from where it is installed")
+    check(all(mounts[n].get("readOnly") for n in ("kfd-lib", "protobuf-c")), "the libraries are read-only")
+    check({m["mountPath"] for n, m in mounts.items() if n != "gpumemd"} ==
+          {"/opt/gpumemd/lib/libgpumem-kfd.so", "/opt/gpumemd/lib/libprotobuf-c.so.1"},
+          "where gpumemctl cdi --rocm puts them (the library finds libprotobuf-c beside itself)")
+    check("privileged" not in json.dumps(rocm) and "/dev/" not in json.dumps(rocm), "no device for it either")
 
 
 def test_cdi_example(tmp):
