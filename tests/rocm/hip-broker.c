@@ -55,7 +55,18 @@ int main(int argc, char **argv)
         printf("allocated: free %zu total %zu\n", free1, total1);
         REQUIRE(total1 == total0 && free1 + size <= free0);
 
+        {
+                /* HIP knows its own allocations: what they are and where, device and host */
+                hipPointerAttribute_t pa;
+                REQUIRE_HIP(hipPointerGetAttributes(&pa, d));
+                REQUIRE(pa.memoryType == hipMemoryTypeDevice && pa.device == 0 && pa.devicePointer == d);
+        }
         REQUIRE_HIP(hipHostMalloc(&h, host, 0));
+        {
+                hipPointerAttribute_t pa;
+                REQUIRE_HIP(hipPointerGetAttributes(&pa, h));
+                REQUIRE(pa.memoryType == hipMemoryTypeHost && pa.hostPointer == h);
+        }
         for (size_t i = 0; i < host / 8; i++)
                 ((volatile uint64_t *)h)[i] = i * 0x9e3779b97f4a7c15ULL;
         printf("holding %p %p\n", d, h);

@@ -190,6 +190,32 @@ def test_hip(tmp):
         notify.close()
 
 
+def test_hip_killed(tmp):
+    if not HIP_PROGRAM:
+        return
+    daemon, notify, sock = start_daemon(tmp)
+    try:
+        p = run_hip(sock)
+        line = ""
+        while not line.startswith("holding"):
+            line = p.stdout.readline()
+            if not line:
+                break
+        c = client_of(sock, p.pid) if line.startswith("holding") else None
+        check(c is not None and len(allocations_of(sock, c["id"])) >= 2, "the HIP program holds its memory")
+        p.send_signal(signal.SIGKILL)
+        p.communicate(timeout=10)
+        if c is not None:
+            check(wait_gone(sock, p.pid, c["id"]), "SIGKILL: everything HIP held is freed")
+        r = ctl(sock, "--json", "quota", "show", "default")
+        used = [q["used"] for q in json.loads(r.stdout)["quotas"] if q["resource"] in ("vram", "host")] \
+            if r.returncode == 0 else None
+        check(used is not None and not any(used), f"and its class is whole again: {used}")
+    finally:
+        stop(daemon)
+        notify.close()
+
+
 def test_hip_over_quota(tmp):
     if not HIP_PROGRAM:
         return
@@ -225,6 +251,7 @@ if __name__ == "__main__":
         ("a BO over the class's VRAM limit is refused, and the class is whole after", test_quota),
         ("rocminfo through gpumemd", test_rocminfo),
         ("HIP: devices, memory info, hipMalloc and hipHostMalloc through gpumemd", test_hip),
+        ("HIP: killed with SIGKILL while it holds memory", test_hip_killed),
         ("HIP: a hipMalloc over the class's limit", test_hip_over_quota),
         ("with no daemon, a clear error naming the socket", test_no_daemon),
     ])
