@@ -78,6 +78,8 @@ static struct {
         uint32_t next_bo;
         uint64_t unserved_said;               /* bit per ioctl number already logged as not served */
         uint64_t event_page, event_page_size; /* the GTT BO named at the first CREATE_EVENT */
+        pid_t owner; /* the process the connection and the topology directory are of */
+        bool forked; /* this is a child of that process (its KFD is its parent's, as after fork) */
 } kb = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
 static void say(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -140,8 +142,16 @@ static int rm_entry(const char *path, const struct stat *st, int flag, struct FT
 
 __attribute__((destructor)) static void remove_topology(void)
 {
-        if (kb.topology_dir[0])
+        /* a forked child's exit leaves its parent's directory alone */
+        if (kb.topology_dir[0] && getpid() == kb.owner)
                 nftw(kb.topology_dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+}
+
+/* As on the kernel, a child does not inherit its parent's KFD: the connection is the parent's, and frames
+ * of two processes on one socket would mix. Its ioctls and mmaps on the inherited fds fail with -EBADF. */
+static void after_fork_in_child(void)
+{
+        kb.forked = true;
 }
 
 /* The daemon's topology as a directory of this process's, which the layer serves in place of sysfs. */
@@ -198,8 +208,10 @@ static int b_start(const PreloadHost *host, char *topology_dir, size_t len, char
         int r, fd;
 
         kb.host = host;
+        kb.owner = getpid();
         for (size_t i = 0; i < MAX_FDS; i++)
                 kb.fds[i].fd = -1;
+        (void)pthread_atfork(NULL, NULL, after_fork_in_child);
         if (!sock || !*sock)
                 sock = GPUMEMD_SOCKET_DEFAULT;
         fd = open("/proc/self/comm", O_RDONLY | O_CLOEXEC);
@@ -675,6 +687,8 @@ static int b_mmap(void *addr, size_t len, int prot, int flags, int fd, uint64_t 
         bool host = false;
         int slot;
 
+        if (kb.forked)
+                return -EBADF;
         pthread_mutex_lock(&kb.lock);
         slot = fd_slot(fd);
         for (size_t i = 0; slot >= 0 && i < kb.n_bos; i++)
@@ -932,6 +946,8 @@ static int b_ioctl(int fd, unsigned long request, void *arg)
         FdKind kind;
         int slot;
 
+        if (kb.forked)
+                return -EBADF;
         pthread_mutex_lock(&kb.lock);
         slot = fd_slot(fd);
         kind = slot >= 0 ? kb.fds[slot].kind : 0;

@@ -1,6 +1,10 @@
 /* libhsakmt (ROCm 5.2.3) through gpumemd: run under libgpumem-kfd.so with no /dev/kfd of its own. */
+#include <errno.h>
+#include <fcntl.h>
 #include <hsakmt.h>
 #include <pthread.h>
+#include <sys/ioctl.h>
+#include <sys/wait.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -80,6 +84,38 @@ static int test_events(uint32_t gpu_node)
         return 0;
 }
 
+/* KFD's GET_VERSION (kfd_ioctl.h): _IOR('K', 0x01, two u32) */
+#define KFD_GET_VERSION 0x80084B01ul
+struct kfd_version {
+        uint32_t major_version, minor_version;
+};
+
+/*
+ * A forked child does not inherit the KFD, as on the kernel: its ioctls on the inherited fd fail with
+ * EBADF, and its exit disturbs nothing of its parent's (connection, topology).
+ */
+static int test_fork(void)
+{
+        struct kfd_version v = {0};
+        int fd = open("/dev/kfd", O_RDWR | O_CLOEXEC), st = -1;
+        pid_t pid;
+
+        REQUIRE(fd >= 0);
+        REQUIRE(ioctl(fd, KFD_GET_VERSION, &v) == 0 && v.major_version == 1);
+        pid = fork();
+        REQUIRE(pid >= 0);
+        if (pid == 0)
+                _exit(ioctl(fd, KFD_GET_VERSION, &v) == -1 && errno == EBADF ? 0 : 1);
+        REQUIRE(waitpid(pid, &st, 0) == pid && WIFEXITED(st) && WEXITSTATUS(st) == 0);
+        REQUIRE(ioctl(fd, KFD_GET_VERSION, &v) == 0);
+        close(fd);
+        /* the topology the library serves is still there for the parent */
+        fd = open("/sys/devices/virtual/kfd/kfd/topology/generation_id", O_RDONLY | O_CLOEXEC);
+        REQUIRE(fd >= 0);
+        close(fd);
+        return 0;
+}
+
 /* "fill": 2 MiB VRAM BOs until the daemon refuses one (the class's limit); says how many, frees them. */
 static int fill(uint32_t gpu_node)
 {
@@ -135,6 +171,8 @@ int main(int argc, char **argv)
                 REQUIRE(np.LocalMemSize == vram_bytes);
         }
         REQUIRE(gpus >= 1);
+        if (test_fork() != 0)
+                return 1;
         if (argc > 2 && strcmp(argv[2], "fill") == 0)
                 return fill(gpu_node);
 
