@@ -25,6 +25,9 @@ struct EventWait {
 struct ClientEvents {
         Event *events;
         size_t n, cap;
+        uint64_t signal_used[EVENTS_SIGNAL_LIMIT / 64]; /* a bit per signal id (slot) in use */
+        size_t n_signal;
+        uint32_t next_other;         /* where the next id of another type is looked for */
         uint64_t page_va, page_size; /* the event page the client named (0: none) */
         EventWait *waits;
         size_t n_waits;
@@ -67,53 +70,79 @@ static bool is_signal(uint32_t type)
         return type == EVENTS_TYPE_SIGNAL; /* (the debug event is the debugger's, which gpumemd has not) */
 }
 
+/* The lowest free signal id below @limit, or -1. */
+static int64_t free_signal_id(const ClientEvents *e, uint32_t limit)
+{
+        for (uint32_t word = 0; word * 64 < limit; word++) {
+                uint64_t free_bits = ~e->signal_used[word];
+                if (free_bits) {
+                        uint32_t id = word * 64 + (uint32_t)__builtin_ctzll(free_bits);
+                        return id < limit ? (int64_t)id : -1;
+                }
+        }
+        return -1;
+}
+
 int client_event_create(ClientEvents *e, uint32_t type, bool auto_reset, uint64_t page_va, uint64_t page_size,
                         uint32_t *ret_id, uint32_t *ret_slot, Reason *w)
 {
-        uint32_t first, last;
+        bool signal = is_signal(type);
+        uint32_t id;
 
         if (type > EVENTS_TYPE_MAX || type == 5)
                 return reason_set(w, -EINVAL, "event type %u is not one gpumemd keeps", type);
         if (page_va) {
                 if (e->page_va)
                         return reason_set(w, -EINVAL, "the event page is set already");
+                /* as KFD, which makes a page of its own at the first signal event without one */
+                if (e->n_signal)
+                        return reason_set(w, -EINVAL, "signal events exist already without an event page");
                 if (page_size < 8)
                         return reason_set(w, -EINVAL, "an event page of %llu bytes holds no slot",
                                           (unsigned long long)page_size);
         }
-        if (is_signal(type)) {
-                uint64_t slots = (page_va      ? page_size
-                                  : e->page_va ? e->page_size
-                                               : 8ull * EVENTS_SIGNAL_LIMIT) /
-                                 8;
-                first = 0;
-                last = (uint32_t)(slots < EVENTS_SIGNAL_LIMIT ? slots : EVENTS_SIGNAL_LIMIT) - 1;
+        if (signal) {
+                uint64_t size = page_va ? page_size : e->page_va ? e->page_size : 8ull * EVENTS_SIGNAL_LIMIT;
+                uint64_t slots = size / 8 < EVENTS_SIGNAL_LIMIT ? size / 8 : EVENTS_SIGNAL_LIMIT;
+                int64_t free_id = free_signal_id(e, (uint32_t)slots);
+                if (free_id < 0)
+                        return reason_set(w, -ENOSPC, "every signal slot is taken");
+                id = (uint32_t)free_id;
         } else {
-                first = EVENTS_FIRST_NONSIGNAL;
-                last = UINT32_MAX - 1;
+                if (e->n - e->n_signal >= EVENTS_MAX_OTHER)
+                        return reason_set(w, -ENOSPC, "%u events other than signal events are held already",
+                                          EVENTS_MAX_OTHER);
+                /* ids go up from the first non-signal id; with at most EVENTS_MAX_OTHER in use a free one
+                 * is found within as many steps */
+                if (e->next_other < EVENTS_FIRST_NONSIGNAL || e->next_other == UINT32_MAX)
+                        e->next_other = EVENTS_FIRST_NONSIGNAL;
+                while (find(e, e->next_other))
+                        e->next_other =
+                                e->next_other == UINT32_MAX - 1 ? EVENTS_FIRST_NONSIGNAL : e->next_other + 1;
+                id = e->next_other;
         }
-        for (uint32_t id = first;; id++) {
-                if (!find(e, id)) {
-                        if (e->n == e->cap) {
-                                size_t cap = e->cap ? e->cap * 2 : 16;
-                                Event *more = realloc(e->events, cap * sizeof(*more));
-                                if (!more)
-                                        return reason_set(w, -ENOMEM, "out of memory");
-                                e->events = more;
-                                e->cap = cap;
-                        }
-                        e->events[e->n++] = (Event){.id = id, .type = type, .auto_reset = auto_reset};
-                        if (page_va) {
-                                e->page_va = page_va;
-                                e->page_size = page_size;
-                        }
-                        *ret_id = id;
-                        *ret_slot = is_signal(type) ? id : 0;
-                        return 0;
-                }
-                if (id == last)
-                        return reason_set(w, -ENOSPC, "no event id is free");
+        if (e->n == e->cap) {
+                size_t cap = e->cap ? e->cap * 2 : 16;
+                Event *more = realloc(e->events, cap * sizeof(*more));
+                if (!more)
+                        return reason_set(w, -ENOMEM, "out of memory");
+                e->events = more;
+                e->cap = cap;
         }
+        e->events[e->n++] = (Event){.id = id, .type = type, .auto_reset = auto_reset};
+        if (signal) {
+                e->signal_used[id / 64] |= 1ull << (id % 64);
+                e->n_signal++;
+        } else {
+                e->next_other = id + 1;
+        }
+        if (page_va) {
+                e->page_va = page_va;
+                e->page_size = page_size;
+        }
+        *ret_id = id;
+        *ret_slot = signal ? id : 0;
+        return 0;
 }
 
 static void wait_unlink(ClientEvents *e, EventWait *w)
@@ -158,6 +187,10 @@ int client_event_destroy(ClientEvents *e, uint32_t id, Reason *w)
 
         if (!ev)
                 return reason_set(w, -EINVAL, "no event %u", id);
+        if (is_signal(ev->type)) {
+                e->signal_used[id / 64] &= ~(1ull << (id % 64));
+                e->n_signal--;
+        }
         *ev = e->events[--e->n];
         finish_waits(e, &id);
         return 0;
@@ -201,22 +234,25 @@ int client_event_wait(ClientEvents *e, const uint32_t *ids, size_t n, bool all, 
         for (size_t i = 0; i < n; i++)
                 if (!find(e, ids[i]))
                         return reason_set(w, -EINVAL, "no event %u", ids[i]);
-        if (pend && e->n_waits >= EVENTS_MAX_PENDING_WAITS)
-                return reason_set(w, -EAGAIN, "%u waits are pending already", EVENTS_MAX_PENDING_WAITS);
         wt = calloc(1, sizeof(*wt));
         if (!wt)
                 return reason_set(w, -ENOMEM, "out of memory");
         wt->all = all;
         wt->n = n;
         memcpy(wt->ids, ids, n * sizeof(*ids));
-        /* what is signalled now activates the wait; an auto-reset event is taken by it */
+        /* what is signalled now activates the wait */
+        for (size_t i = 0; i < n; i++)
+                wt->activated[i] = find(e, ids[i])->signaled;
+        /* only a wait that must pend is held to the limit, before it takes anything */
+        if (!complete(wt) && pend && e->n_waits >= EVENTS_MAX_PENDING_WAITS) {
+                free(wt);
+                return reason_set(w, -EAGAIN, "%u waits are pending already", EVENTS_MAX_PENDING_WAITS);
+        }
+        /* an auto-reset event it saw is taken by it */
         for (size_t i = 0; i < n; i++) {
                 Event *ev = find(e, ids[i]);
-                if (ev->signaled) {
-                        wt->activated[i] = true;
-                        if (ev->auto_reset)
-                                ev->signaled = false;
-                }
+                if (wt->activated[i] && ev->auto_reset)
+                        ev->signaled = false;
         }
         if (complete(wt) || !pend) {
                 int r = complete(wt) ? 1 : 0;

@@ -16,9 +16,11 @@
 #define EVENTS_WAIT_COMPLETE   0u
 #define EVENTS_WAIT_TIMEOUT    1u
 #define EVENTS_WAIT_FAIL       2u
-/* Events one wait may name, and waits one client may have pending at once. */
+/* Events one wait may name, waits one client may have pending at once, and events of other types than
+ * signal events a client may hold (signal events are bounded by their 4096 slots). */
 #define EVENTS_WAIT_MAX_IDS      256u
 #define EVENTS_MAX_PENDING_WAITS 256u
+#define EVENTS_MAX_OTHER         256u
 
 typedef struct ClientEvents ClientEvents;
 typedef struct EventWait EventWait;
@@ -35,8 +37,8 @@ size_t client_events_count(const ClientEvents *e);
 /*
  * A new event of KFD @type. The first event may name the event page (@page_va, @page_size: memory of the
  * client's that libhsakmt allocated for it); a signal event takes the lowest free id below the page's slot
- * count (4096 without a page) and that id is its slot. -EINVAL: unknown type, or a page when one is set;
- * -ENOSPC: no id left.
+ * count (4096 without a page) and that id is its slot. -EINVAL: unknown type, or a page when one is set
+ * or after signal events were made without one; -ENOSPC: no id left (or EVENTS_MAX_OTHER other events).
  */
 int client_event_create(ClientEvents *e, uint32_t type, bool auto_reset, uint64_t page_va, uint64_t page_size,
                         uint32_t *ret_id, uint32_t *ret_slot, Reason *w);
@@ -52,8 +54,8 @@ int client_event_reset(ClientEvents *e, uint32_t id, Reason *w);
 /*
  * Wait for any (or with @all, all) of @ids: 1 when that holds now (signalled auto-reset events are
  * consumed), 0 when the wait is pending (*@ret is it; @done is called when it completes), -EINVAL for an
- * unknown id or more than EVENTS_WAIT_MAX_IDS, -EAGAIN at EVENTS_MAX_PENDING_WAITS. @pend false: never
- * pending (a timeout of 0), 0 means not yet.
+ * unknown id or more than EVENTS_WAIT_MAX_IDS, -EAGAIN when it would be pending and
+ * EVENTS_MAX_PENDING_WAITS are. @pend false: never pending (a timeout of 0), 0 means not yet.
  */
 int client_event_wait(ClientEvents *e, const uint32_t *ids, size_t n, bool all, bool pend, EventWaitDone done,
                       void *ctx, EventWait **ret, Reason *w);

@@ -725,6 +725,38 @@ static int raw_v2(int fd, uint32_t id, Gpumem__Request *req, bool want_reply)
         return code;
 }
 
+/* A client's events are bounded: the signal slots its page has, and 256 of the other types. */
+static void test_events_bounded(void)
+{
+        gm_client *c = connect_ok("events-bounded");
+        uint32_t id, ids[600];
+        void *page = NULL;
+        size_t n = 0;
+
+        if (!c)
+                return;
+        /* a 4 KiB event page holds 512 signal slots */
+        CHECK_EQ(gm_host_malloc(c, 4096, 0, -1, 0, &page), 0);
+        CHECK_EQ(gm_event_create(c, 0, false, page, &ids[n++], NULL), 0);
+        while (n < 600 && gm_event_create(c, 0, false, NULL, &ids[n], NULL) == 0)
+                n++;
+        CHECK_EQ(n, 512);
+        CHECK_EQ(gm_event_create(c, 0, false, NULL, &id, NULL), -ENOSPC);
+        /* a freed slot is the next one taken */
+        CHECK_EQ(gm_event_destroy(c, ids[100]), 0);
+        CHECK_EQ(gm_event_create(c, 0, false, NULL, &id, NULL), 0);
+        CHECK_EQ(id, ids[100]);
+        for (size_t i = 0; i < n; i++)
+                CHECK_EQ(gm_event_destroy(c, ids[i]), 0);
+        for (n = 0; n < 300 && gm_event_create(c, 8, false, NULL, &ids[n], NULL) == 0; n++)
+                ;
+        CHECK_EQ(n, 256);
+        for (size_t i = 0; i < n; i++)
+                CHECK_EQ(gm_event_destroy(c, ids[i]), 0);
+        CHECK_EQ(gm_mem_free(c, page), 0);
+        gm_client_close(c);
+}
+
 /* A client that goes while its waits are pending leaves nothing (raw: the waits are never answered). */
 static void test_events_pending_at_exit(void)
 {
@@ -954,6 +986,7 @@ int main(void)
                 {"windows below 1 TiB for clients that ask", test_low_window},
                 {"KFD events kept by the daemon", test_events},
                 {"pending event waits of a client that goes", test_events_pending_at_exit},
+                {"a client's events are bounded", test_events_bounded},
                 {"hostile use of the protocol-2 ops", test_v2_ops_hostile},
                 {"threads share one connection", test_threads},
                 {"hostile frames get one error and a close", test_hostile_frames},
