@@ -879,14 +879,15 @@ Manager *manager_free(Manager *m)
         m->workers = worker_pool_free(m->workers);
         run_pending(m);
         manager_lock(m);
-        while (m->conns)
-                conn_free(m->conns);
+        /* the dying first: one whose peer went may still be in the list too (it leaves it when freed) */
         for (unsigned i = 0; i < m->n_shards; i++)
                 while (m->shards[i].dying) {
                         Conn *c = m->shards[i].dying;
                         m->shards[i].dying = c->dying_next;
                         conn_free(c);
                 }
+        while (m->conns)
+                conn_free(m->conns);
         manager_unlock(m);
         if (m->listen_ev)
                 event_free(m->listen_ev);
