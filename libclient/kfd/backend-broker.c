@@ -13,6 +13,7 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -149,9 +150,21 @@ __attribute__((destructor)) static void remove_topology(void)
 
 /* As on the kernel, a child does not inherit its parent's KFD: the connection is the parent's, and frames
  * of two processes on one socket would mix. Its ioctls and mmaps on the inherited fds fail with -EBADF. */
+static void before_fork(void)
+{
+        pthread_mutex_lock(&kb.lock);
+}
+
+static void after_fork_in_parent(void)
+{
+        pthread_mutex_unlock(&kb.lock);
+}
+
+/* (the lock was taken before the fork, so no other thread of the parent held it half-way) */
 static void after_fork_in_child(void)
 {
         kb.forked = true;
+        pthread_mutex_unlock(&kb.lock);
 }
 
 /* The daemon's topology as a directory of this process's, which the layer serves in place of sysfs. */
@@ -211,7 +224,7 @@ static int b_start(const PreloadHost *host, char *topology_dir, size_t len, char
         kb.owner = getpid();
         for (size_t i = 0; i < MAX_FDS; i++)
                 kb.fds[i].fd = -1;
-        (void)pthread_atfork(NULL, NULL, after_fork_in_child);
+        (void)pthread_atfork(before_fork, after_fork_in_parent, after_fork_in_child);
         if (!sock || !*sock)
                 sock = GPUMEMD_SOCKET_DEFAULT;
         fd = open("/proc/self/comm", O_RDONLY | O_CLOEXEC);
@@ -431,6 +444,21 @@ static int available_memory(struct kfd_ioctl_get_available_memory_args *a)
 /* ---- memory -------------------------------------------------------------------------------------------- */
 
 /* Under kb.lock. */
+static int bo_add(const Bo *bo)
+{
+        if (kb.n_bos == kb.cap_bos) {
+                size_t cap = kb.cap_bos ? kb.cap_bos * 2 : 64;
+                Bo *more = realloc(kb.bos, cap * sizeof(*more));
+                if (!more)
+                        return -ENOMEM;
+                kb.bos = more;
+                kb.cap_bos = cap;
+        }
+        kb.bos[kb.n_bos++] = *bo;
+        return 0;
+}
+
+/* Under kb.lock. */
 static Bo *bo_find(uint64_t handle)
 {
         for (size_t i = 0; i < kb.n_bos; i++)
@@ -480,49 +508,41 @@ static int substitute_pages(uint64_t va, uint64_t size, uint32_t gpu_id, unsigne
                            .numa_node = -1,
                            .alignment = PAGE,
                            .fixed_addr = (void *)(uintptr_t)va};
-        size_t pages = size / PAGE;
-        unsigned char *resident = malloc(pages ? pages : 1);
-        uint8_t *saved = NULL;
-        bool any = false;
+        uint8_t *saved = malloc(size);
+        struct iovec here = {saved, size}, there = {(void *)(uintptr_t)va, size};
         void *p = NULL;
         int r;
 
-        if (!resident)
+        if (!saved)
                 return -ENOMEM;
-        if (mincore((void *)(uintptr_t)va, size, resident) < 0) {
-                free(resident);
-                return -EFAULT; /* not mapped in this process */
+        /* all of it (pages swapped out or never touched included), read so that a range this process
+         * cannot read is an error rather than a fault */
+        if (process_vm_readv(getpid(), &here, 1, &there, 1, 0) != (ssize_t)size) {
+                free(saved);
+                return -EFAULT;
         }
-        for (size_t i = 0; i < pages && !any; i++)
-                any = resident[i] & 1;
-        if (any && !(saved = malloc(size))) {
-                free(resident);
-                return -ENOMEM;
-        }
-        for (size_t i = 0; any && i < pages; i++)
-                if (resident[i] & 1)
-                        memcpy(saved + i * PAGE, (void *)(uintptr_t)(va + i * PAGE), PAGE);
         r = gm_malloc_desc(kb.c, &d, &p);
-        for (size_t i = 0; r == 0 && any && i < pages; i++)
-                if (resident[i] & 1)
-                        memcpy((void *)(uintptr_t)(va + i * PAGE), saved + i * PAGE, PAGE);
+        if (r == 0)
+                memcpy((void *)(uintptr_t)va, saved, size);
         free(saved);
-        free(resident);
         return r;
 }
 
 /* The substituted pages go back to being the process's own, with what they hold, when it deregisters. */
-static int unsubstitute_pages(uint64_t va, uint64_t size)
+/* *@freed: the daemon let go of the memory (even when its pages could not be put back here). */
+static int unsubstitute_pages(uint64_t va, uint64_t size, bool *freed)
 {
         uint8_t *saved = malloc(size);
         void *p;
         int r;
 
+        *freed = false;
         if (!saved)
                 return -ENOMEM;
         memcpy(saved, (void *)(uintptr_t)va, size);
         r = gm_mem_free(kb.c, (void *)(uintptr_t)va);
         if (r == 0) {
+                *freed = true;
                 p = mmap((void *)(uintptr_t)va, size, PROT_READ | PROT_WRITE,
                          MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
                 if (p == MAP_FAILED)
@@ -594,22 +614,15 @@ static int alloc_memory(struct kfd_ioctl_alloc_memory_of_gpu_args *a)
                 return r == -EDQUOT ? -ENOMEM : r;
         }
         pthread_mutex_lock(&kb.lock);
-        if (kb.n_bos == kb.cap_bos) {
-                size_t cap = kb.cap_bos ? kb.cap_bos * 2 : 64;
-                Bo *more = realloc(kb.bos, cap * sizeof(*more));
-                if (!more) {
-                        pthread_mutex_unlock(&kb.lock);
-                        (void)gm_mem_free(kb.c, (void *)(uintptr_t)a->va_addr);
-                        return -ENOMEM;
-                }
-                kb.bos = more;
-                kb.cap_bos = cap;
-        }
         bo.handle = (uint64_t)a->gpu_id << 32 | ++kb.next_bo;
         /* what libhsakmt hands to mmap on the render node: names the BO, nothing else */
         bo.mmap_offset = (uint64_t)kb.next_bo << 32;
-        kb.bos[kb.n_bos++] = bo;
+        r = bo_add(&bo);
         pthread_mutex_unlock(&kb.lock);
+        if (r < 0) {
+                (void)gm_mem_free(kb.c, (void *)(uintptr_t)a->va_addr);
+                return r;
+        }
         a->handle = bo.handle;
         if (!bo.userptr)
                 a->mmap_offset = bo.mmap_offset;
@@ -618,6 +631,7 @@ static int alloc_memory(struct kfd_ioctl_alloc_memory_of_gpu_args *a)
 
 static int free_memory(const struct kfd_ioctl_free_memory_of_gpu_args *a)
 {
+        bool freed;
         Bo bo;
         Bo *b;
         int r;
@@ -630,11 +644,21 @@ static int free_memory(const struct kfd_ioctl_free_memory_of_gpu_args *a)
         }
         bo = *b;
         *b = kb.bos[--kb.n_bos];
+        /* the event page goes with its BO: no later event's slot is written there */
+        if (kb.event_page == bo.va)
+                kb.event_page = kb.event_page_size = 0;
         pthread_mutex_unlock(&kb.lock);
-        r = bo.userptr ? unsubstitute_pages(bo.va, bo.size) : gm_mem_free(kb.c, (void *)(uintptr_t)bo.va);
-        if (r < 0) { /* still the daemon's: keep it known */
+        if (bo.userptr) {
+                r = unsubstitute_pages(bo.va, bo.size, &freed);
+        } else {
+                r = gm_mem_free(kb.c, (void *)(uintptr_t)bo.va);
+                freed = r == 0;
+        }
+        if (!freed) { /* still the daemon's: keep it known (the array may have grown or moved meanwhile) */
                 pthread_mutex_lock(&kb.lock);
-                kb.bos[kb.n_bos++] = bo;
+                if (bo_add(&bo) < 0)
+                        say(0, "out of memory: the BO at 0x%llx is no longer known here",
+                            (unsigned long long)bo.va);
                 pthread_mutex_unlock(&kb.lock);
         }
         return r;
@@ -784,6 +808,9 @@ static int wait_events(struct kfd_ioctl_wait_events_args *a)
                 ids[i] = ev[i].event_id;
         /* the wait is the daemon's: it answers when an event comes, other calls going on meanwhile */
         r = gm_event_wait(kb.c, ids, a->num_events, a->wait_for_all != 0, a->timeout);
+        /* the daemon's limit of pending waits: not an EAGAIN, which libhsakmt would retry at once */
+        if (r == -EAGAIN)
+                return -ENOMEM;
         if (r < 0)
                 return r;
         a->wait_result = (uint32_t)r;
