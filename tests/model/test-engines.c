@@ -982,7 +982,9 @@ static int test_faults_gem_va(void)
                (const uint32_t[]){SDMA_COPY, 3, 0, (uint32_t)alias, (uint32_t)(alias >> 32), lo(&w[0]),
                                   hi(&w[0])},
                7);
-        REQUIRE(until32(&x, &w[0], 0x1234));
+        /* the engine publishes its read pointer (release) after the copy: the copy is seen after it */
+        REQUIRE(drained(&q));
+        REQUIRE(__atomic_load_n(&w[0], __ATOMIC_ACQUIRE) == 0x1234);
         submit(&q, (const uint32_t[]){SDMA_FENCE, (uint32_t)alias + 8, (uint32_t)(alias >> 32), 5}, 4);
         REQUIRE(expect_fault(&x, mev.event_id, alias + 8, false, true) == 0);
         REQUIRE(v[2] == 0);
