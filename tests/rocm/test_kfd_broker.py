@@ -62,7 +62,12 @@ def wait_gone(sock, pid, client_id, timeout=10.0):
 
 
 def holding(proc):
-    line = proc.stdout.readline()
+    """Read the program's output up to its "holding" line (HIP prints its device first)."""
+    line = ""
+    while not line.startswith("holding"):
+        line = proc.stdout.readline()
+        if not line:
+            break
     return line.startswith("holding"), line
 
 
@@ -164,12 +169,8 @@ def test_hip(tmp):
     daemon, notify, sock = start_daemon(tmp)
     try:
         p = run_hip(sock)
-        line = ""
-        while not line.startswith("holding"):
-            line = p.stdout.readline()
-            if not line:
-                break
-        if not check(line.startswith("holding"), "the HIP program holds its memory"):
+        ok, _ = holding(p)
+        if not check(ok, "the HIP program holds its memory"):
             p.kill()
             print(p.communicate()[1][-2000:], file=sys.stderr)
             return
@@ -196,12 +197,8 @@ def test_hip_killed(tmp):
     daemon, notify, sock = start_daemon(tmp)
     try:
         p = run_hip(sock)
-        line = ""
-        while not line.startswith("holding"):
-            line = p.stdout.readline()
-            if not line:
-                break
-        c = client_of(sock, p.pid) if line.startswith("holding") else None
+        ok, _ = holding(p)
+        c = client_of(sock, p.pid) if ok else None
         check(c is not None and len(allocations_of(sock, c["id"])) >= 2, "the HIP program holds its memory")
         p.send_signal(signal.SIGKILL)
         p.communicate(timeout=10)
