@@ -293,6 +293,8 @@ void model_event_interrupt(ThunkModel *m, ModelCtx *ctx, uint32_t partial_id, un
 {
         ModelEvent *ev = NULL;
 
+        if (ctx->irq_fn)
+                ctx->irq_fn(ctx->irq_arg, partial_id, valid_bits);
         if (!ctx->evpage.slots)
                 return;
         if (valid_bits > 31 || (1ULL << valid_bits) >= KFD_SIGNAL_EVENT_LIMIT) {
@@ -693,6 +695,24 @@ static void *cp_main(void *arg)
         }
         pthread_mutex_unlock(&m->lock);
         return NULL;
+}
+
+int thunk_model_set_interrupt(ThunkModel *m, int kfd_fd,
+                              void (*fn)(void *arg, uint32_t partial_id, unsigned valid_bits), void *arg)
+{
+        ModelFd *f;
+        int r = 0;
+
+        pthread_mutex_lock(&m->lock);
+        f = model_fd_lookup(m, kfd_fd);
+        if (!f || f->kind != FD_KFD || !f->ctx) {
+                r = -EBADF;
+        } else {
+                f->ctx->irq_fn = fn;
+                f->ctx->irq_arg = fn ? arg : NULL;
+        }
+        pthread_mutex_unlock(&m->lock);
+        return r;
 }
 
 /* ------------------------------------------------------------------ mmap of device offsets */

@@ -238,6 +238,46 @@ int thunk_dmabuf_mmap(ThunkDevice *d, int dmabuf_fd, void *addr, size_t len, int
  */
 int thunk_bo_import_dmabuf(ThunkContext *c, int dmabuf_fd, uint32_t gpu_id, uint64_t va, ThunkBo **ret);
 
+/* ---- user-mode queues ----------------------------------------------------------------------------- */
+
+/* Queue types: the KFD's numbers (KFD_IOC_QUEUE_TYPE_*). */
+enum {
+        THUNK_QUEUE_COMPUTE = 0, /* PM4 */
+        THUNK_QUEUE_SDMA = 1,
+        THUNK_QUEUE_COMPUTE_AQL = 2,
+        THUNK_QUEUE_SDMA_XGMI = 3,
+};
+
+/* What CREATE_QUEUE takes: every address is a GPU VA of the context, which the GPU reads and writes. */
+typedef struct ThunkQueueArgs {
+        uint32_t gpu_id;
+        uint32_t type;       /* THUNK_QUEUE_* */
+        uint32_t percentage; /* 0-100 */
+        uint32_t priority;   /* 0-15 */
+        uint64_t ring_va, ring_size;
+        uint64_t rptr_va, wptr_va;
+        uint64_t eop_va, eop_size;                           /* compute queues' end-of-pipe buffer */
+        uint64_t ctx_save_va, ctx_save_size, ctl_stack_size; /* CWSR area */
+} ThunkQueueArgs;
+
+/* CREATE_QUEUE in @c: the queue's id and the mmap offset of its doorbell on the kfd fd. The driver's
+ * errno unchanged (-EINVAL, -EFAULT, -ENOMEM, ...). The queue goes with the context. */
+int thunk_queue_create(ThunkContext *c, const ThunkQueueArgs *q, uint32_t *ret_id,
+                       uint64_t *ret_doorbell_offset);
+int thunk_queue_destroy(ThunkContext *c, uint32_t queue_id);
+int thunk_queue_update(ThunkContext *c, uint32_t queue_id, uint64_t ring_va, uint64_t ring_size,
+                       uint32_t percentage, uint32_t priority);
+
+/*
+ * The context's GPU interrupts for its events (end of pipe, SDMA trap, AQL completion signals): @fn is
+ * called with the partial event id and how many of its bits hold, as the interrupt carries them. It is
+ * called on the driver's own thread with the driver's lock held: it must not call the thunk, and should
+ * only hand the news on. NULL @fn: none. MODEL only; the kernel delivers a context's interrupts to its
+ * waits alone (-EOPNOTSUPP).
+ */
+typedef void (*ThunkInterruptFn)(void *arg, uint32_t partial_id, unsigned valid_bits);
+int thunk_context_set_interrupt(ThunkContext *c, ThunkInterruptFn fn, void *arg);
+
 /* ---- SVM (1.5) ----------------------------------------------------------------------------------- */
 
 /* Same layout as struct kfd_ioctl_svm_attribute. Types/values: KFD_IOCTL_SVM_ATTR_*, _FLAG_*, _LOCATION_*. */
