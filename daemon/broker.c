@@ -102,6 +102,12 @@ struct Broker {
         uint64_t watch_failures;
 };
 
+typedef struct BrokerQueue {
+        uint32_t id;
+        uint32_t gpu_id;
+        uint32_t type;
+} BrokerQueue;
+
 struct BrokerClient {
         Broker *b;
         ThunkVaSpace *window;
@@ -112,7 +118,11 @@ struct BrokerClient {
         BrokerAccount *acct; /* the class's shared limits and usage; NULL = unlimited */
         int teardown_phase;  /* TEARDOWN_*: how far a teardown in slices went */
         size_t teardown_iter;
-        ClientEvents *events; /* its KFD events, from its first (each costs a handle) */
+        ClientEvents *events;      /* its KFD events, from its first (each costs a handle) */
+        void (*irq_fn)(void *arg); /* where its GPU interrupts go (broker_client_set_interrupt) */
+        void *irq_arg;
+        BrokerQueue *queues; /* its user-mode queues (each costs a handle and a queue) */
+        size_t n_queues, cap_queues;
 };
 
 static int gpu_index(const Broker *b, uint32_t gpu_id)
@@ -142,7 +152,7 @@ void broker_account_init(BrokerAccount *a, const char *name)
 {
         memset(a, 0, sizeof(*a));
         a->name = name;
-        a->max_vram = a->max_host = a->max_managed = a->max_handles = a->max_fds = UINT64_MAX;
+        a->max_vram = a->max_host = a->max_managed = a->max_handles = a->max_fds = a->max_queues = UINT64_MAX;
         a->max_foreign = a->max_foreign_one = a->max_host_one = UINT64_MAX;
         for (size_t i = 0; i < BROKER_MAX_GPUS; i++)
                 a->max_vram_gpu[i] = UINT64_MAX;
@@ -291,6 +301,23 @@ uint64_t broker_client_records(const BrokerClient *c)
         return c->usage.objects;
 }
 
+/* On the driver's thread, under its locks: only the news goes on. */
+static void client_interrupt(void *arg, uint32_t partial_id, unsigned valid_bits)
+{
+        BrokerClient *c = arg;
+
+        (void)partial_id; /* every signalled slot is looked at, as KFD does for a partial id */
+        (void)valid_bits;
+        if (c->irq_fn)
+                c->irq_fn(c->irq_arg);
+}
+
+void broker_client_set_interrupt(BrokerClient *c, void (*fn)(void *arg), void *arg)
+{
+        c->irq_fn = fn;
+        c->irq_arg = arg;
+}
+
 /* The GPU VM device memory lives in: the client's own where the driver has one per client. */
 static int client_ctx(BrokerClient *c, DriverCtx **ret, Reason *w)
 {
@@ -303,6 +330,8 @@ static int client_ctx(BrokerClient *c, DriverCtx **ret, Reason *w)
                                 return reason_set(w, r, "cannot create a GPU VM for this client: %s",
                                                   strerror(-r));
                         c->own_ctx = true;
+                        /* its queues' interrupts, where the driver hands them out (the model) */
+                        (void)driver_ctx_set_interrupt(c->b->drv, c->ctx, client_interrupt, c);
                 } else {
                         c->ctx = c->b->primary;
                 }
@@ -320,6 +349,7 @@ static int client_ctx(BrokerClient *c, DriverCtx **ret, Reason *w)
 typedef struct Charge {
         uint64_t objects;
         uint32_t held_fds;
+        uint32_t queues;
         BrokerKind kind; /* what @bytes are of (0: no bytes) */
         uint32_t gpu_id;
         uint64_t bytes;
@@ -351,7 +381,7 @@ static bool file_on_export(const Broker *b, const Obj *o)
 static Charge obj_charge(const Obj *o)
 {
         return (Charge){.objects = 1,
-                        .held_fds = o->memfd >= 0 || o->backing_fd,
+                        .held_fds = (o->memfd >= 0) + o->backing_fd,
                         .kind = o->kind,
                         .gpu_id = o->gpu_id,
                         .bytes = o->size,
@@ -365,6 +395,7 @@ static void usage_apply(BrokerUsage *u, const Broker *b, const Charge *ch, int s
 
         u->objects += (uint64_t)(sign * (int64_t)ch->objects);
         u->held_fds += (uint32_t)(sign * (int32_t)ch->held_fds);
+        u->queues += (uint32_t)(sign * (int32_t)ch->queues);
         switch (ch->kind) {
         case BROKER_KIND_DEVICE:
                 u->device_bytes += (uint64_t)d;
@@ -425,6 +456,8 @@ static int fits(const Broker *b, const BrokerAccount *a, const Charge *ch, Reaso
                 return over(w, a, "handle", a->max_handles, u->objects, ch->objects, false);
         if (ch->held_fds && (uint64_t)u->held_fds + ch->held_fds > a->max_fds)
                 return over(w, a, "fd", a->max_fds, u->held_fds, ch->held_fds, false);
+        if (ch->queues && (uint64_t)u->queues + ch->queues > a->max_queues)
+                return over(w, a, "queue", a->max_queues, u->queues, ch->queues, false);
         switch (ch->kind) {
         case BROKER_KIND_DEVICE:
         case BROKER_KIND_VMM: {
@@ -757,6 +790,7 @@ static void usage_move(BrokerUsage *dst, const BrokerUsage *src, int sign)
         dst->foreign_bytes += (uint64_t)(sign * (int64_t)src->foreign_bytes);
         dst->objects += (uint64_t)(sign * (int64_t)src->objects);
         dst->held_fds += (uint32_t)(sign * (int32_t)src->held_fds);
+        dst->queues += (uint32_t)(sign * (int32_t)src->queues);
         for (size_t i = 0; i < BROKER_MAX_GPUS; i++)
                 dst->vram_bytes[i] += (uint64_t)(sign * (int64_t)src->vram_bytes[i]);
 }
@@ -1136,9 +1170,84 @@ fail:
         return r;
 }
 
+/*
+ * Host memory in the client's own GPU VM (BROKER_FLAG_GTT): a GTT buffer of the client's context, which
+ * its queues reach (a client context takes no registered pages, on the kernel as in the model). Its
+ * dmabuf is the memory's file, as a memfd is for other host memory: the daemon maps it at the object's VA
+ * and hands a duplicate to the client. The driver pins the pages; nothing is populated here.
+ */
+static int alloc_host_gtt(BrokerClient *c, const BrokerAllocArgs *a, Obj *o, BrokerAllocResult *res,
+                          Reason *w)
+{
+        Broker *b = c->b;
+        uint32_t gpu = a->gpu_id ? a->gpu_id : b->gpu_ids[0];
+        uint32_t ids[BROKER_MAX_GPUS];
+        const uint32_t *map = a->map_gpus;
+        size_t n = a->n_map_gpus;
+        DriverCtx *ctx;
+        void *p;
+        int r;
+
+        if (a->numa_node >= 0)
+                return reason_set(w, -EINVAL, "GTT host memory is placed by the driver: no NUMA node");
+        if (a->flags & BROKER_FLAG_READ_ONLY)
+                return reason_set(w, -EINVAL, "GTT host memory is writable: its dmabuf maps it for the CPU");
+        r = client_ctx(c, &ctx, w);
+        if (r < 0)
+                return r;
+        r = driver_mem_alloc_gtt(b->drv, ctx, gpu, o->va, o->size, a->flags & ~(uint32_t)BROKER_FLAG_GTT,
+                                 &o->mem);
+        if (r == -EOPNOTSUPP)
+                return reason_set(w, r, "the driver has no GTT memory of a client's own");
+        if (r < 0)
+                return reason_set(w, r, "the driver refused the GTT allocation: %s", strerror(-r));
+        if (!n) { /* every GPU the client's class may use */
+                uint64_t allowed = allowed_gpus(c);
+                for (size_t i = 0; i < b->n_gpus; i++)
+                        if (allowed & (1ull << i))
+                                ids[n++] = b->gpu_ids[i];
+                map = ids;
+        }
+        r = n ? driver_mem_map(b->drv, o->mem, map, n) : 0;
+        if (r < 0) {
+                reason_set(w, r, "cannot map the GTT memory on the GPUs: %s", strerror(-r));
+                goto fail_mem;
+        }
+        r = driver_mem_export(b->drv, o->mem, &o->memfd);
+        if (r < 0) {
+                reason_set(w, r, "cannot export the GTT memory for CPU access: %s", strerror(-r));
+                goto fail_mem;
+        }
+        p = mmap((void *)(uintptr_t)o->va, o->size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, o->memfd,
+                 0);
+        if (p == MAP_FAILED) {
+                r = reason_set(w, -errno, "cannot map the GTT memory here: %s", strerror(errno));
+                reserve_again(o->va, o->size);
+                goto fail_fd;
+        }
+        res->fd = fcntl(o->memfd, F_DUPFD_CLOEXEC, 3);
+        if (res->fd < 0) {
+                r = reason_set(w, -errno, "cannot duplicate the memory fd: %s", strerror(errno));
+                unmap_shared(b, o->va, o->size, false);
+                goto fail_fd;
+        }
+        return 0;
+fail_fd:
+        o->memfd = safe_close(o->memfd);
+fail_mem:
+        (void)driver_mem_unmap_all(b->drv, o->mem);
+        (void)driver_mem_free(b->drv, o->mem);
+        o->mem = NULL;
+        return r;
+}
+
 static int alloc_host(BrokerClient *c, const BrokerAllocArgs *a, Obj *o, BrokerAllocResult *res, Reason *w)
 {
-        int r = host_pages(c, a, o, w);
+        int r;
+
+        if (a->flags & BROKER_FLAG_GTT)
+                return alloc_host_gtt(c, a, o, res, w);
+        r = host_pages(c, a, o, w);
 
         if (r < 0)
                 return r;
@@ -1196,6 +1305,8 @@ static int alloc_prepare(BrokerClient *c, const BrokerAllocArgs *a, Obj **ret, R
         r = check_flags(a->flags, w);
         if (r < 0)
                 return r;
+        if ((a->flags & BROKER_FLAG_GTT) && a->kind != BROKER_KIND_HOST)
+                return reason_set(w, -EINVAL, "GTT is a flag of host memory");
         switch (a->kind) {
         case BROKER_KIND_DEVICE:
                 if (gpu_index(c->b, a->gpu_id) < 0)
@@ -1229,7 +1340,10 @@ static int alloc_prepare(BrokerClient *c, const BrokerAllocArgs *a, Obj **ret, R
         o = obj_new(a->kind);
         if (!o)
                 return reason_set(w, -ENOMEM, "out of memory");
-        o->backing_fd = a->kind == BROKER_KIND_DEVICE && driver_file_at_alloc(c->b, a->flags);
+        /* GTT host memory: the daemon's dmabuf of it, and the driver's own file behind that */
+        o->backing_fd =
+                (a->kind == BROKER_KIND_DEVICE && driver_file_at_alloc(c->b, a->flags)) ||
+                (a->kind == BROKER_KIND_HOST && (a->flags & BROKER_FLAG_GTT) && driver_holds_fd(c->b));
         o->size = size;
         o->gpu_id = a->kind == BROKER_KIND_MANAGED ? 0 : a->gpu_id;
         o->flags = a->flags;
@@ -1324,7 +1438,8 @@ struct BrokerPending {
 
 bool broker_alloc_is_slow(const BrokerAllocArgs *a)
 {
-        return a->kind == BROKER_KIND_HOST && a->size >= BROKER_SLOW_HOST_BYTES;
+        return a->kind == BROKER_KIND_HOST && !(a->flags & BROKER_FLAG_GTT) &&
+               a->size >= BROKER_SLOW_HOST_BYTES;
 }
 
 int broker_alloc_begin(BrokerClient *c, const BrokerAllocArgs *a, BrokerPending **ret, Reason *w)
@@ -2523,6 +2638,13 @@ bool broker_client_teardown_step(BrokerClient *c, size_t budget)
 {
         Obj *o;
 
+        /* the queues first: their engines read the memory that goes next */
+        while (c->n_queues) {
+                BrokerQueue *q = &c->queues[--c->n_queues];
+                (void)driver_queue_destroy(c->b->drv, c->ctx, q->id);
+                charge_give(c, &(Charge){.objects = 1, .queues = 1});
+        }
+
         if (c->teardown_phase == TEARDOWN_MAPPINGS) {
                 while (budget > 0) {
                         size_t at = c->teardown_iter;
@@ -2562,6 +2684,7 @@ BrokerClient *broker_client_free(BrokerClient *c)
                 c->events = client_events_free(c->events);
         }
         hashmap_done(&c->objs);
+        free(c->queues);
         broker_client_set_account(c, NULL);
         /* the client's own GPU VM: closing it releases anything the driver still holds for it */
         if (c->own_ctx)
@@ -2574,6 +2697,21 @@ BrokerClient *broker_client_free(BrokerClient *c)
 }
 
 /* ---- events ------------------------------------------------------------------------------------------ */
+
+/* The slot of signal event @id in the client's event page, where the daemon maps it; NULL: no page (any
+ * more: the memory may have been freed since it was named). */
+static volatile uint64_t *event_slot(const BrokerClient *c, uint32_t id)
+{
+        uint64_t va = 0, size = 0;
+        const Obj *o;
+
+        if (!c->events || !client_events_page(c->events, &va, &size) || (uint64_t)id >= size / 8)
+                return NULL;
+        o = obj_at(c, va);
+        if (!o || o->va != va || o->memfd < 0 || size > o->size)
+                return NULL;
+        return (volatile uint64_t *)(uintptr_t)(va + 8 * (uint64_t)id);
+}
 
 int broker_event_create(BrokerClient *c, uint32_t type, bool auto_reset, uint64_t page_va, uint32_t *ret_id,
                         uint32_t *ret_slot, Reason *w)
@@ -2596,8 +2734,16 @@ int broker_event_create(BrokerClient *c, uint32_t type, bool auto_reset, uint64_
         if (r < 0)
                 return r;
         r = client_event_create(c->events, type, auto_reset, page_va, page_size, ret_id, ret_slot, w);
-        if (r < 0)
+        if (r < 0) {
                 charge_give(c, &(Charge){.objects = 1});
+                return r;
+        }
+        /* a signal event's slot starts unsignalled: KFD writes it so, into a page of the process's too */
+        if (type == EVENTS_TYPE_SIGNAL) {
+                volatile uint64_t *slot = event_slot(c, *ret_slot);
+                if (slot)
+                        *slot = UINT64_MAX;
+        }
         return r;
 }
 
@@ -2657,4 +2803,148 @@ size_t broker_client_list(const BrokerClient *c, size_t *cursor, BrokerObjInfo *
         }
         *cursor = n == cap ? it : 0;
         return n;
+}
+
+int broker_event_interrupt(BrokerClient *c)
+{
+        int n = 0;
+
+        /* the page must still be memory of this client's that the daemon maps (event_slot) */
+        if (!event_slot(c, 0))
+                return 0;
+        for (int64_t id = client_events_next_signal(c->events, 0); id >= 0;
+             id = client_events_next_signal(c->events, (uint32_t)id + 1)) {
+                volatile uint64_t *slot = event_slot(c, (uint32_t)id);
+                if (!slot)
+                        break;
+                if (*slot == UINT64_MAX)
+                        continue;
+                *slot = UINT64_MAX; /* acknowledged, as KFD does before it sets the event */
+                if (client_event_set(c->events, (uint32_t)id, NULL) == 0)
+                        n++;
+        }
+        return n;
+}
+
+/* ---- user-mode queues -------------------------------------------------------------------------------- */
+
+/* Is [va, va+size) inside one object of this client's that the GPU reaches? */
+static bool queue_memory(const BrokerClient *c, uint64_t va, uint64_t size)
+{
+        const Obj *o = obj_at(c, va);
+
+        return o && o->mem && size && size <= o->size && va - o->va <= o->size - size;
+}
+
+static int check_queue_memory(const BrokerClient *c, const char *what, uint64_t va, uint64_t size,
+                              bool optional, Reason *w)
+{
+        if (optional && !va)
+                return 0;
+        if (!queue_memory(c, va, size))
+                return reason_set(w, -EFAULT,
+                                  "the queue's %s 0x%llx+0x%llx is no GPU memory of this client's", what,
+                                  (unsigned long long)va, (unsigned long long)size);
+        return 0;
+}
+
+int broker_queue_create(BrokerClient *c, const DriverQueueArgs *q, uint32_t *ret_id, uint64_t *ret_doorbell,
+                        Reason *w)
+{
+        DriverCtx *ctx;
+        uint32_t id;
+        uint64_t db;
+        int r;
+
+        if (q->type > DRIVER_QUEUE_SDMA_XGMI)
+                return reason_set(w, -EINVAL, "queue type %u: 0 PM4, 1 SDMA, 2 AQL or 3 SDMA over XGMI",
+                                  q->type);
+        if (gpu_index(c->b, q->gpu_id) < 0)
+                return reason_set(w, -ENODEV, "no GPU with id %u", q->gpu_id);
+        if ((r = gpu_allowed(c, q->gpu_id, w)) < 0)
+                return r;
+        if (!q->ring_size || (q->ring_size & (q->ring_size - 1)))
+                return reason_set(w, -EINVAL, "a ring of %llu bytes: a power of two",
+                                  (unsigned long long)q->ring_size);
+        if ((r = check_queue_memory(c, "ring", q->ring_va, q->ring_size, false, w)) < 0 ||
+            (r = check_queue_memory(c, "read pointer", q->rptr_va, 8, false, w)) < 0 ||
+            (r = check_queue_memory(c, "write pointer", q->wptr_va, 8, false, w)) < 0 ||
+            (r = check_queue_memory(c, "EOP buffer", q->eop_va, q->eop_size ? q->eop_size : 4, true, w)) <
+                    0 ||
+            (r = check_queue_memory(c, "CWSR area", q->ctx_save_va, q->ctx_save_size ? q->ctx_save_size : 4,
+                                    true, w)) < 0)
+                return r;
+        if (c->n_queues == c->cap_queues) {
+                size_t cap = c->cap_queues ? c->cap_queues * 2 : 8;
+                BrokerQueue *more = realloc(c->queues, cap * sizeof(*more));
+                if (!more)
+                        return reason_set(w, -ENOMEM, "out of memory");
+                c->queues = more;
+                c->cap_queues = cap;
+        }
+        r = client_ctx(c, &ctx, w);
+        if (r < 0)
+                return r;
+        r = charge_take(c, &(Charge){.objects = 1, .queues = 1}, w);
+        if (r < 0)
+                return r;
+        r = driver_queue_create(c->b->drv, ctx, q, &id, &db);
+        if (r < 0) {
+                charge_give(c, &(Charge){.objects = 1, .queues = 1});
+                return reason_set(w, r,
+                                  r == -EOPNOTSUPP ? "the driver runs no queues"
+                                  : r == -ENOMEM   ? "the GPU has no queue left for this client"
+                                                   : "the driver refused the queue: %s",
+                                  strerror(-r));
+        }
+        c->queues[c->n_queues++] = (BrokerQueue){.id = id, .gpu_id = q->gpu_id, .type = q->type};
+        *ret_id = id;
+        *ret_doorbell = db;
+        return 0;
+}
+
+static BrokerQueue *queue_find(BrokerClient *c, uint32_t id)
+{
+        for (size_t i = 0; i < c->n_queues; i++)
+                if (c->queues[i].id == id)
+                        return &c->queues[i];
+        return NULL;
+}
+
+int broker_queue_destroy(BrokerClient *c, uint32_t id, Reason *w)
+{
+        BrokerQueue *q = queue_find(c, id);
+        int r;
+
+        if (!q)
+                return reason_set(w, -EINVAL, "no queue %u", id);
+        r = driver_queue_destroy(c->b->drv, c->ctx, id);
+        if (r < 0)
+                return reason_set(w, r, "the driver refused to destroy queue %u: %s", id, strerror(-r));
+        *q = c->queues[--c->n_queues];
+        charge_give(c, &(Charge){.objects = 1, .queues = 1});
+        return 0;
+}
+
+int broker_queue_update(BrokerClient *c, uint32_t id, uint64_t ring_va, uint64_t ring_size,
+                        uint32_t percentage, uint32_t priority, Reason *w)
+{
+        int r;
+
+        if (!queue_find(c, id))
+                return reason_set(w, -EINVAL, "no queue %u", id);
+        if (ring_size && (ring_size & (ring_size - 1)))
+                return reason_set(w, -EINVAL, "a ring of %llu bytes: a power of two",
+                                  (unsigned long long)ring_size);
+        if (ring_va && (r = check_queue_memory(c, "ring", ring_va, ring_size, false, w)) < 0)
+                return r;
+        r = driver_queue_update(c->b->drv, c->ctx, id, ring_va, ring_size, percentage, priority);
+        if (r < 0)
+                return reason_set(w, r, "the driver refused to update queue %u: %s", id, strerror(-r));
+        return 0;
+}
+
+size_t broker_client_queues(const BrokerClient *c)
+{
+        return c ? c->n_queues : 0;
 }

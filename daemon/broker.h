@@ -31,7 +31,10 @@ enum {
         BROKER_FLAG_CONTIGUOUS = DRIVER_MEM_CONTIGUOUS,
         BROKER_FLAG_READ_ONLY = DRIVER_MEM_READ_ONLY,
         BROKER_FLAG_EXT_COHERENT = DRIVER_MEM_EXT_COHERENT,
-        _BROKER_FLAG_ALL = 127,
+        /* host memory as a GTT buffer of the client's own GPU VM, CPU-mapped through its dmabuf: the
+         * broker's own, never passed to the driver */
+        BROKER_FLAG_GTT = 128,
+        _BROKER_FLAG_ALL = 255,
 };
 
 enum {
@@ -59,6 +62,7 @@ typedef struct BrokerUsage {
         uint64_t lingering_bytes; /* of the above: freed, but kept alive by files handed to clients */
         uint64_t objects;         /* allocations, handles, imports and reservations */
         uint32_t held_fds; /* fds the daemon holds for it: host and managed memory, the driver's files */
+        uint32_t queues;   /* user-mode queues */
         uint32_t n_gpus;
         uint32_t gpu_ids[BROKER_MAX_GPUS];
         uint64_t vram_bytes[BROKER_MAX_GPUS]; /* device + VMM bytes per GPU */
@@ -81,6 +85,7 @@ typedef struct BrokerAccount {
         uint64_t max_managed;
         uint64_t max_handles;
         uint64_t max_fds;
+        uint64_t max_queues;
         uint64_t max_foreign;     /* bytes of foreign imports held at once */
         uint64_t max_foreign_one; /* bytes of one foreign import */
         uint64_t max_host_one;    /* bytes of one host allocation: the daemon populates it itself */
@@ -320,3 +325,24 @@ int broker_event_reset(BrokerClient *c, uint32_t id, Reason *w);
 int broker_event_wait(BrokerClient *c, const uint32_t *ids, size_t n, bool all, bool pend, EventWaitDone done,
                       void *ctx, EventWait **ret, Reason *w);
 void broker_event_wait_cancel(BrokerClient *c, EventWait *wt);
+
+/*
+ * GPU interrupts for the client's events (queues it runs that signal an event) reach @fn(@arg), on the
+ * driver's thread with its locks held: @fn only hands the news to the client's own thread, which then calls
+ * broker_event_interrupt() under the client's lock. Set before the client's first memory or queue op.
+ */
+void broker_client_set_interrupt(BrokerClient *c, void (*fn)(void *arg), void *arg);
+/* Signal events whose slot in the event page the GPU wrote: acknowledged as KFD does (the slot back to
+ * unsignalled) and set. Returns how many were set. */
+int broker_event_interrupt(BrokerClient *c);
+
+/* ---- user-mode queues (each costs its class a handle and one of its queues) --------------------------- */
+
+/* A queue in the client's own GPU VM: the ring, the read and write pointers, the EOP buffer and the CWSR
+ * area must be memory of this client's. Its id and the doorbell's offset on a kfd fd. */
+int broker_queue_create(BrokerClient *c, const DriverQueueArgs *q, uint32_t *ret_id, uint64_t *ret_doorbell,
+                        Reason *w);
+int broker_queue_destroy(BrokerClient *c, uint32_t id, Reason *w);
+int broker_queue_update(BrokerClient *c, uint32_t id, uint64_t ring_va, uint64_t ring_size,
+                        uint32_t percentage, uint32_t priority, Reason *w);
+size_t broker_client_queues(const BrokerClient *c);

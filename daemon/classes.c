@@ -57,6 +57,7 @@ static void state_configure(Manager *m, ClassState *s, const PolicyClass *k)
         a->max_managed = k->limit[POLICY_RES_MANAGED];
         a->max_handles = k->limit[POLICY_RES_HANDLES];
         a->max_fds = k->limit[POLICY_RES_FDS];
+        a->max_queues = k->limit[POLICY_RES_QUEUES];
         s->max_connections = k->limit[POLICY_RES_CONNECTIONS];
         s->max_inflight = k->limit[POLICY_RES_INFLIGHT];
         s->max_windows = k->limit[POLICY_RES_WINDOWS];
@@ -279,6 +280,10 @@ static void get_locked(const Manager *m, ClassState *s, PolicyResource r, uint32
                 *ret_used = window_count_of_class(m, s);
                 *ret_limit = s->max_windows;
                 break;
+        case POLICY_RES_QUEUES:
+                *ret_used = a->used.queues;
+                *ret_limit = a->max_queues;
+                break;
         default:
                 *ret_used = *ret_limit = 0;
         }
@@ -356,6 +361,9 @@ int classes_set_limit(Manager *m, ClassState *s, PolicyResource r, uint32_t gpu_
                 break;
         case POLICY_RES_WINDOWS:
                 s->max_windows = limit;
+                break;
+        case POLICY_RES_QUEUES:
+                s->acct.max_queues = limit;
                 break;
         default:
                 break;

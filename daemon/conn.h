@@ -3,6 +3,7 @@
 
 #include <event2/event.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <sys/socket.h>
@@ -98,6 +99,7 @@ typedef struct Conn {
         struct PendingWait *event_waits; /* event waits answered when they end (ops-events.c) */
         bool free_when_idle;             /* conn_free() came while some were still pending */
         pthread_mutex_t lock;            /* the client's lock (above) */
+        atomic_bool irq_posted;          /* a look at its event page is posted to its loop (ops-queues.c) */
 } Conn;
 
 static inline void conn_lock(Conn *c)

@@ -222,6 +222,19 @@ static int k_mem_register_host(Driver *d, uint32_t gpu_id, uint64_t va, uint64_t
         return thunk_bo_alloc(kfd(d)->primary, &ta, (ThunkBo **)(void *)ret);
 }
 
+static int k_mem_alloc_gtt(Driver *d, DriverCtx *ctx, uint32_t gpu_id, uint64_t va, uint64_t size,
+                           uint32_t flags, DriverMem **ret)
+{
+        ThunkAllocArgs ta = {.kind = THUNK_MEM_GTT,
+                             .gpu_id = gpu_id,
+                             .va = va,
+                             .size = size,
+                             .flags = thunk_flags(flags) &
+                                      ~(uint32_t)(THUNK_MEM_PUBLIC | THUNK_MEM_CONTIGUOUS)};
+        (void)d;
+        return thunk_bo_alloc(tctx(ctx), &ta, (ThunkBo **)(void *)ret);
+}
+
 static int k_mem_import(Driver *d, DriverCtx *ctx, int dmabuf_fd, uint32_t gpu_id, DriverMem **ret)
 {
         (void)d;
@@ -360,6 +373,7 @@ static int k_stats(const Driver *d, DriverStats *ret)
         ret->gem_handles = st.gem_handles;
         ret->svm_ranges = st.svm_ranges;
         ret->system_bytes = st.system_used;
+        ret->queues = st.queues;
         for (uint32_t i = 0; i < st.n_gpus && i < THUNK_MODEL_MAX_GPUS; i++)
                 ret->vram_bytes += st.vram_used[i];
         return 0;
@@ -418,6 +432,39 @@ static int k_test_faults(Driver *d, const char *path, char *errbuf, size_t errle
         return r < 0 ? r : n;
 }
 
+_Static_assert(sizeof(DriverQueueArgs) == sizeof(ThunkQueueArgs), "queue args layout");
+_Static_assert((int)DRIVER_QUEUE_COMPUTE_AQL == (int)THUNK_QUEUE_COMPUTE_AQL, "queue type");
+_Static_assert((int)DRIVER_QUEUE_SDMA_XGMI == (int)THUNK_QUEUE_SDMA_XGMI, "queue type");
+
+static int k_queue_create(Driver *d, DriverCtx *ctx, const DriverQueueArgs *q, uint32_t *ret_id,
+                          uint64_t *ret_doorbell_offset)
+{
+        ThunkQueueArgs t;
+
+        (void)d;
+        memcpy(&t, q, sizeof(t));
+        return thunk_queue_create(tctx(ctx), &t, ret_id, ret_doorbell_offset);
+}
+
+static int k_queue_destroy(Driver *d, DriverCtx *ctx, uint32_t id)
+{
+        (void)d;
+        return thunk_queue_destroy(tctx(ctx), id);
+}
+
+static int k_queue_update(Driver *d, DriverCtx *ctx, uint32_t id, uint64_t ring_va, uint64_t ring_size,
+                          uint32_t percentage, uint32_t priority)
+{
+        (void)d;
+        return thunk_queue_update(tctx(ctx), id, ring_va, ring_size, percentage, priority);
+}
+
+static int k_ctx_set_interrupt(Driver *d, DriverCtx *ctx, DriverInterruptFn fn, void *arg)
+{
+        (void)d;
+        return thunk_context_set_interrupt(tctx(ctx), fn, arg);
+}
+
 static const DriverOps kfd_ops = {
         .close = k_close,
         .name = k_name,
@@ -434,6 +481,7 @@ static const DriverOps kfd_ops = {
         .tile_config = k_tile_config,
         .mem_alloc_vram = k_mem_alloc_vram,
         .mem_register_host = k_mem_register_host,
+        .mem_alloc_gtt = k_mem_alloc_gtt,
         .mem_import = k_mem_import,
         .mem_free = k_mem_free,
         .mem_size = k_mem_size,
@@ -449,6 +497,10 @@ static const DriverOps kfd_ops = {
         .managed_forget = k_managed_forget,
         .svm_set = k_svm_set,
         .svm_get = k_svm_get,
+        .queue_create = k_queue_create,
+        .queue_destroy = k_queue_destroy,
+        .queue_update = k_queue_update,
+        .ctx_set_interrupt = k_ctx_set_interrupt,
         .stats = k_stats,
         .test_faults = k_test_faults,
 };

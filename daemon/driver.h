@@ -112,7 +112,29 @@ typedef struct DriverStats {
         uint64_t svm_ranges;
         uint64_t system_bytes;
         uint64_t vram_bytes;
+        uint64_t queues; /* user-mode queues, every context */
 } DriverStats;
+
+/* A user-mode queue (the KFD's CREATE_QUEUE): every address a GPU VA of the context it is made in. */
+enum {
+        DRIVER_QUEUE_COMPUTE = 0, /* PM4 */
+        DRIVER_QUEUE_SDMA = 1,
+        DRIVER_QUEUE_COMPUTE_AQL = 2,
+        DRIVER_QUEUE_SDMA_XGMI = 3,
+};
+typedef struct DriverQueueArgs {
+        uint32_t gpu_id;
+        uint32_t type; /* DRIVER_QUEUE_* */
+        uint32_t percentage;
+        uint32_t priority;
+        uint64_t ring_va, ring_size;
+        uint64_t rptr_va, wptr_va;
+        uint64_t eop_va, eop_size;
+        uint64_t ctx_save_va, ctx_save_size, ctl_stack_size;
+} DriverQueueArgs;
+
+/* A context's GPU interrupt for its events (driver_ctx_set_interrupt). */
+typedef void (*DriverInterruptFn)(void *arg, uint32_t partial_id, unsigned valid_bits);
 
 typedef struct DriverOps {
         Driver *(*close)(Driver *d);
@@ -135,6 +157,8 @@ typedef struct DriverOps {
                               uint32_t flags, DriverMem **ret);
         int (*mem_register_host)(Driver *d, uint32_t gpu_id, uint64_t va, uint64_t size, uint32_t flags,
                                  DriverMem **ret);
+        int (*mem_alloc_gtt)(Driver *d, DriverCtx *ctx, uint32_t gpu_id, uint64_t va, uint64_t size,
+                             uint32_t flags, DriverMem **ret);
         int (*mem_import)(Driver *d, DriverCtx *ctx, int dmabuf_fd, uint32_t gpu_id, DriverMem **ret);
         int (*mem_free)(Driver *d, DriverMem *m);
         uint64_t (*mem_size)(const Driver *d, const DriverMem *m);
@@ -153,6 +177,13 @@ typedef struct DriverOps {
         void (*managed_forget)(Driver *d, uint64_t va, uint64_t size);
         int (*svm_set)(Driver *d, uint64_t va, uint64_t size, const DriverSvmAttr *a, size_t n);
         int (*svm_get)(Driver *d, uint64_t va, uint64_t size, DriverSvmAttr *a, size_t n);
+
+        int (*queue_create)(Driver *d, DriverCtx *ctx, const DriverQueueArgs *q, uint32_t *ret_id,
+                            uint64_t *ret_doorbell_offset);
+        int (*queue_destroy)(Driver *d, DriverCtx *ctx, uint32_t id);
+        int (*queue_update)(Driver *d, DriverCtx *ctx, uint32_t id, uint64_t ring_va, uint64_t ring_size,
+                            uint32_t percentage, uint32_t priority);
+        int (*ctx_set_interrupt)(Driver *d, DriverCtx *ctx, DriverInterruptFn fn, void *arg);
 
         int (*stats)(const Driver *d, DriverStats *ret);
         int (*test_faults)(Driver *d, const char *path, char *errbuf, size_t errlen);
@@ -244,6 +275,17 @@ static inline int driver_mem_register_host(Driver *d, uint32_t gpu_id, uint64_t 
 {
         return d->ops->mem_register_host(d, gpu_id, va, size, flags, ret);
 }
+/*
+ * Host memory that belongs to @ctx's GPU VM (a GTT buffer: what the context's queues can reach, since a
+ * client context takes no registered pages), at @va, not mapped on any GPU. The CPU reaches it through its
+ * export (driver_mem_export). NULL in the table: -EOPNOTSUPP.
+ */
+static inline int driver_mem_alloc_gtt(Driver *d, DriverCtx *ctx, uint32_t gpu_id, uint64_t va, uint64_t size,
+                                       uint32_t flags, DriverMem **ret)
+{
+        return d->ops->mem_alloc_gtt ? d->ops->mem_alloc_gtt(d, ctx, gpu_id, va, size, flags, ret)
+                                     : -EOPNOTSUPP;
+}
 /* Import a dmabuf (borrowed) as memory of @gpu_id, not placed. -EINVAL/-EBADF: not importable. */
 static inline int driver_mem_import(Driver *d, DriverCtx *ctx, int dmabuf_fd, uint32_t gpu_id,
                                     DriverMem **ret)
@@ -327,6 +369,38 @@ static inline int driver_svm_get(Driver *d, uint64_t va, uint64_t size, DriverSv
 
 /* ---- for administrators and tests -------------------------------------------------------------------- */
 
+/*
+ * A user-mode queue in @ctx: its id and the offset its doorbell is mapped at on a kfd fd. The driver
+ * checks the addresses as the kernel does; the queue runs until destroyed or its context goes. NULL in the
+ * table: -EOPNOTSUPP.
+ */
+static inline int driver_queue_create(Driver *d, DriverCtx *ctx, const DriverQueueArgs *q, uint32_t *ret_id,
+                                      uint64_t *ret_doorbell_offset)
+{
+        return d->ops->queue_create ? d->ops->queue_create(d, ctx, q, ret_id, ret_doorbell_offset)
+                                    : -EOPNOTSUPP;
+}
+static inline int driver_queue_destroy(Driver *d, DriverCtx *ctx, uint32_t id)
+{
+        return d->ops->queue_destroy ? d->ops->queue_destroy(d, ctx, id) : -EOPNOTSUPP;
+}
+static inline int driver_queue_update(Driver *d, DriverCtx *ctx, uint32_t id, uint64_t ring_va,
+                                      uint64_t ring_size, uint32_t percentage, uint32_t priority)
+{
+        return d->ops->queue_update
+                       ? d->ops->queue_update(d, ctx, id, ring_va, ring_size, percentage, priority)
+                       : -EOPNOTSUPP;
+}
+/*
+ * @fn hears @ctx's GPU interrupts (end of pipe, SDMA traps, AQL completion signals with an event mailbox):
+ * called on the driver's own thread with its locks held, so it may only hand the news on (it must not call
+ * the driver). Until the context is freed or @fn is NULL. -EOPNOTSUPP where the driver delivers
+ * interrupts only to its own waits (the kernel's KFD).
+ */
+static inline int driver_ctx_set_interrupt(Driver *d, DriverCtx *ctx, DriverInterruptFn fn, void *arg)
+{
+        return d->ops->ctx_set_interrupt ? d->ops->ctx_set_interrupt(d, ctx, fn, arg) : -EOPNOTSUPP;
+}
 /* -EOPNOTSUPP without DRIVER_CAP_BACKEND_STATS. */
 static inline int driver_stats(const Driver *d, DriverStats *ret)
 {

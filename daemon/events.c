@@ -196,6 +196,27 @@ int client_event_destroy(ClientEvents *e, uint32_t id, Reason *w)
         return 0;
 }
 
+bool client_events_page(const ClientEvents *e, uint64_t *ret_va, uint64_t *ret_size)
+{
+        if (!e->page_va)
+                return false;
+        *ret_va = e->page_va;
+        *ret_size = e->page_size;
+        return true;
+}
+
+int64_t client_events_next_signal(const ClientEvents *e, uint32_t from)
+{
+        for (uint32_t word = from / 64; word < EVENTS_SIGNAL_LIMIT / 64; word++) {
+                uint64_t bits = e->signal_used[word];
+                if (word == from / 64)
+                        bits &= ~0ull << (from % 64);
+                if (bits)
+                        return (int64_t)word * 64 + __builtin_ctzll(bits);
+        }
+        return -1;
+}
+
 int client_event_set(ClientEvents *e, uint32_t id, Reason *w)
 {
         Event *ev = find(e, id);

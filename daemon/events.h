@@ -42,6 +42,10 @@ size_t client_events_count(const ClientEvents *e);
  */
 int client_event_create(ClientEvents *e, uint32_t type, bool auto_reset, uint64_t page_va, uint64_t page_size,
                         uint32_t *ret_id, uint32_t *ret_slot, Reason *w);
+/* The event page the client named: true and its range, or false (none). */
+bool client_events_page(const ClientEvents *e, uint64_t *ret_va, uint64_t *ret_size);
+/* The lowest signal event id at or above @from, or -1: for walking the slots of the event page. */
+int64_t client_events_next_signal(const ClientEvents *e, uint32_t from);
 /* Pending waits that name it end with EVENTS_WAIT_FAIL. -EINVAL: no such event. */
 int client_event_destroy(ClientEvents *e, uint32_t id, Reason *w);
 /*

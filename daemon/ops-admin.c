@@ -65,6 +65,8 @@ int op_admin_status(ReqCtx *r, const Gpumem__Request *req)
                 ms.svm_ranges = ds.svm_ranges;
                 ms.system_bytes = ds.system_bytes;
                 ms.vram_bytes = ds.vram_bytes;
+                ms.has_queues = true;
+                ms.queues = ds.queues;
                 s.model = &ms;
         }
         return reply_result(r, &s);

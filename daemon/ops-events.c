@@ -154,6 +154,8 @@ int op_event_wait(ReqCtx *r, const Gpumem__Request *req)
 
         if (err < 0)
                 return err;
+        /* what the GPU signalled, whether or not the news of its interrupt came yet */
+        (void)broker_event_interrupt(bc);
         p = timeout ? calloc(1, sizeof(*p)) : NULL;
         if (timeout && !p)
                 return reply_fail(r, -ENOMEM, "out of memory");

@@ -21,6 +21,7 @@ static const char *const resource_names[_POLICY_RES_MAX] = {
         [POLICY_RES_MANAGED] = "managed",   [POLICY_RES_HANDLES] = "handles",
         [POLICY_RES_FDS] = "fds",           [POLICY_RES_CONNECTIONS] = "connections",
         [POLICY_RES_INFLIGHT] = "inflight", [POLICY_RES_WINDOWS] = "windows",
+        [POLICY_RES_QUEUES] = "queues",
 };
 
 static const struct {

@@ -20,6 +20,7 @@ typedef enum PolicyResource {
         POLICY_RES_CONNECTIONS, /* connections at once */
         POLICY_RES_INFLIGHT,    /* requests one connection may have in flight (replies not yet taken) */
         POLICY_RES_WINDOWS,     /* VA windows held at once (current and refused ones), all connections */
+        POLICY_RES_QUEUES,      /* user-mode queues the daemon runs for the class's clients */
         _POLICY_RES_MAX,
 } PolicyResource;
 

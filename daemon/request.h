@@ -129,3 +129,8 @@ int op_dmabuf_import(ReqCtx *r, const Gpumem__Request *req);
 int op_svm_set_attr(ReqCtx *r, const Gpumem__Request *req);
 int op_svm_get_attr(ReqCtx *r, const Gpumem__Request *req);
 int op_svm_prefetch(ReqCtx *r, const Gpumem__Request *req);
+int op_queue_create(ReqCtx *r, const Gpumem__Request *req);
+int op_queue_destroy(ReqCtx *r, const Gpumem__Request *req);
+int op_queue_update(ReqCtx *r, const Gpumem__Request *req);
+/* The broker's interrupt callback for a client (@arg: its Conn): called on the driver's thread. */
+void queues_interrupt(void *arg);

@@ -1,4 +1,4 @@
-/* KFD events of the client's context in gpumemd: create, destroy, set, reset, wait (protocol 2). */
+/* KFD events and user-mode queues of the client's context in gpumemd (protocol 2). */
 #include <errno.h>
 #include <stdlib.h>
 
@@ -92,5 +92,84 @@ int gm_event_wait(gm_client *c, const uint32_t *ids, size_t n, bool all, uint32_
                 return r;
         r = (int)reply->event_wait->result;
         gm_reply_free(c, reply);
+        return r;
+}
+
+int gm_queue_create(gm_client *c, const gm_queue_desc *d, uint32_t *ret_id, uint64_t *ret_doorbell_offset)
+{
+        Gpumem__Request req = GPUMEM__REQUEST__INIT;
+        Gpumem__QueueCreate q = GPUMEM__QUEUE_CREATE__INIT;
+        Gpumem__Reply *reply = NULL;
+        int r;
+
+        if (!c || !d || !ret_id || !ret_doorbell_offset)
+                return -EINVAL;
+        q.has_gpu_id = q.has_type = q.has_percentage = q.has_priority = true;
+        q.gpu_id = d->gpu_id;
+        q.type = d->type;
+        q.percentage = d->percentage;
+        q.priority = d->priority;
+        q.has_ring_va = q.has_ring_size = q.has_rptr_va = q.has_wptr_va = true;
+        q.ring_va = d->ring_va;
+        q.ring_size = d->ring_size;
+        q.rptr_va = d->rptr_va;
+        q.wptr_va = d->wptr_va;
+        q.has_eop_va = q.has_eop_size = q.has_ctx_save_va = q.has_ctx_save_size = q.has_ctl_stack_size = true;
+        q.eop_va = d->eop_va;
+        q.eop_size = d->eop_size;
+        q.ctx_save_va = d->ctx_save_va;
+        q.ctx_save_size = d->ctx_save_size;
+        q.ctl_stack_size = d->ctl_stack_size;
+        req.op_case = GPUMEM__REQUEST__OP_QUEUE_CREATE;
+        req.queue_create = &q;
+        r = gm_call_expect(c, &req, GPUMEM__REPLY__RESULT_QUEUE_CREATE, &reply);
+        if (r < 0)
+                return r;
+        *ret_id = reply->queue_create->queue_id;
+        *ret_doorbell_offset = reply->queue_create->doorbell_offset;
+        gm_reply_free(c, reply);
+        return 0;
+}
+
+int gm_queue_destroy(gm_client *c, uint32_t id)
+{
+        Gpumem__Request req = GPUMEM__REQUEST__INIT;
+        Gpumem__QueueId q = GPUMEM__QUEUE_ID__INIT;
+        Gpumem__Reply *reply = NULL;
+        int r;
+
+        if (!c)
+                return -EINVAL;
+        q.has_queue_id = true;
+        q.queue_id = id;
+        req.op_case = GPUMEM__REQUEST__OP_QUEUE_DESTROY;
+        req.queue_destroy = &q;
+        r = gm_call_expect(c, &req, GPUMEM__REPLY__RESULT_EMPTY, &reply);
+        if (r == 0)
+                gm_reply_free(c, reply);
+        return r;
+}
+
+int gm_queue_update(gm_client *c, uint32_t id, uint64_t ring_va, uint64_t ring_size, uint32_t percentage,
+                    uint32_t priority)
+{
+        Gpumem__Request req = GPUMEM__REQUEST__INIT;
+        Gpumem__QueueUpdate q = GPUMEM__QUEUE_UPDATE__INIT;
+        Gpumem__Reply *reply = NULL;
+        int r;
+
+        if (!c)
+                return -EINVAL;
+        q.has_queue_id = q.has_ring_va = q.has_ring_size = q.has_percentage = q.has_priority = true;
+        q.queue_id = id;
+        q.ring_va = ring_va;
+        q.ring_size = ring_size;
+        q.percentage = percentage;
+        q.priority = priority;
+        req.op_case = GPUMEM__REQUEST__OP_QUEUE_UPDATE;
+        req.queue_update = &q;
+        r = gm_call_expect(c, &req, GPUMEM__REPLY__RESULT_EMPTY, &reply);
+        if (r == 0)
+                gm_reply_free(c, reply);
         return r;
 }

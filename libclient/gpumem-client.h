@@ -81,6 +81,31 @@ int gm_event_reset(gm_client *c, uint32_t id);
  */
 int gm_event_wait(gm_client *c, const uint32_t *ids, size_t n, bool all, uint32_t timeout_ms);
 
+/* ---- user-mode queues in the client's context (since 1.4, protocol 2) ----------------------------- */
+
+/** A queue as KFD's CREATE_QUEUE takes it: every address is memory of this client's in gpumemd. */
+typedef struct gm_queue_desc {
+        uint32_t gpu_id;
+        uint32_t type;       /**< KFD's: 0 PM4 compute, 1 SDMA, 2 AQL compute, 3 SDMA over XGMI */
+        uint32_t percentage; /**< 0-100 */
+        uint32_t priority;   /**< 0-15 */
+        uint64_t ring_va, ring_size;
+        uint64_t rptr_va, wptr_va;
+        uint64_t eop_va, eop_size;                           /**< 0: none */
+        uint64_t ctx_save_va, ctx_save_size, ctl_stack_size; /**< the CWSR area; 0: none */
+} gm_queue_desc;
+
+/**
+ * A queue the daemon runs in this client's own GPU context: its id and its doorbell's mmap offset (KFD's
+ * encoding). Each queue costs the class a handle and one of its `queues`. -EFAULT: an address that is no
+ * memory of this client's; -EDQUOT: the class's limit; -ENOMEM: no queue left on the GPU.
+ */
+int gm_queue_create(gm_client *c, const gm_queue_desc *d, uint32_t *ret_id, uint64_t *ret_doorbell_offset);
+int gm_queue_destroy(gm_client *c, uint32_t id);
+/** A new ring (0: none, the queue stops), percentage and priority. */
+int gm_queue_update(gm_client *c, uint32_t id, uint64_t ring_va, uint64_t ring_size, uint32_t percentage,
+                    uint32_t priority);
+
 /** Close the connection and release the VA window. NULL-safe. Everything the client held in the daemon
  *  is freed by the daemon. */
 void gm_client_close(gm_client *c);
@@ -200,6 +225,10 @@ enum {
         GM_MEM_CONTIGUOUS = 16,   /**< physically contiguous VRAM (KFD ABI 1.16) */
         GM_MEM_READ_ONLY = 32,    /**< GPUs may only read, and this process maps it read-only */
         GM_MEM_EXT_COHERENT = 64, /**< extended-scope coherence; needs GM_MEM_COHERENT */
+        /** host memory only (protocol 2): a GTT buffer of this client's own GPU context, which the queues
+         *  the daemon runs for it can reach, mapped here through the buffer's dmabuf; not with
+         *  GM_MEM_READ_ONLY or a NUMA node */
+        GM_MEM_GTT = 128,
 };
 
 /** Kinds of memory, as gm_pointer_get_attributes reports them. */
@@ -501,6 +530,7 @@ enum {
         GM_RESOURCE_CONNECTIONS = 6,
         GM_RESOURCE_INFLIGHT = 7, /**< requests in flight */
         GM_RESOURCE_WINDOWS = 8,  /**< VA windows, current and refused ones */
+        GM_RESOURCE_QUEUES = 9,   /**< user-mode queues the daemon runs (protocol 2) */
 };
 #define GM_UNLIMITED UINT64_MAX
 

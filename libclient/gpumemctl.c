@@ -680,6 +680,7 @@ static const char *const resource_names[] = {
         [GM_RESOURCE_MANAGED] = "managed",   [GM_RESOURCE_HANDLES] = "handles",
         [GM_RESOURCE_FDS] = "fds",           [GM_RESOURCE_CONNECTIONS] = "connections",
         [GM_RESOURCE_INFLIGHT] = "inflight", [GM_RESOURCE_WINDOWS] = "windows",
+        [GM_RESOURCE_QUEUES] = "queues",
 };
 
 static bool resource_is_bytes(int r)
@@ -750,7 +751,7 @@ static int cmd_quota(Ctl *ctl, int argc, char **argv)
                                 printf("%s{\"class\":", i ? "," : "");
                                 json_str(q[i].class_name);
                                 printf(",\"resource\":\"%s\",\"gpu_id\":%u,\"used\":%" PRIu64 ",\"limit\":",
-                                       q[i].resource > 0 && q[i].resource <= GM_RESOURCE_WINDOWS
+                                       q[i].resource > 0 && q[i].resource <= GM_RESOURCE_QUEUES
                                                ? resource_names[q[i].resource]
                                                : "unknown",
                                        q[i].gpu_id, q[i].used);
@@ -772,7 +773,7 @@ static int cmd_quota(Ctl *ctl, int argc, char **argv)
                                 /* per-GPU rows only where a per-GPU limit or use exists */
                                 if (q[i].gpu_id && q[i].limit == GM_UNLIMITED && q[i].used == 0)
                                         continue;
-                                printf("  %-12s ", q[i].resource > 0 && q[i].resource <= GM_RESOURCE_WINDOWS
+                                printf("  %-12s ", q[i].resource > 0 && q[i].resource <= GM_RESOURCE_QUEUES
                                                            ? resource_names[q[i].resource]
                                                            : "unknown");
                                 if (q[i].gpu_id)
@@ -793,7 +794,7 @@ static int cmd_quota(Ctl *ctl, int argc, char **argv)
                 int res = 0;
                 uint64_t limit = 0, gpu = 0;
                 bool force = false;
-                for (int i = 1; i <= GM_RESOURCE_WINDOWS; i++)
+                for (int i = 1; i <= GM_RESOURCE_QUEUES; i++)
                         if (strcmp(argv[3], resource_names[i]) == 0)
                                 res = i;
                 if (!res) {

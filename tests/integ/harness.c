@@ -588,6 +588,7 @@ int daemon_state(Daemon *d, DaemonState *ret)
                 st.model_svm_ranges = s->model->svm_ranges;
                 st.model_system_bytes = s->model->system_bytes;
                 st.model_vram_bytes = s->model->vram_bytes;
+                st.model_queues = s->model->queues;
         }
         raw_reply_free(reply);
         st.fds = daemon_own_fds(d);
@@ -625,7 +626,8 @@ bool daemon_state_is_base(const DaemonState *s, const DaemonState *base)
                s->model_mappings == base->model_mappings && s->model_gem_handles == base->model_gem_handles &&
                s->model_svm_ranges == base->model_svm_ranges &&
                s->model_system_bytes == base->model_system_bytes &&
-               s->model_vram_bytes == base->model_vram_bytes && s->fds == base->fds;
+               s->model_vram_bytes == base->model_vram_bytes && s->model_queues == base->model_queues &&
+               s->fds == base->fds;
 }
 
 int daemon_wait_base(Daemon *d, const DaemonState *base, int timeout_ms, DaemonState *ret_last)
@@ -655,7 +657,9 @@ int daemon_wait_base(Daemon *d, const DaemonState *base, int timeout_ms, DaemonS
                         "daemon not back to its baseline: allocations %llu device %llu host %llu managed "
                         "%llu, "
                         "model contexts %u/%u buffers %llu/%llu handles %llu/%llu imports %llu/%llu mappings "
-                        "%llu/%llu gem %llu/%llu svm %llu/%llu system %llu/%llu vram %llu/%llu, fds %d/%d\n",
+                        "%llu/%llu gem %llu/%llu svm %llu/%llu system %llu/%llu vram %llu/%llu queues "
+                        "%llu/%llu, "
+                        "fds %d/%d\n",
                         (unsigned long long)s.allocations, (unsigned long long)s.bytes_device,
                         (unsigned long long)s.bytes_host, (unsigned long long)s.bytes_managed,
                         s.model_contexts, base->model_contexts, (unsigned long long)s.model_buffers,
@@ -666,7 +670,8 @@ int daemon_wait_base(Daemon *d, const DaemonState *base, int timeout_ms, DaemonS
                         (unsigned long long)base->model_gem_handles, (unsigned long long)s.model_svm_ranges,
                         (unsigned long long)base->model_svm_ranges, (unsigned long long)s.model_system_bytes,
                         (unsigned long long)base->model_system_bytes, (unsigned long long)s.model_vram_bytes,
-                        (unsigned long long)base->model_vram_bytes, s.fds, base->fds);
+                        (unsigned long long)base->model_vram_bytes, (unsigned long long)s.model_queues,
+                        (unsigned long long)base->model_queues, s.fds, base->fds);
         if (ret_last)
                 *ret_last = s;
         return r;

@@ -67,7 +67,7 @@ typedef struct DaemonState {
         bool has_model;
         uint32_t model_contexts;
         uint64_t model_buffers, model_handles, model_imports, model_mappings, model_gem_handles;
-        uint64_t model_svm_ranges, model_system_bytes, model_vram_bytes;
+        uint64_t model_svm_ranges, model_system_bytes, model_vram_bytes, model_queues;
         int fds; /* the daemon's open fds, counted while the status connection is closed */
 } DaemonState;
 

@@ -704,6 +704,163 @@ out:
         gm_client_close(admin);
 }
 
+/* The first GPU's id, from the daemon's topology (0 if none). */
+static uint32_t first_gpu(gm_client *c)
+{
+        gm_topology *t = NULL;
+        uint32_t id = 0;
+
+        if (gm_topology_get(c, false, &t) < 0)
+                return 0;
+        for (size_t i = 0; i < t->n_nodes && !id; i++)
+                if (t->nodes[i].is_gpu)
+                        id = t->nodes[i].gpu_id;
+        gm_topology_free(t);
+        return id;
+}
+
+/* SDMA v4 packets (the model's engine runs them as the GPU does): a fence writes a dword, a trap
+ * interrupts with a context id. */
+#define SDMA_FENCE 5u
+#define SDMA_TRAP  6u
+
+static bool wait_u32(volatile uint32_t *p, uint32_t want, int ms)
+{
+        for (int i = 0; i < ms && __atomic_load_n(p, __ATOMIC_ACQUIRE) != want; i++)
+                usleep(1000);
+        return __atomic_load_n(p, __ATOMIC_ACQUIRE) == want;
+}
+
+/*
+ * A queue the daemon runs in the client's own context: its ring and pointers in GTT host memory both
+ * share, packets written here and run there, a trap that reaches the client's event through the daemon;
+ * every bad request refused with nothing changed; the class's queue limit; a client that goes with its
+ * queue leaves nothing.
+ */
+static void test_queues(void)
+{
+        gm_client *c = NULL, *admin = NULL;
+        gm_alloc_desc d = {.kind = GM_KIND_HOST, .size = 64 << 10, .flags = GM_MEM_GTT, .numa_node = -1};
+        uint32_t gpu = 0, id = 0, ev = 0, slot = 0, second = 0;
+        uint64_t db = 0, *page = NULL;
+        uint8_t *mem = NULL;
+        DaemonState base, now;
+
+        CHECK_EQ(daemon_base_state(&dmn, &base), 0);
+        c = connect_ok("queues");
+        admin = connect_ok("queues-admin");
+        if (!c || !admin)
+                goto out;
+        gpu = first_gpu(c);
+        CHECK(gpu != 0);
+        d.gpu_id = gpu;
+        CHECK_EQ(gm_malloc_desc(c, &d, (void **)&mem), 0);
+        CHECK_EQ(gm_malloc_desc(c, &d, (void **)&page), 0);
+        if (!mem || !page)
+                goto out;
+        /* GTT memory is host memory of the client's own context: read-only or NUMA-bound it is not */
+        {
+                gm_alloc_desc bad = d;
+                void *p = NULL;
+                bad.flags |= GM_MEM_READ_ONLY;
+                CHECK_EQ(gm_malloc_desc(c, &bad, &p), -EINVAL);
+                bad = d;
+                bad.kind = GM_KIND_DEVICE;
+                CHECK_EQ(gm_malloc_desc(c, &bad, &p), -EINVAL);
+        }
+        uint32_t *ring = (uint32_t *)mem;
+        uint64_t *rptr = (uint64_t *)(mem + 4096), *wptr = rptr + 1;
+        volatile uint32_t *fence = (volatile uint32_t *)(mem + 8192);
+        gm_queue_desc q = {.gpu_id = gpu,
+                           .type = 1 /* SDMA */,
+                           .percentage = 100,
+                           .priority = 7,
+                           .ring_va = (uintptr_t)ring,
+                           .ring_size = 4096,
+                           .rptr_va = (uintptr_t)rptr,
+                           .wptr_va = (uintptr_t)wptr};
+        /* bad requests: a clear errno, no queue made */
+        {
+                gm_queue_desc bad = q;
+                bad.ring_va = 0x1000;
+                CHECK_EQ(gm_queue_create(c, &bad, &id, &db), -EFAULT);
+                bad = q;
+                bad.wptr_va = (uintptr_t)mem + (64 << 10) - 4; /* runs past the memory's end */
+                CHECK_EQ(gm_queue_create(c, &bad, &id, &db), -EFAULT);
+                bad = q;
+                bad.type = 9;
+                CHECK_EQ(gm_queue_create(c, &bad, &id, &db), -EINVAL);
+                bad = q;
+                bad.ring_size = 3000;
+                CHECK_EQ(gm_queue_create(c, &bad, &id, &db), -EINVAL);
+                bad = q;
+                bad.gpu_id = 12345;
+                CHECK_EQ(gm_queue_create(c, &bad, &id, &db), -ENODEV);
+                CHECK_EQ(gm_queue_destroy(c, 77), -EINVAL);
+                CHECK_EQ(gm_queue_update(c, 77, 0, 0, 100, 7), -EINVAL);
+                CHECK_EQ(daemon_state(&dmn, &now), 0);
+                CHECK_EQ(now.model_queues, base.model_queues);
+        }
+        CHECK_EQ(gm_queue_create(c, &q, &id, &db), 0);
+        CHECK_EQ(db >> 62, 3); /* KFD's doorbell mmap type */
+        CHECK_EQ(daemon_state(&dmn, &now), 0);
+        CHECK_EQ(now.model_queues, base.model_queues + 1);
+        CHECK_EQ(handles_of(admin, gm_client_id(c)), 3); /* two allocations and the queue */
+
+        /* a signal event whose slot in the page the GPU writes, then interrupts for */
+        for (size_t i = 0; i < (64 << 10) / 8; i++)
+                page[i] = UINT64_MAX;
+        CHECK_EQ(gm_event_create(c, 0, false, page, &ev, &slot), 0);
+        CHECK_EQ(gm_event_wait(c, &ev, 1, false, 0), 1);
+        /* the wait is pending in the daemon before the GPU runs anything: only the interrupt can end it */
+        EventWaiter w = {.c = c, .id = ev, .result = -1};
+        pthread_t th;
+        CHECK_EQ(pthread_create(&th, NULL, event_waiter, &w), 0);
+        usleep(100000);
+        {
+                uint64_t slot_va = (uintptr_t)&page[slot];
+                const uint32_t p[] = {SDMA_FENCE,
+                                      (uint32_t)(uintptr_t)fence,
+                                      (uint32_t)((uintptr_t)fence >> 32),
+                                      0xC0FFEEu,
+                                      SDMA_FENCE,
+                                      (uint32_t)slot_va,
+                                      (uint32_t)(slot_va >> 32),
+                                      ev,
+                                      SDMA_TRAP,
+                                      ev};
+                memcpy(ring, p, sizeof(p));
+                __atomic_store_n(wptr, (uint64_t)sizeof(p), __ATOMIC_RELEASE);
+        }
+        CHECK(wait_u32(fence, 0xC0FFEEu, 5000));
+        pthread_join(th, NULL);
+        CHECK_EQ(w.result, 0);
+        CHECK_EQ(page[slot], UINT64_MAX); /* acknowledged by the daemon, as KFD does */
+        CHECK_EQ(__atomic_load_n(rptr, __ATOMIC_ACQUIRE), 40);
+        /* a ring moved to where the memory is not: refused, the queue as it was */
+        CHECK_EQ(gm_queue_update(c, id, 0x1000, 4096, 100, 7), -EFAULT);
+        CHECK_EQ(gm_queue_update(c, id, (uintptr_t)ring, 4096, 50, 3), 0);
+
+        /* the class's limit: one queue */
+        CHECK_EQ(gm_admin_quota_set(admin, "default", GM_RESOURCE_QUEUES, 0, 1, false), 0);
+        CHECK_EQ(gm_queue_create(c, &q, &second, &db), -EDQUOT);
+        CHECK_EQ(gm_admin_quota_set(admin, "default", GM_RESOURCE_QUEUES, 0, GM_UNLIMITED, false), 0);
+        CHECK_EQ(gm_queue_create(c, &q, &second, &db), 0);
+        CHECK_EQ(gm_queue_destroy(c, second), 0);
+        CHECK_EQ(gm_queue_destroy(c, second), -EINVAL);
+        CHECK_EQ(gm_event_destroy(c, ev), 0);
+
+        /* it goes with the queue alive: the daemon destroys it before the memory it reads */
+        gm_client_close(c);
+        c = NULL;
+        gm_client_close(admin);
+        admin = NULL;
+        CHECK_EQ(daemon_wait_base(&dmn, &base, 5000, NULL), 0);
+out:
+        gm_client_close(c);
+        gm_client_close(admin);
+}
+
 /* One request of protocol 2 on a raw connection, and (@want_reply) its reply's code. */
 static int raw_v2(int fd, uint32_t id, Gpumem__Request *req, bool want_reply)
 {
@@ -985,6 +1142,7 @@ int main(void)
                 {"topology as sysfs files", test_topology_files},
                 {"windows below 1 TiB for clients that ask", test_low_window},
                 {"KFD events kept by the daemon", test_events},
+                {"user-mode queues run by the daemon, their interrupts relayed", test_queues},
                 {"pending event waits of a client that goes", test_events_pending_at_exit},
                 {"a client's events are bounded", test_events_bounded},
                 {"hostile use of the protocol-2 ops", test_v2_ops_hostile},
