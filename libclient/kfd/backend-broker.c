@@ -32,14 +32,20 @@
  * What this backend serves so far: the process-level ioctls (version, apertures, ACQUIRE_VM, memory
  * policy, clock counters, XNACK mode, available memory, the debugger's probe), memory (VRAM and GTT BOs,
  * registration of pages inside the window, substituted by memory the daemon shares, GPU mapping and CPU
- * mapping at the same address) and events (kept by the daemon, waits answered by it). Queues, doorbells,
- * the MMIO remap page, the tile config, SVM and registration of pages outside the window are not served
- * yet: each answers -EOPNOTSUPP and logs its name once (docs/rocm-in-containers.md).
+ * mapping at the same address), events (kept by the daemon, waits answered by it, GPU interrupts
+ * relayed by it) and queues (run by the daemon in the process's own context, their rings and pointers in
+ * memory both share; doorbells below). The MMIO remap page, SVM and registration of pages outside the
+ * window are not served yet: each answers -EOPNOTSUPP and logs its name once
+ * (docs/rocm-in-containers.md).
  */
 
 #define MAX_GPUS 64
 #define MAX_FDS  256
 #define PAGE     4096ull
+/* A process's doorbells on one GPU: 1024 queues of 8-byte doorbells (SOC15) */
+#define DOORBELL_SLICE     8192ull
+#define MMAP_TYPE_MASK     (3ull << 62)
+#define MMAP_TYPE_DOORBELL (3ull << 62)
 /* GPU apertures of gfx9 and later as KFD reports them (the window is the GPUVM one). */
 #define LDS_BASE     (1ull << 48)
 #define SCRATCH_BASE (2ull << 48)
@@ -53,6 +59,7 @@ typedef struct Bo {
         uint32_t gpu_id;
         uint32_t kfd_flags;
         bool userptr;
+        bool doorbell;   /* the process's doorbell slice: its own pages, the daemon has none (below) */
         bool host;       /* the CPU can map it (GTT, host-visible VRAM, registered pages) */
         uint64_t mapped; /* bit per GPU index: mapped through MAP_MEMORY_TO_GPU */
 } Bo;
@@ -504,7 +511,8 @@ static int substitute_pages(uint64_t va, uint64_t size, uint32_t gpu_id, unsigne
         gm_alloc_desc d = {.kind = GM_KIND_HOST,
                            .size = size,
                            .gpu_id = gpu_id,
-                           .flags = flags & ~(unsigned)GM_MEM_READ_ONLY,
+                           /* in the process's own GPU context, where its queues read and write */
+                           .flags = (flags & ~(unsigned)GM_MEM_READ_ONLY) | GM_MEM_GTT,
                            .numa_node = -1,
                            .alignment = PAGE,
                            .fixed_addr = (void *)(uintptr_t)va};
@@ -566,14 +574,25 @@ static int alloc_memory(struct kfd_ioctl_alloc_memory_of_gpu_args *a)
                 return -EINVAL;
         if (a->size == 0 || a->size % PAGE || a->va_addr % PAGE)
                 return -EINVAL;
-        if (k & (KFD_IOC_ALLOC_MEM_FLAGS_DOORBELL | KFD_IOC_ALLOC_MEM_FLAGS_MMIO_REMAP)) {
-                say(0, "%s BOs are not served through gpumemd yet",
-                    k & KFD_IOC_ALLOC_MEM_FLAGS_DOORBELL ? "doorbell" : "MMIO-remap");
+        if (k & KFD_IOC_ALLOC_MEM_FLAGS_MMIO_REMAP) {
+                say(0, "MMIO-remap BOs are not served through gpumemd yet");
                 return -EOPNOTSUPP;
         }
         if (!in_window(a->va_addr, a->size))
                 return -EINVAL; /* libhsakmt places every BO in its GPUVM aperture, the window */
-        if (k & KFD_IOC_ALLOC_MEM_FLAGS_USERPTR) {
+        if (k & KFD_IOC_ALLOC_MEM_FLAGS_DOORBELL) {
+                /*
+                 * The doorbell slice. The daemon's engines look at each queue's write pointer, which lives in
+                 * memory both share, so a doorbell write carries nothing they need: the slice is pages of
+                 * this process's own, mapped when libhsakmt maps the kfd fd at the queue's doorbell offset.
+                 * (On the kernel path a doorbell is an MMIO page of the daemon's context that no other
+                 * process may map: the daemon would have to ring it for the client.)
+                 */
+                if (a->size != DOORBELL_SLICE)
+                        return -EINVAL;
+                bo.doorbell = bo.host = true;
+                r = 0;
+        } else if (k & KFD_IOC_ALLOC_MEM_FLAGS_USERPTR) {
                 if (a->mmap_offset != a->va_addr || !in_window(a->mmap_offset, a->size)) {
                         say(0,
                             "registering pages at 0x%llx outside the window (or at another GPU address) "
@@ -597,7 +616,11 @@ static int alloc_memory(struct kfd_ioctl_alloc_memory_of_gpu_args *a)
                 gm_alloc_desc d = {.kind = GM_KIND_HOST,
                                    .size = a->size,
                                    .gpu_id = a->gpu_id,
-                                   .flags = flags & ~(unsigned)(GM_MEM_HOST_VISIBLE | GM_MEM_CONTIGUOUS),
+                                   /* writable for the CPU, which maps it through its dmabuf, whatever
+                                    * the GPUs may do */
+                                   .flags = (flags & ~(unsigned)(GM_MEM_HOST_VISIBLE | GM_MEM_CONTIGUOUS |
+                                                                 GM_MEM_READ_ONLY)) |
+                                            GM_MEM_GTT,
                                    .numa_node = -1,
                                    .alignment = PAGE,
                                    .fixed_addr = (void *)(uintptr_t)a->va_addr};
@@ -648,7 +671,13 @@ static int free_memory(const struct kfd_ioctl_free_memory_of_gpu_args *a)
         if (kb.event_page == bo.va)
                 kb.event_page = kb.event_page_size = 0;
         pthread_mutex_unlock(&kb.lock);
-        if (bo.userptr) {
+        if (bo.doorbell) {
+                /* back to the window's reservation */
+                void *p = (void *)syscall(SYS_mmap, (void *)(uintptr_t)bo.va, bo.size, PROT_NONE,
+                                          MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+                r = (uintptr_t)p > (uintptr_t)-4096 ? (int)(intptr_t)p : 0;
+                freed = true;
+        } else if (bo.userptr) {
                 r = unsubstitute_pages(bo.va, bo.size, &freed);
         } else {
                 r = gm_mem_free(kb.c, (void *)(uintptr_t)bo.va);
@@ -674,9 +703,12 @@ static int map_memory(uint64_t handle, uint64_t ids_ptr, uint32_t n_devices, uin
 
         if (!ids || n_devices == 0 || *n_success > n_devices)
                 return -EINVAL;
+        bool doorbell;
+
         pthread_mutex_lock(&kb.lock);
         b = bo_find(handle);
         va = b ? b->va : 0;
+        doorbell = b && b->doorbell;
         pthread_mutex_unlock(&kb.lock);
         if (!b)
                 return -EINVAL;
@@ -684,8 +716,10 @@ static int map_memory(uint64_t handle, uint64_t ids_ptr, uint32_t n_devices, uin
                 int g = gpu_index(ids[i]);
                 if (g < 0)
                         return -EINVAL;
-                r = map ? gm_mem_map_gpus(kb.c, (void *)(uintptr_t)va, &ids[i], 1)
-                        : gm_mem_unmap_gpus(kb.c, (void *)(uintptr_t)va, &ids[i], 1);
+                /* the doorbell slice has no GPU side in the daemon (alloc_memory) */
+                r = doorbell ? 0
+                    : map    ? gm_mem_map_gpus(kb.c, (void *)(uintptr_t)va, &ids[i], 1)
+                             : gm_mem_unmap_gpus(kb.c, (void *)(uintptr_t)va, &ids[i], 1);
                 /* already in that state in the daemon (an allocation is mapped on its own GPU): done */
                 if (r == -EEXIST || r == -EALREADY || (!map && r == -EINVAL))
                         r = 0;
@@ -705,6 +739,35 @@ static int map_memory(uint64_t handle, uint64_t ids_ptr, uint32_t n_devices, uin
         return 0;
 }
 
+/* libhsakmt maps the kfd fd at a queue's doorbell offset over the doorbell BO: pages of this process's. */
+static int map_doorbell(void *addr, size_t len, int prot, int flags, int fd, uint64_t offset, void **ret)
+{
+        uint32_t gpu_id = (uint32_t)((offset >> 46) & 0xffff);
+        bool found = false;
+        void *p;
+        int slot;
+
+        pthread_mutex_lock(&kb.lock);
+        slot = fd_slot(fd);
+        for (size_t i = 0; slot >= 0 && kb.fds[slot].kind == FD_KFD && i < kb.n_bos; i++)
+                if (kb.bos[i].doorbell && kb.bos[i].va == (uint64_t)(uintptr_t)addr &&
+                    kb.bos[i].gpu_id == gpu_id)
+                        found = true;
+        pthread_mutex_unlock(&kb.lock);
+        if (slot < 0)
+                return -EBADF;
+        if (!found || len != DOORBELL_SLICE || !(flags & MAP_FIXED)) {
+                say(1, "mmap of the doorbells of GPU %u at %p+0x%zx: only over its doorbell BO", gpu_id, addr,
+                    len);
+                return -EINVAL;
+        }
+        p = (void *)syscall(SYS_mmap, addr, len, prot, MAP_SHARED | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
+        if ((uintptr_t)p > (uintptr_t)-4096)
+                return (int)(intptr_t)p;
+        *ret = p;
+        return 0;
+}
+
 static int b_mmap(void *addr, size_t len, int prot, int flags, int fd, uint64_t offset, void **ret)
 {
         uint64_t va = 0, size = 0;
@@ -713,6 +776,8 @@ static int b_mmap(void *addr, size_t len, int prot, int flags, int fd, uint64_t 
 
         if (kb.forked)
                 return -EBADF;
+        if ((offset & MMAP_TYPE_MASK) == MMAP_TYPE_DOORBELL)
+                return map_doorbell(addr, len, prot, flags, fd, offset, ret);
         pthread_mutex_lock(&kb.lock);
         slot = fd_slot(fd);
         for (size_t i = 0; slot >= 0 && i < kb.n_bos; i++)
@@ -891,6 +956,40 @@ static int b_munmap(void *addr, size_t len)
         return (uintptr_t)p > (uintptr_t)-4096 ? (int)(intptr_t)p : 1;
 }
 
+/* ---- queues -------------------------------------------------------------------------------------------- */
+
+static int create_queue(struct kfd_ioctl_create_queue_args *a)
+{
+        gm_queue_desc d = {.gpu_id = a->gpu_id,
+                           .type = a->queue_type,
+                           .percentage = a->queue_percentage,
+                           .priority = a->queue_priority,
+                           .ring_va = a->ring_base_address,
+                           .ring_size = a->ring_size,
+                           .rptr_va = a->read_pointer_address,
+                           .wptr_va = a->write_pointer_address,
+                           .eop_va = a->eop_buffer_address,
+                           .eop_size = a->eop_buffer_size,
+                           .ctx_save_va = a->ctx_save_restore_address,
+                           .ctx_save_size = a->ctx_save_restore_size,
+                           .ctl_stack_size = a->ctl_stack_size};
+        uint64_t db = 0;
+        uint32_t id = 0;
+        int r;
+
+        if (gpu_index(a->gpu_id) < 0)
+                return -EINVAL;
+        r = gm_queue_create(kb.c, &d, &id, &db);
+        if (r < 0) {
+                char why[300];
+                say(1, "CREATE_QUEUE: %s", gm_strerror(kb.c, r, why, sizeof(why)));
+                return r == -EDQUOT ? -ENOMEM : r; /* KFD's word for no queue left */
+        }
+        a->queue_id = id;
+        a->doorbell_offset = db;
+        return 0;
+}
+
 /* ---- dispatch ------------------------------------------------------------------------------------------ */
 
 static int unserved(unsigned long request)
@@ -954,6 +1053,15 @@ static int kfd_ioctl(unsigned long request, void *arg)
                 return wait_events(arg);
         case AMDKFD_IOC_GET_TILE_CONFIG:
                 return tile_config(arg);
+        case AMDKFD_IOC_CREATE_QUEUE:
+                return create_queue(arg);
+        case AMDKFD_IOC_DESTROY_QUEUE:
+                return gm_queue_destroy(kb.c, ((struct kfd_ioctl_destroy_queue_args *)arg)->queue_id);
+        case AMDKFD_IOC_UPDATE_QUEUE: {
+                struct kfd_ioctl_update_queue_args *a = arg;
+                return gm_queue_update(kb.c, a->queue_id, a->ring_base_address, a->ring_size,
+                                       a->queue_percentage, a->queue_priority);
+        }
         case AMDKFD_IOC_SET_TRAP_HANDLER:
                 return queue_setting(((struct kfd_ioctl_set_trap_handler_args *)arg)->gpu_id);
         case AMDKFD_IOC_SET_SCRATCH_BACKING_VA:

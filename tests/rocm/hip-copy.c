@@ -1,6 +1,9 @@
-/* HIP copies on the KFD model: bytes go host -> device -> host through the model's SDMA engines. */
+/* HIP copies on the KFD model: bytes go host -> device -> host through the model's SDMA engines. With the
+ * argument "broker" (under libgpumem-kfd.so) the queues are gpumemd's, and the in-process model's counters,
+ * which do not exist then, are not read. */
 #include <dlfcn.h>
 #include <hip/hip_runtime_api.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -34,8 +37,9 @@ static int round_trip(size_t n, size_t off, unsigned int seed)
         return 0;
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+        const bool broker = argc > 1 && strcmp(argv[1], "broker") == 0;
         const size_t big = 64ULL << 20;
         ModelCounts c0, c1;
         hipStream_t s;
@@ -45,7 +49,7 @@ int main(void)
         /* the runtime's own buffers come with the first allocation: count from after it */
         REQUIRE_HIP(hipMalloc(&dev, 1 << 20));
         REQUIRE_HIP(hipFree(dev));
-        REQUIRE(model_counts(&c0) == 0);
+        REQUIRE(broker || model_counts(&c0) == 0);
 
         REQUIRE(round_trip(1 << 20, 0, 1) == 0);
         REQUIRE(round_trip(1, 0, 5) == 0);
@@ -73,6 +77,10 @@ int main(void)
         REQUIRE_HIP(hipStreamDestroy(s));
         free(ref);
 
+        if (broker) {
+                printf("ok\n");
+                return 0;
+        }
         /* and the model holds what it held before */
         REQUIRE(model_counts(&c1) == 0);
         printf("model: handles %llu -> %llu, vram %llu -> %llu\n", c0.mems, c1.mems, c0.vram_used,

@@ -1,4 +1,7 @@
 /* libhsakmt (ROCm's thunk, unmodified) on the KFD model: PM4 and SDMA queues that run, interrupt and fault.
+ * With the argument "broker" (under libgpumem-kfd.so): the queues gpumemd runs in the process's context,
+ * their interrupts relayed to its events; the in-process model's counters and the faults are not looked at
+ * then. "broker-limit N": the first N queues are made, the next is refused with KFD's no-queue error.
  */
 #include <hsakmt.h>
 #include <stdint.h>
@@ -323,9 +326,17 @@ static int open_kfd(void)
         return 0;
 }
 
+static bool broker;
+
 static int close_kfd(void)
 {
         ModelCounts c;
+
+        if (broker) {
+                REQUIRE_KMT(hsaKmtReleaseSystemProperties());
+                REQUIRE_KMT(hsaKmtCloseKFD());
+                return 0;
+        }
 
         REQUIRE_KMT(hsaKmtReleaseSystemProperties());
         REQUIRE_KMT(hsaKmtCloseKFD());
@@ -334,8 +345,49 @@ static int close_kfd(void)
         return 0;
 }
 
-int main(void)
+/* N queues are made, the next is refused (the class's limit), and one fits again once one went. */
+static int test_limit(unsigned n)
 {
+        Queue q[17];
+        HsaQueueResource extra;
+
+        REQUIRE(n < 16);
+        for (unsigned i = 0; i < n; i++)
+                REQUIRE(queue_new(&q[i], i % 2) == 0);
+        {
+                uint32_t *ring = gpu_mem(RING_SIZE, false, false);
+                REQUIRE(ring);
+                REQUIRE(hsaKmtCreateQueue(gpu_node, HSA_QUEUE_SDMA, 100, HSA_QUEUE_PRIORITY_NORMAL, ring,
+                                          RING_SIZE, NULL, &extra) != HSAKMT_STATUS_SUCCESS);
+                gpu_free(ring, RING_SIZE);
+        }
+        printf("queue %u refused\n", n + 1);
+        if (n) {
+                queue_free(&q[n - 1]);
+                REQUIRE(queue_new(&q[n - 1], 1) == 0);
+        }
+        for (unsigned i = 0; i < n; i++)
+                queue_free(&q[i]);
+        return 0;
+}
+
+int main(int argc, char **argv)
+{
+        broker = argc > 1 && strncmp(argv[1], "broker", 6) == 0;
+        if (argc > 2 && strcmp(argv[1], "broker-limit") == 0) {
+                REQUIRE(open_kfd() == 0);
+                REQUIRE(test_limit((unsigned)atoi(argv[2])) == 0);
+                REQUIRE(close_kfd() == 0);
+                printf("ok\n");
+                return 0;
+        }
+        if (broker) {
+                REQUIRE(open_kfd() == 0);
+                REQUIRE(test_pm4() == 0 && test_sdma() == 0);
+                REQUIRE(close_kfd() == 0);
+                printf("ok\n");
+                return 0;
+        }
         /* a VM fault stops every queue of the process for good, as in the kernel: each fault gets a fresh
          * process context (close and reopen the KFD) */
         REQUIRE(open_kfd() == 0);

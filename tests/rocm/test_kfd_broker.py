@@ -14,6 +14,7 @@ from gmtest import GPUMEMD, Notify, check, ctl, run_tests, stop  # noqa: E402
 KFD_LIB = os.environ.get("GPUMEM_KFD_LIB", "")
 PROGRAM = os.environ.get("HSAKMT_BROKER", "")
 HIP_PROGRAM = os.environ.get("HIP_BROKER", "")
+QUEUES_PROGRAM = os.environ.get("HSAKMT_QUEUES", "")
 VRAM = 32 << 30  # the gfx908 preset
 SIZE = 2 << 20
 
@@ -156,6 +157,45 @@ def test_rocminfo(tmp):
         notify.close()
 
 
+def run_queues(sock, *args):
+    env = dict(os.environ, LD_PRELOAD=KFD_LIB, GPUMEM_SOCKET=sock)
+    return subprocess.run([QUEUES_PROGRAM, *args], env=env, capture_output=True, text=True, timeout=120)
+
+
+def quota_used(sock, cls, resource):
+    r = ctl(sock, "--json", "quota", "show", cls)
+    if r.returncode != 0:
+        return None
+    return [q["used"] for q in json.loads(r.stdout)["quotas"] if q["resource"] == resource and q["gpu_id"] == 0]
+
+
+def test_queues(tmp):
+    daemon, notify, sock = start_daemon(tmp, "[class all]\nmatch-all = yes\n")
+    try:
+        r = run_queues(sock, "broker")
+        check(r.returncode == 0 and "ok" in r.stdout.splitlines(),
+              f"PM4 and SDMA queues run by gpumemd, interrupts relayed: {r.stdout!r} {r.stderr[-1500:]!r}")
+        check("pm4: nop, write_data, release_mem interrupt: ok" in r.stdout, "PM4 packets and the EOP interrupt")
+        check("sdma: nop, fence, copy host -> vram, trap interrupt: ok" in r.stdout,
+              "SDMA copy into VRAM and the trap interrupt")
+        check(quota_used(sock, "all", "queues") == [0], "no queue is left charged after it ends")
+    finally:
+        stop(daemon)
+        notify.close()
+
+
+def test_queue_limit(tmp):
+    daemon, notify, sock = start_daemon(tmp, "[class few]\nmatch-all = yes\nqueues = 3\n")
+    try:
+        r = run_queues(sock, "broker-limit", "3")
+        check(r.returncode == 0 and "queue 4 refused" in r.stdout,
+              f"3 queues fit the class, the fourth is refused: {r.stdout!r} {r.stderr[-1500:]!r}")
+        check(quota_used(sock, "few", "queues") == [0], "the class is whole again after it ends")
+    finally:
+        stop(daemon)
+        notify.close()
+
+
 def run_hip(sock, *args):
     env = dict(os.environ, LD_PRELOAD=KFD_LIB, GPUMEM_SOCKET=sock)
     return subprocess.Popen([HIP_PROGRAM, "gfx908", str(VRAM), "120", *args], env=env, stdin=subprocess.PIPE,
@@ -247,6 +287,8 @@ if __name__ == "__main__":
         ("a process killed while holding memory leaves nothing", test_killed),
         ("a BO over the class's VRAM limit is refused, and the class is whole after", test_quota),
         ("rocminfo through gpumemd", test_rocminfo),
+        ("PM4 and SDMA queues run by gpumemd, with their interrupts", test_queues),
+        ("a class's queue limit", test_queue_limit),
         ("HIP: devices, memory info, hipMalloc and hipHostMalloc through gpumemd", test_hip),
         ("HIP: killed with SIGKILL while it holds memory", test_hip_killed),
         ("HIP: a hipMalloc over the class's limit", test_hip_over_quota),
