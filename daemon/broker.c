@@ -121,6 +121,10 @@ struct BrokerClient {
         ClientEvents *events;      /* its KFD events, from its first (each costs a handle) */
         void (*irq_fn)(void *arg); /* where its GPU interrupts go (broker_client_set_interrupt) */
         void *irq_arg;
+        /* a GPU VM fault of its context, from the driver's thread until its own takes it (a leaf lock) */
+        pthread_mutex_t fault_lock;
+        DriverInterrupt fault;
+        bool fault_pending;
         BrokerQueue *queues; /* its user-mode queues (each costs a handle and a queue) */
         size_t n_queues, cap_queues;
 };
@@ -274,6 +278,7 @@ int broker_client_new(Broker *b, ThunkVaSpace *window, BrokerClient **ret)
         c->window = window;
         c->usage.n_gpus = (uint32_t)b->n_gpus;
         memcpy(c->usage.gpu_ids, b->gpu_ids, sizeof(b->gpu_ids));
+        pthread_mutex_init(&c->fault_lock, NULL);
         pthread_mutex_lock(&b->lock);
         b->clients++;
         pthread_mutex_unlock(&b->lock);
@@ -302,12 +307,18 @@ uint64_t broker_client_records(const BrokerClient *c)
 }
 
 /* On the driver's thread, under its locks: only the news goes on. */
-static void client_interrupt(void *arg, uint32_t partial_id, unsigned valid_bits)
+static void client_interrupt(void *arg, const DriverInterrupt *irq)
 {
         BrokerClient *c = arg;
 
-        (void)partial_id; /* every signalled slot is looked at, as KFD does for a partial id */
-        (void)valid_bits;
+        /* a signal: every signalled slot is looked at, as KFD does for a partial id; a fault: kept for the
+         * client's thread, which hands it to the memory events */
+        if (irq->type == DRIVER_IRQ_VM_FAULT) {
+                pthread_mutex_lock(&c->fault_lock);
+                c->fault = *irq;
+                c->fault_pending = true;
+                pthread_mutex_unlock(&c->fault_lock);
+        }
         if (c->irq_fn)
                 c->irq_fn(c->irq_arg);
 }
@@ -2685,6 +2696,7 @@ BrokerClient *broker_client_free(BrokerClient *c)
         }
         hashmap_done(&c->objs);
         free(c->queues);
+        pthread_mutex_destroy(&c->fault_lock);
         broker_client_set_account(c, NULL);
         /* the client's own GPU VM: closing it releases anything the driver still holds for it */
         if (c->own_ctx)
@@ -2805,9 +2817,29 @@ size_t broker_client_list(const BrokerClient *c, size_t *cursor, BrokerObjInfo *
         return n;
 }
 
+bool broker_event_memory_fault(const BrokerClient *c, uint32_t id, EventsMemoryFault *ret)
+{
+        return c->events && client_event_memory_fault(c->events, id, ret);
+}
+
 int broker_event_interrupt(BrokerClient *c)
 {
+        DriverInterrupt fault;
+        bool faulted;
         int n = 0;
+
+        pthread_mutex_lock(&c->fault_lock);
+        faulted = c->fault_pending;
+        fault = c->fault;
+        c->fault_pending = false;
+        pthread_mutex_unlock(&c->fault_lock);
+        if (faulted && c->events)
+                n += client_events_memory_fault(c->events,
+                                                &(EventsMemoryFault){.gpu_id = fault.gpu_id,
+                                                                     .va = fault.va,
+                                                                     .not_present = fault.not_present,
+                                                                     .read_only = fault.read_only,
+                                                                     .no_execute = fault.no_execute});
 
         /* the page must still be memory of this client's that the daemon maps (event_slot) */
         if (!event_slot(c, 0))

@@ -325,6 +325,8 @@ int broker_event_reset(BrokerClient *c, uint32_t id, Reason *w);
 int broker_event_wait(BrokerClient *c, const uint32_t *ids, size_t n, bool all, bool pend, EventWaitDone done,
                       void *ctx, EventWait **ret, Reason *w);
 void broker_event_wait_cancel(BrokerClient *c, EventWait *wt);
+/* The GPU VM fault memory event @id holds (client_event_memory_fault()). */
+bool broker_event_memory_fault(const BrokerClient *c, uint32_t id, EventsMemoryFault *ret);
 
 /*
  * GPU interrupts for the client's events (queues it runs that signal an event) reach @fn(@arg), on the

@@ -2,6 +2,7 @@
 #include "driver-kfd.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,8 +26,18 @@ _Static_assert(DRIVER_SVM_LOCATION_SYSMEM == KFD_IOCTL_SVM_LOCATION_SYSMEM, "svm
 _Static_assert(DRIVER_SVM_LOCATION_UNDEFINED == KFD_IOCTL_SVM_LOCATION_UNDEFINED, "svm location");
 _Static_assert(sizeof(DriverSvmAttr) == sizeof(ThunkSvmAttr), "svm attr layout");
 
+/* Who hears a context's interrupts (driver_ctx_set_interrupt): the thunk calls irq_relay() with it. */
+typedef struct IrqHook {
+        struct IrqHook *next;
+        ThunkContext *ctx;
+        DriverInterruptFn fn;
+        void *arg;
+} IrqHook;
+
 typedef struct KfdDriver {
         Driver base;
+        pthread_mutex_t hooks_lock; /* the list (the hooks themselves are read on the driver's thread) */
+        IrqHook *hooks;
         ThunkDevice *dev;
         ThunkContext *primary;
         ThunkModel *model; /* NULL on the kernel */
@@ -85,6 +96,12 @@ static Driver *k_close(Driver *d)
         KfdDriver *k = kfd(d);
 
         thunk_device_close(k->dev);
+        while (k->hooks) {
+                IrqHook *h = k->hooks;
+                k->hooks = h->next;
+                free(h);
+        }
+        pthread_mutex_destroy(&k->hooks_lock);
         free(k);
         return NULL;
 }
@@ -172,10 +189,27 @@ static int k_ctx_new(Driver *d, DriverCtx **ret)
         return 0;
 }
 
+/* Take @ctx's hook out of the list; the caller frees it once the thunk no longer calls it. */
+static IrqHook *hook_take(KfdDriver *k, ThunkContext *ctx)
+{
+        IrqHook *h = NULL;
+
+        pthread_mutex_lock(&k->hooks_lock);
+        for (IrqHook **pp = &k->hooks; *pp; pp = &(*pp)->next)
+                if ((*pp)->ctx == ctx) {
+                        h = *pp;
+                        *pp = h->next;
+                        break;
+                }
+        pthread_mutex_unlock(&k->hooks_lock);
+        return h;
+}
+
 static void k_ctx_free(Driver *d, DriverCtx *ctx)
 {
-        (void)d;
+        /* the context's end stops its interrupts: its hook goes after it */
         thunk_context_free(tctx(ctx));
+        free(hook_take(kfd(d), tctx(ctx)));
 }
 
 _Static_assert(sizeof(DriverTileConfig) == sizeof(ThunkTileConfig), "tile config layout");
@@ -459,10 +493,49 @@ static int k_queue_update(Driver *d, DriverCtx *ctx, uint32_t id, uint64_t ring_
         return thunk_queue_update(tctx(ctx), id, ring_va, ring_size, percentage, priority);
 }
 
+/* On the thunk's thread, under its lock: the thunk's interrupt as the driver seam's. */
+static void irq_relay(void *arg, const ThunkInterrupt *t)
+{
+        const IrqHook *h = arg;
+        DriverInterrupt irq = {.type = t->type == THUNK_IRQ_VM_FAULT ? DRIVER_IRQ_VM_FAULT
+                                                                     : DRIVER_IRQ_SIGNAL,
+                               .partial_id = t->partial_id,
+                               .valid_bits = t->valid_bits,
+                               .gpu_id = t->gpu_id,
+                               .va = t->va,
+                               .not_present = t->not_present,
+                               .read_only = t->read_only,
+                               .no_execute = t->no_execute};
+        h->fn(h->arg, &irq);
+}
+
 static int k_ctx_set_interrupt(Driver *d, DriverCtx *ctx, DriverInterruptFn fn, void *arg)
 {
-        (void)d;
-        return thunk_context_set_interrupt(tctx(ctx), fn, arg);
+        KfdDriver *k = kfd(d);
+        IrqHook *old, *h = NULL;
+        int r;
+
+        if (fn) {
+                h = calloc(1, sizeof(*h));
+                if (!h)
+                        return -ENOMEM;
+                *h = (IrqHook){.ctx = tctx(ctx), .fn = fn, .arg = arg};
+        }
+        /* once the thunk holds the new hook (or none), the old one is no longer called */
+        r = thunk_context_set_interrupt(tctx(ctx), fn ? irq_relay : NULL, h);
+        if (r < 0) {
+                free(h);
+                return r;
+        }
+        old = hook_take(k, tctx(ctx));
+        free(old);
+        if (h) {
+                pthread_mutex_lock(&k->hooks_lock);
+                h->next = k->hooks;
+                k->hooks = h;
+                pthread_mutex_unlock(&k->hooks_lock);
+        }
+        return 0;
 }
 
 static const DriverOps kfd_ops = {
@@ -523,6 +596,7 @@ int driver_kfd_open(const DriverKfdOptions *o, Driver **ret, char *errbuf, size_
                 return r;
         }
         k->base.ops = &kfd_ops;
+        pthread_mutex_init(&k->hooks_lock, NULL);
         k->primary = thunk_device_primary_context(k->dev);
         k->model = thunk_device_model(k->dev);
         *ret = &k->base;

@@ -133,8 +133,20 @@ typedef struct DriverQueueArgs {
         uint64_t ctx_save_va, ctx_save_size, ctl_stack_size;
 } DriverQueueArgs;
 
-/* A context's GPU interrupt for its events (driver_ctx_set_interrupt). */
-typedef void (*DriverInterruptFn)(void *arg, uint32_t partial_id, unsigned valid_bits);
+/* A context's GPU interrupt (driver_ctx_set_interrupt). */
+typedef enum DriverInterruptType {
+        DRIVER_IRQ_SIGNAL,   /* an event id (partial_id, of which valid_bits hold) */
+        DRIVER_IRQ_VM_FAULT, /* a GPU VM fault on gpu_id at va: the context's queues stopped for good */
+} DriverInterruptType;
+typedef struct DriverInterrupt {
+        DriverInterruptType type;
+        uint32_t partial_id;
+        unsigned valid_bits;
+        uint32_t gpu_id;
+        uint64_t va;
+        bool not_present, read_only, no_execute;
+} DriverInterrupt;
+typedef void (*DriverInterruptFn)(void *arg, const DriverInterrupt *irq);
 
 typedef struct DriverOps {
         Driver *(*close)(Driver *d);

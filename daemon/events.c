@@ -10,6 +10,8 @@ typedef struct Event {
         uint32_t type;
         bool auto_reset;
         bool signaled;
+        bool faulted; /* a memory event: fault holds the last GPU VM fault */
+        EventsMemoryFault fault;
 } Event;
 
 struct EventWait {
@@ -196,6 +198,49 @@ int client_event_destroy(ClientEvents *e, uint32_t id, Reason *w)
         return 0;
 }
 
+/* Signal @ev as KFD's set_event() does: waits on it are activated; an auto-reset one with waiters stays
+ * unsignalled (they took it). */
+static void signal_event(ClientEvents *e, Event *ev)
+{
+        bool waited = false;
+
+        for (EventWait *wt = e->waits; wt; wt = wt->next)
+                for (size_t i = 0; i < wt->n; i++)
+                        if (wt->ids[i] == ev->id) {
+                                wt->activated[i] = true;
+                                waited = true;
+                        }
+        ev->signaled = !ev->auto_reset || !waited;
+}
+
+int client_events_memory_fault(ClientEvents *e, const EventsMemoryFault *f)
+{
+        int n = 0;
+
+        for (size_t i = 0; i < e->n; i++) {
+                Event *ev = &e->events[i];
+                if (ev->type != EVENTS_TYPE_MEMORY)
+                        continue;
+                ev->fault = *f;
+                ev->faulted = true;
+                signal_event(e, ev);
+                n++;
+        }
+        if (n)
+                finish_waits(e, NULL);
+        return n;
+}
+
+bool client_event_memory_fault(const ClientEvents *e, uint32_t id, EventsMemoryFault *ret)
+{
+        for (size_t i = 0; i < e->n; i++)
+                if (e->events[i].id == id && e->events[i].faulted) {
+                        *ret = e->events[i].fault;
+                        return true;
+                }
+        return false;
+}
+
 bool client_events_page(const ClientEvents *e, uint64_t *ret_va, uint64_t *ret_size)
 {
         if (!e->page_va)
@@ -220,17 +265,10 @@ int64_t client_events_next_signal(const ClientEvents *e, uint32_t from)
 int client_event_set(ClientEvents *e, uint32_t id, Reason *w)
 {
         Event *ev = find(e, id);
-        bool waited = false;
 
         if (!ev || !is_signal(ev->type))
                 return reason_set(w, -EINVAL, "no signal event %u", id);
-        for (EventWait *wt = e->waits; wt; wt = wt->next)
-                for (size_t i = 0; i < wt->n; i++)
-                        if (wt->ids[i] == id) {
-                                wt->activated[i] = true;
-                                waited = true;
-                        }
-        ev->signaled = !ev->auto_reset || !waited;
+        signal_event(e, ev);
         finish_waits(e, NULL);
         return 0;
 }

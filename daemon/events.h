@@ -42,6 +42,19 @@ size_t client_events_count(const ClientEvents *e);
  */
 int client_event_create(ClientEvents *e, uint32_t type, bool auto_reset, uint64_t page_va, uint64_t page_size,
                         uint32_t *ret_id, uint32_t *ret_slot, Reason *w);
+/* A GPU VM fault as a memory event holds it (KFD's kfd_hsa_memory_exception_data). */
+typedef struct EventsMemoryFault {
+        uint32_t gpu_id;
+        uint64_t va; /* the faulting page */
+        bool not_present, read_only, no_execute;
+} EventsMemoryFault;
+
+/* A GPU VM fault of the client's context: every memory event takes it and is set, as KFD's
+ * kfd_signal_vm_fault_event() does. Returns how many there were. */
+int client_events_memory_fault(ClientEvents *e, const EventsMemoryFault *f);
+/* The fault memory event @id holds: true and it, or false (no such event, or none came). */
+bool client_event_memory_fault(const ClientEvents *e, uint32_t id, EventsMemoryFault *ret);
+
 /* The event page the client named: true and its range, or false (none). */
 bool client_events_page(const ClientEvents *e, uint64_t *ret_va, uint64_t *ret_size);
 /* The lowest signal event id at or above @from, or -1: for walking the slots of the event page. */

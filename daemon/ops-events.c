@@ -17,6 +17,8 @@ typedef struct PendingWait {
         Manager *m;
         uint32_t id;
         uint32_t field;
+        size_t n_ids; /* the events it names, for the faults its reply carries */
+        uint32_t ids[EVENTS_WAIT_MAX_IDS];
         EventWait *wait;
         struct event *timer; /* NULL: no timeout */
 } PendingWait;
@@ -39,19 +41,47 @@ static void pending_free(PendingWait *p)
         free(p);
 }
 
+/* A wait's reply: its result, and the GPU VM fault each memory event it names holds (as KFD's WAIT_EVENTS
+ * copies them out). Under the client's lock. */
+static int wait_reply(ReqCtx *r, BrokerClient *bc, const uint32_t *ids, size_t n, unsigned result)
+{
+        Gpumem__EventWaitReply wr = GPUMEM__EVENT_WAIT_REPLY__INIT;
+        Gpumem__MemoryException exc[8], *pexc[8];
+        size_t k = 0;
+
+        wr.has_result = true;
+        wr.result = result;
+        for (size_t i = 0; bc && i < n && k < 8; i++) {
+                EventsMemoryFault f;
+                if (!broker_event_memory_fault(bc, ids[i], &f))
+                        continue;
+                gpumem__memory_exception__init(&exc[k]);
+                exc[k].has_event_id = exc[k].has_gpu_id = exc[k].has_va = true;
+                exc[k].has_not_present = exc[k].has_read_only = exc[k].has_no_execute = true;
+                exc[k].event_id = ids[i];
+                exc[k].gpu_id = f.gpu_id;
+                exc[k].va = f.va;
+                exc[k].not_present = f.not_present;
+                exc[k].read_only = f.read_only;
+                exc[k].no_execute = f.no_execute;
+                pexc[k] = &exc[k];
+                k++;
+        }
+        wr.n_memory_exceptions = k;
+        wr.memory_exceptions = pexc;
+        return reply_result(r, &wr);
+}
+
 /* The reply of a wait that ended, out of the connection's order (the client matches replies by id). */
 static void pending_reply(PendingWait *p, unsigned result)
 {
-        Gpumem__EventWaitReply wr = GPUMEM__EVENT_WAIT_REPLY__INIT;
         ReqCtx r = {.c = p->c,
                     .m = p->m,
                     .id = p->id,
                     .field = p->field,
                     .reply_case = GPUMEM__REPLY__RESULT_EVENT_WAIT};
 
-        wr.has_result = true;
-        wr.result = result;
-        (void)reply_result(&r, &wr);
+        (void)wait_reply(&r, p->c->broker, p->ids, p->n_ids, result);
 }
 
 /* From the broker, inside the request that set or destroyed an event (under the client's lock). */
@@ -179,9 +209,7 @@ int op_event_wait(ReqCtx *r, const Gpumem__Request *req)
                 }
                 if (err < 0)
                         return fail_why(r, err, &w);
-                wr.has_result = true;
-                wr.result = 0; /* KFD_IOC_WAIT_RESULT_COMPLETE */
-                return reply_result(r, &wr);
+                return wait_reply(r, bc, a->event_ids, a->n_event_ids, 0 /* KFD_IOC_WAIT_RESULT_COMPLETE */);
         }
         if (!p) { /* a look that found nothing */
                 wr.has_result = true;
@@ -189,6 +217,8 @@ int op_event_wait(ReqCtx *r, const Gpumem__Request *req)
                 return reply_result(r, &wr);
         }
         /* answered later, from wait_done() or wait_timeout() on this connection's loop */
+        p->n_ids = a->n_event_ids < EVENTS_WAIT_MAX_IDS ? a->n_event_ids : EVENTS_WAIT_MAX_IDS;
+        memcpy(p->ids, a->event_ids, p->n_ids * sizeof(p->ids[0]));
         p->c = r->c;
         p->m = r->m;
         p->id = r->id;

@@ -71,14 +71,17 @@ int gm_event_reset(gm_client *c, uint32_t id)
         return event_call(c, GPUMEM__REQUEST__OP_EVENT_RESET, id);
 }
 
-int gm_event_wait(gm_client *c, const uint32_t *ids, size_t n, bool all, uint32_t timeout_ms)
+int gm_event_wait_faults(gm_client *c, const uint32_t *ids, size_t n, bool all, uint32_t timeout_ms,
+                         gm_memory_exception *ret, size_t cap, size_t *ret_n)
 {
         Gpumem__Request req = GPUMEM__REQUEST__INIT;
         Gpumem__EventWait ew = GPUMEM__EVENT_WAIT__INIT;
         Gpumem__Reply *reply = NULL;
+        const Gpumem__EventWaitReply *wr;
+        size_t k = 0;
         int r;
 
-        if (!c || !ids || n == 0)
+        if (!c || !ids || n == 0 || (cap && !ret))
                 return -EINVAL;
         ew.n_event_ids = n;
         ew.event_ids = (uint32_t *)ids;
@@ -90,9 +93,26 @@ int gm_event_wait(gm_client *c, const uint32_t *ids, size_t n, bool all, uint32_
         r = gm_call_expect(c, &req, GPUMEM__REPLY__RESULT_EVENT_WAIT, &reply);
         if (r < 0)
                 return r;
-        r = (int)reply->event_wait->result;
+        wr = reply->event_wait;
+        r = (int)wr->result;
+        for (size_t i = 0; i < wr->n_memory_exceptions && k < cap; i++) {
+                const Gpumem__MemoryException *e = wr->memory_exceptions[i];
+                ret[k++] = (gm_memory_exception){.event_id = e->event_id,
+                                                 .gpu_id = e->gpu_id,
+                                                 .va = e->va,
+                                                 .not_present = e->not_present,
+                                                 .read_only = e->read_only,
+                                                 .no_execute = e->no_execute};
+        }
+        if (ret_n)
+                *ret_n = k;
         gm_reply_free(c, reply);
         return r;
+}
+
+int gm_event_wait(gm_client *c, const uint32_t *ids, size_t n, bool all, uint32_t timeout_ms)
+{
+        return gm_event_wait_faults(c, ids, n, all, timeout_ms, NULL, 0, NULL);
 }
 
 int gm_queue_create(gm_client *c, const gm_queue_desc *d, uint32_t *ret_id, uint64_t *ret_doorbell_offset)

@@ -81,6 +81,21 @@ int gm_event_reset(gm_client *c, uint32_t id);
  */
 int gm_event_wait(gm_client *c, const uint32_t *ids, size_t n, bool all, uint32_t timeout_ms);
 
+/** A GPU VM fault as a memory event holds it (KFD's memory exception data). */
+typedef struct gm_memory_exception {
+        uint32_t event_id;
+        uint32_t gpu_id;
+        uint64_t va; /**< the faulting page */
+        bool not_present, read_only, no_execute;
+} gm_memory_exception;
+
+/**
+ * gm_event_wait, and (since 1.4) the faults the memory events among @ids hold, at most @cap into @ret
+ * (*@ret_n: how many). A memory event takes each GPU VM fault of the client's context and is set by it.
+ */
+int gm_event_wait_faults(gm_client *c, const uint32_t *ids, size_t n, bool all, uint32_t timeout_ms,
+                         gm_memory_exception *ret, size_t cap, size_t *ret_n);
+
 /* ---- user-mode queues in the client's context (since 1.4, protocol 2) ----------------------------- */
 
 /** A queue as KFD's CREATE_QUEUE takes it: every address is memory of this client's in gpumemd. */

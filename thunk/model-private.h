@@ -225,7 +225,7 @@ typedef struct ModelCtx {
         ModelEventPage evpage;
         bool vm_fault; /* a GPU VM fault evicted its queues for good, as kfd_dqm_evict_pasid() does */
         /* who else hears its interrupts (thunk_model_set_interrupt): a broker whose books hold the events */
-        void (*irq_fn)(void *arg, uint32_t partial_id, unsigned valid_bits);
+        ThunkInterruptFn irq_fn;
         void *irq_arg;
 } ModelCtx;
 

@@ -293,8 +293,11 @@ void model_event_interrupt(ThunkModel *m, ModelCtx *ctx, uint32_t partial_id, un
 {
         ModelEvent *ev = NULL;
 
-        if (ctx->irq_fn)
-                ctx->irq_fn(ctx->irq_arg, partial_id, valid_bits);
+        if (ctx->irq_fn) {
+                ThunkInterrupt irq = {
+                        .type = THUNK_IRQ_SIGNAL, .partial_id = partial_id, .valid_bits = valid_bits};
+                ctx->irq_fn(ctx->irq_arg, &irq);
+        }
         if (!ctx->evpage.slots)
                 return;
         if (valid_bits > 31 || (1ULL << valid_bits) >= KFD_SIGNAL_EVENT_LIMIT) {
@@ -325,6 +328,15 @@ void model_vm_fault_raise(ThunkModel *m, ModelCtx *ctx, int g, const ModelVmFaul
         ctx->vm_fault = true;
         for (size_t i = 0; i < ctx->n_queues; i++)
                 ctx->queues[i].stopped = true;
+        if (ctx->irq_fn) {
+                ThunkInterrupt irq = {.type = THUNK_IRQ_VM_FAULT,
+                                      .gpu_id = m->gpus[g].gpu_id,
+                                      .va = f->va,
+                                      .not_present = f->not_present,
+                                      .read_only = f->read_only,
+                                      .no_execute = f->no_execute};
+                ctx->irq_fn(ctx->irq_arg, &irq);
+        }
         for (size_t i = 0; i < ctx->n_events; i++) {
                 ModelEvent *ev = &ctx->events[i];
 
@@ -697,8 +709,7 @@ static void *cp_main(void *arg)
         return NULL;
 }
 
-int thunk_model_set_interrupt(ThunkModel *m, int kfd_fd,
-                              void (*fn)(void *arg, uint32_t partial_id, unsigned valid_bits), void *arg)
+int thunk_model_set_interrupt(ThunkModel *m, int kfd_fd, ThunkInterruptFn fn, void *arg)
 {
         ModelFd *f;
         int r = 0;

@@ -6,6 +6,7 @@
 #include <stdint.h>
 
 #include "seam.h"
+#include "thunk.h"
 #include "topology.h"
 
 /*
@@ -89,8 +90,7 @@ int thunk_model_close(ThunkModel *m, int fd);
  * whose rules hold: called on the engines' thread under the model's lock). NULL @fn: no more. -EBADF: not
  * a kfd fd of this model.
  */
-int thunk_model_set_interrupt(ThunkModel *m, int kfd_fd,
-                              void (*fn)(void *arg, uint32_t partial_id, unsigned valid_bits), void *arg);
+int thunk_model_set_interrupt(ThunkModel *m, int kfd_fd, ThunkInterruptFn fn, void *arg);
 
 /* True if @fd is a kfd or render fd of this model. */
 bool thunk_model_owns_fd(ThunkModel *m, int fd);

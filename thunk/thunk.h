@@ -268,14 +268,26 @@ int thunk_queue_destroy(ThunkContext *c, uint32_t queue_id);
 int thunk_queue_update(ThunkContext *c, uint32_t queue_id, uint64_t ring_va, uint64_t ring_size,
                        uint32_t percentage, uint32_t priority);
 
+/* One GPU interrupt of a context. */
+typedef enum ThunkInterruptType {
+        THUNK_IRQ_SIGNAL,   /* end of pipe, SDMA trap, AQL completion signal: an event id, maybe partial */
+        THUNK_IRQ_VM_FAULT, /* a GPU VM fault: the context's queues are stopped for good */
+} ThunkInterruptType;
+typedef struct ThunkInterrupt {
+        ThunkInterruptType type;
+        uint32_t partial_id; /* SIGNAL: the id as the interrupt carries it, */
+        unsigned valid_bits; /* and how many of its low bits hold */
+        uint32_t gpu_id;     /* VM_FAULT: the GPU, the faulting page, and why */
+        uint64_t va;
+        bool not_present, read_only, no_execute;
+} ThunkInterrupt;
+
 /*
- * The context's GPU interrupts for its events (end of pipe, SDMA trap, AQL completion signals): @fn is
- * called with the partial event id and how many of its bits hold, as the interrupt carries them. It is
- * called on the driver's own thread with the driver's lock held: it must not call the thunk, and should
- * only hand the news on. NULL @fn: none. MODEL only; the kernel delivers a context's interrupts to its
- * waits alone (-EOPNOTSUPP).
+ * The context's GPU interrupts: @fn is called on the driver's own thread with the driver's lock held, so
+ * it must not call the thunk and should only hand the news on. NULL @fn: none. MODEL only; the kernel
+ * delivers a context's interrupts only to its own waits (-EOPNOTSUPP).
  */
-typedef void (*ThunkInterruptFn)(void *arg, uint32_t partial_id, unsigned valid_bits);
+typedef void (*ThunkInterruptFn)(void *arg, const ThunkInterrupt *irq);
 int thunk_context_set_interrupt(ThunkContext *c, ThunkInterruptFn fn, void *arg);
 
 /* ---- SVM (1.5) ----------------------------------------------------------------------------------- */

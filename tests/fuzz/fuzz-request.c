@@ -364,6 +364,9 @@ static size_t build_request(Reader *r, const Pool *p, uint8_t *out, size_t cap)
                 Gpumem__EventCreate ecreate;
                 Gpumem__EventId eid;
                 Gpumem__EventWait ewait;
+                Gpumem__QueueCreate qcreate;
+                Gpumem__QueueId qid;
+                Gpumem__QueueUpdate qupdate;
         } u;
         uint32_t event_ids[3];
         Gpumem__AdminStatus astat = GPUMEM__ADMIN_STATUS__INIT;
@@ -595,7 +598,7 @@ static size_t build_request(Reader *r, const Pool *p, uint8_t *out, size_t cap)
                 q.svm_prefetch = &u.spre;
                 break;
         default:
-                switch (rd8(r) % 10) {
+                switch (rd8(r) % 12) {
                 case 0:
                         q.op_case = GPUMEM__REQUEST__OP_ADMIN_STATUS;
                         q.admin_status = &astat;
@@ -667,6 +670,54 @@ static size_t build_request(Reader *r, const Pool *p, uint8_t *out, size_t cap)
                         u.ewait.timeout_ms = rd8(r) % 3;
                         q.op_case = GPUMEM__REQUEST__OP_EVENT_WAIT;
                         q.event_wait = &u.ewait;
+                        break;
+                case 9:
+                        /* addresses from earlier allocations, so that some queues are made and run */
+                        gpumem__queue_create__init(&u.qcreate);
+                        u.qcreate.has_gpu_id = u.qcreate.has_type = u.qcreate.has_percentage = true;
+                        u.qcreate.has_priority = u.qcreate.has_ring_va = u.qcreate.has_ring_size = true;
+                        u.qcreate.has_rptr_va = u.qcreate.has_wptr_va = true;
+                        u.qcreate.gpu_id = pick_gpu(r);
+                        u.qcreate.type = rd8(r) % 5;
+                        u.qcreate.percentage = rd8(r);
+                        u.qcreate.priority = rd8(r) % 17;
+                        u.qcreate.ring_va = pick_va(r, p);
+                        u.qcreate.ring_size = rd8(r) & 1 ? 4096 : pick_size(r);
+                        u.qcreate.rptr_va = pick_va(r, p) + (rd8(r) & 0x18);
+                        u.qcreate.wptr_va = pick_va(r, p) + (rd8(r) & 0x18);
+                        if (rd8(r) & 1) {
+                                u.qcreate.has_eop_va = u.qcreate.has_eop_size = true;
+                                u.qcreate.eop_va = pick_va(r, p);
+                                u.qcreate.eop_size = pick_size(r);
+                        }
+                        if (rd8(r) & 1) {
+                                u.qcreate.has_ctx_save_va = u.qcreate.has_ctx_save_size = true;
+                                u.qcreate.ctx_save_va = pick_va(r, p);
+                                u.qcreate.ctx_save_size = pick_size(r);
+                        }
+                        q.op_case = GPUMEM__REQUEST__OP_QUEUE_CREATE;
+                        q.queue_create = &u.qcreate;
+                        break;
+                case 10:
+                        if (rd8(r) & 1) {
+                                gpumem__queue_id__init(&u.qid);
+                                u.qid.has_queue_id = true;
+                                u.qid.queue_id = rd8(r) % 4; /* the first ids are the ones queues get */
+                                q.op_case = GPUMEM__REQUEST__OP_QUEUE_DESTROY;
+                                q.queue_destroy = &u.qid;
+                        } else {
+                                gpumem__queue_update__init(&u.qupdate);
+                                u.qupdate.has_queue_id = u.qupdate.has_ring_va = u.qupdate.has_ring_size =
+                                        true;
+                                u.qupdate.has_percentage = u.qupdate.has_priority = true;
+                                u.qupdate.queue_id = rd8(r) % 4;
+                                u.qupdate.ring_va = rd8(r) & 1 ? pick_va(r, p) : 0;
+                                u.qupdate.ring_size = rd8(r) & 1 ? 4096 : pick_size(r);
+                                u.qupdate.percentage = rd8(r);
+                                u.qupdate.priority = rd8(r) % 17;
+                                q.op_case = GPUMEM__REQUEST__OP_QUEUE_UPDATE;
+                                q.queue_update = &u.qupdate;
+                        }
                         break;
                 default:
                         gpumem__ping__init(&u.ping);

@@ -850,6 +850,38 @@ static void test_queues(void)
         CHECK_EQ(gm_queue_destroy(c, second), -EINVAL);
         CHECK_EQ(gm_event_destroy(c, ev), 0);
 
+        /* a GPU VM fault: a fence into memory that is gone stops the queue, and a memory event waiting
+         * ends with the faulting page, as KFD reports it */
+        {
+                uint32_t mev = 0;
+                void *gone = NULL;
+                gm_memory_exception exc[2];
+                size_t n_exc = 9;
+                CHECK_EQ(gm_host_malloc(c, 4096, 0, -1, 0, &gone), 0);
+                CHECK_EQ(gm_mem_free(c, gone), 0);
+                CHECK_EQ(gm_event_create(c, 8, false, NULL, &mev, NULL), 0);
+                EventWaiter fw = {.c = c, .id = mev, .result = -1};
+                pthread_t fth;
+                CHECK_EQ(pthread_create(&fth, NULL, event_waiter, &fw), 0);
+                usleep(100000);
+                const uint32_t p[] = {
+                        SDMA_FENCE, (uint32_t)(uintptr_t)gone,  (uint32_t)((uintptr_t)gone >> 32),  1,
+                        SDMA_FENCE, (uint32_t)(uintptr_t)fence, (uint32_t)((uintptr_t)fence >> 32), 2};
+                memcpy((uint8_t *)ring + 40, p, sizeof(p));
+                __atomic_store_n(wptr, (uint64_t)(40 + sizeof(p)), __ATOMIC_RELEASE);
+                pthread_join(fth, NULL);
+                CHECK_EQ(fw.result, 0);
+                CHECK_EQ(gm_event_wait_faults(c, &mev, 1, false, 0, exc, 2, &n_exc), 0);
+                CHECK_EQ(n_exc, 1);
+                CHECK_EQ(exc[0].event_id, mev);
+                CHECK_EQ(exc[0].gpu_id, gpu);
+                CHECK_EQ(exc[0].va, (uintptr_t)gone & ~4095ull);
+                CHECK(exc[0].not_present && !exc[0].read_only);
+                usleep(50000);
+                CHECK_EQ(*fence, 0xC0FFEEu); /* nothing behind the fault ran */
+                CHECK_EQ(gm_event_destroy(c, mev), 0);
+        }
+
         /* it goes with the queue alive: the daemon destroys it before the memory it reads */
         gm_client_close(c);
         c = NULL;
