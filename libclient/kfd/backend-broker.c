@@ -55,6 +55,7 @@ typedef enum { FD_KFD = 1, FD_RENDER = 2 } FdKind;
 typedef struct Bo {
         uint64_t handle; /* gpu_id << 32 | index, as KFD makes them */
         uint64_t va, size;
+        uint64_t cpu_va; /* registered pages: where the process has them (va: where the GPUs do) */
         uint64_t mmap_offset;
         uint32_t gpu_id;
         uint32_t kfd_flags;
@@ -502,11 +503,14 @@ static bool in_window(uint64_t va, uint64_t size)
 }
 
 /*
- * Pages the process registers inside its window become memory the daemon shares at the same address: the
- * daemon cannot reach the process's private pages, so what they hold is copied into the shared ones,
- * which then take their place (on the kernel path the same holds: secondary contexts take no userptr).
+ * Pages the process registers become memory the daemon shares: the daemon cannot reach the process's
+ * private pages (and a client context takes no userptr, on the kernel as in the model), so a GTT buffer of
+ * the process's context takes their place. It lies at the GPU address libhsakmt chose in the window
+ * (@gpu_va), where the library maps it as any allocation; when the pages are elsewhere (@cpu_va: a heap
+ * page, a hipHostRegister buffer), a second mapping of the same buffer replaces them there. What they held
+ * is copied in first.
  */
-static int substitute_pages(uint64_t va, uint64_t size, uint32_t gpu_id, unsigned flags)
+static int substitute_pages(uint64_t cpu_va, uint64_t gpu_va, uint64_t size, uint32_t gpu_id, unsigned flags)
 {
         gm_alloc_desc d = {.kind = GM_KIND_HOST,
                            .size = size,
@@ -515,9 +519,9 @@ static int substitute_pages(uint64_t va, uint64_t size, uint32_t gpu_id, unsigne
                            .flags = (flags & ~(unsigned)GM_MEM_READ_ONLY) | GM_MEM_GTT,
                            .numa_node = -1,
                            .alignment = PAGE,
-                           .fixed_addr = (void *)(uintptr_t)va};
+                           .fixed_addr = (void *)(uintptr_t)gpu_va};
         uint8_t *saved = malloc(size);
-        struct iovec here = {saved, size}, there = {(void *)(uintptr_t)va, size};
+        struct iovec here = {saved, size}, there = {(void *)(uintptr_t)cpu_va, size};
         void *p = NULL;
         int r;
 
@@ -530,33 +534,61 @@ static int substitute_pages(uint64_t va, uint64_t size, uint32_t gpu_id, unsigne
                 return -EFAULT;
         }
         r = gm_malloc_desc(kb.c, &d, &p);
+        if (r == 0 && cpu_va != gpu_va) {
+                /* a shared mapping's pages mapped a second time (old size 0), over the process's own */
+                p = (void *)syscall(SYS_mremap, (void *)(uintptr_t)gpu_va, 0, size,
+                                    MREMAP_MAYMOVE | MREMAP_FIXED, (void *)(uintptr_t)cpu_va);
+                if ((uintptr_t)p > (uintptr_t)-4096) {
+                        r = (int)(intptr_t)p;
+                        say(1, "cannot map the registered pages at 0x%llx again: %s",
+                            (unsigned long long)cpu_va, strerror(-r));
+                        (void)gm_mem_free(kb.c, (void *)(uintptr_t)gpu_va);
+                }
+        }
         if (r == 0)
-                memcpy((void *)(uintptr_t)va, saved, size);
+                memcpy((void *)(uintptr_t)cpu_va, saved, size);
         free(saved);
         return r;
 }
 
-/* The substituted pages go back to being the process's own, with what they hold, when it deregisters. */
-/* *@freed: the daemon let go of the memory (even when its pages could not be put back here). */
-static int unsubstitute_pages(uint64_t va, uint64_t size, bool *freed)
+/* Private pages with @saved's contents at @va, in place of what is mapped there. */
+static int private_pages(uint64_t va, uint64_t size, const uint8_t *saved)
+{
+        void *p = (void *)syscall(SYS_mmap, (void *)(uintptr_t)va, size, PROT_READ | PROT_WRITE,
+                                  MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
+
+        if ((uintptr_t)p > (uintptr_t)-4096)
+                return (int)(intptr_t)p;
+        memcpy(p, saved, size);
+        return 0;
+}
+
+/*
+ * The substituted pages go back to being the process's own, with what they hold, when it deregisters.
+ * *@freed: the daemon let go of the memory (even when its pages could not be put back here).
+ */
+static int unsubstitute_pages(uint64_t cpu_va, uint64_t gpu_va, uint64_t size, bool *freed)
 {
         uint8_t *saved = malloc(size);
-        void *p;
         int r;
 
         *freed = false;
         if (!saved)
                 return -ENOMEM;
-        memcpy(saved, (void *)(uintptr_t)va, size);
-        r = gm_mem_free(kb.c, (void *)(uintptr_t)va);
-        if (r == 0) {
-                *freed = true;
-                p = mmap((void *)(uintptr_t)va, size, PROT_READ | PROT_WRITE,
-                         MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
-                if (p == MAP_FAILED)
-                        r = -errno;
-                else
-                        memcpy(p, saved, size);
+        memcpy(saved, (void *)(uintptr_t)cpu_va, size);
+        if (cpu_va != gpu_va) {
+                /* the process's pages first, so that no mapping of the buffer outlives its handle */
+                r = private_pages(cpu_va, size, saved);
+                if (r == 0) {
+                        r = gm_mem_free(kb.c, (void *)(uintptr_t)gpu_va);
+                        *freed = r == 0;
+                }
+        } else {
+                r = gm_mem_free(kb.c, (void *)(uintptr_t)gpu_va);
+                if (r == 0) {
+                        *freed = true;
+                        r = private_pages(cpu_va, size, saved);
+                }
         }
         free(saved);
         return r;
@@ -593,15 +625,17 @@ static int alloc_memory(struct kfd_ioctl_alloc_memory_of_gpu_args *a)
                 bo.doorbell = bo.host = true;
                 r = 0;
         } else if (k & KFD_IOC_ALLOC_MEM_FLAGS_USERPTR) {
-                if (a->mmap_offset != a->va_addr || !in_window(a->mmap_offset, a->size)) {
-                        say(0,
-                            "registering pages at 0x%llx outside the window (or at another GPU address) "
-                            "is not served through gpumemd yet",
-                            (unsigned long long)a->mmap_offset);
-                        return -EOPNOTSUPP;
-                }
-                r = substitute_pages(a->va_addr, a->size, a->gpu_id, flags);
+                uint64_t cpu = a->mmap_offset;
+
+                /* pages elsewhere in the window than their GPU address would take the daemon's room */
+                if (cpu % PAGE || cpu == 0 || cpu > UINT64_MAX - a->size ||
+                    (cpu != a->va_addr &&
+                     (in_window(cpu, a->size) ||
+                      (cpu < kb.window_base + kb.window_size && cpu + a->size > kb.window_base))))
+                        return -EINVAL;
+                r = substitute_pages(cpu, a->va_addr, a->size, a->gpu_id, flags);
                 bo.userptr = bo.host = true;
+                bo.cpu_va = cpu;
         } else if (k & KFD_IOC_ALLOC_MEM_FLAGS_VRAM) {
                 gm_alloc_desc d = {.kind = GM_KIND_DEVICE,
                                    .size = a->size,
@@ -678,7 +712,7 @@ static int free_memory(const struct kfd_ioctl_free_memory_of_gpu_args *a)
                 r = (uintptr_t)p > (uintptr_t)-4096 ? (int)(intptr_t)p : 0;
                 freed = true;
         } else if (bo.userptr) {
-                r = unsubstitute_pages(bo.va, bo.size, &freed);
+                r = unsubstitute_pages(bo.cpu_va, bo.va, bo.size, &freed);
         } else {
                 r = gm_mem_free(kb.c, (void *)(uintptr_t)bo.va);
                 freed = r == 0;
@@ -861,8 +895,10 @@ static int create_event(struct kfd_ioctl_create_event_args *a)
 
 static int wait_events(struct kfd_ioctl_wait_events_args *a)
 {
-        const struct kfd_event_data *ev = (const struct kfd_event_data *)(uintptr_t)a->events_ptr;
+        struct kfd_event_data *ev = (struct kfd_event_data *)(uintptr_t)a->events_ptr;
+        gm_memory_exception exc[8];
         uint32_t ids[256];
+        size_t n_exc = 0;
         int r;
 
         if (a->num_events == 0 || a->num_events > 256)
@@ -872,13 +908,25 @@ static int wait_events(struct kfd_ioctl_wait_events_args *a)
         for (uint32_t i = 0; i < a->num_events; i++)
                 ids[i] = ev[i].event_id;
         /* the wait is the daemon's: it answers when an event comes, other calls going on meanwhile */
-        r = gm_event_wait(kb.c, ids, a->num_events, a->wait_for_all != 0, a->timeout);
+        r = gm_event_wait_faults(kb.c, ids, a->num_events, a->wait_for_all != 0, a->timeout, exc, 8, &n_exc);
         /* the daemon's limit of pending waits: not an EAGAIN, which libhsakmt would retry at once */
         if (r == -EAGAIN)
                 return -ENOMEM;
         if (r < 0)
                 return r;
         a->wait_result = (uint32_t)r;
+        /* as KFD copies out a memory event's fault into its entry */
+        for (size_t k = 0; k < n_exc; k++)
+                for (uint32_t i = 0; i < a->num_events; i++)
+                        if (ev[i].event_id == exc[k].event_id) {
+                                struct kfd_hsa_memory_exception_data *m = &ev[i].memory_exception_data;
+                                memset(m, 0, sizeof(*m));
+                                m->gpu_id = exc[k].gpu_id;
+                                m->va = exc[k].va;
+                                m->failure.NotPresent = exc[k].not_present;
+                                m->failure.ReadOnly = exc[k].read_only;
+                                m->failure.NoExecute = exc[k].no_execute;
+                        }
         return 0;
 }
 

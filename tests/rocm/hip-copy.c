@@ -77,6 +77,33 @@ int main(int argc, char **argv)
         REQUIRE_HIP(hipStreamDestroy(s));
         free(ref);
 
+        /* the program's own pages, registered (hipHostRegister), copied to and from the device; they
+         * hold their bytes after hipHostUnregister */
+        {
+                const size_t n = 3 << 20;
+                uint8_t *own = aligned_alloc(4096, n), *want = malloc(n);
+                REQUIRE(own && want);
+                pattern(own, n, 6);
+                memcpy(want, own, n);
+                REQUIRE_HIP(hipHostRegister(own, n, hipHostRegisterDefault));
+                REQUIRE(memcmp(own, want, n) == 0);
+                REQUIRE_HIP(hipStreamCreate(&s));
+                REQUIRE_HIP(hipMalloc(&dev, n));
+                REQUIRE_HIP(hipMemcpyAsync(dev, own, n, hipMemcpyHostToDevice, s));
+                REQUIRE_HIP(hipStreamSynchronize(s));
+                memset(own, 0, n);
+                REQUIRE_HIP(hipMemcpyAsync(own, dev, n, hipMemcpyDeviceToHost, s));
+                REQUIRE_HIP(hipStreamSynchronize(s));
+                REQUIRE(memcmp(own, want, n) == 0);
+                REQUIRE_HIP(hipHostUnregister(own));
+                REQUIRE(memcmp(own, want, n) == 0);
+                own[0] ^= 1; /* its own pages again, writable */
+                REQUIRE_HIP(hipFree(dev));
+                REQUIRE_HIP(hipStreamDestroy(s));
+                free(own);
+                free(want);
+                printf("hipHostRegister'd pages to and from the device: ok\n");
+        }
         if (broker) {
                 printf("ok\n");
                 return 0;

@@ -1,7 +1,9 @@
 /* libhsakmt (ROCm's thunk, unmodified) on the KFD model: PM4 and SDMA queues that run, interrupt and fault.
  * With the argument "broker" (under libgpumem-kfd.so): the queues gpumemd runs in the process's context,
  * their interrupts relayed to its events; the in-process model's counters and the faults are not looked at
- * then. "broker-limit N": the first N queues are made, the next is refused with KFD's no-queue error.
+ * then. "broker-fault": an SDMA write to a page no longer mapped stops the queue, and the fault reaches the
+ * memory event through the daemon (a process's context there is its connection's, so one fault per
+ * process). "broker-limit N": the first N queues are made, the next is refused with KFD's no-queue error.
  */
 #include <hsakmt.h>
 #include <stdint.h>
@@ -377,6 +379,13 @@ int main(int argc, char **argv)
         if (argc > 2 && strcmp(argv[1], "broker-limit") == 0) {
                 REQUIRE(open_kfd() == 0);
                 REQUIRE(test_limit((unsigned)atoi(argv[2])) == 0);
+                REQUIRE(close_kfd() == 0);
+                printf("ok\n");
+                return 0;
+        }
+        if (argc > 1 && strcmp(argv[1], "broker-fault") == 0) {
+                REQUIRE(open_kfd() == 0);
+                REQUIRE(test_fault(true, true) == 0);
                 REQUIRE(close_kfd() == 0);
                 printf("ok\n");
                 return 0;

@@ -15,6 +15,7 @@ KFD_LIB = os.environ.get("GPUMEM_KFD_LIB", "")
 PROGRAM = os.environ.get("HSAKMT_BROKER", "")
 HIP_PROGRAM = os.environ.get("HIP_BROKER", "")
 QUEUES_PROGRAM = os.environ.get("HSAKMT_QUEUES", "")
+HIP_COPY = os.environ.get("HIP_COPY", "")
 VRAM = 32 << 30  # the gfx908 preset
 SIZE = 2 << 20
 
@@ -169,6 +170,16 @@ def quota_used(sock, cls, resource):
     return [q["used"] for q in json.loads(r.stdout)["quotas"] if q["resource"] == resource and q["gpu_id"] == 0]
 
 
+def wait_class_whole(sock, cls, timeout=10.0):
+    """The class holds no memory, handle or queue (its last client's teardown may still be running)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if all(quota_used(sock, cls, res) == [0] for res in ("vram", "host", "handles", "queues")):
+            return True
+        time.sleep(0.05)
+    return False
+
+
 def test_queues(tmp):
     daemon, notify, sock = start_daemon(tmp, "[class all]\nmatch-all = yes\n")
     try:
@@ -178,7 +189,21 @@ def test_queues(tmp):
         check("pm4: nop, write_data, release_mem interrupt: ok" in r.stdout, "PM4 packets and the EOP interrupt")
         check("sdma: nop, fence, copy host -> vram, trap interrupt: ok" in r.stdout,
               "SDMA copy into VRAM and the trap interrupt")
-        check(quota_used(sock, "all", "queues") == [0], "no queue is left charged after it ends")
+        check(wait_class_whole(sock, "all"), "no queue or memory is left charged after it ends")
+    finally:
+        stop(daemon)
+        notify.close()
+
+
+def test_queue_fault(tmp):
+    daemon, notify, sock = start_daemon(tmp, "[class all]\nmatch-all = yes\n")
+    try:
+        r = run_queues(sock, "broker-fault")
+        check(r.returncode == 0 and "ok" in r.stdout.splitlines(),
+              f"a GPU VM fault stops the queue and reaches the memory event: {r.stdout!r} {r.stderr[-1500:]!r}")
+        check("sdma fault: va " in r.stdout and "not-present 1 read-only 0" in r.stdout,
+              "with the faulting page and why, as KFD reports them")
+        check(wait_class_whole(sock, "all"), "nothing of it is left after it ends")
     finally:
         stop(daemon)
         notify.close()
@@ -190,7 +215,7 @@ def test_queue_limit(tmp):
         r = run_queues(sock, "broker-limit", "3")
         check(r.returncode == 0 and "queue 4 refused" in r.stdout,
               f"3 queues fit the class, the fourth is refused: {r.stdout!r} {r.stderr[-1500:]!r}")
-        check(quota_used(sock, "few", "queues") == [0], "the class is whole again after it ends")
+        check(wait_class_whole(sock, "few"), "the class is whole again after it ends")
     finally:
         stop(daemon)
         notify.close()
@@ -226,6 +251,27 @@ def test_hip(tmp):
         check(p.returncode == 0 and "ok" in out.splitlines(), f"the HIP program passed: {out!r} {err[-1500:]!r}")
         if c is not None:
             check(wait_gone(sock, p.pid, c["id"]), "nothing of it is left after it ends")
+    finally:
+        stop(daemon)
+        notify.close()
+
+
+def test_hip_copy(tmp):
+    if not HIP_COPY:
+        return
+    daemon, notify, sock = start_daemon(tmp, "[class all]\nmatch-all = yes\n")
+    try:
+        env = dict(os.environ, LD_PRELOAD=KFD_LIB, GPUMEM_SOCKET=sock)
+        p = subprocess.Popen([HIP_COPY, "broker"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True)
+        out, err = p.communicate(timeout=150)
+        lines = out.splitlines()
+        check(p.returncode == 0 and "ok" in lines, f"HIP copies through gpumemd: {out!r} {err[-1500:]!r}")
+        check("hipMemcpy host -> device -> host: ok" in lines, "hipMemcpy from pageable memory (1 B to 64 MiB)")
+        check("hipMemcpyAsync to and from pinned memory: ok" in lines, "hipMemcpyAsync with pinned memory")
+        check("hipHostRegister'd pages to and from the device: ok" in lines,
+              "the program's own pages registered, copied, and its own again after")
+        check(wait_class_whole(sock, "all"), "nothing of it is left after it ends: its class is whole again")
     finally:
         stop(daemon)
         notify.close()
@@ -288,8 +334,10 @@ if __name__ == "__main__":
         ("a BO over the class's VRAM limit is refused, and the class is whole after", test_quota),
         ("rocminfo through gpumemd", test_rocminfo),
         ("PM4 and SDMA queues run by gpumemd, with their interrupts", test_queues),
+        ("a GPU VM fault of a queue reaches the process's memory event", test_queue_fault),
         ("a class's queue limit", test_queue_limit),
         ("HIP: devices, memory info, hipMalloc and hipHostMalloc through gpumemd", test_hip),
+        ("HIP: hipMemcpy, hipMemcpyAsync and hipHostRegister through gpumemd's queues", test_hip_copy),
         ("HIP: killed with SIGKILL while it holds memory", test_hip_killed),
         ("HIP: a hipMalloc over the class's limit", test_hip_over_quota),
         ("with no daemon, a clear error naming the socket", test_no_daemon),
