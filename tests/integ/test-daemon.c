@@ -893,6 +893,213 @@ out:
         gm_client_close(admin);
 }
 
+/* One attacker: a fresh client (a fault stops a context's queues for good) with an SDMA or AQL queue on GTT
+ * memory of its own, which runs @dw (SDMA dwords) or @pkt (one AQL packet) and must fault at @want_page
+ * (0: must not fault) with nothing of the attacker's own changed but its ring. */
+typedef struct Attack {
+        const char *what;
+        bool aql;
+        uint32_t dw[16];
+        size_t n_dw;
+        uint8_t pkt[64];
+        uint64_t want_page;
+} Attack;
+
+static void run_attack(uint32_t gpu, const Attack *a)
+{
+        gm_client *c = connect_ok("attacker");
+        gm_alloc_desc d = {
+                .kind = GM_KIND_HOST, .size = 64 << 10, .gpu_id = gpu, .flags = GM_MEM_GTT, .numa_node = -1};
+        gm_memory_exception exc[1];
+        uint32_t id = 0, mev = 0;
+        uint64_t db = 0;
+        uint8_t *mem = NULL;
+        size_t n_exc = 0;
+
+        if (!c)
+                return;
+        CHECK_EQ(gm_malloc_desc(c, &d, (void **)&mem), 0);
+        if (!mem)
+                goto out;
+        memset(mem, 0, 64 << 10);
+        uint64_t *rptr = (uint64_t *)(mem + 4096), *wptr = rptr + 1;
+        uint8_t *own = mem + 8192; /* the attacker's own data, which nothing may change */
+        memset(own, 0x5a, 4096);
+        gm_queue_desc q = {.gpu_id = gpu,
+                           .type = a->aql ? 2 : 1,
+                           .percentage = 100,
+                           .ring_va = (uintptr_t)mem,
+                           .ring_size = 4096,
+                           .rptr_va = (uintptr_t)rptr,
+                           .wptr_va = (uintptr_t)wptr};
+        CHECK_EQ(gm_queue_create(c, &q, &id, &db), 0);
+        CHECK_EQ(gm_event_create(c, 8, false, NULL, &mev, NULL), 0);
+        if (a->aql) {
+                uint16_t hdr;
+                memcpy(mem + 2, a->pkt + 2, 62);
+                memcpy(&hdr, a->pkt, 2);
+                __atomic_store_n((uint16_t *)mem, hdr, __ATOMIC_RELEASE); /* the header last, as a producer */
+                __atomic_store_n(wptr, 1, __ATOMIC_RELEASE);
+        } else {
+                memcpy(mem, a->dw, a->n_dw * 4);
+                __atomic_store_n(wptr, (uint64_t)(a->n_dw * 4), __ATOMIC_RELEASE);
+        }
+        int r = gm_event_wait_faults(c, &mev, 1, false, a->want_page ? 5000 : 300, exc, 1, &n_exc);
+        if (a->want_page) {
+                if (r != 0 || n_exc != 1)
+                        fprintf(stderr, "attack '%s': no fault (wait %d, %zu faults)\n", a->what, r, n_exc);
+                CHECK_EQ(r, 0);
+                CHECK_EQ(n_exc, 1);
+                if (n_exc == 1) {
+                        CHECK_EQ(exc[0].va, a->want_page);
+                        CHECK(exc[0].not_present);
+                }
+        } else {
+                CHECK_EQ(r, 1); /* no fault */
+        }
+        for (size_t i = 0; i < 4096; i++)
+                if (own[i] != 0x5a) {
+                        fprintf(stderr, "attack '%s': the attacker's own byte %zu changed\n", a->what, i);
+                        CHECK(own[i] == 0x5a);
+                        break;
+                }
+out:
+        gm_client_close(c);
+}
+
+/*
+ * Queues follow addresses read from memory their client writes. Every access goes through that client's own
+ * GPU VM, which holds its objects alone: a packet aimed at another client's memory, at an address of the
+ * daemon's own (its heap, its stack, its code) or at an unmapped VA faults, and the fault is the attacker's
+ * memory event; the victim's bytes, the daemon and every other client are untouched.
+ */
+static void test_queues_hostile(void)
+{
+        gm_client *v = NULL, *a = NULL;
+        gm_alloc_desc d = {.kind = GM_KIND_HOST, .size = 64 << 10, .flags = GM_MEM_GTT, .numa_node = -1};
+        uint8_t *vmem = NULL;
+        uint32_t gpu, id = 0;
+        uint64_t db = 0;
+        DaemonState base;
+        int heap_probe = 0;
+
+        CHECK_EQ(daemon_base_state(&dmn, &base), 0);
+        v = connect_ok("victim");
+        if (!v)
+                return;
+        gpu = first_gpu(v);
+        d.gpu_id = gpu;
+        CHECK_EQ(gm_malloc_desc(v, &d, (void **)&vmem), 0);
+        if (!vmem)
+                goto out;
+        memset(vmem, 0xab, 64 << 10);
+        const uint64_t vva = (uintptr_t)vmem, vpage = vva & ~4095ull;
+        /* addresses of the daemon's own: its code, its heap, its stack, from its maps */
+        uint64_t daemon_addr[3] = {0};
+        {
+                char path[64], line[512];
+                snprintf(path, sizeof(path), "/proc/%d/maps", (int)dmn.pid);
+                FILE *f = fopen(path, "r");
+                while (f && fgets(line, sizeof(line), f)) {
+                        unsigned long lo = 0, hi = 0;
+                        if (sscanf(line, "%lx-%lx", &lo, &hi) != 2)
+                                continue;
+                        if (strstr(line, "gpumemd") && !daemon_addr[0])
+                                daemon_addr[0] = lo;
+                        if (strstr(line, "[heap]"))
+                                daemon_addr[1] = lo;
+                        if (strstr(line, "[stack]"))
+                                daemon_addr[2] = hi - 4096;
+                }
+                if (f)
+                        fclose(f);
+                heap_probe = daemon_addr[0] != 0;
+                CHECK(heap_probe);
+        }
+
+        /* a ring or pointer in another client's memory is refused outright */
+        a = connect_ok("attacker");
+        if (a) {
+                gm_alloc_desc ad = d;
+                uint8_t *amem = NULL;
+                CHECK_EQ(gm_malloc_desc(a, &ad, (void **)&amem), 0);
+                gm_queue_desc q = {.gpu_id = gpu,
+                                   .type = 1,
+                                   .ring_va = vva,
+                                   .ring_size = 4096,
+                                   .rptr_va = (uintptr_t)amem + 4096,
+                                   .wptr_va = (uintptr_t)amem + 4104};
+                CHECK_EQ(gm_queue_create(a, &q, &id, &db), -EFAULT);
+                q.ring_va = (uintptr_t)amem;
+                q.wptr_va = vva;
+                CHECK_EQ(gm_queue_create(a, &q, &id, &db), -EFAULT);
+                q.wptr_va = daemon_addr[1] ? daemon_addr[1] : 0x1000;
+                CHECK_EQ(gm_queue_create(a, &q, &id, &db), -EFAULT);
+                gm_client_close(a);
+                a = NULL;
+        }
+
+        Attack attacks[16];
+        size_t n = 0;
+        /* SDMA: a fence into the victim, a copy out of the victim, a poll on it, then the daemon's own */
+        attacks[n++] = (Attack){.what = "sdma fence into the victim",
+                                .dw = {5, (uint32_t)vva, (uint32_t)(vva >> 32), 0xdead},
+                                .n_dw = 4,
+                                .want_page = vpage};
+        for (int k = 0; k < 3; k++)
+                if (daemon_addr[k])
+                        attacks[n++] = (Attack){
+                                .what = "sdma fence into the daemon",
+                                .dw = {5, (uint32_t)daemon_addr[k], (uint32_t)(daemon_addr[k] >> 32), 0xdead},
+                                .n_dw = 4,
+                                .want_page = daemon_addr[k] & ~4095ull};
+        attacks[n++] = (Attack){.what = "sdma fence at an unmapped VA",
+                                .dw = {5, 0x10000, 0, 0xdead},
+                                .n_dw = 4,
+                                .want_page = 0x10000};
+        /* linear copy (op 1, sub-op 0): 4096 bytes from the victim to... nowhere that counts */
+        attacks[n++] = (Attack){.what = "sdma copy out of the victim",
+                                .dw = {1, 4095, 0, (uint32_t)vva, (uint32_t)(vva >> 32), 0, 0},
+                                .n_dw = 7,
+                                .want_page = vpage};
+        /* POLL_REGMEM (op 8) on the victim's memory: memory space, equal, retry forever */
+        attacks[n++] = (Attack){.what = "sdma poll on the victim",
+                                .dw = {8u | (1u << 31) | (3u << 28), (uint32_t)vva, (uint32_t)(vva >> 32),
+                                       0xabababab, 0xffffffffu, 0xfff0000u},
+                                .n_dw = 6,
+                                .want_page = vpage};
+        /* AQL: a barrier whose dependency signal, and one whose completion signal, is the victim's */
+        {
+                Attack b = {.what = "aql barrier depending on the victim's signal",
+                            .aql = true,
+                            .want_page = vpage};
+                uint16_t hdr = 3; /* BARRIER_AND */
+                memcpy(b.pkt, &hdr, 2);
+                memcpy(b.pkt + 8, &vva, 8);
+                attacks[n++] = b;
+                Attack s = {.what = "aql completion signal in the victim", .aql = true, .want_page = vpage};
+                memcpy(s.pkt, &hdr, 2);
+                memcpy(s.pkt + 56, &vva, 8);
+                attacks[n++] = s;
+        }
+        for (size_t i = 0; i < n; i++)
+                run_attack(gpu, &attacks[i]);
+
+        /* the victim's bytes and the victim itself */
+        for (size_t i = 0; i < (64 << 10); i++)
+                if (vmem[i] != 0xab) {
+                        fprintf(stderr, "victim byte %zu is 0x%02x\n", i, vmem[i]);
+                        CHECK(vmem[i] == 0xab);
+                        break;
+                }
+        CHECK_EQ(gm_ping(v), 0);
+        CHECK_EQ(gm_mem_free(v, vmem), 0);
+out:
+        gm_client_close(v);
+        v = NULL;
+        CHECK_EQ(daemon_wait_base(&dmn, &base, 5000, NULL), 0);
+}
+
 /* One request of protocol 2 on a raw connection, and (@want_reply) its reply's code. */
 static int raw_v2(int fd, uint32_t id, Gpumem__Request *req, bool want_reply)
 {
@@ -1175,6 +1382,7 @@ int main(void)
                 {"windows below 1 TiB for clients that ask", test_low_window},
                 {"KFD events kept by the daemon", test_events},
                 {"user-mode queues run by the daemon, their interrupts relayed", test_queues},
+                {"a queue's packets reach its own client's memory alone", test_queues_hostile},
                 {"pending event waits of a client that goes", test_events_pending_at_exit},
                 {"a client's events are bounded", test_events_bounded},
                 {"hostile use of the protocol-2 ops", test_v2_ops_hostile},

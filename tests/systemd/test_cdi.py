@@ -149,7 +149,8 @@ def test_rocm_spec(tmp):
 
 
 def test_rocm_in_mount_namespace(tmp):
-    """The --rocm spec as a runtime applies it, with no /dev/kfd or /dev/dri: rocminfo through the daemon."""
+    """The --rocm spec as a runtime applies it, with no /dev/kfd or /dev/dri: rocminfo, and the project's own
+    libhsakmt and HIP programs with queues and copies, through the daemon."""
     kfd = os.environ.get("GPUMEM_KFD_LIB", "")
     unshare, rocminfo = shutil.which("unshare"), shutil.which("rocminfo")
     probe = subprocess.run([unshare, "--mount", "true"], capture_output=True) if unshare else None
@@ -175,11 +176,23 @@ def test_rocm_in_mount_namespace(tmp):
             lines += [f'mkdir -p "$(dirname {m["containerPath"]})"', f'touch {m["containerPath"]}',
                       f'mount --bind {m["hostPath"]} {m["containerPath"]}',
                       f'mount -o remount,bind,{opts} {m["containerPath"]}']
-        lines.append(f'exec env -u GPUMEM_SOCKET -u LD_PRELOAD {" ".join(edits["env"])} {rocminfo}')
-        r = subprocess.run([unshare, "--mount", "--propagation", "private", "sh", "-c", "\n".join(lines)],
-                           capture_output=True, text=True, timeout=60)
+        def in_namespace(*argv):
+            script = lines + [f'exec env -u GPUMEM_SOCKET -u LD_PRELOAD {" ".join(edits["env"])} {" ".join(argv)}']
+            return subprocess.run([unshare, "--mount", "--propagation", "private", "sh", "-c", "\n".join(script)],
+                                  capture_output=True, text=True, timeout=150)
+
+        r = in_namespace(rocminfo)
         check(r.returncode == 0, f"rocminfo in the namespace runs through gpumemd: {r.returncode} {r.stderr[-800:]}")
         check(any(ln.split() == ["Name:", "gfx908"] for ln in r.stdout.splitlines()), "and sees the daemon's GPU")
+        for env_name, argv, what in (("HSAKMT_QUEUES", ["broker"], "libhsakmt's PM4 and SDMA queues"),
+                                     ("HIP_COPY", ["broker"], "HIP's copies and registered memory")):
+            prog = os.environ.get(env_name, "")
+            if not prog:
+                print(f"  ({what}: not built)", file=sys.stderr)
+                continue
+            r = in_namespace(prog, *argv)
+            check(r.returncode == 0 and "ok" in r.stdout.splitlines(),
+                  f"{what} in the namespace through gpumemd: {r.returncode} {r.stdout[-400:]!r} {r.stderr[-800:]!r}")
     finally:
         stop(daemon)
         notify.close()
@@ -191,5 +204,6 @@ run_tests([
     ("invalid names and paths are refused", test_refusals),
     ("the spec applied in a mount namespace", test_spec_in_mount_namespace),
     ("--rocm: the client-side KFD and LD_PRELOAD", test_rocm_spec),
-    ("--rocm applied in a mount namespace without /dev/kfd: rocminfo", test_rocm_in_mount_namespace),
+    ("--rocm applied in a mount namespace without /dev/kfd: rocminfo, queues, HIP copies",
+     test_rocm_in_mount_namespace),
 ])
