@@ -138,6 +138,41 @@ static const ModelMapping *vm_lookup(const ModelVm *vm, uint64_t va)
         return mp && mp->start <= va ? mp : NULL;
 }
 
+/*
+ * An SVM range of the queue's context holding @va that its GPU may reach (the range's ACCESS or
+ * ACCESS_IN_PLACE names the GPU; with XNACK on, every GPU the context may use has it), or NULL. Its pages are
+ * the process's own at the same address: the GPU reaches them as the kernel's SVM maps them, in place.
+ */
+static const SvmRange *svm_lookup(const ModelEngine *e, uint64_t va)
+{
+        uint64_t page = va / MODEL_PAGE, bit = 1ull << e->q->gpu;
+
+        for (size_t i = 0; i < e->ctx->n_svm; i++) {
+                const SvmRange *r = &e->ctx->svm[i];
+                if (r->start <= page && page <= r->last)
+                        return (r->access | r->in_place) & bit ? r : NULL;
+        }
+        return NULL;
+}
+
+/* [va, va + len) as far as SVM range @r holds it, with @access: the process's pages, checked as mapped. */
+static int svm_span(ModelEngine *e, const SvmRange *r, uint64_t va, uint64_t len, unsigned int access,
+                    uint8_t **ret, uint64_t *ret_len)
+{
+        uint64_t end = (r->last + 1) * MODEL_PAGE, n = end - va < len ? end - va : len;
+
+        if ((access & MODEL_VM_WRITE) && (r->flags & KFD_IOCTL_SVM_FLAG_GPU_RO))
+                return vm_fault(e, va, false, true, false);
+        if ((access & MODEL_VM_EXEC) && !(r->flags & KFD_IOCTL_SVM_FLAG_GPU_EXEC))
+                return vm_fault(e, va, false, false, true);
+        /* pages the process unmapped: the kernel's MMU notifier would have dropped them from the GPU */
+        if (!model_cpu_range_mapped(va & ~(MODEL_PAGE - 1), MODEL_PAGE_ALIGN(va + n)))
+                return vm_fault(e, va, true, false, false);
+        *ret = (uint8_t *)(uintptr_t)va;
+        *ret_len = n;
+        return 0;
+}
+
 /* The longest run of [va, va + len) that one mapping covers with @access: a CPU pointer to it and its
  * length. A KFD mapping has the rights of its allocation (always readable, WRITABLE, EXECUTABLE); a
  * GEM_VA mapping those it was made with. */
@@ -145,10 +180,13 @@ static int vm_span(ModelEngine *e, uint64_t va, uint64_t len, unsigned int acces
                    uint64_t *ret_len)
 {
         const ModelMapping *mp = vm_lookup(e->vm, va);
+        const SvmRange *svm;
         bool readable, writable, exec;
         uint64_t off, n;
         uint8_t *base;
 
+        if (!mp && (svm = svm_lookup(e, va)) != NULL)
+                return svm_span(e, svm, va, len, access, ret, ret_len);
         if (!mp)
                 return vm_fault(e, va, true, false, false);
         if (mp->mem) {

@@ -84,6 +84,7 @@ static int ex_setup(Ex *x)
         t->nodes[1].simd_count = 104;
         t->nodes[1].drm_render_minor = 128;
         t->nodes[1].gfx_target_version = 90008;
+        t->nodes[1].capability = HSA_CAP_SVMAPI_SUPPORTED; /* SVM ranges the engines may reach */
         t->nodes[1].mem_banks = calloc(1, sizeof(ThunkMemBank));
         t->nodes[1].n_mem_banks = 1;
         t->nodes[1].mem_banks[0].heap_type = HSA_MEM_HEAP_TYPE_FB_PUBLIC;
@@ -915,6 +916,81 @@ static int test_faults_sdma(void)
         return ex_teardown(&x);
 }
 
+/* SET_ATTR on [p, p + size) with @n attributes. */
+static int svm_set(Ex *x, void *p, uint64_t size, const struct kfd_ioctl_svm_attribute *at, uint32_t n)
+{
+        uint64_t buf[1 + 3 + 8];
+        struct kfd_ioctl_svm_args *a = (void *)buf;
+
+        memset(buf, 0, sizeof(buf));
+        a->start_addr = (uintptr_t)p;
+        a->size = size;
+        a->op = KFD_IOCTL_SVM_OP_SET_ATTR;
+        a->nattr = n;
+        memcpy(a->attrs, at, n * sizeof(*at));
+        return io(x, x->kfd, thunk_kfd_svm_request(n), a);
+}
+
+/*
+ * SVM ranges (hipMallocManaged's memory): the engines reach the process's own pages where a range's ACCESS
+ * (or ACCESS_IN_PLACE) names their GPU, with GPU_RO a write is a ReadOnly fault, and a range that names no
+ * GPU is not present to it.
+ */
+static int test_svm(void)
+{
+        Ex x;
+        Q q;
+        struct kfd_ioctl_create_event_args mev;
+        uint8_t *m = mmap(NULL, 4 * PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        volatile uint32_t *w;
+        const struct kfd_ioctl_svm_attribute access = {KFD_IOCTL_SVM_ATTR_ACCESS, GPU},
+                                             ro = {KFD_IOCTL_SVM_ATTR_SET_FLAGS, KFD_IOCTL_SVM_FLAG_GPU_RO};
+
+        REQUIRE(m != MAP_FAILED);
+        REQUIRE_RC(ex_setup(&x), 0);
+        w = host(&x, PAGE, WRITABLE, NULL);
+        REQUIRE(w);
+        memset(m, 0x11, 4 * PAGE);
+        REQUIRE_RC(svm_set(&x, m, 2 * PAGE, &access, 1), 0);
+        REQUIRE_RC(queue(&x, &q, KFD_IOC_QUEUE_TYPE_SDMA), 0);
+        /* a fence into the range, a copy out of it into a BO, a fence after both */
+        {
+                const uint32_t p[] = {SDMA_FENCE, lo(m + 8),  hi(m + 8), 0xfeed,    SDMA_COPY,
+                                      15,         0,          lo(m + 4), hi(m + 4), lo(&w[4]),
+                                      hi(&w[4]),  SDMA_FENCE, lo(w),     hi(w),     1};
+                submit(&q, p, 15);
+        }
+        settle(&x);
+        REQUIRE(w[0] == 1);
+        REQUIRE(*(uint32_t *)(m + 8) == 0xfeed);
+        REQUIRE(w[4] == 0x11111111u && w[5] == 0xfeed);
+        REQUIRE_RC(ex_teardown(&x), 0);
+
+        /* read-only for the GPU: the write is a ReadOnly fault and the page keeps its bytes */
+        REQUIRE_RC(ex_setup(&x), 0);
+        REQUIRE_RC(svm_set(&x, m, 2 * PAGE, (const struct kfd_ioctl_svm_attribute[]){access, ro}, 2), 0);
+        REQUIRE_RC(event_new(&x, KFD_IOC_EVENT_MEMORY, 0, &mev), 0);
+        REQUIRE_RC(queue(&x, &q, KFD_IOC_QUEUE_TYPE_SDMA), 0);
+        submit(&q, (const uint32_t[]){SDMA_FENCE, lo(m + PAGE), hi(m + PAGE), 0xbad}, 4);
+        REQUIRE(expect_fault(&x, mev.event_id, (uintptr_t)(m + PAGE), false, true) == 0);
+        REQUIRE(*(uint32_t *)(m + PAGE) == 0x11111111u);
+        REQUIRE_RC(ex_teardown(&x), 0);
+
+        /* a range that names no GPU: not present */
+        REQUIRE_RC(ex_setup(&x), 0);
+        REQUIRE_RC(svm_set(&x, m + 2 * PAGE, 2 * PAGE,
+                           &(struct kfd_ioctl_svm_attribute){KFD_IOCTL_SVM_ATTR_PREFERRED_LOC, 0}, 1),
+                   0);
+        REQUIRE_RC(event_new(&x, KFD_IOC_EVENT_MEMORY, 0, &mev), 0);
+        REQUIRE_RC(queue(&x, &q, KFD_IOC_QUEUE_TYPE_SDMA), 0);
+        submit(&q, (const uint32_t[]){SDMA_FENCE, lo(m + 3 * PAGE), hi(m + 3 * PAGE), 0xbad}, 4);
+        REQUIRE(expect_fault(&x, mev.event_id, (uintptr_t)(m + 3 * PAGE), true, false) == 0);
+        REQUIRE(*(uint32_t *)(m + 3 * PAGE) == 0x11111111u);
+        REQUIRE_RC(ex_teardown(&x), 0);
+        munmap(m, 4 * PAGE);
+        return 0;
+}
+
 static int test_faults_pm4(void)
 {
         Ex x;
@@ -1063,6 +1139,7 @@ static const RcTestCase tests[] = {
         {"faults-pm4", test_faults_pm4},
         {"faults-gem-va", test_faults_gem_va},
         {"faults-aql", test_faults_aql},
+        {"svm", test_svm},
 };
 
 int main(int argc, char **argv)
