@@ -34,9 +34,8 @@
  * registration of pages inside the window, substituted by memory the daemon shares, GPU mapping and CPU
  * mapping at the same address), events (kept by the daemon, waits answered by it, GPU interrupts
  * relayed by it) and queues (run by the daemon in the process's own context, their rings and pointers in
- * memory both share; doorbells below). The MMIO remap page, SVM and registration of pages outside the
- * window are not served yet: each answers -EOPNOTSUPP and logs its name once
- * (docs/rocm-in-containers.md).
+ * memory both share; the doorbells and the MMIO-remap page are pages of the process's own, below). SVM is
+ * not served yet: it answers -EOPNOTSUPP and logs its name once (docs/rocm-in-containers.md).
  */
 
 #define MAX_GPUS 64
@@ -46,6 +45,7 @@
 #define DOORBELL_SLICE     8192ull
 #define MMAP_TYPE_MASK     (3ull << 62)
 #define MMAP_TYPE_DOORBELL (3ull << 62)
+#define MMAP_TYPE_RESERVED (1ull << 62)
 /* GPU apertures of gfx9 and later as KFD reports them (the window is the GPUVM one). */
 #define LDS_BASE     (1ull << 48)
 #define SCRATCH_BASE (2ull << 48)
@@ -61,6 +61,7 @@ typedef struct Bo {
         uint32_t kfd_flags;
         bool userptr;
         bool doorbell;   /* the process's doorbell slice: its own pages, the daemon has none (below) */
+        bool mmio;       /* the MMIO-remap page: the same */
         bool host;       /* the CPU can map it (GTT, host-visible VRAM, registered pages) */
         uint64_t mapped; /* bit per GPU index: mapped through MAP_MEMORY_TO_GPU */
 } Bo;
@@ -606,13 +607,20 @@ static int alloc_memory(struct kfd_ioctl_alloc_memory_of_gpu_args *a)
                 return -EINVAL;
         if (a->size == 0 || a->size % PAGE || a->va_addr % PAGE)
                 return -EINVAL;
-        if (k & KFD_IOC_ALLOC_MEM_FLAGS_MMIO_REMAP) {
-                say(0, "MMIO-remap BOs are not served through gpumemd yet");
-                return -EOPNOTSUPP;
-        }
         if (!in_window(a->va_addr, a->size))
                 return -EINVAL; /* libhsakmt places every BO in its GPUVM aperture, the window */
-        if (k & KFD_IOC_ALLOC_MEM_FLAGS_DOORBELL) {
+        if ((k & KFD_IOC_ALLOC_MEM_FLAGS_MMIO_REMAP) && !(k & KFD_IOC_ALLOC_MEM_FLAGS_DOORBELL)) {
+                /*
+                 * The page of the GPU's registers a process may write (the HDP flush): the model keeps the
+                 * CPU's and the GPUs' views of memory coherent and has no such register, so the page is the
+                 * process's own and its writes reach nobody. (On the kernel path it is an MMIO page of the
+                 * daemon's context that no other process may map: the daemon would flush for the client.)
+                 */
+                if (a->size != PAGE)
+                        return -EINVAL;
+                bo.mmio = bo.host = true;
+                r = 0;
+        } else if (k & KFD_IOC_ALLOC_MEM_FLAGS_DOORBELL) {
                 /*
                  * The doorbell slice. The daemon's engines look at each queue's write pointer, which lives in
                  * memory both share, so a doorbell write carries nothing they need: the slice is pages of
@@ -672,8 +680,10 @@ static int alloc_memory(struct kfd_ioctl_alloc_memory_of_gpu_args *a)
         }
         pthread_mutex_lock(&kb.lock);
         bo.handle = (uint64_t)a->gpu_id << 32 | ++kb.next_bo;
-        /* what libhsakmt hands to mmap on the render node: names the BO, nothing else */
-        bo.mmap_offset = (uint64_t)kb.next_bo << 32;
+        /* what libhsakmt hands to mmap on the render node: names the BO, nothing else (KFD's reserved mmap
+         * type, so that it is never a doorbell's or an MMIO page's); the MMIO page's is KFD's own */
+        bo.mmap_offset =
+                bo.mmio ? (uint64_t)a->gpu_id << 46 : MMAP_TYPE_RESERVED | (uint64_t)kb.next_bo << 12;
         r = bo_add(&bo);
         pthread_mutex_unlock(&kb.lock);
         if (r < 0) {
@@ -705,7 +715,7 @@ static int free_memory(const struct kfd_ioctl_free_memory_of_gpu_args *a)
         if (kb.event_page == bo.va)
                 kb.event_page = kb.event_page_size = 0;
         pthread_mutex_unlock(&kb.lock);
-        if (bo.doorbell) {
+        if (bo.doorbell || bo.mmio) {
                 /* back to the window's reservation */
                 void *p = (void *)syscall(SYS_mmap, (void *)(uintptr_t)bo.va, bo.size, PROT_NONE,
                                           MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
@@ -742,7 +752,7 @@ static int map_memory(uint64_t handle, uint64_t ids_ptr, uint32_t n_devices, uin
         pthread_mutex_lock(&kb.lock);
         b = bo_find(handle);
         va = b ? b->va : 0;
-        doorbell = b && b->doorbell;
+        doorbell = b && (b->doorbell || b->mmio);
         pthread_mutex_unlock(&kb.lock);
         if (!b)
                 return -EINVAL;
@@ -750,7 +760,7 @@ static int map_memory(uint64_t handle, uint64_t ids_ptr, uint32_t n_devices, uin
                 int g = gpu_index(ids[i]);
                 if (g < 0)
                         return -EINVAL;
-                /* the doorbell slice has no GPU side in the daemon (alloc_memory) */
+                /* the doorbell slice and the MMIO page have no GPU side in the daemon (alloc_memory) */
                 r = doorbell ? 0
                     : map    ? gm_mem_map_gpus(kb.c, (void *)(uintptr_t)va, &ids[i], 1)
                              : gm_mem_unmap_gpus(kb.c, (void *)(uintptr_t)va, &ids[i], 1);

@@ -146,6 +146,7 @@ def test_rocminfo(tmp):
         out = r.stdout
         check(r.returncode == 0, f"rocminfo exits 0 through gpumemd: {r.returncode} {r.stderr[-500:]!r}")
         check("ROCk module is loaded" in out, "it finds the KFD")
+        check("not served through gpumemd" not in r.stderr, f"everything it asks of the KFD is served: {r.stderr!r}")
         check(len([ln for ln in out.splitlines() if ln.startswith("Agent ")]) == 2, "two agents (CPU and GPU)")
         check(any(ln.split() == ["Name:", "gfx908"] for ln in out.splitlines()), "the preset's gfx908 agent")
         check(any(ln.split() == ["Compute", "Unit:", "120"] for ln in out.splitlines()), "with 120 CUs")
@@ -267,6 +268,7 @@ def test_hip_copy(tmp):
         out, err = p.communicate(timeout=150)
         lines = out.splitlines()
         check(p.returncode == 0 and "ok" in lines, f"HIP copies through gpumemd: {out!r} {err[-1500:]!r}")
+        check("not served through gpumemd" not in err, f"everything HIP asks of the KFD is served: {err!r}")
         check("hipMemcpy host -> device -> host: ok" in lines, "hipMemcpy from pageable memory (1 B to 64 MiB)")
         check("hipMemcpyAsync to and from pinned memory: ok" in lines, "hipMemcpyAsync with pinned memory")
         check("hipHostRegister'd pages to and from the device: ok" in lines,
