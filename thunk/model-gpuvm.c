@@ -150,7 +150,7 @@ static const SvmRange *svm_lookup(const ModelEngine *e, uint64_t va)
         for (size_t i = 0; i < e->ctx->n_svm; i++) {
                 const SvmRange *r = &e->ctx->svm[i];
                 if (r->start <= page && page <= r->last)
-                        return (r->access | r->in_place) & bit ? r : NULL;
+                        return (r->at.access | r->at.in_place) & bit ? r : NULL;
         }
         return NULL;
 }
@@ -161,9 +161,9 @@ static int svm_span(ModelEngine *e, const SvmRange *r, uint64_t va, uint64_t len
 {
         uint64_t end = (r->last + 1) * MODEL_PAGE, n = end - va < len ? end - va : len;
 
-        if ((access & MODEL_VM_WRITE) && (r->flags & KFD_IOCTL_SVM_FLAG_GPU_RO))
+        if ((access & MODEL_VM_WRITE) && (r->at.flags & KFD_IOCTL_SVM_FLAG_GPU_RO))
                 return vm_fault(e, va, false, true, false);
-        if ((access & MODEL_VM_EXEC) && !(r->flags & KFD_IOCTL_SVM_FLAG_GPU_EXEC))
+        if ((access & MODEL_VM_EXEC) && !(r->at.flags & KFD_IOCTL_SVM_FLAG_GPU_EXEC))
                 return vm_fault(e, va, false, false, true);
         /* pages the process unmapped: the kernel's MMU notifier would have dropped them from the GPU */
         if (!model_cpu_range_mapped(va & ~(MODEL_PAGE - 1), MODEL_PAGE_ALIGN(va + n)))

@@ -9,6 +9,7 @@
 #include "hashmap.h"
 #include "kfd-compat.h"
 #include "model.h"
+#include "svm-attrs.h"
 
 #define MODEL_PAGE                    4096ULL
 #define MODEL_PAGE_ALIGN(x)           (((x) + MODEL_PAGE - 1) & ~(MODEL_PAGE - 1))
@@ -197,13 +198,8 @@ typedef struct ModelEventPage {
 typedef struct SvmRange {
         uint64_t start; /* pages */
         uint64_t last;  /* pages, inclusive */
-        uint32_t preferred;
-        uint32_t prefetch;
-        uint32_t flags;
-        uint8_t granularity;
+        SvmAttrs at;    /* access bits: GPU indices */
         bool charged;
-        uint64_t access;
-        uint64_t in_place;
 } SvmRange;
 
 typedef struct ModelCtx {

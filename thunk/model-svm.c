@@ -102,12 +102,11 @@ static bool svm_all_mapped(const ModelCtx *c)
 
 static void svm_set_defaults(const ThunkModel *m, const ModelCtx *c, SvmRange *r)
 {
-        r->preferred = KFD_IOCTL_SVM_LOCATION_UNDEFINED;
-        r->prefetch = KFD_IOCTL_SVM_LOCATION_UNDEFINED;
-        r->granularity = MODEL_SVM_DEFAULT_GRANULARITY;
-        r->flags = KFD_IOCTL_SVM_FLAG_HOST_ACCESS | KFD_IOCTL_SVM_FLAG_COHERENT;
-        r->access = c->xnack ? m->svm_supported : 0;
-        r->in_place = 0;
+        r->at = (SvmAttrs){.preferred = KFD_IOCTL_SVM_LOCATION_UNDEFINED,
+                           .prefetch = KFD_IOCTL_SVM_LOCATION_UNDEFINED,
+                           .granularity = MODEL_SVM_DEFAULT_GRANULARITY,
+                           .flags = KFD_IOCTL_SVM_FLAG_HOST_ACCESS | KFD_IOCTL_SVM_FLAG_COHERENT,
+                           .access = c->xnack ? m->svm_supported : 0};
 }
 
 static void svm_range_drop_charge(ThunkModel *m, SvmRange *r)
@@ -234,85 +233,29 @@ static int svm_gpuidx(const ThunkModel *m, uint32_t gpu_id)
         return model_gpu_index(m, gpu_id);
 }
 
+/* A GPU SET_ATTR may name: one of the model's, with the SVM capability. */
+static int svm_settable_gpu(void *ctx, uint32_t gpu_id)
+{
+        const ThunkModel *m = ctx;
+        int idx = svm_gpuidx(m, gpu_id);
+
+        return idx >= 0 && (m->svm_supported & (1ULL << idx)) ? idx : -1;
+}
+
 static int svm_check_attr(const ThunkModel *m, uint32_t nattr, const struct kfd_ioctl_svm_attribute *a)
 {
-        for (uint32_t i = 0; i < nattr; i++) {
-                uint32_t v = a[i].value;
-                int idx = -1;
+        return svm_attrs_check(a, nattr, svm_settable_gpu, (void *)m);
+}
 
-                switch (a[i].type) {
-                case KFD_IOCTL_SVM_ATTR_PREFERRED_LOC:
-                        if (v != KFD_IOCTL_SVM_LOCATION_SYSMEM && v != KFD_IOCTL_SVM_LOCATION_UNDEFINED) {
-                                idx = svm_gpuidx(m, v);
-                                if (idx < 0)
-                                        return -EINVAL;
-                        }
-                        break;
-                case KFD_IOCTL_SVM_ATTR_PREFETCH_LOC:
-                        if (v != KFD_IOCTL_SVM_LOCATION_SYSMEM) {
-                                idx = svm_gpuidx(m, v);
-                                if (idx < 0)
-                                        return -EINVAL;
-                        }
-                        break;
-                case KFD_IOCTL_SVM_ATTR_ACCESS:
-                case KFD_IOCTL_SVM_ATTR_ACCESS_IN_PLACE:
-                case KFD_IOCTL_SVM_ATTR_NO_ACCESS:
-                        idx = svm_gpuidx(m, v);
-                        if (idx < 0)
-                                return -EINVAL;
-                        break;
-                case KFD_IOCTL_SVM_ATTR_SET_FLAGS:
-                case KFD_IOCTL_SVM_ATTR_CLR_FLAGS:
-                case KFD_IOCTL_SVM_ATTR_GRANULARITY:
-                        break;
-                default:
-                        return -EINVAL;
-                }
-                if (idx >= 0 && !(m->svm_supported & (1ULL << idx)))
-                        return -EINVAL;
-        }
-        return 0;
+static int svm_gpuidx_of(void *m, uint32_t gpu_id)
+{
+        return svm_gpuidx(m, gpu_id);
 }
 
 static void svm_apply(const ThunkModel *m, SvmRange *r, uint32_t nattr,
                       const struct kfd_ioctl_svm_attribute *a)
 {
-        for (uint32_t i = 0; i < nattr; i++) {
-                uint32_t v = a[i].value;
-                int idx;
-
-                switch (a[i].type) {
-                case KFD_IOCTL_SVM_ATTR_PREFERRED_LOC:
-                        r->preferred = v;
-                        break;
-                case KFD_IOCTL_SVM_ATTR_PREFETCH_LOC:
-                        r->prefetch = v;
-                        break;
-                case KFD_IOCTL_SVM_ATTR_ACCESS:
-                case KFD_IOCTL_SVM_ATTR_ACCESS_IN_PLACE:
-                case KFD_IOCTL_SVM_ATTR_NO_ACCESS:
-                        idx = svm_gpuidx(m, v);
-                        r->access &= ~(1ULL << idx);
-                        r->in_place &= ~(1ULL << idx);
-                        if (a[i].type == KFD_IOCTL_SVM_ATTR_ACCESS)
-                                r->access |= 1ULL << idx;
-                        else if (a[i].type == KFD_IOCTL_SVM_ATTR_ACCESS_IN_PLACE)
-                                r->in_place |= 1ULL << idx;
-                        break;
-                case KFD_IOCTL_SVM_ATTR_SET_FLAGS:
-                        r->flags |= v;
-                        break;
-                case KFD_IOCTL_SVM_ATTR_CLR_FLAGS:
-                        r->flags &= ~v;
-                        break;
-                case KFD_IOCTL_SVM_ATTR_GRANULARITY:
-                        r->granularity = (uint8_t)(v < 0x3F ? v : 0x3F);
-                        break;
-                default:
-                        break;
-                }
-        }
+        svm_attrs_apply(&r->at, a, nattr, svm_gpuidx_of, (void *)m);
 }
 
 /* True if [start, end) overlaps a mapping in any GPU VM of @c. */
@@ -418,76 +361,14 @@ static int svm_set(ThunkModel *m, ModelCtx *c, uint64_t s, uint64_t l, uint32_t 
 static void svm_get(const ThunkModel *m, const ModelCtx *c, uint64_t s, uint64_t l, uint32_t nattr,
                     struct kfd_ioctl_svm_attribute *a)
 {
-        uint32_t loc = 0, pref = 0, flags_and = 0xffffffffu, flags_or = 0;
-        uint64_t access = ~0ULL, in_place = ~0ULL;
-        uint8_t gran = 0xff;
-        bool first = true;
+        SvmMerge mg = {0};
+        SvmRange d;
 
-        for (size_t i = 0; i < c->n_svm; i++) {
-                const SvmRange *r = &c->svm[i];
-
-                if (r->last < s || r->start > l)
-                        continue;
-                if (first) {
-                        loc = r->preferred;
-                        pref = r->prefetch;
-                        first = false;
-                } else {
-                        if (loc != r->preferred)
-                                loc = KFD_IOCTL_SVM_LOCATION_UNDEFINED;
-                        if (pref != r->prefetch)
-                                pref = KFD_IOCTL_SVM_LOCATION_UNDEFINED;
-                }
-                flags_and &= r->flags;
-                flags_or |= r->flags;
-                access &= r->access;
-                in_place &= r->in_place;
-                if (r->granularity < gran)
-                        gran = r->granularity;
-        }
-        if (first) {
-                SvmRange d;
-
-                svm_set_defaults(m, c, &d);
-                loc = d.preferred;
-                pref = d.prefetch;
-                flags_and = flags_or = d.flags;
-                gran = d.granularity;
-                access = d.access;
-                in_place = 0;
-        }
-        for (uint32_t i = 0; i < nattr; i++) {
-                int idx;
-
-                switch (a[i].type) {
-                case KFD_IOCTL_SVM_ATTR_PREFERRED_LOC:
-                        a[i].value = loc;
-                        break;
-                case KFD_IOCTL_SVM_ATTR_PREFETCH_LOC:
-                        a[i].value = pref;
-                        break;
-                case KFD_IOCTL_SVM_ATTR_ACCESS:
-                        idx = svm_gpuidx(m, a[i].value);
-                        if (access & (1ULL << idx))
-                                a[i].type = KFD_IOCTL_SVM_ATTR_ACCESS;
-                        else if (in_place & (1ULL << idx))
-                                a[i].type = KFD_IOCTL_SVM_ATTR_ACCESS_IN_PLACE;
-                        else
-                                a[i].type = KFD_IOCTL_SVM_ATTR_NO_ACCESS;
-                        break;
-                case KFD_IOCTL_SVM_ATTR_SET_FLAGS:
-                        a[i].value = flags_and;
-                        break;
-                case KFD_IOCTL_SVM_ATTR_CLR_FLAGS:
-                        a[i].value = ~flags_or;
-                        break;
-                case KFD_IOCTL_SVM_ATTR_GRANULARITY:
-                        a[i].value = gran;
-                        break;
-                default:
-                        break;
-                }
-        }
+        for (size_t i = 0; i < c->n_svm; i++)
+                if (c->svm[i].last >= s && c->svm[i].start <= l)
+                        svm_merge_add(&mg, &c->svm[i].at);
+        svm_set_defaults(m, c, &d);
+        svm_merge_answer(&mg, &d.at, a, nattr, svm_gpuidx_of, (void *)m);
 }
 
 /* ------------------------------------------------------------------ SVM ioctls */
