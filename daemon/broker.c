@@ -44,7 +44,8 @@ struct Obj {
         bool handed_out;    /* an fd of its memory went to a client: it may outlive the handle */
         bool backing_fd;    /* the driver holds an fd for its memory in the daemon (the model's VRAM) */
         bool pending;       /* being made in steps (broker_alloc_begin): has VA and a charge, no handle */
-        uint64_t file_ino;  /* the inode of the files handed out (0: none), in Broker.files while it lives */
+        bool outer;        /* BROKER_FLAG_SVM_RANGE: placed in the client's outer VA space, not mapped here */
+        uint64_t file_ino; /* the inode of the files handed out (0: none), in Broker.files while it lives */
         dev_t file_dev;
 };
 
@@ -111,7 +112,8 @@ typedef struct BrokerQueue {
 struct BrokerClient {
         Broker *b;
         ThunkVaSpace *window;
-        DriverCtx *ctx; /* NULL until first needed */
+        ThunkVaSpace *outer; /* its GPU VM outside the window (SVM ranges), from the first such object */
+        DriverCtx *ctx;      /* NULL until first needed */
         bool own_ctx;
         HashMap objs;
         BrokerUsage usage;
@@ -951,6 +953,12 @@ static int check_flags(uint32_t f, Reason *w)
         return 0;
 }
 
+/* The VA space an object lives in. */
+static ThunkVaSpace *obj_space(const BrokerClient *c, const Obj *o)
+{
+        return o->outer ? c->outer : c->window;
+}
+
 /* Reserve VA in the client's window. */
 static int take_va(BrokerClient *c, uint64_t size, uint64_t align, uint64_t fixed, Obj *o, uint64_t *ret,
                    Reason *w)
@@ -1229,17 +1237,22 @@ static int alloc_host_gtt(BrokerClient *c, const BrokerAllocArgs *a, Obj *o, Bro
                 reason_set(w, r, "cannot export the GTT memory for CPU access: %s", strerror(-r));
                 goto fail_mem;
         }
-        p = mmap((void *)(uintptr_t)o->va, o->size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, o->memfd,
-                 0);
-        if (p == MAP_FAILED) {
-                r = reason_set(w, -errno, "cannot map the GTT memory here: %s", strerror(errno));
-                reserve_again(o->va, o->size);
-                goto fail_fd;
+        /* an SVM range's memory lies where the process has the range, outside the window the daemon keeps
+         * free in its own address space: it is not mapped here */
+        if (!o->outer) {
+                p = mmap((void *)(uintptr_t)o->va, o->size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED,
+                         o->memfd, 0);
+                if (p == MAP_FAILED) {
+                        r = reason_set(w, -errno, "cannot map the GTT memory here: %s", strerror(errno));
+                        reserve_again(o->va, o->size);
+                        goto fail_fd;
+                }
         }
         res->fd = fcntl(o->memfd, F_DUPFD_CLOEXEC, 3);
         if (res->fd < 0) {
                 r = reason_set(w, -errno, "cannot duplicate the memory fd: %s", strerror(errno));
-                unmap_shared(b, o->va, o->size, false);
+                if (!o->outer)
+                        unmap_shared(b, o->va, o->size, false);
                 goto fail_fd;
         }
         return 0;
@@ -1318,6 +1331,27 @@ static int alloc_prepare(BrokerClient *c, const BrokerAllocArgs *a, Obj **ret, R
                 return r;
         if ((a->flags & BROKER_FLAG_GTT) && a->kind != BROKER_KIND_HOST)
                 return reason_set(w, -EINVAL, "GTT is a flag of host memory");
+        if (a->flags & BROKER_FLAG_SVM_RANGE) {
+                uint64_t wb = thunk_va_space_base(c->window), wl = thunk_va_space_limit(c->window);
+                if (!(a->flags & BROKER_FLAG_GTT) || !a->fixed_va)
+                        return reason_set(w, -EINVAL,
+                                          "an SVM range's memory is GTT host memory at a fixed address");
+                if (!driver_has(c->b->drv, DRIVER_CAP_PRIVATE_VM))
+                        return reason_set(w, -EOPNOTSUPP,
+                                          "SVM ranges need a GPU VM per client (KFD: ABI 1.19)");
+                if (a->fixed_va % BROKER_PAGE_SIZE || a->fixed_va > BROKER_SVM_LIMIT ||
+                    size > BROKER_SVM_LIMIT - a->fixed_va)
+                        return reason_set(w, -EINVAL,
+                                          "0x%llx+0x%llx is no page-aligned range of user addresses",
+                                          (unsigned long long)a->fixed_va, (unsigned long long)size);
+                if (a->fixed_va < wl && a->fixed_va + size > wb)
+                        return reason_set(w, -EINVAL, "0x%llx+0x%llx is in the window: allocate it there",
+                                          (unsigned long long)a->fixed_va, (unsigned long long)size);
+                if (!c->outer &&
+                    (r = thunk_va_space_new(BROKER_PAGE_SIZE, BROKER_SVM_LIMIT - BROKER_PAGE_SIZE, 0,
+                                            &c->outer)) < 0)
+                        return reason_set(w, r, "out of memory");
+        }
         switch (a->kind) {
         case BROKER_KIND_DEVICE:
                 if (gpu_index(c->b, a->gpu_id) < 0)
@@ -1358,8 +1392,20 @@ static int alloc_prepare(BrokerClient *c, const BrokerAllocArgs *a, Obj **ret, R
         o->size = size;
         o->gpu_id = a->kind == BROKER_KIND_MANAGED ? 0 : a->gpu_id;
         o->flags = a->flags;
+        o->outer = (a->flags & BROKER_FLAG_SVM_RANGE) != 0;
         align = a->alignment ? a->alignment : default_align(size);
-        r = take_va(c, size, align, a->fixed_va, o, &o->va, w);
+        if (o->outer) {
+                r = thunk_va_alloc_fixed(c->outer, a->fixed_va, size, o);
+                if (r == -EADDRINUSE)
+                        reason_set(w, r, "0x%llx+0x%llx overlaps another SVM range of this client",
+                                   (unsigned long long)a->fixed_va, (unsigned long long)size);
+                else if (r < 0)
+                        reason_set(w, r, "cannot place 0x%llx: %s", (unsigned long long)a->fixed_va,
+                                   strerror(-r));
+                o->va = a->fixed_va;
+        } else {
+                r = take_va(c, size, align, a->fixed_va, o, &o->va, w);
+        }
         if (r < 0) {
                 free(o);
                 return r;
@@ -1397,7 +1443,8 @@ static int alloc_finish(BrokerClient *c, const BrokerAllocArgs *a, Obj *o, Broke
                                 (void)driver_mem_free(c->b->drv, o->mem);
                         }
                         if (o->memfd >= 0) {
-                                unmap_shared(c->b, o->va, o->size, o->kind == BROKER_KIND_MANAGED);
+                                if (!o->outer)
+                                        unmap_shared(c->b, o->va, o->size, o->kind == BROKER_KIND_MANAGED);
                                 safe_close(o->memfd);
                         }
                 }
@@ -1405,7 +1452,7 @@ static int alloc_finish(BrokerClient *c, const BrokerAllocArgs *a, Obj *o, Broke
         if (r < 0) {
                 if (paid)
                         charge_give(c, &taken);
-                (void)thunk_va_free(c->window, o->va);
+                (void)thunk_va_free(obj_space(c, o), o->va);
                 free(o);
                 return r;
         }
@@ -1546,7 +1593,8 @@ static int destroy_alloc(BrokerClient *c, Obj *o, bool teardown, Reason *w)
         safe_close(tmp_fd);
         obj_forget_file(c->b, o);
         if (o->memfd >= 0) {
-                unmap_shared(c->b, o->va, o->size, o->kind == BROKER_KIND_MANAGED);
+                if (!o->outer)
+                        unmap_shared(c->b, o->va, o->size, o->kind == BROKER_KIND_MANAGED);
                 o->memfd = safe_close(o->memfd);
                 charge_give(c, &(Charge){.held_fds = 1});
         }
@@ -1560,7 +1608,7 @@ static int free_alloc(BrokerClient *c, Obj *o, Reason *w)
         if (r < 0)
                 return r;
         hashmap_remove(&c->objs, o->handle);
-        (void)thunk_va_free(c->window, o->va);
+        (void)thunk_va_free(obj_space(c, o), o->va);
         charge_obj_give(c, o); /* held_fds was already refunded when the fd closed */
         free(o);
         return 0;
@@ -1837,7 +1885,7 @@ int broker_vmm_reserve(BrokerClient *c, uint64_t size, uint64_t alignment, uint6
                 r = obj_publish(c, o);
         if (r < 0) {
                 thunk_va_space_free(o->maps);
-                (void)thunk_va_free(c->window, o->va);
+                (void)thunk_va_free(obj_space(c, o), o->va);
                 charge_give(c, &ch);
                 free(o);
                 return reason_set(w, r, "out of memory");
@@ -1866,7 +1914,7 @@ int broker_vmm_free(BrokerClient *c, uint64_t va, uint64_t size, Reason *w)
                 return reason_set(w, -EBUSY, "%zu mappings remain in the reservation at 0x%llx",
                                   thunk_va_space_count(o->maps), (unsigned long long)va);
         hashmap_remove(&c->objs, o->handle);
-        (void)thunk_va_free(c->window, o->va);
+        (void)thunk_va_free(obj_space(c, o), o->va);
         thunk_va_space_free(o->maps);
         charge_obj_give(c, o);
         free(o);
@@ -2695,6 +2743,7 @@ BrokerClient *broker_client_free(BrokerClient *c)
                 c->events = client_events_free(c->events);
         }
         hashmap_done(&c->objs);
+        thunk_va_space_free(c->outer);
         free(c->queues);
         pthread_mutex_destroy(&c->fault_lock);
         broker_client_set_account(c, NULL);

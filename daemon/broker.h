@@ -34,7 +34,10 @@ enum {
         /* host memory as a GTT buffer of the client's own GPU VM, CPU-mapped through its dmabuf: the
          * broker's own, never passed to the driver */
         BROKER_FLAG_GTT = 128,
-        _BROKER_FLAG_ALL = 255,
+        /* with GTT: the memory behind a client-side KFD's SVM range, at a fixed VA anywhere in the client's
+         * own GPU VM but its window (where the process has the range); the daemon does not map it */
+        BROKER_FLAG_SVM_RANGE = 256,
+        _BROKER_FLAG_ALL = 511,
 };
 
 enum {
@@ -44,6 +47,7 @@ enum {
 };
 
 #define BROKER_PAGE_SIZE          4096ull
+#define BROKER_SVM_LIMIT          (1ull << 47) /* one past the last user address (x86-64, 4-level tables) */
 #define BROKER_GRANULARITY_MIN    BROKER_PAGE_SIZE
 #define BROKER_GRANULARITY_RECOMM (2ull << 20)
 #define BROKER_MAX_GPUS           64

@@ -139,7 +139,9 @@ int gm_malloc_desc(gm_client *c, const gm_alloc_desc *d, void **ret_ptr)
                 e->va = va;
                 e->size = size;
         }
-        if (!e || !in_window(c, va, size)) {
+        /* an SVM range's memory lies where the process has the range, which may be outside the window */
+        if (!e || (!in_window(c, va, size) &&
+                   !((d->flags & GM_MEM_SVM_RANGE) && va == ptr_u64(d->fixed_addr) && size >= d->size))) {
                 r = gm_set_reason(c, e ? -EPROTO : -ENOMEM,
                                   e ? "gpumemd placed memory outside the window" : "out of memory");
                 goto undo;
@@ -256,8 +258,12 @@ int gm_mem_free(gm_client *c, void *ptr)
         /* After the free: the pages then go in this process, as it drops the last mapping, not on the
          * daemon's event loop. The daemon keeps the memory charged until then and refunds it when the
          * kernel reports the file gone, a moment after this returns. */
-        if (r == 0 && e->cpu_mapped)
-                reserve_again(e->va, e->size);
+        if (r == 0 && e->cpu_mapped) {
+                if (in_window(c, e->va, e->size))
+                        reserve_again(e->va, e->size);
+                else /* an SVM range's memory: the address is the process's again */
+                        (void)munmap((void *)(uintptr_t)e->va, e->size);
+        }
         pthread_mutex_lock(&c->mem_lock);
         for (MemEntry **pp = &c->freeing; *pp; pp = &(*pp)->next_freeing) {
                 if (*pp == e) {

@@ -244,6 +244,10 @@ enum {
          *  the daemon runs for it can reach, mapped here through the buffer's dmabuf; not with
          *  GM_MEM_READ_ONLY or a NUMA node */
         GM_MEM_GTT = 128,
+        /** with GM_MEM_GTT (protocol 2): the memory behind an SVM range of a client-side KFD, at
+         *  @fixed_addr anywhere in this client's own GPU VM but the window (where the process has the
+         *  range); mapped there in this process, not in the daemon */
+        GM_MEM_SVM_RANGE = 256,
 };
 
 /** Kinds of memory, as gm_pointer_get_attributes reports them. */

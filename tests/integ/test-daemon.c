@@ -1100,6 +1100,74 @@ out:
         CHECK_EQ(daemon_wait_base(&dmn, &base, 5000, NULL), 0);
 }
 
+/*
+ * The memory behind a client-side KFD's SVM range: GTT host memory at the range's own address outside the
+ * window, mapped there in the client and not in the daemon; what it may not be is refused with nothing
+ * changed, and a client that goes with it leaves nothing.
+ */
+static void test_svm_range_memory(void)
+{
+        gm_client *c = NULL;
+        gm_alloc_desc d = {.kind = GM_KIND_HOST,
+                           .size = 2 << 20,
+                           .flags = GM_MEM_GTT | GM_MEM_SVM_RANGE,
+                           .numa_node = -1};
+        uint64_t wbase = 0, wsize = 0;
+        void *p = NULL, *q = NULL;
+        uint8_t *range;
+        DaemonState base;
+
+        CHECK_EQ(daemon_base_state(&dmn, &base), 0);
+        c = connect_ok("svm-range");
+        if (!c)
+                return;
+        d.gpu_id = first_gpu(c);
+        gm_client_window(c, &wbase, &wsize);
+        /* a range of this process's own, as HIP maps managed memory */
+        range = mmap(NULL, 4 << 20, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        CHECK(range != MAP_FAILED);
+        if (range == MAP_FAILED)
+                goto out;
+        {
+                gm_alloc_desc bad = d;
+                bad.fixed_addr = range;
+                bad.flags = GM_MEM_SVM_RANGE;
+                CHECK_EQ(gm_malloc_desc(c, &bad, &q), -EINVAL); /* GTT only */
+                bad = d;
+                CHECK_EQ(gm_malloc_desc(c, &bad, &q), -EINVAL); /* at a fixed address only */
+                bad.fixed_addr = (void *)(uintptr_t)(wbase + (4 << 20));
+                CHECK_EQ(gm_malloc_desc(c, &bad, &q), -EINVAL); /* not in the window */
+                bad.fixed_addr = (void *)(uintptr_t)(1ull << 47);
+                CHECK_EQ(gm_malloc_desc(c, &bad, &q), -EINVAL); /* not past user space */
+                bad.fixed_addr = range + 1;
+                CHECK_EQ(gm_malloc_desc(c, &bad, &q), -EINVAL); /* page aligned */
+                bad = d;
+                bad.kind = GM_KIND_DEVICE;
+                bad.fixed_addr = range;
+                CHECK_EQ(gm_malloc_desc(c, &bad, &q), -EINVAL); /* host memory only */
+        }
+        d.fixed_addr = range;
+        CHECK_EQ(gm_malloc_desc(c, &d, &p), 0);
+        CHECK(p == range);
+        memset(range, 0x3c, 2 << 20); /* the client's mapping of it */
+        {
+                gm_alloc_desc again = d;
+                again.fixed_addr = range + (1 << 20);
+                CHECK_EQ(gm_malloc_desc(c, &again, &q), -EADDRINUSE); /* overlaps the first */
+        }
+        CHECK_EQ(gm_mem_free(c, p), 0);
+        /* the address is the process's again: nothing is mapped there now */
+        CHECK(msync(range, 4096, MS_ASYNC) < 0 && errno == ENOMEM);
+        d.fixed_addr = range + (2 << 20);
+        CHECK_EQ(gm_malloc_desc(c, &d, &p), 0);
+        /* it goes with the memory held */
+out:
+        gm_client_close(c);
+        if (range != MAP_FAILED)
+                munmap(range, 4 << 20);
+        CHECK_EQ(daemon_wait_base(&dmn, &base, 5000, NULL), 0);
+}
+
 /* One request of protocol 2 on a raw connection, and (@want_reply) its reply's code. */
 static int raw_v2(int fd, uint32_t id, Gpumem__Request *req, bool want_reply)
 {
@@ -1383,6 +1451,7 @@ int main(void)
                 {"KFD events kept by the daemon", test_events},
                 {"user-mode queues run by the daemon, their interrupts relayed", test_queues},
                 {"a queue's packets reach its own client's memory alone", test_queues_hostile},
+                {"the memory behind an SVM range, outside the window", test_svm_range_memory},
                 {"pending event waits of a client that goes", test_events_pending_at_exit},
                 {"a client's events are bounded", test_events_bounded},
                 {"hostile use of the protocol-2 ops", test_v2_ops_hostile},
