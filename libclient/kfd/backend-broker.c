@@ -23,6 +23,7 @@
 #include "config.h"
 #include "gpumem-client.h"
 #include "kfd-compat.h"
+#include "svm-book.h"
 
 /*
  * One connection per process, made at the layer's start: the process's KFD is its connection's context in
@@ -34,8 +35,9 @@
  * registration of pages inside the window, substituted by memory the daemon shares, GPU mapping and CPU
  * mapping at the same address), events (kept by the daemon, waits answered by it, GPU interrupts
  * relayed by it) and queues (run by the daemon in the process's own context, their rings and pointers in
- * memory both share; the doorbells and the MMIO-remap page are pages of the process's own, below). SVM is
- * not served yet: it answers -EOPNOTSUPP and logs its name once (docs/rocm-in-containers.md).
+ * memory both share; the doorbells and the MMIO-remap page are pages of the process's own, below) and SVM
+ * ranges (their pages substituted by the daemon's memory at their own address, their attributes kept
+ * here). Anything else answers -EOPNOTSUPP and logs its name once (docs/rocm-in-containers.md).
  */
 
 #define MAX_GPUS 64
@@ -88,6 +90,14 @@ static struct {
         uint32_t next_bo;
         uint64_t unserved_said;               /* bit per ioctl number already logged as not served */
         uint64_t event_page, event_page_size; /* the GTT BO named at the first CREATE_EVENT */
+        /* SVM: the ranges whose pages are the daemon's now (each a GTT buffer at its own address), and their
+         * attributes as KFD would report them */
+        struct SvmPages {
+                uint64_t va, size;
+                uint64_t unmapped; /* pages of it the process unmapped so far */
+        } * svm_pages;
+        size_t n_svm_pages, cap_svm_pages;
+        SvmBook svm;
         pid_t owner; /* the process the connection and the topology directory are of */
         bool forked; /* this is a child of that process (its KFD is its parent's, as after fork) */
 } kb = {.lock = PTHREAD_MUTEX_INITIALIZER};
@@ -1003,15 +1013,176 @@ static int b_mmap_anon(void *addr, size_t len, int prot, int flags, void **ret)
 
 /* What the process unmaps inside the window stays reserved: the daemon places memory there, and nothing
  * else of the process's may land in it meanwhile. */
+static void svm_unmapped(uint64_t va, uint64_t len);
+
 static int b_munmap(void *addr, size_t len)
 {
         void *p;
 
-        if (!range_in_window(addr, len))
+        if (!range_in_window(addr, len)) {
+                if (len && !kb.forked)
+                        svm_unmapped((uint64_t)(uintptr_t)addr, (uint64_t)len);
                 return 0;
+        }
         p = (void *)syscall(SYS_mmap, addr, len, PROT_NONE,
                             MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
         return (uintptr_t)p > (uintptr_t)-4096 ? (int)(intptr_t)p : 1;
+}
+
+/* ---- SVM ----------------------------------------------------------------------------------------------- */
+
+/*
+ * The daemon cannot reach the process's own pages, and a client context takes no SVM call (on the kernel as
+ * in the model): a range the process names becomes a GTT buffer of its context at the range's own address
+ * (GM_MEM_SVM_RANGE), which takes the place of its pages (what they held copied in), mapped on every GPU of
+ * its class; its attributes are kept here, as KFD keeps them. The GPUs reach it whatever its ACCESS says,
+ * and nothing migrates (as on the model, whose SVM moves no pages either).
+ */
+
+/* The process's pages of [va, va + size) become an SVM range's GTT buffer at the same address, with their
+ * bytes (the library maps it there, over them). -EFAULT: not mapped readable throughout. */
+static int substitute_range(uint64_t va, uint64_t size)
+{
+        return substitute_pages(va, va, size, kb.gpus[0].gpu_id, GM_MEM_COHERENT | GM_MEM_SVM_RANGE);
+}
+
+/* Substitute the pages of [va, va + size) that are not yet: one range at a time, lowest first. */
+static int svm_substitute(uint64_t va, uint64_t size)
+{
+        uint64_t at = va, end = va + size;
+
+        while (at < end) {
+                uint64_t stop = end;
+                struct SvmPages *p;
+                int r;
+
+                pthread_mutex_lock(&kb.lock);
+                /* skip what is substituted already; stop before the next substituted range */
+                for (bool moved = true; moved && at < end;) {
+                        moved = false;
+                        for (size_t i = 0; i < kb.n_svm_pages; i++) {
+                                p = &kb.svm_pages[i];
+                                if (p->va <= at && at < p->va + p->size) {
+                                        at = p->va + p->size;
+                                        moved = true;
+                                }
+                        }
+                }
+                for (size_t i = 0; i < kb.n_svm_pages; i++)
+                        if (kb.svm_pages[i].va > at && kb.svm_pages[i].va < stop)
+                                stop = kb.svm_pages[i].va;
+                if (at < end && kb.n_svm_pages == kb.cap_svm_pages) {
+                        size_t cap = kb.cap_svm_pages ? kb.cap_svm_pages * 2 : 16;
+                        struct SvmPages *more = realloc(kb.svm_pages, cap * sizeof(*more));
+                        if (!more) {
+                                pthread_mutex_unlock(&kb.lock);
+                                return -ENOMEM;
+                        }
+                        kb.svm_pages = more;
+                        kb.cap_svm_pages = cap;
+                }
+                pthread_mutex_unlock(&kb.lock);
+                if (at >= end)
+                        break;
+                r = substitute_range(at, stop - at);
+                if (r < 0)
+                        return r;
+                pthread_mutex_lock(&kb.lock);
+                kb.svm_pages[kb.n_svm_pages++] = (struct SvmPages){.va = at, .size = stop - at};
+                pthread_mutex_unlock(&kb.lock);
+                at = stop;
+        }
+        return 0;
+}
+
+static int svm_ioctl(struct kfd_ioctl_svm_args *a, unsigned long request)
+{
+        size_t bytes = _IOC_SIZE(request);
+        uint64_t first, last;
+        int r;
+
+        if (bytes < sizeof(*a) || a->nattr > (bytes - sizeof(*a)) / sizeof(a->attrs[0]))
+                return -EINVAL;
+        if (a->size == 0 || a->start_addr % PAGE || a->size % PAGE)
+                return -EINVAL;
+        if (a->start_addr > UINT64_MAX - a->size)
+                return -EOVERFLOW;
+        if (a->op != KFD_IOCTL_SVM_OP_SET_ATTR && a->op != KFD_IOCTL_SVM_OP_GET_ATTR)
+                return -EINVAL;
+        /* the window is libhsakmt's BOs' */
+        if (a->start_addr < kb.window_base + kb.window_size && a->start_addr + a->size > kb.window_base)
+                return -EADDRINUSE;
+        first = a->start_addr / PAGE;
+        last = (a->start_addr + a->size) / PAGE - 1;
+        if (a->op == KFD_IOCTL_SVM_OP_GET_ATTR) {
+                pthread_mutex_lock(&kb.lock);
+                r = svm_book_get(&kb.svm, first, last, a->attrs, a->nattr, gpu_index);
+                pthread_mutex_unlock(&kb.lock);
+                return r;
+        }
+        {
+                /* the attributes first, so that a bad one changes nothing */
+                SvmBook scratch = {0};
+                r = svm_book_set(&scratch, first, first, a->attrs, a->nattr, gpu_index);
+                svm_book_free(&scratch);
+                if (r < 0)
+                        return r;
+        }
+        r = svm_substitute(a->start_addr, a->size);
+        if (r < 0) {
+                char why[300];
+                say(1, "SVM range 0x%llx+0x%llx: %s", (unsigned long long)a->start_addr,
+                    (unsigned long long)a->size, gm_strerror(kb.c, r, why, sizeof(why)));
+                return r == -EDQUOT ? -ENOMEM : r;
+        }
+        pthread_mutex_lock(&kb.lock);
+        r = svm_book_set(&kb.svm, first, last, a->attrs, a->nattr, gpu_index);
+        pthread_mutex_unlock(&kb.lock);
+        return r;
+}
+
+/* Is any page of [lo, hi) mapped in this process? (msync answers ENOMEM for a page that is not.) */
+static bool any_page_mapped(uint64_t lo, uint64_t hi)
+{
+        for (uint64_t p = lo; p < hi; p += PAGE)
+                if (msync((void *)(uintptr_t)p, PAGE, MS_ASYNC) == 0)
+                        return true;
+        return false;
+}
+
+/*
+ * The process unmaps [va, va + len) outside the window (HIP frees managed memory so): the attributes there
+ * go, and each substituted range of which no page stays mapped goes back to the daemon. Called before the
+ * unmapping, which the caller then does.
+ */
+static void svm_unmapped(uint64_t va, uint64_t len)
+{
+        uint64_t end = va + len;
+
+        for (;;) {
+                uint64_t free_va = 0;
+
+                pthread_mutex_lock(&kb.lock);
+                if (kb.n_svm_pages)
+                        (void)svm_book_drop(&kb.svm, va / PAGE, (end - 1) / PAGE);
+                for (size_t i = 0; i < kb.n_svm_pages && !free_va; i++) {
+                        struct SvmPages *p = &kb.svm_pages[i];
+                        uint64_t pend = p->va + p->size;
+                        if (p->va >= end || va >= pend)
+                                continue;
+                        /* what is left of it around the unmapped part */
+                        if (any_page_mapped(p->va, va > p->va ? va : p->va) ||
+                            any_page_mapped(end < pend ? end : pend, pend))
+                                continue;
+                        free_va = p->va;
+                        *p = kb.svm_pages[--kb.n_svm_pages];
+                }
+                pthread_mutex_unlock(&kb.lock);
+                if (!free_va)
+                        return;
+                /* the library's own munmap of it comes back here and finds it gone from the list */
+                (void)gm_mem_free(kb.c, (void *)(uintptr_t)free_va);
+        }
 }
 
 /* ---- queues -------------------------------------------------------------------------------------------- */
@@ -1127,6 +1298,10 @@ static int kfd_ioctl(unsigned long request, void *arg)
         default:
                 break;
         }
+        /* AMDKFD_IOC_SVM: its size is the attributes' too */
+        if (_IOC_TYPE(request) == AMDKFD_IOCTL_BASE && _IOC_NR(request) == _IOC_NR(AMDKFD_IOC_SVM) &&
+            _IOC_DIR(request) == (_IOC_READ | _IOC_WRITE))
+                return svm_ioctl(arg, request);
         /* outside the KFD's table: what the kernel answers (the debugger's probe among them) */
         if (_IOC_TYPE(request) != AMDKFD_IOCTL_BASE || _IOC_NR(request) < AMDKFD_COMMAND_START ||
             _IOC_NR(request) >= AMDKFD_COMMAND_END)

@@ -1,6 +1,9 @@
 /* HIP managed memory (hipMallocManaged) on the KFD model: advice, prefetch, range and pointer attributes, and
- * copies whose engine reaches the range through the SVM attributes HIP set. */
+ * copies whose engine reaches the range through the SVM attributes HIP set. With the argument "hold": it
+ * prints "holding" twice, while it holds the memory and after it freed it, each time waiting for a line on
+ * stdin (for a test that looks at the daemon meanwhile). */
 #include <hip/hip_runtime_api.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -10,8 +13,20 @@
 
 #define SIZE (8u << 20)
 
-int main(void)
+static int hold(bool wanted)
 {
+        char line[16];
+
+        if (!wanted)
+                return 0;
+        printf("holding\n");
+        fflush(stdout);
+        return fgets(line, sizeof(line), stdin) ? 0 : 1;
+}
+
+int main(int argc, char **argv)
+{
+        const bool holding = argc > 1 && strcmp(argv[1], "hold") == 0;
         uint8_t *m = NULL, *back = NULL;
         void *dev = NULL;
         hipPointerAttribute_t pa;
@@ -68,11 +83,13 @@ int main(void)
         REQUIRE_HIP(hipStreamSynchronize(s));
         REQUIRE(memcmp(back + 4096, m, 3 * 4096 + 5) == 0);
         printf("copies to and from managed memory: ok\n");
+        REQUIRE(hold(holding) == 0);
 
         REQUIRE_HIP(hipFree(dev));
         REQUIRE_HIP(hipStreamDestroy(s));
         REQUIRE_HIP(hipFree(m));
         REQUIRE_HIP(hipFree(back));
+        REQUIRE(hold(holding) == 0);
         printf("ok\n");
         return 0;
 }

@@ -16,6 +16,7 @@ PROGRAM = os.environ.get("HSAKMT_BROKER", "")
 HIP_PROGRAM = os.environ.get("HIP_BROKER", "")
 QUEUES_PROGRAM = os.environ.get("HSAKMT_QUEUES", "")
 HIP_COPY = os.environ.get("HIP_COPY", "")
+HIP_MANAGED = os.environ.get("HIP_MANAGED", "")
 VRAM = 32 << 30  # the gfx908 preset
 SIZE = 2 << 20
 
@@ -279,6 +280,53 @@ def test_hip_copy(tmp):
         notify.close()
 
 
+def test_hip_managed(tmp):
+    if not HIP_MANAGED:
+        return
+    daemon, notify, sock = start_daemon(tmp, "[class all]\nmatch-all = yes\n")
+    try:
+        env = dict(os.environ, LD_PRELOAD=KFD_LIB, GPUMEM_SOCKET=sock)
+        p = subprocess.Popen([HIP_MANAGED, "hold"], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+        seen = []
+
+        def until_holding():
+            while True:
+                line = p.stdout.readline()
+                if not line:
+                    return False
+                seen.append(line.rstrip("\n"))
+                if line.startswith("holding"):
+                    return True
+
+        ok = until_holding()
+        if not check(ok, "the HIP program holds its managed memory"):
+            p.kill()
+            print(p.communicate()[1][-2000:], file=sys.stderr)
+            return
+        c = client_of(sock, p.pid)
+        sizes = [a["size"] for a in allocations_of(sock, c["id"])] if c else []
+        check(sizes.count(8 << 20) >= 2, f"both 8 MiB managed ranges are the daemon's memory, listed: {sizes}")
+        host = c["host_bytes"] if c else 0
+        check(host >= 16 << 20, f"and charged to its class as host memory: {host}")
+        p.stdin.write("go\n")
+        p.stdin.flush()
+        ok = until_holding()
+        sizes = [a["size"] for a in allocations_of(sock, c["id"])] if c else []
+        check(ok and sizes.count(8 << 20) == 0, f"hipFree (an munmap) gives them back at once: {sizes}")
+        out, err = p.communicate("go\n", timeout=60)
+        lines = seen + out.splitlines()
+        check(p.returncode == 0 and "ok" in lines, f"hipMallocManaged through gpumemd: {lines!r} {err[-1500:]!r}")
+        for what in ("advice: preferred location and accessed-by: ok", "prefetch to the device and back: ok",
+                     "copies to and from managed memory: ok", "pointer attributes: managed"):
+            check(what in lines, what)
+        check("not served through gpumemd" not in err, f"everything HIP asks of the KFD is served: {err!r}")
+        check(wait_class_whole(sock, "all"), "its class is whole again")
+    finally:
+        stop(daemon)
+        notify.close()
+
+
 def test_hip_killed(tmp):
     if not HIP_PROGRAM:
         return
@@ -324,6 +372,11 @@ def test_no_daemon(tmp):
     out, err = p.communicate("", timeout=30)
     check(p.returncode != 0, "without a daemon the program fails")
     check(f"cannot reach gpumemd at {sock}" in err, f"and says which socket it tried: {err!r}")
+    if HIP_PROGRAM:
+        p = run_hip(sock)
+        out, err = p.communicate("", timeout=60)
+        check(p.returncode != 0, "without a daemon the HIP program fails")
+        check(f"cannot reach gpumemd at {sock}" in err, f"and says which socket it tried: {err!r}")
 
 
 if __name__ == "__main__":
@@ -340,7 +393,8 @@ if __name__ == "__main__":
         ("a class's queue limit", test_queue_limit),
         ("HIP: devices, memory info, hipMalloc and hipHostMalloc through gpumemd", test_hip),
         ("HIP: hipMemcpy, hipMemcpyAsync and hipHostRegister through gpumemd's queues", test_hip_copy),
+        ("HIP: hipMallocManaged, advice, prefetch and range attributes through gpumemd", test_hip_managed),
         ("HIP: killed with SIGKILL while it holds memory", test_hip_killed),
         ("HIP: a hipMalloc over the class's limit", test_hip_over_quota),
-        ("with no daemon, a clear error naming the socket", test_no_daemon),
+        ("with no daemon, a clear error naming the socket (libhsakmt and HIP)", test_no_daemon),
     ])

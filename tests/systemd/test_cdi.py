@@ -8,9 +8,10 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
-from gmtest import GPUMEMCTL, GPUMEMD, Notify, check, run_tests, stop  # noqa: E402
+from gmtest import GPUMEMCTL, GPUMEMD, Notify, check, ctl, run_tests, stop  # noqa: E402
 
 LABEL = r"[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?"
 KIND_RE = re.compile(rf"^{LABEL}(\.{LABEL})*/[A-Za-z0-9]([A-Za-z0-9_-]*[A-Za-z0-9])?$")
@@ -148,6 +149,11 @@ def test_rocm_spec(tmp):
     check(r.returncode != 0 and "none.so" in r.stderr and r.stdout == "", "a missing library is refused")
 
 
+def ctl_json(sock, *args):
+    r = ctl(sock, "--json", *args)
+    return json.loads(r.stdout) if r.returncode == 0 else None
+
+
 def test_rocm_in_mount_namespace(tmp):
     """The --rocm spec as a runtime applies it, with no /dev/kfd or /dev/dri: rocminfo, and the project's own
     libhsakmt and HIP programs with queues and copies, through the daemon."""
@@ -163,7 +169,11 @@ def test_rocm_in_mount_namespace(tmp):
                           "--container-path", "/run/gpumemd-cdi/gpumemd.sock").stdout)
     edits = spec["devices"][0]["containerEdits"]
     notify = Notify(os.path.join(tmp, "notify"))
-    daemon = subprocess.Popen([GPUMEMD, "--socket", host_sock, "--config", "/dev/null", "--model-preset", "gfx908"],
+    # one class for everyone, with room for the HIP programs but not for a 256 MiB hipMalloc
+    conf = os.path.join(tmp, "gpumemd.conf")
+    with open(conf, "w") as f:
+        f.write("[daemon]\nlog-level = notice\n[class all]\nmatch-all = yes\nvram = 200M\n")
+    daemon = subprocess.Popen([GPUMEMD, "--socket", host_sock, "--config", conf, "--model-preset", "gfx908"],
                               env=dict(os.environ, NOTIFY_SOCKET=notify.path), stderr=subprocess.PIPE, text=True)
     try:
         check(notify.wait("READY=1"), "daemon ready")
@@ -176,23 +186,57 @@ def test_rocm_in_mount_namespace(tmp):
             lines += [f'mkdir -p "$(dirname {m["containerPath"]})"', f'touch {m["containerPath"]}',
                       f'mount --bind {m["hostPath"]} {m["containerPath"]}',
                       f'mount -o remount,bind,{opts} {m["containerPath"]}']
-        def in_namespace(*argv):
+        def ns_argv(*argv):
             script = lines + [f'exec env -u GPUMEM_SOCKET -u LD_PRELOAD {" ".join(edits["env"])} {" ".join(argv)}']
-            return subprocess.run([unshare, "--mount", "--propagation", "private", "sh", "-c", "\n".join(script)],
-                                  capture_output=True, text=True, timeout=150)
+            return [unshare, "--mount", "--propagation", "private", "sh", "-c", "\n".join(script)]
+
+        def in_namespace(*argv, stdin=""):
+            return subprocess.run(ns_argv(*argv), input=stdin, capture_output=True, text=True, timeout=150)
 
         r = in_namespace(rocminfo)
         check(r.returncode == 0, f"rocminfo in the namespace runs through gpumemd: {r.returncode} {r.stderr[-800:]}")
         check(any(ln.split() == ["Name:", "gfx908"] for ln in r.stdout.splitlines()), "and sees the daemon's GPU")
-        for env_name, argv, what in (("HSAKMT_QUEUES", ["broker"], "libhsakmt's PM4 and SDMA queues"),
-                                     ("HIP_COPY", ["broker"], "HIP's copies and registered memory")):
+        vram = str(32 << 30)
+        for env_name, argv, what in (
+                ("HSAKMT_QUEUES", ["broker"], "libhsakmt's PM4 and SDMA queues"),
+                ("HIP_COPY", ["broker"], "HIP's copies, streams and registered memory"),
+                ("HIP_MANAGED", [], "HIP's managed memory, advice, prefetch, range and pointer attributes"),
+                ("HIP_BROKER", ["gfx908", vram, "120"], "HIP's device and pinned memory and memory info"),
+                ("HIP_BROKER", ["gfx908", vram, "120", "over", str(256 << 20)], "an over-quota hipMalloc")):
             prog = os.environ.get(env_name, "")
             if not prog:
                 print(f"  ({what}: not built)", file=sys.stderr)
                 continue
-            r = in_namespace(prog, *argv)
-            check(r.returncode == 0 and "ok" in r.stdout.splitlines(),
+            r = in_namespace(prog, *argv, stdin="go\n")
+            out = r.stdout.splitlines()
+            check(r.returncode == 0 and ("ok" in out or "over quota refused" in out),
                   f"{what} in the namespace through gpumemd: {r.returncode} {r.stdout[-400:]!r} {r.stderr[-800:]!r}")
+        prog = os.environ.get("HIP_BROKER", "")
+        if prog:
+            # killed with SIGKILL while it holds memory: listed while it runs, nothing of it after
+            p = subprocess.Popen(ns_argv(prog, "gfx908", vram, "120"), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True)
+            line = ""
+            while not line.startswith("holding"):
+                line = p.stdout.readline()
+                if not line:
+                    break
+            listed = ctl_json(host_sock, "clients")
+            mine = [c for c in listed["clients"] if c["pid"] == p.pid] if listed else []
+            check(line.startswith("holding") and len(mine) == 1 and mine[0]["name"] == "hip-broker",
+                  f"the HIP process in the namespace is a client of gpumemd: {mine}")
+            p.kill()
+            p.communicate(timeout=30)
+            deadline = time.monotonic() + 10
+            gone = False
+            while time.monotonic() < deadline and not gone:
+                listed = ctl_json(host_sock, "clients")
+                allocs = ctl_json(host_sock, "allocations")
+                gone = (listed is not None and allocs is not None and
+                        not [c for c in listed["clients"] if c["pid"] == p.pid] and
+                        not [a for a in allocs["allocations"] if mine and a["client_id"] == mine[0]["id"]])
+                time.sleep(0.05)
+            check(gone, "killed with SIGKILL, it leaves nothing in the daemon")
     finally:
         stop(daemon)
         notify.close()
