@@ -225,6 +225,9 @@ def test_rocm_in_mount_namespace(tmp):
             mine = [c for c in listed["clients"] if c["pid"] == p.pid] if listed else []
             check(line.startswith("holding") and len(mine) == 1 and mine[0]["name"] == "hip-broker",
                   f"the HIP process in the namespace is a client of gpumemd: {mine}")
+            allocs = ctl_json(host_sock, "allocations")
+            held = [a["size"] for a in allocs["allocations"] if mine and a["client_id"] == mine[0]["id"]] if allocs else []
+            check(64 << 20 in held and 8 << 20 in held, f"gpumemctl allocations lists its memory: {held}")
             p.kill()
             p.communicate(timeout=30)
             deadline = time.monotonic() + 10
