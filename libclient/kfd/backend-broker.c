@@ -98,9 +98,12 @@ static struct {
         } * svm_pages;
         size_t n_svm_pages, cap_svm_pages;
         SvmBook svm;
+        /* around each SVM call and each unmapping of a substituted range, held across the daemon's calls so
+         * that two threads never substitute the same pages (recursive: a free's own munmap comes back) */
+        pthread_mutex_t svm_lock;
         pid_t owner; /* the process the connection and the topology directory are of */
         bool forked; /* this is a child of that process (its KFD is its parent's, as after fork) */
-} kb = {.lock = PTHREAD_MUTEX_INITIALIZER};
+} kb = {.lock = PTHREAD_MUTEX_INITIALIZER, .svm_lock = PTHREAD_RECURSIVE_MUTEX_INITIALIZER_NP};
 
 static void say(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
@@ -1095,7 +1098,19 @@ static int svm_substitute(uint64_t va, uint64_t size)
         return 0;
 }
 
+static int svm_call(struct kfd_ioctl_svm_args *a, unsigned long request);
+
 static int svm_ioctl(struct kfd_ioctl_svm_args *a, unsigned long request)
+{
+        int r;
+
+        pthread_mutex_lock(&kb.svm_lock);
+        r = svm_call(a, request);
+        pthread_mutex_unlock(&kb.svm_lock);
+        return r;
+}
+
+static int svm_call(struct kfd_ioctl_svm_args *a, unsigned long request)
 {
         size_t bytes = _IOC_SIZE(request);
         uint64_t first, last;
@@ -1159,6 +1174,7 @@ static void svm_unmapped(uint64_t va, uint64_t len)
 {
         uint64_t end = va + len;
 
+        pthread_mutex_lock(&kb.svm_lock);
         for (;;) {
                 uint64_t free_va = 0;
 
@@ -1179,10 +1195,11 @@ static void svm_unmapped(uint64_t va, uint64_t len)
                 }
                 pthread_mutex_unlock(&kb.lock);
                 if (!free_va)
-                        return;
+                        break;
                 /* the library's own munmap of it comes back here and finds it gone from the list */
                 (void)gm_mem_free(kb.c, (void *)(uintptr_t)free_va);
         }
+        pthread_mutex_unlock(&kb.svm_lock);
 }
 
 /* ---- queues -------------------------------------------------------------------------------------------- */
