@@ -327,6 +327,10 @@ static void client_interrupt(void *arg, const DriverInterrupt *irq)
 
 void broker_client_set_interrupt(BrokerClient *c, void (*fn)(void *arg), void *arg)
 {
+        /* no more calls to the old target: the driver is told first, under its own lock, so that none is
+         * in flight once this returns */
+        if (!fn && c->own_ctx && c->ctx)
+                (void)driver_ctx_set_interrupt(c->b->drv, c->ctx, NULL, NULL);
         c->irq_fn = fn;
         c->irq_arg = arg;
 }
@@ -2910,11 +2914,15 @@ int broker_event_interrupt(BrokerClient *c)
 /* ---- user-mode queues -------------------------------------------------------------------------------- */
 
 /* Is [va, va+size) inside one object of this client's that the GPU reaches? */
+/* Is [va, va+size) inside one object of this client's that the GPU reaches from the client's context? (Host
+ * memory that is not GTT is registered in the daemon's own context, which a client context does not see.) */
 static bool queue_memory(const BrokerClient *c, uint64_t va, uint64_t size)
 {
         const Obj *o = obj_at(c, va);
 
-        return o && o->mem && size && size <= o->size && va - o->va <= o->size - size;
+        if (!o || !o->mem || !size || size > o->size || va - o->va > o->size - size)
+                return false;
+        return !(c->own_ctx && o->kind == BROKER_KIND_HOST && !(o->flags & BROKER_FLAG_GTT));
 }
 
 static int check_queue_memory(const BrokerClient *c, const char *what, uint64_t va, uint64_t size,

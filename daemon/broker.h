@@ -335,7 +335,8 @@ bool broker_event_memory_fault(const BrokerClient *c, uint32_t id, EventsMemoryF
 /*
  * GPU interrupts for the client's events (queues it runs that signal an event) reach @fn(@arg), on the
  * driver's thread with its locks held: @fn only hands the news to the client's own thread, which then calls
- * broker_event_interrupt() under the client's lock. Set before the client's first memory or queue op.
+ * broker_event_interrupt() under the client's lock. Set before the client's first memory or queue op; NULL
+ * once @arg goes (the client's books may outlive it, torn down in slices): no call is made after that.
  */
 void broker_client_set_interrupt(BrokerClient *c, void (*fn)(void *arg), void *arg);
 /* Signal events whose slot in the event page the GPU wrote: acknowledged as KFD does (the slot back to

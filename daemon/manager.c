@@ -201,6 +201,10 @@ static void host_gone(Conn *c, bool killed)
 static void host_teardown(Conn *c)
 {
         events_conn_gone(c); /* its waits refer to its books */
+        /* its GPU context may run on (in slices below) after the connection is freed: no more interrupts
+         * for it */
+        if (c->broker)
+                broker_client_set_interrupt(c->broker, NULL, NULL);
         /* objects first (they live in the window), then the window itself; a client with many objects goes
          * in slices between other clients' requests */
         if (c->broker && broker_client_records(c->broker) > MANAGER_TEARDOWN_SLICE &&

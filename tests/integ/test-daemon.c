@@ -767,6 +767,9 @@ static void test_queues(void)
                 bad = d;
                 bad.kind = GM_KIND_DEVICE;
                 CHECK_EQ(gm_malloc_desc(c, &bad, &p), -EINVAL);
+                bad = d;
+                bad.numa_node = 0; /* the driver places GTT pages */
+                CHECK_EQ(gm_malloc_desc(c, &bad, &p), -EINVAL);
         }
         uint32_t *ring = (uint32_t *)mem;
         uint64_t *rptr = (uint64_t *)(mem + 4096), *wptr = rptr + 1;
@@ -796,6 +799,14 @@ static void test_queues(void)
                 bad = q;
                 bad.gpu_id = 12345;
                 CHECK_EQ(gm_queue_create(c, &bad, &id, &db), -ENODEV);
+                /* host memory that is not GTT lives in the daemon's context, which no queue of the client's
+                 * reaches */
+                void *plain = NULL;
+                CHECK_EQ(gm_host_malloc(c, 64 << 10, 0, -1, 0, &plain), 0);
+                bad = q;
+                bad.ring_va = (uintptr_t)plain;
+                CHECK_EQ(gm_queue_create(c, &bad, &id, &db), -EFAULT);
+                CHECK_EQ(gm_mem_free(c, plain), 0);
                 CHECK_EQ(gm_queue_destroy(c, 77), -EINVAL);
                 CHECK_EQ(gm_queue_update(c, 77, 0, 0, 100, 7), -EINVAL);
                 CHECK_EQ(daemon_state(&dmn, &now), 0);
