@@ -2940,6 +2940,7 @@ static int check_queue_memory(const BrokerClient *c, const char *what, uint64_t 
 int broker_queue_create(BrokerClient *c, const DriverQueueArgs *q, uint32_t *ret_id, uint64_t *ret_doorbell,
                         Reason *w)
 {
+        DriverQueueArgs qa;
         DriverCtx *ctx;
         uint32_t id;
         uint64_t db;
@@ -2963,6 +2964,20 @@ int broker_queue_create(BrokerClient *c, const DriverQueueArgs *q, uint32_t *ret
             (r = check_queue_memory(c, "CWSR area", q->ctx_save_va, q->ctx_save_size ? q->ctx_save_size : 4,
                                     true, w)) < 0)
                 return r;
+        qa = *q;
+        qa.wptr_fd = -1;
+        if (driver_has(c->b->drv, DRIVER_CAP_DOORBELL_RELAY)) {
+                /* the daemon rings the doorbell from the write pointer: it must be able to read it */
+                const Obj *o = obj_at(c, q->wptr_va);
+                if (!o || o->memfd < 0 || (q->wptr_va & 7))
+                        return reason_set(
+                                w, -EFAULT,
+                                "the queue's write pointer 0x%llx is no aligned host memory of this "
+                                "client's: the daemon reads it to ring the queue's doorbell",
+                                (unsigned long long)q->wptr_va);
+                qa.wptr_fd = o->memfd;
+                qa.wptr_fd_offset = q->wptr_va - o->va;
+        }
         if (c->n_queues == c->cap_queues) {
                 size_t cap = c->cap_queues ? c->cap_queues * 2 : 8;
                 BrokerQueue *more = realloc(c->queues, cap * sizeof(*more));
@@ -2977,7 +2992,7 @@ int broker_queue_create(BrokerClient *c, const DriverQueueArgs *q, uint32_t *ret
         r = charge_take(c, &(Charge){.objects = 1, .queues = 1}, w);
         if (r < 0)
                 return r;
-        r = driver_queue_create(c->b->drv, ctx, q, &id, &db);
+        r = driver_queue_create(c->b->drv, ctx, &qa, &id, &db);
         if (r < 0) {
                 charge_give(c, &(Charge){.objects = 1, .queues = 1});
                 return reason_set(w, r,

@@ -3,12 +3,14 @@
 
 #include <errno.h>
 #include <pthread.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include <amdgpu_drm.h>
 
+#include "doorbell-relay.h"
 #include "kfd-compat.h"
 #include "model.h"
 #include "thunk.h"
@@ -40,7 +42,8 @@ typedef struct KfdDriver {
         IrqHook *hooks;
         ThunkDevice *dev;
         ThunkContext *primary;
-        ThunkModel *model; /* NULL on the kernel */
+        ThunkModel *model;    /* NULL on the kernel */
+        DoorbellRelay *relay; /* rings the queues' doorbells: on the kernel, and on a model with doorbells */
 } KfdDriver;
 
 /* The driver's handles are the thunk's own objects, passed through as opaque pointers. */
@@ -95,6 +98,7 @@ static Driver *k_close(Driver *d)
 {
         KfdDriver *k = kfd(d);
 
+        doorbell_relay_free(k->relay); /* before the contexts' doorbells are unmapped */
         thunk_device_close(k->dev);
         while (k->hooks) {
                 IrqHook *h = k->hooks;
@@ -135,6 +139,8 @@ static unsigned k_caps(const Driver *d)
          * out of one file per GPU; the kernel's BOs cost no fd */
         if (k->model)
                 c |= DRIVER_CAP_FD_PER_SHARED_BUFFER | DRIVER_CAP_TEST_FAULTS | DRIVER_CAP_BACKEND_STATS;
+        if (k->relay)
+                c |= DRIVER_CAP_DOORBELL_RELAY;
         return c;
 }
 
@@ -207,7 +213,9 @@ static IrqHook *hook_take(KfdDriver *k, ThunkContext *ctx)
 
 static void k_ctx_free(Driver *d, DriverCtx *ctx)
 {
-        /* the context's end stops its interrupts: its hook goes after it */
+        /* the relay lets go of the context's doorbells before they are unmapped; the context's end stops
+         * its interrupts: its hook goes after it */
+        doorbell_relay_remove_owner(kfd(d)->relay, ctx);
         thunk_context_free(tctx(ctx));
         free(hook_take(kfd(d), tctx(ctx)));
 }
@@ -466,24 +474,41 @@ static int k_test_faults(Driver *d, const char *path, char *errbuf, size_t errle
         return r < 0 ? r : n;
 }
 
-_Static_assert(sizeof(DriverQueueArgs) == sizeof(ThunkQueueArgs), "queue args layout");
+/* the thunk's queue arguments are the seam's, up to the write pointer's file */
+_Static_assert(offsetof(DriverQueueArgs, wptr_fd) == sizeof(ThunkQueueArgs), "queue args layout");
 _Static_assert((int)DRIVER_QUEUE_COMPUTE_AQL == (int)THUNK_QUEUE_COMPUTE_AQL, "queue type");
 _Static_assert((int)DRIVER_QUEUE_SDMA_XGMI == (int)THUNK_QUEUE_SDMA_XGMI, "queue type");
 
 static int k_queue_create(Driver *d, DriverCtx *ctx, const DriverQueueArgs *q, uint32_t *ret_id,
                           uint64_t *ret_doorbell_offset)
 {
+        KfdDriver *k = kfd(d);
         ThunkQueueArgs t;
+        volatile uint64_t *db;
+        int r;
 
-        (void)d;
+        if (k->relay && q->wptr_fd < 0)
+                return -EFAULT; /* the broker passes the write pointer's file (DRIVER_CAP_DOORBELL_RELAY) */
         memcpy(&t, q, sizeof(t));
-        return thunk_queue_create(tctx(ctx), &t, ret_id, ret_doorbell_offset);
+        r = thunk_queue_create(tctx(ctx), &t, ret_id, ret_doorbell_offset);
+        if (r < 0 || !k->relay)
+                return r;
+        r = thunk_queue_doorbell(tctx(ctx), q->gpu_id, *ret_doorbell_offset, &db);
+        if (r == 0)
+                r = doorbell_relay_add(k->relay, ctx, *ret_id, q->wptr_fd, q->wptr_fd_offset, db,
+                                       q->type == DRIVER_QUEUE_COMPUTE_AQL);
+        if (r < 0)
+                (void)thunk_queue_destroy(tctx(ctx), *ret_id);
+        return r;
 }
 
 static int k_queue_destroy(Driver *d, DriverCtx *ctx, uint32_t id)
 {
-        (void)d;
-        return thunk_queue_destroy(tctx(ctx), id);
+        int r = thunk_queue_destroy(tctx(ctx), id);
+
+        /* a queue the kernel no longer knows is not rung either way */
+        doorbell_relay_remove(kfd(d)->relay, ctx, id);
+        return r;
 }
 
 static int k_queue_update(Driver *d, DriverCtx *ctx, uint32_t id, uint64_t ring_va, uint64_t ring_size,
@@ -584,6 +609,7 @@ int driver_kfd_open(const DriverKfdOptions *o, Driver **ret, char *errbuf, size_
                 .backend = o->model ? THUNK_BACKEND_MODEL : THUNK_BACKEND_KFD,
                 .topology_root = o->topology_root,
                 .model_kfd_minor = o->model ? o->model_kfd_minor : 0,
+                .model_doorbells = o->model && o->model_doorbells,
         };
         KfdDriver *k = calloc(1, sizeof(*k));
         int r;
@@ -599,6 +625,14 @@ int driver_kfd_open(const DriverKfdOptions *o, Driver **ret, char *errbuf, size_
         pthread_mutex_init(&k->hooks_lock, NULL);
         k->primary = thunk_device_primary_context(k->dev);
         k->model = thunk_device_model(k->dev);
+        if (!k->model || o->model_doorbells) {
+                r = doorbell_relay_new(&k->relay);
+                if (r < 0) {
+                        snprintf(errbuf, errlen, "cannot start the doorbell relay: %s", strerror(-r));
+                        k_close(&k->base);
+                        return r;
+                }
+        }
         *ret = &k->base;
         return 0;
 }
@@ -611,8 +645,10 @@ static int open_kernel(const DriverOpenArgs *a, Driver **ret, char *errbuf, size
 
 static int open_model(const DriverOpenArgs *a, Driver **ret, char *errbuf, size_t errlen)
 {
-        DriverKfdOptions o = {
-                .model = true, .topology_root = a->topology_root, .model_kfd_minor = a->model_kfd_minor};
+        DriverKfdOptions o = {.model = true,
+                              .topology_root = a->topology_root,
+                              .model_kfd_minor = a->model_kfd_minor,
+                              .model_doorbells = true};
         return driver_kfd_open(&o, ret, errbuf, errlen);
 }
 

@@ -11,6 +11,9 @@ typedef struct DriverKfdOptions {
         bool model;                /* the built-in KFD model instead of /dev/kfd */
         const char *topology_root; /* the KFD sysfs topology, or the model preset's directory; NULL: sysfs */
         uint32_t model_kfd_minor;  /* the KFD ABI minor version the model reports (0: its newest) */
+        /* the model's queues run up to their doorbells, as the kernel's do, and the driver rings them from
+         * the write pointers as it must on the kernel (DRIVER_CAP_DOORBELL_RELAY) */
+        bool model_doorbells;
 } DriverKfdOptions;
 
 /* Open the device: topology, KFD version, apertures, a GPU VM on every GPU. @errbuf gets the reason. */

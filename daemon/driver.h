@@ -35,7 +35,16 @@ enum {
         DRIVER_CAP_TEST_FAULTS = 1u << 5,          /* driver_test_faults() */
         DRIVER_CAP_BACKEND_STATS = 1u << 6,        /* driver_stats() */
         DRIVER_CAP_THREADED_SVM = 1u << 7, /* driver_svm_set/get may run on any thread, beside other calls */
+        DRIVER_CAP_DOORBELL_RELAY = 1u
+                                    << 8, /* it rings queues' doorbells itself, from their write pointers */
 };
+
+/*
+ * DRIVER_CAP_DOORBELL_RELAY: a queue's doorbell can be rung only from the daemon (only the process that owns
+ * a KFD context maps its doorbells), so the driver watches each queue's write pointer and rings the doorbell
+ * when it moves (doorbell-relay.h). The broker then passes the write pointer's memory as a file of the
+ * daemon's (DriverQueueArgs.wptr_fd), which must exist: host memory.
+ */
 
 /*
  * DRIVER_CAP_FD_PER_SHARED_BUFFER: the driver holds an fd in the daemon for each buffer that can be shared:
@@ -131,6 +140,10 @@ typedef struct DriverQueueArgs {
         uint64_t rptr_va, wptr_va;
         uint64_t eop_va, eop_size;
         uint64_t ctx_save_va, ctx_save_size, ctl_stack_size;
+        /* DRIVER_CAP_DOORBELL_RELAY: the write pointer as a file of the daemon's and its offset there
+         * (borrowed for the call; -1 otherwise) */
+        int wptr_fd;
+        uint64_t wptr_fd_offset;
 } DriverQueueArgs;
 
 /* A context's GPU interrupt (driver_ctx_set_interrupt). */

@@ -164,7 +164,7 @@ unsigned int model_aql_run(ModelEngine *e)
         uint64_t slots = q->ring_size / AQL_PACKET_SIZE, rd, wr;
         unsigned int done = 0;
 
-        if (slots == 0 || model_vm_load64(e, q->rptr, &rd) < 0 || model_vm_load64(e, q->wptr, &wr) < 0)
+        if (slots == 0 || model_vm_load64(e, q->rptr, &rd) < 0 || model_queue_wptr(e, &wr) < 0)
                 return 0;
         while (rd < wr && done < slots && done < MODEL_ENGINE_PACKETS) {
                 uint64_t at = q->ring_base + (rd % slots) * AQL_PACKET_SIZE, sig;

@@ -62,6 +62,11 @@ int model_vm_atomic(ModelEngine *e, uint64_t va, unsigned int op, uint64_t src, 
 
 /* ---- model-queue.c: what engines raise ---- */
 
+/* How far the producer says the queue's ring is written, as the engine sees it: the write pointer in
+ * memory, or in doorbell mode what the queue's doorbell was last rung with (AQL: the last packet's id + 1;
+ * SDMA bytes, PM4 dwords). 0, or -EFAULT with a VM fault recorded in @e. */
+int model_queue_wptr(ModelEngine *e, uint64_t *ret);
+
 /* An interrupt carrying @partial_id with @valid_bits significant bits, as kfd_signal_event_interrupt()
  * takes it: the event whose slot is signalled, else every signalled slot. */
 void model_event_interrupt(ThunkModel *m, ModelCtx *ctx, uint32_t partial_id, unsigned int valid_bits);

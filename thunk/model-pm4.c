@@ -208,7 +208,7 @@ unsigned int model_pm4_run(ModelEngine *e)
         uint64_t ring_dwords = q->ring_size / 4, wptr, target;
         unsigned int done = 0;
 
-        if (ring_dwords == 0 || model_vm_load64(e, q->wptr, &wptr) < 0)
+        if (ring_dwords == 0 || model_queue_wptr(e, &wptr) < 0)
                 return 0;
         target = wptr % ring_dwords;
         q->hw_rptr %= ring_dwords;

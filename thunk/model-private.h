@@ -155,6 +155,7 @@ typedef struct ModelPdd {
         uint64_t tba; /* trap handler base and buffer (SET_TRAP_HANDLER) */
         uint64_t tma;
         uint64_t doorbell_off; /* device-memfd offset of this context's doorbell slice + 1; 0 = none yet */
+        volatile uint64_t *doorbells; /* the model's view of that slice (doorbell mode only), or NULL */
 } ModelPdd;
 
 typedef struct ModelEvent {
@@ -184,6 +185,7 @@ typedef struct ModelQueue {
         bool in_ib;
         uint32_t poll_tries; /* unsuccessful looks of a poll packet with a finite retry count */
         bool stopped;        /* a GPU VM fault or an illegal packet stopped it for good */
+        uint32_t db_slot;    /* its doorbell: 8-byte slot in its GPU's slice of the context's doorbells */
 } ModelQueue;
 
 /* The signal page of a context: the slots the GPU writes an event id into before it interrupts. */
@@ -256,6 +258,7 @@ struct ThunkModel {
         int64_t ttm_used;
         bool xnack_default;
         bool file_per_buffer; /* every buffer with memory gets a file of its own at allocation */
+        bool doorbells;       /* the engines run up to the doorbells, not the write pointers */
         uint64_t next_mmap_offset;
         ModelBuf *bufs;
         uint64_t n_bufs;

@@ -69,9 +69,38 @@ static int ctx_doorbell(ThunkModel *m, ModelCtx *c, int g, uint64_t *ret_off)
                 r = dev_alloc(m, MODEL_DOORBELL_SLICE, &off);
                 if (r < 0)
                         return r;
+                if (m->doorbells) {
+                        /* what the engines read: the pages the process's doorbell mappings write */
+                        void *p = mmap(NULL, MODEL_DOORBELL_SLICE, PROT_READ | PROT_WRITE, MAP_SHARED,
+                                       m->anchor, (off_t)off);
+                        if (p == MAP_FAILED) {
+                                r = -errno;
+                                dev_release(m, off, MODEL_DOORBELL_SLICE);
+                                return r;
+                        }
+                        pdd->doorbells = p;
+                }
                 pdd->doorbell_off = off + 1;
         }
         *ret_off = pdd->doorbell_off - 1;
+        return 0;
+}
+
+int model_queue_wptr(ModelEngine *e, uint64_t *ret)
+{
+        const ModelQueue *q = e->q;
+        const volatile uint64_t *db = e->ctx->pdd[q->gpu].doorbells;
+        uint64_t v;
+
+        if (!e->m->doorbells)
+                return model_vm_load64(e, q->wptr, ret);
+        if (!db) {
+                *ret = 0;
+                return 0;
+        }
+        v = __atomic_load_n(&db[q->db_slot], __ATOMIC_ACQUIRE);
+        /* an AQL doorbell holds the id of the last packet written: unrung (UINT64_MAX) is nothing */
+        *ret = q->type == KFD_IOC_QUEUE_TYPE_COMPUTE_AQL ? v + 1 : v;
         return 0;
 }
 
@@ -540,8 +569,14 @@ int model_kfd_create_queue(Call *c)
                                                     .wptr = a->write_pointer_address,
                                                     .percentage = a->queue_percentage,
                                                     .priority = a->queue_priority,
+                                                    .db_slot = id,
                                                     /* after a VM fault the process's queues stay evicted */
                                                     .stopped = ctx->vm_fault};
+        /* a new queue's doorbell is unrung: nothing written yet */
+        if (ctx->pdd[g].doorbells)
+                __atomic_store_n(&ctx->pdd[g].doorbells[id],
+                                 a->queue_type == KFD_IOC_QUEUE_TYPE_COMPUTE_AQL ? UINT64_MAX : 0,
+                                 __ATOMIC_RELEASE);
         m->n_queues++;
         pthread_cond_broadcast(&m->cp_cond);
         a->queue_id = id;
@@ -605,6 +640,9 @@ void model_ctx_release_queues(ThunkModel *m, ModelCtx *c)
         event_page_release(m, c);
         for (size_t g = 0; g < m->n_gpus; g++)
                 if (c->pdd[g].doorbell_off) {
+                        if (c->pdd[g].doorbells)
+                                munmap((void *)(uintptr_t)c->pdd[g].doorbells, MODEL_DOORBELL_SLICE);
+                        c->pdd[g].doorbells = NULL;
                         dev_release(m, c->pdd[g].doorbell_off - 1, MODEL_DOORBELL_SLICE);
                         c->pdd[g].doorbell_off = 0;
                 }

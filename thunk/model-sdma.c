@@ -247,7 +247,7 @@ unsigned int model_sdma_run(ModelEngine *e)
         unsigned int done = 0;
         uint64_t wptr;
 
-        if (q->ring_size < 4 || model_vm_load64(e, q->wptr, &wptr) < 0)
+        if (q->ring_size < 4 || model_queue_wptr(e, &wptr) < 0)
                 return 0;
         while (done < MODEL_ENGINE_PACKETS && e->budget) {
                 SdmaSrc s = {.ring_size = q->ring_size};

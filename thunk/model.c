@@ -746,6 +746,7 @@ int thunk_model_new(const ThunkTopology *topo, const ThunkModelOptions *opts, Th
         m->minor = o.kfd_minor;
         m->xnack_default = o.xnack_enabled;
         m->file_per_buffer = o.file_per_buffer;
+        m->doorbells = o.doorbells;
         m->next_mmap_offset = MODEL_MMAP_BASE;
         for (size_t i = 0; i < topo->n_nodes; i++) {
                 const ThunkNode *n = &topo->nodes[i];

@@ -41,6 +41,12 @@ typedef struct ThunkModelOptions {
          * instead of carving those that are not host visible out of their GPU's backing file. For callers
          * that export buffers they keep mapped and that are not host visible (docs/thunk-model.md). */
         bool file_per_buffer;
+        /* The engines take a queue's write pointer from its doorbell, as the hardware does: what a
+         * process writes to the doorbell page is what they run up to (for an AQL queue, the id of the
+         * last packet written; for SDMA and PM4, the write pointer itself), and a write pointer that
+         * moved in memory without a doorbell is not seen. Off: they look at the write pointers in memory
+         * (a doorbell write is then not needed). */
+        bool doorbells;
 } ThunkModelOptions;
 
 /* Counters that tests compare before and after an operation: equal means nothing leaked. */

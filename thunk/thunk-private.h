@@ -45,6 +45,7 @@ struct ThunkContext {
         int kfd_fd;
         int *render_fds;        /* indexed like dev->gpus */
         ThunkGemRefs *gem_refs; /* indexed like dev->gpus */
+        void **doorbells;       /* indexed like dev->gpus: the mapped doorbell slice, or NULL */
         ThunkBo *bos;
         ThunkGemMapping *gem_maps;
         /* Around bos, gem_maps and gem_refs: the context's callers may be on several threads (a shared
@@ -72,6 +73,8 @@ struct ThunkGemMapping {
 
 /* Index of @gpu_id in dev->gpus, or -ENODEV. */
 int thunk_gpu_index(const ThunkDevice *d, uint32_t gpu_id);
+/* thunk-queue.c: unmaps the context's doorbell slices (before its kfd fd closes) */
+void thunk_context_unmap_doorbells(ThunkContext *c);
 
 static inline int thunk_ioctl(ThunkDevice *d, int fd, unsigned long request, void *arg)
 {

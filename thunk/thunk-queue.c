@@ -1,6 +1,8 @@
 /* The thunk's user-mode queues (CREATE/DESTROY/UPDATE_QUEUE) and the context's interrupt hook. */
 #include <errno.h>
+#include <pthread.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "kfd-compat.h"
 #include "model.h"
@@ -52,6 +54,48 @@ int thunk_queue_destroy(ThunkContext *c, uint32_t queue_id)
         if (!c)
                 return -EINVAL;
         return thunk_ioctl(c->dev, c->kfd_fd, AMDKFD_IOC_DESTROY_QUEUE, &a);
+}
+
+/* A process's doorbell slice on a SOC15 GPU: 1024 queues x 8-byte doorbells (kfd_doorbell_process_slice) */
+#define THUNK_DOORBELL_SLICE 8192ULL
+
+int thunk_queue_doorbell(ThunkContext *c, uint32_t gpu_id, uint64_t doorbell_offset, volatile uint64_t **ret)
+{
+        const ThunkNode *n;
+        int i, r = 0;
+
+        if (!c || !ret)
+                return -EINVAL;
+        i = thunk_gpu_index(c->dev, gpu_id);
+        n = i < 0 ? NULL : thunk_topology_gpu_by_index(c->dev->topo, (size_t)i);
+        if (!n)
+                return -ENODEV;
+        if (n->gfx_target_version < 90000)
+                return -EOPNOTSUPP; /* 32-bit doorbells, placed by queue id */
+        pthread_mutex_lock(&c->lock);
+        if (!c->doorbells[i]) {
+                void *p = NULL;
+
+                r = c->dev->seam.ops->mmap(c->dev->seam.impl, NULL, THUNK_DOORBELL_SLICE,
+                                           PROT_READ | PROT_WRITE, MAP_SHARED, c->kfd_fd,
+                                           doorbell_offset & ~(THUNK_DOORBELL_SLICE - 1), &p);
+                if (r == 0)
+                        c->doorbells[i] = p;
+        }
+        if (r == 0)
+                *ret = (volatile uint64_t *)((char *)c->doorbells[i] +
+                                             (doorbell_offset & (THUNK_DOORBELL_SLICE - 1) & ~7ULL));
+        pthread_mutex_unlock(&c->lock);
+        return r;
+}
+
+void thunk_context_unmap_doorbells(ThunkContext *c)
+{
+        for (size_t i = 0; c->doorbells && i < c->dev->n_gpus; i++) {
+                if (c->doorbells[i])
+                        munmap(c->doorbells[i], THUNK_DOORBELL_SLICE);
+                c->doorbells[i] = NULL;
+        }
 }
 
 int thunk_queue_update(ThunkContext *c, uint32_t queue_id, uint64_t ring_va, uint64_t ring_size,

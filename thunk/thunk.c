@@ -88,11 +88,13 @@ static void context_destroy(ThunkContext *c)
 {
         if (!c)
                 return;
+        thunk_context_unmap_doorbells(c);
         context_close_fds(c);
         thunk_context_drop_objects(c);
         pthread_mutex_destroy(&c->lock);
         free(c->render_fds);
         free(c->gem_refs);
+        free(c->doorbells);
         free(c);
 }
 
@@ -108,9 +110,11 @@ static int context_alloc(ThunkDevice *d, bool primary, ThunkContext **ret)
         c->kfd_fd = -1;
         c->render_fds = calloc(d->n_gpus ? d->n_gpus : 1, sizeof(*c->render_fds));
         c->gem_refs = calloc(d->n_gpus ? d->n_gpus : 1, sizeof(*c->gem_refs));
-        if (!c->render_fds || !c->gem_refs) {
+        c->doorbells = calloc(d->n_gpus ? d->n_gpus : 1, sizeof(*c->doorbells));
+        if (!c->render_fds || !c->gem_refs || !c->doorbells) {
                 free(c->render_fds);
                 free(c->gem_refs);
+                free(c->doorbells);
                 free(c);
                 return -ENOMEM;
         }
@@ -398,6 +402,7 @@ int thunk_device_open(const ThunkOptions *opts, ThunkDevice **ret, char *errbuf,
                 ThunkModelOptions mo = {0};
 
                 mo.kfd_minor = opts->model_kfd_minor;
+                mo.doorbells = opts->model_doorbells;
                 r = thunk_model_new(d->topo, &mo, &d->model);
                 if (r < 0) {
                         set_error(errbuf, errlen, r, "cannot create the KFD model on %s: %s", d->topo->root,

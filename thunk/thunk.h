@@ -25,6 +25,7 @@ typedef struct ThunkOptions {
         const char
                 *topology_root;   /* KFD: sysfs topology dir (NULL = default); MODEL: the preset's tree dir */
         uint32_t model_kfd_minor; /* MODEL: reported KFD minor, 0 = model default */
+        bool model_doorbells;     /* MODEL: queues run up to their doorbells (ThunkModelOptions.doorbells) */
 } ThunkOptions;
 
 typedef struct ThunkDevice ThunkDevice;
@@ -265,6 +266,14 @@ typedef struct ThunkQueueArgs {
 int thunk_queue_create(ThunkContext *c, const ThunkQueueArgs *q, uint32_t *ret_id,
                        uint64_t *ret_doorbell_offset);
 int thunk_queue_destroy(ThunkContext *c, uint32_t queue_id);
+/*
+ * The doorbell of the queue CREATE_QUEUE answered with @doorbell_offset on GPU @gpu_id of @c, mapped in
+ * this process: the context's doorbell slice for that GPU is mapped from its kfd fd on the first call and
+ * stays until the context goes. Writing a queue's write pointer there (64 bits, for an AQL queue the id
+ * of the last packet written) is ringing it. Only the process that owns the context may map it; only
+ * 64-bit doorbells (gfx9 and later, -EOPNOTSUPP before).
+ */
+int thunk_queue_doorbell(ThunkContext *c, uint32_t gpu_id, uint64_t doorbell_offset, volatile uint64_t **ret);
 int thunk_queue_update(ThunkContext *c, uint32_t queue_id, uint64_t ring_va, uint64_t ring_size,
                        uint32_t percentage, uint32_t priority);
 

@@ -807,6 +807,14 @@ static void test_queues(void)
                 bad.ring_va = (uintptr_t)plain;
                 CHECK_EQ(gm_queue_create(c, &bad, &id, &db), -EFAULT);
                 CHECK_EQ(gm_mem_free(c, plain), 0);
+                /* the daemon rings the doorbell from the write pointer, so it must be memory it can read:
+                 * device memory is refused */
+                void *vram = NULL;
+                CHECK_EQ(gm_malloc(c, 64 << 10, gpu, 0, &vram), 0);
+                bad = q;
+                bad.wptr_va = (uintptr_t)vram;
+                CHECK_EQ(gm_queue_create(c, &bad, &id, &db), -EFAULT);
+                CHECK_EQ(gm_mem_free(c, vram), 0);
                 CHECK_EQ(gm_queue_destroy(c, 77), -EINVAL);
                 CHECK_EQ(gm_queue_update(c, 77, 0, 0, 100, 7), -EINVAL);
                 CHECK_EQ(daemon_state(&dmn, &now), 0);
@@ -860,6 +868,21 @@ static void test_queues(void)
         CHECK_EQ(gm_queue_destroy(c, second), 0);
         CHECK_EQ(gm_queue_destroy(c, second), -EINVAL);
         CHECK_EQ(gm_event_destroy(c, ev), 0);
+
+        /* the memory of a queue's write pointer freed while the queue lives: the daemon, which reads the
+         * write pointer to ring the doorbell, reads its own mapping of it and goes on */
+        {
+                uint64_t *other = NULL;
+                CHECK_EQ(gm_malloc_desc(c, &d, (void **)&other), 0);
+                gm_queue_desc fq = q;
+                fq.wptr_va = (uintptr_t)other;
+                CHECK_EQ(gm_queue_create(c, &fq, &second, &db), 0);
+                CHECK_EQ(gm_mem_free(c, other), 0);
+                usleep(20000); /* the relay looks at every queue at least every millisecond */
+                CHECK_EQ(gm_ping(c), 0);
+                CHECK_EQ(gm_queue_destroy(c, second), 0);
+                CHECK_EQ(handles_of(admin, gm_client_id(c)), 3);
+        }
 
         /* a GPU VM fault: a fence into memory that is gone stops the queue, and a memory event waiting
          * ends with the faulting page, as KFD reports it */

@@ -62,10 +62,10 @@ static int io(Ex *x, int fd, unsigned long req, void *arg)
         return x->seam.ops->ioctl(x->seam.impl, fd, req, arg);
 }
 
-static int ex_setup(Ex *x)
+static int ex_setup_with(Ex *x, bool doorbells)
 {
         ThunkTopology *t = calloc(1, sizeof(*t));
-        ThunkModelOptions o = {.kfd_minor = 19};
+        ThunkModelOptions o = {.kfd_minor = 19, .doorbells = doorbells};
         struct kfd_ioctl_acquire_vm_args a = {.gpu_id = GPU};
         int r;
 
@@ -102,6 +102,11 @@ static int ex_setup(Ex *x)
                 r = x->seam.ops->open_render(x->seam.impl, 128, &x->render);
         a.drm_fd = (uint32_t)x->render;
         return r < 0 ? r : io(x, x->kfd, AMDKFD_IOC_ACQUIRE_VM, &a);
+}
+
+static int ex_setup(Ex *x)
+{
+        return ex_setup_with(x, false);
 }
 
 /* Ends the model and checks it held nothing more than the fds. */
@@ -173,6 +178,7 @@ typedef struct Q {
         volatile uint64_t *rptr;
         volatile uint64_t *wptr;
         uint64_t w; /* SDMA: bytes; PM4: dwords; AQL: packets */
+        uint64_t doorbell_offset;
 } Q;
 
 static int queue(Ex *x, Q *q, uint32_t type)
@@ -196,6 +202,7 @@ static int queue(Ex *x, Q *q, uint32_t type)
         if (io(x, x->kfd, AMDKFD_IOC_CREATE_QUEUE, &a) < 0)
                 return -EINVAL;
         q->id = a.queue_id;
+        q->doorbell_offset = a.doorbell_offset;
         return 0;
 }
 
@@ -1131,7 +1138,56 @@ static int test_faults_aql(void)
 
 /* ------------------------------------------------------------------ runner */
 
+/*
+ * In doorbell mode the engines run a queue up to what its doorbell was rung with, as the hardware does: a
+ * write pointer that moved in memory alone is not seen, and the doorbell page the kfd fd maps is the one
+ * the engines read.
+ */
+static int test_doorbells(void)
+{
+        Ex x;
+        Q sdma, pm4;
+        void *slice = NULL;
+        volatile uint64_t *db;
+        const uint32_t nops[] = {SDMA_NOP, SDMA_NOP, SDMA_NOP};
+
+        REQUIRE_RC(ex_setup_with(&x, true), 0);
+        REQUIRE_RC(queue(&x, &sdma, KFD_IOC_QUEUE_TYPE_SDMA), 0);
+        REQUIRE_RC(queue(&x, &pm4, KFD_IOC_QUEUE_TYPE_COMPUTE), 0);
+        REQUIRE((sdma.doorbell_offset & ~8191ULL) == (pm4.doorbell_offset & ~8191ULL));
+        REQUIRE_RC(x.seam.ops->mmap(x.seam.impl, NULL, 8192, PROT_READ | PROT_WRITE, MAP_SHARED, x.kfd,
+                                    sdma.doorbell_offset & ~8191ULL, &slice),
+                   0);
+        db = slice;
+        REQUIRE(db[(sdma.doorbell_offset & 8191) / 8] == 0); /* unrung */
+        submit(&sdma, nops, 3);
+        settle(&x);
+        REQUIRE(*sdma.rptr == 0); /* the write pointer moved, the doorbell did not */
+        __atomic_store_n(&db[(sdma.doorbell_offset & 8191) / 8], sdma.w, __ATOMIC_RELEASE);
+        REQUIRE(drained(&sdma) && *sdma.rptr == 12);
+        /* PM4: a doorbell in dwords; rung short of the write pointer, the engine stops there */
+        {
+                const uint32_t p[] = {PACKET3(PM4_NOP, 0), 0, PACKET3(PM4_NOP, 0), 0};
+                submit(&pm4, p, 4);
+                __atomic_store_n(&db[(pm4.doorbell_offset & 8191) / 8], 2, __ATOMIC_RELEASE);
+                REQUIRE(until32(&x, (volatile uint32_t *)pm4.rptr, 2));
+                settle(&x);
+                REQUIRE(*(volatile uint32_t *)pm4.rptr == 2);
+                __atomic_store_n(&db[(pm4.doorbell_offset & 8191) / 8], pm4.w, __ATOMIC_RELEASE);
+                REQUIRE(drained(&pm4));
+        }
+        munmap(slice, 8192);
+        {
+                struct kfd_ioctl_destroy_queue_args d = {.queue_id = sdma.id};
+                REQUIRE_RC(io(&x, x.kfd, AMDKFD_IOC_DESTROY_QUEUE, &d), 0);
+                d.queue_id = pm4.id;
+                REQUIRE_RC(io(&x, x.kfd, AMDKFD_IOC_DESTROY_QUEUE, &d), 0);
+        }
+        return ex_teardown(&x);
+}
+
 static const RcTestCase tests[] = {
+        {"doorbells", test_doorbells},
         {"sdma", test_sdma},
         {"sdma-export", test_sdma_export},
         {"pm4", test_pm4},

@@ -54,6 +54,8 @@ static int m_start(const PreloadHost *host, char *topology_dir, size_t len, char
         find_preset();
         if (v)
                 o.kfd_minor = (uint32_t)strtoul(v, NULL, 10);
+        v = getenv("GPUMEM_MODEL_DOORBELLS");
+        o.doorbells = !v || strcmp(v, "0") != 0; /* as the hardware runs queues, unless asked not to */
         r = thunk_topology_load(mb.preset_dir, &topo, err, sizeof(err));
         if (r < 0) {
                 snprintf(msg, msglen, "cannot load the topology preset %s: %s", mb.preset_dir, err);
