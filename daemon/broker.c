@@ -127,6 +127,7 @@ struct BrokerClient {
         pthread_mutex_t fault_lock;
         DriverInterrupt fault;
         bool fault_pending;
+        uint64_t *fired;     /* DRIVER_CAP_EVENT_MIRROR: a bit per signal event the driver saw fire */
         BrokerQueue *queues; /* its user-mode queues (each costs a handle and a queue) */
         size_t n_queues, cap_queues;
 };
@@ -319,6 +320,12 @@ static void client_interrupt(void *arg, const DriverInterrupt *irq)
                 pthread_mutex_lock(&c->fault_lock);
                 c->fault = *irq;
                 c->fault_pending = true;
+                pthread_mutex_unlock(&c->fault_lock);
+        } else if (irq->valid_bits >= 32 && irq->partial_id < EVENTS_SIGNAL_LIMIT) {
+                /* a mirrored event by its id: its slot was acknowledged already */
+                pthread_mutex_lock(&c->fault_lock);
+                if (c->fired)
+                        c->fired[irq->partial_id / 64] |= 1ull << (irq->partial_id % 64);
                 pthread_mutex_unlock(&c->fault_lock);
         }
         if (c->irq_fn)
@@ -2750,6 +2757,7 @@ BrokerClient *broker_client_free(BrokerClient *c)
         thunk_va_space_free(c->outer);
         free(c->queues);
         pthread_mutex_destroy(&c->fault_lock);
+        free(c->fired);
         broker_client_set_account(c, NULL);
         /* the client's own GPU VM: closing it releases anything the driver still holds for it */
         if (c->own_ctx)
@@ -2778,6 +2786,54 @@ static volatile uint64_t *event_slot(const BrokerClient *c, uint32_t id)
         return (volatile uint64_t *)(uintptr_t)(va + 8 * (uint64_t)id);
 }
 
+/*
+ * DRIVER_CAP_EVENT_MIRROR: signal event @id also in the client's own context, where the GPU's interrupts
+ * reach it; the driver reports it by id when it fires. Nothing to do where the client has no context of its
+ * own (the daemon's is shared) or the driver hands every interrupt out.
+ */
+static int event_mirror(BrokerClient *c, uint32_t type, uint32_t id, Reason *w)
+{
+        uint64_t va = 0, size = 0;
+        DriverMem *page = NULL;
+        DriverCtx *ctx;
+        int r;
+
+        if (!driver_has(c->b->drv, DRIVER_CAP_EVENT_MIRROR) || !driver_has(c->b->drv, DRIVER_CAP_PRIVATE_VM))
+                return 0;
+        if (type != EVENTS_TYPE_SIGNAL && type != EVENTS_TYPE_MEMORY)
+                return 0;
+        r = client_ctx(c, &ctx, w);
+        if (r < 0)
+                return r;
+        if (type == EVENTS_TYPE_MEMORY) { /* the driver's own memory event hears the faults */
+                r = driver_ctx_listen(c->b->drv, ctx);
+                return r < 0 ? reason_set(w, r, "cannot listen to the client's context: %s", strerror(-r))
+                             : 0;
+        }
+        if (!c->fired) {
+                uint64_t *f = calloc(EVENTS_SIGNAL_LIMIT / 64, sizeof(*f));
+                if (!f)
+                        return reason_set(w, -ENOMEM, "out of memory");
+                pthread_mutex_lock(&c->fault_lock);
+                c->fired = f;
+                pthread_mutex_unlock(&c->fault_lock);
+        }
+        /* the page counts for the kernel when it is GTT memory of the client's context */
+        if (client_events_page(c->events, &va, &size)) {
+                const Obj *o = obj_at(c, va);
+                if (o && o->va == va && o->mem && (o->flags & BROKER_FLAG_GTT))
+                        page = o->mem;
+        }
+        r = driver_event_mirror_add(c->b->drv, ctx, page, id);
+        if (r < 0)
+                return reason_set(w, r,
+                                  r == -EBUSY
+                                          ? "the driver numbered the event in the client's context otherwise"
+                                          : "cannot make the event in the client's context: %s",
+                                  strerror(-r));
+        return 0;
+}
+
 int broker_event_create(BrokerClient *c, uint32_t type, bool auto_reset, uint64_t page_va, uint32_t *ret_id,
                         uint32_t *ret_slot, Reason *w)
 {
@@ -2803,6 +2859,11 @@ int broker_event_create(BrokerClient *c, uint32_t type, bool auto_reset, uint64_
                 charge_give(c, &(Charge){.objects = 1});
                 return r;
         }
+        if ((r = event_mirror(c, type, *ret_id, w)) < 0) {
+                (void)client_event_destroy(c->events, *ret_id, NULL);
+                charge_give(c, &(Charge){.objects = 1});
+                return r;
+        }
         /* a signal event's slot starts unsignalled: KFD writes it so, into a page of the process's too */
         if (type == EVENTS_TYPE_SIGNAL) {
                 volatile uint64_t *slot = event_slot(c, *ret_slot);
@@ -2819,9 +2880,12 @@ int broker_event_destroy(BrokerClient *c, uint32_t id, Reason *w)
         if (!c->events)
                 return reason_set(w, -EINVAL, "no event %u", id);
         r = client_event_destroy(c->events, id, w);
-        if (r == 0)
-                charge_give(c, &(Charge){.objects = 1});
-        return r;
+        if (r < 0)
+                return r;
+        charge_give(c, &(Charge){.objects = 1});
+        if (id < EVENTS_SIGNAL_LIMIT && c->own_ctx && c->ctx)
+                driver_event_mirror_remove(c->b->drv, c->ctx, id);
+        return 0;
 }
 
 int broker_event_set(BrokerClient *c, uint32_t id, Reason *w)
@@ -2881,11 +2945,25 @@ int broker_event_interrupt(BrokerClient *c)
         bool faulted;
         int n = 0;
 
+        uint64_t fired[EVENTS_SIGNAL_LIMIT / 64];
+        bool any_fired = false;
+
         pthread_mutex_lock(&c->fault_lock);
         faulted = c->fault_pending;
         fault = c->fault;
         c->fault_pending = false;
+        if (c->fired) {
+                memcpy(fired, c->fired, sizeof(fired));
+                memset(c->fired, 0, sizeof(fired));
+                any_fired = true;
+        }
         pthread_mutex_unlock(&c->fault_lock);
+        /* the events the driver saw fire in the client's context, by id */
+        for (size_t wd = 0; any_fired && c->events && wd < EVENTS_SIGNAL_LIMIT / 64; wd++)
+                for (uint64_t bits = fired[wd]; bits; bits &= bits - 1)
+                        if (client_event_set(c->events, (uint32_t)(wd * 64 + (unsigned)__builtin_ctzll(bits)),
+                                             NULL) == 0)
+                                n++;
         if (faulted && c->events)
                 n += client_events_memory_fault(c->events,
                                                 &(EventsMemoryFault){.gpu_id = fault.gpu_id,

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <amdgpu_drm.h>
 
@@ -28,18 +29,37 @@ _Static_assert(DRIVER_SVM_LOCATION_SYSMEM == KFD_IOCTL_SVM_LOCATION_SYSMEM, "svm
 _Static_assert(DRIVER_SVM_LOCATION_UNDEFINED == KFD_IOCTL_SVM_LOCATION_UNDEFINED, "svm location");
 _Static_assert(sizeof(DriverSvmAttr) == sizeof(ThunkSvmAttr), "svm attr layout");
 
-/* Who hears a context's interrupts (driver_ctx_set_interrupt): the thunk calls irq_relay() with it. */
-typedef struct IrqHook {
-        struct IrqHook *next;
+/*
+ * Who hears a context's interrupts (driver_ctx_set_interrupt), and how: KFD sets only the context's own
+ * events, and only for waits on that context, so each client context that has events has a thread of the
+ * driver's that waits on the events mirrored there (driver_event_mirror_add) and reports each that fired.
+ *
+ * Besides the mirrored events the context holds two of the listener's, neither of which takes a signal
+ * slot: a memory event, which a GPU VM fault fires, and a "kick" event (a node-change event, which nothing
+ * fires) that is destroyed and made again to wake the thread: KFD ends every wait on an event that is
+ * destroyed. The mirrored events are manual-reset: a wait for any of them does not say which, so after it
+ * the thread looks at each (a wait of 0 ms) and resets those signalled.
+ */
+typedef struct Listener {
+        struct Listener *next;
         ThunkContext *ctx;
+        pthread_mutex_t lock; /* all below; held while @fn is called */
         DriverInterruptFn fn;
         void *arg;
-} IrqHook;
+        uint32_t *ids; /* the mirrored signal events */
+        size_t n, cap;
+        bool started; /* its memory event made and its thread running */
+        bool has_kick;
+        bool signal_page; /* a signal event was made: the context's signal page is set */
+        bool stop;
+        uint32_t memory, kick;
+        pthread_t thread;
+} Listener;
 
 typedef struct KfdDriver {
         Driver base;
-        pthread_mutex_t hooks_lock; /* the list (the hooks themselves are read on the driver's thread) */
-        IrqHook *hooks;
+        pthread_mutex_t listeners_lock; /* the list */
+        Listener *listeners;
         ThunkDevice *dev;
         ThunkContext *primary;
         ThunkModel *model;    /* NULL on the kernel */
@@ -99,13 +119,9 @@ static Driver *k_close(Driver *d)
         KfdDriver *k = kfd(d);
 
         doorbell_relay_free(k->relay); /* before the contexts' doorbells are unmapped */
+        /* every client context is freed before the driver closes, and their listeners with them */
         thunk_device_close(k->dev);
-        while (k->hooks) {
-                IrqHook *h = k->hooks;
-                k->hooks = h->next;
-                free(h);
-        }
-        pthread_mutex_destroy(&k->hooks_lock);
+        pthread_mutex_destroy(&k->listeners_lock);
         free(k);
         return NULL;
 }
@@ -141,6 +157,7 @@ static unsigned k_caps(const Driver *d)
                 c |= DRIVER_CAP_FD_PER_SHARED_BUFFER | DRIVER_CAP_TEST_FAULTS | DRIVER_CAP_BACKEND_STATS;
         if (k->relay)
                 c |= DRIVER_CAP_DOORBELL_RELAY;
+        c |= DRIVER_CAP_EVENT_MIRROR;
         return c;
 }
 
@@ -195,29 +212,273 @@ static int k_ctx_new(Driver *d, DriverCtx **ret)
         return 0;
 }
 
-/* Take @ctx's hook out of the list; the caller frees it once the thunk no longer calls it. */
-static IrqHook *hook_take(KfdDriver *k, ThunkContext *ctx)
+/* @ctx's listener, made (without its events or thread) if @make; NULL if none or out of memory. */
+static Listener *listener_of(KfdDriver *k, ThunkContext *ctx, bool make)
 {
-        IrqHook *h = NULL;
+        Listener *l;
 
-        pthread_mutex_lock(&k->hooks_lock);
-        for (IrqHook **pp = &k->hooks; *pp; pp = &(*pp)->next)
-                if ((*pp)->ctx == ctx) {
-                        h = *pp;
-                        *pp = h->next;
+        pthread_mutex_lock(&k->listeners_lock);
+        for (l = k->listeners; l && l->ctx != ctx; l = l->next)
+                ;
+        if (!l && make && (l = calloc(1, sizeof(*l)))) {
+                l->ctx = ctx;
+                pthread_mutex_init(&l->lock, NULL);
+                l->next = k->listeners;
+                k->listeners = l;
+        }
+        pthread_mutex_unlock(&k->listeners_lock);
+        return l;
+}
+
+/* Which of the mirrored events in @w are signalled: each looked at alone (a wait of 0 ms), and reset. The
+ * listener's own are not: the memory event is auto-reset (KFD resets no other event than a signal event
+ * from the CPU), so the wait that it ended consumed it and handed over its fault. */
+static size_t listener_fired(Listener *l, const ThunkEventWait *w, size_t n, uint32_t *fired)
+{
+        size_t nf = 0;
+
+        for (size_t i = 0; i < n; i++) {
+                ThunkEventWait one = {.id = w[i].id};
+                bool done = false;
+
+                if (one.id == l->memory || (l->has_kick && one.id == l->kick))
+                        continue;
+                if (thunk_event_wait(l->ctx, &one, 1, false, 0, &done) < 0 || !done)
+                        continue;
+                (void)thunk_event_reset(l->ctx, one.id);
+                fired[nf++] = one.id;
+        }
+        return nf;
+}
+
+/* How long a wait lasts: where no kick event could be made (out of memory), a change of the set of events
+ * or the end waits that long; otherwise it is only a bound. */
+enum { LISTEN_SHORT_MS = 50, LISTEN_LONG_MS = 1000 };
+
+static void *listener_main(void *arg)
+{
+        Listener *l = arg;
+        ThunkEventWait *w = NULL;
+        uint32_t *fired = NULL;
+        size_t cap = 0;
+
+        for (;;) {
+                ThunkEventWait fault = {0};
+                bool done = false, faulted = false;
+                uint32_t timeout;
+                size_t n, nf;
+                int r;
+
+                pthread_mutex_lock(&l->lock);
+                if (l->stop) {
+                        pthread_mutex_unlock(&l->lock);
                         break;
                 }
-        pthread_mutex_unlock(&k->hooks_lock);
-        return h;
+                n = l->n + 2;
+                if (n > cap) {
+                        ThunkEventWait *mw = realloc(w, n * sizeof(*w));
+                        uint32_t *mf = mw ? realloc(fired, n * sizeof(*fired)) : NULL;
+                        if (mw)
+                                w = mw;
+                        if (mf)
+                                fired = mf;
+                        if (!mw || !mf) /* out of memory: the control and memory events alone */
+                                n = 2;
+                        else
+                                cap = n;
+                        if (!w || !fired) {
+                                pthread_mutex_unlock(&l->lock);
+                                usleep(10000);
+                                continue;
+                        }
+                }
+                /* the kick event where it exists, the memory event, then the mirrored ones */
+                size_t k0 = 0;
+                if (l->has_kick)
+                        w[k0++] = (ThunkEventWait){.id = l->kick};
+                w[k0++] = (ThunkEventWait){.id = l->memory};
+                for (size_t i = 0; i < l->n && k0 + i < n; i++)
+                        w[k0 + i] = (ThunkEventWait){.id = l->ids[i]};
+                n = k0 + (l->n < n - k0 ? l->n : n - k0);
+                timeout = l->has_kick ? LISTEN_LONG_MS : LISTEN_SHORT_MS;
+                pthread_mutex_unlock(&l->lock);
+
+                /* a kick, or an event destroyed since the snapshot: -EIO or -EINVAL (the wait failed), and
+                 * the next snapshot is current */
+                r = thunk_event_wait(l->ctx, w, n, false, timeout, &done);
+                if (r < 0 && r != -EINVAL && r != -EIO && r != -EINTR)
+                        usleep(10000);
+                if (r < 0 || !done)
+                        continue;
+                for (size_t i = 0; i < n; i++)
+                        if (w[i].id == l->memory && w[i].faulted) {
+                                faulted = true;
+                                fault = w[i];
+                        }
+                nf = listener_fired(l, w, n, fired);
+                pthread_mutex_lock(&l->lock);
+                for (size_t i = 0; l->fn && i < nf; i++)
+                        l->fn(l->arg, &(DriverInterrupt){.type = DRIVER_IRQ_SIGNAL,
+                                                         .partial_id = fired[i],
+                                                         .valid_bits = 32});
+                if (l->fn && faulted)
+                        l->fn(l->arg, &(DriverInterrupt){.type = DRIVER_IRQ_VM_FAULT,
+                                                         .gpu_id = fault.gpu_id,
+                                                         .va = fault.va,
+                                                         .not_present = fault.not_present,
+                                                         .read_only = fault.read_only,
+                                                         .no_execute = fault.no_execute});
+                pthread_mutex_unlock(&l->lock);
+        }
+        free(w);
+        free(fired);
+        return NULL;
+}
+
+/* Under l->lock: wakes the thread (it looks at the set of events again), by destroying the event it waits
+ * on. The new kick event is made first, so that it cannot take the old one's id. */
+static void listener_kick(Listener *l)
+{
+        uint32_t old = l->kick;
+        bool had = l->has_kick;
+
+        l->has_kick = thunk_event_create(l->ctx, KFD_IOC_EVENT_NODECHANGE, false, NULL, &l->kick) == 0;
+        if (had)
+                (void)thunk_event_destroy(l->ctx, old);
+}
+
+/* Under l->lock: the listener's memory and kick events, and its thread. */
+static int listener_start(Listener *l)
+{
+        pthread_attr_t at;
+        int r;
+
+        if (l->started)
+                return 0;
+        r = thunk_event_create(l->ctx, KFD_IOC_EVENT_MEMORY, true, NULL, &l->memory);
+        if (r < 0)
+                return r;
+        l->has_kick = thunk_event_create(l->ctx, KFD_IOC_EVENT_NODECHANGE, false, NULL, &l->kick) == 0;
+        pthread_attr_init(&at);
+        pthread_attr_setstacksize(&at, 64 << 10); /* one per client context: it only waits */
+        r = -pthread_create(&l->thread, &at, listener_main, l);
+        pthread_attr_destroy(&at);
+        if (r < 0) {
+                if (l->has_kick)
+                        (void)thunk_event_destroy(l->ctx, l->kick);
+                l->has_kick = false;
+                (void)thunk_event_destroy(l->ctx, l->memory);
+                return r;
+        }
+        l->started = true;
+        return 0;
+}
+
+/* Stops @ctx's listener, if any, and frees it: before the context goes. */
+static void listener_end(KfdDriver *k, ThunkContext *ctx)
+{
+        Listener *l = NULL;
+
+        pthread_mutex_lock(&k->listeners_lock);
+        for (Listener **pp = &k->listeners; *pp; pp = &(*pp)->next)
+                if ((*pp)->ctx == ctx) {
+                        l = *pp;
+                        *pp = l->next;
+                        break;
+                }
+        pthread_mutex_unlock(&k->listeners_lock);
+        if (!l)
+                return;
+        pthread_mutex_lock(&l->lock);
+        l->stop = true;
+        if (l->started)
+                listener_kick(l);
+        pthread_mutex_unlock(&l->lock);
+        if (l->started) /* without a kick event it sees the stop at its next look (LISTEN_SHORT_MS) */
+                pthread_join(l->thread, NULL);
+        pthread_mutex_destroy(&l->lock);
+        free(l->ids);
+        free(l);
 }
 
 static void k_ctx_free(Driver *d, DriverCtx *ctx)
 {
-        /* the relay lets go of the context's doorbells before they are unmapped; the context's end stops
-         * its interrupts: its hook goes after it */
+        /* the relay lets go of the context's doorbells before they are unmapped, and its listener stops
+         * before its events go with it */
         doorbell_relay_remove_owner(kfd(d)->relay, ctx);
+        listener_end(kfd(d), tctx(ctx));
         thunk_context_free(tctx(ctx));
-        free(hook_take(kfd(d), tctx(ctx)));
+}
+
+static int k_event_mirror_add(Driver *d, DriverCtx *ctx, DriverMem *page, uint32_t id)
+{
+        Listener *l = listener_of(kfd(d), tctx(ctx), true);
+        const ThunkBo *bo = page ? tbo(page) : NULL;
+        uint32_t got = 0;
+        int r = 0;
+
+        if (!l)
+                return -ENOMEM;
+        pthread_mutex_lock(&l->lock);
+        if (l->n == l->cap) {
+                size_t cap = l->cap ? l->cap * 2 : 16;
+                uint32_t *more = realloc(l->ids, cap * sizeof(*more));
+                if (!more) {
+                        r = -ENOMEM;
+                        goto out;
+                }
+                l->ids = more;
+                l->cap = cap;
+        }
+        if ((r = listener_start(l)) < 0)
+                goto out;
+        /* the page only counts if it is a BO of this context (the kernel maps it as the signal page), and
+         * only with the first signal event, which the kernel takes it with */
+        if (bo && thunk_bo_context(bo) != tctx(ctx))
+                bo = NULL;
+        r = thunk_event_create(l->ctx, KFD_IOC_EVENT_SIGNAL, false, l->signal_page ? NULL : bo, &got);
+        if (r < 0)
+                goto out;
+        l->signal_page = true;
+        if (got != id) {
+                (void)thunk_event_destroy(l->ctx, got);
+                r = -EBUSY;
+                goto out;
+        }
+        l->ids[l->n++] = id;
+        listener_kick(l); /* the thread waits on it too from now */
+out:
+        pthread_mutex_unlock(&l->lock);
+        return r;
+}
+
+static int k_ctx_listen(Driver *d, DriverCtx *ctx)
+{
+        Listener *l = listener_of(kfd(d), tctx(ctx), true);
+        int r;
+
+        if (!l)
+                return -ENOMEM;
+        pthread_mutex_lock(&l->lock);
+        r = listener_start(l);
+        pthread_mutex_unlock(&l->lock);
+        return r;
+}
+
+static void k_event_mirror_remove(Driver *d, DriverCtx *ctx, uint32_t id)
+{
+        Listener *l = listener_of(kfd(d), tctx(ctx), false);
+
+        if (!l)
+                return;
+        pthread_mutex_lock(&l->lock);
+        for (size_t i = 0; i < l->n; i++)
+                if (l->ids[i] == id) {
+                        l->ids[i] = l->ids[--l->n];
+                        (void)thunk_event_destroy(l->ctx, id); /* which ends the thread's wait, too */
+                        break;
+                }
+        pthread_mutex_unlock(&l->lock);
 }
 
 _Static_assert(sizeof(DriverTileConfig) == sizeof(ThunkTileConfig), "tile config layout");
@@ -518,48 +779,17 @@ static int k_queue_update(Driver *d, DriverCtx *ctx, uint32_t id, uint64_t ring_
         return thunk_queue_update(tctx(ctx), id, ring_va, ring_size, percentage, priority);
 }
 
-/* On the thunk's thread, under its lock: the thunk's interrupt as the driver seam's. */
-static void irq_relay(void *arg, const ThunkInterrupt *t)
-{
-        const IrqHook *h = arg;
-        DriverInterrupt irq = {.type = t->type == THUNK_IRQ_VM_FAULT ? DRIVER_IRQ_VM_FAULT
-                                                                     : DRIVER_IRQ_SIGNAL,
-                               .partial_id = t->partial_id,
-                               .valid_bits = t->valid_bits,
-                               .gpu_id = t->gpu_id,
-                               .va = t->va,
-                               .not_present = t->not_present,
-                               .read_only = t->read_only,
-                               .no_execute = t->no_execute};
-        h->fn(h->arg, &irq);
-}
-
 static int k_ctx_set_interrupt(Driver *d, DriverCtx *ctx, DriverInterruptFn fn, void *arg)
 {
-        KfdDriver *k = kfd(d);
-        IrqHook *old, *h = NULL;
-        int r;
+        Listener *l = listener_of(kfd(d), tctx(ctx), fn != NULL);
 
-        if (fn) {
-                h = calloc(1, sizeof(*h));
-                if (!h)
-                        return -ENOMEM;
-                *h = (IrqHook){.ctx = tctx(ctx), .fn = fn, .arg = arg};
-        }
-        /* once the thunk holds the new hook (or none), the old one is no longer called */
-        r = thunk_context_set_interrupt(tctx(ctx), fn ? irq_relay : NULL, h);
-        if (r < 0) {
-                free(h);
-                return r;
-        }
-        old = hook_take(k, tctx(ctx));
-        free(old);
-        if (h) {
-                pthread_mutex_lock(&k->hooks_lock);
-                h->next = k->hooks;
-                k->hooks = h;
-                pthread_mutex_unlock(&k->hooks_lock);
-        }
+        if (!l)
+                return fn ? -ENOMEM : 0;
+        /* the thread calls the hook under this lock: none is in flight once it is taken */
+        pthread_mutex_lock(&l->lock);
+        l->fn = fn;
+        l->arg = fn ? arg : NULL;
+        pthread_mutex_unlock(&l->lock);
         return 0;
 }
 
@@ -599,6 +829,9 @@ static const DriverOps kfd_ops = {
         .queue_destroy = k_queue_destroy,
         .queue_update = k_queue_update,
         .ctx_set_interrupt = k_ctx_set_interrupt,
+        .ctx_listen = k_ctx_listen,
+        .event_mirror_add = k_event_mirror_add,
+        .event_mirror_remove = k_event_mirror_remove,
         .stats = k_stats,
         .test_faults = k_test_faults,
 };
@@ -622,7 +855,7 @@ int driver_kfd_open(const DriverKfdOptions *o, Driver **ret, char *errbuf, size_
                 return r;
         }
         k->base.ops = &kfd_ops;
-        pthread_mutex_init(&k->hooks_lock, NULL);
+        pthread_mutex_init(&k->listeners_lock, NULL);
         k->primary = thunk_device_primary_context(k->dev);
         k->model = thunk_device_model(k->dev);
         if (!k->model || o->model_doorbells) {

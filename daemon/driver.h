@@ -35,9 +35,19 @@ enum {
         DRIVER_CAP_TEST_FAULTS = 1u << 5,          /* driver_test_faults() */
         DRIVER_CAP_BACKEND_STATS = 1u << 6,        /* driver_stats() */
         DRIVER_CAP_THREADED_SVM = 1u << 7, /* driver_svm_set/get may run on any thread, beside other calls */
-        DRIVER_CAP_DOORBELL_RELAY = 1u
-                                    << 8, /* it rings queues' doorbells itself, from their write pointers */
+        /* it rings queues' doorbells itself, from their write pointers */
+        DRIVER_CAP_DOORBELL_RELAY = 1u << 8,
+        /* a context's interrupts reach only the events mirrored in it */
+        DRIVER_CAP_EVENT_MIRROR = 1u << 9,
 };
+
+/*
+ * DRIVER_CAP_EVENT_MIRROR: KFD delivers a context's interrupts only to waits on that context's own events,
+ * and sets an event only if the context has one with the id and slot the GPU named. The broker keeps the
+ * client's events in its books; for each signal event it also has the driver make one in the client's
+ * context (driver_event_mirror_add), which a thread of the driver's waits on, reporting each that fired
+ * to the context's interrupt callback.
+ */
 
 /*
  * DRIVER_CAP_DOORBELL_RELAY: a queue's doorbell can be rung only from the daemon (only the process that owns
@@ -209,6 +219,9 @@ typedef struct DriverOps {
         int (*queue_update)(Driver *d, DriverCtx *ctx, uint32_t id, uint64_t ring_va, uint64_t ring_size,
                             uint32_t percentage, uint32_t priority);
         int (*ctx_set_interrupt)(Driver *d, DriverCtx *ctx, DriverInterruptFn fn, void *arg);
+        int (*ctx_listen)(Driver *d, DriverCtx *ctx);
+        int (*event_mirror_add)(Driver *d, DriverCtx *ctx, DriverMem *page, uint32_t id);
+        void (*event_mirror_remove)(Driver *d, DriverCtx *ctx, uint32_t id);
 
         int (*stats)(const Driver *d, DriverStats *ret);
         int (*test_faults)(Driver *d, const char *path, char *errbuf, size_t errlen);
@@ -419,12 +432,35 @@ static inline int driver_queue_update(Driver *d, DriverCtx *ctx, uint32_t id, ui
 /*
  * @fn hears @ctx's GPU interrupts (end of pipe, SDMA traps, AQL completion signals with an event mailbox):
  * called on the driver's own thread with its locks held, so it may only hand the news on (it must not call
- * the driver). Until the context is freed or @fn is NULL. -EOPNOTSUPP where the driver delivers
- * interrupts only to its own waits (the kernel's KFD).
+ * the driver). Until the context is freed or @fn is NULL; once a call with NULL returns, none is in flight.
+ * With DRIVER_CAP_EVENT_MIRROR a signal is reported for the events mirrored in the context alone, each by
+ * its full id (valid_bits 32), its slot already acknowledged.
  */
 static inline int driver_ctx_set_interrupt(Driver *d, DriverCtx *ctx, DriverInterruptFn fn, void *arg)
 {
         return d->ops->ctx_set_interrupt ? d->ops->ctx_set_interrupt(d, ctx, fn, arg) : -EOPNOTSUPP;
+}
+/*
+ * DRIVER_CAP_EVENT_MIRROR: signal event @id of the broker's books for @ctx gets an event of the driver's in
+ * @ctx with the same id (the kernel numbers signal events by the lowest free slot, as the broker does).
+ * @page: the memory of the books' event page when it is memory of @ctx (the first mirrored event makes it
+ * the context's signal page, as the client's first signal event would have), else NULL. -EBUSY if the
+ * driver's numbering went another way (nothing made).
+ */
+/* DRIVER_CAP_EVENT_MIRROR: the driver listens to @ctx's interrupts from now (a memory event needs no
+ * mirror: the driver's own hears the context's GPU VM faults). */
+static inline int driver_ctx_listen(Driver *d, DriverCtx *ctx)
+{
+        return d->ops->ctx_listen ? d->ops->ctx_listen(d, ctx) : -EOPNOTSUPP;
+}
+static inline int driver_event_mirror_add(Driver *d, DriverCtx *ctx, DriverMem *page, uint32_t id)
+{
+        return d->ops->event_mirror_add ? d->ops->event_mirror_add(d, ctx, page, id) : -EOPNOTSUPP;
+}
+static inline void driver_event_mirror_remove(Driver *d, DriverCtx *ctx, uint32_t id)
+{
+        if (d->ops->event_mirror_remove)
+                d->ops->event_mirror_remove(d, ctx, id);
 }
 /* -EOPNOTSUPP without DRIVER_CAP_BACKEND_STATS. */
 static inline int driver_stats(const Driver *d, DriverStats *ret)

@@ -222,9 +222,6 @@ typedef struct ModelCtx {
         size_t cap_queues;
         ModelEventPage evpage;
         bool vm_fault; /* a GPU VM fault evicted its queues for good, as kfd_dqm_evict_pasid() does */
-        /* who else hears its interrupts (thunk_model_set_interrupt): a broker whose books hold the events */
-        ThunkInterruptFn irq_fn;
-        void *irq_arg;
 } ModelCtx;
 
 enum { FD_KFD = 1, FD_RENDER = 2 };

@@ -322,11 +322,6 @@ void model_event_interrupt(ThunkModel *m, ModelCtx *ctx, uint32_t partial_id, un
 {
         ModelEvent *ev = NULL;
 
-        if (ctx->irq_fn) {
-                ThunkInterrupt irq = {
-                        .type = THUNK_IRQ_SIGNAL, .partial_id = partial_id, .valid_bits = valid_bits};
-                ctx->irq_fn(ctx->irq_arg, &irq);
-        }
         if (!ctx->evpage.slots)
                 return;
         if (valid_bits > 31 || (1ULL << valid_bits) >= KFD_SIGNAL_EVENT_LIMIT) {
@@ -357,15 +352,6 @@ void model_vm_fault_raise(ThunkModel *m, ModelCtx *ctx, int g, const ModelVmFaul
         ctx->vm_fault = true;
         for (size_t i = 0; i < ctx->n_queues; i++)
                 ctx->queues[i].stopped = true;
-        if (ctx->irq_fn) {
-                ThunkInterrupt irq = {.type = THUNK_IRQ_VM_FAULT,
-                                      .gpu_id = m->gpus[g].gpu_id,
-                                      .va = f->va,
-                                      .not_present = f->not_present,
-                                      .read_only = f->read_only,
-                                      .no_execute = f->no_execute};
-                ctx->irq_fn(ctx->irq_arg, &irq);
-        }
         for (size_t i = 0; i < ctx->n_events; i++) {
                 ModelEvent *ev = &ctx->events[i];
 
@@ -745,23 +731,6 @@ static void *cp_main(void *arg)
         }
         pthread_mutex_unlock(&m->lock);
         return NULL;
-}
-
-int thunk_model_set_interrupt(ThunkModel *m, int kfd_fd, ThunkInterruptFn fn, void *arg)
-{
-        ModelFd *f;
-        int r = 0;
-
-        pthread_mutex_lock(&m->lock);
-        f = model_fd_lookup(m, kfd_fd);
-        if (!f || f->kind != FD_KFD || !f->ctx) {
-                r = -EBADF;
-        } else {
-                f->ctx->irq_fn = fn;
-                f->ctx->irq_arg = fn ? arg : NULL;
-        }
-        pthread_mutex_unlock(&m->lock);
-        return r;
 }
 
 /* ------------------------------------------------------------------ mmap of device offsets */

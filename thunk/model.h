@@ -91,13 +91,6 @@ int thunk_model_mmap(ThunkModel *m, void *addr, size_t len, int prot, int flags,
                      void **ret);
 int thunk_model_close(ThunkModel *m, int fd);
 
-/*
- * The interrupts of the context behind kfd fd @kfd_fd go to @fn as well (thunk_context_set_interrupt(),
- * whose rules hold: called on the engines' thread under the model's lock). NULL @fn: no more. -EBADF: not
- * a kfd fd of this model.
- */
-int thunk_model_set_interrupt(ThunkModel *m, int kfd_fd, ThunkInterruptFn fn, void *arg);
-
 /* True if @fd is a kfd or render fd of this model. */
 bool thunk_model_owns_fd(ThunkModel *m, int fd);
 

@@ -1,5 +1,6 @@
-/* The thunk's user-mode queues (CREATE/DESTROY/UPDATE_QUEUE) and the context's interrupt hook. */
+/* The thunk's user-mode queues (CREATE/DESTROY/UPDATE_QUEUE), their doorbells, and KFD events. */
 #include <errno.h>
+#include <stdlib.h>
 #include <pthread.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -112,14 +113,78 @@ int thunk_queue_update(ThunkContext *c, uint32_t queue_id, uint64_t ring_va, uin
         return thunk_ioctl(c->dev, c->kfd_fd, AMDKFD_IOC_UPDATE_QUEUE, &a);
 }
 
-int thunk_context_set_interrupt(ThunkContext *c, ThunkInterruptFn fn, void *arg)
+int thunk_event_create(ThunkContext *c, uint32_t type, bool auto_reset, const ThunkBo *page, uint32_t *ret_id)
 {
-        ThunkModel *m;
+        struct kfd_ioctl_create_event_args a = {.event_type = type, .auto_reset = auto_reset ? 1 : 0};
+        int r;
 
-        if (!c)
+        if (!c || !ret_id || (page && page->ctx != c))
                 return -EINVAL;
-        m = thunk_device_model(c->dev);
-        if (!m)
-                return -EOPNOTSUPP; /* the kernel delivers a context's interrupts only to its waits */
-        return thunk_model_set_interrupt(m, c->kfd_fd, fn, arg);
+        if (page)
+                a.event_page_offset = page->info.handle; /* the BO's KFD handle names it */
+        r = thunk_ioctl(c->dev, c->kfd_fd, AMDKFD_IOC_CREATE_EVENT, &a);
+        if (r == 0)
+                *ret_id = a.event_id;
+        return r;
+}
+
+int thunk_event_destroy(ThunkContext *c, uint32_t id)
+{
+        struct kfd_ioctl_destroy_event_args a = {.event_id = id};
+
+        return c ? thunk_ioctl(c->dev, c->kfd_fd, AMDKFD_IOC_DESTROY_EVENT, &a) : -EINVAL;
+}
+
+int thunk_event_set(ThunkContext *c, uint32_t id)
+{
+        struct kfd_ioctl_set_event_args a = {.event_id = id};
+
+        return c ? thunk_ioctl(c->dev, c->kfd_fd, AMDKFD_IOC_SET_EVENT, &a) : -EINVAL;
+}
+
+int thunk_event_reset(ThunkContext *c, uint32_t id)
+{
+        struct kfd_ioctl_reset_event_args a = {.event_id = id};
+
+        return c ? thunk_ioctl(c->dev, c->kfd_fd, AMDKFD_IOC_RESET_EVENT, &a) : -EINVAL;
+}
+
+int thunk_event_wait(ThunkContext *c, ThunkEventWait *ev, size_t n, bool all, uint32_t timeout_ms,
+                     bool *ret_done)
+{
+        struct kfd_event_data small[8], *d = small;
+        struct kfd_ioctl_wait_events_args a;
+        int r;
+
+        if (!c || !ev || !n || n > UINT32_MAX || !ret_done)
+                return -EINVAL;
+        if (n > sizeof(small) / sizeof(small[0]) && !(d = calloc(n, sizeof(*d))))
+                return -ENOMEM;
+        memset(d, 0, (n > 8 ? n : 8) * sizeof(*d));
+        for (size_t i = 0; i < n; i++)
+                d[i].event_id = ev[i].id;
+        a = (struct kfd_ioctl_wait_events_args){.events_ptr = (uintptr_t)d,
+                                                .num_events = (uint32_t)n,
+                                                .wait_for_all = all ? 1 : 0,
+                                                .timeout = timeout_ms};
+        r = thunk_ioctl(c->dev, c->kfd_fd, AMDKFD_IOC_WAIT_EVENTS, &a);
+        if (r == 0 && a.wait_result == KFD_IOC_WAIT_RESULT_FAIL)
+                r = -EIO;
+        if (r == 0) {
+                *ret_done = a.wait_result == KFD_IOC_WAIT_RESULT_COMPLETE;
+                for (size_t i = 0; i < n; i++) {
+                        const struct kfd_hsa_memory_exception_data *m = &d[i].memory_exception_data;
+                        /* only a memory event that fired carries a fault: a page or a reason */
+                        ev[i].faulted = *ret_done && (m->va || m->gpu_id || m->failure.NotPresent ||
+                                                      m->failure.ReadOnly || m->failure.NoExecute);
+                        ev[i].gpu_id = m->gpu_id;
+                        ev[i].va = m->va;
+                        ev[i].not_present = m->failure.NotPresent != 0;
+                        ev[i].read_only = m->failure.ReadOnly != 0;
+                        ev[i].no_execute = m->failure.NoExecute != 0;
+                }
+        }
+        if (d != small)
+                free(d);
+        return r;
 }

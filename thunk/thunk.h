@@ -277,27 +277,36 @@ int thunk_queue_doorbell(ThunkContext *c, uint32_t gpu_id, uint64_t doorbell_off
 int thunk_queue_update(ThunkContext *c, uint32_t queue_id, uint64_t ring_va, uint64_t ring_size,
                        uint32_t percentage, uint32_t priority);
 
-/* One GPU interrupt of a context. */
-typedef enum ThunkInterruptType {
-        THUNK_IRQ_SIGNAL,   /* end of pipe, SDMA trap, AQL completion signal: an event id, maybe partial */
-        THUNK_IRQ_VM_FAULT, /* a GPU VM fault: the context's queues are stopped for good */
-} ThunkInterruptType;
-typedef struct ThunkInterrupt {
-        ThunkInterruptType type;
-        uint32_t partial_id; /* SIGNAL: the id as the interrupt carries it, */
-        unsigned valid_bits; /* and how many of its low bits hold */
-        uint32_t gpu_id;     /* VM_FAULT: the GPU, the faulting page, and why */
-        uint64_t va;
-        bool not_present, read_only, no_execute;
-} ThunkInterrupt;
+/* ---- events (1.0) ------------------------------------------------------------------------------- */
 
 /*
- * The context's GPU interrupts: @fn is called on the driver's own thread with the driver's lock held, so
- * it must not call the thunk and should only hand the news on. NULL @fn: none. MODEL only; the kernel
- * delivers a context's interrupts only to its own waits (-EOPNOTSUPP).
+ * CREATE_EVENT in @c: a KFD event of @type (KFD_IOC_EVENT_*), @auto_reset or not. @page, for the first
+ * signal event of the context only, is a BO of @c whose pages become the context's signal page (the GPU
+ * writes an event's slot there before it interrupts); NULL: the driver's own page. The driver's errno
+ * unchanged. The kernel numbers signal events by the lowest free slot.
  */
-typedef void (*ThunkInterruptFn)(void *arg, const ThunkInterrupt *irq);
-int thunk_context_set_interrupt(ThunkContext *c, ThunkInterruptFn fn, void *arg);
+int thunk_event_create(ThunkContext *c, uint32_t type, bool auto_reset, const ThunkBo *page,
+                       uint32_t *ret_id);
+int thunk_event_destroy(ThunkContext *c, uint32_t id);
+int thunk_event_set(ThunkContext *c, uint32_t id);
+int thunk_event_reset(ThunkContext *c, uint32_t id);
+
+/* An event to wait on, and what a memory event that fired hands over (a GPU VM fault). */
+typedef struct ThunkEventWait {
+        uint32_t id;
+        bool faulted; /* out: a memory event that fired, with the fault below */
+        uint32_t gpu_id;
+        uint64_t va;
+        bool not_present, read_only, no_execute;
+} ThunkEventWait;
+
+/*
+ * WAIT_EVENTS in @c: blocks until any (or @all) of @n events is signalled or @timeout_ms passes
+ * (UINT32_MAX: forever; 0: a look). *@ret_done: whether it was signalled. Auto-reset events that end the
+ * wait are reset by it. -EINVAL for an unknown id; -EINTR for a signal.
+ */
+int thunk_event_wait(ThunkContext *c, ThunkEventWait *ev, size_t n, bool all, uint32_t timeout_ms,
+                     bool *ret_done);
 
 /* ---- SVM (1.5) ----------------------------------------------------------------------------------- */
 
