@@ -369,6 +369,10 @@ int classes_set_limit(Manager *m, ClassState *s, PolicyResource r, uint32_t gpu_
                 break;
         }
         broker_account_unlock(&s->acct);
-        snprintf(reason, len, "%llu", (unsigned long long)old); /* the old limit, for the log */
+        /* the old limit, for the log */
+        if (old == UINT64_MAX)
+                snprintf(reason, len, "unlimited");
+        else
+                snprintf(reason, len, "%llu", (unsigned long long)old);
         return 0;
 }

@@ -110,6 +110,11 @@ bool conn_in_group(const Conn *c, gid_t gid)
         return false;
 }
 
+int conn_session_log_level(const Conn *c)
+{
+        return c->admin && c->name && strcmp(c->name, "gpumemctl") == 0 ? LOG_DEBUG : LOG_INFO;
+}
+
 void conn_log(Conn *c, int prio, const char *message_id, LogRatelimit *rl, const char *fmt, ...)
 {
         char f_uid[48], f_pid[48], f_client[48], f_cgroup[512], f_class[96], msg[768];

@@ -153,6 +153,9 @@ bool conn_in_group(const Conn *c, gid_t gid);
 /* Requests the connection may have in flight (replies not yet taken by the socket): its class's limit. */
 uint64_t conn_inflight_limit(const Conn *c);
 
+/* The level of @c's connect and disconnect lines: an administrator's gpumemctl session (a query, a quota
+ * change) is debug, so that each call of the tool does not put two lines in the journal; any other info. */
+int conn_session_log_level(const Conn *c);
 /* Log a line about @c with its identity as journal fields; @rl (may be NULL) limits lines a client triggers.
  */
 void conn_log(Conn *c, int prio, const char *message_id, LogRatelimit *rl, const char *fmt, ...)

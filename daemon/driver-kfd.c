@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <amdgpu_drm.h>
@@ -873,6 +874,18 @@ int driver_kfd_open(const DriverKfdOptions *o, Driver **ret, char *errbuf, size_
 static int open_kernel(const DriverOpenArgs *a, Driver **ret, char *errbuf, size_t errlen)
 {
         DriverKfdOptions o = {.topology_root = a->topology_root};
+        struct stat st;
+
+        /* the default backend: on a machine without the amdgpu driver say so, and what else there is,
+         * rather than which sysfs file is missing */
+        if (stat("/dev/kfd", &st) < 0 && errno == ENOENT) {
+                snprintf(errbuf, errlen,
+                         "there is no /dev/kfd: the amdgpu kernel driver is not loaded, or this machine has "
+                         "no AMD GPU. To serve a simulated GPU instead (trials, tests), start gpumemd with "
+                         "--backend model, or set backend = model in the [daemon] section of its "
+                         "configuration file");
+                return -ENODEV;
+        }
         return driver_kfd_open(&o, ret, errbuf, errlen);
 }
 

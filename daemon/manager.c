@@ -43,8 +43,11 @@ static void on_status_timer(evutil_socket_t fd, short what, void *userdata)
         m->status_pending = false;
         n = m->n_conns;
         manager_unlock(m);
-        (void)sd_notifyf(0, "STATUS=Serving %u client%s on %s%s%s", n, n == 1 ? "" : "s", driver_name(m->drv),
-                         m->preset_name[0] ? " preset " : "", m->preset_name);
+        /* a preset is a simulated node: said in so many words wherever an operator looks */
+        (void)sd_notifyf(0, "STATUS=Serving %u client%s on %s%s%s%s", n, n == 1 ? "" : "s",
+                         driver_name(m->drv),
+                         m->preset_name[0] ? " (SIMULATED GPUs, no hardware; preset " : "", m->preset_name,
+                         m->preset_name[0] ? ")" : "");
 }
 
 typedef struct Reaper {
@@ -193,7 +196,7 @@ static void host_gone(Conn *c, bool killed)
         if (!killed)
                 return;
         if (c->proto_version)
-                conn_log(c, LOG_INFO, GM_MESSAGE_CLIENT_DISCONNECT, &m->conn_log_rl,
+                conn_log(c, conn_session_log_level(c), GM_MESSAGE_CLIENT_DISCONNECT, &m->conn_log_rl,
                          "disconnected after %llu requests", (unsigned long long)c->requests);
         manager_notify_status(m);
 }
@@ -960,10 +963,11 @@ int manager_run(Manager *m)
                 if (m->watchdog_ev)
                         event_add(m->watchdog_ev, &tv);
         }
-        log_full(LOG_INFO, 0, GM_MESSAGE_STARTED, NULL, "gpumemd %s serving on %s (%s backend%s%s, %zu GPUs)",
-                 GPUMEMD_VERSION, m->listen_bound ? m->opts.socket_path : "the activated socket",
-                 driver_name(m->drv), m->preset_name[0] ? ", preset " : "", m->preset_name,
-                 driver_gpu_count(m->drv));
+        log_full(LOG_INFO, 0, GM_MESSAGE_STARTED, NULL,
+                 "gpumemd %s serving on %s (%s backend%s%s, %zu %sGPUs)", GPUMEMD_VERSION,
+                 m->listen_bound ? m->opts.socket_path : "the activated socket", driver_name(m->drv),
+                 m->preset_name[0] ? ", preset " : "", m->preset_name, driver_gpu_count(m->drv),
+                 m->preset_name[0] ? "SIMULATED " : "");
         /* Ready only now: the backend is open, topology and VM are up, the socket listens. */
         (void)sd_notify(0, "READY=1");
         on_status_timer(-1, 0, m);

@@ -445,19 +445,24 @@ int op_admin_quota_set(ReqCtx *r, const Gpumem__Request *req)
         if (err < 0)
                 return reply_fail(r, err, "%s", why);
         {
-                char f_cls[96], f_res[64], f_lim[64], f_old[300], f_gpu[48];
+                char f_cls[96], f_res[64], f_lim[64], f_old[300], f_gpu[48], lim[24];
                 const char *fields[] = {f_cls, f_res, f_lim, f_old, f_gpu, NULL};
                 snprintf(f_cls, sizeof(f_cls), "GPUMEM_CLASS=%s", s->name);
                 snprintf(f_res, sizeof(f_res), "GPUMEM_RESOURCE=%s",
                          policy_resource_name((PolicyResource)(a->resource - 1)));
-                snprintf(f_lim, sizeof(f_lim), "GPUMEM_LIMIT=%llu", (unsigned long long)a->limit);
+                /* UINT64_MAX is no limit: said so, not as 18446744073709551615 */
+                if (a->limit == UINT64_MAX)
+                        snprintf(lim, sizeof(lim), "unlimited");
+                else
+                        snprintf(lim, sizeof(lim), "%llu", (unsigned long long)a->limit);
+                snprintf(f_lim, sizeof(f_lim), "GPUMEM_LIMIT=%s", lim);
                 snprintf(f_old, sizeof(f_old), "GPUMEM_OLD_LIMIT=%s", why);
                 snprintf(f_gpu, sizeof(f_gpu), "GPUMEM_GPU=%u", a->gpu_id);
                 log_full(LOG_NOTICE, 0, GM_MESSAGE_QUOTA_CHANGE, fields,
-                         "client %llu (uid %u) set class '%s' %s%s limit to %llu (was %s)%s",
+                         "client %llu (uid %u) set class '%s' %s%s limit to %s (was %s)%s",
                          (unsigned long long)r->c->id, (unsigned)r->c->ident.uid, s->name,
                          policy_resource_name((PolicyResource)(a->resource - 1)), a->gpu_id ? " per-GPU" : "",
-                         (unsigned long long)a->limit, why, a->force ? ", forced" : "");
+                         lim, why, a->force ? ", forced" : "");
         }
         return reply_empty(r);
 }

@@ -87,7 +87,7 @@ int op_hello(ReqCtx *r, const Gpumem__Request *req)
         hr.kfd_minor = minor;
         /* created at its first device allocation, where the driver allows secondary contexts */
         hr.private_gpu_vm = driver_has(m->drv, DRIVER_CAP_PRIVATE_VM);
-        conn_log(c, LOG_INFO, GM_MESSAGE_CLIENT_CONNECT, &m->conn_log_rl,
+        conn_log(c, conn_session_log_level(c), GM_MESSAGE_CLIENT_CONNECT, &m->conn_log_rl,
                  "connected as '%s', cgroup %s, window 0x%llx+0x%llx", c->name ? c->name : "",
                  c->ident.cgroup ? c->ident.cgroup : "-", (unsigned long long)c->window_base,
                  (unsigned long long)c->window_size);

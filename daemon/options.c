@@ -29,7 +29,7 @@
 void options_init(Options *o)
 {
         *o = (Options){
-                .backend = "model",
+                .backend = "kfd",
                 .log_level = LOG_INFO,
                 .max_connections = 4096,
                 .max_connections_per_uid = 1024,
@@ -73,7 +73,7 @@ static void help(void)
                "  -c, --config FILE         configuration file (default " GPUMEMD_CONFIG_FILE ")\n"
                "  -s, --socket PATH         listen on PATH when not socket-activated\n"
                "                            (default " GPUMEMD_SOCKET_DEFAULT ")\n"
-               "  -b, --backend NAME        the device gpumemd serves (default model):\n");
+               "  -b, --backend NAME        the device gpumemd serves (default kfd):\n");
         for (size_t i = 0; driver_backend_at(i); i++)
                 printf("                              %-8s %s\n", driver_backend_at(i)->name,
                        driver_backend_at(i)->summary);

@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -92,6 +93,7 @@ static int cmd_status(Ctl *ctl, int argc, char **argv)
                 json_str(s->server_version);
                 printf(",\"protocol_version\":%u,\"backend\":", s->protocol_version);
                 json_str(s->backend);
+                printf(",\"simulated\":%s", s->preset[0] ? "true" : "false");
                 printf(",\"preset\":");
                 json_str(s->preset);
                 printf(",\"kfd_version\":{\"major\":%u,\"minor\":%u}", s->kfd_major, s->kfd_minor);
@@ -114,7 +116,8 @@ static int cmd_status(Ctl *ctl, int argc, char **argv)
                 printf("}\n");
         } else {
                 printf("gpumemd %s (protocol %u), pid %u\n", s->server_version, s->protocol_version, s->pid);
-                printf("  backend:   %s%s%s, KFD ABI %u.%u\n", s->backend, s->preset[0] ? ", preset " : "",
+                printf("  backend:   %s%s%s%s, KFD ABI %u.%u\n", s->backend,
+                       s->preset[0] ? " (SIMULATED GPUs, no hardware)" : "", s->preset[0] ? ", preset " : "",
                        s->preset, s->kfd_major, s->kfd_minor);
                 printf("  uptime:    %.1f s\n", (double)s->uptime_usec / 1e6);
                 printf("  GPUs:      %u\n", s->gpus);
@@ -488,8 +491,11 @@ static void cdi_mount(const char *host, const char *inside, const char *const *o
  * A Container Device Interface spec for the socket: the container gets a bind mount of the socket and
  * GPUMEM_SOCKET, and no device node, since gpumemd alone opens /dev/kfd. With --rocm it also gets the
  * client-side KFD (libgpumem-kfd.so and the libprotobuf-c it needs, read-only, in /opt/gpumemd/lib) and
- * LD_PRELOAD naming it, so unmodified ROCm programs in it run through gpumemd. Version 0.5.0 of the CDI
- * spec covers everything used here (env, mount type and options), so older runtimes accept it too.
+ * LD_PRELOAD naming it, so unmodified ROCm programs in it run through gpumemd. When the socket on the host
+ * belongs to a group other than root's, the container's process gets that group too (additionalGids, CDI
+ * 0.7.0), so that it may connect without --group-add; otherwise, or with --no-additional-gids (for runtimes
+ * older than CDI 0.7.0, such as Debian 12's Podman 4.3), the spec is version 0.5.0, which covers everything
+ * else used here (env, mount type and options).
  */
 static int cmd_cdi(Ctl *ctl, int argc, char **argv)
 {
@@ -499,7 +505,8 @@ static int cmd_cdi(Ctl *ctl, int argc, char **argv)
         static const char *const sock_opts[] = {"bind", "nosuid", "nodev", "noexec", NULL};
         static const char *const lib_opts[] = {"bind", "ro", "nosuid", "nodev", NULL};
         char env[160], pbc[PATH_MAX] = "", in_pbc[PATH_MAX];
-        bool rocm = false;
+        bool rocm = false, gids = true;
+        struct stat st;
 
         for (int i = 1; i < argc; i++) {
                 static const char *const opts[] = {"--kind", "--name", "--socket-path", "--container-path",
@@ -509,6 +516,10 @@ static int cmd_cdi(Ctl *ctl, int argc, char **argv)
 
                 if (strcmp(argv[i], "--rocm") == 0) {
                         rocm = true;
+                        continue;
+                }
+                if (strcmp(argv[i], "--no-additional-gids") == 0) {
+                        gids = false;
                         continue;
                 }
 
@@ -559,7 +570,9 @@ static int cmd_cdi(Ctl *ctl, int argc, char **argv)
                 }
                 snprintf(in_pbc, sizeof(in_pbc), "%s/%s", CDI_ROCM_DIR, strrchr(pbc, '/') + 1);
         }
-        printf("{\n  \"cdiVersion\": \"0.5.0\",\n  \"kind\": ");
+        /* the socket's group, if it is there already and is not root's */
+        gids = gids && stat(host, &st) == 0 && st.st_gid != 0;
+        printf("{\n  \"cdiVersion\": \"%s\",\n  \"kind\": ", gids ? "0.7.0" : "0.5.0");
         json_str(kind);
         printf(",\n  \"devices\": [\n    {\n      \"name\": ");
         json_str(name);
@@ -570,7 +583,10 @@ static int cmd_cdi(Ctl *ctl, int argc, char **argv)
                 printf(", ");
                 json_str("LD_PRELOAD=" CDI_ROCM_DIR "/libgpumem-kfd.so");
         }
-        printf("],\n        \"mounts\": [\n");
+        printf("],\n");
+        if (gids)
+                printf("        \"additionalGids\": [%u],\n", (unsigned)st.st_gid);
+        printf("        \"mounts\": [\n");
         cdi_mount(host, inside, sock_opts, !rocm);
         if (rocm) {
                 cdi_mount(kfd_lib, CDI_ROCM_DIR "/libgpumem-kfd.so", lib_opts, false);

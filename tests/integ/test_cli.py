@@ -23,7 +23,7 @@ class Daemon:
         self.notify = Notify(os.path.join(tmp, "notify"))
         env = dict(os.environ, NOTIFY_SOCKET=self.notify.path)
         self.proc = subprocess.Popen(
-            [GPUMEMD, "--socket", self.sock, "--config", self.conf, "--model-preset", preset, *args],
+            [GPUMEMD, "--socket", self.sock, "--config", self.conf, "--backend", "model", "--model-preset", preset, *args],
             env=env, stderr=subprocess.PIPE, text=True)
         self.ready = self.notify.wait("READY=1")
 
@@ -98,12 +98,21 @@ def test_options(tmp):
     r = subprocess.run([GPUMEMD, "--version"], capture_output=True, text=True)
     check(r.returncode == 0 and r.stdout.startswith("gpumemd "), "--version prints the version")
     r = subprocess.run([GPUMEMD, "--help"], capture_output=True, text=True)
-    check(r.returncode == 0 and "--model-preset" in r.stdout, "--help lists the options")
+    check(r.returncode == 0 and "--model-preset" in r.stdout and "(default kfd)" in r.stdout,
+          "--help lists the options, kfd the default backend")
     r = subprocess.run([GPUMEMD, "--frobnicate"], capture_output=True, text=True)
     check(r.returncode == 1 and "unknown option" in r.stderr, "unknown option fails with a reason")
     r = subprocess.run([GPUMEMD, "--socket", os.path.join(tmp, "x.sock"), "--config", "/dev/null",
-                        "--model-preset", "no-such-preset"], capture_output=True, text=True, timeout=20)
+                        "--backend", "model", "--model-preset", "no-such-preset"], capture_output=True, text=True, timeout=20)
     check(r.returncode == 1 and "no-such-preset" in r.stderr, "a missing preset is named in the error")
+    # with no configuration the backend is the kernel's: without /dev/kfd the daemon refuses to start and
+    # says what to do, rather than serving a simulated GPU
+    if not os.path.exists("/dev/kfd"):
+        r = subprocess.run([GPUMEMD, "--socket", os.path.join(tmp, "y.sock"), "--config", "/dev/null"],
+                           capture_output=True, text=True, timeout=20)
+        check(r.returncode == 1 and "/dev/kfd" in r.stderr and "--backend model" in r.stderr
+              and not os.path.exists(os.path.join(tmp, "y.sock")),
+              "no /dev/kfd: the default backend refuses to start, naming /dev/kfd and --backend model")
 
 
 def test_check_config(tmp):
@@ -125,11 +134,13 @@ def test_gpumemctl(tmp):
     d = Daemon(tmp)
     check(d.ready, "daemon ready")
     r = ctl(d.sock, "status")
-    check(r.returncode == 0 and "backend:" in r.stdout and "mi300x" in r.stdout, "status table")
+    check(r.returncode == 0 and "backend:" in r.stdout and "mi300x" in r.stdout
+          and "SIMULATED GPUs" in r.stdout, "status table, the model said to be one")
     r = ctl(d.sock, "--json", "status")
     try:
         st = json.loads(r.stdout)
-        check(st["schema"] == 1 and st["backend"] == "model" and st["gpus"] == 8 and st["clients"] == 1,
+        check(st["schema"] == 1 and st["backend"] == "model" and st["simulated"] is True and st["gpus"] == 8
+              and st["clients"] == 1,
               "status --json fields")
         check(st["pid"] == d.proc.pid, "status --json pid is the daemon's")
     except (ValueError, KeyError) as e:
@@ -216,8 +227,8 @@ def test_caps_and_reload(tmp):
     check(d.proc.poll() is None, "the daemon survives a bad reload")
 
     # a second daemon on the same socket refuses to start
-    r = subprocess.run([GPUMEMD, "--socket", d.sock, "--config", "/dev/null"], capture_output=True, text=True,
-                       timeout=20)
+    r = subprocess.run([GPUMEMD, "--socket", d.sock, "--config", "/dev/null", "--backend", "model"],
+                       capture_output=True, text=True, timeout=20)
     check(r.returncode == 1 and "already listening" in r.stderr, "a second daemon on a live socket")
     code, err = d.stop()
     check(code == 0, "daemon exits 0")
@@ -233,7 +244,7 @@ def test_socket_activation(tmp):
     notify = Notify(os.path.join(tmp, "notify-act"))
     proc = subprocess.Popen([activate, "--seqpacket", "-l", sock, "-E", f"NOTIFY_SOCKET={notify.path}",
                              GPUMEMD, "--config", "/dev/null", "--socket", os.path.join(tmp, "unused.sock"),
-                             "--model-preset", "gfx908"], stderr=subprocess.PIPE, text=True)
+                             "--backend", "model", "--model-preset", "gfx908"], stderr=subprocess.PIPE, text=True)
     for _ in range(200):
         if os.path.exists(sock):
             break
@@ -315,8 +326,13 @@ def test_admin_commands(tmp):
         check(c["class"] == "team" and "pod" in c and "container" in c, "clients --json shows class and container")
     except (ValueError, KeyError, IndexError) as e:
         check(False, f"clients --json ({e})")
-    code, _ = d.stop()
+    code, err = d.stop()
     check(code == 0, "daemon exits 0")
+    check("limit to unlimited (was 1), forced" not in err and "limit to unlimited (was 1)" in err
+          and "18446744073709551615" not in err, "the log says unlimited, not the number behind it")
+    check("connected as 'gpumemctl'" not in err
+          and err.count("disconnected after") == err.count("connected as"),
+          "gpumemctl's sessions put no connect/disconnect lines in the log at info; other clients do")
 
 
 def test_metrics_listener(tmp):

@@ -40,7 +40,7 @@ class Daemon:
         self.notify = Notify(os.path.join(tmp, "notify"))
         env = dict(os.environ, NOTIFY_SOCKET=self.notify.path)
         self.proc = subprocess.Popen(
-            [GPUMEMD, "--socket", self.sock, "--config", conf, "--model-preset", "mi300x"],
+            [GPUMEMD, "--socket", self.sock, "--config", conf, "--backend", "model", "--model-preset", "mi300x"],
             env=env, stderr=self.err,
             preexec_fn=(lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (max_fds, max_fds))) if max_fds else None)
         deadline = time.monotonic() + 10

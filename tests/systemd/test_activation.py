@@ -37,7 +37,7 @@ def activate(tmp, notify, extra_env=(), stream=False):
     for e in extra_env:
         args += ["-E", e]
     args += [GPUMEMD, "--config", "/dev/null", "--socket", os.path.join(tmp, "unused.sock"),
-             "--model-preset", "gfx908"]
+             "--backend", "model", "--model-preset", "gfx908"]
     proc = subprocess.Popen(args, stderr=subprocess.PIPE, text=True)
     if wait_path(sock):
         # what systemd does with SocketMode= and SocketGroup= before it passes the socket on

@@ -5,6 +5,7 @@ mount namespace set up the way the spec says reaching the daemon."""
 import json
 import os
 import re
+import socket
 import shutil
 import subprocess
 import sys
@@ -23,17 +24,21 @@ def cdi(*args, socket=None):
     return subprocess.run([GPUMEMCTL, *pre, "cdi", *args], capture_output=True, text=True, timeout=30)
 
 
-def validate(spec):
-    """The checks a CDI 0.5.0 consumer makes on what we emit, and no field it would not know."""
+def validate(spec, gids=None):
+    """The checks a CDI consumer makes on what we emit, and no field it would not know: 0.5.0, or 0.7.0 with
+    the socket's group in additionalGids."""
     check(set(spec) == {"cdiVersion", "kind", "devices"}, f"top-level fields: {sorted(spec)}")
-    check(spec["cdiVersion"] == "0.5.0", "cdiVersion 0.5.0")
+    check(spec["cdiVersion"] == ("0.7.0" if gids else "0.5.0"), f"cdiVersion {spec['cdiVersion']}")
     check(KIND_RE.match(spec["kind"]) is not None, f"kind {spec['kind']!r} is vendor/class")
     check(len(spec["devices"]) == 1, "one device")
     dev = spec["devices"][0]
     check(set(dev) == {"name", "containerEdits"} and NAME_RE.match(dev["name"]) is not None,
           f"device name {dev.get('name')!r}")
     edits = dev["containerEdits"]
-    check(set(edits) == {"env", "mounts"}, f"only env and mounts are edited: {sorted(edits)}")
+    want = {"env", "mounts"} | ({"additionalGids"} if gids else set())
+    check(set(edits) == want, f"only {sorted(want)} are edited: {sorted(edits)}")
+    if gids:
+        check(edits["additionalGids"] == gids, f"additionalGids {edits['additionalGids']}")
     check(all("=" in e for e in edits["env"]), "env entries are NAME=value")
     for m in edits["mounts"]:
         check(set(m) == {"hostPath", "containerPath", "type", "options"}, f"mount fields {sorted(m)}")
@@ -56,6 +61,21 @@ def test_default(tmp):
           and edits["mounts"][0]["containerPath"] == "/run/gpumemd/gpumemd.sock", "the socket is bind-mounted")
     check("kfd" not in r.stdout and "/dev/" not in r.stdout and "deviceNodes" not in r.stdout,
           "nothing of /dev/kfd or any device node")
+
+
+def test_socket_group(tmp):
+    """A socket whose group is not root's: the container's process gets that group, so it may connect."""
+    path = os.path.join(tmp, "grp.sock")
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    s.bind(path)
+    os.chown(path, -1, 4321)
+    r = cdi("--socket-path", path)
+    check(r.returncode == 0, f"gpumemctl cdi: {r.stderr}")
+    validate(json.loads(r.stdout), gids=[4321])
+    r = cdi("--socket-path", path, "--no-additional-gids")
+    check(r.returncode == 0 and "additionalGids" not in r.stdout, "--no-additional-gids: a 0.5.0 spec")
+    validate(json.loads(r.stdout))
+    s.close()
 
 
 def test_options(tmp):
@@ -113,7 +133,7 @@ def test_spec_in_mount_namespace(tmp):
     spec = json.loads(cdi("--socket-path", host_sock, "--container-path", inside).stdout)
     edits = spec["devices"][0]["containerEdits"]
     notify = Notify(os.path.join(tmp, "notify"))
-    daemon = subprocess.Popen([GPUMEMD, "--socket", host_sock, "--config", "/dev/null", "--model-preset", "gfx908"],
+    daemon = subprocess.Popen([GPUMEMD, "--socket", host_sock, "--config", "/dev/null", "--backend", "model", "--model-preset", "gfx908"],
                               env=dict(os.environ, NOTIFY_SOCKET=notify.path), stderr=subprocess.PIPE, text=True)
     try:
         check(notify.wait("READY=1"), "daemon ready")
@@ -173,7 +193,7 @@ def test_rocm_in_mount_namespace(tmp):
     conf = os.path.join(tmp, "gpumemd.conf")
     with open(conf, "w") as f:
         f.write("[daemon]\nlog-level = notice\n[class all]\nmatch-all = yes\nvram = 200M\n")
-    daemon = subprocess.Popen([GPUMEMD, "--socket", host_sock, "--config", conf, "--model-preset", "gfx908"],
+    daemon = subprocess.Popen([GPUMEMD, "--socket", host_sock, "--config", conf, "--backend", "model", "--model-preset", "gfx908"],
                               env=dict(os.environ, NOTIFY_SOCKET=notify.path), stderr=subprocess.PIPE, text=True)
     try:
         check(notify.wait("READY=1"), "daemon ready")
@@ -248,6 +268,7 @@ def test_rocm_in_mount_namespace(tmp):
 run_tests([
     ("default spec", test_default),
     ("kind, name and paths", test_options),
+    ("the socket's group as additionalGids", test_socket_group),
     ("invalid names and paths are refused", test_refusals),
     ("the spec applied in a mount namespace", test_spec_in_mount_namespace),
     ("--rocm: the client-side KFD and LD_PRELOAD", test_rocm_spec),

@@ -5,6 +5,7 @@ docs/operations.md is the one systemd-analyze gives the installed unit (checked 
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 
@@ -68,8 +69,19 @@ def test_yaml(tmp):
 def test_cdi_example(tmp):
     shown = blocks("containers.md", "json")
     check(len(shown) == 1, "one CDI example")
-    r = subprocess.run([GPUMEMCTL, "cdi"], capture_output=True, text=True)
-    check(shown and json.loads(shown[0]) == json.loads(r.stdout), "the documented spec is what gpumemctl cdi prints")
+    # the example's socket belongs to group 998: one made so here, whose path is then put back
+    sock = os.path.join(tmp, "gpumemd.sock")
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    s.bind(sock)
+    os.chown(sock, -1, 998)
+    r = subprocess.run([GPUMEMCTL, "cdi", "--socket-path", sock, "--container-path", "/run/gpumemd/gpumemd.sock"],
+                       capture_output=True, text=True)
+    s.close()
+    got = json.loads(r.stdout)
+    for m in got["devices"][0]["containerEdits"]["mounts"]:
+        if m["hostPath"] == sock:
+            m["hostPath"] = "/run/gpumemd/gpumemd.sock"
+    check(shown and json.loads(shown[0]) == got, "the documented spec is what gpumemctl cdi prints")
 
 
 run_tests([("Kubernetes YAML", test_yaml), ("CDI example", test_cdi_example)])

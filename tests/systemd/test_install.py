@@ -104,9 +104,17 @@ def test_layout(tmp):
 
 def test_build_and_run_client(tmp):
     pcdir = d(os.path.join(E["LIBDIR"], "pkgconfig"))
-    env = dict(os.environ, PKG_CONFIG_LIBDIR=pcdir, PKG_CONFIG_PATH="", PKG_CONFIG_SYSROOT_DIR=DEST)
+    # the system's own .pc files too: gpumem-client requires libprotobuf-c's for static links
+    system_pc = subprocess.run(["pkg-config", "--variable", "pc_path", "pkg-config"], capture_output=True,
+                               text=True).stdout.strip()
+    env = dict(os.environ, PKG_CONFIG_LIBDIR=pcdir + ":" + system_pc, PKG_CONFIG_PATH="",
+               PKG_CONFIG_SYSROOT_DIR=DEST)
     r = subprocess.run(["pkg-config", "--cflags", "--libs", "gpumem-client"], capture_output=True, text=True, env=env)
     check(r.returncode == 0, f"pkg-config finds gpumem-client in the DESTDIR: {r.stderr}")
+    rs = subprocess.run(["pkg-config", "--static", "--libs", "gpumem-client"], capture_output=True, text=True,
+                        env=env)
+    check(rs.returncode == 0 and "-lprotobuf-c" in rs.stdout.split(),
+          f"a static link gets libprotobuf-c (Requires.private): {rs.stdout.strip()} {rs.stderr.strip()}")
     flags = r.stdout.split()
     check(f"-I{d(E['INCLUDEDIR'])}" in flags or d(E["INCLUDEDIR"]) in r.stdout or E["INCLUDEDIR"] == "/usr/include",
           f"--cflags point into the DESTDIR: {r.stdout.strip()}")

@@ -62,7 +62,7 @@ def start(tmp):
         [shutil.which("systemd-socket-activate"), "--seqpacket", "-l", sock, "-E", f"NOTIFY_SOCKET={notify.path}",
          "setpriv", f"--reuid={DAEMON_UID}", f"--regid={DAEMON_UID}", "--clear-groups", "--bounding-set=-all",
          "--inh-caps=-all", "--no-new-privs",
-         GPUMEMD, "--config", "/dev/null", "--socket", os.path.join(tmp, "unused.sock"), "--model-preset", "mi300x"],
+         GPUMEMD, "--config", "/dev/null", "--socket", os.path.join(tmp, "unused.sock"), "--backend", "model", "--model-preset", "mi300x"],
         stderr=subprocess.PIPE, text=True)
     if wait_path(sock):
         os.chmod(sock, 0o666)
