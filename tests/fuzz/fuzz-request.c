@@ -911,13 +911,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                 manager_unlock(mgr);
         }
         run_loop();
+        /* a reply that went out as the client went (an allocation a worker finished) may carry an fd: take
+         * it too, rather than leave it in flight in the socket */
+        drain(sv[1], &pool);
         close(sv[1]);
         /* and the files it was handed: memory freed while they lived (lingering, still charged) is refunded
-         * once the broker's inotify watch reports them gone, from the loop */
+         * once the broker's inotify watch reports them gone, from the loop. Always: closing the socket
+         * releases whatever fds were still in flight in it */
         for (size_t i = 0; i < pool.n_fds; i++)
                 close(pool.fds[i]);
-        if (pool.n_fds)
-                run_loop();
+        run_loop();
         check_back_to_base();
         return 0;
 }
