@@ -4,7 +4,7 @@ _gpumemctl() {
     _init_completion || return
 
     local commands="status topology clients allocations quota disconnect metrics log-level ping cdi"
-    local opts="--socket --json --help"
+    local opts="--socket --json --version --help"
     local i cmd=""
     for ((i = 1; i < cword; i++)); do
         case "${words[i]}" in

@@ -5,6 +5,7 @@
 #include <link.h>
 #include <getopt.h>
 #include <inttypes.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,6 +23,20 @@ typedef struct Ctl {
         bool json;
         const char *socket;
 } Ctl;
+
+/* Exit statuses (gpumemctl(1)): scripts tell these apart. */
+enum {
+        EXIT_FAILED = 1,      /* the daemon refused or failed the request */
+        EXIT_USAGE = 2,       /* bad command line: nothing was asked of the daemon */
+        EXIT_UNREACHABLE = 3, /* no daemon answered at the socket */
+        EXIT_DENIED = 4,      /* the daemon refused: not allowed (EPERM, EACCES) */
+        EXIT_NOT_FOUND = 5,   /* no such client, class or object (ENOENT, ESRCH) */
+};
+
+/* --json: what failed, as one JSON object on stdout, so that a script reading stdout sees it; main()
+ * prints it in place of whatever the command began to print */
+static bool json_errors;
+static char json_error_buf[1024];
 
 static void json_str(const char *s)
 {
@@ -68,11 +83,91 @@ static const char *human_bytes(uint64_t v, char *buf, size_t len)
         return buf;
 }
 
+/* The error as JSON on stdout: {"schema":1,"error":{"errno":-22,"name":"EINVAL","reason":"..."},...}. */
+static void json_error(int err, const char *what, const char *reason, int status)
+{
+        const char *name = strerrorname_np(-err);
+        FILE *f = fmemopen(json_error_buf, sizeof(json_error_buf), "w");
+        FILE *out = stdout;
+
+        if (!f)
+                return;
+        stdout = f; /* json_str() writes to stdout */
+        printf("{\"schema\":%d,\"error\":{\"errno\":%d,\"name\":", GPUMEMCTL_JSON_SCHEMA, err);
+        json_str(name ? name : "");
+        printf(",\"what\":");
+        json_str(what);
+        printf(",\"reason\":");
+        json_str(reason);
+        printf("},\"exit_status\":%d}\n", status);
+        stdout = out;
+        fclose(f);
+}
+
+/* Prints the error a command left (JSON mode), or nothing. */
+static void json_error_flush(void)
+{
+        if (json_error_buf[0])
+                fputs(json_error_buf, stdout);
+        json_error_buf[0] = '\0';
+}
+
+static int exit_status_of(int err)
+{
+        switch (err) {
+        case -EPERM:
+        case -EACCES:
+                return EXIT_DENIED;
+        case -ENOENT:
+        case -ESRCH:
+                return EXIT_NOT_FOUND;
+        default:
+                return EXIT_FAILED;
+        }
+}
+
 static int fail(Ctl *ctl, const char *what, int err)
 {
         char buf[512];
-        fprintf(stderr, "gpumemctl: %s: %s\n", what, gm_strerror(ctl->c, err, buf, sizeof(buf)));
-        return EXIT_FAILURE;
+        int status = exit_status_of(err);
+
+        gm_strerror(ctl->c, err, buf, sizeof(buf));
+        fprintf(stderr, "gpumemctl: %s: %s\n", what, buf);
+        if (json_errors)
+                json_error(err, what, buf, status);
+        return status;
+}
+
+/* A failure found here, not by the daemon: as fail() does, with its own reason. */
+__attribute__((format(printf, 3, 4))) static int command_error(int err, const char *what, const char *fmt,
+                                                               ...)
+{
+        char buf[512];
+        va_list ap;
+        int status = exit_status_of(err);
+
+        va_start(ap, fmt);
+        vsnprintf(buf, sizeof(buf), fmt, ap);
+        va_end(ap);
+        fprintf(stderr, "gpumemctl: %s: %s\n", what, buf);
+        if (json_errors)
+                json_error(err, what, buf, status);
+        return status;
+}
+
+/* A bad command line: the message on stderr (and as JSON with --json); exit status 2. */
+__attribute__((format(printf, 1, 2))) static int usage_error(const char *fmt, ...)
+{
+        char buf[512];
+        va_list ap;
+
+        va_start(ap, fmt);
+        vsnprintf(buf, sizeof(buf), fmt, ap);
+        va_end(ap);
+        fprintf(stderr, "gpumemctl: %s\n", buf);
+        if (json_errors)
+                json_error(-EINVAL, "usage", buf, EXIT_USAGE);
+        return EXIT_USAGE;
 }
 
 static int cmd_status(Ctl *ctl, int argc, char **argv)
@@ -82,8 +177,7 @@ static int cmd_status(Ctl *ctl, int argc, char **argv)
         int r;
 
         if (argc > 1) {
-                fprintf(stderr, "gpumemctl: status takes no arguments\n");
-                return EXIT_FAILURE;
+                return usage_error("status takes no arguments");
         }
         r = gm_admin_status(ctl->c, &s);
         if (r < 0)
@@ -177,8 +271,7 @@ static int cmd_topology(Ctl *ctl, int argc, char **argv)
                 if (strcmp(argv[i], "--properties") == 0)
                         props = true;
                 else {
-                        fprintf(stderr, "gpumemctl: topology: unknown argument '%s'\n", argv[i]);
-                        return EXIT_FAILURE;
+                        return usage_error("topology: unknown argument '%s'", argv[i]);
                 }
         }
         r = gm_topology_get(ctl->c, props, &t);
@@ -271,8 +364,7 @@ static int cmd_clients(Ctl *ctl, int argc, char **argv)
         int r;
 
         if (argc > 1) {
-                fprintf(stderr, "gpumemctl: clients takes no arguments\n");
-                return EXIT_FAILURE;
+                return usage_error("clients takes no arguments");
         }
         r = gm_admin_clients(ctl->c, &infos, &n);
         if (r < 0)
@@ -333,14 +425,12 @@ static int cmd_disconnect(Ctl *ctl, int argc, char **argv)
         int r;
 
         if (argc != 2) {
-                fprintf(stderr, "gpumemctl: usage: disconnect CLIENT_ID\n");
-                return EXIT_FAILURE;
+                return usage_error("usage: disconnect CLIENT_ID");
         }
         errno = 0;
         id = strtoull(argv[1], &end, 10);
         if (errno || *end || !argv[1][0]) {
-                fprintf(stderr, "gpumemctl: disconnect: '%s' is not a client id\n", argv[1]);
-                return EXIT_FAILURE;
+                return usage_error("disconnect: '%s' is not a client id", argv[1]);
         }
         r = gm_admin_disconnect(ctl->c, id);
         if (r < 0)
@@ -358,8 +448,7 @@ static int cmd_metrics(Ctl *ctl, int argc, char **argv)
         int r;
 
         if (argc > 1) {
-                fprintf(stderr, "gpumemctl: metrics takes no arguments\n");
-                return EXIT_FAILURE;
+                return usage_error("metrics takes no arguments");
         }
         r = gm_admin_metrics(ctl->c, &text);
         if (r < 0)
@@ -380,8 +469,7 @@ static int cmd_log_level(Ctl *ctl, int argc, char **argv)
         int r;
 
         if (argc != 2) {
-                fprintf(stderr, "gpumemctl: usage: log-level err|warning|notice|info|debug\n");
-                return EXIT_FAILURE;
+                return usage_error("usage: log-level err|warning|notice|info|debug");
         }
         r = gm_admin_set_log_level(ctl->c, argv[1]);
         if (r < 0)
@@ -530,44 +618,35 @@ static int cmd_cdi(Ctl *ctl, int argc, char **argv)
                                 break;
                 }
                 if (k == sizeof(opts) / sizeof(opts[0])) {
-                        fprintf(stderr, "gpumemctl: cdi: unknown argument '%s'\n", argv[i]);
-                        return EXIT_FAILURE;
+                        return usage_error("cdi: unknown argument '%s'", argv[i]);
                 }
                 if (argv[i][len] == '=')
                         *dst[k] = argv[i] + len + 1;
                 else if (i + 1 < argc)
                         *dst[k] = argv[++i];
                 else {
-                        fprintf(stderr, "gpumemctl: cdi: %s needs a value\n", opts[k]);
-                        return EXIT_FAILURE;
+                        return usage_error("cdi: %s needs a value", opts[k]);
                 }
         }
         if (!inside)
                 inside = host;
         if (!cdi_kind_ok(kind)) {
-                fprintf(stderr, "gpumemctl: cdi: '%s' is not a CDI kind (vendor.example/class)\n", kind);
-                return EXIT_FAILURE;
+                return usage_error("cdi: '%s' is not a CDI kind (vendor.example/class)", kind);
         }
         if (!cdi_name_ok(name, 63, "-_.:")) {
-                fprintf(stderr, "gpumemctl: cdi: '%s' is not a CDI device name\n", name);
-                return EXIT_FAILURE;
+                return usage_error("cdi: '%s' is not a CDI device name", name);
         }
         if (!cdi_path_ok(host) || !cdi_path_ok(inside)) {
-                fprintf(stderr, "gpumemctl: cdi: socket paths must be absolute, shorter than 108 bytes and "
-                                "free of control characters and '='\n");
-                return EXIT_FAILURE;
+                return usage_error("cdi: socket paths must be absolute, shorter than 108 bytes and free of "
+                                   "control characters and '='");
         }
         if (rocm) {
-                if (!cdi_path_ok(kfd_lib) || access(kfd_lib, R_OK) < 0) {
-                        fprintf(stderr, "gpumemctl: cdi: no client-side KFD at %s (--kfd-library PATH)\n",
-                                kfd_lib);
-                        return EXIT_FAILURE;
-                }
+                if (!cdi_path_ok(kfd_lib) || access(kfd_lib, R_OK) < 0)
+                        return command_error(-ENOENT, "cdi", "no client-side KFD at %s (--kfd-library PATH)",
+                                             kfd_lib);
                 dl_iterate_phdr(find_protobuf_c, pbc);
-                if (!pbc[0] || !cdi_path_ok(pbc)) {
-                        fprintf(stderr, "gpumemctl: cdi: cannot tell where libprotobuf-c is\n");
-                        return EXIT_FAILURE;
-                }
+                if (!pbc[0] || !cdi_path_ok(pbc))
+                        return command_error(-ENOENT, "cdi", "cannot tell where libprotobuf-c is");
                 snprintf(in_pbc, sizeof(in_pbc), "%s/%s", CDI_ROCM_DIR, strrchr(pbc, '/') + 1);
         }
         /* the socket's group, if it is there already and is not root's */
@@ -635,12 +714,10 @@ static int cmd_allocations(Ctl *ctl, int argc, char **argv)
         for (int i = 1; i < argc; i++) {
                 if (strcmp(argv[i], "--client") == 0 && i + 1 < argc) {
                         if (parse_u64(argv[++i], &client) < 0 || client == 0) {
-                                fprintf(stderr, "gpumemctl: allocations: '%s' is not a client id\n", argv[i]);
-                                return EXIT_FAILURE;
+                                return usage_error("allocations: '%s' is not a client id", argv[i]);
                         }
                 } else {
-                        fprintf(stderr, "gpumemctl: usage: allocations [--client ID]\n");
-                        return EXIT_FAILURE;
+                        return usage_error("usage: allocations [--client ID]");
                 }
         }
         if (ctl->json)
@@ -755,8 +832,7 @@ static int cmd_quota(Ctl *ctl, int argc, char **argv)
                 gm_quota *q = NULL;
                 size_t n = 0;
                 if (argc > 3) {
-                        fprintf(stderr, "gpumemctl: usage: quota show [CLASS]\n");
-                        return EXIT_FAILURE;
+                        return usage_error("usage: quota show [CLASS]");
                 }
                 r = gm_admin_quota_get(ctl->c, argc == 3 ? argv[2] : NULL, &q, &n);
                 if (r < 0)
@@ -814,31 +890,24 @@ static int cmd_quota(Ctl *ctl, int argc, char **argv)
                         if (strcmp(argv[3], resource_names[i]) == 0)
                                 res = i;
                 if (!res) {
-                        fprintf(stderr,
-                                "gpumemctl: quota set: unknown resource '%s' (vram, host, managed, handles, "
-                                "fds, "
-                                "connections, inflight, windows)\n",
+                        return usage_error(
+                                "quota set: unknown resource '%s' (vram, host, managed, handles, fds, "
+                                "connections, inflight, windows, queues)",
                                 argv[3]);
-                        return EXIT_FAILURE;
                 }
                 if (parse_limit(argv[4], resource_is_bytes(res), &limit) < 0) {
-                        fprintf(stderr,
-                                "gpumemctl: quota set: '%s' is not a limit (a number%s, or 'unlimited')\n",
-                                argv[4], resource_is_bytes(res) ? " with K, M, G or T" : "");
-                        return EXIT_FAILURE;
+                        return usage_error("quota set: '%s' is not a limit (a number%s, or 'unlimited')",
+                                           argv[4], resource_is_bytes(res) ? " with K, M, G or T" : "");
                 }
                 for (int i = 5; i < argc; i++) {
                         if (strcmp(argv[i], "--force") == 0) {
                                 force = true;
                         } else if (strcmp(argv[i], "--gpu") == 0 && i + 1 < argc) {
                                 if (parse_u64(argv[++i], &gpu) < 0 || gpu == 0 || gpu > UINT32_MAX) {
-                                        fprintf(stderr, "gpumemctl: quota set: '%s' is not a GPU id\n",
-                                                argv[i]);
-                                        return EXIT_FAILURE;
+                                        return usage_error("quota set: '%s' is not a GPU id", argv[i]);
                                 }
                         } else {
-                                fprintf(stderr, "gpumemctl: quota set: unknown argument '%s'\n", argv[i]);
-                                return EXIT_FAILURE;
+                                return usage_error("quota set: unknown argument '%s'", argv[i]);
                         }
                 }
                 r = gm_admin_quota_set(ctl->c, cls, res, (uint32_t)gpu, limit, force);
@@ -857,9 +926,7 @@ static int cmd_quota(Ctl *ctl, int argc, char **argv)
                         printf("class %s: %s%s limit set\n", cls, resource_names[res], gpu ? " per-GPU" : "");
                 return EXIT_SUCCESS;
         }
-        fprintf(stderr, "gpumemctl: usage: quota show [CLASS] | quota set CLASS RESOURCE LIMIT [--gpu ID] "
-                        "[--force]\n");
-        return EXIT_FAILURE;
+        return usage_error("usage: quota show [CLASS] | quota set CLASS RESOURCE LIMIT [--gpu ID] [--force]");
 }
 
 static const struct {
@@ -889,59 +956,125 @@ static void usage(FILE *f)
         fprintf(f,
                 "\nOptions:\n"
                 "  -s, --socket PATH  the daemon's socket (default $GPUMEM_SOCKET or " GM_DEFAULT_SOCKET ")\n"
-                "  -j, --json         machine-readable output (a stable JSON schema)\n"
-                "  -h, --help         this help\n");
+                "  -j, --json         machine-readable output (a stable JSON schema; errors too)\n"
+                "  -V, --version      gpumemctl's version\n"
+                "  -h, --help         this help\n"
+                "Options may stand anywhere on the line; \"--\" ends them.\n"
+                "\nExit status: 0 done, 1 the daemon refused or failed, 2 bad command line, 3 no daemon\n"
+                "reachable, 4 not allowed, 5 no such client, class or object.\n");
+}
+
+/*
+ * The options that are gpumemctl's own, wherever they stand (before or after the command and its
+ * arguments; "--" ends them): taken out of @argv, which keeps the rest in order. 0, 1 for --help or
+ * --version (done), or EXIT_USAGE.
+ */
+static int global_options(Ctl *ctl, int *argc, char **argv)
+{
+        int n = 1;
+        bool ended = false;
+
+        for (int i = 1; i < *argc; i++) {
+                const char *a = argv[i];
+
+                if (ended) {
+                        argv[n++] = argv[i];
+                } else if (strcmp(a, "--") == 0) {
+                        ended = true;
+                } else if (strcmp(a, "-j") == 0 || strcmp(a, "--json") == 0) {
+                        ctl->json = json_errors = true;
+                } else if (strcmp(a, "-s") == 0 || strcmp(a, "--socket") == 0) {
+                        if (i + 1 >= *argc)
+                                return usage_error("%s needs a path", a);
+                        ctl->socket = argv[++i];
+                } else if (strncmp(a, "--socket=", 9) == 0) {
+                        ctl->socket = a + 9;
+                } else if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
+                        usage(stdout);
+                        return 1;
+                } else if (strcmp(a, "-V") == 0 || strcmp(a, "--version") == 0) {
+                        printf("gpumemctl %s\n", GPUMEMD_VERSION);
+                        return 1;
+                } else if (n == 1 && a[0] == '-') {
+                        return usage_error("unknown option '%s' (see --help)", a);
+                } else {
+                        argv[n++] = argv[i];
+                }
+        }
+        *argc = n;
+        argv[n] = NULL;
+        return 0;
+}
+
+/*
+ * Runs a command; with --json its output is kept until it is done, so that a failure prints the error
+ * object alone rather than after half a document.
+ */
+static int run_command(Ctl *ctl, int (*fn)(Ctl *, int, char **), int argc, char **argv)
+{
+        char *data = NULL;
+        size_t len = 0;
+        FILE *out = stdout, *mem;
+        int r;
+
+        if (!ctl->json || !(mem = open_memstream(&data, &len)))
+                return fn(ctl, argc, argv);
+        stdout = mem;
+        r = fn(ctl, argc, argv);
+        stdout = out;
+        fclose(mem);
+        if (r == EXIT_SUCCESS)
+                fwrite(data, 1, len, stdout);
+        else
+                json_error_flush();
+        free(data);
+        return r;
 }
 
 int main(int argc, char **argv)
 {
-        static const struct option longopts[] = {
-                {"socket", required_argument, NULL, 's'},
-                {"json", no_argument, NULL, 'j'},
-                {"help", no_argument, NULL, 'h'},
-                {},
-        };
         Ctl ctl = {0};
         char buf[512];
-        int c, r;
+        int r;
 
-        while ((c = getopt_long(argc, argv, "+s:jh", longopts, NULL)) >= 0) {
-                switch (c) {
-                case 's':
-                        ctl.socket = optarg;
-                        break;
-                case 'j':
-                        ctl.json = true;
-                        break;
-                case 'h':
-                        usage(stdout);
-                        return EXIT_SUCCESS;
-                default:
-                        usage(stderr);
-                        return EXIT_FAILURE;
-                }
-        }
-        if (optind >= argc) {
+        r = global_options(&ctl, &argc, argv);
+        json_error_flush();
+        if (r)
+                return r == 1 ? EXIT_SUCCESS : r;
+        if (argc < 2) {
                 usage(stderr);
-                return EXIT_FAILURE;
+                return EXIT_USAGE;
         }
         for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++) {
-                if (strcmp(argv[optind], commands[i].name) != 0)
+                if (strcmp(argv[1], commands[i].name) != 0)
                         continue;
                 if (commands[i].offline)
-                        return commands[i].fn(&ctl, argc - optind, argv + optind);
+                        return commands[i].fn(&ctl, argc - 1, argv + 1);
                 const char *path = ctl.socket ? ctl.socket : getenv("GPUMEM_SOCKET");
                 if (!path || !*path)
                         path = GM_DEFAULT_SOCKET;
                 r = gm_client_open(path, "gpumemctl", &ctl.c, buf, sizeof(buf));
                 if (r < 0) {
-                        fprintf(stderr, "gpumemctl: cannot connect to gpumemd at %s: %s\n", path, buf);
-                        return EXIT_FAILURE;
+                        /* no daemon there; a socket this user may not use; or the daemon's refusal */
+                        int status = r == -EACCES || r == -EPERM ? EXIT_DENIED
+                                     : r == -ENOENT || r == -ECONNREFUSED || r == -ENOTSOCK ||
+                                                     r == -ETIMEDOUT || r == -ECONNRESET || r == -EPIPE ||
+                                                     r == -ENOTDIR
+                                             ? EXIT_UNREACHABLE
+                                             : EXIT_FAILED;
+                        char what[PATH_MAX + 32];
+                        snprintf(what, sizeof(what), "cannot connect to gpumemd at %s", path);
+                        fprintf(stderr, "gpumemctl: %s: %s\n", what, buf);
+                        if (json_errors)
+                                json_error(r, what, buf, status);
+                        json_error_flush();
+                        return status;
                 }
-                r = commands[i].fn(&ctl, argc - optind, argv + optind);
+                r = run_command(&ctl, commands[i].fn, argc - 1, argv + 1);
                 gm_client_close(ctl.c);
                 return r;
         }
-        fprintf(stderr, "gpumemctl: unknown command '%s' (see --help)\n", argv[optind]);
-        return EXIT_FAILURE;
+        r = usage_error("unknown command '%s' (see --help)", argv[1]);
+        json_error_flush();
+        return r;
 }

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Integration tests of gpumemd and gpumemctl as programs: options, config checks, reload, connection caps,
 socket activation through systemd-socket-activate, and gpumemctl's tables, JSON and errors."""
+import errno
 import json
 import os
 import shutil
@@ -11,7 +12,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
-from gmtest import GPUMEMD, Notify, check, ctl, hello_frame, run_tests  # noqa: E402
+from gmtest import GPUMEMCTL, GPUMEMD, Notify, check, ctl, hello_frame, run_tests  # noqa: E402
 
 
 class Daemon:
@@ -164,17 +165,32 @@ def test_gpumemctl(tmp):
     r = ctl(d.sock, "metrics")
     check(r.returncode == 0 and "gpumemd_requests_total" in r.stdout, "metrics")
     r = ctl(d.sock, "disconnect", "424242")
-    check(r.returncode == 1 and r.stderr.count("\n") == 1 and "424242" in r.stderr, "disconnect of nobody")
+    check(r.returncode == 5 and r.stderr.count("\n") == 1 and "424242" in r.stderr, "disconnect of nobody: 5")
     r = ctl(d.sock, "frobnicate")
-    check(r.returncode == 1 and "unknown command" in r.stderr, "unknown command")
+    check(r.returncode == 2 and "unknown command" in r.stderr, "unknown command: 2")
     code, err = d.stop()
     check(code == 0, "daemon exits 0 on SIGTERM")
     check(d.stopping, "STOPPING=1 sent")
     check(not os.path.exists(d.sock), "socket removed at exit")
     # no daemon: one clear line and a non-zero exit
     r = ctl(d.sock, "--json", "status")
-    check(r.returncode == 1 and r.stdout == "" and r.stderr.count("\n") == 1 and "cannot connect" in r.stderr,
-          "gpumemctl against a missing socket")
+    check(r.returncode == 3 and r.stderr.count("\n") == 1 and "cannot connect" in r.stderr,
+          "gpumemctl against a missing socket: 3")
+    try:
+        e = json.loads(r.stdout)["error"]
+        check(e["errno"] == -errno.ENOENT and e["name"] == "ENOENT" and "cannot connect" in e["what"]
+              and r.stdout.count("\n") == 1, "with --json the error is one JSON object on stdout")
+    except (ValueError, KeyError) as ex:
+        check(False, f"the error is JSON ({ex}): {r.stdout!r}")
+    r = ctl(d.sock, "status")
+    check(r.returncode == 3 and r.stdout == "", "without --json nothing on stdout")
+    # gpumemctl's own options stand anywhere on the line; --version; usage errors are 2
+    r = subprocess.run([GPUMEMCTL, "--version"], capture_output=True, text=True)
+    check(r.returncode == 0 and r.stdout.startswith("gpumemctl "), "--version")
+    r = subprocess.run([GPUMEMCTL, "status", "--json", "--socket", d.sock], capture_output=True, text=True)
+    check(r.returncode == 3 and json.loads(r.stdout)["exit_status"] == 3, "options after the command")
+    r = subprocess.run([GPUMEMCTL, "--frobnicate", "status"], capture_output=True, text=True)
+    check(r.returncode == 2 and "unknown option" in r.stderr, "an unknown option: 2")
 
 
 def test_caps_and_reload(tmp):
@@ -294,11 +310,11 @@ def test_admin_commands(tmp):
     r = ctl(d.sock, "quota", "show", "team")
     check(r.returncode == 0 and "4.0 GiB" in r.stdout, "quota show reflects the new limit")
     r = ctl(d.sock, "quota", "set", "team", "teleports", "4")
-    check(r.returncode == 1 and "unknown resource" in r.stderr, "quota set: unknown resource")
+    check(r.returncode == 2 and "unknown resource" in r.stderr, "quota set: unknown resource")
     r = ctl(d.sock, "quota", "set", "team", "vram", "lots")
-    check(r.returncode == 1 and "not a limit" in r.stderr, "quota set: bad limit")
+    check(r.returncode == 2 and "not a limit" in r.stderr, "quota set: bad limit")
     r = ctl(d.sock, "quota", "set", "nobody", "vram", "1G")
-    check(r.returncode == 1 and r.stderr.count("\n") == 1 and "nobody" in r.stderr, "quota set: no such class")
+    check(r.returncode == 5 and r.stderr.count("\n") == 1 and "nobody" in r.stderr, "quota set: no such class")
     # another connection of the class, then a limit below the two connections in use
     other = raw_connect(d.sock)
     time.sleep(0.1)
@@ -318,8 +334,14 @@ def test_admin_commands(tmp):
         check(a["schema"] == 1 and a["allocations"] == [], "allocations --json (none held)")
     except (ValueError, KeyError) as e:
         check(False, f"allocations --json is valid JSON ({e})")
+    if shutil.which("setpriv") and os.geteuid() == 0:
+        # someone who may not: refused at the socket or by the daemon, exit status 4 either way
+        r = subprocess.run(["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups", GPUMEMCTL,
+                            "--socket", d.sock, "--json", "clients"], capture_output=True, text=True, timeout=20)
+        check(r.returncode == 4 and json.loads(r.stdout or "{}").get("exit_status") == 4,
+              f"not allowed: exit status 4 ({r.returncode}, {r.stderr.strip()})")
     r = ctl(d.sock, "allocations", "--client", "99999")
-    check(r.returncode == 1 and "99999" in r.stderr, "allocations of a client that does not exist")
+    check(r.returncode == 5 and "99999" in r.stderr, "allocations of a client that does not exist: 5")
     r = ctl(d.sock, "--json", "clients")
     try:
         c = json.loads(r.stdout)["clients"][0]

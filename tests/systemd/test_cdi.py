@@ -116,7 +116,7 @@ def test_refusals(tmp):
         (["--kind"], "an option without its value"),
     ]:
         r = cdi(*args)
-        check(r.returncode == 1 and r.stdout == "" and r.stderr.count("\n") == 1, f"refused: {what}")
+        check(r.returncode == 2 and r.stdout == "" and r.stderr.count("\n") == 1, f"refused: {what}")
 
 
 def test_spec_in_mount_namespace(tmp):
