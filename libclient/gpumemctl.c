@@ -13,6 +13,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <json-c/json.h>
+
 #include "config.h"
 #include "gpumem-client.h"
 
@@ -38,32 +40,52 @@ enum {
 static bool json_errors;
 static char json_error_buf[1024];
 
-static void json_str(const char *s)
+/* JSON is built with json-c and printed one document per line (PLAIN: no spaces, '/' unescaped). */
+static json_object *jdoc(void)
 {
-        putchar('"');
-        for (; s && *s; s++) {
-                unsigned char ch = (unsigned char)*s;
-                switch (ch) {
-                case '"':
-                        fputs("\\\"", stdout);
-                        break;
-                case '\\':
-                        fputs("\\\\", stdout);
-                        break;
-                case '\n':
-                        fputs("\\n", stdout);
-                        break;
-                case '\t':
-                        fputs("\\t", stdout);
-                        break;
-                default:
-                        if (ch < 0x20)
-                                printf("\\u%04x", ch);
-                        else
-                                putchar(ch);
-                }
-        }
-        putchar('"');
+        json_object *o = json_object_new_object();
+        json_object_object_add(o, "schema", json_object_new_int(GPUMEMCTL_JSON_SCHEMA));
+        return o;
+}
+
+static void jstr(json_object *o, const char *key, const char *v)
+{
+        json_object_object_add(o, key, json_object_new_string(v ? v : ""));
+}
+
+static void ju64(json_object *o, const char *key, uint64_t v)
+{
+        json_object_object_add(o, key, json_object_new_uint64(v));
+}
+
+static void ji64(json_object *o, const char *key, int64_t v)
+{
+        json_object_object_add(o, key, json_object_new_int64(v));
+}
+
+static void jbool(json_object *o, const char *key, bool v)
+{
+        json_object_object_add(o, key, json_object_new_boolean(v));
+}
+
+/* A limit: null for none. */
+static void jlimit(json_object *o, const char *key, uint64_t v)
+{
+        json_object_object_add(o, key, v == GM_UNLIMITED ? NULL : json_object_new_uint64(v));
+}
+
+static json_object *jarray(json_object *o, const char *key)
+{
+        json_object *a = json_object_new_array();
+        json_object_object_add(o, key, a);
+        return a;
+}
+
+/* Prints @o on one line and frees it. */
+static void jprint(json_object *o, int flags)
+{
+        puts(json_object_to_json_string_ext(o, flags | JSON_C_TO_STRING_NOSLASHESCAPE));
+        json_object_put(o);
 }
 
 static const char *human_bytes(uint64_t v, char *buf, size_t len)
@@ -87,21 +109,17 @@ static const char *human_bytes(uint64_t v, char *buf, size_t len)
 static void json_error(int err, const char *what, const char *reason, int status)
 {
         const char *name = strerrorname_np(-err);
-        FILE *f = fmemopen(json_error_buf, sizeof(json_error_buf), "w");
-        FILE *out = stdout;
+        json_object *o = jdoc(), *e = json_object_new_object();
 
-        if (!f)
-                return;
-        stdout = f; /* json_str() writes to stdout */
-        printf("{\"schema\":%d,\"error\":{\"errno\":%d,\"name\":", GPUMEMCTL_JSON_SCHEMA, err);
-        json_str(name ? name : "");
-        printf(",\"what\":");
-        json_str(what);
-        printf(",\"reason\":");
-        json_str(reason);
-        printf("},\"exit_status\":%d}\n", status);
-        stdout = out;
-        fclose(f);
+        ji64(e, "errno", err);
+        jstr(e, "name", name ? name : "");
+        jstr(e, "what", what);
+        jstr(e, "reason", reason);
+        json_object_object_add(o, "error", e);
+        ji64(o, "exit_status", status);
+        snprintf(json_error_buf, sizeof(json_error_buf), "%s\n",
+                 json_object_to_json_string_ext(o, JSON_C_TO_STRING_PLAIN | JSON_C_TO_STRING_NOSLASHESCAPE));
+        json_object_put(o);
 }
 
 /* Prints the error a command left (JSON mode), or nothing. */
@@ -183,31 +201,42 @@ static int cmd_status(Ctl *ctl, int argc, char **argv)
         if (r < 0)
                 return fail(ctl, "status", r);
         if (ctl->json) {
-                printf("{\"schema\":%d,\"server_version\":", GPUMEMCTL_JSON_SCHEMA);
-                json_str(s->server_version);
-                printf(",\"protocol_version\":%u,\"backend\":", s->protocol_version);
-                json_str(s->backend);
-                printf(",\"simulated\":%s", s->preset[0] ? "true" : "false");
-                printf(",\"preset\":");
-                json_str(s->preset);
-                printf(",\"kfd_version\":{\"major\":%u,\"minor\":%u}", s->kfd_major, s->kfd_minor);
-                printf(",\"pid\":%u,\"uptime_usec\":%" PRIu64 ",\"started_usec\":%" PRIu64, s->pid,
-                       s->uptime_usec, s->started_usec);
-                printf(",\"clients\":%u,\"gpus\":%u,\"allocations\":%" PRIu64, s->clients, s->gpus,
-                       s->allocations);
-                printf(",\"bytes\":{\"device\":%" PRIu64 ",\"host\":%" PRIu64 ",\"managed\":%" PRIu64 "}",
-                       s->bytes_device, s->bytes_host, s->bytes_managed);
-                printf(",\"requests\":%" PRIu64 ",\"protocol_errors\":%" PRIu64 ",\"va_windows\":%u",
-                       s->requests, s->protocol_errors, s->va_windows);
-                if (s->has_model)
-                        printf(",\"model\":{\"contexts\":%u,\"buffers\":%" PRIu64 ",\"handles\":%" PRIu64
-                               ",\"imports\":%" PRIu64 ",\"mappings\":%" PRIu64 ",\"gem_handles\":%" PRIu64
-                               ",\"svm_ranges\":%" PRIu64 ",\"system_bytes\":%" PRIu64
-                               ",\"vram_bytes\":%" PRIu64 "}",
-                               s->model_contexts, s->model_buffers, s->model_handles, s->model_imports,
-                               s->model_mappings, s->model_gem_handles, s->model_svm_ranges,
-                               s->model_system_bytes, s->model_vram_bytes);
-                printf("}\n");
+                json_object *o = jdoc(), *k = json_object_new_object(), *b = json_object_new_object();
+                jstr(o, "server_version", s->server_version);
+                ju64(o, "protocol_version", s->protocol_version);
+                jstr(o, "backend", s->backend);
+                jbool(o, "simulated", s->preset[0] != '\0');
+                jstr(o, "preset", s->preset);
+                ju64(k, "major", s->kfd_major);
+                ju64(k, "minor", s->kfd_minor);
+                json_object_object_add(o, "kfd_version", k);
+                ju64(o, "pid", s->pid);
+                ju64(o, "uptime_usec", s->uptime_usec);
+                ju64(o, "started_usec", s->started_usec);
+                ju64(o, "clients", s->clients);
+                ju64(o, "gpus", s->gpus);
+                ju64(o, "allocations", s->allocations);
+                ju64(b, "device", s->bytes_device);
+                ju64(b, "host", s->bytes_host);
+                ju64(b, "managed", s->bytes_managed);
+                json_object_object_add(o, "bytes", b);
+                ju64(o, "requests", s->requests);
+                ju64(o, "protocol_errors", s->protocol_errors);
+                ju64(o, "va_windows", s->va_windows);
+                if (s->has_model) {
+                        json_object *m = json_object_new_object();
+                        ju64(m, "contexts", s->model_contexts);
+                        ju64(m, "buffers", s->model_buffers);
+                        ju64(m, "handles", s->model_handles);
+                        ju64(m, "imports", s->model_imports);
+                        ju64(m, "mappings", s->model_mappings);
+                        ju64(m, "gem_handles", s->model_gem_handles);
+                        ju64(m, "svm_ranges", s->model_svm_ranges);
+                        ju64(m, "system_bytes", s->model_system_bytes);
+                        ju64(m, "vram_bytes", s->model_vram_bytes);
+                        json_object_object_add(o, "model", m);
+                }
+                jprint(o, JSON_C_TO_STRING_PLAIN);
         } else {
                 printf("gpumemd %s (protocol %u), pid %u\n", s->server_version, s->protocol_version, s->pid);
                 printf("  backend:   %s%s%s%s, KFD ABI %u.%u\n", s->backend,
@@ -278,44 +307,52 @@ static int cmd_topology(Ctl *ctl, int argc, char **argv)
         if (r < 0)
                 return fail(ctl, "topology", r);
         if (ctl->json) {
-                printf("{\"schema\":%d,\"generation_id\":%" PRIu64 ",\"nodes\":[", GPUMEMCTL_JSON_SCHEMA,
-                       t->generation_id);
+                json_object *o = jdoc(), *nodes;
+                ju64(o, "generation_id", t->generation_id);
+                nodes = jarray(o, "nodes");
                 for (size_t i = 0; i < t->n_nodes; i++) {
                         const gm_topology_node *n = &t->nodes[i];
-                        printf("%s{\"node_id\":%u,\"kind\":\"%s\",\"gpu_id\":%u,\"name\":", i ? "," : "",
-                               n->node_id, n->is_gpu ? (n->cpu_cores ? "apu" : "gpu") : "cpu", n->gpu_id);
-                        json_str(n->name);
-                        printf(",\"cpu_cores\":%u,\"simd_count\":%u,\"vram_bytes\":%" PRIu64
-                               ",\"system_mem_bytes\":%" PRIu64,
-                               n->cpu_cores, n->simd_count, n->local_mem_size, n->system_mem_size);
-                        printf(",\"gfx_target_version\":%u,\"vendor_id\":%u,\"device_id\":%u",
-                               n->gfx_target_version, n->vendor_id, n->device_id);
-                        printf(",\"pci_domain\":%u,\"pci_location\":%u,\"drm_render_minor\":%u",
-                               n->pci_domain, n->pci_location, n->drm_render_minor);
-                        printf(",\"hive_id\":%" PRIu64 ",\"numa_node\":%d,\"large_bar\":%s,\"capability\":%u",
-                               n->hive_id, n->numa_node, n->large_bar ? "true" : "false", n->capability);
-                        printf(",\"io_links\":[");
+                        json_object *j = json_object_new_object(), *links;
+                        ju64(j, "node_id", n->node_id);
+                        jstr(j, "kind", n->is_gpu ? (n->cpu_cores ? "apu" : "gpu") : "cpu");
+                        ju64(j, "gpu_id", n->gpu_id);
+                        jstr(j, "name", n->name);
+                        ju64(j, "cpu_cores", n->cpu_cores);
+                        ju64(j, "simd_count", n->simd_count);
+                        ju64(j, "vram_bytes", n->local_mem_size);
+                        ju64(j, "system_mem_bytes", n->system_mem_size);
+                        ju64(j, "gfx_target_version", n->gfx_target_version);
+                        ju64(j, "vendor_id", n->vendor_id);
+                        ju64(j, "device_id", n->device_id);
+                        ju64(j, "pci_domain", n->pci_domain);
+                        ju64(j, "pci_location", n->pci_location);
+                        ju64(j, "drm_render_minor", n->drm_render_minor);
+                        ju64(j, "hive_id", n->hive_id);
+                        ji64(j, "numa_node", n->numa_node);
+                        jbool(j, "large_bar", n->large_bar);
+                        ju64(j, "capability", n->capability);
+                        links = jarray(j, "io_links");
                         for (size_t k = 0; k < n->n_io_links; k++) {
                                 const gm_io_link *l = &n->io_links[k];
+                                json_object *lo = json_object_new_object();
                                 char tb[16];
-                                printf("%s{\"type\":\"%s\",\"from\":%u,\"to\":%u,\"weight\":%u,"
-                                       "\"min_bandwidth\":%u,\"max_bandwidth\":%u}",
-                                       k ? "," : "", link_type(l->type, tb, sizeof(tb)), l->node_from,
-                                       l->node_to, l->weight, l->min_bandwidth, l->max_bandwidth);
+                                jstr(lo, "type", link_type(l->type, tb, sizeof(tb)));
+                                ju64(lo, "from", l->node_from);
+                                ju64(lo, "to", l->node_to);
+                                ju64(lo, "weight", l->weight);
+                                ju64(lo, "min_bandwidth", l->min_bandwidth);
+                                ju64(lo, "max_bandwidth", l->max_bandwidth);
+                                json_object_array_add(links, lo);
                         }
-                        printf("]");
                         if (props) {
-                                printf(",\"properties\":{");
-                                for (size_t k = 0; k < n->n_properties; k++) {
-                                        printf("%s", k ? "," : "");
-                                        json_str(n->properties[k].key);
-                                        printf(":%" PRIu64, n->properties[k].value);
-                                }
-                                printf("}");
+                                json_object *po = json_object_new_object();
+                                for (size_t k = 0; k < n->n_properties; k++)
+                                        ju64(po, n->properties[k].key, n->properties[k].value);
+                                json_object_object_add(j, "properties", po);
                         }
-                        printf("}");
+                        json_object_array_add(nodes, j);
                 }
-                printf("]}\n");
+                jprint(o, JSON_C_TO_STRING_PLAIN);
         } else {
                 printf("%-5s %-4s %-7s %-9s %-11s %-11s %-5s %-7s %s\n", "NODE", "KIND", "GPU_ID", "TARGET",
                        "VRAM", "SYSMEM", "NUMA", "RENDER", "LINKS");
@@ -370,32 +407,36 @@ static int cmd_clients(Ctl *ctl, int argc, char **argv)
         if (r < 0)
                 return fail(ctl, "clients", r);
         if (ctl->json) {
-                printf("{\"schema\":%d,\"clients\":[", GPUMEMCTL_JSON_SCHEMA);
+                json_object *o = jdoc(), *list = jarray(o, "clients");
                 for (size_t i = 0; i < n; i++) {
                         const gm_client_info *c = &infos[i];
-                        printf("%s{\"id\":%" PRIu64 ",\"pid\":%u,\"uid\":%u,\"gid\":%u,\"name\":",
-                               i ? "," : "", c->client_id, c->pid, c->uid, c->gid);
-                        json_str(c->name);
-                        printf(",\"cgroup\":");
-                        json_str(c->cgroup);
-                        printf(",\"container\":");
-                        json_str(c->container);
-                        printf(",\"class\":");
-                        json_str(c->class_name);
-                        printf(",\"pod\":");
-                        json_str(c->pod);
-                        printf(",\"admin\":%s,\"connected_usec\":%" PRIu64 ",\"requests\":%" PRIu64
-                               ",\"handles\":%u,\"fds\":%u",
-                               c->admin ? "true" : "false", c->connected_usec, c->requests, c->handles,
-                               c->fds);
-                        printf(",\"host_bytes\":%" PRIu64 ",\"managed_bytes\":%" PRIu64 ",\"vram\":[",
-                               c->host_bytes, c->managed_bytes);
-                        for (size_t k = 0; k < c->n_usage; k++)
-                                printf("%s{\"gpu_id\":%u,\"bytes\":%" PRIu64 "}", k ? "," : "",
-                                       c->usage[k].gpu_id, c->usage[k].vram_bytes);
-                        printf("]}");
+                        json_object *j = json_object_new_object(), *vram;
+                        ju64(j, "id", c->client_id);
+                        ju64(j, "pid", c->pid);
+                        ju64(j, "uid", c->uid);
+                        ju64(j, "gid", c->gid);
+                        jstr(j, "name", c->name);
+                        jstr(j, "cgroup", c->cgroup);
+                        jstr(j, "container", c->container);
+                        jstr(j, "class", c->class_name);
+                        jstr(j, "pod", c->pod);
+                        jbool(j, "admin", c->admin);
+                        ju64(j, "connected_usec", c->connected_usec);
+                        ju64(j, "requests", c->requests);
+                        ju64(j, "handles", c->handles);
+                        ju64(j, "fds", c->fds);
+                        ju64(j, "host_bytes", c->host_bytes);
+                        ju64(j, "managed_bytes", c->managed_bytes);
+                        vram = jarray(j, "vram");
+                        for (size_t k = 0; k < c->n_usage; k++) {
+                                json_object *u = json_object_new_object();
+                                ju64(u, "gpu_id", c->usage[k].gpu_id);
+                                ju64(u, "bytes", c->usage[k].vram_bytes);
+                                json_object_array_add(vram, u);
+                        }
+                        json_object_array_add(list, j);
                 }
-                printf("]}\n");
+                jprint(o, JSON_C_TO_STRING_PLAIN);
         } else {
                 printf("%-6s %-8s %-6s %-12s %-14s %-22s %-20s %-7s %-10s %s\n", "ID", "PID", "UID", "CLASS",
                        "NAME", "CONTAINER", "CONNECTED", "HANDLES", "VRAM", "HOST/MANAGED");
@@ -435,9 +476,11 @@ static int cmd_disconnect(Ctl *ctl, int argc, char **argv)
         r = gm_admin_disconnect(ctl->c, id);
         if (r < 0)
                 return fail(ctl, "disconnect", r);
-        if (ctl->json)
-                printf("{\"schema\":%d,\"disconnected\":%llu}\n", GPUMEMCTL_JSON_SCHEMA, id);
-        else
+        if (ctl->json) {
+                json_object *o = jdoc();
+                ju64(o, "disconnected", id);
+                jprint(o, JSON_C_TO_STRING_PLAIN);
+        } else
                 printf("client %llu disconnected\n", id);
         return EXIT_SUCCESS;
 }
@@ -454,9 +497,9 @@ static int cmd_metrics(Ctl *ctl, int argc, char **argv)
         if (r < 0)
                 return fail(ctl, "metrics", r);
         if (ctl->json) {
-                printf("{\"schema\":%d,\"prometheus\":", GPUMEMCTL_JSON_SCHEMA);
-                json_str(text);
-                printf("}\n");
+                json_object *o = jdoc();
+                jstr(o, "prometheus", text);
+                jprint(o, JSON_C_TO_STRING_PLAIN);
         } else {
                 fputs(text, stdout);
         }
@@ -474,8 +517,11 @@ static int cmd_log_level(Ctl *ctl, int argc, char **argv)
         r = gm_admin_set_log_level(ctl->c, argv[1]);
         if (r < 0)
                 return fail(ctl, "log-level", r);
-        if (ctl->json)
-                printf("{\"schema\":%d,\"log_level\":\"%s\"}\n", GPUMEMCTL_JSON_SCHEMA, argv[1]);
+        if (ctl->json) {
+                json_object *o = jdoc();
+                jstr(o, "log_level", argv[1]);
+                jprint(o, JSON_C_TO_STRING_PLAIN);
+        }
         return EXIT_SUCCESS;
 }
 
@@ -490,9 +536,13 @@ static int cmd_ping(Ctl *ctl, int argc, char **argv)
         if (r < 0)
                 return fail(ctl, "ping", r);
         double us = (double)(b.tv_sec - a.tv_sec) * 1e6 + (double)(b.tv_nsec - a.tv_nsec) / 1e3;
-        if (ctl->json)
-                printf("{\"schema\":%d,\"round_trip_usec\":%.1f}\n", GPUMEMCTL_JSON_SCHEMA, us);
-        else
+        if (ctl->json) {
+                json_object *o = jdoc();
+                char t[32];
+                snprintf(t, sizeof(t), "%.1f", us); /* printed as measured, to 0.1 us */
+                json_object_object_add(o, "round_trip_usec", json_object_new_double_s(us, t));
+                jprint(o, JSON_C_TO_STRING_PLAIN);
+        } else
                 printf("gpumemd answered in %.1f us\n", us);
         return EXIT_SUCCESS;
 }
@@ -560,17 +610,18 @@ static int find_protobuf_c(struct dl_phdr_info *info, size_t size, void *data)
         return 0;
 }
 
-/* One read-only bind mount of a file into the container. */
-static void cdi_mount(const char *host, const char *inside, const char *const *opts, bool last)
+/* One bind mount of a file into the container. */
+static void cdi_mount(json_object *mounts, const char *host, const char *inside, const char *const *opts)
 {
-        printf("          {\n            \"hostPath\": ");
-        json_str(host);
-        printf(",\n            \"containerPath\": ");
-        json_str(inside);
-        printf(",\n            \"type\": \"bind\",\n            \"options\": [");
+        json_object *m = json_object_new_object(), *o;
+
+        jstr(m, "hostPath", host);
+        jstr(m, "containerPath", inside);
+        jstr(m, "type", "bind");
+        o = jarray(m, "options");
         for (size_t i = 0; opts[i]; i++)
-                printf("%s\"%s\"", i ? ", " : "", opts[i]);
-        printf("]\n          }%s\n", last ? "" : ",");
+                json_object_array_add(o, json_object_new_string(opts[i]));
+        json_object_array_add(mounts, m);
 }
 
 #define CDI_ROCM_DIR "/opt/gpumemd/lib"
@@ -651,27 +702,34 @@ static int cmd_cdi(Ctl *ctl, int argc, char **argv)
         }
         /* the socket's group, if it is there already and is not root's */
         gids = gids && stat(host, &st) == 0 && st.st_gid != 0;
-        printf("{\n  \"cdiVersion\": \"%s\",\n  \"kind\": ", gids ? "0.7.0" : "0.5.0");
-        json_str(kind);
-        printf(",\n  \"devices\": [\n    {\n      \"name\": ");
-        json_str(name);
-        printf(",\n      \"containerEdits\": {\n        \"env\": [");
-        snprintf(env, sizeof(env), "GPUMEM_SOCKET=%s", inside);
-        json_str(env);
-        if (rocm) {
-                printf(", ");
-                json_str("LD_PRELOAD=" CDI_ROCM_DIR "/libgpumem-kfd.so");
+        {
+                json_object *spec = json_object_new_object(), *devs, *dev = json_object_new_object();
+                json_object *edits = json_object_new_object(), *envs, *mounts;
+
+                jstr(spec, "cdiVersion", gids ? "0.7.0" : "0.5.0");
+                jstr(spec, "kind", kind);
+                devs = jarray(spec, "devices");
+                jstr(dev, "name", name);
+                envs = jarray(edits, "env");
+                snprintf(env, sizeof(env), "GPUMEM_SOCKET=%s", inside);
+                json_object_array_add(envs, json_object_new_string(env));
+                if (rocm)
+                        json_object_array_add(
+                                envs, json_object_new_string("LD_PRELOAD=" CDI_ROCM_DIR "/libgpumem-kfd.so"));
+                if (gids)
+                        json_object_array_add(jarray(edits, "additionalGids"),
+                                              json_object_new_uint64(st.st_gid));
+                mounts = jarray(edits, "mounts");
+                cdi_mount(mounts, host, inside, sock_opts);
+                if (rocm) {
+                        cdi_mount(mounts, kfd_lib, CDI_ROCM_DIR "/libgpumem-kfd.so", lib_opts);
+                        cdi_mount(mounts, pbc, in_pbc, lib_opts);
+                }
+                json_object_object_add(dev, "containerEdits", edits);
+                json_object_array_add(devs, dev);
+                /* a document people read and keep in /etc/cdi: indented */
+                jprint(spec, JSON_C_TO_STRING_PRETTY | JSON_C_TO_STRING_SPACED);
         }
-        printf("],\n");
-        if (gids)
-                printf("        \"additionalGids\": [%u],\n", (unsigned)st.st_gid);
-        printf("        \"mounts\": [\n");
-        cdi_mount(host, inside, sock_opts, !rocm);
-        if (rocm) {
-                cdi_mount(kfd_lib, CDI_ROCM_DIR "/libgpumem-kfd.so", lib_opts, false);
-                cdi_mount(pbc, in_pbc, lib_opts, true);
-        }
-        printf("        ]\n      }\n    }\n  ]\n}\n");
         return EXIT_SUCCESS;
 }
 
@@ -707,7 +765,7 @@ static int parse_u64(const char *s, uint64_t *ret)
 static int cmd_allocations(Ctl *ctl, int argc, char **argv)
 {
         uint64_t client = 0, cursor = 0, total = 0;
-        bool first = true;
+        json_object *doc = NULL, *list = NULL;
         char b1[32];
         int r;
 
@@ -720,31 +778,37 @@ static int cmd_allocations(Ctl *ctl, int argc, char **argv)
                         return usage_error("usage: allocations [--client ID]");
                 }
         }
-        if (ctl->json)
-                printf("{\"schema\":%d,\"allocations\":[", GPUMEMCTL_JSON_SCHEMA);
-        else
+        if (ctl->json) {
+                doc = jdoc();
+                list = jarray(doc, "allocations");
+        } else {
                 printf("%-6s %-18s %-8s %-10s %-7s %-18s %-5s %s\n", "CLIENT", "HANDLE", "KIND", "SIZE",
                        "GPU", "VA", "EXPRT", "MAPPED ON");
+        }
         do {
                 gm_alloc_info *a = NULL;
                 size_t n = 0;
                 r = gm_admin_allocations(ctl->c, client, 0, &cursor, &a, &n);
                 if (r < 0) {
-                        if (ctl->json)
-                                printf("]}\n");
+                        json_object_put(doc);
                         return fail(ctl, "allocations", r);
                 }
                 for (size_t i = 0; i < n; i++, total++) {
                         if (ctl->json) {
-                                printf("%s{\"client_id\":%" PRIu64 ",\"handle\":\"0x%016" PRIx64
-                                       "\",\"kind\":\"%s\",\"size\":%" PRIu64 ",\"gpu_id\":%u,\"va\":%" PRIu64
-                                       ",\"exports\":%u,\"mapped_gpus\":[",
-                                       first ? "" : ",", a[i].client_id, a[i].id, kind_name(a[i].kind),
-                                       a[i].size, a[i].gpu_id, a[i].va, a[i].exports);
+                                json_object *o = json_object_new_object(), *m;
+                                char h[24];
+                                snprintf(h, sizeof(h), "0x%016" PRIx64, a[i].id);
+                                ju64(o, "client_id", a[i].client_id);
+                                jstr(o, "handle", h);
+                                jstr(o, "kind", kind_name(a[i].kind));
+                                ju64(o, "size", a[i].size);
+                                ju64(o, "gpu_id", a[i].gpu_id);
+                                ju64(o, "va", a[i].va);
+                                ju64(o, "exports", a[i].exports);
+                                m = jarray(o, "mapped_gpus");
                                 for (size_t k = 0; k < a[i].n_mapped_gpus; k++)
-                                        printf("%s%u", k ? "," : "", a[i].mapped_gpus[k]);
-                                printf("]}");
-                                first = false;
+                                        json_object_array_add(m, json_object_new_uint64(a[i].mapped_gpus[k]));
+                                json_object_array_add(list, o);
                         } else {
                                 char gpu[16] = "-", va[24] = "-";
                                 if (a[i].gpu_id)
@@ -762,7 +826,7 @@ static int cmd_allocations(Ctl *ctl, int argc, char **argv)
                 gm_alloc_info_free(a, n);
         } while (cursor);
         if (ctl->json)
-                printf("]}\n");
+                jprint(doc, JSON_C_TO_STRING_PLAIN);
         else
                 printf("%" PRIu64 " object%s\n", total, total == 1 ? "" : "s");
         return EXIT_SUCCESS;
@@ -838,21 +902,20 @@ static int cmd_quota(Ctl *ctl, int argc, char **argv)
                 if (r < 0)
                         return fail(ctl, "quota show", r);
                 if (ctl->json) {
-                        printf("{\"schema\":%d,\"quotas\":[", GPUMEMCTL_JSON_SCHEMA);
+                        json_object *o = jdoc(), *list = jarray(o, "quotas");
                         for (size_t i = 0; i < n; i++) {
-                                printf("%s{\"class\":", i ? "," : "");
-                                json_str(q[i].class_name);
-                                printf(",\"resource\":\"%s\",\"gpu_id\":%u,\"used\":%" PRIu64 ",\"limit\":",
-                                       q[i].resource > 0 && q[i].resource <= GM_RESOURCE_QUEUES
-                                               ? resource_names[q[i].resource]
-                                               : "unknown",
-                                       q[i].gpu_id, q[i].used);
-                                if (q[i].limit == GM_UNLIMITED)
-                                        printf("null}");
-                                else
-                                        printf("%" PRIu64 "}", q[i].limit);
+                                json_object *e = json_object_new_object();
+                                jstr(e, "class", q[i].class_name);
+                                jstr(e, "resource",
+                                     q[i].resource > 0 && q[i].resource <= GM_RESOURCE_QUEUES
+                                             ? resource_names[q[i].resource]
+                                             : "unknown");
+                                ju64(e, "gpu_id", q[i].gpu_id);
+                                ju64(e, "used", q[i].used);
+                                jlimit(e, "limit", q[i].limit);
+                                json_object_array_add(list, e);
                         }
-                        printf("]}\n");
+                        jprint(o, JSON_C_TO_STRING_PLAIN);
                 } else {
                         const char *last = NULL;
                         for (size_t i = 0; i < n; i++) {
@@ -914,14 +977,12 @@ static int cmd_quota(Ctl *ctl, int argc, char **argv)
                 if (r < 0)
                         return fail(ctl, "quota set", r);
                 if (ctl->json) {
-                        printf("{\"schema\":%d,\"class\":", GPUMEMCTL_JSON_SCHEMA);
-                        json_str(cls);
-                        printf(",\"resource\":\"%s\",\"gpu_id\":%u,\"limit\":", resource_names[res],
-                               (unsigned)gpu);
-                        if (limit == GM_UNLIMITED)
-                                printf("null}\n");
-                        else
-                                printf("%" PRIu64 "}\n", limit);
+                        json_object *o = jdoc();
+                        jstr(o, "class", cls);
+                        jstr(o, "resource", resource_names[res]);
+                        ju64(o, "gpu_id", gpu);
+                        jlimit(o, "limit", limit);
+                        jprint(o, JSON_C_TO_STRING_PLAIN);
                 } else
                         printf("class %s: %s%s limit set\n", cls, resource_names[res], gpu ? " per-GPU" : "");
                 return EXIT_SUCCESS;

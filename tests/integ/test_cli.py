@@ -404,6 +404,70 @@ COMP_WORDS=(gpumemctl log-level d); COMP_CWORD=2; _gpumemctl; echo "4:${{COMPREP
     check(r.returncode == 0 and out == ["1:quota", "2:show set", "3:vram", "4:debug"], f"bash completion ({out})")
 
 
+def test_json_schema(tmp):
+    """Every command's --json output, and the error object, against docs/gpumemctl.schema.json."""
+    import ctypes
+    import jsonschema
+    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "docs",
+                           "gpumemctl.schema.json")) as f:
+        schema = json.load(f)
+    jsonschema.Draft202012Validator.check_schema(schema)
+
+    def valid(what, out, kind):
+        try:
+            doc = json.loads(out)
+            jsonschema.validate(doc, {"$ref": "#/$defs/" + kind, "$defs": schema["$defs"]})
+            jsonschema.validate(doc, schema)  # and exactly one kind of the whole schema
+            check(out.count("\n") == 1, f"{what}: one line")
+        except (ValueError, jsonschema.ValidationError) as e:
+            check(False, f"{what}: {str(e)[:300]}")
+
+    d = Daemon(tmp, "[class team]\nmatch-uid = 0\nvram = 8G\n")
+    check(d.ready, "daemon ready")
+    # a client of this process's holding device memory, and one to disconnect; a sanitizer build's library
+    # cannot be loaded into python (its runtime must come first), so there a second gpumemctl is the victim
+    libpath = os.path.join(os.path.dirname(GPUMEMCTL), "libgpumem_client.so.1")
+    ldd = subprocess.run(["ldd", libpath], capture_output=True, text=True).stdout
+    if "libasan" in ldd or "libtsan" in ldd or "libubsan" in ldd:
+        r = ctl(d.sock, "--json", "allocations")
+        valid("allocations (none held)", r.stdout, "allocations")
+        for args, kind in [(["status"], "status"), (["topology", "--properties"], "topology"),
+                           (["clients"], "clients"), (["quota", "show"], "quota_show"), (["ping"], "ping"),
+                           (["disconnect", "424242"], "error")]:
+            valid(" ".join(args), ctl(d.sock, "--json", *args).stdout, kind)
+        d.stop()
+        return
+    lib = ctypes.CDLL(libpath)
+    holder, victim, ptr, err = ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_void_p(), ctypes.create_string_buffer(256)
+    check(lib.gm_client_open(d.sock.encode(), b"holder", ctypes.byref(holder), err, 256) == 0, "holder connects")
+    gpu = [n["gpu_id"] for n in json.loads(ctl(d.sock, "--json", "topology").stdout)["nodes"] if n["gpu_id"]][0]
+    check(lib.gm_malloc(holder, ctypes.c_size_t(2 << 20), ctypes.c_uint32(gpu), 0, ctypes.byref(ptr)) == 0,
+          "holder allocates")
+    check(lib.gm_client_open(d.sock.encode(), b"victim", ctypes.byref(victim), err, 256) == 0, "victim connects")
+    r = ctl(d.sock, "--json", "clients")
+    victim_id = [c["id"] for c in json.loads(r.stdout)["clients"] if c["name"] == "victim"][0]
+    runs = [(["status"], "status"), (["topology"], "topology"), (["topology", "--properties"], "topology"),
+            (["clients"], "clients"), (["allocations"], "allocations"), (["quota", "show"], "quota_show"),
+            (["quota", "set", "team", "vram", "16G"], "quota_set"),
+            (["quota", "set", "team", "handles", "unlimited"], "quota_set"), (["ping"], "ping"),
+            (["metrics"], "metrics"), (["log-level", "info"], "log_level"),
+            (["disconnect", str(victim_id)], "disconnect"),
+            (["disconnect", "424242"], "error"), (["quota", "set", "team", "vram", "lots"], "error"),
+            (["frobnicate"], "error")]
+    for args, kind in runs:
+        r = ctl(d.sock, "--json", *args)
+        check((r.returncode == 0) == (kind != "error"), f"{' '.join(args)}: exit status {r.returncode}")
+        valid(" ".join(args), r.stdout, kind)
+    a = json.loads(ctl(d.sock, "--json", "allocations").stdout)["allocations"]
+    check(len(a) == 1 and a[0]["kind"] == "device" and a[0]["size"] == 2 << 20, "the holder's allocation is listed")
+    r = ctl(os.path.join(tmp, "nothing.sock"), "--json", "status")
+    valid("no daemon", r.stdout, "error")
+    lib.gm_client_close(holder)
+    lib.gm_client_close(victim)
+    code, _ = d.stop()
+    check(code == 0, "daemon exits 0")
+
+
 def main():
     tests = [
         ("options, version and help", test_options),
@@ -414,6 +478,7 @@ def main():
         ("gpumemctl quota, allocations and clients", test_admin_commands),
         ("metrics over HTTP (metrics-listen)", test_metrics_listener),
         ("bash completion", test_completion),
+        ("every command's --json output against docs/gpumemctl.schema.json", test_json_schema),
     ]
     run_tests(tests)
 

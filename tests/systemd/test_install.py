@@ -65,6 +65,7 @@ def test_layout(tmp):
         (E["UNITDIR"], "gpumemd.socket"), (E["SYSUSERSDIR"], "gpumemd.conf"), (E["TMPFILESDIR"], "gpumemd.conf"),
         (E["CATALOGDIR"], "gpumemd.catalog"), (os.path.join(E["SYSCONFDIR"], "gpumemd"), "gpumemd.conf"),
         (os.path.join(E["DATADIR"], "gpumemd", "presets", "mi300x"), "nodes"),
+        (os.path.join(E["DATADIR"], "gpumemd"), "gpumemctl.schema.json"),
     ]
     if E.get("DOCS_BUILT") == "1":
         expect += [(os.path.join(E["MANDIR"], "man" + p[-1]), p)
