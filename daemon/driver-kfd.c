@@ -766,11 +766,9 @@ static int k_queue_create(Driver *d, DriverCtx *ctx, const DriverQueueArgs *q, u
 
 static int k_queue_destroy(Driver *d, DriverCtx *ctx, uint32_t id)
 {
-        int r = thunk_queue_destroy(tctx(ctx), id);
-
-        /* a queue the kernel no longer knows is not rung either way */
+        /* the relay lets go first: once the queue is gone its doorbell slot may be another queue's */
         doorbell_relay_remove(kfd(d)->relay, ctx, id);
-        return r;
+        return thunk_queue_destroy(tctx(ctx), id);
 }
 
 static int k_queue_update(Driver *d, DriverCtx *ctx, uint32_t id, uint64_t ring_va, uint64_t ring_size,
