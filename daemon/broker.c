@@ -3074,7 +3074,7 @@ int broker_queue_create(BrokerClient *c, const DriverQueueArgs *q, uint32_t *ret
         if (r < 0) {
                 charge_give(c, &(Charge){.objects = 1, .queues = 1});
                 return reason_set(w, r,
-                                  r == -EOPNOTSUPP ? "the driver runs no queues"
+                                  r == -EOPNOTSUPP ? "the driver runs no queues on this GPU"
                                   : r == -ENOMEM   ? "the GPU has no queue left for this client"
                                                    : "the driver refused the queue: %s",
                                   strerror(-r));

@@ -38,7 +38,7 @@ enum {
 /* --json: what failed, as one JSON object on stdout, so that a script reading stdout sees it; main()
  * prints it in place of whatever the command began to print */
 static bool json_errors;
-static char json_error_buf[1024];
+static char json_error_buf[4096]; /* a reason (512) and a path (PATH_MAX), escaped */
 
 /* JSON is built with json-c and printed one document per line (PLAIN: no spaces, '/' unescaped). */
 static json_object *jdoc(void)
