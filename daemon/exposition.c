@@ -14,6 +14,8 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <unistd.h>
+#include <dirent.h>
+#include <sys/resource.h>
 
 #include "broker.h"
 #include "classes.h"
@@ -21,6 +23,10 @@
 #include "log.h"
 #include "core.h"
 #include "metrics.h"
+#include "config.h"
+#include "frame.h"
+#include "policy.h"
+#include "topology.h"
 
 static void limit_value(FILE *f, uint64_t v)
 {
@@ -28,6 +34,301 @@ static void limit_value(FILE *f, uint64_t v)
                 fputs("+Inf\n", f);
         else
                 fprintf(f, "%llu\n", (unsigned long long)v);
+}
+
+/* A label value as the text format wants it: backslash, double quote and newline escaped. Client names
+ * and class names come from clients and from the configuration, so nothing may pass through raw. */
+static void label_value(FILE *f, const char *v)
+{
+        for (; v && *v; v++) {
+                if (*v == '\\')
+                        fputs("\\\\", f);
+                else if (*v == '"')
+                        fputs("\\\"", f);
+                else if (*v == '\n')
+                        fputs("\\n", f);
+                else
+                        fputc(*v, f);
+        }
+}
+
+static void family(FILE *f, const char *name, const char *type, const char *help)
+{
+        fprintf(f, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+}
+
+/* The labels that name a GPU, the same on every per-GPU series: KFD's gpu id (what gpumemctl, the client
+ * library and KFD's sysfs call it), its PCI address and KFD's unique id (what other exporters can be joined
+ * on). */
+static void gpu_labels(FILE *f, const Manager *m, uint32_t gpu_id)
+{
+        const ThunkNode *n = thunk_topology_gpu_by_id(driver_topology(m->drv), gpu_id);
+
+        fprintf(f, "kfd_gpu_id=\"%u\"", gpu_id);
+        if (!n)
+                return;
+        fprintf(f, ",pci_address=\"%04x:%02x:%02x.%x\",unique_id=\"0x%016llx\"", n->domain,
+                n->location_id >> 8, (n->location_id >> 3) & 0x1f, n->location_id & 7,
+                (unsigned long long)n->unique_id);
+}
+
+static void render_gpus(FILE *f, Manager *m, const BrokerUsage *tot)
+{
+        size_t n = broker_gpu_count(m->broker);
+
+        family(f, "gpumemd_gpu_vram_total_bytes", "gauge", "The GPU's own memory (VRAM), in bytes.");
+        for (size_t g = 0; g < n; g++) {
+                DriverGpu d = {0};
+                (void)driver_gpu(m->drv, g, &d);
+                fputs("gpumemd_gpu_vram_total_bytes{", f);
+                gpu_labels(f, m, broker_gpu_id(m->broker, g));
+                fprintf(f, "} %llu\n", (unsigned long long)d.vram_bytes);
+        }
+        family(f, "gpumemd_gpu_vram_used_bytes", "gauge",
+               "VRAM gpumemd's clients hold on the GPU, in bytes.");
+        for (size_t g = 0; g < n; g++) {
+                fputs("gpumemd_gpu_vram_used_bytes{", f);
+                gpu_labels(f, m, broker_gpu_id(m->broker, g));
+                fprintf(f, "} %llu\n", (unsigned long long)tot->vram_bytes[g]);
+        }
+        /* The driver's answer, which also counts what other users of the GPU (and the driver) hold: free is
+         * not total less used. A GPU whose driver cannot say has no series. */
+        family(f, "gpumemd_gpu_vram_free_bytes", "gauge",
+               "VRAM the driver can still allocate on the GPU, in bytes (other users included).");
+        for (size_t g = 0; g < n; g++) {
+                uint64_t avail = 0;
+                uint32_t id = broker_gpu_id(m->broker, g);
+                if (driver_available_memory(m->drv, driver_ctx_primary(m->drv), id, &avail) < 0)
+                        continue;
+                fputs("gpumemd_gpu_vram_free_bytes{", f);
+                gpu_labels(f, m, id);
+                fprintf(f, "} %llu\n", (unsigned long long)avail);
+        }
+}
+
+/* One family per limited resource, its unit in the name: the use as gpumemd_class_NAME[_bytes], the limit as
+ * gpumemd_class_NAME_limit[_bytes] (+Inf: none). */
+static const struct {
+        const char *name, *unit, *use, *limit;
+} class_res[_POLICY_RES_MAX] = {
+        [POLICY_RES_VRAM] = {"vram", "_bytes",
+                             "Device memory and VMM handles a class holds on every GPU, in bytes.",
+                             "A class's limit on device memory and VMM handles, in bytes (+Inf: none)."},
+        [POLICY_RES_HOST] = {"host", "_bytes", "Pinned host memory a class holds, in bytes.",
+                             "A class's limit on pinned host memory, in bytes (+Inf: none)."},
+        [POLICY_RES_MANAGED] = {"managed", "_bytes", "Managed memory a class holds, in bytes.",
+                                "A class's limit on managed memory, in bytes (+Inf: none)."},
+        [POLICY_RES_HANDLES] = {"handles", "",
+                                "Objects a class holds (allocations, VMM handles, imports, reservations).",
+                                "A class's limit on objects (+Inf: none)."},
+        [POLICY_RES_FDS] = {"fds", "", "File descriptors the daemon holds for a class.",
+                            "A class's limit on the file descriptors the daemon holds for it (+Inf: none)."},
+        [POLICY_RES_CONNECTIONS] = {"connections", "", "A class's connections.",
+                                    "A class's limit on connections at once (+Inf: none)."},
+        [POLICY_RES_INFLIGHT] = {"inflight_requests", "",
+                                 "Requests of a class in flight, all its connections.",
+                                 "Requests one connection of a class may have in flight."},
+        [POLICY_RES_WINDOWS] = {"windows", "", "VA windows a class holds, current and refused ones.",
+                                "A class's limit on VA windows (+Inf: none)."},
+        [POLICY_RES_QUEUES] = {"queues", "", "User-mode queues the daemon runs for a class.",
+                               "A class's limit on user-mode queues (+Inf: none)."},
+};
+
+/* The kinds of memory, in the order of the values the two memory families list. */
+static const char *const memory_kinds[] = {"device", "vmm", "host", "managed"};
+
+static void render_classes(FILE *f, Manager *m)
+{
+        char name[96];
+
+        family(f, "gpumemd_class_memory_bytes", "gauge", "Memory a class holds, by kind, in bytes.");
+        for (ClassState *s = m->classes; s; s = s->next) {
+                BrokerUsage u;
+                broker_account_usage(&s->acct, &u);
+                uint64_t vals[] = {u.device_bytes, u.vmm_bytes, u.host_bytes, u.managed_bytes};
+                for (size_t k = 0; k < ARRAY_SIZE(vals); k++) {
+                        fputs("gpumemd_class_memory_bytes{class=\"", f);
+                        label_value(f, s->name);
+                        fprintf(f, "\",kind=\"%s\"} %llu\n", memory_kinds[k], (unsigned long long)vals[k]);
+                }
+        }
+        family(f, "gpumemd_class_gpu_vram_bytes", "gauge", "VRAM a class holds on each GPU, in bytes.");
+        for (ClassState *s = m->classes; s; s = s->next) {
+                BrokerUsage u;
+                broker_account_usage(&s->acct, &u);
+                for (size_t g = 0; g < broker_gpu_count(m->broker); g++) {
+                        fputs("gpumemd_class_gpu_vram_bytes{class=\"", f);
+                        label_value(f, s->name);
+                        fputs("\",", f);
+                        gpu_labels(f, m, broker_gpu_id(m->broker, g));
+                        fprintf(f, "} %llu\n", (unsigned long long)u.vram_bytes[g]);
+                }
+        }
+        for (int r = 0; r < _POLICY_RES_MAX; r++) {
+                for (int lim = 0; lim < 2; lim++) {
+                        snprintf(name, sizeof(name), "gpumemd_class_%s%s%s", class_res[r].name,
+                                 lim ? "_limit" : "", class_res[r].unit);
+                        family(f, name, "gauge", lim ? class_res[r].limit : class_res[r].use);
+                        for (ClassState *s = m->classes; s; s = s->next) {
+                                uint64_t used, limit;
+                                classes_get(m, s, (PolicyResource)r, 0, &used, &limit);
+                                fprintf(f, "%s{class=\"", name);
+                                label_value(f, s->name);
+                                fputs("\"} ", f);
+                                if (lim)
+                                        limit_value(f, limit);
+                                else
+                                        fprintf(f, "%llu\n", (unsigned long long)used);
+                        }
+                }
+        }
+        family(f, "gpumemd_class_denials_total", "counter", "Requests and connections of a class refused.");
+        for (ClassState *s = m->classes; s; s = s->next) {
+                fputs("gpumemd_class_denials_total{class=\"", f);
+                label_value(f, s->name);
+                fprintf(f, "\"} %llu\n", (unsigned long long)READ_ONCE(s->denials));
+        }
+}
+
+typedef struct ClientRow {
+        const Conn *c;
+        BrokerUsage u;
+} ClientRow;
+
+/* The labels of a client's series: its id (unique for the daemon's life), what it called itself, its class,
+ * uid and pid, and the container and pod its cgroup path names ("" when none). */
+static void client_labels(FILE *f, const Conn *c)
+{
+        fprintf(f, "client=\"%llu\",name=\"", (unsigned long long)c->id);
+        label_value(f, c->name);
+        fputs("\",class=\"", f);
+        label_value(f, c->cls ? c->cls->name : "");
+        fprintf(f, "\",uid=\"%u\",pid=\"%d\",container=\"", (unsigned)c->ident.uid, (int)c->ident.pid);
+        label_value(f, c->container);
+        fputs("\",pod_uid=\"", f);
+        label_value(f, c->pod);
+        fputc('"', f);
+}
+
+/* Per client: the memory it holds by kind, per GPU, and its handles and fds. Clients with no memory op yet
+ * (no books) have no series; administrators' sessions (gpumemctl) have none either. */
+static void render_clients(FILE *f, Manager *m)
+{
+        _cleanup_free_ ClientRow *rows = calloc(m->n_conns ? m->n_conns : 1, sizeof(*rows));
+        size_t n = 0;
+
+        if (!rows)
+                return;
+        for (Conn *c = m->conns; c && n < m->n_conns; c = c->next) {
+                bool has_books;
+                conn_lock(c); /* its loop may be changing its books meanwhile */
+                has_books = c->broker != NULL;
+                if (has_books)
+                        broker_client_usage(c->broker, &rows[n].u);
+                conn_unlock(c);
+                if (has_books)
+                        rows[n++].c = c;
+        }
+        family(f, "gpumemd_client_memory_bytes", "gauge", "Memory a client holds, by kind, in bytes.");
+        for (size_t i = 0; i < n; i++) {
+                const BrokerUsage *u = &rows[i].u;
+                uint64_t vals[] = {u->device_bytes, u->vmm_bytes, u->host_bytes, u->managed_bytes};
+                for (size_t k = 0; k < ARRAY_SIZE(vals); k++) {
+                        fputs("gpumemd_client_memory_bytes{", f);
+                        client_labels(f, rows[i].c);
+                        fprintf(f, ",kind=\"%s\"} %llu\n", memory_kinds[k], (unsigned long long)vals[k]);
+                }
+        }
+        family(f, "gpumemd_client_gpu_vram_bytes", "gauge",
+               "VRAM a client holds on a GPU, in bytes (GPUs it holds none on have no series).");
+        for (size_t i = 0; i < n; i++)
+                for (uint32_t g = 0; g < rows[i].u.n_gpus; g++) {
+                        if (!rows[i].u.vram_bytes[g])
+                                continue;
+                        fputs("gpumemd_client_gpu_vram_bytes{", f);
+                        client_labels(f, rows[i].c);
+                        fputc(',', f);
+                        gpu_labels(f, m, rows[i].u.gpu_ids[g]);
+                        fprintf(f, "} %llu\n", (unsigned long long)rows[i].u.vram_bytes[g]);
+                }
+        family(f, "gpumemd_client_handles", "gauge", "Objects a client holds (its handles).");
+        for (size_t i = 0; i < n; i++) {
+                fputs("gpumemd_client_handles{", f);
+                client_labels(f, rows[i].c);
+                fprintf(f, "} %llu\n", (unsigned long long)rows[i].u.objects);
+        }
+        family(f, "gpumemd_client_fds", "gauge", "File descriptors the daemon holds for a client.");
+        for (size_t i = 0; i < n; i++) {
+                fputs("gpumemd_client_fds{", f);
+                client_labels(f, rows[i].c);
+                fprintf(f, "} %u\n", rows[i].u.held_fds);
+        }
+}
+
+/* The daemon's own process, under the names Prometheus's client libraries give these. */
+static void render_process(FILE *f)
+{
+        char buf[1024], *p;
+        unsigned long long utime = 0, stime = 0, start = 0, vsize = 0, btime = 0;
+        long long rss = 0, threads = 0;
+        long tick = sysconf(_SC_CLK_TCK), page = sysconf(_SC_PAGESIZE);
+        struct rlimit rl;
+        size_t n;
+        FILE *in;
+        DIR *d;
+
+        in = fopen("/proc/self/stat", "re");
+        if (in) {
+                n = fread(buf, 1, sizeof(buf) - 1, in);
+                buf[n] = 0;
+                fclose(in);
+                /* fields after the command name, which may hold spaces and parentheses: from field 3 on */
+                p = strrchr(buf, ')');
+                if (!p ||
+                    sscanf(p + 2,
+                           "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu %*d %*d %*d %*d %lld %*d "
+                           "%llu %llu %lld",
+                           &utime, &stime, &threads, &start, &vsize, &rss) != 6)
+                        utime = stime = start = vsize = 0, rss = threads = 0;
+        }
+        in = fopen("/proc/stat", "re");
+        if (in) {
+                while (fgets(buf, sizeof(buf), in))
+                        if (sscanf(buf, "btime %llu", &btime) == 1)
+                                break;
+                fclose(in);
+        }
+        family(f, "process_cpu_seconds_total", "counter",
+               "CPU time of the daemon, user and system, in seconds.");
+        fprintf(f, "process_cpu_seconds_total %.2f\n",
+                tick > 0 ? (double)(utime + stime) / (double)tick : 0.0);
+        family(f, "process_resident_memory_bytes", "gauge", "Resident memory of the daemon, in bytes.");
+        fprintf(f, "process_resident_memory_bytes %lld\n", rss * page);
+        family(f, "process_virtual_memory_bytes", "gauge", "Virtual memory of the daemon, in bytes.");
+        fprintf(f, "process_virtual_memory_bytes %llu\n", vsize);
+        family(f, "process_threads", "gauge", "Threads of the daemon.");
+        fprintf(f, "process_threads %lld\n", threads);
+        if (btime && tick > 0) {
+                family(f, "process_start_time_seconds", "gauge",
+                       "When the daemon started, in seconds since the epoch.");
+                fprintf(f, "process_start_time_seconds %.2f\n", (double)btime + (double)start / (double)tick);
+        }
+        d = opendir("/proc/self/fd");
+        if (d) {
+                const struct dirent *e;
+                long long fds = -1; /* the directory's own fd, open only while counting, is not one */
+                while ((e = readdir(d)))
+                        if (e->d_name[0] != '.')
+                                fds++;
+                closedir(d);
+                family(f, "process_open_fds", "gauge", "Open file descriptors of the daemon.");
+                fprintf(f, "process_open_fds %lld\n", fds);
+        }
+        if (getrlimit(RLIMIT_NOFILE, &rl) == 0) {
+                family(f, "process_max_fds", "gauge", "The daemon's limit on open file descriptors.");
+                fprintf(f, "process_max_fds ");
+                limit_value(f, rl.rlim_cur == RLIM_INFINITY ? UINT64_MAX : (uint64_t)rl.rlim_cur);
+        }
 }
 
 int metrics_render(Manager *m, char **ret, size_t *ret_len)
@@ -51,6 +352,9 @@ int metrics_render(Manager *m, char **ret, size_t *ret_len)
         fprintf(f,
                 "# HELP gpumemd_up Whether gpumemd is serving.\n# TYPE gpumemd_up gauge\n"
                 "gpumemd_up{backend=\"%s\"} 1\n"
+                "# HELP gpumemd_build_info The daemon's version and protocol; always 1.\n"
+                "# TYPE gpumemd_build_info gauge\n"
+                "gpumemd_build_info{version=\"%s\",protocol=\"%u\",backend=\"%s\"} 1\n"
                 "# HELP gpumemd_uptime_seconds Seconds since gpumemd started.\n# TYPE gpumemd_uptime_seconds "
                 "gauge\n"
                 "gpumemd_uptime_seconds %.3f\n"
@@ -67,10 +371,11 @@ int metrics_render(Manager *m, char **ret, size_t *ret_len)
                 "# HELP gpumemd_clients_stalled_total Clients dropped for leaving replies unread "
                 "send-timeout seconds.\n"
                 "# TYPE gpumemd_clients_stalled_total counter\ngpumemd_clients_stalled_total %llu\n",
-                driver_name(m->drv), (double)(now_usec(CLOCK_MONOTONIC) - m->started_mono_usec) / 1e6,
-                m->n_conns, (unsigned long long)st.connections_total,
-                (unsigned long long)st.connections_refused, (unsigned long long)st.requests,
-                (unsigned long long)st.protocol_errors, (unsigned long long)st.stalled_drops);
+                driver_name(m->drv), GPUMEMD_VERSION, GM_PROTOCOL_VERSION, driver_name(m->drv),
+                (double)(now_usec(CLOCK_MONOTONIC) - m->started_mono_usec) / 1e6, m->n_conns,
+                (unsigned long long)st.connections_total, (unsigned long long)st.connections_refused,
+                (unsigned long long)st.requests, (unsigned long long)st.protocol_errors,
+                (unsigned long long)st.stalled_drops);
 
         fputs("# HELP gpumemd_denials_total Requests and connections refused, by reason.\n"
               "# TYPE gpumemd_denials_total counter\n",
@@ -119,64 +424,10 @@ int metrics_render(Manager *m, char **ret, size_t *ret_len)
                         (unsigned long long)s->count);
         }
 
-        fputs("# HELP gpumemd_gpu_vram_used_bytes VRAM the broker's clients hold, per GPU.\n"
-              "# TYPE gpumemd_gpu_vram_used_bytes gauge\n",
-              f);
-        for (size_t g = 0; g < broker_gpu_count(m->broker); g++)
-                fprintf(f, "gpumemd_gpu_vram_used_bytes{gpu=\"%u\"} %llu\n", broker_gpu_id(m->broker, g),
-                        (unsigned long long)tot.vram_bytes[g]);
-
-        fputs("# HELP gpumemd_class_bytes Memory a class holds, by kind.\n# TYPE gpumemd_class_bytes gauge\n",
-              f);
-        for (ClassState *s = m->classes; s; s = s->next) {
-                BrokerUsage used, *u = &used;
-                broker_account_usage(&s->acct, &used);
-                fprintf(f, "gpumemd_class_bytes{class=\"%s\",kind=\"device\"} %llu\n", s->name,
-                        (unsigned long long)u->device_bytes);
-                fprintf(f, "gpumemd_class_bytes{class=\"%s\",kind=\"vmm\"} %llu\n", s->name,
-                        (unsigned long long)u->vmm_bytes);
-                fprintf(f, "gpumemd_class_bytes{class=\"%s\",kind=\"host\"} %llu\n", s->name,
-                        (unsigned long long)u->host_bytes);
-                fprintf(f, "gpumemd_class_bytes{class=\"%s\",kind=\"managed\"} %llu\n", s->name,
-                        (unsigned long long)u->managed_bytes);
-        }
-        fputs("# HELP gpumemd_class_vram_bytes VRAM a class holds, per GPU.\n"
-              "# TYPE gpumemd_class_vram_bytes gauge\n",
-              f);
-        for (ClassState *s = m->classes; s; s = s->next) {
-                BrokerUsage u;
-                broker_account_usage(&s->acct, &u);
-                for (size_t g = 0; g < broker_gpu_count(m->broker); g++)
-                        fprintf(f, "gpumemd_class_vram_bytes{class=\"%s\",gpu=\"%u\"} %llu\n", s->name,
-                                broker_gpu_id(m->broker, g), (unsigned long long)u.vram_bytes[g]);
-        }
-        fputs("# HELP gpumemd_class_limit A class's limit, by resource (+Inf: none).\n"
-              "# TYPE gpumemd_class_limit gauge\n",
-              f);
-        for (ClassState *s = m->classes; s; s = s->next)
-                for (int r = 0; r < _POLICY_RES_MAX; r++) {
-                        uint64_t used, limit;
-                        classes_get(m, s, (PolicyResource)r, 0, &used, &limit);
-                        fprintf(f, "gpumemd_class_limit{class=\"%s\",resource=\"%s\"} ", s->name,
-                                policy_resource_name((PolicyResource)r));
-                        limit_value(f, limit);
-                }
-        fputs("# HELP gpumemd_class_usage A class's use of each limited resource.\n"
-              "# TYPE gpumemd_class_usage gauge\n",
-              f);
-        for (ClassState *s = m->classes; s; s = s->next)
-                for (int r = 0; r < _POLICY_RES_MAX; r++) {
-                        uint64_t used, limit;
-                        classes_get(m, s, (PolicyResource)r, 0, &used, &limit);
-                        fprintf(f, "gpumemd_class_usage{class=\"%s\",resource=\"%s\"} %llu\n", s->name,
-                                policy_resource_name((PolicyResource)r), (unsigned long long)used);
-                }
-        fputs("# HELP gpumemd_class_denials_total Requests and connections of a class refused.\n"
-              "# TYPE gpumemd_class_denials_total counter\n",
-              f);
-        for (ClassState *s = m->classes; s; s = s->next)
-                fprintf(f, "gpumemd_class_denials_total{class=\"%s\"} %llu\n", s->name,
-                        (unsigned long long)READ_ONCE(s->denials));
+        render_gpus(f, m, &tot);
+        render_classes(f, m);
+        render_clients(f, m);
+        render_process(f);
         if (fclose(f) != 0 || !text) {
                 free(text);
                 return -ENOMEM;

@@ -14,16 +14,21 @@
 #include <unistd.h>
 
 #include <json-c/json.h>
+#include <libsmartcols/libsmartcols.h>
 
 #include "config.h"
 #include "gpumem-client.h"
 
 #define GPUMEMCTL_JSON_SCHEMA 1
+#define ARRAY_SIZE(a)         (sizeof(a) / sizeof((a)[0]))
 
 typedef struct Ctl {
         gm_client *c;
         bool json;
         const char *socket;
+        const char *columns; /* -o: the table's columns, or "+A,B" for its defaults and these */
+        bool noheadings;     /* -n */
+        bool raw;            /* -r: one space between columns, unaligned, spaces escaped */
 } Ctl;
 
 /* Exit statuses (gpumemctl(1)): scripts tell these apart. */
@@ -88,11 +93,19 @@ static void jprint(json_object *o, int flags)
         json_object_put(o);
 }
 
+/* -b: sizes as exact byte counts, for scripts (tables only; JSON always has bytes) */
+static bool exact_bytes;
+
 static const char *human_bytes(uint64_t v, char *buf, size_t len)
 {
         static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
         double d = (double)v;
         size_t u = 0;
+
+        if (exact_bytes) {
+                snprintf(buf, len, "%" PRIu64, v);
+                return buf;
+        }
 
         while (d >= 1024.0 && u + 1 < sizeof(units) / sizeof(units[0])) {
                 d /= 1024.0;
@@ -186,6 +199,118 @@ __attribute__((format(printf, 1, 2))) static int usage_error(const char *fmt, ..
         if (json_errors)
                 json_error(-EINVAL, "usage", buf, EXIT_USAGE);
         return EXIT_USAGE;
+}
+
+/*
+ * Tables, printed with libsmartcols (util-linux's table printer: widths, truncation, raw output), so that
+ * every table takes the same -o, -n and -r as lsblk or findmnt do.
+ */
+typedef struct ColumnSpec {
+        const char *name;
+        double whint; /* width hint: < 1 a fraction of the terminal, else columns */
+        int flags;    /* SCOLS_FL_* */
+        bool shown;   /* one of the table's default columns */
+} ColumnSpec;
+
+#define TABLE_MAX_COLUMNS 32
+
+typedef struct Table {
+        struct libscols_table *tb;
+        struct libscols_line *line;
+        const ColumnSpec *spec;
+        size_t n_spec;
+        int cell[TABLE_MAX_COLUMNS]; /* per spec column: its place in the table, or -1 when not shown */
+} Table;
+
+static int table_add_column(Table *t, size_t k, size_t *placed)
+{
+        if (t->cell[k] >= 0)
+                return 0; /* asked for twice: shown once */
+        if (!scols_table_new_column(t->tb, t->spec[k].name, t->spec[k].whint, t->spec[k].flags))
+                return -ENOMEM;
+        t->cell[k] = (int)(*placed)++;
+        return 0;
+}
+
+/* The columns -o names (case does not matter), in its order, or the defaults; EXIT_USAGE for a name the
+ * table does not have, listing those it has. */
+static int table_new(Ctl *ctl, Table *t, const char *what, const ColumnSpec *spec, size_t n_spec)
+{
+        const char *list = ctl->columns;
+        size_t placed = 0;
+
+        memset(t, 0, sizeof(*t));
+        t->spec = spec;
+        t->n_spec = n_spec < TABLE_MAX_COLUMNS ? n_spec : TABLE_MAX_COLUMNS;
+        for (size_t k = 0; k < TABLE_MAX_COLUMNS; k++)
+                t->cell[k] = -1;
+        t->tb = scols_new_table();
+        if (!t->tb)
+                return command_error(-ENOMEM, what, "out of memory");
+        scols_table_set_stream(t->tb, stdout);
+        scols_table_enable_noheadings(t->tb, ctl->noheadings);
+        scols_table_enable_raw(t->tb, ctl->raw);
+        if (!list || *list == '+') {
+                for (size_t k = 0; k < t->n_spec; k++)
+                        if (spec[k].shown && table_add_column(t, k, &placed) < 0)
+                                return command_error(-ENOMEM, what, "out of memory");
+                if (list)
+                        list++;
+        }
+        while (list && *list) {
+                size_t len = strcspn(list, ","), k;
+                for (k = 0; k < t->n_spec; k++)
+                        if (strlen(spec[k].name) == len && strncasecmp(spec[k].name, list, len) == 0)
+                                break;
+                if (k == t->n_spec) {
+                        char names[512] = "";
+                        for (size_t i = 0; i < t->n_spec; i++)
+                                snprintf(names + strlen(names), sizeof(names) - strlen(names), "%s%s",
+                                         i ? "," : "", spec[i].name);
+                        scols_unref_table(t->tb);
+                        t->tb = NULL;
+                        return usage_error("%s has no column '%.*s' (its columns: %s)", what, (int)len, list,
+                                           names);
+                }
+                if (table_add_column(t, k, &placed) < 0)
+                        return command_error(-ENOMEM, what, "out of memory");
+                list += len;
+                if (*list == ',')
+                        list++;
+        }
+        return 0;
+}
+
+/* A new row, every cell "-" until set: a raw table's rows then always have every field. */
+static void table_row(Table *t)
+{
+        t->line = scols_table_new_line(t->tb, NULL);
+        for (size_t k = 0; t->line && k < t->n_spec; k++)
+                if (t->cell[k] >= 0)
+                        scols_line_set_data(t->line, (size_t)t->cell[k], "-");
+}
+
+/* Cell @k of the current row, if that column is shown; "-" stands for nothing. */
+static void table_cell(Table *t, size_t k, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void table_cell(Table *t, size_t k, const char *fmt, ...)
+{
+        char buf[1024];
+        va_list ap;
+
+        if (!t->line || k >= t->n_spec || t->cell[k] < 0)
+                return;
+        va_start(ap, fmt);
+        vsnprintf(buf, sizeof(buf), fmt, ap);
+        va_end(ap);
+        scols_line_set_data(t->line, (size_t)t->cell[k], buf[0] ? buf : "-");
+}
+
+static int table_print(Table *t)
+{
+        int r = scols_print_table(t->tb);
+        scols_unref_table(t->tb);
+        t->tb = NULL;
+        return r < 0 ? command_error(r, "table", "cannot print it") : EXIT_SUCCESS;
 }
 
 static int cmd_status(Ctl *ctl, int argc, char **argv)
@@ -289,11 +414,126 @@ static const char *gfx_name(uint32_t v, char *buf, size_t len)
         return buf;
 }
 
+enum {
+        TC_NODE,
+        TC_KIND,
+        TC_GPU_ID,
+        TC_TARGET,
+        TC_VRAM,
+        TC_SYSMEM,
+        TC_NUMA,
+        TC_RENDER,
+        TC_LINKS,
+        TC_NAME,
+        TC_PCI,
+        TC_SIMDS,
+        TC_CORES,
+        TC_VENDOR,
+        TC_DEVICE,
+        TC_HIVE,
+        TC_LARGE_BAR,
+};
+static const ColumnSpec topology_columns[] = {
+        [TC_NODE] = {"NODE", 4, SCOLS_FL_RIGHT, true},
+        [TC_KIND] = {"KIND", 4, 0, true},
+        [TC_GPU_ID] = {"GPU_ID", 6, SCOLS_FL_RIGHT, true},
+        [TC_TARGET] = {"TARGET", 8, 0, true},
+        [TC_VRAM] = {"VRAM", 10, SCOLS_FL_RIGHT, true},
+        [TC_SYSMEM] = {"SYSMEM", 10, SCOLS_FL_RIGHT, true},
+        [TC_NUMA] = {"NUMA", 4, SCOLS_FL_RIGHT, true},
+        [TC_RENDER] = {"RENDER", 6, 0, true},
+        [TC_LINKS] = {"LINKS", 0.3, SCOLS_FL_WRAP, true},
+        [TC_NAME] = {"NAME", 0.1, SCOLS_FL_TRUNC, false},
+        [TC_PCI] = {"PCI", 12, 0, false},
+        [TC_SIMDS] = {"SIMDS", 5, SCOLS_FL_RIGHT, false},
+        [TC_CORES] = {"CORES", 5, SCOLS_FL_RIGHT, false},
+        [TC_VENDOR] = {"VENDOR", 6, 0, false},
+        [TC_DEVICE] = {"DEVICE", 6, 0, false},
+        [TC_HIVE] = {"HIVE", 18, 0, false},
+        [TC_LARGE_BAR] = {"LARGE_BAR", 3, 0, false},
+};
+
+/* The nodes; with --properties, a second table of every node's raw properties (NODE PROPERTY VALUE). */
+static int print_topology(Ctl *ctl, const gm_topology *t, bool props)
+{
+        Table tb;
+        char b1[32], b2[32], gfx[16], tl[16], links[1024];
+        int r = table_new(ctl, &tb, "topology", topology_columns, ARRAY_SIZE(topology_columns));
+
+        if (r)
+                return r;
+        for (size_t i = 0; i < t->n_nodes; i++) {
+                const gm_topology_node *n = &t->nodes[i];
+                size_t off = 0;
+                table_row(&tb);
+                table_cell(&tb, TC_NODE, "%u", n->node_id);
+                table_cell(&tb, TC_KIND, "%s", n->is_gpu ? (n->cpu_cores ? "APU" : "GPU") : "CPU");
+                table_cell(&tb, TC_NAME, "%s", n->name ? n->name : "");
+                table_cell(&tb, TC_CORES, "%u", n->cpu_cores);
+                if (n->local_mem_size)
+                        table_cell(&tb, TC_VRAM, "%s", human_bytes(n->local_mem_size, b1, sizeof(b1)));
+                if (n->system_mem_size)
+                        table_cell(&tb, TC_SYSMEM, "%s", human_bytes(n->system_mem_size, b2, sizeof(b2)));
+                if (n->numa_node >= 0)
+                        table_cell(&tb, TC_NUMA, "%d", n->numa_node);
+                if (n->is_gpu) {
+                        table_cell(&tb, TC_GPU_ID, "%u", n->gpu_id);
+                        table_cell(&tb, TC_TARGET, "%s", gfx_name(n->gfx_target_version, gfx, sizeof(gfx)));
+                        table_cell(&tb, TC_RENDER, "D%u", n->drm_render_minor);
+                        table_cell(&tb, TC_PCI, "%04x:%02x:%02x.%x", n->pci_domain, n->pci_location >> 8,
+                                   (n->pci_location >> 3) & 0x1f, n->pci_location & 7);
+                        table_cell(&tb, TC_SIMDS, "%u", n->simd_count);
+                        table_cell(&tb, TC_VENDOR, "0x%04x", n->vendor_id);
+                        table_cell(&tb, TC_DEVICE, "0x%04x", n->device_id);
+                        if (n->hive_id)
+                                table_cell(&tb, TC_HIVE, "0x%016" PRIx64, n->hive_id);
+                        table_cell(&tb, TC_LARGE_BAR, "%s", n->large_bar ? "yes" : "no");
+                }
+                links[0] = '\0';
+                for (size_t k = 0; k < n->n_io_links && off < sizeof(links); k++)
+                        off += (size_t)snprintf(links + off, sizeof(links) - off, "%s%s->%u", k ? "," : "",
+                                                link_type(n->io_links[k].type, tl, sizeof(tl)),
+                                                n->io_links[k].node_to);
+                table_cell(&tb, TC_LINKS, "%s", links);
+        }
+        r = table_print(&tb);
+        if (r || !props)
+                return r;
+        /* the properties: their own table, which -o does not shape */
+        struct libscols_table *pt = scols_new_table();
+        if (!pt)
+                return command_error(-ENOMEM, "topology", "out of memory");
+        scols_table_set_stream(pt, stdout);
+        scols_table_enable_noheadings(pt, ctl->noheadings);
+        scols_table_enable_raw(pt, ctl->raw);
+        if (!scols_table_new_column(pt, "NODE", 4, SCOLS_FL_RIGHT) ||
+            !scols_table_new_column(pt, "PROPERTY", 32, 0) || !scols_table_new_column(pt, "VALUE", 20, 0)) {
+                scols_unref_table(pt);
+                return command_error(-ENOMEM, "topology", "out of memory");
+        }
+        for (size_t i = 0; i < t->n_nodes; i++)
+                for (size_t k = 0; k < t->nodes[i].n_properties; k++) {
+                        struct libscols_line *l = scols_table_new_line(pt, NULL);
+                        char v[32], id[16];
+                        snprintf(id, sizeof(id), "%u", t->nodes[i].node_id);
+                        snprintf(v, sizeof(v), "%" PRIu64, t->nodes[i].properties[k].value);
+                        if (!l || scols_line_set_data(l, 0, id) < 0 ||
+                            scols_line_set_data(l, 1, t->nodes[i].properties[k].key) < 0 ||
+                            scols_line_set_data(l, 2, v) < 0) {
+                                scols_unref_table(pt);
+                                return command_error(-ENOMEM, "topology", "out of memory");
+                        }
+                }
+        putchar('\n');
+        r = scols_print_table(pt);
+        scols_unref_table(pt);
+        return r < 0 ? command_error(r, "topology", "cannot print the table") : EXIT_SUCCESS;
+}
+
 static int cmd_topology(Ctl *ctl, int argc, char **argv)
 {
         bool props = false;
         gm_topology *t = NULL;
-        char b1[32], b2[32];
         int r;
 
         for (int i = 1; i < argc; i++) {
@@ -354,32 +594,9 @@ static int cmd_topology(Ctl *ctl, int argc, char **argv)
                 }
                 jprint(o, JSON_C_TO_STRING_PLAIN);
         } else {
-                printf("%-5s %-4s %-7s %-9s %-11s %-11s %-5s %-7s %s\n", "NODE", "KIND", "GPU_ID", "TARGET",
-                       "VRAM", "SYSMEM", "NUMA", "RENDER", "LINKS");
-                for (size_t i = 0; i < t->n_nodes; i++) {
-                        const gm_topology_node *n = &t->nodes[i];
-                        char gpu[16] = "-", numa[16] = "-", render[16] = "-", gfx[16], tb[16];
-                        if (n->is_gpu) {
-                                snprintf(gpu, sizeof(gpu), "%u", n->gpu_id);
-                                snprintf(render, sizeof(render), "D%u", n->drm_render_minor);
-                        }
-                        if (n->numa_node >= 0)
-                                snprintf(numa, sizeof(numa), "%d", n->numa_node);
-                        printf("%-5u %-4s %-7s %-9s %-11s %-11s %-5s %-7s", n->node_id,
-                               n->is_gpu ? (n->cpu_cores ? "APU" : "GPU") : "CPU", gpu,
-                               gfx_name(n->gfx_target_version, gfx, sizeof(gfx)),
-                               n->local_mem_size ? human_bytes(n->local_mem_size, b1, sizeof(b1)) : "-",
-                               n->system_mem_size ? human_bytes(n->system_mem_size, b2, sizeof(b2)) : "-",
-                               numa, render);
-                        for (size_t k = 0; k < n->n_io_links; k++)
-                                printf("%s%s->%u", k ? "," : "",
-                                       link_type(n->io_links[k].type, tb, sizeof(tb)),
-                                       n->io_links[k].node_to);
-                        printf("\n");
-                        for (size_t k = 0; props && k < n->n_properties; k++)
-                                printf("        %-32s %" PRIu64 "\n", n->properties[k].key,
-                                       n->properties[k].value);
-                }
+                r = print_topology(ctl, t, props);
+                gm_topology_free(t);
+                return r;
         }
         gm_topology_free(t);
         return EXIT_SUCCESS;
@@ -393,11 +610,85 @@ static void fmt_time(uint64_t usec, char *buf, size_t len)
                 snprintf(buf, len, "-");
 }
 
+enum {
+        CC_ID,
+        CC_PID,
+        CC_UID,
+        CC_CLASS,
+        CC_NAME,
+        CC_CONTAINER,
+        CC_CONNECTED,
+        CC_HANDLES,
+        CC_VRAM,
+        CC_HOST,
+        CC_MANAGED,
+        CC_GID,
+        CC_POD,
+        CC_CGROUP,
+        CC_REQUESTS,
+        CC_FDS,
+        CC_ADMIN,
+};
+static const ColumnSpec client_columns[] = {
+        [CC_ID] = {"ID", 4, SCOLS_FL_RIGHT, true},
+        [CC_PID] = {"PID", 7, SCOLS_FL_RIGHT, true},
+        [CC_UID] = {"UID", 5, SCOLS_FL_RIGHT, true},
+        [CC_CLASS] = {"CLASS", 0.1, SCOLS_FL_TRUNC, true},
+        [CC_NAME] = {"NAME", 0.1, SCOLS_FL_TRUNC, true},
+        [CC_CONTAINER] = {"CONTAINER", 0.15, SCOLS_FL_TRUNC, true},
+        [CC_CONNECTED] = {"CONNECTED", 20, 0, true},
+        [CC_HANDLES] = {"HANDLES", 7, SCOLS_FL_RIGHT, true},
+        [CC_VRAM] = {"VRAM", 10, SCOLS_FL_RIGHT, true},
+        [CC_HOST] = {"HOST", 10, SCOLS_FL_RIGHT, true},
+        [CC_MANAGED] = {"MANAGED", 10, SCOLS_FL_RIGHT, true},
+        [CC_GID] = {"GID", 5, SCOLS_FL_RIGHT, false},
+        [CC_POD] = {"POD", 36, 0, false},
+        [CC_CGROUP] = {"CGROUP", 0.3, SCOLS_FL_TRUNC, false},
+        [CC_REQUESTS] = {"REQUESTS", 8, SCOLS_FL_RIGHT, false},
+        [CC_FDS] = {"FDS", 4, SCOLS_FL_RIGHT, false},
+        [CC_ADMIN] = {"ADMIN", 3, 0, false},
+};
+
+static int print_clients(Ctl *ctl, const gm_client_info *infos, size_t n)
+{
+        Table tb;
+        char when[32], b[32];
+        int r = table_new(ctl, &tb, "clients", client_columns, ARRAY_SIZE(client_columns));
+
+        if (r)
+                return r;
+        for (size_t i = 0; i < n; i++) {
+                const gm_client_info *c = &infos[i];
+                uint64_t vram = 0;
+                for (size_t k = 0; k < c->n_usage; k++)
+                        vram += c->usage[k].vram_bytes;
+                fmt_time(c->connected_usec, when, sizeof(when));
+                table_row(&tb);
+                table_cell(&tb, CC_ID, "%" PRIu64, c->client_id);
+                table_cell(&tb, CC_PID, "%u", c->pid);
+                table_cell(&tb, CC_UID, "%u", c->uid);
+                table_cell(&tb, CC_GID, "%u", c->gid);
+                table_cell(&tb, CC_CLASS, "%s", c->class_name);
+                table_cell(&tb, CC_NAME, "%s", c->name);
+                table_cell(&tb, CC_CONTAINER, "%s", c->container);
+                table_cell(&tb, CC_POD, "%s", c->pod);
+                table_cell(&tb, CC_CGROUP, "%s", c->cgroup);
+                table_cell(&tb, CC_CONNECTED, "%s", when);
+                table_cell(&tb, CC_HANDLES, "%u", c->handles);
+                table_cell(&tb, CC_VRAM, "%s", human_bytes(vram, b, sizeof(b)));
+                table_cell(&tb, CC_HOST, "%s", human_bytes(c->host_bytes, b, sizeof(b)));
+                table_cell(&tb, CC_MANAGED, "%s", human_bytes(c->managed_bytes, b, sizeof(b)));
+                table_cell(&tb, CC_REQUESTS, "%" PRIu64, c->requests);
+                table_cell(&tb, CC_FDS, "%u", c->fds);
+                table_cell(&tb, CC_ADMIN, "%s", c->admin ? "yes" : "no");
+        }
+        return table_print(&tb);
+}
+
 static int cmd_clients(Ctl *ctl, int argc, char **argv)
 {
         gm_client_info *infos = NULL;
         size_t n = 0;
-        char when[32];
         int r;
 
         if (argc > 1) {
@@ -438,22 +729,9 @@ static int cmd_clients(Ctl *ctl, int argc, char **argv)
                 }
                 jprint(o, JSON_C_TO_STRING_PLAIN);
         } else {
-                printf("%-6s %-8s %-6s %-12s %-14s %-22s %-20s %-7s %-10s %s\n", "ID", "PID", "UID", "CLASS",
-                       "NAME", "CONTAINER", "CONNECTED", "HANDLES", "VRAM", "HOST/MANAGED");
-                for (size_t i = 0; i < n; i++) {
-                        const gm_client_info *c = &infos[i];
-                        uint64_t vram = 0;
-                        char b1[32], b2[32], b3[32];
-                        for (size_t k = 0; k < c->n_usage; k++)
-                                vram += c->usage[k].vram_bytes;
-                        fmt_time(c->connected_usec, when, sizeof(when));
-                        printf("%-6" PRIu64 " %-8u %-6u %-12.12s %-14.14s %-22.22s %-20s %-7u %-10s %s/%s\n",
-                               c->client_id, c->pid, c->uid, c->class_name[0] ? c->class_name : "-",
-                               c->name[0] ? c->name : "-", c->container[0] ? c->container : "-", when,
-                               c->handles, human_bytes(vram, b1, sizeof(b1)),
-                               human_bytes(c->host_bytes, b2, sizeof(b2)),
-                               human_bytes(c->managed_bytes, b3, sizeof(b3)));
-                }
+                r = print_clients(ctl, infos, n);
+                gm_client_info_free(infos, n);
+                return r;
         }
         gm_client_info_free(infos, n);
         return EXIT_SUCCESS;
@@ -762,10 +1040,32 @@ static int parse_u64(const char *s, uint64_t *ret)
         return 0;
 }
 
+enum {
+        AC_CLIENT,
+        AC_HANDLE,
+        AC_KIND,
+        AC_SIZE,
+        AC_GPU,
+        AC_VA,
+        AC_EXPORTS,
+        AC_MAPPED_ON,
+};
+static const ColumnSpec allocation_columns[] = {
+        [AC_CLIENT] = {"CLIENT", 6, SCOLS_FL_RIGHT, true},
+        [AC_HANDLE] = {"HANDLE", 18, 0, true},
+        [AC_KIND] = {"KIND", 7, 0, true},
+        [AC_SIZE] = {"SIZE", 10, SCOLS_FL_RIGHT, true},
+        [AC_GPU] = {"GPU", 6, SCOLS_FL_RIGHT, true},
+        [AC_VA] = {"VA", 18, 0, true},
+        [AC_EXPORTS] = {"EXPORTS", 7, SCOLS_FL_RIGHT, true},
+        [AC_MAPPED_ON] = {"MAPPED_ON", 0.2, SCOLS_FL_WRAP, true},
+};
+
 static int cmd_allocations(Ctl *ctl, int argc, char **argv)
 {
         uint64_t client = 0, cursor = 0, total = 0;
         json_object *doc = NULL, *list = NULL;
+        Table tb = {0};
         char b1[32];
         int r;
 
@@ -781,9 +1081,9 @@ static int cmd_allocations(Ctl *ctl, int argc, char **argv)
         if (ctl->json) {
                 doc = jdoc();
                 list = jarray(doc, "allocations");
-        } else {
-                printf("%-6s %-18s %-8s %-10s %-7s %-18s %-5s %s\n", "CLIENT", "HANDLE", "KIND", "SIZE",
-                       "GPU", "VA", "EXPRT", "MAPPED ON");
+        } else if ((r = table_new(ctl, &tb, "allocations", allocation_columns,
+                                  ARRAY_SIZE(allocation_columns)))) {
+                return r;
         }
         do {
                 gm_alloc_info *a = NULL;
@@ -791,6 +1091,7 @@ static int cmd_allocations(Ctl *ctl, int argc, char **argv)
                 r = gm_admin_allocations(ctl->c, client, 0, &cursor, &a, &n);
                 if (r < 0) {
                         json_object_put(doc);
+                        scols_unref_table(tb.tb);
                         return fail(ctl, "allocations", r);
                 }
                 for (size_t i = 0; i < n; i++, total++) {
@@ -810,26 +1111,35 @@ static int cmd_allocations(Ctl *ctl, int argc, char **argv)
                                         json_object_array_add(m, json_object_new_uint64(a[i].mapped_gpus[k]));
                                 json_object_array_add(list, o);
                         } else {
-                                char gpu[16] = "-", va[24] = "-";
+                                char on[512] = "";
+                                size_t off = 0;
+                                for (size_t k = 0; k < a[i].n_mapped_gpus && off < sizeof(on); k++)
+                                        off += (size_t)snprintf(on + off, sizeof(on) - off, "%s%u",
+                                                                k ? "," : "", a[i].mapped_gpus[k]);
+                                table_row(&tb);
+                                table_cell(&tb, AC_CLIENT, "%" PRIu64, a[i].client_id);
+                                table_cell(&tb, AC_HANDLE, "0x%016" PRIx64, a[i].id);
+                                table_cell(&tb, AC_KIND, "%s", kind_name(a[i].kind));
+                                table_cell(&tb, AC_SIZE, "%s", human_bytes(a[i].size, b1, sizeof(b1)));
                                 if (a[i].gpu_id)
-                                        snprintf(gpu, sizeof(gpu), "%u", a[i].gpu_id);
+                                        table_cell(&tb, AC_GPU, "%u", a[i].gpu_id);
                                 if (a[i].va)
-                                        snprintf(va, sizeof(va), "0x%" PRIx64, a[i].va);
-                                printf("%-6" PRIu64 " 0x%016" PRIx64 " %-8s %-10s %-7s %-18s %-5u ",
-                                       a[i].client_id, a[i].id, kind_name(a[i].kind),
-                                       human_bytes(a[i].size, b1, sizeof(b1)), gpu, va, a[i].exports);
-                                for (size_t k = 0; k < a[i].n_mapped_gpus; k++)
-                                        printf("%s%u", k ? "," : "", a[i].mapped_gpus[k]);
-                                printf("%s\n", a[i].n_mapped_gpus ? "" : "-");
+                                        table_cell(&tb, AC_VA, "0x%" PRIx64, a[i].va);
+                                table_cell(&tb, AC_EXPORTS, "%u", a[i].exports);
+                                table_cell(&tb, AC_MAPPED_ON, "%s", on);
                         }
                 }
                 gm_alloc_info_free(a, n);
         } while (cursor);
-        if (ctl->json)
+        if (ctl->json) {
                 jprint(doc, JSON_C_TO_STRING_PLAIN);
-        else
+                return EXIT_SUCCESS;
+        }
+        r = table_print(&tb);
+        /* the count is for people: a script asked for the rows alone (-n) gets only them */
+        if (!r && !ctl->noheadings && !ctl->raw)
                 printf("%" PRIu64 " object%s\n", total, total == 1 ? "" : "s");
-        return EXIT_SUCCESS;
+        return r;
 }
 
 static const char *const resource_names[] = {
@@ -877,15 +1187,50 @@ static int parse_limit(const char *s, bool bytes, uint64_t *ret)
         return 0;
 }
 
-static void print_limit(uint64_t v, bool bytes)
+static const char *limit_text(uint64_t v, bool bytes, char *buf, size_t len)
 {
-        char b[32];
         if (v == GM_UNLIMITED)
-                printf("%-12s", "unlimited");
-        else if (bytes)
-                printf("%-12s", human_bytes(v, b, sizeof(b)));
-        else
-                printf("%-12" PRIu64, v);
+                return "unlimited";
+        if (bytes)
+                return human_bytes(v, buf, len);
+        snprintf(buf, len, "%" PRIu64, v);
+        return buf;
+}
+
+enum { QC_CLASS, QC_RESOURCE, QC_GPU, QC_USED, QC_LIMIT };
+static const ColumnSpec quota_columns[] = {
+        [QC_CLASS] = {"CLASS", 0.15, SCOLS_FL_TRUNC, true}, [QC_RESOURCE] = {"RESOURCE", 11, 0, true},
+        [QC_GPU] = {"GPU", 6, SCOLS_FL_RIGHT, true},        [QC_USED] = {"USED", 10, SCOLS_FL_RIGHT, true},
+        [QC_LIMIT] = {"LIMIT", 10, SCOLS_FL_RIGHT, true},
+};
+
+static int print_quotas(Ctl *ctl, const gm_quota *q, size_t n)
+{
+        Table tb;
+        char b[32];
+        int r = table_new(ctl, &tb, "quota show", quota_columns, ARRAY_SIZE(quota_columns));
+
+        if (r)
+                return r;
+        for (size_t i = 0; i < n; i++) {
+                bool bytes = resource_is_bytes(q[i].resource);
+                /* per-GPU rows only where a per-GPU limit or use exists */
+                if (q[i].gpu_id && q[i].limit == GM_UNLIMITED && q[i].used == 0)
+                        continue;
+                table_row(&tb);
+                table_cell(&tb, QC_CLASS, "%s", q[i].class_name);
+                table_cell(&tb, QC_RESOURCE, "%s",
+                           q[i].resource > 0 && q[i].resource <= GM_RESOURCE_QUEUES
+                                   ? resource_names[q[i].resource]
+                                   : "unknown");
+                if (q[i].gpu_id)
+                        table_cell(&tb, QC_GPU, "%u", q[i].gpu_id);
+                else
+                        table_cell(&tb, QC_GPU, "all");
+                table_cell(&tb, QC_USED, "%s", limit_text(q[i].used, bytes, b, sizeof(b)));
+                table_cell(&tb, QC_LIMIT, "%s", limit_text(q[i].limit, bytes, b, sizeof(b)));
+        }
+        return table_print(&tb);
 }
 
 static int cmd_quota(Ctl *ctl, int argc, char **argv)
@@ -917,29 +1262,9 @@ static int cmd_quota(Ctl *ctl, int argc, char **argv)
                         }
                         jprint(o, JSON_C_TO_STRING_PLAIN);
                 } else {
-                        const char *last = NULL;
-                        for (size_t i = 0; i < n; i++) {
-                                bool bytes = resource_is_bytes(q[i].resource);
-                                if (!last || strcmp(last, q[i].class_name) != 0) {
-                                        printf("%sclass %s\n  %-12s %-7s %-12s %s\n", last ? "\n" : "",
-                                               q[i].class_name, "RESOURCE", "GPU", "USED", "LIMIT");
-                                        last = q[i].class_name;
-                                }
-                                /* per-GPU rows only where a per-GPU limit or use exists */
-                                if (q[i].gpu_id && q[i].limit == GM_UNLIMITED && q[i].used == 0)
-                                        continue;
-                                printf("  %-12s ", q[i].resource > 0 && q[i].resource <= GM_RESOURCE_QUEUES
-                                                           ? resource_names[q[i].resource]
-                                                           : "unknown");
-                                if (q[i].gpu_id)
-                                        printf("%-7u ", q[i].gpu_id);
-                                else
-                                        printf("%-7s ", "all");
-                                print_limit(q[i].used, bytes);
-                                printf(" ");
-                                print_limit(q[i].limit, bytes);
-                                printf("\n");
-                        }
+                        r = print_quotas(ctl, q, n);
+                        gm_quota_free(q, n);
+                        return r;
                 }
                 gm_quota_free(q, n);
                 return EXIT_SUCCESS;
@@ -1011,13 +1336,19 @@ static const struct {
 
 static void usage(FILE *f)
 {
-        fprintf(f, "Usage: gpumemctl [--socket PATH] [--json] COMMAND [ARGS]\n\nCommands:\n");
+        fprintf(f, "Usage: gpumemctl [OPTIONS] COMMAND [ARGS]\n\nCommands:\n");
         for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++)
                 fprintf(f, "  %-12s %s\n", commands[i].name, commands[i].help);
         fprintf(f,
                 "\nOptions:\n"
                 "  -s, --socket PATH  the daemon's socket (default $GPUMEM_SOCKET or " GM_DEFAULT_SOCKET ")\n"
                 "  -j, --json         machine-readable output (a stable JSON schema; errors too)\n"
+                "  -o, --output LIST  the table's columns, comma-separated (\"+LIST\": the defaults and "
+                "these);\n"
+                "                     a wrong name lists the table's columns\n"
+                "  -n, --noheadings   tables without their heading line\n"
+                "  -r, --raw          tables unaligned, one space between columns\n"
+                "  -b, --bytes        sizes in bytes in tables and status\n"
                 "  -V, --version      gpumemctl's version\n"
                 "  -h, --help         this help\n"
                 "Options may stand anywhere on the line; \"--\" ends them.\n"
@@ -1050,12 +1381,37 @@ static int global_options(Ctl *ctl, int *argc, char **argv)
                         ctl->socket = argv[++i];
                 } else if (strncmp(a, "--socket=", 9) == 0) {
                         ctl->socket = a + 9;
+                } else if (strcmp(a, "-o") == 0 || strcmp(a, "--output") == 0) {
+                        if (i + 1 >= *argc || !argv[i + 1][0])
+                                return usage_error("%s needs a list of columns", a);
+                        ctl->columns = argv[++i];
+                } else if (strncmp(a, "--output=", 9) == 0) {
+                        ctl->columns = a + 9;
+                } else if (strcmp(a, "-n") == 0 || strcmp(a, "--noheadings") == 0) {
+                        ctl->noheadings = true;
+                } else if (strcmp(a, "-r") == 0 || strcmp(a, "--raw") == 0) {
+                        ctl->raw = true;
+                } else if (strcmp(a, "-b") == 0 || strcmp(a, "--bytes") == 0) {
+                        exact_bytes = true;
                 } else if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
                         usage(stdout);
                         return 1;
                 } else if (strcmp(a, "-V") == 0 || strcmp(a, "--version") == 0) {
                         printf("gpumemctl %s\n", GPUMEMD_VERSION);
                         return 1;
+                } else if (a[0] == '-' && a[1] && a[1] != '-' && a[2] &&
+                           strspn(a + 1, "jnrb") == strlen(a + 1)) {
+                        /* flags together, as in -nrb */
+                        for (const char *f = a + 1; *f; f++) {
+                                if (*f == 'j')
+                                        ctl->json = json_errors = true;
+                                else if (*f == 'n')
+                                        ctl->noheadings = true;
+                                else if (*f == 'r')
+                                        ctl->raw = true;
+                                else
+                                        exact_bytes = true;
+                        }
                 } else if (n == 1 && a[0] == '-') {
                         return usage_error("unknown option '%s' (see --help)", a);
                 } else {

@@ -3,7 +3,7 @@
 set -eu
 pkgs="meson ninja-build pkg-config gcc clang libc6-dev libevent-dev libsystemd-dev libprotobuf-c-dev
       protobuf-c-compiler libnuma-dev libdrm-dev libinih-dev python3 binutils systemd
-      scdoc python3-yaml libjson-c-dev python3-jsonschema"
+      scdoc python3-yaml libjson-c-dev libsmartcols-dev python3-jsonschema"
 # Debian's ROCm 5.2.3 user space, which tests/rocm runs unmodified on the KFD model.
 pkgs="$pkgs libhsakmt1 libhsakmt-dev libhsa-runtime64-1 rocminfo libamdhip64-5 libamdhip64-dev"
 missing=""
@@ -20,4 +20,23 @@ if [ -n "$missing" ]; then
     apt-get update -qq
     # shellcheck disable=SC2086
     apt-get install -y -qq --no-install-recommends $missing >/dev/null
+fi
+
+# promtool, Prometheus's linter, which the metrics test runs over a live scrape. Only the one binary is
+# taken out of Debian's prometheus package: installing the package would also set up and start a Prometheus
+# server, which a build machine has no use for.
+if ! command -v promtool >/dev/null; then
+    if [ "$(id -u)" -ne 0 ]; then
+        echo "gpumemd: missing promtool (run as root to install it from Debian's prometheus package)" >&2
+        exit 1
+    fi
+    tmp=$(mktemp -d)
+    if ! (cd "$tmp" && apt-get download prometheus >/dev/null 2>&1); then
+        apt-get update -qq
+        (cd "$tmp" && apt-get download prometheus >/dev/null 2>&1)
+    fi
+    dpkg-deb --fsys-tarfile "$tmp"/prometheus_*.deb | tar -xO ./usr/bin/promtool >/usr/local/bin/promtool
+    chmod 755 /usr/local/bin/promtool
+    rm -rf "$tmp"
+    echo "gpumemd: installed promtool from Debian's prometheus package"
 fi

@@ -662,7 +662,7 @@ static void test_inflight(void)
         if (adm && gm_admin_metrics(adm, &text) == 0) {
                 CHECK_STR_CONTAINS(text, "gpumemd_denials_total{reason=\"inflight\"}");
                 CHECK(!strstr(text, "gpumemd_denials_total{reason=\"inflight\"} 0\n"));
-                CHECK_STR_CONTAINS(text, "gpumemd_class_usage{class=\"alpha\",resource=\"vram\"}");
+                CHECK_STR_CONTAINS(text, "gpumemd_class_vram_bytes{class=\"alpha\"}");
                 CHECK_STR_CONTAINS(text, "gpumemd_operation_duration_seconds_bucket{op=\"alloc\"");
                 CHECK_STR_CONTAINS(text, "gpumemd_operations_total{op=\"alloc\",result=\"EDQUOT\"}");
                 gm_free(text);

@@ -485,17 +485,14 @@ static void test_class_windows(void)
                 CHECK(class_windows("batch", &used, &limit));
                 CHECK_EQ(used, 3);
                 CHECK_EQ(limit, 3);
-                CHECK(ctl_output_has("quota show batch", "  windows      all     3            3"));
+                CHECK(ctl_output_has("-r quota show batch", "batch windows all 3 3\n"));
                 CHECK_EQ(gm_client_connect(dmn.sock, "admin", &adm), 0);
                 if (adm) {
                         CHECK_EQ(gm_admin_quota_set(adm, "batch", GM_RESOURCE_WINDOWS, 0, 2, false), -EBUSY);
                         CHECK_EQ(gm_admin_metrics(adm, &text), 0);
-                        CHECK_STR_CONTAINS(text,
-                                           "gpumemd_class_limit{class=\"batch\",resource=\"windows\"} 3\n");
-                        CHECK_STR_CONTAINS(text,
-                                           "gpumemd_class_usage{class=\"batch\",resource=\"windows\"} 3\n");
-                        CHECK_STR_CONTAINS(text,
-                                           "gpumemd_class_limit{class=\"others\",resource=\"windows\"} +Inf");
+                        CHECK_STR_CONTAINS(text, "gpumemd_class_windows_limit{class=\"batch\"} 3\n");
+                        CHECK_STR_CONTAINS(text, "gpumemd_class_windows{class=\"batch\"} 3\n");
+                        CHECK_STR_CONTAINS(text, "gpumemd_class_windows_limit{class=\"others\"} +Inf");
                         gm_free(text);
                         gm_client_close(adm);
                 }

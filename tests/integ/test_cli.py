@@ -4,6 +4,7 @@ socket activation through systemd-socket-activate, and gpumemctl's tables, JSON 
 import errno
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -357,6 +358,36 @@ def test_admin_commands(tmp):
           "gpumemctl's sessions put no connect/disconnect lines in the log at info; other clients do")
 
 
+def preset_gpus(preset="mi300x"):
+    """{kfd gpu id: (pci address, unique id)} read from the model preset's sysfs files, not from gpumemd."""
+    nodes = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "thunk", "presets", preset, "nodes")
+    gpus = {}
+    for n in os.listdir(nodes):
+        with open(os.path.join(nodes, n, "gpu_id")) as f:
+            gpu_id = int(f.read().strip() or 0)
+        if not gpu_id:
+            continue
+        with open(os.path.join(nodes, n, "properties")) as f:
+            props = dict(line.split() for line in f if len(line.split()) == 2)
+        loc, dom = int(props["location_id"]), int(props.get("domain", 0))
+        gpus[gpu_id] = (f"{dom:04x}:{loc >> 8:02x}:{(loc >> 3) & 0x1f:02x}.{loc & 7:x}",
+                        f"0x{int(props['unique_id']):016x}")
+    return gpus
+
+
+def scrape_value(body, metric, **labels):
+    """The value of the one series of @metric whose labels include @labels (exactly one must match)."""
+    found = []
+    for line in body.splitlines():
+        if not line.startswith(metric + "{") and line.split(" ")[0] != metric:
+            continue
+        series, _, value = line.rpartition(" ")
+        if all(f'{k}="{v}"' in series for k, v in labels.items()):
+            found.append(float(value))
+    check(len(found) == 1, f"{metric} {labels}: one series ({len(found)})")
+    return found[0] if found else None
+
+
 def test_metrics_listener(tmp):
     import urllib.request
     # a free port on the loopback: bind, read it back, let it go
@@ -364,25 +395,148 @@ def test_metrics_listener(tmp):
     probe.bind(("127.0.0.1", 0))
     port = probe.getsockname()[1]
     probe.close()
-    d = Daemon(tmp, f"[daemon]\nmetrics-listen = 127.0.0.1:{port}\n")
+    d = Daemon(tmp, f"[daemon]\nmetrics-listen = 127.0.0.1:{port}\n[class team]\nmatch-uid = 0\nvram = 8G\n"
+                    "handles = 100\n")
     check(d.ready, "daemon ready")
-    ctl(d.sock, "ping")
+    gpus = preset_gpus()
+    gpu = sorted(gpus)[0]
+    # a client with a name that needs escaping, holding device, host and managed memory while we scrape
+    name = 'odd "name" \\ here'
+    hold = subprocess.Popen([os.environ["GM_HOLD"], d.sock, name, str(gpu), "device:2097152", "host:4194304",
+                             "managed:1048576"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
-            body = r.read().decode()
-            check(r.status == 200, "GET /metrics answers 200")
-            check(r.headers.get("Content-Type", "").startswith("text/plain"), "Prometheus text content type")
+        held = hold.stdout.readline().split()
+        check(len(held) == 2 and held[0] == "held", f"the holder holds its memory ({held})")
+        client_id = held[1] if len(held) == 2 else "?"
+        ctl(d.sock, "ping")
+        body = ""
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+                body = r.read().decode()
+                check(r.status == 200, "GET /metrics answers 200")
+                check(r.headers.get("Content-Type", "").startswith("text/plain"), "Prometheus text content type")
+        except OSError as e:
+            check(False, f"GET /metrics: {e}")
         check("gpumemd_up{backend=\"model\"} 1" in body, "the metrics are gpumemd's")
         check('gpumemd_operations_total{op="ping",result="ok"}' in body, "operations are counted")
-        check('gpumemd_class_limit{class="default",resource="vram"} +Inf' in body, "per-class limits")
-    except OSError as e:
-        check(False, f"GET /metrics: {e}")
+        check(re.search(r'^gpumemd_build_info\{version="[0-9.]+",protocol="\d+",backend="model"\} 1$', body, re.M)
+              is not None, "gpumemd_build_info")
+        # per GPU: total, used, free, labelled as the preset's sysfs says
+        for g, (pci, uid) in gpus.items():
+            labels = {"kfd_gpu_id": g, "pci_address": pci, "unique_id": uid}
+            total = scrape_value(body, "gpumemd_gpu_vram_total_bytes", **labels)
+            used = scrape_value(body, "gpumemd_gpu_vram_used_bytes", **labels)
+            free = scrape_value(body, "gpumemd_gpu_vram_free_bytes", **labels)
+            check(total == 192 << 30, f"GPU {g}: 192 GiB of VRAM ({total})")
+            check(used == (2 << 20 if g == gpu else 0), f"GPU {g}: what the holder holds is used ({used})")
+            check(free is not None and total is not None and free <= total - used, f"GPU {g}: free ({free})")
+        # per class: one family per resource, bytes and counts apart, limits beside use
+        check(scrape_value(body, "gpumemd_class_vram_bytes", **{"class": "team"}) == 2 << 20, "class VRAM")
+        check(scrape_value(body, "gpumemd_class_vram_limit_bytes", **{"class": "team"}) == 8 << 30, "class VRAM limit")
+        check(scrape_value(body, "gpumemd_class_host_bytes", **{"class": "team"}) == 4 << 20, "class host memory")
+        check(scrape_value(body, "gpumemd_class_handles", **{"class": "team"}) == 3, "class handles")
+        check(scrape_value(body, "gpumemd_class_handles_limit", **{"class": "team"}) == 100, "class handle limit")
+        check('gpumemd_class_host_limit_bytes{class="team"} +Inf' in body, "no host limit: +Inf")
+        check(scrape_value(body, "gpumemd_class_gpu_vram_bytes", **{"class": "team", "kfd_gpu_id": gpu}) == 2 << 20,
+              "class VRAM per GPU")
+        # per client, its name escaped
+        esc = name.replace("\\", "\\\\").replace('"', '\\"')
+        who = {"client": client_id, "name": esc, "class": "team", "uid": os.getuid(), "container": "", "pod_uid": ""}
+        check(scrape_value(body, "gpumemd_client_memory_bytes", kind="device", **who) == 2 << 20, "client device bytes")
+        check(scrape_value(body, "gpumemd_client_memory_bytes", kind="host", **who) == 4 << 20, "client host bytes")
+        check(scrape_value(body, "gpumemd_client_memory_bytes", kind="managed", **who) == 1 << 20, "client managed")
+        check(scrape_value(body, "gpumemd_client_gpu_vram_bytes", kfd_gpu_id=gpu, **who) == 2 << 20, "client per GPU")
+        check(scrape_value(body, "gpumemd_client_handles", **who) == 3, "client handles")
+        check(scrape_value(body, "gpumemd_client_fds", **who) >= 2, "client fds (host and managed memory's files)")
+        # the daemon's process
+        fds = scrape_value(body, "process_open_fds")
+        now = len(os.listdir(f"/proc/{d.proc.pid}/fd"))
+        # the scrape's own connection was open then and may be closed now
+        check(fds is not None and now <= fds <= now + 1, f"process_open_fds ({fds}, now {now})")
+        check((scrape_value(body, "process_threads") or 0) >= 2, "process_threads")
+        check((scrape_value(body, "process_resident_memory_bytes") or 0) > 1 << 20, "process_resident_memory_bytes")
+        start = scrape_value(body, "process_start_time_seconds") or 0
+        check(abs(start - time.time()) < 120, f"process_start_time_seconds ({start})")
+        # Prometheus's own linter over the live scrape
+        promtool = os.environ.get("PROMTOOL") or shutil.which("promtool")
+        if not promtool:
+            check(False, "promtool is installed (scripts/deps.sh puts it in /usr/local/bin)")
+        else:
+            lint = subprocess.run([promtool, "check", "metrics"], input=body, capture_output=True, text=True)
+            check(lint.returncode == 0 and not lint.stdout.strip() and not lint.stderr.strip(),
+                  f"promtool check metrics is clean ({lint.returncode}: {(lint.stdout + lint.stderr).strip()[:500]})")
+    finally:
+        hold.stdin.close()
+        try:
+            hold_status = hold.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            hold.kill()
+            hold_status = hold.wait()
+    check(hold_status == 0, "the holder frees everything and exits 0")
     try:
         req = urllib.request.Request(f"http://127.0.0.1:{port}/metrics", data=b"x", method="POST")
         urllib.request.urlopen(req, timeout=10)
         check(False, "POST is refused")
     except urllib.error.HTTPError as e:
         check(e.code in (405, 501), f"POST is refused ({e.code})")
+    code, _ = d.stop()
+    check(code == 0, "daemon exits 0")
+
+
+def test_tables(tmp):
+    """gpumemctl's tables for scripts: -o picks columns, -n drops the heading, -r and -b make rows parseable."""
+    d = Daemon(tmp, "[class team]\nmatch-uid = 0\nvram = 8G\n")
+    check(d.ready, "daemon ready")
+    gpus = preset_gpus()
+    gpu = sorted(gpus)[0]
+    hold = subprocess.Popen([os.environ["GM_HOLD"], d.sock, "a holder", str(gpu), "device:2097152",
+                             "host:4194304"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        held = hold.stdout.readline().split()
+        check(len(held) == 2 and held[0] == "held", f"the holder holds its memory ({held})")
+        cid = held[1] if len(held) == 2 else "?"
+        r = ctl(d.sock, "clients")
+        lines = r.stdout.splitlines()
+        check(r.returncode == 0 and lines and lines[0].split() == [
+            "ID", "PID", "UID", "CLASS", "NAME", "CONTAINER", "CONNECTED", "HANDLES", "VRAM", "HOST", "MANAGED"],
+            f"clients: the default columns ({lines[:1]})")
+        r = ctl(d.sock, "-nrb", "-o", "ID,VRAM,host,Name", "clients")
+        rows = {line.split()[0]: line.split()[1:] for line in r.stdout.splitlines()}
+        check(r.returncode == 0 and rows.get(cid) == ["2097152", "4194304", "a\\x20holder"],
+              f"clients -nrb -o ID,VRAM,host,Name: the holder's row ({r.stdout!r})")
+        check(all(len(v) == 3 for v in rows.values()) and "ID" not in rows, "every row has every field, no heading")
+        r = ctl(d.sock, "clients", "-o", "+pod,fds")
+        head = r.stdout.splitlines()[0].split() if r.stdout else []
+        check(head[-3:] == ["MANAGED", "POD", "FDS"], f"-o +LIST adds to the defaults ({head})")
+        r = ctl(d.sock, "clients", "-o", "ID,frobs")
+        check(r.returncode == 2 and "no column 'frobs'" in r.stderr and "CGROUP" in r.stderr and not r.stdout,
+              f"an unknown column: usage error listing the columns ({r.returncode}, {r.stderr.strip()})")
+        r = ctl(d.sock, "--json", "-o", "ID", "clients")
+        check(r.returncode == 0 and "pid" in json.loads(r.stdout or "{}")["clients"][0], "--json ignores -o")
+        r = ctl(d.sock, "allocations", "-n", "-r", "-b", "-o", "KIND,SIZE,GPU")
+        want = [f"device 2097152 {gpu}", f"host 4194304 {gpu}"]
+        check(r.returncode == 0 and sorted(r.stdout.splitlines()) == want,
+              f"allocations -nrb: one row per object, no count ({r.stdout!r})")
+        r = ctl(d.sock, "allocations")
+        check(r.returncode == 0 and r.stdout.splitlines()[-1] == "2 objects", "allocations for people: the count")
+        r = ctl(d.sock, "topology", "-n", "-o", "GPU_ID,PCI")
+        topo = dict(line.split() for line in r.stdout.splitlines())
+        check(all(topo.get(str(g)) == pci for g, (pci, _) in gpus.items()) and topo.get("-") == "-",
+              f"topology -o GPU_ID,PCI: the preset's PCI addresses ({r.stdout!r})")
+        r = ctl(d.sock, "-rnb", "quota", "show", "team")
+        q = [line.split() for line in r.stdout.splitlines()]
+        check(["team", "vram", "all", "2097152", str(8 << 30)] in q and ["team", "handles", "all", "2", "unlimited"]
+              in q and all(len(row) == 5 for row in q), f"quota show -rnb ({r.stdout!r})")
+        r = ctl(d.sock, "-b", "status")
+        check(r.returncode == 0 and "device 2097152" in r.stdout, "status -b: sizes in bytes")
+        r = ctl(d.sock, "-o")
+        check(r.returncode == 2 and "needs a list of columns" in r.stderr, "-o without its list: usage error")
+    finally:
+        hold.stdin.close()
+        try:
+            hold.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            hold.kill()
     code, _ = d.stop()
     check(code == 0, "daemon exits 0")
 
@@ -477,6 +631,7 @@ def main():
         ("socket activation with systemd-socket-activate", test_socket_activation),
         ("gpumemctl quota, allocations and clients", test_admin_commands),
         ("metrics over HTTP (metrics-listen)", test_metrics_listener),
+        ("gpumemctl tables: columns, no heading, raw, bytes", test_tables),
         ("bash completion", test_completion),
         ("every command's --json output against docs/gpumemctl.schema.json", test_json_schema),
     ]
