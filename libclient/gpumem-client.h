@@ -35,7 +35,8 @@ typedef struct gm_client gm_client;
  * \param name        [in] a label shown to administrators (not an identity); may be NULL
  * \param ret         [out] the connected client
  * \return 0, -ENOENT/-ECONNREFUSED (no daemon), -EACCES (socket permissions), -EPROTONOSUPPORT,
- *         -EUSERS (connection limit), -ENOSPC (no VA window could be reserved), or another -errno
+ *         -EUSERS (connection limit), -ENOMEM (the daemon has no VA window left), -ENOSPC (no window
+ *         it offered could be reserved in this process), or another -errno
  */
 int gm_client_connect(const char *socket_path, const char *name, gm_client **ret);
 
@@ -263,7 +264,7 @@ enum {
  *  \return 0, -EINVAL (size 0, bad flags), -ENODEV (no such GPU), -ENOMEM (no VRAM or VA left), ... */
 int gm_malloc(gm_client *c, size_t size, uint32_t gpu_id, unsigned flags, void **ret_ptr);
 
-/** Pinned host memory visible to every GPU, placed on @numa_node or, when -1, on the NUMA node nearest
+/** Pinned host memory mapped on every GPU the client's class may use, placed on @numa_node or, when -1, on the NUMA node nearest
  *  @gpu_id (0: the first GPU); CPU-visible at the returned address (hipHostMalloc). */
 int gm_host_malloc(gm_client *c, size_t size, uint32_t gpu_id, int numa_node, unsigned flags, void **ret_ptr);
 

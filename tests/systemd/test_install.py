@@ -69,7 +69,11 @@ def test_layout(tmp):
     ]
     if E.get("DOCS_BUILT") == "1":
         expect += [(os.path.join(E["MANDIR"], "man" + p[-1]), p)
-                   for p in ("gpumemd.8", "gpumemctl.1", "gpumemd.conf.5", "gpumem-client.3")]
+                   for p in ("gpumemd.8", "gpumemctl.1", "gpumemd.conf.5", "gpumem-client.3", "gpumem-memory.3",
+                             "gm_malloc.3", "gm_admin_status.3")]
+    # the documents the man pages point at
+    expect += [(os.path.join(E["DATADIR"], "doc", "gpumemd"), f) for f in ("policy.md", "gpumemctl.md",
+                                                                           "operations.md")]
     for dirname, name in expect:
         check(os.path.exists(os.path.join(d(dirname), name)), f"{os.path.join(dirname, name)} installed")
     for exe in (os.path.join(E["SBINDIR"], "gpumemd"), os.path.join(E["BINDIR"], "gpumemctl")):

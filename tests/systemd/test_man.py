@@ -11,11 +11,14 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from gmtest import check, run_tests  # noqa: E402
 
 PAGES = os.environ["MAN_PAGES"].split(":")
+# the library's families, one page each beside the gpumem-client(3) overview
+FAMILIES = ["connection", "topology", "memory", "svm", "vmm", "sharing", "events", "queues", "admin"]
 
 
 def test_troff(tmp):
     names = sorted(os.path.basename(p) for p in PAGES)
-    check(names == ["gpumem-client.3", "gpumemctl.1", "gpumemd.8", "gpumemd.conf.5"], f"the four pages: {names}")
+    check(names == sorted(["gpumem-client.3", "gpumemctl.1", "gpumemd.8", "gpumemd.conf.5"]
+                          + [f"gpumem-{f}.3" for f in FAMILIES]), f"the pages: {names}")
     for p in PAGES:
         with open(p) as f:
             text = f.read()
@@ -35,8 +38,11 @@ def test_render(tmp):
                            env=dict(os.environ, MANWIDTH="80", MAN_KEEP_FORMATTING="0"), timeout=60)
         check(r.returncode == 0 and r.stderr.strip() == "", f"{p} renders without warnings: {r.stderr[:300]}")
         text = re.sub(".\b", "", r.stdout)  # overstrike bold and underline
+        # NAME: the page's own name, or for a family page the functions it documents, then " - " and a line
         name = os.path.basename(p).rsplit(".", 1)[0]
-        check(f"{name} - " in text and "SEE ALSO" in text, f"{p}: rendered text")
+        head = text.split("SYNOPSIS")[0]
+        named = f"{name} - " in head or (name.startswith("gpumem-") and re.search(r"\bgm_\w+.*? - ", head, re.S))
+        check(bool(named) and "SEE ALSO" in text, f"{p}: rendered text")
 
 
 run_tests([("generated troff", test_troff), ("man -l renders them", test_render)])
