@@ -84,4 +84,47 @@ def test_cdi_example(tmp):
     check(shown and json.loads(shown[0]) == got, "the documented spec is what gpumemctl cdi prints")
 
 
-run_tests([("Kubernetes YAML", test_yaml), ("CDI example", test_cdi_example)])
+def test_first_day_model(tmp):
+    """The laptop's first day in docs/operations.md, run as it stands but for its first two lines (the packages
+    and the build, which the suite has done): in a directory whose build/ and python/ are this build's."""
+    if os.environ.get("B_SANITIZE", "none") != "none":
+        # the block runs Debian's rocminfo and python3, which cannot load a sanitizer build's libraries
+        print("  not run: a sanitizer build", file=sys.stderr)
+        return
+    (block,) = blocks("operations.md", "sh first-day-model")
+    with open(os.path.join(os.environ["SOURCE_ROOT"], "README.md")) as f:
+        readme = re.findall(r"```sh first-day-model\n(.*?)```", f.read(), re.S)
+    check(readme == [block], "README.md's first-day block is the one docs/operations.md has")
+    lines = [line for line in block.splitlines() if not line.startswith(("sh scripts/deps.sh", "meson setup"))]
+    check(len(lines) == len(block.splitlines()) - 2, "the block starts with the packages and the build")
+    sock = os.path.join(tmp, "gpumemd.sock")
+    script = "\n".join(lines).replace("/tmp/gpumemd.sock", sock)
+    # "& sleep 1" gives a person's daemon time to start; here wait until it answers
+    wait = (f"& for i in $(seq 200); do build/libclient/gpumemctl -s {sock} ping >/dev/null 2>&1 && break; "
+            "sleep 0.1; done")
+    check("& sleep 1" in script, "the daemon is started in the background")
+    script = script.replace("& sleep 1", wait)
+    os.symlink(os.environ["BUILD_ROOT"], os.path.join(tmp, "build"))
+    os.symlink(os.path.join(os.environ["SOURCE_ROOT"], "python"), os.path.join(tmp, "python"))
+    # a step that fails ends the script (-e), and the daemon with it; output to a file, which a daemon left
+    # behind could not hold open as it would a pipe
+    script = "trap 'st=$?; kill $(jobs -p) 2>/dev/null || :; exit $st' EXIT\n" + script + "\nwait\n"
+    log = os.path.join(tmp, "out")
+    with open(log, "w") as f:
+        try:
+            rc = subprocess.run(["bash", "-e", "-c", script], cwd=tmp, stdout=f, stderr=subprocess.STDOUT,
+                                timeout=150, env=dict(os.environ, PYTHONDONTWRITEBYTECODE="1")).returncode
+        except subprocess.TimeoutExpired:
+            rc = "timeout"
+    with open(log) as f:
+        out = f.read()
+    check(rc == 0, f"the block runs to its end (exit {rc}): {out[-1500:]}")
+    check("model (SIMULATED GPUs, no hardware)" in out, "status says the GPUs are simulated")
+    check("parent: reply verified" in out, "share-buffer's two processes share the buffer")
+    check(re.search(r"Name:\s+gfx908", out) is not None, "rocminfo, unmodified, reports the preset's GPU")
+    check("freed everything" in out, "the Python example runs to its end")
+    check('"name":"gpumemctl"' in out and "gpumemd stopped" in out, "clients --json, then gpumemd stops")
+
+
+run_tests([("Kubernetes YAML", test_yaml), ("CDI example", test_cdi_example),
+           ("the first day on a laptop (docs/operations.md)", test_first_day_model)])
