@@ -478,7 +478,8 @@ int gm_admin_allocations(gm_client *c, uint64_t client_id, unsigned limit, uint6
                 out[i].gpu_id = s->gpu_id;
                 out[i].va = s->va;
                 out[i].n_mapped_gpus = s->n_mapped_gpus < 64 ? s->n_mapped_gpus : 64;
-                memcpy(out[i].mapped_gpus, s->mapped_gpus, out[i].n_mapped_gpus * sizeof(uint32_t));
+                if (out[i].n_mapped_gpus) /* an object mapped on no GPU has no array: no memcpy from NULL */
+                        memcpy(out[i].mapped_gpus, s->mapped_gpus, out[i].n_mapped_gpus * sizeof(uint32_t));
                 out[i].exports = s->exports;
         }
         *ret_n = ar->n_allocations;
