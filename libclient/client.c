@@ -439,7 +439,11 @@ int gm_call(gm_client *c, Gpumem__Request *req, const int *fds, size_t n_fds, Gp
                 id = ++c->next_id;
         pthread_mutex_unlock(&c->lock);
 
-        (void)gm_frame_hdr_encode(buf, GM_PROTOCOL_VERSION, id, (uint32_t)len, (unsigned)n_fds);
+        /* Until hello has agreed on a version, the oldest one frames the request: a daemon of any version
+         * can read the hello, which names the newest this library speaks. */
+        (void)gm_frame_hdr_encode(
+                buf, c->protocol_version ? (uint16_t)c->protocol_version : GM_PROTOCOL_VERSION_MIN, id,
+                (uint32_t)len, (unsigned)n_fds);
         gpumem__request__pack(req, buf + GM_FRAME_HDR_SIZE);
         pthread_mutex_lock(&c->send_lock);
         r = gm_wire_send(c->fd, buf, GM_FRAME_HDR_SIZE + len, NULL, 0, fds, n_fds, 0);
