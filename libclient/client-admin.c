@@ -100,7 +100,7 @@ int gm_topology_get(gm_client *c, bool with_properties, gm_topology **ret)
         int r;
 
         if (!c || !ret)
-                return -EINVAL;
+                return BAD_ARGS(c);
         tg.has_with_properties = true;
         tg.with_properties = with_properties;
         req.op_case = GPUMEM__REQUEST__OP_TOPOLOGY;
@@ -161,7 +161,7 @@ int gm_topology_files(gm_client *c, gm_topology_file **ret, size_t *ret_n)
         int r = 0;
 
         if (!c || !ret || !ret_n)
-                return -EINVAL;
+                return BAD_ARGS(c);
         do {
                 Gpumem__Request req = GPUMEM__REQUEST__INIT;
                 Gpumem__TopologyFilesGet tg = GPUMEM__TOPOLOGY_FILES_GET__INIT;
@@ -208,7 +208,7 @@ int gm_tile_config_get(gm_client *c, uint32_t gpu_id, gm_tile_config *ret)
         int r;
 
         if (!c || !ret)
-                return -EINVAL;
+                return BAD_ARGS(c);
         tg.has_gpu_id = true;
         tg.gpu_id = gpu_id;
         req.op_case = GPUMEM__REQUEST__OP_TILE_CONFIG;
@@ -249,7 +249,7 @@ int gm_admin_status(gm_client *c, gm_status **ret)
         int r;
 
         if (!c || !ret)
-                return -EINVAL;
+                return BAD_ARGS(c);
         req.op_case = GPUMEM__REQUEST__OP_ADMIN_STATUS;
         req.admin_status = &as;
         r = gm_call_expect(c, &req, GPUMEM__REPLY__RESULT_ADMIN_STATUS, &reply);
@@ -325,7 +325,7 @@ int gm_admin_clients(gm_client *c, gm_client_info **ret, size_t *ret_n)
         int r;
 
         if (!c || !ret || !ret_n)
-                return -EINVAL;
+                return BAD_ARGS(c);
         req.op_case = GPUMEM__REQUEST__OP_ADMIN_CLIENTS;
         req.admin_clients = &ac;
         r = gm_call_expect(c, &req, GPUMEM__REPLY__RESULT_ADMIN_CLIENTS, &reply);
@@ -381,7 +381,7 @@ int gm_admin_disconnect(gm_client *c, uint64_t client_id)
         int r;
 
         if (!c)
-                return -EINVAL;
+                return BAD_ARGS(c);
         ad.has_client_id = true;
         ad.client_id = client_id;
         req.op_case = GPUMEM__REQUEST__OP_ADMIN_DISCONNECT;
@@ -402,7 +402,7 @@ int gm_admin_metrics(gm_client *c, char **ret_text)
         int r;
 
         if (!c || !ret_text)
-                return -EINVAL;
+                return BAD_ARGS(c);
         req.op_case = GPUMEM__REQUEST__OP_ADMIN_METRICS;
         req.admin_metrics = &am;
         r = gm_call_expect(c, &req, GPUMEM__REPLY__RESULT_ADMIN_METRICS, &reply);
@@ -424,7 +424,7 @@ int gm_admin_set_log_level(gm_client *c, const char *level)
         int r;
 
         if (!c || !level)
-                return -EINVAL;
+                return BAD_ARGS(c);
         ll.level = (char *)level;
         req.op_case = GPUMEM__REQUEST__OP_ADMIN_SET_LOG_LEVEL;
         req.admin_set_log_level = &ll;

@@ -13,7 +13,7 @@ int gm_event_create(gm_client *c, uint32_t type, bool auto_reset, const void *pa
         int r;
 
         if (!c || !ret_id)
-                return -EINVAL;
+                return BAD_ARGS(c);
         ec.has_type = ec.has_auto_reset = ec.has_page_va = true;
         ec.type = type;
         ec.auto_reset = auto_reset;
@@ -39,7 +39,7 @@ static int event_call(gm_client *c, Gpumem__Request__OpCase op, uint32_t id)
         int r;
 
         if (!c)
-                return -EINVAL;
+                return BAD_ARGS(c);
         e.has_event_id = true;
         e.event_id = id;
         req.op_case = op;
@@ -82,7 +82,7 @@ int gm_event_wait_faults(gm_client *c, const uint32_t *ids, size_t n, bool all, 
         int r;
 
         if (!c || !ids || n == 0 || (cap && !ret))
-                return -EINVAL;
+                return BAD_ARGS(c);
         ew.n_event_ids = n;
         ew.event_ids = (uint32_t *)ids;
         ew.has_wait_all = ew.has_timeout_ms = true;
@@ -123,7 +123,7 @@ int gm_queue_create(gm_client *c, const gm_queue_desc *d, uint32_t *ret_id, uint
         int r;
 
         if (!c || !d || !ret_id || !ret_doorbell_offset)
-                return -EINVAL;
+                return BAD_ARGS(c);
         q.has_gpu_id = q.has_type = q.has_percentage = q.has_priority = true;
         q.gpu_id = d->gpu_id;
         q.type = d->type;
@@ -159,7 +159,7 @@ int gm_queue_destroy(gm_client *c, uint32_t id)
         int r;
 
         if (!c)
-                return -EINVAL;
+                return BAD_ARGS(c);
         q.has_queue_id = true;
         q.queue_id = id;
         req.op_case = GPUMEM__REQUEST__OP_QUEUE_DESTROY;
@@ -179,7 +179,7 @@ int gm_queue_update(gm_client *c, uint32_t id, uint64_t ring_va, uint64_t ring_s
         int r;
 
         if (!c)
-                return -EINVAL;
+                return BAD_ARGS(c);
         q.has_queue_id = q.has_ring_va = q.has_ring_size = q.has_percentage = q.has_priority = true;
         q.queue_id = id;
         q.ring_va = ring_va;

@@ -9,10 +9,6 @@
 #include <unistd.h>
 
 /* Refuse a call whose arguments are missing or out of range, saying which call (c may be NULL). */
-#define BAD_ARGS(c)                                                                                          \
-        ((c) ? gm_set_reason((c), -EINVAL, "%s: a required argument is missing or invalid", __func__)        \
-             : -EINVAL)
-
 struct MemEntry {
         gm_handle handle;
         uint64_t va, size;

@@ -92,7 +92,7 @@ typedef struct gm_memory_exception {
 
 /**
  * gm_event_wait, and (since 1.4) the faults the memory events among @ids hold, at most @cap into @ret
- * (*@ret_n: how many). A memory event takes each GPU VM fault of the client's context and is set by it.
+ * (*@ret_n: how many; the daemon sends at most 8 in one reply). A memory event takes each GPU VM fault of the client's context and is set by it.
  */
 int gm_event_wait_faults(gm_client *c, const uint32_t *ids, size_t n, bool all, uint32_t timeout_ms,
                          gm_memory_exception *ret, size_t cap, size_t *ret_n);
@@ -133,7 +133,7 @@ void gm_client_close(gm_client *c);
  */
 const char *gm_strerror(gm_client *c, int err, char *buf, size_t len);
 
-/** Session facts from the handshake. */
+/** Session facts from the handshake; @c must be a client that gm_client_open() (or connect) returned. */
 uint64_t gm_client_id(const gm_client *c);
 void gm_client_window(const gm_client *c, uint64_t *ret_base, uint64_t *ret_size);
 /** The daemon's version string, e.g. "0.1.0". Valid while @c is open. */

@@ -354,9 +354,31 @@ static void test_many_threads(void)
         run_threads(32, 40);
 }
 
+/* A call refused for a missing argument says so itself: gm_strerror() never shows an earlier call's reason.
+ */
+static void test_argument_reasons(void)
+{
+        gm_client *c = NULL;
+        char buf[256];
+        void *p = NULL;
+
+        if (gm_client_connect(dmn.sock, "reasons", &c) < 0) {
+                CHECK(false);
+                return;
+        }
+        /* an earlier failure leaves its reason on this thread */
+        CHECK_EQ(gm_malloc(c, 4096, 424242, 0, &p), -ENODEV);
+        CHECK_EQ(gm_admin_status(c, NULL), -EINVAL);
+        CHECK_STR_CONTAINS(gm_strerror(c, -EINVAL, buf, sizeof(buf)), "gm_admin_status: a required argument");
+        CHECK_EQ(gm_event_create(c, 0, false, NULL, NULL, NULL), -EINVAL);
+        CHECK_STR_CONTAINS(gm_strerror(c, -EINVAL, buf, sizeof(buf)), "gm_event_create: a required argument");
+        gm_client_close(c);
+}
+
 int main(void)
 {
         static const TestCase cases[] = {
+                {"an argument refused by the library has its own reason", test_argument_reasons},
                 {"calls on the hot path allocate nothing", test_allocations},
                 {"eight threads share one client with mixed calls", test_eight_threads},
                 {"more threads than reply arenas", test_many_threads},
