@@ -212,13 +212,13 @@ static void client_labels(FILE *f, const Conn *c)
 
 /* Per client: the memory it holds by kind, per GPU, and its handles and fds. Clients with no memory op yet
  * (no books) have no series; administrators' sessions (gpumemctl) have none either. */
-static void render_clients(FILE *f, Manager *m)
+static int render_clients(FILE *f, Manager *m)
 {
         _cleanup_free_ ClientRow *rows = calloc(m->n_conns ? m->n_conns : 1, sizeof(*rows));
         size_t n = 0;
 
         if (!rows)
-                return;
+                return -ENOMEM;
         for (Conn *c = m->conns; c && n < m->n_conns; c = c->next) {
                 bool has_books;
                 conn_lock(c); /* its loop may be changing its books meanwhile */
@@ -263,6 +263,7 @@ static void render_clients(FILE *f, Manager *m)
                 client_labels(f, rows[i].c);
                 fprintf(f, "} %u\n", rows[i].u.held_fds);
         }
+        return 0;
 }
 
 /* The daemon's own process, under the names Prometheus's client libraries give these. */
@@ -426,9 +427,9 @@ int metrics_render(Manager *m, char **ret, size_t *ret_len)
 
         render_gpus(f, m, &tot);
         render_classes(f, m);
-        render_clients(f, m);
+        int clients = render_clients(f, m); /* the one part with an allocation of its own */
         render_process(f);
-        if (fclose(f) != 0 || !text) {
+        if (fclose(f) != 0 || !text || clients < 0) {
                 free(text);
                 return -ENOMEM;
         }

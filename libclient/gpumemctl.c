@@ -220,7 +220,16 @@ typedef struct Table {
         const ColumnSpec *spec;
         size_t n_spec;
         int cell[TABLE_MAX_COLUMNS]; /* per spec column: its place in the table, or -1 when not shown */
+        bool oom;                    /* a row or a cell could not be made: the table is not printed */
 } Table;
+
+/* Out of memory while making the table: nothing printed, the table let go. */
+static int table_fail(Table *t, const char *what)
+{
+        scols_unref_table(t->tb);
+        t->tb = NULL;
+        return command_error(-ENOMEM, what, "out of memory");
+}
 
 static int table_add_column(Table *t, size_t k, size_t *placed)
 {
@@ -253,7 +262,7 @@ static int table_new(Ctl *ctl, Table *t, const char *what, const ColumnSpec *spe
         if (!list || *list == '+') {
                 for (size_t k = 0; k < t->n_spec; k++)
                         if (spec[k].shown && table_add_column(t, k, &placed) < 0)
-                                return command_error(-ENOMEM, what, "out of memory");
+                                return table_fail(t, what);
                 if (list)
                         list++;
         }
@@ -273,7 +282,7 @@ static int table_new(Ctl *ctl, Table *t, const char *what, const ColumnSpec *spe
                                            names);
                 }
                 if (table_add_column(t, k, &placed) < 0)
-                        return command_error(-ENOMEM, what, "out of memory");
+                        return table_fail(t, what);
                 list += len;
                 if (*list == ',')
                         list++;
@@ -285,9 +294,10 @@ static int table_new(Ctl *ctl, Table *t, const char *what, const ColumnSpec *spe
 static void table_row(Table *t)
 {
         t->line = scols_table_new_line(t->tb, NULL);
+        t->oom |= !t->line;
         for (size_t k = 0; t->line && k < t->n_spec; k++)
                 if (t->cell[k] >= 0)
-                        scols_line_set_data(t->line, (size_t)t->cell[k], "-");
+                        t->oom |= scols_line_set_data(t->line, (size_t)t->cell[k], "-") < 0;
 }
 
 /* Cell @k of the current row, if that column is shown; "-" stands for nothing. */
@@ -302,11 +312,13 @@ static void table_cell(Table *t, size_t k, const char *fmt, ...)
         va_start(ap, fmt);
         vsnprintf(buf, sizeof(buf), fmt, ap);
         va_end(ap);
-        scols_line_set_data(t->line, (size_t)t->cell[k], buf[0] ? buf : "-");
+        t->oom |= scols_line_set_data(t->line, (size_t)t->cell[k], buf[0] ? buf : "-") < 0;
 }
 
 static int table_print(Table *t)
 {
+        if (t->oom)
+                return table_fail(t, "table");
         int r = scols_print_table(t->tb);
         scols_unref_table(t->tb);
         t->tb = NULL;
