@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "broker.h"
+#include "envelope.h"
 #include "classes.h"
 #include "metrics.h"
 #include "log.h"
@@ -408,7 +409,9 @@ void request_handle(Conn *c, const uint8_t *buf, size_t len, int *fds, size_t n_
 
         /* Gate passed: only now decode. The body is bounded by GM_FRAME_BODY_MAX, and so is what unpacking
          * can allocate. */
-        req = gpumem__request__unpack(&alloc, hdr.body_len, buf + GM_FRAME_HDR_SIZE);
+        err = gm_request_unpack_op(&alloc, buf + GM_FRAME_HDR_SIZE, hdr.body_len, &req);
+        if (err == 0)
+                req = gpumem__request__unpack(&alloc, hdr.body_len, buf + GM_FRAME_HDR_SIZE);
         if (!req || (uint32_t)req->op_case != field) {
                 if (!locked) {
                         /* the manager's lock comes before the client's, which is not needed under it */
@@ -444,7 +447,8 @@ out:
         for (size_t i = 0; i < n_fds; i++)
                 if (!r.in_fd_taken[i])
                         safe_close(fds[i]);
-        if (req)
+        /* what the arena gave goes with its reset; only what spilled over to malloc is freed one by one */
+        if (req && sh->req_arena.spilled)
                 gpumem__request__free_unpacked(req, &alloc);
         arena_reset(&sh->req_arena);
 }

@@ -6,6 +6,7 @@
 #include <string.h>
 #include <sys/socket.h>
 
+#include "envelope.h"
 #include "frame.h"
 #include "util.h"
 #include "wire.h"
@@ -342,13 +343,14 @@ int transport_send(Transport *t, uint32_t request_id, const Gpumem__Reply *reply
                 gm_wire_close_fds(fds, n_fds);
                 return r;
         }
-        body_len = gpumem__reply__get_packed_size(reply);
-        r = frame_hdr(t, request_id, body_len, n_fds);
+        /* the body first, bounded by the frame's limit, then its header */
+        r = gm_reply_pack_into(reply, t->tx_buf + GM_FRAME_HDR_SIZE, GM_FRAME_BODY_MAX, &body_len);
+        if (r >= 0)
+                r = frame_hdr(t, request_id, body_len, n_fds);
         if (r < 0) {
                 gm_wire_close_fds(fds, n_fds);
                 return r;
         }
-        gpumem__reply__pack(reply, t->tx_buf + GM_FRAME_HDR_SIZE);
         return send_frame(t, GM_FRAME_HDR_SIZE + body_len, fds, n_fds);
 }
 
@@ -396,14 +398,13 @@ int transport_slot_reserve(Transport *t, TransportPacket **ret)
 int transport_slot_fill(Transport *t, TransportPacket *slot, uint32_t request_id, const Gpumem__Reply *reply,
                         int *fds, size_t n_fds)
 {
-        size_t body_len = gpumem__reply__get_packed_size(reply);
+        size_t body_len = 0;
         int r = cannot_send(t);
 
-        if (r < 0) {
-                gm_wire_close_fds(fds, n_fds);
-                return r;
-        }
-        r = frame_hdr(t, request_id, body_len, n_fds);
+        if (r >= 0)
+                r = gm_reply_pack_into(reply, t->tx_buf + GM_FRAME_HDR_SIZE, GM_FRAME_BODY_MAX, &body_len);
+        if (r >= 0)
+                r = frame_hdr(t, request_id, body_len, n_fds);
         if (r < 0) {
                 gm_wire_close_fds(fds, n_fds);
                 return r;
@@ -414,7 +415,6 @@ int transport_slot_fill(Transport *t, TransportPacket *slot, uint32_t request_id
                 fail(t);
                 return -ENOMEM;
         }
-        gpumem__reply__pack(reply, t->tx_buf + GM_FRAME_HDR_SIZE);
         packet_fill(slot, t->tx_buf, GM_FRAME_HDR_SIZE + body_len, fds, n_fds);
         slot->hole = false;
         t->out_bytes += slot->len;

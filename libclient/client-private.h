@@ -6,6 +6,7 @@
 #include <stdint.h>
 
 #include "arena.h"
+#include "envelope.h"
 #include "frame.h"
 #include "gpumem-client.h"
 #include "gpumem.pb-c.h"

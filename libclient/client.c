@@ -161,9 +161,12 @@ static Gpumem__Reply *reply_unpack(gm_client *c, const uint8_t *body, size_t len
         i = arena_take_locked(c);
         pthread_mutex_unlock(&c->lock);
         if (i < 0)
-                return gpumem__reply__unpack(NULL, len, body);
+                return gm_reply_unpack_result(NULL, body, len, &reply)
+                               ? reply
+                               : gpumem__reply__unpack(NULL, len, body);
         ProtobufCAllocator alloc = {arena_alloc_cb, arena_free_cb, &c->arenas[i]};
-        reply = gpumem__reply__unpack(&alloc, len, body);
+        if (!gm_reply_unpack_result(&alloc, body, len, &reply))
+                reply = gpumem__reply__unpack(&alloc, len, body);
         if (!reply) /* what it had spilled into malloc it freed already */
                 arena_give_back(c, (unsigned)i);
         return reply;
@@ -413,15 +416,18 @@ int gm_call(gm_client *c, Gpumem__Request *req, const int *fds, size_t n_fds, Gp
         uint32_t id;
         int r;
 
-        len = gpumem__request__get_packed_size(req);
-        if (len > GM_FRAME_BODY_MAX)
-                return gm_set_reason(c, -EMSGSIZE, "request larger than the maximum frame size");
         if (n_fds > GM_FRAME_MAX_FDS)
                 return gm_set_reason(c, -E2BIG, "more than %u fds in one request", GM_FRAME_MAX_FDS);
-        if (GM_FRAME_HDR_SIZE + len > sizeof(stack_buf)) {
+        /* packed on the stack when it fits (nearly every request), else in a buffer of its size */
+        if (gm_request_pack_into(req, buf + GM_FRAME_HDR_SIZE, sizeof(stack_buf) - GM_FRAME_HDR_SIZE, &len) <
+            0) {
+                len = gpumem__request__get_packed_size(req);
+                if (len > GM_FRAME_BODY_MAX)
+                        return gm_set_reason(c, -EMSGSIZE, "request larger than the maximum frame size");
                 buf = malloc(GM_FRAME_HDR_SIZE + len);
                 if (!buf)
                         return gm_set_reason(c, -ENOMEM, "out of memory");
+                (void)gm_request_pack_into(req, buf + GM_FRAME_HDR_SIZE, len, &len);
         }
 
         pthread_mutex_lock(&c->lock);
@@ -444,7 +450,6 @@ int gm_call(gm_client *c, Gpumem__Request *req, const int *fds, size_t n_fds, Gp
         (void)gm_frame_hdr_encode(
                 buf, c->protocol_version ? (uint16_t)c->protocol_version : GM_PROTOCOL_VERSION_MIN, id,
                 (uint32_t)len, (unsigned)n_fds);
-        gpumem__request__pack(req, buf + GM_FRAME_HDR_SIZE);
         pthread_mutex_lock(&c->send_lock);
         r = gm_wire_send(c->fd, buf, GM_FRAME_HDR_SIZE + len, NULL, 0, fds, n_fds, 0);
         pthread_mutex_unlock(&c->send_lock);

@@ -1,0 +1,241 @@
+/* Unit tests of the Request and Reply envelopes: the same bytes and the same messages as protobuf-c's
+ * general coding, and every other body left to it. */
+#include <errno.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../common/check.h"
+#include "envelope.h"
+
+/* Packed the envelope's way and protobuf-c's: the same size and bytes. */
+static void same_packing(const Gpumem__Reply *r, const char *what)
+{
+        size_t want = gpumem__reply__get_packed_size(r), got = 0;
+        uint8_t *a = malloc(want + 1), *b = malloc(want + 1);
+
+        if (a && b) {
+                size_t na = gpumem__reply__pack(r, a);
+                CHECK_EQ(gm_reply_pack_into(r, b, want, &got), 0);
+                CHECK_EQ(got, na);
+                CHECK(memcmp(a, b, na) == 0);
+                if (got != na || memcmp(a, b, na))
+                        fprintf(stderr, "%s: packed differently\n", what);
+                /* decoded both ways: the same message */
+                Gpumem__Reply *fast = NULL, *slow = gpumem__reply__unpack(NULL, na, a);
+                CHECK_EQ(gm_reply_unpack_result(NULL, a, na, &fast), 1);
+                CHECK(slow != NULL && fast != NULL);
+                if (fast && slow) {
+                        size_t m = 0;
+                        CHECK_EQ(fast->result_case, slow->result_case);
+                        CHECK_EQ(gm_reply_pack_into(fast, b, want, &m), 0);
+                        CHECK(m == na && memcmp(a, b, na) == 0);
+                }
+                if (fast)
+                        gpumem__reply__free_unpacked(fast, NULL);
+                if (slow)
+                        gpumem__reply__free_unpacked(slow, NULL);
+                /* a byte short: refused, nothing written */
+                if (want) {
+                        memset(b, 0xa5, want + 1);
+                        got = 12345;
+                        CHECK_EQ(gm_reply_pack_into(r, b, want - 1, &got), -EMSGSIZE);
+                        CHECK_EQ(got, 12345);
+                        CHECK_EQ(b[0], 0xa5);
+                }
+        }
+        free(a);
+        free(b);
+}
+
+static void test_reply(void)
+{
+        Gpumem__Reply r = GPUMEM__REPLY__INIT;
+        Gpumem__Status st = GPUMEM__STATUS__INIT;
+        Gpumem__PingReply ping = GPUMEM__PING_REPLY__INIT;
+        Gpumem__HelloReply hello = GPUMEM__HELLO_REPLY__INIT;
+        Gpumem__TopologyReply topo = GPUMEM__TOPOLOGY_REPLY__INIT;
+        Gpumem__TopologyNode node = GPUMEM__TOPOLOGY_NODE__INIT, *nodes[3] = {&node, &node, &node};
+        Gpumem__Empty empty = GPUMEM__EMPTY__INIT;
+
+        same_packing(&r, "nothing");
+        st.has_code = true;
+        r.status = &st;
+        same_packing(&r, "status 0");
+        st.code = -EDQUOT;
+        st.reason = (char *)"class 'batch' VRAM limit: 12 GiB in use of 16 GiB, 8 GiB asked";
+        same_packing(&r, "an error with its reason");
+        st.code = 0;
+        st.reason = NULL;
+        ping.has_cookie = true;
+        ping.cookie = 0x676d;
+        r.result_case = GPUMEM__REPLY__RESULT_PING;
+        r.ping = &ping;
+        same_packing(&r, "ping");
+        r.status = NULL;
+        same_packing(&r, "ping without a status");
+        r.status = &st;
+        hello.has_protocol_version = hello.has_window_base = hello.has_window_size = true;
+        hello.protocol_version = 2;
+        hello.window_base = 0x10000000000ull;
+        hello.window_size = 64ull << 30;
+        hello.server_version = (char *)"0.1.0";
+        hello.backend = (char *)"model";
+        r.result_case = GPUMEM__REPLY__RESULT_HELLO;
+        r.hello = &hello;
+        same_packing(&r, "hello");
+        node.has_node_id = node.has_gpu_id = true;
+        node.gpu_id = 13500;
+        node.name = (char *)"ip discovery";
+        topo.n_nodes = 3;
+        topo.nodes = nodes;
+        r.result_case = GPUMEM__REPLY__RESULT_TOPOLOGY;
+        r.topology = &topo;
+        same_packing(&r, "topology");
+        r.result_case = GPUMEM__REPLY__RESULT_EMPTY;
+        r.empty = &empty;
+        same_packing(&r, "empty");
+        /* a result case set with no message: protobuf-c writes nothing for it */
+        r.empty = NULL;
+        same_packing(&r, "a result case without its message");
+}
+
+/* @req packed, then decoded both ways: the same message (packed again, the same bytes). */
+static void same_request(const Gpumem__Request *req)
+{
+        size_t n = gpumem__request__get_packed_size(req);
+        uint8_t *buf = malloc(n + 1), *again = NULL;
+        Gpumem__Request *fast = NULL, *slow;
+
+        if (!buf)
+                return;
+        gpumem__request__pack(req, buf);
+        {
+                uint8_t *mine = malloc(n + 1);
+                size_t m = 0;
+                if (mine) {
+                        CHECK_EQ(gm_request_pack_into(req, mine, n, &m), 0);
+                        CHECK(m == n && memcmp(mine, buf, n) == 0);
+                        if (n)
+                                CHECK_EQ(gm_request_pack_into(req, mine, n - 1, &m), -EMSGSIZE);
+                        free(mine);
+                }
+        }
+        CHECK_EQ(gm_request_unpack_op(NULL, buf, n, &fast), 1);
+        slow = gpumem__request__unpack(NULL, n, buf);
+        CHECK(slow != NULL && fast != NULL);
+        if (fast && slow) {
+                size_t m = gpumem__request__get_packed_size(fast);
+                CHECK_EQ(fast->op_case, slow->op_case);
+                CHECK_EQ(m, n);
+                again = malloc(m + 1);
+                if (again) {
+                        gpumem__request__pack(fast, again);
+                        CHECK(memcmp(again, buf, n) == 0);
+                }
+        }
+        if (fast)
+                gpumem__request__free_unpacked(fast, NULL);
+        if (slow)
+                gpumem__request__free_unpacked(slow, NULL);
+        free(again);
+        free(buf);
+}
+
+static void test_request(void)
+{
+        Gpumem__Request req = GPUMEM__REQUEST__INIT;
+        Gpumem__Ping ping = GPUMEM__PING__INIT;
+        Gpumem__Alloc alloc = GPUMEM__ALLOC__INIT;
+        Gpumem__Hello hello = GPUMEM__HELLO__INIT;
+        Gpumem__AdminStatus astat = GPUMEM__ADMIN_STATUS__INIT;
+
+        ping.has_cookie = true;
+        ping.cookie = 0x676d;
+        req.op_case = GPUMEM__REQUEST__OP_PING;
+        req.ping = &ping;
+        same_request(&req);
+        alloc.has_kind = alloc.has_size = alloc.has_gpu_id = true;
+        alloc.kind = GPUMEM__MEM_KIND__MEM_KIND_DEVICE;
+        alloc.size = 2 << 20;
+        alloc.gpu_id = 13500;
+        req.op_case = GPUMEM__REQUEST__OP_ALLOC;
+        req.alloc = &alloc;
+        same_request(&req);
+        hello.has_protocol_version = true;
+        hello.protocol_version = 2;
+        hello.client_name = (char *)"a client";
+        req.op_case = GPUMEM__REQUEST__OP_HELLO;
+        req.hello = &hello;
+        same_request(&req);
+        req.op_case = GPUMEM__REQUEST__OP_ADMIN_STATUS; /* an op with an empty message */
+        req.admin_status = &astat;
+        same_request(&req);
+}
+
+/* Bodies that are not one op field: left to the general decoding (0), or refused as it would (-EBADMSG). */
+static void test_other_bodies(void)
+{
+        static const struct {
+                const char *what;
+                uint8_t body[16];
+                size_t len;
+                int want;
+        } cases[] = {
+                {"empty", {0x12}, 0, 0}, /* a byte past the end that must not be read */
+                {"two ops", {0x12, 0x00, 0x12, 0x00}, 4, 0}, /* ping twice */
+                {"an op and a stray varint", {0x12, 0x00, 0x08, 0x01}, 4, 0},
+                {"a varint where an op goes", {0x10, 0x05}, 2, 0}, /* field 2, wire type 0 */
+                {"an unknown field", {0xfa, 0x7f, 0x00}, 3, 0},    /* field 2047 */
+                {"a length past the body", {0x12, 0x05, 0x08}, 3, 0},
+                {"a tag that never ends", {0x92, 0x80, 0x80, 0x80, 0x80, 0x80}, 6, 0},
+                {"field 0", {0x02, 0x00}, 2, 0},
+                {"an op whose message is broken", {0x12, 0x02, 0x08, 0x80}, 4, 0}, /* its varint cut off */
+        };
+        for (size_t i = 0; i < ARRAY_SIZE(cases); i++) {
+                Gpumem__Request *req = NULL;
+                int r = gm_request_unpack_op(NULL, cases[i].body, cases[i].len, &req);
+                if (r != cases[i].want)
+                        fprintf(stderr, "%s: %d\n", cases[i].what, r);
+                CHECK_EQ(r, cases[i].want);
+                CHECK(req == NULL);
+                if (i == ARRAY_SIZE(cases) - 1) /* the general decoding refuses it */
+                        CHECK(gpumem__request__unpack(NULL, cases[i].len, cases[i].body) == NULL);
+        }
+}
+
+/* Reply bodies that are not a status and a result once each: left to the general decoding. */
+static void test_other_replies(void)
+{
+        static const struct {
+                const char *what;
+                uint8_t body[16];
+                size_t len;
+        } cases[] = {
+                {"two statuses", {0x0a, 0x00, 0x0a, 0x00}, 4},
+                {"two results", {0x5a, 0x00, 0x5a, 0x00}, 4}, /* ping (11) twice */
+                {"an unknown field", {0xfa, 0x7f, 0x00}, 3},
+                {"a varint", {0x08, 0x01}, 2},
+                {"a length past the body", {0x0a, 0x05, 0x08}, 3},
+                {"a broken status", {0x0a, 0x02, 0x08, 0x80}, 4},
+        };
+        for (size_t i = 0; i < ARRAY_SIZE(cases); i++) {
+                Gpumem__Reply *rep = NULL;
+                int r = gm_reply_unpack_result(NULL, cases[i].body, cases[i].len, &rep);
+                if (r != 0)
+                        fprintf(stderr, "%s: %d\n", cases[i].what, r);
+                CHECK_EQ(r, 0);
+                CHECK(rep == NULL);
+        }
+}
+
+int main(void)
+{
+        static const TestCase cases[] = {
+                {"a Reply packs as protobuf-c packs it", test_reply},
+                {"a one-op Request decodes as protobuf-c decodes it", test_request},
+                {"every other body is left to protobuf-c", test_other_bodies},
+                {"every other reply is left to protobuf-c", test_other_replies},
+        };
+        return run_tests(cases, ARRAY_SIZE(cases));
+}
