@@ -1,12 +1,72 @@
-/* libFuzzer target: the frame header check (gm_frame_parse) and the encoder's agreement with it. */
+/* libFuzzer target: the frame header check (gm_frame_parse) and the encoder's agreement with it; the Request
+ * and Reply envelopes (envelope.c) against protobuf-c's general coding of the same bytes. */
 #include <errno.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "envelope.h"
 #include "frame.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+/* @a and @b packed (the envelope's way for @a): the same bytes. */
+static void same_reply(const Gpumem__Reply *a, const Gpumem__Reply *b)
+{
+        size_t na = gpumem__reply__get_packed_size(b), nb = 0;
+        uint8_t *x = malloc(na + 1), *y = malloc(na + 1);
+
+        if (!x || !y)
+                abort();
+        if (gpumem__reply__pack(b, x) != na || gm_reply_pack_into(a, y, na, &nb) != 0 || nb != na ||
+            memcmp(x, y, na) != 0)
+                abort();
+        free(x);
+        free(y);
+}
+
+/* Any bytes as a Request and as a Reply body: where the envelope decodes them, protobuf-c gives the same
+ * message; whatever protobuf-c decodes, the envelope packs to the bytes protobuf-c packs. */
+static void envelopes(const uint8_t *data, size_t size)
+{
+        Gpumem__Request *qa = NULL, *qb = gpumem__request__unpack(NULL, size, data);
+        Gpumem__Reply *ra = NULL, *rb = gpumem__reply__unpack(NULL, size, data);
+
+        if (gm_request_unpack_op(NULL, data, size, &qa) == 1) {
+                if (!qb || qa->op_case != qb->op_case)
+                        abort();
+        }
+        if (qb) {
+                size_t n = gpumem__request__get_packed_size(qb), m = 0;
+                uint8_t *x = malloc(n + 1), *y = malloc(n + 1);
+                if (!x || !y || gpumem__request__pack(qb, x) != n)
+                        abort();
+                if (!qb->base.n_unknown_fields &&
+                    (gm_request_pack_into(qb, y, n, &m) != 0 || m != n || memcmp(x, y, n) != 0))
+                        abort();
+                if (qa) { /* the envelope's message packs as the general one does */
+                        if (gm_request_pack_into(qa, y, n, &m) != 0 || m != n || memcmp(x, y, n) != 0)
+                                abort();
+                }
+                free(x);
+                free(y);
+        }
+        if (gm_reply_unpack_result(NULL, data, size, &ra) == 1) {
+                if (!rb || ra->result_case != rb->result_case || !ra->status != !rb->status)
+                        abort();
+                same_reply(ra, rb);
+        }
+        if (rb && !rb->base.n_unknown_fields)
+                same_reply(rb, rb);
+        if (qa)
+                gpumem__request__free_unpacked(qa, NULL);
+        if (qb)
+                gpumem__request__free_unpacked(qb, NULL);
+        if (ra)
+                gpumem__reply__free_unpacked(ra, NULL);
+        if (rb)
+                gpumem__reply__free_unpacked(rb, NULL);
+}
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
@@ -21,6 +81,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         /* the first byte is the number of fds that "arrived" with the packet */
         n_fds = data[0] % (GM_FRAME_MAX_FDS + 4);
         data++, size--;
+        envelopes(data, size);
         memset(&hdr, 0xa5, sizeof(hdr));
         r = gm_frame_parse(data, size, n_fds, 1, &hdr, &why);
         if (r < 0) {
