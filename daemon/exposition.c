@@ -72,38 +72,42 @@ static void gpu_labels(FILE *f, const Manager *m, uint32_t gpu_id)
                 (unsigned long long)n->unique_id);
 }
 
+/* One per-GPU family: @v[g] for each GPU g (in broker order) that @have[g] (NULL: every GPU). */
+static void gpu_family(FILE *f, const Manager *m, const char *name, const char *help, const uint64_t *v,
+                       const bool *have)
+{
+        family(f, name, "gauge", help);
+        for (size_t g = 0; g < broker_gpu_count(m->broker); g++) {
+                if (have && !have[g])
+                        continue;
+                fprintf(f, "%s{", name);
+                gpu_labels(f, m, broker_gpu_id(m->broker, g));
+                fprintf(f, "} %llu\n", (unsigned long long)v[g]);
+        }
+}
+
 static void render_gpus(FILE *f, Manager *m, const BrokerUsage *tot)
 {
-        size_t n = broker_gpu_count(m->broker);
+        uint64_t total[BROKER_MAX_GPUS], avail[BROKER_MAX_GPUS];
+        bool has_avail[BROKER_MAX_GPUS];
 
-        family(f, "gpumemd_gpu_vram_total_bytes", "gauge", "The GPU's own memory (VRAM), in bytes.");
-        for (size_t g = 0; g < n; g++) {
+        for (size_t g = 0; g < broker_gpu_count(m->broker); g++) {
                 DriverGpu d = {0};
                 (void)driver_gpu(m->drv, g, &d);
-                fputs("gpumemd_gpu_vram_total_bytes{", f);
-                gpu_labels(f, m, broker_gpu_id(m->broker, g));
-                fprintf(f, "} %llu\n", (unsigned long long)d.vram_bytes);
+                total[g] = d.vram_bytes;
+                avail[g] = 0;
+                has_avail[g] = driver_available_memory(m->drv, driver_ctx_primary(m->drv),
+                                                       broker_gpu_id(m->broker, g), &avail[g]) >= 0;
         }
-        family(f, "gpumemd_gpu_vram_used_bytes", "gauge",
-               "VRAM gpumemd's clients hold on the GPU, in bytes.");
-        for (size_t g = 0; g < n; g++) {
-                fputs("gpumemd_gpu_vram_used_bytes{", f);
-                gpu_labels(f, m, broker_gpu_id(m->broker, g));
-                fprintf(f, "} %llu\n", (unsigned long long)tot->vram_bytes[g]);
-        }
+        gpu_family(f, m, "gpumemd_gpu_vram_total_bytes", "The GPU's own memory (VRAM), in bytes.", total,
+                   NULL);
+        gpu_family(f, m, "gpumemd_gpu_vram_used_bytes", "VRAM gpumemd's clients hold on the GPU, in bytes.",
+                   tot->vram_bytes, NULL);
         /* The driver's answer, which also counts what other users of the GPU (and the driver) hold: free is
          * not total less used. A GPU whose driver cannot say has no series. */
-        family(f, "gpumemd_gpu_vram_free_bytes", "gauge",
-               "VRAM the driver can still allocate on the GPU, in bytes (other users included).");
-        for (size_t g = 0; g < n; g++) {
-                uint64_t avail = 0;
-                uint32_t id = broker_gpu_id(m->broker, g);
-                if (driver_available_memory(m->drv, driver_ctx_primary(m->drv), id, &avail) < 0)
-                        continue;
-                fputs("gpumemd_gpu_vram_free_bytes{", f);
-                gpu_labels(f, m, id);
-                fprintf(f, "} %llu\n", (unsigned long long)avail);
-        }
+        gpu_family(f, m, "gpumemd_gpu_vram_free_bytes",
+                   "VRAM the driver can still allocate on the GPU, in bytes (other users included).", avail,
+                   has_avail);
 }
 
 /* One family per limited resource, its unit in the name: the use as gpumemd_class_NAME[_bytes], the limit as

@@ -8,8 +8,8 @@
 #include <string.h>
 
 #include "broker.h"
-#include "envelope.h"
 #include "classes.h"
+#include "envelope.h"
 #include "metrics.h"
 #include "log.h"
 #include "core.h"
