@@ -35,8 +35,10 @@ if ! command -v promtool >/dev/null; then
         apt-get update -qq
         (cd "$tmp" && apt-get download prometheus >/dev/null 2>&1)
     fi
-    dpkg-deb --fsys-tarfile "$tmp"/prometheus_*.deb | tar -xO ./usr/bin/promtool >/usr/local/bin/promtool
-    chmod 755 /usr/local/bin/promtool
+    # into place only once whole: a failed extraction must not leave an empty promtool behind
+    dpkg-deb --fsys-tarfile "$tmp"/prometheus_*.deb | tar -xO ./usr/bin/promtool >"$tmp/promtool"
+    [ -s "$tmp/promtool" ] || { echo "gpumemd: no promtool in Debian's prometheus package" >&2; exit 1; }
+    install -m 755 "$tmp/promtool" /usr/local/bin/promtool
     rm -rf "$tmp"
     echo "gpumemd: installed promtool from Debian's prometheus package"
 fi
