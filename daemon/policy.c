@@ -65,6 +65,11 @@ static void class_done(PolicyClass *c)
         free(c->cgroups);
         free(c->uids);
         free(c->gids);
+        for (int r = 0; r < _POLICY_SHARE_MAX; r++) {
+                for (size_t i = 0; i < c->n_share[r]; i++)
+                        free(c->share[r][i]);
+                free(c->share[r]);
+        }
 }
 
 Policy *policy_free(Policy *p)
@@ -289,6 +294,84 @@ static void add_denied(Parse *ps, const char *key, const char *t)
              t);
 }
 
+static const char *const share_keys[_POLICY_SHARE_MAX] = {
+        [POLICY_SHARE_PUBLISH] = "share-publish",
+        [POLICY_SHARE_READ] = "share-read",
+        [POLICY_SHARE_WRITE] = "share-write",
+        [POLICY_SHARE_PERSISTENT] = "share-persistent",
+};
+
+static bool share_char(char ch)
+{
+        return isalnum((unsigned char)ch) || ch == '.' || ch == '_' || ch == '-' || ch == '/';
+}
+
+bool policy_share_name_valid(const char *name)
+{
+        size_t len = name ? strlen(name) : 0;
+        const char *part = name;
+
+        if (len == 0 || len > POLICY_SHARE_NAME_MAX)
+                return false;
+        for (const char *p = name;; p++) {
+                if (*p == '/' || *p == '\0') {
+                        size_t n = (size_t)(p - part);
+                        if (n == 0 || (n == 1 && part[0] == '.') ||
+                            (n == 2 && part[0] == '.' && part[1] == '.'))
+                                return false;
+                        if (*p == '\0')
+                                return true;
+                        part = p + 1;
+                } else if (!share_char(*p)) {
+                        return false;
+                }
+        }
+}
+
+bool policy_share_allows(const PolicyClass *c, PolicyShareRight right, const char *name)
+{
+        if (!c || right >= _POLICY_SHARE_MAX || !policy_share_name_valid(name))
+                return false;
+        for (size_t i = 0; i < c->n_share[right]; i++)
+                if (fnmatch(c->share[right][i], name, FNM_PATHNAME) == 0)
+                        return true;
+        /* read-write implies read-only */
+        return right == POLICY_SHARE_READ && policy_share_allows(c, POLICY_SHARE_WRITE, name);
+}
+
+/* A name pattern: the characters of a name and fnmatch's "*?[]!". */
+static void add_share_pattern(Parse *ps, const char *key, const char *t)
+{
+        PolicyClass *c = ps->cur;
+        int right = -1;
+        char **n;
+
+        for (int r = 0; r < _POLICY_SHARE_MAX; r++)
+                if (strcmp(key, share_keys[r]) == 0)
+                        right = r;
+        if (right < 0)
+                return;
+        if (strlen(t) > POLICY_SHARE_NAME_MAX) {
+                perr(ps, "%s: pattern '%.20s...' is longer than %d characters", key, t,
+                     POLICY_SHARE_NAME_MAX);
+                return;
+        }
+        for (const char *p = t; *p; p++)
+                if (!share_char(*p) && !strchr("*?[]!", *p)) {
+                        perr(ps,
+                             "%s: '%s' holds '%c': a name pattern has letters, digits, \"._-/\" and *?[]!",
+                             key, t, *p);
+                        return;
+                }
+        n = realloc(c->share[right], (c->n_share[right] + 1) * sizeof(*n));
+        if (!n)
+                return;
+        c->share[right] = n;
+        n[c->n_share[right]] = strdup(t);
+        if (n[c->n_share[right]])
+                c->n_share[right]++;
+}
+
 static void class_key(Parse *ps, const char *key, const char *v)
 {
         PolicyClass *c = ps->cur;
@@ -341,6 +424,12 @@ static void class_key(Parse *ps, const char *key, const char *v)
                 each_item(ps, key, v, add_gpu);
         } else if (strcmp(key, "deny-ops") == 0) {
                 each_item(ps, key, v, add_denied);
+        } else if (strncmp(key, "share-", 6) == 0 &&
+                   (strcmp(key, share_keys[POLICY_SHARE_PUBLISH]) == 0 ||
+                    strcmp(key, share_keys[POLICY_SHARE_READ]) == 0 ||
+                    strcmp(key, share_keys[POLICY_SHARE_WRITE]) == 0 ||
+                    strcmp(key, share_keys[POLICY_SHARE_PERSISTENT]) == 0)) {
+                each_item(ps, key, v, add_share_pattern);
         } else if (strncmp(key, "vram.", 5) == 0) {
                 uint64_t id, lim;
                 if (parse_uint(key + 5, 0xffff, &id) < 0 || id == 0) {

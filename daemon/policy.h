@@ -35,6 +35,18 @@ enum {
         POLICY_OP_IMPORT = 1u << 6,
 };
 
+/* What a class may do with named shares, each a list of name patterns (fnmatch with FNM_PATHNAME: '*'
+ * does not cross '/'). */
+typedef enum PolicyShareRight {
+        POLICY_SHARE_PUBLISH,    /* publish memory under a matching name */
+        POLICY_SHARE_READ,       /* open a matching share read-only */
+        POLICY_SHARE_WRITE,      /* open a matching share read-write (and read-only) */
+        POLICY_SHARE_PERSISTENT, /* what it publishes under a matching name outlives it, until revoked */
+        _POLICY_SHARE_MAX,
+} PolicyShareRight;
+
+#define POLICY_SHARE_NAME_MAX 128
+
 typedef struct PolicyClass {
         char *name;
         unsigned line; /* where its section starts */
@@ -52,10 +64,12 @@ typedef struct PolicyClass {
         uint32_t gpus[POLICY_MAX_GPUS]; /* GPUs the class may use; none listed = all */
         size_t n_gpus;
         unsigned deny_ops;
-        bool import_foreign;         /* may import dmabufs the GPU driver did not export */
-        uint64_t foreign_imports;    /* bytes of dmabufs gpumemd did not export, imported at once */
-        uint64_t foreign_import_max; /* bytes of one such import */
-        uint64_t host_alloc_max;     /* bytes of one host allocation (populated by the daemon) */
+        bool import_foreign;             /* may import dmabufs the GPU driver did not export */
+        uint64_t foreign_imports;        /* bytes of dmabufs gpumemd did not export, imported at once */
+        uint64_t foreign_import_max;     /* bytes of one such import */
+        uint64_t host_alloc_max;         /* bytes of one host allocation (populated by the daemon) */
+        char **share[_POLICY_SHARE_MAX]; /* name patterns per right (share-publish, share-read, ...) */
+        size_t n_share[_POLICY_SHARE_MAX];
         bool admin;
 } PolicyClass;
 
@@ -89,6 +103,12 @@ const PolicyClass *policy_find(const Policy *p, const char *name);
 
 const char *policy_resource_name(PolicyResource r);
 int policy_resource_from_name(const char *s);
+
+/* A share name: 1 to POLICY_SHARE_NAME_MAX letters, digits and "._-/", in '/'-separated parts none of
+ * which is empty, "." or "..". */
+bool policy_share_name_valid(const char *name);
+/* Whether class @c has @right on the share named @name. */
+bool policy_share_allows(const PolicyClass *c, PolicyShareRight right, const char *name);
 
 /* Recognise a container runtime's scope in a cgroup path: "docker/<id>", "podman/<id>", "containerd/<id>",
  * "cri-o/<id>"; and a Kubernetes pod UID. Empty strings when not found. */

@@ -150,6 +150,9 @@ static void test_errors(void)
                 {"[class a]\nmatch-all = yes\nforeign-imports = lots\n", ":3: foreign-imports: 'lots'"},
                 {"[class a]\nmatch-all = yes\nforeign-import-max = -1\n", ":3: foreign-import-max"},
                 {"[class a]\nmatch-all = yes\nhost-alloc-max = 4X\n", ":3: host-alloc-max"},
+                {"[class a]\nmatch-all = yes\nshare-publish = weights/$x\n",
+                 ":3: share-publish: 'weights/$x' holds '$'"},
+                {"[class a]\nmatch-all = yes\nshare-read = a\\b\n", ":3: share-read"},
         };
         char err[2048];
         Policy *p;
@@ -215,9 +218,64 @@ static void test_containers(void)
         CHECK(c[0] == '\0' && p[0] == '\0');
 }
 
+static void test_shares(void)
+{
+        const char *path = write_file("shares.conf", "[class loaders]\n"
+                                                     "match-uid = 0\n"
+                                                     "share-publish = weights/* scratch/*\n"
+                                                     "share-persistent = weights/*\n"
+                                                     "[class readers]\n"
+                                                     "match-all = yes\n"
+                                                     "share-read = weights/*\n"
+                                                     "share-write = scratch/team-?\n");
+        char err[1024] = "";
+        Policy *p = NULL;
+        const PolicyClass *l, *r;
+
+        CHECK_EQ(policy_load(path, true, &p, err, sizeof(err)), 0);
+        if (!p) {
+                fprintf(stderr, "%s", err);
+                return;
+        }
+        l = policy_find(p, "loaders");
+        r = policy_find(p, "readers");
+        CHECK(l && r);
+        if (!l || !r) {
+                policy_free(p);
+                return;
+        }
+        CHECK(policy_share_allows(l, POLICY_SHARE_PUBLISH, "weights/llama-70b"));
+        CHECK(policy_share_allows(l, POLICY_SHARE_PUBLISH, "scratch/x"));
+        CHECK(!policy_share_allows(l, POLICY_SHARE_PUBLISH, "weights/a/b")); /* '*' does not cross '/' */
+        CHECK(!policy_share_allows(l, POLICY_SHARE_PUBLISH, "other"));
+        CHECK(policy_share_allows(l, POLICY_SHARE_PERSISTENT, "weights/x"));
+        CHECK(!policy_share_allows(l, POLICY_SHARE_PERSISTENT, "scratch/x"));
+        CHECK(!policy_share_allows(l, POLICY_SHARE_READ, "weights/x")); /* publishing is not reading */
+        CHECK(policy_share_allows(r, POLICY_SHARE_READ, "weights/x"));
+        CHECK(!policy_share_allows(r, POLICY_SHARE_WRITE, "weights/x"));
+        CHECK(policy_share_allows(r, POLICY_SHARE_WRITE, "scratch/team-a"));
+        CHECK(policy_share_allows(r, POLICY_SHARE_READ, "scratch/team-a")); /* write implies read */
+        CHECK(!policy_share_allows(r, POLICY_SHARE_WRITE, "scratch/team-ab"));
+        CHECK(!policy_share_allows(r, POLICY_SHARE_PUBLISH, "weights/x"));
+        /* names that can never be shares, whatever the patterns */
+        static const char *const bad[] = {"",    "/weights", "weights/", "a//b", "a/../b",
+                                          "./a", "a b",      "a\nb",     "é"};
+        for (size_t i = 0; i < ARRAY_SIZE(bad); i++)
+                CHECK(!policy_share_name_valid(bad[i]));
+        char longname[POLICY_SHARE_NAME_MAX + 2];
+        memset(longname, 'a', sizeof(longname) - 1);
+        longname[sizeof(longname) - 1] = '\0';
+        CHECK(!policy_share_name_valid(longname));
+        longname[POLICY_SHARE_NAME_MAX] = '\0';
+        CHECK(policy_share_name_valid(longname));
+        CHECK(policy_share_name_valid("weights/llama-3.1_70b"));
+        policy_free(p);
+}
+
 int main(void)
 {
         static const TestCase cases[] = {
+                {"share names and rights", test_shares},
                 {"classes, limits and matching", test_parse},
                 {"errors name their line", test_errors},
                 {"containers from cgroup paths", test_containers},
