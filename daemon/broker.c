@@ -14,6 +14,7 @@
 #include <sys/mman.h>
 #include <sys/random.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "events.h"
@@ -25,6 +26,8 @@
 
 typedef struct Obj Obj;
 typedef struct VmmMap VmmMap;
+typedef struct Share Share;
+typedef struct ShareRef ShareRef;
 
 struct Obj {
         uint64_t handle;
@@ -47,6 +50,9 @@ struct Obj {
         bool outer;        /* BROKER_FLAG_SVM_RANGE: placed in the client's outer VA space, not mapped here */
         uint64_t file_ino; /* the inode of the files handed out (0: none), in Broker.files while it lives */
         dev_t file_dev;
+        Share *share;    /* published under a name (broker_share_publish), until the share ends */
+        bool share_kept; /* its persistent share took its memory over when it went */
+        ShareRef *ref;   /* BROKER_KIND_SHARE: this reader's open share */
 };
 
 /*
@@ -82,9 +88,11 @@ struct VmmMap {
 
 /*
  * Locks, in the order they are taken: the caller serialises each client (its BrokerClient and objects);
- * the broker's lock guards what clients share (the totals, the handed-out and lingering files, the
- * inotify queue); an account's lock guards its usage and limits, and is taken alone or inside the
- * broker's. Driver calls are made under none of the broker's locks.
+ * the share lock guards the named shares and every reader's part of them; the broker's lock guards what
+ * clients share (the totals, the handed-out and lingering files, the inotify queue); an account's lock
+ * guards its usage and limits, and is taken alone or inside the broker's. Driver calls are made under none
+ * of the broker's locks but the share lock (a share's readers are mapped and unmapped under it; no driver
+ * callback takes it).
  */
 struct Broker {
         Driver *drv;
@@ -101,6 +109,11 @@ struct Broker {
         HashMap files;      /* inode of a live object's handed-out files -> Obj * */
         HashMap dead_files; /* inode of lingering memory -> Linger * (its first) */
         uint64_t watch_failures;
+        /* named shares: their list and the shared region their VAs come from, under share_lock */
+        pthread_mutex_t share_lock;
+        struct Share *shares;
+        size_t n_shares;
+        ThunkVaSpace *share_space;
 };
 
 typedef struct BrokerQueue {
@@ -130,7 +143,16 @@ struct BrokerClient {
         uint64_t *fired;     /* DRIVER_CAP_EVENT_MIRROR: a bit per signal event the driver saw fire */
         BrokerQueue *queues; /* its user-mode queues (each costs a handle and a queue) */
         size_t n_queues, cap_queues;
+        uint64_t tag; /* the daemon's name for it (broker_client_set_tag) */
 };
+
+static void shares_done(Broker *b);
+static Obj *share_at(const BrokerClient *c, uint64_t va);
+static int share_pointer_info(BrokerClient *c, const Obj *o, BrokerPtrInfo *ret, Reason *w);
+static int share_set_access(BrokerClient *c, const Obj *o, const BrokerAccess *d, size_t n, Reason *w);
+static int share_get_access(BrokerClient *c, const Obj *o, uint32_t gpu_id, int *ret_access, Reason *w);
+static void share_obj_gone(BrokerClient *c, Obj *o);
+static void share_ref_drop(BrokerClient *c, Obj *o);
 
 static int gpu_index(const Broker *b, uint32_t gpu_id)
 {
@@ -218,6 +240,7 @@ int broker_new(Driver *drv, Broker **ret)
                 return r;
         }
         pthread_mutex_init(&b->lock, NULL);
+        pthread_mutex_init(&b->share_lock, NULL);
         b->drv = drv;
         b->primary = driver_ctx_primary(drv);
         b->n_gpus = driver_gpu_count(drv);
@@ -250,6 +273,7 @@ Broker *broker_free(Broker *b)
                         free(l);
                         l = next;
                 }
+        shares_done(b);
         hashmap_done(&b->lingering);
         hashmap_done(&b->dead_files);
         hashmap_done(&b->files);
@@ -675,16 +699,17 @@ static void linger_charge(Broker *b, Linger *l, int sign)
  * model's dmabufs: st_nlink 0) are watched: the kernel reports their end. A dmabuf of the GPU driver is
  * refunded at once (docs/policy.md says what that leaves open).
  */
-static void linger_start(BrokerClient *c, const Obj *o, int fd)
+/* Keep @size bytes of @kind charged to @acct (may be NULL) and the totals while the file @fd (borrowed)
+ * refers to has holders; only files with no name (st_nlink 0) are watched. */
+static void linger_watch(Broker *b, BrokerAccount *acct, BrokerKind kind, uint32_t gpu_id, uint64_t size,
+                         int fd)
 {
-        Broker *b = c->b;
         char path[64];
         struct stat st;
         Linger *l, *first;
         int wd;
 
-        if (!o->handed_out || o->kind == BROKER_KIND_IMPORT || fd < 0 || fstat(fd, &st) < 0 ||
-            st.st_nlink != 0)
+        if (fd < 0 || fstat(fd, &st) < 0 || st.st_nlink != 0)
                 return;
         snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
         l = calloc(1, sizeof(*l));
@@ -694,10 +719,10 @@ static void linger_start(BrokerClient *c, const Obj *o, int fd)
                 b->watch_failures++;
                 goto out;
         }
-        *l = (Linger){.acct = c->acct,
-                      .kind = o->kind,
-                      .gpu_id = o->gpu_id,
-                      .size = o->size,
+        *l = (Linger){.acct = acct,
+                      .kind = kind,
+                      .gpu_id = gpu_id,
+                      .size = size,
                       .ino = (uint64_t)st.st_ino,
                       .dev = st.st_dev,
                       .wd = wd};
@@ -716,6 +741,20 @@ static void linger_start(BrokerClient *c, const Obj *o, int fd)
 out:
         pthread_mutex_unlock(&b->lock);
         free(l);
+}
+
+/*
+ * @o dies as an object; if files handed to clients may still hold its memory, keep its bytes charged until
+ * the kernel drops the inode. @fd refers to the memory (borrowed). Only files with no name (memfds, the
+ * model's dmabufs: st_nlink 0) are watched: the kernel reports their end. A dmabuf of the GPU driver is
+ * refunded at once (docs/policy.md says what that leaves open). Memory a persistent share keeps is charged
+ * by the share instead.
+ */
+static void linger_start(BrokerClient *c, const Obj *o, int fd)
+{
+        if (!o->handed_out || o->kind == BROKER_KIND_IMPORT || o->share_kept)
+                return;
+        linger_watch(c->b, c->acct, o->kind, o->gpu_id, o->size, fd);
 }
 
 static void obj_forget_file(Broker *b, Obj *o)
@@ -1582,6 +1621,7 @@ static int destroy_alloc(BrokerClient *c, Obj *o, bool teardown, Reason *w)
 {
         int tmp_fd = -1, r;
 
+        share_obj_gone(c, o);
         /* a dmabuf of it went out: hold one more while the BO goes, to watch its memory after */
         if (o->mem && o->memfd < 0 && o->handed_out && driver_mem_export(c->b->drv, o->mem, &tmp_fd) < 0)
                 tmp_fd = -1;
@@ -1632,6 +1672,7 @@ static void phys_maybe_destroy(BrokerClient *c, Obj *o)
 
         if (o->client_refs > 0 || o->map_refs > 0)
                 return;
+        share_obj_gone(c, o);
         if (o->mem && o->handed_out && driver_mem_export(c->b->drv, o->mem, &tmp_fd) < 0)
                 tmp_fd = -1;
         if (o->mem)
@@ -1674,6 +1715,12 @@ int broker_mem_free(BrokerClient *c, uint64_t handle, Reason *w)
         case BROKER_KIND_VMM:
         case BROKER_KIND_IMPORT:
                 return broker_vmm_release(c, handle, w);
+        case BROKER_KIND_SHARE:
+                hashmap_remove(&c->objs, o->handle);
+                share_ref_drop(c, o);
+                free(o);
+                broker_process_events(c->b);
+                return 0;
         default:
                 return reason_set(w, -EINVAL, "0x%llx is a VA reservation: free it with vmm_free",
                                   (unsigned long long)handle);
@@ -1689,6 +1736,8 @@ int broker_map(BrokerClient *c, uint64_t handle, const uint32_t *gpu_ids, size_t
                 return reason_set(w, -ENOENT, "no allocation with handle 0x%llx", (unsigned long long)handle);
         if (o->kind == BROKER_KIND_MANAGED)
                 return reason_set(w, -EINVAL, "managed memory is mapped through its SVM attributes");
+        if (o->kind == BROKER_KIND_SHARE)
+                return reason_set(w, -EINVAL, "a share is mapped on its reader's GPUs when it is opened");
         if (o->kind != BROKER_KIND_DEVICE && o->kind != BROKER_KIND_HOST)
                 return reason_set(w, -EINVAL, "VMM handles are mapped with vmm_map and vmm_set_access");
         if (n == 0)
@@ -1757,6 +1806,8 @@ int broker_pointer_info(BrokerClient *c, uint64_t va, BrokerPtrInfo *ret, Reason
         BrokerPtrInfo info = {0};
         Obj *o;
 
+        if (!in_window(c, va, 1) && (o = share_at(c, va)) != NULL)
+                return share_pointer_info(c, o, ret, w);
         if (!in_window(c, va, 1))
                 return reason_set(w, -EFAULT, "0x%llx is outside this client's VA window",
                                   (unsigned long long)va);
@@ -2228,6 +2279,8 @@ int broker_vmm_set_access(BrokerClient *c, uint64_t va, uint64_t size, const Bro
                 else
                         any_gpu = true;
         }
+        if (!in_window(c, va, 1) && share_at(c, va))
+                return share_set_access(c, share_at(c, va), d, n, w);
         if (any_gpu && !driver_has(c->b->drv, DRIVER_CAP_VA_GRANTS))
                 return reason_set(
                         w, -EOPNOTSUPP,
@@ -2331,6 +2384,8 @@ int broker_vmm_get_access(BrokerClient *c, uint64_t va, uint32_t gpu_id, int *re
 
         if (gpu_id && gpu_index(c->b, gpu_id) < 0)
                 return reason_set(w, -ENODEV, "no GPU with id %u", gpu_id);
+        if (!m && !in_window(c, va, 1) && share_at(c, va))
+                return share_get_access(c, share_at(c, va), gpu_id, ret_access, w);
         if (!m)
                 return reason_set(w, -EINVAL, "nothing is mapped at 0x%llx", (unsigned long long)va);
         if (gpu_id == 0) {
@@ -2374,16 +2429,12 @@ int broker_vmm_properties(BrokerClient *c, uint64_t handle, BrokerProps *ret, Re
 
 /* ---- sharing ----------------------------------------------------------------------------------------- */
 
-int broker_export(BrokerClient *c, uint64_t handle, bool read_only, int *ret_fd, uint64_t *ret_size,
-                  Reason *w)
+/* A new fd (owned by the caller) of @o's whole memory, read-write: a copy of its memfd, or the driver's
+ * export (whose file the class pays for when it is the first). */
+static int obj_file(BrokerClient *c, Obj *o, int *ret_fd, Reason *w)
 {
-        Obj *o = obj_lookup(c, handle);
         int fd = -1, r;
 
-        if (!o)
-                return reason_set(w, -ENOENT, "no handle 0x%llx", (unsigned long long)handle);
-        if (o->kind == BROKER_KIND_RESERVATION)
-                return reason_set(w, -EINVAL, "a VA reservation has no memory to export");
         if (o->memfd >= 0) {
                 fd = fcntl(o->memfd, F_DUPFD_CLOEXEC, 3);
                 if (fd < 0)
@@ -2399,6 +2450,25 @@ int broker_export(BrokerClient *c, uint64_t handle, bool read_only, int *ret_fd,
                 if (r < 0)
                         return reason_set(w, r, "the driver refused to export: %s", strerror(-r));
         }
+        *ret_fd = fd;
+        return 0;
+}
+
+int broker_export(BrokerClient *c, uint64_t handle, bool read_only, int *ret_fd, uint64_t *ret_size,
+                  Reason *w)
+{
+        Obj *o = obj_lookup(c, handle);
+        int fd = -1, r;
+
+        if (!o)
+                return reason_set(w, -ENOENT, "no handle 0x%llx", (unsigned long long)handle);
+        if (o->kind == BROKER_KIND_RESERVATION)
+                return reason_set(w, -EINVAL, "a VA reservation has no memory to export");
+        if (o->kind == BROKER_KIND_SHARE)
+                return reason_set(w, -EINVAL, "a named share is not exported: its readers open it by name");
+        r = obj_file(c, o, &fd, w);
+        if (r < 0)
+                return r;
         /* memory that is read-only to this client is read-only to everyone it gives it to */
         if ((read_only || obj_read_only(o)) && (r = make_read_only(&fd, w)) < 0)
                 return r;
@@ -2482,6 +2552,598 @@ int broker_import(BrokerClient *c, int fd, uint32_t gpu_id, uint64_t *ret_handle
         *ret_handle = o->handle;
         *ret_size = o->size;
         return 0;
+}
+
+/* ---- named shares ------------------------------------------------------------------------------------ */
+
+/* One reader's open share. Its fields are under the share lock; the reader's Obj (BROKER_KIND_SHARE) names
+ * it until the reader frees its handle, revoked or not. */
+struct ShareRef {
+        ShareRef *next;
+        Share *share;
+        BrokerClient *reader;
+        DriverMem *mem; /* the import in the reader's GPU VM; NULL once revoked */
+        size_t n_grants;
+        DriverGrant *grants[BROKER_MAX_GPUS];
+        uint32_t grant_gpus[BROKER_MAX_GPUS];
+        bool read_only;
+};
+
+struct Share {
+        Share *next; /* in Broker.shares while it lives */
+        char name[BROKER_SHARE_NAME_MAX + 1];
+        BrokerKind kind;
+        uint32_t gpu_id;
+        uint64_t va, size;
+        int fd; /* the memory, read-write, held by the broker while the share lives */
+        bool read_only, persistent, revoked;
+        Obj *src;            /* the publisher's object while it lives (NULL after) */
+        BrokerClient *owner; /* the publisher's books, as long as the object lives */
+        uint64_t owner_tag;
+        BrokerAccount *acct; /* pays for it */
+        char class_name[64];
+        /* a persistent share whose object went pays itself (its own charge and the memory) to the account
+         * and the totals; the account's lingering count keeps the account alive meanwhile */
+        bool holds;
+        Charge held_mem;
+        ShareRef *refs;   /* every reader's, revoked ones included, until they free their handles */
+        uint32_t readers; /* of them, not revoked */
+        uint64_t published_usec, opens;
+};
+
+/* What a share costs its publisher besides the memory: a handle and the fd the broker holds. */
+static const Charge share_charge = {.objects = 1, .held_fds = 1};
+
+void broker_client_set_tag(BrokerClient *c, uint64_t tag)
+{
+        c->tag = tag;
+}
+
+int broker_share_region(Broker *b, uint64_t base, uint64_t size)
+{
+        ThunkVaSpace *space = NULL;
+        int r = thunk_va_space_new(base, size, BROKER_GRANULARITY_RECOMM, &space);
+
+        if (r < 0)
+                return r;
+        pthread_mutex_lock(&b->share_lock);
+        thunk_va_space_free(b->share_space);
+        b->share_space = space;
+        pthread_mutex_unlock(&b->share_lock);
+        return 0;
+}
+
+void broker_share_region_get(const Broker *b, uint64_t *ret_base, uint64_t *ret_size)
+{
+        *ret_base = b->share_space ? thunk_va_space_base(b->share_space) : 0;
+        *ret_size = b->share_space ? thunk_va_space_limit(b->share_space) - *ret_base : 0;
+}
+
+/* What every share call needs: the region, a GPU VM per client and VA grants, and a name that can be one. */
+static int share_check(const Broker *b, const char *name, Reason *w)
+{
+        size_t n = name ? strnlen(name, BROKER_SHARE_NAME_MAX + 1) : 0;
+
+        if (!b->share_space)
+                return reason_set(w, -EOPNOTSUPP, "this daemon has no shared region for named shares");
+        /* every reader maps a share at the same VA in a GPU VM of its own */
+        if (!driver_has(b->drv, DRIVER_CAP_PRIVATE_VM | DRIVER_CAP_VA_GRANTS))
+                return reason_set(w, -EOPNOTSUPP,
+                                  "named shares need a GPU VM per client and VA grants (KFD: ABI 1.19)");
+        if (n == 0 || n > BROKER_SHARE_NAME_MAX)
+                return reason_set(w, -EINVAL, "a share's name has 1 to %d characters", BROKER_SHARE_NAME_MAX);
+        return 0;
+}
+
+static bool share_name_ok(const char *name)
+{
+        size_t n = name ? strnlen(name, BROKER_SHARE_NAME_MAX + 1) : 0;
+        return n > 0 && n <= BROKER_SHARE_NAME_MAX;
+}
+
+/* A live share by name; under the share lock. */
+static Share *share_by_name(Broker *b, const char *name)
+{
+        for (Share *s = b->shares; s; s = s->next)
+                if (strcmp(s->name, name) == 0)
+                        return s;
+        return NULL;
+}
+
+static void share_info(const Share *s, BrokerShareInfo *ret)
+{
+        memset(ret, 0, sizeof(*ret));
+        memcpy(ret->name, s->name, sizeof(ret->name));
+        memcpy(ret->class_name, s->class_name, sizeof(ret->class_name));
+        ret->owner_tag = s->owner ? s->owner_tag : 0;
+        ret->kind = s->kind;
+        ret->gpu_id = s->gpu_id;
+        ret->size = s->size;
+        ret->va = s->va;
+        ret->read_only = s->read_only;
+        ret->persistent = s->persistent;
+        ret->readers = s->readers;
+        ret->published_usec = s->published_usec;
+        ret->opens = s->opens;
+}
+
+/* The share's own charges, to its account and the totals alone (no client has them). */
+static void share_held_apply(Broker *b, Share *s, int sign)
+{
+        totals_apply(b, &share_charge, sign);
+        totals_apply(b, &s->held_mem, sign);
+        if (s->acct) {
+                pthread_mutex_lock(&s->acct->lock);
+                usage_apply(&s->acct->used, b, &share_charge, sign);
+                usage_apply(&s->acct->used, b, &s->held_mem, sign);
+                s->acct->lingering += (unsigned)sign;
+                pthread_mutex_unlock(&s->acct->lock);
+        }
+}
+
+/* Take the reader's GPU access and its import away. What the driver refuses to drop goes with the reader's
+ * GPU VM when it ends. Under the share lock. */
+static void ref_unmap(Broker *b, ShareRef *ref)
+{
+        for (size_t i = 0; i < ref->n_grants; i++)
+                (void)driver_revoke(b->drv, ref->grants[i]);
+        ref->n_grants = 0;
+        if (ref->mem)
+                (void)driver_mem_free(b->drv, ref->mem);
+        ref->mem = NULL;
+}
+
+static void share_free(Broker *b, Share *s)
+{
+        if (b->share_space)
+                (void)thunk_va_free(b->share_space, s->va);
+        safe_close(s->fd);
+        free(s);
+}
+
+/* At the broker's end: shares left are persistent ones whose publishers went, and no reader is left. */
+static void shares_done(Broker *b)
+{
+        while (b->shares) {
+                Share *s = b->shares;
+                b->shares = s->next;
+                share_free(b, s);
+        }
+        thunk_va_space_free(b->share_space);
+        pthread_mutex_destroy(&b->share_lock);
+}
+
+/*
+ * End @s: out of the names, every reader's GPU access and import gone, its charges back. The publisher's
+ * books are the caller's (serialised) while its object lives. The memory stays charged as long as files
+ * handed out hold it (a reader's CPU mapping): its object's linger does that while the object lives, the
+ * share's own after it. The share itself goes once no reader names it. Under the share lock.
+ */
+static void share_end(Broker *b, Share *s)
+{
+        for (Share **p = &b->shares; *p; p = &(*p)->next)
+                if (*p == s) {
+                        *p = s->next;
+                        b->n_shares--;
+                        break;
+                }
+        s->revoked = true;
+        for (ShareRef *ref = s->refs; ref; ref = ref->next)
+                ref_unmap(b, ref);
+        s->readers = 0;
+        if (s->src) {
+                s->src->share = NULL;
+                charge_give(s->owner, &share_charge);
+        } else if (s->holds) {
+                linger_watch(b, s->acct, s->held_mem.kind, s->held_mem.gpu_id, s->held_mem.bytes, s->fd);
+                share_held_apply(b, s, -1);
+                s->holds = false;
+        }
+        s->src = NULL;
+        s->owner = NULL;
+        s->fd = safe_close(s->fd);
+        if (!s->refs)
+                share_free(b, s);
+}
+
+/*
+ * The publisher's object @o goes (freed or torn down). A share that lives only as long as its object ends;
+ * a persistent one keeps the memory and takes over what the client paid for it, so the class goes on
+ * paying the same. Before the driver frees the object's memory.
+ */
+static void share_obj_gone(BrokerClient *c, Obj *o)
+{
+        Broker *b = c->b;
+        Share *s = o->share;
+
+        if (!s)
+                return;
+        pthread_mutex_lock(&b->share_lock);
+        if (!s->persistent) {
+                share_end(b, s);
+        } else {
+                s->held_mem = (Charge){.kind = o->kind, .gpu_id = o->gpu_id, .bytes = o->size};
+                /* out of the client's usage; its object's refund then takes the memory off the account,
+                 * which the share puts back */
+                usage_apply(&c->usage, b, &share_charge, -1);
+                totals_apply(b, &share_charge, -1);
+                if (c->acct) {
+                        pthread_mutex_lock(&c->acct->lock);
+                        usage_apply(&c->acct->used, b, &share_charge, -1);
+                        pthread_mutex_unlock(&c->acct->lock);
+                }
+                share_held_apply(b, s, +1);
+                s->holds = true;
+                s->src = NULL;
+                s->owner = NULL;
+                o->share = NULL;
+                o->share_kept = true;
+        }
+        pthread_mutex_unlock(&b->share_lock);
+}
+
+int broker_share_publish(BrokerClient *c, uint64_t handle, const char *name, bool read_only, bool persistent,
+                         BrokerShareInfo *ret, Reason *w)
+{
+        Broker *b = c->b;
+        Obj *o = obj_lookup(c, handle);
+        struct timespec ts;
+        Share *s = NULL;
+        int fd = -1, r;
+
+        r = share_check(b, name, w);
+        if (r < 0)
+                return r;
+        if (!o || o->pending)
+                return reason_set(w, -ENOENT, "no handle 0x%llx", (unsigned long long)handle);
+        if (o->kind != BROKER_KIND_DEVICE && o->kind != BROKER_KIND_HOST && o->kind != BROKER_KIND_VMM)
+                return reason_set(w, -EINVAL, "only device, host and VMM memory is published by name");
+        if (o->flags & BROKER_FLAG_SVM_RANGE)
+                return reason_set(w, -EINVAL, "the memory behind an SVM range is not published");
+        if (o->share)
+                return reason_set(w, -EBUSY, "0x%llx is published already, as '%s'",
+                                  (unsigned long long)handle, o->share->name);
+        r = charge_take(c, &share_charge, w);
+        if (r < 0)
+                return r;
+        r = obj_file(c, o, &fd, w);
+        s = r < 0 ? NULL : calloc(1, sizeof(*s));
+        if (r >= 0 && !s)
+                r = reason_set(w, -ENOMEM, "out of memory");
+        if (r < 0)
+                goto fail;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        *s = (Share){.kind = o->kind,
+                     .gpu_id = o->gpu_id,
+                     .size = o->size,
+                     .fd = fd,
+                     .read_only = read_only || obj_read_only(o),
+                     .persistent = persistent,
+                     .src = o,
+                     .owner = c,
+                     .owner_tag = c->tag,
+                     .acct = c->acct,
+                     .published_usec = (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u};
+        memcpy(s->name, name, strlen(name) + 1);
+        if (c->acct)
+                snprintf(s->class_name, sizeof(s->class_name), "%s", c->acct->name);
+
+        pthread_mutex_lock(&b->share_lock);
+        if (share_by_name(b, name))
+                r = reason_set(w, -EEXIST, "a share named '%s' exists already", name);
+        else if (b->n_shares >= BROKER_MAX_SHARES)
+                r = reason_set(w, -ENOSPC, "the daemon holds %d shares, its most", BROKER_MAX_SHARES);
+        else if ((r = thunk_va_alloc(b->share_space, o->size, BROKER_GRANULARITY_RECOMM, s, &s->va)) < 0)
+                r = reason_set(w, r == -ENOMEM ? -ENOSPC : r, "the shared region has no room for %llu bytes",
+                               (unsigned long long)o->size);
+        if (r >= 0) {
+                s->next = b->shares;
+                b->shares = s;
+                b->n_shares++;
+                share_info(s, ret);
+        }
+        pthread_mutex_unlock(&b->share_lock);
+        if (r < 0)
+                goto fail;
+        note_file(b, o, fd);
+        o->exports++;
+        o->share = s;
+        return 0;
+
+fail:
+        free(s);
+        safe_close(fd);
+        charge_give(c, &share_charge);
+        return r;
+}
+
+/* The GPUs a reader maps a share on: those asked for, or every one its class allows. */
+static int reader_gpus(BrokerClient *c, const uint32_t *ids, size_t n, uint32_t *out, size_t *ret_n,
+                       Reason *w)
+{
+        uint64_t allowed = allowed_gpus(c);
+        size_t k = 0;
+        int r;
+
+        if (n > 0) {
+                r = check_gpus(c->b, ids, n, w);
+                if (r < 0)
+                        return r;
+                r = gpus_allowed(c, ids, n, w);
+                if (r < 0)
+                        return r;
+                memcpy(out, ids, n * sizeof(*ids));
+                *ret_n = n;
+                return 0;
+        }
+        for (size_t i = 0; i < c->b->n_gpus; i++)
+                if (allowed & (1ull << i))
+                        out[k++] = c->b->gpu_ids[i];
+        if (k == 0)
+                return reason_set(w, -EACCES, "this client may use no GPU");
+        *ret_n = k;
+        return 0;
+}
+
+int broker_share_open(BrokerClient *c, const char *name, bool write, const uint32_t *gpu_ids, size_t n,
+                      uint64_t *ret_handle, BrokerShareInfo *ret_info, int *ret_fd, Reason *w)
+{
+        Broker *b = c->b;
+        uint32_t gpus[BROKER_MAX_GPUS];
+        size_t n_gpus = 0;
+        const Charge ch = {.objects = 1};
+        DriverCtx *ctx;
+        ShareRef *ref = NULL;
+        bool placed = false;
+        Obj *o = NULL;
+        Share *s;
+        int fd = -1, r;
+
+        r = share_check(b, name, w);
+        if (r < 0)
+                return r;
+        if (n > BROKER_MAX_GPUS)
+                return reason_set(w, -E2BIG, "more than %d GPUs", BROKER_MAX_GPUS);
+        r = reader_gpus(c, gpu_ids, n, gpus, &n_gpus, w);
+        if (r < 0)
+                return r;
+        r = client_ctx(c, &ctx, w);
+        if (r < 0)
+                return r;
+        if (!c->outer &&
+            (r = thunk_va_space_new(BROKER_PAGE_SIZE, BROKER_SVM_LIMIT - BROKER_PAGE_SIZE, 0, &c->outer)) < 0)
+                return reason_set(w, r, "out of memory");
+        r = charge_take(c, &ch, w);
+        if (r < 0)
+                return r;
+        o = obj_new(BROKER_KIND_SHARE);
+        ref = calloc(1, sizeof(*ref));
+        if (!o || !ref) {
+                free(o);
+                free(ref);
+                charge_give(c, &ch);
+                return reason_set(w, -ENOMEM, "out of memory");
+        }
+
+        pthread_mutex_lock(&b->share_lock);
+        s = share_by_name(b, name);
+        if (!s) {
+                r = reason_set(w, -ENOENT, "no share named '%s'", name);
+                goto fail;
+        }
+        for (const ShareRef *x = s->refs; x; x = x->next)
+                if (x->reader == c) {
+                        r = reason_set(w, -EBUSY, "this client has '%s' open already", name);
+                        goto fail;
+                }
+        if (write && s->read_only) {
+                r = reason_set(w, -EACCES, "share '%s' is read-only", name);
+                goto fail;
+        }
+        ref->read_only = !write || s->read_only;
+        r = thunk_va_alloc_fixed(c->outer, s->va, s->size, o);
+        if (r < 0) {
+                reason_set(w, r == -EADDRINUSE ? r : -ENOMEM,
+                           "this client has an SVM range where share '%s' lives (0x%llx+0x%llx)", name,
+                           (unsigned long long)s->va, (unsigned long long)s->size);
+                goto fail;
+        }
+        placed = true;
+        fd = fcntl(s->fd, F_DUPFD_CLOEXEC, 3);
+        if (fd < 0) {
+                r = reason_set(w, -errno, "cannot duplicate the share's fd: %s", strerror(errno));
+                goto fail;
+        }
+        /* a read-only reader's file is opened read-only: its import and its CPU mapping keep to it */
+        if (ref->read_only && (r = make_read_only(&fd, w)) < 0)
+                goto fail;
+        r = driver_mem_import(b->drv, ctx, fd, gpus[0], &ref->mem);
+        if (r < 0) {
+                reason_set(w, r, "the driver refused to import share '%s': %s", name, strerror(-r));
+                goto fail;
+        }
+        for (size_t i = 0; i < n_gpus; i++) {
+                r = driver_grant(b->drv, ctx, ref->mem, gpus[i], s->va, 0, s->size,
+                                 ref->read_only ? DRIVER_ACCESS_READ : DRIVER_ACCESS_READ_WRITE, false,
+                                 &ref->grants[ref->n_grants]);
+                if (r < 0) {
+                        reason_set(w, r, "the driver refused GPU %u access to share '%s': %s", gpus[i], name,
+                                   strerror(-r));
+                        goto fail;
+                }
+                ref->grant_gpus[ref->n_grants++] = gpus[i];
+        }
+        o->va = s->va;
+        o->size = s->size;
+        o->gpu_id = s->gpu_id;
+        o->outer = true;
+        o->read_only = ref->read_only;
+        o->flags = ref->read_only ? BROKER_FLAG_READ_ONLY : 0;
+        o->ref = ref;
+        o->client_refs = 1;
+        r = obj_publish(c, o);
+        if (r < 0) {
+                reason_set(w, r, "out of memory");
+                goto fail;
+        }
+        ref->share = s;
+        ref->reader = c;
+        ref->next = s->refs;
+        s->refs = ref;
+        s->readers++;
+        s->opens++;
+        share_info(s, ret_info);
+        pthread_mutex_unlock(&b->share_lock);
+        *ret_handle = o->handle;
+        *ret_fd = fd;
+        return 0;
+
+fail:
+        ref_unmap(b, ref);
+        pthread_mutex_unlock(&b->share_lock);
+        if (placed)
+                (void)thunk_va_free(c->outer, s->va);
+        safe_close(fd);
+        free(ref);
+        free(o);
+        charge_give(c, &ch);
+        return r;
+}
+
+/* The reader frees its handle of a share, or goes. */
+static void share_ref_drop(BrokerClient *c, Obj *o)
+{
+        Broker *b = c->b;
+        ShareRef *ref = o->ref;
+        Share *s = ref->share;
+
+        pthread_mutex_lock(&b->share_lock);
+        if (ref->mem)
+                s->readers--;
+        ref_unmap(b, ref);
+        for (ShareRef **p = &s->refs; *p; p = &(*p)->next)
+                if (*p == ref) {
+                        *p = ref->next;
+                        break;
+                }
+        if (s->revoked && !s->refs)
+                share_free(b, s);
+        pthread_mutex_unlock(&b->share_lock);
+        free(ref);
+        o->ref = NULL;
+        (void)thunk_va_free(c->outer, o->va);
+        charge_obj_give(c, o);
+}
+
+/* The reader's open share at @va (outside its window), or NULL. */
+static Obj *share_at(const BrokerClient *c, uint64_t va)
+{
+        ThunkVaObject vo;
+        Obj *o = c->outer && thunk_va_lookup(c->outer, va, &vo) == 0 ? vo.data : NULL;
+        return o && o->kind == BROKER_KIND_SHARE ? o : NULL;
+}
+
+/* A reader's share: where it is mapped, read-only or not; -ESTALE once revoked. */
+static int share_pointer_info(BrokerClient *c, const Obj *o, BrokerPtrInfo *ret, Reason *w)
+{
+        const ShareRef *ref = o->ref;
+        int r = 0;
+
+        memset(ret, 0, sizeof(*ret));
+        pthread_mutex_lock(&c->b->share_lock);
+        if (!ref->mem) {
+                r = reason_set(w, -ESTALE, "share '%s' was revoked: free its handle", ref->share->name);
+        } else {
+                ret->handle = o->handle;
+                ret->kind = BROKER_KIND_SHARE;
+                ret->gpu_id = o->gpu_id;
+                ret->base = o->va;
+                ret->size = o->size;
+                ret->flags = o->flags;
+                ret->cpu_accessible = true;
+                for (size_t i = 0; i < ref->n_grants; i++)
+                        ret->mapped[ret->n_mapped++] = ref->grant_gpus[i];
+        }
+        pthread_mutex_unlock(&c->b->share_lock);
+        return r;
+}
+
+/* Access to an open share is its reader's role, given when it was opened: read-write is refused to a
+ * read-only reader, and nothing else can be changed. */
+static int share_set_access(BrokerClient *c, const Obj *o, const BrokerAccess *d, size_t n, Reason *w)
+{
+        int r = share_pointer_info(c, o, &(BrokerPtrInfo){0}, w);
+
+        if (r < 0)
+                return r;
+        for (size_t i = 0; i < n; i++)
+                if (d[i].access == BROKER_ACCESS_READ_WRITE && o->read_only)
+                        return reason_set(w, -EACCES, "share '%s' is open read-only here",
+                                          o->ref->share->name);
+        return reason_set(w, -EINVAL, "a share's access is its reader's role, set when it was opened");
+}
+
+static int share_get_access(BrokerClient *c, const Obj *o, uint32_t gpu_id, int *ret_access, Reason *w)
+{
+        const ShareRef *ref = o->ref;
+        int r = 0;
+
+        pthread_mutex_lock(&c->b->share_lock);
+        *ret_access = BROKER_ACCESS_NONE;
+        if (!ref->mem)
+                r = reason_set(w, -ESTALE, "share '%s' was revoked: free its handle", ref->share->name);
+        for (size_t i = 0; r == 0 && i <= ref->n_grants; i++)
+                /* the CPU (0) has the role too: the reader maps the share's file */
+                if (i == ref->n_grants ? gpu_id == 0 : ref->grant_gpus[i] == gpu_id)
+                        *ret_access = ref->read_only ? BROKER_ACCESS_READ : BROKER_ACCESS_READ_WRITE;
+        pthread_mutex_unlock(&c->b->share_lock);
+        return r;
+}
+
+int broker_share_find(Broker *b, const char *name, BrokerShareInfo *ret)
+{
+        Share *s;
+
+        if (!share_name_ok(name))
+                return -ENOENT;
+        pthread_mutex_lock(&b->share_lock);
+        s = share_by_name(b, name);
+        if (s)
+                share_info(s, ret);
+        pthread_mutex_unlock(&b->share_lock);
+        return s ? 0 : -ENOENT;
+}
+
+int broker_share_revoke(Broker *b, const char *name, Reason *w)
+{
+        Share *s;
+        int r = 0;
+
+        if (!share_name_ok(name))
+                return reason_set(w, -ENOENT, "no share named '%.*s'", BROKER_SHARE_NAME_MAX,
+                                  name ? name : "");
+        pthread_mutex_lock(&b->share_lock);
+        s = share_by_name(b, name);
+        if (!s)
+                r = reason_set(w, -ENOENT, "no share named '%s'", name);
+        else
+                share_end(b, s);
+        pthread_mutex_unlock(&b->share_lock);
+        broker_process_events(b);
+        return r;
+}
+
+size_t broker_share_list(Broker *b, size_t *cursor, BrokerShareInfo *out, size_t cap)
+{
+        size_t i = 0, n = 0;
+
+        pthread_mutex_lock(&b->share_lock);
+        for (const Share *s = b->shares; s && n < cap; s = s->next, i++)
+                if (i >= *cursor)
+                        share_info(s, &out[n++]);
+        *cursor = n == cap && i < b->n_shares ? i : 0;
+        pthread_mutex_unlock(&b->share_lock);
+        return n;
 }
 
 /* ---- managed memory ---------------------------------------------------------------------------------- */
@@ -2699,6 +3361,9 @@ static void teardown_object(BrokerClient *c, Obj *o)
         case BROKER_KIND_RESERVATION:
                 thunk_va_space_free(o->maps);
                 charge_obj_give(c, o);
+                break;
+        case BROKER_KIND_SHARE:
+                share_ref_drop(c, o);
                 break;
         }
         free(o);

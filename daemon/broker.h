@@ -19,6 +19,7 @@ typedef enum BrokerKind {
         BROKER_KIND_MANAGED = 3,
         BROKER_KIND_VMM = 4,
         BROKER_KIND_IMPORT = 5,
+        BROKER_KIND_SHARE = 6,         /* a reader's open named share */
         BROKER_KIND_RESERVATION = 100, /* internal: a VMM VA reservation */
 } BrokerKind;
 
@@ -284,6 +285,61 @@ int broker_export(BrokerClient *c, uint64_t handle, bool read_only, int *ret_fd,
 /* @fd is borrowed; it has been checked to be a regular file or an anonymous-inode file. */
 int broker_import(BrokerClient *c, int fd, uint32_t gpu_id, uint64_t *ret_handle, uint64_t *ret_size,
                   Reason *w);
+
+/* ---- named shares ----------------------------------------------------------------------------------- */
+
+/*
+ * Memory published under a name, opened by name by other clients: each reader gets it imported into its own
+ * GPU VM and mapped at the share's VA (the same for every reader) in a shared region of the aperture no
+ * window holds. The publisher's class pays for the memory once, and the share costs it one handle and the
+ * fd the broker holds; a reader pays one handle. A share ends when it is revoked, or with its object unless
+ * it is persistent: a persistent share then keeps the memory, still charged to the publisher's class, until
+ * it is revoked. Revoking takes every reader's GPU access and import away at once; a reader's handle stays
+ * in its books, answering -ESTALE, until it frees it. Policy (who may publish, open and with which role) is
+ * decided above the broker. Needs a GPU VM per client and VA grants (-EOPNOTSUPP otherwise).
+ */
+#define BROKER_SHARE_NAME_MAX 128
+#define BROKER_MAX_SHARES     4096
+
+/* The region shares are placed in: [base, base+size), reserved in the daemon by the caller. */
+int broker_share_region(Broker *b, uint64_t base, uint64_t size);
+void broker_share_region_get(const Broker *b, uint64_t *ret_base, uint64_t *ret_size);
+
+typedef struct BrokerShareInfo {
+        char name[BROKER_SHARE_NAME_MAX + 1];
+        uint64_t owner_tag;  /* the publisher's broker_client_set_tag(); 0 once it has gone */
+        char class_name[64]; /* the class that pays ("" for none) */
+        BrokerKind kind;
+        uint32_t gpu_id;
+        uint64_t size, va;
+        bool read_only, persistent;
+        uint32_t readers;
+        uint64_t published_usec; /* CLOCK_REALTIME */
+        uint64_t opens;          /* opens since it was published */
+} BrokerShareInfo;
+
+/* A tag for the client, reported as the owner of what it publishes (the daemon's client id). */
+void broker_client_set_tag(BrokerClient *c, uint64_t tag);
+
+/* Publish the memory of @handle (device, host or VMM) as @name. */
+int broker_share_publish(BrokerClient *c, uint64_t handle, const char *name, bool read_only, bool persistent,
+                         BrokerShareInfo *ret, Reason *w);
+/*
+ * Open @name, read-write when @write, on @gpu_ids (n == 0: every GPU the client may use). The reader's
+ * handle, the share's VA and size, and *@ret_fd (owned by the caller; opened read-only for a read-only
+ * reader) to map at that VA.
+ */
+int broker_share_open(BrokerClient *c, const char *name, bool write, const uint32_t *gpu_ids, size_t n,
+                      uint64_t *ret_handle, BrokerShareInfo *ret_info, int *ret_fd, Reason *w);
+/* What is known of @name (-ENOENT: nothing). */
+int broker_share_find(Broker *b, const char *name, BrokerShareInfo *ret);
+/*
+ * End the share @name: its readers lose their GPU access and imports now. The publisher's books change
+ * when it still has them: the caller serialises them as for the publisher's own calls.
+ */
+int broker_share_revoke(Broker *b, const char *name, Reason *w);
+/* Up to @cap shares from *@cursor (0 to start; 0 again at the end). */
+size_t broker_share_list(Broker *b, size_t *cursor, BrokerShareInfo *out, size_t cap);
 
 /* ---- managed memory (SVM attributes) ------------------------------------------------------------------ */
 
