@@ -71,6 +71,7 @@ struct Manager {
          * the daemon's own mappings leave no room there. */
         ThunkVaSpace *va_low;
         size_t va_low_blocked;
+        uint64_t shared_base, shared_size; /* the named shares' region (0: none), reserved in the daemon */
 
         Conn *conns; /* doubly linked, newest first */
         unsigned n_conns;

@@ -271,6 +271,40 @@ static int render_clients(FILE *f, Manager *m)
 }
 
 /* The daemon's own process, under the names Prometheus's client libraries give these. */
+/* Per named share: its size, readers and opens, labelled with its name, class and role. */
+static int render_shares(FILE *f, Manager *m)
+{
+        static const struct {
+                const char *name, *type, *help;
+        } fam[] = {
+                {"gpumemd_share_bytes", "gauge", "Memory a named share holds, in bytes (its class pays)."},
+                {"gpumemd_share_readers", "gauge", "Clients that have a named share open."},
+                {"gpumemd_share_opens_total", "counter", "Opens of a named share since it was published."},
+        };
+        BrokerShareInfo *sh = calloc(BROKER_MAX_SHARES, sizeof(*sh));
+        size_t cursor = 0, n;
+
+        if (!sh)
+                return -ENOMEM;
+        n = broker_share_list(m->broker, &cursor, sh, BROKER_MAX_SHARES);
+        for (size_t k = 0; k < ARRAY_SIZE(fam); k++) {
+                family(f, fam[k].name, fam[k].type, fam[k].help);
+                for (size_t i = 0; i < n; i++) {
+                        fprintf(f, "%s{share=\"", fam[k].name);
+                        label_value(f, sh[i].name);
+                        fputs("\",class=\"", f);
+                        label_value(f, sh[i].class_name);
+                        fprintf(f, "\",role=\"%s\",persistent=\"%s\"} %llu\n",
+                                sh[i].read_only ? "read-only" : "read-write", sh[i].persistent ? "yes" : "no",
+                                (unsigned long long)(k == 0   ? sh[i].size
+                                                     : k == 1 ? sh[i].readers
+                                                              : sh[i].opens));
+                }
+        }
+        free(sh);
+        return 0;
+}
+
 static void render_process(FILE *f)
 {
         char buf[1024], *p;
@@ -431,9 +465,10 @@ int metrics_render(Manager *m, char **ret, size_t *ret_len)
 
         render_gpus(f, m, &tot);
         render_classes(f, m);
-        int clients = render_clients(f, m); /* the one part with an allocation of its own */
+        int clients = render_clients(f, m); /* the parts with an allocation of their own */
+        int shares = render_shares(f, m);
         render_process(f);
-        if (fclose(f) != 0 || !text || clients < 0) {
+        if (fclose(f) != 0 || !text || clients < 0 || shares < 0) {
                 free(text);
                 return -ENOMEM;
         }

@@ -17,6 +17,9 @@
 #define GM_MESSAGE_CONFIG_RELOAD      "ad338f8928f342d5b2bbc8c20f6afd77"
 #define GM_MESSAGE_ADMIN_ACTION       "5917fbc74f324a4bbdee2999a28ba02e"
 #define GM_MESSAGE_QUOTA_CHANGE       "26c0d2d1809b4d29963143419a04026b"
+#define GM_MESSAGE_SHARE_PUBLISH      "b245d672cd9040f6b199059ea841fc47"
+#define GM_MESSAGE_SHARE_OPEN         "7fd28958f6e84a988af1369b8fa53313"
+#define GM_MESSAGE_SHARE_REVOKE       "348cbb5f50774e538bb00cbac8b8d27f"
 
 void log_setup(void);
 void log_set_level(int level);

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -635,6 +636,47 @@ static void on_sigusr2(evutil_socket_t sig, short what, void *userdata)
         (void)sd_notifyf(0, "STATUS=model faults armed: %d", n);
 }
 
+/*
+ * Named shares live in one region of the aperture that no window holds, reserved in the daemon like a
+ * window, so that every reader maps a share at the same VA. Without room for it the daemon runs without
+ * shares and says so.
+ */
+static void setup_shared_region(Manager *m)
+{
+        uint64_t size = m->opts.shared_region_size, base = 0;
+        void *p;
+        int r;
+
+        if (size == 0)
+                return;
+        r = thunk_va_alloc(m->va, size, 1ull << 30, m, &base);
+        if (r < 0) {
+                log_warning("no room for the %llu GiB shared region in the aperture: no named shares",
+                            (unsigned long long)(size >> 30));
+                return;
+        }
+        p = mmap((void *)(uintptr_t)base, size, PROT_NONE,
+                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED_NOREPLACE, -1, 0);
+        if (p == MAP_FAILED || (uintptr_t)p != base) {
+                if (p != MAP_FAILED)
+                        munmap(p, size);
+                (void)thunk_va_free(m->va, base);
+                log_warning("cannot reserve the shared region at 0x%llx: no named shares",
+                            (unsigned long long)base);
+                return;
+        }
+        r = broker_share_region(m->broker, base, size);
+        if (r < 0) {
+                munmap(p, size);
+                (void)thunk_va_free(m->va, base);
+                log_warning_errno(r, "cannot set up the shared region: %s", strerror(-r));
+                return;
+        }
+        m->shared_base = base;
+        m->shared_size = size;
+        m->va_blocked++; /* never a window: not counted as one */
+}
+
 static int setup_va(Manager *m)
 {
         uint64_t base, limit, start;
@@ -766,6 +808,7 @@ int manager_new(Manager **ret, const Options *opts)
         r = broker_new(m->drv, &m->broker);
         if (r < 0)
                 goto fail;
+        setup_shared_region(m);
         if (m->opts.worker_threads) {
                 r = worker_pool_new(m->opts.worker_threads, &m->workers);
                 if (r < 0) {
@@ -930,6 +973,8 @@ Manager *manager_free(Manager *m)
                 evhttp_free(m->http);
         classes_free_all(m);
         broker_free(m->broker);
+        if (m->shared_size)
+                munmap((void *)(uintptr_t)m->shared_base, m->shared_size);
         thunk_va_space_free(m->va);
         thunk_va_space_free(m->va_low);
         m->drv = driver_close(m->drv);

@@ -20,6 +20,7 @@ int req_books(ReqCtx *r, BrokerClient **ret)
                 if (err < 0)
                         return reply_fail(r, err, "out of memory");
                 broker_client_set_account(c->broker, c->cls ? &c->cls->acct : NULL);
+                broker_client_set_tag(c->broker, c->id);
                 broker_client_set_interrupt(c->broker, queues_interrupt, c);
         }
         *ret = c->broker;

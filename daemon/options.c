@@ -25,6 +25,8 @@
  * of one uid at the default 64 GiB window, and never less than window-size, whose maximum is 16 TiB.
  */
 #define DEFAULT_MAX_WINDOW_BYTES_PER_UID (16ull << 40)
+/* Where named shares are placed, at the same VA for every reader: room for a few dozen models' weights. */
+#define DEFAULT_SHARED_REGION_SIZE (512ull << 30)
 
 void options_init(Options *o)
 {
@@ -35,6 +37,7 @@ void options_init(Options *o)
                 .max_connections_per_uid = 1024,
                 .window_size = DEFAULT_WINDOW_SIZE,
                 .max_window_bytes_per_uid = DEFAULT_MAX_WINDOW_BYTES_PER_UID,
+                .shared_region_size = DEFAULT_SHARED_REGION_SIZE,
                 .hello_timeout_sec = 10,
                 .send_timeout_sec = 30,
                 .worker_threads = 2,
@@ -400,6 +403,14 @@ static int daemon_key(FileCtx *ctx, const char *name, const char *value)
                         return 1;
                 }
                 o->window_size = v;
+        } else if (strcmp(name, "shared-region-size") == 0) {
+                if (parse_size(value, &v) < 0 || v > (16ull << 40) || (v & ((1ull << 30) - 1))) {
+                        file_error(ctx,
+                                   "shared-region-size: '%s' is not a multiple of 1G up to 16T (0: none)",
+                                   value);
+                        return 1;
+                }
+                o->shared_region_size = v;
         } else if (strcmp(name, "max-window-bytes-per-uid") == 0) {
                 if (parse_size(value, &v) < 0 || v < (1ull << 30) || v > (1ull << 47)) {
                         file_error(ctx, "max-window-bytes-per-uid: '%s' is not a size between 1G and 128T",

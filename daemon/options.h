@@ -29,6 +29,7 @@ typedef struct Options {
         uint32_t max_connections;
         uint32_t max_connections_per_uid;
         uint64_t window_size;
+        uint64_t shared_region_size;       /* named shares' VA region (0: no shares); at start only */
         uint64_t max_window_bytes_per_uid; /* VA windows (current and refused) all clients of one uid hold */
         uint32_t hello_timeout_sec; /* a connection that has not said hello by then is closed; 0 = never */
         uint32_t worker_threads;    /* threads for slow work off the event loops; 0: all on the loops */

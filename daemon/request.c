@@ -97,6 +97,11 @@ static const OpDesc op_table[] = {
         ROW_CLIENT(QUEUE_CREATE, op_queue_create, QUEUE_CREATE, 2, 0, 0),
         ROW_CLIENT(QUEUE_DESTROY, op_queue_destroy, EMPTY, 2, 0, 0),
         ROW_CLIENT(QUEUE_UPDATE, op_queue_update, EMPTY, 2, 0, 0),
+        /* under the manager's lock: they read the class's rights, which a reload changes, and revoking
+         * touches the publisher's books */
+        ROW(SHARE_PUBLISH, op_share_publish, SHARE_PUBLISH, 3, ANY, 0, POLICY_OP_EXPORT),
+        ROW(SHARE_OPEN, op_share_open, SHARE_OPEN, 3, ANY, 0, POLICY_OP_IMPORT),
+        ROW(SHARE_REVOKE, op_share_revoke, EMPTY, 3, ANY, 0, 0),
         ROW(ADMIN_STATUS, op_admin_status, ADMIN_STATUS, 1, ADMIN, 0, 0),
         ROW(ADMIN_CLIENTS, op_admin_clients, ADMIN_CLIENTS, 1, ADMIN, 0, 0),
         ROW(ADMIN_ALLOCATIONS, op_admin_allocations, ADMIN_ALLOCATIONS, 1, ADMIN, 0, 0),
@@ -105,6 +110,7 @@ static const OpDesc op_table[] = {
         ROW(ADMIN_DISCONNECT, op_admin_disconnect, EMPTY, 1, ADMIN, 0, 0),
         ROW(ADMIN_METRICS, op_admin_metrics, ADMIN_METRICS, 1, ADMIN, 0, 0),
         ROW(ADMIN_SET_LOG_LEVEL, op_admin_set_log_level, EMPTY, 1, ADMIN, 0, 0),
+        ROW(ADMIN_SHARES, op_admin_shares, ADMIN_SHARES, 3, ADMIN, 0, 0),
 };
 
 /* The op's name: its Request field's, so there is no second list of names to keep. */

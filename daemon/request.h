@@ -132,5 +132,9 @@ int op_svm_prefetch(ReqCtx *r, const Gpumem__Request *req);
 int op_queue_create(ReqCtx *r, const Gpumem__Request *req);
 int op_queue_destroy(ReqCtx *r, const Gpumem__Request *req);
 int op_queue_update(ReqCtx *r, const Gpumem__Request *req);
+int op_share_publish(ReqCtx *r, const Gpumem__Request *req);
+int op_share_open(ReqCtx *r, const Gpumem__Request *req);
+int op_share_revoke(ReqCtx *r, const Gpumem__Request *req);
+int op_admin_shares(ReqCtx *r, const Gpumem__Request *req);
 /* The broker's interrupt callback for a client (@arg: its Conn): called on the driver's thread. */
 void queues_interrupt(void *arg);
