@@ -63,7 +63,11 @@ struct gm_client {
         pthread_cond_t mem_cond;  /* an allocation's teardown in this process ended */
         HashMap allocs;           /* base address → MemEntry, for gm_mem_free and friends */
         MemEntry *freeing;        /* allocations gm_mem_free() is taking down: not yet to be mapped over */
+        HashMap shares;           /* address of an open share → ShareEntry (client-share.c) */
 };
+
+/* Unmap and forget the shares still open (at close, under nothing: no other call runs). */
+void gm_shares_done(gm_client *c);
 
 /* One request/reply round trip. On success *ret_reply is the decoded reply (status 0), to be released
  * with gm_reply_free(), and, if asked, the reply's fds are handed over. On failure the reason is recorded

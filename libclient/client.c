@@ -668,6 +668,7 @@ void gm_client_close(gm_client *c)
                         free(e);
                 hashmap_done(&c->allocs);
         }
+        gm_shares_done(c);
         pthread_cond_destroy(&c->mem_cond);
         pthread_mutex_destroy(&c->mem_lock);
         pthread_cond_destroy(&c->cond);

@@ -92,7 +92,8 @@ typedef struct gm_memory_exception {
 
 /**
  * gm_event_wait, and (since 1.4) the faults the memory events among @ids hold, at most @cap into @ret
- * (*@ret_n: how many; the daemon sends at most 8 in one reply). A memory event takes each GPU VM fault of the client's context and is set by it.
+ * (*@ret_n: how many; the daemon sends at most 8 in one reply). A memory event takes each GPU VM fault of the
+ * client's context and is set by it.
  */
 int gm_event_wait_faults(gm_client *c, const uint32_t *ids, size_t n, bool all, uint32_t timeout_ms,
                          gm_memory_exception *ret, size_t cap, size_t *ret_n);
@@ -258,13 +259,15 @@ enum {
         GM_KIND_MANAGED = 3,
         GM_KIND_VMM = 4,
         GM_KIND_IMPORT = 5,
+        GM_KIND_SHARE = 6, /* a named share this client opened (protocol 3) */
 };
 
 /** Device memory on @gpu_id, mapped on that GPU (hipMalloc / hipExtMallocWithFlags).
  *  \return 0, -EINVAL (size 0, bad flags), -ENODEV (no such GPU), -ENOMEM (no VRAM or VA left), ... */
 int gm_malloc(gm_client *c, size_t size, uint32_t gpu_id, unsigned flags, void **ret_ptr);
 
-/** Pinned host memory mapped on every GPU the client's class may use, placed on @numa_node or, when -1, on the NUMA node nearest
+/** Pinned host memory mapped on every GPU the client's class may use, placed on @numa_node or, when -1, on
+ * the NUMA node nearest
  *  @gpu_id (0: the first GPU); CPU-visible at the returned address (hipHostMalloc). */
 int gm_host_malloc(gm_client *c, size_t size, uint32_t gpu_id, int numa_node, unsigned flags, void **ret_ptr);
 
@@ -441,6 +444,60 @@ int gm_mem_export_flags(gm_client *c, gm_handle handle, unsigned flags, int *ret
 /** Import a dmabuf fd (borrowed) on @gpu_id (0: the first GPU) as a handle to map with gm_mem_map
  *  (hipMemImportFromShareableHandle). */
 int gm_mem_import(gm_client *c, int fd, uint32_t gpu_id, gm_handle *ret_handle, size_t *ret_size);
+
+/* ---- named shares (protocol 3) ---- */
+
+#define GM_SHARE_NAME_MAX 128
+
+enum {
+        GM_SHARE_READ_ONLY =
+                1u << 0,          /* gm_share_publish: every reader only reads, whatever its class allows */
+        GM_SHARE_WRITE = 1u << 0, /* gm_share_open: read-write (the class needs share-write) */
+};
+
+typedef struct gm_share_info {
+        char name[GM_SHARE_NAME_MAX + 1];
+        uint64_t owner_client_id; /* 0 once a persistent share's publisher has gone */
+        char owner_class[64];     /* the class that pays for it */
+        int kind;                 /* GM_KIND_DEVICE, GM_KIND_HOST or GM_KIND_VMM */
+        uint32_t gpu_id;
+        uint64_t size;
+        void *ptr; /* where every reader maps it */
+        int read_only, persistent;
+        uint32_t readers;
+        uint64_t published_usec; /* CLOCK_REALTIME */
+        uint64_t opens;
+} gm_share_info;
+
+/**
+ * Publish the memory of @handle (device, host or VMM memory of this client; an allocation's handle comes
+ * from gm_pointer_get_attributes) as @name, with GM_SHARE_* @flags. Its class needs share-publish for the
+ * name; with share-persistent the share outlives the handle and the client until it is revoked. @ret_info
+ * (may be NULL) says where readers find it. -EEXIST: the name is taken; -EBUSY: the handle is published
+ * already; -EACCES: the class may not publish under the name; -EOPNOTSUPP: the daemon has no shares.
+ */
+int gm_share_publish(gm_client *c, gm_handle handle, const char *name, unsigned flags,
+                     gm_share_info *ret_info);
+/**
+ * Open the share @name, read-only, or read-write with GM_SHARE_WRITE, mapped on @gpu_ids (@n_gpus 0: every
+ * GPU the class may use) and for the CPU at *@ret_ptr, the same address in every reader. A read-only
+ * reader's mapping is PROT_READ and cannot be made writable. *@ret_handle (may be NULL) names it in
+ * gm_pointer_get_attributes and friends. Close it with gm_share_close. -ENOENT: no such share; -EACCES:
+ * the class may not open it so, or it is read-only; -EBUSY: open already; -EEXIST: this process maps
+ * something at its address.
+ */
+int gm_share_open(gm_client *c, const char *name, unsigned flags, const uint32_t *gpu_ids, size_t n_gpus,
+                  void **ret_ptr, size_t *ret_size, gm_handle *ret_handle);
+/** Unmap a share gm_share_open mapped at @ptr and free its handle (also after it was revoked). */
+int gm_share_close(gm_client *c, void *ptr);
+/**
+ * End the share @name now (its publisher, a class that may publish under the name, or an administrator):
+ * every reader loses its GPU mappings at once and its handle answers -ESTALE; the CPU mappings readers
+ * made stay until they close them, and the memory with them.
+ */
+int gm_share_revoke(gm_client *c, const char *name);
+/** Every share (administrators only): *@ret (free with free()) holds *@ret_n entries. */
+int gm_admin_shares(gm_client *c, gm_share_info **ret, size_t *ret_n);
 
 /* ---- administration (administrator identities only; others get -EACCES) ------------------------- */
 

@@ -50,6 +50,7 @@ class Kind(enum.IntEnum):
     MANAGED = 3
     VMM = 4
     IMPORT = 5
+    SHARE = 6  # a named share this client opened (protocol 3)
 
 
 class Advice(enum.IntEnum):
