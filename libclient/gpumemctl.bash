@@ -3,7 +3,7 @@ _gpumemctl() {
     local cur prev words cword
     _init_completion || return
 
-    local commands="status topology clients allocations quota disconnect metrics log-level ping cdi"
+    local commands="status topology clients allocations quota shared disconnect metrics log-level ping cdi"
     local opts="--socket --json --version --help"
     local i cmd=""
     for ((i = 1; i < cword; i++)); do
@@ -25,6 +25,7 @@ _gpumemctl() {
     case "$cmd" in
         topology) COMPREPLY=($(compgen -W "--properties" -- "$cur")) ;;
         allocations) [[ $prev == --client ]] || COMPREPLY=($(compgen -W "--client" -- "$cur")) ;;
+        shared) ((cword == i + 1)) && COMPREPLY=($(compgen -W "list revoke" -- "$cur")) ;;
         log-level) COMPREPLY=($(compgen -W "err warning notice info debug" -- "$cur")) ;;
         cdi) COMPREPLY=($(compgen -W "--kind --name --socket-path --container-path" -- "$cur")) ;;
         quota)

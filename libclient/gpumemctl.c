@@ -1036,6 +1036,8 @@ static const char *kind_name(int kind)
                 return "vmm";
         case GM_KIND_IMPORT:
                 return "import";
+        case GM_KIND_SHARE:
+                return "share";
         default:
                 return "reserved";
         }
@@ -1152,6 +1154,138 @@ static int cmd_allocations(Ctl *ctl, int argc, char **argv)
         if (!r && !ctl->noheadings && !ctl->raw)
                 printf("%" PRIu64 " object%s\n", total, total == 1 ? "" : "s");
         return r;
+}
+
+enum {
+        SC_NAME,
+        SC_OWNER,
+        SC_CLASS,
+        SC_KIND,
+        SC_SIZE,
+        SC_ROLE,
+        SC_READERS,
+        SC_AGE,
+        SC_PERSISTENT,
+        SC_GPU,
+        SC_VA,
+        SC_OPENS,
+        SC_PUBLISHED,
+};
+static const ColumnSpec share_columns[] = {
+        [SC_NAME] = {"NAME", 0.3, SCOLS_FL_TRUNC, true},
+        [SC_OWNER] = {"OWNER", 6, SCOLS_FL_RIGHT, true},
+        [SC_CLASS] = {"CLASS", 0.1, SCOLS_FL_TRUNC, true},
+        [SC_KIND] = {"KIND", 6, 0, true},
+        [SC_SIZE] = {"SIZE", 10, SCOLS_FL_RIGHT, true},
+        [SC_ROLE] = {"ROLE", 10, 0, true},
+        [SC_READERS] = {"READERS", 7, SCOLS_FL_RIGHT, true},
+        [SC_AGE] = {"AGE", 8, SCOLS_FL_RIGHT, true},
+        [SC_PERSISTENT] = {"PERSISTENT", 3, 0, false},
+        [SC_GPU] = {"GPU", 6, SCOLS_FL_RIGHT, false},
+        [SC_VA] = {"VA", 18, 0, false},
+        [SC_OPENS] = {"OPENS", 6, SCOLS_FL_RIGHT, false},
+        [SC_PUBLISHED] = {"PUBLISHED", 20, 0, false},
+};
+
+/* "3d4h", "12m", "40s": how long ago @usec (CLOCK_REALTIME) was. */
+static void fmt_age(uint64_t usec, char *buf, size_t len)
+{
+        struct timespec ts;
+        uint64_t now, s;
+
+        clock_gettime(CLOCK_REALTIME, &ts);
+        now = (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+        s = now > usec ? (now - usec) / 1000000u : 0;
+        if (s >= 86400)
+                snprintf(buf, len, "%" PRIu64 "d%" PRIu64 "h", s / 86400, s % 86400 / 3600);
+        else if (s >= 3600)
+                snprintf(buf, len, "%" PRIu64 "h%" PRIu64 "m", s / 3600, s % 3600 / 60);
+        else if (s >= 60)
+                snprintf(buf, len, "%" PRIu64 "m", s / 60);
+        else
+                snprintf(buf, len, "%" PRIu64 "s", s);
+}
+
+static int shared_list(Ctl *ctl)
+{
+        gm_share_info *sh = NULL;
+        size_t n = 0;
+        Table tb;
+        int r = gm_admin_shares(ctl->c, &sh, &n);
+
+        if (r < 0)
+                return fail(ctl, "shared", r);
+        if (ctl->json) {
+                json_object *o = jdoc(), *list = jarray(o, "shares");
+                for (size_t i = 0; i < n; i++) {
+                        json_object *j = json_object_new_object();
+                        jstr(j, "name", sh[i].name);
+                        ju64(j, "owner_client_id", sh[i].owner_client_id);
+                        jstr(j, "class", sh[i].owner_class);
+                        jstr(j, "kind", kind_name(sh[i].kind));
+                        ju64(j, "size", sh[i].size);
+                        ju64(j, "gpu_id", sh[i].gpu_id);
+                        ju64(j, "va", (uint64_t)(uintptr_t)sh[i].ptr);
+                        jstr(j, "role", sh[i].read_only ? "read-only" : "read-write");
+                        jbool(j, "persistent", sh[i].persistent);
+                        ju64(j, "readers", sh[i].readers);
+                        ju64(j, "opens", sh[i].opens);
+                        ju64(j, "published_usec", sh[i].published_usec);
+                        json_object_array_add(list, j);
+                }
+                jprint(o, JSON_C_TO_STRING_PLAIN);
+                free(sh);
+                return EXIT_SUCCESS;
+        }
+        r = table_new(ctl, &tb, "shared", share_columns, ARRAY_SIZE(share_columns));
+        if (r) {
+                free(sh);
+                return r;
+        }
+        for (size_t i = 0; i < n; i++) {
+                char b[32], age[32], when[32];
+                fmt_age(sh[i].published_usec, age, sizeof(age));
+                fmt_time(sh[i].published_usec, when, sizeof(when));
+                table_row(&tb);
+                table_cell(&tb, SC_NAME, "%s", sh[i].name);
+                if (sh[i].owner_client_id)
+                        table_cell(&tb, SC_OWNER, "%" PRIu64, sh[i].owner_client_id);
+                table_cell(&tb, SC_CLASS, "%s", sh[i].owner_class);
+                table_cell(&tb, SC_KIND, "%s", kind_name(sh[i].kind));
+                table_cell(&tb, SC_SIZE, "%s", human_bytes(sh[i].size, b, sizeof(b)));
+                table_cell(&tb, SC_ROLE, "%s", sh[i].read_only ? "read-only" : "read-write");
+                table_cell(&tb, SC_READERS, "%u", sh[i].readers);
+                table_cell(&tb, SC_AGE, "%s", age);
+                table_cell(&tb, SC_PERSISTENT, "%s", sh[i].persistent ? "yes" : "no");
+                if (sh[i].gpu_id)
+                        table_cell(&tb, SC_GPU, "%u", sh[i].gpu_id);
+                table_cell(&tb, SC_VA, "%p", sh[i].ptr);
+                table_cell(&tb, SC_OPENS, "%" PRIu64, sh[i].opens);
+                table_cell(&tb, SC_PUBLISHED, "%s", when);
+        }
+        free(sh);
+        return table_print(&tb);
+}
+
+static int cmd_shared(Ctl *ctl, int argc, char **argv)
+{
+        int r;
+
+        if (argc == 1 || (argc == 2 && strcmp(argv[1], "list") == 0))
+                return shared_list(ctl);
+        if (argc != 3 || strcmp(argv[1], "revoke") != 0)
+                return usage_error("usage: shared [list] | shared revoke NAME");
+        r = gm_share_revoke(ctl->c, argv[2]);
+        if (r < 0)
+                return fail(ctl, "shared revoke", r);
+        if (ctl->json) {
+                json_object *o = jdoc();
+                jstr(o, "revoked", argv[2]);
+                jprint(o, JSON_C_TO_STRING_PLAIN);
+        } else {
+                printf("share '%s' revoked\n", argv[2]);
+        }
+        return EXIT_SUCCESS;
 }
 
 static const char *const resource_names[] = {
@@ -1338,6 +1472,7 @@ static const struct {
         {"clients", cmd_clients, "connected clients: identity, class, container, usage"},
         {"allocations", cmd_allocations, "objects the clients hold [--client ID]"},
         {"quota", cmd_quota, "show [CLASS] | set CLASS RESOURCE LIMIT [--gpu ID] [--force]"},
+        {"shared", cmd_shared, "named shares: name, owner, size, role, readers, age [list] | revoke NAME"},
         {"disconnect", cmd_disconnect, "disconnect a client and free what it held: disconnect ID"},
         {"metrics", cmd_metrics, "metrics in Prometheus text format"},
         {"log-level", cmd_log_level, "set the daemon's log level: log-level LEVEL"},
