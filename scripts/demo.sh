@@ -19,6 +19,8 @@ vram = 64G
 host = 8G
 managed = 8G
 handles = 4096
+share-publish = weights/*
+share-read = weights/*
 EOF_CONF
 
 echo "== starting gpumemd on the KFD model (preset mi300x)"
@@ -35,6 +37,18 @@ echo "== a VMM buffer grows in place (libclient/examples/vmm-grow.c)"
 build/libclient/examples/vmm-grow
 echo "== managed memory with advice and prefetch (libclient/examples/managed.c)"
 build/libclient/examples/managed
+echo "== weights published once by name, read by another process (libclient/examples/weights-share.c)"
+build/libclient/examples/weights-share publish weights/demo 64M >"$run/publisher.log" 2>&1 &
+publisher=$!
+for _ in $(seq 1 200); do
+    grep -q published "$run/publisher.log" && break
+    sleep 0.05
+done
+cat "$run/publisher.log"
+build/libclient/examples/weights-share read weights/demo
+build/libclient/gpumemctl shared
+kill "$publisher" 2>/dev/null || true
+wait "$publisher" 2>/dev/null || true
 echo "== gpumemctl topology"
 build/libclient/gpumemctl topology
 echo "== gpumemctl quota show (while a client holds a grown VMM buffer)"
