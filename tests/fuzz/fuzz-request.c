@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "broker.h"
+#include "classes.h"
 #include "conn.h"
 #include "driver-kfd.h"
 #include "frame.h"
@@ -172,6 +173,22 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
         options_init(&o);
         free(o.socket_path);
         o.socket_path = strdup(sock);
+        /* a policy that lets every client publish and open shares under f/ (none outlives its client, so
+         * each input still leaves nothing behind) */
+        {
+                char conf[160];
+                FILE *f;
+                snprintf(conf, sizeof(conf), "%s/gpumemd.conf", tmpdir);
+                f = fopen(conf, "w");
+                if (!f ||
+                    fputs("[class fuzz]\nmatch-all = yes\nshare-publish = f/*\nshare-read = f/*\n"
+                          "share-write = f/a f/b\n",
+                          f) < 0 ||
+                    fclose(f) != 0)
+                        abort();
+                o.config_path = strdup(conf);
+                o.config_explicit = true;
+        }
         snprintf(o.backend, sizeof(o.backend), "model");
         o.log_level = LOG_EMERG;
         o.window_size = 128ull << 20; /* bounds what one client can allocate (host memory is populated) */
@@ -187,8 +204,13 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
          * handlers it replaced). */
         event_del(mgr->sigterm_ev);
         event_del(mgr->sigint_ev);
-        /* the socket file is not needed: connections come from socketpairs */
+        /* the socket file is not needed: connections come from socketpairs; the policy is loaded */
         unlink(sock);
+        {
+                char conf[160];
+                snprintf(conf, sizeof(conf), "%s/gpumemd.conf", tmpdir);
+                unlink(conf);
+        }
         rmdir(tmpdir);
         thunk_model_get_stats(driver_kfd_model(mgr->drv), &model_base);
         proc_fd_dir = open("/proc/self/fd", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
@@ -256,6 +278,13 @@ static void drain(int sock, Pool *pool)
                         break;
                 case GPUMEM__REPLY__RESULT_DMABUF_IMPORT:
                         pool_handle(pool, rep->dmabuf_import->handle);
+                        break;
+                case GPUMEM__REPLY__RESULT_SHARE_PUBLISH:
+                        pool_va(pool, rep->share_publish->va);
+                        break;
+                case GPUMEM__REPLY__RESULT_SHARE_OPEN:
+                        pool_va(pool, rep->share_open->va);
+                        pool_handle(pool, rep->share_open->handle);
                         break;
                 default:
                         break;
@@ -367,7 +396,13 @@ static size_t build_request(Reader *r, const Pool *p, uint8_t *out, size_t cap)
                 Gpumem__QueueCreate qcreate;
                 Gpumem__QueueId qid;
                 Gpumem__QueueUpdate qupdate;
+                Gpumem__SharePublish spub;
+                Gpumem__ShareOpen sopen;
+                Gpumem__ShareRevoke srevoke;
+                Gpumem__AdminShares ashares;
         } u;
+        /* names the policy lets the client publish and open, one it may not, and ones no share can have */
+        static const char *const share_names[] = {"f/a", "f/b", "f/c", "other/a", "", "f/../a", "f//a"};
         uint32_t event_ids[3];
         Gpumem__AdminStatus astat = GPUMEM__ADMIN_STATUS__INIT;
         Gpumem__AdminClients aclients = GPUMEM__ADMIN_CLIENTS__INIT;
@@ -382,7 +417,7 @@ static size_t build_request(Reader *r, const Pool *p, uint8_t *out, size_t cap)
         case 0:
                 gpumem__hello__init(&u.hello);
                 u.hello.has_protocol_version = true;
-                u.hello.protocol_version = rd8(r) % 3;
+                u.hello.protocol_version = rd8(r) % (GM_PROTOCOL_VERSION + 1);
                 u.hello.has_window_size = rd8(r) & 1;
                 u.hello.window_size = (uint64_t)rd8(r) << 21;
                 u.hello.client_name = "fuzz";
@@ -598,7 +633,7 @@ static size_t build_request(Reader *r, const Pool *p, uint8_t *out, size_t cap)
                 q.svm_prefetch = &u.spre;
                 break;
         default:
-                switch (rd8(r) % 12) {
+                switch (rd8(r) % 13) {
                 case 0:
                         q.op_case = GPUMEM__REQUEST__OP_ADMIN_STATUS;
                         q.admin_status = &astat;
@@ -717,6 +752,44 @@ static size_t build_request(Reader *r, const Pool *p, uint8_t *out, size_t cap)
                                 u.qupdate.priority = rd8(r) % 17;
                                 q.op_case = GPUMEM__REQUEST__OP_QUEUE_UPDATE;
                                 q.queue_update = &u.qupdate;
+                        }
+                        break;
+                case 11:
+                        switch (rd8(r) % 4) {
+                        case 0:
+                                gpumem__share_publish__init(&u.spub);
+                                u.spub.has_handle = u.spub.has_read_only = true;
+                                u.spub.handle = pick_handle(r, p);
+                                u.spub.name = (char *)share_names[rd8(r) % ARRAY_SIZE(share_names)];
+                                u.spub.read_only = rd8(r) & 1;
+                                q.op_case = GPUMEM__REQUEST__OP_SHARE_PUBLISH;
+                                q.share_publish = &u.spub;
+                                break;
+                        case 1:
+                                gpumem__share_open__init(&u.sopen);
+                                u.sopen.name = (char *)share_names[rd8(r) % ARRAY_SIZE(share_names)];
+                                u.sopen.has_write = true;
+                                u.sopen.write = rd8(r) & 1;
+                                u.sopen.n_gpu_ids = rd8(r) % 3;
+                                for (size_t i = 0; i < u.sopen.n_gpu_ids; i++)
+                                        gpus[i] = pick_gpu(r);
+                                u.sopen.gpu_ids = gpus;
+                                q.op_case = GPUMEM__REQUEST__OP_SHARE_OPEN;
+                                q.share_open = &u.sopen;
+                                break;
+                        case 2:
+                                gpumem__share_revoke__init(&u.srevoke);
+                                u.srevoke.name = (char *)share_names[rd8(r) % ARRAY_SIZE(share_names)];
+                                q.op_case = GPUMEM__REQUEST__OP_SHARE_REVOKE;
+                                q.share_revoke = &u.srevoke;
+                                break;
+                        default:
+                                gpumem__admin_shares__init(&u.ashares);
+                                u.ashares.has_from = rd8(r) & 1;
+                                u.ashares.from = rd8(r);
+                                q.op_case = GPUMEM__REQUEST__OP_ADMIN_SHARES;
+                                q.admin_shares = &u.ashares;
+                                break;
                         }
                         break;
                 default:
@@ -846,6 +919,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (manager_conn_new(mgr, sv[0], &c) < 0)
                 abort();
         manager_conn_place(mgr, c, &mgr->shards[0]);
+        {
+                /* its class, as the daemon's accept gives it one: the policy's limits and share rights */
+                char why[256];
+                if (classes_admit(mgr, c, why, sizeof(why)) < 0)
+                        abort();
+        }
         manager_unlock(mgr);
         conn_start(c);
         session = rd8(&r);
@@ -856,7 +935,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                 Gpumem__Hello h = GPUMEM__HELLO__INIT;
                 size_t n;
                 h.has_protocol_version = true;
-                h.protocol_version = 1;
+                /* the oldest version, or the newest, whose ops (events, queues, shares) it may then call */
+                h.protocol_version = session & 8 ? GM_PROTOCOL_VERSION : 1;
                 h.has_window_size = (session & 4) != 0;
                 h.window_size = 8ull << 20;
                 h.client_name = "fuzz";
