@@ -3,6 +3,7 @@
  * uids). */
 #include <errno.h>
 #include <grp.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -145,6 +146,93 @@ static int run_as(uid_t uid, int (*fn)(const void *), const void *arg)
         return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
 }
 
+/* ---- the GPU's side: an SDMA queue of the reader's writes into the share ---- */
+
+#define SDMA_FENCE 5u /* the model's SDMA packet: write a dword at an address */
+
+typedef struct Waiter {
+        gm_client *c;
+        uint32_t id;
+        int result;
+} Waiter;
+
+static void *waiter(void *arg)
+{
+        Waiter *w = arg;
+        w->result = gm_event_wait(w->c, &w->id, 1, false, 10000);
+        return NULL;
+}
+
+static bool wait_u32(volatile uint32_t *p, uint32_t want, int ms)
+{
+        for (int i = 0; i < ms && __atomic_load_n(p, __ATOMIC_ACQUIRE) != want; i++)
+                usleep(1000);
+        return __atomic_load_n(p, __ATOMIC_ACQUIRE) == want;
+}
+
+/*
+ * A queue of @c on @gpu writes @value at @va, then a fence into @c's own memory: 1 when both ran; 0 when
+ * the GPU faulted on @va's page as a write to read-only memory and nothing behind it ran; -1 otherwise.
+ */
+static int gpu_write(gm_client *c, uint32_t gpu, uint64_t va, uint32_t value)
+{
+        gm_alloc_desc d = {
+                .kind = GM_KIND_HOST, .size = 64 << 10, .gpu_id = gpu, .flags = GM_MEM_GTT, .numa_node = -1};
+        gm_memory_exception exc[2];
+        size_t n_exc = 0;
+        uint8_t *mem = NULL;
+        uint32_t q_id = 0, ev = 0;
+        uint64_t db = 0;
+        pthread_t th;
+        int ret = -1;
+
+        if (gm_malloc_desc(c, &d, (void **)&mem) != 0)
+                return -1;
+        uint32_t *ring = (uint32_t *)mem;
+        uint64_t *rptr = (uint64_t *)(mem + 4096), *wptr = rptr + 1;
+        volatile uint32_t *fence = (volatile uint32_t *)(mem + 8192);
+        gm_queue_desc q = {.gpu_id = gpu,
+                           .type = 1 /* SDMA */,
+                           .percentage = 100,
+                           .priority = 7,
+                           .ring_va = (uintptr_t)ring,
+                           .ring_size = 4096,
+                           .rptr_va = (uintptr_t)rptr,
+                           .wptr_va = (uintptr_t)wptr};
+        if (gm_queue_create(c, &q, &q_id, &db) != 0 || gm_event_create(c, 8, false, NULL, &ev, NULL) != 0)
+                return -1;
+        Waiter w = {c, ev, -1};
+        if (pthread_create(&th, NULL, waiter, &w) != 0)
+                return -1;
+        usleep(100000); /* the memory event's wait is pending before the GPU runs anything */
+        const uint32_t p[] = {SDMA_FENCE,
+                              (uint32_t)va,
+                              (uint32_t)(va >> 32),
+                              value,
+                              SDMA_FENCE,
+                              (uint32_t)(uintptr_t)fence,
+                              (uint32_t)((uintptr_t)fence >> 32),
+                              0xC0FFEEu};
+        memcpy(ring, p, sizeof(p));
+        __atomic_store_n(wptr, (uint64_t)sizeof(p), __ATOMIC_RELEASE);
+        if (wait_u32(fence, 0xC0FFEEu, 1000)) {
+                ret = 1;
+                (void)gm_event_destroy(c, ev); /* the pending wait ends with it */
+                pthread_join(th, NULL);
+                (void)gm_queue_destroy(c, q_id);
+                return ret;
+        }
+        pthread_join(th, NULL);
+        if (w.result == 0 && gm_event_wait_faults(c, &ev, 1, false, 0, exc, 2, &n_exc) == 0 && n_exc == 1 &&
+            exc[0].va == (va & ~4095ull) && exc[0].read_only && !exc[0].not_present && *fence == 0)
+                ret = 0;
+        else
+                fprintf(stderr, "gpu_write: wait %d, %zu faults, va %#llx ro %d np %d\n", w.result, n_exc,
+                        n_exc ? (unsigned long long)exc[0].va : 0ull, n_exc ? exc[0].read_only : -1,
+                        n_exc ? exc[0].not_present : -1);
+        return ret;
+}
+
 typedef struct Expect {
         const char *name;
         size_t size;
@@ -180,6 +268,9 @@ static int reader_checks(const void *arg)
         CHECK_EQ(gm_mem_get_access(c, p, gpus[0], &access), 0);
         CHECK_EQ(access, GM_ACCESS_READ);
         CHECK_EQ(gm_mem_set_access(c, p, size, &rw, 1), -EACCES);
+        /* the GPU's mapping is read-only too: a write from the reader's own queue faults, changes nothing */
+        CHECK_EQ(gpu_write(c, gpus[1 % n_gpus], (uintptr_t)p + 8192, 0xbad), 0);
+        CHECK(pattern_ok(p, size, x->seed));
         CHECK_EQ(gm_share_open(c, x->name, 0, NULL, 0, &p, NULL, NULL), -EBUSY);
         /* a reader's handle is opened by name only: not exported again, not revoked by it */
         CHECK_EQ(gm_mem_export(c, h, &(int){-1}, NULL), -EINVAL);
@@ -201,6 +292,8 @@ static int writer_checks(const void *arg)
         REQUIRE_EQ(gm_share_open(c, x->name, GM_SHARE_WRITE, &gpus[0], 1, &p, NULL, NULL), 0);
         CHECK(pattern_ok(p, x->size, x->seed));
         pattern_fill(p, x->size, (uint8_t)(x->seed + 1));
+        /* a read-write reader's GPU writes the share (a word the page pattern does not look at) */
+        CHECK_EQ(gpu_write(c, gpus[0], (uintptr_t)p + 4096 + 64, 0x600dcafe), 1);
         CHECK_EQ(gm_mem_get_access(c, p, gpus[0], &access), 0);
         CHECK_EQ(access, GM_ACCESS_READ_WRITE);
         if (n_gpus > 1) {
@@ -245,6 +338,7 @@ static void test_publish_open_revoke(void)
         CHECK_EQ(run_as(UID_READ, reader_checks, &x), 0);
         CHECK_EQ(run_as(UID_WRITE, writer_checks, &x), 0);
         CHECK(pattern_ok(dev, x.size, (uint8_t)(x.seed + 1))); /* the writer's data, in the original */
+        CHECK_EQ(((volatile uint32_t *)dev)[(4096 + 64) / 4], 0x600dcafeu); /* and its GPU's */
         CHECK(find_share(x.name, &listed));
         CHECK_EQ(listed.opens, 2); /* the reader's and the writer's; refused opens do not count */
         CHECK_EQ(listed.readers, 0);
