@@ -272,6 +272,17 @@ static int reader_checks(const void *arg)
         CHECK_EQ(gpu_write(c, gpus[1 % n_gpus], (uintptr_t)p + 8192, 0xbad), 0);
         CHECK(pattern_ok(p, size, x->seed));
         CHECK_EQ(gm_share_open(c, x->name, 0, NULL, 0, &p, NULL, NULL), -EBUSY);
+        /* nothing else of the client's goes where its share is: not the memory of an SVM range */
+        {
+                gm_alloc_desc d = {.kind = GM_KIND_HOST,
+                                   .size = 2 * MiB,
+                                   .flags = GM_MEM_GTT | GM_MEM_SVM_RANGE,
+                                   .numa_node = -1,
+                                   .fixed_addr = p};
+                void *q = NULL;
+                int r = gm_malloc_desc(c, &d, &q);
+                CHECK(r == -EADDRINUSE || r == -EEXIST);
+        }
         /* a reader's handle is opened by name only: not exported again, not revoked by it */
         CHECK_EQ(gm_mem_export(c, h, &(int){-1}, NULL), -EINVAL);
         CHECK_EQ(gm_share_revoke(c, x->name), -EACCES);
@@ -289,6 +300,19 @@ static int writer_checks(const void *arg)
         void *p = NULL;
 
         REQUIRE(c);
+        /* an SVM range of its own where the share lives: the share cannot be opened over it */
+        {
+                gm_alloc_desc d = {.kind = GM_KIND_HOST,
+                                   .size = 2 * MiB,
+                                   .flags = GM_MEM_GTT | GM_MEM_SVM_RANGE,
+                                   .numa_node = -1,
+                                   .fixed_addr = x->va};
+                void *q = NULL;
+                CHECK_EQ(gm_malloc_desc(c, &d, &q), 0);
+                CHECK_EQ(gm_share_open(c, x->name, GM_SHARE_WRITE, NULL, 0, &p, NULL, NULL), -EADDRINUSE);
+                CHECK_EQ(gm_mem_free(c, q), 0);
+        }
+        CHECK_EQ(gm_share_open(c, x->name, GM_SHARE_WRITE, &(uint32_t){12345}, 1, &p, NULL, NULL), -ENODEV);
         REQUIRE_EQ(gm_share_open(c, x->name, GM_SHARE_WRITE, &gpus[0], 1, &p, NULL, NULL), 0);
         CHECK(pattern_ok(p, x->size, x->seed));
         pattern_fill(p, x->size, (uint8_t)(x->seed + 1));
