@@ -515,12 +515,19 @@ int op_dmabuf_import(ReqCtx *r, const Gpumem__Request *req)
 
 /* ---- managed memory ------------------------------------------------------------------------------------ */
 
-static int copy_attrs(ReqCtx *r, Gpumem__SvmAttr **in, size_t n, BrokerSvmAttr *out)
+/* The attributes as messages, or (since 3) packed as type << 32 | value: one way or the other. */
+static int copy_attrs(ReqCtx *r, Gpumem__SvmAttr **in, size_t n, const uint64_t *packed, size_t n_packed,
+                      BrokerSvmAttr *out, size_t *ret_n)
 {
-        if (n > BROKER_SVM_MAX_ATTRS)
+        if (n && n_packed)
+                return reply_fail(r, -EINVAL, "attributes given both as messages and packed");
+        if (n + n_packed > BROKER_SVM_MAX_ATTRS)
                 return reply_fail(r, -E2BIG, "more than %d attributes", BROKER_SVM_MAX_ATTRS);
         for (size_t i = 0; i < n; i++)
                 out[i] = (BrokerSvmAttr){in[i]->type, in[i]->value};
+        for (size_t i = 0; i < n_packed; i++)
+                out[i] = (BrokerSvmAttr){(uint32_t)(packed[i] >> 32), (uint32_t)packed[i]};
+        *ret_n = n + n_packed;
         return 0;
 }
 
@@ -529,13 +536,14 @@ int op_svm_set_attr(ReqCtx *r, const Gpumem__Request *req)
         const Gpumem__SvmSetAttr *a = req->svm_set_attr;
         BrokerSvmAttr attrs[BROKER_SVM_MAX_ATTRS];
         Reason w = {""};
+        size_t n = 0;
         int err;
         WITH_CLIENT(r, bc);
 
-        err = copy_attrs(r, a->attrs, a->n_attrs, attrs);
+        err = copy_attrs(r, a->attrs, a->n_attrs, a->packed_attrs, a->n_packed_attrs, attrs, &n);
         if (err < 0)
                 return err;
-        err = broker_svm_set(bc, a->va, a->size, attrs, a->n_attrs, &w);
+        err = broker_svm_set(bc, a->va, a->size, attrs, n, &w);
         return err < 0 ? fail_why(r, err, &w) : reply_empty(r);
 }
 
@@ -545,16 +553,26 @@ int op_svm_get_attr(ReqCtx *r, const Gpumem__Request *req)
         Gpumem__SvmGetAttrReply gr = GPUMEM__SVM_GET_ATTR_REPLY__INIT;
         BrokerSvmAttr attrs[BROKER_SVM_MAX_ATTRS];
         Gpumem__SvmAttr out[BROKER_SVM_MAX_ATTRS], *outp[BROKER_SVM_MAX_ATTRS];
+        uint64_t packed[BROKER_SVM_MAX_ATTRS];
         Reason w = {""};
+        size_t n = 0;
         int err;
         WITH_CLIENT(r, bc);
 
-        err = copy_attrs(r, a->attrs, a->n_attrs, attrs);
+        err = copy_attrs(r, a->attrs, a->n_attrs, a->packed_attrs, a->n_packed_attrs, attrs, &n);
         if (err < 0)
                 return err;
-        err = broker_svm_get(bc, a->va, a->size, attrs, a->n_attrs, &w);
+        err = broker_svm_get(bc, a->va, a->size, attrs, n, &w);
         if (err < 0)
                 return fail_why(r, err, &w);
+        /* answered the way it was asked */
+        if (a->n_packed_attrs) {
+                for (size_t i = 0; i < n; i++)
+                        packed[i] = (uint64_t)attrs[i].type << 32 | attrs[i].value;
+                gr.n_packed_attrs = n;
+                gr.packed_attrs = packed;
+                return reply_result(r, &gr);
+        }
         for (size_t i = 0; i < a->n_attrs; i++) {
                 gpumem__svm_attr__init(&out[i]);
                 out[i].has_type = out[i].has_value = true;

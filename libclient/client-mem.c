@@ -387,9 +387,22 @@ int gm_pointer_get_attributes(gm_client *c, const void *ptr, gm_pointer_attribut
 
 /* ---- managed memory ---------------------------------------------------------------------------------- */
 
-/* @n attributes in wire form, in @buf, each pointed to from @ptrs: the caller's stack, no allocation. */
-static void attrs_to_wire(const gm_svm_attr *attrs, size_t n, Gpumem__SvmAttr *buf, Gpumem__SvmAttr **ptrs)
+/*
+ * @n attributes in wire form, on the caller's stack (no allocation): packed as type << 32 | value into
+ * @packed for a daemon of protocol 3 or later, which decodes them as one field; as messages in @buf, each
+ * pointed to from @ptrs, for an older one. The request's fields are set to what was used.
+ */
+static void attrs_to_wire(const gm_client *c, const gm_svm_attr *attrs, size_t n, Gpumem__SvmAttr *buf,
+                          Gpumem__SvmAttr **ptrs, uint64_t *packed, Gpumem__SvmAttr ***ret_attrs,
+                          size_t *ret_n_attrs, uint64_t **ret_packed, size_t *ret_n_packed)
 {
+        if (c->protocol_version >= 3) {
+                for (size_t i = 0; i < n; i++)
+                        packed[i] = (uint64_t)attrs[i].type << 32 | attrs[i].value;
+                *ret_packed = packed;
+                *ret_n_packed = n;
+                return;
+        }
         for (size_t i = 0; i < n; i++) {
                 gpumem__svm_attr__init(&buf[i]);
                 buf[i].has_type = buf[i].has_value = true;
@@ -397,6 +410,8 @@ static void attrs_to_wire(const gm_svm_attr *attrs, size_t n, Gpumem__SvmAttr *b
                 buf[i].value = attrs[i].value;
                 ptrs[i] = &buf[i];
         }
+        *ret_attrs = ptrs;
+        *ret_n_attrs = n;
 }
 
 #define GM_SVM_MAX_ATTRS 32
@@ -406,6 +421,7 @@ int gm_svm_set_attributes(gm_client *c, const void *ptr, size_t size, const gm_s
         Gpumem__Request req = GPUMEM__REQUEST__INIT;
         Gpumem__SvmSetAttr s = GPUMEM__SVM_SET_ATTR__INIT;
         Gpumem__SvmAttr buf[GM_SVM_MAX_ATTRS], *ptrs[GM_SVM_MAX_ATTRS];
+        uint64_t packed[GM_SVM_MAX_ATTRS];
 
         if (!c || (n && !attrs))
                 return BAD_ARGS(c);
@@ -414,9 +430,8 @@ int gm_svm_set_attributes(gm_client *c, const void *ptr, size_t size, const gm_s
         s.has_va = s.has_size = true;
         s.va = ptr_u64(ptr);
         s.size = size;
-        s.n_attrs = n;
-        s.attrs = ptrs;
-        attrs_to_wire(attrs, n, buf, ptrs);
+        attrs_to_wire(c, attrs, n, buf, ptrs, packed, &s.attrs, &s.n_attrs, &s.packed_attrs,
+                      &s.n_packed_attrs);
         req.op_case = GPUMEM__REQUEST__OP_SVM_SET_ATTR;
         req.svm_set_attr = &s;
         return call_simple(c, &req);
@@ -427,7 +442,10 @@ int gm_svm_get_attributes(gm_client *c, const void *ptr, size_t size, gm_svm_att
         Gpumem__Request req = GPUMEM__REQUEST__INIT;
         Gpumem__SvmGetAttr g = GPUMEM__SVM_GET_ATTR__INIT;
         Gpumem__SvmAttr buf[GM_SVM_MAX_ATTRS], *ptrs[GM_SVM_MAX_ATTRS];
+        uint64_t packed[GM_SVM_MAX_ATTRS];
+        const Gpumem__SvmGetAttrReply *gr;
         Gpumem__Reply *reply = NULL;
+        size_t got;
         int r;
 
         if (!c || (n && !attrs))
@@ -437,22 +455,24 @@ int gm_svm_get_attributes(gm_client *c, const void *ptr, size_t size, gm_svm_att
         g.has_va = g.has_size = true;
         g.va = ptr_u64(ptr);
         g.size = size;
-        g.n_attrs = n;
-        g.attrs = ptrs;
-        attrs_to_wire(attrs, n, buf, ptrs);
+        attrs_to_wire(c, attrs, n, buf, ptrs, packed, &g.attrs, &g.n_attrs, &g.packed_attrs,
+                      &g.n_packed_attrs);
         req.op_case = GPUMEM__REQUEST__OP_SVM_GET_ATTR;
         req.svm_get_attr = &g;
         r = call_result(c, &req, GPUMEM__REPLY__RESULT_SVM_GET_ATTR, &reply, NULL, NULL);
         if (r < 0)
                 return r;
-        if (reply->svm_get_attr->n_attrs != n) {
-                size_t got = reply->svm_get_attr->n_attrs;
+        gr = reply->svm_get_attr;
+        got = gr->n_attrs + gr->n_packed_attrs;
+        if (got != n || (gr->n_attrs && gr->n_packed_attrs)) {
                 gm_reply_free(c, reply);
                 return gm_set_reason(c, -EPROTO, "gpumemd answered %zu attributes for %zu", got, n);
         }
-        for (size_t i = 0; i < n; i++)
-                attrs[i] = (gm_svm_attr){reply->svm_get_attr->attrs[i]->type,
-                                         reply->svm_get_attr->attrs[i]->value};
+        for (size_t i = 0; i < gr->n_attrs; i++)
+                attrs[i] = (gm_svm_attr){gr->attrs[i]->type, gr->attrs[i]->value};
+        for (size_t i = 0; i < gr->n_packed_attrs; i++)
+                attrs[i] =
+                        (gm_svm_attr){(uint32_t)(gr->packed_attrs[i] >> 32), (uint32_t)gr->packed_attrs[i]};
         gm_reply_free(c, reply);
         return 0;
 }

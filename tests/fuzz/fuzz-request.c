@@ -409,6 +409,8 @@ static size_t build_request(Reader *r, const Pool *p, uint8_t *out, size_t cap)
         Gpumem__AdminMetrics ametrics = GPUMEM__ADMIN_METRICS__INIT;
         Gpumem__AccessDesc desc[4], *descp[4];
         Gpumem__SvmAttr attrs[6], *attrp[6];
+        uint64_t packed[6];
+        size_t n_packed = 0, n_msgs = 0;
         uint32_t gpus[4];
         size_t n;
         uint8_t op = rd8(r);
@@ -603,13 +605,26 @@ static size_t build_request(Reader *r, const Pool *p, uint8_t *out, size_t cap)
                         attrs[i].value = rd8(r) & 1 ? pick_gpu(r) : (uint32_t)rdn(r, rd8(r) % 5);
                         attrp[i] = &attrs[i];
                 }
+                /* packed (since 3) or as messages, or (refused) both */
+                {
+                        uint8_t how = rd8(r) % 4;
+                        for (size_t i = 0; i < n; i++)
+                                packed[i] = (uint64_t)attrs[i].type << 32 | attrs[i].value;
+                        n_packed = how >= 2 ? n : 0;
+                        if (how == 2)
+                                n_msgs = 0;
+                        else
+                                n_msgs = n;
+                }
                 if (op % 26 == 22) {
                         gpumem__svm_set_attr__init(&u.sset);
                         u.sset.has_va = u.sset.has_size = true;
                         u.sset.va = pick_va(r, p);
                         u.sset.size = pick_size(r);
-                        u.sset.n_attrs = n;
+                        u.sset.n_attrs = n_msgs;
                         u.sset.attrs = attrp;
+                        u.sset.n_packed_attrs = n_packed;
+                        u.sset.packed_attrs = packed;
                         q.op_case = GPUMEM__REQUEST__OP_SVM_SET_ATTR;
                         q.svm_set_attr = &u.sset;
                 } else {
@@ -617,8 +632,10 @@ static size_t build_request(Reader *r, const Pool *p, uint8_t *out, size_t cap)
                         u.sget.has_va = u.sget.has_size = true;
                         u.sget.va = pick_va(r, p);
                         u.sget.size = pick_size(r);
-                        u.sget.n_attrs = n;
+                        u.sget.n_attrs = n_msgs;
                         u.sget.attrs = attrp;
+                        u.sget.n_packed_attrs = n_packed;
+                        u.sget.packed_attrs = packed;
                         q.op_case = GPUMEM__REQUEST__OP_SVM_GET_ATTR;
                         q.svm_get_attr = &u.sget;
                 }

@@ -954,6 +954,54 @@ static void test_svm_attrs(void)
         }
         s.n_attrs = 33;
         EXPECT_CLEAN(&r, &q, NULL, 0, -E2BIG);
+        /* packed (since 3): the same checks, and never both ways at once; a get answers the way it asked */
+        {
+                uint64_t packed[33];
+                for (size_t k = 0; k < 33; k++)
+                        packed[k] = 2ull << 32 | gpus[k % n_gpus];
+                s.packed_attrs = packed;
+                s.n_attrs = 0;
+                s.n_packed_attrs = 33;
+                EXPECT_CLEAN(&r, &q, NULL, 0, -E2BIG);
+                s.n_attrs = 1;
+                s.n_packed_attrs = 1;
+                EXPECT_CLEAN(&r, &q, NULL, 0, -EINVAL);
+                packed[0] = 99ull << 32; /* unknown type */
+                s.n_attrs = 0;
+                EXPECT_CLEAN(&r, &q, NULL, 0, -EINVAL);
+                packed[0] = 7ull << 32 | 9; /* granularity 9, packed */
+                CHECK_EQ(rq(&r, &q, NULL, 0), 0);
+
+                Gpumem__Request gq = GPUMEM__REQUEST__INIT;
+                Gpumem__SvmGetAttr g = GPUMEM__SVM_GET_ATTR__INIT;
+                uint64_t want = 7ull << 32;
+                g.has_va = g.has_size = true;
+                g.va = m;
+                g.size = 2 * MiB;
+                g.packed_attrs = &want;
+                g.n_packed_attrs = 1;
+                gq.op_case = GPUMEM__REQUEST__OP_SVM_GET_ATTR;
+                gq.svm_get_attr = &g;
+                rep = NULL;
+                CHECK_EQ(raw_request(r.fd, r.next_id++, &gq, NULL, 0, (void **)&rep, NULL, NULL, NULL), 0);
+                CHECK(rep && rep->svm_get_attr && rep->svm_get_attr->n_attrs == 0 &&
+                      rep->svm_get_attr->n_packed_attrs == 1 &&
+                      rep->svm_get_attr->packed_attrs[0] == (7ull << 32 | 9));
+                raw_reply_free(rep);
+                /* as messages, answered as messages */
+                gpumem__svm_attr__init(&a[0]);
+                a[0].has_type = true;
+                a[0].type = 7;
+                g.n_packed_attrs = 0;
+                g.attrs = ap;
+                g.n_attrs = 1;
+                ap[0] = &a[0];
+                rep = NULL;
+                CHECK_EQ(raw_request(r.fd, r.next_id++, &gq, NULL, 0, (void **)&rep, NULL, NULL, NULL), 0);
+                CHECK(rep && rep->svm_get_attr && rep->svm_get_attr->n_packed_attrs == 0 &&
+                      rep->svm_get_attr->n_attrs == 1 && rep->svm_get_attr->attrs[0]->value == 9);
+                raw_reply_free(rep);
+        }
         raw_close(&r);
         check_back("SVM attribute lists");
 }
