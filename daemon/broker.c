@@ -2654,7 +2654,11 @@ static void share_info(const Share *s, BrokerShareInfo *ret)
 {
         memset(ret, 0, sizeof(*ret));
         memcpy(ret->name, s->name, sizeof(ret->name));
-        memcpy(ret->class_name, s->class_name, sizeof(ret->class_name));
+        /* while the publisher holds it, its class pays (a reload may have moved it) */
+        if (s->owner && s->owner->acct)
+                snprintf(ret->class_name, sizeof(ret->class_name), "%s", s->owner->acct->name);
+        else
+                memcpy(ret->class_name, s->class_name, sizeof(ret->class_name));
         ret->owner_tag = s->owner ? s->owner_tag : 0;
         ret->kind = s->kind;
         ret->gpu_id = s->gpu_id;
@@ -2763,6 +2767,9 @@ static void share_obj_gone(BrokerClient *c, Obj *o)
                 share_end(b, s);
         } else {
                 s->held_mem = (Charge){.kind = o->kind, .gpu_id = o->gpu_id, .bytes = o->size};
+                /* the class that pays now: a reload may have moved the client (and its charges) since */
+                s->acct = c->acct;
+                snprintf(s->class_name, sizeof(s->class_name), "%s", c->acct ? c->acct->name : "");
                 /* out of the client's usage; its object's refund then takes the memory off the account,
                  * which the share puts back */
                 usage_apply(&c->usage, b, &share_charge, -1);

@@ -110,14 +110,28 @@ def test_weights(tmp):
         p = subprocess.run([promtool, "check", "metrics"], input=m, capture_output=True, text=True)
         check(p.returncode == 0, f"promtool check metrics ({p.stdout}{p.stderr})")
 
+    # a reload moves the publisher to another class: the share, and what it costs, move with it
+    with open(conf, "w") as f:
+        f.write("[daemon]\nlog-level = warning\n" + policy_block().replace("[class loaders]", "[class loaders2]"))
+    daemon.send_signal(signal.SIGHUP)
+    s = None
+    for _ in range(200):
+        s = shares(sock).get("weights/demo")
+        if s and s["class"] == "loaders2":
+            break
+        time.sleep(0.02)
+    check(s is not None and s["class"] == "loaders2", f"the share's class follows its publisher ({s})")
+
     # the publisher goes: a persistent share stays, with no owner, still charged to its class
     pub.send_signal(signal.SIGTERM)
     check(pub.wait(timeout=20) == 0, "the publisher exits 0 when told to stop")
     s = shares(sock).get("weights/demo")
-    check(s is not None and s["owner_client_id"] == 0, f"the share outlives its publisher ({s})")
-    q = json.loads(ctl(sock, "--json", "quota", "show", "loaders").stdout)
-    vram = [x["used"] for x in q["quotas"] if x["resource"] == "vram" and x["gpu_id"] == 0]
-    check(vram == [8 << 20], f"the loaders' class still pays for it ({vram})")
+    check(s is not None and s["owner_client_id"] == 0 and s["class"] == "loaders2",
+          f"the share outlives its publisher ({s})")
+    q = json.loads(ctl(sock, "--json", "quota", "show").stdout)
+    vram = {x["class"]: x["used"] for x in q["quotas"] if x["resource"] == "vram" and x["gpu_id"] == 0}
+    check(vram.get("loaders2") == 8 << 20 and vram.get("loaders", 0) == 0,
+          f"the publisher's class now still pays for it, the one it left nothing ({vram})")
     r = subprocess.run([EXAMPLE, "read", "weights/demo"], env=env, capture_output=True, text=True, timeout=60,
                        preexec_fn=as_uid(NOBODY))
     check(r.returncode == 0, f"read after its publisher went ({r.stderr!r})")
