@@ -14,22 +14,23 @@ Every failed call raises gpumem.Error (an OSError: .errno, .strerror, and .reaso
 The library is loaded by its soname, libgpumem_client.so.1, or from the file $GPUMEM_CLIENT_LIBRARY names.
 """
 from .admin import LOG_LEVELS, Admin
-from .client import PAGE_SIZE, Allocation, Client, Export, Mapping, MemHandle, Reservation
+from .client import PAGE_SIZE, Allocation, Client, Export, Mapping, MemHandle, Reservation, Share
 from .constants import (DEFAULT_SOCKET, EXPORT_READ_ONLY, GRANULARITY_MINIMUM, GRANULARITY_RECOMMENDED,
-                        LOCATION_CPU, SVM_LOCATION_UNDEFINED, UNLIMITED, Access, Advice, Kind, MemFlag, Resource,
-                        SvmAttr, SvmFlag)
+                        LOCATION_CPU, SHARE_READ_ONLY, SHARE_WRITE, SVM_LOCATION_UNDEFINED, UNLIMITED, Access, Advice,
+                        Kind, MemFlag, Resource, SvmAttr, SvmFlag)
 from .errors import Error
 from .records import (AllocationProperties, AllocInfo, ClientInfo, GpuUsage, IoLink, MemInfo, PointerAttributes,
-                      Quota, Status, TileConfig, Topology, TopologyNode)
+                      Quota, ShareInfo, Status, TileConfig, Topology, TopologyNode)
 
-__version__ = "1.4.0"
+__version__ = "1.5.0"
 """The libgpumem_client version this package was written against."""
 
 __all__ = [
-    "Client", "Admin", "Error", "Allocation", "Reservation", "MemHandle", "Mapping", "Export",
+    "Client", "Admin", "Error", "Allocation", "Reservation", "MemHandle", "Mapping", "Export", "Share",
     "MemFlag", "Kind", "Advice", "SvmAttr", "SvmFlag", "Access", "Resource",
-    "LOCATION_CPU", "SVM_LOCATION_UNDEFINED", "UNLIMITED", "EXPORT_READ_ONLY", "GRANULARITY_MINIMUM",
+    "LOCATION_CPU", "SVM_LOCATION_UNDEFINED", "UNLIMITED", "EXPORT_READ_ONLY", "SHARE_READ_ONLY", "SHARE_WRITE",
+    "GRANULARITY_MINIMUM",
     "GRANULARITY_RECOMMENDED", "DEFAULT_SOCKET", "PAGE_SIZE", "LOG_LEVELS",
     "IoLink", "TopologyNode", "Topology", "TileConfig", "PointerAttributes", "AllocationProperties", "MemInfo",
-    "Status", "GpuUsage", "ClientInfo", "AllocInfo", "Quota",
+    "Status", "GpuUsage", "ClientInfo", "AllocInfo", "Quota", "ShareInfo",
 ]

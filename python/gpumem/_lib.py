@@ -253,9 +253,28 @@ class gm_quota(Structure):
     ]
 
 
+class gm_share_info(Structure):
+    """struct gm_share_info of gpumem-client.h."""
+
+    _fields_ = [
+        ("name", c_char * 129),
+        ("owner_client_id", c_uint64),
+        ("owner_class", c_char * 64),
+        ("kind", c_int),
+        ("gpu_id", c_uint32),
+        ("size", c_uint64),
+        ("ptr", c_void_p),
+        ("read_only", c_int),
+        ("persistent", c_int),
+        ("readers", c_uint32),
+        ("published_usec", c_uint64),
+        ("opens", c_uint64),
+    ]
+
+
 STRUCTS = [gm_client_options, gm_property, gm_io_link, gm_topology_node, gm_topology, gm_topology_file,
            gm_tile_config, gm_alloc_desc, gm_pointer_attributes, gm_svm_attr, gm_access_desc, gm_allocation_prop,
-           gm_status, gm_gpu_usage, gm_client_info, gm_alloc_info, gm_quota]
+           gm_status, gm_gpu_usage, gm_client_info, gm_alloc_info, gm_quota, gm_share_info]
 """Every struct declared here, for the test that compares their layout with the C compiler's."""
 
 _P = POINTER
@@ -302,6 +321,13 @@ PROTOTYPES = {
     "gm_mem_get_allocation_properties": (c_int, [_client, _handle, _P(gm_allocation_prop)]),
     "gm_mem_export_flags": (c_int, [_client, _handle, c_uint, _P(c_int), _P(c_size_t)]),
     "gm_mem_import": (c_int, [_client, c_int, c_uint32, _P(_handle), _P(c_size_t)]),
+    "gm_share_publish": (c_int, [_client, _handle, c_char_p, c_uint, _P(gm_share_info)]),
+    "gm_share_open": (c_int, [_client, c_char_p, c_uint, _P(c_uint32), c_size_t, _P(c_void_p), _P(c_size_t),
+                              _P(_handle)]),
+    "gm_share_close": (c_int, [_client, c_void_p]),
+    "gm_share_revoke": (c_int, [_client, c_char_p]),
+    # the array is freed with gm_free
+    "gm_admin_shares": (c_int, [_client, _P(_P(gm_share_info)), _P(c_size_t)]),
     "gm_admin_status": (c_int, [_client, _P(_P(gm_status))]),
     "gm_status_free": (None, [_P(gm_status)]),
     "gm_admin_clients": (c_int, [_client, _P(_P(gm_client_info)), _P(c_size_t)]),

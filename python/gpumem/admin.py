@@ -5,7 +5,7 @@ from ctypes import POINTER, byref, c_size_t, c_uint64, c_void_p
 from . import _lib
 from .client import Client
 from .errors import int_arg, str_arg, u32_arg, u64_arg
-from .records import AllocInfo, ClientInfo, Quota, Status
+from .records import AllocInfo, ClientInfo, Quota, ShareInfo, Status
 
 __all__ = ["Admin"]
 
@@ -103,6 +103,16 @@ class Admin(Client):
             return ctypes.string_at(text.value).decode(errors="replace")
         finally:
             self._lib.gm_free(text)
+
+    def shares(self):
+        """Every named share (gm_admin_shares), as a list of ShareInfo."""
+        arr = POINTER(_lib.gm_share_info)()
+        n = c_size_t()
+        self._call("gm_admin_shares", byref(arr), byref(n))
+        try:
+            return [ShareInfo.from_c(arr[i]) for i in range(n.value)]
+        finally:
+            self._lib.gm_free(arr)
 
     def set_log_level(self, level):
         """Change the daemon's log level (gm_admin_set_log_level): "err", "warning", "notice", "info" or

@@ -12,9 +12,10 @@ from ctypes import POINTER, byref, c_int, c_size_t, c_uint32, c_uint64, c_void_p
 
 from . import _lib
 from .constants import (DEFAULT_SOCKET, EXPORT_READ_ONLY, GRANULARITY_MINIMUM, GRANULARITY_RECOMMENDED,
-                        LOCATION_CPU, Access, Kind, MemFlag, SvmAttr, as_enum)
+                        LOCATION_CPU, SHARE_READ_ONLY, SHARE_WRITE, Access, Kind, MemFlag, SvmAttr, as_enum)
 from .errors import Error, int_arg, reason_of, size_arg, str_arg, u32_arg, u64_arg
-from .records import AllocationProperties, MemInfo, PointerAttributes, TileConfig, Topology, TopologyNode
+from .records import (AllocationProperties, MemInfo, PointerAttributes, ShareInfo, TileConfig, Topology,
+                      TopologyNode)
 
 __all__ = ["Client", "Allocation", "Reservation", "MemHandle", "Mapping", "Export"]
 
@@ -579,6 +580,33 @@ class Client:
         return MemHandle(self, h.value, size.value, Kind.IMPORT, gpu)
 
 
+    # ---- named shares (protocol 3) -----------------------------------------------------------------------
+
+    def share_publish(self, handle, name, read_only=False):
+        """Publish the memory of @handle (an Allocation, a MemHandle of VMM memory, or a handle) as @name
+        (gm_share_publish); with @read_only every reader only reads. Returns its ShareInfo: ``va`` is where
+        every reader finds it, ``persistent`` whether it outlives this handle (the class's share-persistent)."""
+        info = _lib.gm_share_info()
+        self._call("gm_share_publish", _handle_of(handle), str_arg(name, "name"), SHARE_READ_ONLY if read_only else 0,
+                   byref(info))
+        return ShareInfo.from_c(info)
+
+    def share_open(self, name, write=False, gpus=()):
+        """Open the share @name (gm_share_open), read-only or, with @write, read-write, mapped on @gpus (none:
+        every GPU the class may use) and in this process at the share's address. Returns a Share."""
+        ids = [u32_arg(g, "gpu") for g in gpus]
+        arr = (c_uint32 * max(len(ids), 1))(*ids)
+        ptr, size, h = c_void_p(), c_size_t(), c_uint64()
+        self._call("gm_share_open", str_arg(name, "name"), SHARE_WRITE if write else 0, arr, len(ids), byref(ptr),
+                   byref(size), byref(h))
+        return Share(self, name, ptr.value, size.value, h.value, not write)
+
+    def share_revoke(self, name):
+        """End the share @name now (gm_share_revoke): readers lose their GPU mappings; their CPU mappings stay
+        until they close it."""
+        self._call("gm_share_revoke", str_arg(name, "name"))
+
+
 class _Memory:
     """Memory with an address in a client's window that this process may be able to touch."""
 
@@ -832,6 +860,54 @@ class Mapping(_Memory):
     def __exit__(self, *exc):
         if not self._client.closed and (not self._unmapped or self._reservation is not None):
             self.unmap()
+
+
+class Share(_Memory):
+    """A named share this client opened (Client.share_open), mapped at ``va`` (the same in every reader),
+    ``size`` bytes, ``name``, ``handle``, ``read_only`` for a read-only reader. A context manager that closes
+    it; close() a second time does nothing. After a revocation its handle answers gpumem.Error ESTALE but
+    view() and close() still work: the CPU mapping stays until closed."""
+
+    def __init__(self, client, name, va, size, handle, read_only):
+        super().__init__(client, va, size, size)
+        self.name = name
+        """The share's name."""
+        self.handle = handle
+        """This reader's handle of it."""
+        self.read_only = read_only
+        """Whether this reader may only read it."""
+        self._closed = False
+
+    def __repr__(self):
+        state = " closed" if self._closed else ""
+        return f"<gpumem.Share {self.name!r} {self.va:#x} size={self.size}{state}>"
+
+    def view(self, offset=0, length=None):
+        """A memoryview of the share where the library mapped it: read-only for a read-only reader. Valid until
+        close() or the client's close."""
+        if self._closed:
+            raise ValueError(f"share {self.name!r} is closed")
+        return self._view(offset, length, self.size, not self.read_only)
+
+    def attributes(self):
+        """The daemon's PointerAttributes of the share (gpumem.Error ESTALE once it was revoked)."""
+        return self._client.pointer_attributes(self.va)
+
+    def close(self):
+        """Unmap it and free its handle (gm_share_close). Views are released first: BufferError while a buffer
+        taken from one is still in use, and nothing is closed."""
+        if self._closed:
+            return
+        self._views.release()
+        self._client._call("gm_share_close", c_void_p(self.va))
+        self._closed = True
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        if not self._client.closed:
+            self.close()
 
 
 class Export:

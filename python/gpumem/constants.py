@@ -3,7 +3,7 @@ import enum
 
 __all__ = [
     "MemFlag", "Kind", "Advice", "SvmAttr", "SvmFlag", "Access", "Resource",
-    "LOCATION_CPU", "SVM_LOCATION_UNDEFINED", "UNLIMITED", "EXPORT_READ_ONLY",
+    "LOCATION_CPU", "SVM_LOCATION_UNDEFINED", "UNLIMITED", "EXPORT_READ_ONLY", "SHARE_READ_ONLY", "SHARE_WRITE",
     "GRANULARITY_MINIMUM", "GRANULARITY_RECOMMENDED", "DEFAULT_SOCKET",
 ]
 
@@ -21,6 +21,10 @@ UNLIMITED = 2**64 - 1
 
 EXPORT_READ_ONLY = 1
 """gm_mem_export_flags: the fd and every import of it may only read the memory (GM_EXPORT_READ_ONLY)."""
+SHARE_READ_ONLY = 1
+"""gm_share_publish: every reader only reads (GM_SHARE_READ_ONLY)."""
+SHARE_WRITE = 1
+"""gm_share_open: read-write (GM_SHARE_WRITE)."""
 
 GRANULARITY_MINIMUM = 0
 GRANULARITY_RECOMMENDED = 1

@@ -6,7 +6,7 @@ from .constants import Kind, MemFlag, Resource, as_enum
 
 __all__ = [
     "IoLink", "TopologyNode", "Topology", "TileConfig", "PointerAttributes", "AllocationProperties", "MemInfo",
-    "Status", "GpuUsage", "ClientInfo", "AllocInfo", "Quota",
+    "Status", "GpuUsage", "ClientInfo", "AllocInfo", "Quota", "ShareInfo",
 ]
 
 
@@ -238,3 +238,28 @@ class Quota:
     def from_c(cls, q):
         """Copy a gm_quota."""
         return cls(_text(q.class_name), as_enum(Resource, q.resource), q.gpu_id, q.limit, q.used)
+
+
+@dataclass(frozen=True)
+class ShareInfo:
+    """A named share (gm_share_info): ``va`` where every reader maps it, ``owner_client_id`` 0 once a
+    persistent share's publisher has gone, ``owner_class`` the class that pays for it."""
+
+    name: str
+    owner_client_id: int
+    owner_class: str
+    kind: Kind
+    gpu_id: int
+    size: int
+    va: int
+    read_only: bool
+    persistent: bool
+    readers: int
+    published_usec: int
+    opens: int
+
+    @classmethod
+    def from_c(cls, s):
+        """Copy a gm_share_info."""
+        return cls(_text(s.name), s.owner_client_id, _text(s.owner_class), as_enum(Kind, s.kind), s.gpu_id, s.size,
+                   s.ptr or 0, bool(s.read_only), bool(s.persistent), s.readers, s.published_usec, s.opens)

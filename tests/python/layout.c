@@ -202,5 +202,20 @@ int main(void)
         F(gm_quota, limit);
         F(gm_quota, used);
         END();
+
+        BEGIN(gm_share_info);
+        F(gm_share_info, name);
+        F(gm_share_info, owner_client_id);
+        F(gm_share_info, owner_class);
+        F(gm_share_info, kind);
+        F(gm_share_info, gpu_id);
+        F(gm_share_info, size);
+        F(gm_share_info, ptr);
+        F(gm_share_info, read_only);
+        F(gm_share_info, persistent);
+        F(gm_share_info, readers);
+        F(gm_share_info, published_usec);
+        F(gm_share_info, opens);
+        END();
         return 0;
 }

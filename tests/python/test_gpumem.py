@@ -811,6 +811,42 @@ def test_sharing(tmp):
             a.free()
 
 
+def test_named_shares(tmp):
+    """A share published by name and opened by another client of this process: roles, revocation, listing."""
+    conf = (f"[class everyone]\nmatch-uid = {UID}\nshare-publish = py/*\nshare-read = py/*\n"
+            "share-write = py/rw\nadmin = yes\n")
+    with daemon(tmp, config=conf) as d, gpumem.Client(d.sock, "publisher") as pub, \
+            gpumem.Client(d.sock, "reader") as rd, gpumem.Admin(d.sock) as adm:
+        gpu = pub.gpus()[0].gpu_id
+        with pub.malloc(2 * MiB, gpu, gpumem.MemFlag.HOST_VISIBLE) as buf:
+            buf.view()[:5] = b"hello"
+            info = pub.share_publish(buf, "py/ro", read_only=True)
+            check(info.name == "py/ro" and info.size == 2 * MiB and info.read_only and not info.persistent
+                  and info.va != buf.va, f"published ({info})")
+            expect_error("the memory published already", pub.share_publish, buf, "py/ro2", err=errno.EBUSY, reason="")
+            expect_error("no right to the name", pub.share_publish, pub.malloc(4096, gpu), "other/x",
+                         err=errno.EACCES, reason="share-publish")
+            with rd.share_open("py/ro") as sh:
+                check(sh.va == info.va and sh.size == 2 * MiB and sh.read_only, f"opened ({sh})")
+                v = sh.view()
+                check(bytes(v[:5]) == b"hello" and v.readonly, "the publisher's data, read-only")
+                v.release()
+                a = sh.attributes()
+                check(a.kind == gpumem.Kind.SHARE and a.base == info.va, f"its attributes ({a})")
+                expect_error("open twice", rd.share_open, "py/ro", err=errno.EBUSY, reason="open already")
+                expect_error("read-write of a read-only share", rd.share_open, "py/ro", write=True,
+                             err=errno.EACCES, reason="")
+                listed = {s.name: s for s in adm.shares()}
+                check(listed.get("py/ro") is not None and listed["py/ro"].readers == 1
+                      and listed["py/ro"].owner_client_id == pub.id and listed["py/ro"].kind == gpumem.Kind.DEVICE,
+                      f"the administrators' listing ({listed})")
+                pub.share_revoke("py/ro")
+                expect_error("a revoked share's handle", sh.attributes, err=errno.ESTALE, reason="revoked")
+                check(bytes(sh.view()[:5]) == b"hello", "the CPU mapping stays until closed")
+            check(adm.shares() == [], "no share left")
+            expect_error("no such share", rd.share_open, "py/ro", err=errno.ENOENT, reason="no share named")
+
+
 def test_share_across_processes(tmp):
     # the fd goes to another process over a Unix socket, as between containers
     child = r"""
@@ -1092,6 +1128,7 @@ run_tests([
     ("VMM: reserve, create, map, access, retain, release", test_vmm),
     ("sharing: export, read-only export, import", test_sharing),
     ("sharing with another process over SCM_RIGHTS", test_share_across_processes),
+    ("named shares: publish, open read-only, revoke, list", test_named_shares),
     ("threads on one client", test_threads),
     ("administration: status, clients, allocations, quotas, disconnect, metrics, log level", test_admin),
     ("the example program", test_example),
