@@ -182,7 +182,7 @@ static void test_other_bodies(void)
                 size_t len;
                 int want;
         } cases[] = {
-                {"empty", {0x12}, 0, 0}, /* a byte past the end that must not be read */
+                {"empty", {0x12}, 0, 0},                     /* a byte past the end that must not be read */
                 {"two ops", {0x12, 0x00, 0x12, 0x00}, 4, 0}, /* ping twice */
                 {"an op and a stray varint", {0x12, 0x00, 0x08, 0x01}, 4, 0},
                 {"a varint where an op goes", {0x10, 0x05}, 2, 0}, /* field 2, wire type 0 */
@@ -229,6 +229,147 @@ static void test_other_replies(void)
         }
 }
 
+/* ---- every result and op message, filled at random: the flat packing against protobuf-c's ---- */
+
+static uint64_t rng = 0x9e3779b97f4a7c15ull;
+
+static uint64_t rnd(void)
+{
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        return rng;
+}
+
+/* A value of the field's C type, often one at an edge of its range. */
+static void fill_scalar(ProtobufCType type, void *p)
+{
+        static const uint64_t edges[] = {0,
+                                         1,
+                                         127,
+                                         128,
+                                         16383,
+                                         16384,
+                                         0x7fffffff,
+                                         0x80000000u,
+                                         0xffffffffu,
+                                         UINT64_MAX,
+                                         (uint64_t)INT64_MIN,
+                                         0x123456789abcull};
+        uint64_t v = rnd() & 1 ? edges[rnd() % ARRAY_SIZE(edges)] : rnd();
+
+        switch (type) {
+        case PROTOBUF_C_TYPE_UINT32:
+        case PROTOBUF_C_TYPE_INT32:
+        case PROTOBUF_C_TYPE_SINT32:
+        case PROTOBUF_C_TYPE_ENUM:
+                *(uint32_t *)p = (uint32_t)v;
+                break;
+        case PROTOBUF_C_TYPE_UINT64:
+        case PROTOBUF_C_TYPE_INT64:
+                *(uint64_t *)p = v;
+                break;
+        case PROTOBUF_C_TYPE_BOOL:
+                *(protobuf_c_boolean *)p = (protobuf_c_boolean)(v & 1);
+                break;
+        default:
+                break;
+        }
+}
+
+static const char *const strings[] = {"", "x", "why it failed", "a reason of some length, with \"quotes\""};
+
+/*
+ * A message of @d with random scalars, strings and repeated scalars (their arrays in @pool); message fields
+ * stay NULL, but a few of the top message's are left set to an empty message so that the general way is
+ * taken too (@depth 0 only).
+ */
+static ProtobufCMessage *random_message(const ProtobufCMessageDescriptor *d, void **pool, size_t *n_pool,
+                                        int depth)
+{
+        uint8_t *m = calloc(1, d->sizeof_message);
+
+        if (!m)
+                return NULL;
+        d->message_init((ProtobufCMessage *)m);
+        pool[(*n_pool)++] = m;
+        for (unsigned i = 0; i < d->n_fields; i++) {
+                const ProtobufCFieldDescriptor *f = &d->fields[i];
+                void *member = m + f->offset;
+                if (f->flags & PROTOBUF_C_FIELD_FLAG_ONEOF)
+                        continue;
+                if (f->type == PROTOBUF_C_TYPE_MESSAGE) {
+                        if (depth == 0 && f->label == PROTOBUF_C_LABEL_OPTIONAL && rnd() % 8 == 0)
+                                *(ProtobufCMessage **)member = random_message(f->descriptor, pool, n_pool, 1);
+                        continue;
+                }
+                if (f->type == PROTOBUF_C_TYPE_STRING) {
+                        if (f->label == PROTOBUF_C_LABEL_OPTIONAL && rnd() & 1)
+                                *(const char **)member = strings[rnd() % ARRAY_SIZE(strings)];
+                        continue;
+                }
+                if (f->type == PROTOBUF_C_TYPE_BYTES)
+                        continue;
+                if (f->label == PROTOBUF_C_LABEL_OPTIONAL) {
+                        *(protobuf_c_boolean *)(m + f->quantifier_offset) = rnd() & 1;
+                        fill_scalar(f->type, member);
+                } else if (f->label == PROTOBUF_C_LABEL_REPEATED) {
+                        size_t n = rnd() % 6,
+                               es = f->type == PROTOBUF_C_TYPE_UINT64 || f->type == PROTOBUF_C_TYPE_INT64 ? 8
+                                                                                                          : 4;
+                        uint8_t *arr = n ? calloc(n, es) : NULL;
+                        if (n && !arr)
+                                continue;
+                        for (size_t k = 0; k < n; k++)
+                                fill_scalar(f->type, arr + k * es);
+                        if (arr)
+                                pool[(*n_pool)++] = arr;
+                        *(size_t *)(m + f->quantifier_offset) = n;
+                        *(void **)member = arr;
+                }
+        }
+        return (ProtobufCMessage *)m;
+}
+
+static void test_random_messages(void)
+{
+        void *pool[512];
+
+        for (unsigned i = 0; i < gpumem__reply__descriptor.n_fields; i++) {
+                const ProtobufCFieldDescriptor *f = &gpumem__reply__descriptor.fields[i];
+                if (!(f->flags & PROTOBUF_C_FIELD_FLAG_ONEOF))
+                        continue;
+                for (int it = 0; it < 200; it++) {
+                        Gpumem__Reply r = GPUMEM__REPLY__INIT;
+                        Gpumem__Status st = GPUMEM__STATUS__INIT;
+                        size_t n_pool = 0;
+                        st.has_code = rnd() & 1;
+                        st.code = (int32_t)rnd();
+                        st.reason = rnd() & 1 ? (char *)strings[rnd() % ARRAY_SIZE(strings)] : NULL;
+                        r.status = rnd() % 4 ? &st : NULL;
+                        r.result_case = (Gpumem__Reply__ResultCase)f->id;
+                        *(ProtobufCMessage **)((uint8_t *)&r + f->offset) =
+                                random_message(f->descriptor, pool, &n_pool, 0);
+                        same_packing(&r, f->name);
+                        while (n_pool)
+                                free(pool[--n_pool]);
+                }
+        }
+        for (unsigned i = 0; i < gpumem__request__descriptor.n_fields; i++) {
+                const ProtobufCFieldDescriptor *f = &gpumem__request__descriptor.fields[i];
+                for (int it = 0; it < 200; it++) {
+                        Gpumem__Request q = GPUMEM__REQUEST__INIT;
+                        size_t n_pool = 0;
+                        q.op_case = (Gpumem__Request__OpCase)f->id;
+                        *(ProtobufCMessage **)((uint8_t *)&q + f->offset) =
+                                random_message(f->descriptor, pool, &n_pool, 0);
+                        same_request(&q);
+                        while (n_pool)
+                                free(pool[--n_pool]);
+                }
+        }
+}
+
 int main(void)
 {
         static const TestCase cases[] = {
@@ -236,6 +377,7 @@ int main(void)
                 {"a one-op Request decodes as protobuf-c decodes it", test_request},
                 {"every other body is left to protobuf-c", test_other_bodies},
                 {"every other reply is left to protobuf-c", test_other_replies},
+                {"every result and op, filled at random, packs as protobuf-c packs it", test_random_messages},
         };
         return run_tests(cases, ARRAY_SIZE(cases));
 }
