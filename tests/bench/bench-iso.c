@@ -63,9 +63,13 @@ void run_isolation(const Settings *st, Report *rep, const BenchDaemon *d)
 
         if (r < 0)
                 die("isolation client: %s", strerror(-r));
-        /* the loop shares its CPU with the measured client only: the daemon's worker threads (the slow
-         * part of the slow ops) go with the slow clients */
-        pin_loop_apart(d->pid, st->cpu_a, st->cpu_b);
+        /* the loop that serves the measured client shares its CPU with it alone: the daemon's other loops
+         * (which serve the slow clients) and its worker threads (the slow part of the slow ops) go with
+         * the slow clients, as a scheduler spreads busy threads over the CPUs */
+        if (pin_serving_loop_apart(d->pid, &o, st->cpu_a, st->cpu_b) == 0)
+                fprintf(stderr,
+                        "isolation: the loop serving the client was not found; every loop on CPU %d\n",
+                        st->cpu_a);
         pin_self(st->cpu_a);
         rep->iso_idle = measure_op(op_ping, &o, st->op_iters, "ping");
 

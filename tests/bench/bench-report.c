@@ -159,11 +159,9 @@ void print_report(const Settings *st, const Report *rep)
                                rep->tput_alloc[0] > 0 ? rep->tput_alloc[i] / rep->tput_alloc[0] : 0.0);
         }
 
-        printf("\nSmall ops beside slow ones (ping pinned with the daemon's loops on CPU %d; two clients and "
-               "the daemon's "
-               "workers on CPU %d "
-               "run "
-               "64 MiB host alloc+free and 64 MiB prefetches)\n",
+        printf("\nSmall ops beside slow ones (ping pinned with the daemon's loop serving it on CPU %d; two "
+               "clients, the daemon's other loops and its workers on CPU %d run 64 MiB host alloc+free and "
+               "64 MiB prefetches)\n",
                st->cpu_a, st->cpu_b);
         printf("  idle:   p50 %8.2f us  p99 %8.2f us\n  loaded: p50 %8.2f us  p99 %8.2f us  (p99 x%.2f)\n",
                rep->iso_idle.p50_us, rep->iso_idle.p99_us, rep->iso_loaded.p50_us, rep->iso_loaded.p99_us,

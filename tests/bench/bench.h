@@ -172,6 +172,11 @@ typedef struct Ops {
 
 typedef int (*OpFn)(Ops *o);
 
+/* The thread of @pid that serves @o's connection (the one whose CPU time grows while @o pings) on
+ * @loop_cpu, every other thread (the other loops, the workers) on @others_cpu; pin_loop_apart() when no
+ * thread can be told apart. Returns the serving thread's id, or 0. */
+pid_t pin_serving_loop_apart(pid_t pid, Ops *o, int loop_cpu, int others_cpu);
+
 int op_ping(Ops *o);
 int op_alloc_free(Ops *o);
 int op_map_unmap(Ops *o);
