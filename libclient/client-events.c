@@ -35,8 +35,6 @@ static int event_call(gm_client *c, Gpumem__Request__OpCase op, uint32_t id)
 {
         Gpumem__Request req = GPUMEM__REQUEST__INIT;
         Gpumem__EventId e = GPUMEM__EVENT_ID__INIT;
-        Gpumem__Reply *reply = NULL;
-        int r;
 
         if (!c)
                 return BAD_ARGS(c);
@@ -50,10 +48,7 @@ static int event_call(gm_client *c, Gpumem__Request__OpCase op, uint32_t id)
                 req.event_set = &e;
         else
                 req.event_reset = &e;
-        r = gm_call_expect(c, &req, GPUMEM__REPLY__RESULT_EMPTY, &reply);
-        if (r == 0)
-                gm_reply_free(c, reply);
-        return r;
+        return gm_call_empty(c, &req);
 }
 
 int gm_event_destroy(gm_client *c, uint32_t id)
@@ -155,8 +150,6 @@ int gm_queue_destroy(gm_client *c, uint32_t id)
 {
         Gpumem__Request req = GPUMEM__REQUEST__INIT;
         Gpumem__QueueId q = GPUMEM__QUEUE_ID__INIT;
-        Gpumem__Reply *reply = NULL;
-        int r;
 
         if (!c)
                 return BAD_ARGS(c);
@@ -164,10 +157,7 @@ int gm_queue_destroy(gm_client *c, uint32_t id)
         q.queue_id = id;
         req.op_case = GPUMEM__REQUEST__OP_QUEUE_DESTROY;
         req.queue_destroy = &q;
-        r = gm_call_expect(c, &req, GPUMEM__REPLY__RESULT_EMPTY, &reply);
-        if (r == 0)
-                gm_reply_free(c, reply);
-        return r;
+        return gm_call_empty(c, &req);
 }
 
 int gm_queue_update(gm_client *c, uint32_t id, uint64_t ring_va, uint64_t ring_size, uint32_t percentage,
@@ -175,8 +165,6 @@ int gm_queue_update(gm_client *c, uint32_t id, uint64_t ring_va, uint64_t ring_s
 {
         Gpumem__Request req = GPUMEM__REQUEST__INIT;
         Gpumem__QueueUpdate q = GPUMEM__QUEUE_UPDATE__INIT;
-        Gpumem__Reply *reply = NULL;
-        int r;
 
         if (!c)
                 return BAD_ARGS(c);
@@ -188,8 +176,5 @@ int gm_queue_update(gm_client *c, uint32_t id, uint64_t ring_va, uint64_t ring_s
         q.priority = priority;
         req.op_case = GPUMEM__REQUEST__OP_QUEUE_UPDATE;
         req.queue_update = &q;
-        r = gm_call_expect(c, &req, GPUMEM__REPLY__RESULT_EMPTY, &reply);
-        if (r == 0)
-                gm_reply_free(c, reply);
-        return r;
+        return gm_call_empty(c, &req);
 }

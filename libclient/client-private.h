@@ -82,6 +82,8 @@ void gm_reply_free(gm_client *c, Gpumem__Reply *reply);
 int gm_set_reason(gm_client *c, int err, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 /* gm_call without fds that also checks the reply carries @want (-EPROTO otherwise). */
 int gm_call_expect(gm_client *c, Gpumem__Request *req, Gpumem__Reply__ResultCase want, Gpumem__Reply **ret);
+/* The same for an op whose result is Empty: nothing to read from the reply. */
+int gm_call_empty(gm_client *c, Gpumem__Request *req);
 
 /* -EINVAL for a missing or invalid argument, with a reason naming the call, so that gm_strerror() never shows
  * a previous call's reason for it (without a client there is nowhere to keep one). */

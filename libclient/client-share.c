@@ -96,14 +96,12 @@ static void release(gm_client *c, gm_handle handle)
 {
         Gpumem__Request req = GPUMEM__REQUEST__INIT;
         Gpumem__Free f = GPUMEM__FREE__INIT;
-        Gpumem__Reply *reply = NULL;
 
         f.has_handle = true;
         f.handle = handle;
         req.op_case = GPUMEM__REQUEST__OP_FREE;
         req.free = &f;
-        if (gm_call_expect(c, &req, GPUMEM__REPLY__RESULT_EMPTY, &reply) == 0)
-                gm_reply_free(c, reply);
+        (void)gm_call_empty(c, &req);
 }
 
 int gm_share_open(gm_client *c, const char *name, unsigned flags, const uint32_t *gpu_ids, size_t n_gpus,
@@ -191,7 +189,6 @@ int gm_share_close(gm_client *c, void *ptr)
         Gpumem__Request req = GPUMEM__REQUEST__INIT;
         Gpumem__Free f = GPUMEM__FREE__INIT;
         ShareEntry *e;
-        int r;
 
         if (!c || !ptr)
                 return BAD_ARGS(c);
@@ -207,20 +204,13 @@ int gm_share_close(gm_client *c, void *ptr)
         req.op_case = GPUMEM__REQUEST__OP_FREE;
         req.free = &f;
         free(e);
-        {
-                Gpumem__Reply *reply = NULL;
-                r = gm_call_expect(c, &req, GPUMEM__REPLY__RESULT_EMPTY, &reply);
-                if (r == 0)
-                        gm_reply_free(c, reply);
-        }
-        return r;
+        return gm_call_empty(c, &req);
 }
 
 int gm_share_revoke(gm_client *c, const char *name)
 {
         Gpumem__Request req = GPUMEM__REQUEST__INIT;
         Gpumem__ShareRevoke sr = GPUMEM__SHARE_REVOKE__INIT;
-        Gpumem__Reply *reply = NULL;
         int r;
 
         if (!c || !name_ok(name))
@@ -231,10 +221,7 @@ int gm_share_revoke(gm_client *c, const char *name)
         sr.name = (char *)name;
         req.op_case = GPUMEM__REQUEST__OP_SHARE_REVOKE;
         req.share_revoke = &sr;
-        r = gm_call_expect(c, &req, GPUMEM__REPLY__RESULT_EMPTY, &reply);
-        if (r == 0)
-                gm_reply_free(c, reply);
-        return r;
+        return gm_call_empty(c, &req);
 }
 
 int gm_admin_shares(gm_client *c, gm_share_info **ret, size_t *ret_n)

@@ -407,6 +407,16 @@ int gm_call_expect(gm_client *c, Gpumem__Request *req, Gpumem__Reply__ResultCase
         return 0;
 }
 
+int gm_call_empty(gm_client *c, Gpumem__Request *req)
+{
+        Gpumem__Reply *reply = NULL;
+        int r = gm_call_expect(c, req, GPUMEM__REPLY__RESULT_EMPTY, &reply);
+
+        if (r == 0)
+                gm_reply_free(c, reply);
+        return r;
+}
+
 int gm_call(gm_client *c, Gpumem__Request *req, const int *fds, size_t n_fds, Gpumem__Reply **ret_reply,
             int *ret_fds, size_t *ret_n_fds)
 {
