@@ -2949,10 +2949,14 @@ int broker_share_open(BrokerClient *c, const char *name, bool write, const uint3
         }
         ref->read_only = !write || s->read_only;
         r = thunk_va_alloc_fixed(c->outer, s->va, s->size, o);
-        if (r < 0) {
-                reason_set(w, r == -EADDRINUSE ? r : -ENOMEM,
-                           "this client has an SVM range where share '%s' lives (0x%llx+0x%llx)", name,
+        if (r == -EADDRINUSE) {
+                reason_set(w, r, "this client has an SVM range where share '%s' lives (0x%llx+0x%llx)", name,
                            (unsigned long long)s->va, (unsigned long long)s->size);
+                goto fail;
+        }
+        if (r < 0) {
+                r = reason_set(w, -ENOMEM, "cannot place share '%s' in this client's GPU VM: %s", name,
+                               strerror(-r));
                 goto fail;
         }
         placed = true;

@@ -374,6 +374,12 @@ static void test_publish_open_revoke(void)
         CHECK_EQ(gm_share_revoke(pub, x.name), 0);
         CHECK(!find_share(x.name, &listed));
         CHECK_EQ(gm_share_revoke(pub, x.name), -ENOENT);
+        /* the name is free again at once */
+        {
+                gm_share_info again = {0};
+                CHECK_EQ(gm_share_publish(pub, handle_of(pub, dev), x.name, 0, &again), 0);
+                CHECK_EQ(gm_share_revoke(pub, x.name), 0);
+        }
         CHECK(class_reaches("loaders", GM_RESOURCE_HANDLES, 1));
         CHECK_EQ(gm_mem_free(pub, dev), 0);
         CHECK(class_reaches("loaders", GM_RESOURCE_VRAM, 0));
@@ -553,6 +559,20 @@ static void test_persistent(void)
         CHECK(!find_share("weights/llm", &listed));
         /* the reader's CPU mapping still holds the memory: still charged */
         CHECK_EQ(class_used("loaders", GM_RESOURCE_HOST), 2 * MiB);
+        /* the name is free again, but not the address the stale reader still maps */
+        {
+                gm_client *again = connect_as("loader-again");
+                gm_share_info i2 = {0};
+                void *h2 = NULL;
+                if (again) {
+                        CHECK_EQ(gm_host_malloc(again, 2 * MiB, 0, -1, 0, &h2), 0);
+                        CHECK_EQ(gm_share_publish(again, handle_of(again, h2), "weights/llm", 0, &i2), 0);
+                        CHECK(i2.ptr != NULL && i2.ptr != info.ptr);
+                        CHECK_EQ(gm_share_revoke(again, "weights/llm"), 0);
+                        CHECK_EQ(gm_mem_free(again, h2), 0);
+                        gm_client_close(again);
+                }
+        }
         CHECK_EQ(holder_finish(&h), 0);
         CHECK(class_reaches("loaders", GM_RESOURCE_HOST, 0));
         CHECK(class_reaches("loaders", GM_RESOURCE_HANDLES, 0));
