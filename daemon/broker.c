@@ -959,13 +959,11 @@ static void reserve_again(uint64_t va, uint64_t size)
                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
 }
 
-/* Drop the daemon's mapping of shared memory at [va, va+size); the driver forgets a managed range before
- * the VA is used again. */
-static void unmap_shared(Broker *b, uint64_t va, uint64_t size, bool svm)
+/* Drop the daemon's mapping of shared or managed memory at [va, va+size), through the driver, which drops
+ * the pages from its SVM ranges as the kernel's MMU notifier does. */
+static void unmap_shared(Broker *b, uint64_t va, uint64_t size)
 {
-        munmap((void *)(uintptr_t)va, size);
-        if (svm)
-                driver_managed_forget(b->drv, va, size);
+        (void)driver_cpu_unmap(b->drv, va, size);
         reserve_again(va, size);
 }
 
@@ -1169,7 +1167,7 @@ static int host_pages(BrokerClient *c, const BrokerAllocArgs *a, Obj *o, Reason 
                           MPOL_MF_STRICT) < 0) {
                         r = reason_set(w, -errno, "cannot bind the memory to NUMA node %d: %s", node,
                                        strerror(errno));
-                        unmap_shared(b, o->va, o->size, false);
+                        unmap_shared(b, o->va, o->size);
                         o->memfd = safe_close(o->memfd);
                         return r;
                 }
@@ -1234,7 +1232,7 @@ static int host_register(BrokerClient *c, const BrokerAllocArgs *a, Obj *o, int 
         }
         return 0;
 fail:
-        unmap_shared(b, o->va, o->size, false);
+        unmap_shared(b, o->va, o->size);
         o->memfd = safe_close(o->memfd);
         return r;
 }
@@ -1302,7 +1300,7 @@ static int alloc_host_gtt(BrokerClient *c, const BrokerAllocArgs *a, Obj *o, Bro
         if (res->fd < 0) {
                 r = reason_set(w, -errno, "cannot duplicate the memory fd: %s", strerror(errno));
                 if (!o->outer)
-                        unmap_shared(b, o->va, o->size, false);
+                        unmap_shared(b, o->va, o->size);
                 goto fail_fd;
         }
         return 0;
@@ -1358,7 +1356,7 @@ static int alloc_managed(BrokerClient *c, const BrokerAllocArgs *a, Obj *o, Brok
         }
         return 0;
 fail:
-        unmap_shared(b, o->va, o->size, true);
+        unmap_shared(b, o->va, o->size);
         o->memfd = safe_close(o->memfd);
         return r;
 }
@@ -1494,7 +1492,7 @@ static int alloc_finish(BrokerClient *c, const BrokerAllocArgs *a, Obj *o, Broke
                         }
                         if (o->memfd >= 0) {
                                 if (!o->outer)
-                                        unmap_shared(c->b, o->va, o->size, o->kind == BROKER_KIND_MANAGED);
+                                        unmap_shared(c->b, o->va, o->size);
                                 safe_close(o->memfd);
                         }
                 }
@@ -1645,7 +1643,7 @@ static int destroy_alloc(BrokerClient *c, Obj *o, bool teardown, Reason *w)
         obj_forget_file(c->b, o);
         if (o->memfd >= 0) {
                 if (!o->outer)
-                        unmap_shared(c->b, o->va, o->size, o->kind == BROKER_KIND_MANAGED);
+                        unmap_shared(c->b, o->va, o->size);
                 o->memfd = safe_close(o->memfd);
                 charge_give(c, &(Charge){.held_fds = 1});
         }

@@ -643,12 +643,9 @@ static int k_managed_register(Driver *d, uint64_t va, uint64_t size, uint32_t fl
  * at its next SVM call; one GET_ATTR flushes it before the VA is reused, and its -EFAULT (nothing mapped
  * there now) is expected.
  */
-static void k_managed_forget(Driver *d, uint64_t va, uint64_t size)
+static int k_cpu_unmap(Driver *d, uint64_t va, uint64_t size)
 {
-        ThunkSvmAttr a = {KFD_IOCTL_SVM_ATTR_GRANULARITY, 0};
-
-        if (thunk_device_has(kfd(d)->dev, THUNK_FEATURE_SVM))
-                (void)thunk_svm_get(kfd(d)->primary, va, size, &a, 1);
+        return thunk_cpu_unmap(kfd(d)->dev, (void *)(uintptr_t)va, size);
 }
 
 static int k_svm_set(Driver *d, uint64_t va, uint64_t size, const DriverSvmAttr *a, size_t n)
@@ -821,7 +818,7 @@ static const DriverOps kfd_ops = {
         .grant = k_grant,
         .revoke = k_revoke,
         .managed_register = k_managed_register,
-        .managed_forget = k_managed_forget,
+        .cpu_unmap = k_cpu_unmap,
         .svm_set = k_svm_set,
         .svm_get = k_svm_get,
         .queue_create = k_queue_create,
@@ -842,6 +839,8 @@ int driver_kfd_open(const DriverKfdOptions *o, Driver **ret, char *errbuf, size_
                 .topology_root = o->topology_root,
                 .model_kfd_minor = o->model ? o->model_kfd_minor : 0,
                 .model_doorbells = o->model && o->model_doorbells,
+                /* the broker unmaps shared and managed memory only with driver_cpu_unmap() */
+                .model_unmap_notices = o->model,
         };
         KfdDriver *k = calloc(1, sizeof(*k));
         int r;

@@ -209,7 +209,7 @@ typedef struct DriverOps {
         int (*revoke)(Driver *d, DriverGrant *g);
 
         int (*managed_register)(Driver *d, uint64_t va, uint64_t size, uint32_t flags);
-        void (*managed_forget)(Driver *d, uint64_t va, uint64_t size);
+        int (*cpu_unmap)(Driver *d, uint64_t va, uint64_t size);
         int (*svm_set)(Driver *d, uint64_t va, uint64_t size, const DriverSvmAttr *a, size_t n);
         int (*svm_get)(Driver *d, uint64_t va, uint64_t size, DriverSvmAttr *a, size_t n);
 
@@ -381,16 +381,17 @@ static inline int driver_revoke(Driver *d, DriverGrant *g)
 
 /*
  * Managed memory: the daemon's shared pages at [va, va+size) become an SVM range of the daemon's GPU VM with
- * @flags (DRIVER_MEM_COHERENT, EXT_COHERENT, READ_ONLY, EXECUTABLE). managed_forget() is called after the
- * pages were unmapped, before the VA is used again, so that the driver drops the range.
+ * @flags (DRIVER_MEM_COHERENT, EXT_COHERENT, READ_ONLY, EXECUTABLE). The daemon unmaps its mappings of
+ * shared and managed memory only with driver_cpu_unmap(), which drops the pages from the SVM ranges as the
+ * kernel's MMU notifier does on a munmap (the model is told; the kernel sees the munmap itself).
  */
 static inline int driver_managed_register(Driver *d, uint64_t va, uint64_t size, uint32_t flags)
 {
         return d->ops->managed_register(d, va, size, flags);
 }
-static inline void driver_managed_forget(Driver *d, uint64_t va, uint64_t size)
+static inline int driver_cpu_unmap(Driver *d, uint64_t va, uint64_t size)
 {
-        d->ops->managed_forget(d, va, size);
+        return d->ops->cpu_unmap(d, va, size);
 }
 /*
  * SVM attributes of a range of managed memory, as the KFD's SVM ioctl takes them. With

@@ -256,6 +256,8 @@ struct ThunkModel {
         bool xnack_default;
         bool file_per_buffer; /* every buffer with memory gets a file of its own at allocation */
         bool doorbells;       /* the engines run up to the doorbells, not the write pointers */
+        bool unmap_notices;   /* every unmap under an SVM range comes through thunk_model_munmap() */
+        bool svm_unnoticed;   /* a notice could not be applied: probe the mappings at the next call */
         uint64_t next_mmap_offset;
         ModelBuf *bufs;
         uint64_t n_bufs;

@@ -91,9 +91,12 @@ bool model_cpu_range_mapped(uint64_t start, uint64_t end)
         return end > start && msync((void *)(uintptr_t)start, end - start, MS_ASYNC) == 0;
 }
 
-/* Every SVM range of @c still fully mapped: nothing for the deferred-unmap flush to do. */
-static bool svm_all_mapped(const ModelCtx *c)
+/* Every SVM range of @c still fully mapped: nothing for the deferred-unmap flush to do. With unmap notices
+ * the ranges are kept by thunk_model_munmap(), as the kernel's MMU notifier keeps them, and need no probe. */
+static bool svm_all_mapped(const ThunkModel *m, const ModelCtx *c)
 {
+        if (m->unmap_notices && !m->svm_unnoticed)
+                return true;
         for (size_t i = 0; c && i < c->n_svm; i++)
                 if (!model_cpu_range_mapped(c->svm[i].start * MODEL_PAGE, (c->svm[i].last + 1) * MODEL_PAGE))
                         return false;
@@ -205,12 +208,52 @@ int model_svm_flush(ThunkModel *m, ModelCtx *c)
         CpuMaps cm = {0};
         int r;
 
-        if (!c || c->n_svm == 0 || svm_all_mapped(c))
+        if (!c || c->n_svm == 0 || svm_all_mapped(m, c))
                 return 0;
         r = cpu_maps_load(&cm);
         if (r == 0)
                 r = svm_flush_unmapped(m, c, &cm);
+        if (r == 0)
+                m->svm_unnoticed = false;
         free(cm.iv);
+        return r;
+}
+
+/* Pages [s, l] lie in @c's SVM ranges throughout (the ranges are sorted and do not overlap). */
+static bool svm_covers(const ModelCtx *c, uint64_t s, uint64_t l)
+{
+        size_t lo = 0, hi = c->n_svm;
+
+        while (lo < hi) { /* the first range that ends at or after s */
+                size_t mid = lo + (hi - lo) / 2;
+                if (c->svm[mid].last < s)
+                        lo = mid + 1;
+                else
+                        hi = mid;
+        }
+        for (size_t i = lo; i < c->n_svm && c->svm[i].start <= s; i++) {
+                if (c->svm[i].last >= l)
+                        return true;
+                s = c->svm[i].last + 1;
+        }
+        return false;
+}
+
+int thunk_model_munmap(ThunkModel *m, void *addr, size_t len)
+{
+        uint64_t va = (uintptr_t)addr;
+        int r = 0;
+
+        pthread_mutex_lock(&m->lock);
+        if (munmap(addr, len) < 0) {
+                r = -errno;
+        } else if (len > 0) {
+                for (ModelCtx *c = m->ctxs; c; c = c->next)
+                        if (c->primary &&
+                            svm_remove_pages(m, c, va / MODEL_PAGE, (va + len - 1) / MODEL_PAGE) < 0)
+                                m->svm_unnoticed = true; /* no room to split a range: the next call probes */
+        }
+        pthread_mutex_unlock(&m->lock);
         return r;
 }
 
@@ -398,11 +441,17 @@ int model_kfd_svm(Call *c)
                 if (r < 0)
                         return r;
         }
-        /* the common case, everything still mapped, needs no walk of /proc/self/maps */
-        if (!model_cpu_range_mapped(a->start_addr, a->start_addr + a->size) || !svm_all_mapped(c->ctx)) {
+        /*
+         * The common case, everything still mapped, needs no walk of /proc/self/maps. With unmap notices a
+         * range the SVM ranges cover is mapped (an unmap would have cut it out of them): no probe at all.
+         */
+        if (!(m->unmap_notices && !m->svm_unnoticed && svm_covers(c->ctx, s, l)) &&
+            (!model_cpu_range_mapped(a->start_addr, a->start_addr + a->size) || !svm_all_mapped(m, c->ctx))) {
                 r = cpu_maps_load(&cm);
                 if (r == 0)
                         r = svm_flush_unmapped(m, c->ctx, &cm);
+                if (r == 0)
+                        m->svm_unnoticed = false;
                 if (r == 0 && !cpu_maps_cover(&cm, a->start_addr, a->start_addr + a->size))
                         r = -EFAULT;
                 free(cm.iv);

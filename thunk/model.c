@@ -687,6 +687,11 @@ static int seam_close(void *impl, int fd)
         return thunk_model_close(impl, fd);
 }
 
+static int seam_munmap(void *impl, void *addr, size_t len)
+{
+        return thunk_model_munmap(impl, addr, len);
+}
+
 static const ThunkSeamOps model_ops = {
         .name = "model",
         .open_kfd = seam_open_kfd,
@@ -694,6 +699,7 @@ static const ThunkSeamOps model_ops = {
         .ioctl = seam_ioctl,
         .mmap = seam_mmap,
         .close = seam_close,
+        .munmap = seam_munmap,
 };
 
 void thunk_model_seam(ThunkModel *m, ThunkSeam *ret)
@@ -747,6 +753,7 @@ int thunk_model_new(const ThunkTopology *topo, const ThunkModelOptions *opts, Th
         m->xnack_default = o.xnack_enabled;
         m->file_per_buffer = o.file_per_buffer;
         m->doorbells = o.doorbells;
+        m->unmap_notices = o.unmap_notices;
         m->next_mmap_offset = MODEL_MMAP_BASE;
         for (size_t i = 0; i < topo->n_nodes; i++) {
                 const ThunkNode *n = &topo->nodes[i];

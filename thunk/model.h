@@ -47,6 +47,12 @@ typedef struct ThunkModelOptions {
          * moved in memory without a doorbell is not seen. Off: they look at the write pointers in memory
          * (a doorbell write is then not needed). */
         bool doorbells;
+        /* The process unmaps memory that lies under its SVM ranges only through thunk_model_munmap() (the
+         * seam's munmap), as the kernel sees every munmap: the model then drops the pages from the ranges
+         * there, as the kernel's MMU notifier does, and its SVM calls trust the ranges instead of probing
+         * the process's mappings of each (one system call per range per call). Off, every SVM call and
+         * allocation probes every range, so that a process may unmap with plain munmap(). */
+        bool unmap_notices;
 } ThunkModelOptions;
 
 /* Counters that tests compare before and after an operation: equal means nothing leaked. */
@@ -90,6 +96,9 @@ int thunk_model_ioctl(ThunkModel *m, int fd, unsigned long request, void *arg);
 int thunk_model_mmap(ThunkModel *m, void *addr, size_t len, int prot, int flags, int fd, uint64_t offset,
                      void **ret);
 int thunk_model_close(ThunkModel *m, int fd);
+/* munmap(addr, len) in this process, and what the kernel's MMU notifier does on it: the pages leave every
+ * context's SVM ranges, refunding what they were charged. */
+int thunk_model_munmap(ThunkModel *m, void *addr, size_t len);
 
 /* True if @fd is a kfd or render fd of this model. */
 bool thunk_model_owns_fd(ThunkModel *m, int fd);

@@ -71,6 +71,11 @@ static int kernel_close(void *impl, int fd)
         return 0;
 }
 
+static int kernel_munmap(void *impl, void *addr, size_t len)
+{
+        return munmap(addr, len) < 0 ? -errno : 0;
+}
+
 const ThunkSeamOps thunk_seam_kernel_ops = {
         .name = "kfd",
         .open_kfd = kernel_open_kfd,
@@ -78,4 +83,5 @@ const ThunkSeamOps thunk_seam_kernel_ops = {
         .ioctl = kernel_ioctl,
         .mmap = kernel_mmap,
         .close = kernel_close,
+        .munmap = kernel_munmap,
 };

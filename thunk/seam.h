@@ -27,6 +27,9 @@ typedef struct ThunkSeamOps {
         int (*mmap)(void *impl, void *addr, size_t len, int prot, int flags, int fd, uint64_t offset,
                     void **ret);
         int (*close)(void *impl, int fd);
+        /* munmap(addr, len). The kernel learns of an unmap from its MMU notifiers, which drop the pages
+         * from the process's SVM ranges; the model, which has none, learns of it here. */
+        int (*munmap)(void *impl, void *addr, size_t len);
 } ThunkSeamOps;
 
 typedef struct ThunkSeam {

@@ -729,6 +729,11 @@ int thunk_svm_get(ThunkContext *c, uint64_t start, uint64_t size, ThunkSvmAttr *
         return svm_call(c, KFD_IOCTL_SVM_OP_GET_ATTR, start, size, attrs, n_attrs);
 }
 
+int thunk_cpu_unmap(ThunkDevice *d, void *addr, size_t len)
+{
+        return d->seam.ops->munmap(d->seam.impl, addr, len);
+}
+
 /* ---- GEM_VA ------------------------------------------------------------------------------------- */
 
 /*

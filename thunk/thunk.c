@@ -403,6 +403,7 @@ int thunk_device_open(const ThunkOptions *opts, ThunkDevice **ret, char *errbuf,
 
                 mo.kfd_minor = opts->model_kfd_minor;
                 mo.doorbells = opts->model_doorbells;
+                mo.unmap_notices = opts->model_unmap_notices;
                 r = thunk_model_new(d->topo, &mo, &d->model);
                 if (r < 0) {
                         set_error(errbuf, errlen, r, "cannot create the KFD model on %s: %s", d->topo->root,

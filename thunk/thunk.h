@@ -26,6 +26,9 @@ typedef struct ThunkOptions {
                 *topology_root;   /* KFD: sysfs topology dir (NULL = default); MODEL: the preset's tree dir */
         uint32_t model_kfd_minor; /* MODEL: reported KFD minor, 0 = model default */
         bool model_doorbells;     /* MODEL: queues run up to their doorbells (ThunkModelOptions.doorbells) */
+        /* MODEL: this process unmaps memory under its SVM ranges only with thunk_cpu_unmap()
+         * (ThunkModelOptions.unmap_notices) */
+        bool model_unmap_notices;
 } ThunkOptions;
 
 typedef struct ThunkDevice ThunkDevice;
@@ -322,6 +325,13 @@ typedef struct ThunkSvmAttr {
 int thunk_svm_set(ThunkContext *c, uint64_t start, uint64_t size, const ThunkSvmAttr *attrs, size_t n_attrs);
 /* GET_ATTR: @attrs holds the queried types (ACCESS: value = gpu_id) and receives the results in place. */
 int thunk_svm_get(ThunkContext *c, uint64_t start, uint64_t size, ThunkSvmAttr *attrs, size_t n_attrs);
+/*
+ * munmap(addr, len) through the device's seam. The kernel drops unmapped pages from the process's SVM ranges
+ * by its MMU notifiers; the model has none and is told here. A process that unmaps memory under its SVM
+ * ranges only this way may say so (ThunkOptions.model_unmap_notices), which spares the model a probe of
+ * every range's mapping at each SVM call.
+ */
+int thunk_cpu_unmap(ThunkDevice *d, void *addr, size_t len);
 
 /* ---- VMM-style mapping through DRM GEM_VA (1.15) ------------------------------------------------- */
 

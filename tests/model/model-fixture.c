@@ -70,10 +70,16 @@ int fx_acquire(Fx *f, int kfd, int render, uint32_t gpu_id)
 int fx_setup_topo(Fx *f, ThunkTopology *t, uint32_t minor, bool acquire)
 {
         ThunkModelOptions o = {.kfd_minor = minor};
+
+        return fx_setup_opts(f, t, &o, acquire);
+}
+
+int fx_setup_opts(Fx *f, ThunkTopology *t, const ThunkModelOptions *o, bool acquire)
+{
         int r;
 
         memset(f, 0, sizeof(*f));
-        r = thunk_model_new(t, &o, &f->m);
+        r = thunk_model_new(t, o, &f->m);
         f->n_gpus = t->n_gpus;
         topo_free(t);
         if (r < 0)

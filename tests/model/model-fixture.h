@@ -51,6 +51,8 @@ int io(Fx *f, int fd, unsigned long req, void *arg);
 int fx_acquire(Fx *f, int kfd, int render, uint32_t gpu_id);
 /* A model over @t (freed here), a kfd fd, one render fd per GPU, every VM acquired if @acquire. */
 int fx_setup_topo(Fx *f, ThunkTopology *t, uint32_t minor, bool acquire);
+/* The same with the model's options @o. */
+int fx_setup_opts(Fx *f, ThunkTopology *t, const ThunkModelOptions *o, bool acquire);
 /* fx_setup_topo() on std_gpus, every VM acquired. */
 int fx_setup(Fx *f, uint32_t minor);
 /* Closes everything and checks the model is back to its empty state. */
@@ -102,6 +104,7 @@ int test_carve_fds(void);
 int test_svm(void);
 int test_svm_limits(void);
 int test_xnack(void);
+int test_svm_unmap_notices(void);
 /* test-model-drm.c: render nodes */
 int test_gem_va(void);
 int test_read_only_import(void);

@@ -189,6 +189,72 @@ int test_svm_limits(void)
         return 0;
 }
 
+/*
+ * A process that unmaps through the seam (ThunkModelOptions.unmap_notices): the munmap cuts the pages out of
+ * the ranges and refunds them, as the kernel's MMU notifier does, and SVM calls trust the ranges rather
+ * than probing each one's mapping. A plain munmap is then not seen until the process says so, which is
+ * what shows that nothing was probed.
+ */
+int test_svm_unmap_notices(void)
+{
+        ThunkModelOptions o = {.kfd_minor = 19, .unmap_notices = true};
+        enum { N = 64 };
+        const size_t len = 32 * PAGE;
+        struct kfd_ioctl_svm_attribute at = {KFD_IOCTL_SVM_ATTR_PREFERRED_LOC, G0};
+        unsigned char *p, *q[N];
+        ThunkModelStats s;
+        uint32_t v;
+        Fx f;
+
+        REQUIRE_RC(fx_setup_opts(&f, topo_make(3, std_gpus, 64 * GiB), &o, true), 0);
+        p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        REQUIRE(p != MAP_FAILED);
+        /* a range over mapped pages is made after a probe, as without notices */
+        REQUIRE_RC(svm_call(&f, f.kfd, KFD_IOCTL_SVM_OP_SET_ATTR, (uintptr_t)p, len, &at, 1), 0);
+        for (int i = 0; i < N; i++) {
+                q[i] = mmap(NULL, 2 * PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+                REQUIRE(q[i] != MAP_FAILED);
+                REQUIRE_RC(svm_call(&f, f.kfd, KFD_IOCTL_SVM_OP_SET_ATTR, (uintptr_t)q[i], 2 * PAGE, &at, 1),
+                           0);
+        }
+        thunk_model_get_stats(f.m, &s);
+        REQUIRE(s.svm_ranges == N + 1 && s.system_used == len + N * 2 * PAGE);
+
+        /* an unmap through the seam splits the range and refunds its pages */
+        REQUIRE_RC(f.seam.ops->munmap(f.seam.impl, p + 4 * PAGE, 2 * PAGE), 0);
+        thunk_model_get_stats(f.m, &s);
+        REQUIRE(s.svm_ranges == N + 2 && s.system_used == len - 2 * PAGE + N * 2 * PAGE);
+        /* the hole is not mapped: a call over it probes and fails as the kernel's does */
+        REQUIRE_RC(svm_get1(&f, (uintptr_t)p, len, KFD_IOCTL_SVM_ATTR_PREFERRED_LOC, 0, NULL, NULL), -EFAULT);
+        REQUIRE_RC(svm_get1(&f, (uintptr_t)p, 4 * PAGE, KFD_IOCTL_SVM_ATTR_PREFERRED_LOC, 0, NULL, &v), 0);
+        REQUIRE(v == G0);
+
+        /* a plain munmap of a range is not seen: the calls trusted the ranges and probed none */
+        REQUIRE(munmap(q[0], 2 * PAGE) == 0);
+        REQUIRE_RC(svm_get1(&f, (uintptr_t)q[0], 2 * PAGE, KFD_IOCTL_SVM_ATTR_PREFERRED_LOC, 0, NULL, &v), 0);
+        REQUIRE(v == G0);
+        thunk_model_get_stats(f.m, &s);
+        REQUIRE(s.svm_ranges == N + 2);
+        /* told now (the pages are gone already: munmap of nothing succeeds), the range goes */
+        REQUIRE_RC(f.seam.ops->munmap(f.seam.impl, q[0], 2 * PAGE), 0);
+        thunk_model_get_stats(f.m, &s);
+        REQUIRE(s.svm_ranges == N + 1);
+
+        /* bad input changes nothing */
+        REQUIRE_RC(f.seam.ops->munmap(f.seam.impl, p + 1, PAGE), -EINVAL);
+        REQUIRE_RC(f.seam.ops->munmap(f.seam.impl, p, 0), -EINVAL);
+        thunk_model_get_stats(f.m, &s);
+        REQUIRE(s.svm_ranges == N + 1);
+
+        for (int i = 1; i < N; i++)
+                REQUIRE_RC(f.seam.ops->munmap(f.seam.impl, q[i], 2 * PAGE), 0);
+        REQUIRE_RC(f.seam.ops->munmap(f.seam.impl, p, len), 0);
+        thunk_model_get_stats(f.m, &s);
+        REQUIRE(s.svm_ranges == 0 && s.system_used == 0);
+        REQUIRE_RC(fx_teardown(&f), 0);
+        return 0;
+}
+
 int test_xnack(void)
 {
         Fx f;

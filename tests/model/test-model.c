@@ -472,6 +472,7 @@ static const RcTestCase tests[] = {
         {"svm", test_svm},
         {"svm-limits", test_svm_limits},
         {"xnack", test_xnack},
+        {"svm-unmap-notices", test_svm_unmap_notices},
         {"secondary", test_secondary},
         {"gem-va", test_gem_va},
         {"read-only-import", test_read_only_import},
