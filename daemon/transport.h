@@ -48,8 +48,9 @@ typedef struct Transport {
         unsigned out_count; /* replies queued or being made */
         uint16_t version;   /* written in reply headers (0: the newest) */
         bool dead;
-        bool paused;   /* not reading (the daemon is stopping) */
-        unsigned held; /* not reading until the owner's work in progress is done (transport_hold) */
+        bool paused;             /* not reading (the daemon is stopping) */
+        unsigned held;           /* not reading until the owner's work in progress is done (transport_hold) */
+        uint8_t read_again_skip; /* replies before the next read straight after one (on_read) */
 } Transport;
 
 /*
