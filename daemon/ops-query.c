@@ -122,7 +122,6 @@ static int topology_pack(const ThunkTopology *t, bool with_props, uint8_t **ret,
         tr.n_nodes = t->n_nodes;
         tr.nodes = b.node_ptrs;
         st.has_code = true;
-        st.reason = "";
         reply.status = &st;
         reply.result_case = GPUMEM__REPLY__RESULT_TOPOLOGY;
         reply.topology = &tr;

@@ -247,8 +247,7 @@ int reply_ok(ReqCtx *r, Gpumem__Reply *reply)
         int err;
 
         st.has_code = true;
-        st.code = 0;
-        st.reason = "";
+        st.code = 0; /* no reason: absent, it reads as empty, and the status is two bytes */
         /* the caller's reply is packed below and not used after this call */
         reply->status = &st; // cppcheck-suppress autoVariables
         r->n_out_fds = 0;
