@@ -2,7 +2,9 @@
 #include "envelope.h"
 
 #include <errno.h>
+#include <stdbool.h>
 #include <stdlib.h>
+#include <string.h>
 
 static size_t varint_size(uint64_t v)
 {
@@ -122,6 +124,140 @@ int gm_request_unpack_op(ProtobufCAllocator *alloc, const uint8_t *body, size_t 
         return 1;
 }
 
+/*
+ * The same parts decoded by hand, strictly: each field once in its plain form (a varint, one-byte tag), as
+ * protobuf-c reads it. Anything else (another field, a packed form where the other one is usual, a broken
+ * varint) is not taken, and protobuf-c decides. NULL: not taken, or out of memory.
+ */
+static Gpumem__Status *unhand_status(ProtobufCAllocator *alloc, const uint8_t *p, size_t len)
+{
+        Gpumem__Status *st;
+        uint64_t v;
+        size_t a;
+
+        if (len < 2 || p[0] != 1 << 3 || !(a = varint_get(p + 1, len - 1, &v)) || 1 + a != len)
+                return NULL;
+        st = msg_alloc(alloc, sizeof(*st));
+        if (!st)
+                return NULL;
+        gpumem__status__init(st);
+        st->has_code = true;
+        st->code = (int32_t)((uint32_t)v >> 1) ^ -(int32_t)((uint32_t)v & 1);
+        return st;
+}
+
+/* Pointer info: fields 1-8 as varints, the mapped GPUs (6) one tag each. */
+static Gpumem__PointerInfoReply *unhand_pointer_info(ProtobufCAllocator *alloc, const uint8_t *p, size_t len)
+{
+        Gpumem__PointerInfoReply *m;
+        size_t n_gpus = 0;
+
+        for (size_t at = 0; at < len;) { /* checked, and the mapped GPUs counted */
+                uint64_t v;
+                size_t a;
+                if (p[at] < (1 << 3) || p[at] > (8 << 3) || (p[at] & 7) != 0 ||
+                    !(a = varint_get(p + at + 1, len - at - 1, &v)))
+                        return NULL;
+                n_gpus += p[at] == 6 << 3;
+                at += 1 + a;
+        }
+        m = msg_alloc(alloc, sizeof(*m));
+        if (!m)
+                return NULL;
+        gpumem__pointer_info_reply__init(m);
+        if (n_gpus && !(m->mapped_gpus = msg_alloc(alloc, n_gpus * sizeof(*m->mapped_gpus)))) {
+                msg_free(alloc, m);
+                return NULL;
+        }
+        for (size_t at = 0; at < len;) {
+                uint8_t id = p[at] >> 3;
+                uint64_t v = 0;
+                bool any = false;
+                size_t a = varint_get(p + at + 1, len - at - 1, &v);
+
+                for (size_t i = 0; i < a;
+                     i++) /* a bool is true if any payload bit is, as protobuf-c reads it */
+                        any |= (p[at + 1 + i] & 0x7f) != 0;
+                at += 1 + a;
+                switch (id) {
+                case 1:
+                        m->has_handle = true;
+                        m->handle = v;
+                        break;
+                case 2:
+                        m->has_kind = true;
+                        m->kind = (Gpumem__MemKind)(int32_t)(uint32_t)v;
+                        break;
+                case 3:
+                        m->has_gpu_id = true;
+                        m->gpu_id = (uint32_t)v;
+                        break;
+                case 4:
+                        m->has_alloc_base = true;
+                        m->alloc_base = v;
+                        break;
+                case 5:
+                        m->has_size = true;
+                        m->size = v;
+                        break;
+                case 6:
+                        m->mapped_gpus[m->n_mapped_gpus++] = (uint32_t)v;
+                        break;
+                case 7:
+                        m->has_flags = true;
+                        m->flags = (uint32_t)v;
+                        break;
+                default:
+                        m->has_cpu_accessible = true;
+                        m->cpu_accessible = any;
+                        break;
+                }
+        }
+        return m;
+}
+
+/* Packed SVM attributes: field 2, once, packed. */
+static Gpumem__SvmGetAttrReply *unhand_svm_get(ProtobufCAllocator *alloc, const uint8_t *p, size_t len)
+{
+        Gpumem__SvmGetAttrReply *m;
+        size_t a, n = 0;
+        uint64_t body, v;
+
+        if (len < 2 || p[0] != (2 << 3 | 2) || !(a = varint_get(p + 1, len - 1 < 5 ? len - 1 : 5, &body)) ||
+            body != len - 1 - a || body == 0)
+                return NULL;
+        p += 1 + a;
+        for (size_t at = 0, k; at < body; at += k)
+                if (!(k = varint_get(p + at, body - at, &v)))
+                        return NULL;
+                else
+                        n++;
+        m = msg_alloc(alloc, sizeof(*m));
+        if (!m)
+                return NULL;
+        gpumem__svm_get_attr_reply__init(m);
+        m->packed_attrs = msg_alloc(alloc, n * sizeof(*m->packed_attrs));
+        if (!m->packed_attrs) {
+                msg_free(alloc, m);
+                return NULL;
+        }
+        for (size_t at = 0; at < body;)
+                at += varint_get(p + at, body - at, &m->packed_attrs[m->n_packed_attrs++]);
+        return m;
+}
+
+static ProtobufCMessage *unhand_result(ProtobufCAllocator *alloc, uint32_t id, const uint8_t *p, size_t len)
+{
+        switch (id) {
+        case GPUMEM__REPLY__RESULT_POINTER_INFO:
+                return (ProtobufCMessage *)unhand_pointer_info(alloc, p, len);
+        case GPUMEM__REPLY__RESULT_SVM_GET_ATTR:
+                return (ProtobufCMessage *)unhand_svm_get(alloc, p, len);
+        default:
+                return NULL;
+        }
+}
+
 int gm_reply_unpack_result(ProtobufCAllocator *alloc, const uint8_t *body, size_t len, Gpumem__Reply **ret)
 {
         const ProtobufCFieldDescriptor *f = NULL;
@@ -151,12 +287,15 @@ int gm_reply_unpack_result(ProtobufCAllocator *alloc, const uint8_t *body, size_
         if (!rep)
                 return 0;
         gpumem__reply__init(rep);
-        if (st_data && !(rep->status = gpumem__status__unpack(alloc, st_n, st_data))) {
+        if (st_data && !(rep->status = unhand_status(alloc, st_data, st_n)) &&
+            !(rep->status = gpumem__status__unpack(alloc, st_n, st_data))) {
                 msg_free(alloc, rep);
                 return 0;
         }
         if (f) {
-                ProtobufCMessage *res = protobuf_c_message_unpack(f->descriptor, alloc, res_n, res_data);
+                ProtobufCMessage *res = unhand_result(alloc, f->id, res_data, res_n);
+                if (!res)
+                        res = protobuf_c_message_unpack(f->descriptor, alloc, res_n, res_data);
                 if (!res) {
                         if (rep->status)
                                 gpumem__status__free_unpacked(rep->status, alloc);
@@ -215,8 +354,101 @@ static const ProtobufCMessage *reply_result(const Gpumem__Reply *r, const Protob
         return *(const ProtobufCMessage *const *)((const uint8_t *)r + f->offset);
 }
 
+/*
+ * The parts of the small ops' replies packed by hand, byte for byte as protobuf-c packs them (its general
+ * walk costs those ops more than the rest of their way through the daemon): a status with a code alone,
+ * and the results of pointer queries and packed SVM attribute queries. Into @tmp (of @cap bytes):
+ * the size, or 0 when the message is not one of these (pack it the general way).
+ */
+enum { HAND_MAX = 192 };
+
+static size_t hand_status(const Gpumem__Status *st, uint8_t *tmp)
+{
+        size_t n = 0;
+
+        if (st->base.n_unknown_fields || st->reason)
+                return 0;
+        if (st->has_code) {
+                tmp[n++] = 1 << 3;
+                n += varint_put(tmp + n, ((uint32_t)st->code << 1) ^ (uint32_t)(st->code >> 31));
+        }
+        return n;
+}
+
+static size_t hand_pointer_info(const Gpumem__PointerInfoReply *m, uint8_t *tmp)
+{
+        size_t n = 0;
+
+        /* at most 11 bytes per field, and 6 per mapped GPU */
+        if (m->base.n_unknown_fields || m->n_mapped_gpus > (HAND_MAX - 7 * 11) / 6)
+                return 0;
+        if (m->has_handle) {
+                tmp[n++] = 1 << 3;
+                n += varint_put(tmp + n, m->handle);
+        }
+        if (m->has_kind) { /* an enum is an int32: negative ones take ten bytes */
+                tmp[n++] = 2 << 3;
+                n += varint_put(tmp + n, (uint64_t)(int64_t)(int32_t)m->kind);
+        }
+        if (m->has_gpu_id) {
+                tmp[n++] = 3 << 3;
+                n += varint_put(tmp + n, m->gpu_id);
+        }
+        if (m->has_alloc_base) {
+                tmp[n++] = 4 << 3;
+                n += varint_put(tmp + n, m->alloc_base);
+        }
+        if (m->has_size) {
+                tmp[n++] = 5 << 3;
+                n += varint_put(tmp + n, m->size);
+        }
+        for (size_t i = 0; i < m->n_mapped_gpus; i++) { /* not packed: a tag each */
+                tmp[n++] = 6 << 3;
+                n += varint_put(tmp + n, m->mapped_gpus[i]);
+        }
+        if (m->has_flags) {
+                tmp[n++] = 7 << 3;
+                n += varint_put(tmp + n, m->flags);
+        }
+        if (m->has_cpu_accessible) {
+                tmp[n++] = 8 << 3;
+                tmp[n++] = m->cpu_accessible ? 1 : 0;
+        }
+        return n;
+}
+
+static size_t hand_svm_get(const Gpumem__SvmGetAttrReply *m, uint8_t *tmp)
+{
+        size_t body = 0, n = 0;
+
+        if (m->base.n_unknown_fields || m->n_attrs || !m->n_packed_attrs ||
+            m->n_packed_attrs > (HAND_MAX - 8) / 10)
+                return 0;
+        for (size_t i = 0; i < m->n_packed_attrs; i++)
+                body += varint_size(m->packed_attrs[i]);
+        tmp[n++] = 2 << 3 | 2;
+        n += varint_put(tmp + n, body);
+        for (size_t i = 0; i < m->n_packed_attrs; i++)
+                n += varint_put(tmp + n, m->packed_attrs[i]);
+        return n;
+}
+
+static size_t hand_result(const Gpumem__Reply *r, const ProtobufCMessage *res, uint8_t *tmp)
+{
+        switch (r->result_case) {
+        case GPUMEM__REPLY__RESULT_POINTER_INFO:
+                return hand_pointer_info((const Gpumem__PointerInfoReply *)res, tmp);
+        case GPUMEM__REPLY__RESULT_SVM_GET_ATTR:
+                return hand_svm_get((const Gpumem__SvmGetAttrReply *)res, tmp);
+        default:
+                return 0;
+        }
+}
+
 int gm_reply_pack_into(const Gpumem__Reply *r, uint8_t *out, size_t cap, size_t *ret_len)
 {
+        uint8_t st_tmp[16], rs_tmp[HAND_MAX];
+        size_t st_hand = 0, rs_hand = 0;
         const ProtobufCFieldDescriptor *f = NULL;
         const ProtobufCMessage *res;
         size_t n = 0, st = 0, rs = 0, need = 0;
@@ -232,13 +464,17 @@ int gm_reply_pack_into(const Gpumem__Reply *r, uint8_t *out, size_t cap, size_t 
         /* each part's size once, then the parts in the order protobuf-c writes them: by number, status (1)
          * before every result (10 on) */
         if (r->status) {
-                st = gpumem__status__get_packed_size(r->status);
+                st = st_hand = hand_status(r->status, st_tmp);
+                if (!st_hand)
+                        st = gpumem__status__get_packed_size(r->status);
                 need += 1 + varint_size(st) + st;
         }
         res = reply_result(r, &f);
         if (res) {
                 tag = (uint64_t)f->id << 3 | 2;
-                rs = protobuf_c_message_get_packed_size(res);
+                rs = rs_hand = hand_result(r, res, rs_tmp);
+                if (!rs_hand)
+                        rs = protobuf_c_message_get_packed_size(res);
                 need += varint_size(tag) + varint_size(rs) + rs;
         }
         if (need > cap)
@@ -246,12 +482,16 @@ int gm_reply_pack_into(const Gpumem__Reply *r, uint8_t *out, size_t cap, size_t 
         if (r->status) {
                 out[n++] = 1 << 3 | 2;
                 n += varint_put(out + n, st);
-                n += gpumem__status__pack(r->status, out + n);
+                if (st_hand)
+                        memcpy(out + n, st_tmp, st_hand);
+                n += st_hand ? st_hand : gpumem__status__pack(r->status, out + n);
         }
         if (res) {
                 n += varint_put(out + n, tag);
                 n += varint_put(out + n, rs);
-                n += protobuf_c_message_pack(res, out + n);
+                if (rs_hand)
+                        memcpy(out + n, rs_tmp, rs_hand);
+                n += rs_hand ? rs_hand : protobuf_c_message_pack(res, out + n);
         }
         *ret_len = n;
         return 0;

@@ -370,6 +370,137 @@ static void test_random_messages(void)
         }
 }
 
+/* Both decoders' Replies of @body, packed by protobuf-c: the same bytes, whenever the envelope takes it. */
+static void same_reply_decoding(const uint8_t *body, size_t len)
+{
+        Gpumem__Reply *fast = NULL, *slow;
+
+        if (!gm_reply_unpack_result(NULL, body, len, &fast))
+                return;
+        slow = gpumem__reply__unpack(NULL, len, body);
+        CHECK(slow != NULL);
+        if (slow) {
+                size_t na = gpumem__reply__get_packed_size(fast), nb = gpumem__reply__get_packed_size(slow);
+                uint8_t *a = malloc(na + 1), *b = malloc(nb + 1);
+                CHECK_EQ(na, nb);
+                if (a && b && na == nb) {
+                        gpumem__reply__pack(fast, a);
+                        gpumem__reply__pack(slow, b);
+                        CHECK(memcmp(a, b, na) == 0);
+                        if (memcmp(a, b, na))
+                                fprintf(stderr, "result %d decoded differently\n", (int)slow->result_case);
+                }
+                free(a);
+                free(b);
+                gpumem__reply__free_unpacked(slow, NULL);
+        }
+        gpumem__reply__free_unpacked(fast, NULL);
+}
+
+/*
+ * Replies of every result at random, packed and then mutated (a byte changed, cut short, a byte put in):
+ * whatever the envelope (and the results it decodes by hand) takes, protobuf-c takes too and reads the same.
+ */
+static void test_reply_mutations(void)
+{
+        void *pool[512];
+
+        for (unsigned i = 0; i < gpumem__reply__descriptor.n_fields; i++) {
+                const ProtobufCFieldDescriptor *f = &gpumem__reply__descriptor.fields[i];
+                if (!(f->flags & PROTOBUF_C_FIELD_FLAG_ONEOF))
+                        continue;
+                /* most of all the results decoded by hand */
+                int iters = f->id == GPUMEM__REPLY__RESULT_POINTER_INFO ||
+                                            f->id == GPUMEM__REPLY__RESULT_SVM_GET_ATTR
+                                    ? 3000
+                                    : 100;
+                for (int it = 0; it < iters; it++) {
+                        Gpumem__Reply r = GPUMEM__REPLY__INIT;
+                        Gpumem__Status st = GPUMEM__STATUS__INIT;
+                        uint8_t buf[4096], mut[4097];
+                        size_t n_pool = 0, len;
+
+                        st.has_code = rnd() & 1;
+                        st.code = (int32_t)rnd();
+                        r.status = rnd() % 4 ? &st : NULL;
+                        r.result_case = (Gpumem__Reply__ResultCase)f->id;
+                        *(ProtobufCMessage **)((uint8_t *)&r + f->offset) =
+                                random_message(f->descriptor, pool, &n_pool, 1);
+                        len = gpumem__reply__get_packed_size(&r);
+                        if (len <= sizeof(buf)) {
+                                gpumem__reply__pack(&r, buf);
+                                same_reply_decoding(buf, len);
+                                for (int k = 0; k < 30 && len; k++) {
+                                        size_t ml = len, at = rnd() % len;
+                                        memcpy(mut, buf, len);
+                                        switch (rnd() % 3) {
+                                        case 0:
+                                                mut[at] = (uint8_t)rnd();
+                                                break;
+                                        case 1:
+                                                ml = at;
+                                                break;
+                                        default:
+                                                memmove(mut + at + 1, mut + at, len - at);
+                                                mut[at] = (uint8_t)(rnd() & 1 ? rnd() : 0x80 | rnd());
+                                                ml++;
+                                                break;
+                                        }
+                                        same_reply_decoding(mut, ml);
+                                }
+                        }
+                        while (n_pool)
+                                free(pool[--n_pool]);
+                }
+        }
+}
+
+/* Bodies a hand decoder must leave to protobuf-c, or read as it does: other wire types, packed or unpacked
+ * the unusual way, chunks, long tags and varints, unknown fields. */
+static void test_reply_odd_forms(void)
+{
+        static const struct {
+                uint8_t id; /* the result's field number */
+                uint8_t n;
+                uint8_t b[24];
+        } odd[] = {
+                {14, 3, {0x0a, 0x01, 0x05}},       /* handle length-delimited */
+                {14, 4, {0x0a, 0x02, 0x10, 0x05}}, /* the same, holding what reads as a field */
+                {14, 3, {0x09 | 0, 0x01, 0x02}},   /* handle as a fixed64 tag, short */
+                {14, 4, {0x32, 0x02, 0x05, 0x06}}, /* mapped GPUs packed */
+                {14, 4, {0x30, 0x05, 0x32, 0x00}}, /* unpacked, then an empty packed chunk */
+                {14, 3, {0x88, 0x00, 0x07}},       /* a two-byte tag for field 1 */
+                {14, 2, {0x48, 0x01}},             /* unknown field 9 */
+                {14,
+                 11,
+                 {0x40, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x02}}, /* bool, 10 bytes */
+                {14,
+                 12,
+                 {0x40, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x01}}, /* 11 bytes */
+                {14, 4, {0x10, 0xff, 0xff, 0x0f}},             /* kind, three bytes */
+                {14, 2, {0x08, 0x80}},                         /* cut inside a varint */
+                {25, 2, {0x10, 0x05}},                         /* packed attrs unpacked */
+                {25, 6, {0x12, 0x01, 0x05, 0x12, 0x01, 0x06}}, /* two chunks */
+                {25, 2, {0x12, 0x00}},                         /* an empty chunk */
+                {25, 3, {0x12, 0x02, 0x05}},                   /* a chunk longer than the body */
+                {25, 4, {0x12, 0x02, 0x85, 0x80}},             /* a chunk ending inside a varint */
+        };
+
+        for (size_t i = 0; i < ARRAY_SIZE(odd); i++) {
+                uint8_t body[64];
+                size_t n = 0;
+                body[n++] = 1 << 3 | 2; /* status: code 0 */
+                body[n++] = 2;
+                body[n++] = 1 << 3;
+                body[n++] = 0;
+                body[n++] = (uint8_t)(odd[i].id << 3 | 2);
+                body[n++] = odd[i].n;
+                memcpy(body + n, odd[i].b, odd[i].n);
+                n += odd[i].n;
+                same_reply_decoding(body, n);
+        }
+}
+
 int main(void)
 {
         static const TestCase cases[] = {
@@ -378,6 +509,9 @@ int main(void)
                 {"every other body is left to protobuf-c", test_other_bodies},
                 {"every other reply is left to protobuf-c", test_other_replies},
                 {"every result and op, filled at random, packs as protobuf-c packs it", test_random_messages},
+                {"a mutated reply the envelope takes, protobuf-c reads the same", test_reply_mutations},
+                {"odd forms of the results decoded by hand are read as protobuf-c reads them",
+                 test_reply_odd_forms},
         };
         return run_tests(cases, ARRAY_SIZE(cases));
 }
