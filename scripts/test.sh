@@ -1,6 +1,7 @@
 #!/bin/sh
-# The whole test suite on a fresh machine: the -Werror build, the same suite under ASan+UBSan, the daemon
-# integration tests with gpumemd under valgrind, and each fuzzer for a bounded time (clang, libFuzzer).
+# The whole test suite on a fresh machine: the -Werror build, the same suite under ASan+UBSan and all but the
+# stress tests under ThreadSanitizer, the daemon integration tests with gpumemd under valgrind, and each
+# fuzzer for a bounded time (clang, libFuzzer).
 # FUZZ_SECONDS (default 30) sets the time per fuzzer; 0 skips the stage.
 set -eu
 cd "$(dirname "$0")/.."
@@ -23,6 +24,15 @@ export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1
 export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
 run_suite build-asan "ASan+UBSan"
 unset ASAN_OPTIONS UBSAN_OPTIONS
+
+# ThreadSanitizer (clang): the daemon's event loops and worker threads, the client library's threads and
+# the model's packet processor, over every suite but stress, whose runs outlast their timeouts under it.
+# die_after_fork=0: tests fork clients that run as other uids from a process that has threads.
+CC=clang sh scripts/build.sh build-tsan -Db_sanitize=thread -Db_lundef=false -Ddocs=disabled
+export TSAN_OPTIONS=halt_on_error=1:die_after_fork=0
+run_suite build-tsan "ThreadSanitizer" --timeout-multiplier 3 \
+    --suite model --suite unit --suite topo --suite thunk --suite integ --suite systemd
+unset TSAN_OPTIONS
 
 # gpumemd under valgrind (memcheck; an error or a definite leak makes the daemon exit 99, and the test
 # fails on its exit status): the policy suite (clients of several uids, every memory path, reloads, random
@@ -74,7 +84,7 @@ if [ "$fuzz_seconds" -gt 0 ]; then
         done
         rm -rf "$work"
     else
-        fuzz_fail=4
+        fuzz_fail=$(echo $fuzzers | wc -w)
         status=1
     fi
     echo "libFuzzer (${fuzz_seconds} s each): $fuzz_pass passed, $fuzz_fail failed" >> "$summary"

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -32,6 +33,18 @@ static void send_reply(int fd, uint32_t id, Gpumem__Reply *rep)
                 return;
         gpumem__reply__pack(rep, body);
         (void)gm_wire_send(fd, hdr, sizeof(hdr), body, len, NULL, 0, 0);
+}
+
+/* A base for a window of @size that is free in this process (a sanitizer may reserve most of the address
+ * space, so no fixed address will do): where the kernel places a mapping of that size. */
+static uint64_t free_window_base(uint64_t size)
+{
+        void *p = mmap(NULL, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+
+        if (p == MAP_FAILED)
+                return 0x200000000000ull;
+        munmap(p, size);
+        return (uint64_t)(uintptr_t)p;
 }
 
 static void *old_daemon(void *arg)
@@ -72,7 +85,7 @@ static void *old_daemon(void *arg)
                         hr.has_window_size = hr.has_page_size = true;
                         hr.protocol_version = 1; /* the lower of its own and the client's */
                         hr.client_id = 7;
-                        hr.window_base = 0x200000000000ull;
+                        hr.window_base = free_window_base(1ull << 30);
                         hr.window_size = 1ull << 30;
                         hr.page_size = 4096;
                         hr.server_version = (char *)"0.0.1";
