@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -24,6 +25,27 @@ static size_t varint_put(uint8_t *out, uint64_t v)
                 v >>= 7;
         }
         out[n++] = (uint8_t)v;
+        return n;
+}
+
+/* Field @id as a varint (tag and value) at @out: its size. */
+static size_t put_varint_field(uint8_t *out, uint32_t id, uint64_t v)
+{
+        out[0] = (uint8_t)(id << 3);
+        return 1 + varint_put(out + 1, v);
+}
+
+/* Field @id packed: @n varints of @arr (at least one), with the tag and length: its size. */
+static size_t put_packed_field(uint8_t *out, uint32_t id, const uint64_t *arr, size_t count)
+{
+        size_t n = 0, body = 0;
+
+        for (size_t i = 0; i < count; i++)
+                body += varint_size(arr[i]);
+        out[n++] = (uint8_t)(id << 3 | 2);
+        n += varint_put(out + n, body);
+        for (size_t i = 0; i < count; i++)
+                n += varint_put(out + n, arr[i]);
         return n;
 }
 
@@ -95,6 +117,184 @@ static void set_member(void *outer, const ProtobufCFieldDescriptor *f, ProtobufC
         *(ProtobufCMessage **)((uint8_t *)outer + f->offset) = sub;
 }
 
+/*
+ * The small ops' requests and the ping's reply coded by hand, as the results below: a message of an optional
+ * uint64 at field 1 (Ping, PingReply, PointerInfoGet), and the packed form of the SVM attribute calls
+ * (va at 1, size at 2, the packed attributes at 4). A decoder takes only the plain form protobuf-c writes
+ * (each field once, in order, a one-byte tag); anything else goes the general way.
+ */
+
+/* Field 1 as an optional uint64, the whole body: false when the body is anything else. */
+static bool unhand_u64_1(const uint8_t *p, size_t len, protobuf_c_boolean *has, uint64_t *v)
+{
+        size_t a;
+
+        if (len == 0) {
+                *has = false;
+                return true;
+        }
+        if (p[0] != 1 << 3 || !(a = varint_get(p + 1, len - 1, v)) || 1 + a != len)
+                return false;
+        *has = true;
+        return true;
+}
+
+/* A message of @desc whose one field is that optional uint64 (Ping, PingReply, PointerInfoGet), or NULL. */
+static ProtobufCMessage *unhand_u64_msg(ProtobufCAllocator *alloc, const ProtobufCMessageDescriptor *desc,
+                                        const uint8_t *p, size_t len)
+{
+        const ProtobufCFieldDescriptor *f = &desc->fields[0];
+        protobuf_c_boolean has;
+        uint64_t v = 0;
+        ProtobufCMessage *m;
+
+        if (!unhand_u64_1(p, len, &has, &v) || !(m = msg_alloc(alloc, desc->sizeof_message)))
+                return NULL;
+        desc->message_init(m);
+        *(protobuf_c_boolean *)((uint8_t *)m + f->quantifier_offset) = has;
+        *(uint64_t *)((uint8_t *)m + f->offset) = v;
+        return m;
+}
+
+static size_t hand_u64_1(protobuf_c_boolean has, uint64_t v, uint8_t *out)
+{
+        if (!has)
+                return 0;
+        out[0] = 1 << 3;
+        return 1 + varint_put(out + 1, v);
+}
+
+/* The packed SVM call's fields; false when the body is not that plain form. *@ret_packed/@ret_n: the
+ * attributes' bytes, *@ret_count: how many. */
+static bool unhand_svm_call(const uint8_t *p, size_t len, protobuf_c_boolean *has_va, uint64_t *va,
+                            protobuf_c_boolean *has_size, uint64_t *size, const uint8_t **ret_packed,
+                            size_t *ret_n, size_t *ret_count)
+{
+        size_t at = 0, a, count = 0;
+        uint64_t body, v;
+
+        *has_va = *has_size = false;
+        *ret_packed = NULL;
+        *ret_n = *ret_count = 0;
+        if (at < len && p[at] == 1 << 3) {
+                if (!(a = varint_get(p + at + 1, len - at - 1, va)))
+                        return false;
+                *has_va = true;
+                at += 1 + a;
+        }
+        if (at < len && p[at] == 2 << 3) {
+                if (!(a = varint_get(p + at + 1, len - at - 1, size)))
+                        return false;
+                *has_size = true;
+                at += 1 + a;
+        }
+        if (at < len) {
+                if (p[at] != (4 << 3 | 2) ||
+                    !(a = varint_get(p + at + 1, len - at - 1 < 5 ? len - at - 1 : 5, &body)) || body == 0 ||
+                    body != len - at - 1 - a)
+                        return false;
+                at += 1 + a;
+                for (size_t k = 0, n; k < body; k += n, count++)
+                        if (!(n = varint_get(p + at + k, body - k, &v)))
+                                return false;
+                *ret_packed = p + at;
+                *ret_n = (size_t)body;
+                *ret_count = count;
+        }
+        return true;
+}
+
+/* The packed attributes read by unhand_svm_call() into an array of @alloc, or NULL. */
+static uint64_t *unhand_attrs(ProtobufCAllocator *alloc, const uint8_t *p, size_t n, size_t count)
+{
+        uint64_t *arr = msg_alloc(alloc, count * sizeof(*arr));
+
+        for (size_t at = 0, i = 0; arr && at < n; i++)
+                at += varint_get(p + at, n - at, &arr[i]);
+        return arr;
+}
+
+_Static_assert(sizeof(Gpumem__SvmSetAttr) == sizeof(Gpumem__SvmGetAttr) &&
+                       offsetof(Gpumem__SvmSetAttr, va) == offsetof(Gpumem__SvmGetAttr, va) &&
+                       offsetof(Gpumem__SvmSetAttr, size) == offsetof(Gpumem__SvmGetAttr, size) &&
+                       offsetof(Gpumem__SvmSetAttr, n_attrs) == offsetof(Gpumem__SvmGetAttr, n_attrs) &&
+                       offsetof(Gpumem__SvmSetAttr, packed_attrs) ==
+                               offsetof(Gpumem__SvmGetAttr, packed_attrs),
+               "SvmSetAttr and SvmGetAttr are coded as one");
+
+/* The packed form of an SVM call into @out (of @cap bytes), or 0 for the general way. */
+static size_t hand_svm_call(const Gpumem__SvmGetAttr *m, uint8_t *out, size_t cap)
+{
+        size_t n = 0;
+
+        if (m->base.n_unknown_fields || m->n_attrs || 2 * 11 + 6 + m->n_packed_attrs * 10 > cap)
+                return 0;
+        if (m->has_va)
+                n += put_varint_field(out + n, 1, m->va);
+        if (m->has_size)
+                n += put_varint_field(out + n, 2, m->size);
+        if (m->n_packed_attrs)
+                n += put_packed_field(out + n, 4, m->packed_attrs, m->n_packed_attrs);
+        return n;
+}
+
+/* The op @id's message decoded by hand from @p, or NULL (not one of these, or out of memory). */
+static ProtobufCMessage *unhand_op(ProtobufCAllocator *alloc, uint32_t id, const uint8_t *p, size_t len)
+{
+        switch (id) {
+        case GPUMEM__REQUEST__OP_PING:
+                return unhand_u64_msg(alloc, &gpumem__ping__descriptor, p, len);
+        case GPUMEM__REQUEST__OP_POINTER_INFO:
+                return unhand_u64_msg(alloc, &gpumem__pointer_info_get__descriptor, p, len);
+        case GPUMEM__REQUEST__OP_SVM_SET_ATTR:
+        case GPUMEM__REQUEST__OP_SVM_GET_ATTR: {
+                protobuf_c_boolean has_va, has_size;
+                uint64_t va = 0, size = 0;
+                const uint8_t *packed;
+                size_t n, count;
+                Gpumem__SvmGetAttr *m;
+                if (!unhand_svm_call(p, len, &has_va, &va, &has_size, &size, &packed, &n, &count) ||
+                    !(m = msg_alloc(alloc, sizeof(*m))))
+                        return NULL;
+                if (id == GPUMEM__REQUEST__OP_SVM_SET_ATTR)
+                        gpumem__svm_set_attr__init((Gpumem__SvmSetAttr *)(void *)m);
+                else
+                        gpumem__svm_get_attr__init(m);
+                m->has_va = has_va;
+                m->va = va;
+                m->has_size = has_size;
+                m->size = size;
+                if (count && !(m->packed_attrs = unhand_attrs(alloc, packed, n, count))) {
+                        msg_free(alloc, m);
+                        return NULL;
+                }
+                m->n_packed_attrs = count;
+                return &m->base;
+        }
+        default:
+                return NULL;
+        }
+}
+
+/* The small ops' requests packed by hand into @tmp (of @cap bytes): the size, or 0 for the general
+ * way. */
+static size_t hand_op(const Gpumem__Request *req, const ProtobufCMessage *op, uint8_t *tmp, size_t cap)
+{
+        if (op->n_unknown_fields)
+                return 0;
+        switch (req->op_case) {
+        case GPUMEM__REQUEST__OP_PING:
+                return hand_u64_1(req->ping->has_cookie, req->ping->cookie, tmp);
+        case GPUMEM__REQUEST__OP_POINTER_INFO:
+                return hand_u64_1(req->pointer_info->has_va, req->pointer_info->va, tmp);
+        case GPUMEM__REQUEST__OP_SVM_SET_ATTR:
+        case GPUMEM__REQUEST__OP_SVM_GET_ATTR:
+                return hand_svm_call((const Gpumem__SvmGetAttr *)(const void *)op, tmp, cap);
+        default:
+                return 0;
+        }
+}
+
 int gm_request_unpack_op(ProtobufCAllocator *alloc, const uint8_t *body, size_t len, Gpumem__Request **ret)
 {
         const ProtobufCFieldDescriptor *f;
@@ -104,17 +304,20 @@ int gm_request_unpack_op(ProtobufCAllocator *alloc, const uint8_t *body, size_t 
         uint32_t id;
         size_t n;
 
-        /* exactly one field: nothing, or anything after it (a second op, unknown fields), takes the general
-         * way */
+        /* exactly one field: nothing, or anything after it (a second op, unknown fields), takes the
+         * general way */
         size_t used = field_get(body, len, &id, &data, &n);
         if (!used || used != len || !(f = oneof_message(&gpumem__request__descriptor, id)))
                 return 0;
-        /* the top message first, as protobuf-c allocates: an arena's owner finds it at the arena's start */
+        /* the top message first, as protobuf-c allocates: an arena's owner finds it at the arena's
+         * start */
         req = msg_alloc(alloc, sizeof(*req));
         if (!req)
                 return 0;
         gpumem__request__init(req);
-        op = protobuf_c_message_unpack(f->descriptor, alloc, n, data);
+        op = unhand_op(alloc, id, data, n);
+        if (!op)
+                op = protobuf_c_message_unpack(f->descriptor, alloc, n, data);
         if (!op) { /* the general way refuses it too, and says so the usual way */
                 msg_free(alloc, req);
                 return 0;
@@ -125,9 +328,9 @@ int gm_request_unpack_op(ProtobufCAllocator *alloc, const uint8_t *body, size_t 
 }
 
 /*
- * The same parts decoded by hand, strictly: each field once in its plain form (a varint, one-byte tag), as
- * protobuf-c reads it. Anything else (another field, a packed form where the other one is usual, a broken
- * varint) is not taken, and protobuf-c decides. NULL: not taken, or out of memory.
+ * The same parts decoded by hand, strictly: each field once in its plain form (a varint, one-byte
+ * tag), as protobuf-c reads it. Anything else (another field, a packed form where the other one is
+ * usual, a broken varint) is not taken, and protobuf-c decides. NULL: not taken, or out of memory.
  */
 static Gpumem__Status *unhand_status(ProtobufCAllocator *alloc, const uint8_t *p, size_t len)
 {
@@ -249,6 +452,15 @@ static Gpumem__SvmGetAttrReply *unhand_svm_get(ProtobufCAllocator *alloc, const 
 static ProtobufCMessage *unhand_result(ProtobufCAllocator *alloc, uint32_t id, const uint8_t *p, size_t len)
 {
         switch (id) {
+        case GPUMEM__REPLY__RESULT_PING:
+                return unhand_u64_msg(alloc, &gpumem__ping_reply__descriptor, p, len);
+        case GPUMEM__REPLY__RESULT_EMPTY: {
+                Gpumem__Empty *m;
+                if (len || !(m = msg_alloc(alloc, sizeof(*m))))
+                        return NULL;
+                gpumem__empty__init(m);
+                return &m->base;
+        }
         case GPUMEM__REPLY__RESULT_POINTER_INFO:
                 return (ProtobufCMessage *)unhand_pointer_info(alloc, p, len);
         case GPUMEM__REPLY__RESULT_SVM_GET_ATTR:
@@ -312,7 +524,8 @@ int gm_request_pack_into(const Gpumem__Request *req, uint8_t *out, size_t cap, s
 {
         const ProtobufCFieldDescriptor *f;
         const ProtobufCMessage *op = NULL;
-        size_t need = 0, n = 0, s = 0;
+        uint8_t tmp[256];
+        size_t need = 0, n = 0, s = 0, hand = 0;
         uint64_t tag = 0;
 
         if (req->base.n_unknown_fields || req->op_case == GPUMEM__REQUEST__OP__NOT_SET ||
@@ -326,7 +539,9 @@ int gm_request_pack_into(const Gpumem__Request *req, uint8_t *out, size_t cap, s
         op = *(const ProtobufCMessage *const *)((const uint8_t *)req + f->offset);
         if (op) { /* a NULL member is not written, as protobuf-c does */
                 tag = (uint64_t)f->id << 3 | 2;
-                s = protobuf_c_message_get_packed_size(op);
+                s = hand = hand_op(req, op, tmp, sizeof(tmp));
+                if (!hand)
+                        s = protobuf_c_message_get_packed_size(op);
                 need = varint_size(tag) + varint_size(s) + s;
         }
         if (need > cap)
@@ -334,13 +549,16 @@ int gm_request_pack_into(const Gpumem__Request *req, uint8_t *out, size_t cap, s
         if (op) {
                 n += varint_put(out + n, tag);
                 n += varint_put(out + n, s);
-                n += protobuf_c_message_pack(op, out + n);
+                if (hand)
+                        memcpy(out + n, tmp, hand);
+                n += hand ? hand : protobuf_c_message_pack(op, out + n);
         }
         *ret_len = n;
         return 0;
 }
 
-/* The result member of @r (NULL when none is set, or it is NULL, as protobuf-c then writes nothing). */
+/* The result member of @r (NULL when none is set, or it is NULL, as protobuf-c then writes nothing).
+ */
 static const ProtobufCMessage *reply_result(const Gpumem__Reply *r, const ProtobufCFieldDescriptor **ret_f)
 {
         const ProtobufCFieldDescriptor *f;
@@ -355,10 +573,10 @@ static const ProtobufCMessage *reply_result(const Gpumem__Reply *r, const Protob
 }
 
 /*
- * The parts of the small ops' replies packed by hand, byte for byte as protobuf-c packs them (its general
- * walk costs those ops more than the rest of their way through the daemon): a status with a code alone,
- * and the results of pointer queries and packed SVM attribute queries. Into @tmp (of @cap bytes):
- * the size, or 0 when the message is not one of these (pack it the general way).
+ * The parts of the small ops' replies packed by hand, byte for byte as protobuf-c packs them (its
+ * general walk costs those ops more than the rest of their way through the daemon): a status with a
+ * code alone, and the results of pointer queries and packed SVM attribute queries. Into @tmp (of @cap
+ * bytes): the size, or 0 when the message is not one of these (pack it the general way).
  */
 enum { HAND_MAX = 192 };
 
@@ -369,8 +587,8 @@ static size_t hand_status(const Gpumem__Status *st, uint8_t *tmp)
         if (st->base.n_unknown_fields || st->reason)
                 return 0;
         if (st->has_code) {
-                tmp[n++] = 1 << 3;
-                n += varint_put(tmp + n, ((uint32_t)st->code << 1) ^ (uint32_t)(st->code >> 31));
+                n += put_varint_field(tmp + n, 1,
+                                      ((uint32_t)st->code << 1) ^ (0u - ((uint32_t)st->code >> 31)));
         }
         return n;
 }
@@ -382,34 +600,22 @@ static size_t hand_pointer_info(const Gpumem__PointerInfoReply *m, uint8_t *tmp)
         /* at most 11 bytes per field, and 6 per mapped GPU */
         if (m->base.n_unknown_fields || m->n_mapped_gpus > (HAND_MAX - 7 * 11) / 6)
                 return 0;
-        if (m->has_handle) {
-                tmp[n++] = 1 << 3;
-                n += varint_put(tmp + n, m->handle);
-        }
+        if (m->has_handle)
+                n += put_varint_field(tmp + n, 1, m->handle);
         if (m->has_kind) { /* an enum is an int32: negative ones take ten bytes */
-                tmp[n++] = 2 << 3;
-                n += varint_put(tmp + n, (uint64_t)(int64_t)(int32_t)m->kind);
+                n += put_varint_field(tmp + n, 2, (uint64_t)(int64_t)(int32_t)m->kind);
         }
-        if (m->has_gpu_id) {
-                tmp[n++] = 3 << 3;
-                n += varint_put(tmp + n, m->gpu_id);
-        }
-        if (m->has_alloc_base) {
-                tmp[n++] = 4 << 3;
-                n += varint_put(tmp + n, m->alloc_base);
-        }
-        if (m->has_size) {
-                tmp[n++] = 5 << 3;
-                n += varint_put(tmp + n, m->size);
-        }
+        if (m->has_gpu_id)
+                n += put_varint_field(tmp + n, 3, m->gpu_id);
+        if (m->has_alloc_base)
+                n += put_varint_field(tmp + n, 4, m->alloc_base);
+        if (m->has_size)
+                n += put_varint_field(tmp + n, 5, m->size);
         for (size_t i = 0; i < m->n_mapped_gpus; i++) { /* not packed: a tag each */
-                tmp[n++] = 6 << 3;
-                n += varint_put(tmp + n, m->mapped_gpus[i]);
+                n += put_varint_field(tmp + n, 6, m->mapped_gpus[i]);
         }
-        if (m->has_flags) {
-                tmp[n++] = 7 << 3;
-                n += varint_put(tmp + n, m->flags);
-        }
+        if (m->has_flags)
+                n += put_varint_field(tmp + n, 7, m->flags);
         if (m->has_cpu_accessible) {
                 tmp[n++] = 8 << 3;
                 tmp[n++] = m->cpu_accessible ? 1 : 0;
@@ -419,23 +625,17 @@ static size_t hand_pointer_info(const Gpumem__PointerInfoReply *m, uint8_t *tmp)
 
 static size_t hand_svm_get(const Gpumem__SvmGetAttrReply *m, uint8_t *tmp)
 {
-        size_t body = 0, n = 0;
-
         if (m->base.n_unknown_fields || m->n_attrs || !m->n_packed_attrs ||
             m->n_packed_attrs > (HAND_MAX - 8) / 10)
                 return 0;
-        for (size_t i = 0; i < m->n_packed_attrs; i++)
-                body += varint_size(m->packed_attrs[i]);
-        tmp[n++] = 2 << 3 | 2;
-        n += varint_put(tmp + n, body);
-        for (size_t i = 0; i < m->n_packed_attrs; i++)
-                n += varint_put(tmp + n, m->packed_attrs[i]);
-        return n;
+        return put_packed_field(tmp, 2, m->packed_attrs, m->n_packed_attrs);
 }
 
 static size_t hand_result(const Gpumem__Reply *r, const ProtobufCMessage *res, uint8_t *tmp)
 {
         switch (r->result_case) {
+        case GPUMEM__REPLY__RESULT_PING:
+                return res->n_unknown_fields ? 0 : hand_u64_1(r->ping->has_cookie, r->ping->cookie, tmp);
         case GPUMEM__REPLY__RESULT_POINTER_INFO:
                 return hand_pointer_info((const Gpumem__PointerInfoReply *)res, tmp);
         case GPUMEM__REPLY__RESULT_SVM_GET_ATTR:
@@ -461,8 +661,8 @@ int gm_reply_pack_into(const Gpumem__Reply *r, uint8_t *out, size_t cap, size_t 
                 *ret_len = gpumem__reply__pack(r, out);
                 return 0;
         }
-        /* each part's size once, then the parts in the order protobuf-c writes them: by number, status (1)
-         * before every result (10 on) */
+        /* each part's size once, then the parts in the order protobuf-c writes them: by number,
+         * status (1) before every result (10 on) */
         if (r->status) {
                 st = st_hand = hand_status(r->status, st_tmp);
                 if (!st_hand)

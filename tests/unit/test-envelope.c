@@ -370,31 +370,66 @@ static void test_random_messages(void)
         }
 }
 
-/* Both decoders' Replies of @body, packed by protobuf-c: the same bytes, whenever the envelope takes it. */
-static void same_reply_decoding(const uint8_t *body, size_t len)
+/* @len bytes of @buf into @mut (room for one more), one byte changed, cut short there, or one put in: the
+ * new length. */
+static size_t mutate(uint8_t *mut, const uint8_t *buf, size_t len)
 {
-        Gpumem__Reply *fast = NULL, *slow;
+        size_t at = rnd() % len;
 
-        if (!gm_reply_unpack_result(NULL, body, len, &fast))
-                return;
-        slow = gpumem__reply__unpack(NULL, len, body);
+        memcpy(mut, buf, len);
+        switch (rnd() % 3) {
+        case 0:
+                mut[at] = (uint8_t)rnd();
+                return len;
+        case 1:
+                return at;
+        default:
+                memmove(mut + at + 1, mut + at, len - at);
+                mut[at] = (uint8_t)(rnd() & 1 ? rnd() : 0x80 | rnd());
+                return len + 1;
+        }
+}
+
+/* @check on @buf and on 30 mutations of it (made in @mut, room for @len + 1 bytes). */
+static void check_mutations(const uint8_t *buf, size_t len, uint8_t *mut,
+                            void (*check)(const uint8_t *, size_t))
+{
+        check(buf, len);
+        for (int k = 0; k < 30 && len; k++)
+                check(mut, mutate(mut, buf, len));
+}
+
+/* @fast and @slow (NULL: protobuf-c refused the body) packed by protobuf-c: the same bytes. Frees both. */
+static void same_bytes(ProtobufCMessage *fast, ProtobufCMessage *slow, const char *what)
+{
         CHECK(slow != NULL);
         if (slow) {
-                size_t na = gpumem__reply__get_packed_size(fast), nb = gpumem__reply__get_packed_size(slow);
+                size_t na = protobuf_c_message_get_packed_size(fast),
+                       nb = protobuf_c_message_get_packed_size(slow);
                 uint8_t *a = malloc(na + 1), *b = malloc(nb + 1);
                 CHECK_EQ(na, nb);
                 if (a && b && na == nb) {
-                        gpumem__reply__pack(fast, a);
-                        gpumem__reply__pack(slow, b);
+                        protobuf_c_message_pack(fast, a);
+                        protobuf_c_message_pack(slow, b);
                         CHECK(memcmp(a, b, na) == 0);
                         if (memcmp(a, b, na))
-                                fprintf(stderr, "result %d decoded differently\n", (int)slow->result_case);
+                                fprintf(stderr, "%s decoded differently\n", what);
                 }
                 free(a);
                 free(b);
-                gpumem__reply__free_unpacked(slow, NULL);
+                protobuf_c_message_free_unpacked(slow, NULL);
         }
-        gpumem__reply__free_unpacked(fast, NULL);
+        protobuf_c_message_free_unpacked(fast, NULL);
+}
+
+/* Both decoders' Replies of @body: the same, whenever the envelope takes it. */
+static void same_reply_decoding(const uint8_t *body, size_t len)
+{
+        Gpumem__Reply *fast = NULL;
+
+        if (gm_reply_unpack_result(NULL, body, len, &fast))
+                same_bytes(&fast->base, (ProtobufCMessage *)gpumem__reply__unpack(NULL, len, body),
+                           "a reply");
 }
 
 /*
@@ -429,25 +464,7 @@ static void test_reply_mutations(void)
                         len = gpumem__reply__get_packed_size(&r);
                         if (len <= sizeof(buf)) {
                                 gpumem__reply__pack(&r, buf);
-                                same_reply_decoding(buf, len);
-                                for (int k = 0; k < 30 && len; k++) {
-                                        size_t ml = len, at = rnd() % len;
-                                        memcpy(mut, buf, len);
-                                        switch (rnd() % 3) {
-                                        case 0:
-                                                mut[at] = (uint8_t)rnd();
-                                                break;
-                                        case 1:
-                                                ml = at;
-                                                break;
-                                        default:
-                                                memmove(mut + at + 1, mut + at, len - at);
-                                                mut[at] = (uint8_t)(rnd() & 1 ? rnd() : 0x80 | rnd());
-                                                ml++;
-                                                break;
-                                        }
-                                        same_reply_decoding(mut, ml);
-                                }
+                                check_mutations(buf, len, mut, same_reply_decoding);
                         }
                         while (n_pool)
                                 free(pool[--n_pool]);
@@ -501,6 +518,82 @@ static void test_reply_odd_forms(void)
         }
 }
 
+/* Both decoders' Requests of @body: the same, whenever the envelope takes it. */
+static void same_request_decoding(const uint8_t *body, size_t len)
+{
+        Gpumem__Request *fast = NULL;
+
+        if (gm_request_unpack_op(NULL, body, len, &fast))
+                same_bytes(&fast->base, (ProtobufCMessage *)gpumem__request__unpack(NULL, len, body),
+                           "a request");
+}
+
+/* Requests of every op at random, packed, then mutated as the replies above; and odd forms of the ops
+ * decoded by hand: whatever the envelope takes, protobuf-c reads the same. */
+static void test_request_mutations(void)
+{
+        static const struct {
+                uint8_t id; /* the op's field number */
+                uint8_t n;
+                uint8_t b[24];
+        } odd[] = {
+                {2, 4, {0x08, 0x01, 0x08, 0x02}}, /* the cookie twice */
+                {2, 3, {0x0a, 0x01, 0x05}},       /* length-delimited */
+                {2, 4, {0x0a, 0x02, 0x08, 0x05}}, /* holding what reads as a field */
+                {2, 3, {0x88, 0x00, 0x07}},       /* a two-byte tag */
+                {6, 2, {0x10, 0x01}},             /* pointer info: unknown field 2 */
+                {6, 12, {0x08, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01}},
+                {51, 4, {0x10, 0x01, 0x08, 0x02}},                   /* size before va */
+                {51, 4, {0x08, 0x01, 0x08, 0x02}},                   /* va twice */
+                {51, 2, {0x20, 0x05}},                               /* packed attributes unpacked */
+                {51, 6, {0x22, 0x01, 0x05, 0x22, 0x01, 0x06}},       /* two chunks */
+                {51, 2, {0x22, 0x00}},                               /* an empty chunk */
+                {51, 6, {0x1a, 0x02, 0x08, 0x01, 0x22, 0x00}},       /* a message attribute */
+                {50, 7, {0x08, 0x01, 0x10, 0x02, 0x22, 0x01, 0x85}}, /* a chunk ending inside a varint */
+                {50, 5, {0x08, 0x01, 0x22, 0x01, 0x05}},
+                {50, 3, {0x22, 0x03, 0x05}}, /* a chunk longer than the body */
+        };
+        void *pool[512];
+
+        for (size_t i = 0; i < ARRAY_SIZE(odd); i++) {
+                uint8_t body[64];
+                size_t n = 0;
+                body[n++] = (uint8_t)(odd[i].id << 3 | 2);
+                body[n++] = odd[i].n;
+                memcpy(body + n, odd[i].b, odd[i].n);
+                n += odd[i].n;
+                if (odd[i].id >= 16) { /* a two-byte tag */
+                        memmove(body + 1, body, n);
+                        body[0] = (uint8_t)(0x80 | (odd[i].id << 3 | 2));
+                        body[1] = (uint8_t)(odd[i].id >> 4);
+                        n++;
+                }
+                same_request_decoding(body, n);
+        }
+        for (unsigned i = 0; i < gpumem__request__descriptor.n_fields; i++) {
+                const ProtobufCFieldDescriptor *f = &gpumem__request__descriptor.fields[i];
+                bool hand = f->id == GPUMEM__REQUEST__OP_PING || f->id == GPUMEM__REQUEST__OP_POINTER_INFO ||
+                            f->id == GPUMEM__REQUEST__OP_SVM_SET_ATTR ||
+                            f->id == GPUMEM__REQUEST__OP_SVM_GET_ATTR;
+                for (int it = 0; it < (hand ? 3000 : 50); it++) {
+                        Gpumem__Request q = GPUMEM__REQUEST__INIT;
+                        uint8_t buf[4096], mut[4097];
+                        size_t n_pool = 0, len;
+
+                        q.op_case = (Gpumem__Request__OpCase)f->id;
+                        *(ProtobufCMessage **)((uint8_t *)&q + f->offset) =
+                                random_message(f->descriptor, pool, &n_pool, 1);
+                        len = gpumem__request__get_packed_size(&q);
+                        if (len <= sizeof(buf)) {
+                                gpumem__request__pack(&q, buf);
+                                check_mutations(buf, len, mut, same_request_decoding);
+                        }
+                        while (n_pool)
+                                free(pool[--n_pool]);
+                }
+        }
+}
+
 int main(void)
 {
         static const TestCase cases[] = {
@@ -512,6 +605,8 @@ int main(void)
                 {"a mutated reply the envelope takes, protobuf-c reads the same", test_reply_mutations},
                 {"odd forms of the results decoded by hand are read as protobuf-c reads them",
                  test_reply_odd_forms},
+                {"a mutated or odd request the envelope takes, protobuf-c reads the same",
+                 test_request_mutations},
         };
         return run_tests(cases, ARRAY_SIZE(cases));
 }
