@@ -1,4 +1,5 @@
-/* Request and Reply envelopes: one op field decoded by its own descriptor, status and result packed alone. */
+/* Request and Reply envelopes: one op field decoded by its own descriptor, status and result packed alone,
+ * the small ops' messages coded by hand. */
 #include "envelope.h"
 
 #include <errno.h>

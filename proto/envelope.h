@@ -1,5 +1,6 @@
 /* The Request and Reply envelopes coded without walking every op of the oneof: one op field in, status and
- * one result field out. */
+ * one result field out; the small ops' messages (ping, pointer query, the packed SVM calls, a status with a
+ * code alone, the empty result) coded by hand, with protobuf-c's bytes. */
 #pragma once
 
 #include <stddef.h>
