@@ -379,8 +379,8 @@ static Gpumem__PointerInfoReply *unhand_pointer_info(ProtobufCAllocator *alloc, 
                 bool any = false;
                 size_t a = varint_get(p + at + 1, len - at - 1, &v);
 
-                for (size_t i = 0; i < a;
-                     i++) /* a bool is true if any payload bit is, as protobuf-c reads it */
+                /* a bool is true if any payload bit is, as protobuf-c reads it */
+                for (size_t i = 0; i < a; i++)
                         any |= (p[at + 1 + i] & 0x7f) != 0;
                 at += 1 + a;
                 switch (id) {
