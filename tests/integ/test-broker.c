@@ -36,10 +36,10 @@ static gm_client *connect_ok(const char *name)
 
 /*
  * The daemon's status, from a client of its own whose one window is what the base state counts. Its window
- * is small and below 1 TiB: a window the client cannot reserve (its address space is not the daemon's) is
- * refused and replaced, and the refused one is counted too until the client goes. Above 1 TiB that happens
- * under ThreadSanitizer, whose reservations leave little room there, depending on where each process's
- * libraries landed.
+ * is small, and below 1 TiB where the daemon has room: a window the client cannot reserve (its address
+ * space is not the daemon's) is refused and replaced, and the refused one is counted too until the client
+ * goes. Above 1 TiB that happens under ThreadSanitizer, whose reservations leave little room there, depending
+ * on where each process's libraries landed.
  */
 static gm_status *status_now(void)
 {
@@ -52,7 +52,11 @@ static gm_status *status_now(void)
         gm_status *s = NULL;
         char err[256];
 
-        CHECK_EQ(gm_client_open_with(&o, &c, err, sizeof(err)), 0);
+        /* a daemon with no room below 1 TiB (AddressSanitizer's shadow lies there) has none to give */
+        if (gm_client_open_with(&o, &c, err, sizeof(err)) < 0) {
+                o.low_window = false;
+                CHECK_EQ(gm_client_open_with(&o, &c, err, sizeof(err)), 0);
+        }
         if (c) {
                 CHECK_EQ(gm_admin_status(c, &s), 0);
                 gm_client_close(c);
