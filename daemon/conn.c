@@ -272,7 +272,7 @@ void conn_start(Conn *c)
         c->free_ev = evtimer_new(sh->base, conn_free_cb, c);
         if (!c->free_ev)
                 r = -ENOMEM;
-        if (r == 0 && hello_timeout && !c->dead) {
+        if (r == 0 && hello_timeout && !c->dead && !c->proto_version) {
                 struct timeval tv = {(time_t)hello_timeout, 0};
                 c->hello_ev = evtimer_new(sh->base, conn_on_hello_timeout, c);
                 if (!c->hello_ev || evtimer_add(c->hello_ev, &tv) < 0)

@@ -52,6 +52,7 @@ struct Manager {
         struct event *listen_ev;
         struct event *accept_retry_ev;
         struct event *sigterm_ev, *sigint_ev, *sighup_ev;
+        struct event *sigusr1_ev; /* re-execute, the clients carried over */
         struct event *sigusr2_ev; /* model fault injection for tests ($GPUMEMD_MODEL_FAULTS_FILE) */
         struct event *watchdog_ev;
         struct event *broker_ev; /* the broker's notice that memory which outlived its handle is gone */
@@ -94,6 +95,20 @@ struct Manager {
         bool stopping;
         uint64_t drain_deadline_usec;
         int exit_code;
+
+        /* A restart that hands the clients on (carry.c, docs/operations.md) */
+        int handover;                /* MANAGER_HANDOVER_*: how this stop ends */
+        char *exe_path;              /* what a re-exec runs: this program's path, as started */
+        char **argv;                 /* main()'s, for a re-exec */
+        struct HandoverFds *carried; /* what manager_run() collected for main() to hand over */
+        char (*passed_names)[64];    /* the fd names handed to this daemon, to drop from systemd's store */
+        size_t n_passed_names;
+};
+
+enum {
+        MANAGER_HANDOVER_NONE,  /* a plain stop: clients are closed */
+        MANAGER_HANDOVER_STORE, /* SIGTERM under systemd: into its fd store, for the next start */
+        MANAGER_HANDOVER_EXEC,  /* SIGUSR1: this process re-executes itself, fds inherited */
 };
 
 /* The manager's lock (Manager.lock). */

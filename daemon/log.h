@@ -20,6 +20,7 @@
 #define GM_MESSAGE_SHARE_PUBLISH      "b245d672cd9040f6b199059ea841fc47"
 #define GM_MESSAGE_SHARE_OPEN         "7fd28958f6e84a988af1369b8fa53313"
 #define GM_MESSAGE_SHARE_REVOKE       "348cbb5f50774e538bb00cbac8b8d27f"
+#define GM_MESSAGE_HANDOVER           "20a201bfa892486ab60862f55b358ffe"
 
 void log_setup(void);
 void log_set_level(int level);

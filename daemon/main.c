@@ -8,6 +8,7 @@
 #include <sys/resource.h>
 
 #include "config.h"
+#include "handover.h"
 #include "log.h"
 #include "manager.h"
 #include "options.h"
@@ -74,7 +75,28 @@ int main(int argc, char **argv)
         options_done(&opts);
         if (r < 0)
                 return EXIT_FAILURE;
+        manager_set_argv(m, argv);
         r = manager_run(m);
-        manager_free(m);
+        {
+                HandoverFds fds;
+                int how = manager_take_handover(m, &fds);
+                char *exe = how == MANAGER_HANDOVER_EXEC && m->exe_path ? strdup(m->exe_path) : NULL;
+
+                /* everything of this daemon is released first: the next one starts from the fds alone */
+                manager_free(m);
+                if (how == MANAGER_HANDOVER_STORE) {
+                        int rs = handover_store(&fds);
+                        if (rs < 0)
+                                log_error_errno(rs, "cannot hand the clients to systemd's fd store: %s",
+                                                strerror(-rs));
+                } else if (how == MANAGER_HANDOVER_EXEC && exe) {
+                        int rs = handover_exec(exe, argv, &fds);
+                        /* not through the log: its journal socket may have been replaced by a moved fd */
+                        fprintf(stderr, "gpumemd: cannot re-execute %s: %s\n", exe, strerror(-rs));
+                        r = rs;
+                }
+                free(exe);
+                handover_fds_done(&fds);
+        }
         return r == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
 }

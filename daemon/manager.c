@@ -16,6 +16,7 @@
 #include <systemd/sd-daemon.h>
 
 #include "broker.h"
+#include "carry.h"
 #include "classes.h"
 #include "exposition.h"
 #include "metrics.h"
@@ -24,6 +25,7 @@
 #include "config.h"
 #include "conn.h"
 #include "frame.h"
+#include "handover.h"
 #include "log.h"
 #include "request.h"
 #include "window.h"
@@ -359,25 +361,72 @@ static void on_accept(evutil_socket_t lfd, short what, void *userdata)
         }
 }
 
-static int listen_activated(Manager *m, bool *ret_found)
+static bool is_listening_seqpacket(int fd)
 {
-        int n = sd_listen_fds(1);
+        return sd_is_socket_unix(fd, SOCK_SEQPACKET, 1, NULL, 0) > 0;
+}
 
-        *ret_found = false;
+/*
+ * The fds passed at start (LISTEN_FDS): a socket of socket activation, and what a daemon before this one
+ * handed over (names starting "gm-", into @ret_ours). Their names are kept, to be taken out of systemd's
+ * fd store once the clients are back.
+ */
+static int take_passed_fds(Manager *m, HandoverFds *ret_ours)
+{
+        HandoverFds all;
+        int n = handover_fds_from_env(&all), r = 0;
+
+        *ret_ours = (HandoverFds){0};
         if (n < 0)
                 return log_error_errno(n, "socket activation: %s", strerror(-n));
-        if (n == 0)
-                return 0;
-        if (n > 1)
-                return log_error_errno(-EINVAL, "socket activation passed %d sockets, expected one", n);
-        if (sd_is_socket_unix(SD_LISTEN_FDS_START, SOCK_SEQPACKET, 1, NULL, 0) <= 0)
-                return log_error_errno(-EINVAL,
-                                       "the activated socket is not a listening AF_UNIX SOCK_SEQPACKET");
-        m->listen_fd = SD_LISTEN_FDS_START;
-        (void)fcntl(m->listen_fd, F_SETFD, FD_CLOEXEC);
-        (void)fcntl(m->listen_fd, F_SETFL, fcntl(m->listen_fd, F_GETFL) | O_NONBLOCK);
-        *ret_found = true;
-        return 0;
+        if (all.n) {
+                m->passed_names = calloc(all.n, sizeof(*m->passed_names));
+                if (!m->passed_names) {
+                        handover_fds_done(&all);
+                        return log_error_errno(-ENOMEM, "out of memory");
+                }
+        }
+        for (size_t i = 0; i < all.n; i++) {
+                HandoverFd *f = &all.v[i];
+                if (strncmp(f->name, HANDOVER_NAME_PREFIX, strlen(HANDOVER_NAME_PREFIX)) == 0) {
+                        strcpy(m->passed_names[m->n_passed_names++], f->name);
+                        if (r == 0)
+                                r = handover_fds_add(ret_ours, f->name, f->fd);
+                        else
+                                safe_close(f->fd);
+                        f->fd = -1;
+                        continue;
+                }
+                if (r == 0 && m->listen_fd >= 0)
+                        r = log_error_errno(-EINVAL, "socket activation passed more than one socket");
+                else if (r == 0 && !is_listening_seqpacket(f->fd))
+                        r = log_error_errno(-EINVAL,
+                                            "the activated socket '%s' is not a listening AF_UNIX "
+                                            "SOCK_SEQPACKET",
+                                            f->name);
+                if (r == 0) {
+                        m->listen_fd = f->fd;
+                        f->fd = -1;
+                }
+        }
+        handover_fds_done(&all); /* what was not taken */
+        return r;
+}
+
+/* The listening socket a previous daemon handed over, where socket activation passed none. */
+static void take_handed_listener(Manager *m, const Gpumemd__HandoverState *st, HandoverFds *ours)
+{
+        int fd = handover_fds_take(ours, HANDOVER_NAME_LISTEN);
+
+        if (fd < 0)
+                return;
+        if (m->listen_fd >= 0 || !is_listening_seqpacket(fd)) {
+                safe_close(fd); /* socket activation's wins */
+                return;
+        }
+        m->listen_fd = fd;
+        /* who removes the socket file at the final stop: the daemon that bound it, or systemd */
+        m->listen_bound = st && st->has_listen_bound && st->listen_bound;
 }
 
 /* A socket file left by a dead daemon is removed; one that answers belongs to a live daemon. */
@@ -446,12 +495,25 @@ static void on_drain_tick(evutil_socket_t fd, short what, void *userdata)
         unsigned left;
 
         manager_lock(m);
-        for (Conn *c = m->conns, *next; c; c = next) {
-                next = c->next;
-                if (c->sh == sh && transport_idle(&c->t))
-                        conn_kill(c);
+        if (m->handover != MANAGER_HANDOVER_NONE) {
+                /* the connections stay open for the next daemon: wait until none has a reply to go */
+                sh->unsettled = 0;
+                for (Conn *c = m->conns; c; c = c->next)
+                        if (c->sh == sh && !carry_conn_settled(c))
+                                sh->unsettled++;
+                left = 0;
+                for (unsigned i = 0; i < m->n_shards; i++)
+                        left += m->shards[i].unsettled;
+                if (sh->index != 0)
+                        left = sh->unsettled;
+        } else {
+                for (Conn *c = m->conns, *next; c; c = next) {
+                        next = c->next;
+                        if (c->sh == sh && transport_idle(&c->t))
+                                conn_kill(c);
+                }
+                left = sh->index == 0 ? m->n_conns : sh->n_conns;
         }
-        left = sh->index == 0 ? m->n_conns : sh->n_conns;
         manager_unlock(m);
         if (sh->index == 0 && (left == 0 || now_usec(CLOCK_MONOTONIC) >= m->drain_deadline_usec)) {
                 event_base_loopbreak(m->base);
@@ -478,6 +540,7 @@ static void drain_start(void *arg)
 static void on_signal_stop(evutil_socket_t sig, short what, void *userdata)
 {
         Manager *m = userdata;
+        const char *notify = getenv("NOTIFY_SOCKET");
         unsigned n;
 
         if (m->stopping)
@@ -486,10 +549,28 @@ static void on_signal_stop(evutil_socket_t sig, short what, void *userdata)
         manager_lock(m);
         n = m->n_conns;
         m->drain_deadline_usec = now_usec(CLOCK_MONOTONIC) + DRAIN_TIMEOUT_USEC;
+        /*
+         * Under systemd a SIGTERM may be a restart: the clients go into its fd store, which gives them to
+         * the next start (systemd empties the store when the service stops for good). SIGUSR1: this process
+         * re-executes itself.
+         */
+        if (sig == SIGUSR1)
+                m->handover = MANAGER_HANDOVER_EXEC;
+        else if (sig == SIGTERM && m->opts.handover && notify && *notify)
+                m->handover = MANAGER_HANDOVER_STORE;
+        for (unsigned i = 0; i < m->n_shards; i++)
+                m->shards[i].unsettled = 1; /* until its loop counted */
         manager_unlock(m);
-        log_info("received %s, draining %u client%s", sig == SIGTERM ? "SIGTERM" : "SIGINT", n,
-                 n == 1 ? "" : "s");
-        (void)sd_notify(0, "STOPPING=1\nSTATUS=Draining clients");
+        if (m->handover == MANAGER_HANDOVER_EXEC) {
+                log_info("received SIGUSR1, re-executing %s with %u client%s", m->exe_path, n,
+                         n == 1 ? "" : "s");
+                (void)sd_notify(0, "RELOADING=1\nSTATUS=Re-executing, clients carried over");
+        } else {
+                log_info("received %s, %s %u client%s", sig == SIGTERM ? "SIGTERM" : "SIGINT",
+                         m->handover ? "handing over" : "draining", n, n == 1 ? "" : "s");
+                (void)sd_notify(0, m->handover ? "STOPPING=1\nSTATUS=Handing clients over"
+                                               : "STOPPING=1\nSTATUS=Draining clients");
+        }
         event_del(m->listen_ev);
         event_del(m->accept_retry_ev);
         for (unsigned i = 1; i < m->n_shards; i++)
@@ -505,6 +586,18 @@ static void on_broker_event(evutil_socket_t fd, short what, void *userdata)
         manager_lock(m);
         broker_process_events(m->broker);
         manager_unlock(m);
+}
+
+static void on_sigusr1(evutil_socket_t sig, short what, void *userdata)
+{
+        Manager *m = userdata;
+
+        if (!m->opts.handover || !m->exe_path || !m->argv) {
+                log_warning("SIGUSR1: re-executing is off (handover = no) or this daemon was not started "
+                            "from a program path; ignored");
+                return;
+        }
+        on_signal_stop(sig, what, userdata);
 }
 
 static void on_sighup(evutil_socket_t sig, short what, void *userdata)
@@ -762,8 +855,9 @@ static void shard_done(Shard *sh)
 
 int manager_new(Manager **ret, const Options *opts)
 {
+        Gpumemd__HandoverState *handed = NULL;
+        HandoverFds passed = {0};
         Manager *m;
-        bool activated;
         int r;
 
         m = calloc(1, sizeof(*m));
@@ -842,10 +936,15 @@ int manager_new(Manager **ret, const Options *opts)
                 classes_apply(m, policy);
         }
 
-        r = listen_activated(m, &activated);
+        r = take_passed_fds(m, &passed);
         if (r < 0)
                 goto fail;
-        if (!activated) {
+        handed = carry_read_state(&passed);
+        take_handed_listener(m, handed, &passed);
+        if (m->listen_fd >= 0) {
+                (void)fcntl(m->listen_fd, F_SETFD, FD_CLOEXEC);
+                (void)fcntl(m->listen_fd, F_SETFL, fcntl(m->listen_fd, F_GETFL) | O_NONBLOCK);
+        } else {
                 r = listen_bind(m);
                 if (r < 0)
                         goto fail;
@@ -861,6 +960,11 @@ int manager_new(Manager **ret, const Options *opts)
         m->sigterm_ev = evsignal_new(m->base, SIGTERM, on_signal_stop, m);
         m->sigint_ev = evsignal_new(m->base, SIGINT, on_signal_stop, m);
         m->sighup_ev = evsignal_new(m->base, SIGHUP, on_sighup, m);
+        m->sigusr1_ev = evsignal_new(m->base, SIGUSR1, on_sigusr1, m);
+        if (!m->sigusr1_ev || event_add(m->sigusr1_ev, NULL) < 0) {
+                r = -ENOMEM;
+                goto fail;
+        }
         if (driver_has(m->drv, DRIVER_CAP_TEST_FAULTS) && getenv("GPUMEMD_MODEL_FAULTS_FILE")) {
                 m->sigusr2_ev = evsignal_new(m->base, SIGUSR2, on_sigusr2, m);
                 if (!m->sigusr2_ev || event_add(m->sigusr2_ev, NULL) < 0) {
@@ -886,6 +990,29 @@ int manager_new(Manager **ret, const Options *opts)
                 r = -ENOMEM;
                 goto fail;
         }
+        /* the clients a daemon before this one handed over, back on their loops before those start */
+        {
+                static const CarryHost carry_host = {
+                        .conn_new = manager_conn_new,
+                        .pick_shard = pick_shard,
+                        .place = manager_conn_place,
+                        .refuse_send = refuse_send,
+                };
+                carry_restore(m, &carry_host, TAKE_PTR(handed), &passed);
+        }
+        for (size_t i = 0; i < m->n_passed_names; i++)
+                (void)handover_store_remove(m->passed_names[i]);
+        {
+                char path[PATH_MAX];
+                ssize_t n = readlink("/proc/self/exe", path, sizeof(path) - 1);
+                if (n > 0) {
+                        path[n] = '\0';
+                        /* replaced by an upgrade: the re-exec runs the new program at that path */
+                        if (n > 10 && strcmp(path + n - 10, " (deleted)") == 0)
+                                path[n - 10] = '\0';
+                        m->exe_path = strdup(path);
+                }
+        }
         /* the other loops run from now on: nothing reaches them before the listener accepts */
         for (unsigned i = 1; i < m->n_shards; i++) {
                 r = loop_start(m->shards[i].loop);
@@ -897,6 +1024,9 @@ int manager_new(Manager **ret, const Options *opts)
         *ret = m;
         return 0;
 fail:
+        if (handed)
+                gpumemd__handover_state__free_unpacked(handed, NULL);
+        handover_fds_done(&passed);
         manager_free(m);
         return r;
 }
@@ -949,6 +1079,8 @@ Manager *manager_free(Manager *m)
                 event_free(m->sigint_ev);
         if (m->sighup_ev)
                 event_free(m->sighup_ev);
+        if (m->sigusr1_ev)
+                event_free(m->sigusr1_ev);
         if (m->sigusr2_ev)
                 event_free(m->sigusr2_ev);
         if (m->watchdog_ev)
@@ -965,7 +1097,8 @@ Manager *manager_free(Manager *m)
         if (m->status_ev)
                 event_free(m->status_ev);
         if (m->listen_fd >= 0) {
-                if (m->listen_bound)
+                /* handed over, the socket file stays for the next daemon */
+                if (m->listen_bound && !m->carried)
                         unlink(m->opts.socket_path);
                 safe_close(m->listen_fd);
         }
@@ -992,10 +1125,39 @@ Manager *manager_free(Manager *m)
                 free(m->topology_files[i].content);
         }
         free(m->topology_files);
+        if (m->carried) {
+                handover_fds_done(m->carried);
+                free(m->carried);
+        }
+        free(m->exe_path);
+        free(m->passed_names);
         options_done(&m->opts);
         pthread_mutex_destroy(&m->lock);
         free(m);
         return NULL;
+}
+
+/* The loops stopped: what goes to the next daemon. Whatever fails, the clients are closed as at a plain stop.
+ */
+static void collect_handover(Manager *m)
+{
+        HandoverFds *fds = calloc(1, sizeof(*fds));
+        int r = fds ? 0 : -ENOMEM;
+
+        for (unsigned i = 1; i < m->n_shards; i++)
+                loop_stop(m->shards[i].loop);
+        run_pending(m);
+        manager_lock(m);
+        if (r == 0)
+                r = carry_collect(m, fds);
+        manager_unlock(m);
+        if (r < 0) {
+                log_error_errno(r, "cannot hand the clients over, they are closed: %s", strerror(-r));
+                free(fds);
+                m->handover = MANAGER_HANDOVER_NONE;
+                return;
+        }
+        m->carried = fds;
 }
 
 int manager_run(Manager *m)
@@ -1017,6 +1179,24 @@ int manager_run(Manager *m)
         (void)sd_notify(0, "READY=1");
         on_status_timer(-1, 0, m);
         event_base_dispatch(m->base);
-        log_full(LOG_INFO, 0, GM_MESSAGE_STOPPED, NULL, "gpumemd stopped");
+        if (m->handover != MANAGER_HANDOVER_NONE)
+                collect_handover(m);
+        log_full(LOG_INFO, 0, GM_MESSAGE_STOPPED, NULL,
+                 m->carried ? "gpumemd stopped, its clients handed over" : "gpumemd stopped");
         return m->exit_code;
+}
+
+void manager_set_argv(Manager *m, char **argv)
+{
+        m->argv = argv;
+}
+
+int manager_take_handover(Manager *m, HandoverFds *ret)
+{
+        *ret = (HandoverFds){0};
+        if (!m->carried)
+                return MANAGER_HANDOVER_NONE;
+        *ret = *m->carried;
+        *m->carried = (HandoverFds){0};
+        return m->handover;
 }

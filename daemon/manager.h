@@ -15,3 +15,8 @@ int manager_reload(Manager *m);
  * place in the daemon: its id, its shard, the connection list. Under the lock. */
 int manager_conn_new(Manager *m, int fd, Conn **ret);
 void manager_conn_place(Manager *m, Conn *c, Shard *sh);
+/* main()'s argv, for a re-exec (borrowed: it lives as long as the process). */
+void manager_set_argv(Manager *m, char **argv);
+/* After manager_run(): how the stop hands the clients on (MANAGER_HANDOVER_*) and what to hand, moved
+ * to @ret (empty for a plain stop). */
+int manager_take_handover(Manager *m, struct HandoverFds *ret);

@@ -34,6 +34,7 @@ void options_init(Options *o)
                 .backend = "kfd",
                 .log_level = LOG_INFO,
                 .max_connections = 4096,
+                .handover = true,
                 .max_connections_per_uid = 1024,
                 .window_size = DEFAULT_WINDOW_SIZE,
                 .max_window_bytes_per_uid = DEFAULT_MAX_WINDOW_BYTES_PER_UID,
@@ -389,6 +390,13 @@ static int daemon_key(FileCtx *ctx, const char *name, const char *value)
                         return 1;
                 }
                 o->worker_threads = (uint32_t)v;
+        } else if (strcmp(name, "handover") == 0) {
+                if (strcmp(value, "yes") == 0 || strcmp(value, "no") == 0) {
+                        o->handover = strcmp(value, "yes") == 0;
+                } else {
+                        file_error(ctx, "handover: '%s' is neither yes nor no", value);
+                        return 1;
+                }
         } else if (strcmp(name, "loops") == 0) {
                 if (parse_uint(value, 64, &v) < 0) {
                         file_error(ctx, "loops: '%s' is not a number from 0 (one per CPU) to 64", value);

@@ -39,6 +39,7 @@ typedef struct Options {
         gid_t admin_gids[OPT_MAX_ADMIN_GROUPS];
         size_t n_admin_gids;
         char *metrics_listen; /* ADDRESS:PORT for the Prometheus listener, or NULL */
+        bool handover;        /* at a restart, hand the clients to the next daemon (docs/operations.md) */
         bool check_config;
         unsigned set_by_cli;
 } Options;

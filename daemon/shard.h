@@ -40,5 +40,7 @@ typedef struct Shard {
                                      loop ends first) */
         unsigned n_conns;         /* connections placed on it (under the manager's lock) */
         struct event *drain_ev;   /* closes its connections whose replies are out, while stopping */
+        unsigned unsettled;       /* at a hand-over: its connections with replies still to go (under the
+                                     manager's lock) */
         LoopWork drain_work;
 } Shard;

@@ -198,11 +198,12 @@ int thunk_va_space_new(uint64_t base, uint64_t size, uint64_t guard, ThunkVaSpac
         return 0;
 }
 
-int thunk_va_space_new_window(ThunkVaSpace *parent, uint64_t size, uint64_t align, uint64_t guard,
-                              ThunkVaSpace **ret)
+/* A window at @base exactly (@fixed) or anywhere aligned to @align. */
+static int window_make(ThunkVaSpace *parent, bool fixed, uint64_t base, uint64_t size, uint64_t align,
+                       uint64_t guard, ThunkVaSpace **ret)
 {
         ThunkVaSpace *child = NULL;
-        uint64_t addr;
+        uint64_t addr = base;
         int r;
 
         if (!parent || !ret || !is_page_multiple(guard))
@@ -211,7 +212,8 @@ int thunk_va_space_new_window(ThunkVaSpace *parent, uint64_t size, uint64_t alig
         r = thunk_va_space_new(parent->base, size, guard, &child);
         if (r < 0)
                 return r;
-        r = thunk_va_alloc(parent, size, align, child, &addr);
+        r = fixed ? thunk_va_alloc_fixed(parent, base, size, child)
+                  : thunk_va_alloc(parent, size, align, child, &addr);
         if (r < 0) {
                 free(child);
                 return r;
@@ -221,6 +223,18 @@ int thunk_va_space_new_window(ThunkVaSpace *parent, uint64_t size, uint64_t alig
         child->parent = parent;
         *ret = child;
         return 0;
+}
+
+int thunk_va_space_new_window(ThunkVaSpace *parent, uint64_t size, uint64_t align, uint64_t guard,
+                              ThunkVaSpace **ret)
+{
+        return window_make(parent, false, 0, size, align, guard, ret);
+}
+
+int thunk_va_space_new_window_at(ThunkVaSpace *parent, uint64_t base, uint64_t size, uint64_t guard,
+                                 ThunkVaSpace **ret)
+{
+        return window_make(parent, true, base, size, 0, guard, ret);
 }
 
 int thunk_va_space_new_handles(const ThunkVaInterval *avoid, size_t n_avoid, ThunkVaSpace **ret)

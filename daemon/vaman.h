@@ -59,6 +59,9 @@ int thunk_va_space_new(uint64_t base, uint64_t size, uint64_t guard, ThunkVaSpac
  */
 int thunk_va_space_new_window(ThunkVaSpace *parent, uint64_t size, uint64_t align, uint64_t guard,
                               ThunkVaSpace **ret);
+/* The same at @base exactly (a window carried over from an earlier daemon): -EADDRINUSE, -ERANGE. */
+int thunk_va_space_new_window_at(ThunkVaSpace *parent, uint64_t base, uint64_t size, uint64_t guard,
+                                 ThunkVaSpace **ret);
 
 /*
  * A space for VA-less objects whose addresses serve only as unique ids: the first window

@@ -203,6 +203,31 @@ int window_assign(Conn *c, uint64_t size, char *reason, size_t len)
         return 0;
 }
 
+int window_restore(Conn *c, uint64_t base, uint64_t size)
+{
+        ThunkVaSpace *space = c->low_window ? c->m->va_low : c->m->va, *w = NULL;
+        int r;
+
+        if (c->window)
+                return -EALREADY;
+        if (!space)
+                return -ENOSPC;
+        if (size == 0 || size % WINDOW_ALIGN || base % WINDOW_ALIGN)
+                return -EINVAL;
+        r = thunk_va_space_new_window_at(space, base, size, WINDOW_GUARD, &w);
+        if (r < 0)
+                return r;
+        r = reserve_here(base, size);
+        if (r < 0) {
+                thunk_va_space_free(w);
+                return r == -EEXIST ? -EADDRINUSE : r;
+        }
+        c->window = w;
+        c->window_base = base;
+        c->window_size = size;
+        return 0;
+}
+
 int window_retry(Conn *c, uint64_t failed_base, char *reason, size_t len)
 {
         ThunkVaSpace *old = c->window, *w = NULL;

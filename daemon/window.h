@@ -42,6 +42,12 @@ int window_assign(Conn *c, uint64_t size, char *reason, size_t len);
 /* The client could not reserve its window at @failed_base: assign another, different one (the refused one
  * stays held and counted). -EINVAL, -ENOSPC after WINDOW_MAX_RETRIES, -EDQUOT as window_assign. */
 int window_retry(Conn *c, uint64_t failed_base, char *reason, size_t len);
+/*
+ * Give @c the window it held under the daemon that handed it over: [@base, @base + @size) exactly, in the
+ * low space when c->low_window. The quotas are not asked again (the window was granted and lives in the
+ * client). -EADDRINUSE when the range is taken here (in the books, or by the daemon's own mappings).
+ */
+int window_restore(Conn *c, uint64_t base, uint64_t size);
 /* Release the window and every range kept back for this client. */
 void window_release(Conn *c);
 

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <sys/wait.h>
@@ -27,6 +28,71 @@ static int64_t mono_ms(void)
         return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
+/* Under notify_lock. */
+static void store_remove_locked(Daemon *d, const char *name)
+{
+        for (size_t i = 0; i < d->n_store;)
+                if (strcmp(d->store[i].name, name) == 0) {
+                        close(d->store[i].fd);
+                        d->store[i] = d->store[--d->n_store];
+                } else {
+                        i++;
+                }
+}
+
+static void store_add_locked(Daemon *d, const char *name, int fd)
+{
+        if (d->n_store == d->cap_store) {
+                size_t cap = d->cap_store ? d->cap_store * 2 : 64;
+                StoredFd *v = realloc(d->store, cap * sizeof(*v));
+                if (!v) {
+                        close(fd);
+                        return;
+                }
+                d->store = v;
+                d->cap_store = cap;
+        }
+        snprintf(d->store[d->n_store].name, sizeof(d->store[0].name), "%s", name);
+        d->store[d->n_store++].fd = fd;
+}
+
+/* The value of @key= in a notification (newline-separated assignments), into @out; false when absent. */
+static bool notify_field(const char *msg, const char *key, char *out, size_t len)
+{
+        size_t k = strlen(key);
+
+        for (const char *p = msg; p && *p; p = strchr(p, '\n') ? strchr(p, '\n') + 1 : NULL) {
+                if (strncmp(p, key, k) == 0 && p[k] == '=') {
+                        size_t n = strcspn(p + k + 1, "\n");
+                        if (n >= len)
+                                n = len - 1;
+                        memcpy(out, p + k + 1, n);
+                        out[n] = '\0';
+                        return true;
+                }
+        }
+        return false;
+}
+
+/* What systemd does with a notification's fds: kept under FDNAME= with FDSTORE=1, closed otherwise. */
+static void notify_fds(Daemon *d, const char *msg, const int *fds, size_t n_fds)
+{
+        char v[256], name[256] = "stored";
+        bool store = notify_field(msg, "FDSTORE", v, sizeof(v)) && strcmp(v, "1") == 0;
+
+        (void)notify_field(msg, "FDNAME", name, sizeof(name));
+        pthread_mutex_lock(&d->notify_lock);
+        if (notify_field(msg, "FDSTOREREMOVE", v, sizeof(v)) && strcmp(v, "1") == 0)
+                store_remove_locked(d, name);
+        for (size_t i = 0; i < n_fds; i++) {
+                if (store)
+                        store_add_locked(d, name, fds[i]);
+                else
+                        close(fds[i]);
+        }
+        pthread_mutex_unlock(&d->notify_lock);
+}
+
 static void *notify_reader(void *userdata)
 {
         Daemon *d = userdata;
@@ -34,14 +100,32 @@ static void *notify_reader(void *userdata)
         while (!d->notify_stop) {
                 struct pollfd p = {.fd = d->notify_fd, .events = POLLIN};
                 char buf[1024];
+                union {
+                        struct cmsghdr h;
+                        char b[CMSG_SPACE(64 * sizeof(int))];
+                } ctl;
+                struct iovec iov = {buf, sizeof(buf) - 1};
+                struct msghdr mh = {
+                        .msg_iov = &iov, .msg_iovlen = 1, .msg_control = &ctl, .msg_controllen = sizeof(ctl)};
+                int fds[64];
+                size_t n_fds = 0;
                 ssize_t n;
 
                 if (poll(&p, 1, 50) <= 0)
                         continue;
-                n = recv(d->notify_fd, buf, sizeof(buf) - 1, 0);
-                if (n <= 0)
+                d->notify_busy = true; /* before the datagram leaves the socket (daemon_term) */
+                n = recvmsg(d->notify_fd, &mh, MSG_CMSG_CLOEXEC);
+                if (n <= 0) {
+                        d->notify_busy = false;
                         continue;
+                }
                 buf[n] = '\0';
+                for (struct cmsghdr *c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c))
+                        if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS)
+                                for (size_t i = 0;
+                                     i < (c->cmsg_len - CMSG_LEN(0)) / sizeof(int) && n_fds < 64; i++)
+                                        memcpy(&fds[n_fds++], CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+                notify_fds(d, buf, fds, n_fds);
                 pthread_mutex_lock(&d->notify_lock);
                 size_t used = strlen(d->notify_log);
                 if (used + (size_t)n + 2 >= sizeof(d->notify_log)) {
@@ -56,8 +140,67 @@ static void *notify_reader(void *userdata)
                         d->notify_log[used + (size_t)n + 1] = '\0';
                 }
                 pthread_mutex_unlock(&d->notify_lock);
+                d->notify_busy = false;
         }
         return NULL;
+}
+
+/* Every notification the daemon sent has been handled: none waits in the socket, none is in hand. */
+static void notify_drain(Daemon *d)
+{
+        for (int i = 0; i < 500; i++) {
+                int queued = 0;
+                /* in this order: a datagram taken off the socket was marked in hand before */
+                if (ioctl(d->notify_fd, FIONREAD, &queued) == 0 && queued == 0 && !d->notify_busy)
+                        return;
+                usleep(2000);
+        }
+}
+
+size_t daemon_store_count(Daemon *d)
+{
+        size_t n;
+
+        pthread_mutex_lock(&d->notify_lock);
+        n = d->n_store;
+        pthread_mutex_unlock(&d->notify_lock);
+        return n;
+}
+
+int daemon_store_fd(Daemon *d, const char *name)
+{
+        int fd = -ENOENT;
+
+        pthread_mutex_lock(&d->notify_lock);
+        for (size_t i = 0; i < d->n_store; i++)
+                if (strcmp(d->store[i].name, name) == 0)
+                        fd = d->store[i].fd;
+        pthread_mutex_unlock(&d->notify_lock);
+        return fd;
+}
+
+void daemon_store_put(Daemon *d, const char *name, int fd)
+{
+        pthread_mutex_lock(&d->notify_lock);
+        store_remove_locked(d, name);
+        store_add_locked(d, name, fd);
+        pthread_mutex_unlock(&d->notify_lock);
+}
+
+void daemon_store_clear(Daemon *d)
+{
+        pthread_mutex_lock(&d->notify_lock);
+        for (size_t i = 0; i < d->n_store; i++)
+                close(d->store[i].fd);
+        d->n_store = 0;
+        pthread_mutex_unlock(&d->notify_lock);
+}
+
+void daemon_notify_clear(Daemon *d)
+{
+        pthread_mutex_lock(&d->notify_lock);
+        d->notify_log[0] = '\0';
+        pthread_mutex_unlock(&d->notify_lock);
 }
 
 int daemon_write_config(Daemon *d, const char *config_text)
@@ -99,8 +242,11 @@ bool daemon_under_tsan(void)
 #endif
 }
 
-static int spawn(Daemon *d, const char *preset, const char *const *extra_args)
+static int spawn(Daemon *d, const char *preset, const char *const *extra_args, bool pass_store)
 {
+        char *names = NULL;
+        int *pass = NULL;
+        size_t n_pass = 0;
         const char *bin = getenv("GPUMEMD");
         const char *wrapper = getenv("GPUMEMD_WRAPPER");
         char wrap[1024];
@@ -131,17 +277,51 @@ static int spawn(Daemon *d, const char *preset, const char *const *extra_args)
 
         pthread_mutex_lock(&d->notify_lock);
         d->notify_log[0] = '\0';
+        if (pass_store && d->n_store) {
+                /* the names joined by ':' as LISTEN_FDNAMES has them, made before the fork */
+                size_t len = 1;
+                for (size_t i = 0; i < d->n_store; i++)
+                        len += strlen(d->store[i].name) + 1;
+                names = calloc(1, len);
+                pass = calloc(d->n_store, sizeof(int));
+                for (size_t i = 0; names && pass && i < d->n_store; i++) {
+                        if (i)
+                                strcat(names, ":");
+                        strcat(names, d->store[i].name);
+                        pass[n_pass++] = d->store[i].fd;
+                }
+        }
         pthread_mutex_unlock(&d->notify_lock);
         d->pid = fork();
-        if (d->pid < 0)
+        if (d->pid < 0) {
+                free(names);
+                free(pass);
                 return -errno;
+        }
         if (d->pid == 0) {
+                char num[32];
                 setenv("NOTIFY_SOCKET", d->notify_path, 1);
                 unsetenv("LISTEN_FDS");
                 unsetenv("LISTEN_PID");
+                unsetenv("LISTEN_FDNAMES");
+                if (n_pass) {
+                        /* out of the way of 3..3+n first, then into place (dup2 clears close-on-exec) */
+                        for (size_t i = 0; i < n_pass; i++)
+                                pass[i] = fcntl(pass[i], F_DUPFD_CLOEXEC, (int)(3 + n_pass));
+                        for (size_t i = 0; i < n_pass; i++)
+                                if (pass[i] < 0 || dup2(pass[i], 3 + (int)i) < 0)
+                                        _exit(126);
+                        snprintf(num, sizeof(num), "%d", (int)getpid());
+                        setenv("LISTEN_PID", num, 1);
+                        snprintf(num, sizeof(num), "%zu", n_pass);
+                        setenv("LISTEN_FDS", num, 1);
+                        setenv("LISTEN_FDNAMES", names, 1);
+                }
                 execvp(argv[0], (char *const *)argv);
                 _exit(127);
         }
+        free(names);
+        free(pass);
         r = daemon_wait_notify(d, "READY=1", daemon_wrapped() ? 120000 : 10000);
         if (r < 0 && d->pid > 0) { /* 0: the wait saw it exit already; kill(0) would hit our own group */
                 kill(d->pid, SIGKILL);
@@ -155,7 +335,15 @@ int daemon_restart(Daemon *d, const char *preset, const char *const *extra_args)
 {
         if (d->pid > 0)
                 return -EBUSY;
-        return spawn(d, preset, extra_args);
+        daemon_store_clear(d); /* a stop and a start: systemd empties the store when the service stops */
+        return spawn(d, preset, extra_args, false);
+}
+
+int daemon_restart_handover(Daemon *d, const char *preset, const char *const *extra_args)
+{
+        if (d->pid > 0)
+                return -EBUSY;
+        return spawn(d, preset, extra_args, true);
 }
 
 int daemon_kill(Daemon *d)
@@ -215,7 +403,7 @@ int daemon_start(Daemon *d, const char *preset, const char *config_text, const c
         if (pthread_create(&d->notify_thread, NULL, notify_reader, d) != 0)
                 return -EAGAIN;
         d->notify_thread_running = true;
-        return spawn(d, preset, extra_args);
+        return spawn(d, preset, extra_args, false);
 }
 
 int daemon_wait_notify(Daemon *d, const char *what, int timeout_ms)
@@ -238,7 +426,7 @@ int daemon_wait_notify(Daemon *d, const char *what, int timeout_ms)
         }
 }
 
-int daemon_stop(Daemon *d)
+int daemon_term(Daemon *d)
 {
         int status;
 
@@ -248,9 +436,19 @@ int daemon_stop(Daemon *d)
         if (waitpid(d->pid, &status, 0) < 0)
                 return -errno;
         d->pid = 0;
+        notify_drain(d); /* what it put in the store is there */
         if (WIFEXITED(status))
                 return WEXITSTATUS(status);
         return -1000 - WTERMSIG(status);
+}
+
+int daemon_stop(Daemon *d)
+{
+        int r = daemon_term(d);
+
+        /* stopped for good: systemd closes what the service left in its fd store */
+        daemon_store_clear(d);
+        return r;
 }
 
 void daemon_cleanup(Daemon *d)
@@ -270,6 +468,12 @@ void daemon_cleanup(Daemon *d)
         if (d->notify_fd >= 0)
                 close(d->notify_fd);
         d->notify_fd = -1;
+        if (d->store) {
+                daemon_store_clear(d);
+                free(d->store);
+                d->store = NULL;
+                d->cap_store = 0;
+        }
         if (d->dir[0]) {
                 snprintf(cmd, sizeof(cmd), "rm -rf '%s'", d->dir);
                 (void)!system(cmd);

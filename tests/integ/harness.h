@@ -7,6 +7,12 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+/* An fd the daemon gave the supervisor's fd store (FDSTORE=1 with FDNAME=), as systemd keeps them. */
+typedef struct StoredFd {
+        char name[256];
+        int fd;
+} StoredFd;
+
 typedef struct Daemon {
         pid_t pid;
         char dir[64];
@@ -19,6 +25,9 @@ typedef struct Daemon {
         pthread_t notify_thread; /* drains the notify socket so the daemon never waits on us */
         bool notify_thread_running;
         _Atomic bool notify_stop; /* set by daemon_cleanup, read by the notify thread */
+        _Atomic bool notify_busy; /* the notify thread has a notification in hand */
+        StoredFd *store;          /* the fd store (under notify_lock) */
+        size_t n_store, cap_store;
 } Daemon;
 
 /*
@@ -31,8 +40,11 @@ int daemon_start(Daemon *d, const char *preset, const char *config_text, const c
 int daemon_wait_notify(Daemon *d, const char *what, int timeout_ms);
 /* Replace the config file (for SIGHUP tests). */
 int daemon_write_config(Daemon *d, const char *config_text);
-/* SIGTERM and reap; returns the exit status (0..255), or a negative errno / -1000-signal when killed. */
+/* SIGTERM and reap; returns the exit status (0..255), or a negative errno / -1000-signal when killed. A stop
+ * for good, as `systemctl stop`: what the daemon put in the fd store is closed once it exited. */
 int daemon_stop(Daemon *d);
+/* The same, keeping the fd store for daemon_restart_handover() (the first half of `systemctl restart`). */
+int daemon_term(Daemon *d);
 /* Remove the temp dir and close what the harness holds. */
 void daemon_cleanup(Daemon *d);
 /* The daemon's open fd count. */
@@ -55,6 +67,21 @@ bool daemon_wrapped(void);
 bool daemon_under_tsan(void);
 /* Like daemon_start(), but on an existing Daemon whose dir, socket and config are kept (a restart). */
 int daemon_restart(Daemon *d, const char *preset, const char *const *extra_args);
+/*
+ * A restart as systemd makes it with the service's fd store: the stored fds are passed to the new daemon
+ * (LISTEN_FDS, LISTEN_FDNAMES, LISTEN_PID) and stay in the store until the daemon removes them
+ * (FDSTOREREMOVE=1). daemon_restart() is a stop and a start: the store is emptied first.
+ */
+int daemon_restart_handover(Daemon *d, const char *preset, const char *const *extra_args);
+/* Fds in the store; the fd stored under @name (the store's, -ENOENT when none). */
+size_t daemon_store_count(Daemon *d);
+int daemon_store_fd(Daemon *d, const char *name);
+/* Put @fd (taken) in the store under @name, in place of what was stored under it. */
+void daemon_store_put(Daemon *d, const char *name, int fd);
+/* Close everything in the store. */
+void daemon_store_clear(Daemon *d);
+/* Forget the notifications seen so far (to wait for a second READY=1 of a re-executed daemon). */
+void daemon_notify_clear(Daemon *d);
 /* SIGKILL and reap. */
 int daemon_kill(Daemon *d);
 /* Resident memory of the daemon in KiB (VmRSS), or a negative errno. */

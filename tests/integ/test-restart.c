@@ -152,7 +152,8 @@ static void one_restart(bool killed)
         CHECK(strlen(msg) > 0);
         r = gm_malloc(a, MiB, gpu0, 0, &dev);
         CHECK(is_disconnect_errno(r));
-        /* no daemon: connecting says so (the socket is gone after SIGTERM, stale after SIGKILL) */
+        /* no daemon: connecting says so (the socket file is stale after SIGKILL, and after a hand-over that
+         * the supervisor dropped; without a supervisor's fd store it is gone) */
         r = gm_client_connect(dmn.sock, "too-early", &again);
         CHECK(r == -ENOENT || r == -ECONNREFUSED);
         CHECK(again == NULL);

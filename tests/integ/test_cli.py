@@ -133,7 +133,8 @@ def test_check_config(tmp):
 
 
 def test_gpumemctl(tmp):
-    d = Daemon(tmp)
+    # handover = no: a plain stop, which removes the socket file (a hand-over leaves it to the next daemon)
+    d = Daemon(tmp, "[daemon]\nhandover = no\n")
     check(d.ready, "daemon ready")
     r = ctl(d.sock, "status")
     check(r.returncode == 0 and "backend:" in r.stdout and "mi300x" in r.stdout

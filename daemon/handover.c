@@ -1,0 +1,335 @@
+/* The hand-over between a gpumemd that stops and the next: named fds and the sealed, versioned state. */
+#include "handover.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <systemd/sd-daemon.h>
+#include <unistd.h>
+
+#include "util.h"
+
+/*
+ * The frame around the packed state: the magic, the body's length and an FNV-1a hash of it, little-endian.
+ * The seals say nobody wrote the file since; the hash catches a writer that was cut short or went wrong.
+ */
+#define STATE_MAGIC   "GMDSTATE"
+#define STATE_HDR_LEN 24u
+#define SEALS_ALL     (F_SEAL_SEAL | F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE)
+
+static uint64_t fnv1a(const uint8_t *p, size_t n)
+{
+        uint64_t h = 0xcbf29ce484222325ull;
+
+        for (size_t i = 0; i < n; i++) {
+                h ^= p[i];
+                h *= 0x100000001b3ull;
+        }
+        return h;
+}
+
+static void put_le64(uint8_t *p, uint64_t v)
+{
+        for (int i = 0; i < 8; i++)
+                p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static uint64_t get_le64(const uint8_t *p)
+{
+        uint64_t v = 0;
+
+        for (int i = 7; i >= 0; i--)
+                v = v << 8 | p[i];
+        return v;
+}
+
+static int why_set(char *why, size_t len, int err, const char *fmt, ...) _printf_(4, 5);
+static int why_set(char *why, size_t len, int err, const char *fmt, ...)
+{
+        va_list ap;
+
+        if (why && len) {
+                va_start(ap, fmt);
+                vsnprintf(why, len, fmt, ap);
+                va_end(ap);
+        }
+        return err;
+}
+
+/* Names as systemd takes them: printable ASCII without ':', at most HANDOVER_NAME_MAX - 1 bytes. */
+static bool name_valid(const char *name)
+{
+        size_t n = strlen(name);
+
+        if (n == 0 || n >= HANDOVER_NAME_MAX)
+                return false;
+        for (size_t i = 0; i < n; i++)
+                if (name[i] <= ' ' || name[i] >= 127 || name[i] == ':')
+                        return false;
+        return true;
+}
+
+int handover_fds_add(HandoverFds *s, const char *name, int fd)
+{
+        if (fd < 0 || !name_valid(name)) {
+                safe_close(fd);
+                return -EINVAL;
+        }
+        if (s->n == s->cap) {
+                size_t cap = s->cap ? s->cap * 2 : 16;
+                HandoverFd *v = realloc(s->v, cap * sizeof(*v));
+                if (!v) {
+                        safe_close(fd);
+                        return -ENOMEM;
+                }
+                s->v = v;
+                s->cap = cap;
+        }
+        strcpy(s->v[s->n].name, name);
+        s->v[s->n++].fd = fd;
+        return 0;
+}
+
+int handover_fds_take(HandoverFds *s, const char *name)
+{
+        for (size_t i = 0; i < s->n; i++)
+                if (strcmp(s->v[i].name, name) == 0) {
+                        int fd = s->v[i].fd;
+                        s->v[i] = s->v[--s->n];
+                        return fd;
+                }
+        return -ENOENT;
+}
+
+void handover_fds_done(HandoverFds *s)
+{
+        for (size_t i = 0; i < s->n; i++)
+                safe_close(s->v[i].fd);
+        free(s->v);
+        *s = (HandoverFds){0};
+}
+
+int handover_fds_from_env(HandoverFds *ret)
+{
+        char **names = NULL;
+        int n = sd_listen_fds_with_names(1, &names), r = 0;
+
+        *ret = (HandoverFds){0};
+        if (n <= 0) {
+                free(names);
+                return n;
+        }
+        for (int i = 0; i < n; i++) {
+                int fd = SD_LISTEN_FDS_START + i;
+                const char *name = names && names[i] ? names[i] : "unknown";
+                (void)fcntl(fd, F_SETFD, FD_CLOEXEC);
+                if (r == 0)
+                        r = handover_fds_add(ret, name, fd);
+                else
+                        safe_close(fd);
+        }
+        for (int i = 0; names && names[i]; i++)
+                free(names[i]);
+        free(names);
+        if (r < 0)
+                handover_fds_done(ret);
+        return r < 0 ? r : n;
+}
+
+int handover_state_pack(const Gpumemd__HandoverState *st, uint8_t **ret, size_t *ret_len)
+{
+        size_t body = gpumemd__handover_state__get_packed_size(st);
+        uint8_t *buf;
+
+        if (body > HANDOVER_STATE_MAX - STATE_HDR_LEN)
+                return -EFBIG;
+        buf = malloc(STATE_HDR_LEN + body);
+        if (!buf)
+                return -ENOMEM;
+        gpumemd__handover_state__pack(st, buf + STATE_HDR_LEN);
+        memcpy(buf, STATE_MAGIC, 8);
+        put_le64(buf + 8, body);
+        put_le64(buf + 16, fnv1a(buf + STATE_HDR_LEN, body));
+        *ret = buf;
+        *ret_len = STATE_HDR_LEN + body;
+        return 0;
+}
+
+int handover_state_seal(const Gpumemd__HandoverState *st, int *ret_fd)
+{
+        uint8_t *buf = NULL;
+        size_t len = 0, done = 0;
+        int fd, r;
+
+        r = handover_state_pack(st, &buf, &len);
+        if (r < 0)
+                return r;
+        fd = memfd_create("gpumemd-state", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+        if (fd < 0) {
+                r = -errno;
+                free(buf);
+                return r;
+        }
+        while (done < len) {
+                ssize_t n = write(fd, buf + done, len - done);
+                if (n < 0 && errno == EINTR)
+                        continue;
+                if (n <= 0) {
+                        r = n < 0 ? -errno : -EIO;
+                        break;
+                }
+                done += (size_t)n;
+        }
+        free(buf);
+        if (r == 0 && fcntl(fd, F_ADD_SEALS, SEALS_ALL) < 0)
+                r = -errno;
+        if (r < 0) {
+                safe_close(fd);
+                return r;
+        }
+        *ret_fd = fd;
+        return 0;
+}
+
+int handover_state_parse(const uint8_t *buf, size_t len, Gpumemd__HandoverState **ret, char *why,
+                         size_t why_len)
+{
+        Gpumemd__HandoverState *st;
+        uint64_t body;
+
+        if (len < STATE_HDR_LEN || memcmp(buf, STATE_MAGIC, 8) != 0)
+                return why_set(why, why_len, -EBADMSG, "not a gpumemd state (no %s header)", STATE_MAGIC);
+        body = get_le64(buf + 8);
+        if (body != len - STATE_HDR_LEN)
+                return why_set(why, why_len, -EBADMSG, "the state is cut short: %zu bytes of %llu",
+                               len - STATE_HDR_LEN, (unsigned long long)body);
+        if (fnv1a(buf + STATE_HDR_LEN, body) != get_le64(buf + 16))
+                return why_set(why, why_len, -EBADMSG, "the state's checksum does not match");
+        st = gpumemd__handover_state__unpack(NULL, body, buf + STATE_HDR_LEN);
+        if (!st)
+                return why_set(why, why_len, -EBADMSG, "the state cannot be decoded");
+        if (!st->has_format || st->format == 0) {
+                gpumemd__handover_state__free_unpacked(st, NULL);
+                return why_set(why, why_len, -EBADMSG, "the state names no format");
+        }
+        if (st->format > HANDOVER_FORMAT) {
+                int err = why_set(why, why_len, -EPROTONOSUPPORT,
+                                  "the state is of format %u (written by gpumemd %s); this gpumemd reads "
+                                  "format %u and older",
+                                  st->format, st->writer_version ? st->writer_version : "?", HANDOVER_FORMAT);
+                gpumemd__handover_state__free_unpacked(st, NULL);
+                return err;
+        }
+        *ret = st;
+        return 0;
+}
+
+int handover_state_open(int fd, Gpumemd__HandoverState **ret, char *why, size_t len)
+{
+        struct stat sb;
+        void *p;
+        int seals, r;
+
+        seals = fcntl(fd, F_GET_SEALS);
+        if (seals < 0 || (seals & SEALS_ALL) != SEALS_ALL)
+                return why_set(why, len, -EPERM, "the state is not a sealed memfd");
+        if (fstat(fd, &sb) < 0)
+                return why_set(why, len, -errno, "cannot stat the state: %s", strerror(errno));
+        if (sb.st_size <= 0 || (uint64_t)sb.st_size > HANDOVER_STATE_MAX)
+                return why_set(why, len, sb.st_size <= 0 ? -EBADMSG : -EFBIG, "the state has %lld bytes",
+                               (long long)sb.st_size);
+        p = mmap(NULL, (size_t)sb.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+        if (p == MAP_FAILED)
+                return why_set(why, len, -errno, "cannot map the state: %s", strerror(errno));
+        r = handover_state_parse(p, (size_t)sb.st_size, ret, why, len);
+        munmap(p, (size_t)sb.st_size);
+        return r;
+}
+
+int handover_store(const HandoverFds *s)
+{
+        char msg[32 + HANDOVER_NAME_MAX];
+        const char *sock = getenv("NOTIFY_SOCKET");
+
+        if (!sock || !*sock)
+                return -ENOTCONN;
+        for (size_t i = 0; i < s->n; i++) {
+                int fd = s->v[i].fd, r;
+                snprintf(msg, sizeof(msg), "FDSTORE=1\nFDNAME=%s", s->v[i].name);
+                r = sd_pid_notify_with_fds(0, 0, msg, &fd, 1);
+                if (r < 0)
+                        return r;
+                if (r == 0)
+                        return -ENOTCONN;
+        }
+        return 0;
+}
+
+int handover_store_remove(const char *name)
+{
+        char msg[32 + HANDOVER_NAME_MAX];
+        int r;
+
+        if (!name_valid(name))
+                return -EINVAL;
+        snprintf(msg, sizeof(msg), "FDSTOREREMOVE=1\nFDNAME=%s", name);
+        r = sd_notify(0, msg);
+        return r < 0 ? r : 0;
+}
+
+int handover_exec(const char *path, char *const argv[], HandoverFds *s)
+{
+        size_t names_len = 1;
+        char *names, *p, num[32];
+        int r;
+
+        for (size_t i = 0; i < s->n; i++)
+                names_len += strlen(s->v[i].name) + 1;
+        names = malloc(names_len);
+        if (!names)
+                return -ENOMEM;
+        p = names;
+        for (size_t i = 0; i < s->n; i++)
+                p += sprintf(p, "%s%s", i ? ":" : "", s->v[i].name);
+        *p = '\0';
+        /* Out of the way of 3..3+n first, so that no fd lands on one not yet moved. */
+        for (size_t i = 0; i < s->n; i++) {
+                int fd = fcntl(s->v[i].fd, F_DUPFD_CLOEXEC, (int)(SD_LISTEN_FDS_START + s->n));
+                if (fd < 0) {
+                        r = -errno;
+                        free(names);
+                        return r;
+                }
+                close(s->v[i].fd);
+                s->v[i].fd = fd;
+        }
+        for (size_t i = 0; i < s->n; i++) {
+                int to = SD_LISTEN_FDS_START + (int)i;
+                /* dup2 leaves the new fd open across exec; whatever of this process had that number is
+                 * replaced (the process is about to be replaced as a whole) */
+                if (dup2(s->v[i].fd, to) < 0) {
+                        r = -errno;
+                        free(names);
+                        return r;
+                }
+                close(s->v[i].fd);
+                s->v[i].fd = to;
+        }
+        snprintf(num, sizeof(num), "%d", (int)getpid());
+        setenv("LISTEN_PID", num, 1);
+        snprintf(num, sizeof(num), "%zu", s->n);
+        setenv("LISTEN_FDS", num, 1);
+        setenv("LISTEN_FDNAMES", names, 1);
+        free(names);
+        execv(path, argv);
+        r = -errno;
+        unsetenv("LISTEN_PID");
+        unsetenv("LISTEN_FDS");
+        unsetenv("LISTEN_FDNAMES");
+        return r;
+}

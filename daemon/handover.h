@@ -1,0 +1,83 @@
+/* The hand-over between a gpumemd that stops and the next: named fds (systemd's fd store, or an exec) and a
+ * sealed, versioned state. */
+#pragma once
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "handover.pb-c.h"
+
+/*
+ * The state's format (its major version) and revision. A reader takes any revision of its own format or an
+ * older one, and refuses a newer format (it starts clean then, and says why).
+ */
+#define HANDOVER_FORMAT   1u
+#define HANDOVER_REVISION 1u
+/* A state larger than this is not read (a broken or hostile writer). */
+#define HANDOVER_STATE_MAX (256u << 20)
+
+/* The names the daemon gives its fds; any other name is a socket of socket activation. */
+#define HANDOVER_NAME_PREFIX "gm-"
+#define HANDOVER_NAME_STATE  "gm-state"
+#define HANDOVER_NAME_LISTEN "gm-listen"
+/* fd names are at most this long (systemd's limit is 255) */
+#define HANDOVER_NAME_MAX 64
+
+typedef struct HandoverFd {
+        char name[HANDOVER_NAME_MAX];
+        int fd;
+} HandoverFd;
+
+/* Named fds; each is owned by the set until taken. */
+typedef struct HandoverFds {
+        HandoverFd *v;
+        size_t n, cap;
+} HandoverFds;
+
+/* Add @fd (taken, also on failure) under @name: -ENOMEM, -EINVAL (a name systemd would refuse). */
+int handover_fds_add(HandoverFds *s, const char *name, int fd);
+/* Take the fd named @name out of the set: the fd, or -ENOENT. */
+int handover_fds_take(HandoverFds *s, const char *name);
+/* Close what is left and free the set. */
+void handover_fds_done(HandoverFds *s);
+
+/*
+ * The fds passed by socket activation or a hand-over (LISTEN_PID, LISTEN_FDS, LISTEN_FDNAMES), taken into
+ * @ret with close-on-exec set; the variables are unset. An fd without a name is named "unknown", as systemd
+ * does. 0 (none passed is not an error), or a negative errno.
+ */
+int handover_fds_from_env(HandoverFds *ret);
+
+/*
+ * The state packed into a memfd sealed against every change (write, grow, shrink, seal): its reader knows
+ * nobody altered it since. The fd is the caller's.
+ */
+int handover_state_seal(const Gpumemd__HandoverState *st, int *ret_fd);
+/*
+ * Read a state from @fd: the seals, the frame (magic, length, checksum) and the format are checked. On error
+ * @why says what was wrong: -EPERM (not sealed), -EBADMSG (not a state, or damaged), -EPROTONOSUPPORT (a
+ * newer format), -EFBIG. Free with gpumemd__handover_state__free_unpacked(st, NULL).
+ */
+int handover_state_open(int fd, Gpumemd__HandoverState **ret, char *why, size_t len);
+/* The same on bytes in memory (for tests and fuzzing): no seals to check. */
+int handover_state_parse(const uint8_t *buf, size_t len, Gpumemd__HandoverState **ret, char *why,
+                         size_t why_len);
+/* The framed bytes of @st (magic, length, checksum, body) in a buffer the caller frees. */
+int handover_state_pack(const Gpumemd__HandoverState *st, uint8_t **ret, size_t *ret_len);
+
+/*
+ * systemd's fd store (the service's FileDescriptorStoreMax=): each fd sent under its name with FDSTORE=1.
+ * -ENOTCONN outside systemd (no NOTIFY_SOCKET). The fds stay the caller's.
+ */
+int handover_store(const HandoverFds *s);
+/* Take @name out of systemd's store (FDSTOREREMOVE=1): a no-op outside systemd. */
+int handover_store_remove(const char *name);
+
+/*
+ * Replace this process by @path with @argv, the fds of @s at 3, 4, ... and LISTEN_PID, LISTEN_FDS and
+ * LISTEN_FDNAMES naming them. Returns only on failure (a negative errno). The fds then sit at 3, 4, ...,
+ * where they may have replaced other fds of the process (a library's cached socket): the caller only
+ * reports on stderr and exits.
+ */
+int handover_exec(const char *path, char *const argv[], HandoverFds *s);

@@ -1,0 +1,255 @@
+/* The hand-over state: sealed, framed, versioned; what an older daemon wrote is read, anything else refused.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "../common/check.h"
+#include "handover.h"
+
+/*
+ * A state as format 1, revision 1 wrote it (gpumemd 0.1.0): kept byte for byte, so that every later daemon
+ * is tested on reading it. One client: id 7, "pinger", protocol 2, window 0x18000200000+0x1000000000, class
+ * "default", cgroup "/", 31 requests; next client id 9; the listening socket "gm-listen", bound; model.
+ */
+static const char golden_hex[] =
+        "474d4453544154457f00000000000000af9e87f54cfdfff3080110011a05302e312e3028093209676d2d6c697374656e"
+        "380142192f72756e2f6770756d656d642f6770756d656d642e736f636b4a056d6f64656c52410807120b676d2d636c69"
+        "656e742d371a0a676d2d70696466642d37220670696e676572280238808080818030408080808080024a076465666175"
+        "6c7452012f601f";
+
+static size_t unhex(const char *s, uint8_t *out, size_t cap)
+{
+        size_t n = 0;
+
+        for (; s[0] && s[1] && n < cap; s += 2) {
+                unsigned v;
+                if (sscanf(s, "%2x", &v) != 1)
+                        break;
+                out[n++] = (uint8_t)v;
+        }
+        return n;
+}
+
+static uint64_t fnv1a(const uint8_t *p, size_t n)
+{
+        uint64_t h = 0xcbf29ce484222325ull;
+
+        for (size_t i = 0; i < n; i++) {
+                h ^= p[i];
+                h *= 0x100000001b3ull;
+        }
+        return h;
+}
+
+/* The frame around @body, as the format defines it (magic, little-endian length and FNV-1a hash). */
+static size_t frame(const uint8_t *body, size_t len, uint8_t *out)
+{
+        uint64_t h = fnv1a(body, len);
+
+        memcpy(out, "GMDSTATE", 8);
+        for (int i = 0; i < 8; i++) {
+                out[8 + i] = (uint8_t)((uint64_t)len >> (8 * i));
+                out[16 + i] = (uint8_t)(h >> (8 * i));
+        }
+        memcpy(out + 24, body, len);
+        return len + 24;
+}
+
+static void sample(Gpumemd__HandoverState *st, Gpumemd__HandoverClient *c, Gpumemd__HandoverClient **cp)
+{
+        gpumemd__handover_state__init(st);
+        gpumemd__handover_client__init(c);
+        c->has_id = c->has_protocol_version = c->has_window_base = c->has_window_size = c->has_requests =
+                true;
+        c->id = 7;
+        c->fd_name = "gm-client-7";
+        c->pidfd_name = "gm-pidfd-7";
+        c->name = "pinger";
+        c->protocol_version = 2;
+        c->window_base = 0x18000200000ull;
+        c->window_size = 0x1000000000ull;
+        c->class_name = "default";
+        c->cgroup = "/";
+        c->requests = 31;
+        cp[0] = c;
+        st->has_format = st->has_revision = st->has_next_client_id = st->has_listen_bound = true;
+        st->format = 1;
+        st->revision = 1;
+        st->writer_version = "0.1.0";
+        st->next_client_id = 9;
+        st->listen_name = "gm-listen";
+        st->listen_bound = true;
+        st->socket_path = "/run/gpumemd/gpumemd.sock";
+        st->backend = "model";
+        st->n_clients = 1;
+        st->clients = cp;
+}
+
+static void check_sample(const Gpumemd__HandoverState *st)
+{
+        CHECK_EQ(st->format, 1);
+        CHECK_EQ(st->next_client_id, 9);
+        CHECK(st->listen_bound);
+        CHECK(st->backend && strcmp(st->backend, "model") == 0);
+        CHECK_EQ(st->n_clients, 1);
+        if (st->n_clients != 1)
+                return;
+        CHECK_EQ(st->clients[0]->id, 7);
+        CHECK(strcmp(st->clients[0]->fd_name, "gm-client-7") == 0);
+        CHECK(strcmp(st->clients[0]->name, "pinger") == 0);
+        CHECK_EQ(st->clients[0]->window_base, 0x18000200000ull);
+        CHECK_EQ(st->clients[0]->window_size, 0x1000000000ull);
+        CHECK_EQ(st->clients[0]->requests, 31);
+}
+
+static void test_roundtrip(void)
+{
+        Gpumemd__HandoverState st, *back = NULL;
+        Gpumemd__HandoverClient c, *cp[1];
+        char why[256];
+        int fd = -1;
+
+        sample(&st, &c, cp);
+        CHECK_RC(handover_state_seal(&st, &fd), 0);
+        CHECK_EQ(fcntl(fd, F_GET_SEALS) & (F_SEAL_WRITE | F_SEAL_GROW | F_SEAL_SHRINK | F_SEAL_SEAL),
+                 F_SEAL_WRITE | F_SEAL_GROW | F_SEAL_SHRINK | F_SEAL_SEAL);
+        CHECK(write(fd, "x", 1) < 0); /* nobody changes it now */
+        CHECK_RC(handover_state_open(fd, &back, why, sizeof(why)), 0);
+        if (back) {
+                check_sample(back);
+                gpumemd__handover_state__free_unpacked(back, NULL);
+        }
+        close(fd);
+}
+
+static void test_golden(void)
+{
+        uint8_t buf[1024] = {0};
+        size_t n = unhex(golden_hex, buf, sizeof(buf));
+        Gpumemd__HandoverState *st = NULL;
+        char why[256];
+
+        CHECK_RC(handover_state_parse(buf, n, &st, why, sizeof(why)), 0);
+        if (st) {
+                check_sample(st);
+                gpumemd__handover_state__free_unpacked(st, NULL);
+        }
+}
+
+static void test_refused(void)
+{
+        Gpumemd__HandoverState st, *back = NULL;
+        Gpumemd__HandoverClient c, *cp[1];
+        uint8_t *buf = NULL, body[1024], out[1100];
+        size_t len = 0, blen;
+        char why[256];
+        int fd;
+
+        sample(&st, &c, cp);
+        CHECK_RC(handover_state_pack(&st, &buf, &len), 0);
+        if (!buf)
+                return;
+        /* not sealed: refused before it is read */
+        fd = memfd_create("unsealed", MFD_CLOEXEC);
+        CHECK_EQ(write(fd, buf, len), (ssize_t)len);
+        CHECK_RC(handover_state_open(fd, &back, why, sizeof(why)), -EPERM);
+        close(fd);
+        /* cut short, a flipped byte, no magic */
+        CHECK_RC(handover_state_parse(buf, len - 1, &back, why, sizeof(why)), -EBADMSG);
+        buf[len - 3] ^= 0x40;
+        CHECK_RC(handover_state_parse(buf, len, &back, why, sizeof(why)), -EBADMSG);
+        CHECK_STR_CONTAINS(why, "checksum");
+        buf[len - 3] ^= 0x40;
+        buf[0] = 'X';
+        CHECK_RC(handover_state_parse(buf, len, &back, why, sizeof(why)), -EBADMSG);
+        CHECK_RC(handover_state_parse(buf, 3, &back, why, sizeof(why)), -EBADMSG);
+        free(buf);
+        /* a newer format: refused, saying which */
+        st.format = HANDOVER_FORMAT + 1;
+        st.writer_version = "9.0";
+        blen = gpumemd__handover_state__pack(&st, body);
+        CHECK_RC(handover_state_parse(out, frame(body, blen, out), &back, why, sizeof(why)),
+                 -EPROTONOSUPPORT);
+        CHECK_STR_CONTAINS(why, "format 2");
+        CHECK_STR_CONTAINS(why, "9.0");
+        /* no format at all */
+        st.has_format = false;
+        blen = gpumemd__handover_state__pack(&st, body);
+        CHECK_RC(handover_state_parse(out, frame(body, blen, out), &back, why, sizeof(why)), -EBADMSG);
+        CHECK(back == NULL);
+}
+
+/* A later revision of format 1 adds fields: this daemon skips them and reads the rest. */
+static void test_newer_revision(void)
+{
+        Gpumemd__HandoverState st, *back = NULL;
+        Gpumemd__HandoverClient c, *cp[1];
+        uint8_t body[1024], out[1100];
+        size_t blen;
+        char why[256];
+
+        sample(&st, &c, cp);
+        st.revision = 7;
+        blen = gpumemd__handover_state__pack(&st, body);
+        /* field 100 (a varint, 1) and field 101 (bytes "new"), unknown to this reader */
+        const uint8_t extra[] = {0xa0, 0x06, 0x01, 0xaa, 0x06, 0x03, 'n', 'e', 'w'};
+        memcpy(body + blen, extra, sizeof(extra));
+        blen += sizeof(extra);
+        CHECK_RC(handover_state_parse(out, frame(body, blen, out), &back, why, sizeof(why)), 0);
+        if (back) {
+                check_sample(back);
+                CHECK_EQ(back->revision, 7);
+                gpumemd__handover_state__free_unpacked(back, NULL);
+        }
+}
+
+/* Named fds: names systemd would refuse are refused, and what is left is closed. */
+static void test_fds(void)
+{
+        HandoverFds s = {0};
+        int p[2];
+
+        CHECK_EQ(pipe2(p, O_CLOEXEC), 0);
+        CHECK_RC(handover_fds_add(&s, "gm-a", p[0]), 0);
+        CHECK_RC(handover_fds_add(&s, "bad:name", dup(p[1])), -EINVAL);
+        CHECK_RC(handover_fds_add(&s, "", dup(p[1])), -EINVAL);
+        CHECK_RC(handover_fds_add(&s, "gm-b", p[1]), 0);
+        CHECK_EQ(handover_fds_take(&s, "gm-a"), p[0]);
+        CHECK_RC(handover_fds_take(&s, "gm-a"), -ENOENT);
+        close(p[0]);
+        handover_fds_done(&s);
+        CHECK(fcntl(p[1], F_GETFD) < 0); /* closed with the set */
+        CHECK_EQ(s.n, 0);
+}
+
+int main(int argc, char **argv)
+{
+        static const TestCase cases[] = {
+                {"sealed state written and read back", test_roundtrip},
+                {"the state format 1 revision 1 wrote is read", test_golden},
+                {"unsealed, damaged, newer or formatless states are refused", test_refused},
+                {"a newer revision's fields are skipped", test_newer_revision},
+                {"named fds", test_fds},
+        };
+
+        if (argc > 1 && strcmp(argv[1], "--print-golden") == 0) {
+                Gpumemd__HandoverState st;
+                Gpumemd__HandoverClient c, *cp[1];
+                uint8_t *buf = NULL;
+                size_t len = 0;
+                sample(&st, &c, cp);
+                if (handover_state_pack(&st, &buf, &len) < 0)
+                        return EXIT_FAILURE;
+                for (size_t i = 0; i < len; i++)
+                        printf("%02x", buf[i]);
+                printf("\n");
+                free(buf);
+                return EXIT_SUCCESS;
+        }
+        return run_tests(cases, ARRAY_SIZE(cases));
+}
