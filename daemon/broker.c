@@ -3804,3 +3804,225 @@ size_t broker_client_queues(const BrokerClient *c)
 {
         return c ? c->n_queues : 0;
 }
+
+/* ---- carried across a restart ------------------------------------------------------------------------ */
+
+/* Why @o cannot be carried to the next daemon yet, or NULL. */
+static const char *obj_not_carriable(const Broker *b, const Obj *o)
+{
+        if (o->pending)
+                return "an allocation is still being made";
+        if (o->share || o->ref)
+                return "named shares";
+        switch (o->kind) {
+        case BROKER_KIND_HOST:
+                if (o->flags & BROKER_FLAG_GTT)
+                        return "GTT host memory (a buffer of its own GPU VM)";
+                return o->memfd >= 0 && o->mem ? NULL : "host memory without its file";
+        case BROKER_KIND_DEVICE:
+                if (!driver_has(b->drv, DRIVER_CAP_EXPORT) || !b->drv->ops->mem_adopt_vram)
+                        return "device memory (the driver cannot export it)";
+                return o->mem && !o->outer ? NULL : "device memory outside the window";
+        case BROKER_KIND_MANAGED:
+                return "managed memory";
+        case BROKER_KIND_VMM:
+        case BROKER_KIND_RESERVATION:
+                return "VMM memory";
+        case BROKER_KIND_IMPORT:
+                return "imported dmabufs";
+        default:
+                return "objects of its kind";
+        }
+}
+
+int broker_client_carry_check(const BrokerClient *c, Reason *w)
+{
+        size_t it = 0;
+        Obj *o;
+
+        if (client_events_count(c->events))
+                return reason_set(w, -EOPNOTSUPP, "KFD events live in the daemon's KFD context");
+        if (c->n_queues)
+                return reason_set(w, -EOPNOTSUPP, "user-mode queues live in the daemon's KFD context");
+        while (hashmap_next(&c->objs, &it, NULL, (void **)&o)) {
+                const char *why = obj_not_carriable(c->b, o);
+                if (why)
+                        return reason_set(w, -EOPNOTSUPP, "%s cannot be carried yet", why);
+        }
+        return 0;
+}
+
+size_t broker_client_carry_list(const BrokerClient *c, size_t *cursor, BrokerCarry *out, size_t cap)
+{
+        size_t n = 0, it = *cursor;
+        Obj *o;
+
+        while (n < cap && hashmap_next(&c->objs, &it, NULL, (void **)&o)) {
+                BrokerCarry *k = &out[n++];
+                memset(k, 0, sizeof(*k));
+                k->handle = o->handle;
+                k->kind = o->kind;
+                k->va = o->va;
+                k->size = o->size;
+                k->gpu_id = o->gpu_id;
+                k->flags = o->flags;
+                k->numa_node = o->numa_node;
+                k->exports = o->exports;
+                k->handed_out = o->handed_out;
+                k->fd = -1;
+                for (size_t g = 0; o->mem && g < c->b->n_gpus; g++)
+                        if (driver_mem_is_mapped(c->b->drv, o->mem, c->b->gpu_ids[g]))
+                                k->mapped[k->n_mapped++] = c->b->gpu_ids[g];
+        }
+        *cursor = n == cap ? it : 0;
+        return n;
+}
+
+int broker_carry_fd(BrokerClient *c, uint64_t handle, int *ret_fd)
+{
+        Obj *o = obj_lookup(c, handle);
+        int fd;
+
+        if (!o || obj_not_carriable(c->b, o))
+                return -ENOENT;
+        if (o->kind == BROKER_KIND_DEVICE)
+                return driver_mem_export(c->b->drv, o->mem, ret_fd);
+        fd = fcntl(o->memfd, F_DUPFD_CLOEXEC, 3);
+        if (fd < 0)
+                return -errno;
+        *ret_fd = fd;
+        return 0;
+}
+
+/* Device memory: its dmabuf placed at its VA in the client's GPU VM again, and mapped on its GPUs. */
+static int carry_device(BrokerClient *c, Obj *o, const BrokerCarry *k, int fd, Reason *w)
+{
+        Broker *b = c->b;
+        DriverCtx *ctx;
+        int r;
+
+        r = client_ctx(c, &ctx, w);
+        if (r < 0)
+                return r;
+        r = driver_mem_adopt_vram(b->drv, ctx, fd, o->gpu_id, o->va, o->size, o->flags, &o->mem);
+        if (r < 0)
+                return reason_set(w, r, "the driver cannot take its memory back: %s", strerror(-r));
+        r = k->n_mapped ? driver_mem_map(b->drv, o->mem, k->mapped, k->n_mapped) : 0;
+        if (r < 0) {
+                (void)driver_mem_free(b->drv, o->mem);
+                o->mem = NULL;
+                return reason_set(w, r, "cannot map it on its GPUs again: %s", strerror(-r));
+        }
+        /* the driver keeps a file for it now, as after a first export (the model; the kernel needs none) */
+        o->backing_fd = driver_holds_fd(b);
+        return 0;
+}
+
+/* Host memory: its memfd mapped at its VA here again, registered with the driver and mapped on its GPUs. */
+static int carry_host(BrokerClient *c, Obj *o, const BrokerCarry *k, Reason *w)
+{
+        Broker *b = c->b;
+        uint32_t gpu = k->gpu_id ? k->gpu_id : b->gpu_ids[0];
+        struct stat st;
+        void *p;
+        int r;
+
+        if (fstat(o->memfd, &st) < 0 || !S_ISREG(st.st_mode) || (uint64_t)st.st_size < o->size)
+                return reason_set(w, -EBADF, "its memory file is not %llu bytes of shared memory",
+                                  (unsigned long long)o->size);
+        p = mmap((void *)(uintptr_t)o->va, o->size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, o->memfd,
+                 0);
+        if (p == MAP_FAILED) {
+                r = -errno;
+                reserve_again(o->va, o->size);
+                return reason_set(w, r, "cannot map its memory here: %s", strerror(-r));
+        }
+        r = driver_mem_register_host(b->drv, gpu, o->va, o->size, o->flags, &o->mem);
+        if (r < 0) {
+                unmap_shared(b, o->va, o->size);
+                return reason_set(w, r, "the driver refused to register it again: %s", strerror(-r));
+        }
+        r = k->n_mapped ? driver_mem_map(b->drv, o->mem, k->mapped, k->n_mapped) : 0;
+        if (r < 0) {
+                (void)driver_mem_free(b->drv, o->mem);
+                o->mem = NULL;
+                unmap_shared(b, o->va, o->size);
+                return reason_set(w, r, "cannot map it on its GPUs again: %s", strerror(-r));
+        }
+        return 0;
+}
+
+int broker_carry_restore(BrokerClient *c, BrokerCarry *k, Reason *w)
+{
+        Charge ch;
+        Obj *o;
+        int r;
+
+        if ((k->kind != BROKER_KIND_HOST && k->kind != BROKER_KIND_DEVICE) ||
+            (k->flags & (BROKER_FLAG_GTT | BROKER_FLAG_SVM_RANGE))) {
+                k->fd = safe_close(k->fd);
+                return reason_set(w, -EOPNOTSUPP, "objects of kind %d cannot be carried", (int)k->kind);
+        }
+        if (k->handle == 0 || k->handle == UINT64_MAX || obj_lookup(c, k->handle)) {
+                k->fd = safe_close(k->fd);
+                return reason_set(w, -EEXIST, "handle 0x%llx is taken or invalid",
+                                  (unsigned long long)k->handle);
+        }
+        if (k->n_mapped > BROKER_MAX_GPUS || check_gpus(c->b, k->mapped, k->n_mapped, w) < 0 ||
+            (k->gpu_id && gpu_index(c->b, k->gpu_id) < 0) ||
+            (k->kind == BROKER_KIND_DEVICE && gpu_index(c->b, k->gpu_id) < 0) || k->size == 0 ||
+            k->size % BROKER_PAGE_SIZE || check_flags(k->flags, w) < 0) {
+                k->fd = safe_close(k->fd);
+                return reason_set(w, -EINVAL, "its record is not one of memory this daemon can place");
+        }
+        o = obj_new(k->kind);
+        if (!o) {
+                k->fd = safe_close(k->fd);
+                return reason_set(w, -ENOMEM, "out of memory");
+        }
+        if (k->kind == BROKER_KIND_HOST)
+                o->memfd = TAKE_FD(k->fd);
+        o->handle = k->handle;
+        o->size = k->size;
+        o->gpu_id = k->gpu_id;
+        o->flags = k->flags;
+        o->numa_node = k->numa_node;
+        o->exports = k->exports;
+        r = take_va(c, o->size, BROKER_PAGE_SIZE, k->va, o, &o->va, w);
+        if (r == 0)
+                r = o->kind == BROKER_KIND_HOST ? carry_host(c, o, k, w) : carry_device(c, o, k, k->fd, w);
+        if (r == 0) {
+                /* what the old daemon charged for it, whatever the limits say now: the memory exists */
+                ch = obj_charge(o);
+                if (c->acct) {
+                        pthread_mutex_lock(&c->acct->lock);
+                        usage_apply(&c->acct->used, c->b, &ch, +1);
+                        pthread_mutex_unlock(&c->acct->lock);
+                }
+                usage_apply(&c->usage, c->b, &ch, +1);
+                totals_apply(c->b, &ch, +1);
+                r = obj_publish(c, o);
+                if (r < 0) {
+                        charge_give(c, &ch);
+                        (void)driver_mem_unmap_all(c->b->drv, o->mem);
+                        (void)driver_mem_free(c->b->drv, o->mem);
+                        if (o->memfd >= 0)
+                                unmap_shared(c->b, o->va, o->size);
+                        reason_set(w, r, "out of memory");
+                }
+        }
+        if (r < 0) {
+                if (o->va)
+                        (void)thunk_va_free(c->window, o->va);
+                safe_close(o->memfd);
+                k->fd = safe_close(k->fd);
+                free(o);
+                return r;
+        }
+        /* the files the client holds are this memory's: known again, so that it stays charged while they
+         * live after a free */
+        if (k->handed_out)
+                note_file(c->b, o, o->memfd >= 0 ? o->memfd : k->fd);
+        k->fd = safe_close(k->fd);
+        return 0;
+}

@@ -149,6 +149,43 @@ size_t broker_client_objects(const BrokerClient *c);
 /* Everything the client's teardown has to free: objects and VMM mappings. */
 uint64_t broker_client_records(const BrokerClient *c);
 
+/* ---- carried across a restart (carry.c) -------------------------------------------------------------- */
+
+/*
+ * One object as a daemon that stops hands it to the next: where it lies, what it is, where it is mapped,
+ * and its memory's file. What else a
+ * client may hold makes broker_client_carry_check() say why it cannot be carried. Today host memory (its
+ * memfd) and device memory (its dmabuf, which the next daemon's driver takes back at the same VA).
+ */
+typedef struct BrokerCarry {
+        uint64_t handle;
+        BrokerKind kind;
+        uint64_t va, size;
+        uint32_t gpu_id; /* as the client named it (0: the first GPU) */
+        uint32_t flags;
+        int numa_node;
+        uint32_t exports;
+        bool handed_out; /* a file of it went to the client: it may outlive its handle */
+        size_t n_mapped;
+        uint32_t mapped[BROKER_MAX_GPUS];
+        int fd; /* its memory's file (broker_carry_fd), taken by broker_carry_restore() */
+} BrokerCarry;
+
+/* 0 when everything the client holds can be carried; -EOPNOTSUPP with @w saying what cannot. */
+int broker_client_carry_check(const BrokerClient *c, Reason *w);
+/* Up to @cap of its objects from *@cursor (0 to start; 0 again at the end), fd -1. */
+size_t broker_client_carry_list(const BrokerClient *c, size_t *cursor, BrokerCarry *out, size_t cap);
+/* A file of the memory of @handle for the next daemon (the caller's): a copy of the host memory's memfd, or
+ * an export of device memory. */
+int broker_carry_fd(BrokerClient *c, uint64_t handle, int *ret_fd);
+/*
+ * Set one carried object up again in the client (whose window is restored): the same handle and VA, its
+ * memory mapped here from @o->fd (taken, also on failure) and given to the driver again, mapped on the
+ * same GPUs, charged to the account as before (the class's limits are not asked again: the memory
+ * exists). On failure nothing of it is left and @w says why.
+ */
+int broker_carry_restore(BrokerClient *c, BrokerCarry *o, Reason *w);
+
 /* ---- device, host and managed memory ---------------------------------------------------------------- */
 
 typedef struct BrokerAllocArgs {

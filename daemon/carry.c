@@ -21,33 +21,22 @@
 #include "window.h"
 
 /*
- * What cannot be carried yet: memory objects, KFD events and queues live in the daemon's KFD context, which
- * dies with the daemon (docs/reliability.md). A client holding any is not carried: the next daemon never
- * sees its socket, so the client gets -ECONNRESET as at a plain restart.
+ * What cannot be carried yet: KFD events and queues live in the daemon's KFD context, which dies with the
+ * daemon, and of memory only host and device memory are carried today (docs/reliability.md). A client holding
+ * anything else is not carried: the next daemon never sees its socket, so the client gets -ECONNRESET as at a
+ * plain restart.
  */
-static const char *not_carried_why(Conn *c)
+static const char *not_carried_why(Conn *c, Reason *w)
 {
-        BrokerUsage u;
-
         if (c->dead)
                 return "closing";
         if (c->deferred || !transport_idle(&c->t))
                 return "a request was still being answered";
         if (c->event_waits)
                 return "it waits for KFD events";
-        if (!c->broker)
-                return NULL;
-        broker_client_usage(c->broker, &u);
-        if (broker_client_objects(c->broker) || u.objects || u.queues || u.held_fds)
-                return "it holds memory, events or queues, which do not survive the KFD context yet";
-        if (broker_client_private_vm(c->broker))
-                return "it has a GPU VM of its own";
+        if (c->broker && broker_client_carry_check(c->broker, w) < 0)
+                return w->msg;
         return NULL;
-}
-
-bool carry_conn_settled(Conn *c)
-{
-        return c->dead || (!c->deferred && transport_idle(&c->t));
 }
 
 static int add_dup(HandoverFds *s, const char *name, int fd)
@@ -59,13 +48,117 @@ static int add_dup(HandoverFds *s, const char *name, int fd)
         return handover_fds_add(s, name, copy);
 }
 
+/* The fds that go through the channel, in order; those it owns are closed once they are queued. */
+typedef struct FdVec {
+        int *fd;
+        bool *owned;
+        size_t n, cap;
+} FdVec;
+
+/* Append @fd (taken when @owned, also on failure); its index in the channel, or -ENOMEM. */
+static int fdvec_add(FdVec *v, int fd, bool owned)
+{
+        if (v->n == v->cap) {
+                size_t cap = v->cap ? v->cap * 2 : 64;
+                int *f = realloc(v->fd, cap * sizeof(*f));
+                bool *o = f ? realloc(v->owned, cap * sizeof(*o)) : NULL;
+                if (f)
+                        v->fd = f;
+                if (!f || !o) {
+                        if (owned)
+                                safe_close(fd);
+                        return -ENOMEM;
+                }
+                v->owned = o;
+                v->cap = cap;
+        }
+        v->fd[v->n] = fd;
+        v->owned[v->n] = owned;
+        return (int)v->n++;
+}
+
+static void fdvec_done(FdVec *v)
+{
+        for (size_t i = 0; i < v->n; i++)
+                if (v->owned[i])
+                        safe_close(v->fd[i]);
+        free(v->fd);
+        free(v->owned);
+        *v = (FdVec){0};
+}
+
+/* The client's objects into @h, their files into @fds. */
+static int collect_objects(Conn *c, Gpumemd__HandoverClient *h, FdVec *fds)
+{
+        BrokerCarry k[64];
+        size_t cursor = 0, got;
+        int r = 0;
+
+        if (!c->broker)
+                return 0;
+        do {
+                got = broker_client_carry_list(c->broker, &cursor, k, ARRAY_SIZE(k));
+                for (size_t i = 0; i < got; i++) {
+                        Gpumemd__HandoverObject *o, **v;
+                        int fd = -1;
+                        v = realloc(h->objects, (h->n_objects + 1) * sizeof(*v));
+                        if (!v)
+                                return -ENOMEM;
+                        h->objects = v;
+                        o = calloc(1, sizeof(*o));
+                        if (!o)
+                                return -ENOMEM;
+                        gpumemd__handover_object__init(o);
+                        h->objects[h->n_objects++] = o;
+                        o->mapped = malloc((k[i].n_mapped ? k[i].n_mapped : 1) * sizeof(uint32_t));
+                        if (!o->mapped)
+                                return -ENOMEM;
+                        o->has_handle = o->has_kind = o->has_va = o->has_size = o->has_gpu_id = true;
+                        o->has_flags = o->has_numa_node = o->has_exports = o->has_handed_out = true;
+                        o->has_fd_index = true;
+                        o->handle = k[i].handle;
+                        o->kind = (uint32_t)k[i].kind;
+                        o->va = k[i].va;
+                        o->size = k[i].size;
+                        o->gpu_id = k[i].gpu_id;
+                        o->flags = k[i].flags;
+                        o->numa_node = k[i].numa_node;
+                        o->exports = k[i].exports;
+                        o->handed_out = k[i].handed_out;
+                        o->n_mapped = k[i].n_mapped;
+                        memcpy(o->mapped, k[i].mapped, k[i].n_mapped * sizeof(uint32_t));
+                        r = broker_carry_fd(c->broker, k[i].handle, &fd);
+                        if (r == 0)
+                                r = fdvec_add(fds, fd, true);
+                        if (r < 0)
+                                return r;
+                        o->fd_index = (uint32_t)r;
+                }
+        } while (cursor);
+        return 0;
+}
+
+static void free_objects(Gpumemd__HandoverClient *h)
+{
+        for (size_t i = 0; i < h->n_objects; i++) {
+                free(h->objects[i]->mapped);
+                free(h->objects[i]);
+        }
+        free(h->objects);
+}
+
+bool carry_conn_settled(Conn *c)
+{
+        return c->dead || (!c->deferred && transport_idle(&c->t));
+}
+
 int carry_collect(Manager *m, HandoverFds *ret)
 {
         Gpumemd__HandoverState st = GPUMEMD__HANDOVER_STATE__INIT;
         Gpumemd__HandoverClient *cv = NULL, **cp = NULL;
-        char fd_names[2][HANDOVER_NAME_MAX];
         size_t n = 0, cap = 0, dropped = 0;
-        int r = 0, state_fd = -1;
+        int r = 0, state_fd = -1, channel = -1;
+        FdVec fds = {0};
 
         *ret = (HandoverFds){0};
         for (Conn *c = m->conns; c; c = c->next)
@@ -90,26 +183,30 @@ int carry_collect(Manager *m, HandoverFds *ret)
         }
         for (Conn *c = m->conns; c && n < cap; c = c->next) {
                 Gpumemd__HandoverClient *h = &cv[n];
-                const char *why = not_carried_why(c);
+                Reason w = {""};
+                const char *why = not_carried_why(c, &w);
                 if (why) {
                         conn_log(c, LOG_NOTICE, GM_MESSAGE_HANDOVER, NULL,
                                  "not carried over to the next gpumemd: %s", why);
                         dropped++;
                         continue;
                 }
-                snprintf(fd_names[0], sizeof(fd_names[0]), "gm-client-%llu", (unsigned long long)c->id);
-                snprintf(fd_names[1], sizeof(fd_names[1]), "gm-pidfd-%llu", (unsigned long long)c->id);
-                r = add_dup(ret, fd_names[0], c->t.fd);
-                if (r == 0 && c->ident.pidfd >= 0)
-                        r = add_dup(ret, fd_names[1], c->ident.pidfd);
+                gpumemd__handover_client__init(h);
+                cp[n++] = h;
+                h->has_fd_index = h->has_pidfd_index = true;
+                h->pidfd_index = -1;
+                /* the socket and pidfd are queued as they are (the kernel takes its own reference) */
+                r = fdvec_add(&fds, c->t.fd, false);
+                h->fd_index = r;
+                if (r >= 0 && c->ident.pidfd >= 0)
+                        h->pidfd_index = r = fdvec_add(&fds, c->ident.pidfd, false);
+                if (r >= 0)
+                        r = collect_objects(c, h, &fds);
                 if (r < 0)
                         goto out;
-                gpumemd__handover_client__init(h);
                 h->has_id = h->has_protocol_version = h->has_low_window = h->has_window_base = true;
                 h->has_window_size = h->has_connected_real_usec = h->has_requests = true;
                 h->id = c->id;
-                h->fd_name = strdup(fd_names[0]);
-                h->pidfd_name = c->ident.pidfd >= 0 ? strdup(fd_names[1]) : NULL;
                 h->name = c->name;
                 h->protocol_version = c->proto_version;
                 h->low_window = c->low_window;
@@ -119,12 +216,16 @@ int carry_collect(Manager *m, HandoverFds *ret)
                 h->cgroup = c->ident.cgroup;
                 h->connected_real_usec = c->connected_real_usec;
                 h->requests = c->requests;
-                cp[n++] = h;
-                if (!h->fd_name || (c->ident.pidfd >= 0 && !h->pidfd_name)) {
-                        r = -ENOMEM;
-                        goto out;
-                }
         }
+        /* every fd of the clients through one socket: three names in the store, whatever their number */
+        r = handover_channel_pack(fds.fd, fds.n, &channel);
+        if (r == 0)
+                r = handover_fds_add(ret, HANDOVER_NAME_FDS, channel);
+        if (r < 0)
+                goto out;
+        st.channel_name = (char *)HANDOVER_NAME_FDS;
+        st.has_channel_fds = true;
+        st.channel_fds = (uint32_t)fds.n;
         st.has_format = st.has_revision = st.has_written_real_usec = st.has_next_client_id = true;
         st.format = HANDOVER_FORMAT;
         st.revision = HANDOVER_REVISION;
@@ -143,10 +244,9 @@ int carry_collect(Manager *m, HandoverFds *ret)
                          "handing %zu client%s over to the next gpumemd (%zu not carried)", n,
                          n == 1 ? "" : "s", dropped);
 out:
-        for (size_t i = 0; i < n; i++) {
-                free(cv[i].fd_name);
-                free(cv[i].pidfd_name);
-        }
+        for (size_t i = 0; i < n; i++)
+                free_objects(&cv[i]);
+        fdvec_done(&fds);
         free(cv);
         free(cp);
         if (r < 0)
@@ -177,14 +277,38 @@ static void drop_conn(const CarryHost *host, Conn *c, int code, const char *why)
 }
 
 /* One client of the state: its connection set up again as it was. Under the lock. */
-static void restore_one(Manager *m, const CarryHost *host, const Gpumemd__HandoverClient *h, HandoverFds *fds)
+/* The fds that came through the channel; each is taken once. */
+typedef struct Passed {
+        int *fd;
+        size_t n;
+} Passed;
+
+/* Take fd @index of the channel (-ENOENT when it did not come, or was taken). */
+static int passed_take(Passed *p, int64_t index)
+{
+        int fd;
+
+        if (index < 0 || (uint64_t)index >= p->n || p->fd[index] < 0)
+                return -ENOENT;
+        fd = p->fd[index];
+        p->fd[index] = -1;
+        return fd;
+}
+
+static void restore_one(Manager *m, const CarryHost *host, const Gpumemd__HandoverClient *h, HandoverFds *fds,
+                        Passed *passed)
 {
         char reason[256];
         Conn *c = NULL;
         int fd, pidfd, r;
 
-        fd = h->fd_name ? handover_fds_take(fds, h->fd_name) : -ENOENT;
-        pidfd = h->pidfd_name ? handover_fds_take(fds, h->pidfd_name) : -ENOENT;
+        /* revision 1 named them as fds of their own; from 2 they come through the channel */
+        fd = h->fd_name        ? handover_fds_take(fds, h->fd_name)
+             : h->has_fd_index ? passed_take(passed, h->fd_index)
+                               : -ENOENT;
+        pidfd = h->pidfd_name        ? handover_fds_take(fds, h->pidfd_name)
+                : h->has_pidfd_index ? passed_take(passed, h->pidfd_index)
+                                     : -ENOENT;
         if (fd < 0) {
                 log_warning("client %llu: its socket was not handed over", (unsigned long long)h->id);
                 safe_close(pidfd);
@@ -230,6 +354,49 @@ static void restore_one(Manager *m, const CarryHost *host, const Gpumemd__Handov
                                  (unsigned long long)h->window_base, (unsigned long long)h->window_size,
                                  strerror(-r));
                         drop_conn(host, c, -EADDRINUSE, reason);
+                        return;
+                }
+        }
+        c->id = h->id; /* its books are tagged with it */
+        if (h->n_objects) {
+                r = host->books(c);
+                if (r < 0) {
+                        drop_conn(host, c, r, "out of memory");
+                        return;
+                }
+        }
+        for (size_t i = 0; i < h->n_objects; i++) {
+                const Gpumemd__HandoverObject *ho = h->objects[i];
+                BrokerCarry k = {
+                        .handle = ho->handle,
+                        .kind = (BrokerKind)ho->kind,
+                        .va = ho->va,
+                        .size = ho->size,
+                        .gpu_id = ho->gpu_id,
+                        .flags = ho->flags,
+                        .numa_node = ho->has_numa_node ? ho->numa_node : -1,
+                        .exports = ho->exports,
+                        .handed_out = ho->handed_out,
+                        .n_mapped = ho->n_mapped,
+                        .fd = ho->has_fd_index ? passed_take(passed, ho->fd_index) : -ENOENT,
+                };
+                Reason w = {""};
+                if (k.fd < 0) {
+                        snprintf(reason, sizeof(reason), "the memory of handle 0x%llx was not handed over",
+                                 (unsigned long long)ho->handle);
+                        drop_conn(host, c, -EBADF, reason);
+                        return;
+                }
+                if (ho->n_mapped > BROKER_MAX_GPUS)
+                        k.n_mapped = BROKER_MAX_GPUS + 1; /* refused as such */
+                else
+                        memcpy(k.mapped, ho->mapped, ho->n_mapped * sizeof(uint32_t));
+                r = broker_carry_restore(c->broker, &k, &w);
+                if (r < 0) {
+                        snprintf(reason, sizeof(reason), "handle 0x%llx at 0x%llx cannot be set up again: %s",
+                                 (unsigned long long)ho->handle, (unsigned long long)ho->va,
+                                 reason_or_errno(&w, r));
+                        drop_conn(host, c, r, reason);
                         return;
                 }
         }
@@ -283,7 +450,9 @@ Gpumemd__HandoverState *carry_read_state(HandoverFds *fds)
 
 void carry_restore(Manager *m, const CarryHost *host, Gpumemd__HandoverState *st, HandoverFds *fds)
 {
+        Passed passed = {0};
         unsigned taken = 0;
+        int r;
 
         if (!st) {
                 if (fds->n)
@@ -297,12 +466,26 @@ void carry_restore(Manager *m, const CarryHost *host, Gpumemd__HandoverState *st
                          st->backend, driver_name(m->drv));
                 goto out;
         }
+        if (st->channel_name) {
+                int ch = handover_fds_take(fds, st->channel_name);
+                r = ch < 0 ? ch : handover_channel_unpack(ch, &passed.fd, &passed.n);
+                safe_close(ch);
+                if (r == 0 && st->has_channel_fds && passed.n != st->channel_fds)
+                        log_full(LOG_WARNING, -EPROTO, GM_MESSAGE_HANDOVER, NULL,
+                                 "%zu of the %u fds handed over came through: the clients that miss some are "
+                                 "closed",
+                                 passed.n, st->channel_fds);
+                else if (r < 0)
+                        log_full(LOG_WARNING, r, GM_MESSAGE_HANDOVER, NULL,
+                                 "the fds handed over cannot be read (%s): their clients are closed",
+                                 strerror(-r));
+        }
         manager_lock(m);
         if (st->has_next_client_id && st->next_client_id > m->next_client_id)
                 m->next_client_id = st->next_client_id;
         for (size_t i = 0; i < st->n_clients; i++) {
                 unsigned before = m->n_conns;
-                restore_one(m, host, st->clients[i], fds);
+                restore_one(m, host, st->clients[i], fds, &passed);
                 taken += m->n_conns > before;
                 if (st->clients[i]->has_id && st->clients[i]->id > m->next_client_id)
                         m->next_client_id = st->clients[i]->id;
@@ -313,6 +496,9 @@ void carry_restore(Manager *m, const CarryHost *host, Gpumemd__HandoverState *st
                  st->n_clients, st->n_clients == 1 ? "" : "s", st->writer_version ? st->writer_version : "?",
                  st->format, st->revision);
 out:
+        for (size_t i = 0; i < passed.n; i++)
+                safe_close(passed.fd[i]);
+        free(passed.fd);
         if (st)
                 gpumemd__handover_state__free_unpacked(st, NULL);
         /* what no client of the state claimed (or all of it, without a state): closed, so that no peer waits

@@ -18,6 +18,8 @@ typedef struct CarryHost {
         void (*place)(Manager *m, Conn *c, Shard *sh);
         /* a connection-level error frame (request id 0) on @fd, before it is closed */
         void (*refuse_send)(int fd, int code, const char *reason);
+        /* the client's books in the broker, made as its first memory op makes them */
+        int (*books)(Conn *c);
 } CarryHost;
 
 /*

@@ -545,6 +545,41 @@ static int k_mem_import(Driver *d, DriverCtx *ctx, int dmabuf_fd, uint32_t gpu_i
         return thunk_bo_import_dmabuf(tctx(ctx), dmabuf_fd, gpu_id, 0, (ThunkBo **)(void *)ret);
 }
 
+static int k_mem_adopt_vram(Driver *d, DriverCtx *ctx, int dmabuf_fd, uint32_t gpu_id, uint64_t va,
+                            uint64_t size, uint32_t flags, DriverMem **ret)
+{
+        ThunkModel *model = kfd(d)->model;
+        ThunkBo *bo = NULL;
+        int r;
+
+        if (model) {
+                /* the model of the daemon before this one is gone: this one takes the buffer's file back */
+                uint32_t kf = KFD_IOC_ALLOC_MEM_FLAGS_VRAM | KFD_IOC_ALLOC_MEM_FLAGS_EXECUTABLE;
+                if (!(flags & DRIVER_MEM_READ_ONLY))
+                        kf |= KFD_IOC_ALLOC_MEM_FLAGS_WRITABLE;
+                if (flags & DRIVER_MEM_HOST_VISIBLE)
+                        kf |= KFD_IOC_ALLOC_MEM_FLAGS_PUBLIC;
+                if (flags & DRIVER_MEM_COHERENT)
+                        kf |= KFD_IOC_ALLOC_MEM_FLAGS_COHERENT;
+                if (flags & DRIVER_MEM_UNCACHED)
+                        kf |= KFD_IOC_ALLOC_MEM_FLAGS_UNCACHED;
+                r = thunk_model_adopt(model, dmabuf_fd, gpu_id, kf);
+                if (r < 0)
+                        return r;
+        }
+        r = thunk_bo_import_dmabuf(tctx(ctx), dmabuf_fd, gpu_id, va, &bo);
+        if (model)
+                thunk_model_adopt_release(model, dmabuf_fd); /* the import holds it now, or nothing does */
+        if (r < 0)
+                return r;
+        if (thunk_bo_info(bo)->size != size || thunk_bo_info(bo)->kind != THUNK_MEM_VRAM) {
+                (void)thunk_bo_free(bo);
+                return -EINVAL;
+        }
+        *ret = (DriverMem *)(void *)bo;
+        return 0;
+}
+
 static int k_mem_free(Driver *d, DriverMem *m)
 {
         (void)d;
@@ -807,6 +842,7 @@ static const DriverOps kfd_ops = {
         .mem_register_host = k_mem_register_host,
         .mem_alloc_gtt = k_mem_alloc_gtt,
         .mem_import = k_mem_import,
+        .mem_adopt_vram = k_mem_adopt_vram,
         .mem_free = k_mem_free,
         .mem_size = k_mem_size,
         .mem_map = k_mem_map,

@@ -195,6 +195,8 @@ typedef struct DriverOps {
         int (*mem_alloc_gtt)(Driver *d, DriverCtx *ctx, uint32_t gpu_id, uint64_t va, uint64_t size,
                              uint32_t flags, DriverMem **ret);
         int (*mem_import)(Driver *d, DriverCtx *ctx, int dmabuf_fd, uint32_t gpu_id, DriverMem **ret);
+        int (*mem_adopt_vram)(Driver *d, DriverCtx *ctx, int dmabuf_fd, uint32_t gpu_id, uint64_t va,
+                              uint64_t size, uint32_t flags, DriverMem **ret);
         int (*mem_free)(Driver *d, DriverMem *m);
         uint64_t (*mem_size)(const Driver *d, const DriverMem *m);
         int (*mem_map)(Driver *d, DriverMem *m, const uint32_t *gpu_ids, size_t n);
@@ -329,6 +331,19 @@ static inline int driver_mem_import(Driver *d, DriverCtx *ctx, int dmabuf_fd, ui
                                     DriverMem **ret)
 {
         return d->ops->mem_import(d, ctx, dmabuf_fd, gpu_id, ret);
+}
+/*
+ * After a restart: device memory an earlier daemon allocated on @gpu_id with @flags and exported
+ * (@dmabuf_fd, borrowed), placed at @va in @ctx again, not mapped. The kernel finds its BO behind the
+ * dmabuf; a driver that keeps its own books (the model) takes the memory into them again. -EINVAL: not
+ * that memory (another size, not a buffer of this driver's kind). NULL in the table: -EOPNOTSUPP.
+ */
+static inline int driver_mem_adopt_vram(Driver *d, DriverCtx *ctx, int dmabuf_fd, uint32_t gpu_id,
+                                        uint64_t va, uint64_t size, uint32_t flags, DriverMem **ret)
+{
+        return d->ops->mem_adopt_vram
+                       ? d->ops->mem_adopt_vram(d, ctx, dmabuf_fd, gpu_id, va, size, flags, ret)
+                       : -EOPNOTSUPP;
 }
 /* Free memory no GPU maps any more; on failure it stays allocated. */
 static inline int driver_mem_free(Driver *d, DriverMem *m)

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <systemd/sd-daemon.h>
 #include <unistd.h>
@@ -249,6 +250,117 @@ int handover_state_open(int fd, Gpumemd__HandoverState **ret, char *why, size_t 
         r = handover_state_parse(p, (size_t)sb.st_size, ret, why, len);
         munmap(p, (size_t)sb.st_size);
         return r;
+}
+
+/* fds per message: the kernel takes at most 253 (SCM_MAX_FD) */
+#define CHANNEL_BATCH 250
+
+int handover_channel_pack(const int *fds, size_t n, int *ret_fd)
+{
+        int sv[2], r = 0;
+
+        if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0, sv) < 0)
+                return -errno;
+        {
+                /* as much room as net.core.wmem_max allows: each message of fds is a buffer of its own */
+                int big = 64 << 20;
+                (void)setsockopt(sv[0], SOL_SOCKET, SO_SNDBUF, &big, sizeof(big));
+        }
+        for (size_t i = 0; i < n; i += CHANNEL_BATCH) {
+                size_t k = n - i < CHANNEL_BATCH ? n - i : CHANNEL_BATCH;
+                union {
+                        struct cmsghdr h;
+                        char b[CMSG_SPACE(CHANNEL_BATCH * sizeof(int))];
+                } ctl;
+                char byte = 'F';
+                struct iovec iov = {&byte, 1};
+                struct msghdr mh = {.msg_iov = &iov,
+                                    .msg_iovlen = 1,
+                                    .msg_control = &ctl,
+                                    .msg_controllen = CMSG_SPACE(k * sizeof(int))};
+                struct cmsghdr *c = CMSG_FIRSTHDR(&mh);
+
+                memset(&ctl, 0, sizeof(ctl));
+                c->cmsg_level = SOL_SOCKET;
+                c->cmsg_type = SCM_RIGHTS;
+                c->cmsg_len = CMSG_LEN(k * sizeof(int));
+                memcpy(CMSG_DATA(c), fds + i, k * sizeof(int));
+                if (sendmsg(sv[0], &mh, MSG_NOSIGNAL) < 0) {
+                        r = errno == EAGAIN ? -ENOBUFS : -errno;
+                        break;
+                }
+        }
+        close(sv[0]); /* the receiver reads to the end, then sees EOF */
+        if (r < 0) {
+                close(sv[1]);
+                return r;
+        }
+        *ret_fd = sv[1];
+        return 0;
+}
+
+int handover_channel_unpack(int fd, int **ret_fds, size_t *ret_n)
+{
+        int *v = NULL;
+        size_t n = 0, cap = 0;
+        int r = 0;
+
+        for (;;) {
+                union {
+                        struct cmsghdr h;
+                        char b[CMSG_SPACE(CHANNEL_BATCH * sizeof(int))];
+                } ctl;
+                char byte;
+                struct iovec iov = {&byte, 1};
+                struct msghdr mh = {
+                        .msg_iov = &iov, .msg_iovlen = 1, .msg_control = &ctl, .msg_controllen = sizeof(ctl)};
+                ssize_t got = recvmsg(fd, &mh, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
+
+                if (got == 0 || (got < 0 && errno == EAGAIN))
+                        break; /* the end (EAGAIN: a sender end still open somewhere; nothing more comes) */
+                if (got < 0) {
+                        r = -errno;
+                        break;
+                }
+                for (struct cmsghdr *c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c)) {
+                        size_t k;
+                        if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
+                                continue;
+                        k = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+                        if (n + k > cap) {
+                                size_t ncap = cap ? cap * 2 : 256;
+                                int *nv;
+                                while (ncap < n + k)
+                                        ncap *= 2;
+                                nv = realloc(v, ncap * sizeof(*nv));
+                                if (!nv) {
+                                        /* these are closed with the rest below */
+                                        for (size_t j = 0; j < k; j++) {
+                                                int x;
+                                                memcpy(&x, CMSG_DATA(c) + j * sizeof(int), sizeof(int));
+                                                close(x);
+                                        }
+                                        r = -ENOMEM;
+                                        continue;
+                                }
+                                v = nv;
+                                cap = ncap;
+                        }
+                        memcpy(v + n, CMSG_DATA(c), k * sizeof(int));
+                        n += k;
+                }
+                if (mh.msg_flags & MSG_CTRUNC)
+                        r = -EPROTO;
+        }
+        if (r < 0) {
+                for (size_t i = 0; i < n; i++)
+                        close(v[i]);
+                free(v);
+                return r;
+        }
+        *ret_fds = v;
+        *ret_n = n;
+        return 0;
 }
 
 int handover_store(const HandoverFds *s)

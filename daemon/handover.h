@@ -13,7 +13,7 @@
  * older one, and refuses a newer format (it starts clean then, and says why).
  */
 #define HANDOVER_FORMAT   1u
-#define HANDOVER_REVISION 1u
+#define HANDOVER_REVISION 2u /* 2: clients' memory objects */
 /* A state larger than this is not read (a broken or hostile writer). */
 #define HANDOVER_STATE_MAX (256u << 20)
 
@@ -21,6 +21,7 @@
 #define HANDOVER_NAME_PREFIX "gm-"
 #define HANDOVER_NAME_STATE  "gm-state"
 #define HANDOVER_NAME_LISTEN "gm-listen"
+#define HANDOVER_NAME_FDS    "gm-fds"
 /* fd names are at most this long (systemd's limit is 255) */
 #define HANDOVER_NAME_MAX 64
 
@@ -65,6 +66,15 @@ int handover_state_parse(const uint8_t *buf, size_t len, Gpumemd__HandoverState 
                          size_t why_len);
 /* The framed bytes of @st (magic, length, checksum, body) in a buffer the caller frees. */
 int handover_state_pack(const Gpumemd__HandoverState *st, uint8_t **ret, size_t *ret_len);
+
+/*
+ * Many fds as one: @fds (borrowed) queued in order in a socket whose receiving end comes back in *@ret_fd.
+ * The kernel keeps fds in flight alive as long as that socket lives, in systemd's store or across an exec.
+ * -ENOBUFS when the socket's buffer cannot hold them all.
+ */
+int handover_channel_pack(const int *fds, size_t n, int *ret_fd);
+/* All the fds queued in @fd, in order (*@ret_fds is the caller's, each fd too). -EPROTO: cut short. */
+int handover_channel_unpack(int fd, int **ret_fds, size_t *ret_n);
 
 /*
  * systemd's fd store (the service's FileDescriptorStoreMax=): each fd sent under its name with FDSTORE=1.

@@ -489,7 +489,7 @@ static int listen_bind(Manager *m)
  * deadline. The main loop's tick also ends the run, once no connection is left or the deadline passed. */
 static void on_drain_tick(evutil_socket_t fd, short what, void *userdata)
 {
-        static const struct timeval tick = {0, 50000};
+        static const struct timeval tick = {0, 50000}, handover_tick = {0, 1000};
         Shard *sh = userdata;
         Manager *m = sh->m;
         unsigned left;
@@ -519,8 +519,9 @@ static void on_drain_tick(evutil_socket_t fd, short what, void *userdata)
                 event_base_loopbreak(m->base);
                 return;
         }
+        /* a hand-over waits only for replies on their way out: it looks again soon */
         if (left)
-                evtimer_add(sh->drain_ev, &tick);
+                evtimer_add(sh->drain_ev, m->handover != MANAGER_HANDOVER_NONE ? &handover_tick : &tick);
 }
 
 /* On each loop: stop reading its clients, and start its drain. */
@@ -997,6 +998,7 @@ int manager_new(Manager **ret, const Options *opts)
                         .pick_shard = pick_shard,
                         .place = manager_conn_place,
                         .refuse_send = refuse_send,
+                        .books = conn_books_new,
                 };
                 carry_restore(m, &carry_host, TAKE_PTR(handed), &passed);
         }
@@ -1153,6 +1155,11 @@ static void collect_handover(Manager *m)
         manager_unlock(m);
         if (r < 0) {
                 log_error_errno(r, "cannot hand the clients over, they are closed: %s", strerror(-r));
+                /* a re-exec still runs the program again, with nothing handed over */
+                if (fds && m->handover == MANAGER_HANDOVER_EXEC) {
+                        m->carried = fds;
+                        return;
+                }
                 free(fds);
                 m->handover = MANAGER_HANDOVER_NONE;
                 return;

@@ -10,20 +10,28 @@
 #include "request.h"
 #include "worker.h"
 
-int req_books(ReqCtx *r, BrokerClient **ret)
+int conn_books_new(Conn *c)
 {
-        Conn *c = r->c;
         int err;
 
-        if (!c->broker) {
-                err = broker_client_new(r->m->broker, c->window, &c->broker);
-                if (err < 0)
-                        return reply_fail(r, err, "out of memory");
-                broker_client_set_account(c->broker, c->cls ? &c->cls->acct : NULL);
-                broker_client_set_tag(c->broker, c->id);
-                broker_client_set_interrupt(c->broker, queues_interrupt, c);
-        }
-        *ret = c->broker;
+        if (c->broker)
+                return 0;
+        err = broker_client_new(c->m->broker, c->window, &c->broker);
+        if (err < 0)
+                return err;
+        broker_client_set_account(c->broker, c->cls ? &c->cls->acct : NULL);
+        broker_client_set_tag(c->broker, c->id);
+        broker_client_set_interrupt(c->broker, queues_interrupt, c);
+        return 0;
+}
+
+int req_books(ReqCtx *r, BrokerClient **ret)
+{
+        int err = conn_books_new(r->c);
+
+        if (err < 0)
+                return reply_fail(r, err, "out of memory");
+        *ret = r->c->broker;
         return 0;
 }
 

@@ -82,6 +82,8 @@ void req_end(Req *q, int err);
  * answers the request itself when that fails. */
 typedef struct BrokerClient BrokerClient;
 int req_books(ReqCtx *r, BrokerClient **ret);
+/* The client's books in the broker, made as its first memory op makes them: 0 or -ENOMEM. */
+int conn_books_new(Conn *c);
 
 /* Handlers, by family (ops-*.c). */
 int op_hello(ReqCtx *r, const Gpumem__Request *req);

@@ -1166,6 +1166,78 @@ int model_kfd_import_dmabuf(Call *c)
         return 0;
 }
 
+int thunk_model_adopt(ThunkModel *m, int fd, uint32_t gpu_id, uint32_t kfd_flags)
+{
+        const int needed = F_SEAL_SHRINK | F_SEAL_GROW;
+        ModelBuf *b = NULL;
+        struct stat st;
+        int idx, seals, dup_fd, err = 0, r;
+        uint32_t type;
+
+        pthread_mutex_lock(&m->lock);
+        idx = model_gpu_index(m, gpu_id);
+        seals = fd >= 0 ? fcntl(fd, F_GET_SEALS) : -1;
+        r = idx < 0 || seals < 0 || (seals & needed) != needed || fstat(fd, &st) < 0 ||
+                            !S_ISREG(st.st_mode) || st.st_size <= 0 || (st.st_size & (MODEL_PAGE - 1))
+                    ? -EINVAL
+                    : 0;
+        if (r == 0 && model_buf_by_fd(m, fd, &err))
+                r = -EEXIST;
+        if (r < 0)
+                goto out;
+        type = m->gpus[idx].apu ? KFD_IOC_ALLOC_MEM_FLAGS_GTT : KFD_IOC_ALLOC_MEM_FLAGS_VRAM;
+        r = model_charge(m, idx, type, (uint64_t)st.st_size);
+        if (r < 0)
+                goto out;
+        b = calloc(1, sizeof(*b));
+        dup_fd = b ? fcntl(fd, F_DUPFD_CLOEXEC, 3) : -1;
+        if (dup_fd < 0) {
+                r = b ? -errno : -ENOMEM;
+                free(b);
+                model_uncharge(m, idx, type, (uint64_t)st.st_size);
+                goto out;
+        }
+        b->refs = 1;
+        b->adopted = true;
+        b->size = (uint64_t)st.st_size;
+        b->type = type;
+        b->flags =
+                (kfd_flags & ~(uint32_t)(KFD_IOC_ALLOC_MEM_FLAGS_VRAM | KFD_IOC_ALLOC_MEM_FLAGS_GTT)) | type;
+        b->owner = idx;
+        b->charge = b->size;
+        b->charge_type = type;
+        r = buf_take_file(m, b, dup_fd, &st);
+        if (r == 0) {
+                r = buf_link(m, b);
+                if (r < 0) {
+                        buf_unindex_file(m, b);
+                        m->n_buffer_files--;
+                }
+        }
+        if (r < 0) {
+                close(dup_fd);
+                free(b);
+                model_uncharge(m, idx, type, (uint64_t)st.st_size);
+        }
+out:
+        pthread_mutex_unlock(&m->lock);
+        return r;
+}
+
+void thunk_model_adopt_release(ThunkModel *m, int fd)
+{
+        int err = 0;
+        ModelBuf *b;
+
+        pthread_mutex_lock(&m->lock);
+        b = model_buf_by_fd(m, fd, &err);
+        if (b && b->adopted) {
+                b->adopted = false;
+                model_buf_unref(m, b);
+        }
+        pthread_mutex_unlock(&m->lock);
+}
+
 int model_kfd_export_dmabuf(Call *c)
 {
         struct kfd_ioctl_export_dmabuf_args *a = c->arg;

@@ -88,6 +88,7 @@ typedef struct ModelBuf {
         uint64_t charge;
         uint32_t charge_type; /* KFD type bit the charge was made for, 0 if none */
         bool foreign;
+        bool adopted;               /* held by thunk_model_adopt() until its release */
         uint64_t userptr;           /* CPU address of a userptr BO's pages */
         struct ModelFile **allowed; /* render files that may mmap it */
         size_t n_allowed;

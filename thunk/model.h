@@ -100,6 +100,17 @@ int thunk_model_close(ThunkModel *m, int fd);
  * context's SVM ranges, refunding what they were charged. */
 int thunk_model_munmap(ThunkModel *m, void *addr, size_t len);
 
+/*
+ * A restart of the process that owns the model: @fd is the file of a buffer an earlier model exported (a
+ * sealed memfd of its own), which becomes a buffer of GPU @gpu_id of this model again, of its memory type
+ * (VRAM, or GTT on an APU) with the KFD allocation @kfd_flags, and is charged to that GPU as an allocation
+ * is. A KFD import of the file then finds it as the kernel finds a BO behind its dmabuf. The model holds
+ * it until thunk_model_adopt_release(), which an import outlives. -EINVAL: not such a file or no such GPU;
+ * -EEXIST: the model has that file already; -ENOMEM: the GPU has no room.
+ */
+int thunk_model_adopt(ThunkModel *m, int fd, uint32_t gpu_id, uint32_t kfd_flags);
+void thunk_model_adopt_release(ThunkModel *m, int fd);
+
 /* True if @fd is a kfd or render fd of this model. */
 bool thunk_model_owns_fd(ThunkModel *m, int fd);
 

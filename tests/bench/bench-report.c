@@ -79,6 +79,12 @@ void compute_targets(Report *rep)
                 add_target(rep, "live allocations held", m,
                            (double)rep->scale_reached / (double)rep->scale_big, 1.0, true);
         }
+        if (rep->restart_ran && rep->n_restart_rows) {
+                const RestartRow *w = &rep->restart_rows[rep->n_restart_rows - 1];
+                snprintf(m, sizeof(m), "%.1f ms with %zu objects", w->p50_ms, w->objects);
+                add_target(rep, "restart to serving again with 10,000 objects < 200 ms (p50, re-exec)", m,
+                           w->p50_ms / 200.0, 1.0, false);
+        }
         if (rep->idle_n < rep->idle_want) {
                 snprintf(m, sizeof(m), "%zu of %zu", rep->idle_n, rep->idle_want);
                 add_target(rep, "idle connections held", m, (double)rep->idle_n / (double)rep->idle_want, 1.0,
@@ -217,6 +223,20 @@ void print_report(const Settings *st, const Report *rep)
                        rep->many_teardown_seconds);
         }
 
+        if (rep->restart_ran) {
+                printf("\nRestart in place (SIGUSR1: the daemon re-executes itself, the clients carried): "
+                       "from the "
+                       "signal to a carried client's ping answered, 8 rounds each\n");
+                if (rep->restart_note[0])
+                        printf("  %s\n", rep->restart_note);
+                printf("%12s %8s %10s %10s %10s\n", "objects", "fds", "min ms", "p50 ms", "max ms");
+                for (size_t i = 0; i < rep->n_restart_rows; i++) {
+                        const RestartRow *w = &rep->restart_rows[i];
+                        printf("%12zu %8d %10.2f %10.2f %10.2f\n", w->objects, w->fds, w->min_ms, w->p50_ms,
+                               w->max_ms);
+                }
+        }
+
         printf("\nIdle connections: %zu (each after hello with a 2 MiB window): daemon RSS %ld -> %ld KiB, "
                "%.0f "
                "bytes each; kernel slab %+.0f bytes each%s%s\n",
@@ -317,6 +337,18 @@ int write_json(const Settings *st, const Report *rep)
                 rep->scale_fill_seconds, rep->scale_teardown_seconds, rep->scale_note);
         json_held_rows(f, rep->scale_rows, rep->n_scale_rows);
         fprintf(f, "  ]},\n");
+        if (rep->restart_ran) {
+                fprintf(f, "  \"restart\": [\n");
+                for (size_t i = 0; i < rep->n_restart_rows; i++) {
+                        const RestartRow *w = &rep->restart_rows[i];
+                        fprintf(f,
+                                "    {\"objects\": %zu, \"fds\": %d, \"min_ms\": %.3f, \"p50_ms\": %.3f, "
+                                "\"max_ms\": %.3f}%s\n",
+                                w->objects, w->fds, w->min_ms, w->p50_ms, w->max_ms,
+                                i + 1 < rep->n_restart_rows ? "," : "");
+                }
+                fprintf(f, "  ],\n");
+        }
         if (rep->many_ran) {
                 fprintf(f,
                         "  \"many\": {\"small\": %zu, \"large_wanted\": %zu, \"large\": %zu, "

@@ -32,6 +32,7 @@ typedef struct Settings {
         size_t many_small;              /* live allocations, small point of the fd-limited run */
         size_t many_big;                /* live allocations, large point */
         unsigned long long many_nofile; /* the daemon's RLIMIT_NOFILE in that run */
+        size_t restart_objects;         /* live allocations at the largest point of the restart run */
         int cpu_a, cpu_b; /* latency CPU, and the other CPU (== cpu_a on a single-CPU machine) */
         cpu_set_t all_cpus;
 } Settings;
@@ -51,6 +52,13 @@ typedef struct Row {
         char floor[32]; /* floor row the ratios use */
         double ratio_p50, ratio_p99;
 } Row;
+
+/* Hand-overs at one size of the restart run. */
+typedef struct RestartRow {
+        size_t objects; /* the client's live allocations */
+        int fds;        /* the daemon's open fds then */
+        double min_ms, p50_ms, max_ms;
+} RestartRow;
 
 typedef struct Target {
         char what[96];
@@ -91,6 +99,11 @@ typedef struct Report {
         char many_note[256];
         Row many_rows[8];
         size_t n_many_rows;
+        /* restart: signal to serving again */
+        bool restart_ran;
+        RestartRow restart_rows[4];
+        size_t n_restart_rows;
+        char restart_note[160];
         /* idle connections */
         size_t idle_n, idle_want;
         long idle_rss_before_kb, idle_rss_after_kb, idle_slab_delta_kb;
@@ -207,6 +220,7 @@ void run_isolation(const Settings *st, Report *rep, const BenchDaemon *d);
 void run_scaling(const Settings *st, Report *rep);
 void run_many(const Settings *st, Report *rep);
 void run_idle(const Settings *st, Report *rep);
+void run_restart(const Settings *st, Report *rep);
 void run_rocm(const Settings *st, Report *rep);
 
 /* bench-scale.c, for bench-many.c too */

@@ -18,7 +18,7 @@ static void usage(void)
                "connections\n"
                "  GPUMEM_BENCH_ALLOCS=N, GPUMEM_BENCH_CONNS=N override those counts\n"
                "  --only: comma-separated subset of broker (with the "
-               "floors),inproc,tput,iso,scale,many,idle,rocm;\n"
+               "floors),inproc,tput,iso,scale,many,idle,restart,rocm;\n"
                "    many (1M live allocations in a daemon limited to 20,000 fds; GPUMEM_BENCH_MANY=N sets\n"
                "    the count) runs in a --long run or when named\n"
                "  rocm (when named): HIP through gpumemd beside the in-process model; GPUMEM_BENCH_HIP,\n"
@@ -92,6 +92,7 @@ int main(int argc, char **argv)
         st.many_small = 1000;
         st.many_big = 1000000;
         st.many_nofile = 20000;
+        st.restart_objects = 10000;
         if ((env = getenv("GPUMEM_BENCH_MANY")) && atol(env) > 1000)
                 st.many_big = (size_t)atol(env);
         if ((env = getenv("GPUMEM_BENCH_ALLOCS")) && atol(env) > 1000)
@@ -134,6 +135,8 @@ int main(int argc, char **argv)
                 run_scaling(&st, &rep);
         if (only ? want(only, "many") : st.long_run)
                 run_many(&st, &rep);
+        if (want(only, "restart"))
+                run_restart(&st, &rep);
         if (want(only, "idle"))
                 run_idle(&st, &rep);
         if (only && want(only, "rocm"))

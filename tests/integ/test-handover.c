@@ -19,6 +19,8 @@
 
 static Daemon dmn;
 static uint32_t gpu0;
+/* the daemon's extra arguments: the KFD ABI the model speaks, when the test is given one */
+static const char *dargs[3];
 
 static bool is_disconnect_errno(int r)
 {
@@ -79,8 +81,8 @@ static int raw_ping_send(int fd, uint32_t id)
 /*
  * SIGTERM with a supervisor that keeps an fd store, then a start with what it kept: the clients without
  * memory go on over the same connections (same ids, windows and names); a request sent while no daemon ran
- * is answered by the next one; a client that connected meanwhile is served; a client holding memory is
- * closed (memory is not carried yet) and nothing of it is left.
+ * is answered by the next one; a client that connected meanwhile is served; a client holding what is not
+ * carried yet (managed memory) is closed and nothing of it is left.
  */
 static int store_case(void)
 {
@@ -102,19 +104,21 @@ static int store_case(void)
         CHECK(raw >= 0);
         CHECK_EQ(raw_hello(raw), 0);
         CHECK_RC(gm_client_connect(dmn.sock, "holder", &holder), 0);
-        CHECK_RC(gm_malloc(holder, 2 * MiB, gpu0, GM_MEM_HOST_VISIBLE, &p), 0);
+        CHECK_RC(gm_malloc_managed(holder, 2 * MiB, 0, &p), 0);
 
         CHECK_EQ(daemon_term(&dmn), 0);
-        /* into the store: the listening socket, the state, and the carried clients' sockets and pidfds */
+        /* into the store: the listening socket, the state, and one socket in which the carried clients'
+         * sockets and pidfds are queued */
         CHECK(daemon_store_fd(&dmn, "gm-state") >= 0);
         CHECK(daemon_store_fd(&dmn, "gm-listen") >= 0);
-        CHECK(daemon_store_count(&dmn) >= 6);
+        CHECK(daemon_store_fd(&dmn, "gm-fds") >= 0);
+        CHECK_EQ(daemon_store_count(&dmn), 3);
         /* while no daemon runs: a request on a carried connection, and a new client at the door */
         CHECK_EQ(raw_ping_send(raw, 77), 0);
         CHECK_EQ(pthread_create(&late.thread, NULL, late_connect, &late), 0);
         usleep(100000);
 
-        REQUIRE_EQ(daemon_restart_handover(&dmn, "mi300x", NULL), 0);
+        REQUIRE_EQ(daemon_restart_handover(&dmn, "mi300x", dargs), 0);
         CHECK_EQ(raw_recv_reply(raw, &rid, &code, reason, sizeof(reason), 5000), 0);
         CHECK_EQ(rid, 77);
         CHECK_EQ(code, 0);
@@ -152,7 +156,7 @@ static int store_case(void)
                         CHECK_RC(gm_mem_free(a, q), 0);
                 }
         }
-        /* the holder's memory lived in the old daemon's KFD context: its connection is closed */
+        /* the holder's managed memory is not carried yet: its connection is closed */
         CHECK(is_disconnect_errno(gm_ping(holder)));
         /* the daemon took its names out of the store once it had the clients back */
         CHECK_EQ(daemon_store_count(&dmn), 0);
@@ -171,6 +175,246 @@ static void test_store(void)
         (void)store_case();
 }
 
+/* The class's usage of @resource (all GPUs), or UINT64_MAX when it cannot be read. */
+static uint64_t class_used(int resource)
+{
+        gm_client *adm = NULL;
+        gm_quota *q = NULL;
+        size_t n = 0;
+        uint64_t used = UINT64_MAX;
+
+        if (gm_client_connect(dmn.sock, "admin", &adm) != 0)
+                return used;
+        if (gm_admin_quota_get(adm, "default", &q, &n) == 0)
+                for (size_t i = 0; i < n; i++)
+                        if (q[i].resource == resource && q[i].gpu_id == 0)
+                                used = q[i].used;
+        gm_quota_free(q, n);
+        gm_client_close(adm);
+        return used;
+}
+
+/* The admin view of client @id's objects, sorted by VA, into @out (room for @cap). */
+static size_t objects_of(uint64_t id, gm_alloc_info *out, size_t cap)
+{
+        gm_client *adm = NULL;
+        gm_alloc_info *a = NULL;
+        uint64_t cursor = 0;
+        size_t n = 0, k = 0;
+
+        if (gm_client_connect(dmn.sock, "admin", &adm) != 0)
+                return 0;
+        if (gm_admin_allocations(adm, id, 0, &cursor, &a, &n) == 0)
+                for (size_t i = 0; i < n && k < cap; i++)
+                        out[k++] = a[i];
+        gm_alloc_info_free(a, n);
+        gm_client_close(adm);
+        for (size_t i = 1; i < k; i++)
+                for (size_t j = i; j > 0 && out[j - 1].va > out[j].va; j--) {
+                        gm_alloc_info t = out[j];
+                        out[j] = out[j - 1];
+                        out[j - 1] = t;
+                }
+        return k;
+}
+
+/* The admin view after the hand-over lists what it did before: the same handles, places and GPUs. */
+static void check_same_objects(const gm_alloc_info *before, size_t n0, const gm_alloc_info *after, size_t n1)
+{
+        CHECK_EQ(n1, n0);
+        for (size_t i = 0; i < n0 && i < n1; i++) {
+                CHECK_EQ(after[i].id, before[i].id);
+                CHECK_EQ(after[i].va, before[i].va);
+                CHECK_EQ(after[i].size, before[i].size);
+                CHECK_EQ(after[i].kind, before[i].kind);
+                CHECK_EQ(after[i].n_mapped_gpus, before[i].n_mapped_gpus);
+                for (size_t g = 0; g < after[i].n_mapped_gpus && g < 64; g++)
+                        CHECK_EQ(after[i].mapped_gpus[g], before[i].mapped_gpus[g]);
+        }
+}
+
+/*
+ * Host memory goes on: the same handles at the same addresses, mapped on the same GPUs, the class charged
+ * the same, the data where it was, and the client frees it and allocates more as before.
+ */
+static int host_memory_case(void)
+{
+        gm_client *a = NULL;
+        gm_pointer_attributes pa0 = {.struct_size = sizeof(pa0)}, pa1 = {.struct_size = sizeof(pa1)};
+        gm_alloc_info before[8], after[8];
+        uint64_t host0, host1, handles0, fds0;
+        size_t n0, n1;
+        void *p = NULL, *q = NULL, *r2 = NULL;
+        DaemonState s0, s1;
+
+        REQUIRE_RC(gm_client_connect(dmn.sock, "host-holder", &a), 0);
+        REQUIRE_RC(gm_host_malloc(a, 4 * MiB, gpu0, -1, 0, &p), 0);
+        REQUIRE_RC(gm_host_malloc(a, 2 * MiB, 0, -1, GM_MEM_COHERENT, &q), 0);
+        memset(p, 0x3c, 4 * MiB);
+        memset(q, 0xc3, 2 * MiB);
+        CHECK_RC(gm_pointer_get_attributes(a, (char *)p + 4096, &pa0), 0);
+        n0 = objects_of(gm_client_id(a), before, 8);
+        CHECK_EQ(n0, 2);
+        host0 = class_used(GM_RESOURCE_HOST);
+        handles0 = class_used(GM_RESOURCE_HANDLES);
+        fds0 = class_used(GM_RESOURCE_FDS);
+        CHECK_EQ(host0, 6 * MiB);
+        CHECK_EQ(daemon_state(&dmn, &s0), 0);
+
+        CHECK_EQ(daemon_term(&dmn), 0);
+        CHECK_EQ(daemon_store_count(&dmn), 3); /* the memory's files travel in the one socket too */
+        REQUIRE_EQ(daemon_restart_handover(&dmn, "mi300x", dargs), 0);
+
+        CHECK_RC(gm_ping(a), 0);
+        CHECK_RC(gm_pointer_get_attributes(a, (char *)p + 4096, &pa1), 0);
+        CHECK_EQ(pa1.handle, pa0.handle);
+        CHECK(pa1.base == pa0.base);
+        CHECK_EQ(pa1.size, pa0.size);
+        CHECK_EQ(pa1.kind, pa0.kind);
+        CHECK_EQ(pa1.n_mapped_gpus, pa0.n_mapped_gpus);
+        n1 = objects_of(gm_client_id(a), after, 8);
+        check_same_objects(before, n0, after, n1);
+        host1 = class_used(GM_RESOURCE_HOST);
+        CHECK_EQ(host1, host0);
+        CHECK_EQ(class_used(GM_RESOURCE_HANDLES), handles0);
+        CHECK_EQ(class_used(GM_RESOURCE_FDS), fds0);
+        CHECK_EQ(daemon_state(&dmn, &s1), 0);
+        CHECK_EQ(s1.allocations, s0.allocations);
+        CHECK_EQ(s1.bytes_host, s0.bytes_host);
+        CHECK_EQ(s1.model_mappings, s0.model_mappings);
+        CHECK_EQ(((unsigned char *)p)[4 * MiB - 1], 0x3c);
+        CHECK_EQ(((unsigned char *)q)[0], 0xc3);
+        /* the books go on: a new allocation lies elsewhere, frees refund the class */
+        CHECK_RC(gm_host_malloc(a, 2 * MiB, gpu0, -1, 0, &r2), 0);
+        CHECK(r2 != NULL && ((char *)r2 >= (char *)p + 4 * MiB || (char *)r2 + 2 * MiB <= (char *)p));
+        CHECK(r2 != NULL && ((char *)r2 >= (char *)q + 2 * MiB || (char *)r2 + 2 * MiB <= (char *)q));
+        if (r2)
+                CHECK_RC(gm_mem_free(a, r2), 0);
+        CHECK_RC(gm_mem_free(a, p), 0);
+        CHECK_RC(gm_mem_free(a, q), 0);
+        CHECK_EQ(class_used(GM_RESOURCE_HOST), 0);
+        gm_client_close(a);
+        return 0;
+}
+
+static void test_host_memory(void)
+{
+        (void)host_memory_case();
+}
+
+/* The bytes of the memory @h exports now, from offset 0 and the last byte: 0 when they are @a and @z. */
+static int exported_bytes(gm_client *c, gm_handle h, size_t size, unsigned char a, unsigned char z)
+{
+        size_t got = 0;
+        int fd = -1, r;
+        unsigned char *m;
+
+        r = gm_mem_export(c, h, &fd, &got);
+        if (r < 0)
+                return r;
+        m = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        close(fd);
+        if (m == MAP_FAILED)
+                return -errno;
+        r = got == size && m[0] == a && m[size - 1] == z ? 0 : -EIO;
+        munmap(m, size);
+        return r;
+}
+
+/*
+ * Device memory goes on: host-visible and not, at the same handles and addresses, mapped on the same
+ * GPUs, charged the same VRAM, and the memory the next daemon exports is the memory written before.
+ */
+static int device_memory_case(void)
+{
+        gm_client *a = NULL;
+        gm_pointer_attributes pv = {.struct_size = sizeof(pv)}, pd = {.struct_size = sizeof(pd)};
+        gm_pointer_attributes pv1 = {.struct_size = sizeof(pv1)}, pd1 = {.struct_size = sizeof(pd1)};
+        gm_alloc_info before[8], after[8];
+        uint64_t vram0, handles0, fds0;
+        size_t n0, n1;
+        void *vis = NULL, *dev = NULL;
+        DaemonState s0, s1;
+        int fd = -1;
+
+        REQUIRE_RC(gm_client_connect(dmn.sock, "device-holder", &a), 0);
+        REQUIRE_RC(gm_malloc(a, 4 * MiB, gpu0, GM_MEM_HOST_VISIBLE, &vis), 0);
+        REQUIRE_RC(gm_malloc(a, 8 * MiB, gpu0, 0, &dev), 0);
+        memset(vis, 0x11, 4 * MiB);
+        ((unsigned char *)vis)[4 * MiB - 1] = 0x99;
+        CHECK_RC(gm_pointer_get_attributes(a, vis, &pv), 0);
+        CHECK_RC(gm_pointer_get_attributes(a, dev, &pd), 0);
+        /* the device-only memory written through an export, as another process would */
+        {
+                size_t got = 0;
+                unsigned char *m;
+                CHECK_RC(gm_mem_export(a, pd.handle, &fd, &got), 0);
+                m = fd >= 0 ? mmap(NULL, 8 * MiB, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0) : MAP_FAILED;
+                CHECK(m != MAP_FAILED);
+                if (m != MAP_FAILED) {
+                        m[0] = 0x22;
+                        m[8 * MiB - 1] = 0x77;
+                        munmap(m, 8 * MiB);
+                }
+                if (fd >= 0)
+                        close(fd);
+        }
+        n0 = objects_of(gm_client_id(a), before, 8);
+        CHECK_EQ(n0, 2);
+        vram0 = class_used(GM_RESOURCE_VRAM);
+        handles0 = class_used(GM_RESOURCE_HANDLES);
+        fds0 = class_used(GM_RESOURCE_FDS);
+        CHECK_EQ(vram0, 12 * MiB);
+        CHECK_EQ(daemon_state(&dmn, &s0), 0);
+
+        CHECK_EQ(daemon_term(&dmn), 0);
+        REQUIRE_EQ(daemon_restart_handover(&dmn, "mi300x", dargs), 0);
+
+        CHECK_RC(gm_ping(a), 0);
+        CHECK_RC(gm_pointer_get_attributes(a, vis, &pv1), 0);
+        CHECK_RC(gm_pointer_get_attributes(a, dev, &pd1), 0);
+        CHECK_EQ(pv1.handle, pv.handle);
+        CHECK_EQ(pd1.handle, pd.handle);
+        CHECK_EQ(pv1.kind, pv.kind);
+        CHECK_EQ(pd1.size, pd.size);
+        CHECK_EQ(pd1.gpu_id, pd.gpu_id);
+        CHECK_EQ(pv1.cpu_accessible, pv.cpu_accessible);
+        n1 = objects_of(gm_client_id(a), after, 8);
+        check_same_objects(before, n0, after, n1);
+        CHECK_EQ(class_used(GM_RESOURCE_VRAM), vram0);
+        CHECK_EQ(class_used(GM_RESOURCE_HANDLES), handles0);
+        /* both buffers have a file of the daemon's now: the device-only one had one since its export */
+        CHECK_EQ(class_used(GM_RESOURCE_FDS), fds0);
+        CHECK_EQ(daemon_state(&dmn, &s1), 0);
+        CHECK_EQ(s1.allocations, s0.allocations);
+        CHECK_EQ(s1.bytes_device, s0.bytes_device);
+        CHECK_EQ(s1.model_vram_bytes, s0.model_vram_bytes);
+        CHECK_EQ(s1.model_mappings, s0.model_mappings);
+        /* the new daemon's memory is the old one's */
+        CHECK_RC(exported_bytes(a, pv.handle, 4 * MiB, 0x11, 0x99), 0);
+        CHECK_RC(exported_bytes(a, pd.handle, 8 * MiB, 0x22, 0x77), 0);
+        CHECK_EQ(((unsigned char *)vis)[0], 0x11);
+        CHECK_RC(gm_mem_free(a, vis), 0);
+        CHECK_RC(gm_mem_free(a, dev), 0);
+        gm_client_close(a);
+        /* and it all goes back, in the broker and in the driver */
+        {
+                gm_client *adm = NULL;
+                usleep(100000);
+                CHECK_RC(gm_client_connect(dmn.sock, "after", &adm), 0);
+                gm_client_close(adm);
+        }
+        CHECK_EQ(class_used(GM_RESOURCE_VRAM), 0);
+        CHECK_EQ(daemon_state(&dmn, &s1), 0);
+        CHECK_EQ(s1.model_vram_bytes, 0);
+        return 0;
+}
+
+static void test_device_memory(void)
+{
+        (void)device_memory_case();
+}
+
 /* A state that cannot be read: the daemon starts clean and serves, and the carried sockets are closed. */
 static int bad_state_case(void)
 {
@@ -184,7 +428,7 @@ static int bad_state_case(void)
         CHECK(fd >= 0);
         CHECK_EQ(write(fd, "GMDSTATE garbage", 16), 16);
         daemon_store_put(&dmn, "gm-state", fd);
-        REQUIRE_EQ(daemon_restart_handover(&dmn, "mi300x", NULL), 0);
+        REQUIRE_EQ(daemon_restart_handover(&dmn, "mi300x", dargs), 0);
         CHECK(is_disconnect_errno(gm_ping(a)));
         CHECK_RC(gm_client_connect(dmn.sock, "after", &b), 0);
         if (b)
@@ -206,6 +450,8 @@ static int reexec_case(void)
         gm_client *a = NULL;
         pid_t pid = dmn.pid;
         uint64_t a_id, base0, size0, base1, size1;
+        gm_pointer_attributes pa0 = {.struct_size = sizeof(pa0)}, pa1 = {.struct_size = sizeof(pa1)};
+        void *p = NULL;
 
         if (daemon_wrapped()) {
                 fprintf(stderr, "re-exec: skipped under a wrapper (it would run the program without it)\n");
@@ -214,6 +460,9 @@ static int reexec_case(void)
         REQUIRE_RC(gm_client_connect(dmn.sock, "carried", &a), 0);
         a_id = gm_client_id(a);
         gm_client_window(a, &base0, &size0);
+        REQUIRE_RC(gm_malloc(a, 2 * MiB, gpu0, GM_MEM_HOST_VISIBLE, &p), 0);
+        memset(p, 0x6b, 2 * MiB);
+        CHECK_RC(gm_pointer_get_attributes(a, p, &pa0), 0);
         daemon_notify_clear(&dmn);
         CHECK_EQ(kill(dmn.pid, SIGUSR1), 0);
         CHECK_EQ(daemon_wait_notify(&dmn, "RELOADING=1", 10000), 0);
@@ -224,6 +473,12 @@ static int reexec_case(void)
         gm_client_window(a, &base1, &size1);
         CHECK_EQ(base1, base0);
         CHECK_EQ(size1, size0);
+        /* its memory too, the same memory */
+        CHECK_RC(gm_pointer_get_attributes(a, p, &pa1), 0);
+        CHECK_EQ(pa1.handle, pa0.handle);
+        CHECK_EQ(pa1.n_mapped_gpus, pa0.n_mapped_gpus);
+        CHECK_RC(exported_bytes(a, pa0.handle, 2 * MiB, 0x6b, 0x6b), 0);
+        CHECK_RC(gm_mem_free(a, p), 0);
         gm_client_close(a);
         return 0;
 }
@@ -233,17 +488,24 @@ static void test_reexec(void)
         (void)reexec_case();
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
         static const TestCase cases[] = {
                 {"restart through the fd store: connections, ids and windows carried", test_store},
+                {"host memory carried: handles, addresses, GPU mappings, charges, data", test_host_memory},
+                {"device memory carried: handles, addresses, VRAM charged, the same memory",
+                 test_device_memory},
                 {"a state that cannot be read: the daemon starts clean", test_bad_state},
                 {"SIGUSR1 re-executes the daemon, clients carried", test_reexec},
         };
         int r;
 
         signal(SIGPIPE, SIG_IGN);
-        r = daemon_start(&dmn, "mi300x", "[daemon]\nlog-level = notice\n", NULL);
+        if (argc > 1) { /* a KFD minor: 15 has one GPU VM for all clients, 19 one per client */
+                dargs[0] = "--model-kfd-minor";
+                dargs[1] = argv[1];
+        }
+        r = daemon_start(&dmn, "mi300x", "[daemon]\nlog-level = notice\n", dargs);
         if (r < 0 || daemon_gpus(&dmn, &gpu0, 1) < 1) {
                 fprintf(stderr, "cannot start gpumemd: %s\n", strerror(r < 0 ? -r : ENODEV));
                 daemon_cleanup(&dmn);

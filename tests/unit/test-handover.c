@@ -90,6 +90,43 @@ static void sample(Gpumemd__HandoverState *st, Gpumemd__HandoverClient *c, Gpume
         st->clients = cp;
 }
 
+/* Revision 2: the client holds one object, device memory at the start of its window on two GPUs. */
+static void sample_objects(Gpumemd__HandoverState *st, Gpumemd__HandoverObject *o,
+                           Gpumemd__HandoverObject **op, uint32_t *mapped)
+{
+        Gpumemd__HandoverClient *c = st->clients[0];
+
+        gpumemd__handover_object__init(o);
+        o->has_handle = o->has_kind = o->has_va = o->has_size = o->has_gpu_id = o->has_flags = true;
+        o->has_numa_node = o->has_exports = o->has_handed_out = true;
+        o->handle = 0x1234abcd5678ull;
+        o->kind = 1;
+        o->va = 0x18000200000ull;
+        o->size = 2u << 20;
+        o->gpu_id = 4242;
+        o->flags = 1;
+        o->numa_node = -1;
+        o->exports = 1;
+        o->handed_out = true;
+        mapped[0] = 4242;
+        mapped[1] = 4243;
+        o->mapped = mapped;
+        o->n_mapped = 2;
+        o->has_fd_index = true;
+        o->fd_index = 2;
+        op[0] = o;
+        c->objects = op;
+        c->n_objects = 1;
+        st->revision = 2;
+        c->fd_name = c->pidfd_name = NULL; /* from revision 2 through the channel */
+        c->has_fd_index = c->has_pidfd_index = true;
+        c->fd_index = 0;
+        c->pidfd_index = 1;
+        st->channel_name = "gm-fds";
+        st->has_channel_fds = true;
+        st->channel_fds = 3;
+}
+
 static void check_sample(const Gpumemd__HandoverState *st)
 {
         CHECK_EQ(st->format, 1);
@@ -100,7 +137,8 @@ static void check_sample(const Gpumemd__HandoverState *st)
         if (st->n_clients != 1)
                 return;
         CHECK_EQ(st->clients[0]->id, 7);
-        CHECK(strcmp(st->clients[0]->fd_name, "gm-client-7") == 0);
+        if (st->revision < 2) /* from 2 the client's fds come through the channel */
+                CHECK(st->clients[0]->fd_name && strcmp(st->clients[0]->fd_name, "gm-client-7") == 0);
         CHECK(strcmp(st->clients[0]->name, "pinger") == 0);
         CHECK_EQ(st->clients[0]->window_base, 0x18000200000ull);
         CHECK_EQ(st->clients[0]->window_size, 0x1000000000ull);
@@ -139,6 +177,43 @@ static void test_golden(void)
                 check_sample(st);
                 gpumemd__handover_state__free_unpacked(st, NULL);
         }
+}
+
+/* A state as format 1, revision 2 wrote it: the sample above with one object (sample_objects). */
+static const char golden2_hex[] =
+        "474d4453544154459f00000000000000516de9835666284c080110021a05302e312e3028093209676d2d6c697374656e"
+        "380142192f72756e2f6770756d656d642f6770756d656d642e736f636b4a056d6f64656c52570807220670696e676572"
+        "280238808080818030408080808080024a0764656661756c7452012f601f6a2908f8acb5decac6041001188080808180"
+        "30208080800128922130013801400148015204922193215802700078025a06676d2d6664736003";
+
+static void test_golden2(void)
+{
+        uint8_t buf[1024] = {0};
+        size_t n = unhex(golden2_hex, buf, sizeof(buf));
+        Gpumemd__HandoverState *st = NULL;
+        char why[256];
+
+        CHECK_RC(handover_state_parse(buf, n, &st, why, sizeof(why)), 0);
+        if (!st)
+                return;
+        check_sample(st);
+        CHECK_EQ(st->revision, 2);
+        CHECK(st->channel_name && strcmp(st->channel_name, "gm-fds") == 0);
+        CHECK_EQ(st->channel_fds, 3);
+        CHECK_EQ(st->clients[0]->pidfd_index, 1);
+        CHECK_EQ(st->clients[0]->n_objects, 1);
+        if (st->clients[0]->n_objects == 1) {
+                const Gpumemd__HandoverObject *o = st->clients[0]->objects[0];
+                CHECK_EQ(o->handle, 0x1234abcd5678ull);
+                CHECK_EQ(o->va, 0x18000200000ull);
+                CHECK_EQ(o->size, 2u << 20);
+                CHECK_EQ(o->numa_node, -1);
+                CHECK_EQ(o->n_mapped, 2);
+                CHECK(o->n_mapped == 2 && o->mapped[1] == 4243);
+                CHECK(o->handed_out);
+                CHECK_EQ(o->fd_index, 2);
+        }
+        gpumemd__handover_state__free_unpacked(st, NULL);
 }
 
 static void test_refused(void)
@@ -227,22 +302,65 @@ static void test_fds(void)
         CHECK_EQ(s.n, 0);
 }
 
+/* Many fds through one socket, in order, and nothing left open when it is dropped unread. */
+static void test_channel(void)
+{
+        enum { N = 1200 };
+        int p[2], *fds = calloc(N, sizeof(int)), *back = NULL, ch = -1, base;
+        size_t n = 0;
+
+        if (!fds)
+                return;
+        CHECK_EQ(pipe2(p, O_CLOEXEC), 0);
+        base = count_fds(0);
+        /* every other fd the read end, else the write end: the order shows in which end comes back */
+        for (int i = 0; i < N; i++)
+                fds[i] = p[i % 2];
+        CHECK_RC(handover_channel_pack(fds, N, &ch), 0);
+        CHECK_EQ(count_fds(0), base + 1);
+        CHECK_RC(handover_channel_unpack(ch, &back, &n), 0);
+        CHECK_EQ(n, N);
+        for (size_t i = 0; back && i < n; i++) {
+                int fl = fcntl(back[i], F_GETFL);
+                CHECK_EQ(fl & O_ACCMODE, i % 2 ? O_WRONLY : O_RDONLY);
+                CHECK(fcntl(back[i], F_GETFD) & FD_CLOEXEC);
+                close(back[i]);
+        }
+        free(back);
+        close(ch);
+        /* dropped unread: the kernel lets go of what was in flight */
+        CHECK_RC(handover_channel_pack(fds, N, &ch), 0);
+        close(ch);
+        CHECK_EQ(count_fds(0), base);
+        close(p[0]);
+        close(p[1]);
+        free(fds);
+}
+
 int main(int argc, char **argv)
 {
         static const TestCase cases[] = {
                 {"sealed state written and read back", test_roundtrip},
                 {"the state format 1 revision 1 wrote is read", test_golden},
+                {"the state format 1 revision 2 wrote is read", test_golden2},
                 {"unsealed, damaged, newer or formatless states are refused", test_refused},
                 {"a newer revision's fields are skipped", test_newer_revision},
                 {"named fds", test_fds},
+                {"fds through the channel, in order", test_channel},
         };
 
+        /* --print-golden [2]: the sample as this daemon writes it, to keep as a golden state when the
+         * format moves on (the goldens above stay) */
         if (argc > 1 && strcmp(argv[1], "--print-golden") == 0) {
                 Gpumemd__HandoverState st;
                 Gpumemd__HandoverClient c, *cp[1];
                 uint8_t *buf = NULL;
                 size_t len = 0;
+                Gpumemd__HandoverObject o, *op[1];
+                uint32_t mapped[2];
                 sample(&st, &c, cp);
+                if (argc > 2 && strcmp(argv[2], "2") == 0)
+                        sample_objects(&st, &o, op, mapped);
                 if (handover_state_pack(&st, &buf, &len) < 0)
                         return EXIT_FAILURE;
                 for (size_t i = 0; i < len; i++)
