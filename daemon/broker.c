@@ -26,6 +26,19 @@
 
 typedef struct Obj Obj;
 typedef struct VmmMap VmmMap;
+
+/*
+ * The SVM attribute calls made on one managed allocation, in order: what a restart replays in the next
+ * daemon's context, where the same calls give the same attributes, page for page. Bounded: an allocation
+ * whose calls overflowed it cannot be carried (its attributes could not be told exactly).
+ */
+#define SVM_LOG_MAX 256
+typedef BrokerSvmCall SvmLogEntry;
+typedef struct SvmLog {
+        size_t n, cap;
+        bool overflowed;
+        SvmLogEntry *e;
+} SvmLog;
 typedef struct Share Share;
 typedef struct ShareRef ShareRef;
 
@@ -50,9 +63,12 @@ struct Obj {
         bool outer;        /* BROKER_FLAG_SVM_RANGE: placed in the client's outer VA space, not mapped here */
         uint64_t file_ino; /* the inode of the files handed out (0: none), in Broker.files while it lives */
         dev_t file_dev;
-        Share *share;    /* published under a name (broker_share_publish), until the share ends */
-        bool share_kept; /* its persistent share took its memory over when it went */
-        ShareRef *ref;   /* BROKER_KIND_SHARE: this reader's open share */
+        struct SvmLog *svm_log; /* managed: the SVM attribute calls made on it, in order (a restart replays
+                                   them) */
+        bool svm_unlogged;      /* one of them could not be kept (out of memory) */
+        Share *share;           /* published under a name (broker_share_publish), until the share ends */
+        bool share_kept;        /* its persistent share took its memory over when it went */
+        ShareRef *ref;          /* BROKER_KIND_SHARE: this reader's open share */
 };
 
 /*
@@ -1650,6 +1666,41 @@ static int destroy_alloc(BrokerClient *c, Obj *o, bool teardown, Reason *w)
         return 0;
 }
 
+static void svm_log_free(Obj *o)
+{
+        if (o->svm_log) {
+                free(o->svm_log->e);
+                free(o->svm_log);
+                o->svm_log = NULL;
+        }
+}
+
+/* Keep one SVM call made on @o (the driver took it). Out of room or memory: the log is marked overflowed. */
+static void svm_log_add(Obj *o, uint64_t va, uint64_t size, const BrokerSvmAttr *a, size_t n)
+{
+        SvmLog *l = o->svm_log;
+
+        if (!l && !(l = o->svm_log = calloc(1, sizeof(*l)))) {
+                o->svm_unlogged = true;
+                return;
+        }
+        if (l->overflowed)
+                return;
+        if (l->n == l->cap) {
+                size_t cap = l->cap ? l->cap * 2 : 4;
+                SvmLogEntry *e = cap <= SVM_LOG_MAX ? realloc(l->e, cap * sizeof(*e)) : NULL;
+                if (!e) {
+                        l->overflowed = true;
+                        return;
+                }
+                l->e = e;
+                l->cap = cap;
+        }
+        l->e[l->n] = (SvmLogEntry){.va = va, .size = size, .n = (uint32_t)n};
+        memcpy(l->e[l->n].a, a, n * sizeof(*a));
+        l->n++;
+}
+
 static int free_alloc(BrokerClient *c, Obj *o, Reason *w)
 {
         int r = destroy_alloc(c, o, false, w);
@@ -1659,6 +1710,7 @@ static int free_alloc(BrokerClient *c, Obj *o, Reason *w)
         hashmap_remove(&c->objs, o->handle);
         (void)thunk_va_free(obj_space(c, o), o->va);
         charge_obj_give(c, o); /* held_fds was already refunded when the fd closed */
+        svm_log_free(o);
         free(o);
         return 0;
 }
@@ -3271,6 +3323,7 @@ int broker_svm_set(BrokerClient *c, uint64_t va, uint64_t size, const BrokerSvmA
         r = driver_svm_set(c->b->drv, va, size, t, n);
         if (r < 0)
                 return reason_set(w, r, "the driver refused the attributes: %s", strerror(-r));
+        svm_log_add(obj_at(c, va), va, size, a, n);
         return 0;
 }
 
@@ -3315,6 +3368,8 @@ int broker_prefetch_begin(BrokerClient *c, uint64_t va, uint64_t size, uint32_t 
         p->size = size;
         p->location = location;
         p->result = 0;
+        /* kept for a restart now, on the loop: a replayed prefetch that fails changes nothing */
+        svm_log_add(obj_at(c, va), va, size, &a, 1);
         return 0;
 }
 
@@ -3375,6 +3430,7 @@ static void teardown_object(BrokerClient *c, Obj *o)
                 share_ref_drop(c, o);
                 break;
         }
+        svm_log_free(o);
         free(o);
 }
 
@@ -3824,7 +3880,12 @@ static const char *obj_not_carriable(const Broker *b, const Obj *o)
                         return "device memory (the driver cannot export it)";
                 return o->mem && !o->outer ? NULL : "device memory outside the window";
         case BROKER_KIND_MANAGED:
-                return "managed memory";
+                if (o->memfd < 0)
+                        return "managed memory without its file";
+                /* none made yet is fine; a log that could not be kept is not */
+                return o->svm_unlogged || (o->svm_log && o->svm_log->overflowed)
+                               ? "managed memory with more SVM attribute calls than are kept to replay"
+                               : NULL;
         case BROKER_KIND_VMM:
         case BROKER_KIND_RESERVATION:
                 return "VMM memory";
@@ -3870,6 +3931,8 @@ size_t broker_client_carry_list(const BrokerClient *c, size_t *cursor, BrokerCar
                 k->exports = o->exports;
                 k->handed_out = o->handed_out;
                 k->fd = -1;
+                k->svm = o->svm_log ? o->svm_log->e : NULL;
+                k->n_svm = o->svm_log ? o->svm_log->n : 0;
                 for (size_t g = 0; o->mem && g < c->b->n_gpus; g++)
                         if (driver_mem_is_mapped(c->b->drv, o->mem, c->b->gpu_ids[g]))
                                 k->mapped[k->n_mapped++] = c->b->gpu_ids[g];
@@ -3918,11 +3981,10 @@ static int carry_device(BrokerClient *c, Obj *o, const BrokerCarry *k, int fd, R
         return 0;
 }
 
-/* Host memory: its memfd mapped at its VA here again, registered with the driver and mapped on its GPUs. */
-static int carry_host(BrokerClient *c, Obj *o, const BrokerCarry *k, Reason *w)
+/* A carried memfd (host or managed memory) mapped at the object's VA in the daemon again, over its window's
+ * reservation. */
+static int carry_map_here(const Obj *o, Reason *w)
 {
-        Broker *b = c->b;
-        uint32_t gpu = k->gpu_id ? k->gpu_id : b->gpu_ids[0];
         struct stat st;
         void *p;
         int r;
@@ -3937,6 +3999,64 @@ static int carry_host(BrokerClient *c, Obj *o, const BrokerCarry *k, Reason *w)
                 reserve_again(o->va, o->size);
                 return reason_set(w, r, "cannot map its memory here: %s", strerror(-r));
         }
+        return 0;
+}
+
+/*
+ * Managed memory: its memfd mapped at its VA here again, an SVM range of the daemon's GPU VM again, and
+ * the SVM calls made on it replayed in order. A prefetch that cannot be made now leaves the pages where they
+ * are (it is a move, not a lasting right); any other call that fails fails the restore.
+ */
+static int carry_managed(BrokerClient *c, Obj *o, const BrokerCarry *k, Reason *w)
+{
+        Broker *b = c->b;
+        int r;
+
+        if (!driver_has(b->drv, DRIVER_CAP_MANAGED))
+                return reason_set(w, -EOPNOTSUPP, "this driver has no managed memory");
+        r = carry_map_here(o, w);
+        if (r < 0)
+                return r;
+        r = driver_managed_register(b->drv, o->va, o->size, o->flags);
+        if (r < 0) {
+                unmap_shared(b, o->va, o->size);
+                return reason_set(w, r, "the driver refused the managed range again: %s", strerror(-r));
+        }
+        for (size_t i = 0; i < k->n_svm; i++) {
+                const BrokerSvmCall *call = &k->svm[i];
+                DriverSvmAttr t[BROKER_SVM_MAX_ATTRS];
+                bool prefetch_only = true;
+                if (call->n == 0 || call->n > BROKER_SVM_MAX_ATTRS || call->va < o->va ||
+                    call->size > o->size || call->va - o->va > o->size - call->size ||
+                    check_svm_attrs(b, call->a, call->n, false, w) < 0) {
+                        unmap_shared(b, o->va, o->size);
+                        return reason_set(w, -EINVAL, "SVM call %zu of its record is not one for it", i);
+                }
+                for (uint32_t j = 0; j < call->n; j++) {
+                        t[j] = (DriverSvmAttr){call->a[j].type, call->a[j].value};
+                        prefetch_only &= call->a[j].type == DRIVER_SVM_ATTR_PREFETCH_LOC;
+                }
+                r = driver_svm_set(b->drv, call->va, call->size, t, call->n);
+                if (r < 0 && !prefetch_only) {
+                        unmap_shared(b, o->va, o->size);
+                        return reason_set(w, r, "SVM call %zu cannot be made again: %s", i, strerror(-r));
+                }
+                if (r >= 0)
+                        svm_log_add(o, call->va, call->size, call->a, call->n);
+        }
+        return 0;
+}
+
+/* Host memory: its memfd mapped at its VA here again, registered with the driver and mapped on its GPUs. */
+static int carry_host(BrokerClient *c, Obj *o, const BrokerCarry *k, Reason *w)
+{
+        Broker *b = c->b;
+        uint32_t gpu = k->gpu_id ? k->gpu_id : b->gpu_ids[0];
+        int r;
+
+        r = carry_map_here(o, w);
+        if (r < 0)
+                return r;
         r = driver_mem_register_host(b->drv, gpu, o->va, o->size, o->flags, &o->mem);
         if (r < 0) {
                 unmap_shared(b, o->va, o->size);
@@ -3958,7 +4078,8 @@ int broker_carry_restore(BrokerClient *c, BrokerCarry *k, Reason *w)
         Obj *o;
         int r;
 
-        if ((k->kind != BROKER_KIND_HOST && k->kind != BROKER_KIND_DEVICE) ||
+        if ((k->kind != BROKER_KIND_HOST && k->kind != BROKER_KIND_DEVICE &&
+             k->kind != BROKER_KIND_MANAGED) ||
             (k->flags & (BROKER_FLAG_GTT | BROKER_FLAG_SVM_RANGE))) {
                 k->fd = safe_close(k->fd);
                 return reason_set(w, -EOPNOTSUPP, "objects of kind %d cannot be carried", (int)k->kind);
@@ -3980,7 +4101,7 @@ int broker_carry_restore(BrokerClient *c, BrokerCarry *k, Reason *w)
                 k->fd = safe_close(k->fd);
                 return reason_set(w, -ENOMEM, "out of memory");
         }
-        if (k->kind == BROKER_KIND_HOST)
+        if (k->kind == BROKER_KIND_HOST || k->kind == BROKER_KIND_MANAGED)
                 o->memfd = TAKE_FD(k->fd);
         o->handle = k->handle;
         o->size = k->size;
@@ -3990,7 +4111,9 @@ int broker_carry_restore(BrokerClient *c, BrokerCarry *k, Reason *w)
         o->exports = k->exports;
         r = take_va(c, o->size, BROKER_PAGE_SIZE, k->va, o, &o->va, w);
         if (r == 0)
-                r = o->kind == BROKER_KIND_HOST ? carry_host(c, o, k, w) : carry_device(c, o, k, k->fd, w);
+                r = o->kind == BROKER_KIND_HOST      ? carry_host(c, o, k, w)
+                    : o->kind == BROKER_KIND_MANAGED ? carry_managed(c, o, k, w)
+                                                     : carry_device(c, o, k, k->fd, w);
         if (r == 0) {
                 /* what the old daemon charged for it, whatever the limits say now: the memory exists */
                 ch = obj_charge(o);
@@ -4016,6 +4139,7 @@ int broker_carry_restore(BrokerClient *c, BrokerCarry *k, Reason *w)
                         (void)thunk_va_free(c->window, o->va);
                 safe_close(o->memfd);
                 k->fd = safe_close(k->fd);
+                svm_log_free(o);
                 free(o);
                 return r;
         }

@@ -155,8 +155,24 @@ uint64_t broker_client_records(const BrokerClient *c);
  * One object as a daemon that stops hands it to the next: where it lies, what it is, where it is mapped,
  * and its memory's file. What else a
  * client may hold makes broker_client_carry_check() say why it cannot be carried. Today host memory (its
- * memfd) and device memory (its dmabuf, which the next daemon's driver takes back at the same VA).
+ * memfd), device memory (its dmabuf, which the next daemon's driver takes back at the same VA) and managed
+ * memory (its memfd, and the SVM attribute calls made on it, which the next daemon replays in order).
  */
+/* An SVM attribute (managed memory, below). */
+typedef struct BrokerSvmAttr {
+        uint32_t type;
+        uint32_t value;
+} BrokerSvmAttr;
+
+#define BROKER_SVM_MAX_ATTRS 32
+
+/* One SVM attribute call on managed memory, as a carried allocation's record keeps them. */
+typedef struct BrokerSvmCall {
+        uint64_t va, size;
+        uint32_t n;
+        BrokerSvmAttr a[BROKER_SVM_MAX_ATTRS];
+} BrokerSvmCall;
+
 typedef struct BrokerCarry {
         uint64_t handle;
         BrokerKind kind;
@@ -169,6 +185,10 @@ typedef struct BrokerCarry {
         size_t n_mapped;
         uint32_t mapped[BROKER_MAX_GPUS];
         int fd; /* its memory's file (broker_carry_fd), taken by broker_carry_restore() */
+        /* managed: the SVM calls made on it, in order (the broker's from the list, the caller's to restore)
+         */
+        const BrokerSvmCall *svm;
+        size_t n_svm;
 } BrokerCarry;
 
 /* 0 when everything the client holds can be carried; -EOPNOTSUPP with @w saying what cannot. */
@@ -379,13 +399,6 @@ int broker_share_revoke(Broker *b, const char *name, Reason *w);
 size_t broker_share_list(Broker *b, size_t *cursor, BrokerShareInfo *out, size_t cap);
 
 /* ---- managed memory (SVM attributes) ------------------------------------------------------------------ */
-
-typedef struct BrokerSvmAttr {
-        uint32_t type;
-        uint32_t value;
-} BrokerSvmAttr;
-
-#define BROKER_SVM_MAX_ATTRS 32
 
 int broker_svm_set(BrokerClient *c, uint64_t va, uint64_t size, const BrokerSvmAttr *a, size_t n, Reason *w);
 int broker_svm_get(BrokerClient *c, uint64_t va, uint64_t size, BrokerSvmAttr *a, size_t n, Reason *w);

@@ -20,11 +20,16 @@
 #include "policy.h"
 #include "window.h"
 
+/* What this build writes: the format's revision (a test build stands for a later one with a higher one). */
+#ifndef CARRY_REVISION
+#define CARRY_REVISION HANDOVER_REVISION
+#endif
+
 /*
  * What cannot be carried yet: KFD events and queues live in the daemon's KFD context, which dies with the
- * daemon, and of memory only host and device memory are carried today (docs/reliability.md). A client holding
- * anything else is not carried: the next daemon never sees its socket, so the client gets -ECONNRESET as at a
- * plain restart.
+ * daemon, and of memory host, device and managed memory are carried today (docs/reliability.md). A client
+ * holding anything else is not carried: the next daemon never sees its socket, so the client gets -ECONNRESET
+ * as at a plain restart.
  */
 static const char *not_carried_why(Conn *c, Reason *w)
 {
@@ -87,6 +92,34 @@ static void fdvec_done(FdVec *v)
         *v = (FdVec){0};
 }
 
+/* A managed allocation's SVM calls into its record. */
+static int collect_svm(Gpumemd__HandoverObject *o, const BrokerCarry *k)
+{
+        if (!k->n_svm)
+                return 0;
+        o->svm = calloc(k->n_svm, sizeof(*o->svm));
+        if (!o->svm)
+                return -ENOMEM;
+        for (size_t i = 0; i < k->n_svm; i++) {
+                Gpumemd__HandoverSvmCall *c = calloc(1, sizeof(*c));
+                if (!c)
+                        return -ENOMEM;
+                gpumemd__handover_svm_call__init(c);
+                o->svm[o->n_svm++] = c;
+                c->has_va = c->has_size = true;
+                c->va = k->svm[i].va;
+                c->size = k->svm[i].size;
+                c->attrs = malloc(2 * k->svm[i].n * sizeof(uint32_t));
+                if (!c->attrs)
+                        return -ENOMEM;
+                for (uint32_t j = 0; j < k->svm[i].n; j++) {
+                        c->attrs[c->n_attrs++] = k->svm[i].a[j].type;
+                        c->attrs[c->n_attrs++] = k->svm[i].a[j].value;
+                }
+        }
+        return 0;
+}
+
 /* The client's objects into @h, their files into @fds. */
 static int collect_objects(Conn *c, Gpumemd__HandoverClient *h, FdVec *fds)
 {
@@ -127,6 +160,9 @@ static int collect_objects(Conn *c, Gpumemd__HandoverClient *h, FdVec *fds)
                         o->handed_out = k[i].handed_out;
                         o->n_mapped = k[i].n_mapped;
                         memcpy(o->mapped, k[i].mapped, k[i].n_mapped * sizeof(uint32_t));
+                        r = collect_svm(o, &k[i]);
+                        if (r < 0)
+                                return r;
                         r = broker_carry_fd(c->broker, k[i].handle, &fd);
                         if (r == 0)
                                 r = fdvec_add(fds, fd, true);
@@ -141,6 +177,11 @@ static int collect_objects(Conn *c, Gpumemd__HandoverClient *h, FdVec *fds)
 static void free_objects(Gpumemd__HandoverClient *h)
 {
         for (size_t i = 0; i < h->n_objects; i++) {
+                for (size_t j = 0; j < h->objects[i]->n_svm; j++) {
+                        free(h->objects[i]->svm[j]->attrs);
+                        free(h->objects[i]->svm[j]);
+                }
+                free(h->objects[i]->svm);
                 free(h->objects[i]->mapped);
                 free(h->objects[i]);
         }
@@ -228,7 +269,21 @@ int carry_collect(Manager *m, HandoverFds *ret)
         st.channel_fds = (uint32_t)fds.n;
         st.has_format = st.has_revision = st.has_written_real_usec = st.has_next_client_id = true;
         st.format = HANDOVER_FORMAT;
-        st.revision = HANDOVER_REVISION;
+        st.revision = CARRY_REVISION;
+#ifdef CARRY_FUTURE_FIELD
+        /* the build that stands for a later gpumemd in the tests (gpumemd-next): its state has a field no
+         * daemon of today knows, which an older reader must skip */
+        /* protobuf-c writes an unknown field's bytes after its tag as they are: the length comes first */
+        ProtobufCMessageUnknownField future = {
+                .tag = 100,
+                .wire_type = PROTOBUF_C_WIRE_TYPE_LENGTH_PREFIXED,
+                .len = 12,
+                .data = (uint8_t *)"\x0b"
+                                   "from-future",
+        };
+        st.base.n_unknown_fields = 1;
+        st.base.unknown_fields = &future;
+#endif
         st.writer_version = (char *)GPUMEMD_VERSION;
         st.written_real_usec = now_usec(CLOCK_REALTIME);
         st.next_client_id = m->next_client_id;
@@ -295,6 +350,32 @@ static int passed_take(Passed *p, int64_t index)
         return fd;
 }
 
+/* A record's SVM calls for the broker (the caller frees them); NULL without any, or out of memory. A call
+ * with an odd or too long list of attributes keeps none, which the broker refuses. */
+static BrokerSvmCall *restore_svm(const Gpumemd__HandoverObject *ho, BrokerCarry *k)
+{
+        BrokerSvmCall *v;
+
+        if (!ho->n_svm)
+                return NULL;
+        v = calloc(ho->n_svm, sizeof(*v));
+        if (!v)
+                return NULL;
+        for (size_t i = 0; i < ho->n_svm; i++) {
+                const Gpumemd__HandoverSvmCall *c = ho->svm[i];
+                v[i].va = c->va;
+                v[i].size = c->size;
+                if (c->n_attrs % 2 || c->n_attrs / 2 > BROKER_SVM_MAX_ATTRS)
+                        continue;
+                v[i].n = (uint32_t)(c->n_attrs / 2);
+                for (uint32_t j = 0; j < v[i].n; j++)
+                        v[i].a[j] = (BrokerSvmAttr){c->attrs[2 * j], c->attrs[2 * j + 1]};
+        }
+        k->svm = v;
+        k->n_svm = ho->n_svm;
+        return v;
+}
+
 static void restore_one(Manager *m, const CarryHost *host, const Gpumemd__HandoverClient *h, HandoverFds *fds,
                         Passed *passed)
 {
@@ -324,6 +405,7 @@ static void restore_one(Manager *m, const CarryHost *host, const Gpumemd__Handov
                 log_warning("client %llu: cannot set its connection up again", (unsigned long long)h->id);
                 return;
         }
+        c->id = h->id; /* for its log lines from here (placing it gives it an id of its own again) */
         /* the identity stays the one frozen at accept: the pidfd and cgroup the old daemon took then */
         if (pidfd >= 0) {
                 safe_close(c->ident.pidfd);
@@ -357,7 +439,6 @@ static void restore_one(Manager *m, const CarryHost *host, const Gpumemd__Handov
                         return;
                 }
         }
-        c->id = h->id; /* its books are tagged with it */
         if (h->n_objects) {
                 r = host->books(c);
                 if (r < 0) {
@@ -381,6 +462,7 @@ static void restore_one(Manager *m, const CarryHost *host, const Gpumemd__Handov
                         .fd = ho->has_fd_index ? passed_take(passed, ho->fd_index) : -ENOENT,
                 };
                 Reason w = {""};
+                BrokerSvmCall *svm;
                 if (k.fd < 0) {
                         snprintf(reason, sizeof(reason), "the memory of handle 0x%llx was not handed over",
                                  (unsigned long long)ho->handle);
@@ -389,9 +471,16 @@ static void restore_one(Manager *m, const CarryHost *host, const Gpumemd__Handov
                 }
                 if (ho->n_mapped > BROKER_MAX_GPUS)
                         k.n_mapped = BROKER_MAX_GPUS + 1; /* refused as such */
-                else
+                else if (ho->n_mapped)                    /* mapped is NULL when empty */
                         memcpy(k.mapped, ho->mapped, ho->n_mapped * sizeof(uint32_t));
+                svm = restore_svm(ho, &k);
+                if (ho->n_svm && !svm) {
+                        safe_close(k.fd);
+                        drop_conn(host, c, -ENOMEM, "out of memory");
+                        return;
+                }
                 r = broker_carry_restore(c->broker, &k, &w);
+                free(svm);
                 if (r < 0) {
                         snprintf(reason, sizeof(reason), "handle 0x%llx at 0x%llx cannot be set up again: %s",
                                  (unsigned long long)ho->handle, (unsigned long long)ho->va,

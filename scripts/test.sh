@@ -29,7 +29,7 @@ unset ASAN_OPTIONS UBSAN_OPTIONS
 # the model's packet processor, over every suite but stress, whose runs outlast their timeouts under it.
 # die_after_fork=0: tests fork clients that run as other uids from a process that has threads.
 CC=clang sh scripts/build.sh build-tsan -Db_sanitize=thread -Db_lundef=false -Ddocs=disabled
-export TSAN_OPTIONS=halt_on_error=1:die_after_fork=0
+export TSAN_OPTIONS="halt_on_error=1:die_after_fork=0:suppressions=$PWD/tests/tsan.supp"
 run_suite build-tsan "ThreadSanitizer" --timeout-multiplier 3 \
     --suite model --suite unit --suite topo --suite thunk --suite integ --suite systemd
 unset TSAN_OPTIONS
@@ -62,7 +62,7 @@ if [ "$fuzz_seconds" -gt 0 ]; then
         CC=clang meson setup build-fuzz -Dfuzz=true -Db_sanitize=address,undefined -Db_lundef=false \
             -Ddocs=disabled >/dev/null
     fi
-    fuzzers="frame request topology model-ioctl engines"
+    fuzzers="frame request topology model-ioctl engines handover"
     targets=""
     for f in $fuzzers; do targets="$targets tests/fuzz/fuzz-$f"; done
     # shellcheck disable=SC2086

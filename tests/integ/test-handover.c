@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -21,6 +22,46 @@ static Daemon dmn;
 static uint32_t gpu0;
 /* the daemon's extra arguments: the KFD ABI the model speaks, when the test is given one */
 static const char *dargs[3];
+
+/*
+ * A client to carry. Under ThreadSanitizer the daemon's windows above 1 TiB can only lie where the kernel
+ * also places a program's image at exec (the sanitizer takes the rest), so a new daemon may find its own
+ * binary where a carried window was, and refuse to take that client back (it says so, the client sees its
+ * connection close). The tests' carried clients ask for windows below 1 TiB there, which the new image never
+ * takes; elsewhere they take the daemon's default.
+ */
+static int carried_connect(const char *name, gm_client **ret)
+{
+        gm_client_options o = {.struct_size = sizeof(o),
+                               .socket_path = dmn.sock,
+                               .name = name,
+                               .window_size = 4ull << 30,
+                               .low_window = true};
+        char err[256];
+
+        if (!daemon_under_tsan())
+                return gm_client_connect(dmn.sock, name, ret);
+        return gm_client_open_with(&o, ret, err, sizeof(err));
+}
+
+/* A raw connection's hello, with a window below 1 TiB under ThreadSanitizer (carried_connect). */
+static int raw_hello_carried(int fd)
+{
+        Gpumem__Request req = GPUMEM__REQUEST__INIT;
+        Gpumem__Hello h = GPUMEM__HELLO__INIT;
+        bool transport = false;
+
+        if (!daemon_under_tsan())
+                return raw_hello(fd);
+        h.has_protocol_version = h.has_features = h.has_window_size = true;
+        h.protocol_version = 2;
+        h.features = 1; /* GM_HELLO_LOW_WINDOW */
+        h.window_size = 4ull << 30;
+        h.client_name = "raw";
+        req.op_case = GPUMEM__REQUEST__OP_HELLO;
+        req.hello = &h;
+        return raw_request(fd, 1, &req, NULL, 0, NULL, NULL, NULL, &transport);
+}
 
 static bool is_disconnect_errno(int r)
 {
@@ -75,14 +116,14 @@ static int raw_ping_send(int fd, uint32_t id)
         req.op_case = GPUMEM__REQUEST__OP_PING;
         req.ping = &ping;
         len = gpumem__request__pack(&req, body);
-        return raw_send_frame(fd, id, body, len, 1, 0, NULL, 0);
+        return raw_send_frame(fd, id, body, len, daemon_under_tsan() ? 2 : 1, 0, NULL, 0);
 }
 
 /*
  * SIGTERM with a supervisor that keeps an fd store, then a start with what it kept: the clients without
  * memory go on over the same connections (same ids, windows and names); a request sent while no daemon ran
  * is answered by the next one; a client that connected meanwhile is served; a client holding what is not
- * carried yet (managed memory) is closed and nothing of it is left.
+ * carried yet (a VMM reservation) is closed and nothing of it is left.
  */
 static int store_case(void)
 {
@@ -96,15 +137,15 @@ static int store_case(void)
         char reason[128];
         Late late = {0};
 
-        REQUIRE_RC(gm_client_connect(dmn.sock, "carried", &a), 0);
+        REQUIRE_RC(carried_connect("carried", &a), 0);
         a_id = gm_client_id(a);
         gm_client_window(a, &base0, &size0);
         CHECK_RC(gm_ping(a), 0);
         raw = raw_connect(dmn.sock);
         CHECK(raw >= 0);
-        CHECK_EQ(raw_hello(raw), 0);
+        CHECK_EQ(raw_hello_carried(raw), 0);
         CHECK_RC(gm_client_connect(dmn.sock, "holder", &holder), 0);
-        CHECK_RC(gm_malloc_managed(holder, 2 * MiB, 0, &p), 0);
+        CHECK_RC(gm_mem_address_reserve(holder, 2 * MiB, 0, NULL, 0, &p), 0);
 
         CHECK_EQ(daemon_term(&dmn), 0);
         /* into the store: the listening socket, the state, and one socket in which the carried clients'
@@ -156,7 +197,7 @@ static int store_case(void)
                         CHECK_RC(gm_mem_free(a, q), 0);
                 }
         }
-        /* the holder's managed memory is not carried yet: its connection is closed */
+        /* the holder's VMM reservation is not carried yet: its connection is closed */
         CHECK(is_disconnect_errno(gm_ping(holder)));
         /* the daemon took its names out of the store once it had the clients back */
         CHECK_EQ(daemon_store_count(&dmn), 0);
@@ -247,7 +288,7 @@ static int host_memory_case(void)
         void *p = NULL, *q = NULL, *r2 = NULL;
         DaemonState s0, s1;
 
-        REQUIRE_RC(gm_client_connect(dmn.sock, "host-holder", &a), 0);
+        REQUIRE_RC(carried_connect("host-holder", &a), 0);
         REQUIRE_RC(gm_host_malloc(a, 4 * MiB, gpu0, -1, 0, &p), 0);
         REQUIRE_RC(gm_host_malloc(a, 2 * MiB, 0, -1, GM_MEM_COHERENT, &q), 0);
         memset(p, 0x3c, 4 * MiB);
@@ -302,6 +343,25 @@ static void test_host_memory(void)
         (void)host_memory_case();
 }
 
+/* What `gpumemctl --json allocations` prints (the administrators' view), into @buf; its length, or -1. */
+static ssize_t ctl_allocations(char *buf, size_t cap)
+{
+        const char *ctl = getenv("GPUMEMCTL");
+        char cmd[512];
+        size_t n;
+        FILE *f;
+
+        if (!ctl)
+                return -1;
+        snprintf(cmd, sizeof(cmd), "'%s' --socket '%s' --json allocations", ctl, dmn.sock);
+        f = popen(cmd, "r");
+        if (!f)
+                return -1;
+        n = fread(buf, 1, cap - 1, f);
+        buf[n] = '\0';
+        return pclose(f) == 0 ? (ssize_t)n : -1;
+}
+
 /* The bytes of the memory @h exports now, from offset 0 and the last byte: 0 when they are @a and @z. */
 static int exported_bytes(gm_client *c, gm_handle h, size_t size, unsigned char a, unsigned char z)
 {
@@ -336,8 +396,9 @@ static int device_memory_case(void)
         void *vis = NULL, *dev = NULL;
         DaemonState s0, s1;
         int fd = -1;
+        static char ctl0[8192], ctl1[8192];
 
-        REQUIRE_RC(gm_client_connect(dmn.sock, "device-holder", &a), 0);
+        REQUIRE_RC(carried_connect("device-holder", &a), 0);
         REQUIRE_RC(gm_malloc(a, 4 * MiB, gpu0, GM_MEM_HOST_VISIBLE, &vis), 0);
         REQUIRE_RC(gm_malloc(a, 8 * MiB, gpu0, 0, &dev), 0);
         memset(vis, 0x11, 4 * MiB);
@@ -366,6 +427,8 @@ static int device_memory_case(void)
         fds0 = class_used(GM_RESOURCE_FDS);
         CHECK_EQ(vram0, 12 * MiB);
         CHECK_EQ(daemon_state(&dmn, &s0), 0);
+        CHECK(ctl_allocations(ctl0, sizeof(ctl0)) > 0);
+        CHECK(strstr(ctl0, "\"kind\":\"device\"") != NULL);
 
         CHECK_EQ(daemon_term(&dmn), 0);
         REQUIRE_EQ(daemon_restart_handover(&dmn, "mi300x", dargs), 0);
@@ -383,6 +446,9 @@ static int device_memory_case(void)
         check_same_objects(before, n0, after, n1);
         CHECK_EQ(class_used(GM_RESOURCE_VRAM), vram0);
         CHECK_EQ(class_used(GM_RESOURCE_HANDLES), handles0);
+        /* gpumemctl lists the same objects, byte for byte */
+        CHECK(ctl_allocations(ctl1, sizeof(ctl1)) > 0);
+        CHECK(strcmp(ctl1, ctl0) == 0);
         /* both buffers have a file of the daemon's now: the device-only one had one since its export */
         CHECK_EQ(class_used(GM_RESOURCE_FDS), fds0);
         CHECK_EQ(daemon_state(&dmn, &s1), 0);
@@ -415,13 +481,160 @@ static void test_device_memory(void)
         (void)device_memory_case();
 }
 
+/* The SVM attributes of [p+off, p+off+len): preferred location, access of @gpu, flags, granularity. */
+static int svm_of(gm_client *a, void *p, size_t off, size_t len, uint32_t gpu, gm_svm_attr *out)
+{
+        out[0] = (gm_svm_attr){GM_SVM_ATTR_PREFERRED_LOC, 0};
+        out[1] = (gm_svm_attr){GM_SVM_ATTR_ACCESS, gpu};
+        out[2] = (gm_svm_attr){GM_SVM_ATTR_SET_FLAGS, 0};
+        out[3] = (gm_svm_attr){GM_SVM_ATTR_GRANULARITY, 0};
+        return gm_svm_get_attributes(a, (char *)p + off, len, out, 4);
+}
+
+/*
+ * Managed memory goes on: its pages (the data), and its SVM attributes as the calls made them, on the whole
+ * allocation and on parts of it, read back the same in the next daemon.
+ */
+static int managed_memory_case(void)
+{
+        gm_client *a = NULL;
+        gm_svm_attr before[3][4], after[3][4];
+        gm_pointer_attributes pa0 = {.struct_size = sizeof(pa0)}, pa1 = {.struct_size = sizeof(pa1)};
+        uint64_t managed0;
+        void *m = NULL;
+        const size_t parts[3][2] = {{0, 2 * MiB}, {2 * MiB, 2 * MiB}, {4 * MiB, 4 * MiB}};
+
+        REQUIRE_RC(carried_connect("managed-holder", &a), 0);
+        REQUIRE_RC(gm_malloc_managed(a, 8 * MiB, GM_MEM_COHERENT, &m), 0);
+        memset(m, 0x4e, 8 * MiB);
+        {
+                /* the whole range to the GPU, then a part back to the CPU and another read-mostly */
+                gm_svm_attr all[] = {{GM_SVM_ATTR_PREFERRED_LOC, gpu0}, {GM_SVM_ATTR_ACCESS, gpu0}};
+                gm_svm_attr cpu[] = {{GM_SVM_ATTR_PREFERRED_LOC, 0}, {GM_SVM_ATTR_GRANULARITY, 4}};
+                gm_svm_attr rm[] = {{GM_SVM_ATTR_SET_FLAGS, GM_SVM_FLAG_GPU_READ_MOSTLY}};
+                CHECK_RC(gm_svm_set_attributes(a, m, 8 * MiB, all, 2), 0);
+                CHECK_RC(gm_svm_set_attributes(a, (char *)m + 2 * MiB, 2 * MiB, cpu, 2), 0);
+                CHECK_RC(gm_svm_set_attributes(a, (char *)m + 4 * MiB, 4 * MiB, rm, 1), 0);
+        }
+        for (int i = 0; i < 3; i++)
+                CHECK_RC(svm_of(a, m, parts[i][0], parts[i][1], gpu0, before[i]), 0);
+        /* the parts differ, so what comes back is the calls replayed, not one value for all */
+        CHECK(before[0][0].value != before[1][0].value);
+        CHECK(before[0][2].value != before[2][2].value);
+        CHECK_RC(gm_pointer_get_attributes(a, m, &pa0), 0);
+        managed0 = class_used(GM_RESOURCE_MANAGED);
+        CHECK_EQ(managed0, 8 * MiB);
+
+        CHECK_EQ(daemon_term(&dmn), 0);
+        REQUIRE_EQ(daemon_restart_handover(&dmn, "mi300x", dargs), 0);
+
+        CHECK_RC(gm_ping(a), 0);
+        CHECK_RC(gm_pointer_get_attributes(a, m, &pa1), 0);
+        CHECK_EQ(pa1.handle, pa0.handle);
+        CHECK_EQ(pa1.kind, pa0.kind);
+        for (int i = 0; i < 3; i++) {
+                CHECK_RC(svm_of(a, m, parts[i][0], parts[i][1], gpu0, after[i]), 0);
+                for (int j = 0; j < 4; j++) {
+                        CHECK_EQ(after[i][j].type, before[i][j].type);
+                        CHECK_EQ(after[i][j].value, before[i][j].value);
+                }
+        }
+        CHECK_EQ(class_used(GM_RESOURCE_MANAGED), managed0);
+        CHECK_EQ(((unsigned char *)m)[8 * MiB - 1], 0x4e);
+        /* and the books go on: an attribute call and the free */
+        {
+                gm_svm_attr gr[] = {{GM_SVM_ATTR_GRANULARITY, 6}};
+                CHECK_RC(gm_svm_set_attributes(a, m, 8 * MiB, gr, 1), 0);
+        }
+        CHECK_RC(gm_mem_free(a, m), 0);
+        CHECK_EQ(class_used(GM_RESOURCE_MANAGED), 0);
+        gm_client_close(a);
+        return 0;
+}
+
+static void test_managed_memory(void)
+{
+        (void)managed_memory_case();
+}
+
+/* Does the state in the store hold @needle (bytes of a field)? */
+static bool stored_state_has(const char *needle)
+{
+        int fd = daemon_store_fd(&dmn, "gm-state");
+        struct stat st;
+        bool found = false;
+        void *p;
+
+        if (fd < 0 || fstat(fd, &st) < 0 || st.st_size <= 0)
+                return false;
+        p = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+        if (p == MAP_FAILED)
+                return false;
+        found = memmem(p, (size_t)st.st_size, needle, strlen(needle)) != NULL;
+        munmap(p, (size_t)st.st_size);
+        return found;
+}
+
+/*
+ * An upgrade and a downgrade: today's daemon hands over to a build that stands for a later release
+ * (gpumemd-next: a newer revision of the state, with a field today's daemon does not know), which takes
+ * the client and its memory back, and hands them back in turn to today's, which skips what it does not
+ * know.
+ */
+static int upgrade_case(void)
+{
+        const char *next = getenv("GPUMEMD_NEXT"), *now = getenv("GPUMEMD");
+        gm_pointer_attributes pa0 = {.struct_size = sizeof(pa0)}, pa1 = {.struct_size = sizeof(pa1)};
+        char saved[512];
+        gm_client *a = NULL;
+        void *dev = NULL, *host = NULL;
+        uint64_t vram0;
+
+        if (!next || !now) {
+                fprintf(stderr, "upgrade: GPUMEMD_NEXT is not set\n");
+                check_failures++;
+                return 1;
+        }
+        snprintf(saved, sizeof(saved), "%s", now);
+        REQUIRE_RC(carried_connect("upgraded", &a), 0);
+        REQUIRE_RC(gm_malloc(a, 2 * MiB, gpu0, GM_MEM_HOST_VISIBLE, &dev), 0);
+        REQUIRE_RC(gm_host_malloc(a, 2 * MiB, gpu0, -1, 0, &host), 0);
+        memset(dev, 0x5d, 2 * MiB);
+        CHECK_RC(gm_pointer_get_attributes(a, dev, &pa0), 0);
+        vram0 = class_used(GM_RESOURCE_VRAM);
+
+        for (int step = 0; step < 2; step++) {
+                CHECK_EQ(daemon_term(&dmn), 0);
+                /* what the later build wrote has its field; today's state has none */
+                CHECK_EQ(stored_state_has("from-future"), step == 1);
+                setenv("GPUMEMD", step == 0 ? next : saved, 1);
+                REQUIRE_EQ(daemon_restart_handover(&dmn, "mi300x", dargs), 0);
+                CHECK_RC(gm_ping(a), 0);
+                CHECK_RC(gm_pointer_get_attributes(a, dev, &pa1), 0);
+                CHECK_EQ(pa1.handle, pa0.handle);
+                CHECK_EQ(pa1.n_mapped_gpus, pa0.n_mapped_gpus);
+                CHECK_RC(exported_bytes(a, pa0.handle, 2 * MiB, 0x5d, 0x5d), 0);
+                CHECK_EQ(class_used(GM_RESOURCE_VRAM), vram0);
+        }
+        setenv("GPUMEMD", saved, 1);
+        CHECK_RC(gm_mem_free(a, dev), 0);
+        CHECK_RC(gm_mem_free(a, host), 0);
+        gm_client_close(a);
+        return 0;
+}
+
+static void test_upgrade(void)
+{
+        (void)upgrade_case();
+}
+
 /* A state that cannot be read: the daemon starts clean and serves, and the carried sockets are closed. */
 static int bad_state_case(void)
 {
         gm_client *a = NULL, *b = NULL;
         int fd;
 
-        REQUIRE_RC(gm_client_connect(dmn.sock, "carried", &a), 0);
+        REQUIRE_RC(carried_connect("carried", &a), 0);
         CHECK_EQ(daemon_term(&dmn), 0);
         /* an unsealed file in place of the state: anyone could have written it */
         fd = memfd_create("not-a-state", MFD_CLOEXEC);
@@ -457,7 +670,7 @@ static int reexec_case(void)
                 fprintf(stderr, "re-exec: skipped under a wrapper (it would run the program without it)\n");
                 return 0;
         }
-        REQUIRE_RC(gm_client_connect(dmn.sock, "carried", &a), 0);
+        REQUIRE_RC(carried_connect("carried", &a), 0);
         a_id = gm_client_id(a);
         gm_client_window(a, &base0, &size0);
         REQUIRE_RC(gm_malloc(a, 2 * MiB, gpu0, GM_MEM_HOST_VISIBLE, &p), 0);
@@ -495,6 +708,9 @@ int main(int argc, char **argv)
                 {"host memory carried: handles, addresses, GPU mappings, charges, data", test_host_memory},
                 {"device memory carried: handles, addresses, VRAM charged, the same memory",
                  test_device_memory},
+                {"managed memory carried: its pages and its SVM attributes, part by part",
+                 test_managed_memory},
+                {"an upgrade to a newer state revision and back", test_upgrade},
                 {"a state that cannot be read: the daemon starts clean", test_bad_state},
                 {"SIGUSR1 re-executes the daemon, clients carried", test_reexec},
         };

@@ -1,0 +1,81 @@
+/* libFuzzer target: the hand-over state's reader (handover_state_parse), on framed bytes as they come and on
+ * any bytes framed here, so that the decoder and the format checks behind the frame are reached too. */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "handover.h"
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+static uint64_t fnv1a(const uint8_t *p, size_t n)
+{
+        uint64_t h = 0xcbf29ce484222325ull;
+
+        for (size_t i = 0; i < n; i++) {
+                h ^= p[i];
+                h *= 0x100000001b3ull;
+        }
+        return h;
+}
+
+/* what walk() read, kept so that the reads are made */
+static volatile uint64_t sink;
+
+/* A state the parser took: every field it names can be walked, and packing it again gives a state it takes.
+ */
+static void walk(Gpumemd__HandoverState *st)
+{
+        uint8_t *again = NULL;
+        size_t len = 0;
+        uint64_t sum = 0;
+        Gpumemd__HandoverState *st2 = NULL;
+
+        for (size_t i = 0; i < st->n_clients; i++) {
+                const Gpumemd__HandoverClient *c = st->clients[i];
+                sum += c->id + (c->name ? strlen(c->name) : 0);
+                for (size_t j = 0; j < c->n_objects; j++) {
+                        const Gpumemd__HandoverObject *o = c->objects[j];
+                        sum += o->va + o->size + o->n_mapped;
+                        for (size_t k = 0; k < o->n_svm; k++)
+                                sum += o->svm[k]->n_attrs;
+                }
+        }
+        sink += sum;
+        if (handover_state_pack(st, &again, &len) == 0) {
+                if (handover_state_parse(again, len, &st2, NULL, 0) != 0)
+                        abort();
+                gpumemd__handover_state__free_unpacked(st2, NULL);
+                free(again);
+        }
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+        Gpumemd__HandoverState *st = NULL;
+        char why[256];
+        uint8_t *framed;
+
+        if (handover_state_parse(data, size, &st, why, sizeof(why)) == 0) {
+                walk(st);
+                gpumemd__handover_state__free_unpacked(st, NULL);
+        }
+        /* the same bytes as a body, behind a frame that holds */
+        framed = malloc(size + 24);
+        if (!framed)
+                return 0;
+        memcpy(framed, "GMDSTATE", 8);
+        for (int i = 0; i < 8; i++) {
+                framed[8 + i] = (uint8_t)((uint64_t)size >> (8 * i));
+                framed[16 + i] = (uint8_t)(fnv1a(data, size) >> (8 * i));
+        }
+        if (size)
+                memcpy(framed + 24, data, size);
+        st = NULL;
+        if (handover_state_parse(framed, size + 24, &st, why, sizeof(why)) == 0) {
+                walk(st);
+                gpumemd__handover_state__free_unpacked(st, NULL);
+        }
+        free(framed);
+        return 0;
+}
