@@ -4,11 +4,14 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/time.h>
+#include <sys/un.h>
 #include <sys/stat.h>
 #include <systemd/sd-daemon.h>
 #include <unistd.h>
@@ -363,21 +366,75 @@ int handover_channel_unpack(int fd, int **ret_fds, size_t *ret_n)
         return 0;
 }
 
+/*
+ * One datagram with one fd to the service manager. Its own socket with a send timeout: a manager (or a test's
+ * supervisor) that does not read its notify socket would otherwise hold the daemon's exit for ever once the
+ * socket's queue is full. SO_PASSCRED on the receiving end gives it the sender's credentials.
+ */
+static int notify_with_fd(const char *sock, const char *msg, int fd, uint64_t deadline_usec)
+{
+        struct sockaddr_un sa = {.sun_family = AF_UNIX};
+        socklen_t sa_len;
+        size_t plen = strlen(sock);
+        union {
+                struct cmsghdr h;
+                char b[CMSG_SPACE(sizeof(int))];
+        } ctl;
+        struct iovec iov = {(void *)msg, strlen(msg)};
+        struct msghdr mh = {.msg_name = &sa,
+                            .msg_iov = &iov,
+                            .msg_iovlen = 1,
+                            .msg_control = &ctl,
+                            .msg_controllen = sizeof(ctl)};
+        struct cmsghdr *c;
+        uint64_t now = now_usec(CLOCK_MONOTONIC);
+        struct timeval tv;
+        int s, r = 0;
+
+        if (plen == 0 || plen >= sizeof(sa.sun_path) || (sock[0] != '/' && sock[0] != '@'))
+                return -EAFNOSUPPORT;
+        memcpy(sa.sun_path, sock, plen);
+        if (sock[0] == '@')
+                sa.sun_path[0] = '\0'; /* an abstract address */
+        sa_len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + plen + (sock[0] == '/'));
+        mh.msg_namelen = sa_len;
+        if (now >= deadline_usec)
+                return -ETIMEDOUT;
+        tv = (struct timeval){(time_t)((deadline_usec - now) / 1000000),
+                              (suseconds_t)((deadline_usec - now) % 1000000)};
+        s = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+        if (s < 0)
+                return -errno;
+        (void)setsockopt(s, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+        memset(&ctl, 0, sizeof(ctl));
+        c = CMSG_FIRSTHDR(&mh);
+        c->cmsg_level = SOL_SOCKET;
+        c->cmsg_type = SCM_RIGHTS;
+        c->cmsg_len = CMSG_LEN(sizeof(int));
+        memcpy(CMSG_DATA(c), &fd, sizeof(int));
+        if (sendmsg(s, &mh, MSG_NOSIGNAL) < 0)
+                r = errno == EAGAIN || errno == EWOULDBLOCK ? -ETIMEDOUT : -errno;
+        close(s);
+        return r;
+}
+
+/* How long the service manager gets to take the fds, all of them. */
+#define STORE_TIMEOUT_USEC (5u * 1000000u)
+
 int handover_store(const HandoverFds *s)
 {
         char msg[32 + HANDOVER_NAME_MAX];
         const char *sock = getenv("NOTIFY_SOCKET");
+        uint64_t deadline = now_usec(CLOCK_MONOTONIC) + STORE_TIMEOUT_USEC;
 
         if (!sock || !*sock)
                 return -ENOTCONN;
         for (size_t i = 0; i < s->n; i++) {
-                int fd = s->v[i].fd, r;
+                int r;
                 snprintf(msg, sizeof(msg), "FDSTORE=1\nFDNAME=%s", s->v[i].name);
-                r = sd_pid_notify_with_fds(0, 0, msg, &fd, 1);
+                r = notify_with_fd(sock, msg, s->v[i].fd, deadline);
                 if (r < 0)
                         return r;
-                if (r == 0)
-                        return -ENOTCONN;
         }
         return 0;
 }

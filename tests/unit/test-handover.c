@@ -6,6 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include "../common/check.h"
@@ -337,6 +339,68 @@ static void test_channel(void)
         free(fds);
 }
 
+/*
+ * The store protocol: each fd in a datagram of its own with FDSTORE=1 and its name; a service manager that
+ * does not read (its queue full) makes the store give up with -ETIMEDOUT instead of holding the daemon.
+ */
+static void test_store(void)
+{
+        char dir[] = "/tmp/gm-store-XXXXXX", path[64], buf[256];
+        struct sockaddr_un sa = {.sun_family = AF_UNIX};
+        HandoverFds fds = {0};
+        int rx, p[2], got = 0;
+
+        if (!mkdtemp(dir))
+                return;
+        snprintf(path, sizeof(path), "%s/notify", dir);
+        snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", path);
+        rx = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+        CHECK_EQ(bind(rx, (struct sockaddr *)&sa, sizeof(sa)), 0);
+        setenv("NOTIFY_SOCKET", path, 1);
+        CHECK_EQ(pipe2(p, O_CLOEXEC), 0);
+        CHECK_RC(handover_fds_add(&fds, "gm-one", dup(p[0])), 0);
+        CHECK_RC(handover_fds_add(&fds, "gm-two", dup(p[1])), 0);
+        CHECK_RC(handover_store(&fds), 0);
+        for (int i = 0; i < 2; i++) {
+                union {
+                        struct cmsghdr h;
+                        char b[CMSG_SPACE(sizeof(int))];
+                } ctl;
+                struct iovec iov = {buf, sizeof(buf) - 1};
+                struct msghdr mh = {
+                        .msg_iov = &iov, .msg_iovlen = 1, .msg_control = &ctl, .msg_controllen = sizeof(ctl)};
+                ssize_t n = recvmsg(rx, &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+                struct cmsghdr *c = n > 0 ? CMSG_FIRSTHDR(&mh) : NULL;
+                if (n <= 0 || !c || c->cmsg_type != SCM_RIGHTS)
+                        continue;
+                buf[n] = '\0';
+                CHECK_STR_CONTAINS(buf, "FDSTORE=1\nFDNAME=gm-");
+                {
+                        int fd;
+                        memcpy(&fd, CMSG_DATA(c), sizeof(int));
+                        close(fd);
+                }
+                got++;
+        }
+        CHECK_EQ(got, 2);
+        /* nobody reads now: the queue fills, and the store gives up */
+        for (int i = 0; i < 300; i++) {
+                char name[32];
+                snprintf(name, sizeof(name), "gm-%d", i);
+                if (handover_fds_add(&fds, name, dup(p[0])) < 0)
+                        break;
+        }
+        CHECK_RC(handover_store(&fds), -ETIMEDOUT);
+        unsetenv("NOTIFY_SOCKET");
+        CHECK_RC(handover_store(&fds), -ENOTCONN);
+        handover_fds_done(&fds);
+        close(rx);
+        close(p[0]);
+        close(p[1]);
+        unlink(path);
+        rmdir(dir);
+}
+
 int main(int argc, char **argv)
 {
         static const TestCase cases[] = {
@@ -347,6 +411,7 @@ int main(int argc, char **argv)
                 {"a newer revision's fields are skipped", test_newer_revision},
                 {"named fds", test_fds},
                 {"fds through the channel, in order", test_channel},
+                {"systemd's fd-store protocol, and a manager that does not read", test_store},
         };
 
         /* --print-golden [2]: the sample as this daemon writes it, to keep as a golden state when the
