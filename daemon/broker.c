@@ -32,7 +32,8 @@ typedef struct VmmMap VmmMap;
  * daemon's context, where the same calls give the same attributes, page for page. Bounded: an allocation
  * whose calls overflowed it cannot be carried (its attributes could not be told exactly).
  */
-#define SVM_LOG_MAX 256
+#define SVM_LOG_MAX        256
+#define SVM_LOG_CLIENT_MAX 1024 /* all of a client's allocations together */
 typedef BrokerSvmCall SvmLogEntry;
 typedef struct SvmLog {
         size_t n, cap;
@@ -159,7 +160,8 @@ struct BrokerClient {
         uint64_t *fired;     /* DRIVER_CAP_EVENT_MIRROR: a bit per signal event the driver saw fire */
         BrokerQueue *queues; /* its user-mode queues (each costs a handle and a queue) */
         size_t n_queues, cap_queues;
-        uint64_t tag; /* the daemon's name for it (broker_client_set_tag) */
+        uint64_t tag;           /* the daemon's name for it (broker_client_set_tag) */
+        size_t svm_log_entries; /* SVM calls its managed allocations keep for a restart (SvmLog) */
 };
 
 static void shares_done(Broker *b);
@@ -1666,9 +1668,10 @@ static int destroy_alloc(BrokerClient *c, Obj *o, bool teardown, Reason *w)
         return 0;
 }
 
-static void svm_log_free(Obj *o)
+static void svm_log_free(BrokerClient *c, Obj *o)
 {
         if (o->svm_log) {
+                c->svm_log_entries -= o->svm_log->n;
                 free(o->svm_log->e);
                 free(o->svm_log);
                 o->svm_log = NULL;
@@ -1676,7 +1679,7 @@ static void svm_log_free(Obj *o)
 }
 
 /* Keep one SVM call made on @o (the driver took it). Out of room or memory: the log is marked overflowed. */
-static void svm_log_add(Obj *o, uint64_t va, uint64_t size, const BrokerSvmAttr *a, size_t n)
+static void svm_log_add(BrokerClient *c, Obj *o, uint64_t va, uint64_t size, const BrokerSvmAttr *a, size_t n)
 {
         SvmLog *l = o->svm_log;
 
@@ -1686,6 +1689,11 @@ static void svm_log_add(Obj *o, uint64_t va, uint64_t size, const BrokerSvmAttr 
         }
         if (l->overflowed)
                 return;
+        /* the daemon's memory a client's calls can take is bounded too, not only each allocation's log */
+        if (c->svm_log_entries >= SVM_LOG_CLIENT_MAX) {
+                l->overflowed = true;
+                return;
+        }
         if (l->n == l->cap) {
                 size_t cap = l->cap ? l->cap * 2 : 4;
                 SvmLogEntry *e = cap <= SVM_LOG_MAX ? realloc(l->e, cap * sizeof(*e)) : NULL;
@@ -1699,6 +1707,7 @@ static void svm_log_add(Obj *o, uint64_t va, uint64_t size, const BrokerSvmAttr 
         l->e[l->n] = (SvmLogEntry){.va = va, .size = size, .n = (uint32_t)n};
         memcpy(l->e[l->n].a, a, n * sizeof(*a));
         l->n++;
+        c->svm_log_entries++;
 }
 
 static int free_alloc(BrokerClient *c, Obj *o, Reason *w)
@@ -1710,7 +1719,7 @@ static int free_alloc(BrokerClient *c, Obj *o, Reason *w)
         hashmap_remove(&c->objs, o->handle);
         (void)thunk_va_free(obj_space(c, o), o->va);
         charge_obj_give(c, o); /* held_fds was already refunded when the fd closed */
-        svm_log_free(o);
+        svm_log_free(c, o);
         free(o);
         return 0;
 }
@@ -3323,7 +3332,7 @@ int broker_svm_set(BrokerClient *c, uint64_t va, uint64_t size, const BrokerSvmA
         r = driver_svm_set(c->b->drv, va, size, t, n);
         if (r < 0)
                 return reason_set(w, r, "the driver refused the attributes: %s", strerror(-r));
-        svm_log_add(obj_at(c, va), va, size, a, n);
+        svm_log_add(c, obj_at(c, va), va, size, a, n);
         return 0;
 }
 
@@ -3369,7 +3378,7 @@ int broker_prefetch_begin(BrokerClient *c, uint64_t va, uint64_t size, uint32_t 
         p->location = location;
         p->result = 0;
         /* kept for a restart now, on the loop: a replayed prefetch that fails changes nothing */
-        svm_log_add(obj_at(c, va), va, size, &a, 1);
+        svm_log_add(c, obj_at(c, va), va, size, &a, 1);
         return 0;
 }
 
@@ -3430,7 +3439,7 @@ static void teardown_object(BrokerClient *c, Obj *o)
                 share_ref_drop(c, o);
                 break;
         }
-        svm_log_free(o);
+        svm_log_free(c, o);
         free(o);
 }
 
@@ -4042,7 +4051,7 @@ static int carry_managed(BrokerClient *c, Obj *o, const BrokerCarry *k, Reason *
                         return reason_set(w, r, "SVM call %zu cannot be made again: %s", i, strerror(-r));
                 }
                 if (r >= 0)
-                        svm_log_add(o, call->va, call->size, call->a, call->n);
+                        svm_log_add(c, o, call->va, call->size, call->a, call->n);
         }
         return 0;
 }
@@ -4139,7 +4148,7 @@ int broker_carry_restore(BrokerClient *c, BrokerCarry *k, Reason *w)
                         (void)thunk_va_free(c->window, o->va);
                 safe_close(o->memfd);
                 k->fd = safe_close(k->fd);
-                svm_log_free(o);
+                svm_log_free(c, o);
                 free(o);
                 return r;
         }

@@ -598,6 +598,42 @@ static void test_managed_memory(void)
         (void)managed_memory_case();
 }
 
+/*
+ * The SVM calls kept for a restart are bounded per client: one that made more than 1,024 over its managed
+ * allocations (here 200 on each of six: each under the 256 one allocation keeps) is not carried, and says so
+ * by its connection closing; one under it is.
+ */
+static int svm_bound_case(void)
+{
+        gm_client *over = NULL, *under = NULL;
+        void *m[6] = {NULL}, *u = NULL;
+        gm_svm_attr g = {GM_SVM_ATTR_GRANULARITY, 4};
+
+        REQUIRE_RC(carried_connect("svm-over", &over), 0);
+        REQUIRE_RC(carried_connect("svm-under", &under), 0);
+        for (int i = 0; i < 6; i++) {
+                REQUIRE_RC(gm_malloc_managed(over, 2 * MiB, 0, &m[i]), 0);
+                for (int k = 0; k < 200; k++)
+                        REQUIRE_RC(gm_svm_set_attributes(over, m[i], 2 * MiB, &g, 1), 0);
+        }
+        REQUIRE_RC(gm_malloc_managed(under, 2 * MiB, 0, &u), 0);
+        for (int k = 0; k < 200; k++)
+                REQUIRE_RC(gm_svm_set_attributes(under, u, 2 * MiB, &g, 1), 0);
+        CHECK_EQ(daemon_term(&dmn), 0);
+        REQUIRE_EQ(daemon_restart_handover(&dmn, "mi300x", dargs), 0);
+        CHECK(is_disconnect_errno(gm_ping(over)));
+        CHECK_RC(gm_ping(under), 0);
+        CHECK_RC(gm_mem_free(under, u), 0);
+        gm_client_close(over);
+        gm_client_close(under);
+        return 0;
+}
+
+static void test_svm_bound(void)
+{
+        (void)svm_bound_case();
+}
+
 /* Does the state in the store hold @needle (bytes of a field)? */
 static bool stored_state_has(const char *needle)
 {
@@ -751,6 +787,7 @@ int main(int argc, char **argv)
                  test_device_memory},
                 {"managed memory carried: its pages and its SVM attributes, part by part",
                  test_managed_memory},
+                {"the SVM calls kept for a restart are bounded per client", test_svm_bound},
                 {"an upgrade to a newer state revision and back", test_upgrade},
                 {"a state that cannot be read: the daemon starts clean", test_bad_state},
                 {"SIGUSR1 re-executes the daemon, clients carried", test_reexec},
