@@ -5,23 +5,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../common/state-frame.h"
 #include "handover.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
-
-static uint64_t fnv1a(const uint8_t *p, size_t n)
-{
-        uint64_t h = 0xcbf29ce484222325ull;
-
-        for (size_t i = 0; i < n; i++) {
-                h ^= p[i];
-                h *= 0x100000001b3ull;
-        }
-        return h;
-}
-
-/* what walk() read, kept so that the reads are made */
-static volatile uint64_t sink;
 
 /*
  * Hide (@hide) or show again the unknown fields of every message of @st. protobuf-c keeps what it skipped
@@ -107,13 +94,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         framed = malloc(size + 24);
         if (!framed)
                 return 0;
-        memcpy(framed, "GMDSTATE", 8);
-        for (int i = 0; i < 8; i++) {
-                framed[8 + i] = (uint8_t)((uint64_t)size >> (8 * i));
-                framed[16 + i] = (uint8_t)(fnv1a(data, size) >> (8 * i));
-        }
-        if (size)
-                memcpy(framed + 24, data, size);
+        (void)state_frame(data, size, framed);
         st = NULL;
         if (handover_state_parse(framed, size + 24, &st, why, sizeof(why)) == 0) {
                 walk(st);

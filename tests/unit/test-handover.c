@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "../common/check.h"
+#include "../common/state-frame.h"
 #include "handover.h"
 
 /*
@@ -35,31 +36,6 @@ static size_t unhex(const char *s, uint8_t *out, size_t cap)
                 out[n++] = (uint8_t)v;
         }
         return n;
-}
-
-static uint64_t fnv1a(const uint8_t *p, size_t n)
-{
-        uint64_t h = 0xcbf29ce484222325ull;
-
-        for (size_t i = 0; i < n; i++) {
-                h ^= p[i];
-                h *= 0x100000001b3ull;
-        }
-        return h;
-}
-
-/* The frame around @body, as the format defines it (magic, little-endian length and FNV-1a hash). */
-static size_t frame(const uint8_t *body, size_t len, uint8_t *out)
-{
-        uint64_t h = fnv1a(body, len);
-
-        memcpy(out, "GMDSTATE", 8);
-        for (int i = 0; i < 8; i++) {
-                out[8 + i] = (uint8_t)((uint64_t)len >> (8 * i));
-                out[16 + i] = (uint8_t)(h >> (8 * i));
-        }
-        memcpy(out + 24, body, len);
-        return len + 24;
 }
 
 static void sample(Gpumemd__HandoverState *st, Gpumemd__HandoverClient *c, Gpumemd__HandoverClient **cp)
@@ -250,14 +226,14 @@ static void test_refused(void)
         st.format = HANDOVER_FORMAT + 1;
         st.writer_version = "9.0";
         blen = gpumemd__handover_state__pack(&st, body);
-        CHECK_RC(handover_state_parse(out, frame(body, blen, out), &back, why, sizeof(why)),
+        CHECK_RC(handover_state_parse(out, state_frame(body, blen, out), &back, why, sizeof(why)),
                  -EPROTONOSUPPORT);
         CHECK_STR_CONTAINS(why, "format 2");
         CHECK_STR_CONTAINS(why, "9.0");
         /* no format at all */
         st.has_format = false;
         blen = gpumemd__handover_state__pack(&st, body);
-        CHECK_RC(handover_state_parse(out, frame(body, blen, out), &back, why, sizeof(why)), -EBADMSG);
+        CHECK_RC(handover_state_parse(out, state_frame(body, blen, out), &back, why, sizeof(why)), -EBADMSG);
         CHECK(back == NULL);
 }
 
@@ -277,7 +253,7 @@ static void test_newer_revision(void)
         const uint8_t extra[] = {0xa0, 0x06, 0x01, 0xaa, 0x06, 0x03, 'n', 'e', 'w'};
         memcpy(body + blen, extra, sizeof(extra));
         blen += sizeof(extra);
-        CHECK_RC(handover_state_parse(out, frame(body, blen, out), &back, why, sizeof(why)), 0);
+        CHECK_RC(handover_state_parse(out, state_frame(body, blen, out), &back, why, sizeof(why)), 0);
         if (back) {
                 check_sample(back);
                 CHECK_EQ(back->revision, 7);
