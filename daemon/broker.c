@@ -70,6 +70,8 @@ struct Obj {
         Share *share;           /* published under a name (broker_share_publish), until the share ends */
         bool share_kept;        /* its persistent share took its memory over when it went */
         ShareRef *ref;          /* BROKER_KIND_SHARE: this reader's open share */
+        unsigned carry_pass;    /* the last broker_client_carry_each() that listed it */
+        bool carry_hold; /* VMM: came back from a restart only for its mappings (broker_carry_finish) */
 };
 
 /*
@@ -162,6 +164,7 @@ struct BrokerClient {
         size_t n_queues, cap_queues;
         uint64_t tag;           /* the daemon's name for it (broker_client_set_tag) */
         size_t svm_log_entries; /* SVM calls its managed allocations keep for a restart (SvmLog) */
+        unsigned carry_pass;    /* counts broker_client_carry_each() calls */
 };
 
 static void shares_done(Broker *b);
@@ -3872,6 +3875,28 @@ size_t broker_client_queues(const BrokerClient *c)
 
 /* ---- carried across a restart ------------------------------------------------------------------------ */
 
+/* Can the driver hand VRAM to the next daemon (export it here, take the dmabuf back there)? */
+static bool driver_carries_vram(const Broker *b)
+{
+        return driver_has(b->drv, DRIVER_CAP_EXPORT) && b->drv->ops->mem_adopt_vram;
+}
+
+static const char *obj_not_carriable(const Broker *b, const Obj *o);
+
+/* A reservation can be carried when the memory each of its mappings maps can. */
+static const char *reservation_not_carriable(const Broker *b, const Obj *res)
+{
+        ThunkVaObject vo;
+
+        for (uint64_t at = res->va; thunk_va_next(res->maps, at, &vo) == 0; at = vo.start + vo.size) {
+                const VmmMap *m = vo.data;
+                const char *why = obj_not_carriable(b, m->phys);
+                if (why)
+                        return why;
+        }
+        return NULL;
+}
+
 /* Why @o cannot be carried to the next daemon yet, or NULL. */
 static const char *obj_not_carriable(const Broker *b, const Obj *o)
 {
@@ -3885,7 +3910,7 @@ static const char *obj_not_carriable(const Broker *b, const Obj *o)
                         return "GTT host memory (a buffer of its own GPU VM)";
                 return o->memfd >= 0 && o->mem ? NULL : "host memory without its file";
         case BROKER_KIND_DEVICE:
-                if (!driver_has(b->drv, DRIVER_CAP_EXPORT) || !b->drv->ops->mem_adopt_vram)
+                if (!driver_carries_vram(b))
                         return "device memory (the driver cannot export it)";
                 return o->mem && !o->outer ? NULL : "device memory outside the window";
         case BROKER_KIND_MANAGED:
@@ -3896,8 +3921,11 @@ static const char *obj_not_carriable(const Broker *b, const Obj *o)
                                ? "managed memory with more SVM attribute calls than are kept to replay"
                                : NULL;
         case BROKER_KIND_VMM:
+                if (!driver_carries_vram(b))
+                        return "VMM memory (the driver cannot export it)";
+                return o->mem ? NULL : "VMM memory without its buffer";
         case BROKER_KIND_RESERVATION:
-                return "VMM memory";
+                return reservation_not_carriable(b, o);
         case BROKER_KIND_IMPORT:
                 return "imported dmabufs";
         default:
@@ -3922,47 +3950,104 @@ int broker_client_carry_check(const BrokerClient *c, Reason *w)
         return 0;
 }
 
-size_t broker_client_carry_list(const BrokerClient *c, size_t *cursor, BrokerCarry *out, size_t cap)
+static void carry_record(const BrokerClient *c, const Obj *o, BrokerCarry *k)
 {
-        size_t n = 0, it = *cursor;
-        Obj *o;
-
-        while (n < cap && hashmap_next(&c->objs, &it, NULL, (void **)&o)) {
-                BrokerCarry *k = &out[n++];
-                memset(k, 0, sizeof(*k));
-                k->handle = o->handle;
-                k->kind = o->kind;
-                k->va = o->va;
-                k->size = o->size;
-                k->gpu_id = o->gpu_id;
-                k->flags = o->flags;
-                k->numa_node = o->numa_node;
-                k->exports = o->exports;
-                k->handed_out = o->handed_out;
-                k->fd = -1;
-                k->svm = o->svm_log ? o->svm_log->e : NULL;
-                k->n_svm = o->svm_log ? o->svm_log->n : 0;
-                for (size_t g = 0; o->mem && g < c->b->n_gpus; g++)
-                        if (driver_mem_is_mapped(c->b->drv, o->mem, c->b->gpu_ids[g]))
-                                k->mapped[k->n_mapped++] = c->b->gpu_ids[g];
-        }
-        *cursor = n == cap ? it : 0;
-        return n;
+        memset(k, 0, sizeof(*k));
+        k->handle = o->handle;
+        k->kind = o->kind;
+        k->va = o->va;
+        k->size = o->size;
+        k->gpu_id = o->gpu_id;
+        k->flags = o->flags;
+        k->numa_node = o->numa_node;
+        k->exports = o->exports;
+        k->handed_out = o->handed_out;
+        k->has_file = o->kind != BROKER_KIND_RESERVATION;
+        k->client_refs = o->client_refs;
+        k->fd = -1;
+        k->svm = o->svm_log ? o->svm_log->e : NULL;
+        k->n_svm = o->svm_log ? o->svm_log->n : 0;
+        /* VMM memory reaches GPUs through its mappings' grants, not as a whole */
+        for (size_t g = 0; o->mem && o->kind != BROKER_KIND_VMM && g < c->b->n_gpus; g++)
+                if (driver_mem_is_mapped(c->b->drv, o->mem, c->b->gpu_ids[g]))
+                        k->mapped[k->n_mapped++] = c->b->gpu_ids[g];
 }
 
-int broker_carry_fd(BrokerClient *c, uint64_t handle, int *ret_fd)
+/* A file of @o's memory for the next daemon (the caller's): a copy of the memfd of host or managed memory,
+ * or an export of device or VMM memory. */
+static int carry_file(BrokerClient *c, const Obj *o, int *ret_fd)
 {
-        Obj *o = obj_lookup(c, handle);
         int fd;
 
-        if (!o || obj_not_carriable(c->b, o))
-                return -ENOENT;
-        if (o->kind == BROKER_KIND_DEVICE)
+        if (o->kind == BROKER_KIND_DEVICE || o->kind == BROKER_KIND_VMM)
                 return driver_mem_export(c->b->drv, o->mem, ret_fd);
+        if (o->memfd < 0)
+                return -EBADF;
         fd = fcntl(o->memfd, F_DUPFD_CLOEXEC, 3);
         if (fd < 0)
                 return -errno;
         *ret_fd = fd;
+        return 0;
+}
+
+/* @o's record with its file, to @fn. */
+static int carry_emit(BrokerClient *c, const Obj *o, BrokerCarryObjFn fn, void *arg)
+{
+        BrokerCarry k;
+        int r;
+
+        if (obj_not_carriable(c->b, o))
+                return -EOPNOTSUPP; /* broker_client_carry_check() says why */
+        carry_record(c, o, &k);
+        if (k.has_file && (r = carry_file(c, o, &k.fd)) < 0)
+                return r;
+        return fn(arg, &k);
+}
+
+int broker_client_carry_each(BrokerClient *c, BrokerCarryObjFn obj, BrokerCarryMapFn map, void *arg)
+{
+        unsigned pass = ++c->carry_pass;
+        size_t it = 0;
+        Obj *o;
+        int r;
+
+        while (hashmap_next(&c->objs, &it, NULL, (void **)&o)) {
+                o->carry_pass = pass;
+                if ((r = carry_emit(c, o, obj, arg)) < 0)
+                        return r;
+        }
+        /* handles released while mapped are named by nothing but their mappings: each listed once */
+        for (int phase = 0; phase < 2; phase++) {
+                it = 0;
+                while (hashmap_next(&c->objs, &it, NULL, (void **)&o)) {
+                        ThunkVaObject vo;
+                        if (o->kind != BROKER_KIND_RESERVATION)
+                                continue;
+                        for (uint64_t at = o->va; thunk_va_next(o->maps, at, &vo) == 0;
+                             at = vo.start + vo.size) {
+                                const VmmMap *m = vo.data;
+                                if (phase == 0 && m->phys->carry_pass != pass) {
+                                        m->phys->carry_pass = pass;
+                                        r = carry_emit(c, m->phys, obj, arg);
+                                } else if (phase == 1) {
+                                        BrokerCarryMap km = {.va = m->va,
+                                                             .size = m->size,
+                                                             .offset = m->offset,
+                                                             .handle = m->phys->handle,
+                                                             .cpu_access = m->cpu_access,
+                                                             .n_grants = m->n_gem};
+                                        for (size_t g = 0; g < m->n_gem; g++)
+                                                km.grants[g] =
+                                                        (BrokerAccess){m->gem[g].gpu_id, m->gem[g].access};
+                                        r = map(arg, &km);
+                                } else {
+                                        r = 0;
+                                }
+                                if (r < 0)
+                                        return r;
+                        }
+                }
+        }
         return 0;
 }
 
@@ -4081,15 +4166,39 @@ static int carry_host(BrokerClient *c, Obj *o, const BrokerCarry *k, Reason *w)
         return 0;
 }
 
+/* A VMM reservation: its VA in the window again, with an empty map of its mappings (they come next). */
+static int carry_reservation(BrokerClient *c, Obj *o, Reason *w)
+{
+        int r = thunk_va_space_new(o->va, o->size, 0, &o->maps);
+        return r < 0 ? reason_set(w, r, "out of memory") : 0;
+}
+
+/* What the old daemon charged, whatever the limits say now: the memory exists. */
+static void charge_carried(BrokerClient *c, const Charge *ch)
+{
+        if (c->acct) {
+                pthread_mutex_lock(&c->acct->lock);
+                usage_apply(&c->acct->used, c->b, ch, +1);
+                pthread_mutex_unlock(&c->acct->lock);
+        }
+        usage_apply(&c->usage, c->b, ch, +1);
+        totals_apply(c->b, ch, +1);
+}
+
+static bool carry_kind_ok(BrokerKind kind)
+{
+        return kind == BROKER_KIND_HOST || kind == BROKER_KIND_DEVICE || kind == BROKER_KIND_MANAGED ||
+               kind == BROKER_KIND_VMM || kind == BROKER_KIND_RESERVATION;
+}
+
 int broker_carry_restore(BrokerClient *c, BrokerCarry *k, Reason *w)
 {
+        bool has_va = k->kind != BROKER_KIND_VMM;
         Charge ch;
         Obj *o;
         int r;
 
-        if ((k->kind != BROKER_KIND_HOST && k->kind != BROKER_KIND_DEVICE &&
-             k->kind != BROKER_KIND_MANAGED) ||
-            (k->flags & (BROKER_FLAG_GTT | BROKER_FLAG_SVM_RANGE))) {
+        if (!carry_kind_ok(k->kind) || (k->flags & (BROKER_FLAG_GTT | BROKER_FLAG_SVM_RANGE))) {
                 k->fd = safe_close(k->fd);
                 return reason_set(w, -EOPNOTSUPP, "objects of kind %d cannot be carried", (int)k->kind);
         }
@@ -4100,8 +4209,12 @@ int broker_carry_restore(BrokerClient *c, BrokerCarry *k, Reason *w)
         }
         if (k->n_mapped > BROKER_MAX_GPUS || check_gpus(c->b, k->mapped, k->n_mapped, w) < 0 ||
             (k->gpu_id && gpu_index(c->b, k->gpu_id) < 0) ||
-            (k->kind == BROKER_KIND_DEVICE && gpu_index(c->b, k->gpu_id) < 0) || k->size == 0 ||
-            k->size % BROKER_PAGE_SIZE || check_flags(k->flags, w) < 0) {
+            ((k->kind == BROKER_KIND_DEVICE || k->kind == BROKER_KIND_VMM) &&
+             gpu_index(c->b, k->gpu_id) < 0) ||
+            k->size == 0 || k->size % BROKER_PAGE_SIZE || check_flags(k->flags, w) < 0 ||
+            (k->kind == BROKER_KIND_VMM && (k->va || k->n_mapped)) ||
+            (k->kind == BROKER_KIND_RESERVATION && k->n_mapped) ||
+            (k->kind == BROKER_KIND_RESERVATION) != (k->fd < 0)) {
                 k->fd = safe_close(k->fd);
                 return reason_set(w, -EINVAL, "its record is not one of memory this daemon can place");
         }
@@ -4118,26 +4231,38 @@ int broker_carry_restore(BrokerClient *c, BrokerCarry *k, Reason *w)
         o->flags = k->flags;
         o->numa_node = k->numa_node;
         o->exports = k->exports;
-        r = take_va(c, o->size, BROKER_PAGE_SIZE, k->va, o, &o->va, w);
-        if (r == 0)
-                r = o->kind == BROKER_KIND_HOST      ? carry_host(c, o, k, w)
-                    : o->kind == BROKER_KIND_MANAGED ? carry_managed(c, o, k, w)
-                                                     : carry_device(c, o, k, k->fd, w);
+        if (k->kind == BROKER_KIND_VMM) {
+                /* one that only mappings named is held until they are back (broker_carry_finish) */
+                o->client_refs = k->client_refs ? k->client_refs : 1;
+                o->carry_hold = k->client_refs == 0;
+        }
+        r = has_va ? take_va(c, o->size, BROKER_PAGE_SIZE, k->va, o, &o->va, w) : 0;
         if (r == 0) {
-                /* what the old daemon charged for it, whatever the limits say now: the memory exists */
-                ch = obj_charge(o);
-                if (c->acct) {
-                        pthread_mutex_lock(&c->acct->lock);
-                        usage_apply(&c->acct->used, c->b, &ch, +1);
-                        pthread_mutex_unlock(&c->acct->lock);
+                switch (o->kind) {
+                case BROKER_KIND_HOST:
+                        r = carry_host(c, o, k, w);
+                        break;
+                case BROKER_KIND_MANAGED:
+                        r = carry_managed(c, o, k, w);
+                        break;
+                case BROKER_KIND_RESERVATION:
+                        r = carry_reservation(c, o, w);
+                        break;
+                default: /* device and VMM memory */
+                        r = carry_device(c, o, k, k->fd, w);
+                        break;
                 }
-                usage_apply(&c->usage, c->b, &ch, +1);
-                totals_apply(c->b, &ch, +1);
+        }
+        if (r == 0) {
+                ch = obj_charge(o);
+                charge_carried(c, &ch);
                 r = obj_publish(c, o);
                 if (r < 0) {
                         charge_give(c, &ch);
-                        (void)driver_mem_unmap_all(c->b->drv, o->mem);
-                        (void)driver_mem_free(c->b->drv, o->mem);
+                        if (o->mem) {
+                                (void)driver_mem_unmap_all(c->b->drv, o->mem);
+                                (void)driver_mem_free(c->b->drv, o->mem);
+                        }
                         if (o->memfd >= 0)
                                 unmap_shared(c->b, o->va, o->size);
                         reason_set(w, r, "out of memory");
@@ -4146,6 +4271,7 @@ int broker_carry_restore(BrokerClient *c, BrokerCarry *k, Reason *w)
         if (r < 0) {
                 if (o->va)
                         (void)thunk_va_free(c->window, o->va);
+                thunk_va_space_free(o->maps);
                 safe_close(o->memfd);
                 k->fd = safe_close(k->fd);
                 svm_log_free(c, o);
@@ -4158,4 +4284,98 @@ int broker_carry_restore(BrokerClient *c, BrokerCarry *k, Reason *w)
                 note_file(c->b, o, o->memfd >= 0 ? o->memfd : k->fd);
         k->fd = safe_close(k->fd);
         return 0;
+}
+
+int broker_carry_restore_map(BrokerClient *c, const BrokerCarryMap *k, Reason *w)
+{
+        Obj *phys = obj_lookup(c, k->handle), *res;
+        DriverCtx *ctx = NULL;
+        VmmMap *m;
+        int r;
+
+        if (!phys || phys->kind != BROKER_KIND_VMM)
+                return reason_set(w, -ENOENT,
+                                  "a mapping at 0x%llx maps handle 0x%llx, which did not come back",
+                                  (unsigned long long)k->va, (unsigned long long)k->handle);
+        if (k->size == 0 || k->size % BROKER_PAGE_SIZE || k->offset % BROKER_PAGE_SIZE ||
+            k->va % BROKER_PAGE_SIZE || k->offset > phys->size || k->size > phys->size - k->offset ||
+            !in_window(c, k->va, k->size) || k->n_grants > BROKER_MAX_GPUS ||
+            (k->cpu_access != BROKER_ACCESS_NONE && k->cpu_access != BROKER_ACCESS_READ &&
+             k->cpu_access != BROKER_ACCESS_READ_WRITE))
+                return reason_set(w, -EINVAL,
+                                  "the record of the mapping at 0x%llx is not one this daemon can make",
+                                  (unsigned long long)k->va);
+        res = reservation_at(c, k->va);
+        if (!res || k->va + k->size > res->va + res->size)
+                return reason_set(w, -EINVAL, "the mapping at 0x%llx is not inside one VA reservation",
+                                  (unsigned long long)k->va);
+        for (size_t i = 0; i < k->n_grants; i++) {
+                const BrokerAccess *g = &k->grants[i];
+                bool twice = false;
+                for (size_t j = 0; j < i; j++)
+                        twice |= k->grants[j].gpu_id == g->gpu_id;
+                if (gpu_index(c->b, g->gpu_id) < 0 || twice ||
+                    (g->access != BROKER_ACCESS_READ && g->access != BROKER_ACCESS_READ_WRITE))
+                        return reason_set(w, -EINVAL,
+                                          "the mapping at 0x%llx names a grant this daemon cannot make",
+                                          (unsigned long long)k->va);
+        }
+        if (obj_read_only(phys) && k->cpu_access == BROKER_ACCESS_READ_WRITE)
+                return reason_set(w, -EACCES, "the mapping at 0x%llx writes read-only memory",
+                                  (unsigned long long)k->va);
+        if (k->n_grants && (r = client_ctx(c, &ctx, w)) < 0)
+                return r;
+        m = calloc(1, sizeof(*m));
+        if (!m)
+                return reason_set(w, -ENOMEM, "out of memory");
+        *m = (VmmMap){.res = res, .phys = phys, .va = k->va, .size = k->size, .offset = k->offset};
+        r = thunk_va_alloc_fixed(res->maps, m->va, m->size, m);
+        if (r < 0) {
+                free(m);
+                return reason_set(w, r, "the mapping at 0x%llx cannot be recorded: %s",
+                                  (unsigned long long)k->va, strerror(-r));
+        }
+        charge_carried(c, &(Charge){.objects = 1});
+        phys->map_refs++;
+        for (size_t i = 0; i < k->n_grants; i++) {
+                if (obj_read_only(phys) && k->grants[i].access == BROKER_ACCESS_READ_WRITE) {
+                        r = reason_set(w, -EACCES, "the mapping at 0x%llx writes read-only memory",
+                                       (unsigned long long)k->va);
+                        break;
+                }
+                r = set_gpu_access(c, ctx, m, k->grants[i].gpu_id, k->grants[i].access, w);
+                if (r < 0)
+                        break;
+        }
+        if (r < 0) {
+                (void)map_revoke_all(c->b, m);
+                map_destroy(c, m); /* the handle is held (client_refs ≥ 1) until broker_carry_finish() */
+                return r;
+        }
+        m->cpu_access = k->cpu_access;
+        return 0;
+}
+
+int broker_carry_finish(BrokerClient *c, Reason *w)
+{
+        size_t it = 0;
+        Obj *o;
+        int r = 0;
+
+        /* removing the entry just read leaves a tombstone: the walk goes on where it was */
+        while (hashmap_next(&c->objs, &it, NULL, (void **)&o)) {
+                if (!o->carry_hold)
+                        continue;
+                o->carry_hold = false;
+                if (o->map_refs == 0 && r == 0)
+                        r = reason_set(w, -EINVAL,
+                                       "VMM handle 0x%llx was kept only by mappings, none came back",
+                                       (unsigned long long)o->handle);
+                if (--o->client_refs == 0) {
+                        hashmap_remove(&c->objs, o->handle);
+                        phys_maybe_destroy(c, o);
+                }
+        }
+        broker_process_events(c->b);
+        return r;
 }

@@ -47,6 +47,11 @@ enum {
         BROKER_ACCESS_READ_WRITE = DRIVER_ACCESS_READ_WRITE,
 };
 
+typedef struct BrokerAccess {
+        uint32_t gpu_id; /* 0 = the CPU */
+        int access;      /* BROKER_ACCESS_* */
+} BrokerAccess;
+
 #define BROKER_PAGE_SIZE          4096ull
 #define BROKER_SVM_LIMIT          (1ull << 47) /* one past the last user address (x86-64, 4-level tables) */
 #define BROKER_GRANULARITY_MIN    BROKER_PAGE_SIZE
@@ -153,10 +158,11 @@ uint64_t broker_client_records(const BrokerClient *c);
 
 /*
  * One object as a daemon that stops hands it to the next: where it lies, what it is, where it is mapped,
- * and its memory's file. What else a
- * client may hold makes broker_client_carry_check() say why it cannot be carried. Today host memory (its
- * memfd), device memory (its dmabuf, which the next daemon's driver takes back at the same VA) and managed
- * memory (its memfd, and the SVM attribute calls made on it, which the next daemon replays in order).
+ * and its memory's file. What else a client may hold makes broker_client_carry_check() say why it cannot be
+ * carried. Carried: host memory (its memfd), device memory and VMM handles (their dmabufs, which the next
+ * daemon's driver takes back, at the same VA where they have one), managed memory (its memfd, and the SVM
+ * attribute calls made on it, which the next daemon replays in order), and VMM reservations with their
+ * mappings and access grants (BrokerCarryMap).
  */
 /* An SVM attribute (managed memory, below). */
 typedef struct BrokerSvmAttr {
@@ -175,36 +181,59 @@ typedef struct BrokerSvmCall {
 
 typedef struct BrokerCarry {
         uint64_t handle;
-        BrokerKind kind;
+        BrokerKind kind; /* also BROKER_KIND_RESERVATION */
         uint64_t va, size;
         uint32_t gpu_id; /* as the client named it (0: the first GPU) */
         uint32_t flags;
         int numa_node;
         uint32_t exports;
         bool handed_out; /* a file of it went to the client: it may outlive its handle */
+        bool has_file;   /* its memory has a file to hand over; reservations have none */
+        /* VMM: how often its handle is named (create and retains less releases); 0: released, still mapped */
+        uint32_t client_refs;
         size_t n_mapped;
         uint32_t mapped[BROKER_MAX_GPUS];
-        int fd; /* its memory's file (broker_carry_fd), taken by broker_carry_restore() */
+        int fd; /* its memory's file, taken by the callee of broker_client_carry_each() and by
+                 * broker_carry_restore() */
         /* managed: the SVM calls made on it, in order (the broker's from the list, the caller's to restore)
          */
         const BrokerSvmCall *svm;
         size_t n_svm;
 } BrokerCarry;
 
+/* One VMM mapping: [va, va+size) of a reservation maps @handle from @offset; its grants, and the CPU's. */
+typedef struct BrokerCarryMap {
+        uint64_t va, size, offset;
+        uint64_t handle;
+        int cpu_access; /* BROKER_ACCESS_*: the client was handed a file to map it with */
+        size_t n_grants;
+        BrokerAccess grants[BROKER_MAX_GPUS]; /* GPUs only */
+} BrokerCarryMap;
+
 /* 0 when everything the client holds can be carried; -EOPNOTSUPP with @w saying what cannot. */
 int broker_client_carry_check(const BrokerClient *c, Reason *w);
-/* Up to @cap of its objects from *@cursor (0 to start; 0 again at the end), fd -1. */
-size_t broker_client_carry_list(const BrokerClient *c, size_t *cursor, BrokerCarry *out, size_t cap);
-/* A file of the memory of @handle for the next daemon (the caller's): a copy of the host memory's memfd, or
- * an export of device memory. */
-int broker_carry_fd(BrokerClient *c, uint64_t handle, int *ret_fd);
+/*
+ * Everything the client holds, for the next daemon: @obj with each object — the named ones, then VMM
+ * handles that only mappings keep — and a file of its memory in @k->fd, which @obj takes (-1 with
+ * reservations): a copy of the memfd of host and managed memory, an export of device and VMM memory. Then
+ * @map with each VMM mapping. Stops at the first failure, and returns it.
+ */
+typedef int (*BrokerCarryObjFn)(void *arg, const BrokerCarry *k);
+typedef int (*BrokerCarryMapFn)(void *arg, const BrokerCarryMap *m);
+int broker_client_carry_each(BrokerClient *c, BrokerCarryObjFn obj, BrokerCarryMapFn map, void *arg);
 /*
  * Set one carried object up again in the client (whose window is restored): the same handle and VA, its
  * memory mapped here from @o->fd (taken, also on failure) and given to the driver again, mapped on the
  * same GPUs, charged to the account as before (the class's limits are not asked again: the memory
- * exists). On failure nothing of it is left and @w says why.
+ * exists). On failure nothing of it is left and @w says why. Objects first, then the mappings
+ * (broker_carry_restore_map), then broker_carry_finish().
  */
 int broker_carry_restore(BrokerClient *c, BrokerCarry *o, Reason *w);
+/* One VMM mapping again, in its reservation, with its grants; charged as before. */
+int broker_carry_restore_map(BrokerClient *c, const BrokerCarryMap *m, Reason *w);
+/* The VMM handles that came back only for their mappings are named no more (one that no mapping came back
+ * for is freed, and is an error). */
+int broker_carry_finish(BrokerClient *c, Reason *w);
 
 /* ---- device, host and managed memory ---------------------------------------------------------------- */
 
@@ -303,11 +332,6 @@ int broker_vmm_create(BrokerClient *c, uint64_t size, uint32_t gpu_id, uint32_t 
 int broker_vmm_release(BrokerClient *c, uint64_t handle, Reason *w);
 int broker_vmm_map(BrokerClient *c, uint64_t va, uint64_t size, uint64_t offset, uint64_t handle, Reason *w);
 int broker_vmm_unmap(BrokerClient *c, uint64_t va, uint64_t size, Reason *w);
-
-typedef struct BrokerAccess {
-        uint32_t gpu_id; /* 0 = the CPU */
-        int access;      /* BROKER_ACCESS_* */
-} BrokerAccess;
 
 typedef struct BrokerCpuMap {
         uint64_t va;

@@ -27,9 +27,9 @@
 
 /*
  * What cannot be carried yet: KFD events and queues live in the daemon's KFD context, which dies with the
- * daemon, and of memory host, device and managed memory are carried today (docs/reliability.md). A client
- * holding anything else is not carried: the next daemon never sees its socket, so the client gets -ECONNRESET
- * as at a plain restart.
+ * daemon, and of memory host, device, managed and VMM memory are carried today (docs/reliability.md). A
+ * client holding anything else is not carried: the next daemon never sees its socket, so the client gets
+ * -ECONNRESET as at a plain restart.
  */
 static const char *not_carried_why(Conn *c, Reason *w)
 {
@@ -120,58 +120,103 @@ static int collect_svm(Gpumemd__HandoverObject *o, const BrokerCarry *k)
         return 0;
 }
 
-/* The client's objects into @h, their files into @fds. */
+/* What collect_objects() fills. */
+typedef struct Collect {
+        Gpumemd__HandoverClient *h;
+        FdVec *fds;
+} Collect;
+
+static int collect_object(void *arg, const BrokerCarry *k)
+{
+        Collect *col = arg;
+        Gpumemd__HandoverClient *h = col->h;
+        Gpumemd__HandoverObject *o, **v;
+        int fd = k->fd, r;
+
+        v = realloc(h->objects, (h->n_objects + 1) * sizeof(*v));
+        o = v ? calloc(1, sizeof(*o)) : NULL;
+        if (v)
+                h->objects = v;
+        if (!o) {
+                safe_close(fd);
+                return -ENOMEM;
+        }
+        gpumemd__handover_object__init(o);
+        h->objects[h->n_objects++] = o;
+        o->mapped = malloc((k->n_mapped ? k->n_mapped : 1) * sizeof(uint32_t));
+        if (!o->mapped) {
+                safe_close(fd);
+                return -ENOMEM;
+        }
+        o->has_handle = o->has_kind = o->has_va = o->has_size = o->has_gpu_id = true;
+        o->has_flags = o->has_numa_node = o->has_exports = o->has_handed_out = true;
+        o->handle = k->handle;
+        o->kind = (uint32_t)k->kind;
+        o->va = k->va;
+        o->size = k->size;
+        o->gpu_id = k->gpu_id;
+        o->flags = k->flags;
+        o->numa_node = k->numa_node;
+        o->exports = k->exports;
+        o->handed_out = k->handed_out;
+        o->n_mapped = k->n_mapped;
+        memcpy(o->mapped, k->mapped, k->n_mapped * sizeof(uint32_t));
+        if (k->kind == BROKER_KIND_VMM) {
+                o->has_client_refs = true;
+                o->client_refs = k->client_refs;
+        }
+        r = collect_svm(o, k);
+        if (r < 0) {
+                safe_close(fd);
+                return r;
+        }
+        if (fd < 0)
+                return 0; /* a reservation: no memory of its own */
+        r = fdvec_add(col->fds, fd, true);
+        if (r < 0)
+                return r;
+        o->has_fd_index = true;
+        o->fd_index = (uint32_t)r;
+        return 0;
+}
+
+static int collect_map(void *arg, const BrokerCarryMap *k)
+{
+        Gpumemd__HandoverClient *h = ((Collect *)arg)->h;
+        Gpumemd__HandoverVmmMap *m, **v;
+
+        v = realloc(h->vmm_maps, (h->n_vmm_maps + 1) * sizeof(*v));
+        m = v ? calloc(1, sizeof(*m)) : NULL;
+        if (v)
+                h->vmm_maps = v;
+        if (!m)
+                return -ENOMEM;
+        gpumemd__handover_vmm_map__init(m);
+        h->vmm_maps[h->n_vmm_maps++] = m;
+        m->has_va = m->has_size = m->has_offset = m->has_handle = m->has_cpu_access = true;
+        m->va = k->va;
+        m->size = k->size;
+        m->offset = k->offset;
+        m->handle = k->handle;
+        m->cpu_access = (uint32_t)k->cpu_access;
+        if (k->n_grants) {
+                m->grants = malloc(2 * k->n_grants * sizeof(uint32_t));
+                if (!m->grants)
+                        return -ENOMEM;
+                for (size_t i = 0; i < k->n_grants; i++) {
+                        m->grants[m->n_grants++] = k->grants[i].gpu_id;
+                        m->grants[m->n_grants++] = (uint32_t)k->grants[i].access;
+                }
+        }
+        return 0;
+}
+
+/* The client's objects and VMM mappings into @h, their files into @fds. */
 static int collect_objects(Conn *c, Gpumemd__HandoverClient *h, FdVec *fds)
 {
-        BrokerCarry k[64];
-        size_t cursor = 0, got;
-        int r = 0;
+        Collect col = {h, fds};
 
-        if (!c->broker)
-                return 0;
-        do {
-                got = broker_client_carry_list(c->broker, &cursor, k, ARRAY_SIZE(k));
-                for (size_t i = 0; i < got; i++) {
-                        Gpumemd__HandoverObject *o, **v;
-                        int fd = -1;
-                        v = realloc(h->objects, (h->n_objects + 1) * sizeof(*v));
-                        if (!v)
-                                return -ENOMEM;
-                        h->objects = v;
-                        o = calloc(1, sizeof(*o));
-                        if (!o)
-                                return -ENOMEM;
-                        gpumemd__handover_object__init(o);
-                        h->objects[h->n_objects++] = o;
-                        o->mapped = malloc((k[i].n_mapped ? k[i].n_mapped : 1) * sizeof(uint32_t));
-                        if (!o->mapped)
-                                return -ENOMEM;
-                        o->has_handle = o->has_kind = o->has_va = o->has_size = o->has_gpu_id = true;
-                        o->has_flags = o->has_numa_node = o->has_exports = o->has_handed_out = true;
-                        o->has_fd_index = true;
-                        o->handle = k[i].handle;
-                        o->kind = (uint32_t)k[i].kind;
-                        o->va = k[i].va;
-                        o->size = k[i].size;
-                        o->gpu_id = k[i].gpu_id;
-                        o->flags = k[i].flags;
-                        o->numa_node = k[i].numa_node;
-                        o->exports = k[i].exports;
-                        o->handed_out = k[i].handed_out;
-                        o->n_mapped = k[i].n_mapped;
-                        memcpy(o->mapped, k[i].mapped, k[i].n_mapped * sizeof(uint32_t));
-                        r = collect_svm(o, &k[i]);
-                        if (r < 0)
-                                return r;
-                        r = broker_carry_fd(c->broker, k[i].handle, &fd);
-                        if (r == 0)
-                                r = fdvec_add(fds, fd, true);
-                        if (r < 0)
-                                return r;
-                        o->fd_index = (uint32_t)r;
-                }
-        } while (cursor);
-        return 0;
+        return c->broker ? broker_client_carry_each(c->broker, collect_object, collect_map, &col) : 0;
 }
 
 static void free_objects(Gpumemd__HandoverClient *h)
@@ -186,6 +231,11 @@ static void free_objects(Gpumemd__HandoverClient *h)
                 free(h->objects[i]);
         }
         free(h->objects);
+        for (size_t i = 0; i < h->n_vmm_maps; i++) {
+                free(h->vmm_maps[i]->grants);
+                free(h->vmm_maps[i]);
+        }
+        free(h->vmm_maps);
 }
 
 bool carry_conn_settled(Conn *c)
@@ -439,7 +489,7 @@ static void restore_one(Manager *m, const CarryHost *host, const Gpumemd__Handov
                         return;
                 }
         }
-        if (h->n_objects) {
+        if (h->n_objects || h->n_vmm_maps) {
                 r = host->books(c);
                 if (r < 0) {
                         drop_conn(host, c, r, "out of memory");
@@ -458,12 +508,15 @@ static void restore_one(Manager *m, const CarryHost *host, const Gpumemd__Handov
                         .numa_node = ho->has_numa_node ? ho->numa_node : -1,
                         .exports = ho->exports,
                         .handed_out = ho->handed_out,
+                        .client_refs = ho->has_client_refs ? ho->client_refs : 1,
                         .n_mapped = ho->n_mapped,
                         .fd = ho->has_fd_index ? passed_take(passed, ho->fd_index) : -ENOENT,
                 };
                 Reason w = {""};
                 BrokerSvmCall *svm;
-                if (k.fd < 0) {
+                if (k.kind == BROKER_KIND_RESERVATION && !ho->has_fd_index)
+                        k.fd = -1; /* VA only */
+                else if (k.fd < 0) {
                         snprintf(reason, sizeof(reason), "the memory of handle 0x%llx was not handed over",
                                  (unsigned long long)ho->handle);
                         drop_conn(host, c, -EBADF, reason);
@@ -485,6 +538,38 @@ static void restore_one(Manager *m, const CarryHost *host, const Gpumemd__Handov
                         snprintf(reason, sizeof(reason), "handle 0x%llx at 0x%llx cannot be set up again: %s",
                                  (unsigned long long)ho->handle, (unsigned long long)ho->va,
                                  reason_or_errno(&w, r));
+                        drop_conn(host, c, r, reason);
+                        return;
+                }
+        }
+        for (size_t i = 0; i < h->n_vmm_maps; i++) {
+                const Gpumemd__HandoverVmmMap *hm = h->vmm_maps[i];
+                BrokerCarryMap k = {.va = hm->va,
+                                    .size = hm->size,
+                                    .offset = hm->offset,
+                                    .handle = hm->handle,
+                                    .cpu_access = (int)hm->cpu_access,
+                                    .n_grants = hm->n_grants / 2};
+                Reason w = {""};
+                if (hm->n_grants % 2 || k.n_grants > BROKER_MAX_GPUS) {
+                        k.n_grants = BROKER_MAX_GPUS + 1; /* refused as such */
+                } else {
+                        for (size_t g = 0; g < k.n_grants; g++)
+                                k.grants[g] = (BrokerAccess){hm->grants[2 * g], (int)hm->grants[2 * g + 1]};
+                }
+                r = broker_carry_restore_map(c->broker, &k, &w);
+                if (r < 0) {
+                        snprintf(reason, sizeof(reason), "its VMM mapping at 0x%llx cannot be made again: %s",
+                                 (unsigned long long)hm->va, reason_or_errno(&w, r));
+                        drop_conn(host, c, r, reason);
+                        return;
+                }
+        }
+        if (c->broker) {
+                Reason w = {""};
+                r = broker_carry_finish(c->broker, &w);
+                if (r < 0) {
+                        snprintf(reason, sizeof(reason), "%s", reason_or_errno(&w, r));
                         drop_conn(host, c, r, reason);
                         return;
                 }

@@ -13,7 +13,7 @@
  * older one, and refuses a newer format (it starts clean then, and says why).
  */
 #define HANDOVER_FORMAT   1u
-#define HANDOVER_REVISION 2u /* 2: clients' memory objects */
+#define HANDOVER_REVISION 3u /* 2: clients' memory objects; 3: VMM handles, reservations, mappings */
 /* A state larger than this is not read (a broken or hostile writer). */
 #define HANDOVER_STATE_MAX (256u << 20)
 

@@ -42,6 +42,8 @@ static void hide_unknown(Gpumemd__HandoverState *st, bool hide)
                         for (size_t k = 0; k < o->n_svm; k++)
                                 hide_one(&o->svm[k]->base, hide);
                 }
+                for (size_t j = 0; j < c->n_vmm_maps; j++)
+                        hide_one(&c->vmm_maps[j]->base, hide);
         }
 }
 
@@ -67,6 +69,8 @@ static void walk(Gpumemd__HandoverState *st)
                         for (size_t k = 0; k < o->n_svm; k++)
                                 sum += o->svm[k]->n_attrs;
                 }
+                for (size_t j = 0; j < c->n_vmm_maps; j++)
+                        sum += c->vmm_maps[j]->va + c->vmm_maps[j]->n_grants;
         }
         sink += sum;
         hide_unknown(st, true);

@@ -122,8 +122,8 @@ static int raw_ping_send(int fd, uint32_t id)
 /*
  * SIGTERM with a supervisor that keeps an fd store, then a start with what it kept: the clients without
  * memory go on over the same connections (same ids, windows and names); a request sent while no daemon ran
- * is answered by the next one; a client that connected meanwhile is served; a client holding what is not
- * carried yet (a VMM reservation) is closed and nothing of it is left.
+ * is answered by the next one; a client that connected meanwhile is served; a client holding what cannot be
+ * carried (a KFD event: it lives in the daemon's KFD context) is closed and nothing of it is left.
  */
 static int store_case(void)
 {
@@ -132,7 +132,7 @@ static int store_case(void)
         gm_client_info info;
         DaemonState s;
         void *p = NULL;
-        uint32_t rid = 0;
+        uint32_t rid = 0, event = 0;
         int code = 0, raw;
         char reason[128];
         Late late = {0};
@@ -145,7 +145,8 @@ static int store_case(void)
         CHECK(raw >= 0);
         CHECK_EQ(raw_hello_carried(raw), 0);
         CHECK_RC(gm_client_connect(dmn.sock, "holder", &holder), 0);
-        CHECK_RC(gm_mem_address_reserve(holder, 2 * MiB, 0, NULL, 0, &p), 0);
+        CHECK_RC(gm_host_malloc(holder, 64 << 10, 0, -1, 0, &p), 0);
+        CHECK_RC(gm_event_create(holder, 0, false, p, &event, NULL), 0);
 
         CHECK_EQ(daemon_term(&dmn), 0);
         /* into the store: the listening socket, the state, and one socket in which the carried clients'
@@ -197,7 +198,7 @@ static int store_case(void)
                         CHECK_RC(gm_mem_free(a, q), 0);
                 }
         }
-        /* the holder's VMM reservation is not carried yet: its connection is closed */
+        /* the holder's KFD event cannot be carried: its connection is closed */
         CHECK(is_disconnect_errno(gm_ping(holder)));
         /* the daemon took its names out of the store once it had the clients back */
         CHECK_EQ(daemon_store_count(&dmn), 0);
@@ -522,6 +523,161 @@ static void test_device_memory(void)
         (void)device_memory_case();
 }
 
+/* The first and last bytes of @h's memory through an export of the daemon's (0 when they are @a and @z). */
+static int exported_ends(gm_client *c, gm_handle h, size_t size, unsigned char *ret_a, unsigned char *ret_z)
+{
+        size_t got = 0;
+        unsigned char *m;
+        int fd = -1, r;
+
+        r = gm_mem_export(c, h, &fd, &got);
+        if (r < 0)
+                return r;
+        m = got == size ? mmap(NULL, size, PROT_READ, MAP_SHARED, fd, 0) : MAP_FAILED;
+        close(fd);
+        if (m == MAP_FAILED)
+                return -EIO;
+        *ret_a = m[0];
+        *ret_z = m[size - 1];
+        munmap(m, size);
+        return 0;
+}
+
+static int access_of(gm_client *c, const void *p, uint32_t location)
+{
+        int acc = -1;
+        return gm_mem_get_access(c, p, location, &acc) == 0 ? acc : -1;
+}
+
+/*
+ * VMM memory goes on: reservations at the same addresses, handles (one released while mapped) with the same
+ * ids, mappings at the same offsets, GPU grants and CPU access as they were, the data in place through the
+ * mappings the client made before, the class charged the same, and the client maps and frees as before.
+ */
+static int vmm_memory_case(void)
+{
+        gm_access_desc rw[2] = {{gpu0, GM_ACCESS_READ_WRITE}, {GM_LOCATION_CPU, GM_ACCESS_READ_WRITE}};
+        gm_pointer_attributes p0 = {.struct_size = sizeof(p0)}, p1 = {.struct_size = sizeof(p1)};
+        gm_alloc_info before[8], after[8];
+        uint64_t vram0, handles0, fds0;
+        uint32_t gpus[2] = {0, 0}, gpu1;
+        gm_handle h1 = 0, h2 = 0, h3 = 0, again = 0;
+        void *res = NULL, *res2 = NULL;
+        unsigned char *m1, *m2;
+        unsigned char a = 0, z = 0;
+        static char ctl0[8192], ctl1[8192];
+        DaemonState s0, s1;
+        gm_client *c = NULL;
+        size_t n0, n1;
+
+        gpu1 = daemon_gpus(&dmn, gpus, 2) == 2 ? gpus[1] : gpu0;
+        REQUIRE_RC(carried_connect("vmm-holder", &c), 0);
+        REQUIRE_RC(gm_mem_address_reserve(c, 16 * MiB, 0, NULL, 0, &res), 0);
+        REQUIRE_RC(gm_mem_address_reserve(c, 4 * MiB, 0, NULL, 0, &res2), 0);
+        REQUIRE_RC(gm_mem_create(c, 4 * MiB, gpu0, 0, &h1), 0);
+        REQUIRE_RC(gm_mem_create(c, 4 * MiB, gpu1, 0, &h2), 0);
+        m1 = res;
+        m2 = (unsigned char *)res + 4 * MiB;
+        REQUIRE_RC(gm_mem_map(c, m1, 4 * MiB, 0, h1), 0);
+        REQUIRE_RC(gm_mem_map(c, m2, 4 * MiB, 0, h2), 0);
+        REQUIRE_RC(gm_mem_set_access(c, res, 8 * MiB, rw, 2), 0);
+        /* the second half of h1 again in another reservation, for a GPU to read only */
+        REQUIRE_RC(gm_mem_map(c, res2, 2 * MiB, 2 * MiB, h1), 0);
+        {
+                gm_access_desc ro = {gpu1, GM_ACCESS_READ};
+                REQUIRE_RC(gm_mem_set_access(c, res2, 2 * MiB, &ro, 1), 0);
+        }
+        memset(m1, 0x41, 4 * MiB);
+        m1[4 * MiB - 1] = 0x4f;
+        memset(m2, 0x52, 4 * MiB);
+        m2[4 * MiB - 1] = 0x5f;
+        /* h2 is named by its mapping alone from here */
+        CHECK_RC(gm_mem_release(c, h2), 0);
+        CHECK_RC(gm_pointer_get_attributes(c, m2 + 4096, &p0), 0);
+        n0 = objects_of(gm_client_id(c), before, 8);
+        vram0 = class_used(GM_RESOURCE_VRAM);
+        handles0 = class_used(GM_RESOURCE_HANDLES);
+        fds0 = class_used(GM_RESOURCE_FDS);
+        CHECK_EQ(vram0, 8 * MiB);
+        CHECK_EQ(handles0, 7); /* two reservations, two handles (h2's mapping holds it), three mappings */
+        CHECK_EQ(daemon_state(&dmn, &s0), 0);
+        CHECK(ctl_allocations(ctl0, sizeof(ctl0)) > 0);
+
+        CHECK_EQ(daemon_term(&dmn), 0);
+        REQUIRE_EQ(daemon_restart_handover(&dmn, "mi300x", dargs), 0);
+
+        CHECK_RC(gm_ping(c), 0);
+        /* the accounts and the listings are the old daemon's */
+        n1 = objects_of(gm_client_id(c), after, 8);
+        check_same_objects(before, n0, after, n1);
+        CHECK(ctl_allocations(ctl1, sizeof(ctl1)) > 0);
+        CHECK(same_listing(ctl0, ctl1));
+        CHECK_EQ(class_used(GM_RESOURCE_VRAM), vram0);
+        CHECK_EQ(class_used(GM_RESOURCE_HANDLES), handles0);
+        CHECK_EQ(class_used(GM_RESOURCE_FDS), fds0);
+        CHECK_EQ(daemon_state(&dmn, &s1), 0);
+        CHECK_EQ(s1.allocations, s0.allocations);
+        CHECK_EQ(s1.model_vram_bytes, s0.model_vram_bytes);
+        CHECK_EQ(s1.model_gem_handles, s0.model_gem_handles); /* every GPU grant made again */
+        CHECK_EQ(s1.model_mappings, s0.model_mappings);
+        /* the same mappings, with the same access */
+        CHECK_RC(gm_pointer_get_attributes(c, m2 + 4096, &p1), 0);
+        CHECK_EQ(p1.handle, p0.handle);
+        CHECK_EQ(p1.kind, p0.kind);
+        CHECK_EQ(p1.gpu_id, gpu1);
+        CHECK_EQ(access_of(c, m1, gpu0), GM_ACCESS_READ_WRITE);
+        CHECK_EQ(access_of(c, m2, GM_LOCATION_CPU), GM_ACCESS_READ_WRITE);
+        CHECK_EQ(access_of(c, res2, gpu1), GM_ACCESS_READ);
+        CHECK_EQ(access_of(c, res2, GM_LOCATION_CPU), GM_ACCESS_NONE);
+        if (gpu1 != gpu0)
+                CHECK_EQ(access_of(c, res2, gpu0), GM_ACCESS_NONE);
+        /* a released handle is nameable again through its mapping, with its old id */
+        CHECK_RC(gm_mem_retain_allocation_handle(c, m2, &again), 0);
+        CHECK_EQ(again, h2);
+        /* the memory is the old one's: the client's own mappings, and the new daemon's exports, agree */
+        CHECK_EQ(m1[0], 0x41);
+        CHECK_EQ(m2[4 * MiB - 1], 0x5f);
+        CHECK_RC(exported_ends(c, h1, 4 * MiB, &a, &z), 0);
+        CHECK_EQ(a, 0x41);
+        CHECK_EQ(z, 0x4f);
+        CHECK_RC(exported_ends(c, h2, 4 * MiB, &a, &z), 0);
+        CHECK_EQ(a, 0x52);
+        CHECK_EQ(z, 0x5f);
+        m1[0] = 0x77; /* written through the old mapping, seen through the new export */
+        CHECK_RC(exported_ends(c, h1, 4 * MiB, &a, &z), 0);
+        CHECK_EQ(a, 0x77);
+        /* and it goes on: more memory in the same reservation, then everything undone */
+        CHECK_RC(gm_mem_create(c, 2 * MiB, gpu0, 0, &h3), 0);
+        CHECK_RC(gm_mem_map(c, (char *)res + 8 * MiB, 2 * MiB, 0, h3), 0);
+        CHECK_RC(gm_mem_set_access(c, (char *)res + 8 * MiB, 2 * MiB, rw, 2), 0);
+        memset((char *)res + 8 * MiB, 0x33, 2 * MiB);
+        CHECK_RC(gm_mem_unmap(c, res, 10 * MiB), 0);
+        CHECK_RC(gm_mem_unmap(c, res2, 2 * MiB), 0);
+        CHECK_RC(gm_mem_release(c, h1), 0);
+        CHECK_RC(gm_mem_release(c, again), 0);
+        CHECK_RC(gm_mem_release(c, h3), 0);
+        CHECK_RC(gm_mem_address_free(c, res, 16 * MiB), 0);
+        CHECK_RC(gm_mem_address_free(c, res2, 4 * MiB), 0);
+        CHECK_EQ(class_used(GM_RESOURCE_VRAM), 0);
+        CHECK_EQ(class_used(GM_RESOURCE_HANDLES), 0);
+        gm_client_close(c);
+        {
+                gm_client *adm = NULL;
+                usleep(100000);
+                CHECK_RC(gm_client_connect(dmn.sock, "after", &adm), 0);
+                gm_client_close(adm);
+        }
+        CHECK_EQ(daemon_state(&dmn, &s1), 0);
+        CHECK_EQ(s1.model_vram_bytes, 0);
+        CHECK_EQ(s1.model_gem_handles, 0);
+        return 0;
+}
+
+static void test_vmm_memory(void)
+{
+        (void)vmm_memory_case();
+}
+
 /* The SVM attributes of [p+off, p+off+len): preferred location, access of @gpu, flags, granularity. */
 static int svm_of(gm_client *a, void *p, size_t off, size_t len, uint32_t gpu, gm_svm_attr *out)
 {
@@ -787,6 +943,8 @@ int main(int argc, char **argv)
                  test_device_memory},
                 {"managed memory carried: its pages and its SVM attributes, part by part",
                  test_managed_memory},
+                {"VMM memory carried: reservations, handles, mappings, GPU and CPU access, data",
+                 test_vmm_memory},
                 {"the SVM calls kept for a restart are bounded per client", test_svm_bound},
                 {"an upgrade to a newer state revision and back", test_upgrade},
                 {"a state that cannot be read: the daemon starts clean", test_bad_state},

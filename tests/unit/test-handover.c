@@ -105,6 +105,57 @@ static void sample_objects(Gpumemd__HandoverState *st, Gpumemd__HandoverObject *
         st->channel_fds = 3;
 }
 
+/* Revision 3: besides, a VMM reservation, a VMM handle named only by its mapping, and that mapping with a
+ * GPU's grant and the CPU's access. */
+typedef struct SampleVmm {
+        Gpumemd__HandoverObject res, phys, *op[3];
+        Gpumemd__HandoverVmmMap map, *mp[1];
+        uint32_t grants[2];
+} SampleVmm;
+
+static void sample_vmm(Gpumemd__HandoverState *st, SampleVmm *v)
+{
+        Gpumemd__HandoverClient *c = st->clients[0];
+
+        gpumemd__handover_object__init(&v->res);
+        v->res.has_handle = v->res.has_kind = v->res.has_va = v->res.has_size = true;
+        v->res.handle = 0x77aa;
+        v->res.kind = 100;
+        v->res.va = 0x18000400000ull;
+        v->res.size = 8u << 20;
+        gpumemd__handover_object__init(&v->phys);
+        v->phys.has_handle = v->phys.has_kind = v->phys.has_size = v->phys.has_gpu_id = true;
+        v->phys.has_client_refs = v->phys.has_fd_index = true;
+        v->phys.handle = 0x88bb;
+        v->phys.kind = 4;
+        v->phys.size = 4u << 20;
+        v->phys.gpu_id = 4243;
+        v->phys.client_refs = 0;
+        v->phys.fd_index = 3;
+        v->op[0] = c->objects[0];
+        v->op[1] = &v->res;
+        v->op[2] = &v->phys;
+        c->objects = v->op;
+        c->n_objects = 3;
+        gpumemd__handover_vmm_map__init(&v->map);
+        v->map.has_va = v->map.has_size = v->map.has_offset = v->map.has_handle = v->map.has_cpu_access =
+                true;
+        v->map.va = 0x18000600000ull;
+        v->map.size = 2u << 20;
+        v->map.offset = 2u << 20;
+        v->map.handle = 0x88bb;
+        v->map.cpu_access = 3;
+        v->grants[0] = 4242;
+        v->grants[1] = 1;
+        v->map.grants = v->grants;
+        v->map.n_grants = 2;
+        v->mp[0] = &v->map;
+        c->vmm_maps = v->mp;
+        c->n_vmm_maps = 1;
+        st->revision = 3;
+        st->channel_fds = 4;
+}
+
 static void check_sample(const Gpumemd__HandoverState *st)
 {
         CHECK_EQ(st->format, 1);
@@ -143,18 +194,26 @@ static void test_roundtrip(void)
         close(fd);
 }
 
-static void test_golden(void)
+/* A kept state read, and its sample's fields checked; NULL when it is refused. */
+static Gpumemd__HandoverState *parse_golden(const char *hex)
 {
         uint8_t buf[1024] = {0};
-        size_t n = unhex(golden_hex, buf, sizeof(buf));
+        size_t n = unhex(hex, buf, sizeof(buf));
         Gpumemd__HandoverState *st = NULL;
         char why[256];
 
         CHECK_RC(handover_state_parse(buf, n, &st, why, sizeof(why)), 0);
-        if (st) {
+        if (st)
                 check_sample(st);
+        return st;
+}
+
+static void test_golden(void)
+{
+        Gpumemd__HandoverState *st = parse_golden(golden_hex);
+
+        if (st)
                 gpumemd__handover_state__free_unpacked(st, NULL);
-        }
 }
 
 /* A state as format 1, revision 2 wrote it: the sample above with one object (sample_objects). */
@@ -166,15 +225,10 @@ static const char golden2_hex[] =
 
 static void test_golden2(void)
 {
-        uint8_t buf[1024] = {0};
-        size_t n = unhex(golden2_hex, buf, sizeof(buf));
-        Gpumemd__HandoverState *st = NULL;
-        char why[256];
+        Gpumemd__HandoverState *st = parse_golden(golden2_hex);
 
-        CHECK_RC(handover_state_parse(buf, n, &st, why, sizeof(why)), 0);
         if (!st)
                 return;
-        check_sample(st);
         CHECK_EQ(st->revision, 2);
         CHECK(st->channel_name && strcmp(st->channel_name, "gm-fds") == 0);
         CHECK_EQ(st->channel_fds, 3);
@@ -190,6 +244,46 @@ static void test_golden2(void)
                 CHECK(o->n_mapped == 2 && o->mapped[1] == 4243);
                 CHECK(o->handed_out);
                 CHECK_EQ(o->fd_index, 2);
+        }
+        gpumemd__handover_state__free_unpacked(st, NULL);
+}
+
+/* A state as format 1, revision 3 wrote it: the sample with objects, and VMM memory (sample_vmm). */
+static const char golden3_hex[] =
+        "474d445354415445e7000000000000000c8ca2256bb086b9080110031a05302e312e3028093209676d2d6c697374656e"
+        "380142192f72756e2f6770756d656d642f6770756d656d642e736f636b4a056d6f64656c529e010807220670696e6765"
+        "72280238808080818030408080808080024a0764656661756c7452012f601f6a2908f8acb5decac60410011880808081"
+        "80302080808001289221300138014001480152049221932158026a1208aaef0110641880808082803020808080046a12"
+        "08bb910210042080808002289321580368007000780282011c088080808380301080808001188080800120bb91022803"
+        "32039221015a06676d2d6664736004";
+
+static void test_golden3(void)
+{
+        Gpumemd__HandoverState *st = parse_golden(golden3_hex);
+
+        if (!st)
+                return;
+        CHECK_EQ(st->revision, 3);
+        CHECK_EQ(st->channel_fds, 4);
+        CHECK_EQ(st->clients[0]->n_objects, 3);
+        CHECK_EQ(st->clients[0]->n_vmm_maps, 1);
+        if (st->clients[0]->n_objects == 3 && st->clients[0]->n_vmm_maps == 1) {
+                const Gpumemd__HandoverObject *r = st->clients[0]->objects[1],
+                                              *p = st->clients[0]->objects[2];
+                const Gpumemd__HandoverVmmMap *m = st->clients[0]->vmm_maps[0];
+                CHECK_EQ(r->kind, 100);
+                CHECK(!r->has_fd_index); /* a reservation has no memory to hand over */
+                CHECK_EQ(r->size, 8u << 20);
+                CHECK_EQ(p->kind, 4);
+                CHECK(p->has_client_refs);
+                CHECK_EQ(p->client_refs, 0);
+                CHECK_EQ(p->fd_index, 3);
+                CHECK_EQ(m->va, 0x18000600000ull);
+                CHECK_EQ(m->offset, 2u << 20);
+                CHECK_EQ(m->handle, 0x88bb);
+                CHECK_EQ(m->cpu_access, 3);
+                CHECK_EQ(m->n_grants, 2);
+                CHECK(m->n_grants == 2 && m->grants[0] == 4242 && m->grants[1] == 1);
         }
         gpumemd__handover_state__free_unpacked(st, NULL);
 }
@@ -383,6 +477,7 @@ int main(int argc, char **argv)
                 {"sealed state written and read back", test_roundtrip},
                 {"the state format 1 revision 1 wrote is read", test_golden},
                 {"the state format 1 revision 2 wrote is read", test_golden2},
+                {"the state format 1 revision 3 wrote is read", test_golden3},
                 {"unsealed, damaged, newer or formatless states are refused", test_refused},
                 {"a newer revision's fields are skipped", test_newer_revision},
                 {"named fds", test_fds},
@@ -390,7 +485,7 @@ int main(int argc, char **argv)
                 {"systemd's fd-store protocol, and a manager that does not read", test_store},
         };
 
-        /* --print-golden [2]: the sample as this daemon writes it, to keep as a golden state when the
+        /* --print-golden [2|3]: the sample as this daemon writes it, to keep as a golden state when the
          * format moves on (the goldens above stay) */
         if (argc > 1 && strcmp(argv[1], "--print-golden") == 0) {
                 Gpumemd__HandoverState st;
@@ -399,9 +494,12 @@ int main(int argc, char **argv)
                 size_t len = 0;
                 Gpumemd__HandoverObject o, *op[1];
                 uint32_t mapped[2];
+                SampleVmm v;
                 sample(&st, &c, cp);
-                if (argc > 2 && strcmp(argv[2], "2") == 0)
+                if (argc > 2 && (strcmp(argv[2], "2") == 0 || strcmp(argv[2], "3") == 0))
                         sample_objects(&st, &o, op, mapped);
+                if (argc > 2 && strcmp(argv[2], "3") == 0)
+                        sample_vmm(&st, &v);
                 if (handover_state_pack(&st, &buf, &len) < 0)
                         return EXIT_FAILURE;
                 for (size_t i = 0; i < len; i++)
