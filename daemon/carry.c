@@ -243,7 +243,7 @@ bool carry_conn_settled(Conn *c)
         return c->dead || (!c->deferred && transport_idle(&c->t));
 }
 
-int carry_collect(Manager *m, HandoverFds *ret)
+int carry_collect(Manager *m, const CarryHost *host, HandoverFds *ret)
 {
         Gpumemd__HandoverState st = GPUMEMD__HANDOVER_STATE__INIT;
         Gpumemd__HandoverClient *cv = NULL, **cp = NULL;
@@ -277,8 +277,18 @@ int carry_collect(Manager *m, HandoverFds *ret)
                 Reason w = {""};
                 const char *why = not_carried_why(c, &w);
                 if (why) {
+                        char told[256];
                         conn_log(c, LOG_NOTICE, GM_MESSAGE_HANDOVER, NULL,
                                  "not carried over to the next gpumemd: %s", why);
+                        /* its next call fails with this reason instead of a bare reset (a closing one
+                         * reads nothing more) */
+                        if (!c->dead) {
+                                snprintf(told, sizeof(told),
+                                         "gpumemd restarted and could not carry this connection over (%s): "
+                                         "connect again",
+                                         why);
+                                host->refuse_send(c->t.fd, -ECONNRESET, told);
+                        }
                         dropped++;
                         continue;
                 }

@@ -38,6 +38,7 @@ bool carry_conn_settled(Conn *c);
 /*
  * Once the loops stopped, under the lock: the fds to hand over (the listening socket, each carried client's
  * socket and pidfd, copies the caller owns) and the sealed state naming them, in @ret. A client that
- * cannot be carried is named in the log, and closes with the daemon.
+ * cannot be carried is named in the log and told why (a connection-level error frame), and closes with the
+ * daemon.
  */
-int carry_collect(Manager *m, HandoverFds *ret);
+int carry_collect(Manager *m, const CarryHost *host, HandoverFds *ret);

@@ -269,6 +269,15 @@ void manager_conn_place(Manager *m, Conn *c, Shard *sh)
         sh->n_conns++;
 }
 
+/* What carrying clients across a restart needs of the manager. */
+static const CarryHost carry_host = {
+        .conn_new = manager_conn_new,
+        .pick_shard = pick_shard,
+        .place = manager_conn_place,
+        .refuse_send = refuse_send,
+        .books = conn_books_new,
+};
+
 static void on_accept_retry(evutil_socket_t fd, short what, void *userdata)
 {
         Manager *m = userdata;
@@ -992,16 +1001,7 @@ int manager_new(Manager **ret, const Options *opts)
                 goto fail;
         }
         /* the clients a daemon before this one handed over, back on their loops before those start */
-        {
-                static const CarryHost carry_host = {
-                        .conn_new = manager_conn_new,
-                        .pick_shard = pick_shard,
-                        .place = manager_conn_place,
-                        .refuse_send = refuse_send,
-                        .books = conn_books_new,
-                };
-                carry_restore(m, &carry_host, TAKE_PTR(handed), &passed);
-        }
+        carry_restore(m, &carry_host, TAKE_PTR(handed), &passed);
         for (size_t i = 0; i < m->n_passed_names; i++)
                 (void)handover_store_remove(m->passed_names[i]);
         {
@@ -1151,7 +1151,7 @@ static void collect_handover(Manager *m)
         run_pending(m);
         manager_lock(m);
         if (r == 0)
-                r = carry_collect(m, fds);
+                r = carry_collect(m, &carry_host, fds);
         manager_unlock(m);
         if (r < 0) {
                 log_error_errno(r, "cannot hand the clients over, they are closed: %s", strerror(-r));

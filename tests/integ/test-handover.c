@@ -198,8 +198,14 @@ static int store_case(void)
                         CHECK_RC(gm_mem_free(a, q), 0);
                 }
         }
-        /* the holder's KFD event cannot be carried: its connection is closed */
-        CHECK(is_disconnect_errno(gm_ping(holder)));
+        /* the holder's KFD event cannot be carried: its connection is closed, and it is told why */
+        {
+                char msg[512];
+                int rh = gm_ping(holder);
+                CHECK_RC(rh, -ECONNRESET);
+                gm_strerror(holder, rh, msg, sizeof(msg));
+                CHECK(strstr(msg, "could not carry this connection over (KFD events") != NULL);
+        }
         /* the daemon took its names out of the store once it had the clients back */
         CHECK_EQ(daemon_store_count(&dmn), 0);
         CHECK_EQ(daemon_state(&dmn, &s), 0);
@@ -523,26 +529,6 @@ static void test_device_memory(void)
         (void)device_memory_case();
 }
 
-/* The first and last bytes of @h's memory through an export of the daemon's (0 when they are @a and @z). */
-static int exported_ends(gm_client *c, gm_handle h, size_t size, unsigned char *ret_a, unsigned char *ret_z)
-{
-        size_t got = 0;
-        unsigned char *m;
-        int fd = -1, r;
-
-        r = gm_mem_export(c, h, &fd, &got);
-        if (r < 0)
-                return r;
-        m = got == size ? mmap(NULL, size, PROT_READ, MAP_SHARED, fd, 0) : MAP_FAILED;
-        close(fd);
-        if (m == MAP_FAILED)
-                return -EIO;
-        *ret_a = m[0];
-        *ret_z = m[size - 1];
-        munmap(m, size);
-        return 0;
-}
-
 static int access_of(gm_client *c, const void *p, uint32_t location)
 {
         int acc = -1;
@@ -564,7 +550,6 @@ static int vmm_memory_case(void)
         gm_handle h1 = 0, h2 = 0, h3 = 0, again = 0;
         void *res = NULL, *res2 = NULL;
         unsigned char *m1, *m2;
-        unsigned char a = 0, z = 0;
         static char ctl0[8192], ctl1[8192];
         DaemonState s0, s1;
         gm_client *c = NULL;
@@ -637,15 +622,10 @@ static int vmm_memory_case(void)
         /* the memory is the old one's: the client's own mappings, and the new daemon's exports, agree */
         CHECK_EQ(m1[0], 0x41);
         CHECK_EQ(m2[4 * MiB - 1], 0x5f);
-        CHECK_RC(exported_ends(c, h1, 4 * MiB, &a, &z), 0);
-        CHECK_EQ(a, 0x41);
-        CHECK_EQ(z, 0x4f);
-        CHECK_RC(exported_ends(c, h2, 4 * MiB, &a, &z), 0);
-        CHECK_EQ(a, 0x52);
-        CHECK_EQ(z, 0x5f);
+        CHECK_RC(exported_bytes(c, h1, 4 * MiB, 0x41, 0x4f), 0);
+        CHECK_RC(exported_bytes(c, h2, 4 * MiB, 0x52, 0x5f), 0);
         m1[0] = 0x77; /* written through the old mapping, seen through the new export */
-        CHECK_RC(exported_ends(c, h1, 4 * MiB, &a, &z), 0);
-        CHECK_EQ(a, 0x77);
+        CHECK_RC(exported_bytes(c, h1, 4 * MiB, 0x77, 0x4f), 0);
         /* and it goes on: more memory in the same reservation, then everything undone */
         CHECK_RC(gm_mem_create(c, 2 * MiB, gpu0, 0, &h3), 0);
         CHECK_RC(gm_mem_map(c, (char *)res + 8 * MiB, 2 * MiB, 0, h3), 0);
@@ -818,9 +798,12 @@ static int upgrade_case(void)
 {
         const char *next = getenv("GPUMEMD_NEXT"), *now = getenv("GPUMEMD");
         gm_pointer_attributes pa0 = {.struct_size = sizeof(pa0)}, pa1 = {.struct_size = sizeof(pa1)};
+        gm_access_desc rw[2] = {{gpu0, GM_ACCESS_READ_WRITE}, {GM_LOCATION_CPU, GM_ACCESS_READ_WRITE}};
+        gm_svm_attr loc = {GM_SVM_ATTR_PREFERRED_LOC, gpu0};
         char saved[512];
         gm_client *a = NULL;
-        void *dev = NULL, *host = NULL;
+        void *dev = NULL, *host = NULL, *managed = NULL, *res = NULL;
+        gm_handle vmm = 0;
         uint64_t vram0;
 
         if (!next || !now) {
@@ -833,8 +816,19 @@ static int upgrade_case(void)
         REQUIRE_RC(gm_malloc(a, 2 * MiB, gpu0, GM_MEM_HOST_VISIBLE, &dev), 0);
         REQUIRE_RC(gm_host_malloc(a, 2 * MiB, gpu0, -1, 0, &host), 0);
         memset(dev, 0x5d, 2 * MiB);
+        memset(host, 0x6e, 2 * MiB);
         CHECK_RC(gm_pointer_get_attributes(a, dev, &pa0), 0);
+        /* managed memory with an attribute, and VMM memory granted to a GPU and the CPU */
+        REQUIRE_RC(gm_malloc_managed(a, 2 * MiB, 0, &managed), 0);
+        memset(managed, 0x7f, 2 * MiB);
+        CHECK_RC(gm_svm_set_attributes(a, managed, 2 * MiB, &loc, 1), 0);
+        REQUIRE_RC(gm_mem_address_reserve(a, 4 * MiB, 0, NULL, 0, &res), 0);
+        REQUIRE_RC(gm_mem_create(a, 2 * MiB, gpu0, 0, &vmm), 0);
+        REQUIRE_RC(gm_mem_map(a, res, 2 * MiB, 0, vmm), 0);
+        REQUIRE_RC(gm_mem_set_access(a, res, 2 * MiB, rw, 2), 0);
+        memset(res, 0x8a, 2 * MiB);
         vram0 = class_used(GM_RESOURCE_VRAM);
+        CHECK_EQ(vram0, 4 * MiB);
 
         for (int step = 0; step < 2; step++) {
                 CHECK_EQ(daemon_term(&dmn), 0);
@@ -848,10 +842,24 @@ static int upgrade_case(void)
                 CHECK_EQ(pa1.n_mapped_gpus, pa0.n_mapped_gpus);
                 CHECK_RC(exported_bytes(a, pa0.handle, 2 * MiB, 0x5d, 0x5d), 0);
                 CHECK_EQ(class_used(GM_RESOURCE_VRAM), vram0);
+                CHECK_EQ(((unsigned char *)host)[2 * MiB - 1], 0x6e);
+                {
+                        gm_svm_attr got[4];
+                        CHECK_RC(svm_of(a, managed, 0, 2 * MiB, gpu0, got), 0);
+                        CHECK_EQ(got[0].value, gpu0);
+                        CHECK_EQ(((unsigned char *)managed)[0], 0x7f);
+                }
+                CHECK_EQ(access_of(a, res, gpu0), GM_ACCESS_READ_WRITE);
+                CHECK_EQ(access_of(a, res, GM_LOCATION_CPU), GM_ACCESS_READ_WRITE);
+                CHECK_RC(exported_bytes(a, vmm, 2 * MiB, 0x8a, 0x8a), 0);
         }
         setenv("GPUMEMD", saved, 1);
         CHECK_RC(gm_mem_free(a, dev), 0);
         CHECK_RC(gm_mem_free(a, host), 0);
+        CHECK_RC(gm_mem_free(a, managed), 0);
+        CHECK_RC(gm_mem_unmap(a, res, 2 * MiB), 0);
+        CHECK_RC(gm_mem_release(a, vmm), 0);
+        CHECK_RC(gm_mem_address_free(a, res, 4 * MiB), 0);
         gm_client_close(a);
         return 0;
 }
