@@ -652,6 +652,8 @@ void carry_restore(Manager *m, const CarryHost *host, Gpumemd__HandoverState *st
         }
         if (st->channel_name) {
                 int ch = handover_fds_take(fds, st->channel_name);
+                if (st->has_channel_fds)
+                        handover_fd_room(st->channel_fds);
                 r = ch < 0 ? ch : handover_channel_unpack(ch, &passed.fd, &passed.n);
                 safe_close(ch);
                 if (r == 0 && st->has_channel_fds && passed.n != st->channel_fds)

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <sys/un.h>
@@ -300,6 +301,27 @@ int handover_channel_pack(const int *fds, size_t n, int *ret_fd)
         }
         *ret_fd = sv[1];
         return 0;
+}
+
+void handover_fd_room(size_t n)
+{
+        struct rlimit rl;
+        uint64_t want;
+        int fd;
+
+        /* a few hundred cost a doubling or two either way, and growing by more than needed costs one */
+        if (n < 256 || getrlimit(RLIMIT_NOFILE, &rl) < 0 || rl.rlim_cur < 64)
+                return;
+        /* beyond the fds open now, which a fresh daemon counts in hundreds at most */
+        want = (uint64_t)n + 1024;
+        if (want > rl.rlim_cur - 1)
+                want = rl.rlim_cur - 1;
+        /* a copy at the highest fd needed grows the table to it in one step; closing it keeps the room */
+        fd = fcntl(STDERR_FILENO, F_DUPFD_CLOEXEC, (int)want);
+        if (fd < 0)
+                fd = fcntl(STDIN_FILENO, F_DUPFD_CLOEXEC, (int)want);
+        if (fd >= 0)
+                close(fd);
 }
 
 int handover_channel_unpack(int fd, int **ret_fds, size_t *ret_n)

@@ -75,6 +75,13 @@ int handover_state_pack(const Gpumemd__HandoverState *st, uint8_t **ret, size_t 
 int handover_channel_pack(const int *fds, size_t n, int *ret_fd);
 /* All the fds queued in @fd, in order (*@ret_fds is the caller's, each fd too). -EPROTO: cut short. */
 int handover_channel_unpack(int fd, int **ret_fds, size_t *ret_n);
+/*
+ * Grow this process's fd table at once to room for @n more fds (as far as RLIMIT_NOFILE allows), before
+ * that many arrive: the kernel grows it by doublings, and in a process with several threads each doubling
+ * waits for an RCU grace period, which thousands of fds arriving one doubling after another pay about ten
+ * times. Nothing is done for fewer than 256, nor when it cannot be done.
+ */
+void handover_fd_room(size_t n);
 
 /*
  * systemd's fd store (the service's FileDescriptorStoreMax=): each fd sent under its name with FDSTORE=1.

@@ -79,11 +79,17 @@ void compute_targets(Report *rep)
                 add_target(rep, "live allocations held", m,
                            (double)rep->scale_reached / (double)rep->scale_big, 1.0, true);
         }
-        if (rep->restart_ran && rep->n_restart_rows) {
-                const RestartRow *w = &rep->restart_rows[rep->n_restart_rows - 1];
+        /* the last row of each way is its largest point */
+        for (size_t i = 0; rep->restart_ran && i < rep->n_restart_rows; i++) {
+                const RestartRow *w = &rep->restart_rows[i];
+                bool store = strcmp(w->how, "store") == 0;
+                if (i + 1 < rep->n_restart_rows && strcmp(rep->restart_rows[i + 1].how, w->how) == 0)
+                        continue;
                 snprintf(m, sizeof(m), "%.1f ms with %zu objects", w->p50_ms, w->objects);
-                add_target(rep, "restart to serving again with 10,000 objects < 200 ms (p50, re-exec)", m,
-                           w->p50_ms / 200.0, 1.0, false);
+                add_target(rep,
+                           store ? "restart to serving again with 10,000 objects < 200 ms (p50, SIGTERM)"
+                                 : "restart to serving again with 10,000 objects < 200 ms (p50, re-exec)",
+                           m, w->p50_ms / 200.0, 1.0, false);
         }
         if (rep->idle_n < rep->idle_want) {
                 snprintf(m, sizeof(m), "%zu of %zu", rep->idle_n, rep->idle_want);
@@ -224,16 +230,19 @@ void print_report(const Settings *st, const Report *rep)
         }
 
         if (rep->restart_ran) {
-                printf("\nRestart in place (SIGUSR1: the daemon re-executes itself, the clients carried): "
-                       "from the "
-                       "signal to a carried client's ping answered, 8 rounds each\n");
+                printf("\nRestart with the clients carried, from the signal to a carried client answered by "
+                       "the "
+                       "new daemon, 8 rounds each (store: SIGTERM, the supervisor's fd store and a new "
+                       "process, "
+                       "as systemctl restart; exec: SIGUSR1, the daemon re-executes itself)\n");
                 if (rep->restart_note[0])
                         printf("  %s\n", rep->restart_note);
-                printf("%12s %8s %10s %10s %10s\n", "objects", "fds", "min ms", "p50 ms", "max ms");
+                printf("%6s %12s %8s %10s %10s %10s\n", "how", "objects", "fds", "min ms", "p50 ms",
+                       "max ms");
                 for (size_t i = 0; i < rep->n_restart_rows; i++) {
                         const RestartRow *w = &rep->restart_rows[i];
-                        printf("%12zu %8d %10.2f %10.2f %10.2f\n", w->objects, w->fds, w->min_ms, w->p50_ms,
-                               w->max_ms);
+                        printf("%6s %12zu %8d %10.2f %10.2f %10.2f\n", w->how, w->objects, w->fds, w->min_ms,
+                               w->p50_ms, w->max_ms);
                 }
         }
 
@@ -342,9 +351,9 @@ int write_json(const Settings *st, const Report *rep)
                 for (size_t i = 0; i < rep->n_restart_rows; i++) {
                         const RestartRow *w = &rep->restart_rows[i];
                         fprintf(f,
-                                "    {\"objects\": %zu, \"fds\": %d, \"min_ms\": %.3f, \"p50_ms\": %.3f, "
-                                "\"max_ms\": %.3f}%s\n",
-                                w->objects, w->fds, w->min_ms, w->p50_ms, w->max_ms,
+                                "    {\"how\": \"%s\", \"objects\": %zu, \"fds\": %d, \"min_ms\": %.3f, "
+                                "\"p50_ms\": %.3f, \"max_ms\": %.3f}%s\n",
+                                w->how, w->objects, w->fds, w->min_ms, w->p50_ms, w->max_ms,
                                 i + 1 < rep->n_restart_rows ? "," : "");
                 }
                 fprintf(f, "  ],\n");

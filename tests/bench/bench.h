@@ -55,8 +55,9 @@ typedef struct Row {
 
 /* Hand-overs at one size of the restart run. */
 typedef struct RestartRow {
-        size_t objects; /* the client's live allocations */
-        int fds;        /* the daemon's open fds then */
+        const char *how; /* "store": SIGTERM, the fd store, a new process; "exec": SIGUSR1, in place */
+        size_t objects;  /* the client's live allocations */
+        int fds;         /* the daemon's open fds then */
         double min_ms, p50_ms, max_ms;
 } RestartRow;
 
@@ -101,7 +102,7 @@ typedef struct Report {
         size_t n_many_rows;
         /* restart: signal to serving again */
         bool restart_ran;
-        RestartRow restart_rows[4];
+        RestartRow restart_rows[8];
         size_t n_restart_rows;
         char restart_note[160];
         /* idle connections */
