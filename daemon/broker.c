@@ -3927,7 +3927,11 @@ static const char *obj_not_carriable(const Broker *b, const Obj *o)
         case BROKER_KIND_RESERVATION:
                 return reservation_not_carriable(b, o);
         case BROKER_KIND_IMPORT:
-                return "imported dmabufs";
+                /* its file for the next daemon is the dmabuf exported again (KFD hands back the one imported)
+                 */
+                if (!driver_has(b->drv, DRIVER_CAP_EXPORT))
+                        return "imported dmabufs (the driver cannot export them again)";
+                return o->mem ? NULL : "an import without its buffer";
         default:
                 return "objects of its kind";
         }
@@ -3964,22 +3968,25 @@ static void carry_record(const BrokerClient *c, const Obj *o, BrokerCarry *k)
         k->handed_out = o->handed_out;
         k->has_file = o->kind != BROKER_KIND_RESERVATION;
         k->client_refs = o->client_refs;
+        k->foreign = o->foreign;
+        k->read_only = o->read_only;
         k->fd = -1;
         k->svm = o->svm_log ? o->svm_log->e : NULL;
         k->n_svm = o->svm_log ? o->svm_log->n : 0;
-        /* VMM memory reaches GPUs through its mappings' grants, not as a whole */
-        for (size_t g = 0; o->mem && o->kind != BROKER_KIND_VMM && g < c->b->n_gpus; g++)
+        /* VMM memory and imports reach GPUs through their mappings' grants, not as a whole */
+        for (size_t g = 0;
+             o->mem && o->kind != BROKER_KIND_VMM && o->kind != BROKER_KIND_IMPORT && g < c->b->n_gpus; g++)
                 if (driver_mem_is_mapped(c->b->drv, o->mem, c->b->gpu_ids[g]))
                         k->mapped[k->n_mapped++] = c->b->gpu_ids[g];
 }
 
 /* A file of @o's memory for the next daemon (the caller's): a copy of the memfd of host or managed memory,
- * or an export of device or VMM memory. */
+ * or an export of device or VMM memory or of an import. */
 static int carry_file(BrokerClient *c, const Obj *o, int *ret_fd)
 {
         int fd;
 
-        if (o->kind == BROKER_KIND_DEVICE || o->kind == BROKER_KIND_VMM)
+        if (o->kind == BROKER_KIND_DEVICE || o->kind == BROKER_KIND_VMM || o->kind == BROKER_KIND_IMPORT)
                 return driver_mem_export(c->b->drv, o->mem, ret_fd);
         if (o->memfd < 0)
                 return -EBADF;
@@ -4188,12 +4195,36 @@ static void charge_carried(BrokerClient *c, const Charge *ch)
 static bool carry_kind_ok(BrokerKind kind)
 {
         return kind == BROKER_KIND_HOST || kind == BROKER_KIND_DEVICE || kind == BROKER_KIND_MANAGED ||
-               kind == BROKER_KIND_VMM || kind == BROKER_KIND_RESERVATION;
+               kind == BROKER_KIND_VMM || kind == BROKER_KIND_IMPORT || kind == BROKER_KIND_RESERVATION;
+}
+
+/* An import: the dmabuf imported again on the same GPU; it must be the size it was. */
+static int carry_import(BrokerClient *c, Obj *o, const BrokerCarry *k, int fd, Reason *w)
+{
+        DriverCtx *ctx;
+        int r;
+
+        r = client_ctx(c, &ctx, w);
+        if (r < 0)
+                return r;
+        r = driver_mem_import(c->b->drv, ctx, fd, o->gpu_id, &o->mem);
+        if (r < 0)
+                return reason_set(w, r, "the driver cannot import its dmabuf again: %s", strerror(-r));
+        if (driver_mem_size(c->b->drv, o->mem) != o->size) {
+                (void)driver_mem_free(c->b->drv, o->mem);
+                o->mem = NULL;
+                return reason_set(w, -EINVAL, "its dmabuf is not the %llu bytes it was",
+                                  (unsigned long long)o->size);
+        }
+        o->read_only = k->read_only;
+        o->foreign = k->foreign;
+        o->backing_fd = o->foreign && driver_holds_fd(c->b);
+        return 0;
 }
 
 int broker_carry_restore(BrokerClient *c, BrokerCarry *k, Reason *w)
 {
-        bool has_va = k->kind != BROKER_KIND_VMM;
+        bool has_va = k->kind != BROKER_KIND_VMM && k->kind != BROKER_KIND_IMPORT;
         Charge ch;
         Obj *o;
         int r;
@@ -4209,11 +4240,10 @@ int broker_carry_restore(BrokerClient *c, BrokerCarry *k, Reason *w)
         }
         if (k->n_mapped > BROKER_MAX_GPUS || check_gpus(c->b, k->mapped, k->n_mapped, w) < 0 ||
             (k->gpu_id && gpu_index(c->b, k->gpu_id) < 0) ||
-            ((k->kind == BROKER_KIND_DEVICE || k->kind == BROKER_KIND_VMM) &&
+            ((k->kind == BROKER_KIND_DEVICE || k->kind == BROKER_KIND_VMM || k->kind == BROKER_KIND_IMPORT) &&
              gpu_index(c->b, k->gpu_id) < 0) ||
             k->size == 0 || k->size % BROKER_PAGE_SIZE || check_flags(k->flags, w) < 0 ||
-            (k->kind == BROKER_KIND_VMM && (k->va || k->n_mapped)) ||
-            (k->kind == BROKER_KIND_RESERVATION && k->n_mapped) ||
+            (!has_va && (k->va || k->n_mapped)) || (k->kind == BROKER_KIND_RESERVATION && k->n_mapped) ||
             (k->kind == BROKER_KIND_RESERVATION) != (k->fd < 0)) {
                 k->fd = safe_close(k->fd);
                 return reason_set(w, -EINVAL, "its record is not one of memory this daemon can place");
@@ -4231,7 +4261,7 @@ int broker_carry_restore(BrokerClient *c, BrokerCarry *k, Reason *w)
         o->flags = k->flags;
         o->numa_node = k->numa_node;
         o->exports = k->exports;
-        if (k->kind == BROKER_KIND_VMM) {
+        if (k->kind == BROKER_KIND_VMM || k->kind == BROKER_KIND_IMPORT) {
                 /* one that only mappings named is held until they are back (broker_carry_finish) */
                 o->client_refs = k->client_refs ? k->client_refs : 1;
                 o->carry_hold = k->client_refs == 0;
@@ -4247,6 +4277,9 @@ int broker_carry_restore(BrokerClient *c, BrokerCarry *k, Reason *w)
                         break;
                 case BROKER_KIND_RESERVATION:
                         r = carry_reservation(c, o, w);
+                        break;
+                case BROKER_KIND_IMPORT:
+                        r = carry_import(c, o, k, k->fd, w);
                         break;
                 default: /* device and VMM memory */
                         r = carry_device(c, o, k, k->fd, w);
@@ -4293,7 +4326,7 @@ int broker_carry_restore_map(BrokerClient *c, const BrokerCarryMap *k, Reason *w
         VmmMap *m;
         int r;
 
-        if (!phys || phys->kind != BROKER_KIND_VMM)
+        if (!phys || (phys->kind != BROKER_KIND_VMM && phys->kind != BROKER_KIND_IMPORT))
                 return reason_set(w, -ENOENT,
                                   "a mapping at 0x%llx maps handle 0x%llx, which did not come back",
                                   (unsigned long long)k->va, (unsigned long long)k->handle);

@@ -160,9 +160,9 @@ uint64_t broker_client_records(const BrokerClient *c);
  * One object as a daemon that stops hands it to the next: where it lies, what it is, where it is mapped,
  * and its memory's file. What else a client may hold makes broker_client_carry_check() say why it cannot be
  * carried. Carried: host memory (its memfd), device memory and VMM handles (their dmabufs, which the next
- * daemon's driver takes back, at the same VA where they have one), managed memory (its memfd, and the SVM
- * attribute calls made on it, which the next daemon replays in order), and VMM reservations with their
- * mappings and access grants (BrokerCarryMap).
+ * daemon's driver takes back, at the same VA where they have one), imports (the dmabuf exported again, and
+ * imported again there), managed memory (its memfd, and the SVM attribute calls made on it, which the next
+ * daemon replays in order), and VMM reservations with their mappings and access grants (BrokerCarryMap).
  */
 /* An SVM attribute (managed memory, below). */
 typedef struct BrokerSvmAttr {
@@ -189,8 +189,11 @@ typedef struct BrokerCarry {
         uint32_t exports;
         bool handed_out; /* a file of it went to the client: it may outlive its handle */
         bool has_file;   /* its memory has a file to hand over; reservations have none */
-        /* VMM: how often its handle is named (create and retains less releases); 0: released, still mapped */
+        /* VMM and imports: how often its handle is named (create or import, and retains, less releases); 0:
+         * released, still mapped */
         uint32_t client_refs;
+        bool foreign;   /* import: of memory gpumemd did not export, charged by its size */
+        bool read_only; /* import: of a read-only export */
         size_t n_mapped;
         uint32_t mapped[BROKER_MAX_GPUS];
         int fd; /* its memory's file, taken by the callee of broker_client_carry_each() and by
@@ -225,8 +228,9 @@ int broker_client_carry_each(BrokerClient *c, BrokerCarryObjFn obj, BrokerCarryM
  * Set one carried object up again in the client (whose window is restored): the same handle and VA, its
  * memory mapped here from @o->fd (taken, also on failure) and given to the driver again, mapped on the
  * same GPUs, charged to the account as before (the class's limits are not asked again: the memory
- * exists). On failure nothing of it is left and @w says why. Objects first, then the mappings
- * (broker_carry_restore_map), then broker_carry_finish().
+ * exists). On failure nothing of it is left and @w says why. Objects first, imports after every client's
+ * other objects (an import of another client's export finds its memory on the model only once that client's
+ * is back), then the mappings (broker_carry_restore_map), then broker_carry_finish().
  */
 int broker_carry_restore(BrokerClient *c, BrokerCarry *o, Reason *w);
 /* One VMM mapping again, in its reservation, with its grants; charged as before. */

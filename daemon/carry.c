@@ -16,6 +16,7 @@
 #include "core.h"
 #include "driver.h"
 #include "frame.h"
+#include "hashmap.h"
 #include "log.h"
 #include "policy.h"
 #include "window.h"
@@ -27,9 +28,9 @@
 
 /*
  * What cannot be carried yet: KFD events and queues live in the daemon's KFD context, which dies with the
- * daemon, and of memory host, device, managed and VMM memory are carried today (docs/reliability.md). A
- * client holding anything else is not carried: the next daemon never sees its socket, so the client gets
- * -ECONNRESET as at a plain restart.
+ * daemon; of memory, host, device, managed and VMM memory and imports are carried today
+ * (docs/reliability.md). A client holding anything else is not carried: the next daemon never sees its
+ * socket, so the client gets -ECONNRESET (with the reason) as at a plain restart.
  */
 static const char *not_carried_why(Conn *c, Reason *w)
 {
@@ -161,9 +162,14 @@ static int collect_object(void *arg, const BrokerCarry *k)
         o->handed_out = k->handed_out;
         o->n_mapped = k->n_mapped;
         memcpy(o->mapped, k->mapped, k->n_mapped * sizeof(uint32_t));
-        if (k->kind == BROKER_KIND_VMM) {
+        if (k->kind == BROKER_KIND_VMM || k->kind == BROKER_KIND_IMPORT) {
                 o->has_client_refs = true;
                 o->client_refs = k->client_refs;
+        }
+        if (k->kind == BROKER_KIND_IMPORT) {
+                o->has_foreign = o->has_read_only = true;
+                o->foreign = k->foreign;
+                o->read_only = k->read_only;
         }
         r = collect_svm(o, k);
         if (r < 0) {
@@ -391,7 +397,6 @@ static void drop_conn(const CarryHost *host, Conn *c, int code, const char *why)
         conn_free(c);
 }
 
-/* One client of the state: its connection set up again as it was. Under the lock. */
 /* The fds that came through the channel; each is taken once. */
 typedef struct Passed {
         int *fd;
@@ -436,8 +441,70 @@ static BrokerSvmCall *restore_svm(const Gpumemd__HandoverObject *ho, BrokerCarry
         return v;
 }
 
-static void restore_one(Manager *m, const CarryHost *host, const Gpumemd__HandoverClient *h, HandoverFds *fds,
-                        Passed *passed)
+/* The client's objects set up again (@imports: its imports, else all the others); a failure drops it. */
+static int restore_objects(const CarryHost *host, Conn *c, const Gpumemd__HandoverClient *h, Passed *passed,
+                           bool imports)
+{
+        char reason[256];
+        int r;
+
+        for (size_t i = 0; i < h->n_objects; i++) {
+                const Gpumemd__HandoverObject *ho = h->objects[i];
+                if ((ho->kind == BROKER_KIND_IMPORT) != imports)
+                        continue;
+                BrokerCarry k = {
+                        .handle = ho->handle,
+                        .kind = (BrokerKind)ho->kind,
+                        .va = ho->va,
+                        .size = ho->size,
+                        .gpu_id = ho->gpu_id,
+                        .flags = ho->flags,
+                        .numa_node = ho->has_numa_node ? ho->numa_node : -1,
+                        .exports = ho->exports,
+                        .handed_out = ho->handed_out,
+                        .client_refs = ho->has_client_refs ? ho->client_refs : 1,
+                        .foreign = ho->foreign,
+                        .read_only = ho->read_only,
+                        .n_mapped = ho->n_mapped,
+                        .fd = ho->has_fd_index ? passed_take(passed, ho->fd_index) : -ENOENT,
+                };
+                Reason w = {""};
+                BrokerSvmCall *svm;
+                if (k.kind == BROKER_KIND_RESERVATION && !ho->has_fd_index)
+                        k.fd = -1; /* VA only */
+                else if (k.fd < 0) {
+                        snprintf(reason, sizeof(reason), "the memory of handle 0x%llx was not handed over",
+                                 (unsigned long long)ho->handle);
+                        drop_conn(host, c, -EBADF, reason);
+                        return -1;
+                }
+                if (ho->n_mapped > BROKER_MAX_GPUS)
+                        k.n_mapped = BROKER_MAX_GPUS + 1; /* refused as such */
+                else if (ho->n_mapped)                    /* mapped is NULL when empty */
+                        memcpy(k.mapped, ho->mapped, ho->n_mapped * sizeof(uint32_t));
+                svm = restore_svm(ho, &k);
+                if (ho->n_svm && !svm) {
+                        safe_close(k.fd);
+                        drop_conn(host, c, -ENOMEM, "out of memory");
+                        return -1;
+                }
+                r = broker_carry_restore(c->broker, &k, &w);
+                free(svm);
+                if (r < 0) {
+                        snprintf(reason, sizeof(reason), "handle 0x%llx at 0x%llx cannot be set up again: %s",
+                                 (unsigned long long)ho->handle, (unsigned long long)ho->va,
+                                 reason_or_errno(&w, r));
+                        drop_conn(host, c, r, reason);
+                        return -1;
+                }
+        }
+        return 0;
+}
+
+/* One client of the state, the first half: its connection, identity, class, window and objects but its
+ * imports; NULL when it is dropped. Under the lock. */
+static Conn *restore_begin(Manager *m, const CarryHost *host, const Gpumemd__HandoverClient *h,
+                           bool named_twice, HandoverFds *fds, Passed *passed)
 {
         char reason[256];
         Conn *c = NULL;
@@ -453,17 +520,17 @@ static void restore_one(Manager *m, const CarryHost *host, const Gpumemd__Handov
         if (fd < 0) {
                 log_warning("client %llu: its socket was not handed over", (unsigned long long)h->id);
                 safe_close(pidfd);
-                return;
+                return NULL;
         }
-        if (!h->has_id || h->id == 0 || manager_find_conn(m, h->id)) {
+        if (!h->has_id || h->id == 0 || h->id == UINT64_MAX || named_twice || manager_find_conn(m, h->id)) {
                 safe_close(pidfd);
                 drop(host, fd, h->id, -EINVAL, "the hand-over named it twice, or without an id");
-                return;
+                return NULL;
         }
         if (host->conn_new(m, fd, &c) < 0) {
                 safe_close(pidfd);
                 log_warning("client %llu: cannot set its connection up again", (unsigned long long)h->id);
-                return;
+                return NULL;
         }
         c->id = h->id; /* for its log lines from here (placing it gives it an id of its own again) */
         /* the identity stays the one frozen at accept: the pidfd and cgroup the old daemon took then */
@@ -482,7 +549,7 @@ static void restore_one(Manager *m, const CarryHost *host, const Gpumemd__Handov
         r = classes_admit(m, c, reason, sizeof(reason));
         if (r < 0) {
                 drop_conn(host, c, r, reason);
-                return;
+                return NULL;
         }
         if (h->class_name && strcmp(h->class_name, c->cls->name) != 0)
                 conn_log(c, LOG_NOTICE, GM_MESSAGE_HANDOVER, NULL,
@@ -496,62 +563,34 @@ static void restore_one(Manager *m, const CarryHost *host, const Gpumemd__Handov
                                  (unsigned long long)h->window_base, (unsigned long long)h->window_size,
                                  strerror(-r));
                         drop_conn(host, c, -EADDRINUSE, reason);
-                        return;
+                        return NULL;
                 }
         }
         if (h->n_objects || h->n_vmm_maps) {
                 r = host->books(c);
                 if (r < 0) {
                         drop_conn(host, c, r, "out of memory");
-                        return;
+                        return NULL;
                 }
         }
-        for (size_t i = 0; i < h->n_objects; i++) {
-                const Gpumemd__HandoverObject *ho = h->objects[i];
-                BrokerCarry k = {
-                        .handle = ho->handle,
-                        .kind = (BrokerKind)ho->kind,
-                        .va = ho->va,
-                        .size = ho->size,
-                        .gpu_id = ho->gpu_id,
-                        .flags = ho->flags,
-                        .numa_node = ho->has_numa_node ? ho->numa_node : -1,
-                        .exports = ho->exports,
-                        .handed_out = ho->handed_out,
-                        .client_refs = ho->has_client_refs ? ho->client_refs : 1,
-                        .n_mapped = ho->n_mapped,
-                        .fd = ho->has_fd_index ? passed_take(passed, ho->fd_index) : -ENOENT,
-                };
-                Reason w = {""};
-                BrokerSvmCall *svm;
-                if (k.kind == BROKER_KIND_RESERVATION && !ho->has_fd_index)
-                        k.fd = -1; /* VA only */
-                else if (k.fd < 0) {
-                        snprintf(reason, sizeof(reason), "the memory of handle 0x%llx was not handed over",
-                                 (unsigned long long)ho->handle);
-                        drop_conn(host, c, -EBADF, reason);
-                        return;
-                }
-                if (ho->n_mapped > BROKER_MAX_GPUS)
-                        k.n_mapped = BROKER_MAX_GPUS + 1; /* refused as such */
-                else if (ho->n_mapped)                    /* mapped is NULL when empty */
-                        memcpy(k.mapped, ho->mapped, ho->n_mapped * sizeof(uint32_t));
-                svm = restore_svm(ho, &k);
-                if (ho->n_svm && !svm) {
-                        safe_close(k.fd);
-                        drop_conn(host, c, -ENOMEM, "out of memory");
-                        return;
-                }
-                r = broker_carry_restore(c->broker, &k, &w);
-                free(svm);
-                if (r < 0) {
-                        snprintf(reason, sizeof(reason), "handle 0x%llx at 0x%llx cannot be set up again: %s",
-                                 (unsigned long long)ho->handle, (unsigned long long)ho->va,
-                                 reason_or_errno(&w, r));
-                        drop_conn(host, c, r, reason);
-                        return;
-                }
-        }
+        if (restore_objects(host, c, h, passed, false) < 0)
+                return NULL;
+        return c;
+}
+
+/*
+ * The second half, once every client's other objects are back: its imports (on the model an import of
+ * another client's export finds that memory only once it is back), its VMM mappings, and its connection
+ * going on where it was.
+ */
+static void restore_end(Manager *m, const CarryHost *host, const Gpumemd__HandoverClient *h, Conn *c,
+                        Passed *passed)
+{
+        char reason[256];
+        int r;
+
+        if (restore_objects(host, c, h, passed, true) < 0)
+                return;
         for (size_t i = 0; i < h->n_vmm_maps; i++) {
                 const Gpumemd__HandoverVmmMap *hm = h->vmm_maps[i];
                 BrokerCarryMap k = {.va = hm->va,
@@ -634,6 +673,8 @@ Gpumemd__HandoverState *carry_read_state(HandoverFds *fds)
 
 void carry_restore(Manager *m, const CarryHost *host, Gpumemd__HandoverState *st, HandoverFds *fds)
 {
+        HashMap ids = {0}; /* the clients begun, by id */
+        Conn **begun = NULL;
         Passed passed = {0};
         unsigned taken = 0;
         int r;
@@ -666,15 +707,32 @@ void carry_restore(Manager *m, const CarryHost *host, Gpumemd__HandoverState *st
                                  "the fds handed over cannot be read (%s): their clients are closed",
                                  strerror(-r));
         }
+        begun = st->n_clients ? calloc(st->n_clients, sizeof(*begun)) : NULL;
+        if (st->n_clients && !begun) {
+                log_full(LOG_WARNING, -ENOMEM, GM_MESSAGE_HANDOVER, NULL,
+                         "out of memory taking the clients back: they are closed");
+                goto out;
+        }
         manager_lock(m);
         if (st->has_next_client_id && st->next_client_id > m->next_client_id)
                 m->next_client_id = st->next_client_id;
+        /* two passes: every client's imports come once every client's other memory is back */
+        for (size_t i = 0; i < st->n_clients; i++) {
+                const Gpumemd__HandoverClient *h = st->clients[i];
+                bool twice = h->has_id && hashmap_get(&ids, h->id) != NULL;
+                begun[i] = restore_begin(m, host, h, twice, fds, &passed);
+                if (begun[i] && hashmap_put(&ids, h->id, begun[i]) < 0) {
+                        drop_conn(host, begun[i], -ENOMEM, "out of memory");
+                        begun[i] = NULL;
+                }
+                if (h->has_id && h->id > m->next_client_id)
+                        m->next_client_id = h->id;
+        }
         for (size_t i = 0; i < st->n_clients; i++) {
                 unsigned before = m->n_conns;
-                restore_one(m, host, st->clients[i], fds, &passed);
+                if (begun[i])
+                        restore_end(m, host, st->clients[i], begun[i], &passed);
                 taken += m->n_conns > before;
-                if (st->clients[i]->has_id && st->clients[i]->id > m->next_client_id)
-                        m->next_client_id = st->clients[i]->id;
         }
         manager_unlock(m);
         log_full(LOG_INFO, 0, GM_MESSAGE_HANDOVER, NULL,
@@ -682,6 +740,8 @@ void carry_restore(Manager *m, const CarryHost *host, Gpumemd__HandoverState *st
                  st->n_clients, st->n_clients == 1 ? "" : "s", st->writer_version ? st->writer_version : "?",
                  st->format, st->revision);
 out:
+        free(begun);
+        hashmap_done(&ids);
         for (size_t i = 0; i < passed.n; i++)
                 safe_close(passed.fd[i]);
         free(passed.fd);

@@ -12,8 +12,9 @@
  * The state's format (its major version) and revision. A reader takes any revision of its own format or an
  * older one, and refuses a newer format (it starts clean then, and says why).
  */
-#define HANDOVER_FORMAT   1u
-#define HANDOVER_REVISION 3u /* 2: clients' memory objects; 3: VMM handles, reservations, mappings */
+#define HANDOVER_FORMAT 1u
+#define HANDOVER_REVISION                                                                                    \
+        4u /* 2: clients' memory objects; 3: VMM handles, reservations, mappings; 4: imports */
 /* A state larger than this is not read (a broken or hostile writer). */
 #define HANDOVER_STATE_MAX (256u << 20)
 

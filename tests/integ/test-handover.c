@@ -1,6 +1,7 @@
 /* Clients carried across a restart: systemd's fd-store protocol (a supervisor of the harness's), and a
  * re-exec on SIGUSR1. */
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -221,6 +222,16 @@ static int store_case(void)
 static void test_store(void)
 {
         (void)store_case();
+}
+
+/* Give the daemon time to tear the clients just closed down, and one round trip behind it. */
+static void settle(void)
+{
+        gm_client *adm = NULL;
+
+        usleep(100000);
+        CHECK_RC(gm_client_connect(dmn.sock, "after", &adm), 0);
+        gm_client_close(adm);
 }
 
 /* The class's usage of @resource (all GPUs), or UINT64_MAX when it cannot be read. */
@@ -512,12 +523,7 @@ static int device_memory_case(void)
         CHECK_RC(gm_mem_free(a, dev), 0);
         gm_client_close(a);
         /* and it all goes back, in the broker and in the driver */
-        {
-                gm_client *adm = NULL;
-                usleep(100000);
-                CHECK_RC(gm_client_connect(dmn.sock, "after", &adm), 0);
-                gm_client_close(adm);
-        }
+        settle();
         CHECK_EQ(class_used(GM_RESOURCE_VRAM), 0);
         CHECK_EQ(daemon_state(&dmn, &s1), 0);
         CHECK_EQ(s1.model_vram_bytes, 0);
@@ -641,12 +647,7 @@ static int vmm_memory_case(void)
         CHECK_EQ(class_used(GM_RESOURCE_VRAM), 0);
         CHECK_EQ(class_used(GM_RESOURCE_HANDLES), 0);
         gm_client_close(c);
-        {
-                gm_client *adm = NULL;
-                usleep(100000);
-                CHECK_RC(gm_client_connect(dmn.sock, "after", &adm), 0);
-                gm_client_close(adm);
-        }
+        settle();
         CHECK_EQ(daemon_state(&dmn, &s1), 0);
         CHECK_EQ(s1.model_vram_bytes, 0);
         CHECK_EQ(s1.model_gem_handles, 0);
@@ -656,6 +657,112 @@ static int vmm_memory_case(void)
 static void test_vmm_memory(void)
 {
         (void)vmm_memory_case();
+}
+
+/*
+ * Imports go on: one client imports another's export and maps it in a VMM reservation (its handle released
+ * while mapped), and imports a foreign dmabuf (a sealed memfd). The importer connected last, so it is handed
+ * over first: its import must still find the exporter's memory. Afterwards the handles, the mapping's
+ * access and the bytes are the same, both clients see each other's writes, and the accounts are unchanged.
+ */
+static int import_case(void)
+{
+        gm_pointer_attributes pd = {.struct_size = sizeof(pd)};
+        gm_alloc_info before[8], after[8];
+        gm_client *e = NULL, *im = NULL;
+        uint32_t gpus[2] = {0, 0}, gpu1;
+        gm_handle hi = 0, hf = 0, again = 0;
+        uint64_t handles0, fds0, vram0;
+        unsigned char *res = NULL;
+        void *dev = NULL;
+        DaemonState s0, s1;
+        size_t got = 0, n0, n1;
+        int fd = -1, mfd;
+
+        gpu1 = daemon_gpus(&dmn, gpus, 2) == 2 ? gpus[1] : gpu0;
+        REQUIRE_RC(carried_connect("exporter", &e), 0);
+        REQUIRE_RC(carried_connect("importer", &im), 0);
+        REQUIRE_RC(gm_malloc(e, 4 * MiB, gpu0, 0, &dev), 0);
+        REQUIRE_RC(gm_pointer_get_attributes(e, dev, &pd), 0);
+        REQUIRE_RC(gm_mem_export(e, pd.handle, &fd, &got), 0);
+        {
+                unsigned char *m = mmap(NULL, 4 * MiB, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+                REQUIRE(m != MAP_FAILED);
+                m[0] = 0x61;
+                m[4 * MiB - 1] = 0x6f;
+                munmap(m, 4 * MiB);
+        }
+        REQUIRE_RC(gm_mem_import(im, fd, gpu1, &hi, &got), 0);
+        close(fd);
+        {
+                gm_access_desc rw[2] = {{gpu1, GM_ACCESS_READ_WRITE},
+                                        {GM_LOCATION_CPU, GM_ACCESS_READ_WRITE}};
+                void *p = NULL;
+                REQUIRE_RC(gm_mem_address_reserve(im, 4 * MiB, 0, NULL, 0, &p), 0);
+                res = p;
+                REQUIRE_RC(gm_mem_map(im, res, 4 * MiB, 0, hi), 0);
+                REQUIRE_RC(gm_mem_set_access(im, res, 4 * MiB, rw, 2), 0);
+        }
+        CHECK_EQ(res[0], 0x61);
+        CHECK_RC(gm_mem_release(im, hi), 0); /* its mapping keeps it */
+        /* a foreign dmabuf: the model takes a sealed memfd as one (udmabuf) */
+        mfd = memfd_create("foreign", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+        REQUIRE(mfd >= 0);
+        CHECK_EQ(ftruncate(mfd, 2 * MiB), 0);
+        CHECK_EQ(pwrite(mfd, "\x99", 1, 0), 1);
+        CHECK_EQ(pwrite(mfd, "\x9f", 1, 2 * MiB - 1), 1);
+        CHECK_EQ(fcntl(mfd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW), 0);
+        CHECK_RC(gm_mem_import(im, mfd, gpu0, &hf, &got), 0);
+        close(mfd);
+        n0 = objects_of(gm_client_id(im), before, 8);
+        handles0 = class_used(GM_RESOURCE_HANDLES);
+        fds0 = class_used(GM_RESOURCE_FDS);
+        vram0 = class_used(GM_RESOURCE_VRAM);
+        CHECK_EQ(vram0, 4 * MiB); /* the exporter's class pays for its memory once */
+        CHECK_EQ(daemon_state(&dmn, &s0), 0);
+
+        CHECK_EQ(daemon_term(&dmn), 0);
+        REQUIRE_EQ(daemon_restart_handover(&dmn, "mi300x", dargs), 0);
+
+        CHECK_RC(gm_ping(e), 0);
+        CHECK_RC(gm_ping(im), 0);
+        n1 = objects_of(gm_client_id(im), after, 8);
+        check_same_objects(before, n0, after, n1);
+        CHECK_EQ(class_used(GM_RESOURCE_HANDLES), handles0);
+        CHECK_EQ(class_used(GM_RESOURCE_FDS), fds0);
+        CHECK_EQ(class_used(GM_RESOURCE_VRAM), vram0);
+        CHECK_EQ(daemon_state(&dmn, &s1), 0);
+        /* the model's count has the exporter's buffer too now: the new daemon took it back by an import */
+        CHECK_EQ(s1.model_imports, s0.model_imports + 1);
+        CHECK_EQ(s1.model_vram_bytes, s0.model_vram_bytes); /* the export and its import: one buffer */
+        CHECK_EQ(s1.model_gem_handles, s0.model_gem_handles);
+        CHECK_EQ(access_of(im, res, gpu1), GM_ACCESS_READ_WRITE);
+        CHECK_EQ(access_of(im, res, GM_LOCATION_CPU), GM_ACCESS_READ_WRITE);
+        CHECK_RC(gm_mem_retain_allocation_handle(im, res, &again), 0);
+        CHECK_EQ(again, hi);
+        /* one memory for both: the importer's write is in the exporter's allocation, and back */
+        res[0] = 0x63;
+        CHECK_RC(exported_bytes(e, pd.handle, 4 * MiB, 0x63, 0x6f), 0);
+        CHECK_RC(exported_bytes(im, again, 4 * MiB, 0x63, 0x6f), 0);
+        CHECK_RC(exported_bytes(im, hf, 2 * MiB, 0x99, 0x9f), 0);
+
+        CHECK_RC(gm_mem_unmap(im, res, 4 * MiB), 0);
+        CHECK_RC(gm_mem_release(im, again), 0);
+        CHECK_RC(gm_mem_release(im, hf), 0);
+        CHECK_RC(gm_mem_address_free(im, res, 4 * MiB), 0);
+        CHECK_RC(gm_mem_free(e, dev), 0);
+        gm_client_close(im);
+        gm_client_close(e);
+        settle();
+        CHECK_EQ(daemon_state(&dmn, &s1), 0);
+        CHECK_EQ(s1.model_vram_bytes, 0);
+        CHECK_EQ(s1.model_imports, 0);
+        return 0;
+}
+
+static void test_imports(void)
+{
+        (void)import_case();
 }
 
 /* The SVM attributes of [p+off, p+off+len): preferred location, access of @gpu, flags, granularity. */
@@ -953,6 +1060,8 @@ int main(int argc, char **argv)
                  test_managed_memory},
                 {"VMM memory carried: reservations, handles, mappings, GPU and CPU access, data",
                  test_vmm_memory},
+                {"imports carried: of another client's export and foreign, mapped, the same memory",
+                 test_imports},
                 {"the SVM calls kept for a restart are bounded per client", test_svm_bound},
                 {"an upgrade to a newer state revision and back", test_upgrade},
                 {"a state that cannot be read: the daemon starts clean", test_bad_state},

@@ -156,6 +156,37 @@ static void sample_vmm(Gpumemd__HandoverState *st, SampleVmm *v)
         st->channel_fds = 4;
 }
 
+/* Revision 4: besides, a foreign, read-only import of 2 MiB on the second GPU. */
+typedef struct SampleImport {
+        SampleVmm vmm;
+        Gpumemd__HandoverObject imp, *op[4];
+} SampleImport;
+
+static void sample_import(Gpumemd__HandoverState *st, SampleImport *v)
+{
+        Gpumemd__HandoverClient *c = st->clients[0];
+
+        sample_vmm(st, &v->vmm);
+        gpumemd__handover_object__init(&v->imp);
+        v->imp.has_handle = v->imp.has_kind = v->imp.has_size = v->imp.has_gpu_id = true;
+        v->imp.has_client_refs = v->imp.has_fd_index = v->imp.has_foreign = v->imp.has_read_only = true;
+        v->imp.handle = 0x99cc;
+        v->imp.kind = 5;
+        v->imp.size = 2u << 20;
+        v->imp.gpu_id = 4243;
+        v->imp.client_refs = 1;
+        v->imp.fd_index = 4;
+        v->imp.foreign = true;
+        v->imp.read_only = true;
+        for (size_t i = 0; i < 3; i++)
+                v->op[i] = c->objects[i];
+        v->op[3] = &v->imp;
+        c->objects = v->op;
+        c->n_objects = 4;
+        st->revision = 4;
+        st->channel_fds = 5;
+}
+
 static void check_sample(const Gpumemd__HandoverState *st)
 {
         CHECK_EQ(st->format, 1);
@@ -284,6 +315,38 @@ static void test_golden3(void)
                 CHECK_EQ(m->cpu_access, 3);
                 CHECK_EQ(m->n_grants, 2);
                 CHECK(m->n_grants == 2 && m->grants[0] == 4242 && m->grants[1] == 1);
+        }
+        gpumemd__handover_state__free_unpacked(st, NULL);
+}
+
+/* A state as format 1, revision 4 wrote it: the revision 3 sample, and an import (sample_import). */
+static const char golden4_hex[] =
+        "474d445354415445ff00000000000000188b83034f61844a080110041a05302e312e3028093209676d2d6c697374656e"
+        "380142192f72756e2f6770756d656d642f6770756d656d642e736f636b4a056d6f64656c52b6010807220670696e6765"
+        "72280238808080818030408080808080024a0764656661756c7452012f601f6a2908f8acb5decac60410011880808081"
+        "80302080808001289221300138014001480152049221932158026a1208aaef0110641880808082803020808080046a12"
+        "08bb910210042080808002289321580368006a1608ccb302100520808080012893215804680170017801700078028201"
+        "1c088080808380301080808001188080800120bb9102280332039221015a06676d2d6664736005";
+
+static void test_golden4(void)
+{
+        Gpumemd__HandoverState *st = parse_golden(golden4_hex);
+
+        if (!st)
+                return;
+        CHECK_EQ(st->revision, 4);
+        CHECK_EQ(st->channel_fds, 5);
+        CHECK_EQ(st->clients[0]->n_objects, 4);
+        CHECK_EQ(st->clients[0]->n_vmm_maps, 1);
+        if (st->clients[0]->n_objects == 4) {
+                const Gpumemd__HandoverObject *o = st->clients[0]->objects[3];
+                CHECK_EQ(o->kind, 5);
+                CHECK_EQ(o->handle, 0x99cc);
+                CHECK_EQ(o->gpu_id, 4243);
+                CHECK_EQ(o->client_refs, 1);
+                CHECK_EQ(o->fd_index, 4);
+                CHECK(o->has_foreign && o->foreign);
+                CHECK(o->has_read_only && o->read_only);
         }
         gpumemd__handover_state__free_unpacked(st, NULL);
 }
@@ -478,6 +541,7 @@ int main(int argc, char **argv)
                 {"the state format 1 revision 1 wrote is read", test_golden},
                 {"the state format 1 revision 2 wrote is read", test_golden2},
                 {"the state format 1 revision 3 wrote is read", test_golden3},
+                {"the state format 1 revision 4 wrote is read", test_golden4},
                 {"unsealed, damaged, newer or formatless states are refused", test_refused},
                 {"a newer revision's fields are skipped", test_newer_revision},
                 {"named fds", test_fds},
@@ -485,7 +549,7 @@ int main(int argc, char **argv)
                 {"systemd's fd-store protocol, and a manager that does not read", test_store},
         };
 
-        /* --print-golden [2|3]: the sample as this daemon writes it, to keep as a golden state when the
+        /* --print-golden [2|3|4]: the sample as this daemon writes it, to keep as a golden state when the
          * format moves on (the goldens above stay) */
         if (argc > 1 && strcmp(argv[1], "--print-golden") == 0) {
                 Gpumemd__HandoverState st;
@@ -495,11 +559,15 @@ int main(int argc, char **argv)
                 Gpumemd__HandoverObject o, *op[1];
                 uint32_t mapped[2];
                 SampleVmm v;
+                SampleImport vi;
+                int rev = argc > 2 ? atoi(argv[2]) : 1;
                 sample(&st, &c, cp);
-                if (argc > 2 && (strcmp(argv[2], "2") == 0 || strcmp(argv[2], "3") == 0))
+                if (rev >= 2)
                         sample_objects(&st, &o, op, mapped);
-                if (argc > 2 && strcmp(argv[2], "3") == 0)
+                if (rev == 3)
                         sample_vmm(&st, &v);
+                if (rev >= 4)
+                        sample_import(&st, &vi);
                 if (handover_state_pack(&st, &buf, &len) < 0)
                         return EXIT_FAILURE;
                 for (size_t i = 0; i < len; i++)
