@@ -2651,6 +2651,11 @@ struct Share {
         ShareRef *refs;   /* every reader's, revoked ones included, until they free their handles */
         uint32_t readers; /* of them, not revoked */
         uint64_t published_usec, opens;
+        /* brought back from a restart, its publisher (by tag) and object (by handle) not back yet */
+        bool carry_pending;
+        uint64_t carry_owner_tag, carry_src;
+        bool carry_ending;    /* its publisher did not come back: it ends once its readers are back */
+        DriverMem *carry_mem; /* a persistent one's memory, taken back by the driver for it alone */
 };
 
 /* What a share costs its publisher besides the memory: a handle and the fd the broker holds. */
@@ -2761,6 +2766,8 @@ static void ref_unmap(Broker *b, ShareRef *ref)
 
 static void share_free(Broker *b, Share *s)
 {
+        if (s->carry_mem)
+                (void)driver_mem_free(b->drv, s->carry_mem);
         if (b->share_space)
                 (void)thunk_va_free(b->share_space, s->va);
         safe_close(s->fd);
@@ -2808,6 +2815,9 @@ static void share_end(Broker *b, Share *s)
         s->src = NULL;
         s->owner = NULL;
         s->fd = safe_close(s->fd);
+        if (s->carry_mem)
+                (void)driver_mem_free(b->drv, s->carry_mem);
+        s->carry_mem = NULL;
         if (!s->refs)
                 share_free(b, s);
 }
@@ -2954,6 +2964,64 @@ static int reader_gpus(BrokerClient *c, const uint32_t *ids, size_t n, uint32_t 
         return 0;
 }
 
+/* A reader's object @o of share @s: where it lies, in its role. */
+static void share_obj_fill(Obj *o, const Share *s, ShareRef *ref)
+{
+        o->va = s->va;
+        o->size = s->size;
+        o->gpu_id = s->gpu_id;
+        o->outer = true;
+        o->read_only = ref->read_only;
+        o->flags = ref->read_only ? BROKER_FLAG_READ_ONLY : 0;
+        o->ref = ref;
+        o->client_refs = 1;
+}
+
+/* @ref becomes one of @s's readers, @c's. Under the share lock. */
+static void share_ref_link(Share *s, ShareRef *ref, BrokerClient *c)
+{
+        ref->share = s;
+        ref->reader = c;
+        ref->next = s->refs;
+        s->refs = ref;
+        s->readers++;
+}
+
+/*
+ * A reader's import of share @s and its grants on @gpus, in its role (@ref->read_only); the file it was
+ * imported from in *@ret_fd (the caller's; a read-only reader's is opened read-only, so its import and CPU
+ * mapping keep to it). On failure what was made stays in @ref for ref_unmap(). Under the share lock.
+ */
+static int share_ref_map(Broker *b, DriverCtx *ctx, const Share *s, ShareRef *ref, const uint32_t *gpus,
+                         size_t n_gpus, int *ret_fd, Reason *w)
+{
+        int fd, r;
+
+        fd = fcntl(s->fd, F_DUPFD_CLOEXEC, 3);
+        if (fd < 0)
+                return reason_set(w, -errno, "cannot duplicate the share's fd: %s", strerror(errno));
+        if (ref->read_only && (r = make_read_only(&fd, w)) < 0)
+                return r;
+        r = driver_mem_import(b->drv, ctx, fd, n_gpus ? gpus[0] : b->gpu_ids[0], &ref->mem);
+        if (r < 0) {
+                safe_close(fd);
+                return reason_set(w, r, "the driver refused to import share '%s': %s", s->name, strerror(-r));
+        }
+        for (size_t i = 0; i < n_gpus; i++) {
+                r = driver_grant(b->drv, ctx, ref->mem, gpus[i], s->va, 0, s->size,
+                                 ref->read_only ? DRIVER_ACCESS_READ : DRIVER_ACCESS_READ_WRITE, false,
+                                 &ref->grants[ref->n_grants]);
+                if (r < 0) {
+                        safe_close(fd);
+                        return reason_set(w, r, "the driver refused GPU %u access to share '%s': %s", gpus[i],
+                                          s->name, strerror(-r));
+                }
+                ref->grant_gpus[ref->n_grants++] = gpus[i];
+        }
+        *ret_fd = fd;
+        return 0;
+}
+
 int broker_share_open(BrokerClient *c, const char *name, bool write, const uint32_t *gpu_ids, size_t n,
                       uint64_t *ret_handle, BrokerShareInfo *ret_info, int *ret_fd, Reason *w)
 {
@@ -3022,48 +3090,16 @@ int broker_share_open(BrokerClient *c, const char *name, bool write, const uint3
                 goto fail;
         }
         placed = true;
-        fd = fcntl(s->fd, F_DUPFD_CLOEXEC, 3);
-        if (fd < 0) {
-                r = reason_set(w, -errno, "cannot duplicate the share's fd: %s", strerror(errno));
+        r = share_ref_map(b, ctx, s, ref, gpus, n_gpus, &fd, w);
+        if (r < 0)
                 goto fail;
-        }
-        /* a read-only reader's file is opened read-only: its import and its CPU mapping keep to it */
-        if (ref->read_only && (r = make_read_only(&fd, w)) < 0)
-                goto fail;
-        r = driver_mem_import(b->drv, ctx, fd, gpus[0], &ref->mem);
-        if (r < 0) {
-                reason_set(w, r, "the driver refused to import share '%s': %s", name, strerror(-r));
-                goto fail;
-        }
-        for (size_t i = 0; i < n_gpus; i++) {
-                r = driver_grant(b->drv, ctx, ref->mem, gpus[i], s->va, 0, s->size,
-                                 ref->read_only ? DRIVER_ACCESS_READ : DRIVER_ACCESS_READ_WRITE, false,
-                                 &ref->grants[ref->n_grants]);
-                if (r < 0) {
-                        reason_set(w, r, "the driver refused GPU %u access to share '%s': %s", gpus[i], name,
-                                   strerror(-r));
-                        goto fail;
-                }
-                ref->grant_gpus[ref->n_grants++] = gpus[i];
-        }
-        o->va = s->va;
-        o->size = s->size;
-        o->gpu_id = s->gpu_id;
-        o->outer = true;
-        o->read_only = ref->read_only;
-        o->flags = ref->read_only ? BROKER_FLAG_READ_ONLY : 0;
-        o->ref = ref;
-        o->client_refs = 1;
+        share_obj_fill(o, s, ref);
         r = obj_publish(c, o);
         if (r < 0) {
                 reason_set(w, r, "out of memory");
                 goto fail;
         }
-        ref->share = s;
-        ref->reader = c;
-        ref->next = s->refs;
-        s->refs = ref;
-        s->readers++;
+        share_ref_link(s, ref, c);
         s->opens++;
         share_info(s, ret_info);
         pthread_mutex_unlock(&b->share_lock);
@@ -3902,8 +3938,8 @@ static const char *obj_not_carriable(const Broker *b, const Obj *o)
 {
         if (o->pending)
                 return "an allocation is still being made";
-        if (o->share || o->ref)
-                return "named shares";
+        if (o->ref && !o->ref->mem)
+                return "the handle of a revoked share";
         switch (o->kind) {
         case BROKER_KIND_HOST:
                 if (o->flags & BROKER_FLAG_GTT)
@@ -3926,6 +3962,8 @@ static const char *obj_not_carriable(const Broker *b, const Obj *o)
                 return o->mem ? NULL : "VMM memory without its buffer";
         case BROKER_KIND_RESERVATION:
                 return reservation_not_carriable(b, o);
+        case BROKER_KIND_SHARE:
+                return o->ref ? NULL : "a share without its reader's part";
         case BROKER_KIND_IMPORT:
                 /* its file for the next daemon is the dmabuf exported again (KFD hands back the one imported)
                  */
@@ -3966,13 +4004,21 @@ static void carry_record(const BrokerClient *c, const Obj *o, BrokerCarry *k)
         k->numa_node = o->numa_node;
         k->exports = o->exports;
         k->handed_out = o->handed_out;
-        k->has_file = o->kind != BROKER_KIND_RESERVATION;
+        k->has_file = o->kind != BROKER_KIND_RESERVATION && o->kind != BROKER_KIND_SHARE;
         k->client_refs = o->client_refs;
         k->foreign = o->foreign;
         k->read_only = o->read_only;
         k->fd = -1;
         k->svm = o->svm_log ? o->svm_log->e : NULL;
         k->n_svm = o->svm_log ? o->svm_log->n : 0;
+        if (o->kind == BROKER_KIND_SHARE) {
+                /* the reader's part: the share it opened, its role, the GPUs it was granted */
+                k->share_name = o->ref->share->name;
+                k->read_only = o->ref->read_only;
+                for (size_t g = 0; g < o->ref->n_grants; g++)
+                        k->mapped[k->n_mapped++] = o->ref->grant_gpus[g];
+                return;
+        }
         /* VMM memory and imports reach GPUs through their mappings' grants, not as a whole */
         for (size_t g = 0;
              o->mem && o->kind != BROKER_KIND_VMM && o->kind != BROKER_KIND_IMPORT && g < c->b->n_gpus; g++)
@@ -4195,7 +4241,70 @@ static void charge_carried(BrokerClient *c, const Charge *ch)
 static bool carry_kind_ok(BrokerKind kind)
 {
         return kind == BROKER_KIND_HOST || kind == BROKER_KIND_DEVICE || kind == BROKER_KIND_MANAGED ||
-               kind == BROKER_KIND_VMM || kind == BROKER_KIND_IMPORT || kind == BROKER_KIND_RESERVATION;
+               kind == BROKER_KIND_VMM || kind == BROKER_KIND_IMPORT || kind == BROKER_KIND_RESERVATION ||
+               kind == BROKER_KIND_SHARE;
+}
+
+/*
+ * A reader's open share: the share (back already, broker_carry_share_restore) imported into its GPU VM
+ * again and granted to the same GPUs, with the same role, at the share's VA. The reader keeps the file and
+ * CPU mapping it was given.
+ */
+static int carry_share_ref(BrokerClient *c, Obj *o, const BrokerCarry *k, Reason *w)
+{
+        Broker *b = c->b;
+        DriverCtx *ctx;
+        ShareRef *ref;
+        Share *sh = NULL;
+        bool placed = false;
+        int fd = -1, r;
+
+        if (!k->share_name || !share_name_ok(k->share_name) || !b->share_space)
+                return reason_set(w, -EINVAL, "its share has no name this daemon knows");
+        r = client_ctx(c, &ctx, w);
+        if (r < 0)
+                return r;
+        if (!c->outer &&
+            (r = thunk_va_space_new(BROKER_PAGE_SIZE, BROKER_SVM_LIMIT - BROKER_PAGE_SIZE, 0, &c->outer)) < 0)
+                return reason_set(w, r, "out of memory");
+        ref = calloc(1, sizeof(*ref));
+        if (!ref)
+                return reason_set(w, -ENOMEM, "out of memory");
+        pthread_mutex_lock(&b->share_lock);
+        sh = share_by_name(b, k->share_name);
+        if (!sh) {
+                r = reason_set(w, -ENOENT, "share '%s' did not come back", k->share_name);
+                goto fail;
+        }
+        if (sh->size != k->size) {
+                r = reason_set(w, -EINVAL, "share '%s' is not the size it was", k->share_name);
+                goto fail;
+        }
+        ref->read_only = k->read_only || sh->read_only;
+        r = thunk_va_alloc_fixed(c->outer, sh->va, sh->size, o);
+        if (r < 0) {
+                r = reason_set(w, r, "share '%s' cannot be placed in its GPU VM again: %s", k->share_name,
+                               strerror(-r));
+                goto fail;
+        }
+        placed = true;
+        r = share_ref_map(b, ctx, sh, ref, k->mapped, k->n_mapped, &fd, w);
+        if (r < 0)
+                goto fail;
+        safe_close(fd); /* the reader has its own, and its CPU mapping */
+        share_obj_fill(o, sh, ref);
+        share_ref_link(sh, ref, c);
+        pthread_mutex_unlock(&b->share_lock);
+        return 0;
+
+fail:
+        ref_unmap(b, ref);
+        pthread_mutex_unlock(&b->share_lock);
+        if (placed)
+                (void)thunk_va_free(c->outer, sh->va);
+        safe_close(fd);
+        free(ref);
+        return r;
 }
 
 /* An import: the dmabuf imported again on the same GPU; it must be the size it was. */
@@ -4224,7 +4333,9 @@ static int carry_import(BrokerClient *c, Obj *o, const BrokerCarry *k, int fd, R
 
 int broker_carry_restore(BrokerClient *c, BrokerCarry *k, Reason *w)
 {
-        bool has_va = k->kind != BROKER_KIND_VMM && k->kind != BROKER_KIND_IMPORT;
+        bool has_va =
+                k->kind != BROKER_KIND_VMM && k->kind != BROKER_KIND_IMPORT && k->kind != BROKER_KIND_SHARE;
+        bool has_file = k->kind != BROKER_KIND_RESERVATION && k->kind != BROKER_KIND_SHARE;
         Charge ch;
         Obj *o;
         int r;
@@ -4243,8 +4354,8 @@ int broker_carry_restore(BrokerClient *c, BrokerCarry *k, Reason *w)
             ((k->kind == BROKER_KIND_DEVICE || k->kind == BROKER_KIND_VMM || k->kind == BROKER_KIND_IMPORT) &&
              gpu_index(c->b, k->gpu_id) < 0) ||
             k->size == 0 || k->size % BROKER_PAGE_SIZE || check_flags(k->flags, w) < 0 ||
-            (!has_va && (k->va || k->n_mapped)) || (k->kind == BROKER_KIND_RESERVATION && k->n_mapped) ||
-            (k->kind == BROKER_KIND_RESERVATION) != (k->fd < 0)) {
+            (!has_va && k->kind != BROKER_KIND_SHARE && (k->va || k->n_mapped)) ||
+            (k->kind == BROKER_KIND_RESERVATION && k->n_mapped) || has_file != (k->fd >= 0)) {
                 k->fd = safe_close(k->fd);
                 return reason_set(w, -EINVAL, "its record is not one of memory this daemon can place");
         }
@@ -4281,6 +4392,9 @@ int broker_carry_restore(BrokerClient *c, BrokerCarry *k, Reason *w)
                 case BROKER_KIND_IMPORT:
                         r = carry_import(c, o, k, k->fd, w);
                         break;
+                case BROKER_KIND_SHARE:
+                        r = carry_share_ref(c, o, k, w);
+                        break;
                 default: /* device and VMM memory */
                         r = carry_device(c, o, k, k->fd, w);
                         break;
@@ -4290,6 +4404,12 @@ int broker_carry_restore(BrokerClient *c, BrokerCarry *k, Reason *w)
                 ch = obj_charge(o);
                 charge_carried(c, &ch);
                 r = obj_publish(c, o);
+                if (r < 0 && o->ref) {
+                        share_ref_drop(c, o); /* which gives its charge back */
+                        free(o);
+                        k->fd = safe_close(k->fd);
+                        return reason_set(w, r, "out of memory");
+                }
                 if (r < 0) {
                         charge_give(c, &ch);
                         if (o->mem) {
@@ -4389,6 +4509,30 @@ int broker_carry_restore_map(BrokerClient *c, const BrokerCarryMap *k, Reason *w
         return 0;
 }
 
+void broker_carry_claim_shares(BrokerClient *c)
+{
+        Broker *b = c->b;
+
+        pthread_mutex_lock(&b->share_lock);
+        for (Share *sh = b->shares; sh; sh = sh->next) {
+                Obj *o;
+                if (!sh->carry_pending || !sh->carry_owner_tag || sh->carry_owner_tag != c->tag)
+                        continue;
+                o = obj_lookup(c, sh->carry_src);
+                if (!o || o->share || o->kind != sh->kind || o->size != sh->size)
+                        continue; /* settled as a share whose publisher did not come back */
+                sh->carry_pending = false;
+                sh->src = o;
+                sh->owner = c;
+                sh->owner_tag = c->tag;
+                sh->acct = c->acct;
+                snprintf(sh->class_name, sizeof(sh->class_name), "%s", c->acct ? c->acct->name : "");
+                o->share = sh;
+                charge_carried(c, &share_charge);
+        }
+        pthread_mutex_unlock(&b->share_lock);
+}
+
 int broker_carry_finish(BrokerClient *c, Reason *w)
 {
         size_t it = 0;
@@ -4411,4 +4555,136 @@ int broker_carry_finish(BrokerClient *c, Reason *w)
         }
         broker_process_events(c->b);
         return r;
+}
+
+int broker_carry_shares_each(Broker *b, int (*fn)(void *arg, const BrokerCarryShare *s), void *arg)
+{
+        int r = 0;
+
+        pthread_mutex_lock(&b->share_lock);
+        for (Share *sh = b->shares; sh && r == 0; sh = sh->next) {
+                BrokerCarryShare k;
+                /* the class that pays: the publisher's now, while it holds the share (a reload may have
+                 * moved it) */
+                if (sh->owner && sh->owner->acct)
+                        snprintf(sh->class_name, sizeof(sh->class_name), "%s", sh->owner->acct->name);
+                k = (BrokerCarryShare){.name = sh->name,
+                                       .kind = sh->kind,
+                                       .gpu_id = sh->gpu_id,
+                                       .va = sh->va,
+                                       .size = sh->size,
+                                       .read_only = sh->read_only,
+                                       .persistent = sh->persistent,
+                                       .owner_tag = sh->owner && sh->src ? sh->owner_tag : 0,
+                                       .src_handle = sh->src ? sh->src->handle : 0,
+                                       .class_name = sh->class_name,
+                                       .published_usec = sh->published_usec,
+                                       .opens = sh->opens,
+                                       .fd = fcntl(sh->fd, F_DUPFD_CLOEXEC, 3)};
+                r = k.fd < 0 ? -errno : fn(arg, &k);
+        }
+        pthread_mutex_unlock(&b->share_lock);
+        return r;
+}
+
+int broker_carry_share_restore(Broker *b, BrokerCarryShare *k, Reason *w)
+{
+        Share *sh;
+        struct stat st;
+        int r;
+
+        if (!b->share_space) {
+                k->fd = safe_close(k->fd);
+                return reason_set(w, -EOPNOTSUPP, "this daemon has no shared region for named shares");
+        }
+        if (!share_name_ok(k->name) ||
+            (k->kind != BROKER_KIND_DEVICE && k->kind != BROKER_KIND_HOST && k->kind != BROKER_KIND_VMM) ||
+            (k->gpu_id && gpu_index(b, k->gpu_id) < 0) || k->size == 0 || k->size % BROKER_PAGE_SIZE ||
+            k->fd < 0 || fstat(k->fd, &st) < 0 || (uint64_t)st.st_size < k->size) {
+                k->fd = safe_close(k->fd);
+                return reason_set(w, -EINVAL, "its record is not one of a share this daemon can hold");
+        }
+        sh = calloc(1, sizeof(*sh));
+        if (!sh) {
+                k->fd = safe_close(k->fd);
+                return reason_set(w, -ENOMEM, "out of memory");
+        }
+        *sh = (Share){.kind = k->kind,
+                      .gpu_id = k->gpu_id,
+                      .va = k->va,
+                      .size = k->size,
+                      .fd = -1,
+                      .read_only = k->read_only,
+                      .persistent = k->persistent,
+                      .published_usec = k->published_usec,
+                      .opens = k->opens,
+                      .carry_pending = true,
+                      .carry_owner_tag = k->owner_tag,
+                      .carry_src = k->src_handle};
+        sh->fd = TAKE_FD(k->fd);
+        memcpy(sh->name, k->name, strlen(k->name) + 1);
+        snprintf(sh->class_name, sizeof(sh->class_name), "%s", k->class_name ? k->class_name : "");
+        pthread_mutex_lock(&b->share_lock);
+        if (share_by_name(b, sh->name))
+                r = reason_set(w, -EEXIST, "a share named '%s' is back already", sh->name);
+        else if (b->n_shares >= BROKER_MAX_SHARES)
+                r = reason_set(w, -ENOSPC, "the daemon holds %d shares, its most", BROKER_MAX_SHARES);
+        else if ((r = thunk_va_alloc_fixed(b->share_space, sh->va, sh->size, sh)) < 0)
+                r = reason_set(w, r, "its place 0x%llx+0x%llx in the shared region is not free",
+                               (unsigned long long)sh->va, (unsigned long long)sh->size);
+        if (r >= 0) {
+                sh->next = b->shares;
+                b->shares = sh;
+                b->n_shares++;
+        }
+        pthread_mutex_unlock(&b->share_lock);
+        if (r < 0) {
+                safe_close(sh->fd);
+                free(sh);
+        }
+        return r;
+}
+
+void broker_carry_shares_unclaimed(Broker *b, BrokerAccount *(*acct_of)(void *arg, const char *class_name),
+                                   void *arg)
+{
+        pthread_mutex_lock(&b->share_lock);
+        for (Share *sh = b->shares; sh; sh = sh->next) {
+                if (!sh->carry_pending)
+                        continue;
+                sh->carry_pending = false;
+                if (!sh->persistent) {
+                        sh->carry_ending = true; /* as when its publisher went, once its readers are back */
+                        continue;
+                }
+                /* a persistent share keeps the memory, and its class goes on paying for it; VRAM is taken
+                 * back by the driver for the share (on the model its readers' imports find it then) */
+                if ((sh->kind == BROKER_KIND_DEVICE || sh->kind == BROKER_KIND_VMM) && driver_carries_vram(b))
+                        (void)driver_mem_adopt_vram(b->drv, b->primary, sh->fd, sh->gpu_id, 0, sh->size,
+                                                    sh->read_only ? BROKER_FLAG_READ_ONLY : 0,
+                                                    &sh->carry_mem);
+                sh->acct = acct_of ? acct_of(arg, sh->class_name) : NULL;
+                sh->held_mem = (Charge){.kind = sh->kind, .gpu_id = sh->gpu_id, .bytes = sh->size};
+                share_held_apply(b, sh, +1);
+                sh->holds = true;
+        }
+        pthread_mutex_unlock(&b->share_lock);
+}
+
+size_t broker_carry_shares_settle(Broker *b)
+{
+        size_t ended = 0;
+        Share *next;
+
+        pthread_mutex_lock(&b->share_lock);
+        for (Share *sh = b->shares; sh; sh = next) {
+                next = sh->next;
+                if (sh->carry_ending) {
+                        sh->carry_ending = false;
+                        share_end(b, sh);
+                        ended++;
+                }
+        }
+        pthread_mutex_unlock(&b->share_lock);
+        return ended;
 }

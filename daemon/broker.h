@@ -193,7 +193,10 @@ typedef struct BrokerCarry {
          * released, still mapped */
         uint32_t client_refs;
         bool foreign;   /* import: of memory gpumemd did not export, charged by its size */
-        bool read_only; /* import: of a read-only export */
+        bool read_only; /* import: of a read-only export; a reader's share: opened read-only */
+        /* a reader's open share (BROKER_KIND_SHARE): its name (the broker's while listing, the caller's to
+         * restore); mapped[] are the GPUs it was granted */
+        const char *share_name;
         size_t n_mapped;
         uint32_t mapped[BROKER_MAX_GPUS];
         int fd; /* its memory's file, taken by the callee of broker_client_carry_each() and by
@@ -238,6 +241,41 @@ int broker_carry_restore_map(BrokerClient *c, const BrokerCarryMap *m, Reason *w
 /* The VMM handles that came back only for their mappings are named no more (one that no mapping came back
  * for is freed, and is an error). */
 int broker_carry_finish(BrokerClient *c, Reason *w);
+
+/* A named share as a daemon that stops hands it to the next: its memory's file in @fd. */
+typedef struct BrokerCarryShare {
+        const char *name; /* the broker's while listing, the caller's to restore */
+        BrokerKind kind;
+        uint32_t gpu_id;
+        uint64_t va, size;
+        bool read_only, persistent;
+        uint64_t owner_tag;  /* the publisher's tag while its object lives; 0: the share holds the memory */
+        uint64_t src_handle; /* that object's handle */
+        const char *class_name; /* the class that pays */
+        uint64_t published_usec, opens;
+        int fd;
+} BrokerCarryShare;
+
+/* Every live share to @fn, with a copy of its memory's fd that @fn takes; stops at the first failure. */
+int broker_carry_shares_each(Broker *b, int (*fn)(void *arg, const BrokerCarryShare *s), void *arg);
+/*
+ * A share under its name at its VA in the shared region again (@s->fd taken, also on failure), before the
+ * clients: its publisher takes it back (broker_carry_claim_shares), readers open it again as they come back
+ * (with the imports, after every client's other objects).
+ */
+int broker_carry_share_restore(Broker *b, BrokerCarryShare *s, Reason *w);
+/* The shares @c published, back before it: its own again, charged to it as before. After its objects, before
+ * any client's readers come back. */
+void broker_carry_claim_shares(BrokerClient *c);
+/*
+ * Once every publisher is back: a persistent share whose publisher did not come back holds its memory
+ * itself, charged to the account @acct_of gives for its class (NULL: none); any other share whose publisher
+ * did not come back ends once its readers are back too (broker_carry_shares_settle(), which returns how many
+ * ended), as when a publisher goes.
+ */
+void broker_carry_shares_unclaimed(Broker *b, BrokerAccount *(*acct_of)(void *arg, const char *class_name),
+                                   void *arg);
+size_t broker_carry_shares_settle(Broker *b);
 
 /* ---- device, host and managed memory ---------------------------------------------------------------- */
 

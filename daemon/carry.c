@@ -171,6 +171,11 @@ static int collect_object(void *arg, const BrokerCarry *k)
                 o->foreign = k->foreign;
                 o->read_only = k->read_only;
         }
+        if (k->kind == BROKER_KIND_SHARE) {
+                o->share_name = (char *)k->share_name; /* the broker's, alive until the state is sealed */
+                o->has_read_only = true;
+                o->read_only = k->read_only;
+        }
         r = collect_svm(o, k);
         if (r < 0) {
                 safe_close(fd);
@@ -244,6 +249,52 @@ static void free_objects(Gpumemd__HandoverClient *h)
         free(h->vmm_maps);
 }
 
+/* What collect_share() fills. */
+typedef struct CollectShares {
+        Gpumemd__HandoverShare **v;
+        size_t n;
+        FdVec *fds;
+} CollectShares;
+
+static int collect_share(void *arg, const BrokerCarryShare *k)
+{
+        CollectShares *col = arg;
+        Gpumemd__HandoverShare *h, **v;
+        int r;
+
+        v = realloc(col->v, (col->n + 1) * sizeof(*v));
+        h = v ? calloc(1, sizeof(*h)) : NULL;
+        if (v)
+                col->v = v;
+        if (!h) {
+                safe_close(k->fd);
+                return -ENOMEM;
+        }
+        gpumemd__handover_share__init(h);
+        col->v[col->n++] = h;
+        /* the strings are the broker's, alive until the state is sealed */
+        h->name = (char *)k->name;
+        h->class_name = (char *)k->class_name;
+        h->has_kind = h->has_gpu_id = h->has_va = h->has_size = h->has_read_only = h->has_persistent = true;
+        h->has_owner_id = h->has_src_handle = h->has_published_real_usec = h->has_opens = true;
+        h->kind = (uint32_t)k->kind;
+        h->gpu_id = k->gpu_id;
+        h->va = k->va;
+        h->size = k->size;
+        h->read_only = k->read_only;
+        h->persistent = k->persistent;
+        h->owner_id = k->owner_tag;
+        h->src_handle = k->src_handle;
+        h->published_real_usec = k->published_usec;
+        h->opens = k->opens;
+        r = fdvec_add(col->fds, k->fd, true);
+        if (r < 0)
+                return r;
+        h->has_fd_index = true;
+        h->fd_index = (uint32_t)r;
+        return 0;
+}
+
 bool carry_conn_settled(Conn *c)
 {
         return c->dead || (!c->deferred && transport_idle(&c->t));
@@ -255,6 +306,7 @@ int carry_collect(Manager *m, const CarryHost *host, HandoverFds *ret)
         Gpumemd__HandoverClient *cv = NULL, **cp = NULL;
         size_t n = 0, cap = 0, dropped = 0;
         int r = 0, state_fd = -1, channel = -1;
+        CollectShares shares = {0};
         FdVec fds = {0};
 
         *ret = (HandoverFds){0};
@@ -324,6 +376,20 @@ int carry_collect(Manager *m, const CarryHost *host, HandoverFds *ret)
                 h->connected_real_usec = c->connected_real_usec;
                 h->requests = c->requests;
         }
+        /* the named shares (their publishers' and readers' parts are the clients') */
+        shares.fds = &fds;
+        r = broker_carry_shares_each(m->broker, collect_share, &shares);
+        if (r < 0)
+                goto out;
+        st.n_shares = shares.n;
+        st.shares = shares.v;
+        {
+                uint64_t base = 0, size = 0;
+                broker_share_region_get(m->broker, &base, &size);
+                st.has_share_region_base = st.has_share_region_size = true;
+                st.share_region_base = base;
+                st.share_region_size = size;
+        }
         /* every fd of the clients through one socket: three names in the store, whatever their number */
         r = handover_channel_pack(fds.fd, fds.n, &channel);
         if (r == 0)
@@ -365,6 +431,9 @@ int carry_collect(Manager *m, const CarryHost *host, HandoverFds *ret)
                          "handing %zu client%s over to the next gpumemd (%zu not carried)", n,
                          n == 1 ? "" : "s", dropped);
 out:
+        for (size_t i = 0; i < shares.n; i++)
+                free(shares.v[i]);
+        free(shares.v);
         for (size_t i = 0; i < n; i++)
                 free_objects(&cv[i]);
         fdvec_done(&fds);
@@ -441,7 +510,8 @@ static BrokerSvmCall *restore_svm(const Gpumemd__HandoverObject *ho, BrokerCarry
         return v;
 }
 
-/* The client's objects set up again (@imports: its imports, else all the others); a failure drops it. */
+/* The client's objects set up again (@imports: its imports and open shares, else all the others); a failure
+ * drops it. */
 static int restore_objects(const CarryHost *host, Conn *c, const Gpumemd__HandoverClient *h, Passed *passed,
                            bool imports)
 {
@@ -450,7 +520,7 @@ static int restore_objects(const CarryHost *host, Conn *c, const Gpumemd__Handov
 
         for (size_t i = 0; i < h->n_objects; i++) {
                 const Gpumemd__HandoverObject *ho = h->objects[i];
-                if ((ho->kind == BROKER_KIND_IMPORT) != imports)
+                if ((ho->kind == BROKER_KIND_IMPORT || ho->kind == BROKER_KIND_SHARE) != imports)
                         continue;
                 BrokerCarry k = {
                         .handle = ho->handle,
@@ -470,8 +540,9 @@ static int restore_objects(const CarryHost *host, Conn *c, const Gpumemd__Handov
                 };
                 Reason w = {""};
                 BrokerSvmCall *svm;
-                if (k.kind == BROKER_KIND_RESERVATION && !ho->has_fd_index)
-                        k.fd = -1; /* VA only */
+                k.share_name = ho->share_name;
+                if ((k.kind == BROKER_KIND_RESERVATION || k.kind == BROKER_KIND_SHARE) && !ho->has_fd_index)
+                        k.fd = -1; /* VA only, or a share's, whose memory comes with the share */
                 else if (k.fd < 0) {
                         snprintf(reason, sizeof(reason), "the memory of handle 0x%llx was not handed over",
                                  (unsigned long long)ho->handle);
@@ -575,6 +646,8 @@ static Conn *restore_begin(Manager *m, const CarryHost *host, const Gpumemd__Han
         }
         if (restore_objects(host, c, h, passed, false) < 0)
                 return NULL;
+        if (c->broker)
+                broker_carry_claim_shares(c->broker);
         return c;
 }
 
@@ -652,6 +725,53 @@ static void restore_end(Manager *m, const CarryHost *host, const Gpumemd__Handov
                  (unsigned long long)c->window_base, (unsigned long long)c->window_size);
 }
 
+/* The named shares of the state, back in the shared region before their publishers and readers are. */
+static void restore_shares(Manager *m, const Gpumemd__HandoverState *st, Passed *passed)
+{
+        uint64_t base = 0, size = 0;
+
+        broker_share_region_get(m->broker, &base, &size);
+        if (st->share_region_base != base || st->share_region_size != size) {
+                log_full(
+                        LOG_WARNING, -EXDEV, GM_MESSAGE_HANDOVER, NULL,
+                        "the shared region was 0x%llx+0x%llx and is 0x%llx+0x%llx now: %zu share%s not taken "
+                        "back, their readers and publishers are closed",
+                        (unsigned long long)st->share_region_base, (unsigned long long)st->share_region_size,
+                        (unsigned long long)base, (unsigned long long)size, st->n_shares,
+                        st->n_shares == 1 ? "" : "s");
+                return;
+        }
+        for (size_t i = 0; i < st->n_shares; i++) {
+                const Gpumemd__HandoverShare *h = st->shares[i];
+                BrokerCarryShare k = {
+                        .name = h->name,
+                        .kind = (BrokerKind)h->kind,
+                        .gpu_id = h->gpu_id,
+                        .va = h->va,
+                        .size = h->size,
+                        .read_only = h->read_only,
+                        .persistent = h->persistent,
+                        .owner_tag = h->owner_id,
+                        .src_handle = h->src_handle,
+                        .class_name = h->class_name,
+                        .published_usec = h->published_real_usec,
+                        .opens = h->opens,
+                        .fd = h->has_fd_index ? passed_take(passed, h->fd_index) : -ENOENT,
+                };
+                Reason w = {""};
+                int r = broker_carry_share_restore(m->broker, &k, &w);
+                if (r < 0)
+                        log_full(LOG_WARNING, r, GM_MESSAGE_HANDOVER, NULL, "share '%s' not taken back: %s",
+                                 h->name ? h->name : "", reason_or_errno(&w, r));
+        }
+}
+
+static BrokerAccount *class_account(void *arg, const char *name)
+{
+        ClassState *cls = name && *name ? classes_find(arg, name) : NULL;
+        return cls ? &cls->acct : NULL;
+}
+
 Gpumemd__HandoverState *carry_read_state(HandoverFds *fds)
 {
         Gpumemd__HandoverState *st = NULL;
@@ -716,7 +836,10 @@ void carry_restore(Manager *m, const CarryHost *host, Gpumemd__HandoverState *st
         manager_lock(m);
         if (st->has_next_client_id && st->next_client_id > m->next_client_id)
                 m->next_client_id = st->next_client_id;
-        /* two passes: every client's imports come once every client's other memory is back */
+        if (st->n_shares)
+                restore_shares(m, st, &passed);
+        /* two passes: every client's imports and open shares come once every client's other memory is back
+         * (on the model an import finds the memory of another client's export only then) */
         for (size_t i = 0; i < st->n_clients; i++) {
                 const Gpumemd__HandoverClient *h = st->clients[i];
                 bool twice = h->has_id && hashmap_get(&ids, h->id) != NULL;
@@ -728,11 +851,20 @@ void carry_restore(Manager *m, const CarryHost *host, Gpumemd__HandoverState *st
                 if (h->has_id && h->id > m->next_client_id)
                         m->next_client_id = h->id;
         }
+        if (st->n_shares)
+                broker_carry_shares_unclaimed(m->broker, class_account, m);
         for (size_t i = 0; i < st->n_clients; i++) {
                 unsigned before = m->n_conns;
                 if (begun[i])
                         restore_end(m, host, st->clients[i], begun[i], &passed);
                 taken += m->n_conns > before;
+        }
+        if (st->n_shares) {
+                size_t ended = broker_carry_shares_settle(m->broker);
+                if (ended)
+                        log_full(LOG_NOTICE, 0, GM_MESSAGE_HANDOVER, NULL,
+                                 "%zu share%s ended: their publishers did not come back", ended,
+                                 ended == 1 ? "" : "s");
         }
         manager_unlock(m);
         log_full(LOG_INFO, 0, GM_MESSAGE_HANDOVER, NULL,

@@ -13,8 +13,8 @@
  * older one, and refuses a newer format (it starts clean then, and says why).
  */
 #define HANDOVER_FORMAT 1u
-#define HANDOVER_REVISION                                                                                    \
-        4u /* 2: clients' memory objects; 3: VMM handles, reservations, mappings; 4: imports */
+/* 2: clients' memory objects; 3: VMM handles, reservations, mappings; 4: imports; 5: named shares */
+#define HANDOVER_REVISION 5u
 /* A state larger than this is not read (a broken or hostile writer). */
 #define HANDOVER_STATE_MAX (256u << 20)
 

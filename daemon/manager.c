@@ -742,17 +742,24 @@ static void on_sigusr2(evutil_socket_t sig, short what, void *userdata)
 /*
  * Named shares live in one region of the aperture that no window holds, reserved in the daemon like a
  * window, so that every reader maps a share at the same VA. Without room for it the daemon runs without
- * shares and says so.
+ * shares and says so. Where the daemon before this one had it when that one handed shares over (@handed),
+ * so that they lie where their readers map them.
  */
-static void setup_shared_region(Manager *m)
+static void setup_shared_region(Manager *m, const Gpumemd__HandoverState *handed)
 {
         uint64_t size = m->opts.shared_region_size, base = 0;
         void *p;
-        int r;
+        int r = -ENOENT;
 
         if (size == 0)
                 return;
-        r = thunk_va_alloc(m->va, size, 1ull << 30, m, &base);
+        if (handed && handed->n_shares && handed->share_region_size == size && handed->share_region_base) {
+                r = thunk_va_alloc_fixed(m->va, handed->share_region_base, size, m);
+                if (r == 0)
+                        base = handed->share_region_base;
+        }
+        if (r < 0)
+                r = thunk_va_alloc(m->va, size, 1ull << 30, m, &base);
         if (r < 0) {
                 log_warning("no room for the %llu GiB shared region in the aperture: no named shares",
                             (unsigned long long)(size >> 30));
@@ -912,7 +919,12 @@ int manager_new(Manager **ret, const Options *opts)
         r = broker_new(m->drv, &m->broker);
         if (r < 0)
                 goto fail;
-        setup_shared_region(m);
+        /* what a daemon before this one handed over: the state first, for where its shares lie */
+        r = take_passed_fds(m, &passed);
+        if (r < 0)
+                goto fail;
+        handed = carry_read_state(&passed);
+        setup_shared_region(m, handed);
         if (m->opts.worker_threads) {
                 r = worker_pool_new(m->opts.worker_threads, &m->workers);
                 if (r < 0) {
@@ -946,10 +958,6 @@ int manager_new(Manager **ret, const Options *opts)
                 classes_apply(m, policy);
         }
 
-        r = take_passed_fds(m, &passed);
-        if (r < 0)
-                goto fail;
-        handed = carry_read_state(&passed);
         take_handed_listener(m, handed, &passed);
         if (m->listen_fd >= 0) {
                 (void)fcntl(m->listen_fd, F_SETFD, FD_CLOEXEC);

@@ -45,6 +45,8 @@ static void hide_unknown(Gpumemd__HandoverState *st, bool hide)
                 for (size_t j = 0; j < c->n_vmm_maps; j++)
                         hide_one(&c->vmm_maps[j]->base, hide);
         }
+        for (size_t i = 0; i < st->n_shares; i++)
+                hide_one(&st->shares[i]->base, hide);
 }
 
 /* what walk() read, kept so that the reads are made */
@@ -72,6 +74,8 @@ static void walk(Gpumemd__HandoverState *st)
                 for (size_t j = 0; j < c->n_vmm_maps; j++)
                         sum += c->vmm_maps[j]->va + c->vmm_maps[j]->n_grants;
         }
+        for (size_t i = 0; i < st->n_shares; i++)
+                sum += st->shares[i]->size + (st->shares[i]->name ? strlen(st->shares[i]->name) : 0);
         sink += sum;
         hide_unknown(st, true);
         r = handover_state_pack(st, &again, &len);

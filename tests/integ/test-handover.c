@@ -765,6 +765,151 @@ static void test_imports(void)
         (void)import_case();
 }
 
+/* The share @name as administrators list it; false when there is none. */
+static bool share_listed(const char *name, gm_share_info *ret)
+{
+        gm_client *adm = NULL;
+        gm_share_info *all = NULL;
+        size_t n = 0;
+        bool found = false;
+
+        if (gm_client_connect(dmn.sock, "admin", &adm) != 0)
+                return false;
+        if (gm_admin_shares(adm, &all, &n) == 0)
+                for (size_t i = 0; i < n; i++)
+                        if (strcmp(all[i].name, name) == 0) {
+                                *ret = all[i];
+                                found = true;
+                        }
+        free(all);
+        gm_client_close(adm);
+        return found;
+}
+
+/*
+ * Named shares go on: a share whose publisher is carried keeps its name, place, publisher and reader, and
+ * the reader its handle, role and CPU mapping, on the same memory as the publisher's. Of a publisher that is
+ * not carried (it holds a KFD event), a persistent share holds its memory itself, charged to the class, and
+ * a plain one ends, as when a publisher goes: its reader's handle answers -ESTALE.
+ */
+static int share_case(void)
+{
+        gm_pointer_attributes pa = {.struct_size = sizeof(pa)}, pr0 = {.struct_size = sizeof(pr0)},
+                              pr1 = {.struct_size = sizeof(pr1)};
+        gm_share_info live0, live1, kept0, kept1, gone;
+        gm_client *p = NULL, *q = NULL, *rd = NULL;
+        unsigned char *dev = NULL, *qd = NULL, *qd2 = NULL, *at = NULL, *kept = NULL, *gp = NULL;
+        void *page = NULL, *v;
+        gm_handle h = 0;
+        uint32_t event = 0;
+        int r;
+
+        REQUIRE_RC(carried_connect("publisher", &p), 0);
+        REQUIRE_RC(gm_malloc(p, 4 * MiB, gpu0, GM_MEM_HOST_VISIBLE, &v), 0);
+        dev = v;
+        memset(dev, 0x31, 4 * MiB);
+        REQUIRE_RC(gm_pointer_get_attributes(p, dev, &pa), 0);
+        r = gm_share_publish(p, pa.handle, "carried/live", 0, NULL);
+        if (r == -EOPNOTSUPP) {
+                /* one GPU VM for all clients: no named shares to carry */
+                CHECK_RC(gm_mem_free(p, dev), 0);
+                gm_client_close(p);
+                return 0;
+        }
+        CHECK_RC(r, 0);
+        /* a publisher that cannot be carried */
+        REQUIRE_RC(gm_client_connect(dmn.sock, "uncarried", &q), 0);
+        REQUIRE_RC(gm_host_malloc(q, 64 << 10, 0, -1, 0, &page), 0);
+        REQUIRE_RC(gm_event_create(q, 0, false, page, &event, NULL), 0);
+        REQUIRE_RC(gm_malloc(q, 2 * MiB, gpu0, GM_MEM_HOST_VISIBLE, &v), 0);
+        qd = v;
+        memset(qd, 0x41, 2 * MiB);
+        REQUIRE_RC(gm_malloc(q, 2 * MiB, gpu0, GM_MEM_HOST_VISIBLE, &v), 0);
+        qd2 = v;
+        {
+                gm_pointer_attributes pq = {.struct_size = sizeof(pq)};
+                CHECK_RC(gm_pointer_get_attributes(q, qd, &pq), 0);
+                CHECK_RC(gm_share_publish(q, pq.handle, "carried/kept-q", 0, NULL), 0);
+                CHECK_RC(gm_pointer_get_attributes(q, qd2, &pq), 0);
+                CHECK_RC(gm_share_publish(q, pq.handle, "carried/gone-q", 0, NULL), 0);
+        }
+        REQUIRE_RC(carried_connect("reader", &rd), 0);
+        REQUIRE_RC(gm_share_open(rd, "carried/live", GM_SHARE_WRITE, NULL, 0, &v, NULL, &h), 0);
+        at = v;
+        REQUIRE_RC(gm_share_open(rd, "carried/kept-q", 0, NULL, 0, &v, NULL, NULL), 0);
+        kept = v;
+        REQUIRE_RC(gm_share_open(rd, "carried/gone-q", 0, NULL, 0, &v, NULL, NULL), 0);
+        gp = v;
+        CHECK_EQ(at[0], 0x31);
+        at[1] = 0x32;
+        CHECK_RC(gm_pointer_get_attributes(rd, at, &pr0), 0);
+        CHECK(share_listed("carried/live", &live0));
+        CHECK(share_listed("carried/kept-q", &kept0));
+        CHECK(kept0.persistent);
+        CHECK_EQ(class_used(GM_RESOURCE_VRAM), 8 * MiB);
+
+        CHECK_EQ(daemon_term(&dmn), 0);
+        REQUIRE_EQ(daemon_restart_handover(&dmn, "mi300x", dargs), 0);
+
+        CHECK_RC(gm_ping(p), 0);
+        CHECK_RC(gm_ping(rd), 0);
+        CHECK_RC(gm_ping(q), -ECONNRESET);
+        /* the live share: the same name, place, publisher and reader */
+        CHECK(share_listed("carried/live", &live1));
+        CHECK_EQ(live1.owner_client_id, live0.owner_client_id);
+        CHECK_EQ(live1.owner_client_id, gm_client_id(p));
+        CHECK(live1.ptr == live0.ptr);
+        CHECK_EQ(live1.size, live0.size);
+        CHECK_EQ(live1.readers, 1);
+        CHECK_EQ(live1.published_usec, live0.published_usec);
+        /* the persistent one holds its memory now, for the class; the plain one ended */
+        CHECK(share_listed("carried/kept-q", &kept1));
+        CHECK_EQ(kept1.owner_client_id, 0);
+        CHECK(kept1.ptr == kept0.ptr);
+        CHECK_EQ(kept1.readers, 1);
+        CHECK(!share_listed("carried/gone-q", &gone));
+        /* the reader's handles and roles */
+        CHECK_RC(gm_pointer_get_attributes(rd, at, &pr1), 0);
+        CHECK_EQ(pr1.handle, h);
+        CHECK_EQ(pr1.handle, pr0.handle);
+        CHECK_EQ(pr1.n_mapped_gpus, pr0.n_mapped_gpus);
+        CHECK_EQ(access_of(rd, at, gpu0), GM_ACCESS_READ_WRITE);
+        CHECK_EQ(access_of(rd, kept, gpu0), GM_ACCESS_READ);
+        CHECK_RC(gm_pointer_get_attributes(rd, gp, &pr1), -ESTALE);
+        /* one memory: the reader's write before the switch, and after it, in the publisher's allocation */
+        CHECK_EQ(dev[1], 0x32);
+        at[2] = 0x33;
+        CHECK_EQ(dev[2], 0x33);
+        CHECK_EQ(kept[0], 0x41);
+        /* the model holds the publisher's buffer and the persistent share's again, as VRAM of their GPU */
+        {
+                DaemonState st;
+                CHECK_EQ(daemon_state(&dmn, &st), 0);
+                CHECK_EQ(st.model_vram_bytes, 6 * MiB);
+        }
+        CHECK_RC(gm_share_close(rd, gp), 0);
+        /* the publisher's 4 MiB, and the persistent share's 2 MiB its class goes on paying */
+        settle();
+        CHECK_EQ(class_used(GM_RESOURCE_VRAM), 6 * MiB);
+
+        CHECK_RC(gm_share_close(rd, at), 0);
+        CHECK_RC(gm_share_close(rd, kept), 0);
+        CHECK_RC(gm_share_revoke(p, "carried/kept-q"), 0);
+        CHECK_RC(gm_mem_free(p, dev), 0);
+        gm_client_close(rd);
+        gm_client_close(p);
+        gm_client_close(q);
+        settle();
+        CHECK_EQ(class_used(GM_RESOURCE_VRAM), 0);
+        CHECK(!share_listed("carried/live", &gone));
+        return 0;
+}
+
+static void test_shares(void)
+{
+        (void)share_case();
+}
+
 /* The SVM attributes of [p+off, p+off+len): preferred location, access of @gpu, flags, granularity. */
 static int svm_of(gm_client *a, void *p, size_t off, size_t len, uint32_t gpu, gm_svm_attr *out)
 {
@@ -1062,11 +1207,13 @@ int main(int argc, char **argv)
                  test_vmm_memory},
                 {"imports carried: of another client's export and foreign, mapped, the same memory",
                  test_imports},
+                {"named shares carried: publishers, readers and roles; a publisher not carried", test_shares},
                 {"the SVM calls kept for a restart are bounded per client", test_svm_bound},
                 {"an upgrade to a newer state revision and back", test_upgrade},
                 {"a state that cannot be read: the daemon starts clean", test_bad_state},
                 {"SIGUSR1 re-executes the daemon, clients carried", test_reexec},
         };
+        char config[512];
         int r;
 
         signal(SIGPIPE, SIG_IGN);
@@ -1074,7 +1221,13 @@ int main(int argc, char **argv)
                 dargs[0] = "--model-kfd-minor";
                 dargs[1] = argv[1];
         }
-        r = daemon_start(&dmn, "mi300x", "[daemon]\nlog-level = notice\n", dargs);
+        /* one class for the tests' clients (this uid), which may publish and open the shares carried */
+        snprintf(config, sizeof(config),
+                 "[daemon]\nlog-level = notice\n\n[class default]\nmatch-uid = %u\nadmin = yes\n"
+                 "share-publish = carried/*\nshare-persistent = carried/kept-*\nshare-read = carried/*\n"
+                 "share-write = carried/*\n",
+                 (unsigned)getuid());
+        r = daemon_start(&dmn, "mi300x", config, dargs);
         if (r < 0 || daemon_gpus(&dmn, &gpu0, 1) < 1) {
                 fprintf(stderr, "cannot start gpumemd: %s\n", strerror(r < 0 ? -r : ENODEV));
                 daemon_cleanup(&dmn);

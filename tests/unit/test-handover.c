@@ -187,6 +187,62 @@ static void sample_import(Gpumemd__HandoverState *st, SampleImport *v)
         st->channel_fds = 5;
 }
 
+/* Revision 5: besides, a persistent named share of the client's device memory, which it also reads. */
+typedef struct SampleShare {
+        SampleImport imp;
+        Gpumemd__HandoverObject reader, *op[5];
+        Gpumemd__HandoverShare share, *sp[1];
+        uint32_t gpus[1];
+} SampleShare;
+
+static void sample_share(Gpumemd__HandoverState *st, SampleShare *v)
+{
+        Gpumemd__HandoverClient *c = st->clients[0];
+        Gpumemd__HandoverShare *sh = &v->share;
+
+        sample_import(st, &v->imp);
+        gpumemd__handover_object__init(&v->reader);
+        v->reader.has_handle = v->reader.has_kind = v->reader.has_size = v->reader.has_read_only = true;
+        v->reader.handle = 0xaadd;
+        v->reader.kind = 6;
+        v->reader.size = 2u << 20;
+        v->reader.read_only = true;
+        v->reader.share_name = "weights/a";
+        v->gpus[0] = 4242;
+        v->reader.mapped = v->gpus;
+        v->reader.n_mapped = 1;
+        for (size_t i = 0; i < 4; i++)
+                v->op[i] = c->objects[i];
+        v->op[4] = &v->reader;
+        c->objects = v->op;
+        c->n_objects = 5;
+        gpumemd__handover_share__init(sh);
+        sh->name = "weights/a";
+        sh->class_name = "default";
+        sh->has_kind = sh->has_gpu_id = sh->has_va = sh->has_size = sh->has_read_only = sh->has_persistent =
+                true;
+        sh->has_owner_id = sh->has_src_handle = sh->has_published_real_usec = sh->has_opens = true;
+        sh->has_fd_index = true;
+        sh->kind = 1;
+        sh->gpu_id = 4242;
+        sh->va = 0x10000000000ull;
+        sh->size = 2u << 20;
+        sh->persistent = true;
+        sh->owner_id = 7;
+        sh->src_handle = 0x1234abcd5678ull;
+        sh->published_real_usec = 1796232962154132ull;
+        sh->opens = 3;
+        sh->fd_index = 5;
+        v->sp[0] = sh;
+        st->shares = v->sp;
+        st->n_shares = 1;
+        st->has_share_region_base = st->has_share_region_size = true;
+        st->share_region_base = 0x10000000000ull;
+        st->share_region_size = 0x4000000000ull;
+        st->revision = 5;
+        st->channel_fds = 6;
+}
+
 static void check_sample(const Gpumemd__HandoverState *st)
 {
         CHECK_EQ(st->format, 1);
@@ -347,6 +403,51 @@ static void test_golden4(void)
                 CHECK_EQ(o->fd_index, 4);
                 CHECK(o->has_foreign && o->foreign);
                 CHECK(o->has_read_only && o->read_only);
+        }
+        gpumemd__handover_state__free_unpacked(st, NULL);
+}
+
+/* A state as format 1, revision 5 wrote it: the revision 4 sample, and a named share (sample_share). */
+static const char golden5_hex[] =
+        "474d4453544154456e0100000000000089ad78c466e7ecd1080110051a05302e312e3028093209676d2d6c697374656e"
+        "380142192f72756e2f6770756d656d642f6770756d656d642e736f636b4a056d6f64656c52d5010807220670696e6765"
+        "72280238808080818030408080808080024a0764656661756c7452012f601f6a2908f8acb5decac60410011880808081"
+        "80302080808001289221300138014001480152049221932158026a1208aaef0110641880808082803020808080046a12"
+        "08bb910210042080808002289321580368006a1608ccb3021005208080800128932158046801700178016a1d08ddd502"
+        "10062080808001520292217801820109776569676874732f617000780282011c08808080838030108080800118808080"
+        "0120bb9102280332039221015a06676d2d66647360066a400a09776569676874732f6110011892212080808080802028"
+        "8080800130003801400748f8acb5decac604520764656661756c745894bd929da1b59803600368057080808080802078"
+        "808080808008";
+
+static void test_golden5(void)
+{
+        Gpumemd__HandoverState *st = parse_golden(golden5_hex);
+
+        if (!st)
+                return;
+        CHECK_EQ(st->revision, 5);
+        CHECK_EQ(st->share_region_base, 0x10000000000ull);
+        CHECK_EQ(st->share_region_size, 0x4000000000ull);
+        CHECK_EQ(st->n_shares, 1);
+        if (st->n_shares == 1) {
+                const Gpumemd__HandoverShare *sh = st->shares[0];
+                CHECK(sh->name && strcmp(sh->name, "weights/a") == 0);
+                CHECK(sh->class_name && strcmp(sh->class_name, "default") == 0);
+                CHECK_EQ(sh->va, 0x10000000000ull);
+                CHECK(sh->persistent && !sh->read_only);
+                CHECK_EQ(sh->owner_id, 7);
+                CHECK_EQ(sh->src_handle, 0x1234abcd5678ull);
+                CHECK_EQ(sh->opens, 3);
+                CHECK_EQ(sh->fd_index, 5);
+        }
+        CHECK_EQ(st->clients[0]->n_objects, 5);
+        if (st->clients[0]->n_objects == 5) {
+                const Gpumemd__HandoverObject *o = st->clients[0]->objects[4];
+                CHECK_EQ(o->kind, 6);
+                CHECK(o->share_name && strcmp(o->share_name, "weights/a") == 0);
+                CHECK(o->read_only);
+                CHECK(!o->has_fd_index); /* its memory comes with the share */
+                CHECK(o->n_mapped == 1 && o->mapped[0] == 4242);
         }
         gpumemd__handover_state__free_unpacked(st, NULL);
 }
@@ -542,6 +643,7 @@ int main(int argc, char **argv)
                 {"the state format 1 revision 2 wrote is read", test_golden2},
                 {"the state format 1 revision 3 wrote is read", test_golden3},
                 {"the state format 1 revision 4 wrote is read", test_golden4},
+                {"the state format 1 revision 5 wrote is read", test_golden5},
                 {"unsealed, damaged, newer or formatless states are refused", test_refused},
                 {"a newer revision's fields are skipped", test_newer_revision},
                 {"named fds", test_fds},
@@ -549,7 +651,7 @@ int main(int argc, char **argv)
                 {"systemd's fd-store protocol, and a manager that does not read", test_store},
         };
 
-        /* --print-golden [2|3|4]: the sample as this daemon writes it, to keep as a golden state when the
+        /* --print-golden [2|3|4|5]: the sample as this daemon writes it, to keep as a golden state when the
          * format moves on (the goldens above stay) */
         if (argc > 1 && strcmp(argv[1], "--print-golden") == 0) {
                 Gpumemd__HandoverState st;
@@ -560,14 +662,17 @@ int main(int argc, char **argv)
                 uint32_t mapped[2];
                 SampleVmm v;
                 SampleImport vi;
+                SampleShare vs;
                 int rev = argc > 2 ? atoi(argv[2]) : 1;
                 sample(&st, &c, cp);
                 if (rev >= 2)
                         sample_objects(&st, &o, op, mapped);
                 if (rev == 3)
                         sample_vmm(&st, &v);
-                if (rev >= 4)
+                if (rev == 4)
                         sample_import(&st, &vi);
+                if (rev >= 5)
+                        sample_share(&st, &vs);
                 if (handover_state_pack(&st, &buf, &len) < 0)
                         return EXIT_FAILURE;
                 for (size_t i = 0; i < len; i++)
