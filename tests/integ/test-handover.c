@@ -1056,7 +1056,8 @@ static int upgrade_case(void)
         gm_client *a = NULL;
         void *dev = NULL, *host = NULL, *managed = NULL, *res = NULL;
         gm_handle vmm = 0;
-        uint64_t vram0;
+        uint64_t vram0, handles0;
+        static char ctl0[8192], ctl1[8192];
 
         if (!next || !now) {
                 fprintf(stderr, "upgrade: GPUMEMD_NEXT is not set\n");
@@ -1081,14 +1082,19 @@ static int upgrade_case(void)
         memset(res, 0x8a, 2 * MiB);
         vram0 = class_used(GM_RESOURCE_VRAM);
         CHECK_EQ(vram0, 4 * MiB);
+        handles0 = class_used(GM_RESOURCE_HANDLES);
 
         for (int step = 0; step < 2; step++) {
+                CHECK(ctl_allocations(ctl0, sizeof(ctl0)) > 0);
                 CHECK_EQ(daemon_term(&dmn), 0);
                 /* what the later build wrote has its field; today's state has none */
                 CHECK_EQ(stored_state_has("from-future"), step == 1);
                 setenv("GPUMEMD", step == 0 ? next : saved, 1);
                 REQUIRE_EQ(daemon_restart_handover(&dmn, "mi300x", dargs), 0);
                 CHECK_RC(gm_ping(a), 0);
+                /* gpumemctl lists the same four kinds of objects, each byte for byte */
+                CHECK(ctl_allocations(ctl1, sizeof(ctl1)) > 0);
+                CHECK(same_listing(ctl0, ctl1));
                 CHECK_RC(gm_pointer_get_attributes(a, dev, &pa1), 0);
                 CHECK_EQ(pa1.handle, pa0.handle);
                 CHECK_EQ(pa1.n_mapped_gpus, pa0.n_mapped_gpus);
@@ -1104,6 +1110,7 @@ static int upgrade_case(void)
                 CHECK_EQ(access_of(a, res, gpu0), GM_ACCESS_READ_WRITE);
                 CHECK_EQ(access_of(a, res, GM_LOCATION_CPU), GM_ACCESS_READ_WRITE);
                 CHECK_RC(exported_bytes(a, vmm, 2 * MiB, 0x8a, 0x8a), 0);
+                CHECK_EQ(class_used(GM_RESOURCE_HANDLES), handles0);
         }
         setenv("GPUMEMD", saved, 1);
         CHECK_RC(gm_mem_free(a, dev), 0);
