@@ -3942,8 +3942,9 @@ static const char *obj_not_carriable(const Broker *b, const Obj *o)
                 return "the handle of a revoked share";
         switch (o->kind) {
         case BROKER_KIND_HOST:
-                if (o->flags & BROKER_FLAG_GTT)
-                        return "GTT host memory (a buffer of its own GPU VM)";
+                /* GTT host memory's file is its dmabuf, which the next daemon's driver takes back */
+                if ((o->flags & BROKER_FLAG_GTT) && !b->drv->ops->mem_adopt_gtt)
+                        return "GTT host memory (the driver cannot take it back)";
                 return o->memfd >= 0 && o->mem ? NULL : "host memory without its file";
         case BROKER_KIND_DEVICE:
                 if (!driver_carries_vram(b))
@@ -4194,6 +4195,39 @@ static int carry_managed(BrokerClient *c, Obj *o, const BrokerCarry *k, Reason *
         return 0;
 }
 
+/*
+ * GTT host memory: its dmabuf (the memfd the old daemon kept) taken back by the driver at its VA in the
+ * client's GPU VM, mapped on its GPUs, and mapped here again unless it is an SVM range's (outside the
+ * window).
+ */
+static int carry_host_gtt(BrokerClient *c, Obj *o, const BrokerCarry *k, Reason *w)
+{
+        Broker *b = c->b;
+        uint32_t gpu = k->gpu_id ? k->gpu_id : b->gpu_ids[0];
+        DriverCtx *ctx;
+        int r;
+
+        r = client_ctx(c, &ctx, w);
+        if (r < 0)
+                return r;
+        r = driver_mem_adopt_gtt(b->drv, ctx, o->memfd, gpu, o->va, o->size,
+                                 o->flags & ~(uint32_t)(BROKER_FLAG_GTT | BROKER_FLAG_SVM_RANGE), &o->mem);
+        if (r < 0)
+                return reason_set(w, r, "the driver cannot take its GTT buffer back: %s", strerror(-r));
+        o->backing_fd = driver_holds_fd(b); /* the driver's own file behind the dmabuf, as at allocation */
+        r = k->n_mapped ? driver_mem_map(b->drv, o->mem, k->mapped, k->n_mapped) : 0;
+        if (r < 0)
+                reason_set(w, r, "cannot map it on its GPUs again: %s", strerror(-r));
+        if (r == 0 && !o->outer)
+                r = carry_map_here(o, w);
+        if (r < 0) {
+                (void)driver_mem_unmap_all(b->drv, o->mem);
+                (void)driver_mem_free(b->drv, o->mem);
+                o->mem = NULL;
+        }
+        return r;
+}
+
 /* Host memory: its memfd mapped at its VA here again, registered with the driver and mapped on its GPUs. */
 static int carry_host(BrokerClient *c, Obj *o, const BrokerCarry *k, Reason *w)
 {
@@ -4340,7 +4374,8 @@ int broker_carry_restore(BrokerClient *c, BrokerCarry *k, Reason *w)
         Obj *o;
         int r;
 
-        if (!carry_kind_ok(k->kind) || (k->flags & (BROKER_FLAG_GTT | BROKER_FLAG_SVM_RANGE))) {
+        if (!carry_kind_ok(k->kind) || (k->kind != BROKER_KIND_HOST && (k->flags & BROKER_FLAG_GTT)) ||
+            ((k->flags & BROKER_FLAG_SVM_RANGE) && !(k->flags & BROKER_FLAG_GTT))) {
                 k->fd = safe_close(k->fd);
                 return reason_set(w, -EOPNOTSUPP, "objects of kind %d cannot be carried", (int)k->kind);
         }
@@ -4377,11 +4412,24 @@ int broker_carry_restore(BrokerClient *c, BrokerCarry *k, Reason *w)
                 o->client_refs = k->client_refs ? k->client_refs : 1;
                 o->carry_hold = k->client_refs == 0;
         }
-        r = has_va ? take_va(c, o->size, BROKER_PAGE_SIZE, k->va, o, &o->va, w) : 0;
+        if (k->flags & BROKER_FLAG_SVM_RANGE) {
+                /* an SVM range's memory lies where the process has the range, outside the window */
+                o->outer = true;
+                if (!c->outer && thunk_va_space_new(BROKER_PAGE_SIZE, BROKER_SVM_LIMIT - BROKER_PAGE_SIZE, 0,
+                                                    &c->outer) < 0)
+                        r = reason_set(w, -ENOMEM, "out of memory");
+                else if ((r = thunk_va_alloc_fixed(c->outer, k->va, o->size, o)) < 0)
+                        r = reason_set(w, r, "its SVM range 0x%llx+0x%llx cannot be placed again: %s",
+                                       (unsigned long long)k->va, (unsigned long long)o->size, strerror(-r));
+                else
+                        o->va = k->va;
+        } else {
+                r = has_va ? take_va(c, o->size, BROKER_PAGE_SIZE, k->va, o, &o->va, w) : 0;
+        }
         if (r == 0) {
                 switch (o->kind) {
                 case BROKER_KIND_HOST:
-                        r = carry_host(c, o, k, w);
+                        r = o->flags & BROKER_FLAG_GTT ? carry_host_gtt(c, o, k, w) : carry_host(c, o, k, w);
                         break;
                 case BROKER_KIND_MANAGED:
                         r = carry_managed(c, o, k, w);
@@ -4416,14 +4464,14 @@ int broker_carry_restore(BrokerClient *c, BrokerCarry *k, Reason *w)
                                 (void)driver_mem_unmap_all(c->b->drv, o->mem);
                                 (void)driver_mem_free(c->b->drv, o->mem);
                         }
-                        if (o->memfd >= 0)
+                        if (o->memfd >= 0 && !o->outer)
                                 unmap_shared(c->b, o->va, o->size);
                         reason_set(w, r, "out of memory");
                 }
         }
         if (r < 0) {
                 if (o->va)
-                        (void)thunk_va_free(c->window, o->va);
+                        (void)thunk_va_free(obj_space(c, o), o->va);
                 thunk_va_space_free(o->maps);
                 safe_close(o->memfd);
                 k->fd = safe_close(k->fd);

@@ -545,8 +545,8 @@ static int k_mem_import(Driver *d, DriverCtx *ctx, int dmabuf_fd, uint32_t gpu_i
         return thunk_bo_import_dmabuf(tctx(ctx), dmabuf_fd, gpu_id, 0, (ThunkBo **)(void *)ret);
 }
 
-static int k_mem_adopt_vram(Driver *d, DriverCtx *ctx, int dmabuf_fd, uint32_t gpu_id, uint64_t va,
-                            uint64_t size, uint32_t flags, DriverMem **ret)
+static int adopt(Driver *d, DriverCtx *ctx, int dmabuf_fd, uint32_t gpu_id, uint64_t va, uint64_t size,
+                 uint32_t flags, bool gtt, DriverMem **ret)
 {
         ThunkModel *model = kfd(d)->model;
         ThunkBo *bo = NULL;
@@ -554,7 +554,8 @@ static int k_mem_adopt_vram(Driver *d, DriverCtx *ctx, int dmabuf_fd, uint32_t g
 
         if (model) {
                 /* the model of the daemon before this one is gone: this one takes the buffer's file back */
-                uint32_t kf = KFD_IOC_ALLOC_MEM_FLAGS_VRAM | KFD_IOC_ALLOC_MEM_FLAGS_EXECUTABLE;
+                uint32_t kf = (gtt ? KFD_IOC_ALLOC_MEM_FLAGS_GTT : KFD_IOC_ALLOC_MEM_FLAGS_VRAM) |
+                              KFD_IOC_ALLOC_MEM_FLAGS_EXECUTABLE;
                 if (!(flags & DRIVER_MEM_READ_ONLY))
                         kf |= KFD_IOC_ALLOC_MEM_FLAGS_WRITABLE;
                 if (flags & DRIVER_MEM_HOST_VISIBLE)
@@ -572,12 +573,25 @@ static int k_mem_adopt_vram(Driver *d, DriverCtx *ctx, int dmabuf_fd, uint32_t g
                 thunk_model_adopt_release(model, dmabuf_fd); /* the import holds it now, or nothing does */
         if (r < 0)
                 return r;
-        if (thunk_bo_info(bo)->size != size || thunk_bo_info(bo)->kind != THUNK_MEM_VRAM) {
+        if (thunk_bo_info(bo)->size != size ||
+            thunk_bo_info(bo)->kind != (gtt ? THUNK_MEM_GTT : THUNK_MEM_VRAM)) {
                 (void)thunk_bo_free(bo);
                 return -EINVAL;
         }
         *ret = (DriverMem *)(void *)bo;
         return 0;
+}
+
+static int k_mem_adopt_vram(Driver *d, DriverCtx *ctx, int dmabuf_fd, uint32_t gpu_id, uint64_t va,
+                            uint64_t size, uint32_t flags, DriverMem **ret)
+{
+        return adopt(d, ctx, dmabuf_fd, gpu_id, va, size, flags, false, ret);
+}
+
+static int k_mem_adopt_gtt(Driver *d, DriverCtx *ctx, int dmabuf_fd, uint32_t gpu_id, uint64_t va,
+                           uint64_t size, uint32_t flags, DriverMem **ret)
+{
+        return adopt(d, ctx, dmabuf_fd, gpu_id, va, size, flags, true, ret);
 }
 
 static int k_mem_free(Driver *d, DriverMem *m)
@@ -843,6 +857,7 @@ static const DriverOps kfd_ops = {
         .mem_alloc_gtt = k_mem_alloc_gtt,
         .mem_import = k_mem_import,
         .mem_adopt_vram = k_mem_adopt_vram,
+        .mem_adopt_gtt = k_mem_adopt_gtt,
         .mem_free = k_mem_free,
         .mem_size = k_mem_size,
         .mem_map = k_mem_map,

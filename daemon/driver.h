@@ -197,6 +197,8 @@ typedef struct DriverOps {
         int (*mem_import)(Driver *d, DriverCtx *ctx, int dmabuf_fd, uint32_t gpu_id, DriverMem **ret);
         int (*mem_adopt_vram)(Driver *d, DriverCtx *ctx, int dmabuf_fd, uint32_t gpu_id, uint64_t va,
                               uint64_t size, uint32_t flags, DriverMem **ret);
+        int (*mem_adopt_gtt)(Driver *d, DriverCtx *ctx, int dmabuf_fd, uint32_t gpu_id, uint64_t va,
+                             uint64_t size, uint32_t flags, DriverMem **ret);
         int (*mem_free)(Driver *d, DriverMem *m);
         uint64_t (*mem_size)(const Driver *d, const DriverMem *m);
         int (*mem_map)(Driver *d, DriverMem *m, const uint32_t *gpu_ids, size_t n);
@@ -344,6 +346,13 @@ static inline int driver_mem_adopt_vram(Driver *d, DriverCtx *ctx, int dmabuf_fd
         return d->ops->mem_adopt_vram
                        ? d->ops->mem_adopt_vram(d, ctx, dmabuf_fd, gpu_id, va, size, flags, ret)
                        : -EOPNOTSUPP;
+}
+/* The same for GTT memory of a client's own context (driver_mem_alloc_gtt). */
+static inline int driver_mem_adopt_gtt(Driver *d, DriverCtx *ctx, int dmabuf_fd, uint32_t gpu_id, uint64_t va,
+                                       uint64_t size, uint32_t flags, DriverMem **ret)
+{
+        return d->ops->mem_adopt_gtt ? d->ops->mem_adopt_gtt(d, ctx, dmabuf_fd, gpu_id, va, size, flags, ret)
+                                     : -EOPNOTSUPP;
 }
 /* Free memory no GPU maps any more; on failure it stays allocated. */
 static inline int driver_mem_free(Driver *d, DriverMem *m)

@@ -1185,7 +1185,9 @@ int thunk_model_adopt(ThunkModel *m, int fd, uint32_t gpu_id, uint32_t kfd_flags
                 r = -EEXIST;
         if (r < 0)
                 goto out;
-        type = m->gpus[idx].apu ? KFD_IOC_ALLOC_MEM_FLAGS_GTT : KFD_IOC_ALLOC_MEM_FLAGS_VRAM;
+        /* GTT when asked for, else the GPU's own memory (GTT on an APU) */
+        type = (kfd_flags & KFD_IOC_ALLOC_MEM_FLAGS_GTT) || m->gpus[idx].apu ? KFD_IOC_ALLOC_MEM_FLAGS_GTT
+                                                                             : KFD_IOC_ALLOC_MEM_FLAGS_VRAM;
         r = model_charge(m, idx, type, (uint64_t)st.st_size);
         if (r < 0)
                 goto out;

@@ -102,8 +102,9 @@ int thunk_model_munmap(ThunkModel *m, void *addr, size_t len);
 
 /*
  * A restart of the process that owns the model: @fd is the file of a buffer an earlier model exported (a
- * sealed memfd of its own), which becomes a buffer of GPU @gpu_id of this model again, of its memory type
- * (VRAM, or GTT on an APU) with the KFD allocation @kfd_flags, and is charged to that GPU as an allocation
+ * sealed memfd of its own), which becomes a buffer of GPU @gpu_id of this model again, GTT when @kfd_flags
+ * has KFD_IOC_ALLOC_MEM_FLAGS_GTT, else of the GPU's memory type (VRAM, or GTT on an APU), with the KFD
+ * allocation @kfd_flags, and is charged to that GPU as an allocation
  * is. A KFD import of the file then finds it as the kernel finds a BO behind its dmabuf. The model holds
  * it until thunk_model_adopt_release(), which an import outlives. -EINVAL: not such a file or no such GPU;
  * -EEXIST: the model has that file already; -ENOMEM: the GPU has no room.
