@@ -1681,10 +1681,52 @@ static void svm_log_free(BrokerClient *c, Obj *o)
         }
 }
 
-/* Keep one SVM call made on @o (the driver took it). Out of room or memory: the log is marked overflowed. */
+/* Does attribute @b, set later, leave nothing of what @a set? */
+static bool svm_attr_overrides(const BrokerSvmAttr *b, const BrokerSvmAttr *a)
+{
+        switch (a->type) {
+        case DRIVER_SVM_ATTR_ACCESS:
+        case DRIVER_SVM_ATTR_ACCESS_IN_PLACE:
+        case DRIVER_SVM_ATTR_NO_ACCESS:
+                /* one GPU's access, whichever of the three sets it */
+                return (b->type == DRIVER_SVM_ATTR_ACCESS || b->type == DRIVER_SVM_ATTR_ACCESS_IN_PLACE ||
+                        b->type == DRIVER_SVM_ATTR_NO_ACCESS) &&
+                       b->value == a->value;
+        case DRIVER_SVM_ATTR_SET_FLAGS:
+        case DRIVER_SVM_ATTR_CLR_FLAGS:
+                /* flags bit by bit: every bit @a set or cleared is set or cleared again */
+                return (b->type == DRIVER_SVM_ATTR_SET_FLAGS || b->type == DRIVER_SVM_ATTR_CLR_FLAGS) &&
+                       (b->value & a->value) == a->value;
+        default: /* one value per page */
+                return b->type == a->type;
+        }
+}
+
+/* Does the call on [@va, @va+@size) with @a take every effect of the earlier @e away? */
+static bool svm_call_shadows(uint64_t va, uint64_t size, const BrokerSvmAttr *a, size_t n,
+                             const SvmLogEntry *e)
+{
+        if (e->va < va || e->size > size || e->va - va > size - e->size)
+                return false;
+        for (uint32_t i = 0; i < e->n; i++) {
+                bool over = false;
+                for (size_t j = 0; j < n && !over; j++)
+                        over = svm_attr_overrides(&a[j], &e->a[i]);
+                if (!over)
+                        return false;
+        }
+        return true;
+}
+
+/*
+ * Keep one SVM call made on @o (the driver took it). The earlier calls it shadows go (replayed without
+ * them, the calls give the same attributes page for page), so a call made again and again is kept once.
+ * Out of room or memory: the log is marked overflowed.
+ */
 static void svm_log_add(BrokerClient *c, Obj *o, uint64_t va, uint64_t size, const BrokerSvmAttr *a, size_t n)
 {
         SvmLog *l = o->svm_log;
+        size_t kept = 0;
 
         if (!l && !(l = o->svm_log = calloc(1, sizeof(*l)))) {
                 o->svm_unlogged = true;
@@ -1692,6 +1734,11 @@ static void svm_log_add(BrokerClient *c, Obj *o, uint64_t va, uint64_t size, con
         }
         if (l->overflowed)
                 return;
+        for (size_t i = 0; i < l->n; i++)
+                if (!svm_call_shadows(va, size, a, n, &l->e[i]))
+                        l->e[kept++] = l->e[i];
+        c->svm_log_entries -= l->n - kept;
+        l->n = kept;
         /* the daemon's memory a client's calls can take is bounded too, not only each allocation's log */
         if (c->svm_log_entries >= SVM_LOG_CLIENT_MAX) {
                 l->overflowed = true;

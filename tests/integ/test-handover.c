@@ -1100,23 +1100,34 @@ static void test_managed_memory(void)
 static int svm_bound_case(void)
 {
         gm_client *over = NULL, *under = NULL;
-        void *m[6] = {NULL}, *u = NULL;
-        gm_svm_attr g = {GM_SVM_ATTR_GRANULARITY, 4};
+        void *m[6] = {NULL}, *u = NULL, *again = NULL;
+        gm_svm_attr g = {GM_SVM_ATTR_GRANULARITY, 4}, loc = {GM_SVM_ATTR_PREFERRED_LOC, gpu0};
 
         REQUIRE_RC(carried_connect("svm-over", &over), 0);
         REQUIRE_RC(carried_connect("svm-under", &under), 0);
+        /* calls on pages of their own: each is kept */
         for (int i = 0; i < 6; i++) {
                 REQUIRE_RC(gm_malloc_managed(over, 2 * MiB, 0, &m[i]), 0);
                 for (int k = 0; k < 200; k++)
-                        REQUIRE_RC(gm_svm_set_attributes(over, m[i], 2 * MiB, &g, 1), 0);
+                        REQUIRE_RC(gm_svm_set_attributes(over, (char *)m[i] + k * 4096, 4096, &g, 1), 0);
         }
         REQUIRE_RC(gm_malloc_managed(under, 2 * MiB, 0, &u), 0);
         for (int k = 0; k < 200; k++)
-                REQUIRE_RC(gm_svm_set_attributes(under, u, 2 * MiB, &g, 1), 0);
+                REQUIRE_RC(gm_svm_set_attributes(under, (char *)u + k * 4096, 4096, &g, 1), 0);
+        /* one call made again and again, more often than an allocation keeps: kept once, carried */
+        REQUIRE_RC(gm_malloc_managed(under, 2 * MiB, 0, &again), 0);
+        for (int k = 0; k < 1000; k++)
+                REQUIRE_RC(gm_svm_set_attributes(under, again, 2 * MiB, &loc, 1), 0);
         CHECK_EQ(daemon_term(&dmn), 0);
         REQUIRE_EQ(daemon_restart_handover(&dmn, "mi300x", dargs), 0);
         CHECK(is_disconnect_errno(gm_ping(over)));
         CHECK_RC(gm_ping(under), 0);
+        {
+                gm_svm_attr got[4];
+                CHECK_RC(svm_of(under, again, 0, 2 * MiB, gpu0, got), 0);
+                CHECK_EQ(got[0].value, gpu0);
+        }
+        CHECK_RC(gm_mem_free(under, again), 0);
         CHECK_RC(gm_mem_free(under, u), 0);
         gm_client_close(over);
         gm_client_close(under);
