@@ -822,13 +822,14 @@ static int expect_fault(Ex *x, uint32_t mem_event, uint64_t va, bool not_present
         return 0;
 }
 
-/* A page far below where the kernel places mappings; none under ThreadSanitizer, whose layout has no
- * application memory there. */
+/* A page far below where the kernel places mappings. Under ThreadSanitizer application memory lies below
+ * 512 GiB or around the program's image: a page below 512 GiB that nothing else asks for (an arbitrary
+ * page, once freed, can be mapped again by the runtime before the engine looks). */
 #if defined(__SANITIZE_THREAD__)
-#define FAR_PAGE 0
+#define FAR_PAGE 0x007000000000ULL
 #elif defined(__has_feature)
 #if __has_feature(thread_sanitizer)
-#define FAR_PAGE 0
+#define FAR_PAGE 0x007000000000ULL
 #endif
 #endif
 #ifndef FAR_PAGE
