@@ -119,6 +119,8 @@ struct Broker {
         size_t n_gpus;
         uint32_t gpu_ids[BROKER_MAX_GPUS];
         uint64_t gpu_vram[BROKER_MAX_GPUS];
+        uint64_t
+                dev_gran; /* device memory comes in multiples of this: the largest GPU's, the page at least */
         int gpu_numa[BROKER_MAX_GPUS];
         pthread_mutex_t lock;
         BrokerUsage totals;
@@ -273,7 +275,11 @@ int broker_new(Driver *drv, Broker **ret)
                 b->gpu_ids[i] = g.gpu_id;
                 b->gpu_vram[i] = g.vram_bytes;
                 b->gpu_numa[i] = g.numa_node;
+                if (g.alloc_granularity > b->dev_gran)
+                        b->dev_gran = g.alloc_granularity;
         }
+        if (b->dev_gran < BROKER_PAGE_SIZE || (b->dev_gran & (b->dev_gran - 1)))
+                b->dev_gran = BROKER_PAGE_SIZE;
         b->totals.n_gpus = (uint32_t)b->n_gpus;
         memcpy(b->totals.gpu_ids, b->gpu_ids, sizeof(b->gpu_ids));
         *ret = b;
@@ -434,10 +440,12 @@ static bool driver_holds_fd(const Broker *b)
         return driver_has(b->drv, DRIVER_CAP_FD_PER_SHARED_BUFFER);
 }
 
-/* Does device memory allocated with @flags cost a file from its allocation? Host-visible memory does. */
+/* Does device memory allocated with @flags cost a file from its allocation? Host-visible memory does, and
+ * all of it where the client maps it from its export. */
 static bool driver_file_at_alloc(const Broker *b, uint32_t flags)
 {
-        return driver_holds_fd(b) && (flags & BROKER_FLAG_HOST_VISIBLE);
+        return driver_holds_fd(b) &&
+               ((flags & BROKER_FLAG_HOST_VISIBLE) || driver_has(b->drv, DRIVER_CAP_CLIENT_MAPS));
 }
 
 /* Device or VMM memory of @o that the driver gives a file only when it is first exported or granted. */
@@ -684,8 +692,9 @@ static void note_file(Broker *b, Obj *o, int fd)
         struct stat st;
 
         o->handed_out = true;
-        /* an import's files are someone else's memory: never taken for gpumemd's own */
-        if (o->kind == BROKER_KIND_IMPORT || o->file_ino || fstat(fd, &st) < 0)
+        /* an import's files are someone else's memory: never taken for gpumemd's own; a device's file
+         * (CUDA's exports are files of /dev/nvidiactl) names the device, not the memory */
+        if (o->kind == BROKER_KIND_IMPORT || o->file_ino || fstat(fd, &st) < 0 || S_ISCHR(st.st_mode))
                 return;
         o->file_ino = (uint64_t)st.st_ino;
         o->file_dev = st.st_dev;
@@ -822,8 +831,15 @@ void broker_process_events(Broker *b)
  * *@fd is closed either way. */
 static int make_read_only(int *fd, Reason *w)
 {
+        struct stat st;
         char path[64];
         int ro;
+
+        /* opening a device's file again makes a new one, not another of the same memory */
+        if (fstat(*fd, &st) == 0 && S_ISCHR(st.st_mode)) {
+                *fd = safe_close(*fd);
+                return reason_set(w, -EOPNOTSUPP, "this driver's exports cannot be made read-only");
+        }
 
         snprintf(path, sizeof(path), "/proc/self/fd/%d", *fd);
         ro = open(path, O_RDONLY | O_CLOEXEC);
@@ -1148,7 +1164,16 @@ static int alloc_device(BrokerClient *c, const BrokerAllocArgs *a, Obj *o, Broke
                 o->mem = NULL;
                 return reason_set(w, r, "cannot map the allocation on the GPUs asked for: %s", strerror(-r));
         }
-        if (a->flags & BROKER_FLAG_HOST_VISIBLE) {
+        if (driver_has(c->b->drv, DRIVER_CAP_CLIENT_MAPS)) {
+                r = driver_mem_export(c->b->drv, o->mem, &res->import_fd);
+                if (r < 0) {
+                        (void)driver_mem_unmap_all(c->b->drv, o->mem);
+                        (void)driver_mem_free(c->b->drv, o->mem);
+                        o->mem = NULL;
+                        return reason_set(w, r, "cannot export the allocation for the client to map: %s",
+                                          strerror(-r));
+                }
+        } else if (a->flags & BROKER_FLAG_HOST_VISIBLE) {
                 r = driver_mem_export(c->b->drv, o->mem, &res->fd);
                 if (r < 0) {
                         (void)driver_mem_unmap_all(c->b->drv, o->mem);
@@ -1425,6 +1450,10 @@ static int alloc_prepare(BrokerClient *c, const BrokerAllocArgs *a, Obj **ret, R
         case BROKER_KIND_DEVICE:
                 if (gpu_index(c->b, a->gpu_id) < 0)
                         return reason_set(w, -ENODEV, "no GPU with id %u", a->gpu_id);
+                /* the driver's granularity (CUDA: 2 MiB), which is what the GPU spends and the class pays */
+                if (size > UINT64_MAX - c->b->dev_gran)
+                        return reason_set(w, -EOVERFLOW, "size %llu overflows", (unsigned long long)size);
+                size = (size + c->b->dev_gran - 1) & ~(c->b->dev_gran - 1);
                 break;
         case BROKER_KIND_HOST:
                 if (a->gpu_id && gpu_index(c->b, a->gpu_id) < 0)
@@ -1463,6 +1492,8 @@ static int alloc_prepare(BrokerClient *c, const BrokerAllocArgs *a, Obj **ret, R
         o->flags = a->flags;
         o->outer = (a->flags & BROKER_FLAG_SVM_RANGE) != 0;
         align = a->alignment ? a->alignment : default_align(size);
+        if (a->kind == BROKER_KIND_DEVICE && align < c->b->dev_gran)
+                align = c->b->dev_gran;
         if (o->outer) {
                 r = thunk_va_alloc_fixed(c->outer, a->fixed_va, size, o);
                 if (r == -EADDRINUSE)
@@ -1507,6 +1538,7 @@ static int alloc_finish(BrokerClient *c, const BrokerAllocArgs *a, Obj *o, Broke
                         reason_set(w, r, "out of memory");
                 if (r < 0) {
                         res.fd = safe_close(res.fd);
+                        res.import_fd = safe_close(res.import_fd);
                         if (o->mem) {
                                 (void)driver_mem_unmap_all(c->b->drv, o->mem);
                                 (void)driver_mem_free(c->b->drv, o->mem);
@@ -1529,6 +1561,8 @@ static int alloc_finish(BrokerClient *c, const BrokerAllocArgs *a, Obj *o, Broke
                 o->gpu_id = a->gpu_id;
         if (res.fd >= 0)
                 note_file(c->b, o, res.fd);
+        if (res.import_fd >= 0)
+                note_file(c->b, o, res.import_fd);
         res.handle = o->handle;
         res.va = o->va;
         res.size = o->size;
@@ -1538,7 +1572,7 @@ static int alloc_finish(BrokerClient *c, const BrokerAllocArgs *a, Obj *o, Broke
 
 int broker_alloc(BrokerClient *c, const BrokerAllocArgs *a, BrokerAllocResult *ret, Reason *w)
 {
-        BrokerAllocResult res = {.fd = -1};
+        BrokerAllocResult res = {.fd = -1, .import_fd = -1};
         Obj *o;
         int r;
 
@@ -1594,13 +1628,14 @@ int broker_alloc_begin(BrokerClient *c, const BrokerAllocArgs *a, BrokerPending 
         p->charged.held_fds = 1;
         r = charge_take(c, &p->charged, w);
         if (r < 0) {
-                (void)alloc_finish(c, a, o, (BrokerAllocResult){.fd = -1}, r, NULL, NULL, w);
+                (void)alloc_finish(c, a, o, (BrokerAllocResult){.fd = -1, .import_fd = -1}, r, NULL, NULL, w);
                 free(p);
                 return r;
         }
         r = host_pages(c, a, o, w);
         if (r < 0) {
-                (void)alloc_finish(c, a, o, (BrokerAllocResult){.fd = -1}, r, &p->charged, NULL, w);
+                (void)alloc_finish(c, a, o, (BrokerAllocResult){.fd = -1, .import_fd = -1}, r, &p->charged,
+                                   NULL, w);
                 free(p);
                 return r;
         }
@@ -1621,7 +1656,7 @@ void broker_pending_populate(BrokerPending *p)
 
 int broker_alloc_end(BrokerPending *p, BrokerAllocResult *ret, Reason *w)
 {
-        BrokerAllocResult res = {.fd = -1};
+        BrokerAllocResult res = {.fd = -1, .import_fd = -1};
         BrokerClient *c = p->c;
         Obj *o = p->o;
         int r;
@@ -2093,7 +2128,7 @@ int broker_vmm_free(BrokerClient *c, uint64_t va, uint64_t size, Reason *w)
 }
 
 int broker_vmm_create(BrokerClient *c, uint64_t size, uint32_t gpu_id, uint32_t flags, uint64_t *ret_handle,
-                      Reason *w)
+                      int *ret_import_fd, Reason *w)
 {
         DriverCtx *ctx;
         Charge ch;
@@ -2106,6 +2141,10 @@ int broker_vmm_create(BrokerClient *c, uint64_t size, uint32_t gpu_id, uint32_t 
         r = check_gran("size", size, w);
         if (r < 0)
                 return r;
+        if (size % c->b->dev_gran)
+                return reason_set(w, -EINVAL,
+                                  "size %llu is not a multiple of the driver's %llu-byte granularity",
+                                  (unsigned long long)size, (unsigned long long)c->b->dev_gran);
         r = gpu_allowed(c, gpu_id, w);
         if (r < 0)
                 return r;
@@ -2134,6 +2173,13 @@ int broker_vmm_create(BrokerClient *c, uint64_t size, uint32_t gpu_id, uint32_t 
         o->flags = flags;
         o->client_refs = 1;
         o->backing_fd = driver_file_at_alloc(c->b, flags);
+        *ret_import_fd = -1;
+        if (driver_has(c->b->drv, DRIVER_CAP_CLIENT_MAPS) &&
+            (r = driver_mem_export(c->b->drv, o->mem, ret_import_fd)) < 0) {
+                (void)driver_mem_free(c->b->drv, o->mem);
+                free(o);
+                return reason_set(w, r, "cannot export the handle for the client to map: %s", strerror(-r));
+        }
         ch = obj_charge(o);
         r = charge_take(c, &ch, w);
         if (r >= 0 && (r = obj_publish(c, o)) < 0) {
@@ -2141,12 +2187,19 @@ int broker_vmm_create(BrokerClient *c, uint64_t size, uint32_t gpu_id, uint32_t 
                 reason_set(w, r, "out of memory");
         }
         if (r < 0) {
+                *ret_import_fd = safe_close(*ret_import_fd);
                 (void)driver_mem_free(c->b->drv, o->mem);
                 free(o);
                 return r;
         }
         *ret_handle = o->handle;
         return 0;
+}
+
+uint64_t broker_granularity(const Broker *b, bool recommended)
+{
+        uint64_t g = recommended ? BROKER_GRANULARITY_RECOMM : BROKER_GRANULARITY_MIN;
+        return b->dev_gran > g ? b->dev_gran : g;
 }
 
 int broker_vmm_map(BrokerClient *c, uint64_t va, uint64_t size, uint64_t offset, uint64_t handle, Reason *w)
@@ -2390,6 +2443,11 @@ int broker_vmm_set_access(BrokerClient *c, uint64_t va, uint64_t size, const Bro
         }
         if (!in_window(c, va, 1) && share_at(c, va))
                 return share_set_access(c, share_at(c, va), d, n, w);
+        if (cpu_desc && cpu_desc->access != BROKER_ACCESS_NONE &&
+            driver_has(c->b->drv, DRIVER_CAP_CLIENT_MAPS))
+                return reason_set(w, -EOPNOTSUPP,
+                                  "the %s driver gives no CPU access to device memory: copy through the GPU",
+                                  driver_name(c->b->drv));
         if (any_gpu && !driver_has(c->b->drv, DRIVER_CAP_VA_GRANTS))
                 return reason_set(
                         w, -EOPNOTSUPP,
@@ -2606,8 +2664,14 @@ int broker_import(BrokerClient *c, int fd, uint32_t gpu_id, uint64_t *ret_handle
                 return r;
         if (fstat(fd, &st) < 0 || (fl = fcntl(fd, F_GETFL)) < 0)
                 return reason_set(w, -EBADF, "cannot inspect the fd: %s", strerror(errno));
-        /* gpumemd's own exports are paid for by their exporter's class; anything else by the importer's */
-        own = is_own_file(c->b, &st, &src_read_only);
+        /* gpumemd's own exports are paid for by their exporter's class; anything else by the importer's.
+         * A device's file (CUDA) says nothing of the memory: the driver knows its own exports. */
+        if (S_ISCHR(st.st_mode)) {
+                src_read_only = false;
+                own = driver_dmabuf_is_own(c->b->drv, driver_ctx_primary(c->b->drv), fd);
+        } else {
+                own = is_own_file(c->b, &st, &src_read_only);
+        }
         read_only = (fl & O_ACCMODE) == O_RDONLY || src_read_only;
         size = (uint64_t)(st.st_size > 0 ? st.st_size : 0);
         size = (size + BROKER_PAGE_SIZE - 1) & ~(BROKER_PAGE_SIZE - 1);

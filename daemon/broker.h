@@ -297,6 +297,9 @@ typedef struct BrokerAllocResult {
         uint64_t size;
         int fd; /* owned by the caller: to mmap at va (offset fd_offset), -1 when not CPU-visible */
         uint64_t fd_offset;
+        /* owned by the caller: with DRIVER_CAP_CLIENT_MAPS the device memory's export, which the client
+         * imports into its own GPU context, else -1 */
+        int import_fd;
 } BrokerAllocResult;
 
 int broker_alloc(BrokerClient *c, const BrokerAllocArgs *a, BrokerAllocResult *ret, Reason *w);
@@ -369,8 +372,12 @@ int broker_mem_info(BrokerClient *c, uint32_t gpu_id, BrokerGpuMem *out, size_t 
 int broker_vmm_reserve(BrokerClient *c, uint64_t size, uint64_t alignment, uint64_t fixed_va,
                        uint64_t *ret_va, Reason *w);
 int broker_vmm_free(BrokerClient *c, uint64_t va, uint64_t size, Reason *w);
+/* *@ret_import_fd: with DRIVER_CAP_CLIENT_MAPS the handle's export, for the client to map (owned by the
+ * caller), else -1. */
 int broker_vmm_create(BrokerClient *c, uint64_t size, uint32_t gpu_id, uint32_t flags, uint64_t *ret_handle,
-                      Reason *w);
+                      int *ret_import_fd, Reason *w);
+/* What the granularity query answers: at least the driver's granularity for device memory. */
+uint64_t broker_granularity(const Broker *b, bool recommended);
 int broker_vmm_release(BrokerClient *c, uint64_t handle, Reason *w);
 int broker_vmm_map(BrokerClient *c, uint64_t va, uint64_t size, uint64_t offset, uint64_t handle, Reason *w);
 int broker_vmm_unmap(BrokerClient *c, uint64_t va, uint64_t size, Reason *w);

@@ -184,7 +184,8 @@ static int k_gpu(const Driver *d, size_t index, DriverGpu *ret)
         ret->gpu_id = g->gpu_id;
         ret->vram_bytes = n ? n->local_mem_size : 0;
         ret->numa_node = n ? n->numa_node : -1;
-        if (ret->vram_bytes == 0) /* an APU: its memory is what the driver lets it have */
+        ret->alloc_granularity = 0; /* the page */
+        if (ret->vram_bytes == 0)   /* an APU: its memory is what the driver lets it have */
                 (void)thunk_context_available_memory(k->primary, g->gpu_id, &ret->vram_bytes);
         return 0;
 }

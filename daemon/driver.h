@@ -39,7 +39,17 @@ enum {
         DRIVER_CAP_DOORBELL_RELAY = 1u << 8,
         /* a context's interrupts reach only the events mirrored in it */
         DRIVER_CAP_EVENT_MIRROR = 1u << 9,
+        /* the client maps memory into its own GPU context from the memory's export (below) */
+        DRIVER_CAP_CLIENT_MAPS = 1u << 10,
 };
+
+/*
+ * DRIVER_CAP_CLIENT_MAPS (CUDA): a GPU context belongs to the process that made it, and the daemon cannot
+ * map memory into a client's. The driver allocates and exports; the broker hands the client the export of
+ * each device allocation and VMM handle, and the client's library imports it, maps it and sets its
+ * access in its own context. driver_mem_map and driver_grant then record the access the broker allowed
+ * (driver_mem_is_mapped answers from that record): the client's own driver is what enforces it.
+ */
 
 /*
  * DRIVER_CAP_EVENT_MIRROR: KFD delivers a context's interrupts only to waits on that context's own events,
@@ -116,8 +126,9 @@ typedef struct DriverTileConfig {
 
 typedef struct DriverGpu {
         uint32_t gpu_id;
-        uint64_t vram_bytes; /* the GPU's own memory, or what the driver lets an APU have */
-        int numa_node;       /* nearest host node, -1 when unknown */
+        uint64_t vram_bytes;        /* the GPU's own memory, or what the driver lets an APU have */
+        int numa_node;              /* nearest host node, -1 when unknown */
+        uint64_t alloc_granularity; /* device memory comes in multiples of this (0: the page) */
 } DriverGpu;
 
 /* What a driver that keeps its own books reports (the model: contexts, buffers, ...). */

@@ -1,6 +1,7 @@
 /* The backends gpumemd can run on: one row per driver file, found by the name the settings give. */
 #include <string.h>
 
+#include "driver-cuda.h"
 #include "driver-kfd.h"
 #include "driver.h"
 #include "macro.h"
@@ -8,6 +9,7 @@
 static const DriverBackend *const backends[] = {
         &driver_kfd_backend,
         &driver_model_backend,
+        &driver_cuda_backend,
 };
 
 const DriverBackend *driver_backend_find(const char *name)

@@ -62,9 +62,20 @@ static int alloc_reply(ReqCtx *r, BrokerClient *bc, int err, const BrokerAllocRe
                 idx = reply_add_fd(r, res->fd);
                 if (idx < 0) {
                         /* cannot happen with one fd per reply; keep the books straight anyway */
+                        if (res->import_fd >= 0)
+                                close(res->import_fd);
                         (void)broker_mem_free(bc, res->handle, w);
                         return reply_fail(r, idx, "cannot attach the memory fd");
                 }
+        }
+        if (res->import_fd >= 0) {
+                int ix = reply_add_fd(r, res->import_fd);
+                if (ix < 0) {
+                        (void)broker_mem_free(bc, res->handle, w);
+                        return reply_fail(r, ix, "cannot attach the memory's export");
+                }
+                ar.has_import_fd_index = true;
+                ar.import_fd_index = ix;
         }
         ar.has_handle = ar.has_va = ar.has_size = ar.has_mem_fd_index = true;
         ar.handle = res->handle;
@@ -93,7 +104,7 @@ static void alloc_job_done(WorkerJob *j)
 {
         AllocJob *aj = (AllocJob *)j;
         Manager *m = req_ctx(aj->req)->m;
-        BrokerAllocResult res = {.fd = -1};
+        BrokerAllocResult res = {.fd = -1, .import_fd = -1};
         Reason w = {""};
         int err;
 
@@ -108,7 +119,7 @@ static void alloc_job_done(WorkerJob *j)
 static int alloc_deferred(ReqCtx *r, BrokerClient *bc, const BrokerAllocArgs *args)
 {
         AllocJob *aj = calloc(1, sizeof(*aj));
-        BrokerAllocResult res = {.fd = -1};
+        BrokerAllocResult res = {.fd = -1, .import_fd = -1};
         Reason w = {""};
         int err;
 
@@ -138,7 +149,7 @@ int op_alloc(ReqCtx *r, const Gpumem__Request *req)
 {
         const Gpumem__Alloc *a = req->alloc;
         BrokerAllocArgs args = {0};
-        BrokerAllocResult res = {.fd = -1};
+        BrokerAllocResult res = {.fd = -1, .import_fd = -1};
         Reason w = {""};
         int err;
         WITH_CLIENT(r, bc);
@@ -304,12 +315,21 @@ int op_vmm_create(ReqCtx *r, const Gpumem__Request *req)
         Gpumem__VmmCreateReply cr = GPUMEM__VMM_CREATE_REPLY__INIT;
         uint64_t handle = 0;
         Reason w = {""};
-        int err;
+        int err, fd = -1;
         WITH_CLIENT(r, bc);
 
-        err = broker_vmm_create(bc, a->size, a->gpu_id, a->flags, &handle, &w);
+        err = broker_vmm_create(bc, a->size, a->gpu_id, a->flags, &handle, &fd, &w);
         if (err < 0)
                 return fail_why(r, err, &w);
+        if (fd >= 0) {
+                int ix = reply_add_fd(r, fd);
+                if (ix < 0) {
+                        (void)broker_vmm_release(bc, handle, &w);
+                        return reply_fail(r, ix, "cannot attach the handle's export");
+                }
+                cr.has_import_fd_index = true;
+                cr.import_fd_index = ix;
+        }
         cr.has_handle = true;
         cr.handle = handle;
         return reply_result(r, &cr);
@@ -403,8 +423,7 @@ int op_vmm_granularity(ReqCtx *r, const Gpumem__Request *req)
         if (broker_gpu_index(r->m->broker, req->vmm_granularity->gpu_id) < 0)
                 return reply_fail(r, -ENODEV, "no GPU with id %u", req->vmm_granularity->gpu_id);
         gr.has_granularity = true;
-        gr.granularity =
-                req->vmm_granularity->recommended ? BROKER_GRANULARITY_RECOMM : BROKER_GRANULARITY_MIN;
+        gr.granularity = broker_granularity(r->m->broker, req->vmm_granularity->recommended);
         return reply_result(r, &gr);
 }
 
@@ -500,14 +519,15 @@ int op_dmabuf_import(ReqCtx *r, const Gpumem__Request *req)
         err = req_take_fd(r, a->fd_index, &fd);
         if (err < 0)
                 return reply_fail(r, err, "fd index %d names no fd of this request", a->fd_index);
-        /* checked before the driver sees it: only a memory file can be a dmabuf */
+        /* checked before the driver sees it: only a memory file can be a dmabuf, but a driver whose clients
+         * map memory themselves exports files of its device (CUDA: /dev/nvidiactl), which it knows again */
         if (fstat(fd, &st) < 0) {
                 err = -errno;
                 safe_close(fd);
                 return reply_fail(r, err, "cannot inspect the fd");
         }
         kind = fd_kind(st.st_mode);
-        if (kind) {
+        if (kind && !(S_ISCHR(st.st_mode) && driver_has(r->m->drv, DRIVER_CAP_CLIENT_MAPS))) {
                 safe_close(fd);
                 return reply_fail(r, -EINVAL, "the fd is %s, not a dmabuf", kind);
         }

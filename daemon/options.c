@@ -72,7 +72,7 @@ static void help(void)
 {
         printf("Usage: gpumemd [OPTIONS]\n"
                "\n"
-               "Privileged GPU memory broker for AMD GPUs.\n"
+               "Privileged GPU memory broker for AMD (and NVIDIA) GPUs.\n"
                "\n"
                "  -c, --config FILE         configuration file (default " GPUMEMD_CONFIG_FILE ")\n"
                "  -s, --socket PATH         listen on PATH when not socket-activated\n"

@@ -129,7 +129,7 @@ static void test_file_errors(void)
                 const char *text;
                 const char *want; /* "LINE: message fragment" */
         } cases[] = {
-                {"[daemon]\nbackend = gpu\n", ":2: backend: no backend called 'gpu' (kfd, model)"},
+                {"[daemon]\nbackend = gpu\n", ":2: backend: no backend called 'gpu' (kfd, model, cuda)"},
                 {"[daemon]\n\nlog-level = shout\n", ":3: log-level"},
                 {"[daemon]\nsocket = relative.sock\n", ":2: socket"},
                 {"[daemon]\nmax-connections = 0\n", ":2: max-connections"},
