@@ -13,7 +13,9 @@ struct MemEntry {
         gm_handle handle;
         uint64_t va, size;
         bool cpu_mapped;
-        bool freeing; /* gm_mem_free() is taking it down; on c->freeing */
+        uint64_t cu_handle; /* backend cuda: this process's import of device memory, mapped at its image */
+        bool cu_host;       /* backend cuda: host memory registered with CUDA here */
+        bool freeing;       /* gm_mem_free() is taking it down; on c->freeing */
         MemEntry *next_freeing;
 };
 
@@ -95,6 +97,59 @@ static int call_result(gm_client *c, Gpumem__Request *req, Gpumem__Reply__Result
 
 /* ---- allocations ------------------------------------------------------------------------------------- */
 
+/*
+ * Backend cuda: device memory comes with its export, which this process imports and maps at the window's
+ * image, for every GPU it was mapped on; host memory is registered with CUDA where it is mapped.
+ */
+static int cuda_map_new(gm_client *c, const gm_alloc_desc *d, const Gpumem__AllocReply *ar, const int *fds,
+                        size_t n_fds, MemEntry *e)
+{
+        int access = (d->flags & GM_MEM_READ_ONLY) ? GM_ACCESS_READ : GM_ACCESS_READ_WRITE;
+        const uint32_t *gpus = d->n_map_gpus ? d->map_gpus : &d->gpu_id;
+        size_t n = d->n_map_gpus ? d->n_map_gpus : 1;
+        int r;
+
+        if (d->kind == GM_KIND_HOST) {
+                r = gm_cuda_host_register(c, e->va, e->size);
+                e->cu_host = r == 0;
+                return r;
+        }
+        if (d->kind != GM_KIND_DEVICE)
+                return 0;
+        if (!ar->has_import_fd_index || ar->import_fd_index < 0 || (size_t)ar->import_fd_index >= n_fds)
+                return gm_set_reason(c, -EPROTO, "gpumemd sent no export of the memory to map");
+        r = gm_cuda_import(c, fds[ar->import_fd_index], d->gpu_id, &e->cu_handle);
+        if (r < 0)
+                return r;
+        r = gm_cuda_map(c, e->va, e->size, 0, e->cu_handle);
+        if (r < 0) {
+                gm_cuda_release(c, e->cu_handle);
+                e->cu_handle = 0;
+                return r;
+        }
+        for (size_t i = 0; i < n && r == 0; i++)
+                r = gm_cuda_access(c, e->va, e->size, gpus[i], access);
+        if (r < 0) {
+                (void)gm_cuda_unmap(c, e->va, e->size);
+                gm_cuda_release(c, e->cu_handle);
+                e->cu_handle = 0;
+        }
+        return r;
+}
+
+static void cuda_unmap_entry(gm_client *c, MemEntry *e)
+{
+        if (e->cu_handle) {
+                (void)gm_cuda_unmap(c, e->va, e->size);
+                gm_cuda_release(c, e->cu_handle);
+                e->cu_handle = 0;
+        }
+        if (e->cu_host) {
+                gm_cuda_host_unregister(c, e->va);
+                e->cu_host = false;
+        }
+}
+
 int gm_malloc_desc(gm_client *c, const gm_alloc_desc *d, void **ret_ptr)
 {
         Gpumem__Request req = GPUMEM__REQUEST__INIT;
@@ -118,7 +173,7 @@ int gm_malloc_desc(gm_client *c, const gm_alloc_desc *d, void **ret_ptr)
         a.numa_node = d->numa_node;
         a.has_alignment = a.has_fixed_va = true;
         a.alignment = d->alignment;
-        a.fixed_va = ptr_u64(d->fixed_addr);
+        a.fixed_va = c->cuda ? gm_cuda_va(c, ptr_u64(d->fixed_addr)) : ptr_u64(d->fixed_addr);
         a.n_map_gpus = d->n_map_gpus;
         a.map_gpus = (uint32_t *)d->map_gpus;
         req.op_case = GPUMEM__REQUEST__OP_ALLOC;
@@ -157,18 +212,24 @@ int gm_malloc_desc(gm_client *c, const gm_alloc_desc *d, void **ret_ptr)
                 }
                 e->cpu_mapped = true;
         }
+        if (c->cuda) {
+                r = cuda_map_new(c, d, reply->alloc, fds, n_fds, e);
+                if (r < 0)
+                        goto undo;
+        }
         gm_wire_close_fds(fds, n_fds); /* mapped: the pages stay, the fds need not */
         pthread_mutex_lock(&c->mem_lock);
         r = hashmap_put(&c->allocs, va, e);
         pthread_mutex_unlock(&c->mem_lock);
         if (r < 0) {
                 gm_set_reason(c, r, "cannot record the allocation");
+                cuda_unmap_entry(c, e);
                 if (e->cpu_mapped)
                         reserve_again(va, size);
                 goto undo_daemon;
         }
         gm_reply_free(c, reply);
-        *ret_ptr = (void *)(uintptr_t)va;
+        *ret_ptr = (void *)(uintptr_t)(c->cuda ? gm_cuda_ptr(c, va) : va);
         return 0;
 
 undo:
@@ -213,7 +274,7 @@ static MemEntry *entry_of(gm_client *c, const void *ptr)
         MemEntry *e;
 
         pthread_mutex_lock(&c->mem_lock);
-        e = hashmap_get(&c->allocs, ptr_u64(ptr));
+        e = hashmap_get(&c->allocs, gm_cuda_va(c, ptr_u64(ptr)));
         pthread_mutex_unlock(&c->mem_lock);
         return e;
 }
@@ -231,7 +292,7 @@ int gm_mem_free(gm_client *c, void *ptr)
         if (!ptr)
                 return 0; /* like free(NULL) and hipFree(nullptr) */
         pthread_mutex_lock(&c->mem_lock);
-        e = hashmap_get(&c->allocs, ptr_u64(ptr));
+        e = hashmap_get(&c->allocs, gm_cuda_va(c, ptr_u64(ptr)));
         busy = e && e->freeing;
         if (e && !busy) {
                 e->freeing = true;
@@ -250,6 +311,9 @@ int gm_mem_free(gm_client *c, void *ptr)
         f.handle = e->handle;
         req.op_case = GPUMEM__REQUEST__OP_FREE;
         req.free = &f;
+        /* this process's CUDA mapping goes first: it alone would keep the memory alive after the free (should
+         * the daemon refuse the free, the pointer is unmapped here all the same) */
+        cuda_unmap_entry(c, e);
         r = call_simple(c, &req);
         /* After the free: the pages then go in this process, as it drops the last mapping, not on the
          * daemon's event loop. The daemon keeps the memory charged until then and refunds it when the
@@ -284,6 +348,7 @@ static int map_op(gm_client *c, void *ptr, const uint32_t *gpu_ids, size_t n, bo
         Gpumem__MapToGpus m = GPUMEM__MAP_TO_GPUS__INIT;
         Gpumem__UnmapFromGpus u = GPUMEM__UNMAP_FROM_GPUS__INIT;
         MemEntry *e;
+        int r;
 
         if (!c || (n && !gpu_ids))
                 return BAD_ARGS(c);
@@ -305,7 +370,12 @@ static int map_op(gm_client *c, void *ptr, const uint32_t *gpu_ids, size_t n, bo
                 req.op_case = GPUMEM__REQUEST__OP_UNMAP;
                 req.unmap = &u;
         }
-        return call_simple(c, &req);
+        r = call_simple(c, &req);
+        /* backend cuda: the access the daemon allowed is set here, in this process's context */
+        for (size_t i = 0; r == 0 && e->cu_handle && i < n; i++)
+                r = gm_cuda_access(c, e->va, e->size, gpu_ids[i],
+                                   map ? GM_ACCESS_READ_WRITE : GM_ACCESS_NONE);
+        return r;
 }
 
 int gm_mem_map_gpus(gm_client *c, void *ptr, const uint32_t *gpu_ids, size_t n)
@@ -361,7 +431,7 @@ int gm_pointer_get_attributes(gm_client *c, const void *ptr, gm_pointer_attribut
         if (!c || !ret || ret->struct_size == 0)
                 return BAD_ARGS(c);
         g.has_va = true;
-        g.va = ptr_u64(ptr);
+        g.va = gm_cuda_va(c, ptr_u64(ptr));
         req.op_case = GPUMEM__REQUEST__OP_POINTER_INFO;
         req.pointer_info = &g;
         r = call_result(c, &req, GPUMEM__REPLY__RESULT_POINTER_INFO, &reply, NULL, NULL);
@@ -372,7 +442,7 @@ int gm_pointer_get_attributes(gm_client *c, const void *ptr, gm_pointer_attribut
         a.handle = p->handle;
         a.kind = p->kind;
         a.gpu_id = p->gpu_id;
-        a.base = (void *)(uintptr_t)p->alloc_base;
+        a.base = (void *)(uintptr_t)(a.kind == GM_KIND_HOST ? p->alloc_base : gm_cuda_ptr(c, p->alloc_base));
         a.size = p->size;
         a.flags = p->flags;
         a.cpu_accessible = p->cpu_accessible;
@@ -543,6 +613,32 @@ int gm_mem_prefetch(gm_client *c, const void *ptr, size_t size, uint32_t locatio
 
 /* ---- VMM --------------------------------------------------------------------------------------------- */
 
+/*
+ * Backend cuda: import @fd (the export of the daemon's @handle; -1: the daemon sent none) into this
+ * process's context, for gm_mem_map to map. On failure the daemon's handle is released too: the caller
+ * is left holding nothing.
+ */
+static int cuda_take_handle(gm_client *c, gm_handle handle, int fd, uint32_t gpu_id)
+{
+        Gpumem__Request req = GPUMEM__REQUEST__INIT;
+        Gpumem__VmmRelease rel = GPUMEM__VMM_RELEASE__INIT;
+        uint64_t cu = 0;
+        int r;
+
+        r = fd >= 0 ? gm_cuda_import(c, fd, gpu_id, &cu)
+                    : gm_set_reason(c, -EPROTO, "gpumemd sent no export of the handle to map");
+        if (r == 0 && (r = gm_cuda_handle_put(c, handle, cu)) < 0)
+                gm_cuda_release(c, cu);
+        if (r < 0) {
+                rel.has_handle = true;
+                rel.handle = handle;
+                req.op_case = GPUMEM__REQUEST__OP_VMM_RELEASE;
+                req.vmm_release = &rel;
+                (void)call_simple(c, &req);
+        }
+        return r;
+}
+
 int gm_mem_address_reserve(gm_client *c, size_t size, size_t alignment, void *addr, unsigned long long flags,
                            void **ret_ptr)
 {
@@ -557,7 +653,7 @@ int gm_mem_address_reserve(gm_client *c, size_t size, size_t alignment, void *ad
         v.has_size = v.has_alignment = v.has_fixed_va = v.has_flags = true;
         v.size = size;
         v.alignment = alignment;
-        v.fixed_va = ptr_u64(addr);
+        v.fixed_va = gm_cuda_va(c, ptr_u64(addr));
         v.flags = flags;
         req.op_case = GPUMEM__REQUEST__OP_VMM_RESERVE;
         req.vmm_reserve = &v;
@@ -568,7 +664,7 @@ int gm_mem_address_reserve(gm_client *c, size_t size, size_t alignment, void *ad
         gm_reply_free(c, reply);
         /* the caller maps into the range next: not while a free over it is still in progress */
         wait_range_free(c, va, size);
-        *ret_ptr = (void *)(uintptr_t)va;
+        *ret_ptr = (void *)(uintptr_t)gm_cuda_ptr(c, va);
         return 0;
 }
 
@@ -580,7 +676,7 @@ int gm_mem_address_free(gm_client *c, void *ptr, size_t size)
         if (!c)
                 return BAD_ARGS(c);
         v.has_va = v.has_size = true;
-        v.va = ptr_u64(ptr);
+        v.va = gm_cuda_va(c, ptr_u64(ptr));
         v.size = size;
         req.op_case = GPUMEM__REQUEST__OP_VMM_FREE;
         req.vmm_free = &v;
@@ -592,7 +688,9 @@ int gm_mem_create(gm_client *c, size_t size, uint32_t gpu_id, unsigned flags, gm
         Gpumem__Request req = GPUMEM__REQUEST__INIT;
         Gpumem__VmmCreate v = GPUMEM__VMM_CREATE__INIT;
         Gpumem__Reply *reply = NULL;
-        int r;
+        int fds[GM_FRAME_MAX_FDS];
+        size_t n_fds = 0;
+        int r = 0;
 
         if (!c || !ret_handle)
                 return BAD_ARGS(c);
@@ -602,9 +700,20 @@ int gm_mem_create(gm_client *c, size_t size, uint32_t gpu_id, unsigned flags, gm
         v.flags = flags;
         req.op_case = GPUMEM__REQUEST__OP_VMM_CREATE;
         req.vmm_create = &v;
-        r = call_result(c, &req, GPUMEM__REPLY__RESULT_VMM_CREATE, &reply, NULL, NULL);
+        r = call_result(c, &req, GPUMEM__REPLY__RESULT_VMM_CREATE, &reply, fds, &n_fds);
         if (r < 0)
                 return r;
+        /* backend cuda: this process imports the handle's export, to map it where gm_mem_map says */
+        if (c->cuda) {
+                int ix = reply->vmm_create->has_import_fd_index ? reply->vmm_create->import_fd_index : -1;
+                r = cuda_take_handle(c, reply->vmm_create->handle,
+                                     ix >= 0 && (size_t)ix < n_fds ? fds[ix] : -1, gpu_id);
+        }
+        gm_wire_close_fds(fds, n_fds);
+        if (r < 0) {
+                gm_reply_free(c, reply);
+                return r;
+        }
         *ret_handle = reply->vmm_create->handle;
         gm_reply_free(c, reply);
         return 0;
@@ -614,6 +723,7 @@ int gm_mem_release(gm_client *c, gm_handle handle)
 {
         Gpumem__Request req = GPUMEM__REQUEST__INIT;
         Gpumem__VmmRelease v = GPUMEM__VMM_RELEASE__INIT;
+        int r;
 
         if (!c)
                 return BAD_ARGS(c);
@@ -621,24 +731,47 @@ int gm_mem_release(gm_client *c, gm_handle handle)
         v.handle = handle;
         req.op_case = GPUMEM__REQUEST__OP_VMM_RELEASE;
         req.vmm_release = &v;
-        return call_simple(c, &req);
+        r = call_simple(c, &req);
+        /* CUDA keeps the memory while it is mapped here, as the daemon keeps it while mapped there */
+        if (r == 0 && c->cuda)
+                gm_cuda_release(c, gm_cuda_handle_take(c, handle));
+        return r;
 }
 
 int gm_mem_map(gm_client *c, void *ptr, size_t size, size_t offset, gm_handle handle)
 {
         Gpumem__Request req = GPUMEM__REQUEST__INIT;
         Gpumem__VmmMap v = GPUMEM__VMM_MAP__INIT;
+        int r;
 
         if (!c)
                 return BAD_ARGS(c);
         v.has_va = v.has_size = v.has_offset = v.has_handle = true;
-        v.va = ptr_u64(ptr);
+        v.va = gm_cuda_va(c, ptr_u64(ptr));
         v.size = size;
         v.offset = offset;
         v.handle = handle;
         req.op_case = GPUMEM__REQUEST__OP_VMM_MAP;
         req.vmm_map = &v;
-        return call_simple(c, &req);
+        r = call_simple(c, &req);
+        if (r == 0 && c->cuda) {
+                uint64_t cu = gm_cuda_handle_get(c, handle);
+                r = cu ? gm_cuda_map(c, v.va, size, offset, cu)
+                       : gm_set_reason(c, -ENOENT, "handle 0x%llx has no CUDA import in this process",
+                                       (unsigned long long)handle);
+                if (r < 0) {
+                        /* the daemon's mapping goes too: the caller sees nothing mapped */
+                        Gpumem__Request ureq = GPUMEM__REQUEST__INIT;
+                        Gpumem__VmmUnmap u = GPUMEM__VMM_UNMAP__INIT;
+                        u.has_va = u.has_size = true;
+                        u.va = v.va;
+                        u.size = size;
+                        ureq.op_case = GPUMEM__REQUEST__OP_VMM_UNMAP;
+                        ureq.vmm_unmap = &u;
+                        (void)call_simple(c, &ureq);
+                }
+        }
+        return r;
 }
 
 int gm_mem_unmap(gm_client *c, void *ptr, size_t size)
@@ -650,10 +783,13 @@ int gm_mem_unmap(gm_client *c, void *ptr, size_t size)
         if (!c)
                 return BAD_ARGS(c);
         v.has_va = v.has_size = true;
-        v.va = ptr_u64(ptr);
+        v.va = gm_cuda_va(c, ptr_u64(ptr));
         v.size = size;
         req.op_case = GPUMEM__REQUEST__OP_VMM_UNMAP;
         req.vmm_unmap = &v;
+        /* backend cuda: this process's mappings first, as gm_mem_free does */
+        if (c->cuda && (r = gm_cuda_unmap(c, v.va, size)) < 0)
+                return r;
         r = call_simple(c, &req);
         /* whatever the CPU saw there is gone: keep the window reserved */
         if (r == 0 && in_window(c, v.va, v.size))
@@ -686,7 +822,7 @@ int gm_mem_set_access(gm_client *c, void *ptr, size_t size, const gm_access_desc
                         cpu_none = true;
         }
         v.has_va = v.has_size = true;
-        v.va = ptr_u64(ptr);
+        v.va = gm_cuda_va(c, ptr_u64(ptr));
         v.size = size;
         v.n_desc = n;
         v.desc = dp;
@@ -710,6 +846,10 @@ int gm_mem_set_access(gm_client *c, void *ptr, size_t size, const gm_access_desc
         gm_reply_free(c, reply);
         if (r == 0 && cpu_none && in_window(c, v.va, v.size))
                 reserve_again(v.va, v.size);
+        /* backend cuda: the GPU access the daemon allowed is set here, in this process's context */
+        for (size_t i = 0; r == 0 && c->cuda && i < n; i++)
+                if (desc[i].gpu_id != GM_LOCATION_CPU)
+                        r = gm_cuda_access(c, v.va, size, desc[i].gpu_id, desc[i].access);
         return r;
 }
 
@@ -723,7 +863,7 @@ int gm_mem_get_access(gm_client *c, const void *ptr, uint32_t location, int *ret
         if (!c || !ret_access)
                 return BAD_ARGS(c);
         g.has_va = g.has_gpu_id = true;
-        g.va = ptr_u64(ptr);
+        g.va = gm_cuda_va(c, ptr_u64(ptr));
         g.gpu_id = location;
         req.op_case = GPUMEM__REQUEST__OP_VMM_GET_ACCESS;
         req.vmm_get_access = &g;
@@ -770,7 +910,7 @@ int gm_mem_retain_allocation_handle(gm_client *c, void *ptr, gm_handle *ret_hand
         if (!c || !ret_handle)
                 return BAD_ARGS(c);
         v.has_va = true;
-        v.va = ptr_u64(ptr);
+        v.va = gm_cuda_va(c, ptr_u64(ptr));
         req.op_case = GPUMEM__REQUEST__OP_VMM_RETAIN;
         req.vmm_retain = &v;
         r = call_result(c, &req, GPUMEM__REPLY__RESULT_VMM_RETAIN, &reply, NULL, NULL);
@@ -879,6 +1019,11 @@ int gm_mem_import(gm_client *c, int fd, uint32_t gpu_id, gm_handle *ret_handle, 
         if (reply->result_case != GPUMEM__REPLY__RESULT_DMABUF_IMPORT) {
                 gm_reply_free(c, reply);
                 return gm_set_reason(c, -EPROTO, "gpumemd replied with an unexpected result");
+        }
+        /* backend cuda: this process imports the same fd, to map the handle where gm_mem_map says */
+        if (c->cuda && (r = cuda_take_handle(c, reply->dmabuf_import->handle, fd, gpu_id)) < 0) {
+                gm_reply_free(c, reply);
+                return r;
         }
         *ret_handle = reply->dmabuf_import->handle;
         if (ret_size)

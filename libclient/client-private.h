@@ -23,6 +23,7 @@ typedef struct ErrSlot {
 
 typedef struct Pending Pending;
 typedef struct MemEntry MemEntry;
+typedef struct GmCuda GmCuda;
 
 /*
  * Replies are decoded into arenas the client keeps, so that a call makes no allocation of its own. 4 KiB
@@ -64,7 +65,30 @@ struct gm_client {
         HashMap allocs;           /* base address → MemEntry, for gm_mem_free and friends */
         MemEntry *freeing;        /* allocations gm_mem_free() is taking down: not yet to be mapped over */
         HashMap shares;           /* address of an open share → ShareEntry (client-share.c) */
+        GmCuda *cuda;             /* backend "cuda": this process's CUDA side (client-cuda.c), else NULL */
 };
+
+/*
+ * Backend "cuda" (client-cuda.c): memory is imported into this process's CUDA context and mapped at the
+ * window's image in CUDA's VA space. gm_cuda_va() turns a pointer the caller holds into the daemon's VA
+ * (identity outside the image), gm_cuda_ptr() a VA of the window into the caller's pointer. The rest take
+ * the daemon's VAs and record a reason on failure.
+ */
+int gm_cuda_open(gm_client *c);
+void gm_cuda_close(gm_client *c);
+uint64_t gm_cuda_va(const gm_client *c, uint64_t ptr);
+uint64_t gm_cuda_ptr(const gm_client *c, uint64_t va);
+int gm_cuda_import(gm_client *c, int fd, uint32_t gpu_id, uint64_t *ret_h);
+void gm_cuda_release(gm_client *c, uint64_t h);
+int gm_cuda_map(gm_client *c, uint64_t va, uint64_t size, uint64_t offset, uint64_t h);
+int gm_cuda_unmap(gm_client *c, uint64_t va, uint64_t size);
+int gm_cuda_access(gm_client *c, uint64_t va, uint64_t size, uint32_t gpu_id, int access);
+int gm_cuda_host_register(gm_client *c, uint64_t va, uint64_t size);
+void gm_cuda_host_unregister(gm_client *c, uint64_t va);
+/* The CUDA handle of this process's import of the daemon's @handle (VMM handles and imports). */
+int gm_cuda_handle_put(gm_client *c, gm_handle handle, uint64_t h);
+uint64_t gm_cuda_handle_get(gm_client *c, gm_handle handle);
+uint64_t gm_cuda_handle_take(gm_client *c, gm_handle handle);
 
 /* Unmap and forget the shares still open (at close, under nothing: no other call runs). */
 void gm_shares_done(gm_client *c);

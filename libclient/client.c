@@ -559,7 +559,8 @@ static int handshake(gm_client *c, const char *name, uint64_t window_size, bool 
                 r = reserve_window(c->window_base, c->window_size);
                 if (r == 0) {
                         c->window_reserved = true;
-                        return 0;
+                        /* NVIDIA GPUs: this process maps its memory in its own CUDA context */
+                        return strcmp(c->backend, "cuda") == 0 ? gm_cuda_open(c) : 0;
                 }
                 if (r != -EEXIST || tries >= WINDOW_RETRIES)
                         return gm_set_reason(c, -ENOSPC, "cannot reserve the VA window 0x%llx+0x%llx: %s",
@@ -679,6 +680,7 @@ void gm_client_close(gm_client *c)
                 hashmap_done(&c->allocs);
         }
         gm_shares_done(c);
+        gm_cuda_close(c);
         pthread_cond_destroy(&c->mem_cond);
         pthread_mutex_destroy(&c->mem_lock);
         pthread_cond_destroy(&c->cond);
