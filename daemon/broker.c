@@ -1152,8 +1152,17 @@ static int alloc_device(BrokerClient *c, const BrokerAllocArgs *a, Obj *o, Broke
         if (r == -ENOMEM)
                 return reason_set(w, r, "GPU %u has no room for %s of VRAM", gpu,
                                   human(o->size, b1, sizeof(b1)));
+        if (r == -EOPNOTSUPP && driver_has(c->b->drv, DRIVER_CAP_CLIENT_MAPS))
+                return reason_set(w, r,
+                                  "the %s driver has no device memory with flags 0x%x (coherent, uncached "
+                                  "and contiguous are AMD's kinds)",
+                                  driver_name(c->b->drv), a->flags);
         if (r == -EOPNOTSUPP)
                 return reason_set(w, r, "the driver cannot give contiguous VRAM (KFD: ABI 1.16)");
+        if (r == -EINVAL && (a->flags & BROKER_FLAG_HOST_VISIBLE) &&
+            driver_has(c->b->drv, DRIVER_CAP_CLIENT_MAPS))
+                return reason_set(w, r, "the %s driver gives no CPU mapping of device memory",
+                                  driver_name(c->b->drv));
         if (r == -EINVAL && (a->flags & BROKER_FLAG_HOST_VISIBLE))
                 return reason_set(w, r, "GPU %u cannot give host-visible VRAM (small BAR)", gpu);
         if (r < 0)
@@ -1378,7 +1387,10 @@ static int alloc_managed(BrokerClient *c, const BrokerAllocArgs *a, Obj *o, Brok
         int r;
 
         if (!driver_has(b->drv, DRIVER_CAP_MANAGED))
-                return reason_set(w, -EOPNOTSUPP, "managed memory needs the driver's SVM API (KFD: ABI 1.5)");
+                return reason_set(w, -EOPNOTSUPP,
+                                  "managed memory needs the driver's SVM API (KFD: ABI 1.5), which "
+                                  "the %s driver has not",
+                                  driver_name(b->drv));
         if (a->flags & ~(uint32_t)(BROKER_FLAG_COHERENT | BROKER_FLAG_READ_ONLY | BROKER_FLAG_EXECUTABLE |
                                    BROKER_FLAG_EXT_COHERENT))
                 return reason_set(w, -EINVAL,

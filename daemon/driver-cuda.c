@@ -618,35 +618,43 @@ static int c_mem_register_host(Driver *d, uint32_t gpu_id, uint64_t va, uint64_t
         return 0;
 }
 
-/* The buffer whose first export @fd is, or NULL. */
-static DriverMem *exported_as(CudaDriver *k, int fd)
+/*
+ * Is @fd the first export of a live buffer? Its GPU and size are copied out under the lock: the buffer is
+ * another client's, which another loop may free at any time.
+ */
+static bool exported_as(CudaDriver *k, int fd, size_t *ret_gpu, uint64_t *ret_size)
 {
-        DriverMem *m;
+        const DriverMem *m;
 
         pthread_mutex_lock(&k->exports_lock);
         for (m = k->exported; m; m = m->next_exported)
                 if (kcmp_file(fd, m->export_fd) == 0)
                         break;
+        if (m && ret_gpu) {
+                *ret_gpu = m->gpu;
+                *ret_size = m->size;
+        }
         pthread_mutex_unlock(&k->exports_lock);
-        return m;
+        return m != NULL;
 }
 
 static int c_mem_import(Driver *d, DriverCtx *ctx, int fd, uint32_t gpu_id, DriverMem **ret)
 {
         CudaDriver *k = cd(d);
         int g = gpu_of(k, gpu_id), r;
-        DriverMem *own, *m;
+        uint64_t size = 0;
+        size_t gpu = 0;
+        DriverMem *m;
 
         (void)ctx;
         if (g < 0)
                 return g;
-        own = exported_as(k, fd);
-        if (!own)
+        if (!exported_as(k, fd, &gpu, &size))
                 return -EINVAL;
-        m = mem_new(own->gpu, own->size);
+        m = mem_new(gpu, size);
         if (!m)
                 return -ENOMEM;
-        r = use_gpu(k, own->gpu);
+        r = use_gpu(k, gpu);
         if (r == 0)
                 r = cuda_errno(k->api.MemImportFromShareableHandle(&m->h, (void *)(uintptr_t)fd,
                                                                    CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR));
@@ -763,7 +771,7 @@ static int c_mem_export(Driver *d, DriverMem *m, int *ret_fd)
 static bool c_dmabuf_is_own(Driver *d, DriverCtx *ctx, int fd)
 {
         (void)ctx;
-        return exported_as(cd(d), fd) != NULL;
+        return exported_as(cd(d), fd, NULL, NULL);
 }
 
 static int c_grant(Driver *d, DriverCtx *ctx, DriverMem *m, uint32_t gpu_id, uint64_t va, uint64_t offset,

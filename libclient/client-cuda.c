@@ -274,11 +274,25 @@ int gm_cuda_access(gm_client *c, uint64_t va, uint64_t size, uint32_t gpu_id, in
 int gm_cuda_host_register(gm_client *c, uint64_t va, uint64_t size)
 {
         GmCuda *g = c->cuda;
+        CUdeviceptr dp = 0;
         CUresult cr =
                 WITH_CTX(g, &g->gpus[0],
                          g->api.MemHostRegister((void *)(uintptr_t)va, size,
                                                 CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP));
-        return cr == CUDA_SUCCESS ? 0 : cuda_fail(c, cr, "cuMemHostRegister");
+        if (cr != CUDA_SUCCESS)
+                return cuda_fail(c, cr, "cuMemHostRegister");
+        /* the caller's pointer is the window's address: the GPUs must see the memory there too */
+        cr = WITH_CTX(g, &g->gpus[0], g->api.MemHostGetDevicePointer(&dp, (void *)(uintptr_t)va, 0));
+        if (cr != CUDA_SUCCESS || dp != va) {
+                (void)WITH_CTX(g, &g->gpus[0], g->api.MemHostUnregister((void *)(uintptr_t)va));
+                if (cr != CUDA_SUCCESS)
+                        return cuda_fail(c, cr, "cuMemHostGetDevicePointer");
+                return gm_set_reason(
+                        c, -EOPNOTSUPP,
+                        "CUDA maps the host memory at 0x%llx for the GPUs, not at its address 0x%llx",
+                        (unsigned long long)dp, (unsigned long long)va);
+        }
+        return 0;
 }
 
 void gm_cuda_host_unregister(gm_client *c, uint64_t va)

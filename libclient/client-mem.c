@@ -229,7 +229,8 @@ int gm_malloc_desc(gm_client *c, const gm_alloc_desc *d, void **ret_ptr)
                 goto undo_daemon;
         }
         gm_reply_free(c, reply);
-        *ret_ptr = (void *)(uintptr_t)(c->cuda ? gm_cuda_ptr(c, va) : va);
+        /* backend cuda: device memory is seen at the window's image, host memory at its own address */
+        *ret_ptr = (void *)(uintptr_t)(c->cuda && d->kind == GM_KIND_DEVICE ? gm_cuda_ptr(c, va) : va);
         return 0;
 
 undo:

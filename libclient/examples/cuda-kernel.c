@@ -1,5 +1,6 @@
 /* Example: on NVIDIA GPUs, memory from gpumemd is ordinary CUDA memory. A kernel writes it, a second process
- * opens the same memory from an fd and answers, and a third holds memory until it is killed. */
+ * opens the same memory from an fd and answers; --host: pinned host memory; --refusals: what CUDA cannot do;
+ * --hold MIB: memory held until the process is killed. */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdint.h>
@@ -92,7 +93,11 @@ static CUresult fill(const Gpu *g, void *p, unsigned n, unsigned v)
         CUdeviceptr d = (CUdeviceptr)(uintptr_t)p;
         void *args[] = {&d, &n, &v};
         CUresult r = g->api.LaunchKernel(g->fill, (n + 255) / 256, 1, 1, 256, 1, 1, 0, NULL, args, NULL);
-        return r == CUDA_SUCCESS ? g->api.CtxSynchronize() : r;
+        if (r == CUDA_SUCCESS)
+                r = g->api.CtxSynchronize();
+        if (r != CUDA_SUCCESS)
+                (void)cuda_die(g, r, "the kernel");
+        return r;
 }
 
 /* How many of the @n words at @p are not v + i (copied back to the host); -1 if the copy failed. */
@@ -148,6 +153,88 @@ static int reader(const char *sock, int fd, unsigned words)
         return 0;
 }
 
+/* Pinned host memory from gpumemd: a kernel writes it through the same address the CPU reads. */
+static int host(const char *sock)
+{
+        const unsigned words = 1u << 18; /* 1 MiB */
+        gm_client *c = NULL;
+        uint32_t *p;
+        long bad = 0;
+        Gpu g;
+        int r = gm_client_connect(sock, "cuda-kernel-host", &c);
+
+        if (r < 0)
+                return gm_die(c, r, "connect");
+        if (gpu_open(c, &g))
+                return 1;
+        r = gm_host_malloc(c, (size_t)words * 4, g.gpu_id, -1, 0, (void **)&p);
+        if (r < 0)
+                return gm_die(c, r, "host allocation");
+        if (fill(&g, p, words, 3000) != CUDA_SUCCESS)
+                return 1;
+        for (unsigned i = 0; i < words; i++)
+                bad += p[i] != 3000 + i;
+        printf("host: a kernel wrote %u words of pinned host memory at %p, %ld differ as the CPU reads "
+               "them\n",
+               words, (void *)p, bad);
+        r = gm_mem_free(c, p);
+        if (r < 0)
+                return gm_die(c, r, "free");
+        gm_client_close(c);
+        return bad != 0;
+}
+
+/* What CUDA cannot do is refused, each with its errno and reason. */
+static int refusals(const char *sock)
+{
+        gm_client *c = NULL;
+        char why[256];
+        gm_handle h;
+        void *p = NULL;
+        int pipefd[2], r, wrong = 0;
+        Gpu g;
+
+        r = gm_client_connect(sock, "cuda-kernel-refusals", &c);
+        if (r < 0)
+                return gm_die(c, r, "connect");
+        if (gpu_open(c, &g))
+                return 1;
+#define EXPECT(call, want, what)                                                                             \
+        do {                                                                                                 \
+                int got_ = (call);                                                                           \
+                printf("refused: %s: %d (%s)\n", what, got_,                                                 \
+                       got_ < 0 ? gm_strerror(c, got_, why, sizeof(why)) : "no");                            \
+                wrong += got_ != (want);                                                                     \
+        } while (0)
+        EXPECT(gm_malloc_managed(c, 4u << 20, 0, &p), -EOPNOTSUPP, "managed memory");
+        EXPECT(gm_malloc(c, 4u << 20, g.gpu_id, GM_MEM_HOST_VISIBLE, &p), -EINVAL,
+               "host-visible device memory");
+        EXPECT(gm_malloc(c, 4u << 20, g.gpu_id, GM_MEM_COHERENT, &p), -EOPNOTSUPP,
+               "fine-grained device memory");
+        if (pipe(pipefd) == 0) {
+                EXPECT(gm_mem_import(c, pipefd[0], g.gpu_id, &h, NULL), -EINVAL, "importing a pipe");
+                close(pipefd[0]);
+                close(pipefd[1]);
+        }
+        r = gm_mem_create(c, 4u << 20, g.gpu_id, 0, &h);
+        if (r < 0)
+                return gm_die(c, r, "VMM handle");
+        r = gm_mem_address_reserve(c, 4u << 20, 0, NULL, 0, &p);
+        if (r < 0)
+                return gm_die(c, r, "VMM reservation");
+        EXPECT(gm_mem_map(c, p, 2u << 20, 0, h), -EOPNOTSUPP, "mapping half of a handle");
+        EXPECT(gm_mem_map(c, p, 4u << 20, 0, h), 0, "mapping the whole handle");
+        gm_access_desc cpu = {.gpu_id = GM_LOCATION_CPU, .access = GM_ACCESS_READ_WRITE};
+        EXPECT(gm_mem_set_access(c, p, 4u << 20, &cpu, 1), -EOPNOTSUPP, "CPU access to VMM memory");
+        EXPECT(gm_mem_unmap(c, p, 4u << 20), 0, "unmapping");
+        EXPECT(gm_mem_release(c, h), 0, "releasing");
+        EXPECT(gm_mem_address_free(c, p, 4u << 20), 0, "freeing the reservation");
+#undef EXPECT
+        printf("refusals: %d not as expected\n", wrong);
+        gm_client_close(c);
+        return wrong != 0;
+}
+
 /* The third: hold @mib MiB until killed. */
 static int holder(const char *sock, unsigned mib)
 {
@@ -186,6 +273,10 @@ int main(int argc, char **argv)
 
         if (argc >= 4 && strcmp(argv[1], "--reader") == 0)
                 return reader(sock, atoi(argv[2]), (unsigned)strtoul(argv[3], NULL, 0));
+        if (argc >= 2 && strcmp(argv[1], "--host") == 0)
+                return host(sock);
+        if (argc >= 2 && strcmp(argv[1], "--refusals") == 0)
+                return refusals(sock);
         if (argc >= 3 && strcmp(argv[1], "--hold") == 0)
                 return holder(sock, (unsigned)strtoul(argv[2], NULL, 0));
 

@@ -211,11 +211,39 @@ int main(int argc, char **argv)
                                 return 1;
                         usleep(3000);
                 }
+                /* the import of the daemon's export in this process, alone */
+                for (int k = 0; k < n; k++) {
+                        gm_pointer_attributes pa_ = {.struct_size = sizeof(pa_)};
+                        CUmemGenericAllocationHandle ih;
+                        void *ptr;
+                        int fd = -1;
+                        if (gm_malloc(c, size, gpu_id, 0, &ptr) < 0 ||
+                            gm_pointer_get_attributes(c, ptr, &pa_) < 0 ||
+                            gm_mem_export(c, pa_.handle, &fd, NULL) < 0)
+                                return 1;
+                        usleep(3000);
+                        double t0 = now_us();
+                        CU(api.MemImportFromShareableHandle(&ih, (void *)(uintptr_t)fd,
+                                                            CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR));
+                        f[k] = now_us() - t0;
+                        CU(api.MemRelease(ih));
+                        /* closing one of several fds of the export's file, as the client does after its
+                         * import */
+                        int dupfd = dup(fd);
+                        t0 = now_us();
+                        close(dupfd);
+                        da[k] = now_us() - t0;
+                        close(fd);
+                        if (gm_mem_free(c, ptr) < 0)
+                                return 1;
+                        usleep(3000);
+                }
                 printf("\n         in the daemon (mean): alloc %.1f us, free %.1f us; gm_mem_create (no map) "
                        "p50 "
+                       "%.1f us; import of the daemon's export here p50 %.1f us, closing a second fd of it "
                        "%.1f us\n",
                        ac1 > ac0 ? (as1 - as0) / (ac1 - ac0) : 0, fc1 > fc0 ? (fs1 - fs0) / (fc1 - fc0) : 0,
-                       median(a, n));
+                       median(a, n), median(f, n), median(da, n));
         }
         /* back to back: what an allocation and its free cost together, whatever runs late */
         printf("Allocation and free back to back, mean per cycle:\n");

@@ -117,9 +117,25 @@ def test_quota_and_kill(tmp):
         check(code == 0, f"gpumemd stops cleanly: {err[-2000:]}")
 
 
+def test_host_and_refusals(tmp):
+    """Pinned host memory a kernel writes; what CUDA cannot do refused with a reason, leaving nothing."""
+    d = Daemon(tmp, CONFIG)
+    try:
+        r = subprocess.run([EXAMPLE, "--host"], capture_output=True, text=True, timeout=60, env=d.env)
+        print(r.stdout + r.stderr)
+        check(r.returncode == 0 and ", 0 differ" in r.stdout, "a kernel writes gpumemd's pinned host memory")
+        r = subprocess.run([EXAMPLE, "--refusals"], capture_output=True, text=True, timeout=60, env=d.env)
+        print(r.stdout + r.stderr)
+        check(r.returncode == 0 and "refusals: 0 not as expected" in r.stdout, "each refusal has its errno")
+        check(d.vram_used() == 0, "the class holds no VRAM afterwards")
+        check(d.json("allocations").get("allocations") == [], "no allocation is left")
+    finally:
+        stop(d.proc)
+
+
 if __name__ == "__main__":
     if not have_gpu() or not os.access(EXAMPLE, os.X_OK):
         print("1..0 # SKIP no NVIDIA GPU or CUDA driver here")
         sys.exit(77)
     run_tests([("topology", test_topology), ("kernel and share", test_kernel_share),
-               ("quota and kill", test_quota_and_kill)])
+               ("quota and kill", test_quota_and_kill), ("host memory and refusals", test_host_and_refusals)])
