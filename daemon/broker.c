@@ -2816,6 +2816,14 @@ static int share_check(const Broker *b, const char *name, Reason *w)
 
         if (!b->share_space)
                 return reason_set(w, -EOPNOTSUPP, "this daemon has no shared region for named shares");
+        /* a reader would get a place in the shared region but nothing it can map there: its own GPU context
+         * takes no address from the daemon (docs/nvidia.md) */
+        if (driver_has(b->drv, DRIVER_CAP_CLIENT_MAPS))
+                return reason_set(
+                        w, -EOPNOTSUPP,
+                        "named shares are not served on the %s backend: hand the memory over with an "
+                        "export (gm_mem_export, gm_mem_import)",
+                        driver_name(b->drv));
         /* every reader maps a share at the same VA in a GPU VM of its own */
         if (!driver_has(b->drv, DRIVER_CAP_PRIVATE_VM | DRIVER_CAP_VA_GRANTS))
                 return reason_set(w, -EOPNOTSUPP,

@@ -222,6 +222,7 @@ static int refusals(const char *sock)
         r = gm_mem_address_reserve(c, 4u << 20, 0, NULL, 0, &p);
         if (r < 0)
                 return gm_die(c, r, "VMM reservation");
+        EXPECT(gm_share_publish(c, h, "cuda-kernel-refusals", 0, NULL), -EOPNOTSUPP, "publishing by name");
         EXPECT(gm_mem_map(c, p, 2u << 20, 0, h), -EOPNOTSUPP, "mapping half of a handle");
         EXPECT(gm_mem_map(c, p, 4u << 20, 0, h), 0, "mapping the whole handle");
         gm_access_desc cpu = {.gpu_id = GM_LOCATION_CPU, .access = GM_ACCESS_READ_WRITE};

@@ -52,7 +52,7 @@ class Daemon:
         return sum(e["used"] for e in q.get("quotas", []) if e["resource"] == "vram" and e["gpu_id"] == 0)
 
 
-CONFIG = "[class team]\nmatch-uid = 0\nvram = 1G\n"
+CONFIG = "[class team]\nmatch-uid = 0\nvram = 1G\nshare-publish = cuda-*\n"
 
 
 def test_topology(tmp):
