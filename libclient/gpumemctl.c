@@ -376,9 +376,11 @@ static int cmd_status(Ctl *ctl, int argc, char **argv)
                 jprint(o, JSON_C_TO_STRING_PLAIN);
         } else {
                 printf("gpumemd %s (protocol %u), pid %u\n", s->server_version, s->protocol_version, s->pid);
-                printf("  backend:   %s%s%s%s, KFD ABI %u.%u\n", s->backend,
+                /* the driver's interface version: KFD's ioctl ABI, or the CUDA driver's version */
+                printf("  backend:   %s%s%s%s, %s %u.%u\n", s->backend,
                        s->preset[0] ? " (SIMULATED GPUs, no hardware)" : "", s->preset[0] ? ", preset " : "",
-                       s->preset, s->kfd_major, s->kfd_minor);
+                       s->preset, strcmp(s->backend, "cuda") == 0 ? "CUDA driver" : "KFD ABI", s->kfd_major,
+                       s->kfd_minor);
                 printf("  uptime:    %.1f s\n", (double)s->uptime_usec / 1e6);
                 printf("  GPUs:      %u\n", s->gpus);
                 printf("  clients:   %u\n", s->clients);
