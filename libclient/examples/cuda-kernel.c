@@ -216,6 +216,15 @@ static int refusals(const char *sock)
                 close(pipefd[0]);
                 close(pipefd[1]);
         }
+        /* device files the daemon did not hand out: not memory of gpumemd's, whatever their kind */
+        for (int i = 0; i < 2; i++) {
+                const char *path = i ? "/dev/nvidiactl" : "/dev/null";
+                int dfd = open(path, O_RDWR | O_CLOEXEC);
+                if (dfd < 0)
+                        continue;
+                EXPECT(gm_mem_import(c, dfd, g.gpu_id, &h, NULL), -EINVAL, path);
+                close(dfd);
+        }
         r = gm_mem_create(c, 4u << 20, g.gpu_id, 0, &h);
         if (r < 0)
                 return gm_die(c, r, "VMM handle");
