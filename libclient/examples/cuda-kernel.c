@@ -225,6 +225,16 @@ static int refusals(const char *sock)
                 EXPECT(gm_mem_import(c, dfd, g.gpu_id, &h, NULL), -EINVAL, path);
                 close(dfd);
         }
+        {
+                size_t gran = 0;
+                r = gm_mem_get_allocation_granularity(c, g.gpu_id, GM_GRANULARITY_MINIMUM, &gran);
+                if (r < 0)
+                        return gm_die(c, r, "granularity");
+                /* the driver's granularity, not the page: a VMM handle of less is refused */
+                if (gran > 4096)
+                        EXPECT(gm_mem_create(c, gran / 2, g.gpu_id, 0, &h), -EINVAL,
+                               "a VMM handle of half the granularity");
+        }
         r = gm_mem_create(c, 4u << 20, g.gpu_id, 0, &h);
         if (r < 0)
                 return gm_die(c, r, "VMM handle");
