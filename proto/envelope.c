@@ -55,13 +55,27 @@ static size_t varint_get(const uint8_t *p, size_t max, uint64_t *ret)
 {
         uint64_t v = 0;
 
-        for (size_t i = 0; i < max && i < 10; i++) {
-                v |= (uint64_t)(p[i] & 0x7f) << (7 * i);
-                if (!(p[i] & 0x80)) {
+        size_t lim = max < 10 ? max : 10;
+
+        for (size_t i = 0; i < lim; i++) {
+                uint8_t b = p[i];
+                v |= (uint64_t)(b & 0x7f) << (7 * i);
+                if (b < 0x80) {
                         *ret = v;
                         return i + 1;
                 }
         }
+        return 0;
+}
+
+/* The length of the varint at @p, as varint_get() takes it, without its value. */
+static size_t varint_len(const uint8_t *p, size_t max)
+{
+        size_t lim = max < 10 ? max : 10;
+
+        for (size_t i = 0; i < lim; i++)
+                if (p[i] < 0x80)
+                        return i + 1;
         return 0;
 }
 
@@ -77,10 +91,24 @@ static size_t field_get(const uint8_t *p, size_t len, uint32_t *ret_id, const ui
         uint64_t tag, n;
         size_t a, b;
 
-        a = varint_get(p, len < 5 ? len : 5, &tag);
+        /* a tag of one or two bytes (fields up to 2047) and a short length: every small op's, inline */
+        if (len >= 2 && p[0] < 0x80) {
+                tag = p[0];
+                a = 1;
+        } else if (len >= 3 && p[1] < 0x80) {
+                tag = (uint64_t)(p[0] & 0x7f) | (uint64_t)p[1] << 7;
+                a = 2;
+        } else {
+                a = varint_get(p, len < 5 ? len : 5, &tag);
+        }
         if (!a || (tag & 7) != 2 || (tag >> 3) == 0 || (tag >> 3) > 0xffff)
                 return 0;
-        b = varint_get(p + a, len - a < 5 ? len - a : 5, &n);
+        if (a < len && p[a] < 0x80) {
+                n = p[a];
+                b = 1;
+        } else {
+                b = varint_get(p + a, len - a < 5 ? len - a : 5, &n);
+        }
         if (!b || n > UINT32_MAX || n > len - a - b)
                 return 0;
         *ret_id = (uint32_t)(tag >> 3);
@@ -89,10 +117,25 @@ static size_t field_get(const uint8_t *p, size_t len, uint32_t *ret_id, const ui
         return a + b + (size_t)n;
 }
 
+const ProtobufCFieldDescriptor *gm_proto_field(const ProtobufCMessageDescriptor *desc, uint32_t id)
+{
+        const ProtobufCIntRange *r = desc->field_ranges;
+
+        /* Each range is a run of consecutive numbers starting at fields[orig_index]; the entry after the
+         * last holds the field count as its orig_index. A message has a few runs: a scan beats a search. */
+        for (unsigned i = 0; i < desc->n_field_ranges; i++) {
+                uint32_t start = (uint32_t)r[i].start_value;
+                uint32_t count = (uint32_t)(r[i + 1].orig_index - r[i].orig_index);
+                if (id >= start && id - start < count)
+                        return &desc->fields[(uint32_t)r[i].orig_index + (id - start)];
+        }
+        return NULL;
+}
+
 /* The message member @id of @desc's oneof, or NULL. */
 static const ProtobufCFieldDescriptor *oneof_message(const ProtobufCMessageDescriptor *desc, uint32_t id)
 {
-        const ProtobufCFieldDescriptor *f = protobuf_c_message_descriptor_get_field(desc, id);
+        const ProtobufCFieldDescriptor *f = gm_proto_field(desc, id);
 
         return f && f->type == PROTOBUF_C_TYPE_MESSAGE && (f->flags & PROTOBUF_C_FIELD_FLAG_ONEOF) ? f : NULL;
 }
@@ -357,10 +400,9 @@ static Gpumem__PointerInfoReply *unhand_pointer_info(ProtobufCAllocator *alloc, 
         size_t n_gpus = 0;
 
         for (size_t at = 0; at < len;) { /* checked, and the mapped GPUs counted */
-                uint64_t v;
                 size_t a;
                 if (p[at] < (1 << 3) || p[at] > (8 << 3) || (p[at] & 7) != 0 ||
-                    !(a = varint_get(p + at + 1, len - at - 1, &v)))
+                    !(a = varint_len(p + at + 1, len - at - 1)))
                         return NULL;
                 n_gpus += p[at] == 6 << 3;
                 at += 1 + a;
@@ -375,13 +417,11 @@ static Gpumem__PointerInfoReply *unhand_pointer_info(ProtobufCAllocator *alloc, 
         }
         for (size_t at = 0; at < len;) {
                 uint8_t id = p[at] >> 3;
+                const uint8_t *q = p + at + 1;
                 uint64_t v = 0;
                 bool any = false;
-                size_t a = varint_get(p + at + 1, len - at - 1, &v);
+                size_t a = varint_get(q, len - at - 1, &v);
 
-                /* a bool is true if any payload bit is, as protobuf-c reads it */
-                for (size_t i = 0; i < a; i++)
-                        any |= (p[at + 1 + i] & 0x7f) != 0;
                 at += 1 + a;
                 switch (id) {
                 case 1:
@@ -412,6 +452,9 @@ static Gpumem__PointerInfoReply *unhand_pointer_info(ProtobufCAllocator *alloc, 
                         m->flags = (uint32_t)v;
                         break;
                 default:
+                        /* a bool is true if any payload bit is, as protobuf-c reads it */
+                        for (size_t i = 0; i < a; i++)
+                                any |= (q[i] & 0x7f) != 0;
                         m->has_cpu_accessible = true;
                         m->cpu_accessible = any;
                         break;
@@ -566,7 +609,7 @@ static const ProtobufCMessage *reply_result(const Gpumem__Reply *r, const Protob
 
         if (r->result_case == GPUMEM__REPLY__RESULT__NOT_SET)
                 return NULL;
-        f = protobuf_c_message_descriptor_get_field(&gpumem__reply__descriptor, (unsigned)r->result_case);
+        f = gm_proto_field(&gpumem__reply__descriptor, (uint32_t)r->result_case);
         if (!f || f->type != PROTOBUF_C_TYPE_MESSAGE)
                 return NULL;
         *ret_f = f;

@@ -594,9 +594,41 @@ static void test_request_mutations(void)
         }
 }
 
+/* The envelope's field lookup finds what protobuf-c's does, for every number of messages of one range and of
+ * several (Request's ops come in runs with gaps between them), and nothing outside them. */
+static void test_field_lookup(void)
+{
+        static const ProtobufCMessageDescriptor *const descs[] = {
+                &gpumem__request__descriptor,
+                &gpumem__reply__descriptor,
+                &gpumem__status__descriptor,
+                &gpumem__ping__descriptor,
+                &gpumem__pointer_info_reply__descriptor,
+                &gpumem__svm_get_attr__descriptor,
+                &gpumem__svm_get_attr_reply__descriptor,
+                &gpumem__hello_reply__descriptor,
+                &gpumem__topology_reply__descriptor,
+                &gpumem__alloc_reply__descriptor,
+                &gpumem__empty__descriptor,
+        };
+        for (size_t d = 0; d < ARRAY_SIZE(descs); d++) {
+                unsigned found = 0;
+                for (uint32_t id = 0; id < 300; id++) {
+                        const ProtobufCFieldDescriptor *want =
+                                protobuf_c_message_descriptor_get_field(descs[d], id);
+                        CHECK(gm_proto_field(descs[d], id) == want);
+                        found += want != NULL;
+                }
+                CHECK_EQ(found, descs[d]->n_fields);
+                CHECK(gm_proto_field(descs[d], UINT32_MAX) == NULL);
+        }
+        CHECK(gpumem__request__descriptor.n_field_ranges > 1); /* the case of several runs is covered */
+}
+
 int main(void)
 {
         static const TestCase cases[] = {
+                {"the field lookup finds every field protobuf-c finds, and no other", test_field_lookup},
                 {"a Reply packs as protobuf-c packs it", test_reply},
                 {"a one-op Request decodes as protobuf-c decodes it", test_request},
                 {"every other body is left to protobuf-c", test_other_bodies},
