@@ -116,8 +116,7 @@ static const OpDesc op_table[] = {
 /* The op's name: its Request field's, so there is no second list of names to keep. */
 static const char *op_name(uint32_t field)
 {
-        const ProtobufCFieldDescriptor *f =
-                protobuf_c_message_descriptor_get_field(&gpumem__request__descriptor, field);
+        const ProtobufCFieldDescriptor *f = gm_proto_field(&gpumem__request__descriptor, field);
         return f ? f->name : "unknown";
 }
 
@@ -218,7 +217,7 @@ int reply_result(ReqCtx *r, void *result)
 {
         Gpumem__Reply reply = GPUMEM__REPLY__INIT;
         const ProtobufCFieldDescriptor *f =
-                protobuf_c_message_descriptor_get_field(&gpumem__reply__descriptor, (unsigned)r->reply_case);
+                gm_proto_field(&gpumem__reply__descriptor, (uint32_t)r->reply_case);
         const ProtobufCMessage *msg = result;
 
         /* the row names the result; a handler that filled another is a bug, answered as one */
@@ -300,7 +299,7 @@ static void request_account(ReqCtx *r, int err)
 {
         Conn *c = r->c;
         Metrics *mt = c->sh->metrics;
-        const char *name = op_name(r->field);
+        const char *name = r->name ? r->name : op_name(r->field);
 
         metrics_record(mt, r->field, name, err, (now_usec(CLOCK_MONOTONIC) - r->t0) * 1000);
         if (err == -EDQUOT) {
@@ -331,7 +330,7 @@ void request_handle(Conn *c, const uint8_t *buf, size_t len, int *fds, size_t n_
 {
         Manager *m = c->m;
         Shard *sh = c->sh;
-        ReqCtx r = {.c = c, .m = m, .in_fds = fds, .n_in_fds = n_fds};
+        ReqCtx r;
         /* decoded into the loop's arena: no malloc per message on the way in */
         ProtobufCAllocator alloc = {arena_alloc_cb, arena_free_cb, &sh->req_arena};
         Gpumem__Request *req = NULL;
@@ -343,13 +342,18 @@ void request_handle(Conn *c, const uint8_t *buf, size_t len, int *fds, size_t n_
         uint32_t field = 0;
         int err;
 
+        req_ctx_init(&r);
+        r.c = c;
+        r.m = m;
+        r.in_fds = fds;
+        r.n_in_fds = n_fds;
         err = gm_frame_parse(buf, len, n_fds, GM_PROTOCOL_VERSION, &hdr, &why);
         r.id = hdr.request_id;
         if (err == 0 && hdr.request_id != 0 && hdr.body_len != 0 &&
             peek_op(buf + GM_FRAME_HDR_SIZE, hdr.body_len, &field) == 0 && field < ARRAY_SIZE(op_table) &&
             op_table[field].fn) {
                 op = &op_table[field];
-                name = op_name(field);
+                name = r.name = op_name(field);
                 r.field = field;
                 r.reply_case = op->reply;
         }

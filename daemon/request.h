@@ -3,6 +3,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "conn.h"
 #include "frame.h"
@@ -19,13 +20,21 @@ typedef struct ReqCtx {
         bool in_fd_taken[GM_FRAME_MAX_FDS];
         int out_fds[GM_FRAME_MAX_FDS]; /* owned fds to send with the reply */
         size_t n_out_fds;
-        Reason reason; /* why it failed, for the reply */
         bool replied;
         uint32_t field;                       /* the op */
+        const char *name;                     /* its name (NULL: looked up when needed) */
         Gpumem__Reply__ResultCase reply_case; /* what its successful reply carries (its table row) */
         TransportPacket *slot;                /* a deferred request's place in the reply queue */
         uint64_t t0;                          /* when it began, for the op's latency */
+        Reason reason; /* why it failed, for the reply; last: req_ctx_init() clears only its first byte */
 } ReqCtx;
+
+/* @r cleared for a new request but its reason's buffer, which only a failure writes (a string). */
+static inline void req_ctx_init(ReqCtx *r)
+{
+        memset(r, 0, offsetof(ReqCtx, reason));
+        r->reason.msg[0] = '\0';
+}
 
 /*
  * A handler returns 0 after reply_ok(), or a negative errno after reply_fail() set the reason, or

@@ -687,7 +687,13 @@ _Static_assert(sizeof(struct kfd_ioctl_svm_args) + THUNK_SVM_MAX_ATTRS * sizeof(
 static int svm_call(ThunkContext *c, uint32_t op, uint64_t start, uint64_t size, ThunkSvmAttr *attrs,
                     size_t n)
 {
-        struct kfd_ioctl_svm_args *a;
+        /* the ioctl's arguments on the stack: at most THUNK_SVM_MAX_ATTRS attributes, half a KiB */
+        union {
+                struct kfd_ioctl_svm_args args;
+                uint8_t bytes[sizeof(struct kfd_ioctl_svm_args) +
+                              THUNK_SVM_MAX_ATTRS * sizeof(struct kfd_ioctl_svm_attribute)];
+        } buf;
+        struct kfd_ioctl_svm_args *a = &buf.args;
         size_t bytes = n * sizeof(struct kfd_ioctl_svm_attribute);
         unsigned long request;
         int r;
@@ -699,9 +705,7 @@ static int svm_call(ThunkContext *c, uint32_t op, uint64_t start, uint64_t size,
         if (size == 0 || !page_aligned(c->dev, start) || !page_aligned(c->dev, size) || start + size < start)
                 return -EINVAL;
 
-        a = calloc(1, sizeof(*a) + bytes);
-        if (!a)
-                return -ENOMEM;
+        memset(a, 0, sizeof(*a));
         a->start_addr = start;
         a->size = size;
         a->op = op;
@@ -712,7 +716,6 @@ static int svm_call(ThunkContext *c, uint32_t op, uint64_t start, uint64_t size,
         r = thunk_ioctl(c->dev, c->kfd_fd, request, a);
         if (r == 0 && op == KFD_IOCTL_SVM_OP_GET_ATTR && n > 0)
                 memcpy(attrs, a->attrs, bytes);
-        free(a);
         return r;
 }
 
