@@ -41,16 +41,18 @@ struct gm_client {
         pthread_mutex_t lock;      /* everything below */
         pthread_cond_t cond;
         bool reading;     /* a thread is in recvmsg on behalf of all */
+        unsigned waiters; /* threads in pthread_cond_wait on cond: a reader that ends wakes them */
         Pending *pending; /* replies that arrived for other threads */
-        int broken;       /* 0, or the -errno every call now fails with */
+        int broken; /* 0, or the -errno every call now fails with; set once, under lock, read atomically */
         char broken_reason[256];
-        uint32_t next_id;
+        uint32_t next_id;           /* atomic */
         ErrSlot errs[GM_ERR_SLOTS]; /* last failure reason per thread */
         unsigned next_err_slot;
         uint8_t *rxbuf;                /* used only by the reading thread */
         Arena arenas[GM_REPLY_ARENAS]; /* the first n_arenas are made; their contents are their holder's */
-        unsigned n_arenas;
-        uint32_t arenas_busy; /* bit i: arenas[i] holds a reply not yet freed */
+        unsigned n_arenas;             /* grows under lock, read atomically: arenas below it are made */
+        uint32_t arenas_busy; /* bit i: arenas[i] holds a reply not yet freed; set under lock, cleared by
+                               * its holder without it (atomic) */
 
         uint32_t protocol_version;
         uint64_t client_id;

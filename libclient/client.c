@@ -95,8 +95,9 @@ static void mark_broken_locked(gm_client *c, int err, const char *reason)
 {
         if (c->broken)
                 return;
-        c->broken = err;
         snprintf(c->broken_reason, sizeof(c->broken_reason), "%s", reason);
+        /* after its reason: a call that sees it without the lock takes the lock to read that */
+        __atomic_store_n(&c->broken, err, __ATOMIC_RELEASE);
         pthread_cond_broadcast(&c->cond);
 }
 
@@ -128,38 +129,38 @@ static int arena_take_locked(gm_client *c)
 {
         unsigned i;
 
+        /* a bit found clear stays clear: only takers, who hold the lock, set bits */
+        uint32_t busy = __atomic_load_n(&c->arenas_busy, __ATOMIC_ACQUIRE);
+
         for (i = 0; i < c->n_arenas; i++)
-                if (!(c->arenas_busy & (1u << i)))
+                if (!(busy & (1u << i)))
                         break;
         if (i == GM_REPLY_ARENAS)
                 return -1;
         if (i == c->n_arenas) {
                 if (arena_init(&c->arenas[i], GM_REPLY_ARENA_SIZE) < 0)
                         return -1;
-                c->n_arenas++;
+                /* after the arena is made: gm_reply_free() looks at arenas below it without the lock */
+                __atomic_store_n(&c->n_arenas, i + 1, __ATOMIC_RELEASE);
         }
-        c->arenas_busy |= 1u << i;
+        __atomic_fetch_or(&c->arenas_busy, 1u << i, __ATOMIC_RELAXED);
         return (int)i;
 }
 
-/* Forget what arena @i holds and give it back to the pool. */
+/* Forget what arena @i holds and give it back to the pool: its holder alone touches it, no lock needed. */
 static void arena_give_back(gm_client *c, unsigned i)
 {
-        pthread_mutex_lock(&c->lock);
         arena_reset(&c->arenas[i]);
-        c->arenas_busy &= ~(1u << i);
-        pthread_mutex_unlock(&c->lock);
+        /* release: whoever takes it next sees it reset */
+        __atomic_fetch_and(&c->arenas_busy, ~(1u << i), __ATOMIC_RELEASE);
 }
 
-/* Decode a reply body into a free arena, or with malloc when there is none. Free with gm_reply_free(). */
-static Gpumem__Reply *reply_unpack(gm_client *c, const uint8_t *body, size_t len)
+/* Decode a reply body into arena @i (taken for it, or -1 to decode with malloc). Free with
+ * gm_reply_free(); the arena is given back here when decoding fails. */
+static Gpumem__Reply *reply_unpack(gm_client *c, int i, const uint8_t *body, size_t len)
 {
         Gpumem__Reply *reply;
-        int i;
 
-        pthread_mutex_lock(&c->lock);
-        i = arena_take_locked(c);
-        pthread_mutex_unlock(&c->lock);
         if (i < 0)
                 return gm_reply_unpack_result(NULL, body, len, &reply)
                                ? reply
@@ -175,26 +176,23 @@ static Gpumem__Reply *reply_unpack(gm_client *c, const uint8_t *body, size_t len
 void gm_reply_free(gm_client *c, Gpumem__Reply *reply)
 {
         const uint8_t *p = (const uint8_t *)reply;
+        unsigned i, n = __atomic_load_n(&c->n_arenas, __ATOMIC_ACQUIRE);
         Arena *a = NULL;
-        unsigned i;
 
         if (!reply)
                 return;
-        /* A reply decoded in an arena begins in it: protobuf-c allocates the top message first. */
-        pthread_mutex_lock(&c->lock);
-        for (i = 0; i < c->n_arenas; i++) {
+        /* A reply decoded in an arena begins in it: protobuf-c allocates the top message first. The arenas
+         * made never move, and the one holding this reply is the caller's: no lock. */
+        for (i = 0; i < n; i++) {
                 if (p >= c->arenas[i].buf && p < c->arenas[i].buf + c->arenas[i].cap) {
                         a = &c->arenas[i];
                         break;
                 }
         }
         if (a && !a->spilled) { /* the common case: all of it in the arena, nothing to walk */
-                arena_reset(a);
-                c->arenas_busy &= ~(1u << i);
-                pthread_mutex_unlock(&c->lock);
+                arena_give_back(c, i);
                 return;
         }
-        pthread_mutex_unlock(&c->lock);
         if (!a) { /* decoded while every arena was in use */
                 gpumem__reply__free_unpacked(reply, NULL);
                 return;
@@ -205,13 +203,19 @@ void gm_reply_free(gm_client *c, Gpumem__Reply *reply)
         arena_give_back(c, i);
 }
 
+/* A received frame's header as gm_frame_parse() read it, and what that said (0: a sound frame). */
+typedef struct RxFrame {
+        GmFrameHdr hdr; /* request_id 0 when the packet is too short to have one */
+        int err;
+} RxFrame;
+
 /*
  * Receive one packet into the receive buffer (we are the reader, lock not held), its fds into @fds and
- * its request id (0 when too short to have one) into *ret_id. Returns its length, -EAGAIN when
- * @flags has MSG_DONTWAIT and nothing is there, or another negative errno after marking the connection
- * broken. The packet stays valid until the reading role is given up.
+ * its parsed header into @ret_f. Returns its length, -EAGAIN when @flags has MSG_DONTWAIT and nothing is
+ * there, or another negative errno after marking the connection broken. The packet stays valid until the
+ * reading role is given up.
  */
-static ssize_t read_one(gm_client *c, int flags, int *fds, size_t *ret_n_fds, uint32_t *ret_id)
+static ssize_t read_one(gm_client *c, int flags, int *fds, size_t *ret_n_fds, RxFrame *ret_f)
 {
         ssize_t n;
 
@@ -237,12 +241,11 @@ static ssize_t read_one(gm_client *c, int flags, int *fds, size_t *ret_n_fds, ui
                         mark_broken(c, (int)n, "cannot receive from gpumemd");
                 return n;
         }
-        *ret_id = 0;
-        if ((size_t)n >= GM_FRAME_HDR_SIZE) {
-                GmFrameHdr h;
-                (void)gm_frame_parse(c->rxbuf, GM_FRAME_HDR_SIZE, 0, GM_PROTOCOL_VERSION, &h, NULL);
-                *ret_id = h.request_id;
-        }
+        /* parsed once, here: its id picks the thread it answers, which decodes it with this header */
+        memset(&ret_f->hdr, 0, sizeof(ret_f->hdr));
+        ret_f->err = gm_frame_parse(c->rxbuf, (size_t)n, *ret_n_fds, GM_PROTOCOL_VERSION, &ret_f->hdr, NULL);
+        if ((size_t)n < GM_FRAME_HDR_SIZE)
+                ret_f->hdr.request_id = 0;
         return n;
 }
 
@@ -252,8 +255,13 @@ static void connection_error(gm_client *c, const uint8_t *data, size_t len, int 
         Gpumem__Reply *reply = NULL;
         GmFrameHdr h;
 
-        if (gm_frame_parse(data, len, n_fds, GM_PROTOCOL_VERSION, &h, NULL) == 0)
-                reply = reply_unpack(c, data + GM_FRAME_HDR_SIZE, h.body_len);
+        if (gm_frame_parse(data, len, n_fds, GM_PROTOCOL_VERSION, &h, NULL) == 0) {
+                int i;
+                pthread_mutex_lock(&c->lock);
+                i = arena_take_locked(c);
+                pthread_mutex_unlock(&c->lock);
+                reply = reply_unpack(c, i, data + GM_FRAME_HDR_SIZE, h.body_len);
+        }
         pthread_mutex_lock(&c->lock);
         if (reply && reply->status && reply->status->code < 0)
                 mark_broken_locked(c, reply->status->code,
@@ -296,21 +304,29 @@ static void dispatch_other(gm_client *c, size_t len, int *fds, size_t n_fds, uin
 }
 
 /*
- * Decode the reply frame in @data (the receive buffer while we still read, or a Pending's copy) and hand
- * its fds to the caller if asked, else close them. On failure the reason is recorded for this thread.
+ * Decode the reply frame in @data (the receive buffer while we still read, or a Pending's copy) into arena
+ * @arena (-1: malloc), with its header @f as the reader parsed it (NULL: parse it here), and hand its fds to
+ * the caller if asked, else close them. The arena is the reply's, or given back on failure; on failure the
+ * reason is recorded for this thread.
  */
-static int take_reply(gm_client *c, const uint8_t *data, size_t len, int *fds, size_t n_fds,
-                      Gpumem__Reply **ret_reply, int *ret_fds, size_t *ret_n_fds)
+static int take_reply(gm_client *c, int arena, const uint8_t *data, size_t len, const RxFrame *f, int *fds,
+                      size_t n_fds, Gpumem__Reply **ret_reply, int *ret_fds, size_t *ret_n_fds)
 {
         Gpumem__Reply *reply = NULL;
-        GmFrameHdr h;
+        RxFrame parsed;
         int r;
 
-        if (gm_frame_parse(data, len, n_fds, GM_PROTOCOL_VERSION, &h, NULL) < 0) {
+        if (!f) {
+                parsed.err = gm_frame_parse(data, len, n_fds, GM_PROTOCOL_VERSION, &parsed.hdr, NULL);
+                f = &parsed;
+        }
+        if (f->err < 0) {
+                if (arena >= 0)
+                        arena_give_back(c, (unsigned)arena);
                 r = gm_set_reason(c, -EPROTO, "malformed reply frame from gpumemd");
                 goto fail;
         }
-        reply = reply_unpack(c, data + GM_FRAME_HDR_SIZE, h.body_len);
+        reply = reply_unpack(c, arena, data + GM_FRAME_HDR_SIZE, f->hdr.body_len);
         if (!reply || !reply->status || !reply->status->has_code) {
                 r = gm_set_reason(c, -EPROTO, "undecodable reply from gpumemd");
                 goto fail;
@@ -342,22 +358,27 @@ fail:
  */
 static int wait_reply(gm_client *c, uint32_t id, Gpumem__Reply **ret_reply, int *ret_fds, size_t *ret_n_fds)
 {
+        /* the arena the reply will be decoded into, taken while the lock is held anyway */
+        int arena = -1;
+
         pthread_mutex_lock(&c->lock);
         for (;;) {
                 int fds[GM_FRAME_MAX_FDS];
                 size_t n_fds = 0;
-                uint32_t got = 0;
+                RxFrame f;
                 bool mine = false;
                 ssize_t n;
                 int r = 0;
 
+                if (arena < 0)
+                        arena = arena_take_locked(c);
                 for (Pending **pp = &c->pending; *pp; pp = &(*pp)->next) {
                         if ((*pp)->id == id) {
                                 Pending *p = *pp;
                                 *pp = p->next;
                                 pthread_mutex_unlock(&c->lock);
-                                r = take_reply(c, p->data, p->len, p->fds, p->n_fds, ret_reply, ret_fds,
-                                               ret_n_fds);
+                                r = take_reply(c, arena, p->data, p->len, NULL, p->fds, p->n_fds, ret_reply,
+                                               ret_fds, ret_n_fds);
                                 free(p); /* its fds were handed over or closed */
                                 return r;
                         }
@@ -367,24 +388,31 @@ static int wait_reply(gm_client *c, uint32_t id, Gpumem__Reply **ret_reply, int 
                         ErrSlot *s = err_slot(c);
                         snprintf(s->reason, sizeof(s->reason), "%s", c->broken_reason);
                         pthread_mutex_unlock(&c->lock);
+                        if (arena >= 0)
+                                arena_give_back(c, (unsigned)arena);
                         return err;
                 }
                 if (c->reading) {
+                        c->waiters++;
                         pthread_cond_wait(&c->cond, &c->lock);
+                        c->waiters--;
                         continue;
                 }
                 c->reading = true;
                 pthread_mutex_unlock(&c->lock);
-                n = read_one(c, 0, fds, &n_fds, &got);
-                if (n > 0 && got == id) {
-                        r = take_reply(c, c->rxbuf, (size_t)n, fds, n_fds, ret_reply, ret_fds, ret_n_fds);
+                n = read_one(c, 0, fds, &n_fds, &f);
+                if (n > 0 && f.hdr.request_id == id) {
+                        r = take_reply(c, arena, c->rxbuf, (size_t)n, &f, fds, n_fds, ret_reply, ret_fds,
+                                       ret_n_fds);
                         mine = true;
                 } else if (n > 0) {
-                        dispatch_other(c, (size_t)n, fds, n_fds, got);
+                        dispatch_other(c, (size_t)n, fds, n_fds, f.hdr.request_id);
                 }
                 pthread_mutex_lock(&c->lock);
                 c->reading = false;
-                pthread_cond_broadcast(&c->cond);
+                /* a thread alone on its connection (the common case) has nobody to wake */
+                if (c->waiters)
+                        pthread_cond_broadcast(&c->cond);
                 if (mine) {
                         pthread_mutex_unlock(&c->lock);
                         return r;
@@ -440,8 +468,8 @@ int gm_call(gm_client *c, Gpumem__Request *req, const int *fds, size_t n_fds, Gp
                 (void)gm_request_pack_into(req, buf + GM_FRAME_HDR_SIZE, len, &len);
         }
 
-        pthread_mutex_lock(&c->lock);
-        if (c->broken) {
+        if (__atomic_load_n(&c->broken, __ATOMIC_ACQUIRE)) {
+                pthread_mutex_lock(&c->lock);
                 r = c->broken;
                 ErrSlot *s = err_slot(c);
                 snprintf(s->reason, sizeof(s->reason), "%s", c->broken_reason);
@@ -450,10 +478,9 @@ int gm_call(gm_client *c, Gpumem__Request *req, const int *fds, size_t n_fds, Gp
                         free(buf);
                 return r;
         }
-        id = ++c->next_id;
+        id = __atomic_add_fetch(&c->next_id, 1, __ATOMIC_RELAXED);
         if (id == 0) /* 0 is the daemon's connection-error id */
-                id = ++c->next_id;
-        pthread_mutex_unlock(&c->lock);
+                id = __atomic_add_fetch(&c->next_id, 1, __ATOMIC_RELAXED);
 
         /* Until hello has agreed on a version, the oldest one frames the request: a daemon of any version
          * can read the hello, which names the newest this library speaks. */
@@ -471,13 +498,13 @@ int gm_call(gm_client *c, Gpumem__Request *req, const int *fds, size_t n_fds, Gp
                 if (!c->reading) {
                         int in_fds[GM_FRAME_MAX_FDS];
                         size_t n_in = 0;
-                        uint32_t got = 0;
+                        RxFrame f;
                         ssize_t n;
 
                         c->reading = true;
                         pthread_mutex_unlock(&c->lock);
-                        while ((n = read_one(c, MSG_DONTWAIT, in_fds, &n_in, &got)) > 0)
-                                dispatch_other(c, (size_t)n, in_fds, n_in, got);
+                        while ((n = read_one(c, MSG_DONTWAIT, in_fds, &n_in, &f)) > 0)
+                                dispatch_other(c, (size_t)n, in_fds, n_in, f.hdr.request_id);
                         pthread_mutex_lock(&c->lock);
                         c->reading = false;
                         pthread_cond_broadcast(&c->cond);
