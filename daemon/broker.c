@@ -185,6 +185,17 @@ static int gpu_index(const Broker *b, uint32_t gpu_id)
         return -1;
 }
 
+/* The GPUs @o's memory is mapped on, appended to @ids (room for BROKER_MAX_GPUS), in the broker's order
+ * (the driver's, of which the broker keeps the first BROKER_MAX_GPUS). */
+static void mapped_gpus_into(const Broker *b, const Obj *o, uint32_t *ids, size_t *n)
+{
+        uint64_t mask = o->mem ? driver_mem_mapped_mask(b->drv, o->mem) : 0;
+
+        for (size_t g = 0; mask && g < b->n_gpus; g++, mask >>= 1)
+                if (mask & 1)
+                        ids[(*n)++] = b->gpu_ids[g];
+}
+
 int broker_gpu_index(const Broker *b, uint32_t gpu_id)
 {
         return gpu_index(b, gpu_id);
@@ -1992,9 +2003,7 @@ int broker_pointer_info(BrokerClient *c, uint64_t va, BrokerPtrInfo *ret, Reason
                 info.size = o->size;
                 info.flags = o->flags;
                 info.cpu_accessible = o->memfd >= 0 || (o->flags & BROKER_FLAG_HOST_VISIBLE);
-                for (size_t i = 0; o->mem && i < c->b->n_gpus; i++)
-                        if (driver_mem_is_mapped(c->b->drv, o->mem, c->b->gpu_ids[i]))
-                                info.mapped[info.n_mapped++] = c->b->gpu_ids[i];
+                mapped_gpus_into(c->b, o, info.mapped, &info.n_mapped);
         }
         *ret = info;
         return 0;
@@ -3835,9 +3844,7 @@ size_t broker_client_list(const BrokerClient *c, size_t *cursor, BrokerObjInfo *
                 i->gpu_id = o->gpu_id;
                 i->va = o->va;
                 i->exports = o->exports;
-                for (size_t g = 0; o->mem && g < c->b->n_gpus; g++)
-                        if (driver_mem_is_mapped(c->b->drv, o->mem, c->b->gpu_ids[g]))
-                                i->mapped[i->n_mapped++] = c->b->gpu_ids[g];
+                mapped_gpus_into(c->b, o, i->mapped, &i->n_mapped);
         }
         *cursor = n == cap ? it : 0;
         return n;
@@ -4152,10 +4159,8 @@ static void carry_record(const BrokerClient *c, const Obj *o, BrokerCarry *k)
                 return;
         }
         /* VMM memory and imports reach GPUs through their mappings' grants, not as a whole */
-        for (size_t g = 0;
-             o->mem && o->kind != BROKER_KIND_VMM && o->kind != BROKER_KIND_IMPORT && g < c->b->n_gpus; g++)
-                if (driver_mem_is_mapped(c->b->drv, o->mem, c->b->gpu_ids[g]))
-                        k->mapped[k->n_mapped++] = c->b->gpu_ids[g];
+        if (o->kind != BROKER_KIND_VMM && o->kind != BROKER_KIND_IMPORT)
+                mapped_gpus_into(c->b, o, k->mapped, &k->n_mapped);
 }
 
 /* A file of @o's memory for the next daemon (the caller's): a copy of the memfd of host or managed memory,

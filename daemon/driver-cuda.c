@@ -735,6 +735,11 @@ static int c_mem_unmap_all(Driver *d, DriverMem *m)
         return 0;
 }
 
+static uint64_t c_mem_mapped_mask(const Driver *d, const DriverMem *m)
+{
+        return m->granted; /* bit g: GPU g of the driver's list */
+}
+
 static bool c_mem_is_mapped(const Driver *d, const DriverMem *m, uint32_t gpu_id)
 {
         int g = gpu_of(cd(d), gpu_id);
@@ -877,6 +882,7 @@ static const DriverOps cuda_ops = {
         .mem_unmap = c_mem_unmap,
         .mem_unmap_all = c_mem_unmap_all,
         .mem_is_mapped = c_mem_is_mapped,
+        .mem_mapped_mask = c_mem_mapped_mask,
         .mem_export = c_mem_export,
         .dmabuf_is_own = c_dmabuf_is_own,
         .grant = c_grant,

@@ -625,6 +625,11 @@ static int k_mem_unmap_all(Driver *d, DriverMem *m)
         return thunk_bo_unmap_all(tbo(m));
 }
 
+static uint64_t k_mem_mapped_mask(const Driver *d, const DriverMem *m)
+{
+        return thunk_bo_mapped_mask(ctbo(m));
+}
+
 static bool k_mem_is_mapped(const Driver *d, const DriverMem *m, uint32_t gpu_id)
 {
         (void)d;
@@ -865,6 +870,7 @@ static const DriverOps kfd_ops = {
         .mem_unmap = k_mem_unmap,
         .mem_unmap_all = k_mem_unmap_all,
         .mem_is_mapped = k_mem_is_mapped,
+        .mem_mapped_mask = k_mem_mapped_mask,
         .mem_export = k_mem_export,
         .dmabuf_is_own = k_dmabuf_is_own,
         .grant = k_grant,

@@ -216,6 +216,8 @@ typedef struct DriverOps {
         int (*mem_unmap)(Driver *d, DriverMem *m, const uint32_t *gpu_ids, size_t n);
         int (*mem_unmap_all)(Driver *d, DriverMem *m);
         bool (*mem_is_mapped)(const Driver *d, const DriverMem *m, uint32_t gpu_id);
+        /* bit i: mapped on the driver's GPU i (driver_gpu()), for the first 64 */
+        uint64_t (*mem_mapped_mask)(const Driver *d, const DriverMem *m);
         int (*mem_export)(Driver *d, DriverMem *m, int *ret_fd);
         bool (*dmabuf_is_own)(Driver *d, DriverCtx *ctx, int dmabuf_fd);
 
@@ -390,6 +392,11 @@ static inline int driver_mem_unmap_all(Driver *d, DriverMem *m)
 static inline bool driver_mem_is_mapped(const Driver *d, const DriverMem *m, uint32_t gpu_id)
 {
         return d->ops->mem_is_mapped(d, m, gpu_id);
+}
+/* Every GPU the memory is mapped on at once: a lookup per GPU costs a scan of the GPUs each. */
+static inline uint64_t driver_mem_mapped_mask(const Driver *d, const DriverMem *m)
+{
+        return d->ops->mem_mapped_mask(d, m);
 }
 /* A new dmabuf fd (owned by the caller) of the whole memory, read-write. */
 static inline int driver_mem_export(Driver *d, DriverMem *m, int *ret_fd)

@@ -282,6 +282,18 @@ bool thunk_bo_is_mapped(const ThunkBo *bo, uint32_t gpu_id)
         return i >= 0 && bo->mapped[i];
 }
 
+uint64_t thunk_bo_mapped_mask(const ThunkBo *bo)
+{
+        uint64_t mask = 0;
+
+        if (!bo || !bo->n_mapped)
+                return 0;
+        for (size_t i = 0; i < bo->ctx->dev->n_gpus && i < 64; i++)
+                if (bo->mapped[i])
+                        mask |= 1ull << i;
+        return mask;
+}
+
 size_t thunk_bo_mapped_count(const ThunkBo *bo)
 {
         return bo ? bo->n_mapped : 0;

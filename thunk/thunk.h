@@ -186,6 +186,8 @@ const ThunkBoInfo *thunk_bo_info(const ThunkBo *bo);
 ThunkContext *thunk_bo_context(const ThunkBo *bo);
 /* Is the BO KFD-mapped on @gpu_id? */
 bool thunk_bo_is_mapped(const ThunkBo *bo, uint32_t gpu_id);
+/* Bit i set: mapped on the device's GPU i (thunk_device_gpu()), for the first 64 GPUs. */
+uint64_t thunk_bo_mapped_mask(const ThunkBo *bo);
 size_t thunk_bo_mapped_count(const ThunkBo *bo);
 
 /*
