@@ -8,8 +8,25 @@
 
 /*
  * The floors and the broker ops, pinned and unpinned, in interleaved rounds: whatever else the machine does
- * during the run falls on every row alike, so the ratios compare like with like.
+ * during the run falls on every row alike, so the ratios compare like with like. A machine whose speed
+ * changes in steps (a VM whose host moves it, CPUs that change state) can still put an op's block in one
+ * state and its floor's in another, seconds apart: so before each op's pinned block its floor is measured
+ * again, as many round trips, and the pair's ratio is taken per round; the row's paired ratio is the median
+ * over the rounds.
  */
+
+static int cmp_double(const void *a, const void *b)
+{
+        double x = *(const double *)a, y = *(const double *)b;
+        return x < y ? -1 : x > y;
+}
+
+/* The p50 of @n samples, sorting a copy into @tmp. */
+static double block_p50(const uint64_t *s, size_t n, uint64_t *tmp)
+{
+        memcpy(tmp, s, n * sizeof(*s));
+        return lat_of(tmp, n).p50_us;
+}
 void run_latency(const Settings *st, Report *rep, const BenchDaemon *d)
 {
         const struct {
@@ -21,10 +38,12 @@ void run_latency(const Settings *st, Report *rep, const BenchDaemon *d)
                 {"small+fd", rep->sz_ping_req, rep->sz_export_rep, true},
                 {"topology-size", rep->sz_topo_req, rep->sz_topo_rep, false},
         };
-        enum { N_FLOORS = sizeof(f) / sizeof(f[0]), N_ROWS = N_FLOORS + N_BROKER_OPS };
-        const unsigned rounds = 5;
-        uint64_t *samples[N_ROWS][2];
-        size_t iters[N_ROWS];
+        enum { N_FLOORS = sizeof(f) / sizeof(f[0]), N_ROWS = N_FLOORS + N_BROKER_OPS, ROUNDS = 5 };
+        const unsigned rounds = ROUNDS;
+        uint64_t *samples[N_ROWS][2], *beside = NULL, *tmp = NULL;
+        double paired[N_BROKER_OPS][ROUNDS];
+        size_t iters[N_ROWS], most = 0;
+        size_t floor_of[N_BROKER_OPS];
         Row *rows[N_ROWS];
         Ops o;
         int r = ops_setup(&o, d->sock, "bench-latency");
@@ -49,7 +68,19 @@ void run_latency(const Settings *st, Report *rep, const BenchDaemon *d)
                         if (!samples[i][m])
                                 die("out of memory");
                 }
+                if (iters[i] > most)
+                        most = iters[i];
         }
+        for (size_t k = 0; k < N_BROKER_OPS; k++) {
+                floor_of[k] = 0;
+                for (size_t j = 0; j < N_FLOORS; j++)
+                        if (strcmp(f[j].name, broker_ops[k].floor) == 0)
+                                floor_of[k] = j;
+        }
+        beside = calloc(most, sizeof(uint64_t));
+        tmp = calloc(most, sizeof(uint64_t));
+        if (!beside || !tmp)
+                die("out of memory");
         for (unsigned round = 0; round < rounds; round++) {
                 for (size_t i = 0; i < N_ROWS; i++) {
                         for (int m = 0; m < 2; m++) {
@@ -62,12 +93,21 @@ void run_latency(const Settings *st, Report *rep, const BenchDaemon *d)
                                         place_process(d->pid, &st->all_cpus);
                                         unpin_self(st);
                                 }
-                                if (i < N_FLOORS)
+                                if (i < N_FLOORS) {
                                         floor_samples(st, f[i].req, f[i].rep, f[i].fd,
                                                       pinned ? st->cpu_a : -1, iters[i], out);
-                                else
-                                        measure_samples(broker_ops[i - N_FLOORS].fn, &o, iters[i],
-                                                        broker_ops[i - N_FLOORS].name, out);
+                                        continue;
+                                }
+                                size_t k = i - N_FLOORS;
+                                const size_t fl = floor_of[k];
+                                if (pinned) /* its floor, right before it: the same state of the machine */
+                                        floor_samples(st, f[fl].req, f[fl].rep, f[fl].fd, st->cpu_a, iters[i],
+                                                      beside);
+                                measure_samples(broker_ops[k].fn, &o, iters[i], broker_ops[k].name, out);
+                                if (pinned)
+                                        paired[k][round] =
+                                                block_p50(out, iters[i], tmp) /
+                                                (broker_ops[k].rtts * block_p50(beside, iters[i], tmp));
                         }
                 }
         }
@@ -76,8 +116,15 @@ void run_latency(const Settings *st, Report *rep, const BenchDaemon *d)
         for (size_t i = 0; i < N_ROWS; i++) {
                 rows[i]->pinned = lat_of(samples[i][0], iters[i] * rounds);
                 rows[i]->unpinned = lat_of(samples[i][1], iters[i] * rounds);
+                if (i >= N_FLOORS) {
+                        double *v = paired[i - N_FLOORS];
+                        qsort(v, rounds, sizeof(*v), cmp_double);
+                        rows[i]->paired_p50 = v[rounds / 2];
+                }
                 free(samples[i][0]);
                 free(samples[i][1]);
         }
+        free(beside);
+        free(tmp);
         ops_done(&o);
 }

@@ -51,6 +51,9 @@ typedef struct Row {
         Lat pinned, unpinned;
         char floor[32]; /* floor row the ratios use */
         double ratio_p50, ratio_p99;
+        /* the median over the rounds of the op's pinned p50 against its floor's measured just before it, in
+         * the same round (0: not measured so) */
+        double paired_p50;
 } Row;
 
 /* Hand-overs at one size of the restart run. */
