@@ -25,7 +25,9 @@
  *   uring-defer  the same on a ring whose completions run only when its one thread waits (DEFER_TASKRUN)
  *   uring-multi  one multishot recvmsg armed once, on such a ring
  * The rounds interleave the ways, so what the machine does meanwhile falls on all of them alike; the table
- * gives each way's median p50 over the rounds, and its ratio to the floor's.
+ * gives each way's median p50 over the rounds and its ratio to the floor's median, and the median over the
+ * rounds of its p50 against the floor's of the same round ('paired'), which holds on a machine whose speed
+ * changes in steps between rounds.
  */
 
 enum { M_BLOCK, M_EPOLL, M_AGAIN, M_URING, M_DEFER, M_MULTI, N_MODES };
@@ -61,6 +63,12 @@ static uint64_t now_ns(void)
 static int cmp_u64(const void *a, const void *b)
 {
         uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+        return x < y ? -1 : x > y;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+        double x = *(const double *)a, y = *(const double *)b;
         return x < y ? -1 : x > y;
 }
 
@@ -268,8 +276,9 @@ int main(int argc, char **argv)
         int cpu_a = argc > 3 ? atoi(argv[3]) : 0, cpu_b = argc > 4 ? atoi(argv[4]) : 1;
         uint64_t *s = malloc(iters * sizeof(*s)),
                  *p50 = malloc(sizeof(uint64_t) * 2 * N_MODES * (size_t)rounds);
+        double *pair = malloc(sizeof(double) * N_MODES * (size_t)rounds);
 
-        if (argc > 5 || iters < 10 || rounds < 1 || !s || !p50) {
+        if (argc > 5 || iters < 10 || rounds < 1 || !s || !p50 || !pair) {
                 fprintf(stderr, "usage: gpumem-wait-bench [ITERS [ROUNDS [CPU_A [CPU_B]]]]\n");
                 return 2;
         }
@@ -282,19 +291,30 @@ int main(int argc, char **argv)
                                 p50[((size_t)two * N_MODES + (size_t)m) * (size_t)rounds + (size_t)r] =
                                         run(m, two ? cpu_b : cpu_a, cpu_a, iters, s);
         for (int two = 0; two < 2; two++) {
-                uint64_t floor = 0;
+                uint64_t *fl = &p50[((size_t)two * N_MODES + M_BLOCK) * (size_t)rounds];
+                uint64_t floor;
                 printf(two ? "server on CPU %d, client on CPU %d\n" : "server and client on CPU %d\n",
                        two ? cpu_b : cpu_a, cpu_a);
+                /* the pairs first, while every row is still in round order; the floor's row is sorted last */
                 for (int m = 0; m < N_MODES; m++) {
                         uint64_t *v = &p50[((size_t)two * N_MODES + (size_t)m) * (size_t)rounds];
-                        qsort(v, (size_t)rounds, sizeof(*v), cmp_u64);
-                        if (m == M_BLOCK)
-                                floor = v[rounds / 2];
-                        printf("  %-12s %7.2f  x %.2f  (rounds %.2f-%.2f)\n", mode_names[m],
-                               v[rounds / 2] / 1e3, (double)v[rounds / 2] / (double)floor, v[0] / 1e3,
+                        for (int r = 0; r < rounds; r++)
+                                pair[(size_t)m * (size_t)rounds + (size_t)r] = (double)v[r] / (double)fl[r];
+                        qsort(&pair[(size_t)m * (size_t)rounds], (size_t)rounds, sizeof(double), cmp_double);
+                }
+                for (int m = N_MODES - 1; m >= 0; m--)
+                        qsort(&p50[((size_t)two * N_MODES + (size_t)m) * (size_t)rounds], (size_t)rounds,
+                              sizeof(uint64_t), cmp_u64);
+                floor = fl[rounds / 2];
+                for (int m = 0; m < N_MODES; m++) {
+                        const uint64_t *v = &p50[((size_t)two * N_MODES + (size_t)m) * (size_t)rounds];
+                        printf("  %-12s %7.2f  x %.2f  paired x %.2f  (rounds %.2f-%.2f)\n", mode_names[m],
+                               v[rounds / 2] / 1e3, (double)v[rounds / 2] / (double)floor,
+                               pair[(size_t)m * (size_t)rounds + (size_t)(rounds / 2)], v[0] / 1e3,
                                v[rounds - 1] / 1e3);
                 }
         }
+        free(pair);
         free(s);
         free(p50);
         return 0;
