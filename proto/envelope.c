@@ -54,7 +54,6 @@ static size_t put_packed_field(uint8_t *out, uint32_t id, const uint64_t *arr, s
 static size_t varint_get(const uint8_t *p, size_t max, uint64_t *ret)
 {
         uint64_t v = 0;
-
         size_t lim = max < 10 ? max : 10;
 
         for (size_t i = 0; i < lim; i++) {
@@ -65,17 +64,6 @@ static size_t varint_get(const uint8_t *p, size_t max, uint64_t *ret)
                         return i + 1;
                 }
         }
-        return 0;
-}
-
-/* The length of the varint at @p, as varint_get() takes it, without its value. */
-static size_t varint_len(const uint8_t *p, size_t max)
-{
-        size_t lim = max < 10 ? max : 10;
-
-        for (size_t i = 0; i < lim; i++)
-                if (p[i] < 0x80)
-                        return i + 1;
         return 0;
 }
 
@@ -396,34 +384,27 @@ static Gpumem__Status *unhand_status(ProtobufCAllocator *alloc, const uint8_t *p
 /* Pointer info: fields 1-8 as varints, the mapped GPUs (6) one tag each. */
 static Gpumem__PointerInfoReply *unhand_pointer_info(ProtobufCAllocator *alloc, const uint8_t *p, size_t len)
 {
-        Gpumem__PointerInfoReply *m;
-        size_t n_gpus = 0;
+        Gpumem__PointerInfoReply *m = msg_alloc(alloc, sizeof(*m));
+        uint32_t *gpus = NULL;
 
-        for (size_t at = 0; at < len;) { /* checked, and the mapped GPUs counted */
-                size_t a;
-                if (p[at] < (1 << 3) || p[at] > (8 << 3) || (p[at] & 7) != 0 ||
-                    !(a = varint_len(p + at + 1, len - at - 1)))
-                        return NULL;
-                n_gpus += p[at] == 6 << 3;
-                at += 1 + a;
-        }
-        m = msg_alloc(alloc, sizeof(*m));
         if (!m)
                 return NULL;
         gpumem__pointer_info_reply__init(m);
-        if (n_gpus && !(m->mapped_gpus = msg_alloc(alloc, n_gpus * sizeof(*m->mapped_gpus)))) {
-                msg_free(alloc, m);
-                return NULL;
-        }
+        /* one pass: room for as many mapped GPUs as the body could hold (two bytes each at least) */
+        if (len >= 2 && !(gpus = msg_alloc(alloc, len / 2 * sizeof(*gpus))))
+                goto fail;
         for (size_t at = 0; at < len;) {
-                uint8_t id = p[at] >> 3;
+                uint8_t tag = p[at];
                 const uint8_t *q = p + at + 1;
                 uint64_t v = 0;
                 bool any = false;
-                size_t a = varint_get(q, len - at - 1, &v);
+                size_t a;
 
+                if (tag < (1 << 3) || tag > (8 << 3) || (tag & 7) != 0 ||
+                    !(a = varint_get(q, len - at - 1, &v)))
+                        goto fail;
                 at += 1 + a;
-                switch (id) {
+                switch (tag >> 3) {
                 case 1:
                         m->has_handle = true;
                         m->handle = v;
@@ -445,7 +426,7 @@ static Gpumem__PointerInfoReply *unhand_pointer_info(ProtobufCAllocator *alloc, 
                         m->size = v;
                         break;
                 case 6:
-                        m->mapped_gpus[m->n_mapped_gpus++] = (uint32_t)v;
+                        gpus[m->n_mapped_gpus++] = (uint32_t)v;
                         break;
                 case 7:
                         m->has_flags = true;
@@ -460,7 +441,17 @@ static Gpumem__PointerInfoReply *unhand_pointer_info(ProtobufCAllocator *alloc, 
                         break;
                 }
         }
+        if (m->n_mapped_gpus) {
+                m->mapped_gpus = gpus;
+        } else if (gpus) { /* protobuf-c leaves the array NULL when there is none */
+                msg_free(alloc, gpus);
+        }
         return m;
+fail:
+        if (gpus)
+                msg_free(alloc, gpus);
+        msg_free(alloc, m);
+        return NULL;
 }
 
 /* Packed SVM attributes: field 2, once, packed. */
