@@ -8,6 +8,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "clock.h"
 #include "gpumem-client.h"
 
 /*
@@ -113,20 +114,6 @@ static int call(Build *b, int op, size_t i)
         }
 }
 
-static uint64_t now_ns(void)
-{
-        struct timespec t;
-
-        clock_gettime(CLOCK_MONOTONIC, &t);
-        return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
-}
-
-static int cmp_u64(const void *a, const void *b)
-{
-        uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-        return x < y ? -1 : x > y;
-}
-
 int main(int argc, char **argv)
 {
         Build b[2];
@@ -161,11 +148,11 @@ int main(int argc, char **argv)
                                 for (size_t i = 0; i < len / 10; i++) /* warm: the other build ran last */
                                         (void)call(&b[k], op, i);
                                 for (size_t i = 0; i < len; i++) {
-                                        uint64_t t0 = now_ns();
+                                        uint64_t t0 = bench_now_ns();
                                         int r = call(&b[k], op, i);
                                         if (r < 0)
                                                 die(op_names[op], strerror(-r));
-                                        v[k][op][blk * len + i] = now_ns() - t0;
+                                        v[k][op][blk * len + i] = bench_now_ns() - t0;
                                 }
                         }
         printf("%zu blocks of %zu calls per op and build, alternating; p50 over all of a build's calls\n",
@@ -173,7 +160,7 @@ int main(int argc, char **argv)
         for (int op = 0; op < N_OPS; op++) {
                 double p[2];
                 for (int k = 0; k < 2; k++) {
-                        qsort(v[k][op], blocks * len, sizeof(uint64_t), cmp_u64);
+                        qsort(v[k][op], blocks * len, sizeof(uint64_t), bench_cmp_u64);
                         p[k] = (double)v[k][op][blocks * len / 2] / 1e3;
                         free(v[k][op]);
                 }

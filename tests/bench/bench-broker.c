@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "bench.h"
+#include "clock.h"
 
 /*
  * The floors and the broker ops, pinned and unpinned, in interleaved rounds: whatever else the machine does
@@ -14,12 +15,6 @@
  * again, as many round trips, and the pair's ratio is taken per round; the row's paired ratio is the median
  * over the rounds.
  */
-
-static int cmp_double(const void *a, const void *b)
-{
-        double x = *(const double *)a, y = *(const double *)b;
-        return x < y ? -1 : x > y;
-}
 
 /* The p50 of @n samples, sorting a copy into @tmp. */
 static double block_p50(const uint64_t *s, size_t n, uint64_t *tmp)
@@ -118,7 +113,7 @@ void run_latency(const Settings *st, Report *rep, const BenchDaemon *d)
                 rows[i]->unpinned = lat_of(samples[i][1], iters[i] * rounds);
                 if (i >= N_FLOORS) {
                         double *v = paired[i - N_FLOORS];
-                        qsort(v, rounds, sizeof(*v), cmp_double);
+                        qsort(v, rounds, sizeof(*v), bench_cmp_double);
                         rows[i]->paired_p50 = v[rounds / 2];
                 }
                 free(samples[i][0]);

@@ -9,6 +9,7 @@
 #include <time.h>
 
 #include "bench.h"
+#include "clock.h"
 
 void die(const char *fmt, ...)
 {
@@ -24,15 +25,7 @@ void die(const char *fmt, ...)
 
 uint64_t now_ns(void)
 {
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
-static int cmp_u64(const void *a, const void *b)
-{
-        uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-        return x < y ? -1 : x > y;
+        return bench_now_ns();
 }
 
 /* Sorts @s. */
@@ -43,7 +36,7 @@ Lat lat_of(uint64_t *s, size_t n)
 
         if (n == 0)
                 return l;
-        qsort(s, n, sizeof(*s), cmp_u64);
+        qsort(s, n, sizeof(*s), bench_cmp_u64);
         for (size_t i = 0; i < n; i++)
                 sum += (double)s[i];
         l.p50_us = (double)s[n / 2] / 1e3;

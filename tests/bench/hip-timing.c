@@ -5,19 +5,7 @@
 #include <stdlib.h>
 #include <time.h>
 
-static uint64_t now_ns(void)
-{
-        struct timespec ts;
-
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
-static int cmp(const void *a, const void *b)
-{
-        uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-        return x < y ? -1 : x > y;
-}
+#include "clock.h"
 
 /* One line per op: "op NAME N P50_NS P99_NS MEAN_NS" (the bench reads them). */
 static void report(const char *name, uint64_t *s, size_t n)
@@ -26,7 +14,7 @@ static void report(const char *name, uint64_t *s, size_t n)
 
         for (size_t i = 0; i < n; i++)
                 sum += s[i];
-        qsort(s, n, sizeof(*s), cmp);
+        qsort(s, n, sizeof(*s), bench_cmp_u64);
         printf("op %s %zu %llu %llu %llu\n", name, n, (unsigned long long)s[n / 2],
                (unsigned long long)s[(n * 99) / 100], (unsigned long long)(sum / n));
 }
@@ -45,24 +33,24 @@ int main(int argc, char **argv)
         if (hipSetDevice(0) != hipSuccess || hipMalloc(&p, dev) != hipSuccess || hipFree(p) != hipSuccess)
                 return fprintf(stderr, "hip-timing: HIP has no device\n"), 1;
         for (size_t i = 0; i < n; i++) {
-                uint64_t t = now_ns();
+                uint64_t t = bench_now_ns();
                 if (hipMalloc(&p, dev) != hipSuccess || hipFree(p) != hipSuccess)
                         return 1;
-                s[i] = now_ns() - t;
+                s[i] = bench_now_ns() - t;
         }
         report("hipMalloc+hipFree", s, n);
         for (size_t i = 0; i < n; i++) {
-                uint64_t t = now_ns();
+                uint64_t t = bench_now_ns();
                 if (hipHostMalloc(&p, host, 0) != hipSuccess || hipHostFree(p) != hipSuccess)
                         return 1;
-                s[i] = now_ns() - t;
+                s[i] = bench_now_ns() - t;
         }
         report("hipHostMalloc+hipHostFree", s, n);
         for (size_t i = 0; i < n; i++) {
-                uint64_t t = now_ns();
+                uint64_t t = bench_now_ns();
                 if (hipMemGetInfo(&free_b, &total) != hipSuccess)
                         return 1;
-                s[i] = now_ns() - t;
+                s[i] = bench_now_ns() - t;
         }
         report("hipMemGetInfo", s, n);
         free(s);

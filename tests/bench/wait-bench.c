@@ -13,6 +13,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "clock.h"
+
 /*
  * One client and one server process on a SOCK_SEQPACKET pair, the client sending a ping-sized request and
  * waiting for the ping-sized reply, as gpumemd's clients do. The server receives with recvmsg and room for
@@ -50,26 +52,6 @@ static void pin(int cpu)
         CPU_SET(cpu, &set);
         if (sched_setaffinity(0, sizeof(set), &set) < 0)
                 die("sched_setaffinity", errno);
-}
-
-static uint64_t now_ns(void)
-{
-        struct timespec t;
-
-        clock_gettime(CLOCK_MONOTONIC, &t);
-        return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
-}
-
-static int cmp_u64(const void *a, const void *b)
-{
-        uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-        return x < y ? -1 : x > y;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-        double x = *(const double *)a, y = *(const double *)b;
-        return x < y ? -1 : x > y;
 }
 
 typedef struct Rx {
@@ -256,16 +238,16 @@ static uint64_t run(int mode, int cpu_server, int cpu_client, size_t iters, uint
         close(sv[1]);
         pin(cpu_client);
         for (size_t i = 0; i < iters + iters / 10; i++) {
-                uint64_t t0 = now_ns();
+                uint64_t t0 = bench_now_ns();
                 if (send(sv[0], req, sizeof(req), MSG_NOSIGNAL) != sizeof(req) ||
                     recv(sv[0], rep, sizeof(rep), 0) != REP_LEN)
                         die(mode_names[mode], errno ? errno : EPROTO);
                 if (i >= iters / 10)
-                        s[i - iters / 10] = now_ns() - t0;
+                        s[i - iters / 10] = bench_now_ns() - t0;
         }
         close(sv[0]);
         waitpid(pid, NULL, 0);
-        qsort(s, iters, sizeof(*s), cmp_u64);
+        qsort(s, iters, sizeof(*s), bench_cmp_u64);
         return s[iters / 2];
 }
 
@@ -300,11 +282,12 @@ int main(int argc, char **argv)
                         uint64_t *v = &p50[((size_t)two * N_MODES + (size_t)m) * (size_t)rounds];
                         for (int r = 0; r < rounds; r++)
                                 pair[(size_t)m * (size_t)rounds + (size_t)r] = (double)v[r] / (double)fl[r];
-                        qsort(&pair[(size_t)m * (size_t)rounds], (size_t)rounds, sizeof(double), cmp_double);
+                        qsort(&pair[(size_t)m * (size_t)rounds], (size_t)rounds, sizeof(double),
+                              bench_cmp_double);
                 }
                 for (int m = N_MODES - 1; m >= 0; m--)
                         qsort(&p50[((size_t)two * N_MODES + (size_t)m) * (size_t)rounds], (size_t)rounds,
-                              sizeof(uint64_t), cmp_u64);
+                              sizeof(uint64_t), bench_cmp_u64);
                 floor = fl[rounds / 2];
                 for (int m = 0; m < N_MODES; m++) {
                         const uint64_t *v = &p50[((size_t)two * N_MODES + (size_t)m) * (size_t)rounds];
