@@ -29,8 +29,9 @@ typedef struct GmCuda GmCuda;
  * Replies are decoded into arenas the client keeps, so that a call makes no allocation of its own. 4 KiB
  * holds every reply whose size the API bounds (the largest, a pointer query on 64 GPUs or 32 SVM
  * attributes, decode into under 3.6 KiB); a bigger one (the topology, the administrators' lists) goes on
- * in malloc. A call holds one arena from decoding its reply until gm_reply_free(). The client makes them
- * as calls run at once, up to GM_REPLY_ARENAS; a call beyond that decodes its reply with malloc.
+ * in malloc. A call holds one arena from when it starts waiting for its reply (taken under the lock it
+ * holds then anyway) until gm_reply_free(). The client makes them as calls run at once, up to
+ * GM_REPLY_ARENAS; a call beyond that decodes its reply with malloc.
  */
 #define GM_REPLY_ARENA_SIZE 4096
 #define GM_REPLY_ARENAS     16

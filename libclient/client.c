@@ -176,11 +176,12 @@ static Gpumem__Reply *reply_unpack(gm_client *c, int i, const uint8_t *body, siz
 void gm_reply_free(gm_client *c, Gpumem__Reply *reply)
 {
         const uint8_t *p = (const uint8_t *)reply;
-        unsigned i, n = __atomic_load_n(&c->n_arenas, __ATOMIC_ACQUIRE);
         Arena *a = NULL;
+        unsigned i, n;
 
         if (!reply)
                 return;
+        n = __atomic_load_n(&c->n_arenas, __ATOMIC_ACQUIRE);
         /* A reply decoded in an arena begins in it: protobuf-c allocates the top message first. The arenas
          * made never move, and the one holding this reply is the caller's: no lock. */
         for (i = 0; i < n; i++) {
