@@ -1,71 +1,13 @@
 /* Request and Reply envelopes: one op field decoded by its own descriptor, status and result packed alone,
  * the small ops' messages coded by hand. */
 #include "envelope.h"
+#include "view.h"
 
 #include <errno.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
-
-static size_t varint_size(uint64_t v)
-{
-        size_t n = 1;
-        while (v >= 0x80) {
-                v >>= 7;
-                n++;
-        }
-        return n;
-}
-
-static size_t varint_put(uint8_t *out, uint64_t v)
-{
-        size_t n = 0;
-        while (v >= 0x80) {
-                out[n++] = (uint8_t)(v | 0x80);
-                v >>= 7;
-        }
-        out[n++] = (uint8_t)v;
-        return n;
-}
-
-/* Field @id as a varint (tag and value) at @out: its size. */
-static size_t put_varint_field(uint8_t *out, uint32_t id, uint64_t v)
-{
-        out[0] = (uint8_t)(id << 3);
-        return 1 + varint_put(out + 1, v);
-}
-
-/* Field @id packed: @n varints of @arr (at least one), with the tag and length: its size. */
-static size_t put_packed_field(uint8_t *out, uint32_t id, const uint64_t *arr, size_t count)
-{
-        size_t n = 0, body = 0;
-
-        for (size_t i = 0; i < count; i++)
-                body += varint_size(arr[i]);
-        out[n++] = (uint8_t)(id << 3 | 2);
-        n += varint_put(out + n, body);
-        for (size_t i = 0; i < count; i++)
-                n += varint_put(out + n, arr[i]);
-        return n;
-}
-
-/* A varint at @p of at most @max bytes (and at most 10): its length, or 0 when it does not end in time. */
-static size_t varint_get(const uint8_t *p, size_t max, uint64_t *ret)
-{
-        uint64_t v = 0;
-        size_t lim = max < 10 ? max : 10;
-
-        for (size_t i = 0; i < lim; i++) {
-                uint8_t b = p[i];
-                v |= (uint64_t)(b & 0x7f) << (7 * i);
-                if (b < 0x80) {
-                        *ret = v;
-                        return i + 1;
-                }
-        }
-        return 0;
-}
 
 /*
  * One length-delimited field at @p (of @len bytes): its number, payload and size, or 0 when it is not one.
@@ -87,7 +29,7 @@ static size_t field_get(const uint8_t *p, size_t len, uint32_t *ret_id, const ui
                 tag = (uint64_t)(p[0] & 0x7f) | (uint64_t)p[1] << 7;
                 a = 2;
         } else {
-                a = varint_get(p, len < 5 ? len : 5, &tag);
+                a = gm_pb_varint(p, len < 5 ? len : 5, &tag);
         }
         if (!a || (tag & 7) != 2 || (tag >> 3) == 0 || (tag >> 3) > 0xffff)
                 return 0;
@@ -95,7 +37,7 @@ static size_t field_get(const uint8_t *p, size_t len, uint32_t *ret_id, const ui
                 n = p[a];
                 b = 1;
         } else {
-                b = varint_get(p + a, len - a < 5 ? len - a : 5, &n);
+                b = gm_pb_varint(p + a, len - a < 5 ? len - a : 5, &n);
         }
         if (!b || n > UINT32_MAX || n > len - a - b)
                 return 0;
@@ -165,7 +107,7 @@ static bool unhand_u64_1(const uint8_t *p, size_t len, protobuf_c_boolean *has, 
                 *has = false;
                 return true;
         }
-        if (p[0] != 1 << 3 || !(a = varint_get(p + 1, len - 1, v)) || 1 + a != len)
+        if (p[0] != 1 << 3 || !(a = gm_pb_varint_at(p, len, 1, v)) || 1 + a != len)
                 return false;
         *has = true;
         return true;
@@ -188,61 +130,58 @@ static ProtobufCMessage *unhand_u64_msg(ProtobufCAllocator *alloc, const Protobu
         return m;
 }
 
+/* Into a buffer with room for 8 bytes more than it writes (gm_pb_put_varint_pad). */
 static size_t hand_u64_1(protobuf_c_boolean has, uint64_t v, uint8_t *out)
 {
-        if (!has)
-                return 0;
-        out[0] = 1 << 3;
-        return 1 + varint_put(out + 1, v);
+        return has ? gm_pb_put_uint_pad(out, 1, v) : 0;
 }
 
-/* The packed SVM call's fields; false when the body is not that plain form. *@ret_packed/@ret_n: the
- * attributes' bytes, *@ret_count: how many. */
+/* The packed SVM call's fields; false when the body is not that plain form. The attributes' bytes run from
+ * *@ret_off to the end of the body, *@ret_count of them. */
 static bool unhand_svm_call(const uint8_t *p, size_t len, protobuf_c_boolean *has_va, uint64_t *va,
-                            protobuf_c_boolean *has_size, uint64_t *size, const uint8_t **ret_packed,
-                            size_t *ret_n, size_t *ret_count)
+                            protobuf_c_boolean *has_size, uint64_t *size, size_t *ret_off, size_t *ret_count)
 {
         size_t at = 0, a, count = 0;
         uint64_t body, v;
 
         *has_va = *has_size = false;
-        *ret_packed = NULL;
-        *ret_n = *ret_count = 0;
+        *ret_off = len;
+        *ret_count = 0;
         if (at < len && p[at] == 1 << 3) {
-                if (!(a = varint_get(p + at + 1, len - at - 1, va)))
+                if (!(a = gm_pb_varint_at(p, len, at + 1, va)))
                         return false;
                 *has_va = true;
                 at += 1 + a;
         }
         if (at < len && p[at] == 2 << 3) {
-                if (!(a = varint_get(p + at + 1, len - at - 1, size)))
+                if (!(a = gm_pb_varint_at(p, len, at + 1, size)))
                         return false;
                 *has_size = true;
                 at += 1 + a;
         }
         if (at < len) {
-                if (p[at] != (4 << 3 | 2) ||
-                    !(a = varint_get(p + at + 1, len - at - 1 < 5 ? len - at - 1 : 5, &body)) || body == 0 ||
-                    body != len - at - 1 - a)
+                if (p[at] != (4 << 3 | 2) || !(a = gm_pb_varint_at(p, len, at + 1, &body)) || a > 5 ||
+                    body == 0 || body != len - at - 1 - a)
                         return false;
                 at += 1 + a;
                 for (size_t k = 0, n; k < body; k += n, count++)
-                        if (!(n = varint_get(p + at + k, body - k, &v)))
+                        if (!(n = gm_pb_varint_at(p, len, at + k, &v))) /* the field ends the body */
                                 return false;
-                *ret_packed = p + at;
-                *ret_n = (size_t)body;
+                *ret_off = at;
                 *ret_count = count;
         }
         return true;
 }
 
-/* The packed attributes read by unhand_svm_call() into an array of @alloc, or NULL. */
-static uint64_t *unhand_attrs(ProtobufCAllocator *alloc, const uint8_t *p, size_t n, size_t count)
+/* The @count packed attributes that unhand_svm_call() found from @off to the end of @p (@len bytes), into
+ * an array of @alloc, or NULL. */
+static uint64_t *unhand_attrs(ProtobufCAllocator *alloc, const uint8_t *p, size_t len, size_t off,
+                              size_t count)
 {
         uint64_t *arr = msg_alloc(alloc, count * sizeof(*arr));
 
-        for (size_t at = 0, i = 0; arr && at < n; i++)
-                at += varint_get(p + at, n - at, &arr[i]);
+        for (size_t at = off, i = 0; arr && at < len; i++)
+                at += gm_pb_varint_at(p, len, at, &arr[i]);
         return arr;
 }
 
@@ -259,14 +198,15 @@ static size_t hand_svm_call(const Gpumem__SvmGetAttr *m, uint8_t *out, size_t ca
 {
         size_t n = 0;
 
-        if (m->base.n_unknown_fields || m->n_attrs || 2 * 11 + 6 + m->n_packed_attrs * 10 > cap)
+        /* room for what the varints' padded writes leave past the end */
+        if (m->base.n_unknown_fields || m->n_attrs || 2 * 11 + 6 + m->n_packed_attrs * 10 + 8 > cap)
                 return 0;
         if (m->has_va)
-                n += put_varint_field(out + n, 1, m->va);
+                n += gm_pb_put_uint_pad(out + n, 1, m->va);
         if (m->has_size)
-                n += put_varint_field(out + n, 2, m->size);
+                n += gm_pb_put_uint_pad(out + n, 2, m->size);
         if (m->n_packed_attrs)
-                n += put_packed_field(out + n, 4, m->packed_attrs, m->n_packed_attrs);
+                n += gm_pb_put_packed(out + n, 4, m->packed_attrs, m->n_packed_attrs);
         return n;
 }
 
@@ -282,10 +222,9 @@ static ProtobufCMessage *unhand_op(ProtobufCAllocator *alloc, uint32_t id, const
         case GPUMEM__REQUEST__OP_SVM_GET_ATTR: {
                 protobuf_c_boolean has_va, has_size;
                 uint64_t va = 0, size = 0;
-                const uint8_t *packed;
-                size_t n, count;
+                size_t off, count;
                 Gpumem__SvmGetAttr *m;
-                if (!unhand_svm_call(p, len, &has_va, &va, &has_size, &size, &packed, &n, &count) ||
+                if (!unhand_svm_call(p, len, &has_va, &va, &has_size, &size, &off, &count) ||
                     !(m = msg_alloc(alloc, sizeof(*m))))
                         return NULL;
                 if (id == GPUMEM__REQUEST__OP_SVM_SET_ATTR)
@@ -296,7 +235,7 @@ static ProtobufCMessage *unhand_op(ProtobufCAllocator *alloc, uint32_t id, const
                 m->va = va;
                 m->has_size = has_size;
                 m->size = size;
-                if (count && !(m->packed_attrs = unhand_attrs(alloc, packed, n, count))) {
+                if (count && !(m->packed_attrs = unhand_attrs(alloc, p, len, off, count))) {
                         msg_free(alloc, m);
                         return NULL;
                 }
@@ -370,7 +309,7 @@ static Gpumem__Status *unhand_status(ProtobufCAllocator *alloc, const uint8_t *p
         uint64_t v;
         size_t a;
 
-        if (len < 2 || p[0] != 1 << 3 || !(a = varint_get(p + 1, len - 1, &v)) || 1 + a != len)
+        if (len < 2 || p[0] != 1 << 3 || !(a = gm_pb_varint_at(p, len, 1, &v)) || 1 + a != len)
                 return NULL;
         st = msg_alloc(alloc, sizeof(*st));
         if (!st)
@@ -401,7 +340,7 @@ static Gpumem__PointerInfoReply *unhand_pointer_info(ProtobufCAllocator *alloc, 
                 size_t a;
 
                 if (tag < (1 << 3) || tag > (8 << 3) || (tag & 7) != 0 ||
-                    !(a = varint_get(q, len - at - 1, &v)))
+                    !(a = gm_pb_varint(q, len - at - 1, &v)))
                         goto fail;
                 at += 1 + a;
                 switch (tag >> 3) {
@@ -461,12 +400,12 @@ static Gpumem__SvmGetAttrReply *unhand_svm_get(ProtobufCAllocator *alloc, const 
         size_t a, n = 0;
         uint64_t body, v;
 
-        if (len < 2 || p[0] != (2 << 3 | 2) || !(a = varint_get(p + 1, len - 1 < 5 ? len - 1 : 5, &body)) ||
+        if (len < 2 || p[0] != (2 << 3 | 2) || !(a = gm_pb_varint(p + 1, len - 1 < 5 ? len - 1 : 5, &body)) ||
             body != len - 1 - a || body == 0)
                 return NULL;
         p += 1 + a;
         for (size_t at = 0, k; at < body; at += k)
-                if (!(k = varint_get(p + at, body - at, &v)))
+                if (!(k = gm_pb_varint(p + at, body - at, &v)))
                         return NULL;
                 else
                         n++;
@@ -480,7 +419,7 @@ static Gpumem__SvmGetAttrReply *unhand_svm_get(ProtobufCAllocator *alloc, const 
                 return NULL;
         }
         for (size_t at = 0; at < body;)
-                at += varint_get(p + at, body - at, &m->packed_attrs[m->n_packed_attrs++]);
+                at += gm_pb_varint(p + at, body - at, &m->packed_attrs[m->n_packed_attrs++]);
         return m;
 }
 
@@ -577,13 +516,13 @@ int gm_request_pack_into(const Gpumem__Request *req, uint8_t *out, size_t cap, s
                 s = hand = hand_op(req, op, tmp, sizeof(tmp));
                 if (!hand)
                         s = protobuf_c_message_get_packed_size(op);
-                need = varint_size(tag) + varint_size(s) + s;
+                need = gm_pb_varint_size(tag) + gm_pb_varint_size(s) + s;
         }
         if (need > cap)
                 return -EMSGSIZE;
         if (op) {
-                n += varint_put(out + n, tag);
-                n += varint_put(out + n, s);
+                n += gm_pb_put_varint(out + n, tag);
+                n += gm_pb_put_varint(out + n, s);
                 if (hand)
                         memcpy(out + n, tmp, hand);
                 n += hand ? hand : protobuf_c_message_pack(op, out + n);
@@ -622,8 +561,8 @@ static size_t hand_status(const Gpumem__Status *st, uint8_t *tmp)
         if (st->base.n_unknown_fields || st->reason)
                 return 0;
         if (st->has_code) {
-                n += put_varint_field(tmp + n, 1,
-                                      ((uint32_t)st->code << 1) ^ (0u - ((uint32_t)st->code >> 31)));
+                n += gm_pb_put_uint_pad(tmp + n, 1,
+                                        ((uint32_t)st->code << 1) ^ (0u - ((uint32_t)st->code >> 31)));
         }
         return n;
 }
@@ -636,21 +575,21 @@ static size_t hand_pointer_info(const Gpumem__PointerInfoReply *m, uint8_t *tmp)
         if (m->base.n_unknown_fields || m->n_mapped_gpus > (HAND_MAX - 7 * 11) / 6)
                 return 0;
         if (m->has_handle)
-                n += put_varint_field(tmp + n, 1, m->handle);
+                n += gm_pb_put_uint_pad(tmp + n, 1, m->handle);
         if (m->has_kind) { /* an enum is an int32: negative ones take ten bytes */
-                n += put_varint_field(tmp + n, 2, (uint64_t)(int64_t)(int32_t)m->kind);
+                n += gm_pb_put_uint_pad(tmp + n, 2, (uint64_t)(int64_t)(int32_t)m->kind);
         }
         if (m->has_gpu_id)
-                n += put_varint_field(tmp + n, 3, m->gpu_id);
+                n += gm_pb_put_uint_pad(tmp + n, 3, m->gpu_id);
         if (m->has_alloc_base)
-                n += put_varint_field(tmp + n, 4, m->alloc_base);
+                n += gm_pb_put_uint_pad(tmp + n, 4, m->alloc_base);
         if (m->has_size)
-                n += put_varint_field(tmp + n, 5, m->size);
+                n += gm_pb_put_uint_pad(tmp + n, 5, m->size);
         for (size_t i = 0; i < m->n_mapped_gpus; i++) { /* not packed: a tag each */
-                n += put_varint_field(tmp + n, 6, m->mapped_gpus[i]);
+                n += gm_pb_put_uint_pad(tmp + n, 6, m->mapped_gpus[i]);
         }
         if (m->has_flags)
-                n += put_varint_field(tmp + n, 7, m->flags);
+                n += gm_pb_put_uint_pad(tmp + n, 7, m->flags);
         if (m->has_cpu_accessible) {
                 tmp[n++] = 8 << 3;
                 tmp[n++] = m->cpu_accessible ? 1 : 0;
@@ -663,7 +602,7 @@ static size_t hand_svm_get(const Gpumem__SvmGetAttrReply *m, uint8_t *tmp)
         if (m->base.n_unknown_fields || m->n_attrs || !m->n_packed_attrs ||
             m->n_packed_attrs > (HAND_MAX - 8) / 10)
                 return 0;
-        return put_packed_field(tmp, 2, m->packed_attrs, m->n_packed_attrs);
+        return gm_pb_put_packed(tmp, 2, m->packed_attrs, m->n_packed_attrs);
 }
 
 static size_t hand_result(const Gpumem__Reply *r, const ProtobufCMessage *res, uint8_t *tmp)
@@ -682,7 +621,7 @@ static size_t hand_result(const Gpumem__Reply *r, const ProtobufCMessage *res, u
 
 int gm_reply_pack_into(const Gpumem__Reply *r, uint8_t *out, size_t cap, size_t *ret_len)
 {
-        uint8_t st_tmp[16], rs_tmp[HAND_MAX];
+        uint8_t st_tmp[16 + 8], rs_tmp[HAND_MAX + 8]; /* + the varints' padded writes */
         size_t st_hand = 0, rs_hand = 0;
         const ProtobufCFieldDescriptor *f = NULL;
         const ProtobufCMessage *res;
@@ -702,7 +641,7 @@ int gm_reply_pack_into(const Gpumem__Reply *r, uint8_t *out, size_t cap, size_t 
                 st = st_hand = hand_status(r->status, st_tmp);
                 if (!st_hand)
                         st = gpumem__status__get_packed_size(r->status);
-                need += 1 + varint_size(st) + st;
+                need += 1 + gm_pb_varint_size(st) + st;
         }
         res = reply_result(r, &f);
         if (res) {
@@ -710,20 +649,20 @@ int gm_reply_pack_into(const Gpumem__Reply *r, uint8_t *out, size_t cap, size_t 
                 rs = rs_hand = hand_result(r, res, rs_tmp);
                 if (!rs_hand)
                         rs = protobuf_c_message_get_packed_size(res);
-                need += varint_size(tag) + varint_size(rs) + rs;
+                need += gm_pb_varint_size(tag) + gm_pb_varint_size(rs) + rs;
         }
         if (need > cap)
                 return -EMSGSIZE;
         if (r->status) {
                 out[n++] = 1 << 3 | 2;
-                n += varint_put(out + n, st);
+                n += gm_pb_put_varint(out + n, st);
                 if (st_hand)
                         memcpy(out + n, st_tmp, st_hand);
                 n += st_hand ? st_hand : gpumem__status__pack(r->status, out + n);
         }
         if (res) {
-                n += varint_put(out + n, tag);
-                n += varint_put(out + n, rs);
+                n += gm_pb_put_varint(out + n, tag);
+                n += gm_pb_put_varint(out + n, rs);
                 if (rs_hand)
                         memcpy(out + n, rs_tmp, rs_hand);
                 n += rs_hand ? rs_hand : protobuf_c_message_pack(res, out + n);

@@ -1,5 +1,6 @@
 /* libFuzzer target: the frame header check (gm_frame_parse) and the encoder's agreement with it; the Request
- * and Reply envelopes (envelope.c) against protobuf-c's general coding of the same bytes. */
+ * and Reply envelopes (envelope.c) and the replies read in place (view.c) against protobuf-c's general
+ * coding of the same bytes. */
 #include <errno.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -7,6 +8,7 @@
 
 #include "envelope.h"
 #include "frame.h"
+#include "view.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
@@ -68,6 +70,45 @@ static void envelopes(const uint8_t *data, size_t size)
                 gpumem__reply__free_unpacked(rb, NULL);
 }
 
+/* Any bytes as a Reply read in place, from a buffer of exactly their size (a read past it is caught): a
+ * result read so is one protobuf-c reads as that result too. */
+static void views(const uint8_t *data, size_t size)
+{
+        static const uint32_t wants[] = {GPUMEM__REPLY__RESULT_POINTER_INFO,
+                                         GPUMEM__REPLY__RESULT_SVM_GET_ATTR, GPUMEM__REPLY__RESULT_PING,
+                                         GPUMEM__REPLY__RESULT_EMPTY};
+        uint8_t *body = malloc(size ? size : 1);
+        Gpumem__Reply *pb;
+
+        if (!body)
+                abort();
+        memcpy(body, data, size);
+        pb = gpumem__reply__unpack(NULL, size, body);
+        for (size_t i = 0; i < sizeof(wants) / sizeof(wants[0]); i++) {
+                GmReplyView v;
+                GmPointerInfoView pi;
+                uint64_t attrs[64], cookie;
+                size_t n, n_msgs;
+                bool has;
+                int r;
+                if (gm_reply_view(body, size, wants[i], &v) < 0 || !v.has_result)
+                        continue;
+                if (wants[i] == GPUMEM__REPLY__RESULT_POINTER_INFO)
+                        r = gm_pointer_info_view(v.result, v.result_len, &pi);
+                else if (wants[i] == GPUMEM__REPLY__RESULT_SVM_GET_ATTR)
+                        r = gm_svm_attrs_view(v.result, v.result_len, attrs, 64, &n, &n_msgs);
+                else if (wants[i] == GPUMEM__REPLY__RESULT_PING)
+                        r = gm_u64_view(v.result, v.result_len, &has, &cookie);
+                else
+                        r = gm_empty_view(v.result, v.result_len);
+                if (r == 0 && (!pb || (uint32_t)pb->result_case != wants[i]))
+                        abort();
+        }
+        if (pb)
+                gpumem__reply__free_unpacked(pb, NULL);
+        free(body);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
         GmFrameHdr hdr, again;
@@ -82,6 +123,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         n_fds = data[0] % (GM_FRAME_MAX_FDS + 4);
         data++, size--;
         envelopes(data, size);
+        views(data, size);
         memset(&hdr, 0xa5, sizeof(hdr));
         r = gm_frame_parse(data, size, n_fds, 1, &hdr, &why);
         if (r < 0) {

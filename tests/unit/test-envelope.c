@@ -1,5 +1,5 @@
-/* Unit tests of the Request and Reply envelopes: the same bytes and the same messages as protobuf-c's
- * general coding, and every other body left to it. */
+/* Unit tests of the Request and Reply envelopes and of the replies read in place (view.h): the same bytes
+ * and the same messages as protobuf-c's general coding, and every other body left to it or refused. */
 #include <errno.h>
 #include <stdbool.h>
 #include <stdlib.h>
@@ -7,6 +7,7 @@
 
 #include "../common/check.h"
 #include "envelope.h"
+#include "view.h"
 
 /* Packed the envelope's way and protobuf-c's: the same size and bytes. */
 static void same_packing(const Gpumem__Reply *r, const char *what)
@@ -432,14 +433,43 @@ static void same_reply_decoding(const uint8_t *body, size_t len)
                            "a reply");
 }
 
+/* @iters Replies of result @f at random (a status at times, with a reason when @reasons), packed, each then
+ * given to @check with 30 mutations of it. */
+static void mutated_replies(const ProtobufCFieldDescriptor *f, int iters, bool reasons,
+                            void (*check)(const uint8_t *, size_t))
+{
+        void *pool[512];
+
+        for (int it = 0; it < iters; it++) {
+                Gpumem__Reply r = GPUMEM__REPLY__INIT;
+                Gpumem__Status st = GPUMEM__STATUS__INIT;
+                uint8_t buf[4096], mut[4097];
+                size_t n_pool = 0, len;
+
+                st.has_code = rnd() & 1;
+                st.code = (int32_t)rnd();
+                if (reasons && rnd() & 1)
+                        st.reason = (char *)strings[rnd() % ARRAY_SIZE(strings)];
+                r.status = rnd() % 4 ? &st : NULL;
+                r.result_case = (Gpumem__Reply__ResultCase)f->id;
+                *(ProtobufCMessage **)((uint8_t *)&r + f->offset) =
+                        random_message(f->descriptor, pool, &n_pool, 1);
+                len = gpumem__reply__get_packed_size(&r);
+                if (len <= sizeof(buf)) {
+                        gpumem__reply__pack(&r, buf);
+                        check_mutations(buf, len, mut, check);
+                }
+                while (n_pool)
+                        free(pool[--n_pool]);
+        }
+}
+
 /*
  * Replies of every result at random, packed and then mutated (a byte changed, cut short, a byte put in):
  * whatever the envelope (and the results it decodes by hand) takes, protobuf-c takes too and reads the same.
  */
 static void test_reply_mutations(void)
 {
-        void *pool[512];
-
         for (unsigned i = 0; i < gpumem__reply__descriptor.n_fields; i++) {
                 const ProtobufCFieldDescriptor *f = &gpumem__reply__descriptor.fields[i];
                 if (!(f->flags & PROTOBUF_C_FIELD_FLAG_ONEOF))
@@ -449,26 +479,207 @@ static void test_reply_mutations(void)
                                             f->id == GPUMEM__REPLY__RESULT_SVM_GET_ATTR
                                     ? 3000
                                     : 100;
-                for (int it = 0; it < iters; it++) {
-                        Gpumem__Reply r = GPUMEM__REPLY__INIT;
-                        Gpumem__Status st = GPUMEM__STATUS__INIT;
-                        uint8_t buf[4096], mut[4097];
-                        size_t n_pool = 0, len;
+                mutated_replies(f, iters, false, same_reply_decoding);
+        }
+}
 
-                        st.has_code = rnd() & 1;
-                        st.code = (int32_t)rnd();
-                        r.status = rnd() % 4 ? &st : NULL;
-                        r.result_case = (Gpumem__Reply__ResultCase)f->id;
-                        *(ProtobufCMessage **)((uint8_t *)&r + f->offset) =
-                                random_message(f->descriptor, pool, &n_pool, 1);
-                        len = gpumem__reply__get_packed_size(&r);
-                        if (len <= sizeof(buf)) {
-                                gpumem__reply__pack(&r, buf);
-                                check_mutations(buf, len, mut, same_reply_decoding);
-                        }
-                        while (n_pool)
-                                free(pool[--n_pool]);
+/* What a reply read in place says for result @want, against protobuf-c's Reply @pb of the same body. */
+static void same_view(const uint8_t *body, size_t len, const Gpumem__Reply *pb, uint32_t want)
+{
+        GmReplyView v;
+        GmPointerInfoView pi;
+        uint64_t attrs[64], cookie = 0;
+        size_t n = 0, n_msgs = 0;
+        bool has = false;
+        int r = gm_reply_view(body, len, want, &v), r2 = -EPROTO;
+
+        if (r == 0 && v.has_result) {
+                switch (want) {
+                case GPUMEM__REPLY__RESULT_POINTER_INFO:
+                        r2 = gm_pointer_info_view(v.result, v.result_len, &pi);
+                        break;
+                case GPUMEM__REPLY__RESULT_SVM_GET_ATTR:
+                        r2 = gm_svm_attrs_view(v.result, v.result_len, attrs, ARRAY_SIZE(attrs), &n, &n_msgs);
+                        break;
+                case GPUMEM__REPLY__RESULT_PING:
+                        r2 = gm_u64_view(v.result, v.result_len, &has, &cookie);
+                        break;
+                default:
+                        r2 = gm_empty_view(v.result, v.result_len);
                 }
+        }
+        if (r < 0 || !v.has_result || r2 < 0) {
+                /* refused, or another result: protobuf-c read no such result either, or a form left to it */
+                bool other = !pb || pb->result_case != (Gpumem__Reply__ResultCase)want;
+                CHECK(other || r == -ENOTSUP || r2 == -E2BIG);
+                if (!other && r != -ENOTSUP && r2 != -E2BIG) {
+                        fprintf(stderr, "result %u refused in place (%d, %d), read by protobuf-c:", want, r,
+                                r2);
+                        for (size_t i = 0; i < len; i++)
+                                fprintf(stderr, " %02x", body[i]);
+                        fprintf(stderr, "\n");
+                }
+                return;
+        }
+        CHECK(pb != NULL);
+        if (!pb) {
+                fprintf(stderr, "want %u:", want);
+                for (size_t i = 0; i < len; i++)
+                        fprintf(stderr, " %02x", body[i]);
+                fprintf(stderr, "\n");
+                return;
+        }
+        CHECK_EQ((uint32_t)pb->result_case, want);
+        CHECK_EQ(pb->status != NULL && pb->status->has_code, v.has_code);
+        if (pb->status && v.has_code)
+                CHECK_EQ(pb->status->code, v.code);
+        CHECK_EQ(pb->status != NULL && pb->status->reason != NULL, v.reason != NULL);
+        if (pb->status && pb->status->reason && v.reason)
+                CHECK(memcmp(pb->status->reason, v.reason, v.reason_len) == 0);
+        if (pb->result_case != (Gpumem__Reply__ResultCase)want)
+                return;
+        if (want == GPUMEM__REPLY__RESULT_POINTER_INFO) {
+                const Gpumem__PointerInfoReply *m = pb->pointer_info;
+                CHECK_EQ(m->handle, pi.handle);
+                CHECK_EQ((int32_t)m->kind, pi.kind);
+                CHECK_EQ(m->gpu_id, pi.gpu_id);
+                CHECK_EQ(m->alloc_base, pi.alloc_base);
+                CHECK_EQ(m->size, pi.size);
+                CHECK_EQ(m->flags, pi.flags);
+                CHECK_EQ(m->cpu_accessible != 0, pi.cpu_accessible);
+                CHECK_EQ(m->n_mapped_gpus, pi.n_mapped_gpus);
+                for (size_t i = 0; i < m->n_mapped_gpus && i < GM_VIEW_MAX_GPUS; i++)
+                        CHECK_EQ(m->mapped_gpus[i], pi.mapped_gpus[i]);
+        } else if (want == GPUMEM__REPLY__RESULT_SVM_GET_ATTR) {
+                CHECK_EQ(pb->svm_get_attr->n_packed_attrs, n);
+                CHECK_EQ(pb->svm_get_attr->n_attrs, n_msgs);
+                for (size_t i = 0; i < n && i < pb->svm_get_attr->n_packed_attrs; i++)
+                        CHECK_EQ(pb->svm_get_attr->packed_attrs[i], attrs[i]);
+        } else if (want == GPUMEM__REPLY__RESULT_PING) {
+                CHECK_EQ(pb->ping->has_cookie != 0, has);
+                CHECK_EQ(pb->ping->cookie, cookie);
+        }
+}
+
+/* @body read in place for each result read so, beside protobuf-c. */
+static void same_views(const uint8_t *body, size_t len)
+{
+        static const uint32_t wants[] = {GPUMEM__REPLY__RESULT_POINTER_INFO,
+                                         GPUMEM__REPLY__RESULT_SVM_GET_ATTR, GPUMEM__REPLY__RESULT_PING,
+                                         GPUMEM__REPLY__RESULT_EMPTY};
+        Gpumem__Reply *pb = gpumem__reply__unpack(NULL, len, body);
+
+        for (size_t i = 0; i < ARRAY_SIZE(wants); i++)
+                same_view(body, len, pb, wants[i]);
+        if (pb)
+                gpumem__reply__free_unpacked(pb, NULL);
+}
+
+/*
+ * Replies of the results read in place, and of others, at random (with reasons), packed and mutated: what
+ * the views take, protobuf-c reads the same; what protobuf-c reads as that result, the views take (but for
+ * the forms they leave to it).
+ */
+static void test_view_mutations(void)
+{
+        static const uint32_t results[] = {GPUMEM__REPLY__RESULT_POINTER_INFO,
+                                           GPUMEM__REPLY__RESULT_SVM_GET_ATTR, GPUMEM__REPLY__RESULT_PING,
+                                           GPUMEM__REPLY__RESULT_EMPTY, GPUMEM__REPLY__RESULT_ALLOC};
+
+        for (size_t i = 0; i < ARRAY_SIZE(results); i++) {
+                const ProtobufCFieldDescriptor *f = gm_proto_field(&gpumem__reply__descriptor, results[i]);
+                mutated_replies(f, 2000, true, same_views);
+        }
+}
+
+/* A varint the plain way, for reference. */
+static size_t ref_varint(const uint8_t *p, size_t max, uint64_t *ret)
+{
+        uint64_t v = 0;
+
+        for (size_t i = 0; i < max && i < 10; i++) {
+                v |= (uint64_t)(p[i] & 0x7f) << (7 * i);
+                if (p[i] < 0x80) {
+                        *ret = v;
+                        return i + 1;
+                }
+        }
+        return 0;
+}
+
+/* Varints of every length at every place of bodies long and short, whole, cut short, overlong and noisy:
+ * read as the plain way reads them, never past the body's end. */
+static void test_varints(void)
+{
+        for (int it = 0; it < 200000; it++) {
+                uint8_t body[32];
+                size_t len, off, n, got, want;
+                uint64_t v = rnd() >> (rnd() % 64), a = 0, b = 0;
+
+                for (size_t i = 0; i < sizeof(body); i++)
+                        body[i] = (uint8_t)rnd();
+                off = rnd() % 12;
+                n = gm_pb_put_varint(body + off, v);
+                {
+                        uint8_t pad[16];
+                        CHECK_EQ(gm_pb_put_varint_pad(pad, v), n); /* the padded writer: the same bytes */
+                        CHECK(memcmp(pad, body + off, n) == 0);
+                }
+                switch (rnd() % 4) {
+                case 0: /* the body ends with the varint */
+                        len = off + n;
+                        break;
+                case 1: /* cut short */
+                        len = off + rnd() % n;
+                        break;
+                case 2: /* noise, continuation bits set: overlong or unended */
+                        for (size_t i = off; i < sizeof(body); i++)
+                                body[i] |= 0x80;
+                        len = off + rnd() % (sizeof(body) - off + 1);
+                        break;
+                default:
+                        len = off + n + rnd() % (sizeof(body) - off - n + 1);
+                }
+                got = gm_pb_varint_at(body, len, off, &a);
+                want = ref_varint(body + off, len - off, &b);
+                CHECK_EQ(got, want);
+                if (got && want)
+                        CHECK_EQ(a, b);
+                if (it % 4 == 0 && (rnd() & 1)) { /* a copy exactly as long: no room either side */
+                        uint8_t *exact = malloc(len - off + 1);
+                        if (exact) {
+                                memcpy(exact, body + off, len - off);
+                                CHECK_EQ(gm_pb_varint(exact, len - off, &a), want);
+                                if (want)
+                                        CHECK_EQ(a, b);
+                                free(exact);
+                        }
+                }
+        }
+}
+
+/* The SVM calls packed by hand (va, size, the packed attributes) are protobuf-c's bytes. */
+static void test_hand_packed_request(void)
+{
+        for (int it = 0; it < 2000; it++) {
+                Gpumem__SvmGetAttr g = GPUMEM__SVM_GET_ATTR__INIT;
+                uint64_t attrs[32];
+                uint8_t a[512], b[512];
+                size_t n = 0;
+
+                g.has_va = g.has_size = true;
+                g.va = rnd() >> (rnd() % 64);
+                g.size = rnd() >> (rnd() % 64);
+                g.n_packed_attrs = rnd() % 33;
+                for (size_t i = 0; i < g.n_packed_attrs; i++)
+                        attrs[i] = (uint64_t)(uint32_t)rnd() << 32 | (uint32_t)(rnd() >> (rnd() % 32));
+                g.packed_attrs = attrs;
+                n += gm_pb_put_uint(a + n, 1, g.va);
+                n += gm_pb_put_uint(a + n, 2, g.size);
+                n += gm_pb_put_packed(a + n, 4, attrs, g.n_packed_attrs);
+                CHECK_EQ(gpumem__svm_get_attr__get_packed_size(&g), n);
+                CHECK_EQ(gpumem__svm_get_attr__pack(&g, b), n);
+                CHECK(memcmp(a, b, n) == 0);
         }
 }
 
@@ -639,6 +850,9 @@ int main(void)
                  test_reply_odd_forms},
                 {"a mutated or odd request the envelope takes, protobuf-c reads the same",
                  test_request_mutations},
+                {"a varint is read in place as the plain way reads it", test_varints},
+                {"a mutated reply read in place says what protobuf-c reads", test_view_mutations},
+                {"an SVM call packed by hand is protobuf-c's bytes", test_hand_packed_request},
         };
         return run_tests(cases, ARRAY_SIZE(cases));
 }

@@ -1,0 +1,223 @@
+/* The small replies read in place (view.h): a Reply's status and result, pointer info, SVM attributes. */
+#include "view.h"
+
+#include "envelope.h"
+
+size_t gm_pb_put_packed(uint8_t *out, uint32_t id, const uint64_t *arr, size_t count)
+{
+        size_t n, body = 0;
+
+        if (!count)
+                return 0;
+        for (size_t i = 0; i < count; i++)
+                body += gm_pb_varint_size(arr[i]);
+        n = gm_pb_put_len(out, id, body);
+        for (size_t i = 0; i < count; i++)
+                n += gm_pb_put_varint_pad(out + n, arr[i]);
+        return n;
+}
+
+/*
+ * A bool as protobuf-c reads it: true when any payload bit of what follows its tag is set, whatever the
+ * wire type (a varint's dropped bits beyond 64 included; a length-delimited one's length counts too).
+ */
+static bool field_bool(const GmPbField *f)
+{
+        if (f->wire == GM_PB_LEN && f->n)
+                return true;
+        for (size_t i = 0; i < f->n; i++)
+                if (f->data[i] & 0x7f)
+                        return true;
+        return false;
+}
+
+static int read_status(const uint8_t *p, size_t len, GmReplyView *v)
+{
+        GmPbField f;
+        size_t at = 0;
+        int r;
+
+        while ((r = gm_pb_next(p, len, &at, &f)) > 0) {
+                if (f.id == 1) { /* sint32: zigzag over the low 32 bits */
+                        uint32_t u = (uint32_t)f.v;
+                        if (f.wire != GM_PB_VARINT)
+                                return -EPROTO;
+                        v->has_code = true;
+                        v->code = (int32_t)(u >> 1) ^ -(int32_t)(u & 1);
+                } else if (f.id == 2) {
+                        if (f.wire != GM_PB_LEN)
+                                return -EPROTO;
+                        v->reason = (const char *)f.data;
+                        v->reason_len = f.n;
+                }
+        }
+        return r;
+}
+
+int gm_reply_view(const uint8_t *body, size_t len, uint32_t want, GmReplyView *ret)
+{
+        GmReplyView v = {0};
+        bool status = false;
+        unsigned results = 0;
+        GmPbField f;
+        size_t at = 0;
+        int r;
+
+        while ((r = gm_pb_next(body, len, &at, &f)) > 0) {
+                if (f.id == 1) {
+                        if (f.wire != GM_PB_LEN)
+                                return -EPROTO;
+                        if (status)
+                                return -ENOTSUP;
+                        status = true;
+                        if ((r = read_status(f.data, f.n, &v)) < 0)
+                                return r;
+                } else if (f.id == want || gm_proto_field(&gpumem__reply__descriptor, f.id)) {
+                        /* a result: the one wanted, or another (which protobuf-c would read whole) */
+                        if (f.wire != GM_PB_LEN)
+                                return -EPROTO;
+                        if (++results > 1)
+                                return -ENOTSUP;
+                        if (f.id == want) {
+                                v.has_result = true;
+                                v.result = f.data;
+                                v.result_len = f.n;
+                        } else {
+                                v.other = f.id;
+                        }
+                }
+        }
+        if (r < 0)
+                return r;
+        *ret = v;
+        return 0;
+}
+
+int gm_pointer_info_view(const uint8_t *p, size_t len, GmPointerInfoView *ret)
+{
+        GmPbField f;
+        size_t at = 0;
+        int r;
+
+        memset(ret, 0, offsetof(GmPointerInfoView, mapped_gpus));
+        while ((r = gm_pb_next(p, len, &at, &f)) > 0) {
+                if (f.id == 0 || f.id > 8) /* unknown */
+                        continue;
+                if (f.id == 6 && f.wire == GM_PB_LEN) { /* the packed form */
+                        for (size_t k = 0, a; k < f.n; k += a) {
+                                uint64_t g;
+                                if (!(a = gm_pb_varint_at(f.data, f.n, k, &g)))
+                                        return -EPROTO;
+                                if (ret->n_mapped_gpus < GM_VIEW_MAX_GPUS)
+                                        ret->mapped_gpus[ret->n_mapped_gpus] = (uint32_t)g;
+                                ret->n_mapped_gpus++;
+                        }
+                        continue;
+                }
+                if (f.id == 8) {
+                        ret->cpu_accessible = field_bool(&f);
+                        continue;
+                }
+                if (f.wire != GM_PB_VARINT)
+                        return -EPROTO;
+                switch (f.id) {
+                case 1:
+                        ret->handle = f.v;
+                        break;
+                case 2: /* an enum is an int32 */
+                        ret->kind = (int32_t)(uint32_t)f.v;
+                        break;
+                case 3:
+                        ret->gpu_id = (uint32_t)f.v;
+                        break;
+                case 4:
+                        ret->alloc_base = f.v;
+                        break;
+                case 5:
+                        ret->size = f.v;
+                        break;
+                case 6:
+                        if (ret->n_mapped_gpus < GM_VIEW_MAX_GPUS)
+                                ret->mapped_gpus[ret->n_mapped_gpus] = (uint32_t)f.v;
+                        ret->n_mapped_gpus++;
+                        break;
+                default:
+                        ret->flags = (uint32_t)f.v;
+                        break;
+                }
+        }
+        return r;
+}
+
+int gm_svm_attrs_view(const uint8_t *p, size_t len, uint64_t *out, size_t cap, size_t *ret_n,
+                      size_t *ret_n_msgs)
+{
+        size_t n = 0, n_msgs = 0, at = 0;
+        GmPbField f;
+        int r;
+
+        while ((r = gm_pb_next(p, len, &at, &f)) > 0) {
+                if (f.id == 1) { /* an SvmAttr: read through, as protobuf-c would, but not kept */
+                        GmPbField g;
+                        size_t k = 0;
+                        if (f.wire != GM_PB_LEN)
+                                return -EPROTO;
+                        while ((r = gm_pb_next(f.data, f.n, &k, &g)) > 0)
+                                if ((g.id == 1 || g.id == 2) && g.wire != GM_PB_VARINT)
+                                        return -EPROTO;
+                        if (r < 0)
+                                return r;
+                        n_msgs++;
+                } else if (f.id == 2 && f.wire == GM_PB_LEN) {
+                        for (size_t k = 0, a; k < f.n; k += a, n++) {
+                                uint64_t v;
+                                if (!(a = gm_pb_varint_at(f.data, f.n, k, &v)))
+                                        return -EPROTO;
+                                if (n == cap)
+                                        return -E2BIG;
+                                out[n] = v;
+                        }
+                } else if (f.id == 2) {
+                        if (f.wire != GM_PB_VARINT)
+                                return -EPROTO;
+                        if (n == cap)
+                                return -E2BIG;
+                        out[n++] = f.v;
+                }
+        }
+        if (r < 0)
+                return r;
+        *ret_n = n;
+        *ret_n_msgs = n_msgs;
+        return 0;
+}
+
+int gm_empty_view(const uint8_t *p, size_t len)
+{
+        GmPbField f;
+        size_t at = 0;
+        int r;
+
+        while ((r = gm_pb_next(p, len, &at, &f)) > 0)
+                ;
+        return r;
+}
+
+int gm_u64_view(const uint8_t *p, size_t len, bool *ret_has, uint64_t *ret_v)
+{
+        GmPbField f;
+        size_t at = 0;
+        int r;
+
+        *ret_has = false;
+        *ret_v = 0;
+        while ((r = gm_pb_next(p, len, &at, &f)) > 0) {
+                if (f.id != 1)
+                        continue;
+                if (f.wire != GM_PB_VARINT)
+                        return -EPROTO;
+                *ret_has = true;
+                *ret_v = f.v;
+        }
+        return r;
+}
