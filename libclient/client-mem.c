@@ -420,37 +420,40 @@ int gm_mem_get_info(gm_client *c, uint32_t gpu_id, size_t *ret_free, size_t *ret
         return 0;
 }
 
+static int pointer_view(gm_client *c, void *ctx, const uint8_t *p, size_t len)
+{
+        gm_pointer_attributes *a = ctx;
+        GmPointerInfoView v;
+
+        if (gm_pointer_info_view(p, len, &v) < 0)
+                return gm_set_reason(c, -EPROTO, "undecodable pointer information from gpumemd");
+        a->handle = v.handle;
+        a->kind = v.kind;
+        a->gpu_id = v.gpu_id;
+        a->base = (void *)(uintptr_t)(a->kind == GM_KIND_HOST ? v.alloc_base : gm_cuda_ptr(c, v.alloc_base));
+        a->size = v.size;
+        a->flags = v.flags;
+        a->cpu_accessible = v.cpu_accessible;
+        a->n_mapped_gpus = v.n_mapped_gpus < 64 ? (uint32_t)v.n_mapped_gpus : 64;
+        memcpy(a->mapped_gpus, v.mapped_gpus, a->n_mapped_gpus * sizeof(uint32_t));
+        return 0;
+}
+
 int gm_pointer_get_attributes(gm_client *c, const void *ptr, gm_pointer_attributes *ret)
 {
-        Gpumem__Request req = GPUMEM__REQUEST__INIT;
-        Gpumem__PointerInfoGet g = GPUMEM__POINTER_INFO_GET__INIT;
-        Gpumem__Reply *reply = NULL;
         gm_pointer_attributes a;
-        const Gpumem__PointerInfoReply *p;
+        uint8_t body[24];
+        size_t n;
         int r;
 
         if (!c || !ret || ret->struct_size == 0)
                 return BAD_ARGS(c);
-        g.has_va = true;
-        g.va = gm_cuda_va(c, ptr_u64(ptr));
-        req.op_case = GPUMEM__REQUEST__OP_POINTER_INFO;
-        req.pointer_info = &g;
-        r = call_result(c, &req, GPUMEM__REPLY__RESULT_POINTER_INFO, &reply, NULL, NULL);
+        n = gm_pb_put_uint_pad(body, 1, gm_cuda_va(c, ptr_u64(ptr)));
+        memset(&a, 0, sizeof(a));
+        r = gm_call_view(c, GPUMEM__REQUEST__OP_POINTER_INFO, body, n, GPUMEM__REPLY__RESULT_POINTER_INFO,
+                         pointer_view, &a);
         if (r < 0)
                 return r;
-        p = reply->pointer_info;
-        memset(&a, 0, sizeof(a));
-        a.handle = p->handle;
-        a.kind = p->kind;
-        a.gpu_id = p->gpu_id;
-        a.base = (void *)(uintptr_t)(a.kind == GM_KIND_HOST ? p->alloc_base : gm_cuda_ptr(c, p->alloc_base));
-        a.size = p->size;
-        a.flags = p->flags;
-        a.cpu_accessible = p->cpu_accessible;
-        a.n_mapped_gpus = p->n_mapped_gpus < 64 ? p->n_mapped_gpus : 64;
-        if (a.n_mapped_gpus) /* mapped_gpus is NULL when the memory is mapped on no GPU */
-                memcpy(a.mapped_gpus, p->mapped_gpus, a.n_mapped_gpus * sizeof(uint32_t));
-        gm_reply_free(c, reply);
         a.struct_size = ret->struct_size < sizeof(a) ? ret->struct_size : sizeof(a);
         memcpy(ret, &a, a.struct_size);
         return 0;
@@ -458,22 +461,10 @@ int gm_pointer_get_attributes(gm_client *c, const void *ptr, gm_pointer_attribut
 
 /* ---- managed memory ---------------------------------------------------------------------------------- */
 
-/*
- * @n attributes in wire form, on the caller's stack (no allocation): packed as type << 32 | value into
- * @packed for a daemon of protocol 3 or later, which decodes them as one field; as messages in @buf, each
- * pointed to from @ptrs, for an older one. The request's fields are set to what was used.
- */
-static void attrs_to_wire(const gm_client *c, const gm_svm_attr *attrs, size_t n, Gpumem__SvmAttr *buf,
-                          Gpumem__SvmAttr **ptrs, uint64_t *packed, Gpumem__SvmAttr ***ret_attrs,
-                          size_t *ret_n_attrs, uint64_t **ret_packed, size_t *ret_n_packed)
+/* @n attributes as messages in @buf, each pointed to from @ptrs, on the caller's stack, for a daemon older
+ * than protocol 3 (a newer one takes them packed: svm_call_body). */
+static void attrs_to_msgs(const gm_svm_attr *attrs, size_t n, Gpumem__SvmAttr *buf, Gpumem__SvmAttr **ptrs)
 {
-        if (c->protocol_version >= 3) {
-                for (size_t i = 0; i < n; i++)
-                        packed[i] = (uint64_t)attrs[i].type << 32 | attrs[i].value;
-                *ret_packed = packed;
-                *ret_n_packed = n;
-                return;
-        }
         for (size_t i = 0; i < n; i++) {
                 gpumem__svm_attr__init(&buf[i]);
                 buf[i].has_type = buf[i].has_value = true;
@@ -481,31 +472,83 @@ static void attrs_to_wire(const gm_client *c, const gm_svm_attr *attrs, size_t n
                 buf[i].value = attrs[i].value;
                 ptrs[i] = &buf[i];
         }
-        *ret_attrs = ptrs;
-        *ret_n_attrs = n;
 }
 
 #define GM_SVM_MAX_ATTRS 32
+/* Two varint fields, a packed one's head and its varints, and the last padded write's spill. */
+#define SVM_BODY_MAX (2 * 11 + 8 + 10 * GM_SVM_MAX_ATTRS + 8)
+
+/* An SVM call of protocol 3 or later packed by hand into @body (room for SVM_BODY_MAX): va, size and the
+ * attributes as one packed field (SvmSetAttr and SvmGetAttr share the form). Its size. */
+static size_t svm_call_body(uint8_t *body, const void *ptr, size_t size, const gm_svm_attr *attrs, size_t n)
+{
+        uint64_t packed[GM_SVM_MAX_ATTRS];
+        size_t len = 0;
+
+        for (size_t i = 0; i < n; i++)
+                packed[i] = (uint64_t)attrs[i].type << 32 | attrs[i].value;
+        len += gm_pb_put_uint_pad(body + len, 1, ptr_u64(ptr));
+        len += gm_pb_put_uint_pad(body + len, 2, size);
+        len += gm_pb_put_packed(body + len, 4, packed, n);
+        return len;
+}
+
+static int empty_view(gm_client *c, void *ctx, const uint8_t *p, size_t len)
+{
+        (void)ctx;
+        return gm_empty_view(p, len) < 0 ? gm_set_reason(c, -EPROTO, "undecodable reply from gpumemd") : 0;
+}
 
 int gm_svm_set_attributes(gm_client *c, const void *ptr, size_t size, const gm_svm_attr *attrs, size_t n)
 {
         Gpumem__Request req = GPUMEM__REQUEST__INIT;
         Gpumem__SvmSetAttr s = GPUMEM__SVM_SET_ATTR__INIT;
         Gpumem__SvmAttr buf[GM_SVM_MAX_ATTRS], *ptrs[GM_SVM_MAX_ATTRS];
-        uint64_t packed[GM_SVM_MAX_ATTRS];
 
         if (!c || (n && !attrs))
                 return BAD_ARGS(c);
         if (n > GM_SVM_MAX_ATTRS)
                 return gm_set_reason(c, -E2BIG, "more than %d attributes", GM_SVM_MAX_ATTRS);
+        if (c->protocol_version >= 3) {
+                uint8_t body[SVM_BODY_MAX];
+                size_t len = svm_call_body(body, ptr, size, attrs, n);
+                return gm_call_view(c, GPUMEM__REQUEST__OP_SVM_SET_ATTR, body, len,
+                                    GPUMEM__REPLY__RESULT_EMPTY, empty_view, NULL);
+        }
         s.has_va = s.has_size = true;
         s.va = ptr_u64(ptr);
         s.size = size;
-        attrs_to_wire(c, attrs, n, buf, ptrs, packed, &s.attrs, &s.n_attrs, &s.packed_attrs,
-                      &s.n_packed_attrs);
+        attrs_to_msgs(attrs, n, buf, ptrs);
+        s.attrs = ptrs;
+        s.n_attrs = n;
         req.op_case = GPUMEM__REQUEST__OP_SVM_SET_ATTR;
         req.svm_set_attr = &s;
         return call_simple(c, &req);
+}
+
+typedef struct SvmGetCtx {
+        gm_svm_attr *attrs;
+        size_t n;
+} SvmGetCtx;
+
+static int svm_get_view(gm_client *c, void *ctx, const uint8_t *p, size_t len)
+{
+        const SvmGetCtx *g = ctx;
+        uint64_t packed[GM_SVM_MAX_ATTRS];
+        size_t got = 0, n_msgs = 0;
+        int r = gm_svm_attrs_view(p, len, packed, GM_SVM_MAX_ATTRS, &got, &n_msgs);
+
+        if (r == -E2BIG)
+                return gm_set_reason(c, -EPROTO, "gpumemd answered more than %d attributes for %zu",
+                                     GM_SVM_MAX_ATTRS, g->n);
+        if (r < 0)
+                return gm_set_reason(c, -EPROTO, "undecodable SVM attributes from gpumemd");
+        if (got != g->n || n_msgs) /* a packed request has a packed answer */
+                return gm_set_reason(c, -EPROTO, "gpumemd answered %zu attributes for %zu", got + n_msgs,
+                                     g->n);
+        for (size_t i = 0; i < got; i++)
+                g->attrs[i] = (gm_svm_attr){(uint32_t)(packed[i] >> 32), (uint32_t)packed[i]};
+        return 0;
 }
 
 int gm_svm_get_attributes(gm_client *c, const void *ptr, size_t size, gm_svm_attr *attrs, size_t n)
@@ -513,7 +556,6 @@ int gm_svm_get_attributes(gm_client *c, const void *ptr, size_t size, gm_svm_att
         Gpumem__Request req = GPUMEM__REQUEST__INIT;
         Gpumem__SvmGetAttr g = GPUMEM__SVM_GET_ATTR__INIT;
         Gpumem__SvmAttr buf[GM_SVM_MAX_ATTRS], *ptrs[GM_SVM_MAX_ATTRS];
-        uint64_t packed[GM_SVM_MAX_ATTRS];
         const Gpumem__SvmGetAttrReply *gr;
         Gpumem__Reply *reply = NULL;
         size_t got;
@@ -523,11 +565,20 @@ int gm_svm_get_attributes(gm_client *c, const void *ptr, size_t size, gm_svm_att
                 return BAD_ARGS(c);
         if (n > GM_SVM_MAX_ATTRS)
                 return gm_set_reason(c, -E2BIG, "more than %d attributes", GM_SVM_MAX_ATTRS);
+        if (c->protocol_version >= 3) {
+                uint8_t body[SVM_BODY_MAX];
+                size_t len = svm_call_body(body, ptr, size, attrs, n);
+                SvmGetCtx ctx = {attrs, n};
+                return gm_call_view(c, GPUMEM__REQUEST__OP_SVM_GET_ATTR, body, len,
+                                    GPUMEM__REPLY__RESULT_SVM_GET_ATTR, svm_get_view, &ctx);
+        }
+        /* an older daemon: the attributes as messages, protobuf-c's way */
         g.has_va = g.has_size = true;
         g.va = ptr_u64(ptr);
         g.size = size;
-        attrs_to_wire(c, attrs, n, buf, ptrs, packed, &g.attrs, &g.n_attrs, &g.packed_attrs,
-                      &g.n_packed_attrs);
+        attrs_to_msgs(attrs, n, buf, ptrs);
+        g.attrs = ptrs;
+        g.n_attrs = n;
         req.op_case = GPUMEM__REQUEST__OP_SVM_GET_ATTR;
         req.svm_get_attr = &g;
         r = call_result(c, &req, GPUMEM__REPLY__RESULT_SVM_GET_ATTR, &reply, NULL, NULL);

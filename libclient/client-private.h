@@ -11,6 +11,7 @@
 #include "gpumem-client.h"
 #include "gpumem.pb-c.h"
 #include "hashmap.h"
+#include "view.h"
 #include "wire.h"
 
 #define GM_ERR_SLOTS 32
@@ -38,8 +39,7 @@ typedef struct GmCuda GmCuda;
 
 struct gm_client {
         int fd;
-        pthread_mutex_t send_lock; /* one sendmsg at a time */
-        pthread_mutex_t lock;      /* everything below */
+        pthread_mutex_t lock; /* everything below */
         pthread_cond_t cond;
         bool reading;     /* a thread is in recvmsg on behalf of all */
         unsigned waiters; /* threads in pthread_cond_wait on cond: a reader that ends wakes them */
@@ -101,6 +101,19 @@ void gm_shares_done(gm_client *c);
  * for the calling thread. */
 int gm_call(gm_client *c, Gpumem__Request *req, const int *fds, size_t n_fds, Gpumem__Reply **ret_reply,
             int *ret_fds, size_t *ret_n_fds);
+
+/*
+ * The small ops' round trip without protobuf-c's objects (view.h): @body is the op's message, packed by the
+ * caller, sent as the Request's member @op; the reply's status is read in place and, on success, @fn gets the
+ * payload of its result, which must be the Reply's member @want. No fds either way. @fn decodes into what
+ * @ctx points to and returns 0, or a negative errno after gm_set_reason(). Returns 0 or a negative errno
+ * with the reason recorded.
+ */
+typedef int (*GmViewFn)(gm_client *c, void *ctx, const uint8_t *p, size_t len);
+int gm_call_view(gm_client *c, uint32_t op, const uint8_t *body, size_t len, uint32_t want, GmViewFn fn,
+                 void *ctx);
+/* The most @body of gm_call_view() may hold. */
+#define GM_VIEW_BODY_MAX 1024
 
 /* Release a reply from gm_call(), wherever it was decoded; NULL-safe. Nothing may point into it after. */
 void gm_reply_free(gm_client *c, Gpumem__Reply *reply);

@@ -304,14 +304,41 @@ static void dispatch_other(gm_client *c, size_t len, int *fds, size_t n_fds, uin
         pthread_mutex_unlock(&c->lock);
 }
 
+/* Where a reply goes: decoded by protobuf-c into a Reply (fn NULL), or read in place by @fn (gm_call_view).
+ */
+typedef struct Sink {
+        GmViewFn fn;
+        void *ctx;
+        uint32_t want;
+} Sink;
+
+/* The reply in @body read in place for @sink (see gm_call_view); the reason is recorded on failure. */
+static int view_reply(gm_client *c, const Sink *sink, const uint8_t *body, size_t len)
+{
+        GmReplyView v;
+        int r = gm_reply_view(body, len, sink->want, &v);
+
+        if (r < 0 || !v.has_code)
+                return gm_set_reason(c, -EPROTO, "undecodable reply from gpumemd");
+        if (v.code < 0) {
+                gm_set_reason(c, v.code, "%.*s", (int)(v.reason_len < 256 ? v.reason_len : 256),
+                              v.reason ? v.reason : "");
+                return v.code;
+        }
+        if (!v.has_result)
+                return gm_set_reason(c, -EPROTO, "gpumemd replied with an unexpected result");
+        return sink->fn(c, sink->ctx, v.result, v.result_len);
+}
+
 /*
  * Decode the reply frame in @data (the receive buffer while we still read, or a Pending's copy) into arena
- * @arena (-1: malloc), with its header @f as the reader parsed it (NULL: parse it here), and hand its fds to
- * the caller if asked, else close them. The arena is the reply's, or given back on failure; on failure the
- * reason is recorded for this thread.
+ * @arena (-1: malloc), or read it in place for @sink's function, with its header @f as the reader parsed it
+ * (NULL: parse it here), and hand its fds to the caller if asked, else close them. The arena is the reply's,
+ * or given back on failure; on failure the reason is recorded for this thread.
  */
-static int take_reply(gm_client *c, int arena, const uint8_t *data, size_t len, const RxFrame *f, int *fds,
-                      size_t n_fds, Gpumem__Reply **ret_reply, int *ret_fds, size_t *ret_n_fds)
+static int take_reply(gm_client *c, const Sink *sink, int arena, const uint8_t *data, size_t len,
+                      const RxFrame *f, int *fds, size_t n_fds, Gpumem__Reply **ret_reply, int *ret_fds,
+                      size_t *ret_n_fds)
 {
         Gpumem__Reply *reply = NULL;
         RxFrame parsed;
@@ -326,6 +353,11 @@ static int take_reply(gm_client *c, int arena, const uint8_t *data, size_t len, 
                         arena_give_back(c, (unsigned)arena);
                 r = gm_set_reason(c, -EPROTO, "malformed reply frame from gpumemd");
                 goto fail;
+        }
+        if (sink) {
+                /* a view op takes no fds: any that came are closed */
+                gm_wire_close_fds(fds, n_fds);
+                return view_reply(c, sink, data + GM_FRAME_HDR_SIZE, f->hdr.body_len);
         }
         reply = reply_unpack(c, arena, data + GM_FRAME_HDR_SIZE, f->hdr.body_len);
         if (!reply || !reply->status || !reply->status->has_code) {
@@ -357,9 +389,11 @@ fail:
  * The reader that receives its own reply decodes it from the receive buffer before it lets another
  * thread read, so the common case copies nothing.
  */
-static int wait_reply(gm_client *c, uint32_t id, Gpumem__Reply **ret_reply, int *ret_fds, size_t *ret_n_fds)
+static int wait_reply(gm_client *c, uint32_t id, const Sink *sink, Gpumem__Reply **ret_reply, int *ret_fds,
+                      size_t *ret_n_fds)
 {
-        /* the arena the reply will be decoded into, taken while the lock is held anyway */
+        /* the arena the reply will be decoded into, taken while the lock is held anyway (a view needs none)
+         */
         int arena = -1;
 
         pthread_mutex_lock(&c->lock);
@@ -371,15 +405,15 @@ static int wait_reply(gm_client *c, uint32_t id, Gpumem__Reply **ret_reply, int 
                 ssize_t n;
                 int r = 0;
 
-                if (arena < 0)
+                if (arena < 0 && !sink)
                         arena = arena_take_locked(c);
                 for (Pending **pp = &c->pending; *pp; pp = &(*pp)->next) {
                         if ((*pp)->id == id) {
                                 Pending *p = *pp;
                                 *pp = p->next;
                                 pthread_mutex_unlock(&c->lock);
-                                r = take_reply(c, arena, p->data, p->len, NULL, p->fds, p->n_fds, ret_reply,
-                                               ret_fds, ret_n_fds);
+                                r = take_reply(c, sink, arena, p->data, p->len, NULL, p->fds, p->n_fds,
+                                               ret_reply, ret_fds, ret_n_fds);
                                 free(p); /* its fds were handed over or closed */
                                 return r;
                         }
@@ -403,8 +437,8 @@ static int wait_reply(gm_client *c, uint32_t id, Gpumem__Reply **ret_reply, int 
                 pthread_mutex_unlock(&c->lock);
                 n = read_one(c, 0, fds, &n_fds, &f);
                 if (n > 0 && f.hdr.request_id == id) {
-                        r = take_reply(c, arena, c->rxbuf, (size_t)n, &f, fds, n_fds, ret_reply, ret_fds,
-                                       ret_n_fds);
+                        r = take_reply(c, sink, arena, c->rxbuf, (size_t)n, &f, fds, n_fds, ret_reply,
+                                       ret_fds, ret_n_fds);
                         mine = true;
                 } else if (n > 0) {
                         dispatch_other(c, (size_t)n, fds, n_fds, f.hdr.request_id);
@@ -446,28 +480,15 @@ int gm_call_empty(gm_client *c, Gpumem__Request *req)
         return r;
 }
 
-int gm_call(gm_client *c, Gpumem__Request *req, const int *fds, size_t n_fds, Gpumem__Reply **ret_reply,
-            int *ret_fds, size_t *ret_n_fds)
+/*
+ * Send the request framed in @buf (its body, @len bytes, after the header's room) with @fds, under a new id,
+ * then wait for its reply as @sink says.
+ */
+static int send_and_wait(gm_client *c, uint8_t *buf, size_t len, const int *fds, size_t n_fds,
+                         const Sink *sink, Gpumem__Reply **ret_reply, int *ret_fds, size_t *ret_n_fds)
 {
-        uint8_t stack_buf[SEND_STACK_MAX];
-        uint8_t *buf = stack_buf;
-        size_t len;
         uint32_t id;
         int r;
-
-        if (n_fds > GM_FRAME_MAX_FDS)
-                return gm_set_reason(c, -E2BIG, "more than %u fds in one request", GM_FRAME_MAX_FDS);
-        /* packed on the stack when it fits (nearly every request), else in a buffer of its size */
-        if (gm_request_pack_into(req, buf + GM_FRAME_HDR_SIZE, sizeof(stack_buf) - GM_FRAME_HDR_SIZE, &len) <
-            0) {
-                len = gpumem__request__get_packed_size(req);
-                if (len > GM_FRAME_BODY_MAX)
-                        return gm_set_reason(c, -EMSGSIZE, "request larger than the maximum frame size");
-                buf = malloc(GM_FRAME_HDR_SIZE + len);
-                if (!buf)
-                        return gm_set_reason(c, -ENOMEM, "out of memory");
-                (void)gm_request_pack_into(req, buf + GM_FRAME_HDR_SIZE, len, &len);
-        }
 
         if (__atomic_load_n(&c->broken, __ATOMIC_ACQUIRE)) {
                 pthread_mutex_lock(&c->lock);
@@ -475,8 +496,6 @@ int gm_call(gm_client *c, Gpumem__Request *req, const int *fds, size_t n_fds, Gp
                 ErrSlot *s = err_slot(c);
                 snprintf(s->reason, sizeof(s->reason), "%s", c->broken_reason);
                 pthread_mutex_unlock(&c->lock);
-                if (buf != stack_buf)
-                        free(buf);
                 return r;
         }
         id = __atomic_add_fetch(&c->next_id, 1, __ATOMIC_RELAXED);
@@ -488,11 +507,8 @@ int gm_call(gm_client *c, Gpumem__Request *req, const int *fds, size_t n_fds, Gp
         (void)gm_frame_hdr_encode(
                 buf, c->protocol_version ? (uint16_t)c->protocol_version : GM_PROTOCOL_VERSION_MIN, id,
                 (uint32_t)len, (unsigned)n_fds);
-        pthread_mutex_lock(&c->send_lock);
+        /* no lock: a SOCK_SEQPACKET send is one record whole, whichever threads send at once */
         r = gm_wire_send(c->fd, buf, GM_FRAME_HDR_SIZE + len, NULL, 0, fds, n_fds, 0);
-        pthread_mutex_unlock(&c->send_lock);
-        if (buf != stack_buf)
-                free(buf);
         if (r < 0) {
                 /* The daemon may have said why it hung up (a frame with id 0 still queued): prefer that. */
                 pthread_mutex_lock(&c->lock);
@@ -513,7 +529,49 @@ int gm_call(gm_client *c, Gpumem__Request *req, const int *fds, size_t n_fds, Gp
                 mark_broken_locked(c, r == -EPIPE ? -ECONNRESET : r, "cannot send to gpumemd");
                 pthread_mutex_unlock(&c->lock);
         }
-        return wait_reply(c, id, ret_reply, ret_fds, ret_n_fds);
+        return wait_reply(c, id, sink, ret_reply, ret_fds, ret_n_fds);
+}
+
+int gm_call(gm_client *c, Gpumem__Request *req, const int *fds, size_t n_fds, Gpumem__Reply **ret_reply,
+            int *ret_fds, size_t *ret_n_fds)
+{
+        uint8_t stack_buf[SEND_STACK_MAX];
+        uint8_t *buf = stack_buf;
+        size_t len;
+        int r;
+
+        if (n_fds > GM_FRAME_MAX_FDS)
+                return gm_set_reason(c, -E2BIG, "more than %u fds in one request", GM_FRAME_MAX_FDS);
+        /* packed on the stack when it fits (nearly every request), else in a buffer of its size */
+        if (gm_request_pack_into(req, buf + GM_FRAME_HDR_SIZE, sizeof(stack_buf) - GM_FRAME_HDR_SIZE, &len) <
+            0) {
+                len = gpumem__request__get_packed_size(req);
+                if (len > GM_FRAME_BODY_MAX)
+                        return gm_set_reason(c, -EMSGSIZE, "request larger than the maximum frame size");
+                buf = malloc(GM_FRAME_HDR_SIZE + len);
+                if (!buf)
+                        return gm_set_reason(c, -ENOMEM, "out of memory");
+                (void)gm_request_pack_into(req, buf + GM_FRAME_HDR_SIZE, len, &len);
+        }
+        r = send_and_wait(c, buf, len, fds, n_fds, NULL, ret_reply, ret_fds, ret_n_fds);
+        if (buf != stack_buf)
+                free(buf);
+        return r;
+}
+
+int gm_call_view(gm_client *c, uint32_t op, const uint8_t *body, size_t len, uint32_t want, GmViewFn fn,
+                 void *ctx)
+{
+        uint8_t buf[GM_FRAME_HDR_SIZE + 16 + GM_VIEW_BODY_MAX];
+        Sink sink = {fn, ctx, want};
+        size_t n;
+
+        if (len > GM_VIEW_BODY_MAX)
+                return gm_set_reason(c, -EMSGSIZE, "request larger than %d bytes", GM_VIEW_BODY_MAX);
+        /* the Request: its one op field, as protobuf-c packs it */
+        n = gm_pb_put_len(buf + GM_FRAME_HDR_SIZE, op, len);
+        memcpy(buf + GM_FRAME_HDR_SIZE + n, body, len);
+        return send_and_wait(c, buf, n + len, NULL, 0, &sink, NULL, NULL, NULL);
 }
 
 static int reserve_window(uint64_t base, uint64_t size)
@@ -622,7 +680,6 @@ static gm_client *client_new(void)
                 return NULL;
         }
         pthread_mutex_init(&c->lock, NULL);
-        pthread_mutex_init(&c->send_lock, NULL);
         pthread_mutex_init(&c->mem_lock, NULL);
         pthread_cond_init(&c->mem_cond, NULL);
         pthread_cond_init(&c->cond, NULL);
@@ -712,7 +769,6 @@ void gm_client_close(gm_client *c)
         pthread_cond_destroy(&c->mem_cond);
         pthread_mutex_destroy(&c->mem_lock);
         pthread_cond_destroy(&c->cond);
-        pthread_mutex_destroy(&c->send_lock);
         pthread_mutex_destroy(&c->lock);
         free(c->server_version);
         free(c->backend);
@@ -758,25 +814,27 @@ uint32_t gm_client_protocol_version(const gm_client *c)
         return c->protocol_version;
 }
 
+static int ping_view(gm_client *c, void *ctx, const uint8_t *p, size_t len)
+{
+        bool has;
+        uint64_t cookie;
+
+        if (gm_u64_view(p, len, &has, &cookie) < 0 || !has || cookie != *(const uint64_t *)ctx)
+                return gm_set_reason(c, -EPROTO, "ping answered with the wrong cookie");
+        return 0;
+}
+
 int gm_ping(gm_client *c)
 {
-        Gpumem__Request req = GPUMEM__REQUEST__INIT;
-        Gpumem__Ping ping = GPUMEM__PING__INIT;
-        Gpumem__Reply *reply = NULL;
-        int r;
+        uint64_t cookie = 0x676d;
+        uint8_t body[24];
+        size_t n;
 
-        ping.has_cookie = true;
-        ping.cookie = 0x676d;
-        req.op_case = GPUMEM__REQUEST__OP_PING;
-        req.ping = &ping;
-        r = gm_call(c, &req, NULL, 0, &reply, NULL, NULL);
-        if (r < 0)
-                return r;
-        r = (reply->result_case == GPUMEM__REPLY__RESULT_PING && reply->ping->cookie == ping.cookie)
-                    ? 0
-                    : gm_set_reason(c, -EPROTO, "ping answered with the wrong cookie");
-        gm_reply_free(c, reply);
-        return r;
+        if (!c)
+                return BAD_ARGS(c);
+        n = gm_pb_put_uint_pad(body, 1, cookie);
+        return gm_call_view(c, GPUMEM__REQUEST__OP_PING, body, n, GPUMEM__REPLY__RESULT_PING, ping_view,
+                            &cookie);
 }
 
 void gm_free(void *p)
