@@ -831,9 +831,27 @@ static unsigned loops_wanted(const Options *o)
         return n < 1 ? 1 : n > MANAGER_MAX_LOOPS ? MANAGER_MAX_LOOPS : n;
 }
 
+/*
+ * A threaded loop's base. It keeps no time cache: libevent would read the clock after every wait to fill
+ * it, and such a loop has timers only while a connection says hello or waits to send, when each reads the
+ * clock itself; its requests read their own.
+ */
+static struct event_base *shard_base_new(void)
+{
+        struct event_config *cfg = event_config_new();
+        struct event_base *base;
+
+        if (!cfg)
+                return NULL;
+        (void)event_config_set_flag(cfg, EVENT_BASE_FLAG_NO_CACHE_TIME);
+        base = event_base_new_with_config(cfg);
+        event_config_free(cfg);
+        return base;
+}
+
 static int shard_init(Manager *m, Shard *sh, unsigned index)
 {
-        struct event_base *base = index == 0 ? m->base : event_base_new();
+        struct event_base *base = index == 0 ? m->base : shard_base_new();
         int r;
 
         sh->m = m;

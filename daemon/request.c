@@ -2,6 +2,7 @@
 #include "request.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -113,10 +114,48 @@ static const OpDesc op_table[] = {
         ROW(ADMIN_SHARES, op_admin_shares, ADMIN_SHARES, 3, ADMIN, 0, 0),
 };
 
+/*
+ * Each row's Request and Reply fields, found once: every request names its op and every reply its result,
+ * and a search of the descriptors for them is a good part of a small op's way through the daemon. Filled
+ * once for the process (pthread_once), read-only after.
+ */
+static struct {
+        const ProtobufCFieldDescriptor *request, *reply;
+} op_fields[ARRAY_SIZE(op_table)];
+static pthread_once_t op_fields_once = PTHREAD_ONCE_INIT;
+
+static void op_fields_find(void)
+{
+        for (uint32_t i = 0; i < ARRAY_SIZE(op_table); i++) {
+                op_fields[i].request = gm_proto_field(&gpumem__request__descriptor, i);
+                if (op_table[i].fn)
+                        op_fields[i].reply =
+                                gm_proto_field(&gpumem__reply__descriptor, (uint32_t)op_table[i].reply);
+        }
+}
+
+/* Op @field's Request field, or NULL (no op of the table). */
+static const ProtobufCFieldDescriptor *op_field(uint32_t field)
+{
+        (void)pthread_once(&op_fields_once, op_fields_find);
+        return field < ARRAY_SIZE(op_table) ? op_fields[field].request
+                                            : gm_proto_field(&gpumem__request__descriptor, field);
+}
+
+/* The Reply field of @r's result: its row's, found once. */
+static const ProtobufCFieldDescriptor *reply_field(const ReqCtx *r)
+{
+        (void)pthread_once(&op_fields_once, op_fields_find);
+        if (r->field < ARRAY_SIZE(op_table) && op_table[r->field].fn &&
+            op_table[r->field].reply == r->reply_case)
+                return op_fields[r->field].reply;
+        return gm_proto_field(&gpumem__reply__descriptor, (uint32_t)r->reply_case);
+}
+
 /* The op's name: its Request field's, so there is no second list of names to keep. */
 static const char *op_name(uint32_t field)
 {
-        const ProtobufCFieldDescriptor *f = gm_proto_field(&gpumem__request__descriptor, field);
+        const ProtobufCFieldDescriptor *f = op_field(field);
         return f ? f->name : "unknown";
 }
 
@@ -216,8 +255,7 @@ static void send_error(ReqCtx *r, int code, const char *reason)
 int reply_result(ReqCtx *r, void *result)
 {
         Gpumem__Reply reply = GPUMEM__REPLY__INIT;
-        const ProtobufCFieldDescriptor *f =
-                gm_proto_field(&gpumem__reply__descriptor, (uint32_t)r->reply_case);
+        const ProtobufCFieldDescriptor *f = reply_field(r);
         const ProtobufCMessage *msg = result;
 
         /* the row names the result; a handler that filled another is a bug, answered as one */
