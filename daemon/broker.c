@@ -1970,7 +1970,7 @@ static VmmMap *map_at(const Obj *res, uint64_t va)
 
 int broker_pointer_info(BrokerClient *c, uint64_t va, BrokerPtrInfo *ret, Reason *w)
 {
-        BrokerPtrInfo info = {0};
+        VmmMap *m = NULL;
         Obj *o;
 
         if (!in_window(c, va, 1) && (o = share_at(c, va)) != NULL)
@@ -1981,31 +1981,30 @@ int broker_pointer_info(BrokerClient *c, uint64_t va, BrokerPtrInfo *ret, Reason
         o = obj_at(c, va);
         if (!o)
                 return reason_set(w, -ENOENT, "nothing is allocated at 0x%llx", (unsigned long long)va);
-        if (o->kind == BROKER_KIND_RESERVATION) {
-                VmmMap *m = map_at(o, va);
-                if (!m)
-                        return reason_set(w, -ENOENT, "0x%llx is reserved but not mapped",
-                                          (unsigned long long)va);
-                info.handle = m->phys->client_refs ? m->phys->handle : 0;
-                info.kind = m->phys->kind;
-                info.gpu_id = m->phys->gpu_id;
-                info.base = m->va;
-                info.size = m->size;
-                info.flags = m->phys->flags;
-                info.cpu_accessible = m->cpu_access != BROKER_ACCESS_NONE;
+        if (o->kind == BROKER_KIND_RESERVATION && !(m = map_at(o, va)))
+                return reason_set(w, -ENOENT, "0x%llx is reserved but not mapped", (unsigned long long)va);
+        /* written in place, the mapped GPUs up to their count: the array is most of the struct */
+        ret->n_mapped = 0;
+        if (m) {
+                ret->handle = m->phys->client_refs ? m->phys->handle : 0;
+                ret->kind = m->phys->kind;
+                ret->gpu_id = m->phys->gpu_id;
+                ret->base = m->va;
+                ret->size = m->size;
+                ret->flags = m->phys->flags;
+                ret->cpu_accessible = m->cpu_access != BROKER_ACCESS_NONE;
                 for (size_t i = 0; i < m->n_gem; i++)
-                        info.mapped[info.n_mapped++] = m->gem[i].gpu_id;
+                        ret->mapped[ret->n_mapped++] = m->gem[i].gpu_id;
         } else {
-                info.handle = o->handle;
-                info.kind = o->kind;
-                info.gpu_id = o->gpu_id;
-                info.base = o->va;
-                info.size = o->size;
-                info.flags = o->flags;
-                info.cpu_accessible = o->memfd >= 0 || (o->flags & BROKER_FLAG_HOST_VISIBLE);
-                mapped_gpus_into(c->b, o, info.mapped, &info.n_mapped);
+                ret->handle = o->handle;
+                ret->kind = o->kind;
+                ret->gpu_id = o->gpu_id;
+                ret->base = o->va;
+                ret->size = o->size;
+                ret->flags = o->flags;
+                ret->cpu_accessible = o->memfd >= 0 || (o->flags & BROKER_FLAG_HOST_VISIBLE);
+                mapped_gpus_into(c->b, o, ret->mapped, &ret->n_mapped);
         }
-        *ret = info;
         return 0;
 }
 

@@ -168,16 +168,10 @@ static inline __attribute__((always_inline)) int gm_pb_next(const uint8_t *p, si
         return 1;
 }
 
-/* The size of @v as a varint. */
+/* The size of @v as a varint: a byte per 7 bits of it, one at least. */
 static inline size_t gm_pb_varint_size(uint64_t v)
 {
-        size_t n = 1;
-
-        while (v >= 0x80) {
-                v >>= 7;
-                n++;
-        }
-        return n;
+        return (63 - (unsigned)__builtin_clzll(v | 1)) / 7 + 1;
 }
 
 /* Writing: a varint (at most ten bytes at @out), a varint field (at most eleven, for numbers below 16),
@@ -215,7 +209,7 @@ static inline size_t gm_pb_put_varint_pad(uint8_t *out, uint64_t v)
         }
         if (v >> 56)
                 return gm_pb_put_varint(out, v);
-        n = (63 - (unsigned)__builtin_clzll(v)) / 7 + 1;
+        n = (unsigned)gm_pb_varint_size(v);
         x = (x & 0x000000000fffffffull) | ((x & 0x00fffffff0000000ull) << 4);
         x = (x & 0x00003fff00003fffull) | ((x & 0x0fffc0000fffc000ull) << 2);
         x = (x & 0x007f007f007f007full) | ((x & 0x3f803f803f803f80ull) << 1);
