@@ -215,6 +215,8 @@ typedef struct ModelCtx {
         SvmRange *svm;
         size_t n_svm;
         size_t cap_svm;
+        SvmRange *svm_spare; /* where svm_set() builds the next list: the last one's, kept for reuse */
+        size_t cap_svm_spare;
         ModelEvent *events;
         size_t n_events;
         size_t cap_events;

@@ -334,14 +334,23 @@ static int svm_set(ThunkModel *m, ModelCtx *c, uint64_t s, uint64_t l, uint32_t 
         uint64_t charge_pages = 0;
         uint64_t p = s;
 
-        /* Build the new range list off to the side so that a failure changes nothing. */
+        /* Build the new range list off to the side so that a failure changes nothing: in the spare list,
+         * the one the last call replaced (no allocation once it is large enough; every entry used is
+         * written whole). */
         for (size_t i = 0; i < c->n_svm; i++)
                 if (c->svm[i].start <= l && c->svm[i].last >= s)
                         gaps++;
         cap = c->n_svm + 2 * gaps + 4;
-        nv = calloc(cap, sizeof(*nv));
-        if (!nv)
-                return -ENOMEM;
+        if (c->cap_svm_spare < cap) {
+                nv = malloc(cap * sizeof(*nv));
+                if (!nv)
+                        return -ENOMEM;
+                free(c->svm_spare);
+                c->svm_spare = nv;
+                c->cap_svm_spare = cap;
+        }
+        nv = c->svm_spare;
+        cap = c->cap_svm_spare;
         for (size_t i = 0; i < c->n_svm; i++) {
                 SvmRange r = c->svm[i];
 
@@ -390,11 +399,10 @@ static int svm_set(ThunkModel *m, ModelCtx *c, uint64_t s, uint64_t l, uint32_t 
         if (p <= l && p >= s)
                 nv[n++] = svm_fresh(m, c, p, l, nattr, a, &charge_pages);
         if (charge_pages &&
-            model_charge(m, 0, KFD_IOC_ALLOC_MEM_FLAGS_USERPTR, charge_pages * MODEL_PAGE) < 0) {
-                free(nv);
-                return -ENOMEM;
-        }
-        free(c->svm);
+            model_charge(m, 0, KFD_IOC_ALLOC_MEM_FLAGS_USERPTR, charge_pages * MODEL_PAGE) < 0)
+                return -ENOMEM; /* the spare holds what was built; the ranges are as they were */
+        c->svm_spare = c->svm;
+        c->cap_svm_spare = c->cap_svm;
         c->svm = nv;
         c->n_svm = n;
         c->cap_svm = cap;

@@ -72,6 +72,7 @@ static void ctx_destroy(ThunkModel *m, ModelCtx *c)
                 }
         model_svm_release(m, c);
         free(c->svm);
+        free(c->svm_spare);
         for (ModelCtx **p = &m->ctxs; *p; p = &(*p)->next)
                 if (*p == c) {
                         *p = c->next;
