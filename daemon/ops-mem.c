@@ -8,6 +8,7 @@
 #include "classes.h"
 #include "core.h"
 #include "request.h"
+#include "view.h"
 #include "worker.h"
 
 int conn_books_new(Conn *c)
@@ -227,7 +228,7 @@ int op_unmap(ReqCtx *r, const Gpumem__Request *req)
 
 int op_pointer_info(ReqCtx *r, const Gpumem__Request *req)
 {
-        Gpumem__PointerInfoReply pr = GPUMEM__POINTER_INFO_REPLY__INIT;
+        uint8_t buf[GM_REPLY_HEAD_MAX + GM_POINTER_INFO_MAX(BROKER_MAX_GPUS)];
         BrokerPtrInfo info;
         Reason w = {""};
         int err;
@@ -236,18 +237,16 @@ int op_pointer_info(ReqCtx *r, const Gpumem__Request *req)
         err = broker_pointer_info(bc, req->pointer_info->va, &info, &w);
         if (err < 0)
                 return fail_why(r, err, &w);
-        pr.has_handle = pr.has_kind = pr.has_gpu_id = pr.has_alloc_base = pr.has_size = true;
-        pr.handle = info.handle;
-        pr.kind = (Gpumem__MemKind)info.kind;
-        pr.gpu_id = info.gpu_id;
-        pr.alloc_base = info.base;
-        pr.size = info.size;
-        pr.n_mapped_gpus = info.n_mapped;
-        pr.mapped_gpus = info.mapped;
-        pr.has_flags = pr.has_cpu_accessible = true;
-        pr.flags = info.flags;
-        pr.cpu_accessible = info.cpu_accessible;
-        return reply_result(r, &pr);
+        GmPointerInfoOut o = {.handle = info.handle,
+                              .kind = (int32_t)info.kind,
+                              .gpu_id = info.gpu_id,
+                              .alloc_base = info.base,
+                              .size = info.size,
+                              .n_mapped_gpus = info.n_mapped,
+                              .mapped_gpus = info.mapped,
+                              .flags = info.flags,
+                              .cpu_accessible = info.cpu_accessible};
+        return reply_result_packed(r, buf, gm_pack_pointer_info(buf + GM_REPLY_HEAD_MAX, &o));
 }
 
 int op_mem_info(ReqCtx *r, const Gpumem__Request *req)
@@ -572,7 +571,10 @@ int op_svm_set_attr(ReqCtx *r, const Gpumem__Request *req)
         if (err < 0)
                 return err;
         err = broker_svm_set(bc, a->va, a->size, attrs, n, &w);
-        return err < 0 ? fail_why(r, err, &w) : reply_empty(r);
+        if (err < 0)
+                return fail_why(r, err, &w);
+        uint8_t buf[GM_REPLY_HEAD_MAX]; /* an Empty */
+        return reply_result_packed(r, buf, 0);
 }
 
 int op_svm_get_attr(ReqCtx *r, const Gpumem__Request *req)
@@ -595,11 +597,10 @@ int op_svm_get_attr(ReqCtx *r, const Gpumem__Request *req)
                 return fail_why(r, err, &w);
         /* answered the way it was asked */
         if (a->n_packed_attrs) {
+                uint8_t buf[GM_REPLY_HEAD_MAX + 8 + 10 * BROKER_SVM_MAX_ATTRS + 8];
                 for (size_t i = 0; i < n; i++)
                         packed[i] = (uint64_t)attrs[i].type << 32 | attrs[i].value;
-                gr.n_packed_attrs = n;
-                gr.packed_attrs = packed;
-                return reply_result(r, &gr);
+                return reply_result_packed(r, buf, gm_pb_put_packed(buf + GM_REPLY_HEAD_MAX, 2, packed, n));
         }
         for (size_t i = 0; i < a->n_attrs; i++) {
                 gpumem__svm_attr__init(&out[i]);

@@ -9,6 +9,7 @@
 #include "log.h"
 #include "core.h"
 #include "request.h"
+#include "view.h"
 #include "window.h"
 
 #define CLIENT_NAME_MAX 64
@@ -97,11 +98,9 @@ int op_hello(ReqCtx *r, const Gpumem__Request *req)
 
 int op_ping(ReqCtx *r, const Gpumem__Request *req)
 {
-        Gpumem__PingReply pr = GPUMEM__PING_REPLY__INIT;
+        uint8_t buf[GM_REPLY_HEAD_MAX + 11 + 8]; /* a PingReply with its cookie (absent: 0) */
 
-        pr.has_cookie = true;
-        pr.cookie = req->ping->cookie;
-        return reply_result(r, &pr);
+        return reply_result_packed(r, buf, gm_pb_put_uint_pad(buf + GM_REPLY_HEAD_MAX, 1, req->ping->cookie));
 }
 
 int op_window_retry(ReqCtx *r, const Gpumem__Request *req)

@@ -12,6 +12,7 @@
 #include "classes.h"
 #include "envelope.h"
 #include "metrics.h"
+#include "view.h"
 #include "log.h"
 #include "core.h"
 #include "window.h"
@@ -304,6 +305,16 @@ int reply_ok_packed(ReqCtx *r, const uint8_t *body, size_t len)
         if (conn_send_packed(r->c, r->id, body, len) == -EMSGSIZE)
                 (void)conn_send_error(r->c, r->id, -EMSGSIZE, "reply larger than the maximum frame size");
         return 0;
+}
+
+int reply_result_packed(ReqCtx *r, uint8_t *buf, size_t len)
+{
+        uint8_t head[GM_REPLY_HEAD_MAX];
+        size_t n = gm_reply_ok_head(head, (uint32_t)r->reply_case, len);
+        uint8_t *at = buf + (GM_REPLY_HEAD_MAX - n); /* the head right before the result */
+
+        memcpy(at, head, n);
+        return reply_ok_packed(r, at, n + len);
 }
 
 void request_violation(Conn *c, uint32_t request_id, int code, const char *reason)

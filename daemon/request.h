@@ -64,8 +64,14 @@ int reply_result(ReqCtx *r, void *result);
 int reply_empty(ReqCtx *r);
 /* Send a reply the handler built whole (the envelope included). */
 int reply_ok(ReqCtx *r, Gpumem__Reply *reply);
-/* Send a successful reply packed earlier (a Reply with its status, no fds). */
+/* Send a successful reply packed earlier (a Reply with its status, no fds; not for a deferred request). */
 int reply_ok_packed(ReqCtx *r, const uint8_t *body, size_t len);
+/*
+ * The same for a result the handler packed itself (view.h's writers: the small ops, where building and
+ * walking protobuf-c's messages costs more than the rest of the reply): @len bytes at @buf +
+ * GM_REPLY_HEAD_MAX, of the type the op's table row names; the Reply's head goes in the room before them.
+ */
+int reply_result_packed(ReqCtx *r, uint8_t *buf, size_t len);
 /* Record why the request failed; returns @code (negative errno) for "return reply_fail(...)". */
 int reply_fail(ReqCtx *r, int code, const char *fmt, ...) _printf_(3, 4);
 /* Attach an owned fd to the reply; returns its index, or a negative errno (and closes @fd). */

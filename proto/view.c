@@ -17,6 +17,35 @@ size_t gm_pb_put_packed(uint8_t *out, uint32_t id, const uint64_t *arr, size_t c
         return n;
 }
 
+size_t gm_reply_ok_head(uint8_t *out, uint32_t result, size_t len)
+{
+        size_t n = 0;
+
+        /* status {code: 0}: field 1 of two bytes, its code 0 (a sint32 zero) */
+        out[n++] = 1 << 3 | GM_PB_LEN;
+        out[n++] = 2;
+        out[n++] = 1 << 3 | GM_PB_VARINT;
+        out[n++] = 0;
+        return n + gm_pb_put_len(out + n, result, len);
+}
+
+size_t gm_pack_pointer_info(uint8_t *out, const GmPointerInfoOut *m)
+{
+        size_t n = 0;
+
+        n += gm_pb_put_uint_pad(out + n, 1, m->handle);
+        n += gm_pb_put_uint_pad(out + n, 2, (uint64_t)(int64_t)m->kind); /* an enum: int32, sign-extended */
+        n += gm_pb_put_uint_pad(out + n, 3, m->gpu_id);
+        n += gm_pb_put_uint_pad(out + n, 4, m->alloc_base);
+        n += gm_pb_put_uint_pad(out + n, 5, m->size);
+        for (size_t i = 0; i < m->n_mapped_gpus; i++) /* not packed: a tag each */
+                n += gm_pb_put_uint_pad(out + n, 6, m->mapped_gpus[i]);
+        n += gm_pb_put_uint_pad(out + n, 7, m->flags);
+        out[n++] = 8 << 3 | GM_PB_VARINT;
+        out[n++] = m->cpu_accessible ? 1 : 0;
+        return n;
+}
+
 /*
  * A bool as protobuf-c reads it: true when any payload bit of what follows its tag is set, whatever the
  * wire type (a varint's dropped bits beyond 64 included; a length-delimited one's length counts too).

@@ -243,6 +243,27 @@ static inline size_t gm_pb_put_len(uint8_t *out, uint32_t id, size_t len)
 size_t gm_pb_put_packed(uint8_t *out, uint32_t id, const uint64_t *arr, size_t count);
 
 /*
+ * The small replies written by hand, byte for byte as protobuf-c packs them, for the daemon's answers to the
+ * ops its clients call most: a successful Reply's head (status code 0, the result's tag and length; at most
+ * GM_REPLY_HEAD_MAX bytes) before a result packed in place. Each returns what it wrote.
+ */
+#define GM_REPLY_HEAD_MAX 16
+size_t gm_reply_ok_head(uint8_t *out, uint32_t result, size_t len);
+
+/* A PointerInfoReply with every field set (as the daemon answers), into @out: room for
+ * GM_POINTER_INFO_MAX(@n_mapped_gpus). */
+typedef struct GmPointerInfoOut {
+        uint64_t handle, alloc_base, size;
+        int32_t kind;
+        uint32_t gpu_id, flags;
+        bool cpu_accessible;
+        size_t n_mapped_gpus;
+        const uint32_t *mapped_gpus;
+} GmPointerInfoOut;
+#define GM_POINTER_INFO_MAX(n) (7 * 11 + 2 + 6 * (n) + 8)
+size_t gm_pack_pointer_info(uint8_t *out, const GmPointerInfoOut *m);
+
+/*
  * A Reply body read in place: its status, and its result when that is the member numbered @want of the
  * Reply's oneof. @other is the number of another member that came instead (0: none), for the caller to
  * refuse. 0, -EPROTO (not a Reply protobuf-c reads), or -ENOTSUP (a status twice, or more than one result,

@@ -683,6 +683,84 @@ static void test_hand_packed_request(void)
         }
 }
 
+/* @r packed by protobuf-c is the head and @msg (@len bytes) the daemon writes by hand for its result. */
+static void same_hand_reply(const Gpumem__Reply *r, const uint8_t *msg, size_t len)
+{
+        uint8_t a[1024], b[1024];
+        size_t n = gm_reply_ok_head(a, (uint32_t)r->result_case, len);
+
+        CHECK(n <= GM_REPLY_HEAD_MAX);
+        memcpy(a + n, msg, len);
+        n += len;
+        CHECK_EQ(gpumem__reply__get_packed_size(r), n);
+        CHECK_EQ(gpumem__reply__pack(r, b), n);
+        CHECK(memcmp(a, b, n) == 0);
+}
+
+/* The daemon's hand-packed answers (ping, pointer query, SVM attributes, Empty) are protobuf-c's bytes for
+ * the Reply it built before, a status of code 0 and every field of the result set. */
+static void test_hand_packed_replies(void)
+{
+        for (int it = 0; it < 5000; it++) {
+                Gpumem__Reply r = GPUMEM__REPLY__INIT;
+                Gpumem__Status st = GPUMEM__STATUS__INIT;
+                Gpumem__PointerInfoReply pr = GPUMEM__POINTER_INFO_REPLY__INIT;
+                Gpumem__PingReply ping = GPUMEM__PING_REPLY__INIT;
+                Gpumem__SvmGetAttrReply sg = GPUMEM__SVM_GET_ATTR_REPLY__INIT;
+                Gpumem__Empty empty = GPUMEM__EMPTY__INIT;
+                uint32_t gpus[64];
+                uint64_t attrs[32];
+                uint8_t msg[GM_POINTER_INFO_MAX(64)];
+                GmPointerInfoOut o;
+
+                st.has_code = true;
+                r.status = &st;
+                o.handle = rnd() >> (rnd() % 64);
+                o.kind = (int32_t)(rnd() % 3 ? rnd() % 7 : rnd());
+                o.gpu_id = (uint32_t)(rnd() >> (rnd() % 64));
+                o.alloc_base = rnd() >> (rnd() % 64);
+                o.size = rnd() >> (rnd() % 64);
+                o.flags = (uint32_t)(rnd() >> (rnd() % 64));
+                o.cpu_accessible = rnd() & 1;
+                o.n_mapped_gpus = rnd() % 65;
+                for (size_t i = 0; i < o.n_mapped_gpus; i++)
+                        gpus[i] = (uint32_t)(rnd() >> (rnd() % 64));
+                o.mapped_gpus = gpus;
+                pr.has_handle = pr.has_kind = pr.has_gpu_id = pr.has_alloc_base = pr.has_size = true;
+                pr.has_flags = pr.has_cpu_accessible = true;
+                pr.handle = o.handle;
+                pr.kind = (Gpumem__MemKind)o.kind;
+                pr.gpu_id = o.gpu_id;
+                pr.alloc_base = o.alloc_base;
+                pr.size = o.size;
+                pr.flags = o.flags;
+                pr.cpu_accessible = o.cpu_accessible;
+                pr.n_mapped_gpus = o.n_mapped_gpus;
+                pr.mapped_gpus = gpus;
+                r.result_case = GPUMEM__REPLY__RESULT_POINTER_INFO;
+                r.pointer_info = &pr;
+                same_hand_reply(&r, msg, gm_pack_pointer_info(msg, &o));
+
+                ping.has_cookie = true;
+                ping.cookie = rnd() >> (rnd() % 64);
+                r.result_case = GPUMEM__REPLY__RESULT_PING;
+                r.ping = &ping;
+                same_hand_reply(&r, msg, gm_pb_put_uint_pad(msg, 1, ping.cookie));
+
+                sg.n_packed_attrs = rnd() % 33;
+                for (size_t i = 0; i < sg.n_packed_attrs; i++)
+                        attrs[i] = (uint64_t)(uint32_t)rnd() << 32 | (uint32_t)(rnd() >> (rnd() % 32));
+                sg.packed_attrs = attrs;
+                r.result_case = GPUMEM__REPLY__RESULT_SVM_GET_ATTR;
+                r.svm_get_attr = &sg;
+                same_hand_reply(&r, msg, gm_pb_put_packed(msg, 2, attrs, sg.n_packed_attrs));
+
+                r.result_case = GPUMEM__REPLY__RESULT_EMPTY;
+                r.empty = &empty;
+                same_hand_reply(&r, msg, 0);
+        }
+}
+
 /* Bodies a hand decoder must leave to protobuf-c, or read as it does: other wire types, packed or unpacked
  * the unusual way, chunks, long tags and varints, unknown fields. */
 static void test_reply_odd_forms(void)
@@ -726,6 +804,7 @@ static void test_reply_odd_forms(void)
                 memcpy(body + n, odd[i].b, odd[i].n);
                 n += odd[i].n;
                 same_reply_decoding(body, n);
+                same_views(body, n);
         }
 }
 
@@ -853,6 +932,7 @@ int main(void)
                 {"a varint is read in place as the plain way reads it", test_varints},
                 {"a mutated reply read in place says what protobuf-c reads", test_view_mutations},
                 {"an SVM call packed by hand is protobuf-c's bytes", test_hand_packed_request},
+                {"the daemon's hand-packed small replies are protobuf-c's bytes", test_hand_packed_replies},
         };
         return run_tests(cases, ARRAY_SIZE(cases));
 }
