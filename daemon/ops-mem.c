@@ -226,7 +226,7 @@ int op_unmap(ReqCtx *r, const Gpumem__Request *req)
 
 /* ---- queries ------------------------------------------------------------------------------------------- */
 
-int op_pointer_info(ReqCtx *r, const Gpumem__Request *req)
+static int pointer_info_answer(ReqCtx *r, uint64_t va)
 {
         uint8_t buf[GM_REPLY_HEAD_MAX + GM_POINTER_INFO_MAX(BROKER_MAX_GPUS)];
         BrokerPtrInfo info;
@@ -234,7 +234,7 @@ int op_pointer_info(ReqCtx *r, const Gpumem__Request *req)
         int err;
         WITH_CLIENT(r, bc);
 
-        err = broker_pointer_info(bc, req->pointer_info->va, &info, &w);
+        err = broker_pointer_info(bc, va, &info, &w);
         if (err < 0)
                 return fail_why(r, err, &w);
         GmPointerInfoOut o = {.handle = info.handle,
@@ -247,6 +247,16 @@ int op_pointer_info(ReqCtx *r, const Gpumem__Request *req)
                               .flags = info.flags,
                               .cpu_accessible = info.cpu_accessible};
         return reply_result_packed(r, buf, gm_pack_pointer_info(buf + GM_REPLY_HEAD_MAX, &o));
+}
+
+int op_pointer_info(ReqCtx *r, const Gpumem__Request *req)
+{
+        return pointer_info_answer(r, req->pointer_info->va);
+}
+
+int op_pointer_info_view(ReqCtx *r, const uint8_t *msg, size_t len)
+{
+        return req_view_u64(r, msg, len, pointer_info_answer);
 }
 
 int op_mem_info(ReqCtx *r, const Gpumem__Request *req)
@@ -558,60 +568,99 @@ static int copy_attrs(ReqCtx *r, Gpumem__SvmAttr **in, size_t n, const uint64_t 
         return 0;
 }
 
+static int svm_set_answer(ReqCtx *r, uint64_t va, uint64_t size, const BrokerSvmAttr *attrs, size_t n)
+{
+        uint8_t buf[GM_REPLY_HEAD_MAX]; /* an Empty */
+        Reason w = {""};
+        int err;
+        WITH_CLIENT(r, bc);
+
+        err = broker_svm_set(bc, va, size, attrs, n, &w);
+        return err < 0 ? fail_why(r, err, &w) : reply_result_packed(r, buf, 0);
+}
+
 int op_svm_set_attr(ReqCtx *r, const Gpumem__Request *req)
 {
         const Gpumem__SvmSetAttr *a = req->svm_set_attr;
         BrokerSvmAttr attrs[BROKER_SVM_MAX_ATTRS];
-        Reason w = {""};
         size_t n = 0;
-        int err;
-        WITH_CLIENT(r, bc);
+        int err = copy_attrs(r, a->attrs, a->n_attrs, a->packed_attrs, a->n_packed_attrs, attrs, &n);
 
-        err = copy_attrs(r, a->attrs, a->n_attrs, a->packed_attrs, a->n_packed_attrs, attrs, &n);
-        if (err < 0)
-                return err;
-        err = broker_svm_set(bc, a->va, a->size, attrs, n, &w);
-        if (err < 0)
-                return fail_why(r, err, &w);
-        uint8_t buf[GM_REPLY_HEAD_MAX]; /* an Empty */
-        return reply_result_packed(r, buf, 0);
+        return err < 0 ? err : svm_set_answer(r, a->va, a->size, attrs, n);
 }
 
-int op_svm_get_attr(ReqCtx *r, const Gpumem__Request *req)
+/* The attributes of an SVM call read in place: false for a form left to the general way (attributes as
+ * messages, too many, anything malformed). */
+static bool svm_call_in_place(const uint8_t *msg, size_t len, BrokerSvmAttr *attrs, GmSvmCallView *ret)
 {
-        const Gpumem__SvmGetAttr *a = req->svm_get_attr;
-        Gpumem__SvmGetAttrReply gr = GPUMEM__SVM_GET_ATTR_REPLY__INIT;
-        BrokerSvmAttr attrs[BROKER_SVM_MAX_ATTRS];
-        Gpumem__SvmAttr out[BROKER_SVM_MAX_ATTRS], *outp[BROKER_SVM_MAX_ATTRS];
         uint64_t packed[BROKER_SVM_MAX_ATTRS];
+
+        if (gm_svm_call_view(msg, len, packed, BROKER_SVM_MAX_ATTRS, ret) < 0 || ret->n_msgs)
+                return false;
+        for (size_t i = 0; i < ret->n; i++)
+                attrs[i] = (BrokerSvmAttr){(uint32_t)(packed[i] >> 32), (uint32_t)packed[i]};
+        return true;
+}
+
+int op_svm_set_attr_view(ReqCtx *r, const uint8_t *msg, size_t len)
+{
+        BrokerSvmAttr attrs[BROKER_SVM_MAX_ATTRS];
+        GmSvmCallView v;
+
+        if (!svm_call_in_place(msg, len, attrs, &v))
+                return REQ_NOT_VIEWED;
+        return svm_set_answer(r, v.va, v.size, attrs, v.n);
+}
+
+/* Answered the way it was asked: packed attributes for @packed (a call of protocol 3 on), else messages. */
+static int svm_get_answer(ReqCtx *r, uint64_t va, uint64_t size, BrokerSvmAttr *attrs, size_t n, bool packed)
+{
+        Gpumem__SvmGetAttrReply gr = GPUMEM__SVM_GET_ATTR_REPLY__INIT;
+        Gpumem__SvmAttr out[BROKER_SVM_MAX_ATTRS], *outp[BROKER_SVM_MAX_ATTRS];
         Reason w = {""};
-        size_t n = 0;
         int err;
         WITH_CLIENT(r, bc);
 
-        err = copy_attrs(r, a->attrs, a->n_attrs, a->packed_attrs, a->n_packed_attrs, attrs, &n);
-        if (err < 0)
-                return err;
-        err = broker_svm_get(bc, a->va, a->size, attrs, n, &w);
+        err = broker_svm_get(bc, va, size, attrs, n, &w);
         if (err < 0)
                 return fail_why(r, err, &w);
-        /* answered the way it was asked */
-        if (a->n_packed_attrs) {
+        if (packed) {
                 uint8_t buf[GM_REPLY_HEAD_MAX + 8 + 10 * BROKER_SVM_MAX_ATTRS + 8];
+                uint64_t wire[BROKER_SVM_MAX_ATTRS];
                 for (size_t i = 0; i < n; i++)
-                        packed[i] = (uint64_t)attrs[i].type << 32 | attrs[i].value;
-                return reply_result_packed(r, buf, gm_pb_put_packed(buf + GM_REPLY_HEAD_MAX, 2, packed, n));
+                        wire[i] = (uint64_t)attrs[i].type << 32 | attrs[i].value;
+                return reply_result_packed(r, buf, gm_pb_put_packed(buf + GM_REPLY_HEAD_MAX, 2, wire, n));
         }
-        for (size_t i = 0; i < a->n_attrs; i++) {
+        for (size_t i = 0; i < n; i++) {
                 gpumem__svm_attr__init(&out[i]);
                 out[i].has_type = out[i].has_value = true;
                 out[i].type = attrs[i].type;
                 out[i].value = attrs[i].value;
                 outp[i] = &out[i];
         }
-        gr.n_attrs = a->n_attrs;
+        gr.n_attrs = n;
         gr.attrs = outp;
         return reply_result(r, &gr);
+}
+
+int op_svm_get_attr(ReqCtx *r, const Gpumem__Request *req)
+{
+        const Gpumem__SvmGetAttr *a = req->svm_get_attr;
+        BrokerSvmAttr attrs[BROKER_SVM_MAX_ATTRS];
+        size_t n = 0;
+        int err = copy_attrs(r, a->attrs, a->n_attrs, a->packed_attrs, a->n_packed_attrs, attrs, &n);
+
+        return err < 0 ? err : svm_get_answer(r, a->va, a->size, attrs, n, a->n_packed_attrs > 0);
+}
+
+int op_svm_get_attr_view(ReqCtx *r, const uint8_t *msg, size_t len)
+{
+        BrokerSvmAttr attrs[BROKER_SVM_MAX_ATTRS];
+        GmSvmCallView v;
+
+        if (!svm_call_in_place(msg, len, attrs, &v))
+                return REQ_NOT_VIEWED;
+        return svm_get_answer(r, v.va, v.size, attrs, v.n, v.n > 0);
 }
 
 /* A large prefetch: the driver's migration runs on a worker, the checks and the reply on the loop. */

@@ -96,11 +96,21 @@ int op_hello(ReqCtx *r, const Gpumem__Request *req)
         return reply_result(r, &hr);
 }
 
+static int ping_answer(ReqCtx *r, uint64_t cookie)
+{
+        uint8_t buf[GM_REPLY_HEAD_MAX + 11 + 8]; /* a PingReply with the cookie (absent: 0) */
+
+        return reply_result_packed(r, buf, gm_pb_put_uint_pad(buf + GM_REPLY_HEAD_MAX, 1, cookie));
+}
+
 int op_ping(ReqCtx *r, const Gpumem__Request *req)
 {
-        uint8_t buf[GM_REPLY_HEAD_MAX + 11 + 8]; /* a PingReply with its cookie (absent: 0) */
+        return ping_answer(r, req->ping->cookie);
+}
 
-        return reply_result_packed(r, buf, gm_pb_put_uint_pad(buf + GM_REPLY_HEAD_MAX, 1, req->ping->cookie));
+int op_ping_view(ReqCtx *r, const uint8_t *msg, size_t len)
+{
+        return req_view_u64(r, msg, len, ping_answer);
 }
 
 int op_window_retry(ReqCtx *r, const Gpumem__Request *req)

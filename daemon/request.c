@@ -25,6 +25,7 @@
  */
 typedef struct OpDesc {
         OpHandler fn;
+        OpView view;                     /* the message read in place first, for the small ops (or NULL) */
         Gpumem__Reply__ResultCase reply; /* what a successful reply carries */
         uint8_t since;
         uint8_t perm;
@@ -42,7 +43,10 @@ typedef struct OpDesc {
 enum { OP_LOCK_MANAGER, OP_LOCK_CLIENT, OP_LOCK_NONE };
 
 #define ROW_(field, handler, result, since_, perm_, fds, fam, lock_)                                         \
+        ROW_V_(field, handler, NULL, result, since_, perm_, fds, fam, lock_)
+#define ROW_V_(field, handler, view_, result, since_, perm_, fds, fam, lock_)                                \
         [GPUMEM__REQUEST__OP_##field] = {.fn = handler,                                                      \
+                                         .view = view_,                                                      \
                                          .reply = GPUMEM__REPLY__RESULT_##result,                            \
                                          .since = since_,                                                    \
                                          .perm = perm_,                                                      \
@@ -57,6 +61,11 @@ enum { OP_LOCK_MANAGER, OP_LOCK_CLIENT, OP_LOCK_NONE };
 /* An op whose handler reads only what never changes, or what its own connection's loop owns. */
 #define ROW_UNLOCKED(field, handler, result, since_)                                                         \
         ROW_(field, handler, result, since_, OP_PERM_ANY, 0, 0, OP_LOCK_NONE)
+/* The same for the small ops that read their message in place too (handler##_view). */
+#define ROW_CLIENT_VIEW(field, handler, result, since_, fam)                                                 \
+        ROW_V_(field, handler, handler##_view, result, since_, OP_PERM_ANY, 0, fam, OP_LOCK_CLIENT)
+#define ROW_UNLOCKED_VIEW(field, handler, result, since_)                                                    \
+        ROW_V_(field, handler, handler##_view, result, since_, OP_PERM_ANY, 0, 0, OP_LOCK_NONE)
 #define ANY   OP_PERM_ANY
 #define ADMIN OP_PERM_ADMIN
 
@@ -64,13 +73,13 @@ enum { OP_LOCK_MANAGER, OP_LOCK_CLIENT, OP_LOCK_NONE };
 static const OpDesc op_table[] = {
         /* request, handler, result, since, who may call, fds, policy family */
         ROW(HELLO, op_hello, HELLO, 1, ANY, 0, 0),
-        ROW_UNLOCKED(PING, op_ping, PING, 1),
+        ROW_UNLOCKED_VIEW(PING, op_ping, PING, 1),
         ROW(WINDOW_RETRY, op_window_retry, HELLO, 1, ANY, 0, 0),
         ROW_UNLOCKED(TOPOLOGY, op_topology, TOPOLOGY, 1),
         ROW_UNLOCKED(TOPOLOGY_FILES, op_topology_files, TOPOLOGY_FILES, 2),
         ROW_CLIENT(TILE_CONFIG, op_tile_config, TILE_CONFIG, 2, 0, 0),
         ROW_CLIENT(MEM_INFO, op_mem_info, MEM_INFO, 1, 0, 0),
-        ROW_CLIENT(POINTER_INFO, op_pointer_info, POINTER_INFO, 1, 0, 0),
+        ROW_CLIENT_VIEW(POINTER_INFO, op_pointer_info, POINTER_INFO, 1, 0),
         ROW_CLIENT(ALLOC, op_alloc, ALLOC, 1, 0, 0),
         ROW_CLIENT(FREE, op_free, EMPTY, 1, 0, 0),
         ROW_CLIENT(MAP, op_map, EMPTY, 1, 0, 0),
@@ -88,8 +97,8 @@ static const OpDesc op_table[] = {
         ROW_CLIENT(VMM_PROPERTIES, op_vmm_properties, VMM_PROPERTIES, 1, 0, POLICY_OP_VMM),
         ROW_CLIENT(DMABUF_EXPORT, op_dmabuf_export, DMABUF_EXPORT, 1, 0, POLICY_OP_EXPORT),
         ROW_CLIENT(DMABUF_IMPORT, op_dmabuf_import, DMABUF_IMPORT, 1, 1, POLICY_OP_IMPORT),
-        ROW_CLIENT(SVM_SET_ATTR, op_svm_set_attr, EMPTY, 1, 0, POLICY_OP_SVM),
-        ROW_CLIENT(SVM_GET_ATTR, op_svm_get_attr, SVM_GET_ATTR, 1, 0, POLICY_OP_SVM),
+        ROW_CLIENT_VIEW(SVM_SET_ATTR, op_svm_set_attr, EMPTY, 1, POLICY_OP_SVM),
+        ROW_CLIENT_VIEW(SVM_GET_ATTR, op_svm_get_attr, SVM_GET_ATTR, 1, POLICY_OP_SVM),
         ROW_CLIENT(SVM_PREFETCH, op_svm_prefetch, EMPTY, 1, 0, POLICY_OP_SVM),
         ROW_CLIENT(EVENT_CREATE, op_event_create, EVENT_CREATE, 2, 0, 0),
         ROW_CLIENT(EVENT_DESTROY, op_event_destroy, EMPTY, 2, 0, 0),
@@ -307,6 +316,14 @@ int reply_ok_packed(ReqCtx *r, const uint8_t *body, size_t len)
         return 0;
 }
 
+int req_view_u64(ReqCtx *r, const uint8_t *msg, size_t len, int (*answer)(ReqCtx *r, uint64_t v))
+{
+        uint64_t v;
+        bool has;
+
+        return gm_u64_view(msg, len, &has, &v) < 0 ? REQ_NOT_VIEWED : answer(r, v);
+}
+
 int reply_result_packed(ReqCtx *r, uint8_t *buf, size_t len)
 {
         uint8_t head[GM_REPLY_HEAD_MAX];
@@ -465,8 +482,21 @@ void request_handle(Conn *c, const uint8_t *buf, size_t len, int *fds, size_t n_
                 goto fail;
         }
 
-        /* Gate passed: only now decode. The body is bounded by GM_FRAME_BODY_MAX, and so is what unpacking
-         * can allocate. */
+        /* Gate passed: only now decode. A small op reads its message in place when that is the body's one
+         * field; any other form, and every other op, is decoded the general way. */
+        if (op->view) {
+                const uint8_t *msg;
+                uint32_t id;
+                size_t n;
+                if (gm_request_op_view(buf + GM_FRAME_HDR_SIZE, hdr.body_len, &id, &msg, &n) == 0 &&
+                    id == field) {
+                        r.t0 = now_usec(CLOCK_MONOTONIC);
+                        err = op->view(&r, msg, n);
+                        if (err != REQ_NOT_VIEWED)
+                                goto handled;
+                }
+        }
+        /* The body is bounded by GM_FRAME_BODY_MAX, and so is what unpacking can allocate. */
         err = gm_request_unpack_op(&alloc, buf + GM_FRAME_HDR_SIZE, hdr.body_len, &req);
         if (err == 0)
                 req = gpumem__request__unpack(&alloc, hdr.body_len, buf + GM_FRAME_HDR_SIZE);
@@ -487,6 +517,7 @@ void request_handle(Conn *c, const uint8_t *buf, size_t len, int *fds, size_t n_
 
         r.t0 = now_usec(CLOCK_MONOTONIC);
         err = op->fn(&r, req);
+handled:
         if (err == REQ_DEFERRED)
                 goto out;
         request_account(&r, err);

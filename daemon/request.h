@@ -42,6 +42,16 @@ static inline void req_ctx_init(ReqCtx *r)
  */
 #define REQ_DEFERRED 1
 typedef int (*OpHandler)(ReqCtx *r, const Gpumem__Request *req);
+/*
+ * A small op's message read in place (view.h) when it is the request's one field: the handler decodes it
+ * and answers as above, or returns REQ_NOT_VIEWED having done nothing, for a form it leaves to the general
+ * way (protobuf-c's decoding and the op's OpHandler).
+ */
+#define REQ_NOT_VIEWED 2
+typedef int (*OpView)(ReqCtx *r, const uint8_t *msg, size_t len);
+/* For an OpView: a message whose one field is an optional uint64 (Ping, PointerInfoGet) read in place and
+ * handed to @answer (absent: 0), or REQ_NOT_VIEWED. */
+int req_view_u64(ReqCtx *r, const uint8_t *msg, size_t len, int (*answer)(ReqCtx *r, uint64_t v));
 
 enum {
         OP_PERM_ANY = 0,   /* any connected client */
@@ -103,6 +113,7 @@ int conn_books_new(Conn *c);
 /* Handlers, by family (ops-*.c). */
 int op_hello(ReqCtx *r, const Gpumem__Request *req);
 int op_ping(ReqCtx *r, const Gpumem__Request *req);
+int op_ping_view(ReqCtx *r, const uint8_t *msg, size_t len);
 int op_window_retry(ReqCtx *r, const Gpumem__Request *req);
 int op_topology(ReqCtx *r, const Gpumem__Request *req);
 int op_topology_files(ReqCtx *r, const Gpumem__Request *req);
@@ -129,6 +140,7 @@ int op_free(ReqCtx *r, const Gpumem__Request *req);
 int op_map(ReqCtx *r, const Gpumem__Request *req);
 int op_unmap(ReqCtx *r, const Gpumem__Request *req);
 int op_pointer_info(ReqCtx *r, const Gpumem__Request *req);
+int op_pointer_info_view(ReqCtx *r, const uint8_t *msg, size_t len);
 int op_mem_info(ReqCtx *r, const Gpumem__Request *req);
 int op_vmm_reserve(ReqCtx *r, const Gpumem__Request *req);
 int op_vmm_free(ReqCtx *r, const Gpumem__Request *req);
@@ -144,7 +156,9 @@ int op_vmm_properties(ReqCtx *r, const Gpumem__Request *req);
 int op_dmabuf_export(ReqCtx *r, const Gpumem__Request *req);
 int op_dmabuf_import(ReqCtx *r, const Gpumem__Request *req);
 int op_svm_set_attr(ReqCtx *r, const Gpumem__Request *req);
+int op_svm_set_attr_view(ReqCtx *r, const uint8_t *msg, size_t len);
 int op_svm_get_attr(ReqCtx *r, const Gpumem__Request *req);
+int op_svm_get_attr_view(ReqCtx *r, const uint8_t *msg, size_t len);
 int op_svm_prefetch(ReqCtx *r, const Gpumem__Request *req);
 int op_queue_create(ReqCtx *r, const Gpumem__Request *req);
 int op_queue_destroy(ReqCtx *r, const Gpumem__Request *req);

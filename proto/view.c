@@ -178,6 +178,47 @@ int gm_pointer_info_view(const uint8_t *p, size_t len, GmPointerInfoView *ret)
         return r;
 }
 
+/* @f as an SVM attribute field: an SvmAttr message (number @msg_id; read through, counted in *@n_msgs) or
+ * packed attributes (@packed_id, either form) appended to @out (room for @cap). 1 when it was one, 0 when
+ * not, or -EPROTO / -E2BIG. */
+static int svm_attr_field(const GmPbField *f, uint32_t msg_id, uint32_t packed_id, uint64_t *out, size_t cap,
+                          size_t *n, size_t *n_msgs)
+{
+        if (f->id == msg_id) {
+                GmPbField g;
+                size_t k = 0;
+                int r;
+                if (f->wire != GM_PB_LEN)
+                        return -EPROTO;
+                while ((r = gm_pb_next(f->data, f->n, &k, &g)) > 0)
+                        if ((g.id == 1 || g.id == 2) && g.wire != GM_PB_VARINT) /* type, value: uint32 */
+                                return -EPROTO;
+                if (r < 0)
+                        return r;
+                (*n_msgs)++;
+                return 1;
+        }
+        if (f->id != packed_id)
+                return 0;
+        if (f->wire == GM_PB_LEN) {
+                for (size_t k = 0, a; k < f->n; k += a, (*n)++) {
+                        uint64_t v;
+                        if (!(a = gm_pb_varint_at(f->data, f->n, k, &v)))
+                                return -EPROTO;
+                        if (*n == cap)
+                                return -E2BIG;
+                        out[*n] = v;
+                }
+                return 1;
+        }
+        if (f->wire != GM_PB_VARINT)
+                return -EPROTO;
+        if (*n == cap)
+                return -E2BIG;
+        out[(*n)++] = f->v;
+        return 1;
+}
+
 int gm_svm_attrs_view(const uint8_t *p, size_t len, uint64_t *out, size_t cap, size_t *ret_n,
                       size_t *ret_n_msgs)
 {
@@ -185,39 +226,49 @@ int gm_svm_attrs_view(const uint8_t *p, size_t len, uint64_t *out, size_t cap, s
         GmPbField f;
         int r;
 
-        while ((r = gm_pb_next(p, len, &at, &f)) > 0) {
-                if (f.id == 1) { /* an SvmAttr: read through, as protobuf-c would, but not kept */
-                        GmPbField g;
-                        size_t k = 0;
-                        if (f.wire != GM_PB_LEN)
-                                return -EPROTO;
-                        while ((r = gm_pb_next(f.data, f.n, &k, &g)) > 0)
-                                if ((g.id == 1 || g.id == 2) && g.wire != GM_PB_VARINT)
-                                        return -EPROTO;
-                        if (r < 0)
-                                return r;
-                        n_msgs++;
-                } else if (f.id == 2 && f.wire == GM_PB_LEN) {
-                        for (size_t k = 0, a; k < f.n; k += a, n++) {
-                                uint64_t v;
-                                if (!(a = gm_pb_varint_at(f.data, f.n, k, &v)))
-                                        return -EPROTO;
-                                if (n == cap)
-                                        return -E2BIG;
-                                out[n] = v;
-                        }
-                } else if (f.id == 2) {
-                        if (f.wire != GM_PB_VARINT)
-                                return -EPROTO;
-                        if (n == cap)
-                                return -E2BIG;
-                        out[n++] = f.v;
-                }
-        }
+        while ((r = gm_pb_next(p, len, &at, &f)) > 0)
+                if ((r = svm_attr_field(&f, 1, 2, out, cap, &n, &n_msgs)) < 0)
+                        return r;
         if (r < 0)
                 return r;
         *ret_n = n;
         *ret_n_msgs = n_msgs;
+        return 0;
+}
+
+int gm_svm_call_view(const uint8_t *p, size_t len, uint64_t *out, size_t cap, GmSvmCallView *ret)
+{
+        GmSvmCallView v = {0};
+        size_t at = 0;
+        GmPbField f;
+        int r;
+
+        while ((r = gm_pb_next(p, len, &at, &f)) > 0) {
+                if (f.id == 1 || f.id == 2) {
+                        if (f.wire != GM_PB_VARINT)
+                                return -EPROTO;
+                        *(f.id == 1 ? &v.va : &v.size) = f.v;
+                } else if ((r = svm_attr_field(&f, 3, 4, out, cap, &v.n, &v.n_msgs)) < 0) {
+                        return r;
+                }
+        }
+        if (r < 0)
+                return r;
+        *ret = v;
+        return 0;
+}
+
+int gm_request_op_view(const uint8_t *body, size_t len, uint32_t *ret_op, const uint8_t **ret_msg,
+                       size_t *ret_len)
+{
+        GmPbField f;
+        size_t at = 0;
+
+        if (gm_pb_next(body, len, &at, &f) <= 0 || f.wire != GM_PB_LEN || at != len)
+                return -EPROTO;
+        *ret_op = f.id;
+        *ret_msg = f.data;
+        *ret_len = f.n;
         return 0;
 }
 

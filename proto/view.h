@@ -293,6 +293,20 @@ typedef struct GmPointerInfoView {
 } GmPointerInfoView;
 int gm_pointer_info_view(const uint8_t *p, size_t len, GmPointerInfoView *ret);
 
+/* A Request body that is exactly one op field (length-delimited) and nothing else: the op's number and its
+ * message. 0, or -EPROTO for any other body (the general way decides about it). */
+int gm_request_op_view(const uint8_t *body, size_t len, uint32_t *ret_op, const uint8_t **ret_msg,
+                       size_t *ret_len);
+
+/* An SVM call (SvmSetAttr or SvmGetAttr: va 1, size 2, attributes as messages 3, packed 4): the packed
+ * attributes into @out (room for @cap; more is -E2BIG), how many came as messages (read through, not kept)
+ * in @n_msgs. 0, -EPROTO or -E2BIG. */
+typedef struct GmSvmCallView {
+        uint64_t va, size;
+        size_t n, n_msgs;
+} GmSvmCallView;
+int gm_svm_call_view(const uint8_t *p, size_t len, uint64_t *out, size_t cap, GmSvmCallView *ret);
+
 /* An SvmGetAttrReply: the packed attributes (field 2) into @out (room for @cap; more is -E2BIG), their
  * count in *@ret_n, and how many attributes came as messages (field 1, the older form) in *@ret_n_msgs.
  * 0, -EPROTO or -E2BIG. */
