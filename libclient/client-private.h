@@ -41,9 +41,13 @@ struct gm_client {
         int fd;
         pthread_mutex_t lock; /* everything below */
         pthread_cond_t cond;
-        bool reading;     /* a thread is in recvmsg on behalf of all */
-        unsigned waiters; /* threads in pthread_cond_wait on cond: a reader that ends wakes them */
-        Pending *pending; /* replies that arrived for other threads */
+        /* The reading role, taken and given back atomically: a thread alone on its connection takes it
+         * without the lock (wait_reply). Whoever gives it back after another thread counted itself in
+         * waiters (atomic, under the lock) wakes the waiters under the lock. */
+        uint32_t reading;   /* 1: a thread is in recvmsg on behalf of all */
+        unsigned waiters;   /* threads in pthread_cond_wait on cond, or about to be */
+        Pending *pending;   /* replies that arrived for other threads */
+        unsigned n_pending; /* its length: changed under the lock, read atomically */
         int broken; /* 0, or the -errno every call now fails with; set once, under lock, read atomically */
         char broken_reason[256];
         uint32_t next_id;           /* atomic */

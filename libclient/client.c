@@ -301,6 +301,8 @@ static void dispatch_other(gm_client *c, size_t len, int *fds, size_t n_fds, uin
         pthread_mutex_lock(&c->lock);
         p->next = c->pending;
         c->pending = p;
+        /* before the reading role is given back: whoever takes it next sees the reply is here */
+        __atomic_store_n(&c->n_pending, c->n_pending + 1, __ATOMIC_RELEASE);
         pthread_mutex_unlock(&c->lock);
 }
 
@@ -384,26 +386,76 @@ fail:
         return r;
 }
 
+/* Take the reading role if nobody holds it: true when taken. */
+static bool reading_take(gm_client *c)
+{
+        uint32_t idle = 0;
+
+        return __atomic_compare_exchange_n(&c->reading, &idle, 1, false, __ATOMIC_ACQUIRE, __ATOMIC_RELAXED);
+}
+
+/* Give the reading role back, and wake the threads waiting for it or for a reply it may have left them.
+ * Lock held (@locked) or not: without it, the waiters are counted after the role is seen taken and
+ * before they wait (under the lock), so one of the two sides sees the other (both are sequentially
+ * consistent), and a wake-up is not lost. */
+static void reading_give_back(gm_client *c, bool locked)
+{
+        __atomic_store_n(&c->reading, 0, __ATOMIC_SEQ_CST);
+        if (!__atomic_load_n(&c->waiters, __ATOMIC_SEQ_CST))
+                return; /* a thread alone on its connection (the common case) has nobody to wake */
+        if (!locked)
+                pthread_mutex_lock(&c->lock);
+        pthread_cond_broadcast(&c->cond);
+        if (!locked)
+                pthread_mutex_unlock(&c->lock);
+}
+
+/*
+ * Read one packet as the reader: decode it when it is the reply to @id (1, the result in *@ret), else keep
+ * it for the thread it answers (0). The receive buffer is the reader's alone.
+ */
+static int read_as_reader(gm_client *c, uint32_t id, const Sink *sink, int arena, Gpumem__Reply **ret_reply,
+                          int *ret_fds, size_t *ret_n_fds, int *ret)
+{
+        int fds[GM_FRAME_MAX_FDS];
+        size_t n_fds = 0;
+        RxFrame f;
+        ssize_t n = read_one(c, 0, fds, &n_fds, &f);
+
+        if (n > 0 && f.hdr.request_id == id) {
+                *ret = take_reply(c, sink, arena, c->rxbuf, (size_t)n, &f, fds, n_fds, ret_reply, ret_fds,
+                                  ret_n_fds);
+                return 1;
+        }
+        if (n > 0)
+                dispatch_other(c, (size_t)n, fds, n_fds, f.hdr.request_id);
+        return 0; /* not ours, or the connection broke (recorded: the slow way reports it) */
+}
+
 /*
  * Wait for the reply to @id and decode it: one thread reads at a time and hands others their replies.
  * The reader that receives its own reply decodes it from the receive buffer before it lets another
- * thread read, so the common case copies nothing.
+ * thread read, so the common case copies nothing. A view call (@sink) alone on its connection, with
+ * nothing pending, reads without the lock.
  */
 static int wait_reply(gm_client *c, uint32_t id, const Sink *sink, Gpumem__Reply **ret_reply, int *ret_fds,
                       size_t *ret_n_fds)
 {
         /* the arena the reply will be decoded into, taken while the lock is held anyway (a view needs none)
          */
-        int arena = -1;
+        int arena = -1, r = 0;
 
+        if (sink && !__atomic_load_n(&c->broken, __ATOMIC_ACQUIRE) && reading_take(c)) {
+                /* a reply another reader kept for us before we took the role: the slow way finds it */
+                bool mine = !__atomic_load_n(&c->n_pending, __ATOMIC_ACQUIRE) &&
+                            read_as_reader(c, id, sink, -1, ret_reply, ret_fds, ret_n_fds, &r);
+                reading_give_back(c, false);
+                if (mine)
+                        return r;
+        }
         pthread_mutex_lock(&c->lock);
         for (;;) {
-                int fds[GM_FRAME_MAX_FDS];
-                size_t n_fds = 0;
-                RxFrame f;
-                bool mine = false;
-                ssize_t n;
-                int r = 0;
+                bool mine;
 
                 if (arena < 0 && !sink)
                         arena = arena_take_locked(c);
@@ -411,6 +463,7 @@ static int wait_reply(gm_client *c, uint32_t id, const Sink *sink, Gpumem__Reply
                         if ((*pp)->id == id) {
                                 Pending *p = *pp;
                                 *pp = p->next;
+                                __atomic_store_n(&c->n_pending, c->n_pending - 1, __ATOMIC_RELEASE);
                                 pthread_mutex_unlock(&c->lock);
                                 r = take_reply(c, sink, arena, p->data, p->len, NULL, p->fds, p->n_fds,
                                                ret_reply, ret_fds, ret_n_fds);
@@ -427,27 +480,18 @@ static int wait_reply(gm_client *c, uint32_t id, const Sink *sink, Gpumem__Reply
                                 arena_give_back(c, (unsigned)arena);
                         return err;
                 }
-                if (c->reading) {
-                        c->waiters++;
-                        pthread_cond_wait(&c->cond, &c->lock);
-                        c->waiters--;
+                if (!reading_take(c)) {
+                        /* counted before the role is looked at again: its holder then sees us */
+                        __atomic_add_fetch(&c->waiters, 1, __ATOMIC_SEQ_CST);
+                        if (__atomic_load_n(&c->reading, __ATOMIC_SEQ_CST))
+                                pthread_cond_wait(&c->cond, &c->lock);
+                        __atomic_sub_fetch(&c->waiters, 1, __ATOMIC_SEQ_CST);
                         continue;
                 }
-                c->reading = true;
                 pthread_mutex_unlock(&c->lock);
-                n = read_one(c, 0, fds, &n_fds, &f);
-                if (n > 0 && f.hdr.request_id == id) {
-                        r = take_reply(c, sink, arena, c->rxbuf, (size_t)n, &f, fds, n_fds, ret_reply,
-                                       ret_fds, ret_n_fds);
-                        mine = true;
-                } else if (n > 0) {
-                        dispatch_other(c, (size_t)n, fds, n_fds, f.hdr.request_id);
-                }
+                mine = read_as_reader(c, id, sink, arena, ret_reply, ret_fds, ret_n_fds, &r);
                 pthread_mutex_lock(&c->lock);
-                c->reading = false;
-                /* a thread alone on its connection (the common case) has nobody to wake */
-                if (c->waiters)
-                        pthread_cond_broadcast(&c->cond);
+                reading_give_back(c, true);
                 if (mine) {
                         pthread_mutex_unlock(&c->lock);
                         return r;
@@ -512,18 +556,17 @@ static int send_and_wait(gm_client *c, uint8_t *buf, size_t len, const int *fds,
         if (r < 0) {
                 /* The daemon may have said why it hung up (a frame with id 0 still queued): prefer that. */
                 pthread_mutex_lock(&c->lock);
-                if (!c->reading) {
+                if (reading_take(c)) {
                         int in_fds[GM_FRAME_MAX_FDS];
                         size_t n_in = 0;
                         RxFrame f;
                         ssize_t n;
 
-                        c->reading = true;
                         pthread_mutex_unlock(&c->lock);
                         while ((n = read_one(c, MSG_DONTWAIT, in_fds, &n_in, &f)) > 0)
                                 dispatch_other(c, (size_t)n, in_fds, n_in, f.hdr.request_id);
                         pthread_mutex_lock(&c->lock);
-                        c->reading = false;
+                        reading_give_back(c, true);
                         pthread_cond_broadcast(&c->cond);
                 }
                 mark_broken_locked(c, r == -EPIPE ? -ECONNRESET : r, "cannot send to gpumemd");
