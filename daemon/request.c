@@ -330,6 +330,14 @@ int reply_result_packed(ReqCtx *r, uint8_t *buf, size_t len)
         size_t n = gm_reply_ok_head(head, (uint32_t)r->reply_case, len);
         uint8_t *at = buf + (GM_REPLY_HEAD_MAX - n); /* the head right before the result */
 
+        /* a packed reply has no slot among deferred replies and carries no fds: a handler that needs either
+         * is a bug, answered as one */
+        if (r->slot || r->n_out_fds) {
+                log_error("op %u: a packed reply for a deferred request or one with fds", r->field);
+                gm_wire_close_fds(r->out_fds, r->n_out_fds);
+                r->n_out_fds = 0;
+                return reply_fail(r, -EPROTO, "internal error: reply of the wrong kind");
+        }
         memcpy(at, head, n);
         return reply_ok_packed(r, at, n + len);
 }

@@ -566,8 +566,7 @@ static int send_and_wait(gm_client *c, uint8_t *buf, size_t len, const int *fds,
                         while ((n = read_one(c, MSG_DONTWAIT, in_fds, &n_in, &f)) > 0)
                                 dispatch_other(c, (size_t)n, in_fds, n_in, f.hdr.request_id);
                         pthread_mutex_lock(&c->lock);
-                        reading_give_back(c, true);
-                        pthread_cond_broadcast(&c->cond);
+                        reading_give_back(c, true); /* the waiters are woken by it and by mark_broken */
                 }
                 mark_broken_locked(c, r == -EPIPE ? -ECONNRESET : r, "cannot send to gpumemd");
                 pthread_mutex_unlock(&c->lock);
