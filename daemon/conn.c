@@ -28,7 +28,7 @@ uint64_t conn_inflight_limit(const Conn *c)
         return c->host->inflight_limit(c);
 }
 
-static void conn_free_cb(evutil_socket_t fd, short what, void *userdata);
+static void conn_free_cb(void *userdata);
 
 /* ---- what the transport tells the connection ---------------------------------------------------------- */
 
@@ -208,7 +208,7 @@ static int capture_identity(int fd, ConnIdentity *id)
 }
 
 /* A connection that never says hello holds a slot under the connection caps: it gets a deadline. */
-static void conn_on_hello_timeout(evutil_socket_t fd, short what, void *userdata)
+static void conn_on_hello_timeout(void *userdata)
 {
         Conn *c = userdata;
 
@@ -224,8 +224,7 @@ static void conn_on_hello_timeout(evutil_socket_t fd, short what, void *userdata
 
 void conn_hello_done(Conn *c)
 {
-        if (c->hello_ev)
-                event_del(c->hello_ev);
+        loop_timer_cancel(&c->hello_timer);
 }
 
 int conn_new(Manager *m, const ConnHost *host, const uint32_t *send_timeout_sec,
@@ -267,16 +266,14 @@ void conn_start(Conn *c)
         uint32_t hello_timeout = READ_ONCE(*c->hello_timeout_sec);
         int r;
 
-        r = transport_start(&c->t, sh->base, sh->rx_buf, sh->tx_buf, c->send_timeout_sec);
+        r = transport_start(&c->t, sh->loop, sh->rx_buf, sh->tx_buf, c->send_timeout_sec);
         c->started = true;
-        c->free_ev = evtimer_new(sh->base, conn_free_cb, c);
-        if (!c->free_ev)
+        if (loop_timer_init(&c->free_timer, sh->loop, conn_free_cb, c) < 0)
                 r = -ENOMEM;
         if (r == 0 && hello_timeout && !c->dead && !c->proto_version) {
-                struct timeval tv = {(time_t)hello_timeout, 0};
-                c->hello_ev = evtimer_new(sh->base, conn_on_hello_timeout, c);
-                if (!c->hello_ev || evtimer_add(c->hello_ev, &tv) < 0)
-                        r = -ENOMEM;
+                r = loop_timer_init(&c->hello_timer, sh->loop, conn_on_hello_timeout, c);
+                if (r == 0)
+                        loop_timer_arm(&c->hello_timer, (uint64_t)hello_timeout * 1000000u);
         }
         if (r < 0) {
                 c->host->lock(c->m);
@@ -292,8 +289,7 @@ static void conn_stop(Conn *c)
 {
         c->dead = true;
         transport_stop(&c->t);
-        if (c->hello_ev)
-                event_del(c->hello_ev);
+        loop_timer_cancel(&c->hello_timer);
 }
 
 Conn *conn_free(Conn *c)
@@ -311,10 +307,8 @@ Conn *conn_free(Conn *c)
         }
         if (c->host)
                 c->host->teardown(c); /* its objects, its window, its class */
-        if (c->hello_ev)
-                event_free(c->hello_ev);
-        if (c->free_ev)
-                event_free(c->free_ev); /* also from its own callback: a one-shot event, no longer pending */
+        loop_timer_done(&c->hello_timer);
+        loop_timer_done(&c->free_timer); /* also from its own callback: a fired timer is no longer armed */
         transport_done(&c->t);
         safe_close(c->ident.pidfd);
         free(c->ident.groups);
@@ -335,7 +329,7 @@ static void conn_forget_dying(Conn *c)
                 }
 }
 
-static void conn_free_cb(evutil_socket_t fd, short what, void *userdata)
+static void conn_free_cb(void *userdata)
 {
         Conn *c = userdata;
         const ConnHost *host = c->host;
@@ -362,16 +356,12 @@ static void conn_end(Conn *c, bool unlink)
          * last connection is unlinked), manager_free() frees what is left. */
         c->dying_next = c->sh->dying;
         c->sh->dying = c;
-        if (c->free_ev) {
-                event_active(c->free_ev, EV_TIMEOUT, 1);
+        if (c->free_timer.loop) {
+                loop_timer_arm(&c->free_timer, 0);
                 return;
         }
-        /* not started (its free event is made at its start): no callback of it can be on the stack */
-        if (event_base_once(c->sh->base, -1, EV_TIMEOUT, conn_free_cb, c, NULL) < 0) {
-                conn_forget_dying(c);
-                conn_free(c); /* cannot defer: no callback of this conn is on the stack at the callers that
-                                 reach here without one, and libevent only fails on allocation */
-        }
+        /* not started (its free timer is set up at its start): its loop's inbox runs the free */
+        loop_post_work(c->sh->loop, &c->free_work, conn_free_cb, c);
 }
 
 void conn_kill(Conn *c)

@@ -1,7 +1,6 @@
 /* A client connection: identity frozen at accept, frame I/O with fds, output queue and deferred free. */
 #pragma once
 
-#include <event2/event.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -70,9 +69,10 @@ typedef struct Conn {
         Shard *sh;                  /* its loop; set when the daemon places it */
         LoopWork start_work;
         Conn *prev, *next;
-        Transport t;            /* the socket, its frames and its reply queue */
-        struct event *hello_ev; /* closes the connection if hello does not come in time */
-        struct event *free_ev;  /* its deferred free (conn_kill), made at its start so a kill cannot fail */
+        Transport t;           /* the socket, its frames and its reply queue */
+        LoopTimer hello_timer; /* closes the connection if hello does not come in time */
+        LoopTimer free_timer;  /* its deferred free (conn_kill), set up at its start so a kill cannot fail */
+        LoopWork free_work;    /* the same before its start */
         uint64_t id;
         ConnIdentity ident;
         char *name;

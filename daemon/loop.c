@@ -1,21 +1,47 @@
-/* Event loops on threads: an eventfd-woken inbox of functions to run, posted from any thread. */
+/* The daemon's event loops: an epoll set, a timer heap behind a timerfd, an eventfd-woken inbox. */
 #include "loop.h"
 
 #include <errno.h>
+#include <event2/event.h>
 #include <stdlib.h>
+#include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <sys/timerfd.h>
+#include <time.h>
 #include <unistd.h>
 
+/* Events taken from the kernel per epoll_wait. */
+#define LOOP_BATCH 64
+
 struct Loop {
-        struct event_base *base;
-        bool threaded, running;
+        int epfd;
+        bool threaded, running, quit;
         pthread_t thread;
+        struct event *host_ev; /* not threaded: the epoll fd, watched from the host's base */
+
         pthread_mutex_t lock; /* the inbox */
         LoopWork *head, *tail;
         bool stop; /* posted by loop_stop: break once the inbox was read */
-        int efd;
-        struct event *inbox_ev;
+        LoopIo inbox_io;
+
+        /* the armed timers, a binary min-heap by deadline; room for every initialised one */
+        LoopTimer **heap;
+        uint32_t n_armed, n_timers, cap;
+        LoopIo timer_io;
+        uint64_t tfd_due; /* what the timerfd is set to (0: not set) */
+
+        /* the round being run, so that a watcher dropped during it is not called after */
+        struct epoll_event *batch;
+        int batch_n, batch_i;
 };
+
+static uint64_t now_ns(void)
+{
+        struct timespec ts;
+
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
 
 /* Take the whole inbox at once and run it in order: a function may post again (it runs next time). */
 static bool run_inbox(Loop *l, bool *ret_stop)
@@ -43,16 +69,17 @@ static bool run_inbox(Loop *l, bool *ret_stop)
         return ran;
 }
 
-static void on_inbox(evutil_socket_t fd, short what, void *userdata)
+static void on_inbox(void *arg, unsigned what)
 {
-        Loop *l = userdata;
+        Loop *l = arg;
         uint64_t n;
         bool stop;
 
-        (void)!read(l->efd, &n, sizeof(n));
+        (void)what;
+        (void)!read(l->inbox_io.fd, &n, sizeof(n));
         (void)run_inbox(l, &stop);
         if (stop)
-                event_base_loopbreak(l->base);
+                l->quit = true;
 }
 
 bool loop_run_pending(Loop *l)
@@ -60,41 +87,289 @@ bool loop_run_pending(Loop *l)
         return run_inbox(l, NULL);
 }
 
+/* ---- timers ---- */
+
+static void heap_put(Loop *l, uint32_t i, LoopTimer *t)
+{
+        l->heap[i] = t;
+        t->pos = i + 1;
+}
+
+static void sift_up(Loop *l, uint32_t i)
+{
+        LoopTimer *t = l->heap[i];
+
+        while (i > 0) {
+                uint32_t parent = (i - 1) / 2;
+                if (l->heap[parent]->due_ns <= t->due_ns)
+                        break;
+                heap_put(l, i, l->heap[parent]);
+                i = parent;
+        }
+        heap_put(l, i, t);
+}
+
+static void sift_down(Loop *l, uint32_t i)
+{
+        LoopTimer *t = l->heap[i];
+
+        for (;;) {
+                uint32_t child = 2 * i + 1;
+                if (child >= l->n_armed)
+                        break;
+                if (child + 1 < l->n_armed && l->heap[child + 1]->due_ns < l->heap[child]->due_ns)
+                        child++;
+                if (l->heap[child]->due_ns >= t->due_ns)
+                        break;
+                heap_put(l, i, l->heap[child]);
+                i = child;
+        }
+        heap_put(l, i, t);
+}
+
+static void heap_remove(Loop *l, LoopTimer *t)
+{
+        uint32_t i = t->pos - 1;
+        LoopTimer *last = l->heap[--l->n_armed];
+
+        t->pos = 0;
+        if (last == t)
+                return;
+        heap_put(l, i, last);
+        sift_up(l, i);
+        sift_down(l, last->pos - 1);
+}
+
+/*
+ * Set the timerfd to the earliest deadline when that is earlier than what it is set to (or it is not set).
+ * A later one waits: when the timerfd fires early (its timer was cancelled or moved), it is set again.
+ */
+static void timerfd_follow(Loop *l)
+{
+        uint64_t due;
+        struct itimerspec its = {0};
+
+        if (!l->n_armed)
+                return;
+        due = l->heap[0]->due_ns;
+        if (l->tfd_due && l->tfd_due <= due)
+                return;
+        its.it_value.tv_sec = (time_t)(due / 1000000000ull);
+        its.it_value.tv_nsec = (long)(due % 1000000000ull);
+        /* fails only for values out of range, which a monotonic deadline is not */
+        (void)timerfd_settime(l->timer_io.fd, TFD_TIMER_ABSTIME, &its, NULL);
+        l->tfd_due = due;
+}
+
+static void on_timers(void *arg, unsigned what)
+{
+        Loop *l = arg;
+        uint64_t n, now;
+        uint32_t budget;
+
+        (void)what;
+        (void)!read(l->timer_io.fd, &n, sizeof(n));
+        l->tfd_due = 0;
+        now = now_ns();
+        /* those due now, each once: one that its callback arms again at once waits for the next round */
+        budget = l->n_armed;
+        while (budget-- && l->n_armed && l->heap[0]->due_ns <= now) {
+                LoopTimer *t = l->heap[0];
+                heap_remove(l, t);
+                t->fn(t->arg); /* may free its owner, and arm or end other timers */
+        }
+        timerfd_follow(l);
+}
+
+int loop_timer_init(LoopTimer *t, Loop *l, LoopFn fn, void *arg)
+{
+        if (l->n_timers == l->cap) {
+                uint32_t cap = l->cap ? 2 * l->cap : 16;
+                LoopTimer **heap = reallocarray(l->heap, cap, sizeof(*heap));
+                if (!heap)
+                        return -ENOMEM;
+                l->heap = heap;
+                l->cap = cap;
+        }
+        l->n_timers++;
+        t->loop = l;
+        t->fn = fn;
+        t->arg = arg;
+        t->due_ns = 0;
+        t->pos = 0;
+        return 0;
+}
+
+void loop_timer_arm(LoopTimer *t, uint64_t usec)
+{
+        Loop *l = t->loop;
+
+        t->due_ns = now_ns() + usec * 1000;
+        if (t->pos) {
+                uint32_t i = t->pos - 1;
+                sift_up(l, i);
+                sift_down(l, t->pos - 1);
+        } else {
+                heap_put(l, l->n_armed++, t); /* room was reserved by loop_timer_init */
+                sift_up(l, l->n_armed - 1);
+        }
+        timerfd_follow(l);
+}
+
+void loop_timer_cancel(LoopTimer *t)
+{
+        if (t->loop && t->pos)
+                heap_remove(t->loop, t);
+}
+
+void loop_timer_done(LoopTimer *t)
+{
+        if (!t->loop)
+                return;
+        loop_timer_cancel(t);
+        t->loop->n_timers--;
+        t->loop = NULL;
+}
+
+/* ---- watchers ---- */
+
+void loop_io_init(LoopIo *io, Loop *l, int fd, LoopIoFn fn, void *arg)
+{
+        io->loop = l;
+        io->fd = fd;
+        io->fn = fn;
+        io->arg = arg;
+        io->want = 0;
+}
+
+/* Not to be called later in the round being run. */
+static void batch_forget(Loop *l, const LoopIo *io)
+{
+        for (int i = l->batch_i + 1; i < l->batch_n; i++)
+                if (l->batch[i].data.ptr == io)
+                        l->batch[i].data.ptr = NULL;
+}
+
+int loop_io_want(LoopIo *io, unsigned want)
+{
+        struct epoll_event ev = {0};
+        int op;
+
+        if (want == io->want)
+                return 0;
+        ev.events = (want & LOOP_READ ? EPOLLIN : 0u) | (want & LOOP_WRITE ? EPOLLOUT : 0u);
+        ev.data.ptr = io;
+        op = !io->want ? EPOLL_CTL_ADD : !want ? EPOLL_CTL_DEL : EPOLL_CTL_MOD;
+        if (epoll_ctl(io->loop->epfd, op, io->fd, &ev) < 0) {
+                int r = -errno;
+                if (op != EPOLL_CTL_ADD)
+                        (void)epoll_ctl(io->loop->epfd, EPOLL_CTL_DEL, io->fd, NULL);
+                io->want = 0;
+                batch_forget(io->loop, io);
+                return r;
+        }
+        io->want = want;
+        if (!want)
+                batch_forget(io->loop, io);
+        return 0;
+}
+
+void loop_io_done(LoopIo *io)
+{
+        if (!io->loop)
+                return;
+        (void)loop_io_want(io, 0);
+        io->loop = NULL;
+}
+
+/* ---- running ---- */
+
+/* One round: what epoll has ready (waiting up to @timeout_ms for it), each watcher called with it. */
+static void loop_round(Loop *l, int timeout_ms)
+{
+        struct epoll_event evs[LOOP_BATCH];
+        int n = epoll_wait(l->epfd, evs, LOOP_BATCH, timeout_ms);
+
+        if (n <= 0)
+                return; /* EINTR, or nothing */
+        l->batch = evs;
+        l->batch_n = n;
+        for (l->batch_i = 0; l->batch_i < n; l->batch_i++) {
+                LoopIo *io = evs[l->batch_i].data.ptr;
+                uint32_t e = evs[l->batch_i].events;
+                unsigned what = 0;
+                if (!io)
+                        continue; /* dropped earlier in this round */
+                if (e & (EPOLLIN | EPOLLHUP | EPOLLERR | EPOLLRDHUP))
+                        what |= LOOP_READ;
+                if (e & (EPOLLOUT | EPOLLHUP | EPOLLERR))
+                        what |= LOOP_WRITE;
+                what &= io->want;
+                if (what)
+                        io->fn(io->arg, what);
+        }
+        l->batch = NULL;
+        l->batch_n = l->batch_i = 0;
+}
+
+static void on_host(evutil_socket_t fd, short what, void *userdata)
+{
+        (void)fd;
+        (void)what;
+        loop_round(userdata, 0);
+}
+
 static void *loop_main(void *arg)
 {
         Loop *l = arg;
 
         (void)pthread_setname_np(pthread_self(), "gpumemd-loop"); /* for top -H, perf and pinning */
-        (void)event_base_loop(l->base, EVLOOP_NO_EXIT_ON_EMPTY);
+        while (!l->quit)
+                loop_round(l, -1);
         return NULL;
 }
 
-int loop_new(struct event_base *base, bool threaded, Loop **ret)
+int loop_new(struct event_base *host, Loop **ret)
 {
         Loop *l = calloc(1, sizeof(*l));
+        int r, fd;
 
-        if (!l) {
-                event_base_free(base);
+        if (!l)
                 return -ENOMEM;
-        }
-        l->base = base;
-        l->threaded = threaded;
+        l->threaded = !host;
+        l->inbox_io.fd = l->timer_io.fd = -1;
         pthread_mutex_init(&l->lock, NULL);
-        l->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-        if (l->efd < 0) {
-                int r = -errno;
-                loop_free(l);
-                return r;
-        }
-        l->inbox_ev = event_new(base, l->efd, EV_READ | EV_PERSIST, on_inbox, l);
-        if (!l->inbox_ev || event_add(l->inbox_ev, NULL) < 0) {
-                loop_free(l);
-                return -ENOMEM;
-        }
-        if (!threaded)
+        l->epfd = epoll_create1(EPOLL_CLOEXEC);
+        if (l->epfd < 0)
+                goto fail_errno;
+        fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+        if (fd < 0)
+                goto fail_errno;
+        loop_io_init(&l->inbox_io, l, fd, on_inbox, l);
+        fd = timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC | TFD_NONBLOCK);
+        if (fd < 0)
+                goto fail_errno;
+        loop_io_init(&l->timer_io, l, fd, on_timers, l);
+        r = loop_io_want(&l->inbox_io, LOOP_READ);
+        if (r == 0)
+                r = loop_io_want(&l->timer_io, LOOP_READ);
+        if (r < 0)
+                goto fail;
+        if (host) {
+                l->host_ev = event_new(host, l->epfd, EV_READ | EV_PERSIST, on_host, l);
+                if (!l->host_ev || event_add(l->host_ev, NULL) < 0) {
+                        r = -ENOMEM;
+                        goto fail;
+                }
                 l->thread = pthread_self();
+        }
         *ret = l;
         return 0;
+fail_errno:
+        r = -errno;
+fail:
+        loop_free(l);
+        return r;
 }
 
 int loop_start(Loop *l)
@@ -113,7 +388,7 @@ int loop_start(Loop *l)
 static void wake(Loop *l)
 {
         /* an eventfd write fails only when the counter would overflow: it is read at every wakeup */
-        (void)!write(l->efd, &(uint64_t){1}, sizeof(uint64_t));
+        (void)!write(l->inbox_io.fd, &(uint64_t){1}, sizeof(uint64_t));
 }
 
 void loop_stop(Loop *l)
@@ -139,12 +414,17 @@ Loop *loop_free(Loop *l)
                 if (w->owned)
                         free(w);
         }
-        if (l->inbox_ev)
-                event_free(l->inbox_ev);
-        if (l->efd >= 0)
-                close(l->efd);
-        if (l->base)
-                event_base_free(l->base);
+        if (l->host_ev)
+                event_free(l->host_ev);
+        loop_io_done(&l->inbox_io);
+        loop_io_done(&l->timer_io);
+        if (l->inbox_io.fd >= 0)
+                close(l->inbox_io.fd);
+        if (l->timer_io.fd >= 0)
+                close(l->timer_io.fd);
+        if (l->epfd >= 0)
+                close(l->epfd);
+        free(l->heap);
         pthread_mutex_destroy(&l->lock);
         free(l);
         return NULL;
@@ -185,11 +465,6 @@ int loop_post(Loop *l, LoopFn fn, void *arg)
         w->owned = true;
         enqueue(l, w, fn, arg);
         return 0;
-}
-
-struct event_base *loop_base(const Loop *l)
-{
-        return l->base;
 }
 
 bool loop_is_current(const Loop *l)

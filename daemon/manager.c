@@ -496,9 +496,8 @@ static int listen_bind(Manager *m)
 
 /* While stopping, every loop closes its connections whose replies are all out; the rest get until the
  * deadline. The main loop's tick also ends the run, once no connection is left or the deadline passed. */
-static void on_drain_tick(evutil_socket_t fd, short what, void *userdata)
+static void on_drain_tick(void *userdata)
 {
-        static const struct timeval tick = {0, 50000}, handover_tick = {0, 1000};
         Shard *sh = userdata;
         Manager *m = sh->m;
         unsigned left;
@@ -530,7 +529,7 @@ static void on_drain_tick(evutil_socket_t fd, short what, void *userdata)
         }
         /* a hand-over waits only for replies on their way out: it looks again soon */
         if (left)
-                evtimer_add(sh->drain_ev, m->handover != MANAGER_HANDOVER_NONE ? &handover_tick : &tick);
+                loop_timer_arm(&sh->drain_timer, m->handover != MANAGER_HANDOVER_NONE ? 1000 : 50000);
 }
 
 /* On each loop: stop reading its clients, and start its drain. */
@@ -544,7 +543,7 @@ static void drain_start(void *arg)
                 if (c->sh == sh)
                         transport_pause(&c->t, true);
         manager_unlock(m);
-        on_drain_tick(-1, 0, sh);
+        on_drain_tick(sh);
 }
 
 static void on_signal_stop(evutil_socket_t sig, short what, void *userdata)
@@ -831,46 +830,26 @@ static unsigned loops_wanted(const Options *o)
         return n < 1 ? 1 : n > MANAGER_MAX_LOOPS ? MANAGER_MAX_LOOPS : n;
 }
 
-/*
- * A threaded loop's base. It keeps no time cache: libevent would read the clock after every wait to fill
- * it, and such a loop has timers only while a connection says hello or waits to send, when each reads the
- * clock itself; its requests read their own.
- */
-static struct event_base *shard_base_new(void)
-{
-        struct event_config *cfg = event_config_new();
-        struct event_base *base;
-
-        if (!cfg)
-                return NULL;
-        (void)event_config_set_flag(cfg, EVENT_BASE_FLAG_NO_CACHE_TIME);
-        base = event_base_new_with_config(cfg);
-        event_config_free(cfg);
-        return base;
-}
-
+/* Shard 0's loop runs its events from the main loop's base; the others on threads of their own. */
 static int shard_init(Manager *m, Shard *sh, unsigned index)
 {
-        struct event_base *base = index == 0 ? m->base : shard_base_new();
         int r;
 
         sh->m = m;
         sh->index = index;
-        if (!base)
-                return -ENOMEM;
-        r = loop_new(base, index > 0, &sh->loop); /* the base is the loop's from here */
+        r = loop_new(index == 0 ? m->base : NULL, &sh->loop);
         if (r < 0)
                 return r;
-        sh->base = base;
         sh->metrics = calloc(1, sizeof(*sh->metrics));
         sh->rx_buf = malloc(GM_FRAME_MAX);
         sh->tx_buf = malloc(GM_FRAME_MAX);
-        sh->drain_ev = evtimer_new(base, on_drain_tick, sh);
-        if (!sh->metrics || !sh->rx_buf || !sh->tx_buf || !sh->drain_ev ||
-            arena_init(&sh->req_arena, 64 * 1024) < 0)
+        if (!sh->metrics || !sh->rx_buf || !sh->tx_buf || arena_init(&sh->req_arena, 64 * 1024) < 0)
                 return -ENOMEM;
+        r = loop_timer_init(&sh->drain_timer, sh->loop, on_drain_tick, sh);
+        if (r < 0)
+                return r;
         if (m->workers) {
-                r = worker_home_new(m->workers, base, &sh->home);
+                r = worker_home_new(m->workers, sh->loop, &sh->home);
                 if (r < 0)
                         return r;
         }
@@ -879,13 +858,12 @@ static int shard_init(Manager *m, Shard *sh, unsigned index)
 
 static void shard_done(Shard *sh)
 {
-        if (sh->drain_ev)
-                event_free(sh->drain_ev);
+        loop_timer_done(&sh->drain_timer);
         free(sh->metrics);
         free(sh->rx_buf);
         free(sh->tx_buf);
         arena_done(&sh->req_arena);
-        sh->loop = loop_free(sh->loop); /* and its base (the main loop's too) */
+        sh->loop = loop_free(sh->loop);
 }
 
 int manager_new(Manager **ret, const Options *opts)
@@ -1143,9 +1121,9 @@ Manager *manager_free(Manager *m)
                 for (unsigned i = 0; i < m->n_shards; i++)
                         shard_done(&m->shards[i]);
                 free(m->shards);
-        } else if (m->base) {
-                event_base_free(m->base); /* the main loop's, when no shard took it over */
         }
+        if (m->base)
+                event_base_free(m->base); /* after shard 0's loop, which it hosted */
         free(m->topology_reply[0]);
         free(m->topology_reply[1]);
         for (size_t i = 0; i < m->n_topology_files; i++) {

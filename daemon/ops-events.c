@@ -20,7 +20,7 @@ typedef struct PendingWait {
         size_t n_ids; /* the events it names, for the faults its reply carries */
         uint32_t ids[EVENTS_WAIT_MAX_IDS];
         EventWait *wait;
-        struct event *timer; /* NULL: no timeout */
+        LoopTimer timer; /* not set up: no timeout */
 } PendingWait;
 
 static void pending_unlink(PendingWait *p)
@@ -36,8 +36,7 @@ static void pending_unlink(PendingWait *p)
 static void pending_free(PendingWait *p)
 {
         pending_unlink(p);
-        if (p->timer)
-                event_free(p->timer);
+        loop_timer_done(&p->timer);
         free(p);
 }
 
@@ -95,13 +94,11 @@ static void wait_done(EventWait *w, unsigned result, void *ctx)
 }
 
 /* On the connection's loop, outside any request: its own lock, as a request on its books takes. */
-static void wait_timeout(evutil_socket_t fd, short what, void *userdata)
+static void wait_timeout(void *userdata)
 {
         PendingWait *p = userdata;
         Conn *c = p->c;
 
-        (void)fd;
-        (void)what;
         conn_lock(c);
         broker_event_wait_cancel(c->broker, p->wait);
         pending_reply(p, 1 /* KFD_IOC_WAIT_RESULT_TIMEOUT */);
@@ -190,21 +187,17 @@ int op_event_wait(ReqCtx *r, const Gpumem__Request *req)
         if (timeout && !p)
                 return reply_fail(r, -ENOMEM, "out of memory");
         if (p && timeout != UINT32_MAX) {
-                struct timeval tv = {(time_t)(timeout / 1000), (suseconds_t)(timeout % 1000) * 1000};
-                p->timer = evtimer_new(r->c->sh->base, wait_timeout, p);
-                if (!p->timer || evtimer_add(p->timer, &tv) < 0) {
-                        if (p->timer)
-                                event_free(p->timer);
+                if (loop_timer_init(&p->timer, r->c->sh->loop, wait_timeout, p) < 0) {
                         free(p);
                         return reply_fail(r, -ENOMEM, "cannot time the wait");
                 }
+                loop_timer_arm(&p->timer, (uint64_t)timeout * 1000u);
         }
         err = broker_event_wait(bc, a->event_ids, a->n_event_ids, a->wait_all, timeout != 0, wait_done, p,
                                 p ? &p->wait : NULL, &w);
         if (err != 0) {
                 if (p) {
-                        if (p->timer)
-                                event_free(p->timer);
+                        loop_timer_done(&p->timer);
                         free(p);
                 }
                 if (err < 0)

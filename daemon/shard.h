@@ -1,7 +1,6 @@
 /* A shard of the daemon: one event loop and what it keeps for the connections placed on it. */
 #pragma once
 
-#include <event2/event.h>
 #include <stdint.h>
 
 #include "arena.h"
@@ -30,7 +29,6 @@ typedef struct Shard {
         Manager *m;
         unsigned index;
         Loop *loop;
-        struct event_base *base;
         uint8_t *rx_buf, *tx_buf; /* one frame at a time is handled per loop */
         Arena req_arena;          /* a request's decoded messages, reset after each one */
         struct Metrics *metrics;  /* this loop's, summed when rendered */
@@ -39,7 +37,7 @@ typedef struct Shard {
         Conn *dying;              /* killed, waiting for their deferred free (freed by manager_free if the
                                      loop ends first) */
         unsigned n_conns;         /* connections placed on it (under the manager's lock) */
-        struct event *drain_ev;   /* closes its connections whose replies are out, while stopping */
+        LoopTimer drain_timer;    /* closes its connections whose replies are out, while stopping */
         unsigned unsettled;       /* at a hand-over: its connections with replies still to go (under the
                                      manager's lock) */
         LoopWork drain_work;

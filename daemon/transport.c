@@ -52,20 +52,44 @@ static void fail(Transport *t)
         t->ops->closed(t->owner);
 }
 
+/* Nothing stops reading: not dead, not paused or held, below the in-flight limit. */
+static bool reading_allowed(const Transport *t)
+{
+        return !t->dead && !t->paused && !t->held && t->out_count < t->ops->inflight_limit(t->owner);
+}
+
+/*
+ * Watch the socket for what is wanted now: reading while nothing stops it, writing while a reply waits for
+ * room. Called after every change of that state; unchanged, it costs a comparison. A socket the loop cannot
+ * watch is a failed one.
+ */
+static void watch(Transport *t)
+{
+        unsigned want = 0;
+
+        if (!t->started)
+                return;
+        if (reading_allowed(t))
+                want |= LOOP_READ;
+        if (!t->dead && t->out_head && !t->out_head->hole)
+                want |= LOOP_WRITE;
+        if (loop_io_want(&t->io, want) < 0)
+                fail(t);
+}
+
 /* The queue moved (or began): the client has send-timeout seconds until it moves again. */
 static void send_timer_restart(Transport *t)
 {
         /* the setting a reload may change meanwhile, on another thread */
         uint32_t timeout = __atomic_load_n(t->send_timeout_sec, __ATOMIC_RELAXED);
-        struct timeval tv = {(time_t)timeout, 0};
 
-        if (t->send_ev && timeout)
-                evtimer_add(t->send_ev, &tv);
+        if (t->started && timeout)
+                loop_timer_arm(&t->send_timer, (uint64_t)timeout * 1000000u);
 }
 
 /* A reply has waited since the queue last moved: a client that does not read is dropped, so it cannot hold
  * its connection slot, its class's counts and its memory for ever. */
-static void on_send_timeout(evutil_socket_t fd, short what, void *userdata)
+static void on_send_timeout(void *userdata)
 {
         Transport *t = userdata;
 
@@ -89,14 +113,8 @@ static void out_append(Transport *t, TransportPacket *p)
         t->out_count++;
         limited = t->out_count >= t->ops->inflight_limit(t->owner);
         if (limited)
-                event_del(t->rd_ev);
+                watch(t);
         t->ops->inflight(t->owner, +1, limited);
-}
-
-/* Nothing stops reading: not dead, not paused or held, below the in-flight limit. */
-static bool reading_allowed(const Transport *t)
-{
-        return !t->dead && !t->paused && !t->held && t->out_count < t->ops->inflight_limit(t->owner);
 }
 
 static int flush(Transport *t)
@@ -104,8 +122,10 @@ static int flush(Transport *t)
         while (t->out_head && !t->out_head->hole) {
                 TransportPacket *p = t->out_head;
                 int r = gm_wire_send(t->fd, p->data, p->len, NULL, 0, p->fds, p->n_fds, MSG_DONTWAIT);
-                if (r == -EAGAIN)
+                if (r == -EAGAIN) {
+                        watch(t); /* for room to write; and below its in-flight limit, reading again */
                         return 0;
+                }
                 if (r < 0)
                         return r;
                 t->out_head = p->next;
@@ -116,22 +136,13 @@ static int flush(Transport *t)
                 t->out_count--;
                 t->ops->inflight(t->owner, -1, false);
                 send_timer_restart(t);
-                /* below its in-flight limit again: read it (replies keep their order in the queue) */
-                if (reading_allowed(t))
-                        event_add(t->rd_ev, NULL);
         }
         /* empty, or waiting for a reply still being made: nothing to write, and no stall of the client's */
-        event_del(t->wr_ev);
-        event_del(t->send_ev);
+        if (t->started)
+                loop_timer_cancel(&t->send_timer);
+        /* below its in-flight limit again: read it (replies keep their order in the queue) */
+        watch(t);
         return 0;
-}
-
-static void on_write(evutil_socket_t fd, short what, void *userdata)
-{
-        Transport *t = userdata;
-
-        if (flush(t) < 0)
-                fail(t);
 }
 
 /* Receive one packet and hand it to the owner: true if one was handled, false if none was there or the
@@ -173,15 +184,13 @@ static bool read_one(Transport *t)
  */
 enum { READ_AGAIN_MAX = 8, READ_AGAIN_PROBE = 16 };
 
-static void on_read(evutil_socket_t fd, short what, void *userdata)
+static void on_read(Transport *t)
 {
-        Transport *t = userdata;
-
         if (t->dead || t->paused || t->held)
                 return;
         if (t->out_count >= t->ops->inflight_limit(t->owner)) {
                 /* as many replies wait as this connection may have in flight: it waits, alone */
-                event_del(t->rd_ev);
+                watch(t);
                 t->ops->inflight(t->owner, 0, true);
                 return;
         }
@@ -203,6 +212,16 @@ static void on_read(evutil_socket_t fd, short what, void *userdata)
         }
 }
 
+static void on_io(void *userdata, unsigned what)
+{
+        Transport *t = userdata;
+
+        if ((what & LOOP_WRITE) && flush(t) < 0)
+                fail(t);
+        if ((what & LOOP_READ) && !t->dead)
+                on_read(t);
+}
+
 void transport_adopt(Transport *t, int fd, const TransportOps *ops, void *owner)
 {
         memset(t, 0, sizeof(*t));
@@ -211,39 +230,35 @@ void transport_adopt(Transport *t, int fd, const TransportOps *ops, void *owner)
         t->owner = owner;
 }
 
-int transport_start(Transport *t, struct event_base *base, uint8_t *rx_buf, uint8_t *tx_buf,
+int transport_start(Transport *t, Loop *loop, uint8_t *rx_buf, uint8_t *tx_buf,
                     const uint32_t *send_timeout_sec)
 {
+        int r;
+
         t->rx_buf = rx_buf;
         t->tx_buf = tx_buf;
         t->send_timeout_sec = send_timeout_sec;
-        t->rd_ev = event_new(base, t->fd, EV_READ | EV_PERSIST, on_read, t);
-        t->wr_ev = event_new(base, t->fd, EV_WRITE | EV_PERSIST, on_write, t);
-        t->send_ev = evtimer_new(base, on_send_timeout, t);
-        if (!t->rd_ev || !t->wr_ev || !t->send_ev)
-                return -ENOMEM;
+        loop_io_init(&t->io, loop, t->fd, on_io, t);
+        r = loop_timer_init(&t->send_timer, loop, on_send_timeout, t);
+        if (r < 0)
+                return r;
+        t->started = true;
         /* stopped, paused or held before it started: not read yet */
-        if (reading_allowed(t) && event_add(t->rd_ev, NULL) < 0)
-                return -ENOMEM;
-        return 0;
+        return loop_io_want(&t->io, reading_allowed(t) ? LOOP_READ : 0);
 }
 
-int transport_init(Transport *t, struct event_base *base, int fd, uint8_t *rx_buf, uint8_t *tx_buf,
+int transport_init(Transport *t, Loop *loop, int fd, uint8_t *rx_buf, uint8_t *tx_buf,
                    const uint32_t *send_timeout_sec, const TransportOps *ops, void *owner)
 {
         transport_adopt(t, fd, ops, owner);
-        return transport_start(t, base, rx_buf, tx_buf, send_timeout_sec);
+        return transport_start(t, loop, rx_buf, tx_buf, send_timeout_sec);
 }
 
 void transport_done(Transport *t)
 {
-        if (t->rd_ev)
-                event_free(t->rd_ev);
-        if (t->wr_ev)
-                event_free(t->wr_ev);
-        if (t->send_ev)
-                event_free(t->send_ev);
-        t->rd_ev = t->wr_ev = t->send_ev = NULL;
+        loop_io_done(&t->io);
+        loop_timer_done(&t->send_timer);
+        t->started = false;
         while (t->out_head) {
                 TransportPacket *p = t->out_head;
                 t->out_head = p->next;
@@ -274,35 +289,27 @@ void transport_stop(Transport *t)
                         break;
         }
         t->dead = true;
-        if (t->rd_ev)
-                event_del(t->rd_ev);
-        if (t->wr_ev)
-                event_del(t->wr_ev);
-        if (t->send_ev)
-                event_del(t->send_ev);
+        watch(t);
+        if (t->started)
+                loop_timer_cancel(&t->send_timer);
 }
 
 void transport_pause(Transport *t, bool paused)
 {
         t->paused = paused;
-        if (!t->rd_ev)
-                return; /* not started: transport_start() looks at it */
-        if (paused)
-                event_del(t->rd_ev);
-        else if (reading_allowed(t))
-                event_add(t->rd_ev, NULL);
+        watch(t); /* not started: transport_start() looks at it */
 }
 
 void transport_hold(Transport *t)
 {
-        if (t->held++ == 0 && t->rd_ev)
-                event_del(t->rd_ev);
+        if (t->held++ == 0)
+                watch(t);
 }
 
 void transport_release(Transport *t)
 {
-        if (t->held && --t->held == 0 && t->rd_ev && reading_allowed(t))
-                event_add(t->rd_ev, NULL);
+        if (t->held && --t->held == 0)
+                watch(t);
 }
 
 bool transport_idle(const Transport *t)
@@ -361,7 +368,7 @@ static int send_frame(Transport *t, size_t len, int *fds, size_t n_fds)
         if (!t->out_head->hole) {
                 if (t->out_head == p)
                         send_timer_restart(t);
-                event_add(t->wr_ev, NULL);
+                watch(t);
         }
         return 0;
 }
@@ -454,8 +461,6 @@ int transport_slot_fill(Transport *t, TransportPacket *slot, uint32_t request_id
                 send_timer_restart(t);
                 if (flush(t) < 0)
                         fail(t);
-                else if (t->out_head && !t->out_head->hole)
-                        event_add(t->wr_ev, NULL);
         }
         return 0;
 }

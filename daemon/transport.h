@@ -1,12 +1,12 @@
 /* A client's socket: non-blocking frame I/O with fds, the ordered reply queue, backpressure, send timeout. */
 #pragma once
 
-#include <event2/event.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
 #include "gpumem.pb-c.h"
+#include "loop.h"
 
 /*
  * The transport knows nothing above it: its owner (the connection) hands it callbacks and its limits. It
@@ -40,8 +40,10 @@ typedef struct Transport {
         const TransportOps *ops;
         void *owner;
         int fd;
-        uint8_t *rx_buf, *tx_buf; /* shared by every transport of the loop, GM_FRAME_MAX each */
-        struct event *rd_ev, *wr_ev, *send_ev;
+        uint8_t *rx_buf, *tx_buf;         /* shared by every transport of the loop, GM_FRAME_MAX each */
+        LoopIo io;                        /* the socket, on its loop */
+        LoopTimer send_timer;             /* the send timeout, armed while replies wait for the client */
+        bool started;                     /* on its loop (transport_start) */
         const uint32_t *send_timeout_sec; /* the owner's setting (0: none), read when the queue moves */
         TransportPacket *out_head, *out_tail;
         size_t out_bytes;
@@ -55,13 +57,13 @@ typedef struct Transport {
 
 /*
  * Take @fd (closed by transport_done) without watching it yet: the transport can be stopped and done before
- * transport_start(), which, on the thread of the loop of @base, creates its events and starts reading.
+ * transport_start(), which, on the thread of @loop, sets its watcher and timer up and starts reading.
  */
 void transport_adopt(Transport *t, int fd, const TransportOps *ops, void *owner);
-int transport_start(Transport *t, struct event_base *base, uint8_t *rx_buf, uint8_t *tx_buf,
+int transport_start(Transport *t, Loop *loop, uint8_t *rx_buf, uint8_t *tx_buf,
                     const uint32_t *send_timeout_sec);
 /* Both at once (@fd is closed by transport_done, also after a failure here). */
-int transport_init(Transport *t, struct event_base *base, int fd, uint8_t *rx_buf, uint8_t *tx_buf,
+int transport_init(Transport *t, Loop *loop, int fd, uint8_t *rx_buf, uint8_t *tx_buf,
                    const uint32_t *send_timeout_sec, const TransportOps *ops, void *owner);
 /* Close the socket, drop what is queued (the owner is told of the in-flight change), free the events. */
 void transport_done(Transport *t);

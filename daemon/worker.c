@@ -3,7 +3,6 @@
 #include "worker.h"
 
 #include <errno.h>
-#include <event2/event.h>
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -16,7 +15,7 @@ struct WorkerHome {
         pthread_mutex_t lock;
         WorkerJob *finished; /* run, done() not called yet */
         int efd;             /* readable when jobs finished */
-        struct event *ev;    /* on the home's loop: efd */
+        LoopIo io;           /* on the home's loop: efd */
         size_t pending;      /* submitted, done() not run; touched on the home's loop thread only */
 };
 
@@ -94,8 +93,9 @@ void worker_reap(WorkerHome *h)
         }
 }
 
-static void on_finished(evutil_socket_t fd, short what, void *userdata)
+static void on_finished(void *userdata, unsigned what)
 {
+        (void)what;
         worker_reap(userdata);
 }
 
@@ -128,7 +128,7 @@ fail:
         return r;
 }
 
-int worker_home_new(WorkerPool *p, struct event_base *base, WorkerHome **ret)
+int worker_home_new(WorkerPool *p, Loop *loop, WorkerHome **ret)
 {
         WorkerHome *h = calloc(1, sizeof(*h));
         int r;
@@ -141,19 +141,17 @@ int worker_home_new(WorkerPool *p, struct event_base *base, WorkerHome **ret)
                 r = -errno;
                 goto fail;
         }
-        h->ev = event_new(base, h->efd, EV_READ | EV_PERSIST, on_finished, h);
-        if (!h->ev || event_add(h->ev, NULL) < 0) {
-                r = -ENOMEM;
+        loop_io_init(&h->io, loop, h->efd, on_finished, h);
+        r = loop_io_want(&h->io, LOOP_READ);
+        if (r < 0)
                 goto fail;
-        }
         /* homes are made while the daemon starts, before any loop thread runs */
         h->next = p->homes;
         p->homes = h;
         *ret = h;
         return 0;
 fail:
-        if (h->ev)
-                event_free(h->ev);
+        loop_io_done(&h->io);
         if (h->efd >= 0)
                 close(h->efd);
         pthread_mutex_destroy(&h->lock);
@@ -199,7 +197,7 @@ WorkerPool *worker_pool_free(WorkerPool *p)
         while (p->homes) {
                 WorkerHome *h = p->homes;
                 p->homes = h->next;
-                event_free(h->ev);
+                loop_io_done(&h->io);
                 close(h->efd);
                 pthread_mutex_destroy(&h->lock);
                 free(h);

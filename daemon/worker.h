@@ -3,7 +3,7 @@
 
 #include <stddef.h>
 
-struct event_base;
+#include "loop.h"
 
 /*
  * A job is embedded in its owner's struct. run() executes on a worker thread and must touch only what the
@@ -30,10 +30,10 @@ int worker_pool_new(unsigned n_threads, WorkerPool **ret);
  */
 WorkerPool *worker_pool_free(WorkerPool *p);
 /*
- * The place on the loop of @base where finished jobs come back (an eventfd that loop watches); freed with
- * the pool. -ENOMEM, or the errno of eventfd().
+ * The place on @loop where finished jobs come back (an eventfd that loop watches); freed with the pool.
+ * -ENOMEM, or the errno of eventfd() or epoll_ctl().
  */
-int worker_home_new(WorkerPool *p, struct event_base *base, WorkerHome **ret);
+int worker_home_new(WorkerPool *p, Loop *loop, WorkerHome **ret);
 /* Queue @job from the loop of @h; it cannot fail once the pool exists. */
 void worker_submit(WorkerPool *p, WorkerHome *h, WorkerJob *job);
 /* Jobs submitted from @h whose done() has not run yet. */
