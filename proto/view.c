@@ -3,6 +3,51 @@
 
 #include "envelope.h"
 
+/*
+ * The forms the daemon and the client library write (every field once, in order, the fewest bytes) are
+ * read first by straight-line code that expects them byte by byte; anything else, or anything unexpected on
+ * the way, goes to the general reader, which starts again from the beginning. What the short way reads is
+ * what the general way reads of the same bytes.
+ */
+
+/* A one-byte tag @tag at *@at, then a varint: its value, *@at past it. */
+static inline __attribute__((always_inline)) bool expect_uint(const uint8_t *p, size_t len, size_t *at,
+                                                              uint8_t tag, uint64_t *ret)
+{
+        size_t i = *at, a;
+
+        if (i >= len || p[i] != tag || !(a = gm_pb_varint_at(p, len, i + 1, ret)))
+                return false;
+        *at = i + 1 + a;
+        return true;
+}
+
+/* A one-byte tag @tag at *@at, then a length that runs to the end of the body: *@at at the payload. */
+static inline __attribute__((always_inline)) bool expect_last_len(const uint8_t *p, size_t len, size_t *at,
+                                                                  uint8_t tag)
+{
+        uint64_t n;
+        size_t i = *at, a;
+
+        if (i >= len || p[i] != tag || !(a = gm_pb_varint_at(p, len, i + 1, &n)) || a > 5 ||
+            n != len - i - 1 - a)
+                return false;
+        *at = i + 1 + a;
+        return true;
+}
+
+/* Packed varints filling @p's @len bytes into @out (room for @cap), counted in *@n; false when one does not
+ * end in time or there is no room (the general way then says which). */
+static inline bool read_packed(const uint8_t *p, size_t len, uint64_t *out, size_t cap, size_t *n)
+{
+        for (size_t k = 0, a; k < len; k += a) {
+                if (*n == cap || !(a = gm_pb_varint_at(p, len, k, &out[*n])))
+                        return false;
+                (*n)++;
+        }
+        return true;
+}
+
 size_t gm_pb_put_packed(uint8_t *out, uint32_t id, const uint64_t *arr, size_t count)
 {
         size_t n, body = 0;
@@ -83,6 +128,24 @@ static int read_status(const uint8_t *p, size_t len, GmReplyView *v)
         return r;
 }
 
+/* The daemon's answer: status {code 0}, then the wanted result, which ends the body. */
+static bool reply_daemon_form(const uint8_t *body, size_t len, uint32_t want, GmReplyView *ret)
+{
+        static const uint8_t ok[4] = {1 << 3 | GM_PB_LEN, 2, 1 << 3 | GM_PB_VARINT, 0};
+        uint64_t tag, n;
+        size_t i = sizeof(ok), a, b;
+
+        if (len < sizeof(ok) + 2 || memcmp(body, ok, sizeof(ok)) != 0)
+                return false;
+        if (!(a = gm_pb_varint_at(body, len, i, &tag)) || a > 5 || tag != ((uint64_t)want << 3 | GM_PB_LEN))
+                return false;
+        i += a;
+        if (!(b = gm_pb_varint_at(body, len, i, &n)) || b > 5 || n != len - i - b)
+                return false;
+        *ret = (GmReplyView){.has_code = true, .has_result = true, .result = body + i + b, .result_len = n};
+        return true;
+}
+
 int gm_reply_view(const uint8_t *body, size_t len, uint32_t want, GmReplyView *ret)
 {
         GmReplyView v = {0};
@@ -92,6 +155,8 @@ int gm_reply_view(const uint8_t *body, size_t len, uint32_t want, GmReplyView *r
         size_t at = 0;
         int r;
 
+        if (reply_daemon_form(body, len, want, ret))
+                return 0;
         while ((r = gm_pb_next(body, len, &at, &f)) > 0) {
                 if (f.id == 1) {
                         if (f.wire != GM_PB_LEN)
@@ -122,12 +187,43 @@ int gm_reply_view(const uint8_t *body, size_t len, uint32_t want, GmReplyView *r
         return 0;
 }
 
+/* The daemon's answer: fields 1 to 5, the mapped GPUs, the flags, and a one-byte bool to end it. */
+static bool pointer_info_daemon_form(const uint8_t *p, size_t len, GmPointerInfoView *ret)
+{
+        uint64_t kind, gpu_id, flags, g;
+        size_t at = 0, n = 0;
+
+        if (!expect_uint(p, len, &at, 1 << 3, &ret->handle) || !expect_uint(p, len, &at, 2 << 3, &kind) ||
+            !expect_uint(p, len, &at, 3 << 3, &gpu_id) ||
+            !expect_uint(p, len, &at, 4 << 3, &ret->alloc_base) ||
+            !expect_uint(p, len, &at, 5 << 3, &ret->size))
+                return false;
+        while (at < len && p[at] == 6 << 3) {
+                if (!expect_uint(p, len, &at, 6 << 3, &g))
+                        return false;
+                if (n < GM_VIEW_MAX_GPUS)
+                        ret->mapped_gpus[n] = (uint32_t)g;
+                n++;
+        }
+        if (!expect_uint(p, len, &at, 7 << 3, &flags) || len - at != 2 || p[at] != 8 << 3 ||
+            p[at + 1] >= 0x80)
+                return false;
+        ret->kind = (int32_t)(uint32_t)kind;
+        ret->gpu_id = (uint32_t)gpu_id;
+        ret->flags = (uint32_t)flags;
+        ret->cpu_accessible = p[at + 1] != 0;
+        ret->n_mapped_gpus = n;
+        return true;
+}
+
 int gm_pointer_info_view(const uint8_t *p, size_t len, GmPointerInfoView *ret)
 {
         GmPbField f;
         size_t at = 0;
         int r;
 
+        if (pointer_info_daemon_form(p, len, ret))
+                return 0;
         memset(ret, 0, offsetof(GmPointerInfoView, mapped_gpus));
         while ((r = gm_pb_next(p, len, &at, &f)) > 0) {
                 if (f.id == 0 || f.id > 8) /* unknown */
@@ -226,6 +322,14 @@ int gm_svm_attrs_view(const uint8_t *p, size_t len, uint64_t *out, size_t cap, s
         GmPbField f;
         int r;
 
+        /* the daemon's answer: nothing, or the packed attributes alone */
+        if (len == 0 || (expect_last_len(p, len, &at, 2 << 3 | GM_PB_LEN) &&
+                         read_packed(p + at, len - at, out, cap, &n))) {
+                *ret_n = n;
+                *ret_n_msgs = 0;
+                return 0;
+        }
+        n = at = 0;
         while ((r = gm_pb_next(p, len, &at, &f)) > 0)
                 if ((r = svm_attr_field(&f, 1, 2, out, cap, &n, &n_msgs)) < 0)
                         return r;
@@ -243,6 +347,15 @@ int gm_svm_call_view(const uint8_t *p, size_t len, uint64_t *out, size_t cap, Gm
         GmPbField f;
         int r;
 
+        /* the client library's call: va, size, and the packed attributes (if any) to end it */
+        if (expect_uint(p, len, &at, 1 << 3, &v.va) && expect_uint(p, len, &at, 2 << 3, &v.size) &&
+            (at == len || (expect_last_len(p, len, &at, 4 << 3 | GM_PB_LEN) &&
+                           read_packed(p + at, len - at, out, cap, &v.n)))) {
+                *ret = v;
+                return 0;
+        }
+        v = (GmSvmCallView){0};
+        at = 0;
         while ((r = gm_pb_next(p, len, &at, &f)) > 0) {
                 if (f.id == 1 || f.id == 2) {
                         if (f.wire != GM_PB_VARINT)
@@ -289,6 +402,12 @@ int gm_u64_view(const uint8_t *p, size_t len, bool *ret_has, uint64_t *ret_v)
         size_t at = 0;
         int r;
 
+        /* the one field, alone */
+        if (expect_uint(p, len, &at, 1 << 3, ret_v) && at == len) {
+                *ret_has = true;
+                return 0;
+        }
+        at = 0;
         *ret_has = false;
         *ret_v = 0;
         while ((r = gm_pb_next(p, len, &at, &f)) > 0) {

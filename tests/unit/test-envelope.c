@@ -658,6 +658,53 @@ static void test_varints(void)
         }
 }
 
+static void same_request_decoding(const uint8_t *body, size_t len);
+
+/* An SVM call in the client library's form reads back as what was packed, alone and as a Request's op (also
+ * mutated); with too little room, -E2BIG. */
+static void same_svm_call_in_place(const Gpumem__SvmGetAttr *g, const uint8_t *msg, size_t len)
+{
+        uint8_t req[600], mut[601];
+        uint64_t out[32];
+        GmSvmCallView v;
+        size_t n;
+
+        CHECK_RC(gm_svm_call_view(msg, len, out, ARRAY_SIZE(out), &v), 0);
+        CHECK_EQ(v.va, g->va);
+        CHECK_EQ(v.size, g->size);
+        CHECK_EQ(v.n, g->n_packed_attrs);
+        CHECK_EQ(v.n_msgs, 0);
+        for (size_t i = 0; i < v.n && i < g->n_packed_attrs; i++)
+                CHECK_EQ(out[i], g->packed_attrs[i]);
+        if (g->n_packed_attrs)
+                CHECK_RC(gm_svm_call_view(msg, len, out, g->n_packed_attrs - 1, &v), -E2BIG);
+        n = gm_pb_put_len(
+                req, rnd() & 1 ? GPUMEM__REQUEST__OP_SVM_GET_ATTR : GPUMEM__REQUEST__OP_SVM_SET_ATTR, len);
+        memcpy(req + n, msg, len);
+        if (rnd() % 4 == 0)
+                check_mutations(req, n + len, mut, same_request_decoding);
+}
+
+/* A pointer query and a ping as the client library writes them (one varint field), and mutated. */
+static void test_hand_packed_u64(void)
+{
+        for (int it = 0; it < 3000; it++) {
+                uint8_t req[32], mut[33];
+                uint64_t v = rnd() >> (rnd() % 64), got = 0;
+                uint32_t op = rnd() & 1 ? GPUMEM__REQUEST__OP_PING : GPUMEM__REQUEST__OP_POINTER_INFO;
+                uint8_t msg[11];
+                size_t n = gm_pb_put_uint(msg, 1, v), k;
+                bool has = false;
+
+                CHECK_RC(gm_u64_view(msg, n, &has, &got), 0);
+                CHECK(has);
+                CHECK_EQ(got, v);
+                k = gm_pb_put_len(req, op, n);
+                memcpy(req + k, msg, n);
+                check_mutations(req, k + n, mut, same_request_decoding);
+        }
+}
+
 /* The SVM calls packed by hand (va, size, the packed attributes) are protobuf-c's bytes. */
 static void test_hand_packed_request(void)
 {
@@ -680,6 +727,7 @@ static void test_hand_packed_request(void)
                 CHECK_EQ(gpumem__svm_get_attr__get_packed_size(&g), n);
                 CHECK_EQ(gpumem__svm_get_attr__pack(&g, b), n);
                 CHECK(memcmp(a, b, n) == 0);
+                same_svm_call_in_place(&g, a, n);
         }
 }
 
@@ -695,6 +743,61 @@ static void same_hand_reply(const Gpumem__Reply *r, const uint8_t *msg, size_t l
         CHECK_EQ(gpumem__reply__get_packed_size(r), n);
         CHECK_EQ(gpumem__reply__pack(r, b), n);
         CHECK(memcmp(a, b, n) == 0);
+}
+
+/* @msg (@len bytes, a result of @want) behind the daemon's head, and mutations of that reply, read in place
+ * as protobuf-c reads them. */
+static void daemon_reply_mutations(uint32_t want, const uint8_t *msg, size_t len)
+{
+        uint8_t reply[GM_REPLY_HEAD_MAX + GM_POINTER_INFO_MAX(64)], mut[sizeof(reply) + 1];
+        size_t n = gm_reply_ok_head(reply, want, len);
+
+        memcpy(reply + n, msg, len);
+        check_mutations(reply, n + len, mut, same_views);
+}
+
+/* A pointer query's answer in the daemon's form reads back as what was packed. */
+static void same_pointer_info_in_place(const GmPointerInfoOut *o, const uint8_t *msg, size_t len)
+{
+        uint8_t reply[GM_REPLY_HEAD_MAX + GM_POINTER_INFO_MAX(64)];
+        size_t n = gm_reply_ok_head(reply, GPUMEM__REPLY__RESULT_POINTER_INFO, len);
+        GmPointerInfoView pi;
+        GmReplyView v;
+
+        memcpy(reply + n, msg, len);
+        CHECK_RC(gm_reply_view(reply, n + len, GPUMEM__REPLY__RESULT_POINTER_INFO, &v), 0);
+        CHECK(v.has_code && v.code == 0 && !v.reason && v.has_result && !v.other);
+        CHECK(v.result == reply + n && v.result_len == len);
+        CHECK_RC(gm_pointer_info_view(msg, len, &pi), 0);
+        CHECK_EQ(pi.handle, o->handle);
+        CHECK_EQ(pi.kind, o->kind);
+        CHECK_EQ(pi.gpu_id, o->gpu_id);
+        CHECK_EQ(pi.alloc_base, o->alloc_base);
+        CHECK_EQ(pi.size, o->size);
+        CHECK_EQ(pi.flags, o->flags);
+        CHECK_EQ(pi.cpu_accessible, o->cpu_accessible);
+        CHECK_EQ(pi.n_mapped_gpus, o->n_mapped_gpus);
+        for (size_t i = 0; i < o->n_mapped_gpus && i < GM_VIEW_MAX_GPUS; i++)
+                CHECK_EQ(pi.mapped_gpus[i], o->mapped_gpus[i]);
+        if (rnd() % 8 == 0)
+                daemon_reply_mutations(GPUMEM__REPLY__RESULT_POINTER_INFO, msg, len);
+}
+
+/* SVM attributes in the daemon's form read back as what was packed; with too little room, -E2BIG. */
+static void same_svm_attrs_in_place(const uint64_t *attrs, size_t n_attrs, const uint8_t *msg, size_t len)
+{
+        uint64_t out[32];
+        size_t n = 99, n_msgs = 99;
+
+        CHECK_RC(gm_svm_attrs_view(msg, len, out, ARRAY_SIZE(out), &n, &n_msgs), 0);
+        CHECK_EQ(n, n_attrs);
+        CHECK_EQ(n_msgs, 0);
+        for (size_t i = 0; i < n && i < n_attrs; i++)
+                CHECK_EQ(out[i], attrs[i]);
+        if (n_attrs)
+                CHECK_RC(gm_svm_attrs_view(msg, len, out, n_attrs - 1, &n, &n_msgs), -E2BIG);
+        if (rnd() % 8 == 0)
+                daemon_reply_mutations(GPUMEM__REPLY__RESULT_SVM_GET_ATTR, msg, len);
 }
 
 /* The daemon's hand-packed answers (ping, pointer query, SVM attributes, Empty) are protobuf-c's bytes for
@@ -742,6 +845,7 @@ static void test_hand_packed_replies(void)
                 r.pointer_info = &pr;
                 n = gm_pack_pointer_info(msg, &o);
                 same_hand_reply(&r, msg, n);
+                same_pointer_info_in_place(&o, msg, n);
 
                 ping.has_cookie = true;
                 ping.cookie = rnd() >> (rnd() % 64);
@@ -758,6 +862,7 @@ static void test_hand_packed_replies(void)
                 r.svm_get_attr = &sg;
                 n = gm_pb_put_packed(msg, 2, attrs, sg.n_packed_attrs);
                 same_hand_reply(&r, msg, n);
+                same_svm_attrs_in_place(attrs, sg.n_packed_attrs, msg, n);
 
                 r.result_case = GPUMEM__REPLY__RESULT_EMPTY;
                 r.empty = &empty;
@@ -969,6 +1074,10 @@ static void test_field_lookup(void)
 
 int main(void)
 {
+        const char *seed = getenv("GM_TEST_SEED"); /* another sequence of random messages and mutations */
+
+        if (seed && strtoull(seed, NULL, 0))
+                rng = strtoull(seed, NULL, 0);
         static const TestCase cases[] = {
                 {"the field lookup finds every field protobuf-c finds, and no other", test_field_lookup},
                 {"a Reply packs as protobuf-c packs it", test_reply},
@@ -983,8 +1092,12 @@ int main(void)
                  test_request_mutations},
                 {"a varint is read in place as the plain way reads it", test_varints},
                 {"a mutated reply read in place says what protobuf-c reads", test_view_mutations},
-                {"an SVM call packed by hand is protobuf-c's bytes", test_hand_packed_request},
-                {"the daemon's hand-packed small replies are protobuf-c's bytes", test_hand_packed_replies},
+                {"an SVM call packed by hand is protobuf-c's bytes, read back in place",
+                 test_hand_packed_request},
+                {"the daemon's hand-packed small replies are protobuf-c's bytes, read back in place",
+                 test_hand_packed_replies},
+                {"a ping and a pointer query as the client writes them are read in place",
+                 test_hand_packed_u64},
         };
         return run_tests(cases, ARRAY_SIZE(cases));
 }
