@@ -5,8 +5,24 @@
 #include <stdbool.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/uio.h>
 #include <unistd.h>
+
+/*
+ * The system calls themselves, not libc's wrappers: those make each a cancellation point, which costs two
+ * calls around every one, and a thread cancelled in the middle of a round trip would leave its connection's
+ * state half-changed (a reply taken off the socket and never read) with nothing to clean it up.
+ */
+static inline ssize_t sys_recvmsg(int sock, struct msghdr *msg, int flags)
+{
+        return syscall(SYS_recvmsg, sock, msg, flags);
+}
+
+static inline ssize_t sys_sendmsg(int sock, const struct msghdr *msg, int flags)
+{
+        return syscall(SYS_sendmsg, sock, msg, flags);
+}
 
 void gm_wire_close_fds(int *fds, size_t n)
 {
@@ -37,7 +53,7 @@ ssize_t gm_wire_recv(int sock, void *buf, size_t cap, int *fds, size_t *ret_n_fd
 
         *ret_n_fds = 0;
         do
-                len = recvmsg(sock, &msg, flags | MSG_CMSG_CLOEXEC);
+                len = sys_recvmsg(sock, &msg, flags | MSG_CMSG_CLOEXEC);
         while (len < 0 && errno == EINTR);
         if (len < 0)
                 return -errno;
@@ -98,7 +114,7 @@ int gm_wire_send(int sock, const void *hdr, size_t hdr_len, const void *body, si
                 memcpy(CMSG_DATA(c), fds, sizeof(int) * n_fds);
         }
         do
-                r = sendmsg(sock, &msg, flags | MSG_NOSIGNAL);
+                r = sys_sendmsg(sock, &msg, flags | MSG_NOSIGNAL);
         while (r < 0 && errno == EINTR);
         if (r < 0)
                 return -errno;
