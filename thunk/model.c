@@ -456,11 +456,15 @@ static int dispatch(ThunkModel *m, ModelFd *e, unsigned long request, void *arg)
                         kbuf = calloc(1, asize);
                         if (!kbuf)
                                 return -ENOMEM;
-                } else {
-                        memset(stackbuf, 0, sizeof(stackbuf));
-                }
-                if ((d->dir & _IOC_WRITE) && usize)
+                        if ((d->dir & _IOC_WRITE) && usize)
+                                memcpy(kbuf, arg, usize);
+                } else if ((d->dir & _IOC_WRITE) && usize) {
+                        /* what the caller's struct does not cover reads as zero, as the kernel's copy */
                         memcpy(kbuf, arg, usize);
+                        memset((uint8_t *)kbuf + usize, 0, asize - usize);
+                } else {
+                        memset(kbuf, 0, asize);
+                }
         }
         call.arg = kbuf;
         if (take_fault(m, request, &err)) {
