@@ -1,4 +1,4 @@
-/* The daemon's event loops: an epoll set, a timer heap behind a timerfd, an eventfd-woken inbox. */
+/* The daemon's event loops: an epoll set, a timer heap, an eventfd-woken inbox. */
 #include "loop.h"
 
 #include <errno.h>
@@ -7,7 +7,6 @@
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/syscall.h>
-#include <sys/timerfd.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -18,7 +17,8 @@ struct Loop {
         int epfd;
         bool threaded, running, quit;
         pthread_t thread;
-        struct event *host_ev; /* not threaded: the epoll fd, watched from the host's base */
+        struct event *host_ev;    /* not threaded: the epoll fd, watched from the host's base */
+        struct event *host_timer; /* not threaded: the earliest deadline, timed by the host's base */
 
         pthread_mutex_t lock; /* the inbox */
         LoopWork *head, *tail;
@@ -28,8 +28,7 @@ struct Loop {
         /* the armed timers, a binary min-heap by deadline; room for every initialised one */
         LoopTimer **heap;
         uint32_t n_armed, n_timers, cap;
-        LoopIo timer_io;
-        uint64_t tfd_due; /* what the timerfd is set to (0: not set) */
+        uint64_t host_due; /* not threaded: what host_timer is set to (0: not set) */
 
         /* the round being run, so that a watcher dropped during it is not called after */
         struct epoll_event *batch;
@@ -141,45 +140,52 @@ static void heap_remove(Loop *l, LoopTimer *t)
         sift_down(l, last->pos - 1);
 }
 
-/*
- * Set the timerfd to the earliest deadline when that is earlier than what it is set to (or it is not set).
- * A later one waits: when the timerfd fires early (its timer was cancelled or moved), it is set again.
- */
-static void timerfd_follow(Loop *l)
+/* Run the timers due now, each once: one that its callback arms again at once waits for the next round. */
+static void run_timers(Loop *l)
 {
-        uint64_t due;
-        struct itimerspec its = {0};
+        uint64_t now = now_ns();
+        uint32_t budget = l->n_armed;
 
-        if (!l->n_armed)
-                return;
-        due = l->heap[0]->due_ns;
-        if (l->tfd_due && l->tfd_due <= due)
-                return;
-        its.it_value.tv_sec = (time_t)(due / 1000000000ull);
-        its.it_value.tv_nsec = (long)(due % 1000000000ull);
-        /* fails only for values out of range, which a monotonic deadline is not */
-        (void)timerfd_settime(l->timer_io.fd, TFD_TIMER_ABSTIME, &its, NULL);
-        l->tfd_due = due;
-}
-
-static void on_timers(void *arg, unsigned what)
-{
-        Loop *l = arg;
-        uint64_t n, now;
-        uint32_t budget;
-
-        (void)what;
-        (void)!read(l->timer_io.fd, &n, sizeof(n));
-        l->tfd_due = 0;
-        now = now_ns();
-        /* those due now, each once: one that its callback arms again at once waits for the next round */
-        budget = l->n_armed;
         while (budget-- && l->n_armed && l->heap[0]->due_ns <= now) {
                 LoopTimer *t = l->heap[0];
                 heap_remove(l, t);
                 t->fn(t->arg); /* may free its owner, and arm or end other timers */
         }
-        timerfd_follow(l);
+}
+
+/*
+ * A hosted loop has the host's base time its earliest deadline, set again only when that moves earlier
+ * than what it is set to; one that fires early (its timer was cancelled or moved) is set again then. A
+ * threaded loop needs nothing: each round waits until its earliest deadline at most.
+ */
+static void host_timer_follow(Loop *l)
+{
+        uint64_t due, now;
+        struct timeval tv;
+
+        if (!l->host_timer || !l->n_armed)
+                return;
+        due = l->heap[0]->due_ns;
+        if (l->host_due && l->host_due <= due)
+                return;
+        now = now_ns();
+        due = due > now ? due - now : 0;
+        tv.tv_sec = (time_t)(due / 1000000000ull);
+        tv.tv_usec = (suseconds_t)((due % 1000000000ull + 999) / 1000);
+        /* libevent fails only when out of memory for its heap: the next arm or round tries again */
+        if (evtimer_add(l->host_timer, &tv) == 0)
+                l->host_due = l->heap[0]->due_ns;
+}
+
+static void on_host_timer(evutil_socket_t fd, short what, void *userdata)
+{
+        Loop *l = userdata;
+
+        (void)fd;
+        (void)what;
+        l->host_due = 0;
+        run_timers(l);
+        host_timer_follow(l);
 }
 
 int loop_timer_init(LoopTimer *t, Loop *l, LoopFn fn, void *arg)
@@ -214,7 +220,7 @@ void loop_timer_arm(LoopTimer *t, uint64_t usec)
                 heap_put(l, l->n_armed++, t); /* room was reserved by loop_timer_init */
                 sift_up(l, l->n_armed - 1);
         }
-        timerfd_follow(l);
+        host_timer_follow(l);
 }
 
 void loop_timer_cancel(LoopTimer *t)
@@ -285,7 +291,26 @@ void loop_io_done(LoopIo *io)
 
 /* ---- running ---- */
 
-/* One round: what epoll has ready (waiting up to @timeout_ms for it), each watcher called with it. */
+/* The wait of a threaded loop's round: until its earliest deadline (in whole milliseconds, rounded up so
+ * that it does not wake before it), or for ever without one. */
+static int round_timeout_ms(const Loop *l)
+{
+        uint64_t now, due;
+
+        if (!l->n_armed)
+                return -1;
+        now = now_ns();
+        due = l->heap[0]->due_ns;
+        if (due <= now)
+                return 0;
+        due = (due - now + 999999) / 1000000;
+        return due > INT32_MAX ? INT32_MAX : (int)due;
+}
+
+/*
+ * One round: what epoll has ready (waiting up to @timeout_ms for it), each watcher called with it; then,
+ * on a threaded loop, the timers due.
+ */
 static void loop_round(Loop *l, int timeout_ms)
 {
         struct epoll_event evs[LOOP_BATCH];
@@ -293,7 +318,7 @@ static void loop_round(Loop *l, int timeout_ms)
         int n = (int)syscall(SYS_epoll_wait, l->epfd, evs, LOOP_BATCH, timeout_ms);
 
         if (n <= 0)
-                return; /* EINTR, or nothing */
+                n = 0; /* EINTR, or nothing ready before the deadline */
         l->batch = evs;
         l->batch_n = n;
         for (l->batch_i = 0; l->batch_i < n; l->batch_i++) {
@@ -312,6 +337,8 @@ static void loop_round(Loop *l, int timeout_ms)
         }
         l->batch = NULL;
         l->batch_n = l->batch_i = 0;
+        if (l->threaded && l->n_armed)
+                run_timers(l);
 }
 
 static void on_host(evutil_socket_t fd, short what, void *userdata)
@@ -327,7 +354,7 @@ static void *loop_main(void *arg)
 
         (void)pthread_setname_np(pthread_self(), "gpumemd-loop"); /* for top -H, perf and pinning */
         while (!l->quit)
-                loop_round(l, -1);
+                loop_round(l, round_timeout_ms(l));
         return NULL;
 }
 
@@ -339,7 +366,7 @@ int loop_new(struct event_base *host, Loop **ret)
         if (!l)
                 return -ENOMEM;
         l->threaded = !host;
-        l->inbox_io.fd = l->timer_io.fd = -1;
+        l->inbox_io.fd = -1;
         pthread_mutex_init(&l->lock, NULL);
         l->epfd = epoll_create1(EPOLL_CLOEXEC);
         if (l->epfd < 0)
@@ -348,18 +375,13 @@ int loop_new(struct event_base *host, Loop **ret)
         if (fd < 0)
                 goto fail_errno;
         loop_io_init(&l->inbox_io, l, fd, on_inbox, l);
-        fd = timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC | TFD_NONBLOCK);
-        if (fd < 0)
-                goto fail_errno;
-        loop_io_init(&l->timer_io, l, fd, on_timers, l);
         r = loop_io_want(&l->inbox_io, LOOP_READ);
-        if (r == 0)
-                r = loop_io_want(&l->timer_io, LOOP_READ);
         if (r < 0)
                 goto fail;
         if (host) {
                 l->host_ev = event_new(host, l->epfd, EV_READ | EV_PERSIST, on_host, l);
-                if (!l->host_ev || event_add(l->host_ev, NULL) < 0) {
+                l->host_timer = evtimer_new(host, on_host_timer, l);
+                if (!l->host_ev || !l->host_timer || event_add(l->host_ev, NULL) < 0) {
                         r = -ENOMEM;
                         goto fail;
                 }
@@ -418,12 +440,11 @@ Loop *loop_free(Loop *l)
         }
         if (l->host_ev)
                 event_free(l->host_ev);
+        if (l->host_timer)
+                event_free(l->host_timer);
         loop_io_done(&l->inbox_io);
-        loop_io_done(&l->timer_io);
         if (l->inbox_io.fd >= 0)
                 close(l->inbox_io.fd);
-        if (l->timer_io.fd >= 0)
-                close(l->timer_io.fd);
         if (l->epfd >= 0)
                 close(l->epfd);
         free(l->heap);

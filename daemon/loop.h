@@ -15,8 +15,9 @@ struct event_base;
  * A loop is an epoll set of its own. A threaded one waits on it on a thread of its own; the main thread's
  * (shard 0) is watched from the daemon's libevent base, which keeps the signals, the listener and the HTTP
  * exposition: its epoll fd turns readable there when one of its watchers is ready. Timers sit in a binary
- * heap behind one timerfd, set only when the earliest deadline moves earlier; so a request costs one
- * epoll_wait and the calls of its watchers, nothing else.
+ * heap: a threaded loop waits until the earliest deadline at most, a hosted one has the host time it. So
+ * a request costs one epoll_wait and the calls of its watchers, nothing else; a loop costs two fds (its
+ * epoll set and the inbox's eventfd).
  */
 typedef struct Loop Loop;
 typedef void (*LoopFn)(void *arg);
