@@ -148,18 +148,18 @@ static void refuse(int fd, int code, const char *reason)
         safe_close(fd);
 }
 
-/* The shard with the fewest connections (the main loop's last among equals: it has the daemon's own work
- * too). Under the lock. */
+/* The client loop (shards 1 to n) with the fewest connections, in turn among equals. Under the lock. */
 static Shard *pick_shard(Manager *m)
 {
-        Shard *best = &m->shards[0];
+        unsigned n = m->n_shards - 1;
+        Shard *best = NULL;
 
-        for (unsigned i = 1; i < m->n_shards; i++) {
-                Shard *sh = &m->shards[(m->next_shard + i) % m->n_shards];
-                if (sh->n_conns < best->n_conns || (best->index == 0 && sh->n_conns == best->n_conns))
+        for (unsigned i = 0; i < n; i++) {
+                Shard *sh = &m->shards[1 + (m->next_shard + i) % n];
+                if (!best || sh->n_conns < best->n_conns)
                         best = sh;
         }
-        m->next_shard = (best->index + 1) % m->n_shards;
+        m->next_shard = best->index % n; /* the one after it first next time */
         return best;
 }
 
@@ -929,7 +929,10 @@ int manager_new(Manager **ret, const Options *opts)
                         goto fail;
                 }
         }
-        m->n_shards = loops_wanted(&m->opts);
+        /* shard 0 is the main loop (listener, signals, the daemon's timers, the HTTP exposition); the
+         * clients are served by the loops after it, each on a thread of its own, so none of them waits behind
+         * the main loop's work and each waits on its own epoll set alone */
+        m->n_shards = loops_wanted(&m->opts) + 1;
         m->shards = calloc(m->n_shards, sizeof(*m->shards));
         if (!m->shards) {
                 r = -ENOMEM;

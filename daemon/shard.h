@@ -21,9 +21,9 @@ typedef struct ManagerStats {
 
 /*
  * A shard of the daemon: one event loop and what it keeps for the connections placed on it. Shard 0's loop
- * is the main thread's (listener, signals, timers of the whole daemon, and clients too); the others run on
- * threads of their own. A connection lives on one shard from accept to free: its socket, its timers and
- * its requests are handled only there.
+ * is the main thread's (listener, signals, timers of the whole daemon), which the daemon places no client
+ * on; the others serve the clients, each on a thread of its own. A connection lives on one shard from
+ * accept to free: its socket, its timers and its requests are handled only there.
  */
 typedef struct Shard {
         Manager *m;
