@@ -3396,8 +3396,8 @@ size_t broker_share_list(Broker *b, size_t *cursor, BrokerShareInfo *out, size_t
 
 /* ---- managed memory ---------------------------------------------------------------------------------- */
 
-/* [va, va+size) must lie in one managed allocation of this client. */
-static int managed_range(BrokerClient *c, uint64_t va, uint64_t size, Reason *w)
+/* [va, va+size) must lie in one managed allocation of this client: that one in *@ret_o. */
+static int managed_range(BrokerClient *c, uint64_t va, uint64_t size, Obj **ret_o, Reason *w)
 {
         Obj *o;
 
@@ -3416,6 +3416,7 @@ static int managed_range(BrokerClient *c, uint64_t va, uint64_t size, Reason *w)
         if (!o || o->kind != BROKER_KIND_MANAGED || va + size > o->va + o->size)
                 return reason_set(w, -EINVAL, "0x%llx+0x%llx is not inside one managed allocation",
                                   (unsigned long long)va, (unsigned long long)size);
+        *ret_o = o;
         return 0;
 }
 
@@ -3480,11 +3481,11 @@ static int check_svm_attrs(const Broker *b, const BrokerSvmAttr *a, size_t n, bo
 
 /* The attributes may be set on [va, va+size): one managed allocation of the client's, GPUs it may use. */
 static int svm_set_check(BrokerClient *c, uint64_t va, uint64_t size, const BrokerSvmAttr *a, size_t n,
-                         Reason *w)
+                         Obj **ret_o, Reason *w)
 {
         int r;
 
-        if ((r = managed_range(c, va, size, w)) < 0 || (r = check_svm_attrs(c->b, a, n, false, w)) < 0)
+        if ((r = managed_range(c, va, size, ret_o, w)) < 0 || (r = check_svm_attrs(c->b, a, n, false, w)) < 0)
                 return r;
         for (size_t i = 0; i < n; i++) {
                 bool names_gpu = a[i].type == DRIVER_SVM_ATTR_ACCESS ||
@@ -3501,7 +3502,8 @@ static int svm_set_check(BrokerClient *c, uint64_t va, uint64_t size, const Brok
 int broker_svm_set(BrokerClient *c, uint64_t va, uint64_t size, const BrokerSvmAttr *a, size_t n, Reason *w)
 {
         DriverSvmAttr t[BROKER_SVM_MAX_ATTRS];
-        int r = svm_set_check(c, va, size, a, n, w);
+        Obj *o;
+        int r = svm_set_check(c, va, size, a, n, &o, w);
 
         if (r < 0)
                 return r;
@@ -3510,16 +3512,17 @@ int broker_svm_set(BrokerClient *c, uint64_t va, uint64_t size, const BrokerSvmA
         r = driver_svm_set(c->b->drv, va, size, t, n);
         if (r < 0)
                 return reason_set(w, r, "the driver refused the attributes: %s", strerror(-r));
-        svm_log_add(c, obj_at(c, va), va, size, a, n);
+        svm_log_add(c, o, va, size, a, n);
         return 0;
 }
 
 int broker_svm_get(BrokerClient *c, uint64_t va, uint64_t size, BrokerSvmAttr *a, size_t n, Reason *w)
 {
         DriverSvmAttr t[BROKER_SVM_MAX_ATTRS];
+        Obj *o;
         int r;
 
-        if ((r = managed_range(c, va, size, w)) < 0 || (r = check_svm_attrs(c->b, a, n, true, w)) < 0)
+        if ((r = managed_range(c, va, size, &o, w)) < 0 || (r = check_svm_attrs(c->b, a, n, true, w)) < 0)
                 return r;
         for (size_t i = 0; i < n; i++)
                 t[i] = (DriverSvmAttr){a[i].type, a[i].value};
@@ -3546,7 +3549,8 @@ int broker_prefetch_begin(BrokerClient *c, uint64_t va, uint64_t size, uint32_t 
                           Reason *w)
 {
         BrokerSvmAttr a = {DRIVER_SVM_ATTR_PREFETCH_LOC, location};
-        int r = svm_set_check(c, va, size, &a, 1, w);
+        Obj *o;
+        int r = svm_set_check(c, va, size, &a, 1, &o, w);
 
         if (r < 0)
                 return r;
@@ -3556,7 +3560,7 @@ int broker_prefetch_begin(BrokerClient *c, uint64_t va, uint64_t size, uint32_t 
         p->location = location;
         p->result = 0;
         /* kept for a restart now, on the loop: a replayed prefetch that fails changes nothing */
-        svm_log_add(c, obj_at(c, va), va, size, &a, 1);
+        svm_log_add(c, o, va, size, &a, 1);
         return 0;
 }
 
