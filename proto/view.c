@@ -377,6 +377,21 @@ int gm_request_op_view(const uint8_t *body, size_t len, uint32_t *ret_op, const 
         GmPbField f;
         size_t at = 0;
 
+        /* the client library's request of a short message: a tag of one or two bytes, a length of one */
+        if (len >= 2 && body[0] >= 1 << 3 && body[0] < 0x80 && (body[0] & 7) == GM_PB_LEN && body[1] < 0x80 &&
+            body[1] == len - 2) {
+                *ret_op = body[0] >> 3;
+                *ret_msg = body + 2;
+                *ret_len = body[1];
+                return 0;
+        }
+        if (len >= 3 && body[0] >= 0x80 && body[1] < 0x80 && (body[0] & 7) == GM_PB_LEN && body[2] < 0x80 &&
+            body[2] == len - 3) {
+                *ret_op = (uint32_t)((body[0] & 0x7f) | body[1] << 7) >> 3;
+                *ret_msg = body + 3;
+                *ret_len = body[2];
+                return 0;
+        }
         if (gm_pb_next(body, len, &at, &f) <= 0 || f.wire != GM_PB_LEN || at != len)
                 return -EPROTO;
         *ret_op = f.id;

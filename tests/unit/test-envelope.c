@@ -707,6 +707,40 @@ static void test_hand_packed_u64(void)
         }
 }
 
+/* A request whose length byte equals what follows it though it is no one-byte length (0x80 and up): the
+ * views read its length as protobuf-c does. */
+static void test_request_length_bytes(void)
+{
+        static const uint8_t tags[][2] = {{GPUMEM__REQUEST__OP_PING << 3 | 2, 0},
+                                          {(uint8_t)((GPUMEM__REQUEST__OP_SVM_SET_ATTR << 3 | 2) | 0x80),
+                                           GPUMEM__REQUEST__OP_SVM_SET_ATTR >> 4}};
+
+        for (size_t t = 0; t < ARRAY_SIZE(tags); t++) {
+                size_t head = t == 0 ? 1 : 2;
+                for (size_t len = head + 1; len < 300; len++) {
+                        uint8_t body[300];
+                        memcpy(body, tags[t], head);
+                        size_t at = head + 1, rest;
+                        body[head] = (uint8_t)(len - head - 1);
+                        /* a message the op's view takes (its field 1, then an unknown field to fill it),
+                         * so that a view that took the length byte as a length would be seen to */
+                        if (len - at >= 2) {
+                                body[at++] = 1 << 3;
+                                body[at++] = (uint8_t)(rnd() & 0x7f);
+                        }
+                        rest = len - at;
+                        if (rest >= 2) {
+                                size_t m = rest - 2 < 0x80 ? rest - 2 : rest - 3;
+                                body[at++] = 15 << 3 | 2;
+                                at += gm_pb_put_varint(body + at, m);
+                        }
+                        for (; at < len; at++)
+                                body[at] = (uint8_t)rnd();
+                        same_request_decoding(body, len);
+                }
+        }
+}
+
 /* The SVM calls packed by hand (va, size, the packed attributes) are protobuf-c's bytes. */
 static void test_hand_packed_request(void)
 {
@@ -1100,6 +1134,7 @@ int main(void)
                  test_hand_packed_replies},
                 {"a ping and a pointer query as the client writes them are read in place",
                  test_hand_packed_u64},
+                {"a length byte of 0x80 or more is read as protobuf-c reads it", test_request_length_bytes},
         };
         return run_tests(cases, ARRAY_SIZE(cases));
 }
