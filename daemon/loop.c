@@ -314,8 +314,9 @@ static int round_timeout_ms(const Loop *l)
 static void loop_round(Loop *l, int timeout_ms)
 {
         struct epoll_event evs[LOOP_BATCH];
-        /* the system call itself: libc's wrapper would make it a cancellation point, at two calls' cost */
-        int n = (int)syscall(SYS_epoll_wait, l->epfd, evs, LOOP_BATCH, timeout_ms);
+        /* the system call itself: libc's wrapper would make it a cancellation point, at two calls' cost (and
+         * epoll_pwait with no mask, which every architecture has: the newer ones lack epoll_wait) */
+        int n = (int)syscall(SYS_epoll_pwait, l->epfd, evs, LOOP_BATCH, timeout_ms, NULL, sizeof(uint64_t));
 
         if (n <= 0)
                 n = 0; /* EINTR, or nothing ready before the deadline */
