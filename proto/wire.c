@@ -10,18 +10,18 @@
 #include <unistd.h>
 
 /*
- * The system calls themselves, not libc's wrappers: those make each a cancellation point, which costs two
- * calls around every one, and a thread cancelled in the middle of a round trip would leave its connection's
- * state half-changed (a reply taken off the socket and never read) with nothing to clean it up.
+ * A call that must not wait (MSG_DONTWAIT, as every call of the daemon's) goes to the system call itself:
+ * libc's wrappers make each a cancellation point, which costs two more calls around every one in a process
+ * with threads. A call that may block keeps libc's, so that a thread blocked in it can still be cancelled.
  */
 static inline ssize_t sys_recvmsg(int sock, struct msghdr *msg, int flags)
 {
-        return syscall(SYS_recvmsg, sock, msg, flags);
+        return flags & MSG_DONTWAIT ? syscall(SYS_recvmsg, sock, msg, flags) : recvmsg(sock, msg, flags);
 }
 
 static inline ssize_t sys_sendmsg(int sock, const struct msghdr *msg, int flags)
 {
-        return syscall(SYS_sendmsg, sock, msg, flags);
+        return flags & MSG_DONTWAIT ? syscall(SYS_sendmsg, sock, msg, flags) : sendmsg(sock, msg, flags);
 }
 
 void gm_wire_close_fds(int *fds, size_t n)
