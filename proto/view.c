@@ -135,7 +135,8 @@ static bool reply_daemon_form(const uint8_t *body, size_t len, uint32_t want, Gm
         uint64_t tag, n;
         size_t i = sizeof(ok), a, b;
 
-        if (len < sizeof(ok) + 2 || memcmp(body, ok, sizeof(ok)) != 0)
+        /* a result is a member numbered 2 or more (1 is the status, 0 no field) */
+        if (want < 2 || len < sizeof(ok) + 2 || memcmp(body, ok, sizeof(ok)) != 0)
                 return false;
         if (!(a = gm_pb_varint_at(body, len, i, &tag)) || a > 5 || tag != ((uint64_t)want << 3 | GM_PB_LEN))
                 return false;
