@@ -81,7 +81,8 @@ typedef struct LoopTimer {
         uint32_t pos;    /* its index in the heap + 1; 0: not armed */
 } LoopTimer;
 int loop_timer_init(LoopTimer *t, Loop *l, LoopFn fn, void *arg); /* -ENOMEM */
-/* Arm (or move) it @usec from now; 0: in the next round. */
+/* Arm (or move) it @usec from now. With 0 it runs once the watchers of this round were called (from a
+ * timer's callback: in the next round), never inside the caller. */
 void loop_timer_arm(LoopTimer *t, uint64_t usec);
 void loop_timer_cancel(LoopTimer *t);
 static inline bool loop_timer_armed(const LoopTimer *t)
