@@ -6,12 +6,39 @@
 
 void manager_lock(Manager *m)
 {
+        if (pthread_mutex_trylock(&m->lock) == 0)
+                return;
+        /* counted while blocked: a teardown in slices lets the lock go to them before its next slice */
+        __atomic_fetch_add(&m->lock_waiters, 1, __ATOMIC_RELAXED);
         pthread_mutex_lock(&m->lock);
+        __atomic_fetch_sub(&m->lock_waiters, 1, __ATOMIC_RELAXED);
+}
+
+/* On the main loop: the next teardown slice runs among this round's timers. */
+static void reap_arm(void *arg)
+{
+        static const struct timeval now = {0, 0};
+        Manager *m = arg;
+
+        evtimer_add(m->reap_ev, &now);
 }
 
 void manager_unlock(Manager *m)
 {
+        /* the last thread that waited while a slice ran lets the teardown go on */
+        if (m->reap_parked && __atomic_load_n(&m->lock_waiters, __ATOMIC_RELAXED) == 0 && !m->freeing) {
+                m->reap_parked = false;
+                loop_post_work(m->shards[0].loop, &m->reap_work, reap_arm, m);
+        }
         pthread_mutex_unlock(&m->lock);
+}
+
+void manager_reap_post(Manager *m)
+{
+        if (m->reap_posted)
+                return;
+        m->reap_posted = true;
+        loop_post_work(m->shards[0].loop, &m->reap_work, reap_arm, m);
 }
 
 Shard *manager_current_shard(Manager *m)

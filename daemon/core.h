@@ -58,7 +58,9 @@ struct Manager {
         struct event *broker_ev; /* the broker's notice that memory which outlived its handle is gone */
         struct Reaper *reapers;  /* teardowns of departed clients, going on in slices */
         struct event *reap_ev;
-        bool reap_posted; /* the main loop was told to run reap_ev (under the lock) */
+        bool reap_posted;      /* the main loop was told to run reap_ev (under the lock) */
+        bool reap_parked;      /* the next slice waits for the threads that wanted the lock (under it) */
+        unsigned lock_waiters; /* threads blocked in manager_lock() (atomic) */
         LoopWork reap_work;
         bool freeing;
         struct event *status_ev;
@@ -114,6 +116,8 @@ enum {
 /* The manager's lock (Manager.lock). */
 void manager_lock(Manager *m);
 void manager_unlock(Manager *m);
+/* Have the main loop run the departed clients' teardowns in slices, if not already told. Under the lock. */
+void manager_reap_post(Manager *m);
 /* Every shard's counters added up. */
 void manager_stats(const Manager *m, ManagerStats *ret);
 /* The shard whose loop runs on the calling thread (NULL on any other thread). */

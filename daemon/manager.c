@@ -66,13 +66,17 @@ static void reaper_finish(Reaper *r)
         free(r);
 }
 
-/* One slice of the oldest teardown per main loop round: requests are served in between. */
+/*
+ * One slice of the oldest teardown per main loop round. Requests of other loops that need the lock are
+ * served in between: a slice with threads waiting for the lock leaves the next one to the last of them
+ * (manager_unlock()), since an unfair mutex would otherwise go back to this thread slice after slice.
+ */
 static void on_reap(evutil_socket_t fd, short what, void *userdata)
 {
         static const struct timeval now = {0, 0};
         Manager *m = userdata;
         Reaper *r;
-        bool more;
+        bool next = false;
 
         manager_lock(m);
         r = m->reapers;
@@ -80,20 +84,15 @@ static void on_reap(evutil_socket_t fd, short what, void *userdata)
                 m->reapers = r->next;
                 reaper_finish(r);
         }
-        more = m->reapers != NULL;
-        if (!more)
+        if (!m->reapers)
                 m->reap_posted = false;
+        else if (__atomic_load_n(&m->lock_waiters, __ATOMIC_RELAXED) > 0)
+                m->reap_parked = true;
+        else
+                next = true;
         manager_unlock(m);
-        if (more)
+        if (next)
                 evtimer_add(m->reap_ev, &now);
-}
-
-static void reap_arm(void *arg)
-{
-        static const struct timeval now = {0, 0};
-        Manager *m = arg;
-
-        evtimer_add(m->reap_ev, &now);
 }
 
 /*
@@ -115,10 +114,7 @@ static int manager_reap(Manager *m, BrokerClient *bc, Conn *c)
                 ;
         *tail = r;
         /* the slices run on the main loop; it is told once until the list runs empty */
-        if (!m->reap_posted) {
-                m->reap_posted = true;
-                loop_post_work(m->shards[0].loop, &m->reap_work, reap_arm, m);
-        }
+        manager_reap_post(m);
         return 0;
 }
 
@@ -152,11 +148,11 @@ static void refuse(int fd, int code, const char *reason)
 static Shard *pick_shard(Manager *m)
 {
         unsigned n = m->n_shards - 1;
-        Shard *best = NULL;
+        Shard *best = &m->shards[1];
 
         for (unsigned i = 0; i < n; i++) {
                 Shard *sh = &m->shards[1 + (m->next_shard + i) % n];
-                if (!best || sh->n_conns < best->n_conns)
+                if (i == 0 || sh->n_conns < best->n_conns)
                         best = sh;
         }
         m->next_shard = best->index % n; /* the one after it first next time */
