@@ -301,12 +301,15 @@ static void svm_apply(const ThunkModel *m, SvmRange *r, uint32_t nattr,
         svm_attrs_apply(&r->at, a, nattr, svm_gpuidx_of, (void *)m);
 }
 
-/* True if [start, end) overlaps a mapping in any GPU VM of @c. */
+/* True if [start, end) overlaps a mapping in any GPU VM of @c (a VM with no mapping is not searched: most
+ * of a context's GPUs map nothing of it). */
 static bool ctx_vm_overlaps(const ThunkModel *m, const ModelCtx *c, uint64_t start, uint64_t end)
 {
-        for (size_t g = 0; g < m->n_gpus; g++)
-                if (c->pdd[g].file && model_vm_overlaps(&c->pdd[g].file->vm, start, end))
+        for (size_t g = 0; g < m->n_gpus; g++) {
+                const ModelFile *f = c->pdd[g].file;
+                if (f && f->vm.n && model_vm_overlaps(&f->vm, start, end))
                         return true;
+        }
         return false;
 }
 
