@@ -1784,6 +1784,7 @@ static bool svm_call_shadows(uint64_t va, uint64_t size, const BrokerSvmAttr *a,
 static void svm_log_add(BrokerClient *c, Obj *o, uint64_t va, uint64_t size, const BrokerSvmAttr *a, size_t n)
 {
         SvmLog *l = o->svm_log;
+        SvmLogEntry *e;
         size_t kept = 0;
 
         if (!l && !(l = o->svm_log = calloc(1, sizeof(*l)))) {
@@ -1804,7 +1805,7 @@ static void svm_log_add(BrokerClient *c, Obj *o, uint64_t va, uint64_t size, con
         }
         if (l->n == l->cap) {
                 size_t cap = l->cap ? l->cap * 2 : 4;
-                SvmLogEntry *e = cap <= SVM_LOG_MAX ? realloc(l->e, cap * sizeof(*e)) : NULL;
+                e = cap <= SVM_LOG_MAX ? realloc(l->e, cap * sizeof(*e)) : NULL;
                 if (!e) {
                         l->overflowed = true;
                         return;
@@ -1812,9 +1813,13 @@ static void svm_log_add(BrokerClient *c, Obj *o, uint64_t va, uint64_t size, con
                 l->e = e;
                 l->cap = cap;
         }
-        l->e[l->n] = (SvmLogEntry){.va = va, .size = size, .n = (uint32_t)n};
-        memcpy(l->e[l->n].a, a, n * sizeof(*a));
-        l->n++;
+        /* field by field: a compound literal would clear all BROKER_SVM_MAX_ATTRS attributes first, and
+         * only the first n are ever read */
+        e = &l->e[l->n++];
+        e->va = va;
+        e->size = size;
+        e->n = (uint32_t)n;
+        memcpy(e->a, a, n * sizeof(*a));
         c->svm_log_entries++;
 }
 
