@@ -930,14 +930,8 @@ void broker_client_set_account(BrokerClient *c, BrokerAccount *a)
 /* The broker GPUs (a bit per index) the client's class may use. */
 static uint64_t allowed_gpus(const BrokerClient *c)
 {
-        uint64_t mask;
-
-        if (!c->acct)
-                return UINT64_MAX;
-        pthread_mutex_lock(&c->acct->lock);
-        mask = c->acct->allowed_gpus;
-        pthread_mutex_unlock(&c->acct->lock);
-        return mask;
+        /* one word, stored whole: no lock for it (every GPU check of every client of the class reads it) */
+        return c->acct ? __atomic_load_n(&c->acct->allowed_gpus, __ATOMIC_RELAXED) : UINT64_MAX;
 }
 
 /* May this client's class use @gpu_id? */
@@ -2045,7 +2039,7 @@ int broker_mem_info(BrokerClient *c, uint32_t gpu_id, BrokerGpuMem *out, size_t 
                         uint64_t left_gpu = used_gpu < a->max_vram_gpu[i] ? a->max_vram_gpu[i] - used_gpu : 0;
                         uint64_t left_all = vram < a->max_vram ? a->max_vram - vram : 0;
                         uint64_t allow = a->max_vram_gpu[i] < a->max_vram ? a->max_vram_gpu[i] : a->max_vram;
-                        if (!(a->allowed_gpus & (1ull << i)))
+                        if (!(__atomic_load_n(&a->allowed_gpus, __ATOMIC_RELAXED) & (1ull << i)))
                                 allow = left_gpu = 0;
                         if (allow < out[n].total)
                                 out[n].total = allow;

@@ -99,7 +99,7 @@ typedef struct BrokerAccount {
         uint64_t max_foreign;     /* bytes of foreign imports held at once */
         uint64_t max_foreign_one; /* bytes of one foreign import */
         uint64_t max_host_one;    /* bytes of one host allocation: the daemon populates it itself */
-        uint64_t allowed_gpus;    /* bit per broker GPU index */
+        uint64_t allowed_gpus;    /* bit per broker GPU index; atomic, read without the lock */
         bool import_foreign;
         unsigned lingering; /* freed memory still charged here: the account must outlive it */
         unsigned clients;   /* broker clients bound to it, torn-down ones included: the same */

@@ -49,6 +49,7 @@ static ClassState *state_get(Manager *m, const char *name)
 static void state_configure(Manager *m, ClassState *s, const PolicyClass *k)
 {
         BrokerAccount *a = &s->acct;
+        uint64_t allowed;
 
         s->klass = k;
         broker_account_lock(a);
@@ -77,19 +78,17 @@ static void state_configure(Manager *m, ClassState *s, const PolicyClass *k)
                 else
                         a->max_vram_gpu[gi] = k->vram_gpu_limit[i];
         }
-        if (k->n_gpus == 0) {
-                a->allowed_gpus = UINT64_MAX;
-        } else {
-                a->allowed_gpus = 0;
-                for (size_t i = 0; i < k->n_gpus; i++) {
-                        int gi = broker_gpu_index(m->broker, k->gpus[i]);
-                        if (gi < 0)
-                                log_warning("class '%s' lists GPU %u, which this node does not have", k->name,
-                                            k->gpus[i]);
-                        else
-                                a->allowed_gpus |= 1ull << gi;
-                }
+        allowed = k->n_gpus == 0 ? UINT64_MAX : 0;
+        for (size_t i = 0; i < k->n_gpus; i++) {
+                int gi = broker_gpu_index(m->broker, k->gpus[i]);
+                if (gi < 0)
+                        log_warning("class '%s' lists GPU %u, which this node does not have", k->name,
+                                    k->gpus[i]);
+                else
+                        allowed |= 1ull << gi;
         }
+        /* whole, in one store: the broker reads it without the lock */
+        __atomic_store_n(&a->allowed_gpus, allowed, __ATOMIC_RELAXED);
         broker_account_unlock(a);
 }
 
