@@ -46,12 +46,12 @@ static inline uint64_t gm_pb_gather7(uint64_t x)
  * The varint at @b + @i in a body of @len bytes (@i <= @len), at most ten bytes long: its length, or 0 when
  * it does not end in time. Bits beyond 64 are dropped, as protobuf-c drops them. Eight bytes are read at
  * once, never outside the body: forwards from @i where eight remain, else backwards from the body's end
- * when the body has eight; the first clear top bit ends the varint.
+ * when the body has eight, else in two loads of four bytes or fewer; the first clear top bit ends the varint.
  */
 static inline __attribute__((always_inline)) size_t gm_pb_varint_at(const uint8_t *b, size_t len, size_t i,
                                                                     uint64_t *ret)
 {
-        size_t max = len - i, lim;
+        size_t max = len - i;
         uint64_t w, stop, v = 0;
         unsigned n;
 
@@ -60,6 +60,10 @@ static inline __attribute__((always_inline)) size_t gm_pb_varint_at(const uint8_
         if (b[i] < 0x80) {
                 *ret = b[i];
                 return 1;
+        }
+        if (max >= 2 && b[i + 1] < 0x80) { /* two bytes: a tag of field 16 on, a length of 128 on */
+                *ret = (uint64_t)(b[i] & 0x7f) | (uint64_t)b[i + 1] << 7;
+                return 2;
         }
         if (max >= 8) {
                 memcpy(&w, b + i, sizeof(w));
@@ -84,15 +88,24 @@ static inline __attribute__((always_inline)) size_t gm_pb_varint_at(const uint8_
                 if (!stop)
                         return 0;
         } else {
-                lim = max < 10 ? max : 10;
-                for (size_t k = 0; k < lim; k++) {
-                        v |= (uint64_t)(b[i + k] & 0x7f) << (7 * k);
-                        if (b[i + k] < 0x80) {
-                                *ret = v;
-                                return k + 1;
-                        }
+                /* a body of fewer than eight bytes: its 2 to 7 bytes from @i gathered by two loads that may
+                 * overlap (the bytes they share are the same), so no byte outside the body is read */
+                uint32_t lo32, hi32;
+                uint16_t lo16;
+
+                if (max >= 4) {
+                        memcpy(&lo32, b + i, sizeof(lo32));
+                        memcpy(&hi32, b + i + max - 4, sizeof(hi32));
+                        w = (uint64_t)le32toh(lo32) | (uint64_t)le32toh(hi32) << (8 * (max - 4));
+                } else if (max == 3) {
+                        memcpy(&lo16, b + i, sizeof(lo16));
+                        w = (uint64_t)le16toh(lo16) | (uint64_t)b[i + 2] << 16;
+                } else {
+                        return 0; /* one or two bytes, the last with its top bit set */
                 }
-                return 0;
+                stop = ~w & 0x8080808080808080ull & ((1ull << (8 * max)) - 1);
+                if (!stop)
+                        return 0;
         }
         n = ((unsigned)__builtin_ctzll(stop) >> 3) + 1;
         *ret = gm_pb_gather7(n == 8 ? w : w & ((1ull << (8 * n)) - 1));
@@ -188,14 +201,23 @@ static inline size_t gm_pb_put_varint(uint8_t *out, uint64_t v)
         return n;
 }
 
+/* The low 56 bits of @x spread into 7-bit groups, one a byte (gm_pb_gather7() undone), in three steps. */
+static inline uint64_t gm_pb_spread7(uint64_t x)
+{
+        x = (x & 0x000000000fffffffull) | ((x & 0x00fffffff0000000ull) << 4);
+        x = (x & 0x00003fff00003fffull) | ((x & 0x0fffc0000fffc000ull) << 2);
+        return (x & 0x007f007f007f007full) | ((x & 0x3f803f803f803f80ull) << 1);
+}
+
 /*
  * The same for a buffer with room for ten bytes at @out whatever @v's size: a varint of up to eight bytes is
  * written as one word (its 7-bit groups spread in three steps of doubling, the continuation bits set on all
- * but its last byte), so up to eight bytes are written where fewer are meant.
+ * but its last byte), so up to eight bytes are written where fewer are meant; one of nine or ten as a word
+ * and one or two bytes after it.
  */
 static inline size_t gm_pb_put_varint_pad(uint8_t *out, uint64_t v)
 {
-        uint64_t x = v;
+        uint64_t x;
         unsigned n;
 
         if (v < 0x80) {
@@ -207,12 +229,19 @@ static inline size_t gm_pb_put_varint_pad(uint8_t *out, uint64_t v)
                 out[1] = (uint8_t)(v >> 7);
                 return 2;
         }
-        if (v >> 56)
-                return gm_pb_put_varint(out, v);
+        x = gm_pb_spread7(v & 0x00ffffffffffffffull);
+        if (v >> 56) { /* nine or ten bytes (a handle, most often): eight whole, then bits 56-63 */
+                x = htole64(x | 0x8080808080808080ull);
+                memcpy(out, &x, sizeof(x));
+                if (v >> 63) {
+                        out[8] = (uint8_t)(v >> 56) | 0x80;
+                        out[9] = 1;
+                        return 10;
+                }
+                out[8] = (uint8_t)(v >> 56);
+                return 9;
+        }
         n = (unsigned)gm_pb_varint_size(v);
-        x = (x & 0x000000000fffffffull) | ((x & 0x00fffffff0000000ull) << 4);
-        x = (x & 0x00003fff00003fffull) | ((x & 0x0fffc0000fffc000ull) << 2);
-        x = (x & 0x007f007f007f007full) | ((x & 0x3f803f803f803f80ull) << 1);
         x |= 0x8080808080808080ull & ((1ull << (8 * (n - 1))) - 1);
         x = htole64(x);
         memcpy(out, &x, sizeof(x));
