@@ -436,12 +436,14 @@ static int pointer_view(gm_client *c, void *ctx, const uint8_t *p, size_t len)
         a->cpu_accessible = v.cpu_accessible;
         a->n_mapped_gpus = v.n_mapped_gpus < 64 ? (uint32_t)v.n_mapped_gpus : 64;
         memcpy(a->mapped_gpus, v.mapped_gpus, a->n_mapped_gpus * sizeof(uint32_t));
+        /* the GPUs beyond those mapped read as 0 */
+        memset(a->mapped_gpus + a->n_mapped_gpus, 0, (64 - a->n_mapped_gpus) * sizeof(uint32_t));
         return 0;
 }
 
 int gm_pointer_get_attributes(gm_client *c, const void *ptr, gm_pointer_attributes *ret)
 {
-        gm_pointer_attributes a;
+        gm_pointer_attributes a, *into;
         uint8_t body[24];
         size_t n;
         int r;
@@ -449,13 +451,19 @@ int gm_pointer_get_attributes(gm_client *c, const void *ptr, gm_pointer_attribut
         if (!c || !ret || ret->struct_size == 0)
                 return BAD_ARGS(c);
         n = gm_pb_put_uint_pad(body, 1, gm_cuda_va(c, ptr_u64(ptr)));
-        memset(&a, 0, sizeof(a));
+        /* A caller's struct of this size or larger is written in place, and only once the reply is read
+         * whole (pointer_view writes nothing before); a shorter one gets the prefix it has room for. */
+        into = ret->struct_size >= sizeof(a) ? ret : &a;
         r = gm_call_view(c, GPUMEM__REQUEST__OP_POINTER_INFO, body, n, GPUMEM__REPLY__RESULT_POINTER_INFO,
-                         pointer_view, &a);
+                         pointer_view, into);
         if (r < 0)
                 return r;
-        a.struct_size = ret->struct_size < sizeof(a) ? ret->struct_size : sizeof(a);
-        memcpy(ret, &a, a.struct_size);
+        if (into == &a) {
+                a.struct_size = ret->struct_size;
+                memcpy(ret, &a, a.struct_size);
+        } else {
+                ret->struct_size = sizeof(a); /* what was written, for a caller built with a larger one */
+        }
         return 0;
 }
 

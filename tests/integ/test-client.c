@@ -3,6 +3,7 @@
 #include <pthread.h>
 #include <signal.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -375,6 +376,66 @@ static void test_argument_reasons(void)
         gm_client_close(c);
 }
 
+/*
+ * gm_pointer_attributes by its struct_size: a full one is written whole (the GPUs beyond those mapped read 0,
+ * struct_size kept), a shorter one up to its size and nothing after, a larger one (a caller built against a
+ * newer header) up to this library's size with struct_size lowered to it; a failed query writes nothing.
+ */
+static void test_pointer_struct_sizes(void)
+{
+        enum { POISON = 0xa5 };
+        struct {
+                gm_pointer_attributes pa;
+                uint8_t beyond[32];
+        } big;
+        gm_pointer_attributes pa, before;
+        gm_client *c = NULL;
+        void *p = NULL;
+        size_t prefix = offsetof(gm_pointer_attributes, flags);
+
+        CHECK_EQ(gm_client_connect(dmn.sock, "struct-sizes", &c), 0);
+        if (!c)
+                return;
+        CHECK_EQ(gm_malloc(c, 8192, gpus[0], 0, &p), 0);
+
+        memset(&pa, POISON, sizeof(pa));
+        pa.struct_size = sizeof(pa);
+        CHECK_EQ(gm_pointer_get_attributes(c, (char *)p + 10, &pa), 0);
+        CHECK_EQ(pa.struct_size, sizeof(pa));
+        CHECK(pa.base == p);
+        CHECK_EQ(pa.size, 8192);
+        CHECK_EQ(pa.n_mapped_gpus, 1);
+        CHECK_EQ(pa.mapped_gpus[0], gpus[0]);
+        for (size_t i = pa.n_mapped_gpus; i < ARRAY_SIZE(pa.mapped_gpus); i++)
+                CHECK_EQ(pa.mapped_gpus[i], 0);
+
+        memset(&pa, POISON, sizeof(pa));
+        pa.struct_size = prefix;
+        CHECK_EQ(gm_pointer_get_attributes(c, p, &pa), 0);
+        CHECK_EQ(pa.struct_size, prefix);
+        CHECK(pa.base == p);
+        CHECK_EQ(pa.size, 8192);
+        for (size_t i = prefix; i < sizeof(pa); i++)
+                CHECK_EQ(((const uint8_t *)&pa)[i], POISON);
+
+        memset(&big, POISON, sizeof(big));
+        big.pa.struct_size = sizeof(big);
+        CHECK_EQ(gm_pointer_get_attributes(c, p, &big.pa), 0);
+        CHECK_EQ(big.pa.struct_size, sizeof(big.pa));
+        CHECK(big.pa.base == p);
+        for (size_t i = 0; i < sizeof(big.beyond); i++)
+                CHECK_EQ(big.beyond[i], POISON);
+
+        memset(&pa, POISON, sizeof(pa));
+        pa.struct_size = sizeof(pa);
+        before = pa;
+        CHECK(gm_pointer_get_attributes(c, (char *)p + 64 * MiB, &pa) < 0);
+        CHECK(memcmp(&pa, &before, sizeof(pa)) == 0);
+
+        CHECK_EQ(gm_mem_free(c, p), 0);
+        gm_client_close(c);
+}
+
 int main(void)
 {
         static const TestCase cases[] = {
@@ -382,6 +443,7 @@ int main(void)
                 {"calls on the hot path allocate nothing", test_allocations},
                 {"eight threads share one client with mixed calls", test_eight_threads},
                 {"more threads than reply arenas", test_many_threads},
+                {"a pointer query writes what the caller's struct_size holds", test_pointer_struct_sizes},
         };
         int r;
 
