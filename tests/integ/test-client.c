@@ -436,6 +436,45 @@ static void test_pointer_struct_sizes(void)
         gm_client_close(c);
 }
 
+/* gm_allocation_prop by its struct_size: the same rules (docs/client-api.md states them for both structs). */
+static void test_allocation_prop_struct_sizes(void)
+{
+        enum { POISON = 0x5a };
+        gm_allocation_prop pr, before;
+        gm_client *c = NULL;
+        gm_handle h = 0;
+        size_t prefix = offsetof(gm_allocation_prop, size);
+
+        CHECK_EQ(gm_client_connect(dmn.sock, "prop-sizes", &c), 0);
+        if (!c)
+                return;
+        CHECK_EQ(gm_mem_create(c, 2 * MiB, gpus[0], 0, &h), 0);
+
+        memset(&pr, POISON, sizeof(pr));
+        pr.struct_size = sizeof(pr);
+        CHECK_EQ(gm_mem_get_allocation_properties(c, h, &pr), 0);
+        CHECK_EQ(pr.struct_size, sizeof(pr));
+        CHECK_EQ(pr.gpu_id, gpus[0]);
+        CHECK_EQ(pr.size, 2 * MiB);
+
+        memset(&pr, POISON, sizeof(pr));
+        pr.struct_size = prefix;
+        CHECK_EQ(gm_mem_get_allocation_properties(c, h, &pr), 0);
+        CHECK_EQ(pr.struct_size, prefix);
+        CHECK_EQ(pr.gpu_id, gpus[0]);
+        for (size_t i = prefix; i < sizeof(pr); i++)
+                CHECK_EQ(((const uint8_t *)&pr)[i], POISON);
+
+        memset(&pr, POISON, sizeof(pr));
+        pr.struct_size = sizeof(pr);
+        before = pr;
+        CHECK(gm_mem_get_allocation_properties(c, h ^ 1, &pr) < 0); /* no such handle */
+        CHECK(memcmp(&pr, &before, sizeof(pr)) == 0);
+
+        CHECK_EQ(gm_mem_release(c, h), 0);
+        gm_client_close(c);
+}
+
 int main(void)
 {
         static const TestCase cases[] = {
@@ -444,6 +483,8 @@ int main(void)
                 {"eight threads share one client with mixed calls", test_eight_threads},
                 {"more threads than reply arenas", test_many_threads},
                 {"a pointer query writes what the caller's struct_size holds", test_pointer_struct_sizes},
+                {"allocation properties write what the caller's struct_size holds",
+                 test_allocation_prop_struct_sizes},
         };
         int r;
 
