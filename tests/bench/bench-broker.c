@@ -16,12 +16,6 @@
  * over the rounds.
  */
 
-/* The p50 of @n samples, sorting a copy into @tmp. */
-static double block_p50(const uint64_t *s, size_t n, uint64_t *tmp)
-{
-        memcpy(tmp, s, n * sizeof(*s));
-        return lat_of(tmp, n).p50_us;
-}
 void run_latency(const Settings *st, Report *rep, const BenchDaemon *d)
 {
         const struct {

@@ -46,6 +46,12 @@ Lat lat_of(uint64_t *s, size_t n)
         return l;
 }
 
+double block_p50(const uint64_t *s, size_t n, uint64_t *tmp)
+{
+        memcpy(tmp, s, n * sizeof(*s));
+        return lat_of(tmp, n).p50_us;
+}
+
 Row *add_row(Report *r, const char *section, const char *name, unsigned rtts, bool fd)
 {
         Row *w;

@@ -15,6 +15,7 @@
 void run_many(const Settings *st, Report *rep)
 {
         Lat small[N_HELD_OPS];
+        double small_vs_floor[N_HELD_OPS];
         BenchDaemon d;
         Ops o;
         size_t have, got;
@@ -38,7 +39,7 @@ void run_many(const Settings *st, Report *rep)
         rep->many_fill_small_us = (double)(now_ns() - t0) / 1e3 / (double)have;
         rep->many_fds_small = proc_fd_count(d.pid);
         rep->many_rss_small_kb = proc_status_kb(d.pid, "VmRSS");
-        held_ops_measure(st, d.pid, &o, small);
+        held_ops_measure(st, rep, d.pid, &o, small, small_vs_floor);
 
         t0 = now_ns();
         got = fill(o.c, o.gpu[0], st->many_big - have, &err);
@@ -52,7 +53,7 @@ void run_many(const Settings *st, Report *rep)
                 snprintf(rep->many_note, sizeof(rep->many_note), "stopped at %zu live allocations: %s", have,
                          strerror(-err));
 
-        held_ops_rows(st, d.pid, &o, small, "many", rep->many_rows, &rep->n_many_rows);
+        held_ops_rows(st, rep, d.pid, &o, small, small_vs_floor, "many", rep->many_rows, &rep->n_many_rows);
         /* the probe's status calls walk the model's books: not too often while a million go */
         rep->many_teardown_seconds = teardown_seconds(d.sock, &o, 20000);
         bench_daemon_kill(&d);

@@ -3,10 +3,12 @@
 #include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "bench.h"
+#include "clock.h"
 
 typedef struct Filler {
         gm_client *c;
@@ -91,25 +93,57 @@ static const struct {
         {"map+unmap (second GPU)", op_map_unmap, true},
 };
 
-/* Time held_ops into @ret (N_HELD_OPS), the daemon @pid and this thread on the latency CPU. */
-void held_ops_measure(const Settings *st, pid_t pid, Ops *o, Lat *ret)
+/*
+ * Time held_ops into @ret (N_HELD_OPS), the daemon @pid and this thread on the latency CPU, in HELD_ROUNDS
+ * rounds. Before each op's block the ping floor is measured again for as many round trips, and
+ * @ret_vs_floor gets the median over the rounds of the block's p50 against that floor's. The small and the
+ * large point of a run lie seconds to minutes apart, the filling between them: a machine whose speed
+ * changes meanwhile moves the plain ratio of the two points, not the ratio of these.
+ */
+enum { HELD_ROUNDS = 5 };
+void held_ops_measure(const Settings *st, const Report *rep, pid_t pid, Ops *o, Lat *ret,
+                      double *ret_vs_floor)
 {
         pin_process(pid, st->cpu_a);
         pin_self(st->cpu_a);
-        for (size_t i = 0; i < N_HELD_OPS; i++)
-                ret[i] = measure_op(held_ops[i].fn, o, held_ops[i].seq ? st->seq_iters : st->op_iters,
-                                    held_ops[i].name);
+        for (size_t i = 0; i < N_HELD_OPS; i++) {
+                size_t per = (held_ops[i].seq ? st->seq_iters : st->op_iters) / HELD_ROUNDS;
+                uint64_t *s, *fl, *tmp;
+                double v[HELD_ROUNDS];
+
+                if (per == 0)
+                        per = 1;
+                s = calloc(per * HELD_ROUNDS, sizeof(*s));
+                fl = calloc(per, sizeof(*fl));
+                tmp = calloc(per, sizeof(*tmp));
+                if (!s || !fl || !tmp)
+                        die("out of memory");
+                for (unsigned round = 0; round < HELD_ROUNDS; round++) {
+                        uint64_t *block = s + round * per;
+                        floor_samples(st, rep->sz_ping_req, rep->sz_ping_rep, false, st->cpu_a, per, fl);
+                        measure_samples(held_ops[i].fn, o, per, held_ops[i].name, block);
+                        v[round] = block_p50(block, per, tmp) / block_p50(fl, per, tmp);
+                }
+                qsort(v, HELD_ROUNDS, sizeof(v[0]), bench_cmp_double);
+                ret_vs_floor[i] = v[HELD_ROUNDS / 2];
+                ret[i] = lat_of(s, per * HELD_ROUNDS);
+                free(s);
+                free(fl);
+                free(tmp);
+        }
         place_process(pid, &st->all_cpus);
         unpin_self(st);
 }
 
-/* Time held_ops again and add a row of @section for each: @small as "pinned", now as "unpinned". */
-void held_ops_rows(const Settings *st, pid_t pid, Ops *o, const Lat *small, const char *section, Row *rows,
-                   size_t *n_rows)
+/* Time held_ops again and add a row of @section for each: @small as "pinned", now as "unpinned", and as
+ * paired the growth of each op's ratio to the floor beside it. */
+void held_ops_rows(const Settings *st, const Report *rep, pid_t pid, Ops *o, const Lat *small,
+                   const double *small_vs_floor, const char *section, Row *rows, size_t *n_rows)
 {
         Lat large[N_HELD_OPS];
+        double large_vs_floor[N_HELD_OPS];
 
-        held_ops_measure(st, pid, o, large);
+        held_ops_measure(st, rep, pid, o, large, large_vs_floor);
         for (size_t i = 0; i < N_HELD_OPS; i++) {
                 Row *w = &rows[(*n_rows)++];
                 memset(w, 0, sizeof(*w));
@@ -119,12 +153,14 @@ void held_ops_rows(const Settings *st, pid_t pid, Ops *o, const Lat *small, cons
                 w->unpinned = large[i];
                 w->ratio_p50 = w->unpinned.p50_us / w->pinned.p50_us;
                 w->ratio_p99 = w->unpinned.p99_us / w->pinned.p99_us;
+                w->paired_p50 = large_vs_floor[i] / small_vs_floor[i];
         }
 }
 
 void run_scaling(const Settings *st, Report *rep)
 {
         Lat small[N_HELD_OPS];
+        double small_vs_floor[N_HELD_OPS];
         BenchDaemon d;
         Ops o;
         size_t have, got;
@@ -143,7 +179,7 @@ void run_scaling(const Settings *st, Report *rep)
         have = fill(o.c, o.gpu[0], st->scale_small, &err);
         if (err)
                 die("cannot hold %zu allocations: %s", st->scale_small, strerror(-err));
-        held_ops_measure(st, d.pid, &o, small);
+        held_ops_measure(st, rep, d.pid, &o, small, small_vs_floor);
 
         t0 = now_ns();
         got = fill(o.c, o.gpu[0], rep->scale_big - have, &err);
@@ -155,7 +191,8 @@ void run_scaling(const Settings *st, Report *rep)
                          "stopped at %zu live allocations: %s (daemon RLIMIT_NOFILE %llu)", have,
                          strerror(-err), rep->daemon_nofile);
 
-        held_ops_rows(st, d.pid, &o, small, "scaling", rep->scale_rows, &rep->n_scale_rows);
+        held_ops_rows(st, rep, d.pid, &o, small, small_vs_floor, "scaling", rep->scale_rows,
+                      &rep->n_scale_rows);
 
         /* Teardown: how long the daemon is busy freeing what a client held when it leaves (it serves
          * nobody meanwhile). Measured until its books show the objects gone. */

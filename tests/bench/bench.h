@@ -52,7 +52,8 @@ typedef struct Row {
         char floor[32]; /* floor row the ratios use */
         double ratio_p50, ratio_p99;
         /* the median over the rounds of the op's pinned p50 against its floor's measured just before it, in
-         * the same round (0: not measured so) */
+         * the same round (0: not measured so); in the rows of scaling and many, that median at the large
+         * point over the one at the small point */
         double paired_p50;
 } Row;
 
@@ -124,6 +125,8 @@ typedef struct Report {
 void die(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
 uint64_t now_ns(void);
 Lat lat_of(uint64_t *s, size_t n);
+/* The p50 of @n samples in microseconds, sorting a copy into @tmp (room for @n): @s keeps its order. */
+double block_p50(const uint64_t *s, size_t n, uint64_t *tmp);
 Row *add_row(Report *r, const char *section, const char *name, unsigned rtts, bool fd);
 const Row *find_row(const Report *r, const char *section, const char *name);
 void add_target(Report *r, const char *what, const char *measured, double ratio, double limit,
@@ -231,9 +234,10 @@ void run_rocm(const Settings *st, Report *rep);
 size_t fill(gm_client *c, uint32_t gpu, size_t n, int *ret_err);
 double teardown_seconds(const char *sock, Ops *o, unsigned poll_us);
 #define N_HELD_OPS 4
-void held_ops_measure(const Settings *st, pid_t pid, Ops *o, Lat *ret);
-void held_ops_rows(const Settings *st, pid_t pid, Ops *o, const Lat *small, const char *section, Row *rows,
-                   size_t *n_rows);
+void held_ops_measure(const Settings *st, const Report *rep, pid_t pid, Ops *o, Lat *ret,
+                      double *ret_vs_floor);
+void held_ops_rows(const Settings *st, const Report *rep, pid_t pid, Ops *o, const Lat *small,
+                   const double *small_vs_floor, const char *section, Row *rows, size_t *n_rows);
 
 void compute_ratios(Report *rep);
 void compute_targets(Report *rep);
