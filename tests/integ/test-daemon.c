@@ -300,9 +300,14 @@ static void expect_violation(const char *what, bool hello, const void *pkt, size
         close(fd);
 }
 
-static size_t frame(uint8_t *buf, uint32_t id, const void *body, size_t body_len, uint16_t version,
-                    uint16_t n_fds)
+/* A frame of @body into @buf, which has room for @cap bytes: its length, or 0 (a failed check) when it does
+ * not fit. */
+static size_t frame(uint8_t *buf, size_t cap, uint32_t id, const void *body, size_t body_len,
+                    uint16_t version, uint16_t n_fds)
 {
+        CHECK(cap >= GM_FRAME_HDR_SIZE && body_len <= cap - GM_FRAME_HDR_SIZE);
+        if (cap < GM_FRAME_HDR_SIZE || body_len > cap - GM_FRAME_HDR_SIZE)
+                return 0;
         gm_frame_hdr_encode(buf, version, id, (uint32_t)body_len, n_fds);
         if (body_len)
                 memcpy(buf + GM_FRAME_HDR_SIZE, body, body_len);
@@ -327,37 +332,37 @@ static void test_hostile_frames(void)
         int devnull = open("/dev/null", O_RDONLY | O_CLOEXEC);
 
         /* too long: more than the maximum frame */
-        len = frame(big, 5, NULL, 0, 1, 0);
+        len = frame(big, sizeof(big), 5, NULL, 0, 1, 0);
         memset(big + GM_FRAME_HDR_SIZE, 0, sizeof(big) - GM_FRAME_HDR_SIZE);
         expect_violation("too long", true, big, sizeof(big), NULL, 0, -EMSGSIZE);
         /* truncated header */
-        len = frame(buf, 5, body, blen, 1, 0);
+        len = frame(buf, sizeof(buf), 5, body, blen, 1, 0);
         expect_violation("truncated header", true, buf, 8, NULL, 0, -EBADMSG);
         /* body shorter than the header says */
         expect_violation("truncated body", true, buf, len - 1, NULL, 0, -EBADMSG);
         /* header says one fd, none sent; and an fd the header does not declare */
-        len = frame(buf, 5, body, blen, 1, 1);
+        len = frame(buf, sizeof(buf), 5, body, blen, 1, 1);
         expect_violation("fd count over", true, buf, len, NULL, 0, -EPROTO);
-        len = frame(buf, 5, body, blen, 1, 0);
+        len = frame(buf, sizeof(buf), 5, body, blen, 1, 0);
         expect_violation("fd count under", true, buf, len, &devnull, 1, -EPROTO);
         /* fds declared and sent with an op that takes none */
-        len = frame(buf, 5, body, blen, 1, 1);
+        len = frame(buf, sizeof(buf), 5, body, blen, 1, 1);
         expect_violation("fd on ping", true, buf, len, &devnull, 1, -EPROTO);
         /* wrong magic, wrong version */
-        len = frame(buf, 5, body, blen, 1, 0);
+        len = frame(buf, sizeof(buf), 5, body, blen, 1, 0);
         buf[1] = 'X';
         expect_violation("bad magic", true, buf, len, NULL, 0, -EPROTO);
-        len = frame(buf, 5, body, blen, 9, 0);
+        len = frame(buf, sizeof(buf), 5, body, blen, 9, 0);
         expect_violation("bad version", true, buf, len, NULL, 0, -EPROTONOSUPPORT);
         /* garbage protobuf: a ping tag with a length running past the end */
         {
                 uint8_t junk[] = {0x12, 0x40, 0x08, 0xff, 0xff};
-                len = frame(buf, 5, junk, sizeof(junk), 1, 0);
+                len = frame(buf, sizeof(buf), 5, junk, sizeof(junk), 1, 0);
                 expect_violation("garbage body", true, buf, len, NULL, 0, -EBADMSG);
                 uint8_t notag[] = {0xff, 0xff, 0xff, 0xff, 0xff, 0xff};
-                len = frame(buf, 5, notag, sizeof(notag), 1, 0);
+                len = frame(buf, sizeof(buf), 5, notag, sizeof(notag), 1, 0);
                 expect_violation("garbage tag", true, buf, len, NULL, 0, -EBADMSG);
-                len = frame(buf, 5, NULL, 0, 1, 0);
+                len = frame(buf, sizeof(buf), 5, NULL, 0, 1, 0);
                 expect_violation("empty body", true, buf, len, NULL, 0, -EBADMSG);
         }
         /* two ops in one request */
@@ -372,13 +377,13 @@ static void test_hostile_frames(void)
                 req.topology = &tg;
                 size_t m = gpumem__request__pack(&req, hello_then_ping);
                 memcpy(hello_then_ping + m, two, n);
-                len = frame(buf, 5, hello_then_ping, m + n, 1, 0);
+                len = frame(buf, sizeof(buf), 5, hello_then_ping, m + n, 1, 0);
                 expect_violation("two ops", true, buf, len, NULL, 0, -EBADMSG);
         }
         /* a request before hello, and request id 0 */
-        len = frame(buf, 5, body, blen, 1, 0);
+        len = frame(buf, sizeof(buf), 5, body, blen, 1, 0);
         expect_violation("no hello", false, buf, len, NULL, 0, -EPROTO);
-        len = frame(buf, 0, body, blen, 1, 0);
+        len = frame(buf, sizeof(buf), 0, body, blen, 1, 0);
         expect_violation("id zero", true, buf, len, NULL, 0, -EPROTO);
 
         close(devnull);
@@ -406,7 +411,7 @@ static void test_request_errors(void)
         /* an op number this daemon does not know (a newer client) */
         {
                 uint8_t unknown[] = {0x9a, 0x06, 0x00}; /* field 99, length-delimited, empty */
-                len = frame(buf, 7, unknown, sizeof(unknown), 1, 0);
+                len = frame(buf, sizeof(buf), 7, unknown, sizeof(unknown), 1, 0);
                 CHECK_EQ(raw_send(fd, buf, len, NULL, 0), 0);
                 CHECK_EQ(raw_recv_reply(fd, &id, &code, reason, sizeof(reason), 5000), 0);
                 CHECK_EQ(id, 7);
@@ -421,7 +426,7 @@ static void test_request_errors(void)
                 h.protocol_version = 1;
                 req.op_case = GPUMEM__REQUEST__OP_HELLO;
                 req.hello = &h;
-                len = frame(buf, 8, body, gpumem__request__pack(&req, body), 1, 0);
+                len = frame(buf, sizeof(buf), 8, body, gpumem__request__pack(&req, body), 1, 0);
                 CHECK_EQ(raw_send(fd, buf, len, NULL, 0), 0);
                 CHECK_EQ(raw_recv_reply(fd, &id, &code, reason, sizeof(reason), 5000), 0);
                 CHECK_EQ(id, 8);
@@ -435,13 +440,13 @@ static void test_request_errors(void)
                 w.failed_base = 0x1000;
                 req.op_case = GPUMEM__REQUEST__OP_WINDOW_RETRY;
                 req.window_retry = &w;
-                len = frame(buf, 9, body, gpumem__request__pack(&req, body), 1, 0);
+                len = frame(buf, sizeof(buf), 9, body, gpumem__request__pack(&req, body), 1, 0);
                 CHECK_EQ(raw_send(fd, buf, len, NULL, 0), 0);
                 CHECK_EQ(raw_recv_reply(fd, &id, &code, reason, sizeof(reason), 5000), 0);
                 CHECK_EQ(code, -EINVAL);
         }
         /* still usable */
-        len = frame(buf, 10, body, ping_body(body), 1, 0);
+        len = frame(buf, sizeof(buf), 10, body, ping_body(body), 1, 0);
         CHECK_EQ(raw_send(fd, buf, len, NULL, 0), 0);
         CHECK_EQ(raw_recv_reply(fd, &id, &code, reason, sizeof(reason), 5000), 0);
         CHECK_EQ(id, 10);
@@ -455,7 +460,7 @@ static void test_request_errors(void)
                 Gpumem__Hello h = GPUMEM__HELLO__INIT;
                 req.op_case = GPUMEM__REQUEST__OP_HELLO;
                 req.hello = &h;
-                len = frame(buf, 1, body, gpumem__request__pack(&req, body), 1, 0);
+                len = frame(buf, sizeof(buf), 1, body, gpumem__request__pack(&req, body), 1, 0);
                 CHECK_EQ(raw_send(fd, buf, len, NULL, 0), 0);
                 CHECK_EQ(raw_recv_reply(fd, &id, &code, reason, sizeof(reason), 5000), 0);
                 CHECK_EQ(code, -EPROTONOSUPPORT);
@@ -1214,7 +1219,7 @@ static int raw_v2(int fd, uint32_t id, Gpumem__Request *req, bool want_reply)
         if (n > sizeof(body))
                 return -E2BIG;
         n = gpumem__request__pack(req, body);
-        if (raw_send(fd, buf, frame(buf, id, body, n, 2, 0), NULL, 0) < 0)
+        if (raw_send(fd, buf, frame(buf, sizeof(buf), id, body, n, 2, 0), NULL, 0) < 0)
                 return -EIO;
         if (!want_reply)
                 return 0;
@@ -1394,7 +1399,7 @@ out:
                 uint32_t id = 0;
                 int code = 0;
                 char reason[128];
-                CHECK_EQ(raw_send(fd, buf, frame(buf, 9, body, n, 1, 0), NULL, 0), 0);
+                CHECK_EQ(raw_send(fd, buf, frame(buf, sizeof(buf), 9, body, n, 1, 0), NULL, 0), 0);
                 CHECK_EQ(raw_recv_reply(fd, &id, &code, reason, sizeof(reason), 5000), 0);
                 CHECK_EQ(code, -EOPNOTSUPP);
                 close(fd);
@@ -1413,7 +1418,7 @@ static void test_flood_without_reading(void)
         if (fd < 0)
                 return;
         CHECK_EQ(raw_hello(fd), 0);
-        len = frame(buf, 2, body, ping_body(body), 1, 0);
+        len = frame(buf, sizeof(buf), 2, body, ping_body(body), 1, 0);
         for (int i = 0; i < 100000; i++) {
                 if (send(fd, buf, len, MSG_DONTWAIT | MSG_NOSIGNAL) < 0)
                         break;
