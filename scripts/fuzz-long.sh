@@ -59,7 +59,7 @@ progress=${FUZZ_PROGRESS:-600}
 
 if [ ! -x "$bin" ]; then
     echo "$0: no $bin: build it (CC=clang meson setup build-fuzz -Dfuzz=true -Db_sanitize=address,undefined" \
-        "-Db_lundef=false -Db_lto=false -Ddocs=disabled && ninja -C build-fuzz tests/fuzz/fuzz-$name) or set FUZZ_BIN_DIR" >&2
+        "-Db_lundef=false -Db_lto=false -Doptimization=2 -Ddocs=disabled && ninja -C build-fuzz tests/fuzz/fuzz-$name) or set FUZZ_BIN_DIR" >&2
     exit 2
 fi
 if { [ "$name" = request ] || [ "$name" = model-ioctl ]; } && [ ! -d "$GPUMEMD_PRESETDIR/mi300x" ]; then
