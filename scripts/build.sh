@@ -7,4 +7,12 @@ shift 2>/dev/null || true
 if [ ! -f "$builddir/build.ninja" ]; then
     meson setup "$builddir" --werror "$@" >/dev/null
 fi
-ninja -C "$builddir" >/dev/null
+# ninja prints compiler errors on stdout: kept quiet on success, shown when the build fails
+log=$(mktemp)
+if ninja -C "$builddir" >"$log" 2>&1; then
+    rm -f "$log"
+else
+    grep -v '^\[' "$log" >&2 || true
+    rm -f "$log"
+    exit 1
+fi
