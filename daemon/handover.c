@@ -485,8 +485,14 @@ int handover_exec(const char *path, char *const argv[], HandoverFds *s)
         if (!names)
                 return -ENOMEM;
         p = names;
-        for (size_t i = 0; i < s->n; i++)
-                p += sprintf(p, "%s%s", i ? ":" : "", s->v[i].name);
+        for (size_t i = 0; i < s->n; i++) {
+                size_t len = strlen(s->v[i].name);
+
+                if (i)
+                        *p++ = ':';
+                memcpy(p, s->v[i].name, len);
+                p += len;
+        }
         *p = '\0';
         /* Out of the way of 3..3+n first, so that no fd lands on one not yet moved. */
         for (size_t i = 0; i < s->n; i++) {
