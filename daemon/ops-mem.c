@@ -30,9 +30,9 @@ int req_books(ReqCtx *r, BrokerClient **ret)
 {
         int err = conn_books_new(r->c);
 
+        *ret = r->c->broker; /* NULL when that failed */
         if (err < 0)
                 return reply_fail(r, err, "out of memory");
-        *ret = r->c->broker;
         return 0;
 }
 

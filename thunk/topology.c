@@ -621,7 +621,7 @@ static int load_node(Parser *p, unsigned idx, ThunkNode *n)
         char rel[REL_MAX];
         PropsFile pf = {0};
         uint64_t gpu_id;
-        void *items;
+        void *items = NULL;
         int r;
 
         n->node_id = idx;
