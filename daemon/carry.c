@@ -8,18 +8,18 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "broker.h"
-#include "class-state.h"
-#include "classes.h"
+#include "broker/broker.h"
+#include "server/class-state.h"
+#include "server/classes.h"
 #include "config.h"
-#include "conn.h"
-#include "core.h"
-#include "driver.h"
+#include "server/conn.h"
+#include "server/core.h"
+#include "drivers/driver.h"
 #include "frame.h"
 #include "hashmap.h"
-#include "log.h"
-#include "policy.h"
-#include "window.h"
+#include "base/log.h"
+#include "config/policy.h"
+#include "server/window.h"
 
 /* What this build writes: the format's revision (a test build stands for a later one with a higher one). */
 #ifndef CARRY_REVISION

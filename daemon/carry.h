@@ -3,7 +3,7 @@
 
 #include <stdbool.h>
 
-#include "handover.h"
+#include "base/handover.h"
 
 typedef struct Manager Manager;
 typedef struct Conn Conn;

@@ -8,11 +8,11 @@
 #include <sys/resource.h>
 
 #include "config.h"
-#include "handover.h"
-#include "log.h"
+#include "base/handover.h"
+#include "base/log.h"
 #include "manager.h"
-#include "options.h"
-#include "policy.h"
+#include "config/options.h"
+#include "config/policy.h"
 
 int main(int argc, char **argv)
 {

@@ -15,21 +15,21 @@
 #include <sys/un.h>
 #include <systemd/sd-daemon.h>
 
-#include "broker.h"
+#include "broker/broker.h"
 #include "carry.h"
-#include "classes.h"
-#include "exposition.h"
-#include "metrics.h"
+#include "server/classes.h"
+#include "ops/exposition.h"
+#include "base/metrics.h"
 #include <event2/http.h>
-#include "policy.h"
+#include "config/policy.h"
 #include "config.h"
-#include "conn.h"
+#include "server/conn.h"
 #include "frame.h"
-#include "handover.h"
-#include "log.h"
-#include "request.h"
-#include "window.h"
-#include "worker.h"
+#include "base/handover.h"
+#include "base/log.h"
+#include "ops/request.h"
+#include "server/window.h"
+#include "base/worker.h"
 #include "wire.h"
 
 #define ACCEPTS_PER_WAKEUP 64

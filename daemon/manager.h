@@ -1,7 +1,7 @@
 /* gpumemd's root: start-up order, listener and accept, signals, readiness, drain, reload and teardown. */
 #pragma once
 
-#include "core.h"
+#include "server/core.h"
 
 /* Create the manager from parsed options: opens the backend and the listening socket. */
 int manager_new(Manager **ret, const Options *opts);

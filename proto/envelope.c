@@ -47,21 +47,6 @@ static size_t field_get(const uint8_t *p, size_t len, uint32_t *ret_id, const ui
         return a + b + (size_t)n;
 }
 
-const ProtobufCFieldDescriptor *gm_proto_field(const ProtobufCMessageDescriptor *desc, uint32_t id)
-{
-        const ProtobufCIntRange *r = desc->field_ranges;
-
-        /* Each range is a run of consecutive numbers starting at fields[orig_index]; the entry after the
-         * last holds the field count as its orig_index. A message has a few runs: a scan beats a search. */
-        for (unsigned i = 0; i < desc->n_field_ranges; i++) {
-                uint32_t start = (uint32_t)r[i].start_value;
-                uint32_t count = (uint32_t)(r[i + 1].orig_index - r[i].orig_index);
-                if (id >= start && id - start < count)
-                        return &desc->fields[(uint32_t)r[i].orig_index + (id - start)];
-        }
-        return NULL;
-}
-
 /* The message member @id of @desc's oneof, or NULL. */
 static const ProtobufCFieldDescriptor *oneof_message(const ProtobufCMessageDescriptor *desc, uint32_t id)
 {

@@ -7,12 +7,7 @@
 #include <stdint.h>
 
 #include "gpumem.pb-c.h"
-
-/*
- * The field numbered @id of @desc, or NULL: what protobuf_c_message_descriptor_get_field() returns, found
- * without its search and the call into the library (every request and reply looks up its op's field).
- */
-const ProtobufCFieldDescriptor *gm_proto_field(const ProtobufCMessageDescriptor *desc, uint32_t id);
+#include "view.h"
 
 /*
  * A Request whose body is exactly one op field (the length-delimited message of one member of its oneof),

@@ -1,7 +1,6 @@
 /* The small replies read in place (view.h): a Reply's status and result, pointer info, SVM attributes. */
 #include "view.h"
-
-#include "envelope.h"
+#include "gpumem.pb-c.h"
 
 /*
  * The forms the daemon and the client library write (every field once, in order, the fewest bytes) are
@@ -9,6 +8,21 @@
  * the way, goes to the general reader, which starts again from the beginning. What the short way reads is
  * what the general way reads of the same bytes.
  */
+
+const ProtobufCFieldDescriptor *gm_proto_field(const ProtobufCMessageDescriptor *desc, uint32_t id)
+{
+        const ProtobufCIntRange *r = desc->field_ranges;
+
+        /* Each range is a run of consecutive numbers starting at fields[orig_index]; the entry after the
+         * last holds the field count as its orig_index. A message has a few runs: a scan beats a search. */
+        for (unsigned i = 0; i < desc->n_field_ranges; i++) {
+                uint32_t start = (uint32_t)r[i].start_value;
+                uint32_t count = (uint32_t)(r[i + 1].orig_index - r[i].orig_index);
+                if (id >= start && id - start < count)
+                        return &desc->fields[(uint32_t)r[i].orig_index + (id - start)];
+        }
+        return NULL;
+}
 
 /* A one-byte tag @tag at *@at, then a varint: its value, *@at past it. */
 static inline __attribute__((always_inline)) bool expect_uint(const uint8_t *p, size_t len, size_t *at,

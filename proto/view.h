@@ -9,6 +9,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include <protobuf-c/protobuf-c.h>
+
 /*
  * Why: a reply that protobuf-c unpacks becomes a tree of allocated messages that the caller copies out of
  * and frees again, and a request is a tree the caller builds to have it walked. For the ops a program calls
@@ -347,3 +349,9 @@ int gm_empty_view(const uint8_t *p, size_t len);
 
 /* A message whose field 1 is an optional uint64 (PingReply): 0 or -EPROTO. */
 int gm_u64_view(const uint8_t *p, size_t len, bool *ret_has, uint64_t *ret_v);
+
+/*
+ * The field numbered @id of @desc, or NULL: what protobuf_c_message_descriptor_get_field() returns, found
+ * without its search and the call into the library (every request and reply looks up its op's field).
+ */
+const ProtobufCFieldDescriptor *gm_proto_field(const ProtobufCMessageDescriptor *desc, uint32_t id);

@@ -7,7 +7,7 @@
 #include <unistd.h>
 
 #include "thunk.h"
-#include "vaman.h"
+#include "base/vaman.h"
 #include "bench.h"
 
 /* SVM attribute and location values of the KFD ABI (kfd_ioctl.h), used for the in-process calls. */

@@ -1,5 +1,5 @@
-/* The frame around a hand-over state, written here from its definition (daemon/handover.c's comment) rather
- * than with the daemon's code, so that the tests check the format, not the code against itself. */
+/* The frame around a hand-over state, written here from its definition (daemon/base/handover.c's comment)
+ * rather than with the daemon's code, so that the tests check the format, not the code against itself. */
 #pragma once
 
 #include <stddef.h>

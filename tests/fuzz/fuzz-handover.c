@@ -6,7 +6,7 @@
 #include <string.h>
 
 #include "../common/state-frame.h"
-#include "handover.h"
+#include "base/handover.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

@@ -15,18 +15,18 @@
 #include <syslog.h>
 #include <unistd.h>
 
-#include "broker.h"
-#include "classes.h"
-#include "conn.h"
-#include "driver-kfd.h"
+#include "broker/broker.h"
+#include "server/classes.h"
+#include "server/conn.h"
+#include "drivers/driver-kfd.h"
 #include "frame.h"
 #include "gpumem.pb-c.h"
-#include "log.h"
+#include "base/log.h"
 #include "manager.h"
 #include "model.h"
-#include "request.h"
+#include "ops/request.h"
 #include "wire.h"
-#include "worker.h"
+#include "base/worker.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 int LLVMFuzzerInitialize(int *argc, char ***argv);

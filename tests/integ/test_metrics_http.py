@@ -14,7 +14,7 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
 from gmtest import GPUMEMD, Notify, check, ctl, run_tests  # noqa: E402
 
-# The limits in daemon/metrics.c (METRICS_HTTP_MAX_CONNS, METRICS_HTTP_TIMEOUT_S).
+# The limits in daemon/base/metrics.c (METRICS_HTTP_MAX_CONNS, METRICS_HTTP_TIMEOUT_S).
 CAP = 64
 TIMEOUT = 10
 SLACK_FDS = 8  # fds the daemon may open meanwhile for other reasons

@@ -6,7 +6,7 @@
 
 #include "../common/check.h"
 #include "cuda-api.h"
-#include "driver-cuda.h"
+#include "drivers/driver-cuda.h"
 #include "topology.h"
 
 static void two_gpus(DriverCudaGpuDesc g[2], DriverCudaHostDesc *h)

@@ -1,7 +1,7 @@
 /* Tests of the VA aperture manager: unit cases, windows, handle apertures, and a randomized reference check.
  */
 #include "../common/check.h"
-#include "vaman.h"
+#include "base/vaman.h"
 
 #include <errno.h>
 #include <stdio.h>

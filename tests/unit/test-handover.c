@@ -12,7 +12,7 @@
 
 #include "../common/check.h"
 #include "../common/state-frame.h"
-#include "handover.h"
+#include "base/handover.h"
 
 /*
  * A state as format 1, revision 1 wrote it (gpumemd 0.1.0): kept byte for byte, so that every later daemon

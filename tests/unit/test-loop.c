@@ -6,8 +6,8 @@
 #include <unistd.h>
 
 #include "../common/check.h"
-#include "loop.h"
-#include "util.h"
+#include "base/loop.h"
+#include "base/util.h"
 
 /* Run @fn(@arg) on @l's thread and wait until it ran (at most five seconds). */
 typedef struct Call {

@@ -3,8 +3,8 @@
 
 #include "../common/check.h"
 #include "gpumem.pb-c.h"
-#include "request.h"
-#include "util.h"
+#include "ops/request.h"
+#include "base/util.h"
 
 static void test_rows(void)
 {

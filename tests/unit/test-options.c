@@ -3,9 +3,9 @@
 #include <unistd.h>
 
 #include "../common/check.h"
-#include "log.h"
-#include "options.h"
-#include "util.h"
+#include "base/log.h"
+#include "config/options.h"
+#include "base/util.h"
 
 static char tmpdir[] = "/tmp/gpumemd-test-options-XXXXXX";
 

@@ -3,7 +3,7 @@
 #include <unistd.h>
 
 #include "../common/check.h"
-#include "policy.h"
+#include "config/policy.h"
 
 static char tmpdir[] = "/tmp/gpumemd-test-policy-XXXXXX";
 

@@ -3,14 +3,14 @@
 #include <errno.h>
 #include <string.h>
 
-#include "broker.h"
-#include "classes.h"
+#include "broker/broker.h"
+#include "server/classes.h"
 #include "config.h"
-#include "log.h"
-#include "core.h"
+#include "base/log.h"
+#include "server/core.h"
 #include "request.h"
 #include "view.h"
-#include "window.h"
+#include "server/window.h"
 
 #define CLIENT_NAME_MAX 64
 

@@ -3,8 +3,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "broker.h"
-#include "core.h"
+#include "broker/broker.h"
+#include "server/core.h"
 #include "request.h"
 #include "frame.h"
 #include "topology.h"

@@ -6,7 +6,7 @@
 #include <stdint.h>
 
 #include "gpumem.pb-c.h"
-#include "loop.h"
+#include "base/loop.h"
 
 /*
  * The transport knows nothing above it: its owner (the connection) hands it callbacks and its limits. It

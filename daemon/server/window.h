@@ -6,7 +6,7 @@
 #include <sys/types.h>
 
 #include "conn.h"
-#include "vaman.h"
+#include "base/vaman.h"
 
 #define WINDOW_ALIGN       (2ull << 20)
 #define WINDOW_GUARD       4096ull

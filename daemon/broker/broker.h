@@ -6,11 +6,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "driver.h"
+#include "drivers/driver.h"
 #include "events.h"
 #include "reason.h"
-#include "util.h"
-#include "vaman.h"
+#include "base/util.h"
+#include "base/vaman.h"
 
 /* Values as in the protocol (gpumem.proto) so handlers pass them through unchanged. */
 typedef enum BrokerKind {

@@ -4,8 +4,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "broker.h"
-#include "policy.h"
+#include "broker/broker.h"
+#include "config/policy.h"
 
 typedef struct ClassState {
         struct ClassState *next;

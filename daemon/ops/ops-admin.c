@@ -5,13 +5,13 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "broker.h"
-#include "classes.h"
+#include "broker/broker.h"
+#include "server/classes.h"
 #include "exposition.h"
-#include "metrics.h"
+#include "base/metrics.h"
 #include "config.h"
-#include "log.h"
-#include "core.h"
+#include "base/log.h"
+#include "server/core.h"
 #include "request.h"
 
 int op_admin_status(ReqCtx *r, const Gpumem__Request *req)

@@ -5,7 +5,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "conn.h"
+#include "server/conn.h"
 #include "frame.h"
 #include "gpumem.pb-c.h"
 #include "reason.h"

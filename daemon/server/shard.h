@@ -4,7 +4,7 @@
 #include <stdint.h>
 
 #include "arena.h"
-#include "loop.h"
+#include "base/loop.h"
 
 typedef struct Manager Manager;
 typedef struct Conn Conn;

@@ -9,10 +9,10 @@
 #include <sys/types.h>
 
 #include "gpumem.pb-c.h"
-#include "log.h"
-#include "loop.h"
+#include "base/log.h"
+#include "base/loop.h"
 #include "transport.h"
-#include "util.h"
+#include "base/util.h"
 
 typedef struct Manager Manager;
 typedef struct Shard Shard;

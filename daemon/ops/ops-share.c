@@ -5,10 +5,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "broker.h"
-#include "class-state.h"
-#include "core.h"
-#include "policy.h"
+#include "broker/broker.h"
+#include "server/class-state.h"
+#include "server/core.h"
+#include "config/policy.h"
 #include "request.h"
 
 /* what one reply frame holds with names of the longest */

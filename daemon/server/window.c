@@ -8,7 +8,7 @@
 
 #include "class-state.h"
 #include "core.h"
-#include "vaman.h"
+#include "base/vaman.h"
 
 #ifndef MAP_FIXED_NOREPLACE
 #define MAP_FIXED_NOREPLACE 0x100000

@@ -13,8 +13,8 @@
 #include <unistd.h>
 
 #include "frame.h"
-#include "log.h"
-#include "policy.h"
+#include "base/log.h"
+#include "config/policy.h"
 #include "shard.h"
 #include "transport.h"
 #include "wire.h"

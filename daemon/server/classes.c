@@ -8,7 +8,7 @@
 #include <unistd.h>
 
 #include "conn.h"
-#include "log.h"
+#include "base/log.h"
 #include "core.h"
 #include "window.h"
 

@@ -4,12 +4,12 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "broker.h"
-#include "classes.h"
-#include "core.h"
+#include "broker/broker.h"
+#include "server/classes.h"
+#include "server/core.h"
 #include "request.h"
 #include "view.h"
-#include "worker.h"
+#include "base/worker.h"
 
 int conn_books_new(Conn *c)
 {

@@ -13,10 +13,10 @@
 #include <sys/stat.h>
 
 #include "config.h"
-#include "log.h"
-#include "util.h"
-#include "driver-kfd.h"
-#include "driver.h"
+#include "base/log.h"
+#include "base/util.h"
+#include "drivers/driver-kfd.h"
+#include "drivers/driver.h"
 
 #define DEFAULT_WINDOW_SIZE (64ull << 30)
 /*

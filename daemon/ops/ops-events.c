@@ -4,10 +4,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "broker.h"
-#include "conn.h"
-#include "core.h"
-#include "log.h"
+#include "broker/broker.h"
+#include "server/conn.h"
+#include "server/core.h"
+#include "base/log.h"
 #include "request.h"
 
 /* A wait the broker could not answer at once: its reply goes out when the event comes or the time is up. */

@@ -8,7 +8,7 @@
 
 #include "envelope.h"
 #include "frame.h"
-#include "util.h"
+#include "base/util.h"
 #include "wire.h"
 
 /* Queued reply bytes beyond which a client that does not read is dropped. */

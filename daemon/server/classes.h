@@ -4,9 +4,9 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "broker.h"
+#include "broker/broker.h"
 #include "class-state.h"
-#include "policy.h"
+#include "config/policy.h"
 
 typedef struct Manager Manager;
 typedef struct Conn Conn;

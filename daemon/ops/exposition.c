@@ -17,15 +17,15 @@
 #include <dirent.h>
 #include <sys/resource.h>
 
-#include "broker.h"
-#include "classes.h"
-#include "conn.h"
-#include "log.h"
-#include "core.h"
-#include "metrics.h"
+#include "broker/broker.h"
+#include "server/classes.h"
+#include "server/conn.h"
+#include "base/log.h"
+#include "server/core.h"
+#include "base/metrics.h"
 #include "config.h"
 #include "frame.h"
-#include "policy.h"
+#include "config/policy.h"
 #include "topology.h"
 
 static void limit_value(FILE *f, uint64_t v)

@@ -9,12 +9,12 @@
 #include <sys/types.h>
 
 #include "arena.h"
-#include "driver.h"
-#include "log.h"
-#include "loop.h"
-#include "options.h"
+#include "drivers/driver.h"
+#include "base/log.h"
+#include "base/loop.h"
+#include "config/options.h"
 #include "shard.h"
-#include "vaman.h"
+#include "base/vaman.h"
 
 typedef struct Conn Conn;
 typedef struct BrokerClient BrokerClient;

@@ -3,11 +3,11 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 
-#include "broker.h"
-#include "conn.h"
-#include "core.h"
+#include "broker/broker.h"
+#include "server/conn.h"
+#include "server/core.h"
 #include "request.h"
-#include "shard.h"
+#include "server/shard.h"
 
 static int fail_why(ReqCtx *r, int err, const Reason *w)
 {

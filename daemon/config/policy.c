@@ -14,7 +14,7 @@
 #include <string.h>
 #include <strings.h>
 
-#include "util.h"
+#include "base/util.h"
 
 static const char *const resource_names[_POLICY_RES_MAX] = {
         [POLICY_RES_VRAM] = "vram",         [POLICY_RES_HOST] = "host",

@@ -8,14 +8,14 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "broker.h"
-#include "classes.h"
+#include "broker/broker.h"
+#include "server/classes.h"
 #include "envelope.h"
-#include "metrics.h"
+#include "base/metrics.h"
 #include "view.h"
-#include "log.h"
-#include "core.h"
-#include "window.h"
+#include "base/log.h"
+#include "server/core.h"
+#include "server/window.h"
 #include "wire.h"
 
 /*
