@@ -6,7 +6,6 @@
 #include <fcntl.h>
 #include <numa.h>
 #include <numaif.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,177 +16,15 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "events.h"
-#include "hashmap.h"
+#include "broker-private.h"
 
 #ifndef MADV_POPULATE_WRITE
 #define MADV_POPULATE_WRITE 23
 #endif
 
-typedef struct Obj Obj;
-typedef struct VmmMap VmmMap;
-
-/*
- * The SVM attribute calls made on one managed allocation, in order: what a restart replays in the next
- * daemon's context, where the same calls give the same attributes, page for page. Bounded: an allocation
- * whose calls overflowed it cannot be carried (its attributes could not be told exactly).
- */
-#define SVM_LOG_MAX        256
-#define SVM_LOG_CLIENT_MAX 1024 /* all of a client's allocations together */
-typedef BrokerSvmCall SvmLogEntry;
-typedef struct SvmLog {
-        size_t n, cap;
-        bool overflowed;
-        SvmLogEntry *e;
-} SvmLog;
-typedef struct Share Share;
-typedef struct ShareRef ShareRef;
-
-struct Obj {
-        uint64_t handle;
-        BrokerKind kind;
-        uint64_t va, size; /* allocations and reservations; 0 for VA-less handles */
-        uint32_t gpu_id;
-        uint32_t flags;
-        int numa_node;
-        DriverMem *mem;       /* device, host (registered pages), VMM and import */
-        int memfd;            /* host and managed: the shared pages */
-        unsigned client_refs; /* VMM/import: create/import + retains − releases; 0 = no longer named */
-        unsigned map_refs;    /* VMM/import: mappings that use it */
-        unsigned exports;
-        ThunkVaSpace *maps; /* reservation: its mappings (data: VmmMap *) */
-        bool read_only;     /* import of a read-only export: every grant of it is read-only */
-        bool foreign;       /* import of memory gpumemd did not export: charged by its size */
-        bool handed_out;    /* an fd of its memory went to a client: it may outlive the handle */
-        bool backing_fd;    /* the driver holds an fd for its memory in the daemon (the model's VRAM) */
-        bool pending;       /* being made in steps (broker_alloc_begin): has VA and a charge, no handle */
-        bool outer;        /* BROKER_FLAG_SVM_RANGE: placed in the client's outer VA space, not mapped here */
-        uint64_t file_ino; /* the inode of the files handed out (0: none), in Broker.files while it lives */
-        dev_t file_dev;
-        struct SvmLog *svm_log; /* managed: the SVM attribute calls made on it, in order (a restart replays
-                                   them) */
-        bool svm_unlogged;      /* one of them could not be kept (out of memory) */
-        Share *share;           /* published under a name (broker_share_publish), until the share ends */
-        bool share_kept;        /* its persistent share took its memory over when it went */
-        ShareRef *ref;          /* BROKER_KIND_SHARE: this reader's open share */
-        unsigned carry_pass;    /* the last broker_client_carry_each() that listed it */
-        bool carry_hold; /* VMM: came back from a restart only for its mappings (broker_carry_finish) */
-};
-
-/*
- * Memory whose handle is gone but which files handed to clients (fds, mappings, imports) still keep alive:
- * its class goes on paying until the kernel drops the inode, which inotify reports as IN_IGNORED.
- */
-typedef struct Linger Linger;
-struct Linger {
-        Linger *next;        /* others on the same watch */
-        BrokerAccount *acct; /* pays (NULL: no class); its lingering count keeps it alive */
-        BrokerKind kind;
-        uint32_t gpu_id;
-        uint64_t size;
-        uint64_t ino;
-        dev_t dev;
-        int wd;
-};
-
-typedef struct GemGrant {
-        uint32_t gpu_id;
-        int access;
-        DriverGrant *m;
-} GemGrant;
-
-struct VmmMap {
-        Obj *res;
-        Obj *phys;
-        uint64_t va, size, offset;
-        int cpu_access;
-        size_t n_gem;
-        GemGrant gem[BROKER_MAX_GPUS];
-};
-
-/*
- * Locks, in the order they are taken: the caller serialises each client (its BrokerClient and objects);
- * the share lock guards the named shares and every reader's part of them; the broker's lock guards what
- * clients share (the totals, the handed-out and lingering files, the inotify queue); an account's lock
- * guards its usage and limits, and is taken alone or inside the broker's. Driver calls are made under none
- * of the broker's locks but the share lock (a share's readers are mapped and unmapped under it; no driver
- * callback takes it).
- */
-struct Broker {
-        Driver *drv;
-        DriverCtx *primary;
-        size_t n_gpus;
-        uint32_t gpu_ids[BROKER_MAX_GPUS];
-        uint64_t gpu_vram[BROKER_MAX_GPUS];
-        uint64_t
-                dev_gran; /* device memory comes in multiples of this: the largest GPU's, the page at least */
-        int gpu_numa[BROKER_MAX_GPUS];
-        pthread_mutex_t lock;
-        BrokerUsage totals;
-        unsigned clients;
-        int notify_fd;      /* inotify: the death of lingering memory */
-        HashMap lingering;  /* watch descriptor -> Linger * */
-        HashMap files;      /* inode of a live object's handed-out files -> Obj * */
-        HashMap dead_files; /* inode of lingering memory -> Linger * (its first) */
-        uint64_t watch_failures;
-        /* named shares: their list and the shared region their VAs come from, under share_lock */
-        pthread_mutex_t share_lock;
-        struct Share *shares;
-        size_t n_shares;
-        ThunkVaSpace *share_space;
-};
-
-typedef struct BrokerQueue {
-        uint32_t id;
-        uint32_t gpu_id;
-        uint32_t type;
-} BrokerQueue;
-
-struct BrokerClient {
-        Broker *b;
-        ThunkVaSpace *window;
-        ThunkVaSpace *outer; /* its GPU VM outside the window (SVM ranges), from the first such object */
-        DriverCtx *ctx;      /* NULL until first needed */
-        bool own_ctx;
-        HashMap objs;
-        BrokerUsage usage;
-        BrokerAccount *acct; /* the class's shared limits and usage; NULL = unlimited */
-        int teardown_phase;  /* TEARDOWN_*: how far a teardown in slices went */
-        size_t teardown_iter;
-        ClientEvents *events;      /* its KFD events, from its first (each costs a handle) */
-        void (*irq_fn)(void *arg); /* where its GPU interrupts go (broker_client_set_interrupt) */
-        void *irq_arg;
-        /* a GPU VM fault of its context, from the driver's thread until its own takes it (a leaf lock) */
-        pthread_mutex_t fault_lock;
-        DriverInterrupt fault;
-        bool fault_pending;
-        uint64_t *fired;     /* DRIVER_CAP_EVENT_MIRROR: a bit per signal event the driver saw fire */
-        BrokerQueue *queues; /* its user-mode queues (each costs a handle and a queue) */
-        size_t n_queues, cap_queues;
-        uint64_t tag;           /* the daemon's name for it (broker_client_set_tag) */
-        size_t svm_log_entries; /* SVM calls its managed allocations keep for a restart (SvmLog) */
-        unsigned carry_pass;    /* counts broker_client_carry_each() calls */
-};
-
-static void shares_done(Broker *b);
-static Obj *share_at(const BrokerClient *c, uint64_t va);
-static int share_pointer_info(BrokerClient *c, const Obj *o, BrokerPtrInfo *ret, Reason *w);
-static int share_set_access(BrokerClient *c, const Obj *o, const BrokerAccess *d, size_t n, Reason *w);
-static int share_get_access(BrokerClient *c, const Obj *o, uint32_t gpu_id, int *ret_access, Reason *w);
-static void share_obj_gone(BrokerClient *c, Obj *o);
-static void share_ref_drop(BrokerClient *c, Obj *o);
-
-static int gpu_index(const Broker *b, uint32_t gpu_id)
-{
-        for (size_t i = 0; i < b->n_gpus; i++)
-                if (b->gpu_ids[i] == gpu_id)
-                        return (int)i;
-        return -1;
-}
-
 /* The GPUs @o's memory is mapped on, appended to @ids (room for BROKER_MAX_GPUS), in the broker's order
  * (the driver's, of which the broker keeps the first BROKER_MAX_GPUS). */
-static void mapped_gpus_into(const Broker *b, const Obj *o, uint32_t *ids, size_t *n)
+void broker_mapped_gpus_into(const Broker *b, const Obj *o, uint32_t *ids, size_t *n)
 {
         uint64_t mask = o->mem ? driver_mem_mapped_mask(b->drv, o->mem) : 0;
 
@@ -198,7 +35,10 @@ static void mapped_gpus_into(const Broker *b, const Obj *o, uint32_t *ids, size_
 
 int broker_gpu_index(const Broker *b, uint32_t gpu_id)
 {
-        return gpu_index(b, gpu_id);
+        for (size_t i = 0; i < b->n_gpus; i++)
+                if (b->gpu_ids[i] == gpu_id)
+                        return (int)i;
+        return -1;
 }
 
 size_t broker_gpu_count(const Broker *b)
@@ -246,7 +86,7 @@ void broker_account_usage(BrokerAccount *a, BrokerUsage *ret)
         pthread_mutex_unlock(&a->lock);
 }
 
-static const char *human(uint64_t v, char *buf, size_t len)
+const char *broker_human(uint64_t v, char *buf, size_t len)
 {
         if (v >= (1ull << 30) && v % (1ull << 30) == 0)
                 snprintf(buf, len, "%llu GiB", (unsigned long long)(v >> 30));
@@ -258,8 +98,6 @@ static const char *human(uint64_t v, char *buf, size_t len)
                 snprintf(buf, len, "%llu bytes", (unsigned long long)v);
         return buf;
 }
-
-/* ---- broker and clients ------------------------------------------------------------------------------ */
 
 int broker_new(Driver *drv, Broker **ret)
 {
@@ -311,7 +149,7 @@ Broker *broker_free(Broker *b)
                         free(l);
                         l = next;
                 }
-        shares_done(b);
+        broker_shares_done(b);
         hashmap_done(&b->lingering);
         hashmap_done(&b->dead_files);
         hashmap_done(&b->files);
@@ -372,7 +210,7 @@ uint64_t broker_client_records(const BrokerClient *c)
 }
 
 /* On the driver's thread, under its locks: only the news goes on. */
-static void client_interrupt(void *arg, const DriverInterrupt *irq)
+void broker_client_interrupt(void *arg, const DriverInterrupt *irq)
 {
         BrokerClient *c = arg;
 
@@ -405,7 +243,7 @@ void broker_client_set_interrupt(BrokerClient *c, void (*fn)(void *arg), void *a
 }
 
 /* The GPU VM device memory lives in: the client's own where the driver has one per client. */
-static int client_ctx(BrokerClient *c, DriverCtx **ret, Reason *w)
+int broker_client_ctx(BrokerClient *c, DriverCtx **ret, Reason *w)
 {
         int r;
 
@@ -417,7 +255,7 @@ static int client_ctx(BrokerClient *c, DriverCtx **ret, Reason *w)
                                                   strerror(-r));
                         c->own_ctx = true;
                         /* its queues' interrupts, where the driver hands them out (the model) */
-                        (void)driver_ctx_set_interrupt(c->b->drv, c->ctx, client_interrupt, c);
+                        (void)driver_ctx_set_interrupt(c->b->drv, c->ctx, broker_client_interrupt, c);
                 } else {
                         c->ctx = c->b->primary;
                 }
@@ -426,47 +264,30 @@ static int client_ctx(BrokerClient *c, DriverCtx **ret, Reason *w)
         return 0;
 }
 
-/* ---- accounting -------------------------------------------------------------------------------------- */
-
-/*
- * What an object (or a bookkeeping entry, or one file) costs: the same record is charged to its client, its
- * class's account and the broker's totals, and refunded from all three, so they cannot drift apart.
- */
-typedef struct Charge {
-        uint64_t objects;
-        uint32_t held_fds;
-        uint32_t queues;
-        BrokerKind kind; /* what @bytes are of (0: no bytes) */
-        uint32_t gpu_id;
-        uint64_t bytes;
-        bool foreign;   /* an import's bytes count only when it is of memory gpumemd did not export */
-        bool lingering; /* memory whose handle is gone: its bytes count as lingering too */
-} Charge;
-
 /* A driver that keeps a buffer's memory in a file of the daemon's once it can be shared (the model) costs
  * an fd per such buffer, which the client's class pays for like the daemon's own memfds of host and
  * managed memory. */
-static bool driver_holds_fd(const Broker *b)
+bool broker_driver_holds_fd(const Broker *b)
 {
         return driver_has(b->drv, DRIVER_CAP_FD_PER_SHARED_BUFFER);
 }
 
 /* Does device memory allocated with @flags cost a file from its allocation? Host-visible memory does, and
  * all of it where the client maps it from its export. */
-static bool driver_file_at_alloc(const Broker *b, uint32_t flags)
+bool broker_driver_file_at_alloc(const Broker *b, uint32_t flags)
 {
-        return driver_holds_fd(b) &&
+        return broker_driver_holds_fd(b) &&
                ((flags & BROKER_FLAG_HOST_VISIBLE) || driver_has(b->drv, DRIVER_CAP_CLIENT_MAPS));
 }
 
 /* Device or VMM memory of @o that the driver gives a file only when it is first exported or granted. */
 static bool file_on_export(const Broker *b, const Obj *o)
 {
-        return driver_holds_fd(b) && !o->backing_fd && o->memfd < 0 &&
+        return broker_driver_holds_fd(b) && !o->backing_fd && o->memfd < 0 &&
                (o->kind == BROKER_KIND_DEVICE || o->kind == BROKER_KIND_VMM);
 }
 
-static Charge obj_charge(const Obj *o)
+Charge broker_obj_charge(const Obj *o)
 {
         return (Charge){.objects = 1,
                         .held_fds = (o->memfd >= 0) + o->backing_fd,
@@ -476,10 +297,10 @@ static Charge obj_charge(const Obj *o)
                         .foreign = o->foreign};
 }
 
-static void usage_apply(BrokerUsage *u, const Broker *b, const Charge *ch, int sign)
+void broker_usage_apply(BrokerUsage *u, const Broker *b, const Charge *ch, int sign)
 {
         int64_t d = sign * (int64_t)ch->bytes;
-        int gi = gpu_index(b, ch->gpu_id);
+        int gi = broker_gpu_index(b, ch->gpu_id);
 
         u->objects += (uint64_t)(sign * (int64_t)ch->objects);
         u->held_fds += (uint32_t)(sign * (int32_t)ch->held_fds);
@@ -521,8 +342,8 @@ static int over(Reason *w, const BrokerAccount *a, const char *what, uint64_t li
                 return reason_set(w, -EDQUOT, "class '%s' %s limit: %llu in use of %llu", a->name, what,
                                   (unsigned long long)used, (unsigned long long)limit);
         return reason_set(w, -EDQUOT, "class '%s' %s limit: %s in use of %s, %s asked", a->name, what,
-                          human(used, b1, sizeof(b1)), human(limit, b2, sizeof(b2)),
-                          human(asked, b3, sizeof(b3)));
+                          broker_human(used, b1, sizeof(b1)), broker_human(limit, b2, sizeof(b2)),
+                          broker_human(asked, b3, sizeof(b3)));
 }
 
 /* One request larger than the class allows for a single one. */
@@ -531,7 +352,7 @@ static int over_one(Reason *w, const BrokerAccount *a, const char *what, uint64_
         char b1[32], b2[32];
 
         return reason_set(w, -EDQUOT, "class '%s' %s limit: at most %s, %s asked", a->name, what,
-                          human(limit, b1, sizeof(b1)), human(asked, b2, sizeof(b2)));
+                          broker_human(limit, b1, sizeof(b1)), broker_human(asked, b2, sizeof(b2)));
 }
 
 /* Would @ch stay within @a's limits? Under the account's lock. */
@@ -550,7 +371,7 @@ static int fits(const Broker *b, const BrokerAccount *a, const Charge *ch, Reaso
         case BROKER_KIND_DEVICE:
         case BROKER_KIND_VMM: {
                 uint64_t vram = u->device_bytes + u->vmm_bytes, bytes = ch->bytes;
-                int gi = gpu_index(b, ch->gpu_id);
+                int gi = broker_gpu_index(b, ch->gpu_id);
                 /* the more specific limit first, so the reason names it */
                 if (gi >= 0 &&
                     (bytes > a->max_vram_gpu[gi] || u->vram_bytes[gi] > a->max_vram_gpu[gi] - bytes)) {
@@ -588,10 +409,10 @@ static int fits(const Broker *b, const BrokerAccount *a, const Charge *ch, Reaso
 }
 
 /* The broker's totals, under its lock. */
-static void totals_apply(Broker *b, const Charge *ch, int sign)
+void broker_totals_apply(Broker *b, const Charge *ch, int sign)
 {
         pthread_mutex_lock(&b->lock);
-        usage_apply(&b->totals, b, ch, sign);
+        broker_usage_apply(&b->totals, b, ch, sign);
         pthread_mutex_unlock(&b->lock);
 }
 
@@ -600,7 +421,7 @@ static void totals_apply(Broker *b, const Charge *ch, int sign)
  * are one step under the account's lock, so clients of one class on several threads cannot together pass
  * a limit that each of them checked alone.
  */
-static int charge_take(BrokerClient *c, const Charge *ch, Reason *w)
+int broker_charge_take(BrokerClient *c, const Charge *ch, Reason *w)
 {
         BrokerAccount *a = c->acct;
 
@@ -609,40 +430,40 @@ static int charge_take(BrokerClient *c, const Charge *ch, Reason *w)
                 pthread_mutex_lock(&a->lock);
                 r = fits(c->b, a, ch, w);
                 if (r == 0)
-                        usage_apply(&a->used, c->b, ch, +1);
+                        broker_usage_apply(&a->used, c->b, ch, +1);
                 pthread_mutex_unlock(&a->lock);
                 if (r < 0)
                         return r;
         }
-        usage_apply(&c->usage, c->b, ch, +1);
-        totals_apply(c->b, ch, +1);
+        broker_usage_apply(&c->usage, c->b, ch, +1);
+        broker_totals_apply(c->b, ch, +1);
         return 0;
 }
 
-static void charge_give(BrokerClient *c, const Charge *ch)
+void broker_charge_give(BrokerClient *c, const Charge *ch)
 {
         BrokerAccount *a = c->acct;
 
         if (a) {
                 pthread_mutex_lock(&a->lock);
-                usage_apply(&a->used, c->b, ch, -1);
+                broker_usage_apply(&a->used, c->b, ch, -1);
                 pthread_mutex_unlock(&a->lock);
         }
-        usage_apply(&c->usage, c->b, ch, -1);
-        totals_apply(c->b, ch, -1);
+        broker_usage_apply(&c->usage, c->b, ch, -1);
+        broker_totals_apply(c->b, ch, -1);
 }
 
-static void charge_obj_give(BrokerClient *c, const Obj *o)
+void broker_charge_obj_give(BrokerClient *c, const Obj *o)
 {
-        Charge ch = obj_charge(o);
-        charge_give(c, &ch);
+        Charge ch = broker_obj_charge(o);
+        broker_charge_give(c, &ch);
 }
 
 /*
  * Would one more object of @kind with @bytes (on @gpu_id for VRAM) stay within the class's limits? A check
- * before the driver is asked, so that work it cannot keep is not done; charge_take() decides.
+ * before the driver is asked, so that work it cannot keep is not done; broker_charge_take() decides.
  */
-static int quota_check(const BrokerClient *c, BrokerKind kind, uint32_t gpu_id, uint64_t bytes, bool holds_fd,
+int broker_quota_check(const BrokerClient *c, BrokerKind kind, uint32_t gpu_id, uint64_t bytes, bool holds_fd,
                        Reason *w)
 {
         Charge ch = {.objects = 1,
@@ -666,29 +487,27 @@ static int quota_check(const BrokerClient *c, BrokerKind kind, uint32_t gpu_id, 
  * Before @o's memory is exported or granted: the file the driver makes for it then is one more fd of the
  * class's, taken now. 1: taken, 0: none needed, or the refusal.
  */
-static int export_fd_take(BrokerClient *c, const Obj *o, Reason *w)
+int broker_export_fd_take(BrokerClient *c, const Obj *o, Reason *w)
 {
         int r;
 
         if (!file_on_export(c->b, o))
                 return 0;
-        r = charge_take(c, &(Charge){.held_fds = 1}, w);
+        r = broker_charge_take(c, &(Charge){.held_fds = 1}, w);
         return r < 0 ? r : 1;
 }
 
 /* After: when the driver made its file (@made), the object pays for it until it dies (its charge refunds
  * it then); when it did not, the fd taken goes back now. */
-static void export_fd_end(BrokerClient *c, Obj *o, int taken, bool made)
+void broker_export_fd_end(BrokerClient *c, Obj *o, int taken, bool made)
 {
         if (taken <= 0)
                 return;
         if (made)
                 o->backing_fd = true;
         else
-                charge_give(c, &(Charge){.held_fds = 1});
+                broker_charge_give(c, &(Charge){.held_fds = 1});
 }
-
-/* ---- memory that outlives its handle ------------------------------------------------------------------ */
 
 static uint64_t ino_key(uint64_t ino)
 {
@@ -698,7 +517,7 @@ static uint64_t ino_key(uint64_t ino)
 
 /* An fd of @o's memory goes to a client: remember the inode, so that an import of it is known as ours and
  * so that the memory stays charged while that file lives. */
-static void note_file(Broker *b, Obj *o, int fd)
+void broker_note_file(Broker *b, Obj *o, int fd)
 {
         struct stat st;
 
@@ -725,10 +544,10 @@ static void linger_charge(Broker *b, Linger *l, int sign)
 {
         Charge ch = linger_of(l);
 
-        usage_apply(&b->totals, b, &ch, sign);
+        broker_usage_apply(&b->totals, b, &ch, sign);
         if (l->acct) {
                 pthread_mutex_lock(&l->acct->lock);
-                usage_apply(&l->acct->used, b, &ch, sign);
+                broker_usage_apply(&l->acct->used, b, &ch, sign);
                 l->acct->lingering += (unsigned)sign;
                 pthread_mutex_unlock(&l->acct->lock);
         }
@@ -742,7 +561,7 @@ static void linger_charge(Broker *b, Linger *l, int sign)
  */
 /* Keep @size bytes of @kind charged to @acct (may be NULL) and the totals while the file @fd (borrowed)
  * refers to has holders; only files with no name (st_nlink 0) are watched. */
-static void linger_watch(Broker *b, BrokerAccount *acct, BrokerKind kind, uint32_t gpu_id, uint64_t size,
+void broker_linger_watch(Broker *b, BrokerAccount *acct, BrokerKind kind, uint32_t gpu_id, uint64_t size,
                          int fd)
 {
         char path[64];
@@ -791,14 +610,14 @@ out:
  * refunded at once (docs/policy.md says what that leaves open). Memory a persistent share keeps is charged
  * by the share instead.
  */
-static void linger_start(BrokerClient *c, const Obj *o, int fd)
+void broker_linger_start(BrokerClient *c, const Obj *o, int fd)
 {
         if (!o->handed_out || o->kind == BROKER_KIND_IMPORT || o->share_kept)
                 return;
-        linger_watch(c->b, c->acct, o->kind, o->gpu_id, o->size, fd);
+        broker_linger_watch(c->b, c->acct, o->kind, o->gpu_id, o->size, fd);
 }
 
-static void obj_forget_file(Broker *b, Obj *o)
+void broker_obj_forget_file(Broker *b, Obj *o)
 {
         if (!o->file_ino)
                 return;
@@ -840,7 +659,7 @@ void broker_process_events(Broker *b)
 /* Replace *@fd by a file of its own opened read-only for the same memory: its holder cannot map it writable.
  * The model's dmabufs and memfds can be opened again; a dmabuf of the kernel cannot: -EOPNOTSUPP, and
  * *@fd is closed either way. */
-static int make_read_only(int *fd, Reason *w)
+int broker_make_read_only(int *fd, Reason *w)
 {
         struct stat st;
         char path[64];
@@ -864,7 +683,7 @@ static int make_read_only(int *fd, Reason *w)
         return 0;
 }
 
-static bool obj_read_only(const Obj *o)
+bool broker_obj_read_only(const Obj *o)
 {
         return o->read_only || (o->flags & BROKER_FLAG_READ_ONLY);
 }
@@ -874,7 +693,7 @@ static bool obj_read_only(const Obj *o)
  * memory it is of is read-only. The object may be another client's, which may free it at any time: it is
  * read only under the broker's lock.
  */
-static bool is_own_file(Broker *b, const struct stat *st, bool *ret_read_only)
+bool broker_is_own_file(Broker *b, const struct stat *st, bool *ret_read_only)
 {
         const Obj *o;
         const Linger *l;
@@ -885,7 +704,7 @@ static bool is_own_file(Broker *b, const struct stat *st, bool *ret_read_only)
         l = hashmap_get(&b->dead_files, ino_key((uint64_t)st->st_ino));
         if (o && o->file_dev != st->st_dev)
                 o = NULL;
-        *ret_read_only = o && obj_read_only(o);
+        *ret_read_only = o && broker_obj_read_only(o);
         own = o || (l && l->dev == st->st_dev);
         pthread_mutex_unlock(&b->lock);
         return own;
@@ -928,35 +747,33 @@ void broker_client_set_account(BrokerClient *c, BrokerAccount *a)
 }
 
 /* The broker GPUs (a bit per index) the client's class may use. */
-static uint64_t allowed_gpus(const BrokerClient *c)
+uint64_t broker_allowed_gpus(const BrokerClient *c)
 {
         /* one word, stored whole: no lock for it (every GPU check of every client of the class reads it) */
         return c->acct ? __atomic_load_n(&c->acct->allowed_gpus, __ATOMIC_RELAXED) : UINT64_MAX;
 }
 
 /* May this client's class use @gpu_id? */
-static int gpu_allowed(const BrokerClient *c, uint32_t gpu_id, Reason *w)
+int broker_gpu_allowed(const BrokerClient *c, uint32_t gpu_id, Reason *w)
 {
-        int gi = gpu_index(c->b, gpu_id);
+        int gi = broker_gpu_index(c->b, gpu_id);
 
         if (gi < 0)
                 return reason_set(w, -ENODEV, "no GPU with id %u", gpu_id);
-        if (!(allowed_gpus(c) & (1ull << gi)))
+        if (!(broker_allowed_gpus(c) & (1ull << gi)))
                 return reason_set(w, -EACCES, "class '%s' may not use GPU %u", c->acct->name, gpu_id);
         return 0;
 }
 
-static int gpus_allowed(const BrokerClient *c, const uint32_t *ids, size_t n, Reason *w)
+int broker_gpus_allowed(const BrokerClient *c, const uint32_t *ids, size_t n, Reason *w)
 {
         for (size_t i = 0; i < n; i++) {
-                int r = gpu_allowed(c, ids[i], w);
+                int r = broker_gpu_allowed(c, ids[i], w);
                 if (r < 0)
                         return r;
         }
         return 0;
 }
-
-/* ---- objects ----------------------------------------------------------------------------------------- */
 
 static uint64_t new_handle(const BrokerClient *c)
 {
@@ -970,7 +787,7 @@ static uint64_t new_handle(const BrokerClient *c)
         }
 }
 
-static Obj *obj_new(BrokerKind kind)
+Obj *broker_obj_new(BrokerKind kind)
 {
         Obj *o = calloc(1, sizeof(*o));
         if (o) {
@@ -982,20 +799,20 @@ static Obj *obj_new(BrokerKind kind)
 }
 
 /* Give @o a handle the client can name. */
-static int obj_publish(BrokerClient *c, Obj *o)
+int broker_obj_publish(BrokerClient *c, Obj *o)
 {
         if (!o->handle)
                 o->handle = new_handle(c);
         return hashmap_put(&c->objs, o->handle, o);
 }
 
-static Obj *obj_lookup(BrokerClient *c, uint64_t handle)
+Obj *broker_obj_lookup(BrokerClient *c, uint64_t handle)
 {
         return hashmap_get(&c->objs, handle);
 }
 
 /* Put a PROT_NONE reservation back over [va, va+size) of the daemon's copy of the window. */
-static void reserve_again(uint64_t va, uint64_t size)
+void broker_reserve_again(uint64_t va, uint64_t size)
 {
         (void)mmap((void *)(uintptr_t)va, size, PROT_NONE,
                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
@@ -1003,10 +820,10 @@ static void reserve_again(uint64_t va, uint64_t size)
 
 /* Drop the daemon's mapping of shared or managed memory at [va, va+size), through the driver, which drops
  * the pages from its SVM ranges as the kernel's MMU notifier does. */
-static void unmap_shared(Broker *b, uint64_t va, uint64_t size)
+void broker_unmap_shared(Broker *b, uint64_t va, uint64_t size)
 {
         (void)driver_cpu_unmap(b->drv, va, size);
-        reserve_again(va, size);
+        broker_reserve_again(va, size);
 }
 
 static uint64_t default_align(uint64_t size)
@@ -1018,10 +835,10 @@ static uint64_t default_align(uint64_t size)
         return a;
 }
 
-static int check_gpus(const Broker *b, const uint32_t *ids, size_t n, Reason *w)
+int broker_check_gpus(const Broker *b, const uint32_t *ids, size_t n, Reason *w)
 {
         for (size_t i = 0; i < n; i++) {
-                if (gpu_index(b, ids[i]) < 0)
+                if (broker_gpu_index(b, ids[i]) < 0)
                         return reason_set(w, -ENODEV, "no GPU with id %u", ids[i]);
                 for (size_t k = 0; k < i; k++)
                         if (ids[k] == ids[i])
@@ -1030,7 +847,7 @@ static int check_gpus(const Broker *b, const uint32_t *ids, size_t n, Reason *w)
         return 0;
 }
 
-static int check_flags(uint32_t f, Reason *w)
+int broker_check_flags(uint32_t f, Reason *w)
 {
         if (f & ~(uint32_t)_BROKER_FLAG_ALL)
                 return reason_set(w, -EINVAL, "unknown allocation flags 0x%x",
@@ -1044,13 +861,13 @@ static int check_flags(uint32_t f, Reason *w)
 }
 
 /* The VA space an object lives in. */
-static ThunkVaSpace *obj_space(const BrokerClient *c, const Obj *o)
+ThunkVaSpace *broker_obj_space(const BrokerClient *c, const Obj *o)
 {
         return o->outer ? c->outer : c->window;
 }
 
 /* Reserve VA in the client's window. */
-static int take_va(BrokerClient *c, uint64_t size, uint64_t align, uint64_t fixed, Obj *o, uint64_t *ret,
+int broker_take_va(BrokerClient *c, uint64_t size, uint64_t align, uint64_t fixed, Obj *o, uint64_t *ret,
                    Reason *w)
 {
         char b1[32];
@@ -1059,7 +876,7 @@ static int take_va(BrokerClient *c, uint64_t size, uint64_t align, uint64_t fixe
         if (fixed) {
                 if (fixed % align)
                         return reason_set(w, -EINVAL, "address 0x%llx is not aligned to %s",
-                                          (unsigned long long)fixed, human(align, b1, sizeof(b1)));
+                                          (unsigned long long)fixed, broker_human(align, b1, sizeof(b1)));
                 r = thunk_va_alloc_fixed(c->window, fixed, size, o);
                 if (r == -ERANGE || r == -EOVERFLOW)
                         return reason_set(w, -EINVAL, "0x%llx+0x%llx is outside this client's VA window",
@@ -1076,10 +893,10 @@ static int take_va(BrokerClient *c, uint64_t size, uint64_t align, uint64_t fixe
         r = thunk_va_alloc(c->window, size, align, o, ret);
         if (r == -ENOMEM)
                 return reason_set(w, r, "no room for %s in this client's VA window",
-                                  human(size, b1, sizeof(b1)));
+                                  broker_human(size, b1, sizeof(b1)));
         if (r < 0)
-                return reason_set(w, r, "cannot place %s in the VA window: %s", human(size, b1, sizeof(b1)),
-                                  strerror(-r));
+                return reason_set(w, r, "cannot place %s in the VA window: %s",
+                                  broker_human(size, b1, sizeof(b1)), strerror(-r));
         return 0;
 }
 
@@ -1094,11 +911,11 @@ static int check_size(uint64_t size, uint64_t window, uint64_t *ret_rounded, Rea
         *ret_rounded = (size + BROKER_PAGE_SIZE - 1) & ~(BROKER_PAGE_SIZE - 1);
         if (*ret_rounded > window)
                 return reason_set(w, -ENOMEM, "size %llu is larger than this client's %s VA window",
-                                  (unsigned long long)size, human(window, b1, sizeof(b1)));
+                                  (unsigned long long)size, broker_human(window, b1, sizeof(b1)));
         return 0;
 }
 
-static int check_alignment(uint64_t align, Reason *w)
+int broker_check_alignment(uint64_t align, Reason *w)
 {
         if (align && (align < BROKER_PAGE_SIZE || (align & (align - 1)) || align > (1ull << 30)))
                 return reason_set(w, -EINVAL, "alignment %llu is not a power of two between 4 KiB and 1 GiB",
@@ -1127,7 +944,7 @@ static int shared_pages(uint64_t va, uint64_t size, const char *name, int *ret_f
         if (p == MAP_FAILED) {
                 int r = -errno;
                 close(fd);
-                reserve_again(va, size);
+                broker_reserve_again(va, size);
                 return reason_set(w, r, "cannot map shared memory: %s", strerror(-r));
         }
         *ret_fd = fd;
@@ -1150,13 +967,13 @@ static int alloc_device(BrokerClient *c, const BrokerAllocArgs *a, Obj *o, Broke
         char b1[32];
         int r;
 
-        r = client_ctx(c, &ctx, w);
+        r = broker_client_ctx(c, &ctx, w);
         if (r < 0)
                 return r;
         r = driver_mem_alloc_vram(c->b->drv, ctx, gpu, o->va, o->size, a->flags, &o->mem);
         if (r == -ENOMEM)
                 return reason_set(w, r, "GPU %u has no room for %s of VRAM", gpu,
-                                  human(o->size, b1, sizeof(b1)));
+                                  broker_human(o->size, b1, sizeof(b1)));
         if (r == -EOPNOTSUPP && driver_has(c->b->drv, DRIVER_CAP_CLIENT_MAPS))
                 return reason_set(w, r,
                                   "the %s driver has no device memory with flags 0x%x (coherent, uncached "
@@ -1214,7 +1031,7 @@ static int host_pages(BrokerClient *c, const BrokerAllocArgs *a, Obj *o, Reason 
         if (node >= 0 && !host_has_node(node))
                 return reason_set(w, -EINVAL, "NUMA node %d does not exist on this host", node);
         if (node < 0) {
-                int nearest = b->gpu_numa[gpu_index(b, gpu)];
+                int nearest = b->gpu_numa[broker_gpu_index(b, gpu)];
                 node = host_has_node(nearest) ? nearest : -1;
         }
         r = shared_pages(o->va, o->size, "gpumem-host", &o->memfd, w);
@@ -1227,7 +1044,7 @@ static int host_pages(BrokerClient *c, const BrokerAllocArgs *a, Obj *o, Reason 
                           MPOL_MF_STRICT) < 0) {
                         r = reason_set(w, -errno, "cannot bind the memory to NUMA node %d: %s", node,
                                        strerror(errno));
-                        unmap_shared(b, o->va, o->size);
+                        broker_unmap_shared(b, o->va, o->size);
                         o->memfd = safe_close(o->memfd);
                         return r;
                 }
@@ -1269,7 +1086,7 @@ static int host_register(BrokerClient *c, const BrokerAllocArgs *a, Obj *o, int 
         } else {
                 /* every GPU the client's class may use */
                 uint32_t ids[BROKER_MAX_GPUS];
-                uint64_t allowed = allowed_gpus(c);
+                uint64_t allowed = broker_allowed_gpus(c);
                 size_t n = 0;
                 for (size_t i = 0; i < b->n_gpus; i++)
                         if (allowed & (1ull << i))
@@ -1292,7 +1109,7 @@ static int host_register(BrokerClient *c, const BrokerAllocArgs *a, Obj *o, int 
         }
         return 0;
 fail:
-        unmap_shared(b, o->va, o->size);
+        broker_unmap_shared(b, o->va, o->size);
         o->memfd = safe_close(o->memfd);
         return r;
 }
@@ -1319,7 +1136,7 @@ static int alloc_host_gtt(BrokerClient *c, const BrokerAllocArgs *a, Obj *o, Bro
                 return reason_set(w, -EINVAL, "GTT host memory is placed by the driver: no NUMA node");
         if (a->flags & BROKER_FLAG_READ_ONLY)
                 return reason_set(w, -EINVAL, "GTT host memory is writable: its dmabuf maps it for the CPU");
-        r = client_ctx(c, &ctx, w);
+        r = broker_client_ctx(c, &ctx, w);
         if (r < 0)
                 return r;
         r = driver_mem_alloc_gtt(b->drv, ctx, gpu, o->va, o->size, a->flags & ~(uint32_t)BROKER_FLAG_GTT,
@@ -1329,7 +1146,7 @@ static int alloc_host_gtt(BrokerClient *c, const BrokerAllocArgs *a, Obj *o, Bro
         if (r < 0)
                 return reason_set(w, r, "the driver refused the GTT allocation: %s", strerror(-r));
         if (!n) { /* every GPU the client's class may use */
-                uint64_t allowed = allowed_gpus(c);
+                uint64_t allowed = broker_allowed_gpus(c);
                 for (size_t i = 0; i < b->n_gpus; i++)
                         if (allowed & (1ull << i))
                                 ids[n++] = b->gpu_ids[i];
@@ -1352,7 +1169,7 @@ static int alloc_host_gtt(BrokerClient *c, const BrokerAllocArgs *a, Obj *o, Bro
                          o->memfd, 0);
                 if (p == MAP_FAILED) {
                         r = reason_set(w, -errno, "cannot map the GTT memory here: %s", strerror(errno));
-                        reserve_again(o->va, o->size);
+                        broker_reserve_again(o->va, o->size);
                         goto fail_fd;
                 }
         }
@@ -1360,7 +1177,7 @@ static int alloc_host_gtt(BrokerClient *c, const BrokerAllocArgs *a, Obj *o, Bro
         if (res->fd < 0) {
                 r = reason_set(w, -errno, "cannot duplicate the memory fd: %s", strerror(errno));
                 if (!o->outer)
-                        unmap_shared(b, o->va, o->size);
+                        broker_unmap_shared(b, o->va, o->size);
                 goto fail_fd;
         }
         return 0;
@@ -1419,7 +1236,7 @@ static int alloc_managed(BrokerClient *c, const BrokerAllocArgs *a, Obj *o, Brok
         }
         return 0;
 fail:
-        unmap_shared(b, o->va, o->size);
+        broker_unmap_shared(b, o->va, o->size);
         o->memfd = safe_close(o->memfd);
         return r;
 }
@@ -1434,10 +1251,10 @@ static int alloc_prepare(BrokerClient *c, const BrokerAllocArgs *a, Obj **ret, R
         r = check_size(a->size, thunk_va_space_limit(c->window) - thunk_va_space_base(c->window), &size, w);
         if (r < 0)
                 return r;
-        r = check_alignment(a->alignment, w);
+        r = broker_check_alignment(a->alignment, w);
         if (r < 0)
                 return r;
-        r = check_flags(a->flags, w);
+        r = broker_check_flags(a->flags, w);
         if (r < 0)
                 return r;
         if ((a->flags & BROKER_FLAG_GTT) && a->kind != BROKER_KIND_HOST)
@@ -1465,7 +1282,7 @@ static int alloc_prepare(BrokerClient *c, const BrokerAllocArgs *a, Obj **ret, R
         }
         switch (a->kind) {
         case BROKER_KIND_DEVICE:
-                if (gpu_index(c->b, a->gpu_id) < 0)
+                if (broker_gpu_index(c->b, a->gpu_id) < 0)
                         return reason_set(w, -ENODEV, "no GPU with id %u", a->gpu_id);
                 /* the driver's granularity (CUDA: 2 MiB), which is what the GPU spends and the class pays */
                 if (size > UINT64_MAX - c->b->dev_gran)
@@ -1473,7 +1290,7 @@ static int alloc_prepare(BrokerClient *c, const BrokerAllocArgs *a, Obj **ret, R
                 size = (size + c->b->dev_gran - 1) & ~(c->b->dev_gran - 1);
                 break;
         case BROKER_KIND_HOST:
-                if (a->gpu_id && gpu_index(c->b, a->gpu_id) < 0)
+                if (a->gpu_id && broker_gpu_index(c->b, a->gpu_id) < 0)
                         return reason_set(w, -ENODEV, "no GPU with id %u", a->gpu_id);
                 if (a->flags & (BROKER_FLAG_CONTIGUOUS | BROKER_FLAG_HOST_VISIBLE))
                         return reason_set(w, -EINVAL, "contiguous and host-visible are device-memory flags");
@@ -1485,25 +1302,26 @@ static int alloc_prepare(BrokerClient *c, const BrokerAllocArgs *a, Obj **ret, R
         default:
                 return reason_set(w, -EINVAL, "memory kind %d cannot be allocated this way", (int)a->kind);
         }
-        r = check_gpus(c->b, a->map_gpus, a->n_map_gpus, w);
+        r = broker_check_gpus(c->b, a->map_gpus, a->n_map_gpus, w);
         if (r < 0)
                 return r;
-        if (a->gpu_id && (r = gpu_allowed(c, a->gpu_id, w)) < 0)
+        if (a->gpu_id && (r = broker_gpu_allowed(c, a->gpu_id, w)) < 0)
                 return r;
-        if ((r = gpus_allowed(c, a->map_gpus, a->n_map_gpus, w)) < 0)
+        if ((r = broker_gpus_allowed(c, a->map_gpus, a->n_map_gpus, w)) < 0)
                 return r;
-        r = quota_check(c, a->kind, a->gpu_id, size,
-                        a->kind != BROKER_KIND_DEVICE || driver_file_at_alloc(c->b, a->flags), w);
+        r = broker_quota_check(c, a->kind, a->gpu_id, size,
+                               a->kind != BROKER_KIND_DEVICE || broker_driver_file_at_alloc(c->b, a->flags),
+                               w);
         if (r < 0)
                 return r;
 
-        o = obj_new(a->kind);
+        o = broker_obj_new(a->kind);
         if (!o)
                 return reason_set(w, -ENOMEM, "out of memory");
         /* GTT host memory: the daemon's dmabuf of it, and the driver's own file behind that */
         o->backing_fd =
-                (a->kind == BROKER_KIND_DEVICE && driver_file_at_alloc(c->b, a->flags)) ||
-                (a->kind == BROKER_KIND_HOST && (a->flags & BROKER_FLAG_GTT) && driver_holds_fd(c->b));
+                (a->kind == BROKER_KIND_DEVICE && broker_driver_file_at_alloc(c->b, a->flags)) ||
+                (a->kind == BROKER_KIND_HOST && (a->flags & BROKER_FLAG_GTT) && broker_driver_holds_fd(c->b));
         o->size = size;
         o->gpu_id = a->kind == BROKER_KIND_MANAGED ? 0 : a->gpu_id;
         o->flags = a->flags;
@@ -1521,7 +1339,7 @@ static int alloc_prepare(BrokerClient *c, const BrokerAllocArgs *a, Obj **ret, R
                                    strerror(-r));
                 o->va = a->fixed_va;
         } else {
-                r = take_va(c, size, align, a->fixed_va, o, &o->va, w);
+                r = broker_take_va(c, size, align, a->fixed_va, o, &o->va, w);
         }
         if (r < 0) {
                 free(o);
@@ -1547,11 +1365,11 @@ static int alloc_finish(BrokerClient *c, const BrokerAllocArgs *a, Obj *o, Broke
         o->pending = false;
         if (r >= 0) {
                 if (!paid) {
-                        taken = obj_charge(o);
-                        r = charge_take(c, &taken, w);
+                        taken = broker_obj_charge(o);
+                        r = broker_charge_take(c, &taken, w);
                         paid = r >= 0;
                 }
-                if (r >= 0 && (r = obj_publish(c, o)) < 0)
+                if (r >= 0 && (r = broker_obj_publish(c, o)) < 0)
                         reason_set(w, r, "out of memory");
                 if (r < 0) {
                         res.fd = safe_close(res.fd);
@@ -1562,24 +1380,24 @@ static int alloc_finish(BrokerClient *c, const BrokerAllocArgs *a, Obj *o, Broke
                         }
                         if (o->memfd >= 0) {
                                 if (!o->outer)
-                                        unmap_shared(c->b, o->va, o->size);
+                                        broker_unmap_shared(c->b, o->va, o->size);
                                 safe_close(o->memfd);
                         }
                 }
         }
         if (r < 0) {
                 if (paid)
-                        charge_give(c, &taken);
-                (void)thunk_va_free(obj_space(c, o), o->va);
+                        broker_charge_give(c, &taken);
+                (void)thunk_va_free(broker_obj_space(c, o), o->va);
                 free(o);
                 return r;
         }
         if (o->kind == BROKER_KIND_HOST)
                 o->gpu_id = a->gpu_id;
         if (res.fd >= 0)
-                note_file(c->b, o, res.fd);
+                broker_note_file(c->b, o, res.fd);
         if (res.import_fd >= 0)
-                note_file(c->b, o, res.import_fd);
+                broker_note_file(c->b, o, res.import_fd);
         res.handle = o->handle;
         res.va = o->va;
         res.size = o->size;
@@ -1641,9 +1459,9 @@ int broker_alloc_begin(BrokerClient *c, const BrokerAllocArgs *a, BrokerPending 
         /* found by nobody (pointer queries, frees, overlapping VMM) until it is published */
         o->pending = true;
         /* the quota is held from now, its memory file included: allocations made meanwhile see it taken */
-        p->charged = obj_charge(o);
+        p->charged = broker_obj_charge(o);
         p->charged.held_fds = 1;
-        r = charge_take(c, &p->charged, w);
+        r = broker_charge_take(c, &p->charged, w);
         if (r < 0) {
                 (void)alloc_finish(c, a, o, (BrokerAllocResult){.fd = -1, .import_fd = -1}, r, NULL, NULL, w);
                 free(p);
@@ -1688,11 +1506,11 @@ int broker_alloc_end(BrokerPending *p, BrokerAllocResult *ret, Reason *w)
 /* Free what an allocation holds (not its handle or VA). At a client's teardown (@teardown) a driver refusal
  * does not stop the rest: the client's context release takes the GPU side, and the memory file must still
  * be closed. */
-static int destroy_alloc(BrokerClient *c, Obj *o, bool teardown, Reason *w)
+int broker_destroy_alloc(BrokerClient *c, Obj *o, bool teardown, Reason *w)
 {
         int tmp_fd = -1, r;
 
-        share_obj_gone(c, o);
+        broker_share_obj_gone(c, o);
         /* a dmabuf of it went out: hold one more while the BO goes, to watch its memory after */
         if (o->mem && o->memfd < 0 && o->handed_out && driver_mem_export(c->b->drv, o->mem, &tmp_fd) < 0)
                 tmp_fd = -1;
@@ -1711,19 +1529,19 @@ static int destroy_alloc(BrokerClient *c, Obj *o, bool teardown, Reason *w)
                 }
                 o->mem = NULL;
         }
-        linger_start(c, o, o->memfd >= 0 ? o->memfd : tmp_fd);
+        broker_linger_start(c, o, o->memfd >= 0 ? o->memfd : tmp_fd);
         safe_close(tmp_fd);
-        obj_forget_file(c->b, o);
+        broker_obj_forget_file(c->b, o);
         if (o->memfd >= 0) {
                 if (!o->outer)
-                        unmap_shared(c->b, o->va, o->size);
+                        broker_unmap_shared(c->b, o->va, o->size);
                 o->memfd = safe_close(o->memfd);
-                charge_give(c, &(Charge){.held_fds = 1});
+                broker_charge_give(c, &(Charge){.held_fds = 1});
         }
         return 0;
 }
 
-static void svm_log_free(BrokerClient *c, Obj *o)
+void broker_svm_log_free(BrokerClient *c, Obj *o)
 {
         if (o->svm_log) {
                 c->svm_log_entries -= o->svm_log->n;
@@ -1775,7 +1593,7 @@ static bool svm_call_shadows(uint64_t va, uint64_t size, const BrokerSvmAttr *a,
  * them, the calls give the same attributes page for page), so a call made again and again is kept once.
  * Out of room or memory: the log is marked overflowed.
  */
-static void svm_log_add(BrokerClient *c, Obj *o, uint64_t va, uint64_t size, const BrokerSvmAttr *a, size_t n)
+void broker_svm_log_add(BrokerClient *c, Obj *o, uint64_t va, uint64_t size, const BrokerSvmAttr *a, size_t n)
 {
         SvmLog *l = o->svm_log;
         SvmLogEntry *e;
@@ -1819,54 +1637,54 @@ static void svm_log_add(BrokerClient *c, Obj *o, uint64_t va, uint64_t size, con
 
 static int free_alloc(BrokerClient *c, Obj *o, Reason *w)
 {
-        int r = destroy_alloc(c, o, false, w);
+        int r = broker_destroy_alloc(c, o, false, w);
 
         if (r < 0)
                 return r;
         hashmap_remove(&c->objs, o->handle);
-        (void)thunk_va_free(obj_space(c, o), o->va);
-        charge_obj_give(c, o); /* held_fds was already refunded when the fd closed */
-        svm_log_free(c, o);
+        (void)thunk_va_free(broker_obj_space(c, o), o->va);
+        broker_charge_obj_give(c, o); /* held_fds was already refunded when the fd closed */
+        broker_svm_log_free(c, o);
         free(o);
         return 0;
 }
 
 /* A VMM handle or import nobody names or maps any more: free its BO. */
-static void phys_maybe_destroy(BrokerClient *c, Obj *o)
+void broker_phys_maybe_destroy(BrokerClient *c, Obj *o)
 {
         int tmp_fd = -1;
 
         if (o->client_refs > 0 || o->map_refs > 0)
                 return;
-        share_obj_gone(c, o);
+        broker_share_obj_gone(c, o);
         if (o->mem && o->handed_out && driver_mem_export(c->b->drv, o->mem, &tmp_fd) < 0)
                 tmp_fd = -1;
         if (o->mem)
                 (void)driver_mem_free(c->b->drv, o->mem);
-        linger_start(c, o, tmp_fd);
+        broker_linger_start(c, o, tmp_fd);
         safe_close(tmp_fd);
-        obj_forget_file(c->b, o);
-        charge_obj_give(c, o);
+        broker_obj_forget_file(c->b, o);
+        broker_charge_obj_give(c, o);
         free(o);
 }
 
 int broker_vmm_release(BrokerClient *c, uint64_t handle, Reason *w)
 {
-        Obj *o = obj_lookup(c, handle);
+        Obj *o = broker_obj_lookup(c, handle);
 
         if (!o || (o->kind != BROKER_KIND_VMM && o->kind != BROKER_KIND_IMPORT))
                 return reason_set(w, -ENOENT, "no VMM handle 0x%llx", (unsigned long long)handle);
         if (--o->client_refs > 0)
                 return 0;
         hashmap_remove(&c->objs, o->handle);
-        phys_maybe_destroy(c, o);
+        broker_phys_maybe_destroy(c, o);
         broker_process_events(c->b);
         return 0;
 }
 
 int broker_mem_free(BrokerClient *c, uint64_t handle, Reason *w)
 {
-        Obj *o = obj_lookup(c, handle);
+        Obj *o = broker_obj_lookup(c, handle);
 
         if (!o)
                 return reason_set(w, -ENOENT, "no allocation with handle 0x%llx", (unsigned long long)handle);
@@ -1883,7 +1701,7 @@ int broker_mem_free(BrokerClient *c, uint64_t handle, Reason *w)
                 return broker_vmm_release(c, handle, w);
         case BROKER_KIND_SHARE:
                 hashmap_remove(&c->objs, o->handle);
-                share_ref_drop(c, o);
+                broker_share_ref_drop(c, o);
                 free(o);
                 broker_process_events(c->b);
                 return 0;
@@ -1895,7 +1713,7 @@ int broker_mem_free(BrokerClient *c, uint64_t handle, Reason *w)
 
 int broker_map(BrokerClient *c, uint64_t handle, const uint32_t *gpu_ids, size_t n, Reason *w)
 {
-        Obj *o = obj_lookup(c, handle);
+        Obj *o = broker_obj_lookup(c, handle);
         int r;
 
         if (!o)
@@ -1908,10 +1726,10 @@ int broker_map(BrokerClient *c, uint64_t handle, const uint32_t *gpu_ids, size_t
                 return reason_set(w, -EINVAL, "VMM handles are mapped with vmm_map and vmm_set_access");
         if (n == 0)
                 return reason_set(w, -EINVAL, "no GPU to map on");
-        r = check_gpus(c->b, gpu_ids, n, w);
+        r = broker_check_gpus(c->b, gpu_ids, n, w);
         if (r < 0)
                 return r;
-        r = gpus_allowed(c, gpu_ids, n, w);
+        r = broker_gpus_allowed(c, gpu_ids, n, w);
         if (r < 0)
                 return r;
         r = driver_mem_map(c->b->drv, o->mem, gpu_ids, n);
@@ -1922,7 +1740,7 @@ int broker_map(BrokerClient *c, uint64_t handle, const uint32_t *gpu_ids, size_t
 
 int broker_unmap(BrokerClient *c, uint64_t handle, const uint32_t *gpu_ids, size_t n, Reason *w)
 {
-        Obj *o = obj_lookup(c, handle);
+        Obj *o = broker_obj_lookup(c, handle);
         int r;
 
         if (!o)
@@ -1932,7 +1750,7 @@ int broker_unmap(BrokerClient *c, uint64_t handle, const uint32_t *gpu_ids, size
         if (n == 0) {
                 r = driver_mem_unmap_all(c->b->drv, o->mem);
         } else {
-                r = check_gpus(c->b, gpu_ids, n, w);
+                r = broker_check_gpus(c->b, gpu_ids, n, w);
                 if (r < 0)
                         return r;
                 for (size_t i = 0; i < n; i++)
@@ -1946,22 +1764,20 @@ int broker_unmap(BrokerClient *c, uint64_t handle, const uint32_t *gpu_ids, size
         return 0;
 }
 
-/* ---- queries ----------------------------------------------------------------------------------------- */
-
-static bool in_window(const BrokerClient *c, uint64_t va, uint64_t size)
+bool broker_in_window(const BrokerClient *c, uint64_t va, uint64_t size)
 {
         uint64_t lo = thunk_va_space_base(c->window), hi = thunk_va_space_limit(c->window);
         return va >= lo && size <= hi - lo && va - lo <= hi - lo - size;
 }
 
-static Obj *obj_at(const BrokerClient *c, uint64_t va)
+Obj *broker_obj_at(const BrokerClient *c, uint64_t va)
 {
         ThunkVaObject vo;
         const Obj *o = thunk_va_lookup(c->window, va, &vo) == 0 ? vo.data : NULL;
         return o && !o->pending ? (Obj *)o : NULL;
 }
 
-static VmmMap *map_at(const Obj *res, uint64_t va)
+VmmMap *broker_map_at(const Obj *res, uint64_t va)
 {
         ThunkVaObject vo;
         return thunk_va_lookup(res->maps, va, &vo) == 0 ? vo.data : NULL;
@@ -1972,15 +1788,15 @@ int broker_pointer_info(BrokerClient *c, uint64_t va, BrokerPtrInfo *ret, Reason
         VmmMap *m = NULL;
         Obj *o;
 
-        if (!in_window(c, va, 1) && (o = share_at(c, va)) != NULL)
-                return share_pointer_info(c, o, ret, w);
-        if (!in_window(c, va, 1))
+        if (!broker_in_window(c, va, 1) && (o = broker_share_at(c, va)) != NULL)
+                return broker_share_pointer_info(c, o, ret, w);
+        if (!broker_in_window(c, va, 1))
                 return reason_set(w, -EFAULT, "0x%llx is outside this client's VA window",
                                   (unsigned long long)va);
-        o = obj_at(c, va);
+        o = broker_obj_at(c, va);
         if (!o)
                 return reason_set(w, -ENOENT, "nothing is allocated at 0x%llx", (unsigned long long)va);
-        if (o->kind == BROKER_KIND_RESERVATION && !(m = map_at(o, va)))
+        if (o->kind == BROKER_KIND_RESERVATION && !(m = broker_map_at(o, va)))
                 return reason_set(w, -ENOENT, "0x%llx is reserved but not mapped", (unsigned long long)va);
         /* written in place, the mapped GPUs up to their count: the array is most of the struct */
         ret->n_mapped = 0;
@@ -2002,7 +1818,7 @@ int broker_pointer_info(BrokerClient *c, uint64_t va, BrokerPtrInfo *ret, Reason
                 ret->size = o->size;
                 ret->flags = o->flags;
                 ret->cpu_accessible = o->memfd >= 0 || (o->flags & BROKER_FLAG_HOST_VISIBLE);
-                mapped_gpus_into(c->b, o, ret->mapped, &ret->n_mapped);
+                broker_mapped_gpus_into(c->b, o, ret->mapped, &ret->n_mapped);
         }
         return 0;
 }
@@ -2013,7 +1829,7 @@ int broker_mem_info(BrokerClient *c, uint32_t gpu_id, BrokerGpuMem *out, size_t 
         DriverCtx *ctx = c->ctx ? c->ctx : b->primary;
         size_t n = 0;
 
-        if (gpu_id && gpu_index(b, gpu_id) < 0)
+        if (gpu_id && broker_gpu_index(b, gpu_id) < 0)
                 return reason_set(w, -ENODEV, "no GPU with id %u", gpu_id);
         for (size_t i = 0; i < b->n_gpus; i++) {
                 uint64_t avail = 0;
@@ -2056,8 +1872,6 @@ int broker_mem_info(BrokerClient *c, uint32_t gpu_id, BrokerGpuMem *out, size_t 
         return 0;
 }
 
-/* ---- VMM --------------------------------------------------------------------------------------------- */
-
 static int check_gran(const char *what, uint64_t v, Reason *w)
 {
         if (v % BROKER_GRANULARITY_MIN)
@@ -2079,7 +1893,7 @@ int broker_vmm_reserve(BrokerClient *c, uint64_t size, uint64_t alignment, uint6
         r = check_gran("size", size, w);
         if (r < 0)
                 return r;
-        r = check_alignment(alignment, w);
+        r = broker_check_alignment(alignment, w);
         if (r < 0)
                 return r;
         if (size > thunk_va_space_limit(c->window) - thunk_va_space_base(c->window))
@@ -2088,30 +1902,30 @@ int broker_vmm_reserve(BrokerClient *c, uint64_t size, uint64_t alignment, uint6
                                   (unsigned long long)size);
         align = alignment ? alignment
                           : (size >= BROKER_GRANULARITY_RECOMM ? BROKER_GRANULARITY_RECOMM : 4096);
-        o = obj_new(BROKER_KIND_RESERVATION);
+        o = broker_obj_new(BROKER_KIND_RESERVATION);
         if (!o)
                 return reason_set(w, -ENOMEM, "out of memory");
         o->size = size;
         /* a reservation is a handle and no memory: nothing for the driver to do, so it is paid first */
-        ch = obj_charge(o);
-        r = charge_take(c, &ch, w);
+        ch = broker_obj_charge(o);
+        r = broker_charge_take(c, &ch, w);
         if (r < 0) {
                 free(o);
                 return r;
         }
-        r = take_va(c, size, align, fixed_va, o, &o->va, w);
+        r = broker_take_va(c, size, align, fixed_va, o, &o->va, w);
         if (r < 0) {
-                charge_give(c, &ch);
+                broker_charge_give(c, &ch);
                 free(o);
                 return r;
         }
         r = thunk_va_space_new(o->va, size, 0, &o->maps);
         if (r >= 0)
-                r = obj_publish(c, o);
+                r = broker_obj_publish(c, o);
         if (r < 0) {
                 thunk_va_space_free(o->maps);
-                (void)thunk_va_free(obj_space(c, o), o->va);
-                charge_give(c, &ch);
+                (void)thunk_va_free(broker_obj_space(c, o), o->va);
+                broker_charge_give(c, &ch);
                 free(o);
                 return reason_set(w, r, "out of memory");
         }
@@ -2119,15 +1933,15 @@ int broker_vmm_reserve(BrokerClient *c, uint64_t size, uint64_t alignment, uint6
         return 0;
 }
 
-static Obj *reservation_at(const BrokerClient *c, uint64_t va)
+Obj *broker_reservation_at(const BrokerClient *c, uint64_t va)
 {
-        Obj *o = obj_at(c, va);
+        Obj *o = broker_obj_at(c, va);
         return o && o->kind == BROKER_KIND_RESERVATION ? o : NULL;
 }
 
 int broker_vmm_free(BrokerClient *c, uint64_t va, uint64_t size, Reason *w)
 {
-        Obj *o = reservation_at(c, va);
+        Obj *o = broker_reservation_at(c, va);
 
         if (!o || o->va != va)
                 return reason_set(w, -ENOENT, "no reservation starts at 0x%llx", (unsigned long long)va);
@@ -2139,9 +1953,9 @@ int broker_vmm_free(BrokerClient *c, uint64_t va, uint64_t size, Reason *w)
                 return reason_set(w, -EBUSY, "%zu mappings remain in the reservation at 0x%llx",
                                   thunk_va_space_count(o->maps), (unsigned long long)va);
         hashmap_remove(&c->objs, o->handle);
-        (void)thunk_va_free(obj_space(c, o), o->va);
+        (void)thunk_va_free(broker_obj_space(c, o), o->va);
         thunk_va_space_free(o->maps);
-        charge_obj_give(c, o);
+        broker_charge_obj_give(c, o);
         free(o);
         return 0;
 }
@@ -2164,19 +1978,19 @@ int broker_vmm_create(BrokerClient *c, uint64_t size, uint32_t gpu_id, uint32_t 
                 return reason_set(w, -EINVAL,
                                   "size %llu is not a multiple of the driver's %llu-byte granularity",
                                   (unsigned long long)size, (unsigned long long)c->b->dev_gran);
-        r = gpu_allowed(c, gpu_id, w);
+        r = broker_gpu_allowed(c, gpu_id, w);
         if (r < 0)
                 return r;
-        r = check_flags(flags, w);
+        r = broker_check_flags(flags, w);
         if (r < 0)
                 return r;
-        r = quota_check(c, BROKER_KIND_VMM, gpu_id, size, driver_file_at_alloc(c->b, flags), w);
+        r = broker_quota_check(c, BROKER_KIND_VMM, gpu_id, size, broker_driver_file_at_alloc(c->b, flags), w);
         if (r < 0)
                 return r;
-        r = client_ctx(c, &ctx, w);
+        r = broker_client_ctx(c, &ctx, w);
         if (r < 0)
                 return r;
-        o = obj_new(BROKER_KIND_VMM);
+        o = broker_obj_new(BROKER_KIND_VMM);
         if (!o)
                 return reason_set(w, -ENOMEM, "out of memory");
         r = driver_mem_alloc_vram(c->b->drv, ctx, gpu_id, 0, size, flags, &o->mem);
@@ -2184,14 +1998,14 @@ int broker_vmm_create(BrokerClient *c, uint64_t size, uint32_t gpu_id, uint32_t 
                 free(o);
                 if (r == -ENOMEM)
                         return reason_set(w, r, "GPU %u has no room for %s of VRAM", gpu_id,
-                                          human(size, b1, sizeof(b1)));
+                                          broker_human(size, b1, sizeof(b1)));
                 return reason_set(w, r, "the driver refused the allocation: %s", strerror(-r));
         }
         o->size = size;
         o->gpu_id = gpu_id;
         o->flags = flags;
         o->client_refs = 1;
-        o->backing_fd = driver_file_at_alloc(c->b, flags);
+        o->backing_fd = broker_driver_file_at_alloc(c->b, flags);
         *ret_import_fd = -1;
         if (driver_has(c->b->drv, DRIVER_CAP_CLIENT_MAPS) &&
             (r = driver_mem_export(c->b->drv, o->mem, ret_import_fd)) < 0) {
@@ -2199,10 +2013,10 @@ int broker_vmm_create(BrokerClient *c, uint64_t size, uint32_t gpu_id, uint32_t 
                 free(o);
                 return reason_set(w, r, "cannot export the handle for the client to map: %s", strerror(-r));
         }
-        ch = obj_charge(o);
-        r = charge_take(c, &ch, w);
-        if (r >= 0 && (r = obj_publish(c, o)) < 0) {
-                charge_give(c, &ch);
+        ch = broker_obj_charge(o);
+        r = broker_charge_take(c, &ch, w);
+        if (r >= 0 && (r = broker_obj_publish(c, o)) < 0) {
+                broker_charge_give(c, &ch);
                 reason_set(w, r, "out of memory");
         }
         if (r < 0) {
@@ -2223,7 +2037,7 @@ uint64_t broker_granularity(const Broker *b, bool recommended)
 
 int broker_vmm_map(BrokerClient *c, uint64_t va, uint64_t size, uint64_t offset, uint64_t handle, Reason *w)
 {
-        Obj *phys = obj_lookup(c, handle), *res;
+        Obj *phys = broker_obj_lookup(c, handle), *res;
         VmmMap *m;
         int r;
 
@@ -2238,20 +2052,20 @@ int broker_vmm_map(BrokerClient *c, uint64_t va, uint64_t size, uint64_t offset,
                 return reason_set(w, -EINVAL, "offset %llu + size %llu is beyond the %llu-byte handle",
                                   (unsigned long long)offset, (unsigned long long)size,
                                   (unsigned long long)phys->size);
-        if (!in_window(c, va, size))
+        if (!broker_in_window(c, va, size))
                 return reason_set(w, -EINVAL, "0x%llx+0x%llx is outside this client's VA window",
                                   (unsigned long long)va, (unsigned long long)size);
-        res = reservation_at(c, va);
+        res = broker_reservation_at(c, va);
         if (!res || va + size > res->va + res->size)
                 return reason_set(w, -EINVAL, "0x%llx+0x%llx is not inside one VA reservation",
                                   (unsigned long long)va, (unsigned long long)size);
         /* the daemon keeps a record per mapping: it costs a handle like any object */
-        r = charge_take(c, &(Charge){.objects = 1}, w);
+        r = broker_charge_take(c, &(Charge){.objects = 1}, w);
         if (r < 0)
                 return r;
         m = calloc(1, sizeof(*m));
         if (!m) {
-                charge_give(c, &(Charge){.objects = 1});
+                broker_charge_give(c, &(Charge){.objects = 1});
                 return reason_set(w, -ENOMEM, "out of memory");
         }
         m->res = res;
@@ -2262,7 +2076,7 @@ int broker_vmm_map(BrokerClient *c, uint64_t va, uint64_t size, uint64_t offset,
         r = thunk_va_alloc_fixed(res->maps, va, size, m);
         if (r < 0) {
                 free(m);
-                charge_give(c, &(Charge){.objects = 1});
+                broker_charge_give(c, &(Charge){.objects = 1});
                 if (r == -EADDRINUSE)
                         return reason_set(w, r, "0x%llx+0x%llx overlaps an existing mapping",
                                           (unsigned long long)va, (unsigned long long)size);
@@ -2287,7 +2101,7 @@ static void grant_remove(VmmMap *m, GemGrant *g)
 
 /* Take away every GPU's access to a mapping. Every grant is tried; the ones the driver refused to drop stay
  * recorded, and the first error is returned. */
-static int map_revoke_all(Broker *b, VmmMap *m)
+int broker_map_revoke_all(Broker *b, VmmMap *m)
 {
         size_t kept = 0;
         int err = 0;
@@ -2303,15 +2117,15 @@ static int map_revoke_all(Broker *b, VmmMap *m)
         return err;
 }
 
-static void map_destroy(BrokerClient *c, VmmMap *m)
+void broker_map_destroy(BrokerClient *c, VmmMap *m)
 {
         Obj *phys = m->phys;
 
         (void)thunk_va_free(m->res->maps, m->va);
         free(m);
-        charge_give(c, &(Charge){.objects = 1});
+        broker_charge_give(c, &(Charge){.objects = 1});
         phys->map_refs--;
-        phys_maybe_destroy(c, phys);
+        broker_phys_maybe_destroy(c, phys);
 }
 
 /*
@@ -2327,10 +2141,10 @@ static int covered_maps(BrokerClient *c, uint64_t va, uint64_t size, VmmMap **ou
 
         if (size == 0)
                 return reason_set(w, -EINVAL, "size 0");
-        if (!in_window(c, va, size))
+        if (!broker_in_window(c, va, size))
                 return reason_set(w, -EINVAL, "0x%llx+0x%llx is outside this client's VA window",
                                   (unsigned long long)va, (unsigned long long)size);
-        res = reservation_at(c, va);
+        res = broker_reservation_at(c, va);
         end = va + size;
         if (!res || end > res->va + res->size)
                 return reason_set(w, -EINVAL, "0x%llx+0x%llx is not inside one VA reservation",
@@ -2353,7 +2167,7 @@ static int covered_maps(BrokerClient *c, uint64_t va, uint64_t size, VmmMap **ou
         }
         {
                 /* a mapping that starts before va and reaches into the range is cut too */
-                VmmMap *first = map_at(res, va);
+                VmmMap *first = broker_map_at(res, va);
                 if (first && first->va != va)
                         return reason_set(w, -EINVAL,
                                           "0x%llx is inside the mapping at 0x%llx, not at its start",
@@ -2376,11 +2190,11 @@ int broker_vmm_unmap(BrokerClient *c, uint64_t va, uint64_t size, Reason *w)
         if (r < 0)
                 return r;
         for (size_t i = 0; i < n; i++) {
-                r = map_revoke_all(c->b, maps[i]);
+                r = broker_map_revoke_all(c->b, maps[i]);
                 if (r < 0)
                         return reason_set(w, r, "the driver refused to unmap 0x%llx: %s",
                                           (unsigned long long)maps[i]->va, strerror(-r));
-                map_destroy(c, maps[i]);
+                broker_map_destroy(c, maps[i]);
         }
         broker_process_events(c->b);
         return 0;
@@ -2393,7 +2207,7 @@ typedef struct Undo {
 } Undo;
 
 /* Set one GPU's access to a mapping: revoke the old grant, then add the new one. */
-static int set_gpu_access(BrokerClient *c, DriverCtx *ctx, VmmMap *m, uint32_t gpu_id, int access, Reason *w)
+int broker_set_gpu_access(BrokerClient *c, DriverCtx *ctx, VmmMap *m, uint32_t gpu_id, int access, Reason *w)
 {
         GemGrant *g = grant_of(m, gpu_id);
         int r, taken;
@@ -2411,12 +2225,12 @@ static int set_gpu_access(BrokerClient *c, DriverCtx *ctx, VmmMap *m, uint32_t g
         DriverGrant *gm = NULL;
         /* a grant goes through a dmabuf of the memory (KFD: export, then PRIME import): the fd it may
          * cost is paid first */
-        taken = export_fd_take(c, m->phys, w);
+        taken = broker_export_fd_take(c, m->phys, w);
         if (taken < 0)
                 return taken;
         r = driver_grant(c->b->drv, ctx, m->phys->mem, gpu_id, m->va, m->offset, m->size, access,
                          (m->phys->flags & BROKER_FLAG_EXECUTABLE) != 0, &gm);
-        export_fd_end(c, m->phys, taken, r >= 0);
+        broker_export_fd_end(c, m->phys, taken, r >= 0);
         if (r < 0)
                 return reason_set(w, r, "the driver refused GPU %u access to 0x%llx: %s", gpu_id,
                                   (unsigned long long)m->va, strerror(-r));
@@ -2445,10 +2259,10 @@ int broker_vmm_set_access(BrokerClient *c, uint64_t va, uint64_t size, const Bro
                 if (d[i].gpu_id) {
                         /* revoking needs no permission for the GPU, only that it exists */
                         int r0 = d[i].access == BROKER_ACCESS_NONE
-                                         ? (gpu_index(c->b, d[i].gpu_id) < 0
+                                         ? (broker_gpu_index(c->b, d[i].gpu_id) < 0
                                                     ? reason_set(w, -ENODEV, "no GPU with id %u", d[i].gpu_id)
                                                     : 0)
-                                         : gpu_allowed(c, d[i].gpu_id, w);
+                                         : broker_gpu_allowed(c, d[i].gpu_id, w);
                         if (r0 < 0)
                                 return r0;
                 }
@@ -2460,8 +2274,8 @@ int broker_vmm_set_access(BrokerClient *c, uint64_t va, uint64_t size, const Bro
                 else
                         any_gpu = true;
         }
-        if (!in_window(c, va, 1) && share_at(c, va))
-                return share_set_access(c, share_at(c, va), d, n, w);
+        if (!broker_in_window(c, va, 1) && broker_share_at(c, va))
+                return broker_share_set_access(c, broker_share_at(c, va), d, n, w);
         if (cpu_desc && cpu_desc->access != BROKER_ACCESS_NONE &&
             driver_has(c->b->drv, DRIVER_CAP_CLIENT_MAPS))
                 return reason_set(w, -EOPNOTSUPP,
@@ -2476,14 +2290,14 @@ int broker_vmm_set_access(BrokerClient *c, uint64_t va, uint64_t size, const Bro
                 return r;
         for (size_t i = 0; i < n_maps; i++)
                 for (size_t k = 0; k < n; k++)
-                        if (d[k].access == BROKER_ACCESS_READ_WRITE && obj_read_only(maps[i]->phys))
+                        if (d[k].access == BROKER_ACCESS_READ_WRITE && broker_obj_read_only(maps[i]->phys))
                                 return reason_set(
                                         w, -EACCES, "0x%llx maps read-only memory: %s may only read it",
                                         (unsigned long long)maps[i]->va, d[k].gpu_id ? "a GPU" : "the CPU");
         if (cpu_desc && cpu_desc->access != BROKER_ACCESS_NONE && n_maps > BROKER_MAX_CPU_MAPS)
                 return reason_set(w, -E2BIG, "CPU access is granted on at most %d mappings per call",
                                   BROKER_MAX_CPU_MAPS);
-        r = client_ctx(c, &ctx, w);
+        r = broker_client_ctx(c, &ctx, w);
         if (r < 0)
                 return r;
         undo = calloc(n_maps * n + 1, sizeof(*undo));
@@ -2500,7 +2314,7 @@ int broker_vmm_set_access(BrokerClient *c, uint64_t va, uint64_t size, const Bro
                         old = g ? g->access : BROKER_ACCESS_NONE;
                         if (old == d[k].access)
                                 continue;
-                        r = set_gpu_access(c, ctx, maps[i], d[k].gpu_id, d[k].access, w);
+                        r = broker_set_gpu_access(c, ctx, maps[i], d[k].gpu_id, d[k].access, w);
                         if (r < 0) {
                                 /* the old grant was dropped before the new one failed: put it back too */
                                 if (old != BROKER_ACCESS_NONE && !grant_of(maps[i], d[k].gpu_id))
@@ -2512,22 +2326,23 @@ int broker_vmm_set_access(BrokerClient *c, uint64_t va, uint64_t size, const Bro
         }
         if (cpu_desc && cpu_desc->access != BROKER_ACCESS_NONE) {
                 for (size_t i = 0; i < n_maps; i++) {
-                        int fd = -1, taken = export_fd_take(c, maps[i]->phys, w);
+                        int fd = -1, taken = broker_export_fd_take(c, maps[i]->phys, w);
                         if (taken < 0) {
                                 r = taken;
                                 goto rollback;
                         }
                         r = driver_mem_export(c->b->drv, maps[i]->phys->mem, &fd);
-                        export_fd_end(c, maps[i]->phys, taken, r >= 0);
+                        broker_export_fd_end(c, maps[i]->phys, taken, r >= 0);
                         if (r < 0) {
                                 reason_set(w, r, "cannot export 0x%llx for CPU access: %s",
                                            (unsigned long long)maps[i]->va, strerror(-r));
                                 goto rollback;
                         }
                         /* a read grant hands out a file that cannot be mapped writable */
-                        if (cpu_desc->access != BROKER_ACCESS_READ_WRITE && (r = make_read_only(&fd, w)) < 0)
+                        if (cpu_desc->access != BROKER_ACCESS_READ_WRITE &&
+                            (r = broker_make_read_only(&fd, w)) < 0)
                                 goto rollback;
-                        note_file(c->b, maps[i]->phys, fd);
+                        broker_note_file(c->b, maps[i]->phys, fd);
                         cpu[n_cpu].fd = fd;
                         cpu[n_cpu].va = maps[i]->va;
                         cpu[n_cpu].size = maps[i]->size;
@@ -2551,7 +2366,7 @@ rollback:
         while (n_undo > 0) {
                 Undo *u = &undo[--n_undo];
                 Reason ignored = {""}; /* the first failure is the one reported */
-                (void)set_gpu_access(c, ctx, u->m, u->gpu_id, u->old_access, &ignored);
+                (void)broker_set_gpu_access(c, ctx, u->m, u->gpu_id, u->old_access, &ignored);
         }
         free(undo);
         return r;
@@ -2559,8 +2374,8 @@ rollback:
 
 static VmmMap *mapping_at(const BrokerClient *c, uint64_t va)
 {
-        Obj *res = in_window(c, va, 1) ? reservation_at(c, va) : NULL;
-        return res ? map_at(res, va) : NULL;
+        Obj *res = broker_in_window(c, va, 1) ? broker_reservation_at(c, va) : NULL;
+        return res ? broker_map_at(res, va) : NULL;
 }
 
 int broker_vmm_get_access(BrokerClient *c, uint64_t va, uint32_t gpu_id, int *ret_access, Reason *w)
@@ -2568,10 +2383,10 @@ int broker_vmm_get_access(BrokerClient *c, uint64_t va, uint32_t gpu_id, int *re
         VmmMap *m = mapping_at(c, va);
         GemGrant *g;
 
-        if (gpu_id && gpu_index(c->b, gpu_id) < 0)
+        if (gpu_id && broker_gpu_index(c->b, gpu_id) < 0)
                 return reason_set(w, -ENODEV, "no GPU with id %u", gpu_id);
-        if (!m && !in_window(c, va, 1) && share_at(c, va))
-                return share_get_access(c, share_at(c, va), gpu_id, ret_access, w);
+        if (!m && !broker_in_window(c, va, 1) && broker_share_at(c, va))
+                return broker_share_get_access(c, broker_share_at(c, va), gpu_id, ret_access, w);
         if (!m)
                 return reason_set(w, -EINVAL, "nothing is mapped at 0x%llx", (unsigned long long)va);
         if (gpu_id == 0) {
@@ -2605,7 +2420,7 @@ int broker_vmm_retain(BrokerClient *c, uint64_t va, uint64_t *ret_handle, Reason
 
 int broker_vmm_properties(BrokerClient *c, uint64_t handle, BrokerProps *ret, Reason *w)
 {
-        Obj *o = obj_lookup(c, handle);
+        Obj *o = broker_obj_lookup(c, handle);
 
         if (!o || o->kind == BROKER_KIND_RESERVATION)
                 return reason_set(w, -ENOENT, "no handle 0x%llx", (unsigned long long)handle);
@@ -2613,11 +2428,9 @@ int broker_vmm_properties(BrokerClient *c, uint64_t handle, BrokerProps *ret, Re
         return 0;
 }
 
-/* ---- sharing ----------------------------------------------------------------------------------------- */
-
 /* A new fd (owned by the caller) of @o's whole memory, read-write: a copy of its memfd, or the driver's
  * export (whose file the class pays for when it is the first). */
-static int obj_file(BrokerClient *c, Obj *o, int *ret_fd, Reason *w)
+int broker_obj_file(BrokerClient *c, Obj *o, int *ret_fd, Reason *w)
 {
         int fd = -1, r;
 
@@ -2626,11 +2439,11 @@ static int obj_file(BrokerClient *c, Obj *o, int *ret_fd, Reason *w)
                 if (fd < 0)
                         return reason_set(w, -errno, "cannot duplicate the memory fd: %s", strerror(errno));
         } else {
-                int taken = export_fd_take(c, o, w);
+                int taken = broker_export_fd_take(c, o, w);
                 if (taken < 0)
                         return taken;
                 r = driver_mem_export(c->b->drv, o->mem, &fd);
-                export_fd_end(c, o, taken, r >= 0);
+                broker_export_fd_end(c, o, taken, r >= 0);
                 if (r == -EINVAL && !driver_has(c->b->drv, DRIVER_CAP_EXPORT))
                         return reason_set(w, -EOPNOTSUPP, "the driver cannot export dmabufs (KFD: ABI 1.12)");
                 if (r < 0)
@@ -2643,7 +2456,7 @@ static int obj_file(BrokerClient *c, Obj *o, int *ret_fd, Reason *w)
 int broker_export(BrokerClient *c, uint64_t handle, bool read_only, int *ret_fd, uint64_t *ret_size,
                   Reason *w)
 {
-        Obj *o = obj_lookup(c, handle);
+        Obj *o = broker_obj_lookup(c, handle);
         int fd = -1, r;
 
         if (!o)
@@ -2652,13 +2465,13 @@ int broker_export(BrokerClient *c, uint64_t handle, bool read_only, int *ret_fd,
                 return reason_set(w, -EINVAL, "a VA reservation has no memory to export");
         if (o->kind == BROKER_KIND_SHARE)
                 return reason_set(w, -EINVAL, "a named share is not exported: its readers open it by name");
-        r = obj_file(c, o, &fd, w);
+        r = broker_obj_file(c, o, &fd, w);
         if (r < 0)
                 return r;
         /* memory that is read-only to this client is read-only to everyone it gives it to */
-        if ((read_only || obj_read_only(o)) && (r = make_read_only(&fd, w)) < 0)
+        if ((read_only || broker_obj_read_only(o)) && (r = broker_make_read_only(&fd, w)) < 0)
                 return r;
-        note_file(c->b, o, fd);
+        broker_note_file(c->b, o, fd);
         o->exports++;
         *ret_fd = fd;
         *ret_size = o->size;
@@ -2678,7 +2491,7 @@ int broker_import(BrokerClient *c, int fd, uint32_t gpu_id, uint64_t *ret_handle
         Obj *o;
         int r, fl;
 
-        r = gpu_allowed(c, gpu, w);
+        r = broker_gpu_allowed(c, gpu, w);
         if (r < 0)
                 return r;
         if (fstat(fd, &st) < 0 || (fl = fcntl(fd, F_GETFL)) < 0)
@@ -2689,16 +2502,17 @@ int broker_import(BrokerClient *c, int fd, uint32_t gpu_id, uint64_t *ret_handle
                 src_read_only = false;
                 own = driver_dmabuf_is_own(c->b->drv, driver_ctx_primary(c->b->drv), fd);
         } else {
-                own = is_own_file(c->b, &st, &src_read_only);
+                own = broker_is_own_file(c->b, &st, &src_read_only);
         }
         read_only = (fl & O_ACCMODE) == O_RDONLY || src_read_only;
         size = (uint64_t)(st.st_size > 0 ? st.st_size : 0);
         size = (size + BROKER_PAGE_SIZE - 1) & ~(BROKER_PAGE_SIZE - 1);
         /* a foreign file is one more the model keeps open; an own export's memory file is the exporter's */
-        r = quota_check(c, BROKER_KIND_IMPORT, gpu, own ? 0 : size, !own && driver_holds_fd(c->b), w);
+        r = broker_quota_check(c, BROKER_KIND_IMPORT, gpu, own ? 0 : size,
+                               !own && broker_driver_holds_fd(c->b), w);
         if (r < 0)
                 return r;
-        r = client_ctx(c, &ctx, w);
+        r = broker_client_ctx(c, &ctx, w);
         if (r < 0)
                 return r;
         if (c->acct) {
@@ -2712,7 +2526,7 @@ int broker_import(BrokerClient *c, int fd, uint32_t gpu_id, uint64_t *ret_handle
                                           "class '%s' may not import dmabufs the GPU driver did not export",
                                           c->acct->name);
         }
-        o = obj_new(BROKER_KIND_IMPORT);
+        o = broker_obj_new(BROKER_KIND_IMPORT);
         if (!o)
                 return reason_set(w, -ENOMEM, "out of memory");
         r = driver_mem_import(c->b->drv, ctx, fd, gpu, &o->mem);
@@ -2728,12 +2542,12 @@ int broker_import(BrokerClient *c, int fd, uint32_t gpu_id, uint64_t *ret_handle
         o->read_only = read_only;
         o->flags = read_only ? BROKER_FLAG_READ_ONLY : 0;
         o->foreign = !own;
-        o->backing_fd = !own && driver_holds_fd(c->b);
+        o->backing_fd = !own && broker_driver_holds_fd(c->b);
         /* the driver's size is the one charged (and checked again: it may be larger than the file's) */
-        ch = obj_charge(o);
-        r = charge_take(c, &ch, w);
-        if (r >= 0 && (r = obj_publish(c, o)) < 0) {
-                charge_give(c, &ch);
+        ch = broker_obj_charge(o);
+        r = broker_charge_take(c, &ch, w);
+        if (r >= 0 && (r = broker_obj_publish(c, o)) < 0) {
+                broker_charge_give(c, &ch);
                 reason_set(w, r, "out of memory");
         }
         if (r < 0) {
@@ -2746,50 +2560,7 @@ int broker_import(BrokerClient *c, int fd, uint32_t gpu_id, uint64_t *ret_handle
         return 0;
 }
 
-/* ---- named shares ------------------------------------------------------------------------------------ */
-
-/* One reader's open share. Its fields are under the share lock; the reader's Obj (BROKER_KIND_SHARE) names
- * it until the reader frees its handle, revoked or not. */
-struct ShareRef {
-        ShareRef *next;
-        Share *share;
-        BrokerClient *reader;
-        DriverMem *mem; /* the import in the reader's GPU VM; NULL once revoked */
-        size_t n_grants;
-        DriverGrant *grants[BROKER_MAX_GPUS];
-        uint32_t grant_gpus[BROKER_MAX_GPUS];
-        bool read_only;
-};
-
-struct Share {
-        Share *next; /* in Broker.shares while it lives */
-        char name[BROKER_SHARE_NAME_MAX + 1];
-        BrokerKind kind;
-        uint32_t gpu_id;
-        uint64_t va, size;
-        int fd; /* the memory, read-write, held by the broker while the share lives */
-        bool read_only, persistent, revoked;
-        Obj *src;            /* the publisher's object while it lives (NULL after) */
-        BrokerClient *owner; /* the publisher's books, as long as the object lives */
-        uint64_t owner_tag;
-        BrokerAccount *acct; /* pays for it */
-        char class_name[64];
-        /* a persistent share whose object went pays itself (its own charge and the memory) to the account
-         * and the totals; the account's lingering count keeps the account alive meanwhile */
-        bool holds;
-        Charge held_mem;
-        ShareRef *refs;   /* every reader's, revoked ones included, until they free their handles */
-        uint32_t readers; /* of them, not revoked */
-        uint64_t published_usec, opens;
-        /* brought back from a restart, its publisher (by tag) and object (by handle) not back yet */
-        bool carry_pending;
-        uint64_t carry_owner_tag, carry_src;
-        bool carry_ending;    /* its publisher did not come back: it ends once its readers are back */
-        DriverMem *carry_mem; /* a persistent one's memory, taken back by the driver for it alone */
-};
-
-/* What a share costs its publisher besides the memory: a handle and the fd the broker holds. */
-static const Charge share_charge = {.objects = 1, .held_fds = 1};
+const Charge broker_share_charge = {.objects = 1, .held_fds = 1};
 
 void broker_client_set_tag(BrokerClient *c, uint64_t tag)
 {
@@ -2840,14 +2611,14 @@ static int share_check(const Broker *b, const char *name, Reason *w)
         return 0;
 }
 
-static bool share_name_ok(const char *name)
+bool broker_share_name_ok(const char *name)
 {
         size_t n = name ? strnlen(name, BROKER_SHARE_NAME_MAX + 1) : 0;
         return n > 0 && n <= BROKER_SHARE_NAME_MAX;
 }
 
 /* A live share by name; under the share lock. */
-static Share *share_by_name(Broker *b, const char *name)
+Share *broker_share_by_name(Broker *b, const char *name)
 {
         for (Share *s = b->shares; s; s = s->next)
                 if (strcmp(s->name, name) == 0)
@@ -2877,14 +2648,14 @@ static void share_info(const Share *s, BrokerShareInfo *ret)
 }
 
 /* The share's own charges, to its account and the totals alone (no client has them). */
-static void share_held_apply(Broker *b, Share *s, int sign)
+void broker_share_held_apply(Broker *b, Share *s, int sign)
 {
-        totals_apply(b, &share_charge, sign);
-        totals_apply(b, &s->held_mem, sign);
+        broker_totals_apply(b, &broker_share_charge, sign);
+        broker_totals_apply(b, &s->held_mem, sign);
         if (s->acct) {
                 pthread_mutex_lock(&s->acct->lock);
-                usage_apply(&s->acct->used, b, &share_charge, sign);
-                usage_apply(&s->acct->used, b, &s->held_mem, sign);
+                broker_usage_apply(&s->acct->used, b, &broker_share_charge, sign);
+                broker_usage_apply(&s->acct->used, b, &s->held_mem, sign);
                 s->acct->lingering += (unsigned)sign;
                 pthread_mutex_unlock(&s->acct->lock);
         }
@@ -2892,7 +2663,7 @@ static void share_held_apply(Broker *b, Share *s, int sign)
 
 /* Take the reader's GPU access and its import away. What the driver refuses to drop goes with the reader's
  * GPU VM when it ends. Under the share lock. */
-static void ref_unmap(Broker *b, ShareRef *ref)
+void broker_share_ref_unmap(Broker *b, ShareRef *ref)
 {
         for (size_t i = 0; i < ref->n_grants; i++)
                 (void)driver_revoke(b->drv, ref->grants[i]);
@@ -2913,7 +2684,7 @@ static void share_free(Broker *b, Share *s)
 }
 
 /* At the broker's end: shares left are persistent ones whose publishers went, and no reader is left. */
-static void shares_done(Broker *b)
+void broker_shares_done(Broker *b)
 {
         while (b->shares) {
                 Share *s = b->shares;
@@ -2930,7 +2701,7 @@ static void shares_done(Broker *b)
  * handed out hold it (a reader's CPU mapping): its object's linger does that while the object lives, the
  * share's own after it. The share itself goes once no reader names it. Under the share lock.
  */
-static void share_end(Broker *b, Share *s)
+void broker_share_end(Broker *b, Share *s)
 {
         for (Share **p = &b->shares; *p; p = &(*p)->next)
                 if (*p == s) {
@@ -2940,14 +2711,15 @@ static void share_end(Broker *b, Share *s)
                 }
         s->revoked = true;
         for (ShareRef *ref = s->refs; ref; ref = ref->next)
-                ref_unmap(b, ref);
+                broker_share_ref_unmap(b, ref);
         s->readers = 0;
         if (s->src) {
                 s->src->share = NULL;
-                charge_give(s->owner, &share_charge);
+                broker_charge_give(s->owner, &broker_share_charge);
         } else if (s->holds) {
-                linger_watch(b, s->acct, s->held_mem.kind, s->held_mem.gpu_id, s->held_mem.bytes, s->fd);
-                share_held_apply(b, s, -1);
+                broker_linger_watch(b, s->acct, s->held_mem.kind, s->held_mem.gpu_id, s->held_mem.bytes,
+                                    s->fd);
+                broker_share_held_apply(b, s, -1);
                 s->holds = false;
         }
         s->src = NULL;
@@ -2965,7 +2737,7 @@ static void share_end(Broker *b, Share *s)
  * a persistent one keeps the memory and takes over what the client paid for it, so the class goes on
  * paying the same. Before the driver frees the object's memory.
  */
-static void share_obj_gone(BrokerClient *c, Obj *o)
+void broker_share_obj_gone(BrokerClient *c, Obj *o)
 {
         Broker *b = c->b;
         Share *s = o->share;
@@ -2974,7 +2746,7 @@ static void share_obj_gone(BrokerClient *c, Obj *o)
                 return;
         pthread_mutex_lock(&b->share_lock);
         if (!s->persistent) {
-                share_end(b, s);
+                broker_share_end(b, s);
         } else {
                 s->held_mem = (Charge){.kind = o->kind, .gpu_id = o->gpu_id, .bytes = o->size};
                 /* the class that pays now: a reload may have moved the client (and its charges) since */
@@ -2982,14 +2754,14 @@ static void share_obj_gone(BrokerClient *c, Obj *o)
                 snprintf(s->class_name, sizeof(s->class_name), "%s", c->acct ? c->acct->name : "");
                 /* out of the client's usage; its object's refund then takes the memory off the account,
                  * which the share puts back */
-                usage_apply(&c->usage, b, &share_charge, -1);
-                totals_apply(b, &share_charge, -1);
+                broker_usage_apply(&c->usage, b, &broker_share_charge, -1);
+                broker_totals_apply(b, &broker_share_charge, -1);
                 if (c->acct) {
                         pthread_mutex_lock(&c->acct->lock);
-                        usage_apply(&c->acct->used, b, &share_charge, -1);
+                        broker_usage_apply(&c->acct->used, b, &broker_share_charge, -1);
                         pthread_mutex_unlock(&c->acct->lock);
                 }
-                share_held_apply(b, s, +1);
+                broker_share_held_apply(b, s, +1);
                 s->holds = true;
                 s->src = NULL;
                 s->owner = NULL;
@@ -3003,7 +2775,7 @@ int broker_share_publish(BrokerClient *c, uint64_t handle, const char *name, boo
                          BrokerShareInfo *ret, Reason *w)
 {
         Broker *b = c->b;
-        Obj *o = obj_lookup(c, handle);
+        Obj *o = broker_obj_lookup(c, handle);
         struct timespec ts;
         Share *s = NULL;
         int fd = -1, r;
@@ -3020,10 +2792,10 @@ int broker_share_publish(BrokerClient *c, uint64_t handle, const char *name, boo
         if (o->share)
                 return reason_set(w, -EBUSY, "0x%llx is published already, as '%s'",
                                   (unsigned long long)handle, o->share->name);
-        r = charge_take(c, &share_charge, w);
+        r = broker_charge_take(c, &broker_share_charge, w);
         if (r < 0)
                 return r;
-        r = obj_file(c, o, &fd, w);
+        r = broker_obj_file(c, o, &fd, w);
         s = r < 0 ? NULL : calloc(1, sizeof(*s));
         if (r >= 0 && !s)
                 r = reason_set(w, -ENOMEM, "out of memory");
@@ -3034,7 +2806,7 @@ int broker_share_publish(BrokerClient *c, uint64_t handle, const char *name, boo
                      .gpu_id = o->gpu_id,
                      .size = o->size,
                      .fd = fd,
-                     .read_only = read_only || obj_read_only(o),
+                     .read_only = read_only || broker_obj_read_only(o),
                      .persistent = persistent,
                      .src = o,
                      .owner = c,
@@ -3046,7 +2818,7 @@ int broker_share_publish(BrokerClient *c, uint64_t handle, const char *name, boo
                 snprintf(s->class_name, sizeof(s->class_name), "%s", c->acct->name);
 
         pthread_mutex_lock(&b->share_lock);
-        if (share_by_name(b, name))
+        if (broker_share_by_name(b, name))
                 r = reason_set(w, -EEXIST, "a share named '%s' exists already", name);
         else if (b->n_shares >= BROKER_MAX_SHARES)
                 r = reason_set(w, -ENOSPC, "the daemon holds %d shares, its most", BROKER_MAX_SHARES);
@@ -3062,7 +2834,7 @@ int broker_share_publish(BrokerClient *c, uint64_t handle, const char *name, boo
         pthread_mutex_unlock(&b->share_lock);
         if (r < 0)
                 goto fail;
-        note_file(b, o, fd);
+        broker_note_file(b, o, fd);
         o->exports++;
         o->share = s;
         return 0;
@@ -3070,7 +2842,7 @@ int broker_share_publish(BrokerClient *c, uint64_t handle, const char *name, boo
 fail:
         free(s);
         safe_close(fd);
-        charge_give(c, &share_charge);
+        broker_charge_give(c, &broker_share_charge);
         return r;
 }
 
@@ -3078,15 +2850,15 @@ fail:
 static int reader_gpus(BrokerClient *c, const uint32_t *ids, size_t n, uint32_t *out, size_t *ret_n,
                        Reason *w)
 {
-        uint64_t allowed = allowed_gpus(c);
+        uint64_t allowed = broker_allowed_gpus(c);
         size_t k = 0;
         int r;
 
         if (n > 0) {
-                r = check_gpus(c->b, ids, n, w);
+                r = broker_check_gpus(c->b, ids, n, w);
                 if (r < 0)
                         return r;
-                r = gpus_allowed(c, ids, n, w);
+                r = broker_gpus_allowed(c, ids, n, w);
                 if (r < 0)
                         return r;
                 memcpy(out, ids, n * sizeof(*ids));
@@ -3103,7 +2875,7 @@ static int reader_gpus(BrokerClient *c, const uint32_t *ids, size_t n, uint32_t 
 }
 
 /* A reader's object @o of share @s: where it lies, in its role. */
-static void share_obj_fill(Obj *o, const Share *s, ShareRef *ref)
+void broker_share_obj_fill(Obj *o, const Share *s, ShareRef *ref)
 {
         o->va = s->va;
         o->size = s->size;
@@ -3116,7 +2888,7 @@ static void share_obj_fill(Obj *o, const Share *s, ShareRef *ref)
 }
 
 /* @ref becomes one of @s's readers, @c's. Under the share lock. */
-static void share_ref_link(Share *s, ShareRef *ref, BrokerClient *c)
+void broker_share_ref_link(Share *s, ShareRef *ref, BrokerClient *c)
 {
         ref->share = s;
         ref->reader = c;
@@ -3128,9 +2900,10 @@ static void share_ref_link(Share *s, ShareRef *ref, BrokerClient *c)
 /*
  * A reader's import of share @s and its grants on @gpus, in its role (@ref->read_only); the file it was
  * imported from in *@ret_fd (the caller's; a read-only reader's is opened read-only, so its import and CPU
- * mapping keep to it). On failure what was made stays in @ref for ref_unmap(). Under the share lock.
+ * mapping keep to it). On failure what was made stays in @ref for broker_share_ref_unmap(). Under the share
+ * lock.
  */
-static int share_ref_map(Broker *b, DriverCtx *ctx, const Share *s, ShareRef *ref, const uint32_t *gpus,
+int broker_share_ref_map(Broker *b, DriverCtx *ctx, const Share *s, ShareRef *ref, const uint32_t *gpus,
                          size_t n_gpus, int *ret_fd, Reason *w)
 {
         int fd, r;
@@ -3138,7 +2911,7 @@ static int share_ref_map(Broker *b, DriverCtx *ctx, const Share *s, ShareRef *re
         fd = fcntl(s->fd, F_DUPFD_CLOEXEC, 3);
         if (fd < 0)
                 return reason_set(w, -errno, "cannot duplicate the share's fd: %s", strerror(errno));
-        if (ref->read_only && (r = make_read_only(&fd, w)) < 0)
+        if (ref->read_only && (r = broker_make_read_only(&fd, w)) < 0)
                 return r;
         r = driver_mem_import(b->drv, ctx, fd, n_gpus ? gpus[0] : b->gpu_ids[0], &ref->mem);
         if (r < 0) {
@@ -3182,26 +2955,26 @@ int broker_share_open(BrokerClient *c, const char *name, bool write, const uint3
         r = reader_gpus(c, gpu_ids, n, gpus, &n_gpus, w);
         if (r < 0)
                 return r;
-        r = client_ctx(c, &ctx, w);
+        r = broker_client_ctx(c, &ctx, w);
         if (r < 0)
                 return r;
         if (!c->outer &&
             (r = thunk_va_space_new(BROKER_PAGE_SIZE, BROKER_SVM_LIMIT - BROKER_PAGE_SIZE, 0, &c->outer)) < 0)
                 return reason_set(w, r, "out of memory");
-        r = charge_take(c, &ch, w);
+        r = broker_charge_take(c, &ch, w);
         if (r < 0)
                 return r;
-        o = obj_new(BROKER_KIND_SHARE);
+        o = broker_obj_new(BROKER_KIND_SHARE);
         ref = calloc(1, sizeof(*ref));
         if (!o || !ref) {
                 free(o);
                 free(ref);
-                charge_give(c, &ch);
+                broker_charge_give(c, &ch);
                 return reason_set(w, -ENOMEM, "out of memory");
         }
 
         pthread_mutex_lock(&b->share_lock);
-        s = share_by_name(b, name);
+        s = broker_share_by_name(b, name);
         if (!s) {
                 r = reason_set(w, -ENOENT, "no share named '%s'", name);
                 goto fail;
@@ -3228,16 +3001,16 @@ int broker_share_open(BrokerClient *c, const char *name, bool write, const uint3
                 goto fail;
         }
         placed = true;
-        r = share_ref_map(b, ctx, s, ref, gpus, n_gpus, &fd, w);
+        r = broker_share_ref_map(b, ctx, s, ref, gpus, n_gpus, &fd, w);
         if (r < 0)
                 goto fail;
-        share_obj_fill(o, s, ref);
-        r = obj_publish(c, o);
+        broker_share_obj_fill(o, s, ref);
+        r = broker_obj_publish(c, o);
         if (r < 0) {
                 reason_set(w, r, "out of memory");
                 goto fail;
         }
-        share_ref_link(s, ref, c);
+        broker_share_ref_link(s, ref, c);
         s->opens++;
         share_info(s, ret_info);
         pthread_mutex_unlock(&b->share_lock);
@@ -3246,19 +3019,19 @@ int broker_share_open(BrokerClient *c, const char *name, bool write, const uint3
         return 0;
 
 fail:
-        ref_unmap(b, ref);
+        broker_share_ref_unmap(b, ref);
         pthread_mutex_unlock(&b->share_lock);
         if (placed)
                 (void)thunk_va_free(c->outer, s->va);
         safe_close(fd);
         free(ref);
         free(o);
-        charge_give(c, &ch);
+        broker_charge_give(c, &ch);
         return r;
 }
 
 /* The reader frees its handle of a share, or goes. */
-static void share_ref_drop(BrokerClient *c, Obj *o)
+void broker_share_ref_drop(BrokerClient *c, Obj *o)
 {
         Broker *b = c->b;
         ShareRef *ref = o->ref;
@@ -3267,7 +3040,7 @@ static void share_ref_drop(BrokerClient *c, Obj *o)
         pthread_mutex_lock(&b->share_lock);
         if (ref->mem)
                 s->readers--;
-        ref_unmap(b, ref);
+        broker_share_ref_unmap(b, ref);
         for (ShareRef **p = &s->refs; *p; p = &(*p)->next)
                 if (*p == ref) {
                         *p = ref->next;
@@ -3279,11 +3052,11 @@ static void share_ref_drop(BrokerClient *c, Obj *o)
         free(ref);
         o->ref = NULL;
         (void)thunk_va_free(c->outer, o->va);
-        charge_obj_give(c, o);
+        broker_charge_obj_give(c, o);
 }
 
 /* The reader's open share at @va (outside its window), or NULL. */
-static Obj *share_at(const BrokerClient *c, uint64_t va)
+Obj *broker_share_at(const BrokerClient *c, uint64_t va)
 {
         ThunkVaObject vo;
         Obj *o = c->outer && thunk_va_lookup(c->outer, va, &vo) == 0 ? vo.data : NULL;
@@ -3291,7 +3064,7 @@ static Obj *share_at(const BrokerClient *c, uint64_t va)
 }
 
 /* A reader's share: where it is mapped, read-only or not; -ESTALE once revoked. */
-static int share_pointer_info(BrokerClient *c, const Obj *o, BrokerPtrInfo *ret, Reason *w)
+int broker_share_pointer_info(BrokerClient *c, const Obj *o, BrokerPtrInfo *ret, Reason *w)
 {
         const ShareRef *ref = o->ref;
         int r = 0;
@@ -3317,9 +3090,9 @@ static int share_pointer_info(BrokerClient *c, const Obj *o, BrokerPtrInfo *ret,
 
 /* Access to an open share is its reader's role, given when it was opened: read-write is refused to a
  * read-only reader, and nothing else can be changed. */
-static int share_set_access(BrokerClient *c, const Obj *o, const BrokerAccess *d, size_t n, Reason *w)
+int broker_share_set_access(BrokerClient *c, const Obj *o, const BrokerAccess *d, size_t n, Reason *w)
 {
-        int r = share_pointer_info(c, o, &(BrokerPtrInfo){0}, w);
+        int r = broker_share_pointer_info(c, o, &(BrokerPtrInfo){0}, w);
 
         if (r < 0)
                 return r;
@@ -3330,7 +3103,7 @@ static int share_set_access(BrokerClient *c, const Obj *o, const BrokerAccess *d
         return reason_set(w, -EINVAL, "a share's access is its reader's role, set when it was opened");
 }
 
-static int share_get_access(BrokerClient *c, const Obj *o, uint32_t gpu_id, int *ret_access, Reason *w)
+int broker_share_get_access(BrokerClient *c, const Obj *o, uint32_t gpu_id, int *ret_access, Reason *w)
 {
         const ShareRef *ref = o->ref;
         int r = 0;
@@ -3351,10 +3124,10 @@ int broker_share_find(Broker *b, const char *name, BrokerShareInfo *ret)
 {
         Share *s;
 
-        if (!share_name_ok(name))
+        if (!broker_share_name_ok(name))
                 return -ENOENT;
         pthread_mutex_lock(&b->share_lock);
-        s = share_by_name(b, name);
+        s = broker_share_by_name(b, name);
         if (s)
                 share_info(s, ret);
         pthread_mutex_unlock(&b->share_lock);
@@ -3366,15 +3139,15 @@ int broker_share_revoke(Broker *b, const char *name, Reason *w)
         Share *s;
         int r = 0;
 
-        if (!share_name_ok(name))
+        if (!broker_share_name_ok(name))
                 return reason_set(w, -ENOENT, "no share named '%.*s'", BROKER_SHARE_NAME_MAX,
                                   name ? name : "");
         pthread_mutex_lock(&b->share_lock);
-        s = share_by_name(b, name);
+        s = broker_share_by_name(b, name);
         if (!s)
                 r = reason_set(w, -ENOENT, "no share named '%s'", name);
         else
-                share_end(b, s);
+                broker_share_end(b, s);
         pthread_mutex_unlock(&b->share_lock);
         broker_process_events(b);
         return r;
@@ -3393,8 +3166,6 @@ size_t broker_share_list(Broker *b, size_t *cursor, BrokerShareInfo *out, size_t
         return n;
 }
 
-/* ---- managed memory ---------------------------------------------------------------------------------- */
-
 /* [va, va+size) must lie in one managed allocation of this client: that one in *@ret_o. */
 static int managed_range(BrokerClient *c, uint64_t va, uint64_t size, Obj **ret_o, Reason *w)
 {
@@ -3408,10 +3179,10 @@ static int managed_range(BrokerClient *c, uint64_t va, uint64_t size, Obj **ret_
         if (va + size < va)
                 return reason_set(w, -EOVERFLOW, "0x%llx+0x%llx wraps around", (unsigned long long)va,
                                   (unsigned long long)size);
-        if (!in_window(c, va, size))
+        if (!broker_in_window(c, va, size))
                 return reason_set(w, -EFAULT, "0x%llx+0x%llx is outside this client's VA window",
                                   (unsigned long long)va, (unsigned long long)size);
-        o = obj_at(c, va);
+        o = broker_obj_at(c, va);
         if (!o || o->kind != BROKER_KIND_MANAGED || va + size > o->va + o->size)
                 return reason_set(w, -EINVAL, "0x%llx+0x%llx is not inside one managed allocation",
                                   (unsigned long long)va, (unsigned long long)size);
@@ -3422,12 +3193,12 @@ static int managed_range(BrokerClient *c, uint64_t va, uint64_t size, Obj **ret_
 static bool is_location(const Broker *b, uint32_t v, bool undefined_ok)
 {
         return v == DRIVER_SVM_LOCATION_SYSMEM || (undefined_ok && v == DRIVER_SVM_LOCATION_UNDEFINED) ||
-               gpu_index(b, v) >= 0;
+               broker_gpu_index(b, v) >= 0;
 }
 
 #define SVM_FLAGS_ALL 0xffu
 
-static int check_svm_attrs(const Broker *b, const BrokerSvmAttr *a, size_t n, bool get, Reason *w)
+int broker_check_svm_attrs(const Broker *b, const BrokerSvmAttr *a, size_t n, bool get, Reason *w)
 {
         if (n == 0)
                 return reason_set(w, -EINVAL, "no attribute");
@@ -3447,7 +3218,7 @@ static int check_svm_attrs(const Broker *b, const BrokerSvmAttr *a, size_t n, bo
                 case DRIVER_SVM_ATTR_NO_ACCESS:
                         if (get && t != DRIVER_SVM_ATTR_ACCESS)
                                 return reason_set(w, -EINVAL, "query access with the ACCESS type");
-                        if (gpu_index(b, v) < 0)
+                        if (broker_gpu_index(b, v) < 0)
                                 return reason_set(w, -EINVAL,
                                                   "access attribute names GPU %u, which does not exist", v);
                         break;
@@ -3484,15 +3255,16 @@ static int svm_set_check(BrokerClient *c, uint64_t va, uint64_t size, const Brok
 {
         int r;
 
-        if ((r = managed_range(c, va, size, ret_o, w)) < 0 || (r = check_svm_attrs(c->b, a, n, false, w)) < 0)
+        if ((r = managed_range(c, va, size, ret_o, w)) < 0 ||
+            (r = broker_check_svm_attrs(c->b, a, n, false, w)) < 0)
                 return r;
         for (size_t i = 0; i < n; i++) {
                 bool names_gpu = a[i].type == DRIVER_SVM_ATTR_ACCESS ||
                                  a[i].type == DRIVER_SVM_ATTR_ACCESS_IN_PLACE ||
                                  ((a[i].type == DRIVER_SVM_ATTR_PREFERRED_LOC ||
                                    a[i].type == DRIVER_SVM_ATTR_PREFETCH_LOC) &&
-                                  gpu_index(c->b, a[i].value) >= 0);
-                if (names_gpu && (r = gpu_allowed(c, a[i].value, w)) < 0)
+                                  broker_gpu_index(c->b, a[i].value) >= 0);
+                if (names_gpu && (r = broker_gpu_allowed(c, a[i].value, w)) < 0)
                         return r;
         }
         return 0;
@@ -3511,7 +3283,7 @@ int broker_svm_set(BrokerClient *c, uint64_t va, uint64_t size, const BrokerSvmA
         r = driver_svm_set(c->b->drv, va, size, t, n);
         if (r < 0)
                 return reason_set(w, r, "the driver refused the attributes: %s", strerror(-r));
-        svm_log_add(c, o, va, size, a, n);
+        broker_svm_log_add(c, o, va, size, a, n);
         return 0;
 }
 
@@ -3521,7 +3293,8 @@ int broker_svm_get(BrokerClient *c, uint64_t va, uint64_t size, BrokerSvmAttr *a
         Obj *o;
         int r;
 
-        if ((r = managed_range(c, va, size, &o, w)) < 0 || (r = check_svm_attrs(c->b, a, n, true, w)) < 0)
+        if ((r = managed_range(c, va, size, &o, w)) < 0 ||
+            (r = broker_check_svm_attrs(c->b, a, n, true, w)) < 0)
                 return r;
         for (size_t i = 0; i < n; i++)
                 t[i] = (DriverSvmAttr){a[i].type, a[i].value};
@@ -3559,7 +3332,7 @@ int broker_prefetch_begin(BrokerClient *c, uint64_t va, uint64_t size, uint32_t 
         p->location = location;
         p->result = 0;
         /* kept for a restart now, on the loop: a replayed prefetch that fails changes nothing */
-        svm_log_add(c, o, va, size, &a, 1);
+        broker_svm_log_add(c, o, va, size, &a, 1);
         return 0;
 }
 
@@ -3577,8 +3350,6 @@ int broker_prefetch_end(const BrokerPrefetch *p, Reason *w)
         return 0;
 }
 
-/* ---- teardown ---------------------------------------------------------------------------------------- */
-
 /* Where a teardown in slices stands: every VMM mapping goes before any object, so that a handle nothing maps
  * any more can go with its object. */
 enum { TEARDOWN_MAPPINGS, TEARDOWN_OBJECTS };
@@ -3590,8 +3361,9 @@ static void teardown_mappings(BrokerClient *c, Obj *res, size_t *budget)
 
         while (*budget > 0 && thunk_va_next(res->maps, res->va, &vo) == 0) {
                 VmmMap *m = vo.data;
-                (void)map_revoke_all(c->b, m); /* what the driver refused goes with the context below */
-                map_destroy(c, m);
+                (void)broker_map_revoke_all(c->b,
+                                            m); /* what the driver refused goes with the context below */
+                broker_map_destroy(c, m);
                 (*budget)--;
         }
 }
@@ -3602,25 +3374,25 @@ static void teardown_object(BrokerClient *c, Obj *o)
         case BROKER_KIND_DEVICE:
         case BROKER_KIND_HOST:
         case BROKER_KIND_MANAGED:
-                (void)destroy_alloc(c, o, true, NULL);
-                charge_obj_give(c, o);
+                (void)broker_destroy_alloc(c, o, true, NULL);
+                broker_charge_obj_give(c, o);
                 break;
         case BROKER_KIND_VMM:
         case BROKER_KIND_IMPORT:
                 /* every mapping went first, so nothing else refers to it */
                 o->client_refs = 0;
                 o->map_refs = 0;
-                phys_maybe_destroy(c, o);
+                broker_phys_maybe_destroy(c, o);
                 return;
         case BROKER_KIND_RESERVATION:
                 thunk_va_space_free(o->maps);
-                charge_obj_give(c, o);
+                broker_charge_obj_give(c, o);
                 break;
         case BROKER_KIND_SHARE:
-                share_ref_drop(c, o);
+                broker_share_ref_drop(c, o);
                 break;
         }
-        svm_log_free(c, o);
+        broker_svm_log_free(c, o);
         free(o);
 }
 
@@ -3632,7 +3404,7 @@ bool broker_client_teardown_step(BrokerClient *c, size_t budget)
         while (c->n_queues) {
                 BrokerQueue *q = &c->queues[--c->n_queues];
                 (void)driver_queue_destroy(c->b->drv, c->ctx, q->id);
-                charge_give(c, &(Charge){.objects = 1, .queues = 1});
+                broker_charge_give(c, &(Charge){.objects = 1, .queues = 1});
         }
 
         if (c->teardown_phase == TEARDOWN_MAPPINGS) {
@@ -3670,7 +3442,7 @@ BrokerClient *broker_client_free(BrokerClient *c)
         while (!broker_client_teardown_step(c, 4096))
                 ;
         if (c->events) {
-                charge_give(c, &(Charge){.objects = client_events_count(c->events)});
+                broker_charge_give(c, &(Charge){.objects = client_events_count(c->events)});
                 c->events = client_events_free(c->events);
         }
         hashmap_done(&c->objs);
@@ -3689,8 +3461,6 @@ BrokerClient *broker_client_free(BrokerClient *c)
         return NULL;
 }
 
-/* ---- events ------------------------------------------------------------------------------------------ */
-
 /* The slot of signal event @id in the client's event page, where the daemon maps it; NULL: no page (any
  * more: the memory may have been freed since it was named). */
 static volatile uint64_t *event_slot(const BrokerClient *c, uint32_t id)
@@ -3700,7 +3470,7 @@ static volatile uint64_t *event_slot(const BrokerClient *c, uint32_t id)
 
         if (!c->events || !client_events_page(c->events, &va, &size) || (uint64_t)id >= size / 8)
                 return NULL;
-        o = obj_at(c, va);
+        o = broker_obj_at(c, va);
         if (!o || o->va != va || o->memfd < 0 || size > o->size)
                 return NULL;
         return (volatile uint64_t *)(uintptr_t)(va + 8 * (uint64_t)id);
@@ -3722,7 +3492,7 @@ static int event_mirror(BrokerClient *c, uint32_t type, uint32_t id, Reason *w)
                 return 0;
         if (type != EVENTS_TYPE_SIGNAL && type != EVENTS_TYPE_MEMORY)
                 return 0;
-        r = client_ctx(c, &ctx, w);
+        r = broker_client_ctx(c, &ctx, w);
         if (r < 0)
                 return r;
         if (type == EVENTS_TYPE_MEMORY) { /* the driver's own memory event hears the faults */
@@ -3740,7 +3510,7 @@ static int event_mirror(BrokerClient *c, uint32_t type, uint32_t id, Reason *w)
         }
         /* the page counts for the kernel when it is GTT memory of the client's context */
         if (client_events_page(c->events, &va, &size)) {
-                const Obj *o = obj_at(c, va);
+                const Obj *o = broker_obj_at(c, va);
                 if (o && o->va == va && o->mem && (o->flags & BROKER_FLAG_GTT))
                         page = o->mem;
         }
@@ -3762,7 +3532,7 @@ int broker_event_create(BrokerClient *c, uint32_t type, bool auto_reset, uint64_
 
         if (page_va) {
                 /* memory of this client's that the CPU reaches: the host memory libhsakmt made for it */
-                const Obj *o = obj_at(c, page_va);
+                const Obj *o = broker_obj_at(c, page_va);
                 if (!o || o->va != page_va || o->memfd < 0)
                         return reason_set(w, -EINVAL,
                                           "the event page 0x%llx is no host memory of this client",
@@ -3771,17 +3541,17 @@ int broker_event_create(BrokerClient *c, uint32_t type, bool auto_reset, uint64_
         }
         if (!c->events && !(c->events = client_events_new()))
                 return reason_set(w, -ENOMEM, "out of memory");
-        r = charge_take(c, &(Charge){.objects = 1}, w);
+        r = broker_charge_take(c, &(Charge){.objects = 1}, w);
         if (r < 0)
                 return r;
         r = client_event_create(c->events, type, auto_reset, page_va, page_size, ret_id, ret_slot, w);
         if (r < 0) {
-                charge_give(c, &(Charge){.objects = 1});
+                broker_charge_give(c, &(Charge){.objects = 1});
                 return r;
         }
         if ((r = event_mirror(c, type, *ret_id, w)) < 0) {
                 (void)client_event_destroy(c->events, *ret_id, NULL);
-                charge_give(c, &(Charge){.objects = 1});
+                broker_charge_give(c, &(Charge){.objects = 1});
                 return r;
         }
         /* a signal event's slot starts unsignalled: KFD writes it so, into a page of the process's too */
@@ -3802,7 +3572,7 @@ int broker_event_destroy(BrokerClient *c, uint32_t id, Reason *w)
         r = client_event_destroy(c->events, id, w);
         if (r < 0)
                 return r;
-        charge_give(c, &(Charge){.objects = 1});
+        broker_charge_give(c, &(Charge){.objects = 1});
         if (id < EVENTS_SIGNAL_LIMIT && c->own_ctx && c->ctx)
                 driver_event_mirror_remove(c->b->drv, c->ctx, id);
         return 0;
@@ -3846,7 +3616,7 @@ size_t broker_client_list(const BrokerClient *c, size_t *cursor, BrokerObjInfo *
                 i->gpu_id = o->gpu_id;
                 i->va = o->va;
                 i->exports = o->exports;
-                mapped_gpus_into(c->b, o, i->mapped, &i->n_mapped);
+                broker_mapped_gpus_into(c->b, o, i->mapped, &i->n_mapped);
         }
         *cursor = n == cap ? it : 0;
         return n;
@@ -3907,14 +3677,12 @@ int broker_event_interrupt(BrokerClient *c)
         return n;
 }
 
-/* ---- user-mode queues -------------------------------------------------------------------------------- */
-
 /* Is [va, va+size) inside one object of this client's that the GPU reaches? */
 /* Is [va, va+size) inside one object of this client's that the GPU reaches from the client's context? (Host
  * memory that is not GTT is registered in the daemon's own context, which a client context does not see.) */
 static bool queue_memory(const BrokerClient *c, uint64_t va, uint64_t size)
 {
-        const Obj *o = obj_at(c, va);
+        const Obj *o = broker_obj_at(c, va);
 
         if (!o || !o->mem || !size || size > o->size || va - o->va > o->size - size)
                 return false;
@@ -3945,9 +3713,9 @@ int broker_queue_create(BrokerClient *c, const DriverQueueArgs *q, uint32_t *ret
         if (q->type > DRIVER_QUEUE_SDMA_XGMI)
                 return reason_set(w, -EINVAL, "queue type %u: 0 PM4, 1 SDMA, 2 AQL or 3 SDMA over XGMI",
                                   q->type);
-        if (gpu_index(c->b, q->gpu_id) < 0)
+        if (broker_gpu_index(c->b, q->gpu_id) < 0)
                 return reason_set(w, -ENODEV, "no GPU with id %u", q->gpu_id);
-        if ((r = gpu_allowed(c, q->gpu_id, w)) < 0)
+        if ((r = broker_gpu_allowed(c, q->gpu_id, w)) < 0)
                 return r;
         if (!q->ring_size || (q->ring_size & (q->ring_size - 1)))
                 return reason_set(w, -EINVAL, "a ring of %llu bytes: a power of two",
@@ -3964,7 +3732,7 @@ int broker_queue_create(BrokerClient *c, const DriverQueueArgs *q, uint32_t *ret
         qa.wptr_fd = -1;
         if (driver_has(c->b->drv, DRIVER_CAP_DOORBELL_RELAY)) {
                 /* the daemon rings the doorbell from the write pointer: it must be able to read it */
-                const Obj *o = obj_at(c, q->wptr_va);
+                const Obj *o = broker_obj_at(c, q->wptr_va);
                 if (!o || o->memfd < 0 || (q->wptr_va & 7))
                         return reason_set(
                                 w, -EFAULT,
@@ -3982,15 +3750,15 @@ int broker_queue_create(BrokerClient *c, const DriverQueueArgs *q, uint32_t *ret
                 c->queues = more;
                 c->cap_queues = cap;
         }
-        r = client_ctx(c, &ctx, w);
+        r = broker_client_ctx(c, &ctx, w);
         if (r < 0)
                 return r;
-        r = charge_take(c, &(Charge){.objects = 1, .queues = 1}, w);
+        r = broker_charge_take(c, &(Charge){.objects = 1, .queues = 1}, w);
         if (r < 0)
                 return r;
         r = driver_queue_create(c->b->drv, ctx, &qa, &id, &db);
         if (r < 0) {
-                charge_give(c, &(Charge){.objects = 1, .queues = 1});
+                broker_charge_give(c, &(Charge){.objects = 1, .queues = 1});
                 return reason_set(w, r,
                                   r == -EOPNOTSUPP ? "the driver runs no queues on this GPU"
                                   : r == -ENOMEM   ? "the GPU has no queue left for this client"
@@ -4022,7 +3790,7 @@ int broker_queue_destroy(BrokerClient *c, uint32_t id, Reason *w)
         if (r < 0)
                 return reason_set(w, r, "the driver refused to destroy queue %u: %s", id, strerror(-r));
         *q = c->queues[--c->n_queues];
-        charge_give(c, &(Charge){.objects = 1, .queues = 1});
+        broker_charge_give(c, &(Charge){.objects = 1, .queues = 1});
         return 0;
 }
 
@@ -4048,8 +3816,6 @@ size_t broker_client_queues(const BrokerClient *c)
 {
         return c ? c->n_queues : 0;
 }
-
-/* ---- carried across a restart ------------------------------------------------------------------------ */
 
 /* Can the driver hand VRAM to the next daemon (export it here, take the dmabuf back there)? */
 static bool driver_carries_vram(const Broker *b)
@@ -4162,7 +3928,7 @@ static void carry_record(const BrokerClient *c, const Obj *o, BrokerCarry *k)
         }
         /* VMM memory and imports reach GPUs through their mappings' grants, not as a whole */
         if (o->kind != BROKER_KIND_VMM && o->kind != BROKER_KIND_IMPORT)
-                mapped_gpus_into(c->b, o, k->mapped, &k->n_mapped);
+                broker_mapped_gpus_into(c->b, o, k->mapped, &k->n_mapped);
 }
 
 /* A file of @o's memory for the next daemon (the caller's): a copy of the memfd of host or managed memory,
@@ -4250,7 +4016,7 @@ static int carry_device(BrokerClient *c, Obj *o, const BrokerCarry *k, int fd, R
         DriverCtx *ctx;
         int r;
 
-        r = client_ctx(c, &ctx, w);
+        r = broker_client_ctx(c, &ctx, w);
         if (r < 0)
                 return r;
         r = driver_mem_adopt_vram(b->drv, ctx, fd, o->gpu_id, o->va, o->size, o->flags, &o->mem);
@@ -4263,7 +4029,7 @@ static int carry_device(BrokerClient *c, Obj *o, const BrokerCarry *k, int fd, R
                 return reason_set(w, r, "cannot map it on its GPUs again: %s", strerror(-r));
         }
         /* the driver keeps a file for it now, as after a first export (the model; the kernel needs none) */
-        o->backing_fd = driver_holds_fd(b);
+        o->backing_fd = broker_driver_holds_fd(b);
         return 0;
 }
 
@@ -4282,7 +4048,7 @@ static int carry_map_here(const Obj *o, Reason *w)
                  0);
         if (p == MAP_FAILED) {
                 r = -errno;
-                reserve_again(o->va, o->size);
+                broker_reserve_again(o->va, o->size);
                 return reason_set(w, r, "cannot map its memory here: %s", strerror(-r));
         }
         return 0;
@@ -4305,7 +4071,7 @@ static int carry_managed(BrokerClient *c, Obj *o, const BrokerCarry *k, Reason *
                 return r;
         r = driver_managed_register(b->drv, o->va, o->size, o->flags);
         if (r < 0) {
-                unmap_shared(b, o->va, o->size);
+                broker_unmap_shared(b, o->va, o->size);
                 return reason_set(w, r, "the driver refused the managed range again: %s", strerror(-r));
         }
         for (size_t i = 0; i < k->n_svm; i++) {
@@ -4314,8 +4080,8 @@ static int carry_managed(BrokerClient *c, Obj *o, const BrokerCarry *k, Reason *
                 bool prefetch_only = true;
                 if (call->n == 0 || call->n > BROKER_SVM_MAX_ATTRS || call->va < o->va ||
                     call->size > o->size || call->va - o->va > o->size - call->size ||
-                    check_svm_attrs(b, call->a, call->n, false, w) < 0) {
-                        unmap_shared(b, o->va, o->size);
+                    broker_check_svm_attrs(b, call->a, call->n, false, w) < 0) {
+                        broker_unmap_shared(b, o->va, o->size);
                         return reason_set(w, -EINVAL, "SVM call %zu of its record is not one for it", i);
                 }
                 for (uint32_t j = 0; j < call->n; j++) {
@@ -4324,11 +4090,11 @@ static int carry_managed(BrokerClient *c, Obj *o, const BrokerCarry *k, Reason *
                 }
                 r = driver_svm_set(b->drv, call->va, call->size, t, call->n);
                 if (r < 0 && !prefetch_only) {
-                        unmap_shared(b, o->va, o->size);
+                        broker_unmap_shared(b, o->va, o->size);
                         return reason_set(w, r, "SVM call %zu cannot be made again: %s", i, strerror(-r));
                 }
                 if (r >= 0)
-                        svm_log_add(c, o, call->va, call->size, call->a, call->n);
+                        broker_svm_log_add(c, o, call->va, call->size, call->a, call->n);
         }
         return 0;
 }
@@ -4345,14 +4111,15 @@ static int carry_host_gtt(BrokerClient *c, Obj *o, const BrokerCarry *k, Reason 
         DriverCtx *ctx;
         int r;
 
-        r = client_ctx(c, &ctx, w);
+        r = broker_client_ctx(c, &ctx, w);
         if (r < 0)
                 return r;
         r = driver_mem_adopt_gtt(b->drv, ctx, o->memfd, gpu, o->va, o->size,
                                  o->flags & ~(uint32_t)(BROKER_FLAG_GTT | BROKER_FLAG_SVM_RANGE), &o->mem);
         if (r < 0)
                 return reason_set(w, r, "the driver cannot take its GTT buffer back: %s", strerror(-r));
-        o->backing_fd = driver_holds_fd(b); /* the driver's own file behind the dmabuf, as at allocation */
+        o->backing_fd =
+                broker_driver_holds_fd(b); /* the driver's own file behind the dmabuf, as at allocation */
         r = k->n_mapped ? driver_mem_map(b->drv, o->mem, k->mapped, k->n_mapped) : 0;
         if (r < 0)
                 reason_set(w, r, "cannot map it on its GPUs again: %s", strerror(-r));
@@ -4378,14 +4145,14 @@ static int carry_host(BrokerClient *c, Obj *o, const BrokerCarry *k, Reason *w)
                 return r;
         r = driver_mem_register_host(b->drv, gpu, o->va, o->size, o->flags, &o->mem);
         if (r < 0) {
-                unmap_shared(b, o->va, o->size);
+                broker_unmap_shared(b, o->va, o->size);
                 return reason_set(w, r, "the driver refused to register it again: %s", strerror(-r));
         }
         r = k->n_mapped ? driver_mem_map(b->drv, o->mem, k->mapped, k->n_mapped) : 0;
         if (r < 0) {
                 (void)driver_mem_free(b->drv, o->mem);
                 o->mem = NULL;
-                unmap_shared(b, o->va, o->size);
+                broker_unmap_shared(b, o->va, o->size);
                 return reason_set(w, r, "cannot map it on its GPUs again: %s", strerror(-r));
         }
         return 0;
@@ -4403,11 +4170,11 @@ static void charge_carried(BrokerClient *c, const Charge *ch)
 {
         if (c->acct) {
                 pthread_mutex_lock(&c->acct->lock);
-                usage_apply(&c->acct->used, c->b, ch, +1);
+                broker_usage_apply(&c->acct->used, c->b, ch, +1);
                 pthread_mutex_unlock(&c->acct->lock);
         }
-        usage_apply(&c->usage, c->b, ch, +1);
-        totals_apply(c->b, ch, +1);
+        broker_usage_apply(&c->usage, c->b, ch, +1);
+        broker_totals_apply(c->b, ch, +1);
 }
 
 static bool carry_kind_ok(BrokerKind kind)
@@ -4431,9 +4198,9 @@ static int carry_share_ref(BrokerClient *c, Obj *o, const BrokerCarry *k, Reason
         bool placed = false;
         int fd = -1, r;
 
-        if (!k->share_name || !share_name_ok(k->share_name) || !b->share_space)
+        if (!k->share_name || !broker_share_name_ok(k->share_name) || !b->share_space)
                 return reason_set(w, -EINVAL, "its share has no name this daemon knows");
-        r = client_ctx(c, &ctx, w);
+        r = broker_client_ctx(c, &ctx, w);
         if (r < 0)
                 return r;
         if (!c->outer &&
@@ -4443,7 +4210,7 @@ static int carry_share_ref(BrokerClient *c, Obj *o, const BrokerCarry *k, Reason
         if (!ref)
                 return reason_set(w, -ENOMEM, "out of memory");
         pthread_mutex_lock(&b->share_lock);
-        sh = share_by_name(b, k->share_name);
+        sh = broker_share_by_name(b, k->share_name);
         if (!sh) {
                 r = reason_set(w, -ENOENT, "share '%s' did not come back", k->share_name);
                 goto fail;
@@ -4460,17 +4227,17 @@ static int carry_share_ref(BrokerClient *c, Obj *o, const BrokerCarry *k, Reason
                 goto fail;
         }
         placed = true;
-        r = share_ref_map(b, ctx, sh, ref, k->mapped, k->n_mapped, &fd, w);
+        r = broker_share_ref_map(b, ctx, sh, ref, k->mapped, k->n_mapped, &fd, w);
         if (r < 0)
                 goto fail;
         safe_close(fd); /* the reader has its own, and its CPU mapping */
-        share_obj_fill(o, sh, ref);
-        share_ref_link(sh, ref, c);
+        broker_share_obj_fill(o, sh, ref);
+        broker_share_ref_link(sh, ref, c);
         pthread_mutex_unlock(&b->share_lock);
         return 0;
 
 fail:
-        ref_unmap(b, ref);
+        broker_share_ref_unmap(b, ref);
         pthread_mutex_unlock(&b->share_lock);
         if (placed)
                 (void)thunk_va_free(c->outer, sh->va);
@@ -4485,7 +4252,7 @@ static int carry_import(BrokerClient *c, Obj *o, const BrokerCarry *k, int fd, R
         DriverCtx *ctx;
         int r;
 
-        r = client_ctx(c, &ctx, w);
+        r = broker_client_ctx(c, &ctx, w);
         if (r < 0)
                 return r;
         r = driver_mem_import(c->b->drv, ctx, fd, o->gpu_id, &o->mem);
@@ -4499,7 +4266,7 @@ static int carry_import(BrokerClient *c, Obj *o, const BrokerCarry *k, int fd, R
         }
         o->read_only = k->read_only;
         o->foreign = k->foreign;
-        o->backing_fd = o->foreign && driver_holds_fd(c->b);
+        o->backing_fd = o->foreign && broker_driver_holds_fd(c->b);
         return 0;
 }
 
@@ -4517,22 +4284,22 @@ int broker_carry_restore(BrokerClient *c, BrokerCarry *k, Reason *w)
                 k->fd = safe_close(k->fd);
                 return reason_set(w, -EOPNOTSUPP, "objects of kind %d cannot be carried", (int)k->kind);
         }
-        if (k->handle == 0 || k->handle == UINT64_MAX || obj_lookup(c, k->handle)) {
+        if (k->handle == 0 || k->handle == UINT64_MAX || broker_obj_lookup(c, k->handle)) {
                 k->fd = safe_close(k->fd);
                 return reason_set(w, -EEXIST, "handle 0x%llx is taken or invalid",
                                   (unsigned long long)k->handle);
         }
-        if (k->n_mapped > BROKER_MAX_GPUS || check_gpus(c->b, k->mapped, k->n_mapped, w) < 0 ||
-            (k->gpu_id && gpu_index(c->b, k->gpu_id) < 0) ||
+        if (k->n_mapped > BROKER_MAX_GPUS || broker_check_gpus(c->b, k->mapped, k->n_mapped, w) < 0 ||
+            (k->gpu_id && broker_gpu_index(c->b, k->gpu_id) < 0) ||
             ((k->kind == BROKER_KIND_DEVICE || k->kind == BROKER_KIND_VMM || k->kind == BROKER_KIND_IMPORT) &&
-             gpu_index(c->b, k->gpu_id) < 0) ||
-            k->size == 0 || k->size % BROKER_PAGE_SIZE || check_flags(k->flags, w) < 0 ||
+             broker_gpu_index(c->b, k->gpu_id) < 0) ||
+            k->size == 0 || k->size % BROKER_PAGE_SIZE || broker_check_flags(k->flags, w) < 0 ||
             (!has_va && k->kind != BROKER_KIND_SHARE && (k->va || k->n_mapped)) ||
             (k->kind == BROKER_KIND_RESERVATION && k->n_mapped) || has_file != (k->fd >= 0)) {
                 k->fd = safe_close(k->fd);
                 return reason_set(w, -EINVAL, "its record is not one of memory this daemon can place");
         }
-        o = obj_new(k->kind);
+        o = broker_obj_new(k->kind);
         if (!o) {
                 k->fd = safe_close(k->fd);
                 return reason_set(w, -ENOMEM, "out of memory");
@@ -4562,7 +4329,7 @@ int broker_carry_restore(BrokerClient *c, BrokerCarry *k, Reason *w)
                 else
                         o->va = k->va;
         } else {
-                r = has_va ? take_va(c, o->size, BROKER_PAGE_SIZE, k->va, o, &o->va, w) : 0;
+                r = has_va ? broker_take_va(c, o->size, BROKER_PAGE_SIZE, k->va, o, &o->va, w) : 0;
         }
         if (r == 0) {
                 switch (o->kind) {
@@ -4587,47 +4354,47 @@ int broker_carry_restore(BrokerClient *c, BrokerCarry *k, Reason *w)
                 }
         }
         if (r == 0) {
-                ch = obj_charge(o);
+                ch = broker_obj_charge(o);
                 charge_carried(c, &ch);
-                r = obj_publish(c, o);
+                r = broker_obj_publish(c, o);
                 if (r < 0 && o->ref) {
-                        share_ref_drop(c, o); /* which gives its charge back */
+                        broker_share_ref_drop(c, o); /* which gives its charge back */
                         free(o);
                         k->fd = safe_close(k->fd);
                         return reason_set(w, r, "out of memory");
                 }
                 if (r < 0) {
-                        charge_give(c, &ch);
+                        broker_charge_give(c, &ch);
                         if (o->mem) {
                                 (void)driver_mem_unmap_all(c->b->drv, o->mem);
                                 (void)driver_mem_free(c->b->drv, o->mem);
                         }
                         if (o->memfd >= 0 && !o->outer)
-                                unmap_shared(c->b, o->va, o->size);
+                                broker_unmap_shared(c->b, o->va, o->size);
                         reason_set(w, r, "out of memory");
                 }
         }
         if (r < 0) {
                 if (o->va)
-                        (void)thunk_va_free(obj_space(c, o), o->va);
+                        (void)thunk_va_free(broker_obj_space(c, o), o->va);
                 thunk_va_space_free(o->maps);
                 safe_close(o->memfd);
                 k->fd = safe_close(k->fd);
-                svm_log_free(c, o);
+                broker_svm_log_free(c, o);
                 free(o);
                 return r;
         }
         /* the files the client holds are this memory's: known again, so that it stays charged while they
          * live after a free */
         if (k->handed_out)
-                note_file(c->b, o, o->memfd >= 0 ? o->memfd : k->fd);
+                broker_note_file(c->b, o, o->memfd >= 0 ? o->memfd : k->fd);
         k->fd = safe_close(k->fd);
         return 0;
 }
 
 int broker_carry_restore_map(BrokerClient *c, const BrokerCarryMap *k, Reason *w)
 {
-        Obj *phys = obj_lookup(c, k->handle), *res;
+        Obj *phys = broker_obj_lookup(c, k->handle), *res;
         DriverCtx *ctx = NULL;
         VmmMap *m;
         int r;
@@ -4638,13 +4405,13 @@ int broker_carry_restore_map(BrokerClient *c, const BrokerCarryMap *k, Reason *w
                                   (unsigned long long)k->va, (unsigned long long)k->handle);
         if (k->size == 0 || k->size % BROKER_PAGE_SIZE || k->offset % BROKER_PAGE_SIZE ||
             k->va % BROKER_PAGE_SIZE || k->offset > phys->size || k->size > phys->size - k->offset ||
-            !in_window(c, k->va, k->size) || k->n_grants > BROKER_MAX_GPUS ||
+            !broker_in_window(c, k->va, k->size) || k->n_grants > BROKER_MAX_GPUS ||
             (k->cpu_access != BROKER_ACCESS_NONE && k->cpu_access != BROKER_ACCESS_READ &&
              k->cpu_access != BROKER_ACCESS_READ_WRITE))
                 return reason_set(w, -EINVAL,
                                   "the record of the mapping at 0x%llx is not one this daemon can make",
                                   (unsigned long long)k->va);
-        res = reservation_at(c, k->va);
+        res = broker_reservation_at(c, k->va);
         if (!res || k->va + k->size > res->va + res->size)
                 return reason_set(w, -EINVAL, "the mapping at 0x%llx is not inside one VA reservation",
                                   (unsigned long long)k->va);
@@ -4653,16 +4420,16 @@ int broker_carry_restore_map(BrokerClient *c, const BrokerCarryMap *k, Reason *w
                 bool twice = false;
                 for (size_t j = 0; j < i; j++)
                         twice |= k->grants[j].gpu_id == g->gpu_id;
-                if (gpu_index(c->b, g->gpu_id) < 0 || twice ||
+                if (broker_gpu_index(c->b, g->gpu_id) < 0 || twice ||
                     (g->access != BROKER_ACCESS_READ && g->access != BROKER_ACCESS_READ_WRITE))
                         return reason_set(w, -EINVAL,
                                           "the mapping at 0x%llx names a grant this daemon cannot make",
                                           (unsigned long long)k->va);
         }
-        if (obj_read_only(phys) && k->cpu_access == BROKER_ACCESS_READ_WRITE)
+        if (broker_obj_read_only(phys) && k->cpu_access == BROKER_ACCESS_READ_WRITE)
                 return reason_set(w, -EACCES, "the mapping at 0x%llx writes read-only memory",
                                   (unsigned long long)k->va);
-        if (k->n_grants && (r = client_ctx(c, &ctx, w)) < 0)
+        if (k->n_grants && (r = broker_client_ctx(c, &ctx, w)) < 0)
                 return r;
         m = calloc(1, sizeof(*m));
         if (!m)
@@ -4677,18 +4444,19 @@ int broker_carry_restore_map(BrokerClient *c, const BrokerCarryMap *k, Reason *w
         charge_carried(c, &(Charge){.objects = 1});
         phys->map_refs++;
         for (size_t i = 0; i < k->n_grants; i++) {
-                if (obj_read_only(phys) && k->grants[i].access == BROKER_ACCESS_READ_WRITE) {
+                if (broker_obj_read_only(phys) && k->grants[i].access == BROKER_ACCESS_READ_WRITE) {
                         r = reason_set(w, -EACCES, "the mapping at 0x%llx writes read-only memory",
                                        (unsigned long long)k->va);
                         break;
                 }
-                r = set_gpu_access(c, ctx, m, k->grants[i].gpu_id, k->grants[i].access, w);
+                r = broker_set_gpu_access(c, ctx, m, k->grants[i].gpu_id, k->grants[i].access, w);
                 if (r < 0)
                         break;
         }
         if (r < 0) {
-                (void)map_revoke_all(c->b, m);
-                map_destroy(c, m); /* the handle is held (client_refs ≥ 1) until broker_carry_finish() */
+                (void)broker_map_revoke_all(c->b, m);
+                broker_map_destroy(c,
+                                   m); /* the handle is held (client_refs ≥ 1) until broker_carry_finish() */
                 return r;
         }
         m->cpu_access = k->cpu_access;
@@ -4704,7 +4472,7 @@ void broker_carry_claim_shares(BrokerClient *c)
                 Obj *o;
                 if (!sh->carry_pending || !sh->carry_owner_tag || sh->carry_owner_tag != c->tag)
                         continue;
-                o = obj_lookup(c, sh->carry_src);
+                o = broker_obj_lookup(c, sh->carry_src);
                 if (!o || o->share || o->kind != sh->kind || o->size != sh->size)
                         continue; /* settled as a share whose publisher did not come back */
                 sh->carry_pending = false;
@@ -4714,7 +4482,7 @@ void broker_carry_claim_shares(BrokerClient *c)
                 sh->acct = c->acct;
                 snprintf(sh->class_name, sizeof(sh->class_name), "%s", c->acct ? c->acct->name : "");
                 o->share = sh;
-                charge_carried(c, &share_charge);
+                charge_carried(c, &broker_share_charge);
         }
         pthread_mutex_unlock(&b->share_lock);
 }
@@ -4736,7 +4504,7 @@ int broker_carry_finish(BrokerClient *c, Reason *w)
                                        (unsigned long long)o->handle);
                 if (--o->client_refs == 0) {
                         hashmap_remove(&c->objs, o->handle);
-                        phys_maybe_destroy(c, o);
+                        broker_phys_maybe_destroy(c, o);
                 }
         }
         broker_process_events(c->b);
@@ -4783,9 +4551,9 @@ int broker_carry_share_restore(Broker *b, BrokerCarryShare *k, Reason *w)
                 k->fd = safe_close(k->fd);
                 return reason_set(w, -EOPNOTSUPP, "this daemon has no shared region for named shares");
         }
-        if (!share_name_ok(k->name) ||
+        if (!broker_share_name_ok(k->name) ||
             (k->kind != BROKER_KIND_DEVICE && k->kind != BROKER_KIND_HOST && k->kind != BROKER_KIND_VMM) ||
-            (k->gpu_id && gpu_index(b, k->gpu_id) < 0) || k->size == 0 || k->size % BROKER_PAGE_SIZE ||
+            (k->gpu_id && broker_gpu_index(b, k->gpu_id) < 0) || k->size == 0 || k->size % BROKER_PAGE_SIZE ||
             k->fd < 0 || fstat(k->fd, &st) < 0 || (uint64_t)st.st_size < k->size) {
                 k->fd = safe_close(k->fd);
                 return reason_set(w, -EINVAL, "its record is not one of a share this daemon can hold");
@@ -4811,7 +4579,7 @@ int broker_carry_share_restore(Broker *b, BrokerCarryShare *k, Reason *w)
         memcpy(sh->name, k->name, strlen(k->name) + 1);
         snprintf(sh->class_name, sizeof(sh->class_name), "%s", k->class_name ? k->class_name : "");
         pthread_mutex_lock(&b->share_lock);
-        if (share_by_name(b, sh->name))
+        if (broker_share_by_name(b, sh->name))
                 r = reason_set(w, -EEXIST, "a share named '%s' is back already", sh->name);
         else if (b->n_shares >= BROKER_MAX_SHARES)
                 r = reason_set(w, -ENOSPC, "the daemon holds %d shares, its most", BROKER_MAX_SHARES);
@@ -4851,7 +4619,7 @@ void broker_carry_shares_unclaimed(Broker *b, BrokerAccount *(*acct_of)(void *ar
                                                     &sh->carry_mem);
                 sh->acct = acct_of ? acct_of(arg, sh->class_name) : NULL;
                 sh->held_mem = (Charge){.kind = sh->kind, .gpu_id = sh->gpu_id, .bytes = sh->size};
-                share_held_apply(b, sh, +1);
+                broker_share_held_apply(b, sh, +1);
                 sh->holds = true;
         }
         pthread_mutex_unlock(&b->share_lock);
@@ -4867,7 +4635,7 @@ size_t broker_carry_shares_settle(Broker *b)
                 next = sh->next;
                 if (sh->carry_ending) {
                         sh->carry_ending = false;
-                        share_end(b, sh);
+                        broker_share_end(b, sh);
                         ended++;
                 }
         }
