@@ -880,10 +880,10 @@ static void shard_done(Shard *sh)
         sh->loop = loop_free(sh->loop);
 }
 
-int manager_new(Manager **ret, const Options *opts)
+/* The manager alone: its lock, its settings, its clocks and the main loop's base. */
+static int manager_alloc(const Options *opts, Manager **ret)
 {
-        Gpumemd__HandoverState *handed = NULL;
-        HandoverFds passed = {0};
+        pthread_mutexattr_t attr;
         Manager *m;
         int r;
 
@@ -891,15 +891,12 @@ int manager_new(Manager **ret, const Options *opts)
         if (!m)
                 return -ENOMEM;
         m->listen_fd = -1;
-        {
-                /* recursive: a transport tells of a peer gone from inside a send, which may be made with
-                 * the lock held (a reply) or without it (a ping's) */
-                pthread_mutexattr_t attr;
-                pthread_mutexattr_init(&attr);
-                pthread_mutexattr_settype(&attr, PTHREAD_MUTEX_RECURSIVE);
-                pthread_mutex_init(&m->lock, &attr);
-                pthread_mutexattr_destroy(&attr);
-        }
+        /* recursive: a transport tells of a peer gone from inside a send, which may be made with the lock
+         * held (a reply) or without it (a ping's) */
+        pthread_mutexattr_init(&attr);
+        pthread_mutexattr_settype(&attr, PTHREAD_MUTEX_RECURSIVE);
+        pthread_mutex_init(&m->lock, &attr);
+        pthread_mutexattr_destroy(&attr);
         m->conn_log_rl = (LogRatelimit)LOG_RATELIMIT_INIT(100, 20);
         r = options_copy(&m->opts, opts);
         if (r < 0) {
@@ -909,24 +906,183 @@ int manager_new(Manager **ret, const Options *opts)
         }
         m->started_mono_usec = now_usec(CLOCK_MONOTONIC);
         m->started_real_usec = now_usec(CLOCK_REALTIME);
+        *ret = m;
         m->base = main_base_new();
-        if (!m->base) {
-                r = -ENOMEM;
-                goto fail;
-        }
+        return m->base ? 0 : -ENOMEM;
+}
+
+/* The device and what the daemon keeps of it: the backend, the topology reply, the VA space, the broker. */
+static int open_device(Manager *m)
+{
+        int r;
 
         r = open_backend(m);
         if (r < 0)
-                goto fail;
+                return r;
         r = op_topology_prepare(m);
-        if (r < 0) {
-                log_error_errno(r, "cannot pack the topology reply: %s", strerror(-r));
-                goto fail;
-        }
+        if (r < 0)
+                return log_error_errno(r, "cannot pack the topology reply: %s", strerror(-r));
         r = setup_va(m);
         if (r < 0)
+                return r;
+        return broker_new(m->drv, &m->broker);
+}
+
+/*
+ * The worker threads and the event loops, not started yet. Shard 0 is the main loop (listener, signals, the
+ * daemon's timers, the HTTP exposition); the clients are served by the loops after it, each on a thread of
+ * its own, so none of them waits behind the main loop's work and each waits on its own epoll set alone.
+ */
+static int setup_loops(Manager *m)
+{
+        int r;
+
+        if (m->opts.worker_threads) {
+                r = worker_pool_new(m->opts.worker_threads, &m->workers);
+                if (r < 0)
+                        return log_error_errno(r, "cannot start %u worker threads: %s",
+                                               m->opts.worker_threads, strerror(-r));
+        }
+        m->n_shards = loops_wanted(&m->opts) + 1;
+        m->shards = calloc(m->n_shards, sizeof(*m->shards));
+        if (!m->shards)
+                return -ENOMEM;
+        for (unsigned i = 0; i < m->n_shards; i++) {
+                r = shard_init(m, &m->shards[i], i);
+                if (r < 0)
+                        return log_error_errno(r, "cannot set up event loop %u: %s", i, strerror(-r));
+        }
+        return 0;
+}
+
+static int load_policy(Manager *m)
+{
+        Policy *policy = NULL;
+        char err[4096] = "";
+        int r;
+
+        r = policy_load(m->opts.config_path ? m->opts.config_path : GPUMEMD_CONFIG_FILE,
+                        m->opts.config_explicit, &policy, err, sizeof(err));
+        if (r < 0)
+                return log_error_errno(r, "the policy cannot be loaded: %s", err);
+        classes_apply(m, policy);
+        return 0;
+}
+
+/* The listening socket (passed by socket activation, handed over by the daemon before, or bound here), and
+ * the metrics' listener when one is asked for. */
+static int setup_listeners(Manager *m, const Gpumemd__HandoverState *handed, HandoverFds *passed)
+{
+        int r;
+
+        take_handed_listener(m, handed, passed);
+        if (m->listen_fd >= 0) {
+                (void)fcntl(m->listen_fd, F_SETFD, FD_CLOEXEC);
+                (void)fcntl(m->listen_fd, F_SETFL, fcntl(m->listen_fd, F_GETFL) | O_NONBLOCK);
+        } else {
+                r = listen_bind(m);
+                if (r < 0)
+                        return r;
+        }
+        return m->opts.metrics_listen ? metrics_listen(m, m->opts.metrics_listen) : 0;
+}
+
+/* The main loop's events: where each is kept, and whether it waits from the start (the timers do not). */
+typedef struct MainEvent {
+        struct event **ev;
+        evutil_socket_t fd; /* a socket, a signal's number, or -1 for a timer */
+        short what;
+        event_callback_fn cb;
+        bool add;
+} MainEvent;
+
+static int main_events_add(Manager *m, const MainEvent *evs, size_t n)
+{
+        for (size_t i = 0; i < n; i++) {
+                *evs[i].ev = event_new(m->base, evs[i].fd, evs[i].what, evs[i].cb, m);
+                if (!*evs[i].ev || (evs[i].add && event_add(*evs[i].ev, NULL) < 0))
+                        return -ENOMEM;
+        }
+        return 0;
+}
+
+static int setup_main_events(Manager *m)
+{
+        const short sig = EV_SIGNAL | EV_PERSIST;
+        const MainEvent evs[] = {
+                {&m->listen_ev, m->listen_fd, EV_READ | EV_PERSIST, on_accept, true},
+                {&m->accept_retry_ev, -1, 0, on_accept_retry, false},
+                {&m->sigterm_ev, SIGTERM, sig, on_signal_stop, true},
+                {&m->sigint_ev, SIGINT, sig, on_signal_stop, true},
+                {&m->sighup_ev, SIGHUP, sig, on_sighup, true},
+                {&m->sigusr1_ev, SIGUSR1, sig, on_sigusr1, true},
+                {&m->broker_ev, broker_event_fd(m->broker), EV_READ | EV_PERSIST, on_broker_event, true},
+                {&m->reap_ev, -1, 0, on_reap, false},
+                {&m->status_ev, -1, 0, on_status_timer, false},
+        };
+        const MainEvent faults = {&m->sigusr2_ev, SIGUSR2, sig, on_sigusr2, true};
+        int r;
+
+        r = main_events_add(m, evs, ARRAY_SIZE(evs));
+        if (r < 0)
+                return r;
+        if (driver_has(m->drv, DRIVER_CAP_TEST_FAULTS) && getenv("GPUMEMD_MODEL_FAULTS_FILE"))
+                return main_events_add(m, &faults, 1);
+        return 0;
+}
+
+static void main_events_free(Manager *m)
+{
+        struct event **evs[] = {
+                &m->listen_ev, &m->accept_retry_ev, &m->sigterm_ev, &m->sigint_ev,
+                &m->sighup_ev, &m->sigusr1_ev,      &m->sigusr2_ev, &m->watchdog_ev,
+                &m->broker_ev, &m->reap_ev,         &m->status_ev,
+        };
+
+        for (size_t i = 0; i < ARRAY_SIZE(evs); i++)
+                if (*evs[i]) {
+                        event_free(*evs[i]);
+                        *evs[i] = NULL;
+                }
+}
+
+/* The program's path, for a re-exec: replaced by an upgrade, the re-exec runs the new program at that path.
+ */
+static void remember_exe_path(Manager *m)
+{
+        char path[PATH_MAX];
+        ssize_t n = readlink("/proc/self/exe", path, sizeof(path) - 1);
+
+        if (n <= 0)
+                return;
+        path[n] = '\0';
+        if (n > 10 && strcmp(path + n - 10, " (deleted)") == 0)
+                path[n - 10] = '\0';
+        m->exe_path = strdup(path);
+}
+
+/* The client loops run from now on: nothing reaches them before the listener accepts. */
+static int start_loops(Manager *m)
+{
+        for (unsigned i = 1; i < m->n_shards; i++) {
+                int r = loop_start(m->shards[i].loop);
+                if (r < 0)
+                        return log_error_errno(r, "cannot start event loop %u: %s", i, strerror(-r));
+        }
+        return 0;
+}
+
+int manager_new(Manager **ret, const Options *opts)
+{
+        Gpumemd__HandoverState *handed = NULL;
+        HandoverFds passed = {0};
+        Manager *m = NULL;
+        int r;
+
+        r = manager_alloc(opts, &m);
+        if (r < 0)
                 goto fail;
-        r = broker_new(m->drv, &m->broker);
+        r = open_device(m);
         if (r < 0)
                 goto fail;
         /* what a daemon before this one handed over: the state first, for where its shares lie */
@@ -935,115 +1091,26 @@ int manager_new(Manager **ret, const Options *opts)
                 goto fail;
         handed = carry_read_state(&passed);
         setup_shared_region(m, handed);
-        if (m->opts.worker_threads) {
-                r = worker_pool_new(m->opts.worker_threads, &m->workers);
-                if (r < 0) {
-                        log_error_errno(r, "cannot start %u worker threads: %s", m->opts.worker_threads,
-                                        strerror(-r));
-                        goto fail;
-                }
-        }
-        /* shard 0 is the main loop (listener, signals, the daemon's timers, the HTTP exposition); the
-         * clients are served by the loops after it, each on a thread of its own, so none of them waits behind
-         * the main loop's work and each waits on its own epoll set alone */
-        m->n_shards = loops_wanted(&m->opts) + 1;
-        m->shards = calloc(m->n_shards, sizeof(*m->shards));
-        if (!m->shards) {
-                r = -ENOMEM;
+        r = setup_loops(m);
+        if (r < 0)
                 goto fail;
-        }
-        for (unsigned i = 0; i < m->n_shards; i++) {
-                r = shard_init(m, &m->shards[i], i);
-                if (r < 0) {
-                        log_error_errno(r, "cannot set up event loop %u: %s", i, strerror(-r));
-                        goto fail;
-                }
-        }
-        {
-                Policy *policy = NULL;
-                char err[4096] = "";
-                r = policy_load(m->opts.config_path ? m->opts.config_path : GPUMEMD_CONFIG_FILE,
-                                m->opts.config_explicit, &policy, err, sizeof(err));
-                if (r < 0) {
-                        log_error_errno(r, "the policy cannot be loaded: %s", err);
-                        goto fail;
-                }
-                classes_apply(m, policy);
-        }
-
-        take_handed_listener(m, handed, &passed);
-        if (m->listen_fd >= 0) {
-                (void)fcntl(m->listen_fd, F_SETFD, FD_CLOEXEC);
-                (void)fcntl(m->listen_fd, F_SETFL, fcntl(m->listen_fd, F_GETFL) | O_NONBLOCK);
-        } else {
-                r = listen_bind(m);
-                if (r < 0)
-                        goto fail;
-        }
-
-        if (m->opts.metrics_listen) {
-                r = metrics_listen(m, m->opts.metrics_listen);
-                if (r < 0)
-                        goto fail;
-        }
-        m->listen_ev = event_new(m->base, m->listen_fd, EV_READ | EV_PERSIST, on_accept, m);
-        m->accept_retry_ev = evtimer_new(m->base, on_accept_retry, m);
-        m->sigterm_ev = evsignal_new(m->base, SIGTERM, on_signal_stop, m);
-        m->sigint_ev = evsignal_new(m->base, SIGINT, on_signal_stop, m);
-        m->sighup_ev = evsignal_new(m->base, SIGHUP, on_sighup, m);
-        m->sigusr1_ev = evsignal_new(m->base, SIGUSR1, on_sigusr1, m);
-        if (!m->sigusr1_ev || event_add(m->sigusr1_ev, NULL) < 0) {
-                r = -ENOMEM;
+        r = load_policy(m);
+        if (r < 0)
                 goto fail;
-        }
-        if (driver_has(m->drv, DRIVER_CAP_TEST_FAULTS) && getenv("GPUMEMD_MODEL_FAULTS_FILE")) {
-                m->sigusr2_ev = evsignal_new(m->base, SIGUSR2, on_sigusr2, m);
-                if (!m->sigusr2_ev || event_add(m->sigusr2_ev, NULL) < 0) {
-                        r = -ENOMEM;
-                        goto fail;
-                }
-        }
-        m->broker_ev =
-                event_new(m->base, broker_event_fd(m->broker), EV_READ | EV_PERSIST, on_broker_event, m);
-        if (!m->broker_ev || event_add(m->broker_ev, NULL) < 0) {
-                r = -ENOMEM;
+        r = setup_listeners(m, handed, &passed);
+        if (r < 0)
                 goto fail;
-        }
-        m->reap_ev = evtimer_new(m->base, on_reap, m);
-        if (!m->reap_ev) {
-                r = -ENOMEM;
+        r = setup_main_events(m);
+        if (r < 0)
                 goto fail;
-        }
-        m->status_ev = evtimer_new(m->base, on_status_timer, m);
-        if (!m->listen_ev || !m->accept_retry_ev || !m->sigterm_ev || !m->sigint_ev || !m->sighup_ev ||
-            !m->status_ev || event_add(m->listen_ev, NULL) < 0 || event_add(m->sigterm_ev, NULL) < 0 ||
-            event_add(m->sigint_ev, NULL) < 0 || event_add(m->sighup_ev, NULL) < 0) {
-                r = -ENOMEM;
-                goto fail;
-        }
         /* the clients a daemon before this one handed over, back on their loops before those start */
         carry_restore(m, &carry_host, TAKE_PTR(handed), &passed);
         for (size_t i = 0; i < m->n_passed_names; i++)
                 (void)handover_store_remove(m->passed_names[i]);
-        {
-                char path[PATH_MAX];
-                ssize_t n = readlink("/proc/self/exe", path, sizeof(path) - 1);
-                if (n > 0) {
-                        path[n] = '\0';
-                        /* replaced by an upgrade: the re-exec runs the new program at that path */
-                        if (n > 10 && strcmp(path + n - 10, " (deleted)") == 0)
-                                path[n - 10] = '\0';
-                        m->exe_path = strdup(path);
-                }
-        }
-        /* the other loops run from now on: nothing reaches them before the listener accepts */
-        for (unsigned i = 1; i < m->n_shards; i++) {
-                r = loop_start(m->shards[i].loop);
-                if (r < 0) {
-                        log_error_errno(r, "cannot start event loop %u: %s", i, strerror(-r));
-                        goto fail;
-                }
-        }
+        remember_exe_path(m);
+        r = start_loops(m);
+        if (r < 0)
+                goto fail;
         *ret = m;
         return 0;
 fail:
@@ -1092,33 +1159,12 @@ Manager *manager_free(Manager *m)
         while (m->conns)
                 conn_free(m->conns);
         manager_unlock(m);
-        if (m->listen_ev)
-                event_free(m->listen_ev);
-        if (m->accept_retry_ev)
-                event_free(m->accept_retry_ev);
-        if (m->sigterm_ev)
-                event_free(m->sigterm_ev);
-        if (m->sigint_ev)
-                event_free(m->sigint_ev);
-        if (m->sighup_ev)
-                event_free(m->sighup_ev);
-        if (m->sigusr1_ev)
-                event_free(m->sigusr1_ev);
-        if (m->sigusr2_ev)
-                event_free(m->sigusr2_ev);
-        if (m->watchdog_ev)
-                event_free(m->watchdog_ev);
-        if (m->broker_ev)
-                event_free(m->broker_ev);
+        main_events_free(m);
         while (m->reapers) {
                 Reaper *r = m->reapers;
                 m->reapers = r->next;
                 reaper_finish(r);
         }
-        if (m->reap_ev)
-                event_free(m->reap_ev);
-        if (m->status_ev)
-                event_free(m->status_ev);
         if (m->listen_fd >= 0) {
                 /* handed over, the socket file stays for the next daemon */
                 if (m->listen_bound && !m->carried)
