@@ -61,28 +61,21 @@ static void replace_child(ThunkVaSpace *s, VaNode *parent, VaNode *old, VaNode *
                 new->parent = parent;
 }
 
-static VaNode *rotate_left(ThunkVaSpace *s, VaNode *x)
+/*
+ * One rotation, to the left (@left) or its mirror: @x goes down on that side and its child on the other side
+ * takes its place. Returns that child, the subtree's new root.
+ */
+static VaNode *rotate(ThunkVaSpace *s, VaNode *x, bool left)
 {
-        VaNode *y = x->right;
-        replace_child(s, x->parent, x, y);
-        x->right = y->left;
-        if (x->right)
-                x->right->parent = x;
-        y->left = x;
-        x->parent = y;
-        node_update(x);
-        node_update(y);
-        return y;
-}
+        VaNode **x_other = left ? &x->right : &x->left;
+        VaNode *y = *x_other;
+        VaNode **y_near = left ? &y->left : &y->right;
 
-static VaNode *rotate_right(ThunkVaSpace *s, VaNode *x)
-{
-        VaNode *y = x->left;
         replace_child(s, x->parent, x, y);
-        x->left = y->right;
-        if (x->left)
-                x->left->parent = x;
-        y->right = x;
+        *x_other = *y_near;
+        if (*x_other)
+                (*x_other)->parent = x;
+        *y_near = x;
         x->parent = y;
         node_update(x);
         node_update(y);
@@ -97,12 +90,12 @@ static void rebalance_up(ThunkVaSpace *s, VaNode *n)
                 int bal = height(n->left) - height(n->right);
                 if (bal > 1) {
                         if (height(n->left->left) < height(n->left->right))
-                                rotate_left(s, n->left);
-                        n = rotate_right(s, n);
+                                rotate(s, n->left, true);
+                        n = rotate(s, n, false);
                 } else if (bal < -1) {
                         if (height(n->right->right) < height(n->right->left))
-                                rotate_right(s, n->right);
-                        n = rotate_left(s, n);
+                                rotate(s, n->right, false);
+                        n = rotate(s, n, true);
                 }
                 n = n->parent;
         }
