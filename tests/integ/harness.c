@@ -4,6 +4,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <grp.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdio.h>
@@ -404,6 +405,57 @@ int daemon_start(Daemon *d, const char *preset, const char *config_text, const c
                 return -EAGAIN;
         d->notify_thread_running = true;
         return spawn(d, preset, extra_args, false);
+}
+
+int daemon_setup(Daemon *d, const char *preset, const char *config_text, const char *const *extra_args,
+                 uint32_t *ret_gpus, size_t cap)
+{
+        int r = daemon_start(d, preset, config_text, extra_args);
+
+        if (r < 0) {
+                fprintf(stderr, "cannot start gpumemd: %s\n", strerror(-r));
+                daemon_cleanup(d);
+                return r;
+        }
+        if (!ret_gpus)
+                return 0;
+        r = daemon_gpus(d, ret_gpus, cap);
+        if (r <= 0) {
+                r = r < 0 ? r : -ENODEV;
+                fprintf(stderr, "cannot list gpumemd's GPUs: %s\n", strerror(-r));
+                daemon_cleanup(d);
+        }
+        return r;
+}
+
+int daemon_finish(Daemon *d, int r)
+{
+        if (daemon_stop(d) != 0)
+                r = EXIT_FAILURE;
+        daemon_cleanup(d);
+        return r;
+}
+
+bool daemon_accepts_config(const char *config_text, bool show)
+{
+        char path[] = "/tmp/gpumemd-config-XXXXXX", cmd[1024];
+        const char *bin = getenv("GPUMEMD");
+        size_t len = strlen(config_text);
+        int fd;
+        bool ok;
+
+        if (!bin)
+                return false;
+        fd = mkstemp(path);
+        if (fd < 0)
+                return false;
+        ok = write(fd, config_text, len) == (ssize_t)len;
+        close(fd);
+        snprintf(cmd, sizeof(cmd), "'%s' --check-config --config '%s' %s", bin, path,
+                 show ? ">&2" : ">/dev/null 2>&1");
+        ok = ok && system(cmd) == 0;
+        unlink(path);
+        return ok;
 }
 
 int daemon_wait_notify(Daemon *d, const char *what, int timeout_ms)
@@ -821,17 +873,23 @@ int daemon_base_state(Daemon *d, DaemonState *ret)
         return ret->fds < 0 ? ret->fds : 0;
 }
 
+bool daemon_state_same_but(const DaemonState *a, const DaemonState *b, unsigned ignore)
+{
+        return a->allocations == b->allocations && a->bytes_device == b->bytes_device &&
+               a->bytes_host == b->bytes_host && a->bytes_managed == b->bytes_managed &&
+               a->model_buffers == b->model_buffers && a->model_handles == b->model_handles &&
+               a->model_mappings == b->model_mappings && a->model_gem_handles == b->model_gem_handles &&
+               a->model_svm_ranges == b->model_svm_ranges && a->model_system_bytes == b->model_system_bytes &&
+               a->model_vram_bytes == b->model_vram_bytes &&
+               ((ignore & DAEMON_STATE_CONTEXTS) || a->model_contexts == b->model_contexts) &&
+               ((ignore & DAEMON_STATE_IMPORTS) || a->model_imports == b->model_imports) &&
+               ((ignore & DAEMON_STATE_QUEUES) || a->model_queues == b->model_queues) &&
+               ((ignore & DAEMON_STATE_FDS) || a->fds == b->fds);
+}
+
 bool daemon_state_is_base(const DaemonState *s, const DaemonState *base)
 {
-        return s->allocations == base->allocations && s->bytes_device == base->bytes_device &&
-               s->bytes_host == base->bytes_host && s->bytes_managed == base->bytes_managed &&
-               s->model_contexts == base->model_contexts && s->model_buffers == base->model_buffers &&
-               s->model_handles == base->model_handles && s->model_imports == base->model_imports &&
-               s->model_mappings == base->model_mappings && s->model_gem_handles == base->model_gem_handles &&
-               s->model_svm_ranges == base->model_svm_ranges &&
-               s->model_system_bytes == base->model_system_bytes &&
-               s->model_vram_bytes == base->model_vram_bytes && s->model_queues == base->model_queues &&
-               s->fds == base->fds;
+        return daemon_state_same_but(s, base, 0);
 }
 
 int daemon_wait_base(Daemon *d, const DaemonState *base, int timeout_ms, DaemonState *ret_last)
@@ -879,4 +937,185 @@ int daemon_wait_base(Daemon *d, const DaemonState *base, int timeout_ms, DaemonS
         if (ret_last)
                 *ret_last = s;
         return r;
+}
+
+gm_client *daemon_client(Daemon *d, const char *name)
+{
+        gm_client *c = NULL;
+
+        CHECK_RC(gm_client_connect(d->sock, name, &c), 0);
+        return c;
+}
+
+int daemon_class_quota(Daemon *d, const char *cls, int resource, uint32_t gpu, uint64_t *ret_used,
+                       uint64_t *ret_limit)
+{
+        gm_client *c = NULL;
+        gm_quota *q = NULL;
+        size_t n = 0;
+        int r;
+
+        if (ret_used)
+                *ret_used = UINT64_MAX;
+        if (ret_limit)
+                *ret_limit = UINT64_MAX;
+        r = gm_client_connect(d->sock, "quota", &c);
+        if (r < 0)
+                return r;
+        r = gm_admin_quota_get(c, cls, &q, &n);
+        for (size_t i = 0; r == 0 && i < n; i++)
+                if (q[i].resource == resource && q[i].gpu_id == gpu) {
+                        if (ret_used)
+                                *ret_used = q[i].used;
+                        if (ret_limit)
+                                *ret_limit = q[i].limit;
+                }
+        gm_quota_free(q, n);
+        gm_client_close(c);
+        return r;
+}
+
+int daemon_class_reaches(Daemon *d, const char *cls, int resource, uint64_t want, int timeout_ms)
+{
+        uint64_t used = UINT64_MAX;
+
+        for (int i = 0; i <= timeout_ms / 20; i++) {
+                int r = daemon_class_quota(d, cls, resource, 0, &used, NULL);
+                if (r < 0)
+                        return r;
+                if (used == want)
+                        return 0;
+                usleep(20000);
+        }
+        fprintf(stderr, "class %s uses %llu of resource %d, not %llu\n", cls, (unsigned long long)used,
+                resource, (unsigned long long)want);
+        return -ETIMEDOUT;
+}
+
+int daemon_share_info(Daemon *d, const char *name, gm_share_info *ret)
+{
+        gm_client *c = NULL;
+        gm_share_info *all = NULL;
+        size_t n = 0;
+        bool found = false;
+        int r = gm_client_connect(d->sock, "shares", &c);
+
+        if (r < 0)
+                return r;
+        r = gm_admin_shares(c, &all, &n);
+        for (size_t i = 0; r == 0 && i < n; i++)
+                if (strcmp(all[i].name, name) == 0) {
+                        *ret = all[i];
+                        found = true;
+                }
+        free(all);
+        gm_client_close(c);
+        return r < 0 ? r : found ? 0 : -ENOENT;
+}
+
+void client_leave_objects(gm_client *c, uint32_t dev_gpu, uint32_t map_gpu, uint32_t gpu, bool import)
+{
+        const size_t mib = 1u << 20;
+        void *p = NULL, *h = NULL, *m = NULL, *res = NULL;
+        gm_handle vh = 0, ih;
+        gm_pointer_attributes pa = {.struct_size = sizeof(pa)};
+        gm_access_desc rw = {gpu, GM_ACCESS_READ_WRITE};
+        gm_svm_attr a = {GM_SVM_ATTR_PREFERRED_LOC, gpu};
+        int fd;
+
+        (void)gm_malloc(c, 2 * mib, dev_gpu, GM_MEM_HOST_VISIBLE, &p);
+        (void)gm_mem_map_gpus(c, p, &map_gpu, 1);
+        if (gm_pointer_get_attributes(c, p, &pa) == 0 && gm_mem_export(c, pa.handle, &fd, NULL) == 0) {
+                if (import)
+                        (void)gm_mem_import(c, fd, gpu, &ih, NULL);
+                close(fd);
+        }
+        (void)gm_host_malloc(c, mib, 0, -1, 0, &h);
+        (void)gm_malloc_managed(c, 2 * mib, 0, &m);
+        (void)gm_svm_set_attributes(c, m, 2 * mib, &a, 1);
+        (void)gm_mem_address_reserve(c, 4 * mib, 0, NULL, 0, &res);
+        (void)gm_mem_create(c, 2 * mib, gpu, 0, &vh);
+        (void)gm_mem_map(c, res, 2 * mib, 0, vh);
+        (void)gm_mem_set_access(c, res, 2 * mib, &rw, 1);
+}
+
+int send_one_fd(int sock, int fd)
+{
+        return gm_wire_send(sock, "F", 1, NULL, 0, &fd, 1, 0);
+}
+
+int recv_one_fd(int sock)
+{
+        char buf[8];
+        int fds[16];
+        size_t n = 0;
+
+        if (gm_wire_recv(sock, buf, sizeof(buf), fds, &n, 0) <= 0 || n != 1)
+                return -1;
+        return fds[0];
+}
+
+int daemon_wait_base_after(Daemon *d, const DaemonState *base, const char *what)
+{
+        int r = daemon_wait_base(d, base, 10000, NULL);
+
+        if (r < 0)
+                fprintf(stderr, "after %s\n", what);
+        return r;
+}
+
+/* fork_as(), closing @other_fd (the parent's end of a socketpair, or -1) in the child. */
+static pid_t fork_as_closing(uid_t uid, int (*fn)(void *), void *arg, int other_fd)
+{
+        pid_t pid = fork();
+
+        if (pid == 0) {
+                int r;
+
+                check_failures = 0; /* the parent's, until here */
+                if (other_fd >= 0)
+                        close(other_fd);
+                if (setgroups(0, NULL) < 0 || setgid(uid) < 0 || setuid(uid) < 0)
+                        _exit(100);
+                r = fn(arg);
+                _exit(r ? r : check_failures ? 1 : 0);
+        }
+        return pid;
+}
+
+pid_t fork_as(uid_t uid, int (*fn)(void *), void *arg)
+{
+        return fork_as_closing(uid, fn, arg, -1);
+}
+
+pid_t fork_as_synced(uid_t uid, int (*fn)(void *), int *ret_sync)
+{
+        int sv[2];
+        pid_t pid;
+
+        *ret_sync = -1;
+        if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) < 0)
+                return -1;
+        pid = fork_as_closing(uid, fn, &sv[1], sv[0]);
+        close(sv[1]);
+        if (pid < 0) {
+                close(sv[0]);
+                return -1;
+        }
+        *ret_sync = sv[0];
+        return pid;
+}
+
+int child_status(pid_t pid)
+{
+        int status;
+
+        if (pid <= 0 || waitpid(pid, &status, 0) != pid)
+                return -1;
+        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+int run_as(uid_t uid, int (*fn)(void *), void *arg)
+{
+        return child_status(fork_as(uid, fn, arg));
 }

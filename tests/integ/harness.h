@@ -7,6 +7,8 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+#include "gpumem-client.h"
+
 /* An fd the daemon gave the supervisor's fd store (FDSTORE=1 with FDNAME=), as systemd keeps them. */
 typedef struct StoredFd {
         char name[256];
@@ -36,6 +38,16 @@ typedef struct Daemon {
  * Waits for READY=1. Returns 0 or a negative errno.
  */
 int daemon_start(Daemon *d, const char *preset, const char *config_text, const char *const *extra_args);
+/*
+ * daemon_start() for a test program's main, and with @ret_gpus daemon_gpus() (at most @cap): the number of
+ * GPUs (0 without @ret_gpus), or a negative errno (-ENODEV: no GPU), said on stderr, the daemon cleaned up.
+ */
+int daemon_setup(Daemon *d, const char *preset, const char *config_text, const char *const *extra_args,
+                 uint32_t *ret_gpus, size_t cap);
+/* The end of a test program's main: stop and clean up; @r, or EXIT_FAILURE when the daemon did not exit 0. */
+int daemon_finish(Daemon *d, int r);
+/* Whether this gpumemd accepts @config_text (--check-config); its complaints go to stderr with @show. */
+bool daemon_accepts_config(const char *config_text, bool show);
 /* Wait until a notification containing @what arrives (or was seen); 0 or -ETIMEDOUT. */
 int daemon_wait_notify(Daemon *d, const char *what, int timeout_ms);
 /* Replace the config file (for SIGHUP tests). */
@@ -107,9 +119,20 @@ int daemon_state(Daemon *d, DaemonState *ret);
 int daemon_base_state(Daemon *d, DaemonState *ret);
 /* True when nothing is held beyond @base: its allocations and bytes, the model's counters and fds. */
 bool daemon_state_is_base(const DaemonState *s, const DaemonState *base);
+/* The counters daemon_state_is_base() compares, for daemon_state_same_but(). */
+enum {
+        DAEMON_STATE_CONTEXTS = 1 << 0,
+        DAEMON_STATE_IMPORTS = 1 << 1,
+        DAEMON_STATE_QUEUES = 1 << 2,
+        DAEMON_STATE_FDS = 1 << 3,
+};
+/* daemon_state_is_base() without the counters in @ignore (DAEMON_STATE_* bits). */
+bool daemon_state_same_but(const DaemonState *a, const DaemonState *b, unsigned ignore);
 /* Wait up to @timeout_ms for daemon_state_is_base(); 0, or -ETIMEDOUT with the last state in @ret_last
  * (may be NULL) and a line on stderr naming what differs. */
 int daemon_wait_base(Daemon *d, const DaemonState *base, int timeout_ms, DaemonState *ret_last);
+/* daemon_wait_base() for up to 10 s after @what, which a line on stderr names when it timed out. */
+int daemon_wait_base_after(Daemon *d, const DaemonState *base, const char *what);
 
 /* Raw protocol access for hostile-input tests. */
 int raw_connect(const char *sock);
@@ -133,3 +156,45 @@ bool raw_closed(int fd, int timeout_ms);
 int raw_request(int fd, uint32_t request_id, const void *req, const int *fds, size_t n_fds, void **ret_reply,
                 int *ret_fds, size_t *ret_n_fds, bool *ret_transport);
 void raw_reply_free(void *reply);
+
+/* ---- the client library's side: admin views and client processes ---- */
+
+/* A client of the daemon named @name; a check fails when it cannot connect (NULL then). */
+gm_client *daemon_client(Daemon *d, const char *name);
+/*
+ * What class @cls uses of @resource on GPU @gpu (0: all GPUs) and its limit, as administrators see them,
+ * over a connection of its own. Both are UINT64_MAX when there is no such row, or on failure (may be NULL).
+ * Returns 0, or the negative errno of the connection or the query.
+ */
+int daemon_class_quota(Daemon *d, const char *cls, int resource, uint32_t gpu, uint64_t *ret_used,
+                       uint64_t *ret_limit);
+/* Wait up to @timeout_ms until class @cls uses @want of @resource (all GPUs): 0, the negative errno of a
+ * query that failed, or -ETIMEDOUT with a line on stderr. */
+int daemon_class_reaches(Daemon *d, const char *cls, int resource, uint64_t want, int timeout_ms);
+/* The share @name as administrators list it: 0, -ENOENT when there is none, or a negative errno. */
+int daemon_share_info(Daemon *d, const char *name, gm_share_info *ret);
+/*
+ * One object of each kind made by @c and left held, for a client that is to be killed: device memory on
+ * @dev_gpu, mapped on @map_gpu too and exported (and imported again with @import), host and managed memory
+ * with an SVM attribute, and VMM memory of @gpu mapped in a reservation. Every step's error is ignored.
+ */
+void client_leave_objects(gm_client *c, uint32_t dev_gpu, uint32_t map_gpu, uint32_t gpu, bool import);
+/* An fd passed to another process over the Unix socket @sock, and taken there: the fd, or -1. */
+int send_one_fd(int sock, int fd);
+int recv_one_fd(int sock);
+
+/* ---- children of other uids ---- */
+
+/*
+ * @fn(@arg) in a child process that became @uid (its group too, no supplementary groups): its pid, or -1.
+ * The child exits with what @fn returned, or 1 when that is 0 but a check failed there; with 100 when it
+ * could not become @uid.
+ */
+pid_t fork_as(uid_t uid, int (*fn)(void *), void *arg);
+/* fork_as() with a socketpair between the two: @fn's argument points at the child's end, *@ret_sync is ours
+ * (-1 when the pair cannot be made). */
+pid_t fork_as_synced(uid_t uid, int (*fn)(void *), int *ret_sync);
+/* Reap the child @pid: its exit status, 128 + the signal that ended it, or -1. */
+int child_status(pid_t pid);
+/* fork_as() and child_status(): 0 when every check in the child held. */
+int run_as(uid_t uid, int (*fn)(void *), void *arg);

@@ -15,7 +15,6 @@
 #include "../common/check.h"
 #include "gpumem-client.h"
 #include "harness.h"
-#include "wire.h"
 
 #define MiB (1ull << 20)
 
@@ -26,13 +25,6 @@ static uint32_t gpus[16];
 static size_t n_gpus;
 static gm_status base; /* the daemon's state with no client holding anything */
 static int base_fds;
-
-static gm_client *connect_ok(const char *name)
-{
-        gm_client *c = NULL;
-        CHECK_EQ(gm_client_connect(dmn.sock, name, &c), 0);
-        return c;
-}
 
 /*
  * The daemon's status, from a client of its own whose one window is what the base state counts. Its window
@@ -190,7 +182,7 @@ static bool same(const void *p, size_t n, unsigned seed)
 
 static void test_device(void)
 {
-        gm_client *c = connect_ok("device");
+        gm_client *c = daemon_client(&dmn, "device");
         void *p = NULL, *q = NULL;
         gm_pointer_attributes pa = {.struct_size = sizeof(pa)};
         size_t fr0 = 0, tot = 0, fr1 = 0;
@@ -281,7 +273,7 @@ static void test_device(void)
 static void test_device_fds(void)
 {
         enum { N = 2000 };
-        gm_client *c = connect_ok("device-fds");
+        gm_client *c = daemon_client(&dmn, "device-fds");
         static void *p[N];
         int before, fd = -1;
 
@@ -312,7 +304,7 @@ static void test_device_fds(void)
 
 static void test_host(void)
 {
-        gm_client *c = connect_ok("host");
+        gm_client *c = daemon_client(&dmn, "host");
         void *h = NULL, *q = NULL;
         gm_pointer_attributes pa = {.struct_size = sizeof(pa)};
         int node = -1;
@@ -345,7 +337,7 @@ static void test_host(void)
 
 static void test_managed(void)
 {
-        gm_client *c = connect_ok("managed");
+        gm_client *c = daemon_client(&dmn, "managed");
         void *m = NULL, *d = NULL;
         gm_svm_attr q[4];
 
@@ -450,7 +442,7 @@ static void test_managed(void)
 
 static void test_vmm(void)
 {
-        gm_client *c = connect_ok("vmm");
+        gm_client *c = daemon_client(&dmn, "vmm");
         void *res = NULL, *res2 = NULL, *q = NULL;
         gm_handle h1 = 0, h2 = 0, h3 = 0, r1 = 0;
         size_t gmin = 0, grec = 0;
@@ -574,21 +566,6 @@ static void test_vmm(void)
 
 /* ---- sharing between processes ------------------------------------------------------------------------ */
 
-static int send_fd(int sock, int fd)
-{
-        return gm_wire_send(sock, "F", 1, NULL, 0, &fd, 1, 0);
-}
-
-static int recv_fd(int sock)
-{
-        char b[8];
-        int fds[16];
-        size_t n = 0;
-        if (gm_wire_recv(sock, b, sizeof(b), fds, &n, 0) < 0 || n != 1)
-                return -1;
-        return fds[0];
-}
-
 /* The importer: a separate client process that maps what it was sent and checks the bytes. */
 static int importer(int sock, uint32_t gpu, size_t size, unsigned seed, bool wait_for_exporter_free)
 {
@@ -598,7 +575,7 @@ static int importer(int sock, uint32_t gpu, size_t size, unsigned seed, bool wai
         void *res = NULL;
         gm_access_desc rw[2] = {{gpu, GM_ACCESS_READ_WRITE}, {GM_LOCATION_CPU, GM_ACCESS_READ_WRITE}};
         char ok = 0;
-        int fd = recv_fd(sock);
+        int fd = recv_one_fd(sock);
 
         if (fd < 0 || gm_client_connect(dmn.sock, "importer", &c) < 0)
                 return 10;
@@ -627,7 +604,7 @@ static int importer(int sock, uint32_t gpu, size_t size, unsigned seed, bool wai
 
 static void test_sharing(void)
 {
-        gm_client *c = connect_ok("exporter");
+        gm_client *c = daemon_client(&dmn, "exporter");
         gm_pointer_attributes pa = {.struct_size = sizeof(pa)};
         void *p = NULL, *h = NULL;
         int sv[2], fd = -1, status;
@@ -653,7 +630,7 @@ static void test_sharing(void)
                 _exit(importer(sv[1], n_gpus > 1 ? gpus[1] : gpus[0], 4 * MiB, 40, false));
         }
         close(sv[1]);
-        CHECK_EQ(send_fd(sv[0], fd), 0);
+        CHECK_EQ(send_one_fd(sv[0], fd), 0);
         close(fd);
         CHECK_EQ(read(sv[0], &ch, 1), 1);
         CHECK(same(p, 4 * MiB, 41)); /* the importer's writes */
@@ -676,7 +653,7 @@ static void test_sharing(void)
                 _exit(importer(sv[1], gpus[0], 2 * MiB, 60, true));
         }
         close(sv[1]);
-        CHECK_EQ(send_fd(sv[0], fd), 0);
+        CHECK_EQ(send_one_fd(sv[0], fd), 0);
         close(fd);
         CHECK_EQ(read(sv[0], &ch, 1), 1);
         CHECK_EQ(gm_mem_free(c, h), 0);
@@ -718,7 +695,7 @@ static void test_sharing(void)
 
 static void test_isolation(void)
 {
-        gm_client *a = connect_ok("alice"), *b = connect_ok("bob");
+        gm_client *a = daemon_client(&dmn, "alice"), *b = daemon_client(&dmn, "bob");
         gm_pointer_attributes pa = {.struct_size = sizeof(pa)};
         void *p = NULL, *q = NULL, *res = NULL;
         gm_handle vh = 0, got;
@@ -766,7 +743,7 @@ static void test_isolation(void)
 /* With secondary contexts each client that allocates device memory gets a GPU VM of its own. */
 static void test_private_vm(void)
 {
-        gm_client *a = connect_ok("vm-a"), *b = connect_ok("vm-b");
+        gm_client *a = daemon_client(&dmn, "vm-a"), *b = daemon_client(&dmn, "vm-b");
         gm_status *s = NULL;
         void *p = NULL, *q = NULL;
 
@@ -798,28 +775,11 @@ static void test_killed_mid_sequence(void)
                 pid = fork();
                 if (pid == 0) {
                         gm_client *c = NULL;
-                        void *p, *h, *m, *res;
-                        gm_handle vh;
-                        gm_pointer_attributes pa = {.struct_size = sizeof(pa)};
-                        gm_access_desc rw = {gpus[0], GM_ACCESS_READ_WRITE};
-                        gm_svm_attr a = {GM_SVM_ATTR_PREFERRED_LOC, gpus[0]};
-                        int fd;
                         close(pfd[0]);
                         if (gm_client_connect(dmn.sock, "doomed", &c) < 0)
                                 _exit(1);
                         for (int step = 0;; step++) {
-                                (void)gm_malloc(c, 2 * MiB, gpus[0], GM_MEM_HOST_VISIBLE, &p);
-                                (void)gm_mem_map_gpus(c, p, &gpus[n_gpus - 1], 1);
-                                if (gm_pointer_get_attributes(c, p, &pa) == 0 &&
-                                    gm_mem_export(c, pa.handle, &fd, NULL) == 0)
-                                        close(fd);
-                                (void)gm_host_malloc(c, MiB, 0, -1, 0, &h);
-                                (void)gm_malloc_managed(c, 2 * MiB, 0, &m);
-                                (void)gm_svm_set_attributes(c, m, 2 * MiB, &a, 1);
-                                (void)gm_mem_address_reserve(c, 4 * MiB, 0, NULL, 0, &res);
-                                (void)gm_mem_create(c, 2 * MiB, gpus[0], 0, &vh);
-                                (void)gm_mem_map(c, res, 2 * MiB, 0, vh);
-                                (void)gm_mem_set_access(c, res, 2 * MiB, &rw, 1);
+                                client_leave_objects(c, gpus[0], gpus[n_gpus - 1], gpus[0], false);
                                 if (step == 2)
                                         (void)!write(pfd[1], "x", 1);
                         }
@@ -837,20 +797,10 @@ static void test_killed_mid_sequence(void)
 /* The class's usage of @res (all GPUs), or its limit (@limit), read over a connection of its own. */
 static uint64_t class_get(const char *cls, int res, bool limit)
 {
-        gm_client *c = connect_ok("quota");
-        gm_quota *q = NULL;
-        size_t n = 0;
-        uint64_t used = UINT64_MAX;
+        uint64_t used, lim;
 
-        if (!c)
-                return used;
-        CHECK_EQ(gm_admin_quota_get(c, cls, &q, &n), 0);
-        for (size_t i = 0; i < n; i++)
-                if (q[i].resource == res && q[i].gpu_id == 0)
-                        used = limit ? q[i].limit : q[i].used;
-        gm_quota_free(q, n);
-        gm_client_close(c);
-        return used;
+        CHECK_RC(daemon_class_quota(&dmn, cls, res, 0, &used, &lim), 0);
+        return limit ? lim : used;
 }
 
 static uint64_t class_used(const char *cls, int res)
@@ -936,7 +886,7 @@ static void test_concurrent_limit(void)
         enum { CLIENTS = 8, TRIES = 6, ROOM = 10 };
         uint64_t vram0 = class_used("default", GM_RESOURCE_VRAM);
         uint64_t limit0 = class_get("default", GM_RESOURCE_VRAM, true);
-        gm_client *adm = connect_ok("quota-admin");
+        gm_client *adm = daemon_client(&dmn, "quota-admin");
         int ready[2], go[2], got[2], done[2];
         pid_t pids[CLIENTS];
         unsigned total = 0;
@@ -1038,14 +988,10 @@ int main(int argc, char **argv)
         snprintf(minor, sizeof(minor), "%u", kfd_minor);
         signal(SIGPIPE, SIG_IGN);
         /* more loops than this machine may have CPUs: clients land on different loops */
-        r = daemon_start(&dmn, preset, "[daemon]\nlog-level = warning\nloops = 4\n", extra);
-        if (r < 0) {
-                fprintf(stderr, "cannot start gpumemd: %s\n", strerror(-r));
-                daemon_cleanup(&dmn);
+        if (daemon_setup(&dmn, preset, "[daemon]\nlog-level = warning\nloops = 4\n", extra, NULL, 0) < 0)
                 return EXIT_FAILURE;
-        }
         base_fds = daemon_quiet_fd_count(&dmn); /* no client yet */
-        c = connect_ok("setup");
+        c = daemon_client(&dmn, "setup");
         if (!c || gm_topology_get(c, false, &t) < 0) {
                 daemon_cleanup(&dmn);
                 return EXIT_FAILURE;
@@ -1061,8 +1007,5 @@ int main(int argc, char **argv)
         gm_status_free(s);
         gm_client_close(c);
         r = run_tests(cases, ARRAY_SIZE(cases));
-        if (daemon_stop(&dmn) != 0)
-                r = EXIT_FAILURE;
-        daemon_cleanup(&dmn);
-        return r;
+        return daemon_finish(&dmn, r);
 }

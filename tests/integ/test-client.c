@@ -97,13 +97,6 @@ static Daemon dmn;
 static uint32_t gpus[16];
 static size_t n_gpus;
 
-static gm_client *connect_ok(const char *name)
-{
-        gm_client *c = NULL;
-        CHECK_EQ(gm_client_connect(dmn.sock, name, &c), 0);
-        return c;
-}
-
 /* What one kind of call costs in allocations; @max is what it may take per call. */
 typedef struct Op {
         const char *name;
@@ -218,7 +211,7 @@ static void test_allocations(void)
                 /* the library's record of the allocation, and nothing else */
                 {"alloc+free (4 KiB device)", op_alloc_free, 1},
         };
-        gm_client *c = connect_ok("allocations");
+        gm_client *c = daemon_client(&dmn, "allocations");
         Target t = {0};
         enum { N = 1000 };
 
@@ -320,7 +313,7 @@ static void *mixed_calls(void *arg)
 
 static void run_threads(unsigned n, unsigned rounds)
 {
-        gm_client *c = connect_ok("threads");
+        gm_client *c = daemon_client(&dmn, "threads");
         pthread_t th[32];
         Worker w[32];
         unsigned started = 0;
@@ -490,18 +483,10 @@ int main(void)
 
         count_init();
         signal(SIGPIPE, SIG_IGN);
-        r = daemon_start(&dmn, "mi300x", "[daemon]\nlog-level = warning\n", NULL);
-        if (r == 0)
-                r = daemon_gpus(&dmn, gpus, ARRAY_SIZE(gpus));
-        if (r < 0) {
-                fprintf(stderr, "cannot start gpumemd and list its GPUs: %s\n", strerror(-r));
-                daemon_cleanup(&dmn);
+        r = daemon_setup(&dmn, "mi300x", "[daemon]\nlog-level = warning\n", NULL, gpus, ARRAY_SIZE(gpus));
+        if (r < 0)
                 return EXIT_FAILURE;
-        }
         n_gpus = (size_t)r;
         r = run_tests(cases, ARRAY_SIZE(cases));
-        if (daemon_stop(&dmn) != 0)
-                r = EXIT_FAILURE;
-        daemon_cleanup(&dmn);
-        return r;
+        return daemon_finish(&dmn, r);
 }

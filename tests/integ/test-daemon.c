@@ -23,14 +23,6 @@
 static Daemon dmn;
 static int baseline_fds;
 
-static gm_client *connect_ok(const char *name)
-{
-        gm_client *c = NULL;
-        int r = gm_client_connect(dmn.sock, name, &c);
-        CHECK_EQ(r, 0);
-        return c;
-}
-
 static void test_ready_and_status(void)
 {
         CHECK_EQ(daemon_wait_notify(&dmn, "READY=1", 0), 0);
@@ -39,7 +31,7 @@ static void test_ready_and_status(void)
 
 static void test_handshake(void)
 {
-        gm_client *c = connect_ok("handshake");
+        gm_client *c = daemon_client(&dmn, "handshake");
         uint64_t base = 0, size = 0;
         uint32_t major = 0, minor = 0;
 
@@ -63,7 +55,7 @@ static void test_handshake(void)
         CHECK_EQ(gm_ping(c), 0);
 
         /* two clients at once get different windows */
-        gm_client *c2 = connect_ok("second");
+        gm_client *c2 = daemon_client(&dmn, "second");
         if (c2) {
                 uint64_t base2;
                 gm_client_window(c2, &base2, NULL);
@@ -76,7 +68,7 @@ static void test_handshake(void)
 /* A client whose address space already uses the window offered gets another one. */
 static void test_window_retry(void)
 {
-        gm_client *a = connect_ok("first"), *b = NULL;
+        gm_client *a = daemon_client(&dmn, "first"), *b = NULL;
         uint64_t wa = 0, size = 0, wb = 0;
         void *squat;
 
@@ -88,7 +80,7 @@ static void test_window_retry(void)
                      MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0);
         CHECK(squat != MAP_FAILED);
         usleep(100000); /* the first client's teardown */
-        b = connect_ok("second");
+        b = daemon_client(&dmn, "second");
         if (b) {
                 gm_client_window(b, &wb, NULL);
                 CHECK(wb != wa);
@@ -102,7 +94,7 @@ static void test_window_retry(void)
 
 static void test_topology(void)
 {
-        gm_client *c = connect_ok("topology");
+        gm_client *c = daemon_client(&dmn, "topology");
         gm_topology *t = NULL;
         size_t gpus = 0, cpus = 0;
 
@@ -158,7 +150,7 @@ static void test_low_window(void)
                 CHECK_EQ(gm_ping(c), 0);
         }
         /* the others stay above it */
-        d = connect_ok("high");
+        d = daemon_client(&dmn, "high");
         if (d) {
                 gm_client_window(d, &base, &size);
                 CHECK(base >= (1ull << 40));
@@ -174,7 +166,7 @@ static void test_low_window(void)
 /* The topology as sysfs files: every node's gpu_id, name and properties as the decoded topology has them. */
 static void test_topology_files(void)
 {
-        gm_client *c = connect_ok("topology-files");
+        gm_client *c = daemon_client(&dmn, "topology-files");
         gm_topology_file *f = NULL;
         gm_topology *t = NULL;
         size_t n = 0, props_files = 0;
@@ -258,7 +250,7 @@ static void *pinger(void *p)
 
 static void test_threads(void)
 {
-        gm_client *c = connect_ok("threads");
+        gm_client *c = daemon_client(&dmn, "threads");
         pthread_t th[8];
         ThreadArg args[8];
 
@@ -328,7 +320,7 @@ static void test_hostile_frames(void)
         static uint8_t big[GM_FRAME_MAX + 512];
         uint8_t buf[512], body[64];
         size_t blen = ping_body(body), len;
-        gm_client *bystander = connect_ok("bystander");
+        gm_client *bystander = daemon_client(&dmn, "bystander");
         int devnull = open("/dev/null", O_RDONLY | O_CLOEXEC);
 
         /* too long: more than the maximum frame */
@@ -514,14 +506,14 @@ static void test_non_admin(void)
  */
 static void test_disconnect_at_connect(void)
 {
-        gm_client *admin = connect_ok("admin");
+        gm_client *admin = daemon_client(&dmn, "admin");
         gm_client *probe;
         uint64_t next;
         int hit = 0, missed = 0;
 
         if (!admin)
                 return;
-        probe = connect_ok("probe");
+        probe = daemon_client(&dmn, "probe");
         if (!probe) {
                 gm_client_close(admin);
                 return;
@@ -550,8 +542,8 @@ static void test_disconnect_at_connect(void)
 
 static void test_admin_status_and_disconnect(void)
 {
-        gm_client *admin = connect_ok("admin");
-        gm_client *victim = connect_ok("victim");
+        gm_client *admin = daemon_client(&dmn, "admin");
+        gm_client *victim = daemon_client(&dmn, "victim");
         gm_status *s = NULL;
         gm_client_info *infos = NULL;
         size_t n = 0;
@@ -612,6 +604,24 @@ static void wait_daemon_fds(int want)
                 usleep(20000);
 }
 
+/* The daemon is back at @fds fds, and a new client (@name) is the only one it serves. */
+static void check_left_nothing(int fds, const char *name)
+{
+        gm_client *c;
+
+        wait_daemon_fds(fds);
+        CHECK_EQ(daemon_fd_count(&dmn), fds);
+        c = daemon_client(&dmn, name);
+        if (c) {
+                gm_status *st = NULL;
+                CHECK_EQ(gm_admin_status(c, &st), 0);
+                if (st)
+                        CHECK_EQ(st->clients, 1);
+                gm_status_free(st);
+                gm_client_close(c);
+        }
+}
+
 typedef struct EventWaiter {
         gm_client *c;
         uint32_t id;
@@ -644,7 +654,7 @@ static uint32_t handles_of(gm_client *admin, uint64_t id)
 /* KFD events kept by the daemon: set, reset, auto-reset, wait-all, destroy under a wait, bad input. */
 static void test_events(void)
 {
-        gm_client *c = connect_ok("events"), *admin = connect_ok("events-admin");
+        gm_client *c = daemon_client(&dmn, "events"), *admin = daemon_client(&dmn, "events-admin");
         uint32_t a = 0, b = 0, m = 0, slot = 99, ids[2];
         EventWaiter w = {0};
         pthread_t th;
@@ -752,8 +762,8 @@ static void test_queues(void)
         DaemonState base, now;
 
         CHECK_EQ(daemon_base_state(&dmn, &base), 0);
-        c = connect_ok("queues");
-        admin = connect_ok("queues-admin");
+        c = daemon_client(&dmn, "queues");
+        admin = daemon_client(&dmn, "queues-admin");
         if (!c || !admin)
                 goto out;
         gpu = first_gpu(c);
@@ -946,7 +956,7 @@ typedef struct Attack {
 
 static void run_attack(uint32_t gpu, const Attack *a)
 {
-        gm_client *c = connect_ok("attacker");
+        gm_client *c = daemon_client(&dmn, "attacker");
         gm_alloc_desc d = {
                 .kind = GM_KIND_HOST, .size = 64 << 10, .gpu_id = gpu, .flags = GM_MEM_GTT, .numa_node = -1};
         gm_memory_exception exc[1];
@@ -1023,7 +1033,7 @@ static void test_queues_hostile(void)
         int heap_probe = 0;
 
         CHECK_EQ(daemon_base_state(&dmn, &base), 0);
-        v = connect_ok("victim");
+        v = daemon_client(&dmn, "victim");
         if (!v)
                 return;
         gpu = first_gpu(v);
@@ -1057,7 +1067,7 @@ static void test_queues_hostile(void)
         }
 
         /* a ring or pointer in another client's memory is refused outright */
-        a = connect_ok("attacker");
+        a = daemon_client(&dmn, "attacker");
         if (a) {
                 gm_alloc_desc ad = d;
                 uint8_t *amem = NULL;
@@ -1157,7 +1167,7 @@ static void test_svm_range_memory(void)
         DaemonState base;
 
         CHECK_EQ(daemon_base_state(&dmn, &base), 0);
-        c = connect_ok("svm-range");
+        c = daemon_client(&dmn, "svm-range");
         if (!c)
                 return;
         d.gpu_id = first_gpu(c);
@@ -1231,7 +1241,7 @@ static int raw_v2(int fd, uint32_t id, Gpumem__Request *req, bool want_reply)
 /* A client's events are bounded: the signal slots its page has, and 256 of the other types. */
 static void test_events_bounded(void)
 {
-        gm_client *c = connect_ok("events-bounded");
+        gm_client *c = daemon_client(&dmn, "events-bounded");
         uint32_t id, ids[600];
         void *page = NULL;
         size_t n = 0;
@@ -1295,17 +1305,7 @@ static void test_events_pending_at_exit(void)
         req.event_reset = &e;
         CHECK_EQ(raw_v2(fd, 20, &req, true), 0);
         close(fd);
-        wait_daemon_fds(baseline_fds);
-        CHECK_EQ(daemon_fd_count(&dmn), baseline_fds);
-        gm_client *c = connect_ok("events-after");
-        if (c) {
-                gm_status *st = NULL;
-                CHECK_EQ(gm_admin_status(c, &st), 0);
-                if (st)
-                        CHECK_EQ(st->clients, 1);
-                gm_status_free(st);
-                gm_client_close(c);
-        }
+        check_left_nothing(baseline_fds, "events-after");
 }
 
 /* What a hostile client can do with the protocol-2 ops gets a clear error, and others go on meanwhile. */
@@ -1317,7 +1317,7 @@ static void test_v2_ops_hostile(void)
         Gpumem__EventWait ew = GPUMEM__EVENT_WAIT__INIT;
         Gpumem__TopologyFilesGet tf = GPUMEM__TOPOLOGY_FILES_GET__INIT;
         uint32_t ids[300] = {0};
-        gm_client *other = connect_ok("bystander");
+        gm_client *other = daemon_client(&dmn, "bystander");
         void *dev = NULL;
         int fd = raw_connect(dmn.sock);
 
@@ -1425,7 +1425,7 @@ static void test_flood_without_reading(void)
                 sent++;
         }
         CHECK(sent > 100);
-        gm_client *other = connect_ok("other");
+        gm_client *other = daemon_client(&dmn, "other");
         if (other) {
                 for (int i = 0; i < 100; i++)
                         CHECK_EQ(gm_ping(other), 0);
@@ -1459,17 +1459,7 @@ static void test_killed_client(void)
         usleep(20000);
         kill(pid, SIGKILL);
         waitpid(pid, NULL, 0);
-        wait_daemon_fds(before);
-        CHECK_EQ(daemon_fd_count(&dmn), before);
-        gm_client *c = connect_ok("after");
-        if (c) {
-                gm_status *s = NULL;
-                CHECK_EQ(gm_admin_status(c, &s), 0);
-                if (s)
-                        CHECK_EQ(s->clients, 1);
-                gm_status_free(s);
-                gm_client_close(c);
-        }
+        check_left_nothing(before, "after");
 }
 
 static void test_daemon_fds_back_to_baseline(void)
@@ -1507,12 +1497,8 @@ int main(void)
         int r;
 
         signal(SIGPIPE, SIG_IGN);
-        r = daemon_start(&dmn, "mi300x", "[daemon]\nlog-level = notice\n", NULL);
-        if (r < 0) {
-                fprintf(stderr, "cannot start gpumemd: %s\n", strerror(-r));
-                daemon_cleanup(&dmn);
+        if (daemon_setup(&dmn, "mi300x", "[daemon]\nlog-level = notice\n", NULL, NULL, 0) < 0)
                 return EXIT_FAILURE;
-        }
         baseline_fds = daemon_quiet_fd_count(&dmn);
         r = run_tests(cases, ARRAY_SIZE(cases));
         int st = daemon_stop(&dmn);

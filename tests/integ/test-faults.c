@@ -35,16 +35,6 @@ static int arm(const char *spec)
         return daemon_wait_notify(&dmn, "model faults armed", 5000);
 }
 
-static bool same_state(const DaemonState *a, const DaemonState *b)
-{
-        return a->allocations == b->allocations && a->bytes_device == b->bytes_device &&
-               a->bytes_host == b->bytes_host && a->bytes_managed == b->bytes_managed &&
-               a->model_buffers == b->model_buffers && a->model_handles == b->model_handles &&
-               a->model_imports == b->model_imports && a->model_mappings == b->model_mappings &&
-               a->model_gem_handles == b->model_gem_handles && a->model_svm_ranges == b->model_svm_ranges &&
-               a->model_system_bytes == b->model_system_bytes && a->model_vram_bytes == b->model_vram_bytes;
-}
-
 /* @call, with @spec armed, fails with -@err, its reason names the driver, and the daemon holds what it held.
  */
 #define FAULT(c, spec, err, call)                                                                            \
@@ -61,25 +51,21 @@ static bool same_state(const DaemonState *a, const DaemonState *b)
                 CHECK_STR_CONTAINS(_m, strerror(err));                                                       \
                 CHECK_EQ(arm(""), 0);                                                                        \
                 CHECK_EQ(daemon_state(&dmn, &_s1), 0);                                                       \
-                if (!same_state(&_s0, &_s1))                                                                 \
+                if (!daemon_state_same_but(&_s0, &_s1,                                                       \
+                                           DAEMON_STATE_CONTEXTS | DAEMON_STATE_QUEUES | DAEMON_STATE_FDS))  \
                         check_failed(__FILE__, __LINE__, "[%s] left something behind", spec);                \
         } while (0)
 
 static void check_base(const char *what)
 {
-        DaemonState s;
-        int r = daemon_wait_base(&dmn, &base, 10000, &s);
-        if (r < 0)
-                fprintf(stderr, "after %s\n", what);
-        CHECK_EQ(r, 0);
+        CHECK_EQ(daemon_wait_base_after(&dmn, &base, what), 0);
 }
 
 static void test_alloc(void)
 {
-        gm_client *c = NULL;
+        gm_client *c = daemon_client(&dmn, "faults");
         void *p = NULL;
 
-        CHECK_EQ(gm_client_connect(dmn.sock, "faults", &c), 0);
         if (!c)
                 return;
         /* the client's own KFD context comes first: its creation failing leaves no context */
@@ -105,13 +91,12 @@ static void test_alloc(void)
 
 static void test_existing(void)
 {
-        gm_client *c = NULL;
+        gm_client *c = daemon_client(&dmn, "faults");
         void *p = NULL, *m = NULL;
         gm_pointer_attributes pa = {.struct_size = sizeof(pa)};
         gm_handle h = 0;
         int fd = -1;
 
-        CHECK_EQ(gm_client_connect(dmn.sock, "faults", &c), 0);
         if (!c)
                 return;
         CHECK_EQ(gm_malloc(c, 2 * MiB, gpus[0], 0, &p), 0);
@@ -149,12 +134,11 @@ static void test_existing(void)
 
 static void test_vmm(void)
 {
-        gm_client *c = NULL;
+        gm_client *c = daemon_client(&dmn, "faults");
         void *res = NULL;
         gm_handle h = 0;
         int acc = -1;
 
-        CHECK_EQ(gm_client_connect(dmn.sock, "faults", &c), 0);
         if (!c)
                 return;
         FAULT(c, "alloc_memory_of_gpu 1 28\n", ENOSPC, gm_mem_create(c, 2 * MiB, gpus[0], 0, &h));
@@ -222,25 +206,15 @@ int main(void)
                 return EXIT_FAILURE;
         snprintf(faults_path, sizeof(faults_path), "%s/faults", dir);
         setenv("GPUMEMD_MODEL_FAULTS_FILE", faults_path, 1);
-        r = daemon_start(&dmn, "mi300x", "[daemon]\nlog-level = warning\n", NULL);
-        if (r < 0) {
-                fprintf(stderr, "cannot start gpumemd: %s\n", strerror(-r));
-                daemon_cleanup(&dmn);
+        r = daemon_setup(&dmn, "mi300x", "[daemon]\nlog-level = warning\n", NULL, gpus, ARRAY_SIZE(gpus));
+        if (r < 0)
                 return EXIT_FAILURE;
-        }
-        r = daemon_gpus(&dmn, gpus, ARRAY_SIZE(gpus));
-        if (r < 0) {
-                daemon_cleanup(&dmn);
-                return EXIT_FAILURE;
-        }
         n_gpus = (size_t)r;
         usleep(100000);
         CHECK_EQ(daemon_base_state(&dmn, &base), 0);
         base.fds = daemon_quiet_fd_count(&dmn);
         r = run_tests(cases, ARRAY_SIZE(cases));
-        if (daemon_stop(&dmn) != 0)
-                r = EXIT_FAILURE;
-        daemon_cleanup(&dmn);
+        r = daemon_finish(&dmn, r);
         unlink(faults_path);
         rmdir(dir);
         return r;

@@ -237,19 +237,9 @@ static void settle(void)
 /* The class's usage of @resource (all GPUs), or UINT64_MAX when it cannot be read. */
 static uint64_t class_used(int resource)
 {
-        gm_client *adm = NULL;
-        gm_quota *q = NULL;
-        size_t n = 0;
-        uint64_t used = UINT64_MAX;
+        uint64_t used;
 
-        if (gm_client_connect(dmn.sock, "admin", &adm) != 0)
-                return used;
-        if (gm_admin_quota_get(adm, "default", &q, &n) == 0)
-                for (size_t i = 0; i < n; i++)
-                        if (q[i].resource == resource && q[i].gpu_id == 0)
-                                used = q[i].used;
-        gm_quota_free(q, n);
-        gm_client_close(adm);
+        (void)daemon_class_quota(&dmn, "default", resource, 0, &used, NULL);
         return used;
 }
 
@@ -768,22 +758,7 @@ static void test_imports(void)
 /* The share @name as administrators list it; false when there is none. */
 static bool share_listed(const char *name, gm_share_info *ret)
 {
-        gm_client *adm = NULL;
-        gm_share_info *all = NULL;
-        size_t n = 0;
-        bool found = false;
-
-        if (gm_client_connect(dmn.sock, "admin", &adm) != 0)
-                return false;
-        if (gm_admin_shares(adm, &all, &n) == 0)
-                for (size_t i = 0; i < n; i++)
-                        if (strcmp(all[i].name, name) == 0) {
-                                *ret = all[i];
-                                found = true;
-                        }
-        free(all);
-        gm_client_close(adm);
-        return found;
+        return daemon_share_info(&dmn, name, ret) == 0;
 }
 
 /*
@@ -1352,15 +1327,8 @@ int main(int argc, char **argv)
                  "share-publish = carried/*\nshare-persistent = carried/kept-*\nshare-read = carried/*\n"
                  "share-write = carried/*\n",
                  (unsigned)getuid());
-        r = daemon_start(&dmn, "mi300x", config, dargs);
-        if (r < 0 || daemon_gpus(&dmn, &gpu0, 1) < 1) {
-                fprintf(stderr, "cannot start gpumemd: %s\n", strerror(r < 0 ? -r : ENODEV));
-                daemon_cleanup(&dmn);
+        if (daemon_setup(&dmn, "mi300x", config, dargs, &gpu0, 1) < 0)
                 return EXIT_FAILURE;
-        }
         r = run_tests(cases, ARRAY_SIZE(cases));
-        if (daemon_stop(&dmn) != 0)
-                r = EXIT_FAILURE;
-        daemon_cleanup(&dmn);
-        return r;
+        return daemon_finish(&dmn, r);
 }

@@ -36,13 +36,8 @@ static int64_t now_ms(void)
 
 static int start(const char *config)
 {
-        int r = daemon_start(&dmn, "mi300x", config, NULL);
+        int r = daemon_setup(&dmn, "mi300x", config, NULL, gpus, ARRAY_SIZE(gpus));
 
-        if (r < 0) {
-                fprintf(stderr, "cannot start gpumemd: %s\n", strerror(-r));
-                return r;
-        }
-        r = daemon_gpus(&dmn, gpus, ARRAY_SIZE(gpus));
         if (r < 0)
                 return r;
         n_gpus = (size_t)r;
@@ -145,33 +140,16 @@ static void test_stall(void)
 /* What class @name uses of @resource (all GPUs), or UINT64_MAX when it cannot be read. */
 static uint64_t class_used(const char *name, int resource)
 {
-        gm_client *adm = NULL;
-        gm_quota *q = NULL;
-        size_t n = 0;
-        uint64_t used = UINT64_MAX;
+        uint64_t used;
 
-        if (gm_client_connect(dmn.sock, "hostile-admin", &adm) != 0)
-                return used;
-        if (gm_admin_quota_get(adm, name, &q, &n) == 0)
-                for (size_t i = 0; i < n; i++)
-                        if (q[i].resource == resource && q[i].gpu_id == 0)
-                                used = q[i].used;
-        gm_quota_free(q, n);
-        gm_client_close(adm);
+        (void)daemon_class_quota(&dmn, name, resource, 0, &used, NULL);
         return used;
 }
 
 /* Wait (up to 3 s) until the class uses @want of @resource. */
 static bool class_settles(const char *name, int resource, uint64_t want)
 {
-        for (int i = 0; i < 60; i++) {
-                if (class_used(name, resource) == want)
-                        return true;
-                usleep(50000);
-        }
-        fprintf(stderr, "class '%s' resource %d uses %llu, expected %llu\n", name, resource,
-                (unsigned long long)class_used(name, resource), (unsigned long long)want);
-        return false;
+        return daemon_class_reaches(&dmn, name, resource, want, 3000) == 0;
 }
 
 static gm_handle handle_of(gm_client *c, void *p)

@@ -110,22 +110,13 @@ static DaemonState with_victim; /* base plus what the victim holds */
 /* Nothing beyond the victim's memory is held; the daemon's fds are its own plus the victim's. */
 static void check_back(const char *what)
 {
-        DaemonState s;
-        int r = daemon_wait_base(&dmn, &with_victim, 10000, &s);
-        if (r < 0)
-                fprintf(stderr, "after %s\n", what);
-        CHECK_EQ(r, 0);
+        CHECK_EQ(daemon_wait_base_after(&dmn, &with_victim, what), 0);
         victim_check(what);
 }
 
 static bool state_same(const DaemonState *a, const DaemonState *b)
 {
-        return a->allocations == b->allocations && a->bytes_device == b->bytes_device &&
-               a->bytes_host == b->bytes_host && a->bytes_managed == b->bytes_managed &&
-               a->model_buffers == b->model_buffers && a->model_handles == b->model_handles &&
-               a->model_mappings == b->model_mappings && a->model_gem_handles == b->model_gem_handles &&
-               a->model_svm_ranges == b->model_svm_ranges && a->model_contexts == b->model_contexts &&
-               a->model_system_bytes == b->model_system_bytes && a->model_vram_bytes == b->model_vram_bytes;
+        return daemon_state_same_but(a, b, DAEMON_STATE_IMPORTS | DAEMON_STATE_QUEUES | DAEMON_STATE_FDS);
 }
 
 /* ---- a raw client ---------------------------------------------------------------------------------- */
@@ -1183,25 +1174,6 @@ static int hello_timeout_case(void)
         return check_failures ? EXIT_FAILURE : EXIT_SUCCESS;
 }
 
-/* Does this gpumemd know the config setting @line? (--check-config refuses unknown settings) */
-static bool daemon_knows_setting(const char *line)
-{
-        char path[] = "/tmp/gpumemd-setting-XXXXXX", cmd[1024];
-        int fd = mkstemp(path);
-        bool ok;
-
-        if (fd < 0)
-                return false;
-        (void)!write(fd, "[daemon]\n", 9);
-        (void)!write(fd, line, strlen(line));
-        close(fd);
-        snprintf(cmd, sizeof(cmd), "'%s' --check-config --config '%s' >/dev/null 2>&1", getenv("GPUMEMD"),
-                 path);
-        ok = system(cmd) == 0;
-        unlink(path);
-        return ok;
-}
-
 int main(int argc, char **argv)
 {
         static const TestCase cases[] = {
@@ -1223,7 +1195,7 @@ int main(int argc, char **argv)
         int r;
 
         signal(SIGPIPE, SIG_IGN);
-        if (hello_timeout && !daemon_knows_setting("hello-timeout = 2\n")) {
+        if (hello_timeout && !daemon_accepts_config("[daemon]\nhello-timeout = 2\n", false)) {
                 printf("SKIP: this gpumemd has no hello-timeout setting\n");
                 return 77;
         }
@@ -1236,19 +1208,10 @@ int main(int argc, char **argv)
                  "max-connections-per-uid = %d\n%s%s",
                  CONN_CAP_PER_UID, hello_timeout ? "hello-timeout = 2\n" : "",
                  daemon_under_tsan() ? "window-size = 2G\n" : "");
-        r = daemon_start(&dmn, "mi300x", config, NULL);
-        if (r < 0) {
-                fprintf(stderr, "cannot start gpumemd: %s\n", strerror(-r));
-                daemon_cleanup(&dmn);
+        if (daemon_setup(&dmn, "mi300x", config, NULL, NULL, 0) < 0)
                 return EXIT_FAILURE;
-        }
-        if (hello_timeout) {
-                r = hello_timeout_case();
-                if (daemon_stop(&dmn) != 0)
-                        r = EXIT_FAILURE;
-                daemon_cleanup(&dmn);
-                return r;
-        }
+        if (hello_timeout)
+                return daemon_finish(&dmn, hello_timeout_case());
         r = daemon_base_state(&dmn, &base);
         base.fds = daemon_quiet_fd_count(&dmn);
         if (r == 0)
@@ -1270,8 +1233,5 @@ int main(int argc, char **argv)
                 if (daemon_wait_base(&dmn, &base, 10000, &s) < 0)
                         r = EXIT_FAILURE;
         }
-        if (daemon_stop(&dmn) != 0)
-                r = EXIT_FAILURE;
-        daemon_cleanup(&dmn);
-        return r;
+        return daemon_finish(&dmn, r);
 }

@@ -1,7 +1,5 @@
 /* Policy integration tests: classes by uid, shared quotas, GPUs and operations, admin plane, reload. */
 #include <errno.h>
-#include <fcntl.h>
-#include <grp.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -49,29 +47,6 @@ static int reload(void)
         return 0;
 }
 
-static gm_client *admin_client(void)
-{
-        gm_client *c = NULL;
-        CHECK_EQ(gm_client_connect(dmn.sock, "admin", &c), 0);
-        return c;
-}
-
-/* Run @fn in a child that has become @uid; returns its exit status (0 = every check passed). */
-static int run_as(uid_t uid, int (*fn)(void *), void *arg)
-{
-        pid_t pid = fork();
-        int status;
-
-        if (pid == 0) {
-                if (setgroups(0, NULL) < 0 || setgid(uid) < 0 || setuid(uid) < 0)
-                        _exit(100);
-                _exit(fn(arg));
-        }
-        if (pid < 0 || waitpid(pid, &status, 0) != pid)
-                return -1;
-        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-}
-
 static bool reason_has(gm_client *c, int err, const char *needle)
 {
         char buf[512];
@@ -87,20 +62,10 @@ static bool reason_has(gm_client *c, int err, const char *needle)
 
 static uint64_t class_used(const char *cls, int resource, uint32_t gpu)
 {
-        gm_client *c = admin_client();
-        gm_quota *q = NULL;
-        size_t n = 0;
-        uint64_t v = UINT64_MAX;
+        uint64_t used;
 
-        if (!c)
-                return v;
-        CHECK_EQ(gm_admin_quota_get(c, cls, &q, &n), 0);
-        for (size_t i = 0; i < n; i++)
-                if (q[i].resource == resource && q[i].gpu_id == gpu)
-                        v = q[i].used;
-        gm_quota_free(q, n);
-        gm_client_close(c);
-        return v;
+        CHECK_RC(daemon_class_quota(&dmn, cls, resource, gpu, &used, NULL), 0);
+        return used;
 }
 
 static void wait_class_idle(const char *cls)
@@ -117,7 +82,7 @@ static void wait_class_idle(const char *cls)
 /* The broker's ledger equals the KFD model's own accounting. */
 static void check_ledger_matches_model(const char *when)
 {
-        gm_client *c = admin_client();
+        gm_client *c = daemon_client(&dmn, "admin");
         gm_status *s = NULL;
 
         if (!c)
@@ -190,19 +155,9 @@ static int beta_big(void *arg)
 
 static void test_shared_quota(void)
 {
-        int sync[2];
-        pid_t pid;
-        int status;
+        int sync;
+        pid_t pid = fork_as_synced(UID_ALPHA, alpha_shared, &sync);
 
-        CHECK_EQ(pipe2(sync, O_CLOEXEC), 0);
-        pid = fork();
-        if (pid == 0) {
-                close(sync[1]);
-                if (setgroups(0, NULL) < 0 || setgid(UID_ALPHA) < 0 || setuid(UID_ALPHA) < 0)
-                        _exit(100);
-                _exit(alpha_shared(&sync[0]));
-        }
-        close(sync[0]);
         for (int i = 0; i < 250 && class_used("alpha", GM_RESOURCE_VRAM, 0) != 8 * MiB; i++)
                 usleep(20000);
         CHECK_EQ(class_used("alpha", GM_RESOURCE_VRAM, 0), 8 * MiB);
@@ -211,10 +166,9 @@ static void test_shared_quota(void)
         CHECK_EQ(class_used("alpha", GM_RESOURCE_CONNECTIONS, 0), 2);
         check_ledger_matches_model("two alpha clients");
         CHECK_EQ(run_as(UID_BETA, beta_big, NULL), 0);
-        (void)!write(sync[1], "x", 1);
-        close(sync[1]);
-        CHECK_EQ(waitpid(pid, &status, 0), pid);
-        CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+        (void)!write(sync, "x", 1);
+        close(sync);
+        CHECK_EQ(child_status(pid), 0);
         wait_class_idle("alpha");
         wait_class_idle("beta");
 }
@@ -287,20 +241,11 @@ static int alpha_paths(void *arg)
 
 static void test_every_path(void)
 {
-        int sv[2], status;
+        int sync;
         char ch;
-        pid_t pid;
+        pid_t pid = fork_as_synced(UID_ALPHA, alpha_paths, &sync);
 
-        CHECK_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
-        pid = fork();
-        if (pid == 0) {
-                close(sv[0]);
-                if (setgroups(0, NULL) < 0 || setgid(UID_ALPHA) < 0 || setuid(UID_ALPHA) < 0)
-                        _exit(100);
-                _exit(alpha_paths(&sv[1]));
-        }
-        close(sv[1]);
-        if (read(sv[0], &ch, 1) == 1) {
+        if (read(sync, &ch, 1) == 1) {
                 CHECK_EQ(class_used("alpha", GM_RESOURCE_VRAM, 0), 4 * MiB); /* device + VMM */
                 CHECK_EQ(class_used("alpha", GM_RESOURCE_VRAM, g1), 2 * MiB);
                 CHECK_EQ(class_used("alpha", GM_RESOURCE_HOST, 0), 3 * MiB); /* the 4 KiB one was freed */
@@ -309,11 +254,10 @@ static void test_every_path(void)
                 CHECK_EQ(class_used("alpha", GM_RESOURCE_FDS, 0),
                          4); /* device, host, managed, VMM exported */
                 check_ledger_matches_model("every path");
-                (void)!write(sv[0], "k", 1);
+                (void)!write(sync, "k", 1);
         }
-        close(sv[0]);
-        CHECK_EQ(waitpid(pid, &status, 0), pid);
-        CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+        close(sync);
+        CHECK_EQ(child_status(pid), 0);
         wait_class_idle("alpha");
         check_ledger_matches_model("every path, freed");
 }
@@ -376,26 +320,18 @@ static int alpha_hold(void *arg)
 
 static void test_admin_plane(void)
 {
-        gm_client *adm = admin_client();
+        gm_client *adm = daemon_client(&dmn, "admin");
         gm_alloc_info *list = NULL;
         size_t n = 0;
         uint64_t cursor = 0;
-        int sv[2], status;
+        int sync;
         char ch;
         pid_t pid;
 
         if (!adm)
                 return;
-        CHECK_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
-        pid = fork();
-        if (pid == 0) {
-                close(sv[0]);
-                if (setgroups(0, NULL) < 0 || setgid(UID_ALPHA) < 0 || setuid(UID_ALPHA) < 0)
-                        _exit(100);
-                _exit(alpha_hold(&sv[1]));
-        }
-        close(sv[1]);
-        CHECK_EQ(read(sv[0], &ch, 1), 1);
+        pid = fork_as_synced(UID_ALPHA, alpha_hold, &sync);
+        CHECK_EQ(read(sync, &ch, 1), 1);
 
         /* clients: identity, class, usage */
         gm_client_info *infos = NULL;
@@ -457,10 +393,9 @@ static void test_admin_plane(void)
                 gm_quota_free(q, nq);
                 CHECK_EQ(gm_admin_quota_get(adm, "nosuch", &q, &nq), -ENOENT);
         }
-        (void)!write(sv[0], "k", 1);
-        CHECK_EQ(waitpid(pid, &status, 0), pid);
-        CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-        close(sv[0]);
+        (void)!write(sync, "k", 1);
+        CHECK_EQ(child_status(pid), 0);
+        close(sync);
         CHECK_EQ(gm_admin_quota_set(adm, "alpha", GM_RESOURCE_VRAM, 0, 8 * MiB, false), 0);
         gm_client_close(adm);
         wait_class_idle("alpha");
@@ -498,9 +433,11 @@ static void test_reload(void)
 }
 
 /* Random sequences of every kind of operation, in clients of two classes, some killed part-way. */
+static unsigned random_seed; /* the next random client's, set before it is forked */
+
 static int random_client(void *arg)
 {
-        unsigned seed = *(unsigned *)arg;
+        unsigned seed = random_seed;
         gm_client *c = NULL;
         void *ptrs[16] = {0};
         gm_handle handles[16] = {0};
@@ -538,8 +475,8 @@ static int random_client(void *arg)
         }
         /* hold everything until killed or told to go */
         char ch;
-        REQUIRE(write(((int *)arg)[1], "r", 1) == 1);
-        REQUIRE(read(((int *)arg)[1], &ch, 1) >= 0);
+        REQUIRE(write(*(int *)arg, "r", 1) == 1);
+        REQUIRE(read(*(int *)arg, &ch, 1) >= 0);
         gm_client_close(c);
         return 0;
 }
@@ -550,19 +487,9 @@ static void test_random_and_kills(void)
         int socks[6];
 
         for (int i = 0; i < 6; i++) {
-                int sv[2];
-                CHECK_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
-                pids[i] = fork();
-                if (pids[i] == 0) {
-                        int arg[2] = {1000 + i, sv[1]};
-                        uid_t uid = i % 2 ? UID_ALPHA : UID_BETA;
-                        close(sv[0]);
-                        if (setgroups(0, NULL) < 0 || setgid(uid) < 0 || setuid(uid) < 0)
-                                _exit(100);
-                        _exit(random_client(arg));
-                }
-                close(sv[1]);
-                socks[i] = sv[0];
+                random_seed = 1000 + (unsigned)i;
+                pids[i] = fork_as_synced(i % 2 ? UID_ALPHA : UID_BETA, random_client, &socks[i]);
+                CHECK(pids[i] > 0);
         }
         for (int i = 0; i < 6; i++) {
                 char ch;
@@ -623,41 +550,25 @@ static int beta_ping(void *arg)
 
 static int gamma_ping(void *arg)
 {
+        alarm(10);
         return beta_ping(arg);
 }
 
 static void test_inflight(void)
 {
-        int sv[2], status;
+        int sync;
         char ch;
-        pid_t pid;
+        pid_t pid = fork_as_synced(UID_GAMMA, gamma_flood, &sync);
 
-        CHECK_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
-        pid = fork();
-        if (pid == 0) {
-                close(sv[0]);
-                if (setgroups(0, NULL) < 0 || setgid(UID_GAMMA) < 0 || setuid(UID_GAMMA) < 0)
-                        _exit(100);
-                _exit(gamma_flood(&sv[1]));
-        }
-        close(sv[1]);
-        CHECK_EQ(read(sv[0], &ch, 1), 1);
+        CHECK_EQ(read(sync, &ch, 1), 1);
         CHECK_EQ(run_as(UID_BETA, beta_ping, NULL), 0); /* other classes are served meanwhile */
         /* another client of the flooding class is served too: the limit holds the flooding connection
          * back, never a connection that reads its replies, nor a new connection's hello */
-        pid_t g = fork();
-        if (g == 0) {
-                if (setgroups(0, NULL) < 0 || setgid(UID_GAMMA) < 0 || setuid(UID_GAMMA) < 0)
-                        _exit(100);
-                alarm(10);
-                _exit(gamma_ping(NULL));
-        }
-        CHECK_EQ(waitpid(g, &status, 0), g);
-        CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-        (void)!write(sv[0], "k", 1); /* the flood ends */
-        CHECK_EQ(waitpid(pid, &status, 0), pid);
-        close(sv[0]);
-        gm_client *adm = admin_client();
+        CHECK_EQ(run_as(UID_GAMMA, gamma_ping, NULL), 0);
+        (void)!write(sync, "k", 1); /* the flood ends */
+        CHECK(child_status(pid) >= 0);
+        close(sync);
+        gm_client *adm = daemon_client(&dmn, "admin");
         char *text = NULL;
         if (adm && gm_admin_metrics(adm, &text) == 0) {
                 CHECK_STR_CONTAINS(text, "gpumemd_denials_total{reason=\"inflight\"}");
@@ -687,15 +598,11 @@ int main(void)
         int r;
 
         signal(SIGPIPE, SIG_IGN);
-        r = daemon_start(&dmn, "mi300x", "[daemon]\nlog-level = warning\n", NULL);
-        if (r < 0) {
-                fprintf(stderr, "cannot start gpumemd: %s\n", strerror(-r));
-                daemon_cleanup(&dmn);
+        if (daemon_setup(&dmn, "mi300x", "[daemon]\nlog-level = warning\n", NULL, NULL, 0) < 0)
                 return EXIT_FAILURE;
-        }
         chmod(dmn.dir, 0755);
         chmod(dmn.sock, 0666);
-        c = admin_client();
+        c = daemon_client(&dmn, "admin");
         if (!c || gm_topology_get(c, false, &t) < 0 || gm_admin_status(c, &s) < 0) {
                 daemon_cleanup(&dmn);
                 return EXIT_FAILURE;
@@ -716,8 +623,5 @@ int main(void)
         write_policy(8);
         reload();
         r = run_tests(cases, ARRAY_SIZE(cases));
-        if (daemon_stop(&dmn) != 0)
-                r = EXIT_FAILURE;
-        daemon_cleanup(&dmn);
-        return r;
+        return daemon_finish(&dmn, r);
 }

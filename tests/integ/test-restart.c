@@ -12,7 +12,6 @@
 #include "../common/check.h"
 #include "gpumem-client.h"
 #include "harness.h"
-#include "wire.h"
 
 #define MiB (1ull << 20)
 
@@ -34,21 +33,6 @@ static bool same(const volatile unsigned char *p, size_t n, unsigned seed)
         return true;
 }
 
-static int send_fd(int sock, int fd)
-{
-        return gm_wire_send(sock, "F", 1, NULL, 0, &fd, 1, 0);
-}
-
-static int recv_fd(int sock)
-{
-        char buf[8];
-        int fds[16];
-        size_t n = 0;
-        if (gm_wire_recv(sock, buf, sizeof(buf), fds, &n, 0) <= 0 || n != 1)
-                return -1;
-        return fds[0];
-}
-
 /* Another process: maps the dmabuf it is given (CPU) and imports it (GPU), then checks and writes the data
  * across the daemon's death. Protocol on @sock: fd in; "m" mapped; (daemon dies) "c" check; "w" written. */
 static int importer(int sock)
@@ -56,7 +40,7 @@ static int importer(int sock)
         gm_client *c = NULL;
         gm_handle h = 0;
         char cmd;
-        int fd = recv_fd(sock), ok = 1;
+        int fd = recv_one_fd(sock), ok = 1;
         volatile unsigned char *p;
 
         if (fd < 0 || gm_client_connect(dmn.sock, "importer", &c) < 0)
@@ -119,7 +103,7 @@ static void one_restart(bool killed)
                 _exit(importer(sv[1]));
         }
         close(sv[1]);
-        CHECK_EQ(send_fd(sv[0], fd), 0);
+        CHECK_EQ(send_one_fd(sv[0], fd), 0);
         close(fd);
         CHECK_EQ(read(sv[0], &ch, 1), 1);
         CHECK_EQ(ch, 'm');
@@ -206,12 +190,8 @@ int main(void)
         int r;
 
         signal(SIGPIPE, SIG_IGN);
-        r = daemon_start(&dmn, "mi300x", "[daemon]\nlog-level = warning\n", NULL);
-        if (r < 0) {
-                fprintf(stderr, "cannot start gpumemd: %s\n", strerror(-r));
-                daemon_cleanup(&dmn);
+        if (daemon_setup(&dmn, "mi300x", "[daemon]\nlog-level = warning\n", NULL, NULL, 0) < 0)
                 return EXIT_FAILURE;
-        }
         CHECK_EQ(gm_client_connect(dmn.sock, "setup", &c), 0);
         if (!c || gm_topology_get(c, false, &t) < 0) {
                 daemon_cleanup(&dmn);
@@ -228,8 +208,5 @@ int main(void)
         CHECK_EQ(daemon_state(&dmn, &fresh), 0);
         fresh.fds = daemon_quiet_fd_count(&dmn);
         r = run_tests(cases, ARRAY_SIZE(cases));
-        if (daemon_stop(&dmn) != 0)
-                r = EXIT_FAILURE;
-        daemon_cleanup(&dmn);
-        return r;
+        return daemon_finish(&dmn, r);
 }

@@ -2,7 +2,6 @@
  * One daemon with one policy; every case leaves the daemon as it found it. Needs root (readers are other
  * uids). */
 #include <errno.h>
-#include <grp.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -36,63 +35,28 @@ static DaemonState base;
 static uint32_t gpus[16];
 static size_t n_gpus;
 
-static gm_client *connect_as(const char *name)
-{
-        gm_client *c = NULL;
-        CHECK_EQ(gm_client_connect(dmn.sock, name, &c), 0);
-        return c;
-}
-
 static uint64_t class_used(const char *cls, int resource)
 {
-        gm_client *c = connect_as("admin");
-        gm_quota *q = NULL;
-        size_t n = 0;
-        uint64_t v = UINT64_MAX;
+        uint64_t used;
 
-        if (!c)
-                return v;
-        CHECK_EQ(gm_admin_quota_get(c, cls, &q, &n), 0);
-        for (size_t i = 0; i < n; i++)
-                if (q[i].resource == resource && q[i].gpu_id == 0)
-                        v = q[i].used;
-        gm_quota_free(q, n);
-        gm_client_close(c);
-        return v;
+        CHECK_RC(daemon_class_quota(&dmn, cls, resource, 0, &used, NULL), 0);
+        return used;
 }
 
 /* Wait (memory files are refunded a moment after their last holder goes) until @cls uses @want of @res. */
 static bool class_reaches(const char *cls, int res, uint64_t want)
 {
-        for (int i = 0; i < 250; i++) {
-                if (class_used(cls, res) == want)
-                        return true;
-                usleep(20000);
-        }
-        fprintf(stderr, "class %s resource %d: %llu, not %llu\n", cls, res,
-                (unsigned long long)class_used(cls, res), (unsigned long long)want);
-        return false;
+        return daemon_class_reaches(&dmn, cls, res, want, 5000) == 0;
 }
 
 /* The share @name as administrators list it; false when there is none. */
 static bool find_share(const char *name, gm_share_info *ret)
 {
-        gm_client *c = connect_as("admin");
-        gm_share_info *all = NULL;
-        size_t n = 0;
-        bool found = false;
+        int r = daemon_share_info(&dmn, name, ret);
 
-        if (!c)
-                return false;
-        CHECK_EQ(gm_admin_shares(c, &all, &n), 0);
-        for (size_t i = 0; i < n; i++)
-                if (strcmp(all[i].name, name) == 0) {
-                        *ret = all[i];
-                        found = true;
-                }
-        free(all);
-        gm_client_close(c);
-        return found;
+        if (r != -ENOENT)
+                CHECK_RC(r, 0);
+        return r == 0;
 }
 
 static gm_handle handle_of(gm_client *c, const void *p)
@@ -127,23 +91,6 @@ static bool write_faults(volatile uint8_t *p)
                 _exit(0);
         }
         return pid > 0 && waitpid(pid, &st, 0) == pid && WIFSIGNALED(st) && WTERMSIG(st) == SIGSEGV;
-}
-
-/* Run @fn(@arg) in a child that became @uid; its exit status, 0 when every check there held. */
-static int run_as(uid_t uid, int (*fn)(const void *), const void *arg)
-{
-        pid_t pid = fork();
-        int st;
-
-        if (pid == 0) {
-                check_failures = 0; /* the parent's, until here */
-                if (setgroups(0, NULL) < 0 || setgid(uid) < 0 || setuid(uid) < 0)
-                        _exit(100);
-                _exit(fn(arg) || check_failures ? 1 : 0);
-        }
-        if (pid < 0 || waitpid(pid, &st, 0) != pid)
-                return -1;
-        return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
 }
 
 /* ---- the GPU's side: an SDMA queue of the reader's writes into the share ---- */
@@ -241,10 +188,10 @@ typedef struct Expect {
 } Expect;
 
 /* A reader: opens read-only, finds the data at the share's address, cannot write it on any path. */
-static int reader_checks(const void *arg)
+static int reader_checks(void *arg)
 {
         const Expect *x = arg;
-        gm_client *c = connect_as("reader");
+        gm_client *c = daemon_client(&dmn, "reader");
         gm_pointer_attributes pa = {.struct_size = sizeof(pa)};
         gm_access_desc rw = {gpus[0], GM_ACCESS_READ_WRITE};
         gm_handle h = 0;
@@ -292,10 +239,10 @@ static int reader_checks(const void *arg)
 }
 
 /* A read-write reader writes; the publisher sees it. */
-static int writer_checks(const void *arg)
+static int writer_checks(void *arg)
 {
         const Expect *x = arg;
-        gm_client *c = connect_as("writer");
+        gm_client *c = daemon_client(&dmn, "writer");
         int access = -1;
         void *p = NULL;
 
@@ -335,7 +282,7 @@ static int writer_checks(const void *arg)
  */
 static void test_publish_open_revoke(void)
 {
-        gm_client *pub = connect_as("loader");
+        gm_client *pub = daemon_client(&dmn, "loader");
         gm_share_info info = {0}, listed = {0};
         void *dev = NULL;
         Expect x = {"scratch/a", 4 * MiB, 7, NULL};
@@ -388,10 +335,10 @@ out:
         CHECK(daemon_wait_base(&dmn, &base, 5000, NULL) == 0);
 }
 
-static int open_expect(const void *arg)
+static int open_expect(void *arg)
 {
         const Expect *x = arg;
-        gm_client *c = connect_as("denied");
+        gm_client *c = daemon_client(&dmn, "denied");
         void *p = NULL;
         int r;
 
@@ -401,9 +348,9 @@ static int open_expect(const void *arg)
         return r == -(int)x->size ? 0 : 1;
 }
 
-static int publish_denied(const void *arg)
+static int publish_denied(void *arg)
 {
-        gm_client *c = connect_as("reader-publishes");
+        gm_client *c = daemon_client(&dmn, "reader-publishes");
         void *dev = NULL;
         int r = 1;
 
@@ -418,7 +365,7 @@ static int publish_denied(const void *arg)
 /* Names that conflict or are invalid, rights a class lacks, shares that do not exist. */
 static void test_denials(void)
 {
-        gm_client *pub = connect_as("loader");
+        gm_client *pub = daemon_client(&dmn, "loader");
         void *a = NULL, *b = NULL;
 
         if (!pub)
@@ -451,11 +398,15 @@ static void test_denials(void)
 /* A reader that holds a share open and waits to be told what to check, over a pipe. */
 typedef struct Holder {
         pid_t pid;
-        int cmd, done;
+        int sync; /* the holder writes 'o' once it holds the share, and waits for 'g' */
 } Holder;
 
-static int holder_main(const char *name, int cmd, int done)
+static const char *holder_share; /* the share the next holder opens, set before it is forked */
+
+static int holder_main(void *arg)
 {
+        int sync = *(int *)arg;
+        const char *name = holder_share;
         gm_client *c = NULL;
         gm_pointer_attributes pa = {.struct_size = sizeof(pa)};
         void *p = NULL;
@@ -466,10 +417,10 @@ static int holder_main(const char *name, int cmd, int done)
         if (gm_client_connect(dmn.sock, "holder", &c) != 0 ||
             gm_share_open(c, name, 0, NULL, 0, &p, &size, NULL))
                 return 2;
-        if (write(done, "o", 1) != 1)
+        if (write(sync, "o", 1) != 1)
                 return 3;
         /* told that the share went: its GPU access is gone, the CPU mapping stays readable */
-        if (read(cmd, &ch, 1) != 1)
+        if (read(sync, &ch, 1) != 1)
                 return 4;
         r = gm_pointer_get_attributes(c, p, &pa);
         if (r != -ESTALE)
@@ -484,37 +435,19 @@ static int holder_main(const char *name, int cmd, int done)
 
 static bool holder_start(Holder *h, uid_t uid, const char *name)
 {
-        int c[2], d[2];
         char ch;
 
-        if (pipe(c) < 0 || pipe(d) < 0)
-                return false;
-        h->pid = fork();
-        if (h->pid == 0) {
-                close(c[1]);
-                close(d[0]);
-                if (setgroups(0, NULL) < 0 || setgid(uid) < 0 || setuid(uid) < 0)
-                        _exit(100);
-                _exit(holder_main(name, c[0], d[1]));
-        }
-        close(c[0]);
-        close(d[1]);
-        h->cmd = c[1];
-        h->done = d[0];
-        return h->pid > 0 && read(h->done, &ch, 1) == 1;
+        holder_share = name;
+        h->pid = fork_as_synced(uid, holder_main, &h->sync);
+        return h->pid > 0 && read(h->sync, &ch, 1) == 1;
 }
 
 static int holder_finish(Holder *h)
 {
-        int st = -1;
-
-        if (write(h->cmd, "g", 1) != 1)
+        if (write(h->sync, "g", 1) != 1)
                 kill(h->pid, SIGKILL);
-        close(h->cmd);
-        close(h->done);
-        if (waitpid(h->pid, &st, 0) != h->pid)
-                return -1;
-        return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+        close(h->sync);
+        return child_status(h->pid);
 }
 
 /*
@@ -524,7 +457,7 @@ static int holder_finish(Holder *h)
  */
 static void test_persistent(void)
 {
-        gm_client *pub = connect_as("loader"), *adm;
+        gm_client *pub = daemon_client(&dmn, "loader"), *adm;
         gm_share_info info = {0}, listed = {0};
         Holder h = {0};
         void *host = NULL;
@@ -551,7 +484,7 @@ static void test_persistent(void)
         CHECK(holder_start(&h, UID_READ, "weights/llm"));
         CHECK(find_share("weights/llm", &listed));
         CHECK_EQ(listed.readers, 1);
-        adm = connect_as("admin");
+        adm = daemon_client(&dmn, "admin");
         if (adm) {
                 CHECK_EQ(gm_share_revoke(adm, "weights/llm"), 0);
                 gm_client_close(adm);
@@ -561,7 +494,7 @@ static void test_persistent(void)
         CHECK_EQ(class_used("loaders", GM_RESOURCE_HOST), 2 * MiB);
         /* the name is free again, but not the address the stale reader still maps */
         {
-                gm_client *again = connect_as("loader-again");
+                gm_client *again = daemon_client(&dmn, "loader-again");
                 gm_share_info i2 = {0};
                 void *h2 = NULL;
                 if (again) {
@@ -635,7 +568,7 @@ static void test_publisher_killed(void)
 /* A reader killed while it maps a share: its part goes, the share and its accounting stay as they were. */
 static void test_reader_killed(void)
 {
-        gm_client *pub = connect_as("loader");
+        gm_client *pub = daemon_client(&dmn, "loader");
         gm_share_info listed = {0};
         Holder h = {0};
         void *dev = NULL;

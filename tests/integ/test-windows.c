@@ -1,6 +1,5 @@
 /* VA windows against a hostile uid: per-uid window bytes and a class's window count are capped, and freed. */
 #include <errno.h>
-#include <grp.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -36,37 +35,18 @@ static bool started;
 static int hog_cap_gib = 6; /* max-window-bytes-per-uid in force, in GiB (1 GiB windows) */
 static uint32_t next_id = 1;
 
-/* Whether this gpumemd accepts @config (a daemon that exits at start is better not started at all). */
-static bool config_valid(const char *config)
-{
-        char path[] = "/tmp/gpumemd-windows-XXXXXX", cmd[1024];
-        int fd = mkstemp(path);
-        bool ok;
-
-        if (fd < 0)
-                return false;
-        ok = write(fd, config, strlen(config)) == (ssize_t)strlen(config);
-        close(fd);
-        snprintf(cmd, sizeof(cmd), "'%s' --check-config --config '%s' >&2", getenv("GPUMEMD"), path);
-        ok = ok && system(cmd) == 0;
-        unlink(path);
-        return ok;
-}
-
 static int start(const char *config)
 {
         int r;
 
-        if (!config_valid(config)) {
+        /* a daemon that exits at start is better not started at all */
+        if (!daemon_accepts_config(config, true)) {
                 fprintf(stderr, "this gpumemd refuses the configuration:\n%s", config);
                 return -EINVAL;
         }
-        r = daemon_start(&dmn, "mi300x", config, NULL);
-        if (r < 0) {
-                fprintf(stderr, "cannot start gpumemd: %s\n", strerror(-r));
-                daemon_cleanup(&dmn);
+        r = daemon_setup(&dmn, "mi300x", config, NULL, NULL, 0);
+        if (r < 0)
                 return r;
-        }
         /* clients of other uids connect too */
         chmod(dmn.dir, 0755);
         chmod(dmn.sock, 0666);
@@ -132,23 +112,13 @@ typedef struct Child {
         int sync; /* our end of a socketpair: the child writes 'r' when ready, waits for 'g' */
 } Child;
 
-/* Start @fn as @uid (it became that uid before it connected); @fn gets its end of the sync socket. */
-static Child spawn_as(uid_t uid, int (*fn)(int))
+/* Start @fn as @uid (it became that uid before it connected); @fn's argument points at its end of the sync
+ * socket. */
+static Child spawn_as(uid_t uid, int (*fn)(void *))
 {
-        int sv[2];
-        Child ch = {-1, -1};
+        Child ch;
 
-        if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) < 0)
-                return ch;
-        ch.pid = fork();
-        if (ch.pid == 0) {
-                close(sv[0]);
-                if (setgroups(0, NULL) < 0 || setgid(uid) < 0 || setuid(uid) < 0)
-                        _exit(100);
-                _exit(fn(sv[1]));
-        }
-        close(sv[1]);
-        ch.sync = sv[0];
+        ch.pid = fork_as_synced(uid, fn, &ch.sync);
         return ch;
 }
 
@@ -167,26 +137,17 @@ static void child_go(Child *ch)
 /* Reap the child: its exit status (0: every expectation held). */
 static int child_wait(Child *ch)
 {
-        int status = -1;
-
         if (ch->sync >= 0)
                 close(ch->sync);
         ch->sync = -1;
-        if (ch->pid <= 0 || waitpid(ch->pid, &status, 0) != ch->pid)
-                return -1;
-        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+        return child_status(ch->pid);
 }
 
-static int run_as(uid_t uid, int (*fn)(int))
-{
-        Child ch = spawn_as(uid, fn);
-        return child_wait(&ch);
-}
-
-static int signal_and_wait(int sync)
+/* In the child: say it is ready, wait to go on (@sync points at its end of the socket). */
+static int signal_and_wait(void *sync)
 {
         char c;
-        if (write(sync, "r", 1) != 1 || read(sync, &c, 1) != 1)
+        if (write(*(int *)sync, "r", 1) != 1 || read(*(int *)sync, &c, 1) != 1)
                 return -1;
         return 0;
 }
@@ -270,7 +231,7 @@ static int hog_take_all(int *fds, int *n_fds, int max_fds, int *held, uint64_t *
         return code;
 }
 
-static int hog(int sync)
+static int hog(void *arg)
 {
         int fds[64], n = 0, held = 0, extra, code;
         char why[256], want[256];
@@ -299,20 +260,20 @@ static int hog(int sync)
                 REQUIRE(gm_client_open(dmn.sock, "hog", &gc, why, sizeof(why)) == -EDQUOT);
                 REQUIRE(strstr(why, want) != NULL);
         }
-        REQUIRE(signal_and_wait(sync) == 0);
+        REQUIRE(signal_and_wait(arg) == 0);
 
         /* the first connection (5 windows) goes: the refused hello succeeds on the same connection */
         close(fds[0]);
         for (int i = 0; i < 250 && (code = hello(extra, &base, why, sizeof(why))) == -EDQUOT; i++)
                 usleep(20000);
         REQUIRE(code == 0);
-        REQUIRE(signal_and_wait(sync) == 0);
+        REQUIRE(signal_and_wait(arg) == 0);
         /* killed with its windows held */
         pause();
         return 0;
 }
 
-static int bystander(int sync)
+static int bystander(void *arg)
 {
         gm_client *c = NULL;
         gm_topology *t = NULL;
@@ -321,7 +282,7 @@ static int bystander(int sync)
         char buf[256];
         int r = gm_client_open(dmn.sock, "bystander", &c, buf, sizeof(buf));
 
-        (void)sync;
+        (void)arg;
         if (r < 0)
                 fprintf(stderr, "bystander: %s\n", buf);
         REQUIRE(r == 0);
@@ -349,7 +310,7 @@ static void test_uid_cap(void)
         if (ready) {
                 CHECK_EQ(wait_va_windows(6), 6);
                 /* another uid still gets its hello and allocates; so does root */
-                CHECK_EQ(run_as(UID_OTHER, bystander), 0);
+                CHECK_EQ(run_as(UID_OTHER, bystander, NULL), 0);
                 CHECK_EQ(wait_va_windows(6), 6);
                 child_go(&h);
                 ready = child_ready(&h);
@@ -405,7 +366,7 @@ static void test_reload(void)
 
 /* ---- (b) a class's window count ---- */
 
-static int batch(int sync)
+static int batch(void *arg)
 {
         int fd[4];
         uint64_t base[4] = {0};
@@ -426,7 +387,7 @@ static int batch(int sync)
         code = retry(fd[0], &base[0], why, sizeof(why));
         REQUIRE(code == -EDQUOT);
         REQUIRE(strcmp(why, "class 'batch' window limit: 3 in use of 3") == 0);
-        REQUIRE(signal_and_wait(sync) == 0);
+        REQUIRE(signal_and_wait(arg) == 0);
 
         /* a disconnect frees one: the refused hello now succeeds, and the class is full again */
         close(fd[1]);
@@ -441,7 +402,7 @@ static int batch(int sync)
         REQUIRE(code == 0);
         fd[1] = raw_connect(dmn.sock);
         REQUIRE(hello(fd[1], &base[1], why, sizeof(why)) == -EDQUOT);
-        REQUIRE(signal_and_wait(sync) == 0);
+        REQUIRE(signal_and_wait(arg) == 0);
         return 0;
 }
 
@@ -514,7 +475,7 @@ static void test_class_windows(void)
 
 /* ---- with the defaults: one uid cannot take the whole aperture ---- */
 
-static int hog_default(int sync)
+static int hog_default(void *arg)
 {
         int fds[16], n = 0, held = 0, code;
         uint64_t base;
@@ -523,7 +484,7 @@ static int hog_default(int sync)
         code = hog_take_all(fds, &n, 16, &held, &base, why, sizeof(why));
         fprintf(stderr, "hog: %d windows of 16 TiB on %d connections, then %d (%s)\n", held, n, code, why);
         /* held while the bystander connects, whatever happened */
-        REQUIRE(signal_and_wait(sync) == 0);
+        REQUIRE(signal_and_wait(arg) == 0);
         REQUIRE(code == -EDQUOT);
         REQUIRE(held == 1);
         REQUIRE(strstr(why, "uid 65534 holds 16 TiB of VA windows, its limit is 16 TiB"));
@@ -541,7 +502,7 @@ static void test_default_cap(void)
         h = spawn_as(UID_HOG, hog_default);
         CHECK(child_ready(&h));
         /* another uid connects (a 16 TiB window) and allocates while the hog holds all it could get */
-        CHECK_EQ(run_as(UID_OTHER, bystander), 0);
+        CHECK_EQ(run_as(UID_OTHER, bystander, NULL), 0);
         child_go(&h);
         CHECK_EQ(child_wait(&h), 0);
         /* the daemon the other cases need */

@@ -194,30 +194,35 @@ static void doomed(unsigned seed)
         if (!rep || gm_client_connect(dmn.sock, "doomed", &c) < 0)
                 _exit(1);
         for (;;) {
-                void *p, *h, *m, *res;
-                gm_handle vh;
-                int fd;
-                gm_pointer_attributes pa = {.struct_size = sizeof(pa)};
-                gm_access_desc rw = {gpus[0], GM_ACCESS_READ_WRITE};
-                gm_svm_attr a = {GM_SVM_ATTR_PREFERRED_LOC, gpus[0]};
                 /* leave things allocated: the daemon must free them when the client dies */
-                (void)gm_malloc(c, 2 * MiB, gpus[seed % n_gpus], GM_MEM_HOST_VISIBLE, &p);
-                (void)gm_mem_map_gpus(c, p, &gpus[n_gpus - 1], 1);
-                if (gm_pointer_get_attributes(c, p, &pa) == 0 &&
-                    gm_mem_export(c, pa.handle, &fd, NULL) == 0) {
-                        gm_handle ih;
-                        (void)gm_mem_import(c, fd, gpus[0], &ih, NULL);
-                        close(fd);
-                }
-                (void)gm_host_malloc(c, MiB, 0, -1, 0, &h);
-                (void)gm_malloc_managed(c, 2 * MiB, 0, &m);
-                (void)gm_svm_set_attributes(c, m, 2 * MiB, &a, 1);
-                (void)gm_mem_address_reserve(c, 4 * MiB, 0, NULL, 0, &res);
-                (void)gm_mem_create(c, 2 * MiB, gpus[0], 0, &vh);
-                (void)gm_mem_map(c, res, 2 * MiB, 0, vh);
-                (void)gm_mem_set_access(c, res, 2 * MiB, &rw, 1);
+                client_leave_objects(c, gpus[seed % n_gpus], gpus[n_gpus - 1], gpus[0], true);
                 one_round(c, rep, seed++);
         }
+}
+
+/* Add the report of @what @i to @total once it ended (@pid, the read end @fd of its pipe, closed here);
+ * false when it did not report or did not exit 0. */
+static bool add_report(const char *what, int i, pid_t pid, int fd, WorkerReport *total)
+{
+        static WorkerReport rep;
+        int st = 0;
+        ssize_t n = 0, got;
+
+        while (n < (ssize_t)sizeof(rep) && (got = read(fd, (char *)&rep + n, sizeof(rep) - (size_t)n)) > 0)
+                n += got;
+        waitpid(pid, &st, 0);
+        close(fd);
+        if (n != sizeof(rep) || !WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+                fprintf(stderr, "%s %d did not report (status 0x%x)\n", what, i, st);
+                return false;
+        }
+        for (int k = 0; k < N_OPS; k++)
+                total->ops[k] += rep.ops[k];
+        total->errors += rep.errors;
+        total->corruptions += rep.corruptions;
+        for (uint32_t k = 0; k < rep.n_lat && total->n_lat < ARRAY_SIZE(total->lat_us); k++)
+                total->lat_us[total->n_lat++] = rep.lat_us[(k * 7) % rep.n_lat];
+        return true;
 }
 
 static int cmp_u32(const void *a, const void *b)
@@ -236,7 +241,7 @@ static int run(const Run *cfg)
 {
         pid_t pids[64];
         int pipes[64][2];
-        static WorkerReport total, rep;
+        static WorkerReport total;
         DaemonState base, s;
         long rss_base, rss_warm = 0, rss_max = 0, rss_end;
         int fds_max = 0, kills = 0, failed = 0;
@@ -282,26 +287,9 @@ static int run(const Run *cfg)
         }
         for (int i = 0; i < cfg->workers; i++)
                 kill(pids[i], SIGTERM);
-        for (int i = 0; i < cfg->workers; i++) {
-                int st = 0;
-                ssize_t n = 0, got;
-                while (n < (ssize_t)sizeof(rep) &&
-                       (got = read(pipes[i][0], (char *)&rep + n, sizeof(rep) - (size_t)n)) > 0)
-                        n += got;
-                waitpid(pids[i], &st, 0);
-                close(pipes[i][0]);
-                if (n != sizeof(rep) || !WIFEXITED(st) || WEXITSTATUS(st) != 0) {
-                        fprintf(stderr, "worker %d did not report (status 0x%x)\n", i, st);
+        for (int i = 0; i < cfg->workers; i++)
+                if (!add_report("worker", i, pids[i], pipes[i][0], &total))
                         failed++;
-                        continue;
-                }
-                for (int k = 0; k < N_OPS; k++)
-                        total.ops[k] += rep.ops[k];
-                total.errors += rep.errors;
-                total.corruptions += rep.corruptions;
-                for (uint32_t k = 0; k < rep.n_lat && total.n_lat < ARRAY_SIZE(total.lat_us); k++)
-                        total.lat_us[total.n_lat++] = rep.lat_us[(k * 7) % rep.n_lat];
-        }
         CHECK_EQ(failed, 0);
         /* the daemon is back where it began: nothing held, the model's books and its fds as at the start */
         CHECK_EQ(daemon_wait_base(&dmn, &base, 20000, &s), 0);
@@ -704,7 +692,7 @@ static int storm(int n_kills, int n_live, int n_bystanders)
         StormSlot *slots;
         pid_t by_pids[8];
         int by_pipes[8][2], mbox[2];
-        static WorkerReport total, rep;
+        static WorkerReport total;
         uint64_t at_kill[N_STEPS] = {0}, rng = 0x9e3779b97f4a7c15ull, steps_at_kill = 0;
         DaemonState base, s;
         long rss_base, rss_warm = 0, rss_max = 0, rss_end;
@@ -801,26 +789,9 @@ static int storm(int n_kills, int n_live, int n_bystanders)
         t_storm = now_us();
         for (int i = 0; i < n_bystanders; i++)
                 kill(by_pids[i], SIGTERM);
-        for (int i = 0; i < n_bystanders; i++) {
-                int st = 0;
-                ssize_t n = 0, got;
-                while (n < (ssize_t)sizeof(rep) &&
-                       (got = read(by_pipes[i][0], (char *)&rep + n, sizeof(rep) - (size_t)n)) > 0)
-                        n += got;
-                waitpid(by_pids[i], &st, 0);
-                close(by_pipes[i][0]);
-                if (n != sizeof(rep) || !WIFEXITED(st) || WEXITSTATUS(st) != 0) {
-                        fprintf(stderr, "bystander %d did not report (status 0x%x)\n", i, st);
+        for (int i = 0; i < n_bystanders; i++)
+                if (!add_report("bystander", i, by_pids[i], by_pipes[i][0], &total))
                         failed++;
-                        continue;
-                }
-                for (int k = 0; k < N_OPS; k++)
-                        total.ops[k] += rep.ops[k];
-                total.errors += rep.errors;
-                total.corruptions += rep.corruptions;
-                for (uint32_t k = 0; k < rep.n_lat && total.n_lat < ARRAY_SIZE(total.lat_us); k++)
-                        total.lat_us[total.n_lat++] = rep.lat_us[(k * 7) % rep.n_lat];
-        }
         /* exports still in the mailbox: the last holders of some memory */
         int in_flight = 0;
         for (int fd; (fd = mbox_take(mbox[1])) >= 0 || (fd = mbox_take(mbox[0])) >= 0; in_flight++)
@@ -921,21 +892,10 @@ int main(int argc, char **argv)
         if (cfg.seconds <= 0 || cfg.workers <= 0 || cfg.workers > 64)
                 return 2;
         signal(SIGPIPE, SIG_IGN);
-        r = daemon_start(&dmn, "mi300x", "[daemon]\nlog-level = warning\n", NULL);
-        if (r < 0) {
-                fprintf(stderr, "cannot start gpumemd: %s\n", strerror(-r));
-                daemon_cleanup(&dmn);
+        r = daemon_setup(&dmn, "mi300x", "[daemon]\nlog-level = warning\n", NULL, gpus, ARRAY_SIZE(gpus));
+        if (r < 0)
                 return EXIT_FAILURE;
-        }
-        r = daemon_gpus(&dmn, gpus, ARRAY_SIZE(gpus));
-        if (r < 0) {
-                daemon_cleanup(&dmn);
-                return EXIT_FAILURE;
-        }
         n_gpus = (size_t)r;
         r = is_storm ? storm(storm_kills, storm_live, storm_bystanders) : run(&cfg);
-        if (daemon_stop(&dmn) != 0)
-                r = EXIT_FAILURE;
-        daemon_cleanup(&dmn);
-        return r;
+        return daemon_finish(&dmn, r);
 }
