@@ -1,0 +1,353 @@
+/* What objects cost: the class's limits checked and charged in one step, refunds, a client's account. */
+#include "broker.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "broker-private.h"
+
+void broker_account_init(BrokerAccount *a, const char *name)
+{
+        memset(a, 0, sizeof(*a));
+        a->name = name;
+        a->max_vram = a->max_host = a->max_managed = a->max_handles = a->max_fds = a->max_queues = UINT64_MAX;
+        a->max_foreign = a->max_foreign_one = a->max_host_one = UINT64_MAX;
+        for (size_t i = 0; i < BROKER_MAX_GPUS; i++)
+                a->max_vram_gpu[i] = UINT64_MAX;
+        a->allowed_gpus = UINT64_MAX;
+        a->import_foreign = true;
+        pthread_mutex_init(&a->lock, NULL);
+}
+
+void broker_account_done(BrokerAccount *a)
+{
+        pthread_mutex_destroy(&a->lock);
+}
+
+void broker_account_lock(BrokerAccount *a)
+{
+        pthread_mutex_lock(&a->lock);
+}
+
+void broker_account_unlock(BrokerAccount *a)
+{
+        pthread_mutex_unlock(&a->lock);
+}
+
+void broker_account_usage(BrokerAccount *a, BrokerUsage *ret)
+{
+        pthread_mutex_lock(&a->lock);
+        *ret = a->used;
+        pthread_mutex_unlock(&a->lock);
+}
+
+/* A driver that keeps a buffer's memory in a file of the daemon's once it can be shared (the model) costs
+ * an fd per such buffer, which the client's class pays for like the daemon's own memfds of host and
+ * managed memory. */
+bool broker_driver_holds_fd(const Broker *b)
+{
+        return driver_has(b->drv, DRIVER_CAP_FD_PER_SHARED_BUFFER);
+}
+
+/* Does device memory allocated with @flags cost a file from its allocation? Host-visible memory does, and
+ * all of it where the client maps it from its export. */
+bool broker_driver_file_at_alloc(const Broker *b, uint32_t flags)
+{
+        return broker_driver_holds_fd(b) &&
+               ((flags & BROKER_FLAG_HOST_VISIBLE) || driver_has(b->drv, DRIVER_CAP_CLIENT_MAPS));
+}
+
+/* Device or VMM memory of @o that the driver gives a file only when it is first exported or granted. */
+static bool file_on_export(const Broker *b, const Obj *o)
+{
+        return broker_driver_holds_fd(b) && !o->backing_fd && o->memfd < 0 &&
+               (o->kind == BROKER_KIND_DEVICE || o->kind == BROKER_KIND_VMM);
+}
+
+Charge broker_obj_charge(const Obj *o)
+{
+        return (Charge){.objects = 1,
+                        .held_fds = (o->memfd >= 0) + o->backing_fd,
+                        .kind = o->kind,
+                        .gpu_id = o->gpu_id,
+                        .bytes = o->size,
+                        .foreign = o->foreign};
+}
+
+void broker_usage_apply(BrokerUsage *u, const Broker *b, const Charge *ch, int sign)
+{
+        int64_t d = sign * (int64_t)ch->bytes;
+        int gi = broker_gpu_index(b, ch->gpu_id);
+
+        u->objects += (uint64_t)(sign * (int64_t)ch->objects);
+        u->held_fds += (uint32_t)(sign * (int32_t)ch->held_fds);
+        u->queues += (uint32_t)(sign * (int32_t)ch->queues);
+        switch (ch->kind) {
+        case BROKER_KIND_DEVICE:
+                u->device_bytes += (uint64_t)d;
+                if (gi >= 0)
+                        u->vram_bytes[gi] += (uint64_t)d;
+                break;
+        case BROKER_KIND_VMM:
+                u->vmm_bytes += (uint64_t)d;
+                if (gi >= 0)
+                        u->vram_bytes[gi] += (uint64_t)d;
+                break;
+        case BROKER_KIND_HOST:
+                u->host_bytes += (uint64_t)d;
+                break;
+        case BROKER_KIND_MANAGED:
+                u->managed_bytes += (uint64_t)d;
+                break;
+        case BROKER_KIND_IMPORT:
+                if (ch->foreign)
+                        u->foreign_bytes += (uint64_t)d;
+                break;
+        default:
+                break;
+        }
+        if (ch->lingering)
+                u->lingering_bytes += (uint64_t)d;
+}
+
+static int over(Reason *w, const BrokerAccount *a, const char *what, uint64_t limit, uint64_t used,
+                uint64_t asked, bool bytes)
+{
+        char b1[32], b2[32], b3[32];
+
+        if (!bytes)
+                return reason_set(w, -EDQUOT, "class '%s' %s limit: %llu in use of %llu", a->name, what,
+                                  (unsigned long long)used, (unsigned long long)limit);
+        return reason_set(w, -EDQUOT, "class '%s' %s limit: %s in use of %s, %s asked", a->name, what,
+                          broker_human(used, b1, sizeof(b1)), broker_human(limit, b2, sizeof(b2)),
+                          broker_human(asked, b3, sizeof(b3)));
+}
+
+/* One request larger than the class allows for a single one. */
+static int over_one(Reason *w, const BrokerAccount *a, const char *what, uint64_t limit, uint64_t asked)
+{
+        char b1[32], b2[32];
+
+        return reason_set(w, -EDQUOT, "class '%s' %s limit: at most %s, %s asked", a->name, what,
+                          broker_human(limit, b1, sizeof(b1)), broker_human(asked, b2, sizeof(b2)));
+}
+
+/* Would @ch stay within @a's limits? Under the account's lock. */
+static int fits(const Broker *b, const BrokerAccount *a, const Charge *ch, Reason *w)
+{
+        const BrokerUsage *u = &a->used;
+        char what[64];
+
+        if (ch->objects && u->objects + ch->objects > a->max_handles)
+                return over(w, a, "handle", a->max_handles, u->objects, ch->objects, false);
+        if (ch->held_fds && (uint64_t)u->held_fds + ch->held_fds > a->max_fds)
+                return over(w, a, "fd", a->max_fds, u->held_fds, ch->held_fds, false);
+        if (ch->queues && (uint64_t)u->queues + ch->queues > a->max_queues)
+                return over(w, a, "queue", a->max_queues, u->queues, ch->queues, false);
+        switch (ch->kind) {
+        case BROKER_KIND_DEVICE:
+        case BROKER_KIND_VMM: {
+                uint64_t vram = u->device_bytes + u->vmm_bytes, bytes = ch->bytes;
+                int gi = broker_gpu_index(b, ch->gpu_id);
+                /* the more specific limit first, so the reason names it */
+                if (gi >= 0 &&
+                    (bytes > a->max_vram_gpu[gi] || u->vram_bytes[gi] > a->max_vram_gpu[gi] - bytes)) {
+                        snprintf(what, sizeof(what), "VRAM on GPU %u", ch->gpu_id);
+                        return over(w, a, what, a->max_vram_gpu[gi], u->vram_bytes[gi], bytes, true);
+                }
+                if (bytes > a->max_vram || vram > a->max_vram - bytes)
+                        return over(w, a, "VRAM", a->max_vram, vram, bytes, true);
+                break;
+        }
+        case BROKER_KIND_HOST:
+                if (ch->bytes > a->max_host_one)
+                        return over_one(w, a, "single host allocation", a->max_host_one, ch->bytes);
+                if (ch->bytes > a->max_host || u->host_bytes > a->max_host - ch->bytes)
+                        return over(w, a, "host memory", a->max_host, u->host_bytes, ch->bytes, true);
+                break;
+        case BROKER_KIND_MANAGED:
+                if (ch->bytes > a->max_managed || u->managed_bytes > a->max_managed - ch->bytes)
+                        return over(w, a, "managed memory", a->max_managed, u->managed_bytes, ch->bytes,
+                                    true);
+                break;
+        case BROKER_KIND_IMPORT:
+                if (!ch->foreign)
+                        break;
+                if (ch->bytes > a->max_foreign_one)
+                        return over_one(w, a, "single foreign import", a->max_foreign_one, ch->bytes);
+                if (ch->bytes > a->max_foreign || u->foreign_bytes > a->max_foreign - ch->bytes)
+                        return over(w, a, "foreign import", a->max_foreign, u->foreign_bytes, ch->bytes,
+                                    true);
+                break;
+        default:
+                break;
+        }
+        return 0;
+}
+
+/* The broker's totals, under its lock. */
+void broker_totals_apply(Broker *b, const Charge *ch, int sign)
+{
+        pthread_mutex_lock(&b->lock);
+        broker_usage_apply(&b->totals, b, ch, sign);
+        pthread_mutex_unlock(&b->lock);
+}
+
+/*
+ * Charge @ch to the client, its class and the totals if the class's limits allow it: checking and charging
+ * are one step under the account's lock, so clients of one class on several threads cannot together pass
+ * a limit that each of them checked alone.
+ */
+int broker_charge_take(BrokerClient *c, const Charge *ch, Reason *w)
+{
+        BrokerAccount *a = c->acct;
+
+        if (a) {
+                int r;
+                pthread_mutex_lock(&a->lock);
+                r = fits(c->b, a, ch, w);
+                if (r == 0)
+                        broker_usage_apply(&a->used, c->b, ch, +1);
+                pthread_mutex_unlock(&a->lock);
+                if (r < 0)
+                        return r;
+        }
+        broker_usage_apply(&c->usage, c->b, ch, +1);
+        broker_totals_apply(c->b, ch, +1);
+        return 0;
+}
+
+void broker_charge_give(BrokerClient *c, const Charge *ch)
+{
+        BrokerAccount *a = c->acct;
+
+        if (a) {
+                pthread_mutex_lock(&a->lock);
+                broker_usage_apply(&a->used, c->b, ch, -1);
+                pthread_mutex_unlock(&a->lock);
+        }
+        broker_usage_apply(&c->usage, c->b, ch, -1);
+        broker_totals_apply(c->b, ch, -1);
+}
+
+void broker_charge_obj_give(BrokerClient *c, const Obj *o)
+{
+        Charge ch = broker_obj_charge(o);
+        broker_charge_give(c, &ch);
+}
+
+/*
+ * Would one more object of @kind with @bytes (on @gpu_id for VRAM) stay within the class's limits? A check
+ * before the driver is asked, so that work it cannot keep is not done; broker_charge_take() decides.
+ */
+int broker_quota_check(const BrokerClient *c, BrokerKind kind, uint32_t gpu_id, uint64_t bytes, bool holds_fd,
+                       Reason *w)
+{
+        Charge ch = {.objects = 1,
+                     .held_fds = holds_fd,
+                     .kind = kind,
+                     .gpu_id = gpu_id,
+                     .bytes = bytes,
+                     .foreign = kind == BROKER_KIND_IMPORT};
+        BrokerAccount *a = c->acct;
+        int r;
+
+        if (!a)
+                return 0;
+        pthread_mutex_lock(&a->lock);
+        r = fits(c->b, a, &ch, w);
+        pthread_mutex_unlock(&a->lock);
+        return r;
+}
+
+/*
+ * Before @o's memory is exported or granted: the file the driver makes for it then is one more fd of the
+ * class's, taken now. 1: taken, 0: none needed, or the refusal.
+ */
+int broker_export_fd_take(BrokerClient *c, const Obj *o, Reason *w)
+{
+        int r;
+
+        if (!file_on_export(c->b, o))
+                return 0;
+        r = broker_charge_take(c, &(Charge){.held_fds = 1}, w);
+        return r < 0 ? r : 1;
+}
+
+/* After: when the driver made its file (@made), the object pays for it until it dies (its charge refunds
+ * it then); when it did not, the fd taken goes back now. */
+void broker_export_fd_end(BrokerClient *c, Obj *o, int taken, bool made)
+{
+        if (taken <= 0)
+                return;
+        if (made)
+                o->backing_fd = true;
+        else
+                broker_charge_give(c, &(Charge){.held_fds = 1});
+}
+
+/* Add (@sign 1) or remove (-1) one usage record to another. */
+static void usage_move(BrokerUsage *dst, const BrokerUsage *src, int sign)
+{
+        dst->device_bytes += (uint64_t)(sign * (int64_t)src->device_bytes);
+        dst->host_bytes += (uint64_t)(sign * (int64_t)src->host_bytes);
+        dst->managed_bytes += (uint64_t)(sign * (int64_t)src->managed_bytes);
+        dst->vmm_bytes += (uint64_t)(sign * (int64_t)src->vmm_bytes);
+        dst->foreign_bytes += (uint64_t)(sign * (int64_t)src->foreign_bytes);
+        dst->objects += (uint64_t)(sign * (int64_t)src->objects);
+        dst->held_fds += (uint32_t)(sign * (int32_t)src->held_fds);
+        dst->queues += (uint32_t)(sign * (int32_t)src->queues);
+        for (size_t i = 0; i < BROKER_MAX_GPUS; i++)
+                dst->vram_bytes[i] += (uint64_t)(sign * (int64_t)src->vram_bytes[i]);
+}
+
+void broker_client_set_account(BrokerClient *c, BrokerAccount *a)
+{
+        if (c->acct == a)
+                return;
+        if (c->acct) {
+                pthread_mutex_lock(&c->acct->lock);
+                usage_move(&c->acct->used, &c->usage, -1);
+                c->acct->clients--;
+                pthread_mutex_unlock(&c->acct->lock);
+        }
+        c->acct = a;
+        if (a) {
+                pthread_mutex_lock(&a->lock);
+                a->clients++;
+                a->used.n_gpus = (uint32_t)c->b->n_gpus;
+                memcpy(a->used.gpu_ids, c->b->gpu_ids, sizeof(c->b->gpu_ids));
+                usage_move(&a->used, &c->usage, +1);
+                pthread_mutex_unlock(&a->lock);
+        }
+}
+
+/* The broker GPUs (a bit per index) the client's class may use. */
+uint64_t broker_allowed_gpus(const BrokerClient *c)
+{
+        /* one word, stored whole: no lock for it (every GPU check of every client of the class reads it) */
+        return c->acct ? __atomic_load_n(&c->acct->allowed_gpus, __ATOMIC_RELAXED) : UINT64_MAX;
+}
+
+/* May this client's class use @gpu_id? */
+int broker_gpu_allowed(const BrokerClient *c, uint32_t gpu_id, Reason *w)
+{
+        int gi = broker_gpu_index(c->b, gpu_id);
+
+        if (gi < 0)
+                return reason_set(w, -ENODEV, "no GPU with id %u", gpu_id);
+        if (!(broker_allowed_gpus(c) & (1ull << gi)))
+                return reason_set(w, -EACCES, "class '%s' may not use GPU %u", c->acct->name, gpu_id);
+        return 0;
+}
+
+int broker_gpus_allowed(const BrokerClient *c, const uint32_t *ids, size_t n, Reason *w)
+{
+        for (size_t i = 0; i < n; i++) {
+                int r = broker_gpu_allowed(c, ids[i], w);
+                if (r < 0)
+                        return r;
+        }
+        return 0;
+}
