@@ -68,13 +68,13 @@ build/libclient/gpumemctl status
 
 # Unmodified ROCm user space through gpumemd: Debian's ROCm 5.2.3 knows gfx908, so a second daemon models
 # one; rocminfo runs under libgpumem-kfd.so with no /dev/kfd of its own (docs/rocm-in-containers.md).
-if command -v rocminfo >/dev/null 2>&1 && [ -e build/libclient/libgpumem-kfd.so ]; then
+if command -v rocminfo >/dev/null 2>&1 && [ -e build/preload/libgpumem-kfd.so ]; then
     echo "== rocminfo through gpumemd (a second daemon on the gfx908 preset, libgpumem-kfd.so)"
     build/daemon/gpumemd --socket "$run/rocm.sock" --backend model --model-preset gfx908 \
         --config "$run/gpumemd.conf" --log-level notice &
     rocm_daemon=$!
     for _ in $(seq 1 200); do build/libclient/gpumemctl --socket "$run/rocm.sock" ping >/dev/null 2>&1 && break; sleep 0.05; done
-    GPUMEM_SOCKET="$run/rocm.sock" LD_PRELOAD="$PWD/build/libclient/libgpumem-kfd.so" rocminfo 2>/dev/null |
+    GPUMEM_SOCKET="$run/rocm.sock" LD_PRELOAD="$PWD/build/preload/libgpumem-kfd.so" rocminfo 2>/dev/null |
         grep -E '^Agent|^  (Name|Marketing Name|Device Type|Compute Unit):' || true
     kill -TERM "$rocm_daemon"
     wait "$rocm_daemon"

@@ -14,7 +14,7 @@ typedef struct PreloadHost {
 
 /*
  * A backend stands in for the KFD of the whole process: one is linked into each library (the model's
- * backend-model.c, gpumemd's libclient/kfd/backend-broker.c) as `preload_backend`. Calls return 0 (or the
+ * backend-model.c, gpumemd's backend-broker.c) as `preload_backend`. Calls return 0 (or the
  * ioctl's non-negative result) or a negative errno, which the layer turns into errno. The layer calls
  * start() once, under its lock, before anything else; every other call may come from any thread. The fds
  * a backend hands out stand for /dev/kfd and the render nodes: the layer sends it every ioctl, mmap and
