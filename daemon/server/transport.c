@@ -373,24 +373,34 @@ static int send_frame(Transport *t, size_t len, int *fds, size_t n_fds)
         return 0;
 }
 
-int transport_send(Transport *t, uint32_t request_id, const Gpumem__Reply *reply, int *fds, size_t n_fds)
+/*
+ * Pack @reply as a frame in the transmit buffer: the body first, bounded by the frame's limit, then its
+ * header. Returns the frame's length; on failure the fds are closed.
+ */
+static int frame_reply(Transport *t, uint32_t request_id, const Gpumem__Reply *reply, int *fds, size_t n_fds,
+                       size_t *ret_len)
 {
-        size_t body_len;
+        size_t body_len = 0;
         int r = cannot_send(t);
 
-        if (r < 0) {
-                gm_wire_close_fds(fds, n_fds);
-                return r;
-        }
-        /* the body first, bounded by the frame's limit, then its header */
-        r = gm_reply_pack_into(reply, t->tx_buf + GM_FRAME_HDR_SIZE, GM_FRAME_BODY_MAX, &body_len);
+        if (r >= 0)
+                r = gm_reply_pack_into(reply, t->tx_buf + GM_FRAME_HDR_SIZE, GM_FRAME_BODY_MAX, &body_len);
         if (r >= 0)
                 r = frame_hdr(t, request_id, body_len, n_fds);
         if (r < 0) {
                 gm_wire_close_fds(fds, n_fds);
                 return r;
         }
-        return send_frame(t, GM_FRAME_HDR_SIZE + body_len, fds, n_fds);
+        *ret_len = GM_FRAME_HDR_SIZE + body_len;
+        return 0;
+}
+
+int transport_send(Transport *t, uint32_t request_id, const Gpumem__Reply *reply, int *fds, size_t n_fds)
+{
+        size_t len;
+        int r = frame_reply(t, request_id, reply, fds, n_fds, &len);
+
+        return r < 0 ? r : send_frame(t, len, fds, n_fds);
 }
 
 int transport_send_packed(Transport *t, uint32_t request_id, const uint8_t *body, size_t body_len)
@@ -437,24 +447,18 @@ int transport_slot_reserve(Transport *t, TransportPacket **ret)
 int transport_slot_fill(Transport *t, TransportPacket *slot, uint32_t request_id, const Gpumem__Reply *reply,
                         int *fds, size_t n_fds)
 {
-        size_t body_len = 0;
-        int r = cannot_send(t);
+        size_t len;
+        int r = frame_reply(t, request_id, reply, fds, n_fds, &len);
 
-        if (r >= 0)
-                r = gm_reply_pack_into(reply, t->tx_buf + GM_FRAME_HDR_SIZE, GM_FRAME_BODY_MAX, &body_len);
-        if (r >= 0)
-                r = frame_hdr(t, request_id, body_len, n_fds);
-        if (r < 0) {
-                gm_wire_close_fds(fds, n_fds);
+        if (r < 0)
                 return r;
-        }
-        slot->data = malloc(GM_FRAME_HDR_SIZE + body_len);
+        slot->data = malloc(len);
         if (!slot->data) {
                 gm_wire_close_fds(fds, n_fds);
                 fail(t);
                 return -ENOMEM;
         }
-        packet_fill(slot, t->tx_buf, GM_FRAME_HDR_SIZE + body_len, fds, n_fds);
+        packet_fill(slot, t->tx_buf, len, fds, n_fds);
         slot->hole = false;
         t->out_bytes += slot->len;
         if (t->out_head == slot) {
