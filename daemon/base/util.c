@@ -5,18 +5,25 @@
 #include <string.h>
 #include <strings.h>
 
-int parse_uint(const char *s, uint64_t max, uint64_t *ret)
+/* The whole unsigned number at the start of @s, and where it ends: no sign, no blank before it. */
+static int read_number(const char *s, unsigned long long *ret, char **ret_end)
 {
-        char *end;
-        unsigned long long v;
-
         if (!s || !*s || isspace((unsigned char)*s) || *s == '-' || *s == '+')
                 return -EINVAL;
         errno = 0;
         /* decimal, or hex with 0x: a leading zero is not octal ("010G" is ten gibibytes) */
-        v = strtoull(s, &end, (s[0] == '0' && (s[1] == 'x' || s[1] == 'X')) ? 16 : 10);
-        if (errno)
-                return -errno;
+        *ret = strtoull(s, ret_end, (s[0] == '0' && (s[1] == 'x' || s[1] == 'X')) ? 16 : 10);
+        return errno ? -errno : 0;
+}
+
+int parse_uint(const char *s, uint64_t max, uint64_t *ret)
+{
+        char *end;
+        unsigned long long v;
+        int r = read_number(s, &v, &end);
+
+        if (r < 0)
+                return r;
         if (*end)
                 return -EINVAL;
         if (v > max)
@@ -30,14 +37,10 @@ int parse_size(const char *s, uint64_t *ret)
         char *end;
         unsigned long long v;
         unsigned shift = 0;
+        int r = read_number(s, &v, &end);
 
-        if (!s || !*s || isspace((unsigned char)*s) || *s == '-' || *s == '+')
-                return -EINVAL;
-        errno = 0;
-        /* decimal, or hex with 0x: a leading zero is not octal ("010G" is ten gibibytes) */
-        v = strtoull(s, &end, (s[0] == '0' && (s[1] == 'x' || s[1] == 'X')) ? 16 : 10);
-        if (errno)
-                return -errno;
+        if (r < 0)
+                return r;
         if (*end) {
                 switch (toupper((unsigned char)*end)) {
                 case 'K':
@@ -85,4 +88,23 @@ int parse_bool(const char *s, bool *ret)
                 }
         }
         return -EINVAL;
+}
+
+void error_list_vadd(char *buf, size_t len, const char *path, unsigned line, const char *fmt, va_list ap)
+{
+        size_t used = buf ? strnlen(buf, len) : 0;
+        int n;
+
+        if (!buf || used + 1 >= len)
+                return;
+        n = snprintf(buf + used, len - used, "%s:%u: ", path, line);
+        if (n < 0 || (size_t)n >= len - used)
+                return;
+        used += (size_t)n;
+        n = vsnprintf(buf + used, len - used, fmt, ap);
+        if (n < 0 || (size_t)n + 1 >= len - used)
+                return;
+        used += (size_t)n;
+        buf[used] = '\n';
+        buf[used + 1] = '\0';
 }

@@ -26,3 +26,9 @@ int parse_size(const char *s, uint64_t *ret);
 int parse_uint(const char *s, uint64_t max, uint64_t *ret);
 /* Parse yes/no/true/false/1/0/on/off. */
 int parse_bool(const char *s, bool *ret);
+/*
+ * Append "PATH:LINE: message\n" to the list of a config file's errors in @buf (NUL-terminated, @len bytes in
+ * all); a line that does not fit whole is cut or left out.
+ */
+void error_list_vadd(char *buf, size_t len, const char *path, unsigned line, const char *fmt, va_list ap)
+        _printf_(5, 0);

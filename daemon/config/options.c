@@ -508,30 +508,12 @@ typedef struct FileCtx {
 
 _printf_(2, 3) static void file_error(FileCtx *ctx, const char *fmt, ...)
 {
-        size_t used;
         va_list ap;
-        int n;
 
         ctx->n_errors++;
-        if (!ctx->err)
-                return;
-        used = strnlen(ctx->err, ctx->errlen);
-        if (used + 1 >= ctx->errlen)
-                return;
-        n = snprintf(ctx->err + used, ctx->errlen - used, "%s:%u: ", ctx->path, ctx->line);
-        if (n < 0 || (size_t)n >= ctx->errlen - used)
-                return;
-        used += (size_t)n;
         va_start(ap, fmt);
-        n = vsnprintf(ctx->err + used, ctx->errlen - used, fmt, ap);
+        error_list_vadd(ctx->err, ctx->errlen, ctx->path, ctx->line, fmt, ap);
         va_end(ap);
-        if (n < 0 || (size_t)n >= ctx->errlen - used)
-                return;
-        used += (size_t)n;
-        if (used + 1 < ctx->errlen) {
-                ctx->err[used] = '\n';
-                ctx->err[used + 1] = '\0';
-        }
 }
 
 static void say_in_file(Complaints *c, const Setting *s, const char *msg)

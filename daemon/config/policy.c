@@ -119,25 +119,12 @@ typedef struct Parse {
 
 _printf_(2, 3) static void perr(Parse *ps, const char *fmt, ...)
 {
-        size_t used = ps->err ? strnlen(ps->err, ps->errlen) : 0;
         va_list ap;
-        int n;
 
         ps->n_errors++;
-        if (!ps->err || used + 2 >= ps->errlen)
-                return;
-        n = snprintf(ps->err + used, ps->errlen - used, "%s:%u: ", ps->path, ps->line);
-        if (n < 0 || (size_t)n >= ps->errlen - used)
-                return;
-        used += (size_t)n;
         va_start(ap, fmt);
-        n = vsnprintf(ps->err + used, ps->errlen - used, fmt, ap);
+        error_list_vadd(ps->err, ps->errlen, ps->path, ps->line, fmt, ap);
         va_end(ap);
-        if (n < 0 || (size_t)n + 2 >= ps->errlen - used)
-                return;
-        used += (size_t)n;
-        ps->err[used] = '\n';
-        ps->err[used + 1] = '\0';
 }
 
 static char *reader(char *str, int num, void *stream)
@@ -219,52 +206,51 @@ static void each_item(Parse *ps, const char *key, const char *v,
                 fn(ps, key, t);
 }
 
-static void add_uid(Parse *ps, const char *key, const char *t)
+/* A copy of @v at the end of the list @strv of @n (nothing added when out of memory). */
+static void strv_add(char ***strv, size_t *n, const char *v)
 {
-        PolicyClass *c = ps->cur;
+        char **l = realloc(*strv, (*n + 1) * sizeof(*l));
+
+        if (!l)
+                return;
+        *strv = l;
+        l[*n] = strdup(v);
+        if (l[*n])
+                (*n)++;
+}
+
+/* A user (or with @group, a group), by number or by name, at the end of the list @ids of @n. */
+static void add_id(Parse *ps, const char *key, const char *t, bool group, uint32_t **ids, size_t *n)
+{
         uint64_t v;
-        uid_t uid;
-        uid_t *n;
+        uint32_t id, *l;
 
         if (parse_uint(t, UINT32_MAX - 1, &v) == 0) {
-                uid = (uid_t)v;
+                id = (uint32_t)v;
         } else {
-                struct passwd *pw = getpwnam(t);
-                if (!pw) {
-                        perr(ps, "%s: no user named '%s'", key, t);
+                struct group *g = group ? getgrnam(t) : NULL;
+                struct passwd *pw = group ? NULL : getpwnam(t);
+                if (!g && !pw) {
+                        perr(ps, "%s: no %s named '%s'", key, group ? "group" : "user", t);
                         return;
                 }
-                uid = pw->pw_uid;
+                id = g ? g->gr_gid : pw->pw_uid;
         }
-        n = realloc(c->uids, (c->n_uids + 1) * sizeof(*n));
-        if (!n)
+        l = realloc(*ids, (*n + 1) * sizeof(*l));
+        if (!l)
                 return;
-        c->uids = n;
-        c->uids[c->n_uids++] = uid;
+        *ids = l;
+        l[(*n)++] = id;
+}
+
+static void add_uid(Parse *ps, const char *key, const char *t)
+{
+        add_id(ps, key, t, false, &ps->cur->uids, &ps->cur->n_uids);
 }
 
 static void add_gid(Parse *ps, const char *key, const char *t)
 {
-        PolicyClass *c = ps->cur;
-        uint64_t v;
-        gid_t gid;
-        gid_t *n;
-
-        if (parse_uint(t, UINT32_MAX - 1, &v) == 0) {
-                gid = (gid_t)v;
-        } else {
-                struct group *g = getgrnam(t);
-                if (!g) {
-                        perr(ps, "%s: no group named '%s'", key, t);
-                        return;
-                }
-                gid = g->gr_gid;
-        }
-        n = realloc(c->gids, (c->n_gids + 1) * sizeof(*n));
-        if (!n)
-                return;
-        c->gids = n;
-        c->gids[c->n_gids++] = gid;
+        add_id(ps, key, t, true, &ps->cur->gids, &ps->cur->n_gids);
 }
 
 static void add_gpu(Parse *ps, const char *key, const char *t)
@@ -344,7 +330,6 @@ static void add_share_pattern(Parse *ps, const char *key, const char *t)
 {
         PolicyClass *c = ps->cur;
         int right = -1;
-        char **n;
 
         for (int r = 0; r < _POLICY_SHARE_MAX; r++)
                 if (strcmp(key, share_keys[r]) == 0)
@@ -363,13 +348,7 @@ static void add_share_pattern(Parse *ps, const char *key, const char *t)
                              key, t, *p);
                         return;
                 }
-        n = realloc(c->share[right], (c->n_share[right] + 1) * sizeof(*n));
-        if (!n)
-                return;
-        c->share[right] = n;
-        n[c->n_share[right]] = strdup(t);
-        if (n[c->n_share[right]])
-                c->n_share[right]++;
+        strv_add(&c->share[right], &c->n_share[right], t);
 }
 
 static void class_key(Parse *ps, const char *key, const char *v)
@@ -404,18 +383,11 @@ static void class_key(Parse *ps, const char *key, const char *v)
                 else
                         c->foreign_imports = lim;
         } else if (strcmp(key, "match-cgroup") == 0) {
-                char **n;
                 if (v[0] != '/') {
                         perr(ps, "%s: '%s' is not an absolute cgroup path pattern", key, v);
                         return;
                 }
-                n = realloc(c->cgroups, (c->n_cgroups + 1) * sizeof(*n));
-                if (!n)
-                        return;
-                c->cgroups = n;
-                c->cgroups[c->n_cgroups] = strdup(v);
-                if (c->cgroups[c->n_cgroups])
-                        c->n_cgroups++;
+                strv_add(&c->cgroups, &c->n_cgroups, v);
         } else if (strcmp(key, "match-uid") == 0) {
                 each_item(ps, key, v, add_uid);
         } else if (strcmp(key, "match-gid") == 0) {
