@@ -231,61 +231,77 @@ void classes_free_all(Manager *m)
         m->policy = policy_free(m->policy);
 }
 
+/* Where a class keeps its limit on @r: for VRAM, on the GPU of index @gi, or on all of them (-1). */
+static uint64_t *limit_of(ClassState *s, PolicyResource r, int gi)
+{
+        BrokerAccount *a = &s->acct;
+
+        switch (r) {
+        case POLICY_RES_VRAM:
+                return gi >= 0 ? &a->max_vram_gpu[gi] : &a->max_vram;
+        case POLICY_RES_HOST:
+                return &a->max_host;
+        case POLICY_RES_MANAGED:
+                return &a->max_managed;
+        case POLICY_RES_HANDLES:
+                return &a->max_handles;
+        case POLICY_RES_FDS:
+                return &a->max_fds;
+        case POLICY_RES_CONNECTIONS:
+                return &s->max_connections;
+        case POLICY_RES_INFLIGHT:
+                return &s->max_inflight;
+        case POLICY_RES_WINDOWS:
+                return &s->max_windows;
+        case POLICY_RES_QUEUES:
+                return &a->max_queues;
+        default:
+                return NULL;
+        }
+}
+
+/* What a class uses of @r. Under the account's lock. */
+static uint64_t used_locked(const Manager *m, ClassState *s, PolicyResource r, int gi)
+{
+        const BrokerAccount *a = &s->acct;
+        uint64_t n = 0;
+
+        switch (r) {
+        case POLICY_RES_VRAM:
+                return gi >= 0 ? a->used.vram_bytes[gi] : a->used.device_bytes + a->used.vmm_bytes;
+        case POLICY_RES_HOST:
+                return a->used.host_bytes;
+        case POLICY_RES_MANAGED:
+                return a->used.managed_bytes;
+        case POLICY_RES_HANDLES:
+                return a->used.objects;
+        case POLICY_RES_FDS:
+                return a->used.held_fds;
+        case POLICY_RES_CONNECTIONS:
+                return s->connections;
+        case POLICY_RES_INFLIGHT:
+                for (const Conn *c = m->conns; c; c = c->next)
+                        if (c->cls == s)
+                                n += (uint64_t)READ_ONCE(c->inflight);
+                return n;
+        case POLICY_RES_WINDOWS:
+                return window_count_of_class(m, s);
+        case POLICY_RES_QUEUES:
+                return a->used.queues;
+        default:
+                return 0;
+        }
+}
+
 /* Under the account's lock. */
 static void get_locked(const Manager *m, ClassState *s, PolicyResource r, uint32_t gpu_id, uint64_t *ret_used,
                        uint64_t *ret_limit)
 {
-        BrokerAccount *a = &s->acct;
         int gi = gpu_id ? broker_gpu_index(m->broker, gpu_id) : -1;
+        const uint64_t *limit = limit_of(s, r, gi);
 
-        switch (r) {
-        case POLICY_RES_VRAM:
-                if (gi >= 0) {
-                        *ret_used = a->used.vram_bytes[gi];
-                        *ret_limit = a->max_vram_gpu[gi];
-                } else {
-                        *ret_used = a->used.device_bytes + a->used.vmm_bytes;
-                        *ret_limit = a->max_vram;
-                }
-                break;
-        case POLICY_RES_HOST:
-                *ret_used = a->used.host_bytes;
-                *ret_limit = a->max_host;
-                break;
-        case POLICY_RES_MANAGED:
-                *ret_used = a->used.managed_bytes;
-                *ret_limit = a->max_managed;
-                break;
-        case POLICY_RES_HANDLES:
-                *ret_used = a->used.objects;
-                *ret_limit = a->max_handles;
-                break;
-        case POLICY_RES_FDS:
-                *ret_used = a->used.held_fds;
-                *ret_limit = a->max_fds;
-                break;
-        case POLICY_RES_CONNECTIONS:
-                *ret_used = s->connections;
-                *ret_limit = s->max_connections;
-                break;
-        case POLICY_RES_INFLIGHT:
-                *ret_used = 0;
-                for (const Conn *c = m->conns; c; c = c->next)
-                        if (c->cls == s)
-                                *ret_used += (uint64_t)READ_ONCE(c->inflight);
-                *ret_limit = s->max_inflight;
-                break;
-        case POLICY_RES_WINDOWS:
-                *ret_used = window_count_of_class(m, s);
-                *ret_limit = s->max_windows;
-                break;
-        case POLICY_RES_QUEUES:
-                *ret_used = a->used.queues;
-                *ret_limit = a->max_queues;
-                break;
-        default:
-                *ret_used = *ret_limit = 0;
-        }
+        *ret_used = limit ? used_locked(m, s, r, gi) : 0;
+        *ret_limit = limit ? *limit : 0;
 }
 
 void classes_get(const Manager *m, ClassState *s, PolicyResource r, uint32_t gpu_id, uint64_t *ret_used,
@@ -299,7 +315,7 @@ void classes_get(const Manager *m, ClassState *s, PolicyResource r, uint32_t gpu
 int classes_set_limit(Manager *m, ClassState *s, PolicyResource r, uint32_t gpu_id, uint64_t limit,
                       bool force, char *reason, size_t len)
 {
-        uint64_t used, old;
+        uint64_t used, old, *field;
         int gi = -1;
 
         if (gpu_id) {
@@ -332,41 +348,11 @@ int classes_set_limit(Manager *m, ClassState *s, PolicyResource r, uint32_t gpu_
                          (unsigned long long)limit);
                 return -EBUSY;
         }
-        switch (r) {
-        case POLICY_RES_VRAM:
-                if (gi >= 0)
-                        s->acct.max_vram_gpu[gi] = limit;
-                else
-                        s->acct.max_vram = limit;
-                break;
-        case POLICY_RES_HOST:
-                s->acct.max_host = limit;
-                break;
-        case POLICY_RES_MANAGED:
-                s->acct.max_managed = limit;
-                break;
-        case POLICY_RES_HANDLES:
-                s->acct.max_handles = limit;
-                break;
-        case POLICY_RES_FDS:
-                s->acct.max_fds = limit;
-                break;
-        case POLICY_RES_CONNECTIONS:
-                s->max_connections = limit;
-                break;
-        case POLICY_RES_INFLIGHT:
-                s->max_inflight = limit;
+        field = limit_of(s, r, gi);
+        if (field)
+                *field = limit;
+        if (r == POLICY_RES_INFLIGHT)
                 refresh_inflight(m, s);
-                break;
-        case POLICY_RES_WINDOWS:
-                s->max_windows = limit;
-                break;
-        case POLICY_RES_QUEUES:
-                s->acct.max_queues = limit;
-                break;
-        default:
-                break;
-        }
         broker_account_unlock(&s->acct);
         /* the old limit, for the log */
         if (old == UINT64_MAX)
