@@ -1,0 +1,415 @@
+/* The broker's objects: handles, their VA, freeing them, GPU mappings, and the queries over them. */
+#include "broker.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/random.h>
+
+#include "broker-private.h"
+
+static uint64_t new_handle(const BrokerClient *c)
+{
+        for (;;) {
+                uint64_t h = 0;
+                if (getrandom(&h, sizeof(h), 0) != sizeof(h))
+                        h ^= (uint64_t)random() << 32 ^ (uint64_t)random() ^ (uint64_t)(uintptr_t)&h;
+                /* handles are unguessable and never 0, UINT64_MAX or already taken */
+                if (h != 0 && h != UINT64_MAX && !hashmap_get(&c->objs, h))
+                        return h;
+        }
+}
+
+Obj *broker_obj_new(BrokerKind kind)
+{
+        Obj *o = calloc(1, sizeof(*o));
+        if (o) {
+                o->kind = kind;
+                o->memfd = -1;
+                o->numa_node = -1;
+        }
+        return o;
+}
+
+/* Give @o a handle the client can name. */
+int broker_obj_publish(BrokerClient *c, Obj *o)
+{
+        if (!o->handle)
+                o->handle = new_handle(c);
+        return hashmap_put(&c->objs, o->handle, o);
+}
+
+Obj *broker_obj_lookup(BrokerClient *c, uint64_t handle)
+{
+        return hashmap_get(&c->objs, handle);
+}
+
+/* Put a PROT_NONE reservation back over [va, va+size) of the daemon's copy of the window. */
+void broker_reserve_again(uint64_t va, uint64_t size)
+{
+        (void)mmap((void *)(uintptr_t)va, size, PROT_NONE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+}
+
+/* Drop the daemon's mapping of shared or managed memory at [va, va+size), through the driver, which drops
+ * the pages from its SVM ranges as the kernel's MMU notifier does. */
+void broker_unmap_shared(Broker *b, uint64_t va, uint64_t size)
+{
+        (void)driver_cpu_unmap(b->drv, va, size);
+        broker_reserve_again(va, size);
+}
+
+int broker_check_gpus(const Broker *b, const uint32_t *ids, size_t n, Reason *w)
+{
+        for (size_t i = 0; i < n; i++) {
+                if (broker_gpu_index(b, ids[i]) < 0)
+                        return reason_set(w, -ENODEV, "no GPU with id %u", ids[i]);
+                for (size_t k = 0; k < i; k++)
+                        if (ids[k] == ids[i])
+                                return reason_set(w, -EINVAL, "GPU %u listed twice", ids[i]);
+        }
+        return 0;
+}
+
+int broker_check_flags(uint32_t f, Reason *w)
+{
+        if (f & ~(uint32_t)_BROKER_FLAG_ALL)
+                return reason_set(w, -EINVAL, "unknown allocation flags 0x%x",
+                                  f & ~(uint32_t)_BROKER_FLAG_ALL);
+        /* the same combinations libhsakmt refuses */
+        if ((f & BROKER_FLAG_EXT_COHERENT) && !(f & BROKER_FLAG_COHERENT))
+                return reason_set(w, -EINVAL, "extended coherence needs fine-grained (coherent) memory");
+        if ((f & BROKER_FLAG_EXT_COHERENT) && (f & BROKER_FLAG_UNCACHED))
+                return reason_set(w, -EINVAL, "extended coherence and uncached exclude each other");
+        return 0;
+}
+
+/* The VA space an object lives in. */
+ThunkVaSpace *broker_obj_space(const BrokerClient *c, const Obj *o)
+{
+        return o->outer ? c->outer : c->window;
+}
+
+/* Reserve VA in the client's window. */
+int broker_take_va(BrokerClient *c, uint64_t size, uint64_t align, uint64_t fixed, Obj *o, uint64_t *ret,
+                   Reason *w)
+{
+        char b1[32];
+        int r;
+
+        if (fixed) {
+                if (fixed % align)
+                        return reason_set(w, -EINVAL, "address 0x%llx is not aligned to %s",
+                                          (unsigned long long)fixed, broker_human(align, b1, sizeof(b1)));
+                r = thunk_va_alloc_fixed(c->window, fixed, size, o);
+                if (r == -ERANGE || r == -EOVERFLOW)
+                        return reason_set(w, -EINVAL, "0x%llx+0x%llx is outside this client's VA window",
+                                          (unsigned long long)fixed, (unsigned long long)size);
+                if (r == -EADDRINUSE)
+                        return reason_set(w, r, "0x%llx+0x%llx overlaps memory this client already has",
+                                          (unsigned long long)fixed, (unsigned long long)size);
+                if (r < 0)
+                        return reason_set(w, r, "cannot place 0x%llx: %s", (unsigned long long)fixed,
+                                          strerror(-r));
+                *ret = fixed;
+                return 0;
+        }
+        r = thunk_va_alloc(c->window, size, align, o, ret);
+        if (r == -ENOMEM)
+                return reason_set(w, r, "no room for %s in this client's VA window",
+                                  broker_human(size, b1, sizeof(b1)));
+        if (r < 0)
+                return reason_set(w, r, "cannot place %s in the VA window: %s",
+                                  broker_human(size, b1, sizeof(b1)), strerror(-r));
+        return 0;
+}
+
+int broker_check_alignment(uint64_t align, Reason *w)
+{
+        if (align && (align < BROKER_PAGE_SIZE || (align & (align - 1)) || align > (1ull << 30)))
+                return reason_set(w, -EINVAL, "alignment %llu is not a power of two between 4 KiB and 1 GiB",
+                                  (unsigned long long)align);
+        return 0;
+}
+
+/* Free what an allocation holds (not its handle or VA). At a client's teardown (@teardown) a driver refusal
+ * does not stop the rest: the client's context release takes the GPU side, and the memory file must still
+ * be closed. */
+int broker_destroy_alloc(BrokerClient *c, Obj *o, bool teardown, Reason *w)
+{
+        int tmp_fd = -1, r;
+
+        broker_share_obj_gone(c, o);
+        /* a dmabuf of it went out: hold one more while the BO goes, to watch its memory after */
+        if (o->mem && o->memfd < 0 && o->handed_out && driver_mem_export(c->b->drv, o->mem, &tmp_fd) < 0)
+                tmp_fd = -1;
+        if (o->mem) {
+                r = driver_mem_unmap_all(c->b->drv, o->mem);
+                if (r < 0 && !teardown) {
+                        safe_close(tmp_fd);
+                        return reason_set(w, r, "cannot unmap the allocation from its GPUs: %s",
+                                          strerror(-r));
+                }
+                r = r < 0 ? r : driver_mem_free(c->b->drv, o->mem);
+                if (r < 0 && !teardown) {
+                        safe_close(tmp_fd);
+                        return reason_set(w, r, "the driver refused to free the allocation: %s",
+                                          strerror(-r));
+                }
+                o->mem = NULL;
+        }
+        broker_linger_start(c, o, o->memfd >= 0 ? o->memfd : tmp_fd);
+        safe_close(tmp_fd);
+        broker_obj_forget_file(c->b, o);
+        if (o->memfd >= 0) {
+                if (!o->outer)
+                        broker_unmap_shared(c->b, o->va, o->size);
+                o->memfd = safe_close(o->memfd);
+                broker_charge_give(c, &(Charge){.held_fds = 1});
+        }
+        return 0;
+}
+
+static int free_alloc(BrokerClient *c, Obj *o, Reason *w)
+{
+        int r = broker_destroy_alloc(c, o, false, w);
+
+        if (r < 0)
+                return r;
+        hashmap_remove(&c->objs, o->handle);
+        (void)thunk_va_free(broker_obj_space(c, o), o->va);
+        broker_charge_obj_give(c, o); /* held_fds was already refunded when the fd closed */
+        broker_svm_log_free(c, o);
+        free(o);
+        return 0;
+}
+
+/* A VMM handle or import nobody names or maps any more: free its BO. */
+void broker_phys_maybe_destroy(BrokerClient *c, Obj *o)
+{
+        int tmp_fd = -1;
+
+        if (o->client_refs > 0 || o->map_refs > 0)
+                return;
+        broker_share_obj_gone(c, o);
+        if (o->mem && o->handed_out && driver_mem_export(c->b->drv, o->mem, &tmp_fd) < 0)
+                tmp_fd = -1;
+        if (o->mem)
+                (void)driver_mem_free(c->b->drv, o->mem);
+        broker_linger_start(c, o, tmp_fd);
+        safe_close(tmp_fd);
+        broker_obj_forget_file(c->b, o);
+        broker_charge_obj_give(c, o);
+        free(o);
+}
+
+int broker_mem_free(BrokerClient *c, uint64_t handle, Reason *w)
+{
+        Obj *o = broker_obj_lookup(c, handle);
+
+        if (!o)
+                return reason_set(w, -ENOENT, "no allocation with handle 0x%llx", (unsigned long long)handle);
+        switch (o->kind) {
+        case BROKER_KIND_DEVICE:
+        case BROKER_KIND_HOST:
+        case BROKER_KIND_MANAGED: {
+                int r = free_alloc(c, o, w);
+                broker_process_events(c->b); /* memory no one else holds is refunded before the reply */
+                return r;
+        }
+        case BROKER_KIND_VMM:
+        case BROKER_KIND_IMPORT:
+                return broker_vmm_release(c, handle, w);
+        case BROKER_KIND_SHARE:
+                hashmap_remove(&c->objs, o->handle);
+                broker_share_ref_drop(c, o);
+                free(o);
+                broker_process_events(c->b);
+                return 0;
+        default:
+                return reason_set(w, -EINVAL, "0x%llx is a VA reservation: free it with vmm_free",
+                                  (unsigned long long)handle);
+        }
+}
+
+int broker_map(BrokerClient *c, uint64_t handle, const uint32_t *gpu_ids, size_t n, Reason *w)
+{
+        Obj *o = broker_obj_lookup(c, handle);
+        int r;
+
+        if (!o)
+                return reason_set(w, -ENOENT, "no allocation with handle 0x%llx", (unsigned long long)handle);
+        if (o->kind == BROKER_KIND_MANAGED)
+                return reason_set(w, -EINVAL, "managed memory is mapped through its SVM attributes");
+        if (o->kind == BROKER_KIND_SHARE)
+                return reason_set(w, -EINVAL, "a share is mapped on its reader's GPUs when it is opened");
+        if (o->kind != BROKER_KIND_DEVICE && o->kind != BROKER_KIND_HOST)
+                return reason_set(w, -EINVAL, "VMM handles are mapped with vmm_map and vmm_set_access");
+        if (n == 0)
+                return reason_set(w, -EINVAL, "no GPU to map on");
+        r = broker_check_gpus(c->b, gpu_ids, n, w);
+        if (r < 0)
+                return r;
+        r = broker_gpus_allowed(c, gpu_ids, n, w);
+        if (r < 0)
+                return r;
+        r = driver_mem_map(c->b->drv, o->mem, gpu_ids, n);
+        if (r < 0)
+                return reason_set(w, r, "the driver refused to map the allocation: %s", strerror(-r));
+        return 0;
+}
+
+int broker_unmap(BrokerClient *c, uint64_t handle, const uint32_t *gpu_ids, size_t n, Reason *w)
+{
+        Obj *o = broker_obj_lookup(c, handle);
+        int r;
+
+        if (!o)
+                return reason_set(w, -ENOENT, "no allocation with handle 0x%llx", (unsigned long long)handle);
+        if (o->kind != BROKER_KIND_DEVICE && o->kind != BROKER_KIND_HOST)
+                return reason_set(w, -EINVAL, "only device and host allocations are mapped to GPUs this way");
+        if (n == 0) {
+                r = driver_mem_unmap_all(c->b->drv, o->mem);
+        } else {
+                r = broker_check_gpus(c->b, gpu_ids, n, w);
+                if (r < 0)
+                        return r;
+                for (size_t i = 0; i < n; i++)
+                        if (!driver_mem_is_mapped(c->b->drv, o->mem, gpu_ids[i]))
+                                return reason_set(w, -EINVAL, "the allocation is not mapped on GPU %u",
+                                                  gpu_ids[i]);
+                r = driver_mem_unmap(c->b->drv, o->mem, gpu_ids, n);
+        }
+        if (r < 0)
+                return reason_set(w, r, "the driver refused to unmap the allocation: %s", strerror(-r));
+        return 0;
+}
+
+bool broker_in_window(const BrokerClient *c, uint64_t va, uint64_t size)
+{
+        uint64_t lo = thunk_va_space_base(c->window), hi = thunk_va_space_limit(c->window);
+        return va >= lo && size <= hi - lo && va - lo <= hi - lo - size;
+}
+
+Obj *broker_obj_at(const BrokerClient *c, uint64_t va)
+{
+        ThunkVaObject vo;
+        const Obj *o = thunk_va_lookup(c->window, va, &vo) == 0 ? vo.data : NULL;
+        return o && !o->pending ? (Obj *)o : NULL;
+}
+
+VmmMap *broker_map_at(const Obj *res, uint64_t va)
+{
+        ThunkVaObject vo;
+        return thunk_va_lookup(res->maps, va, &vo) == 0 ? vo.data : NULL;
+}
+
+int broker_pointer_info(BrokerClient *c, uint64_t va, BrokerPtrInfo *ret, Reason *w)
+{
+        VmmMap *m = NULL;
+        Obj *o;
+
+        if (!broker_in_window(c, va, 1) && (o = broker_share_at(c, va)) != NULL)
+                return broker_share_pointer_info(c, o, ret, w);
+        if (!broker_in_window(c, va, 1))
+                return reason_set(w, -EFAULT, "0x%llx is outside this client's VA window",
+                                  (unsigned long long)va);
+        o = broker_obj_at(c, va);
+        if (!o)
+                return reason_set(w, -ENOENT, "nothing is allocated at 0x%llx", (unsigned long long)va);
+        if (o->kind == BROKER_KIND_RESERVATION && !(m = broker_map_at(o, va)))
+                return reason_set(w, -ENOENT, "0x%llx is reserved but not mapped", (unsigned long long)va);
+        /* written in place, the mapped GPUs up to their count: the array is most of the struct */
+        ret->n_mapped = 0;
+        if (m) {
+                ret->handle = m->phys->client_refs ? m->phys->handle : 0;
+                ret->kind = m->phys->kind;
+                ret->gpu_id = m->phys->gpu_id;
+                ret->base = m->va;
+                ret->size = m->size;
+                ret->flags = m->phys->flags;
+                ret->cpu_accessible = m->cpu_access != BROKER_ACCESS_NONE;
+                for (size_t i = 0; i < m->n_gem; i++)
+                        ret->mapped[ret->n_mapped++] = m->gem[i].gpu_id;
+        } else {
+                ret->handle = o->handle;
+                ret->kind = o->kind;
+                ret->gpu_id = o->gpu_id;
+                ret->base = o->va;
+                ret->size = o->size;
+                ret->flags = o->flags;
+                ret->cpu_accessible = o->memfd >= 0 || (o->flags & BROKER_FLAG_HOST_VISIBLE);
+                broker_mapped_gpus_into(c->b, o, ret->mapped, &ret->n_mapped);
+        }
+        return 0;
+}
+
+int broker_mem_info(BrokerClient *c, uint32_t gpu_id, BrokerGpuMem *out, size_t *ret_n, Reason *w)
+{
+        Broker *b = c->b;
+        DriverCtx *ctx = c->ctx ? c->ctx : b->primary;
+        size_t n = 0;
+
+        if (gpu_id && broker_gpu_index(b, gpu_id) < 0)
+                return reason_set(w, -ENODEV, "no GPU with id %u", gpu_id);
+        for (size_t i = 0; i < b->n_gpus; i++) {
+                uint64_t avail = 0;
+                int r;
+
+                if (gpu_id && b->gpu_ids[i] != gpu_id)
+                        continue;
+                r = driver_available_memory(b->drv, ctx, b->gpu_ids[i], &avail);
+                if (r < 0)
+                        return reason_set(w, r, "cannot read the available memory of GPU %u: %s",
+                                          b->gpu_ids[i], strerror(-r));
+                out[n].gpu_id = b->gpu_ids[i];
+                out[n].total = b->gpu_vram[i];
+                out[n].used = c->usage.vram_bytes[i];
+                out[n].free = avail < out[n].total ? avail : out[n].total;
+                if (c->acct) {
+                        /* the class's allowance: its per-GPU and total VRAM limits, less what the class uses
+                         */
+                        BrokerAccount *a = c->acct;
+                        broker_account_lock(a);
+                        uint64_t vram = a->used.device_bytes + a->used.vmm_bytes;
+                        uint64_t used_gpu = a->used.vram_bytes[i];
+                        uint64_t left_gpu = used_gpu < a->max_vram_gpu[i] ? a->max_vram_gpu[i] - used_gpu : 0;
+                        uint64_t left_all = vram < a->max_vram ? a->max_vram - vram : 0;
+                        uint64_t allow = a->max_vram_gpu[i] < a->max_vram ? a->max_vram_gpu[i] : a->max_vram;
+                        if (!(__atomic_load_n(&a->allowed_gpus, __ATOMIC_RELAXED) & (1ull << i)))
+                                allow = left_gpu = 0;
+                        if (allow < out[n].total)
+                                out[n].total = allow;
+                        out[n].used = used_gpu;
+                        if (left_gpu < out[n].free)
+                                out[n].free = left_gpu;
+                        if (left_all < out[n].free)
+                                out[n].free = left_all;
+                        broker_account_unlock(a);
+                }
+                n++;
+        }
+        *ret_n = n;
+        return 0;
+}
+
+size_t broker_client_list(const BrokerClient *c, size_t *cursor, BrokerObjInfo *out, size_t cap)
+{
+        size_t n = 0, it = *cursor;
+        Obj *o;
+
+        while (n < cap && hashmap_next(&c->objs, &it, NULL, (void **)&o)) {
+                BrokerObjInfo *i = &out[n++];
+                memset(i, 0, sizeof(*i));
+                i->handle = o->handle;
+                i->kind = o->kind;
+                i->size = o->size;
+                i->gpu_id = o->gpu_id;
+                i->va = o->va;
+                i->exports = o->exports;
+                broker_mapped_gpus_into(c->b, o, i->mapped, &i->n_mapped);
+        }
+        *cursor = n == cap ? it : 0;
+        return n;
+}
