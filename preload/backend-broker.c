@@ -22,7 +22,7 @@
 #include "backend.h"
 #include "config.h"
 #include "gpumem-client.h"
-#include "kfd-compat.h"
+#include "kfd-ioctls.h"
 #include "svm-book.h"
 
 /*
@@ -358,8 +358,9 @@ static void fill_apertures(size_t g, struct kfd_process_device_apertures *ap)
         ap->gpuvm_limit = kb.window_base + kb.window_size - 1;
 }
 
-static int get_apertures_new(struct kfd_ioctl_get_process_apertures_new_args *a)
+static int get_apertures_new(void *arg, unsigned long request)
 {
+        struct kfd_ioctl_get_process_apertures_new_args *a = arg;
         struct kfd_process_device_apertures *out =
                 (struct kfd_process_device_apertures *)(uintptr_t)a->kfd_process_device_apertures_ptr;
         size_t n = kb.n_gpus;
@@ -378,8 +379,9 @@ static int get_apertures_new(struct kfd_ioctl_get_process_apertures_new_args *a)
         return 0;
 }
 
-static int get_apertures(struct kfd_ioctl_get_process_apertures_args *a)
+static int get_apertures(void *arg, unsigned long request)
 {
+        struct kfd_ioctl_get_process_apertures_args *a = arg;
         size_t n = kb.n_gpus < NUM_OF_SUPPORTED_GPUS ? kb.n_gpus : NUM_OF_SUPPORTED_GPUS;
 
         for (size_t g = 0; g < n; g++)
@@ -388,8 +390,9 @@ static int get_apertures(struct kfd_ioctl_get_process_apertures_args *a)
         return 0;
 }
 
-static int acquire_vm(const struct kfd_ioctl_acquire_vm_args *a)
+static int acquire_vm(void *arg, unsigned long request)
 {
+        const struct kfd_ioctl_acquire_vm_args *a = arg;
         int g = gpu_index(a->gpu_id), slot, r = 0;
 
         if (g < 0)
@@ -406,8 +409,9 @@ static int acquire_vm(const struct kfd_ioctl_acquire_vm_args *a)
         return r;
 }
 
-static int set_memory_policy(const struct kfd_ioctl_set_memory_policy_args *a)
+static int set_memory_policy(void *arg, unsigned long request)
 {
+        const struct kfd_ioctl_set_memory_policy_args *a = arg;
         if (gpu_index(a->gpu_id) < 0)
                 return -EINVAL;
         if ((a->default_policy != KFD_IOC_CACHE_POLICY_COHERENT &&
@@ -427,8 +431,9 @@ static uint64_t clock_ns(clockid_t id)
         return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-static int clock_counters(struct kfd_ioctl_get_clock_counters_args *a)
+static int clock_counters(void *arg, unsigned long request)
 {
+        struct kfd_ioctl_get_clock_counters_args *a = arg;
         if (gpu_index(a->gpu_id) < 0)
                 return -EINVAL;
         /* the GPU's counter as the model keeps it: the raw monotonic clock, in nanoseconds */
@@ -439,8 +444,9 @@ static int clock_counters(struct kfd_ioctl_get_clock_counters_args *a)
         return 0;
 }
 
-static int xnack_mode(struct kfd_ioctl_set_xnack_mode_args *a)
+static int xnack_mode(void *arg, unsigned long request)
 {
+        struct kfd_ioctl_set_xnack_mode_args *a = arg;
         if (a->xnack_enabled < 0) { /* a query */
                 a->xnack_enabled = 0;
                 return 0;
@@ -449,8 +455,9 @@ static int xnack_mode(struct kfd_ioctl_set_xnack_mode_args *a)
         return a->xnack_enabled == 0 ? 0 : -EPERM;
 }
 
-static int available_memory(struct kfd_ioctl_get_available_memory_args *a)
+static int available_memory(void *arg, unsigned long request)
 {
+        struct kfd_ioctl_get_available_memory_args *a = arg;
         size_t free_bytes = 0, total = 0;
         int r;
 
@@ -608,8 +615,9 @@ static int unsubstitute_pages(uint64_t cpu_va, uint64_t gpu_va, uint64_t size, b
         return r;
 }
 
-static int alloc_memory(struct kfd_ioctl_alloc_memory_of_gpu_args *a)
+static int alloc_memory(void *arg, unsigned long request)
 {
+        struct kfd_ioctl_alloc_memory_of_gpu_args *a = arg;
         uint32_t k = a->flags;
         unsigned flags = gm_flags_of(k);
         Bo bo = {.va = a->va_addr, .size = a->size, .gpu_id = a->gpu_id, .kfd_flags = k};
@@ -709,8 +717,9 @@ static int alloc_memory(struct kfd_ioctl_alloc_memory_of_gpu_args *a)
         return 0;
 }
 
-static int free_memory(const struct kfd_ioctl_free_memory_of_gpu_args *a)
+static int free_memory(void *arg, unsigned long request)
 {
+        const struct kfd_ioctl_free_memory_of_gpu_args *a = arg;
         bool freed;
         Bo bo;
         Bo *b;
@@ -877,8 +886,9 @@ static int b_mmap(void *addr, size_t len, int prot, int flags, int fd, uint64_t 
  * The process's events are its context's in the daemon. The event page is the GTT BO libhsakmt allocated
  * for it (memory the daemon shares): a signal event's slot there starts unsignalled, as KFD leaves it.
  */
-static int create_event(struct kfd_ioctl_create_event_args *a)
+static int create_event(void *arg, unsigned long request)
 {
+        struct kfd_ioctl_create_event_args *a = arg;
         uint64_t page_va = 0, page_size = 0;
         uint32_t id = 0, slot = 0;
         int r;
@@ -916,8 +926,9 @@ static int create_event(struct kfd_ioctl_create_event_args *a)
         return 0;
 }
 
-static int wait_events(struct kfd_ioctl_wait_events_args *a)
+static int wait_events(void *arg, unsigned long request)
 {
+        struct kfd_ioctl_wait_events_args *a = arg;
         struct kfd_event_data *ev = (struct kfd_event_data *)(uintptr_t)a->events_ptr;
         gm_memory_exception exc[8];
         uint32_t ids[256];
@@ -954,8 +965,9 @@ static int wait_events(struct kfd_ioctl_wait_events_args *a)
 }
 
 /* The GPU's tiling as the daemon's driver reports it, into the caller's arrays as far as they go. */
-static int tile_config(struct kfd_ioctl_get_tile_config_args *a)
+static int tile_config(void *arg, unsigned long request)
 {
+        struct kfd_ioctl_get_tile_config_args *a = arg;
         gm_tile_config t;
         int r;
 
@@ -1100,12 +1112,12 @@ static int svm_substitute(uint64_t va, uint64_t size)
 
 static int svm_call(struct kfd_ioctl_svm_args *a, unsigned long request);
 
-static int svm_ioctl(struct kfd_ioctl_svm_args *a, unsigned long request)
+static int svm_ioctl(void *arg, unsigned long request)
 {
         int r;
 
         pthread_mutex_lock(&kb.svm_lock);
-        r = svm_call(a, request);
+        r = svm_call(arg, request);
         pthread_mutex_unlock(&kb.svm_lock);
         return r;
 }
@@ -1204,8 +1216,9 @@ static void svm_unmapped(uint64_t va, uint64_t len)
 
 /* ---- queues -------------------------------------------------------------------------------------------- */
 
-static int create_queue(struct kfd_ioctl_create_queue_args *a)
+static int create_queue(void *arg, unsigned long request)
 {
+        struct kfd_ioctl_create_queue_args *a = arg;
         gm_queue_desc d = {.gpu_id = a->gpu_id,
                            .type = a->queue_type,
                            .percentage = a->queue_percentage,
@@ -1238,6 +1251,123 @@ static int create_queue(struct kfd_ioctl_create_queue_args *a)
 
 /* ---- dispatch ------------------------------------------------------------------------------------------ */
 
+static int get_version(void *arg, unsigned long request)
+{
+        struct kfd_ioctl_get_version_args *a = arg;
+
+        a->major_version = kb.kfd_major;
+        a->minor_version = kb.kfd_minor;
+        return 0;
+}
+
+static int map_to_gpu(void *arg, unsigned long request)
+{
+        struct kfd_ioctl_map_memory_to_gpu_args *a = arg;
+
+        return map_memory(a->handle, a->device_ids_array_ptr, a->n_devices, &a->n_success, true);
+}
+
+static int unmap_from_gpu(void *arg, unsigned long request)
+{
+        struct kfd_ioctl_unmap_memory_from_gpu_args *a = arg;
+
+        return map_memory(a->handle, a->device_ids_array_ptr, a->n_devices, &a->n_success, false);
+}
+
+static int destroy_event(void *arg, unsigned long request)
+{
+        return gm_event_destroy(kb.c, ((struct kfd_ioctl_destroy_event_args *)arg)->event_id);
+}
+
+static int set_event(void *arg, unsigned long request)
+{
+        return gm_event_set(kb.c, ((struct kfd_ioctl_set_event_args *)arg)->event_id);
+}
+
+static int reset_event(void *arg, unsigned long request)
+{
+        return gm_event_reset(kb.c, ((struct kfd_ioctl_reset_event_args *)arg)->event_id);
+}
+
+static int destroy_queue(void *arg, unsigned long request)
+{
+        return gm_queue_destroy(kb.c, ((struct kfd_ioctl_destroy_queue_args *)arg)->queue_id);
+}
+
+static int update_queue(void *arg, unsigned long request)
+{
+        struct kfd_ioctl_update_queue_args *a = arg;
+
+        return gm_queue_update(kb.c, a->queue_id, a->ring_base_address, a->ring_size, a->queue_percentage,
+                               a->queue_priority);
+}
+
+static int trap_handler(void *arg, unsigned long request)
+{
+        return queue_setting(((struct kfd_ioctl_set_trap_handler_args *)arg)->gpu_id);
+}
+
+static int scratch_backing_va(void *arg, unsigned long request)
+{
+        return queue_setting(((struct kfd_ioctl_set_scratch_backing_va_args *)arg)->gpu_id);
+}
+
+/*
+ * What serves each KFD ioctl of the list (kfd-ioctls.h), NULL for one not served through gpumemd (yet).
+ * Every entry is named here: one added to the list does not build until this backend says.
+ */
+#define SERVE_GET_VERSION               get_version
+#define SERVE_CREATE_QUEUE              create_queue
+#define SERVE_DESTROY_QUEUE             destroy_queue
+#define SERVE_SET_MEMORY_POLICY         set_memory_policy
+#define SERVE_GET_CLOCK_COUNTERS        clock_counters
+#define SERVE_GET_PROCESS_APERTURES     get_apertures
+#define SERVE_UPDATE_QUEUE              update_queue
+#define SERVE_CREATE_EVENT              create_event
+#define SERVE_DESTROY_EVENT             destroy_event
+#define SERVE_SET_EVENT                 set_event
+#define SERVE_RESET_EVENT               reset_event
+#define SERVE_WAIT_EVENTS               wait_events
+#define SERVE_DBG_REGISTER              NULL
+#define SERVE_DBG_UNREGISTER            NULL
+#define SERVE_DBG_ADDRESS_WATCH         NULL
+#define SERVE_DBG_WAVE_CONTROL          NULL
+#define SERVE_SET_SCRATCH_BACKING_VA    scratch_backing_va
+#define SERVE_GET_TILE_CONFIG           tile_config
+#define SERVE_SET_TRAP_HANDLER          trap_handler
+#define SERVE_GET_PROCESS_APERTURES_NEW get_apertures_new
+#define SERVE_ACQUIRE_VM                acquire_vm
+#define SERVE_ALLOC_MEMORY_OF_GPU       alloc_memory
+#define SERVE_FREE_MEMORY_OF_GPU        free_memory
+#define SERVE_MAP_MEMORY_TO_GPU         map_to_gpu
+#define SERVE_UNMAP_MEMORY_FROM_GPU     unmap_from_gpu
+#define SERVE_SET_CU_MASK               NULL
+#define SERVE_GET_QUEUE_WAVE_STATE      NULL
+#define SERVE_GET_DMABUF_INFO           NULL
+#define SERVE_IMPORT_DMABUF             NULL
+#define SERVE_ALLOC_QUEUE_GWS           NULL
+#define SERVE_SMI_EVENTS                NULL
+#define SERVE_SVM                       svm_ioctl
+#define SERVE_SET_XNACK_MODE            xnack_mode
+#define SERVE_CRIU_OP                   NULL
+#define SERVE_AVAILABLE_MEMORY          available_memory
+#define SERVE_EXPORT_DMABUF             NULL
+#define SERVE_RUNTIME_ENABLE            NULL
+#define SERVE_DBG_TRAP                  NULL
+#define SERVE_CREATE_PROCESS            NULL
+
+/* Numbers past 1.11's table (RUNTIME_ENABLE, the debugger's probe, among them) answer -ENOTTY, as a kernel
+ * without them does; the ones in it that are not served, -EOPNOTSUPP. */
+#define TABLE_MINOR 11
+
+typedef struct KfdRow {
+        unsigned long request;
+        int (*fn)(void *arg, unsigned long request);
+} KfdRow;
+
+#define KFD_ROW(name, req, args, minor) [_IOC_NR(req)] = {req, SERVE_##name},
+static const KfdRow kfd_rows[] = {THUNK_KFD_IOCTLS(KFD_ROW)};
+
 static int unserved(unsigned long request)
 {
         unsigned nr = _IOC_NR(request);
@@ -1248,81 +1378,24 @@ static int unserved(unsigned long request)
                 kb.unserved_said |= 1ull << nr;
         pthread_mutex_unlock(&kb.lock);
         if (first)
-                say(0, "KFD ioctl 0x%02x is not served through gpumemd yet", nr);
+                say(0, "KFD ioctl %s (0x%02x) is not served through gpumemd yet", thunk_ioctl_name(request),
+                    nr);
         return -EOPNOTSUPP;
 }
 
 static int kfd_ioctl(unsigned long request, void *arg)
 {
-        switch (request) {
-        case AMDKFD_IOC_GET_VERSION: {
-                struct kfd_ioctl_get_version_args *a = arg;
-                a->major_version = kb.kfd_major;
-                a->minor_version = kb.kfd_minor;
-                return 0;
-        }
-        case AMDKFD_IOC_GET_PROCESS_APERTURES:
-                return get_apertures(arg);
-        case AMDKFD_IOC_GET_PROCESS_APERTURES_NEW:
-                return get_apertures_new(arg);
-        case AMDKFD_IOC_ACQUIRE_VM:
-                return acquire_vm(arg);
-        case AMDKFD_IOC_SET_MEMORY_POLICY:
-                return set_memory_policy(arg);
-        case AMDKFD_IOC_GET_CLOCK_COUNTERS:
-                return clock_counters(arg);
-        case AMDKFD_IOC_SET_XNACK_MODE:
-                return xnack_mode(arg);
-        case AMDKFD_IOC_AVAILABLE_MEMORY:
-                return available_memory(arg);
-        case AMDKFD_IOC_ALLOC_MEMORY_OF_GPU:
-                return alloc_memory(arg);
-        case AMDKFD_IOC_FREE_MEMORY_OF_GPU:
-                return free_memory(arg);
-        case AMDKFD_IOC_MAP_MEMORY_TO_GPU: {
-                struct kfd_ioctl_map_memory_to_gpu_args *a = arg;
-                return map_memory(a->handle, a->device_ids_array_ptr, a->n_devices, &a->n_success, true);
-        }
-        case AMDKFD_IOC_UNMAP_MEMORY_FROM_GPU: {
-                struct kfd_ioctl_unmap_memory_from_gpu_args *a = arg;
-                return map_memory(a->handle, a->device_ids_array_ptr, a->n_devices, &a->n_success, false);
-        }
-        case AMDKFD_IOC_CREATE_EVENT:
-                return create_event(arg);
-        case AMDKFD_IOC_DESTROY_EVENT:
-                return gm_event_destroy(kb.c, ((struct kfd_ioctl_destroy_event_args *)arg)->event_id);
-        case AMDKFD_IOC_SET_EVENT:
-                return gm_event_set(kb.c, ((struct kfd_ioctl_set_event_args *)arg)->event_id);
-        case AMDKFD_IOC_RESET_EVENT:
-                return gm_event_reset(kb.c, ((struct kfd_ioctl_reset_event_args *)arg)->event_id);
-        case AMDKFD_IOC_WAIT_EVENTS:
-                return wait_events(arg);
-        case AMDKFD_IOC_GET_TILE_CONFIG:
-                return tile_config(arg);
-        case AMDKFD_IOC_CREATE_QUEUE:
-                return create_queue(arg);
-        case AMDKFD_IOC_DESTROY_QUEUE:
-                return gm_queue_destroy(kb.c, ((struct kfd_ioctl_destroy_queue_args *)arg)->queue_id);
-        case AMDKFD_IOC_UPDATE_QUEUE: {
-                struct kfd_ioctl_update_queue_args *a = arg;
-                return gm_queue_update(kb.c, a->queue_id, a->ring_base_address, a->ring_size,
-                                       a->queue_percentage, a->queue_priority);
-        }
-        case AMDKFD_IOC_SET_TRAP_HANDLER:
-                return queue_setting(((struct kfd_ioctl_set_trap_handler_args *)arg)->gpu_id);
-        case AMDKFD_IOC_SET_SCRATCH_BACKING_VA:
-                return queue_setting(((struct kfd_ioctl_set_scratch_backing_va_args *)arg)->gpu_id);
-        default:
-                break;
-        }
-        /* AMDKFD_IOC_SVM: its size is the attributes' too */
-        if (_IOC_TYPE(request) == AMDKFD_IOCTL_BASE && _IOC_NR(request) == _IOC_NR(AMDKFD_IOC_SVM) &&
-            _IOC_DIR(request) == (_IOC_READ | _IOC_WRITE))
-                return svm_ioctl(arg, request);
-        /* outside the KFD's table: what the kernel answers (the debugger's probe among them) */
-        if (_IOC_TYPE(request) != AMDKFD_IOCTL_BASE || _IOC_NR(request) < AMDKFD_COMMAND_START ||
-            _IOC_NR(request) >= AMDKFD_COMMAND_END)
+        unsigned nr = _IOC_NR(request);
+        int since = thunk_kfd_ioctl_minor(nr);
+        const KfdRow *row;
+
+        if (_IOC_TYPE(request) != AMDKFD_IOCTL_BASE || since < 0 || since > TABLE_MINOR)
                 return -ENOTTY;
+        row = &kfd_rows[nr];
+        /* the request the row names, or SVM's with any size: its size is the attributes' too */
+        if (row->fn && (request == row->request ||
+                        (nr == _IOC_NR(AMDKFD_IOC_SVM) && _IOC_DIR(request) == _IOC_DIR(AMDKFD_IOC_SVM))))
+                return row->fn(arg, request);
         return unserved(request);
 }
 

@@ -24,7 +24,7 @@
 #include <amdgpu_drm.h>
 
 #include "backend.h"
-#include "kfd-compat.h"
+#include "kfd-ioctls.h"
 
 /*
  * Everything here is process state by nature: the shim stands in for a kernel driver that every library of
@@ -407,77 +407,16 @@ PRELOAD_EXPORT DIR *opendir(const char *path)
 
 /* ------------------------------------------------------------------ device calls */
 
-static const char *ioctl_name(int fd, unsigned long request)
+/* The request's name for the log (kfd-ioctls.h), or what kind of request it is. */
+static const char *ioctl_name(unsigned long request)
 {
-        static const char *const kfd[0x28] = {
-                [0x01] = "GET_VERSION",
-                [0x02] = "CREATE_QUEUE",
-                [0x03] = "DESTROY_QUEUE",
-                [0x04] = "SET_MEMORY_POLICY",
-                [0x05] = "GET_CLOCK_COUNTERS",
-                [0x06] = "GET_PROCESS_APERTURES",
-                [0x07] = "UPDATE_QUEUE",
-                [0x08] = "CREATE_EVENT",
-                [0x09] = "DESTROY_EVENT",
-                [0x0A] = "SET_EVENT",
-                [0x0B] = "RESET_EVENT",
-                [0x0C] = "WAIT_EVENTS",
-                [0x0D] = "DBG_REGISTER",
-                [0x0E] = "DBG_UNREGISTER",
-                [0x0F] = "DBG_ADDRESS_WATCH",
-                [0x10] = "DBG_WAVE_CONTROL",
-                [0x11] = "SET_SCRATCH_BACKING_VA",
-                [0x12] = "GET_TILE_CONFIG",
-                [0x13] = "SET_TRAP_HANDLER",
-                [0x14] = "GET_PROCESS_APERTURES_NEW",
-                [0x15] = "ACQUIRE_VM",
-                [0x16] = "ALLOC_MEMORY_OF_GPU",
-                [0x17] = "FREE_MEMORY_OF_GPU",
-                [0x18] = "MAP_MEMORY_TO_GPU",
-                [0x19] = "UNMAP_MEMORY_FROM_GPU",
-                [0x1A] = "SET_CU_MASK",
-                [0x1B] = "GET_QUEUE_WAVE_STATE",
-                [0x1C] = "GET_DMABUF_INFO",
-                [0x1D] = "IMPORT_DMABUF",
-                [0x1E] = "ALLOC_QUEUE_GWS",
-                [0x1F] = "SMI_EVENTS",
-                [0x20] = "SVM",
-                [0x21] = "SET_XNACK_MODE",
-                [0x22] = "CRIU_OP",
-                [0x23] = "AVAILABLE_MEMORY",
-                [0x24] = "EXPORT_DMABUF",
-                [0x25] = "RUNTIME_ENABLE",
-                [0x26] = "DBG_TRAP",
-                [0x27] = "CREATE_PROCESS",
-        };
-        unsigned int nr = _IOC_NR(request);
+        const char *name = thunk_ioctl_name(request);
 
-        (void)fd;
+        if (name)
+                return name;
         if (_IOC_TYPE(request) == AMDKFD_IOCTL_BASE)
-                return nr < 0x28 && kfd[nr] ? kfd[nr] : "KFD?";
-        if (_IOC_TYPE(request) == DRM_IOCTL_BASE) {
-                switch (nr) {
-                case _IOC_NR(DRM_IOCTL_VERSION):
-                        return "DRM_VERSION";
-                case _IOC_NR(DRM_IOCTL_GET_CLIENT):
-                        return "DRM_GET_CLIENT";
-                case _IOC_NR(DRM_IOCTL_GEM_CLOSE):
-                        return "DRM_GEM_CLOSE";
-                case _IOC_NR(DRM_IOCTL_PRIME_HANDLE_TO_FD):
-                        return "DRM_PRIME_HANDLE_TO_FD";
-                case _IOC_NR(DRM_IOCTL_PRIME_FD_TO_HANDLE):
-                        return "DRM_PRIME_FD_TO_HANDLE";
-                case _IOC_NR(DRM_IOCTL_AMDGPU_GEM_MMAP):
-                        return "AMDGPU_GEM_MMAP";
-                case _IOC_NR(DRM_IOCTL_AMDGPU_GEM_VA):
-                        return "AMDGPU_GEM_VA";
-                case _IOC_NR(DRM_IOCTL_AMDGPU_INFO):
-                        return "AMDGPU_INFO";
-                default:
-                        return "DRM?";
-                }
-        }
-        return "?";
+                return "KFD?";
+        return _IOC_TYPE(request) == DRM_IOCTL_BASE ? "DRM?" : "?";
 }
 
 PRELOAD_EXPORT int ioctl(int fd, unsigned long request, ...)
@@ -494,7 +433,7 @@ PRELOAD_EXPORT int ioctl(int fd, unsigned long request, ...)
         r = preload_backend.ioctl(fd, request, arg);
         if (_IOC_NR(request) != _IOC_NR(AMDKFD_IOC_WAIT_EVENTS) || _IOC_TYPE(request) != AMDKFD_IOCTL_BASE ||
             g.log_level >= 3)
-                logf_(1, "ioctl fd=%d %s (0x%08lx) -> %d%s%s", fd, ioctl_name(fd, request), request, r,
+                logf_(1, "ioctl fd=%d %s (0x%08lx) -> %d%s%s", fd, ioctl_name(request), request, r,
                       r < 0 ? " " : "", r < 0 ? strerror(-r) : "");
         if (r < 0) {
                 errno = -r;

@@ -41,9 +41,15 @@ struct kfd_ioctl_runtime_enable_args {
 #define KFD_RUNTIME_ENABLE_CAPS_SUPPORTS_CORE_DUMP_MASK 0x80000000u
 #endif
 
-/* ABI 1.13: debugger trap (number only; the model does not serve it). */
+/* ABI 1.13: debugger trap (the model does not serve it): the process, the operation and its arguments, which
+ * the uapi lays out as a union of one struct per operation, the largest 24 bytes. */
 #ifndef AMDKFD_IOC_DBG_TRAP
-#define AMDKFD_IOC_DBG_TRAP _IOC(_IOC_READ | _IOC_WRITE, AMDKFD_IOCTL_BASE, 0x26, 32)
+struct kfd_ioctl_dbg_trap_args {
+        __u32 pid;
+        __u32 op;
+        __u64 op_args[3];
+};
+#define AMDKFD_IOC_DBG_TRAP AMDKFD_IOWR(0x26, struct kfd_ioctl_dbg_trap_args)
 #endif
 
 /* ABI 1.19: turn this fd's context into a new secondary KFD process. */
@@ -73,21 +79,6 @@ struct kfd_ioctl_runtime_enable_args {
 #ifndef KFD_INVALID_QUEUEID
 #define KFD_INVALID_QUEUEID 0xffffffffu
 #endif
-
-/* First KFD command number; the end of the table depends on the ABI minor (thunk_kfd_command_end). */
-#define THUNK_KFD_COMMAND_START 0x01
-
-/* End (exclusive) of the KFD ioctl table for a given ABI minor. */
-static inline unsigned int thunk_kfd_command_end(uint32_t minor)
-{
-        if (minor >= 19)
-                return 0x28;
-        if (minor >= 13)
-                return 0x27;
-        if (minor >= 12)
-                return 0x25;
-        return 0x24;
-}
 
 /* Handles: the owning GPU in the high half, a per-(process, GPU) id in the low half. */
 #define THUNK_KFD_HANDLE(gpu_id, idr) (((uint64_t)(gpu_id) << 32) | (uint32_t)(idr))
@@ -211,6 +202,10 @@ THUNK_KFD_PIN(kfd_ioctl_runtime_enable_args, r_debug, 0);
 THUNK_KFD_PIN(kfd_ioctl_runtime_enable_args, mode_mask, 8);
 THUNK_KFD_PIN(kfd_ioctl_runtime_enable_args, capabilities_mask, 12);
 
+THUNK_KFD_SIZE(kfd_ioctl_dbg_trap_args, 32);
+THUNK_KFD_PIN(kfd_ioctl_dbg_trap_args, pid, 0);
+THUNK_KFD_PIN(kfd_ioctl_dbg_trap_args, op, 4);
+
 /* The request numbers are part of the ABI too. */
 _Static_assert(AMDKFD_IOC_GET_VERSION == 0x80084B01u, "GET_VERSION");
 _Static_assert(AMDKFD_IOC_SET_MEMORY_POLICY == 0x40204B04u, "SET_MEMORY_POLICY");
@@ -228,6 +223,7 @@ _Static_assert(AMDKFD_IOC_SET_XNACK_MODE == 0xC0044B21u, "SET_XNACK_MODE");
 _Static_assert(AMDKFD_IOC_AVAILABLE_MEMORY == 0xC0104B23u, "AVAILABLE_MEMORY");
 _Static_assert(AMDKFD_IOC_EXPORT_DMABUF == 0xC0104B24u, "EXPORT_DMABUF");
 _Static_assert(AMDKFD_IOC_RUNTIME_ENABLE == 0xC0104B25u, "RUNTIME_ENABLE");
+_Static_assert(AMDKFD_IOC_DBG_TRAP == 0xC0204B26u, "DBG_TRAP");
 _Static_assert(AMDKFD_IOC_CREATE_PROCESS == 0x00004B27u, "CREATE_PROCESS");
 
 /* The SVM ioctl carries its attribute array in the size field. */

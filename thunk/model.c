@@ -13,7 +13,7 @@
 #include <amdgpu_drm.h>
 #include <linux/kfd_sysfs.h>
 
-#include "kfd-compat.h"
+#include "kfd-ioctls.h"
 #include "model-private.h"
 
 /* ------------------------------------------------------------------ helpers */
@@ -306,48 +306,63 @@ typedef struct ModelIoctl {
         int (*fn)(Call *c);
 } ModelIoctl;
 
-#define MODEL_IOCTL(req, minor, handler)                                                                     \
-        [_IOC_NR(req)] = {_IOC_NR(req), _IOC_SIZE(req), _IOC_DIR(req), minor, handler}
+/*
+ * The handler of each ioctl of the lists (kfd-ioctls.h), NULL where the model refuses it. Every entry is
+ * named here: one added to the lists does not build until the model says what it does with it.
+ */
+#define MODEL_GET_VERSION               kfd_get_version
+#define MODEL_CREATE_QUEUE              model_kfd_create_queue
+#define MODEL_DESTROY_QUEUE             model_kfd_destroy_queue
+#define MODEL_SET_MEMORY_POLICY         kfd_set_memory_policy
+#define MODEL_GET_CLOCK_COUNTERS        model_kfd_get_clock_counters
+#define MODEL_GET_PROCESS_APERTURES     kfd_get_process_apertures
+#define MODEL_UPDATE_QUEUE              model_kfd_update_queue
+#define MODEL_CREATE_EVENT              model_kfd_create_event
+#define MODEL_DESTROY_EVENT             model_kfd_destroy_event
+#define MODEL_SET_EVENT                 model_kfd_set_event
+#define MODEL_RESET_EVENT               model_kfd_reset_event
+#define MODEL_WAIT_EVENTS               model_kfd_wait_events
+#define MODEL_DBG_REGISTER              NULL /* the old debugger interface */
+#define MODEL_DBG_UNREGISTER            NULL
+#define MODEL_DBG_ADDRESS_WATCH         NULL
+#define MODEL_DBG_WAVE_CONTROL          NULL
+#define MODEL_SET_SCRATCH_BACKING_VA    kfd_set_scratch_backing_va
+#define MODEL_GET_TILE_CONFIG           model_kfd_get_tile_config
+#define MODEL_SET_TRAP_HANDLER          model_kfd_set_trap_handler
+#define MODEL_GET_PROCESS_APERTURES_NEW kfd_get_process_apertures_new
+#define MODEL_ACQUIRE_VM                kfd_acquire_vm
+#define MODEL_ALLOC_MEMORY_OF_GPU       model_kfd_alloc_memory_of_gpu
+#define MODEL_FREE_MEMORY_OF_GPU        model_kfd_free_memory_of_gpu
+#define MODEL_MAP_MEMORY_TO_GPU         model_kfd_map_memory_to_gpu
+#define MODEL_UNMAP_MEMORY_FROM_GPU     model_kfd_unmap_memory_from_gpu
+#define MODEL_SET_CU_MASK               NULL /* queue tuning, wave state, GWS: not modelled */
+#define MODEL_GET_QUEUE_WAVE_STATE      NULL
+#define MODEL_GET_DMABUF_INFO           model_kfd_get_dmabuf_info
+#define MODEL_IMPORT_DMABUF             model_kfd_import_dmabuf
+#define MODEL_ALLOC_QUEUE_GWS           NULL
+#define MODEL_SMI_EVENTS                NULL /* the profiler's events, CRIU: not modelled */
+#define MODEL_SVM                       model_kfd_svm
+#define MODEL_SET_XNACK_MODE            model_kfd_set_xnack_mode
+#define MODEL_CRIU_OP                   NULL
+#define MODEL_AVAILABLE_MEMORY          model_kfd_available_memory
+#define MODEL_EXPORT_DMABUF             model_kfd_export_dmabuf
+#define MODEL_RUNTIME_ENABLE            kfd_runtime_enable
+#define MODEL_DBG_TRAP                  NULL /* the debugger */
+#define MODEL_CREATE_PROCESS            kfd_create_process
+#define MODEL_DRM_VERSION               NULL /* libdrm's queries: the DRM core's answer to any unserved ioctl */
+#define MODEL_DRM_GET_CLIENT            NULL
+#define MODEL_DRM_GEM_CLOSE             model_drm_gem_close
+#define MODEL_DRM_PRIME_HANDLE_TO_FD    model_drm_prime_handle_to_fd
+#define MODEL_DRM_PRIME_FD_TO_HANDLE    model_drm_prime_fd_to_handle
+#define MODEL_AMDGPU_GEM_MMAP           model_drm_amdgpu_gem_mmap
+#define MODEL_AMDGPU_INFO               NULL
+#define MODEL_AMDGPU_GEM_VA             model_drm_amdgpu_gem_va
 
-static const ModelIoctl kfd_rows[] = {
-        MODEL_IOCTL(AMDKFD_IOC_GET_VERSION, 0, kfd_get_version),
-        MODEL_IOCTL(AMDKFD_IOC_CREATE_QUEUE, 0, model_kfd_create_queue),
-        MODEL_IOCTL(AMDKFD_IOC_DESTROY_QUEUE, 0, model_kfd_destroy_queue),
-        MODEL_IOCTL(AMDKFD_IOC_SET_MEMORY_POLICY, 0, kfd_set_memory_policy),
-        MODEL_IOCTL(AMDKFD_IOC_GET_CLOCK_COUNTERS, 0, model_kfd_get_clock_counters),
-        MODEL_IOCTL(AMDKFD_IOC_GET_PROCESS_APERTURES, 0, kfd_get_process_apertures),
-        MODEL_IOCTL(AMDKFD_IOC_UPDATE_QUEUE, 0, model_kfd_update_queue),
-        MODEL_IOCTL(AMDKFD_IOC_CREATE_EVENT, 0, model_kfd_create_event),
-        MODEL_IOCTL(AMDKFD_IOC_DESTROY_EVENT, 0, model_kfd_destroy_event),
-        MODEL_IOCTL(AMDKFD_IOC_SET_EVENT, 0, model_kfd_set_event),
-        MODEL_IOCTL(AMDKFD_IOC_RESET_EVENT, 0, model_kfd_reset_event),
-        MODEL_IOCTL(AMDKFD_IOC_WAIT_EVENTS, 0, model_kfd_wait_events),
-        MODEL_IOCTL(AMDKFD_IOC_SET_SCRATCH_BACKING_VA, 0, kfd_set_scratch_backing_va),
-        MODEL_IOCTL(AMDKFD_IOC_GET_TILE_CONFIG, 0, model_kfd_get_tile_config),
-        MODEL_IOCTL(AMDKFD_IOC_SET_TRAP_HANDLER, 0, model_kfd_set_trap_handler),
-        MODEL_IOCTL(AMDKFD_IOC_GET_PROCESS_APERTURES_NEW, 0, kfd_get_process_apertures_new),
-        MODEL_IOCTL(AMDKFD_IOC_ACQUIRE_VM, 0, kfd_acquire_vm),
-        MODEL_IOCTL(AMDKFD_IOC_ALLOC_MEMORY_OF_GPU, 0, model_kfd_alloc_memory_of_gpu),
-        MODEL_IOCTL(AMDKFD_IOC_FREE_MEMORY_OF_GPU, 0, model_kfd_free_memory_of_gpu),
-        MODEL_IOCTL(AMDKFD_IOC_MAP_MEMORY_TO_GPU, 0, model_kfd_map_memory_to_gpu),
-        MODEL_IOCTL(AMDKFD_IOC_UNMAP_MEMORY_FROM_GPU, 0, model_kfd_unmap_memory_from_gpu),
-        MODEL_IOCTL(AMDKFD_IOC_GET_DMABUF_INFO, 0, model_kfd_get_dmabuf_info),
-        MODEL_IOCTL(AMDKFD_IOC_IMPORT_DMABUF, 0, model_kfd_import_dmabuf),
-        MODEL_IOCTL(AMDKFD_IOC_SVM, 0, model_kfd_svm),
-        MODEL_IOCTL(AMDKFD_IOC_SET_XNACK_MODE, 0, model_kfd_set_xnack_mode),
-        MODEL_IOCTL(AMDKFD_IOC_AVAILABLE_MEMORY, 0, model_kfd_available_memory),
-        MODEL_IOCTL(AMDKFD_IOC_EXPORT_DMABUF, 12, model_kfd_export_dmabuf),
-        MODEL_IOCTL(AMDKFD_IOC_RUNTIME_ENABLE, 13, kfd_runtime_enable),
-        MODEL_IOCTL(AMDKFD_IOC_CREATE_PROCESS, 19, kfd_create_process),
-};
+#define MODEL_ROW(name, req, args, minor)                                                                    \
+        [_IOC_NR(req)] = {_IOC_NR(req), _IOC_SIZE(req), _IOC_DIR(req), minor, MODEL_##name},
 
-static const ModelIoctl drm_rows[] = {
-        MODEL_IOCTL(DRM_IOCTL_GEM_CLOSE, 0, model_drm_gem_close),
-        MODEL_IOCTL(DRM_IOCTL_PRIME_HANDLE_TO_FD, 0, model_drm_prime_handle_to_fd),
-        MODEL_IOCTL(DRM_IOCTL_PRIME_FD_TO_HANDLE, 0, model_drm_prime_fd_to_handle),
-        MODEL_IOCTL(DRM_IOCTL_AMDGPU_GEM_MMAP, 0, model_drm_amdgpu_gem_mmap),
-        MODEL_IOCTL(DRM_IOCTL_AMDGPU_GEM_VA, 0, model_drm_amdgpu_gem_va),
-};
+static const ModelIoctl kfd_rows[] = {THUNK_KFD_IOCTLS(MODEL_ROW)};
+static const ModelIoctl drm_rows[] = {THUNK_DRM_IOCTLS(MODEL_ROW)};
 
 /* What an fd's driver serves, and how it answers numbers outside that. */
 typedef struct ModelDriver {
@@ -364,7 +379,7 @@ static const ModelDriver kfd_driver = {
         .type = AMDKFD_IOCTL_BASE,
         .rows = kfd_rows,
         .n_rows = sizeof(kfd_rows) / sizeof(kfd_rows[0]),
-        .first = THUNK_KFD_COMMAND_START,
+        .first = AMDKFD_COMMAND_START,
         .end = thunk_kfd_command_end,
         /* kfd_ioctl() answers a number past its table or outside [COMMAND_START, COMMAND_END) -ENOTTY, so
          * that user space can tell an ioctl the running kernel lacks from a bad argument; at a lower minor

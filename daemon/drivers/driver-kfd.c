@@ -14,6 +14,7 @@
 
 #include "doorbell-relay.h"
 #include "kfd-compat.h"
+#include "kfd-ioctls.h"
 #include "model.h"
 #include "thunk.h"
 
@@ -735,26 +736,20 @@ static int k_stats(const Driver *d, DriverStats *ret)
         return 0;
 }
 
-/* The operations fault injection can name, by the ioctl they issue. */
-static const struct {
-        const char *name;
-        unsigned long req;
-} fault_ioctls[] = {
-        {"acquire_vm", AMDKFD_IOC_ACQUIRE_VM},
-        {"alloc_memory_of_gpu", AMDKFD_IOC_ALLOC_MEMORY_OF_GPU},
-        {"free_memory_of_gpu", AMDKFD_IOC_FREE_MEMORY_OF_GPU},
-        {"map_memory_to_gpu", AMDKFD_IOC_MAP_MEMORY_TO_GPU},
-        {"unmap_memory_from_gpu", AMDKFD_IOC_UNMAP_MEMORY_FROM_GPU},
-        {"export_dmabuf", AMDKFD_IOC_EXPORT_DMABUF},
-        {"import_dmabuf", AMDKFD_IOC_IMPORT_DMABUF},
-        {"svm", AMDKFD_IOC_SVM},
-        {"create_process", AMDKFD_IOC_CREATE_PROCESS},
-        {"available_memory", AMDKFD_IOC_AVAILABLE_MEMORY},
-        {"gem_va", DRM_IOCTL_AMDGPU_GEM_VA},
-        {"gem_close", DRM_IOCTL_GEM_CLOSE},
-        {"prime_handle_to_fd", DRM_IOCTL_PRIME_HANDLE_TO_FD},
-        {"prime_fd_to_handle", DRM_IOCTL_PRIME_FD_TO_HANDLE},
-};
+/* The ioctl a fault names, by its name in the lists (kfd-ioctls.h) in any case, a DRM one's with or without
+ * its DRM_ or AMDGPU_ ("gem_va" is AMDGPU_GEM_VA); 0 for none. */
+static unsigned long fault_ioctl(const char *name)
+{
+        static const char *const prefixes[] = {"", "DRM_", "AMDGPU_"};
+        unsigned long req = 0;
+        char full[80];
+
+        for (size_t i = 0; i < sizeof(prefixes) / sizeof(prefixes[0]) && !req; i++) {
+                snprintf(full, sizeof(full), "%s%s", prefixes[i], name);
+                req = thunk_ioctl_request(full);
+        }
+        return req;
+}
 
 static int k_test_faults(Driver *d, const char *path, char *errbuf, size_t errlen)
 {
@@ -774,10 +769,10 @@ static int k_test_faults(Driver *d, const char *path, char *errbuf, size_t errle
         }
         thunk_model_clear_faults(model);
         while (r >= 0 && fscanf(f, "%63s %u %d", name, &nth, &err) == 3) {
-                unsigned long req = strtoul(name, NULL, 0);
-                for (size_t i = 0; i < sizeof(fault_ioctls) / sizeof(fault_ioctls[0]); i++)
-                        if (strcmp(name, fault_ioctls[i].name) == 0)
-                                req = fault_ioctls[i].req;
+                unsigned long req = fault_ioctl(name);
+
+                if (!req)
+                        req = strtoul(name, NULL, 0);
                 r = req ? thunk_model_inject_fault(model, req, nth, err) : -EINVAL;
                 if (r >= 0)
                         n++;
