@@ -90,21 +90,69 @@ int parse_bool(const char *s, bool *ret)
         return -EINVAL;
 }
 
-void error_list_vadd(char *buf, size_t len, const char *path, unsigned line, const char *fmt, va_list ap)
+int config_reader_open(ConfigReader *r, const char *path, bool must_exist, char *err, size_t errlen)
 {
-        size_t used = buf ? strnlen(buf, len) : 0;
+        int e;
+
+        *r = (ConfigReader){.path = path, .err = err, .errlen = errlen};
+        if (err && errlen)
+                err[0] = '\0';
+        r->f = fopen(path, "re");
+        if (r->f)
+                return 0;
+        e = errno;
+        if (err && (e != ENOENT || must_exist))
+                snprintf(err, errlen, "%s: cannot open: %s\n", path, strerror(e));
+        return -e;
+}
+
+void config_reader_close(ConfigReader *r)
+{
+        if (r->f)
+                fclose(r->f);
+        r->f = NULL;
+}
+
+char *config_reader_gets(ConfigReader *r, char *str, int num)
+{
+        char *s = fgets(str, num, r->f);
+
+        if (s)
+                r->line++;
+        return s;
+}
+
+bool config_line_section(const char *line, const char **ret_name, size_t *ret_len)
+{
+        const char *p = line + strspn(line, " \t"), *end;
+
+        if (*p != '[')
+                return false;
+        end = strchr(p, ']');
+        *ret_name = p + 1;
+        *ret_len = end ? (size_t)(end - p - 1) : SIZE_MAX;
+        return true;
+}
+
+void config_error(ConfigReader *r, const char *fmt, ...)
+{
+        size_t used = r->err ? strnlen(r->err, r->errlen) : 0;
+        va_list ap;
         int n;
 
-        if (!buf || used + 1 >= len)
+        r->n_errors++;
+        if (!r->err || used + 1 >= r->errlen)
                 return;
-        n = snprintf(buf + used, len - used, "%s:%u: ", path, line);
-        if (n < 0 || (size_t)n >= len - used)
-                return;
-        used += (size_t)n;
-        n = vsnprintf(buf + used, len - used, fmt, ap);
-        if (n < 0 || (size_t)n + 1 >= len - used)
+        n = snprintf(r->err + used, r->errlen - used, "%s:%u: ", r->path, r->line);
+        if (n < 0 || (size_t)n >= r->errlen - used)
                 return;
         used += (size_t)n;
-        buf[used] = '\n';
-        buf[used + 1] = '\0';
+        va_start(ap, fmt);
+        n = vsnprintf(r->err + used, r->errlen - used, fmt, ap);
+        va_end(ap);
+        if (n < 0 || (size_t)n + 1 >= r->errlen - used)
+                return;
+        used += (size_t)n;
+        r->err[used] = '\n';
+        r->err[used + 1] = '\0';
 }

@@ -26,9 +26,22 @@ int parse_size(const char *s, uint64_t *ret);
 int parse_uint(const char *s, uint64_t max, uint64_t *ret);
 /* Parse yes/no/true/false/1/0/on/off. */
 int parse_bool(const char *s, bool *ret);
-/*
- * Append "PATH:LINE: message\n" to the list of a config file's errors in @buf (NUL-terminated, @len bytes in
- * all); a line that does not fit whole is cut or left out.
- */
-void error_list_vadd(char *buf, size_t len, const char *path, unsigned line, const char *fmt, va_list ap)
-        _printf_(5, 0);
+/* A config file read through inih (ini_parse_stream): the line it is at, and the list of its errors. */
+typedef struct ConfigReader {
+        FILE *f;
+        const char *path;
+        unsigned line;
+        char *err; /* "FILE:LINE: message\n" each (what does not fit is cut or left out), or NULL */
+        size_t errlen;
+        unsigned n_errors;
+} ConfigReader;
+
+/* Open @path. A missing file that need not exist gives -ENOENT; another failure is said in the error list. */
+int config_reader_open(ConfigReader *r, const char *path, bool must_exist, char *err, size_t errlen);
+void config_reader_close(ConfigReader *r);
+/* The next line, counted: what an ini_parse_stream reader returns. */
+char *config_reader_gets(ConfigReader *r, char *str, int num);
+/* A line that starts a section: its name and its length, or SIZE_MAX for a header without ']'. */
+bool config_line_section(const char *line, const char **ret_name, size_t *ret_len);
+/* An error at the current line. */
+void config_error(ConfigReader *r, const char *fmt, ...) _printf_(2, 3);

@@ -495,30 +495,17 @@ int options_parse_argv(Options *o, int argc, char **argv)
 /* --- config file --------------------------------------------------------------------------------------- */
 
 typedef struct FileCtx {
-        Complaints complaints; /* first: a bad value's complaint finds its file */
-        FILE *f;
-        const char *path;
-        unsigned line;
+        ConfigReader in;
+        Complaints complaints;
         Options next; /* the settings being built; copied into the caller's only if the whole file is good */
-        char *err;
-        size_t errlen;
-        unsigned n_errors;
         unsigned line_of[ARRAY_SIZE(settings)]; /* where each setting was last read well: for errors after */
 } FileCtx;
 
-_printf_(2, 3) static void file_error(FileCtx *ctx, const char *fmt, ...)
-{
-        va_list ap;
-
-        ctx->n_errors++;
-        va_start(ap, fmt);
-        error_list_vadd(ctx->err, ctx->errlen, ctx->path, ctx->line, fmt, ap);
-        va_end(ap);
-}
-
 static void say_in_file(Complaints *c, const Setting *s, const char *msg)
 {
-        file_error((FileCtx *)c, "%s: %s", s->key, msg);
+        FileCtx *ctx = (FileCtx *)((char *)c - offsetof(FileCtx, complaints));
+
+        config_error(&ctx->in, "%s: %s", s->key, msg);
 }
 
 static bool known_section(const char *name, size_t len)
@@ -529,25 +516,21 @@ static bool known_section(const char *name, size_t len)
 }
 
 /*
- * inih calls this for every line it reads, so ctx->line is the line of the current entry. Section headers
+ * inih calls this for every line it reads, so ctx->in.line is the line of the current entry. Section headers
  * are checked here, where an empty unknown section is seen too (inih reports only its keys).
  */
 static char *file_reader(char *str, int num, void *stream)
 {
         FileCtx *ctx = stream;
-        char *s = fgets(str, num, ctx->f);
-        const char *p, *end;
+        char *s = config_reader_gets(&ctx->in, str, num);
+        const char *name;
+        size_t len;
 
-        if (!s)
-                return NULL;
-        ctx->line++;
-        p = s + strspn(s, " \t");
-        if (*p == '[') {
-                end = strchr(p, ']');
-                if (!end)
-                        file_error(ctx, "section header without ']'");
-                else if (!known_section(p + 1, (size_t)(end - p - 1)))
-                        file_error(ctx, "unknown section [%.*s]", (int)(end - p - 1), p + 1);
+        if (s && config_line_section(s, &name, &len)) {
+                if (len == SIZE_MAX)
+                        config_error(&ctx->in, "section header without ']'");
+                else if (!known_section(name, len))
+                        config_error(&ctx->in, "unknown section [%.*s]", (int)len, name);
         }
         return s;
 }
@@ -566,14 +549,14 @@ static void daemon_key(FileCtx *ctx, const char *name, const char *value)
         int r;
 
         if (!s) {
-                file_error(ctx, "unknown setting '%s' in [daemon]", name);
+                config_error(&ctx->in, "unknown setting '%s' in [daemon]", name);
                 return;
         }
         r = setting_apply(s, value, &ctx->next, true, &ctx->complaints);
         if (r == -ENOMEM)
-                file_error(ctx, "%s: out of memory", name);
+                config_error(&ctx->in, "%s: out of memory", name);
         if (r >= 0)
-                ctx->line_of[s - settings] = ctx->line;
+                ctx->line_of[s - settings] = ctx->in.line;
 }
 
 static int file_handler(void *user, const char *section, const char *name, const char *value)
@@ -585,7 +568,7 @@ static int file_handler(void *user, const char *section, const char *name, const
         if (strcmp(section, "daemon") == 0)
                 daemon_key(ctx, name, value);
         else if (section[0] == '\0')
-                file_error(ctx, "setting '%s' outside any section", name);
+                config_error(&ctx->in, "setting '%s' outside any section", name);
         /* keys of [class NAME] sections are the policy's */
         /* keys of an unknown section: its header was already reported */
         return 1;
@@ -598,8 +581,9 @@ static void file_check_together(FileCtx *ctx)
         unsigned line = ctx->line_of[cap - settings];
 
         if (line && ctx->next.max_window_bytes_per_uid < ctx->next.window_size) {
-                ctx->line = line;
-                file_error(ctx, "max-window-bytes-per-uid: less than window-size, no client could connect");
+                ctx->in.line = line;
+                config_error(&ctx->in,
+                             "max-window-bytes-per-uid: less than window-size, no client could connect");
         }
 }
 
@@ -623,36 +607,28 @@ int options_copy(Options *dst, const Options *src)
 
 int options_load_file(Options *o, const char *path, bool must_exist, char *errbuf, size_t errlen)
 {
-        FileCtx ctx = {.complaints = {say_in_file}, .path = path, .err = errbuf, .errlen = errlen};
+        FileCtx ctx = {.complaints = {say_in_file}};
         int r;
 
-        if (errbuf && errlen)
-                errbuf[0] = '\0';
-        ctx.f = fopen(path, "re");
-        if (!ctx.f) {
-                r = -errno;
-                if (r == -ENOENT && !must_exist)
-                        return 0;
-                if (errbuf)
-                        snprintf(errbuf, errlen, "%s: cannot open: %s\n", path, strerror(-r));
-                return r;
-        }
+        r = config_reader_open(&ctx.in, path, must_exist, errbuf, errlen);
+        if (r < 0)
+                return r == -ENOENT && !must_exist ? 0 : r;
         r = options_copy(&ctx.next, o);
         if (r < 0) {
-                fclose(ctx.f);
+                config_reader_close(&ctx.in);
                 return r;
         }
         r = ini_parse_stream(file_reader, &ctx, file_handler, &ctx);
-        fclose(ctx.f);
-        if (r > 0 && ctx.n_errors == 0) {
+        config_reader_close(&ctx.in);
+        if (r > 0 && ctx.in.n_errors == 0) {
                 /* inih's own syntax error (e.g. a line with neither '=' nor a section) at line r */
-                ctx.line = (unsigned)r;
-                file_error(&ctx, "syntax error: expected 'key = value' or '[section]'");
-        } else if (r < 0 && ctx.n_errors == 0) {
-                file_error(&ctx, "cannot parse file");
+                ctx.in.line = (unsigned)r;
+                config_error(&ctx.in, "syntax error: expected 'key = value' or '[section]'");
+        } else if (r < 0 && ctx.in.n_errors == 0) {
+                config_error(&ctx.in, "cannot parse file");
         }
         file_check_together(&ctx);
-        if (ctx.n_errors > 0) {
+        if (ctx.in.n_errors > 0) {
                 options_done(&ctx.next);
                 return -EINVAL;
         }

@@ -107,34 +107,10 @@ int policy_new_default(Policy **ret)
 /* ---- parsing ----------------------------------------------------------------------------------------- */
 
 typedef struct Parse {
-        FILE *f;
-        const char *path;
-        unsigned line;
+        ConfigReader in;
         Policy *p;
         PolicyClass *cur; /* the class whose section we are in */
-        char *err;
-        size_t errlen;
-        unsigned n_errors;
 } Parse;
-
-_printf_(2, 3) static void perr(Parse *ps, const char *fmt, ...)
-{
-        va_list ap;
-
-        ps->n_errors++;
-        va_start(ap, fmt);
-        error_list_vadd(ps->err, ps->errlen, ps->path, ps->line, fmt, ap);
-        va_end(ap);
-}
-
-static char *reader(char *str, int num, void *stream)
-{
-        Parse *ps = stream;
-        char *s = fgets(str, num, ps->f);
-        if (s)
-                ps->line++;
-        return s;
-}
 
 /* "class NAME" → NAME, or NULL when the section is not a class. */
 static const char *class_name_of(const char *section)
@@ -163,8 +139,8 @@ static PolicyClass *begin_class(Parse *ps, const char *name)
 
         for (size_t i = 0; i < ps->p->n_classes; i++)
                 if (strcmp(ps->p->classes[i].name, name) == 0) {
-                        perr(ps, "class '%s' is defined twice (first at line %u)", name,
-                             ps->p->classes[i].line);
+                        config_error(&ps->in, "class '%s' is defined twice (first at line %u)", name,
+                                     ps->p->classes[i].line);
                         return NULL;
                 }
         n = realloc(ps->p->classes, (ps->p->n_classes + 1) * sizeof(*n));
@@ -176,7 +152,7 @@ static PolicyClass *begin_class(Parse *ps, const char *name)
         n->name = strdup(name);
         if (!n->name)
                 return NULL;
-        n->line = ps->line;
+        n->line = ps->in.line;
         ps->p->n_classes++;
         return n;
 }
@@ -198,7 +174,7 @@ static void each_item(Parse *ps, const char *key, const char *v,
         char *save = NULL;
 
         if (strlen(v) >= sizeof(buf)) {
-                perr(ps, "%s: list too long", key);
+                config_error(&ps->in, "%s: list too long", key);
                 return;
         }
         strcpy(buf, v);
@@ -231,7 +207,7 @@ static void add_id(Parse *ps, const char *key, const char *t, bool group, uint32
                 struct group *g = group ? getgrnam(t) : NULL;
                 struct passwd *pw = group ? NULL : getpwnam(t);
                 if (!g && !pw) {
-                        perr(ps, "%s: no %s named '%s'", key, group ? "group" : "user", t);
+                        config_error(&ps->in, "%s: no %s named '%s'", key, group ? "group" : "user", t);
                         return;
                 }
                 id = g ? g->gr_gid : pw->pw_uid;
@@ -259,11 +235,11 @@ static void add_gpu(Parse *ps, const char *key, const char *t)
         uint64_t v;
 
         if (parse_uint(t, 0xffff, &v) < 0 || v == 0) {
-                perr(ps, "%s: '%s' is not a GPU id (see gpumemctl topology)", key, t);
+                config_error(&ps->in, "%s: '%s' is not a GPU id (see gpumemctl topology)", key, t);
                 return;
         }
         if (c->n_gpus == POLICY_MAX_GPUS) {
-                perr(ps, "%s: more than %d GPUs", key, POLICY_MAX_GPUS);
+                config_error(&ps->in, "%s: more than %d GPUs", key, POLICY_MAX_GPUS);
                 return;
         }
         c->gpus[c->n_gpus++] = (uint32_t)v;
@@ -276,8 +252,9 @@ static void add_denied(Parse *ps, const char *key, const char *t)
                         ps->cur->deny_ops |= op_families[i].bit;
                         return;
                 }
-        perr(ps, "%s: unknown operation family '%s' (device, host, managed, vmm, svm, export, import)", key,
-             t);
+        config_error(&ps->in,
+                     "%s: unknown operation family '%s' (device, host, managed, vmm, svm, export, import)",
+                     key, t);
 }
 
 static const char *const share_keys[_POLICY_SHARE_MAX] = {
@@ -337,108 +314,146 @@ static void add_share_pattern(Parse *ps, const char *key, const char *t)
         if (right < 0)
                 return;
         if (strlen(t) > POLICY_SHARE_NAME_MAX) {
-                perr(ps, "%s: pattern '%.20s...' is longer than %d characters", key, t,
-                     POLICY_SHARE_NAME_MAX);
+                config_error(&ps->in, "%s: pattern '%.20s...' is longer than %d characters", key, t,
+                             POLICY_SHARE_NAME_MAX);
                 return;
         }
         for (const char *p = t; *p; p++)
                 if (!share_char(*p) && !strchr("*?[]!", *p)) {
-                        perr(ps,
-                             "%s: '%s' holds '%c': a name pattern has letters, digits, \"._-/\" and *?[]!",
-                             key, t, *p);
+                        config_error(
+                                &ps->in,
+                                "%s: '%s' holds '%c': a name pattern has letters, digits, \"._-/\" and *?[]!",
+                                key, t, *p);
                         return;
                 }
         strv_add(&c->share[right], &c->n_share[right], t);
 }
 
-static void class_key(Parse *ps, const char *key, const char *v)
+/* A limit: a size (@bytes) or a number, or "unlimited". False after saying why it is none. */
+static bool read_limit(Parse *ps, const char *key, const char *v, bool bytes, uint64_t *ret)
 {
-        PolicyClass *c = ps->cur;
-        int r;
+        if (parse_limit(v, bytes, ret) == 0)
+                return true;
+        config_error(&ps->in, "%s: '%s' is not %s or 'unlimited'", key, v,
+                     bytes ? "a size (like 8G)" : "a number");
+        return false;
+}
+
+/* A setting of [class NAME] with a name of its own: how it is read, and into which field. */
+typedef struct ClassKey {
+        const char *key;
+        void (*read)(Parse *ps, const struct ClassKey *k, const char *v);
+        size_t offset;                                           /* the PolicyClass field */
+        void (*item)(Parse *ps, const char *key, const char *t); /* a list's item */
+} ClassKey;
+
+static void read_yes_no(Parse *ps, const ClassKey *k, const char *v)
+{
         bool b;
 
-        if (strcmp(key, "match-all") == 0 || strcmp(key, "admin") == 0 ||
-            strcmp(key, "import-foreign") == 0) {
-                if (parse_bool(v, &b) < 0) {
-                        perr(ps, "%s: '%s' is not yes or no", key, v);
-                        return;
-                }
-                if (key[0] == 'm')
-                        c->match_all = b;
-                else if (key[0] == 'a')
-                        c->admin = b;
-                else
-                        c->import_foreign = b;
-        } else if (strcmp(key, "foreign-imports") == 0 || strcmp(key, "foreign-import-max") == 0 ||
-                   strcmp(key, "host-alloc-max") == 0) {
-                uint64_t lim;
-                if (parse_limit(v, true, &lim) < 0) {
-                        perr(ps, "%s: '%s' is not a size (like 8G) or 'unlimited'", key, v);
-                        return;
-                }
-                if (key[0] == 'h')
-                        c->host_alloc_max = lim;
-                else if (key[14] == '-')
-                        c->foreign_import_max = lim;
-                else
-                        c->foreign_imports = lim;
-        } else if (strcmp(key, "match-cgroup") == 0) {
-                if (v[0] != '/') {
-                        perr(ps, "%s: '%s' is not an absolute cgroup path pattern", key, v);
-                        return;
-                }
-                strv_add(&c->cgroups, &c->n_cgroups, v);
-        } else if (strcmp(key, "match-uid") == 0) {
-                each_item(ps, key, v, add_uid);
-        } else if (strcmp(key, "match-gid") == 0) {
-                each_item(ps, key, v, add_gid);
-        } else if (strcmp(key, "gpus") == 0) {
-                each_item(ps, key, v, add_gpu);
-        } else if (strcmp(key, "deny-ops") == 0) {
-                each_item(ps, key, v, add_denied);
-        } else if (strncmp(key, "share-", 6) == 0 &&
-                   (strcmp(key, share_keys[POLICY_SHARE_PUBLISH]) == 0 ||
-                    strcmp(key, share_keys[POLICY_SHARE_READ]) == 0 ||
-                    strcmp(key, share_keys[POLICY_SHARE_WRITE]) == 0 ||
-                    strcmp(key, share_keys[POLICY_SHARE_PERSISTENT]) == 0)) {
-                each_item(ps, key, v, add_share_pattern);
-        } else if (strncmp(key, "vram.", 5) == 0) {
-                uint64_t id, lim;
-                if (parse_uint(key + 5, 0xffff, &id) < 0 || id == 0) {
-                        perr(ps, "%s: '%s' is not a GPU id", key, key + 5);
-                        return;
-                }
-                if (parse_limit(v, true, &lim) < 0) {
-                        perr(ps, "%s: '%s' is not a size (like 8G) or 'unlimited'", key, v);
-                        return;
-                }
-                for (size_t i = 0; i < c->n_vram_gpu; i++)
-                        if (c->vram_gpu_ids[i] == id) {
-                                perr(ps, "%s is given twice", key);
-                                return;
-                        }
-                if (c->n_vram_gpu == POLICY_MAX_GPUS) {
-                        perr(ps, "%s: more than %d per-GPU limits", key, POLICY_MAX_GPUS);
-                        return;
-                }
-                c->vram_gpu_ids[c->n_vram_gpu] = (uint32_t)id;
-                c->vram_gpu_limit[c->n_vram_gpu++] = lim;
-        } else if ((r = policy_resource_from_name(key)) >= 0) {
-                bool bytes = r == POLICY_RES_VRAM || r == POLICY_RES_HOST || r == POLICY_RES_MANAGED;
-                uint64_t lim;
-                if (parse_limit(v, bytes, &lim) < 0) {
-                        perr(ps, "%s: '%s' is not %s or 'unlimited'", key, v,
-                             bytes ? "a size (like 8G)" : "a number");
-                        return;
-                }
-                if (r == POLICY_RES_INFLIGHT && lim == 0) {
-                        perr(ps, "inflight: must be at least 1 (a class with none could never be read)");
-                        return;
-                }
-                c->limit[r] = lim;
-        } else {
-                perr(ps, "unknown setting '%s' in [class %s]", key, c->name);
+        if (parse_bool(v, &b) < 0)
+                config_error(&ps->in, "%s: '%s' is not yes or no", k->key, v);
+        else
+                *(bool *)((char *)ps->cur + k->offset) = b;
+}
+
+static void read_size_limit(Parse *ps, const ClassKey *k, const char *v)
+{
+        uint64_t lim;
+
+        if (read_limit(ps, k->key, v, true, &lim))
+                *(uint64_t *)((char *)ps->cur + k->offset) = lim;
+}
+
+static void read_cgroup(Parse *ps, const ClassKey *k, const char *v)
+{
+        if (v[0] != '/')
+                config_error(&ps->in, "%s: '%s' is not an absolute cgroup path pattern", k->key, v);
+        else
+                strv_add(&ps->cur->cgroups, &ps->cur->n_cgroups, v);
+}
+
+static void read_list(Parse *ps, const ClassKey *k, const char *v)
+{
+        each_item(ps, k->key, v, k->item);
+}
+
+#define CLASS_FIELD(f) .offset = offsetof(PolicyClass, f)
+
+static const ClassKey class_keys[] = {
+        {"match-all", read_yes_no, CLASS_FIELD(match_all)},
+        {"admin", read_yes_no, CLASS_FIELD(admin)},
+        {"import-foreign", read_yes_no, CLASS_FIELD(import_foreign)},
+        {"foreign-imports", read_size_limit, CLASS_FIELD(foreign_imports)},
+        {"foreign-import-max", read_size_limit, CLASS_FIELD(foreign_import_max)},
+        {"host-alloc-max", read_size_limit, CLASS_FIELD(host_alloc_max)},
+        {"match-cgroup", read_cgroup},
+        {"match-uid", read_list, .item = add_uid},
+        {"match-gid", read_list, .item = add_gid},
+        {"gpus", read_list, .item = add_gpu},
+        {"deny-ops", read_list, .item = add_denied},
+};
+
+/* vram.ID: the VRAM limit on one GPU. */
+static void read_gpu_vram(Parse *ps, const char *key, const char *v)
+{
+        PolicyClass *c = ps->cur;
+        uint64_t id, lim;
+
+        if (parse_uint(key + 5, 0xffff, &id) < 0 || id == 0) {
+                config_error(&ps->in, "%s: '%s' is not a GPU id", key, key + 5);
+                return;
         }
+        if (!read_limit(ps, key, v, true, &lim))
+                return;
+        for (size_t i = 0; i < c->n_vram_gpu; i++)
+                if (c->vram_gpu_ids[i] == id) {
+                        config_error(&ps->in, "%s is given twice", key);
+                        return;
+                }
+        if (c->n_vram_gpu == POLICY_MAX_GPUS) {
+                config_error(&ps->in, "%s: more than %d per-GPU limits", key, POLICY_MAX_GPUS);
+                return;
+        }
+        c->vram_gpu_ids[c->n_vram_gpu] = (uint32_t)id;
+        c->vram_gpu_limit[c->n_vram_gpu++] = lim;
+}
+
+/* A resource's name (vram, handles, ...): the class's limit on it. */
+static void read_resource_limit(Parse *ps, PolicyResource r, const char *key, const char *v)
+{
+        uint64_t lim;
+
+        if (!read_limit(ps, key, v, r == POLICY_RES_VRAM || r == POLICY_RES_HOST || r == POLICY_RES_MANAGED,
+                        &lim))
+                return;
+        if (r == POLICY_RES_INFLIGHT && lim == 0) {
+                config_error(&ps->in, "inflight: must be at least 1 (a class with none could never be read)");
+                return;
+        }
+        ps->cur->limit[r] = lim;
+}
+
+static void class_key(Parse *ps, const char *key, const char *v)
+{
+        int r;
+
+        for (size_t i = 0; i < ARRAY_SIZE(class_keys); i++)
+                if (strcmp(key, class_keys[i].key) == 0) {
+                        class_keys[i].read(ps, &class_keys[i], v);
+                        return;
+                }
+        for (size_t i = 0; i < ARRAY_SIZE(share_keys); i++)
+                if (strcmp(key, share_keys[i]) == 0) {
+                        each_item(ps, key, v, add_share_pattern);
+                        return;
+                }
+        if (strncmp(key, "vram.", 5) == 0)
+                read_gpu_vram(ps, key, v);
+        else if ((r = policy_resource_from_name(key)) >= 0)
+                read_resource_limit(ps, (PolicyResource)r, key, v);
+        else
+                config_error(&ps->in, "unknown setting '%s' in [class %s]", key, ps->cur->name);
 }
 
 static int handler(void *user, const char *section, const char *name, const char *value)
@@ -456,22 +471,21 @@ static int handler(void *user, const char *section, const char *name, const char
 static char *class_reader(char *str, int num, void *stream)
 {
         Parse *ps = stream;
-        char *s = reader(str, num, stream);
-        const char *p, *end, *cls;
+        char *s = config_reader_gets(&ps->in, str, num);
+        const char *name, *cls;
+        size_t len;
         char sec[128];
 
-        if (!s)
-                return NULL;
-        p = s + strspn(s, " \t");
-        if (*p != '[' || !(end = strchr(p, ']')) || (size_t)(end - p - 1) >= sizeof(sec))
+        if (!s || !config_line_section(s, &name, &len) || len >= sizeof(sec))
                 return s;
-        memcpy(sec, p + 1, (size_t)(end - p - 1));
-        sec[end - p - 1] = '\0';
+        memcpy(sec, name, len);
+        sec[len] = '\0';
         cls = class_name_of(sec);
         ps->cur = NULL;
         if (cls) {
                 if (!valid_name(cls))
-                        perr(ps, "class name '%s' must be 1-64 letters, digits, '-', '_' or '.'", cls);
+                        config_error(&ps->in, "class name '%s' must be 1-64 letters, digits, '-', '_' or '.'",
+                                     cls);
                 else
                         ps->cur = begin_class(ps, cls);
         }
@@ -482,51 +496,47 @@ static void check_classes(Parse *ps)
 {
         for (size_t i = 0; i < ps->p->n_classes; i++) {
                 PolicyClass *c = &ps->p->classes[i];
-                ps->line = c->line;
+                ps->in.line = c->line;
                 if (!c->match_all && !c->n_cgroups && !c->n_uids && !c->n_gids)
-                        perr(ps,
-                             "class '%s' matches nobody: give match-all, match-cgroup, match-uid or "
-                             "match-gid",
-                             c->name);
+                        config_error(&ps->in,
+                                     "class '%s' matches nobody: give match-all, match-cgroup, match-uid or "
+                                     "match-gid",
+                                     c->name);
                 for (size_t k = 0; k < c->n_vram_gpu; k++)
                         if (c->n_gpus) {
                                 bool allowed = false;
                                 for (size_t g = 0; g < c->n_gpus; g++)
                                         allowed |= c->gpus[g] == c->vram_gpu_ids[k];
                                 if (!allowed)
-                                        perr(ps,
-                                             "class '%s' limits VRAM on GPU %u, which its gpus list excludes",
-                                             c->name, c->vram_gpu_ids[k]);
+                                        config_error(&ps->in,
+                                                     "class '%s' limits VRAM on GPU %u, which its gpus list "
+                                                     "excludes",
+                                                     c->name, c->vram_gpu_ids[k]);
                         }
         }
 }
 
 int policy_load(const char *path, bool must_exist, Policy **ret, char *errbuf, size_t errlen)
 {
-        Parse ps = {.path = path, .err = errbuf, .errlen = errlen};
+        Parse ps = {0};
         int r;
 
+        r = config_reader_open(&ps.in, path, must_exist, errbuf, errlen);
+        if (r < 0)
+                return r == -ENOENT && !must_exist ? policy_new_default(ret) : r;
         ps.p = calloc(1, sizeof(*ps.p));
-        if (!ps.p)
+        if (!ps.p) {
+                config_reader_close(&ps.in);
                 return -ENOMEM;
-        ps.f = fopen(path, "re");
-        if (!ps.f) {
-                r = -errno;
-                policy_free(ps.p);
-                if (r == -ENOENT && !must_exist)
-                        return policy_new_default(ret);
-                if (errbuf)
-                        snprintf(errbuf, errlen, "%s: cannot open: %s\n", path, strerror(-r));
-                return r;
         }
         r = ini_parse_stream(class_reader, &ps, handler, &ps);
-        fclose(ps.f);
-        if (r < 0 && ps.n_errors == 0) {
+        config_reader_close(&ps.in);
+        if (r < 0 && ps.in.n_errors == 0) {
                 policy_free(ps.p);
                 return -ENOMEM;
         }
         check_classes(&ps);
-        if (ps.n_errors > 0) {
+        if (ps.in.n_errors > 0) {
                 policy_free(ps.p);
                 return -EINVAL;
         }
