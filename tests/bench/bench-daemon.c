@@ -12,6 +12,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "../integ/harness.h"
 #include "bench.h"
 
 static unsigned long long nofile_max(void)
@@ -126,11 +127,7 @@ void bench_daemon_kill(BenchDaemon *d)
 {
         char cmd[128];
 
-        if (d->pid > 0) {
-                kill(d->pid, SIGKILL);
-                waitpid(d->pid, NULL, 0);
-                d->pid = 0;
-        }
+        kill_and_reap(&d->pid);
         if (d->notify_fd >= 0)
                 close(d->notify_fd);
         d->notify_fd = -1;

@@ -12,6 +12,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "../common/check.h"
 #include "../integ/harness.h"
 #include "frame.h"
 #include "gpumem.pb-c.h"
@@ -27,7 +28,6 @@ static ssize_t raw_call(int fd, const Gpumem__Request *req, size_t *ret_req_len)
         int fds[GM_FRAME_MAX_FDS];
         size_t len = gpumem__request__get_packed_size(req), n_fds = 0;
         Gpumem__Reply *reply;
-        GmFrameHdr h;
         ssize_t n;
         int r;
 
@@ -44,16 +44,11 @@ static ssize_t raw_call(int fd, const Gpumem__Request *req, size_t *ret_req_len)
         if (n <= 0)
                 return n == 0 ? -ECONNRESET : n;
         gm_wire_close_fds(fds, n_fds);
-        if (gm_frame_parse(buf, (size_t)n, n_fds, GM_PROTOCOL_VERSION, &h, NULL) < 0)
-                return -EPROTO;
-        reply = gpumem__reply__unpack(NULL, h.body_len, buf + GM_FRAME_HDR_SIZE);
-        if (!reply || !reply->status) {
-                if (reply)
-                        gpumem__reply__free_unpacked(reply, NULL);
-                return -EBADMSG;
-        }
+        r = raw_reply_parse(buf, (size_t)n, n_fds, NULL, (void **)&reply);
+        if (r < 0)
+                return r;
         r = reply->status->code;
-        gpumem__reply__free_unpacked(reply, NULL);
+        raw_reply_free(reply);
         return r < 0 ? r : n;
 }
 
@@ -150,24 +145,7 @@ ssize_t recv_packet(int fd, void *buf, size_t cap, int *ret_fd)
 
 int send_packet(int fd, const void *buf, size_t len, int pass_fd)
 {
-        union {
-                struct cmsghdr align;
-                char buf[CMSG_SPACE(sizeof(int))];
-        } control;
-        struct iovec iov = {.iov_base = (void *)buf, .iov_len = len};
-        struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1};
-
-        if (pass_fd >= 0) {
-                memset(&control, 0, sizeof(control));
-                msg.msg_control = control.buf;
-                msg.msg_controllen = sizeof(control.buf);
-                struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
-                c->cmsg_level = SOL_SOCKET;
-                c->cmsg_type = SCM_RIGHTS;
-                c->cmsg_len = CMSG_LEN(sizeof(int));
-                memcpy(CMSG_DATA(c), &pass_fd, sizeof(int));
-        }
-        return sendmsg(fd, &msg, MSG_NOSIGNAL) == (ssize_t)len ? 0 : -errno;
+        return send_with_fds(fd, buf, len, &pass_fd, pass_fd >= 0, MSG_NOSIGNAL) == (ssize_t)len ? 0 : -errno;
 }
 
 /* Echo server of the floor: answer every packet with @rep_len bytes (and @pass_fd when >= 0). */

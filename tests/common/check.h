@@ -1,5 +1,5 @@
-/* The assertion helper of gpumemd's C tests: checks that report file:line and both values, and test runners.
- */
+/* The assertion helper of gpumemd's C tests: checks that report file:line and both values, test runners, and
+ * fds passed over Unix sockets. */
 #pragma once
 
 #include <dirent.h>
@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 
 /*
  * Three flavours of every check, all counted in check_failures and reported in one format
@@ -198,3 +199,57 @@ static inline int run_rc_tests(const RcTestCase *cases, size_t n, const char *na
 #ifndef ARRAY_SIZE
 #define ARRAY_SIZE(a) (sizeof(a) / sizeof((a)[0]))
 #endif
+
+/* ---- fds passed over a Unix socket (SCM_RIGHTS) ---- */
+
+/*
+ * One packet of @len bytes with @n_fds fds (up to the kernel's 253; more than the protocol allows too): what
+ * sendmsg() returned, -1 with errno on failure.
+ */
+static inline ssize_t send_with_fds(int sock, const void *buf, size_t len, const int *fds, size_t n_fds,
+                                    int flags)
+{
+        char ctl[CMSG_SPACE(253 * sizeof(int))] __attribute__((aligned(__alignof__(struct cmsghdr))));
+        struct iovec iov = {(void *)buf, len};
+        struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1};
+        struct cmsghdr *c;
+
+        if (n_fds > 253) {
+                errno = EINVAL;
+                return -1;
+        }
+        if (n_fds) {
+                msg.msg_control = ctl;
+                msg.msg_controllen = CMSG_SPACE(n_fds * sizeof(int));
+                memset(ctl, 0, msg.msg_controllen);
+                c = CMSG_FIRSTHDR(&msg);
+                c->cmsg_level = SOL_SOCKET;
+                c->cmsg_type = SCM_RIGHTS;
+                c->cmsg_len = CMSG_LEN(n_fds * sizeof(int));
+                memcpy(CMSG_DATA(c), fds, n_fds * sizeof(int));
+        }
+        return sendmsg(sock, &msg, flags);
+}
+
+/* @fd passed to whoever reads @sock, with one byte: 0 or a negative errno. */
+static inline int send_one_fd(int sock, int fd)
+{
+        return send_with_fds(sock, "F", 1, &fd, 1, MSG_NOSIGNAL) == 1 ? 0 : -errno;
+}
+
+/* The fd that came with the next packet on @sock (close-on-exec; @flags: MSG_DONTWAIT, say), -1 when none. */
+static inline int recv_one_fd(int sock, int flags)
+{
+        char b[8], ctl[CMSG_SPACE(sizeof(int))] __attribute__((aligned(__alignof__(struct cmsghdr))));
+        struct iovec iov = {b, sizeof(b)};
+        struct msghdr msg = {
+                .msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl, .msg_controllen = sizeof(ctl)};
+        int fd = -1;
+
+        if (recvmsg(sock, &msg, flags | MSG_CMSG_CLOEXEC) <= 0)
+                return -1;
+        for (struct cmsghdr *c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c))
+                if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS)
+                        memcpy(&fd, CMSG_DATA(c), sizeof(int));
+        return fd;
+}

@@ -243,6 +243,15 @@ bool daemon_under_tsan(void)
 #endif
 }
 
+void kill_and_reap(pid_t *pid)
+{
+        if (*pid <= 0)
+                return;
+        kill(*pid, SIGKILL);
+        waitpid(*pid, NULL, 0);
+        *pid = 0;
+}
+
 static int spawn(Daemon *d, const char *preset, const char *const *extra_args, bool pass_store)
 {
         char *names = NULL;
@@ -324,11 +333,8 @@ static int spawn(Daemon *d, const char *preset, const char *const *extra_args, b
         free(names);
         free(pass);
         r = daemon_wait_notify(d, "READY=1", daemon_wrapped() ? 120000 : 10000);
-        if (r < 0 && d->pid > 0) { /* 0: the wait saw it exit already; kill(0) would hit our own group */
-                kill(d->pid, SIGKILL);
-                waitpid(d->pid, NULL, 0);
-                d->pid = 0;
-        }
+        if (r < 0) /* pid 0: the wait saw it exit already; kill(0) would hit our own group */
+                kill_and_reap(&d->pid);
         return r;
 }
 
@@ -351,9 +357,7 @@ int daemon_kill(Daemon *d)
 {
         if (d->pid <= 0)
                 return -ECHILD;
-        kill(d->pid, SIGKILL);
-        waitpid(d->pid, NULL, 0);
-        d->pid = 0;
+        kill_and_reap(&d->pid);
         return 0;
 }
 
@@ -507,11 +511,7 @@ void daemon_cleanup(Daemon *d)
 {
         char cmd[128];
 
-        if (d->pid > 0) {
-                kill(d->pid, SIGKILL);
-                waitpid(d->pid, NULL, 0);
-                d->pid = 0;
-        }
+        kill_and_reap(&d->pid);
         if (d->notify_thread_running) {
                 d->notify_stop = true;
                 pthread_join(d->notify_thread, NULL);
@@ -618,8 +618,9 @@ int raw_recv_reply(int fd, uint32_t *ret_id, int *ret_code, char *reason, size_t
         size_t n_fds = 0;
         struct pollfd p = {.fd = fd, .events = POLLIN};
         Gpumem__Reply *reply;
-        GmFrameHdr h;
+        uint32_t id;
         ssize_t n;
+        int r;
 
         /* a daemon under valgrind answers tens of times slower */
         if (poll(&p, 1, daemon_wrapped() ? 12 * timeout_ms : timeout_ms) <= 0)
@@ -630,15 +631,10 @@ int raw_recv_reply(int fd, uint32_t *ret_id, int *ret_code, char *reason, size_t
         if (n < 0)
                 return (int)n;
         gm_wire_close_fds(fds, n_fds);
-        if (gm_frame_parse(buf, (size_t)n, n_fds, GM_PROTOCOL_VERSION, &h, NULL) < 0)
-                return -EPROTO;
-        reply = gpumem__reply__unpack(NULL, h.body_len, buf + GM_FRAME_HDR_SIZE);
-        if (!reply || !reply->status) {
-                if (reply)
-                        gpumem__reply__free_unpacked(reply, NULL);
-                return -EBADMSG;
-        }
-        *ret_id = h.request_id;
+        r = raw_reply_parse(buf, (size_t)n, n_fds, &id, (void **)&reply);
+        if (r < 0)
+                return r;
+        *ret_id = id;
         *ret_code = reply->status->code;
         if (reason && reason_len)
                 snprintf(reason, reason_len, "%s", reply->status->reason ? reply->status->reason : "");
@@ -669,7 +665,7 @@ int raw_request(int fd, uint32_t request_id, const void *req, const int *fds, si
         size_t n_in = 0, len;
         struct pollfd p = {.fd = fd, .events = POLLIN};
         Gpumem__Reply *reply;
-        GmFrameHdr h;
+        uint32_t id = 0;
         ssize_t n;
         int r, code;
 
@@ -693,20 +689,15 @@ int raw_request(int fd, uint32_t request_id, const void *req, const int *fds, si
                         return -ECONNRESET;
                 if (n < 0)
                         return (int)n;
-                if (gm_frame_parse(buf, (size_t)n, n_in, GM_PROTOCOL_VERSION, &h, NULL) < 0) {
-                        gm_wire_close_fds(in_fds, n_in);
-                        return -EPROTO;
-                }
-                if (h.request_id == request_id || h.request_id == 0)
+                r = raw_reply_parse(buf, (size_t)n, n_in, &id, (void **)&reply);
+                if (r == -EPROTO || id == request_id || id == 0)
                         break;
-                gm_wire_close_fds(in_fds, n_in); /* a reply to an earlier request nobody waited for */
-        }
-        reply = gpumem__reply__unpack(NULL, h.body_len, buf + GM_FRAME_HDR_SIZE);
-        if (!reply || !reply->status) {
-                if (reply)
-                        gpumem__reply__free_unpacked(reply, NULL);
+                raw_reply_free(reply); /* a reply to an earlier request nobody waited for */
                 gm_wire_close_fds(in_fds, n_in);
-                return -EBADMSG;
+        }
+        if (r < 0) {
+                gm_wire_close_fds(in_fds, n_in);
+                return r;
         }
         code = reply->status->code;
         if (ret_fds) {
@@ -728,6 +719,25 @@ void raw_reply_free(void *reply)
 {
         if (reply)
                 gpumem__reply__free_unpacked(reply, NULL);
+}
+
+int raw_reply_parse(const void *pkt, size_t n, size_t n_fds, uint32_t *ret_id, void **ret_reply)
+{
+        Gpumem__Reply *reply;
+        GmFrameHdr h;
+
+        *ret_reply = NULL;
+        if (gm_frame_parse(pkt, n, n_fds, GM_PROTOCOL_VERSION, &h, NULL) < 0)
+                return -EPROTO;
+        if (ret_id)
+                *ret_id = h.request_id;
+        reply = gpumem__reply__unpack(NULL, h.body_len, (const uint8_t *)pkt + GM_FRAME_HDR_SIZE);
+        if (!reply || !reply->status) {
+                raw_reply_free(reply);
+                return -EBADMSG;
+        }
+        *ret_reply = reply;
+        return 0;
 }
 
 /*
@@ -1037,22 +1047,6 @@ void client_leave_objects(gm_client *c, uint32_t dev_gpu, uint32_t map_gpu, uint
         (void)gm_mem_create(c, 2 * mib, gpu, 0, &vh);
         (void)gm_mem_map(c, res, 2 * mib, 0, vh);
         (void)gm_mem_set_access(c, res, 2 * mib, &rw, 1);
-}
-
-int send_one_fd(int sock, int fd)
-{
-        return gm_wire_send(sock, "F", 1, NULL, 0, &fd, 1, 0);
-}
-
-int recv_one_fd(int sock)
-{
-        char buf[8];
-        int fds[16];
-        size_t n = 0;
-
-        if (gm_wire_recv(sock, buf, sizeof(buf), fds, &n, 0) <= 0 || n != 1)
-                return -1;
-        return fds[0];
 }
 
 int daemon_wait_base_after(Daemon *d, const DaemonState *base, const char *what)

@@ -96,6 +96,8 @@ void daemon_store_clear(Daemon *d);
 void daemon_notify_clear(Daemon *d);
 /* SIGKILL and reap. */
 int daemon_kill(Daemon *d);
+/* SIGKILL the process *@pid and reap it, when there is one (> 0); *@pid is 0 then. */
+void kill_and_reap(pid_t *pid);
 /* Resident memory of the daemon in KiB (VmRSS), or a negative errno. */
 long daemon_rss_kb(const Daemon *d);
 
@@ -156,6 +158,12 @@ bool raw_closed(int fd, int timeout_ms);
 int raw_request(int fd, uint32_t request_id, const void *req, const int *fds, size_t n_fds, void **ret_reply,
                 int *ret_fds, size_t *ret_n_fds, bool *ret_transport);
 void raw_reply_free(void *reply);
+/*
+ * The reply in the packet @pkt (@n bytes, with @n_fds fds): 0 with it unpacked in *@ret_reply (free with
+ * raw_reply_free), -EPROTO for a bad frame, -EBADMSG for a reply without a status. *@ret_id (may be NULL)
+ * is its request id once the frame is good.
+ */
+int raw_reply_parse(const void *pkt, size_t n, size_t n_fds, uint32_t *ret_id, void **ret_reply);
 
 /* ---- the client library's side: admin views and client processes ---- */
 
@@ -179,9 +187,6 @@ int daemon_share_info(Daemon *d, const char *name, gm_share_info *ret);
  * with an SVM attribute, and VMM memory of @gpu mapped in a reservation. Every step's error is ignored.
  */
 void client_leave_objects(gm_client *c, uint32_t dev_gpu, uint32_t map_gpu, uint32_t gpu, bool import);
-/* An fd passed to another process over the Unix socket @sock, and taken there: the fd, or -1. */
-int send_one_fd(int sock, int fd);
-int recv_one_fd(int sock);
 
 /* ---- children of other uids ---- */
 

@@ -575,7 +575,7 @@ static int importer(int sock, uint32_t gpu, size_t size, unsigned seed, bool wai
         void *res = NULL;
         gm_access_desc rw[2] = {{gpu, GM_ACCESS_READ_WRITE}, {GM_LOCATION_CPU, GM_ACCESS_READ_WRITE}};
         char ok = 0;
-        int fd = recv_one_fd(sock);
+        int fd = recv_one_fd(sock, 0);
 
         if (fd < 0 || gm_client_connect(dmn.sock, "importer", &c) < 0)
                 return 10;

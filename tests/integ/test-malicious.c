@@ -447,15 +447,7 @@ static Gpumem__Request *req_import(bool has_index, int32_t index)
 static void short_packet_too_many_fds(void)
 {
         int fds[20];
-        union {
-                char buf[CMSG_SPACE(sizeof(fds))];
-                struct cmsghdr align;
-        } ctl;
         char pkt[4] = {'G', 'M', 'E', 'M'};
-        struct iovec iov = {pkt, sizeof(pkt)};
-        struct msghdr msg = {
-                .msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.buf, .msg_controllen = sizeof(ctl.buf)};
-        struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
         uint32_t id = 1;
         int code = 0;
         char reason[256] = "";
@@ -473,11 +465,8 @@ static void short_packet_too_many_fds(void)
         CHECK(fds[0] >= 0);
         for (size_t i = 1; i < ARRAY_SIZE(fds); i++)
                 fds[i] = fds[0];
-        c->cmsg_level = SOL_SOCKET;
-        c->cmsg_type = SCM_RIGHTS;
-        c->cmsg_len = CMSG_LEN(sizeof(fds));
-        memcpy(CMSG_DATA(c), fds, sizeof(fds));
-        CHECK_EQ(sendmsg(r.fd, &msg, MSG_NOSIGNAL), (ssize_t)sizeof(pkt));
+        CHECK_EQ(send_with_fds(r.fd, pkt, sizeof(pkt), fds, ARRAY_SIZE(fds), MSG_NOSIGNAL),
+                 (ssize_t)sizeof(pkt));
         close(fds[0]);
         CHECK_EQ(raw_recv_reply(r.fd, &id, &code, reason, sizeof(reason), 5000), 0);
         CHECK_EQ(code, -EPROTO);

@@ -40,7 +40,7 @@ static int importer(int sock)
         gm_client *c = NULL;
         gm_handle h = 0;
         char cmd;
-        int fd = recv_one_fd(sock), ok = 1;
+        int fd = recv_one_fd(sock, 0), ok = 1;
         volatile unsigned char *p;
 
         if (fd < 0 || gm_client_connect(dmn.sock, "importer", &c) < 0)

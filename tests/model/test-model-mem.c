@@ -365,51 +365,10 @@ int test_mmap_data(void)
         return 0;
 }
 
-static int send_fd(int sock, int fd)
-{
-        char c = 'x';
-        struct iovec iov = {.iov_base = &c, .iov_len = 1};
-        union {
-                char buf[CMSG_SPACE(sizeof(int))];
-                struct cmsghdr align;
-        } u;
-        struct msghdr msg = {
-                .msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf, .msg_controllen = sizeof(u.buf)};
-        struct cmsghdr *cm = CMSG_FIRSTHDR(&msg);
-
-        cm->cmsg_level = SOL_SOCKET;
-        cm->cmsg_type = SCM_RIGHTS;
-        cm->cmsg_len = CMSG_LEN(sizeof(int));
-        memcpy(CMSG_DATA(cm), &fd, sizeof(int));
-        return sendmsg(sock, &msg, 0) == 1 ? 0 : -errno;
-}
-
-static int recv_fd(int sock)
-{
-        char c;
-        struct iovec iov = {.iov_base = &c, .iov_len = 1};
-        union {
-                char buf[CMSG_SPACE(sizeof(int))];
-                struct cmsghdr align;
-        } u;
-        struct msghdr msg = {
-                .msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf, .msg_controllen = sizeof(u.buf)};
-        struct cmsghdr *cm;
-        int fd;
-
-        if (recvmsg(sock, &msg, MSG_CMSG_CLOEXEC) != 1)
-                return -1;
-        cm = CMSG_FIRSTHDR(&msg);
-        if (!cm || cm->cmsg_type != SCM_RIGHTS)
-                return -1;
-        memcpy(&fd, CMSG_DATA(cm), sizeof(int));
-        return fd;
-}
-
 /* Child side: receive a dmabuf fd, map it, check the pattern, write an answer into the second page. */
 static int child_check(int sock, size_t len)
 {
-        int fd = recv_fd(sock);
+        int fd = recv_one_fd(sock, 0);
         unsigned char *p;
 
         if (fd < 0)
@@ -460,7 +419,7 @@ int test_dmabuf(void)
                 _exit(child_check(sv[1], 2 * PAGE));
         }
         close(sv[1]);
-        REQUIRE_RC(send_fd(sv[0], (int)ex.dmabuf_fd), 0);
+        REQUIRE_RC(send_one_fd(sv[0], (int)ex.dmabuf_fd), 0);
         REQUIRE(waitpid(pid, &status, 0) == pid);
         REQUIRE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
         REQUIRE(p[PAGE] == 0xc3);

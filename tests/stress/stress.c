@@ -200,6 +200,43 @@ static void doomed(unsigned seed)
         }
 }
 
+/* The daemon's memory (KiB) and fds over a run: at the start, once warm, at the peak and at the end. */
+typedef struct Usage {
+        long rss_base, rss_warm, rss_max, rss_end;
+        int fds_max;
+} Usage;
+
+/* A sample of the daemon's RSS and fds; the first once @warm (past the run's first quarter: caches and pools
+ * are warm) is its warm level. */
+static void usage_sample(Usage *u, bool warm)
+{
+        long rss = daemon_rss_kb(&dmn);
+        int fds = daemon_fd_count(&dmn);
+
+        if (rss > u->rss_max)
+                u->rss_max = rss;
+        if (fds > u->fds_max)
+                u->fds_max = fds;
+        if (!u->rss_warm && warm)
+                u->rss_warm = rss;
+}
+
+static void usage_print(const Usage *u, const DaemonState *start, const DaemonState *end)
+{
+        printf("  daemon RSS (KiB): start %ld, warm %ld, peak %ld, end %ld; fds: start %d, peak %d, end %d\n",
+               u->rss_base, u->rss_warm, u->rss_max, u->rss_end, start->fds, u->fds_max, end->fds);
+}
+
+/* Memory back near its warm level: what clients held is returned (allow for allocator slack); a sanitizer's
+ * allocator keeps freed memory in quarantine, so its RSS says nothing there. */
+static void usage_check(const Usage *u)
+{
+#if !defined(__SANITIZE_ADDRESS__)
+        if (u->rss_warm)
+                CHECK(u->rss_end <= u->rss_warm + 16 * 1024);
+#endif
+}
+
 /* Add the report of @what @i to @total once it ended (@pid, the read end @fd of its pipe, closed here);
  * false when it did not report or did not exit 0. */
 static bool add_report(const char *what, int i, pid_t pid, int fd, WorkerReport *total)
@@ -243,13 +280,13 @@ static int run(const Run *cfg)
         int pipes[64][2];
         static WorkerReport total;
         DaemonState base, s;
-        long rss_base, rss_warm = 0, rss_max = 0, rss_end;
-        int fds_max = 0, kills = 0, failed = 0;
+        Usage u = {0};
+        int kills = 0, failed = 0;
         int64_t t_end;
 
         CHECK_EQ(daemon_state(&dmn, &base), 0);
         base.fds = daemon_quiet_fd_count(&dmn);
-        rss_base = daemon_rss_kb(&dmn);
+        u.rss_base = daemon_rss_kb(&dmn);
         for (int i = 0; i < cfg->workers; i++) {
                 CHECK_EQ(pipe2(pipes[i], O_CLOEXEC), 0);
                 pids[i] = fork();
@@ -274,14 +311,7 @@ static int run(const Run *cfg)
                         usleep(100000);
                 }
                 if (now_us() >= next_sample) {
-                        long rss = daemon_rss_kb(&dmn);
-                        int fds = daemon_fd_count(&dmn);
-                        if (rss > rss_max)
-                                rss_max = rss;
-                        if (fds > fds_max)
-                                fds_max = fds;
-                        if (!rss_warm && now_us() > t_end - (int64_t)cfg->seconds * 750000)
-                                rss_warm = rss; /* after the first quarter: caches and pools are warm */
+                        usage_sample(&u, now_us() > t_end - (int64_t)cfg->seconds * 750000);
                         next_sample = now_us() + 1000000;
                 }
         }
@@ -293,7 +323,7 @@ static int run(const Run *cfg)
         CHECK_EQ(failed, 0);
         /* the daemon is back where it began: nothing held, the model's books and its fds as at the start */
         CHECK_EQ(daemon_wait_base(&dmn, &base, 20000, &s), 0);
-        rss_end = daemon_rss_kb(&dmn);
+        u.rss_end = daemon_rss_kb(&dmn);
         qsort(total.lat_us, total.n_lat, sizeof(uint32_t), cmp_u32);
         uint64_t n_ops = 0;
         for (int k = 0; k < N_OPS; k++)
@@ -312,18 +342,12 @@ static int run(const Run *cfg)
                 printf("  call latency (us): p50 %u, p95 %u, p99 %u, max %u (%u samples)\n",
                        total.lat_us[total.n_lat / 2], total.lat_us[total.n_lat * 95 / 100],
                        total.lat_us[total.n_lat * 99 / 100], total.lat_us[total.n_lat - 1], total.n_lat);
-        printf("  daemon RSS (KiB): start %ld, warm %ld, peak %ld, end %ld; fds: start %d, peak %d, end %d\n",
-               rss_base, rss_warm, rss_max, rss_end, base.fds, fds_max, s.fds);
+        usage_print(&u, &base, &s);
         fflush(stdout);
         CHECK_EQ(total.errors, 0);
         CHECK_EQ(total.corruptions, 0);
         CHECK(n_ops > 0);
-        /* memory back near its warm level: what clients held is returned (allow for allocator slack); a
-         * sanitizer's allocator keeps freed memory in quarantine, so its RSS says nothing here */
-#if !defined(__SANITIZE_ADDRESS__)
-        if (rss_warm)
-                CHECK(rss_end <= rss_warm + 16 * 1024);
-#endif
+        usage_check(&u);
         return check_failures ? EXIT_FAILURE : EXIT_SUCCESS;
 }
 
@@ -382,35 +406,12 @@ static size_t storm_size(uint64_t *rng)
 /* Pass an fd to whichever storm client reads the mailbox next (the parent's copy keeps it in flight). */
 static void mbox_post(int mbox, int fd)
 {
-        char b = 'x';
-        char ctl[CMSG_SPACE(sizeof(int))] = {0};
-        struct iovec iov = {&b, 1};
-        struct msghdr mh = {
-                .msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl, .msg_controllen = sizeof(ctl)};
-        struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
-
-        cm->cmsg_level = SOL_SOCKET;
-        cm->cmsg_type = SCM_RIGHTS;
-        cm->cmsg_len = CMSG_LEN(sizeof(int));
-        memcpy(CMSG_DATA(cm), &fd, sizeof(int));
-        (void)sendmsg(mbox, &mh, MSG_DONTWAIT | MSG_NOSIGNAL);
+        (void)send_with_fds(mbox, "x", 1, &fd, 1, MSG_DONTWAIT | MSG_NOSIGNAL);
 }
 
 static int mbox_take(int mbox)
 {
-        char b;
-        char ctl[CMSG_SPACE(sizeof(int))];
-        struct iovec iov = {&b, 1};
-        struct msghdr mh = {
-                .msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl, .msg_controllen = sizeof(ctl)};
-        int fd = -1;
-
-        if (recvmsg(mbox, &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC) <= 0)
-                return -1;
-        for (struct cmsghdr *cm = CMSG_FIRSTHDR(&mh); cm; cm = CMSG_NXTHDR(&mh, cm))
-                if (cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS)
-                        memcpy(&fd, CMSG_DATA(cm), sizeof(int));
-        return fd;
+        return recv_one_fd(mbox, MSG_DONTWAIT);
 }
 
 typedef struct StormVmm {
@@ -695,8 +696,8 @@ static int storm(int n_kills, int n_live, int n_bystanders)
         static WorkerReport total;
         uint64_t at_kill[N_STEPS] = {0}, rng = 0x9e3779b97f4a7c15ull, steps_at_kill = 0;
         DaemonState base, s;
-        long rss_base, rss_warm = 0, rss_max = 0, rss_end;
-        int fds_max = 0, kills = 0, started = 0, early = 0, alive = 0, failed = 0;
+        Usage u = {0};
+        int kills = 0, started = 0, early = 0, alive = 0, failed = 0;
         int64_t t0, t_storm, t_settle, next_sample = 0;
 
         slots = mmap(NULL, sizeof(StormSlot) * 64, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
@@ -706,7 +707,7 @@ static int storm(int n_kills, int n_live, int n_bystanders)
                 return EXIT_FAILURE;
         CHECK_EQ(daemon_state(&dmn, &base), 0);
         base.fds = daemon_quiet_fd_count(&dmn);
-        rss_base = daemon_rss_kb(&dmn);
+        u.rss_base = daemon_rss_kb(&dmn);
         for (int i = 0; i < n_bystanders; i++) {
                 CHECK_EQ(pipe2(by_pipes[i], O_CLOEXEC), 0);
                 by_pids[i] = fork();
@@ -772,14 +773,7 @@ static int storm(int n_kills, int n_live, int n_bystanders)
                         }
                 }
                 if (now >= next_sample) {
-                        long rss = daemon_rss_kb(&dmn);
-                        int fds = daemon_fd_count(&dmn);
-                        if (rss > rss_max)
-                                rss_max = rss;
-                        if (fds > fds_max)
-                                fds_max = fds;
-                        if (!rss_warm && kills >= n_kills / 4)
-                                rss_warm = rss; /* after the first quarter: caches and pools are warm */
+                        usage_sample(&u, kills >= n_kills / 4);
                         next_sample = now + 200000;
                 }
                 now = now_us();
@@ -805,7 +799,7 @@ static int storm(int n_kills, int n_live, int n_bystanders)
                 now_us() - t_storm; /* from the last kill (the bystanders' stop and the mailbox included) */
         CHECK_EQ(s.clients, base.clients);
         CHECK_EQ(s.va_windows, base.va_windows);
-        rss_end = daemon_rss_kb(&dmn);
+        u.rss_end = daemon_rss_kb(&dmn);
         qsort(total.lat_us, total.n_lat, sizeof(uint32_t), cmp_u32);
         uint64_t n_ops = 0;
         for (int k = 0; k < N_OPS; k++)
@@ -832,8 +826,7 @@ static int storm(int n_kills, int n_live, int n_bystanders)
                                total.lat_us[total.n_lat / 2], total.lat_us[total.n_lat * 99 / 100],
                                total.lat_us[total.n_lat - 1]);
         }
-        printf("  daemon RSS (KiB): start %ld, warm %ld, peak %ld, end %ld; fds: start %d, peak %d, end %d\n",
-               rss_base, rss_warm, rss_max, rss_end, base.fds, fds_max, s.fds);
+        usage_print(&u, &base, &s);
         printf("  daemon requests served: %llu, protocol errors: %llu\n",
                (unsigned long long)(s.requests - base.requests),
                (unsigned long long)(s.protocol_errors - base.protocol_errors));
@@ -847,10 +840,7 @@ static int storm(int n_kills, int n_live, int n_bystanders)
         CHECK_EQ(kills, n_kills);
         CHECK_EQ(total.errors, 0);
         CHECK_EQ(total.corruptions, 0);
-#if !defined(__SANITIZE_ADDRESS__)
-        if (rss_warm)
-                CHECK(rss_end <= rss_warm + 16 * 1024);
-#endif
+        usage_check(&u);
         munmap(slots, sizeof(StormSlot) * 64);
         return check_failures ? EXIT_FAILURE : EXIT_SUCCESS;
 }

@@ -119,20 +119,10 @@ static void test_wire_fds(void)
         /* more fds than the control buffer holds: MSG_CTRUNC, all fds closed */
         {
                 int many[GM_FRAME_MAX_FDS + 4];
-                char cbuf[CMSG_SPACE(sizeof(many))];
-                struct iovec iov = {.iov_base = hdr, .iov_len = sizeof(hdr)};
-                struct msghdr msg = {.msg_iov = &iov,
-                                     .msg_iovlen = 1,
-                                     .msg_control = cbuf,
-                                     .msg_controllen = sizeof(cbuf)};
-                struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
                 for (size_t i = 0; i < ARRAY_SIZE(many); i++)
                         many[i] = fds[0];
-                c->cmsg_level = SOL_SOCKET;
-                c->cmsg_type = SCM_RIGHTS;
-                c->cmsg_len = CMSG_LEN(sizeof(many));
-                memcpy(CMSG_DATA(c), many, sizeof(many));
-                CHECK_EQ(sendmsg(sv[0], &msg, 0), (ssize_t)sizeof(hdr));
+                CHECK_EQ(send_with_fds(sv[0], hdr, sizeof(hdr), many, ARRAY_SIZE(many), 0),
+                         (ssize_t)sizeof(hdr));
                 int before = count_fds(0);
                 len = gm_wire_recv(sv[1], rx, sizeof(rx), got, &n, 0);
                 CHECK_EQ(len, -EPROTO);
