@@ -42,6 +42,14 @@ static int wait_events(Fx *f, const uint32_t *ids, uint32_t n, bool all, uint32_
         return r;
 }
 
+/* The result of a wait for @ids (KFD_IOC_WAIT_RESULT_*), or -1 when the model refused the call. */
+static int waited(Fx *f, const uint32_t *ids, uint32_t n, bool all, uint32_t timeout)
+{
+        uint32_t result;
+
+        return wait_events(f, ids, n, all, timeout, &result) == 0 ? (int)result : -1;
+}
+
 typedef struct Setter {
         Fx *f;
         uint32_t id;
@@ -109,34 +117,26 @@ int test_events(void)
         /* set: the wait completes and consumes an auto-reset event */
         set.event_id = sig.event_id;
         REQUIRE_RC(io(&f, f.kfd, AMDKFD_IOC_SET_EVENT, &set), 0);
-        REQUIRE_RC(wait_events(&f, ids, 1, false, 1000, &result), 0);
-        REQUIRE(result == KFD_IOC_WAIT_RESULT_COMPLETE);
-        REQUIRE_RC(wait_events(&f, ids, 1, false, 0, &result), 0);
-        REQUIRE(result == KFD_IOC_WAIT_RESULT_TIMEOUT);
+        REQUIRE(waited(&f, ids, 1, false, 1000) == KFD_IOC_WAIT_RESULT_COMPLETE);
+        REQUIRE(waited(&f, ids, 1, false, 0) == KFD_IOC_WAIT_RESULT_TIMEOUT);
         /* a manual-reset event stays set until reset */
         set.event_id = man.event_id;
         REQUIRE_RC(io(&f, f.kfd, AMDKFD_IOC_SET_EVENT, &set), 0);
         ids[0] = man.event_id;
-        REQUIRE_RC(wait_events(&f, ids, 1, false, 0, &result), 0);
-        REQUIRE(result == KFD_IOC_WAIT_RESULT_COMPLETE);
-        REQUIRE_RC(wait_events(&f, ids, 1, false, 0, &result), 0);
-        REQUIRE(result == KFD_IOC_WAIT_RESULT_COMPLETE);
+        REQUIRE(waited(&f, ids, 1, false, 0) == KFD_IOC_WAIT_RESULT_COMPLETE);
+        REQUIRE(waited(&f, ids, 1, false, 0) == KFD_IOC_WAIT_RESULT_COMPLETE);
         /* wait for all: one of two set is not enough; wait for any: it is */
         ids[1] = sig.event_id;
-        REQUIRE_RC(wait_events(&f, ids, 2, true, 0, &result), 0);
-        REQUIRE(result == KFD_IOC_WAIT_RESULT_TIMEOUT);
-        REQUIRE_RC(wait_events(&f, ids, 2, false, 0, &result), 0);
-        REQUIRE(result == KFD_IOC_WAIT_RESULT_COMPLETE);
+        REQUIRE(waited(&f, ids, 2, true, 0) == KFD_IOC_WAIT_RESULT_TIMEOUT);
+        REQUIRE(waited(&f, ids, 2, false, 0) == KFD_IOC_WAIT_RESULT_COMPLETE);
         reset.event_id = man.event_id;
         REQUIRE_RC(io(&f, f.kfd, AMDKFD_IOC_RESET_EVENT, &reset), 0);
-        REQUIRE_RC(wait_events(&f, ids, 1, false, 0, &result), 0);
-        REQUIRE(result == KFD_IOC_WAIT_RESULT_TIMEOUT);
+        REQUIRE(waited(&f, ids, 1, false, 0) == KFD_IOC_WAIT_RESULT_TIMEOUT);
         /* an infinite wait is released by a SET_EVENT from another thread */
         st = (Setter){.f = &f, .id = sig.event_id};
         REQUIRE(pthread_create(&th, NULL, set_later, &st) == 0);
         ids[0] = sig.event_id;
-        REQUIRE_RC(wait_events(&f, ids, 1, false, 0xffffffffu, &result), 0);
-        REQUIRE(result == KFD_IOC_WAIT_RESULT_COMPLETE);
+        REQUIRE(waited(&f, ids, 1, false, 0xffffffffu) == KFD_IOC_WAIT_RESULT_COMPLETE);
         pthread_join(th, NULL);
         /* unknown events */
         ids[0] = 4000;

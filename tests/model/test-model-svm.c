@@ -18,6 +18,15 @@ static int svm_get1(Fx *f, uint64_t start, uint64_t size, uint32_t type, uint32_
         return r;
 }
 
+/* The model holds no SVM range any more, nor system memory charged for one. */
+static bool svm_gone(Fx *f)
+{
+        ThunkModelStats s;
+
+        thunk_model_get_stats(f->m, &s);
+        return s.svm_ranges == 0 && s.system_used == 0;
+}
+
 int test_svm(void)
 {
         Fx f;
@@ -132,8 +141,7 @@ int test_svm(void)
         thunk_model_get_stats(f.m, &s);
         REQUIRE(s.svm_ranges == 4 && s.system_used == 20 * PAGE);
         REQUIRE(munmap(p, len) == 0);
-        thunk_model_get_stats(f.m, &s);
-        REQUIRE(s.svm_ranges == 0 && s.system_used == 0);
+        REQUIRE(svm_gone(&f));
         REQUIRE_RC(fx_teardown(&f), 0);
         return 0;
 }
@@ -175,13 +183,11 @@ int test_svm_limits(void)
         {
                 uint64_t big = 63 * GiB;
                 void *q = mmap(NULL, big, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-                ThunkModelStats s;
 
                 REQUIRE(q != MAP_FAILED);
                 REQUIRE_RC(svm_call(&f, f.kfd, KFD_IOCTL_SVM_OP_SET_ATTR, (uintptr_t)q, big, &at, 1),
                            -ENOMEM);
-                thunk_model_get_stats(f.m, &s);
-                REQUIRE(s.svm_ranges == 0 && s.system_used == 0);
+                REQUIRE(svm_gone(&f));
                 REQUIRE(munmap(q, big) == 0);
         }
         REQUIRE(munmap(p, len) == 0);
@@ -249,8 +255,7 @@ int test_svm_unmap_notices(void)
         for (int i = 1; i < N; i++)
                 REQUIRE_RC(f.seam.ops->munmap(f.seam.impl, q[i], 2 * PAGE), 0);
         REQUIRE_RC(f.seam.ops->munmap(f.seam.impl, p, len), 0);
-        thunk_model_get_stats(f.m, &s);
-        REQUIRE(s.svm_ranges == 0 && s.system_used == 0);
+        REQUIRE(svm_gone(&f));
         REQUIRE_RC(fx_teardown(&f), 0);
         return 0;
 }
