@@ -10,6 +10,7 @@
 #include "config.h"
 #include <amdgpu_drm.h>
 
+#include "fuzz-input.h"
 #include "kfd-compat.h"
 #include "model.h"
 #include "topology.h"
@@ -145,27 +146,6 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
         return 0;
 }
 
-typedef struct Reader {
-        const uint8_t *p;
-        size_t n;
-} Reader;
-
-static uint8_t rd8(Reader *r)
-{
-        if (!r->n)
-                return 0;
-        r->n--;
-        return *r->p++;
-}
-
-static uint32_t rd32(Reader *r)
-{
-        uint32_t v = 0;
-        for (int i = 0; i < 4; i++)
-                v |= (uint32_t)rd8(r) << (8 * i);
-        return v;
-}
-
 /* Input: [kfd minor u8] then ops of [fd sel u8][request sel u8 (+u32 when raw)][len u8][len bytes]. */
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
@@ -208,7 +188,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                 if (rsel < 0xc0)
                         req = known[rsel % (sizeof(known) / sizeof(known[0]))];
                 else
-                        req = rd32(&r); /* anything: other types, numbers, sizes and directions */
+                        req = (uint32_t)rdn(&r, 4); /* anything: other types, numbers, sizes and directions */
                 if (is_queue_nr(req))
                         req = AMDKFD_IOC_GET_VERSION;
                 usize = _IOC_SIZE(req);

@@ -20,6 +20,7 @@
 #include "server/conn.h"
 #include "drivers/driver-kfd.h"
 #include "frame.h"
+#include "fuzz-input.h"
 #include "gpumem.pb-c.h"
 #include "base/log.h"
 #include "manager.h"
@@ -51,27 +52,6 @@ static Manager *mgr;
 static char tmpdir[64];
 static ThunkModelStats model_base;
 static int fd_base = -1;
-
-typedef struct Reader {
-        const uint8_t *p;
-        size_t n;
-} Reader;
-
-static uint8_t rd8(Reader *r)
-{
-        if (!r->n)
-                return 0;
-        r->n--;
-        return *r->p++;
-}
-
-static uint64_t rdn(Reader *r, int bytes)
-{
-        uint64_t v = 0;
-        for (int i = 0; i < bytes; i++)
-                v |= (uint64_t)rd8(r) << (8 * i);
-        return v;
-}
 
 /* What earlier replies handed out: the fuzzer reuses it, as a real client would. */
 typedef struct Pool {
