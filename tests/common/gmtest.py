@@ -110,11 +110,36 @@ def hello_frame(request_id=1):
     return struct.pack("<IHHII", 0x4D454D47, 1, 0, len(body), request_id) + body
 
 
+def hello_as(sock, uid, groups=()):
+    """In a child process: become uid (with groups), connect to sock and say hello. Returns (b"ok", the
+    connection), (b"short", the connection) when the reply was too short, or (the error's name, None)."""
+    try:
+        os.setgroups(list(groups))
+        os.setresgid(uid, uid, uid)
+        os.setresuid(uid, uid, uid)
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        s.settimeout(5)
+        s.connect(sock)
+        s.send(hello_frame())
+        return (b"ok" if len(s.recv(65536)) > 16 else b"short"), s
+    except OSError as e:
+        return type(e).__name__.encode(), None
+
+
 def install(destdir):
     """meson install of this build into destdir (nothing is rebuilt); returns the CompletedProcess."""
     meson = os.environ.get("MESON", "meson")
     return subprocess.run([meson, "install", "-C", BUILD_ROOT, "--destdir", destdir, "--no-rebuild"],
                           capture_output=True, text=True, timeout=300)
+
+
+def install_or_exit(destdir):
+    """install() before a program's tests: when it fails, its output, a failed first test and exit 1."""
+    r = install(destdir)
+    if r.returncode != 0:
+        print(r.stdout[-2000:], r.stderr[-2000:], file=sys.stderr)
+        print("not ok 1 - meson install into a DESTDIR")
+        sys.exit(1)
 
 
 def in_dest(destdir, path):

@@ -13,7 +13,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
-from gmtest import GPUMEMCTL, GPUMEMD, Notify, check, ctl, hello_frame, run_tests  # noqa: E402
+from gmtest import GPUMEMCTL, GPUMEMD, Notify, check, ctl, hello_frame, run_tests, stop  # noqa: E402
 
 
 class Daemon:
@@ -35,15 +35,10 @@ class Daemon:
         os.rename(self.conf + ".new", self.conf)
 
     def stop(self):
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            _, err = self.proc.communicate(timeout=20)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            _, err = self.proc.communicate()
+        code, err = stop(self.proc)
         self.stopping = self.notify.wait("STOPPING=1", 1)
         self.notify.close()
-        return self.proc.returncode, err
+        return code, err
 
 
 

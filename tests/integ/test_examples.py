@@ -3,13 +3,12 @@
 print what it promises, and leave nothing behind in the daemon; without a daemon each must fail."""
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
-from gmtest import GPUMEMD, check, ctl, run_tests  # noqa: E402
+from gmtest import GPUMEMD, check, ctl, run_tests, stop  # noqa: E402
 
 EXAMPLES = os.environ["GPUMEM_EXAMPLES"]
 
@@ -62,13 +61,7 @@ class Daemon:
             time.sleep(0.025)
 
     def stop(self):
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            _, err = self.proc.communicate(timeout=20)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            _, err = self.proc.communicate()
-        return self.proc.returncode, err
+        return stop(self.proc)
 
 
 

@@ -134,6 +134,14 @@ def start(tmp):
     return d, port, d.fds()
 
 
+def finish(d, base):
+    """The end of a case: the daemon's fds back at their baseline, then it stops and exits 0."""
+    after = wait_fds(d, base)
+    check(after <= base, f"the fd count returns to its baseline ({base}, now {after})")
+    code, err = d.stop()
+    check(code == 0, f"daemon exits 0 ({code}) {err[-500:]}")
+
+
 def test_idle_connections(tmp):
     d, port, base = start(tmp)
     held, t0 = [], time.monotonic()
@@ -176,10 +184,7 @@ def test_idle_connections(tmp):
     check(open_left == 0, f"the server closed every idle connection within {TIMEOUT + SLACK_S} s ({open_left} open)")
     for s in held:
         s.close()
-    after = wait_fds(d, base)
-    check(after <= base, f"the fd count returns to its baseline ({base}, now {after})")
-    code, err = d.stop()
-    check(code == 0, f"daemon exits 0 ({code}) {err[-500:]}")
+    finish(d, base)
 
 
 def test_huge_header(tmp):
@@ -204,10 +209,7 @@ def test_huge_header(tmp):
     check(status == 200, "GET /metrics still answers")
     status, _, _ = http("127.0.0.1", port, b"GET /other HTTP/1.0\r\n\r\n")
     check(status == 404, f"other paths get 404 ({status})")
-    after = wait_fds(d, base)
-    check(after <= base, f"the fd count returns to its baseline ({base}, now {after})")
-    code, err = d.stop()
-    check(code == 0, f"daemon exits 0 ({code}) {err[-500:]}")
+    finish(d, base)
 
 
 def test_trickle(tmp):
@@ -231,10 +233,7 @@ def test_trickle(tmp):
     check(closed_after is not None,
           f"a request trickled one byte a second is closed within {TIMEOUT + SLACK_S} s"
           + (f" ({closed_after:.1f} s)" if closed_after is not None else " (still open)"))
-    after = wait_fds(d, base)
-    check(after <= base, f"the fd count returns to its baseline ({base}, now {after})")
-    code, err = d.stop()
-    check(code == 0, f"daemon exits 0 ({code}) {err[-500:]}")
+    finish(d, base)
 
 
 def test_out_of_fds(tmp):

@@ -11,7 +11,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
-from gmtest import GPUMEMD, Notify, check, ctl, hello_frame, run_tests, stop, wait_path  # noqa: E402
+from gmtest import GPUMEMD, Notify, check, ctl, hello_as, run_tests, stop, wait_path  # noqa: E402
 
 ACTIVATE = shutil.which("systemd-socket-activate")
 SOCKET_GID = 4242  # stands in for the gpumem group, which this machine need not have
@@ -52,18 +52,8 @@ def connect_as(sock, uid, groups):
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:
-        try:
-            os.close(r)
-            os.setgroups(groups)
-            os.setresgid(uid, uid, uid)
-            os.setresuid(uid, uid, uid)
-            s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-            s.settimeout(5)
-            s.connect(sock)
-            s.send(hello_frame())
-            msg = b"ok" if len(s.recv(65536)) > 16 else b"short"
-        except OSError as e:
-            msg = (type(e).__name__).encode()
+        os.close(r)
+        msg, _ = hello_as(sock, uid, groups)
         os.write(w, msg)
         os._exit(0)
     os.close(w)

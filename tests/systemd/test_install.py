@@ -10,7 +10,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
-from gmtest import Notify, check, ctl, in_dest, install, run_tests, stop  # noqa: E402
+from gmtest import Notify, check, ctl, in_dest, install_or_exit, run_tests, stop  # noqa: E402
 
 E = os.environ
 DEST = tempfile.mkdtemp(prefix="gpumemd-install-")
@@ -170,11 +170,7 @@ def test_build_and_run_client(tmp):
 
 
 def main():
-    r = install(DEST)
-    if r.returncode != 0:
-        print(r.stdout[-2000:], r.stderr[-2000:], file=sys.stderr)
-        print("not ok 1 - meson install into a DESTDIR")
-        sys.exit(1)
+    install_or_exit(DEST)
     try:
         run_tests([
             ("installed files and library links", test_layout),

@@ -9,7 +9,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
-from gmtest import check, in_dest, install, run_tests  # noqa: E402
+from gmtest import check, in_dest, install, install_or_exit, run_tests  # noqa: E402
 
 E = os.environ
 DEST = tempfile.mkdtemp(prefix="gpumemd-units-")
@@ -109,12 +109,18 @@ def test_security(tmp):
     check(r.returncode == 0, f"security --threshold=49 passes (exit {r.returncode})")
 
 
+def installed_conf(what, dirkey):
+    """The gpumemd.conf installed in the directory E[dirkey] (sysusers.d, tmpfiles.d): its path, checked."""
+    conf = in_dest(DEST, os.path.join(E[dirkey], "gpumemd.conf"))
+    check(os.path.isfile(conf), f"{what} file installed as gpumemd.conf")
+    return conf
+
+
 def test_sysusers(tmp):
     if not IS_ROOT:
         print("  skipped: systemd-sysusers --root needs root", file=sys.stderr)
         return
-    conf = in_dest(DEST, os.path.join(E["SYSUSERSDIR"], "gpumemd.conf"))
-    check(os.path.isfile(conf), "sysusers.d file installed as gpumemd.conf")
+    installed_conf("sysusers.d", "SYSUSERSDIR")
     os.makedirs(in_dest(DEST, "/etc"), exist_ok=True)
     r = subprocess.run(["systemd-sysusers", f"--root={DEST}"], capture_output=True, text=True, timeout=60)
     check(r.returncode == 0, f"systemd-sysusers applies the file: {r.stderr}")
@@ -137,8 +143,7 @@ def test_tmpfiles(tmp):
     if not IS_ROOT:
         print("  skipped: systemd-tmpfiles --root with owners needs root", file=sys.stderr)
         return
-    conf = in_dest(DEST, os.path.join(E["TMPFILESDIR"], "gpumemd.conf"))
-    check(os.path.isfile(conf), "tmpfiles.d file installed as gpumemd.conf")
+    conf = installed_conf("tmpfiles.d", "TMPFILESDIR")
     r = subprocess.run(["systemd-tmpfiles", f"--root={DEST}", "--create", conf],
                        capture_output=True, text=True, timeout=60)
     check(r.returncode == 0, f"systemd-tmpfiles applies the file: {r.stderr}")
@@ -199,11 +204,7 @@ def test_default_config(tmp):
 
 
 def main():
-    r = install(DEST)
-    if r.returncode != 0:
-        print(r.stdout[-2000:], r.stderr[-2000:], file=sys.stderr)
-        print("not ok 1 - meson install into a DESTDIR")
-        sys.exit(1)
+    install_or_exit(DEST)
     prepare_root()
     try:
         run_tests([

@@ -7,12 +7,11 @@ With --other-uid-cgroup it checks only that the control group of a client of ano
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
-from gmtest import GPUMEMD, Notify, check, ctl, hello_frame, run_tests, stop, wait_path  # noqa: E402
+from gmtest import GPUMEMD, Notify, check, ctl, hello_as, run_tests, stop, wait_path  # noqa: E402
 
 DAEMON_UID = 64101  # stands in for the gpumemd system user
 CLIENT_UID = 4245
@@ -28,18 +27,9 @@ class HeldClient:
         if self.pid == 0:
             os.close(r)
             os.close(self.hold_w)
-            try:
-                os.setgroups([])
-                os.setresgid(uid, uid, uid)
-                os.setresuid(uid, uid, uid)
-                s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-                s.settimeout(5)
-                s.connect(sock)
-                s.send(hello_frame())
-                os.write(w, b"ok" if len(s.recv(65536)) > 16 else b"short")
-            except OSError as e:
-                os.write(w, type(e).__name__.encode())
-            os.read(self.hold_r, 1)  # until the parent lets go
+            msg, conn = hello_as(sock, uid)
+            os.write(w, msg)
+            os.read(self.hold_r, 1)  # until the parent lets go, connected
             os._exit(0)
         os.close(w)
         os.close(self.hold_r)
