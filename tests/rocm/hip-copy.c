@@ -37,12 +37,31 @@ static int round_trip(size_t n, size_t off, unsigned int seed)
         return 0;
 }
 
+/* @host (@n bytes that hold @want) to a new device buffer and back with hipMemcpyAsync on a stream of its
+ * own, each way synchronized: the bytes come back. */
+static int async_round_trip(uint8_t *host, const uint8_t *want, size_t n)
+{
+        hipStream_t s;
+        void *dev = NULL;
+
+        REQUIRE_HIP(hipStreamCreate(&s));
+        REQUIRE_HIP(hipMalloc(&dev, n));
+        REQUIRE_HIP(hipMemcpyAsync(dev, host, n, hipMemcpyHostToDevice, s));
+        REQUIRE_HIP(hipStreamSynchronize(s));
+        memset(host, 0, n);
+        REQUIRE_HIP(hipMemcpyAsync(host, dev, n, hipMemcpyDeviceToHost, s));
+        REQUIRE_HIP(hipStreamSynchronize(s));
+        REQUIRE(memcmp(host, want, n) == 0);
+        REQUIRE_HIP(hipFree(dev));
+        REQUIRE_HIP(hipStreamDestroy(s));
+        return 0;
+}
+
 int main(int argc, char **argv)
 {
         const bool broker = argc > 1 && strcmp(argv[1], "broker") == 0;
         const size_t big = 64ULL << 20;
         ModelCounts c0, c1;
-        hipStream_t s;
         uint8_t *pinned = NULL, *ref;
         void *dev = NULL;
 
@@ -61,20 +80,11 @@ int main(int argc, char **argv)
         ref = malloc(big);
         REQUIRE(ref);
         pattern(ref, big, 4);
-        REQUIRE_HIP(hipStreamCreate(&s));
-        REQUIRE_HIP(hipMalloc(&dev, big));
         REQUIRE_HIP(hipHostMalloc((void **)&pinned, big, 0));
         memcpy(pinned, ref, big);
-        REQUIRE_HIP(hipMemcpyAsync(dev, pinned, big, hipMemcpyHostToDevice, s));
-        REQUIRE_HIP(hipStreamSynchronize(s));
-        memset(pinned, 0, big);
-        REQUIRE_HIP(hipMemcpyAsync(pinned, dev, big, hipMemcpyDeviceToHost, s));
-        REQUIRE_HIP(hipStreamSynchronize(s));
-        REQUIRE(memcmp(pinned, ref, big) == 0);
+        REQUIRE(async_round_trip(pinned, ref, big) == 0);
         printf("hipMemcpyAsync to and from pinned memory: ok\n");
         REQUIRE_HIP(hipHostFree(pinned));
-        REQUIRE_HIP(hipFree(dev));
-        REQUIRE_HIP(hipStreamDestroy(s));
         free(ref);
 
         /* the program's own pages, registered (hipHostRegister), copied to and from the device; they
@@ -87,19 +97,10 @@ int main(int argc, char **argv)
                 memcpy(want, own, n);
                 REQUIRE_HIP(hipHostRegister(own, n, hipHostRegisterDefault));
                 REQUIRE(memcmp(own, want, n) == 0);
-                REQUIRE_HIP(hipStreamCreate(&s));
-                REQUIRE_HIP(hipMalloc(&dev, n));
-                REQUIRE_HIP(hipMemcpyAsync(dev, own, n, hipMemcpyHostToDevice, s));
-                REQUIRE_HIP(hipStreamSynchronize(s));
-                memset(own, 0, n);
-                REQUIRE_HIP(hipMemcpyAsync(own, dev, n, hipMemcpyDeviceToHost, s));
-                REQUIRE_HIP(hipStreamSynchronize(s));
-                REQUIRE(memcmp(own, want, n) == 0);
+                REQUIRE(async_round_trip(own, want, n) == 0);
                 REQUIRE_HIP(hipHostUnregister(own));
                 REQUIRE(memcmp(own, want, n) == 0);
                 own[0] ^= 1; /* its own pages again, writable */
-                REQUIRE_HIP(hipFree(dev));
-                REQUIRE_HIP(hipStreamDestroy(s));
                 free(own);
                 free(want);
                 printf("hipHostRegister'd pages to and from the device: ok\n");

@@ -13,14 +13,11 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "../common/check.h"
+#include "hsakmt-check.h"
 #include "model-stats.h"
 
 #define RING_SIZE 4096
 #define BUF_SIZE  (1ULL << 20)
-
-/* an HSAKMT_STATUS that must be HSAKMT_STATUS_SUCCESS */
-#define REQUIRE_KMT(expr) REQUIRE_EQ(expr, HSAKMT_STATUS_SUCCESS)
 
 /* PM4 (soc15d.h) and SDMA v4 (vega10_sdma_pkt_open.h) encodings the test writes. */
 #define PACKET3(op, n)         ((3u << 30) | (((op)&0xffu) << 8) | (((n)&0x3fffu) << 16))
@@ -49,12 +46,8 @@ static void *gpu_mem(uint64_t size, bool vram, bool read_only)
         void *p = NULL;
         HSAuint64 va;
 
-        memset(&f, 0, sizeof(f));
-        f.ui32.HostAccess = 1;
-        f.ui32.NonPaged = 1;
-        f.ui32.ReadOnly = read_only;
-        f.ui32.CoarseGrain = vram;
-        f.ui32.PageSize = HSA_PAGE_SIZE_4KB;
+        f = kmt_flags(KMT_HOST_ACCESS | KMT_NON_PAGED | (read_only ? KMT_READ_ONLY : 0) |
+                      (vram ? KMT_COARSE_GRAIN : 0));
         if (hsaKmtAllocMemory(vram ? gpu_node : 0, size, f, &p) != HSAKMT_STATUS_SUCCESS)
                 return NULL;
         if (hsaKmtMapMemoryToGPU(p, size, &va) != HSAKMT_STATUS_SUCCESS) {

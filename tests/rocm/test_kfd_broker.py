@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Unmodified libhsakmt (ROCm 5.2.3) through a real gpumemd under libgpumem-kfd.so: memory the daemon holds and
 charges while the process runs, nothing once it ends or is killed, and a clear error with no daemon."""
+import contextlib
 import json
 import os
 import signal
@@ -21,7 +22,9 @@ VRAM = 32 << 30  # the gfx908 preset
 SIZE = 2 << 20
 
 
-def start_daemon(tmp, classes=""):
+@contextlib.contextmanager
+def daemon(tmp, classes=""):
+    """A gpumemd on the gfx908 preset with the classes given, for a with block: its socket; stopped after."""
     sock = os.path.join(tmp, "gpumemd.sock")
     conf = os.path.join(tmp, "gpumemd.conf")
     with open(conf, "w") as f:
@@ -31,11 +34,20 @@ def start_daemon(tmp, classes=""):
                              "--model-preset", "gfx908"], env=dict(os.environ, NOTIFY_SOCKET=notify.path),
                             stderr=subprocess.PIPE, text=True)
     check(notify.wait("READY=1"), "gpumemd is ready")
-    return proc, notify, sock
+    try:
+        yield sock
+    finally:
+        stop(proc)
+        notify.close()
+
+
+def kfd_env(sock):
+    """The environment of a program whose KFD is gpumemd at sock (libgpumem-kfd.so preloaded)."""
+    return dict(os.environ, LD_PRELOAD=KFD_LIB, GPUMEM_SOCKET=sock)
 
 
 def run_program(sock, *args, **kw):
-    env = dict(os.environ, LD_PRELOAD=KFD_LIB, GPUMEM_SOCKET=sock)
+    env = kfd_env(sock)
     return subprocess.Popen([PROGRAM, str(VRAM), *args], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, **kw)
 
@@ -75,8 +87,7 @@ def holding(proc):
 
 
 def test_memory(tmp):
-    daemon, notify, sock = start_daemon(tmp)
-    try:
+    with daemon(tmp) as sock:
         p = run_program(sock)
         ok, line = holding(p)
         if not check(ok, f"the program holds its memory (said {line!r})"):
@@ -99,14 +110,10 @@ def test_memory(tmp):
         check("closed" in out, "it closed the KFD")
         if c is not None:
             check(wait_gone(sock, p.pid, c["id"]), "nothing of it is left in the daemon")
-    finally:
-        stop(daemon)
-        notify.close()
 
 
 def test_killed(tmp):
-    daemon, notify, sock = start_daemon(tmp)
-    try:
+    with daemon(tmp) as sock:
         p = run_program(sock)
         ok, _ = holding(p)
         c = client_of(sock, p.pid) if ok else None
@@ -117,15 +124,11 @@ def test_killed(tmp):
             check(wait_gone(sock, p.pid, c["id"]), "SIGKILL: everything it held is freed")
         r = ctl(sock, "--json", "status")
         check(r.returncode == 0, "the daemon still serves")
-    finally:
-        stop(daemon)
-        notify.close()
 
 
 def test_quota(tmp):
     # 5 MiB of VRAM for the class: two 2 MiB BOs fit, the third is refused by the daemon
-    daemon, notify, sock = start_daemon(tmp, "[class small]\nmatch-all = yes\nvram = 5M\n")
-    try:
+    with daemon(tmp, "[class small]\nmatch-all = yes\nvram = 5M\n") as sock:
         p = run_program(sock, "fill")
         out, err = p.communicate("", timeout=60)
         check(p.returncode == 0, f"the program passed (rc {p.returncode}): {err}")
@@ -134,15 +137,11 @@ def test_quota(tmp):
         if check(r.returncode == 0, f"gpumemctl quota: {r.stderr}"):
             used = [q["used"] for q in json.loads(r.stdout)["quotas"] if q["resource"] == "vram"]
             check(used == [0, 0], f"the class is whole again after the frees: {used}")
-    finally:
-        stop(daemon)
-        notify.close()
 
 
 def test_rocminfo(tmp):
-    daemon, notify, sock = start_daemon(tmp)
-    try:
-        env = dict(os.environ, LD_PRELOAD=KFD_LIB, GPUMEM_SOCKET=sock)
+    with daemon(tmp) as sock:
+        env = kfd_env(sock)
         r = subprocess.run(["rocminfo"], env=env, capture_output=True, text=True, timeout=120)
         out = r.stdout
         check(r.returncode == 0, f"rocminfo exits 0 through gpumemd: {r.returncode} {r.stderr[-500:]!r}")
@@ -155,13 +154,10 @@ def test_rocminfo(tmp):
         r = ctl(sock, "--json", "clients")
         names = [c["name"] for c in json.loads(r.stdout)["clients"]] if r.returncode == 0 else None
         check(names is not None and "rocminfo" not in names, f"nothing of it is left after it ends: {names}")
-    finally:
-        stop(daemon)
-        notify.close()
 
 
 def run_queues(sock, *args):
-    env = dict(os.environ, LD_PRELOAD=KFD_LIB, GPUMEM_SOCKET=sock)
+    env = kfd_env(sock)
     return subprocess.run([QUEUES_PROGRAM, *args], env=env, capture_output=True, text=True, timeout=120)
 
 
@@ -183,8 +179,7 @@ def wait_class_whole(sock, cls, timeout=10.0):
 
 
 def test_queues(tmp):
-    daemon, notify, sock = start_daemon(tmp, "[class all]\nmatch-all = yes\n")
-    try:
+    with daemon(tmp, "[class all]\nmatch-all = yes\n") as sock:
         r = run_queues(sock, "broker")
         check(r.returncode == 0 and "ok" in r.stdout.splitlines(),
               f"PM4 and SDMA queues run by gpumemd, interrupts relayed: {r.stdout!r} {r.stderr[-1500:]!r}")
@@ -192,39 +187,28 @@ def test_queues(tmp):
         check("sdma: nop, fence, copy host -> vram, trap interrupt: ok" in r.stdout,
               "SDMA copy into VRAM and the trap interrupt")
         check(wait_class_whole(sock, "all"), "no queue or memory is left charged after it ends")
-    finally:
-        stop(daemon)
-        notify.close()
 
 
 def test_queue_fault(tmp):
-    daemon, notify, sock = start_daemon(tmp, "[class all]\nmatch-all = yes\n")
-    try:
+    with daemon(tmp, "[class all]\nmatch-all = yes\n") as sock:
         r = run_queues(sock, "broker-fault")
         check(r.returncode == 0 and "ok" in r.stdout.splitlines(),
               f"a GPU VM fault stops the queue and reaches the memory event: {r.stdout!r} {r.stderr[-1500:]!r}")
         check("sdma fault: va " in r.stdout and "not-present 1 read-only 0" in r.stdout,
               "with the faulting page and why, as KFD reports them")
         check(wait_class_whole(sock, "all"), "nothing of it is left after it ends")
-    finally:
-        stop(daemon)
-        notify.close()
 
 
 def test_queue_limit(tmp):
-    daemon, notify, sock = start_daemon(tmp, "[class few]\nmatch-all = yes\nqueues = 3\n")
-    try:
+    with daemon(tmp, "[class few]\nmatch-all = yes\nqueues = 3\n") as sock:
         r = run_queues(sock, "broker-limit", "3")
         check(r.returncode == 0 and "queue 4 refused" in r.stdout,
               f"3 queues fit the class, the fourth is refused: {r.stdout!r} {r.stderr[-1500:]!r}")
         check(wait_class_whole(sock, "few"), "the class is whole again after it ends")
-    finally:
-        stop(daemon)
-        notify.close()
 
 
 def run_hip(sock, *args):
-    env = dict(os.environ, LD_PRELOAD=KFD_LIB, GPUMEM_SOCKET=sock)
+    env = kfd_env(sock)
     return subprocess.Popen([HIP_PROGRAM, "gfx908", str(VRAM), "120", *args], env=env, stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
@@ -233,8 +217,7 @@ def test_hip(tmp):
     if not HIP_PROGRAM:
         print("  (no HIP: libamdhip64-dev is not installed)")
         return
-    daemon, notify, sock = start_daemon(tmp)
-    try:
+    with daemon(tmp) as sock:
         p = run_hip(sock)
         ok, _ = holding(p)
         if not check(ok, "the HIP program holds its memory"):
@@ -253,19 +236,14 @@ def test_hip(tmp):
         check(p.returncode == 0 and "ok" in out.splitlines(), f"the HIP program passed: {out!r} {err[-1500:]!r}")
         if c is not None:
             check(wait_gone(sock, p.pid, c["id"]), "nothing of it is left after it ends")
-    finally:
-        stop(daemon)
-        notify.close()
 
 
 def test_hip_copy(tmp):
     if not HIP_COPY:
         return
-    daemon, notify, sock = start_daemon(tmp, "[class all]\nmatch-all = yes\n")
-    try:
-        env = dict(os.environ, LD_PRELOAD=KFD_LIB, GPUMEM_SOCKET=sock)
-        p = subprocess.Popen([HIP_COPY, "broker"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             text=True)
+    with daemon(tmp, "[class all]\nmatch-all = yes\n") as sock:
+        p = subprocess.Popen([HIP_COPY, "broker"], env=kfd_env(sock), stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
         out, err = p.communicate(timeout=150)
         lines = out.splitlines()
         check(p.returncode == 0 and "ok" in lines, f"HIP copies through gpumemd: {out!r} {err[-1500:]!r}")
@@ -275,19 +253,14 @@ def test_hip_copy(tmp):
         check("hipHostRegister'd pages to and from the device: ok" in lines,
               "the program's own pages registered, copied, and its own again after")
         check(wait_class_whole(sock, "all"), "nothing of it is left after it ends: its class is whole again")
-    finally:
-        stop(daemon)
-        notify.close()
 
 
 def test_hip_managed(tmp):
     if not HIP_MANAGED:
         return
-    daemon, notify, sock = start_daemon(tmp, "[class all]\nmatch-all = yes\n")
-    try:
-        env = dict(os.environ, LD_PRELOAD=KFD_LIB, GPUMEM_SOCKET=sock)
-        p = subprocess.Popen([HIP_MANAGED, "hold"], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True)
+    with daemon(tmp, "[class all]\nmatch-all = yes\n") as sock:
+        p = subprocess.Popen([HIP_MANAGED, "hold"], env=kfd_env(sock), stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         seen = []
 
         def until_holding():
@@ -322,16 +295,12 @@ def test_hip_managed(tmp):
             check(what in lines, what)
         check("not served through gpumemd" not in err, f"everything HIP asks of the KFD is served: {err!r}")
         check(wait_class_whole(sock, "all"), "its class is whole again")
-    finally:
-        stop(daemon)
-        notify.close()
 
 
 def test_hip_killed(tmp):
     if not HIP_PROGRAM:
         return
-    daemon, notify, sock = start_daemon(tmp)
-    try:
+    with daemon(tmp) as sock:
         p = run_hip(sock)
         ok, _ = holding(p)
         c = client_of(sock, p.pid) if ok else None
@@ -344,16 +313,12 @@ def test_hip_killed(tmp):
         used = [q["used"] for q in json.loads(r.stdout)["quotas"] if q["resource"] in ("vram", "host")] \
             if r.returncode == 0 else None
         check(used is not None and not any(used), f"and its class is whole again: {used}")
-    finally:
-        stop(daemon)
-        notify.close()
 
 
 def test_hip_over_quota(tmp):
     if not HIP_PROGRAM:
         return
-    daemon, notify, sock = start_daemon(tmp, "[class small]\nmatch-all = yes\nvram = 96M\n")
-    try:
+    with daemon(tmp, "[class small]\nmatch-all = yes\nvram = 96M\n") as sock:
         p = run_hip(sock, "over", str(128 << 20))
         out, err = p.communicate("", timeout=60)
         check(p.returncode == 0 and "over quota refused" in out,
@@ -361,9 +326,6 @@ def test_hip_over_quota(tmp):
         r = ctl(sock, "--json", "quota", "show", "small")
         used = [q["used"] for q in json.loads(r.stdout)["quotas"] if q["resource"] == "vram"] if r.returncode == 0 else None
         check(used == [0, 0], f"the class is whole again after it ends: {used}")
-    finally:
-        stop(daemon)
-        notify.close()
 
 
 def test_no_daemon(tmp):
