@@ -14,47 +14,36 @@
  */
 void run_many(const Settings *st, Report *rep)
 {
-        Lat small[N_HELD_OPS];
-        double small_vs_floor[N_HELD_OPS];
-        BenchDaemon d;
-        Ops o;
+        HeldRun h;
         size_t have, got;
         uint64_t t0;
-        int r, err = 0;
+        int err = 0;
 
         rep->many_ran = true;
         rep->many_small = st->many_small;
         rep->many_want = st->many_big;
-        r = bench_daemon_start(&d, st, NULL, st->many_nofile);
-        if (r < 0)
-                die("cannot start gpumemd for the many-allocations run: %s", strerror(-r));
-        rep->many_nofile = proc_nofile(d.pid);
-        r = ops_setup(&o, d.sock, "bench-many");
-        if (r < 0)
-                die("many-allocations client: %s", strerror(-r));
+        held_run_start(&h, st, st->many_nofile, "many-allocations", "bench-many");
+        rep->many_nofile = proc_nofile(h.d.pid);
         t0 = now_ns();
-        have = fill(o.c, o.gpu[0], st->many_small, &err);
-        if (err)
-                die("cannot hold %zu allocations: %s", st->many_small, strerror(-err));
+        have = held_run_fill(&h, st->many_small);
         rep->many_fill_small_us = (double)(now_ns() - t0) / 1e3 / (double)have;
-        rep->many_fds_small = proc_fd_count(d.pid);
-        rep->many_rss_small_kb = proc_status_kb(d.pid, "VmRSS");
-        held_ops_measure(st, rep, d.pid, &o, small, small_vs_floor);
+        rep->many_fds_small = proc_fd_count(h.d.pid);
+        rep->many_rss_small_kb = proc_status_kb(h.d.pid, "VmRSS");
+        held_run_small(&h, st, rep);
 
         t0 = now_ns();
-        got = fill(o.c, o.gpu[0], st->many_big - have, &err);
+        got = fill(h.o.c, h.o.gpu[0], st->many_big - have, &err);
         rep->many_fill_seconds = (double)(now_ns() - t0) / 1e9;
         rep->many_fill_big_us = got ? rep->many_fill_seconds * 1e6 / (double)got : NAN;
         have += got;
         rep->many_reached = have;
-        rep->many_fds_big = proc_fd_count(d.pid);
-        rep->many_rss_big_kb = proc_status_kb(d.pid, "VmRSS");
+        rep->many_fds_big = proc_fd_count(h.d.pid);
+        rep->many_rss_big_kb = proc_status_kb(h.d.pid, "VmRSS");
         if (err)
                 snprintf(rep->many_note, sizeof(rep->many_note), "stopped at %zu live allocations: %s", have,
                          strerror(-err));
 
-        held_ops_rows(st, rep, d.pid, &o, small, small_vs_floor, "many", rep->many_rows, &rep->n_many_rows);
+        held_run_rows(&h, st, rep, "many", rep->many_rows, &rep->n_many_rows);
         /* the probe's status calls walk the model's books: not too often while a million go */
-        rep->many_teardown_seconds = teardown_seconds(d.sock, &o, 20000);
-        bench_daemon_kill(&d);
+        rep->many_teardown_seconds = held_run_end(&h, 20000);
 }

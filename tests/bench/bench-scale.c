@@ -55,7 +55,7 @@ size_t fill(gm_client *c, uint32_t gpu, size_t n, int *ret_err)
 }
 
 /* The time a disconnect keeps the daemon busy freeing what the client held, until its books show nothing. */
-double teardown_seconds(const char *sock, Ops *o, unsigned poll_us)
+static double teardown_seconds(const char *sock, Ops *o, unsigned poll_us)
 {
         gm_client *probe = NULL;
         uint64_t t0;
@@ -101,8 +101,8 @@ static const struct {
  * changes meanwhile moves the plain ratio of the two points, not the ratio of these.
  */
 enum { HELD_ROUNDS = 5 };
-void held_ops_measure(const Settings *st, const Report *rep, pid_t pid, Ops *o, Lat *ret,
-                      double *ret_vs_floor)
+static void held_ops_measure(const Settings *st, const Report *rep, pid_t pid, Ops *o, Lat *ret,
+                             double *ret_vs_floor)
 {
         pin_process(pid, st->cpu_a);
         pin_self(st->cpu_a);
@@ -135,15 +135,44 @@ void held_ops_measure(const Settings *st, const Report *rep, pid_t pid, Ops *o, 
         unpin_self(st);
 }
 
-/* Time held_ops again and add a row of @section for each: @small as "pinned", now as "unpinned", and as
- * paired the growth of each op's ratio to the floor beside it. */
-void held_ops_rows(const Settings *st, const Report *rep, pid_t pid, Ops *o, const Lat *small,
-                   const double *small_vs_floor, const char *section, Row *rows, size_t *n_rows)
+void held_run_start(HeldRun *h, const Settings *st, unsigned long long nofile, const char *run,
+                    const char *client)
 {
+        int r = bench_daemon_start(&h->d, st, NULL, nofile);
+
+        if (r < 0)
+                die("cannot start gpumemd for the %s run: %s", run, strerror(-r));
+        r = ops_setup(&h->o, h->d.sock, client);
+        if (r < 0)
+                die("%s client: %s", run, strerror(-r));
+}
+
+size_t held_run_fill(HeldRun *h, size_t n)
+{
+        int err = 0;
+        size_t have = fill(h->o.c, h->o.gpu[0], n, &err);
+
+        if (err)
+                die("cannot hold %zu allocations: %s", n, strerror(-err));
+        return have;
+}
+
+void held_run_small(HeldRun *h, const Settings *st, const Report *rep)
+{
+        held_ops_measure(st, rep, h->d.pid, &h->o, h->small, h->small_vs_floor);
+}
+
+/* The rows: the small point as "pinned", the large one as "unpinned", and as paired the growth of each op's
+ * ratio to the floor beside it. */
+void held_run_rows(HeldRun *h, const Settings *st, const Report *rep, const char *section, Row *rows,
+                   size_t *n_rows)
+{
+        const Lat *small = h->small;
+        const double *small_vs_floor = h->small_vs_floor;
         Lat large[N_HELD_OPS];
         double large_vs_floor[N_HELD_OPS];
 
-        held_ops_measure(st, rep, pid, o, large, large_vs_floor);
+        held_ops_measure(st, rep, h->d.pid, &h->o, large, large_vs_floor);
         for (size_t i = 0; i < N_HELD_OPS; i++) {
                 Row *w = &rows[(*n_rows)++];
                 memset(w, 0, sizeof(*w));
@@ -157,32 +186,30 @@ void held_ops_rows(const Settings *st, const Report *rep, pid_t pid, Ops *o, con
         }
 }
 
+double held_run_end(HeldRun *h, unsigned poll_us)
+{
+        double seconds = teardown_seconds(h->d.sock, &h->o, poll_us);
+
+        bench_daemon_kill(&h->d);
+        return seconds;
+}
+
 void run_scaling(const Settings *st, Report *rep)
 {
-        Lat small[N_HELD_OPS];
-        double small_vs_floor[N_HELD_OPS];
-        BenchDaemon d;
-        Ops o;
+        HeldRun h;
         size_t have, got;
         uint64_t t0;
-        int r, err = 0;
+        int err = 0;
 
         rep->scale_small = st->scale_small;
         rep->scale_big = rep->scale_want = st->scale_big;
-        r = bench_daemon_start(&d, st, NULL, 0);
-        if (r < 0)
-                die("cannot start gpumemd for the scaling run: %s", strerror(-r));
-        rep->daemon_nofile = proc_nofile(d.pid);
-        r = ops_setup(&o, d.sock, "bench-scale");
-        if (r < 0)
-                die("scaling client: %s", strerror(-r));
-        have = fill(o.c, o.gpu[0], st->scale_small, &err);
-        if (err)
-                die("cannot hold %zu allocations: %s", st->scale_small, strerror(-err));
-        held_ops_measure(st, rep, d.pid, &o, small, small_vs_floor);
+        held_run_start(&h, st, 0, "scaling", "bench-scale");
+        rep->daemon_nofile = proc_nofile(h.d.pid);
+        have = held_run_fill(&h, st->scale_small);
+        held_run_small(&h, st, rep);
 
         t0 = now_ns();
-        got = fill(o.c, o.gpu[0], rep->scale_big - have, &err);
+        got = fill(h.o.c, h.o.gpu[0], rep->scale_big - have, &err);
         rep->scale_fill_seconds = (double)(now_ns() - t0) / 1e9;
         have += got;
         rep->scale_reached = have;
@@ -191,11 +218,9 @@ void run_scaling(const Settings *st, Report *rep)
                          "stopped at %zu live allocations: %s (daemon RLIMIT_NOFILE %llu)", have,
                          strerror(-err), rep->daemon_nofile);
 
-        held_ops_rows(st, rep, d.pid, &o, small, small_vs_floor, "scaling", rep->scale_rows,
-                      &rep->n_scale_rows);
+        held_run_rows(&h, st, rep, "scaling", rep->scale_rows, &rep->n_scale_rows);
 
         /* Teardown: how long the daemon is busy freeing what a client held when it leaves (it serves
          * nobody meanwhile). Measured until its books show the objects gone. */
-        rep->scale_teardown_seconds = teardown_seconds(d.sock, &o, 1000);
-        bench_daemon_kill(&d);
+        rep->scale_teardown_seconds = held_run_end(&h, 1000);
 }

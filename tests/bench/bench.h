@@ -230,14 +230,31 @@ void run_idle(const Settings *st, Report *rep);
 void run_restart(const Settings *st, Report *rep);
 void run_rocm(const Settings *st, Report *rep);
 
-/* bench-scale.c, for bench-many.c too */
+/* bench-scale.c, for bench-many.c and bench-restart.c too */
 size_t fill(gm_client *c, uint32_t gpu, size_t n, int *ret_err);
-double teardown_seconds(const char *sock, Ops *o, unsigned poll_us);
+
+/* A daemon whose one client holds many allocations, a few ops timed at a small count and at a large one. */
 #define N_HELD_OPS 4
-void held_ops_measure(const Settings *st, const Report *rep, pid_t pid, Ops *o, Lat *ret,
-                      double *ret_vs_floor);
-void held_ops_rows(const Settings *st, const Report *rep, pid_t pid, Ops *o, const Lat *small,
-                   const double *small_vs_floor, const char *section, Row *rows, size_t *n_rows);
+typedef struct HeldRun {
+        BenchDaemon d;
+        Ops o;
+        Lat small[N_HELD_OPS]; /* the ops at the small count */
+        double small_vs_floor[N_HELD_OPS];
+} HeldRun;
+/* The daemon (RLIMIT_NOFILE @nofile; 0: as high as allowed) and its client @client; dies naming @run when
+ * either cannot be had. */
+void held_run_start(HeldRun *h, const Settings *st, unsigned long long nofile, const char *run,
+                    const char *client);
+/* fill() to @n allocations (the first fill), or die. */
+size_t held_run_fill(HeldRun *h, size_t n);
+/* Time the ops at the count held now: the small point. */
+void held_run_small(HeldRun *h, const Settings *st, const Report *rep);
+/* Time them again (the large point) and add a row of @section for each. */
+void held_run_rows(HeldRun *h, const Settings *st, const Report *rep, const char *section, Row *rows,
+                   size_t *n_rows);
+/* The client goes: the seconds its teardown keeps the daemon busy (its books polled every @poll_us); then
+ * the daemon is killed. */
+double held_run_end(HeldRun *h, unsigned poll_us);
 
 void compute_ratios(Report *rep);
 void compute_targets(Report *rep);
