@@ -28,12 +28,18 @@ typedef struct InProc {
 
 typedef int (*InFn)(InProc *p);
 
+/* What the ops allocate: writable VRAM of @size on the first GPU, never another kind in its place. */
+static ThunkAllocArgs vram_args(const InProc *p, uint64_t size)
+{
+        return (ThunkAllocArgs){.kind = THUNK_MEM_VRAM,
+                                .gpu_id = p->gpu[0],
+                                .flags = THUNK_MEM_WRITABLE | THUNK_MEM_NO_SUBSTITUTE,
+                                .size = size};
+}
+
 static int in_alloc_free(InProc *p)
 {
-        ThunkAllocArgs a = {.kind = THUNK_MEM_VRAM,
-                            .gpu_id = p->gpu[0],
-                            .flags = THUNK_MEM_WRITABLE | THUNK_MEM_NO_SUBSTITUTE,
-                            .size = 4 * KIB};
+        ThunkAllocArgs a = vram_args(p, 4 * KIB);
         ThunkBo *bo = NULL;
         int r = thunk_va_alloc(p->va, a.size, 4 * KIB, NULL, &a.va);
 
@@ -54,10 +60,7 @@ static int in_map_unmap(InProc *p)
 
 static int in_vmm(InProc *p)
 {
-        ThunkAllocArgs a = {.kind = THUNK_MEM_VRAM,
-                            .gpu_id = p->gpu[0],
-                            .flags = THUNK_MEM_WRITABLE | THUNK_MEM_NO_SUBSTITUTE,
-                            .size = 2 * MIB};
+        ThunkAllocArgs a = vram_args(p, 2 * MIB);
         ThunkGemMapping *m = NULL;
         ThunkBo *bo = NULL;
         uint64_t va = 0;
