@@ -85,15 +85,9 @@ int handover_fds_add(HandoverFds *s, const char *name, int fd)
                 safe_close(fd);
                 return -EINVAL;
         }
-        if (s->n == s->cap) {
-                size_t cap = s->cap ? s->cap * 2 : 16;
-                HandoverFd *v = realloc(s->v, cap * sizeof(*v));
-                if (!v) {
-                        safe_close(fd);
-                        return -ENOMEM;
-                }
-                s->v = v;
-                s->cap = cap;
+        if (ARRAY_RESERVE(s->v, s->cap, s->n + 1, 16) < 0) {
+                safe_close(fd);
+                return -ENOMEM;
         }
         strcpy(s->v[s->n].name, name);
         s->v[s->n++].fd = fd;
@@ -352,24 +346,15 @@ int handover_channel_unpack(int fd, int **ret_fds, size_t *ret_n)
                         if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
                                 continue;
                         k = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-                        if (n + k > cap) {
-                                size_t ncap = cap ? cap * 2 : 256;
-                                int *nv;
-                                while (ncap < n + k)
-                                        ncap *= 2;
-                                nv = realloc(v, ncap * sizeof(*nv));
-                                if (!nv) {
-                                        /* these are closed with the rest below */
-                                        for (size_t j = 0; j < k; j++) {
-                                                int x;
-                                                memcpy(&x, CMSG_DATA(c) + j * sizeof(int), sizeof(int));
-                                                close(x);
-                                        }
-                                        r = -ENOMEM;
-                                        continue;
+                        if (ARRAY_RESERVE(v, cap, n + k, 256) < 0) {
+                                /* the ones received before are closed with the rest below */
+                                for (size_t j = 0; j < k; j++) {
+                                        int x;
+                                        memcpy(&x, CMSG_DATA(c) + j * sizeof(int), sizeof(int));
+                                        close(x);
                                 }
-                                v = nv;
-                                cap = ncap;
+                                r = -ENOMEM;
+                                continue;
                         }
                         memcpy(v + n, CMSG_DATA(c), k * sizeof(int));
                         n += k;

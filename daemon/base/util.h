@@ -20,6 +20,13 @@ static inline uint64_t now_usec(clockid_t clock)
         return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
 }
 
+/*
+ * Room for @need elements of @size bytes in the array *@v of capacity *@cap: doubled, from @first, until they
+ * fit. -ENOMEM leaves the array and its capacity as they were. ARRAY_RESERVE() takes the array itself.
+ */
+int array_reserve(void **v, size_t *cap, size_t need, size_t size, size_t first);
+#define ARRAY_RESERVE(v, cap, need, first) array_reserve((void **)&(v), &(cap), (need), sizeof(*(v)), (first))
+
 /* Parse a whole unsigned number (decimal, or 0x hex) with an optional binary size suffix (K, M, G, T). */
 int parse_size(const char *s, uint64_t *ret);
 /* Parse a whole unsigned number with no suffix. */

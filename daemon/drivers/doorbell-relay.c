@@ -8,6 +8,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "base/util.h"
+
 enum {
         RELAY_BUSY_US = 20,   /* between looks right after a doorbell was rung */
         RELAY_IDLE_US = 1000, /* the longest wait between looks while nothing moves */
@@ -144,15 +146,9 @@ int doorbell_relay_add(DoorbellRelay *r, const void *owner, uint32_t id, int wpt
         /* what the doorbell holds before anything was written: nothing announced */
         q.rung = doorbell_value(&q, 0);
         pthread_mutex_lock(&r->lock);
-        if (r->n == r->cap) {
-                size_t cap = r->cap ? r->cap * 2 : 16;
-                RelayQueue *more = realloc(r->q, cap * sizeof(*more));
-                if (!more) {
-                        err = -ENOMEM;
-                        goto out;
-                }
-                r->q = more;
-                r->cap = cap;
+        if (ARRAY_RESERVE(r->q, r->cap, r->n + 1, 16) < 0) {
+                err = -ENOMEM;
+                goto out;
         }
         if (!r->started) {
                 err = -pthread_create(&r->thread, NULL, relay_main, r);

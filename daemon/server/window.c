@@ -9,6 +9,7 @@
 #include "class-state.h"
 #include "core.h"
 #include "base/vaman.h"
+#include "base/util.h"
 
 #ifndef MAP_FIXED_NOREPLACE
 #define MAP_FIXED_NOREPLACE 0x100000
@@ -56,14 +57,8 @@ int window_space_init(ThunkVaSpace *va)
                 unsigned long long a, b;
                 if (sscanf(line, "%llx-%llx", &a, &b) != 2 || b <= lo || a >= hi)
                         continue;
-                if (n == cap) {
-                        size_t ncap = cap ? cap * 2 : 64;
-                        Range *nr = realloc(ranges, ncap * sizeof(*nr));
-                        if (!nr)
-                                return -ENOMEM;
-                        ranges = nr;
-                        cap = ncap;
-                }
+                if (ARRAY_RESERVE(ranges, cap, n + 1, 64) < 0)
+                        return -ENOMEM;
                 a = a < lo ? lo : a & ~(WINDOW_ALIGN - 1);
                 b = (b + WINDOW_ALIGN - 1) & ~(WINDOW_ALIGN - 1);
                 ranges[n++] = (Range){a, b > hi ? hi : b};
