@@ -1058,6 +1058,39 @@ int daemon_wait_base_after(Daemon *d, const DaemonState *base, const char *what)
         return r;
 }
 
+void gtt_queue_init(GttQueue *g, void *mem, uint32_t gpu)
+{
+        uint8_t *m = mem;
+
+        g->ring = (uint32_t *)m;
+        g->rptr = (uint64_t *)(m + 4096);
+        g->wptr = g->rptr + 1;
+        g->fence = (volatile uint32_t *)(m + 8192);
+        g->desc = (gm_queue_desc){.gpu_id = gpu,
+                                  .type = 1 /* SDMA */,
+                                  .percentage = 100,
+                                  .priority = 7,
+                                  .ring_va = (uintptr_t)g->ring,
+                                  .ring_size = 4096,
+                                  .rptr_va = (uintptr_t)g->rptr,
+                                  .wptr_va = (uintptr_t)g->wptr};
+}
+
+void *event_waiter(void *arg)
+{
+        EventWaiter *w = arg;
+
+        w->result = gm_event_wait(w->c, &w->id, 1, false, 10000);
+        return NULL;
+}
+
+bool wait_u32(volatile uint32_t *p, uint32_t want, int ms)
+{
+        for (int i = 0; i < ms && __atomic_load_n(p, __ATOMIC_ACQUIRE) != want; i++)
+                usleep(1000);
+        return __atomic_load_n(p, __ATOMIC_ACQUIRE) == want;
+}
+
 /* fork_as(), closing @other_fd (the parent's end of a socketpair, or -1) in the child. */
 static pid_t fork_as_closing(uid_t uid, int (*fn)(void *), void *arg, int other_fd)
 {

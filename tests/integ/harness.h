@@ -188,6 +188,28 @@ int daemon_share_info(Daemon *d, const char *name, gm_share_info *ret);
  */
 void client_leave_objects(gm_client *c, uint32_t dev_gpu, uint32_t map_gpu, uint32_t gpu, bool import);
 
+/*
+ * The tests' SDMA queue in 64 KiB of a client's GTT memory: its ring (4 KiB) at the start, the read and write
+ * pointers at 4 KiB, and at 8 KiB a dword that the tests' fence packets write.
+ */
+typedef struct GttQueue {
+        gm_queue_desc desc; /* for gm_queue_create */
+        uint32_t *ring;
+        uint64_t *rptr, *wptr;
+        volatile uint32_t *fence;
+} GttQueue;
+/* The queue of GPU @gpu laid out in @mem. */
+void gtt_queue_init(GttQueue *g, void *mem, uint32_t gpu);
+/* A thread's wait (up to 10 s) for the event @id of @c: event_waiter() is the thread, @result what it got. */
+typedef struct EventWaiter {
+        gm_client *c;
+        uint32_t id;
+        int result;
+} EventWaiter;
+void *event_waiter(void *arg);
+/* Wait up to @ms milliseconds until *@p is @want (as the GPU writes it): whether it is. */
+bool wait_u32(volatile uint32_t *p, uint32_t want, int ms);
+
 /* ---- children of other uids ---- */
 
 /*

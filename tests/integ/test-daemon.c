@@ -622,19 +622,6 @@ static void check_left_nothing(int fds, const char *name)
         }
 }
 
-typedef struct EventWaiter {
-        gm_client *c;
-        uint32_t id;
-        int result;
-} EventWaiter;
-
-static void *event_waiter(void *arg)
-{
-        EventWaiter *w = arg;
-        w->result = gm_event_wait(w->c, &w->id, 1, false, 10000);
-        return NULL;
-}
-
 /* The handles the daemon counts for the client with @id (gpumemctl clients). */
 static uint32_t handles_of(gm_client *admin, uint64_t id)
 {
@@ -739,13 +726,6 @@ static uint32_t first_gpu(gm_client *c)
 #define SDMA_FENCE 5u
 #define SDMA_TRAP  6u
 
-static bool wait_u32(volatile uint32_t *p, uint32_t want, int ms)
-{
-        for (int i = 0; i < ms && __atomic_load_n(p, __ATOMIC_ACQUIRE) != want; i++)
-                usleep(1000);
-        return __atomic_load_n(p, __ATOMIC_ACQUIRE) == want;
-}
-
 /*
  * A queue the daemon runs in the client's own context: its ring and pointers in GTT host memory both
  * share, packets written here and run there, a trap that reaches the client's event through the daemon;
@@ -786,17 +766,10 @@ static void test_queues(void)
                 bad.numa_node = 0; /* the driver places GTT pages */
                 CHECK_EQ(gm_malloc_desc(c, &bad, &p), -EINVAL);
         }
-        uint32_t *ring = (uint32_t *)mem;
-        uint64_t *rptr = (uint64_t *)(mem + 4096), *wptr = rptr + 1;
-        volatile uint32_t *fence = (volatile uint32_t *)(mem + 8192);
-        gm_queue_desc q = {.gpu_id = gpu,
-                           .type = 1 /* SDMA */,
-                           .percentage = 100,
-                           .priority = 7,
-                           .ring_va = (uintptr_t)ring,
-                           .ring_size = 4096,
-                           .rptr_va = (uintptr_t)rptr,
-                           .wptr_va = (uintptr_t)wptr};
+        GttQueue g;
+
+        gtt_queue_init(&g, mem, gpu);
+        gm_queue_desc q = g.desc;
         /* bad requests: a clear errno, no queue made */
         {
                 gm_queue_desc bad = q;
@@ -854,8 +827,8 @@ static void test_queues(void)
         {
                 uint64_t slot_va = (uintptr_t)&page[slot];
                 const uint32_t p[] = {SDMA_FENCE,
-                                      (uint32_t)(uintptr_t)fence,
-                                      (uint32_t)((uintptr_t)fence >> 32),
+                                      (uint32_t)(uintptr_t)g.fence,
+                                      (uint32_t)((uintptr_t)g.fence >> 32),
                                       0xC0FFEEu,
                                       SDMA_FENCE,
                                       (uint32_t)slot_va,
@@ -863,17 +836,17 @@ static void test_queues(void)
                                       ev,
                                       SDMA_TRAP,
                                       ev};
-                memcpy(ring, p, sizeof(p));
-                __atomic_store_n(wptr, (uint64_t)sizeof(p), __ATOMIC_RELEASE);
+                memcpy(g.ring, p, sizeof(p));
+                __atomic_store_n(g.wptr, (uint64_t)sizeof(p), __ATOMIC_RELEASE);
         }
-        CHECK(wait_u32(fence, 0xC0FFEEu, 5000));
+        CHECK(wait_u32(g.fence, 0xC0FFEEu, 5000));
         pthread_join(th, NULL);
         CHECK_EQ(w.result, 0);
         CHECK_EQ(page[slot], UINT64_MAX); /* acknowledged by the daemon, as KFD does */
-        CHECK_EQ(__atomic_load_n(rptr, __ATOMIC_ACQUIRE), 40);
+        CHECK_EQ(__atomic_load_n(g.rptr, __ATOMIC_ACQUIRE), 40);
         /* a ring moved to where the memory is not: refused, the queue as it was */
         CHECK_EQ(gm_queue_update(c, id, 0x1000, 4096, 100, 7), -EFAULT);
-        CHECK_EQ(gm_queue_update(c, id, (uintptr_t)ring, 4096, 50, 3), 0);
+        CHECK_EQ(gm_queue_update(c, id, (uintptr_t)g.ring, 4096, 50, 3), 0);
 
         /* the class's limit: one queue */
         CHECK_EQ(gm_admin_quota_set(admin, "default", GM_RESOURCE_QUEUES, 0, 1, false), 0);
@@ -914,10 +887,10 @@ static void test_queues(void)
                 CHECK_EQ(pthread_create(&fth, NULL, event_waiter, &fw), 0);
                 usleep(100000);
                 const uint32_t p[] = {
-                        SDMA_FENCE, (uint32_t)(uintptr_t)gone,  (uint32_t)((uintptr_t)gone >> 32),  1,
-                        SDMA_FENCE, (uint32_t)(uintptr_t)fence, (uint32_t)((uintptr_t)fence >> 32), 2};
-                memcpy((uint8_t *)ring + 40, p, sizeof(p));
-                __atomic_store_n(wptr, (uint64_t)(40 + sizeof(p)), __ATOMIC_RELEASE);
+                        SDMA_FENCE, (uint32_t)(uintptr_t)gone,    (uint32_t)((uintptr_t)gone >> 32),    1,
+                        SDMA_FENCE, (uint32_t)(uintptr_t)g.fence, (uint32_t)((uintptr_t)g.fence >> 32), 2};
+                memcpy((uint8_t *)g.ring + 40, p, sizeof(p));
+                __atomic_store_n(g.wptr, (uint64_t)(40 + sizeof(p)), __ATOMIC_RELEASE);
                 pthread_join(fth, NULL);
                 CHECK_EQ(fw.result, 0);
                 CHECK_EQ(gm_event_wait_faults(c, &mev, 1, false, 0, exc, 2, &n_exc), 0);
@@ -927,7 +900,7 @@ static void test_queues(void)
                 CHECK_EQ(exc[0].va, (uintptr_t)gone & ~4095ull);
                 CHECK(exc[0].not_present && !exc[0].read_only);
                 usleep(50000);
-                CHECK_EQ(*fence, 0xC0FFEEu); /* nothing behind the fault ran */
+                CHECK_EQ(*g.fence, 0xC0FFEEu); /* nothing behind the fault ran */
                 CHECK_EQ(gm_event_destroy(c, mev), 0);
         }
 

@@ -97,26 +97,6 @@ static bool write_faults(volatile uint8_t *p)
 
 #define SDMA_FENCE 5u /* the model's SDMA packet: write a dword at an address */
 
-typedef struct Waiter {
-        gm_client *c;
-        uint32_t id;
-        int result;
-} Waiter;
-
-static void *waiter(void *arg)
-{
-        Waiter *w = arg;
-        w->result = gm_event_wait(w->c, &w->id, 1, false, 10000);
-        return NULL;
-}
-
-static bool wait_u32(volatile uint32_t *p, uint32_t want, int ms)
-{
-        for (int i = 0; i < ms && __atomic_load_n(p, __ATOMIC_ACQUIRE) != want; i++)
-                usleep(1000);
-        return __atomic_load_n(p, __ATOMIC_ACQUIRE) == want;
-}
-
 /*
  * A queue of @c on @gpu writes @value at @va, then a fence into @c's own memory: 1 when both ran; 0 when
  * the GPU faulted on @va's page as a write to read-only memory and nothing behind it ran; -1 otherwise.
@@ -135,21 +115,14 @@ static int gpu_write(gm_client *c, uint32_t gpu, uint64_t va, uint32_t value)
 
         if (gm_malloc_desc(c, &d, (void **)&mem) != 0)
                 return -1;
-        uint32_t *ring = (uint32_t *)mem;
-        uint64_t *rptr = (uint64_t *)(mem + 4096), *wptr = rptr + 1;
-        volatile uint32_t *fence = (volatile uint32_t *)(mem + 8192);
-        gm_queue_desc q = {.gpu_id = gpu,
-                           .type = 1 /* SDMA */,
-                           .percentage = 100,
-                           .priority = 7,
-                           .ring_va = (uintptr_t)ring,
-                           .ring_size = 4096,
-                           .rptr_va = (uintptr_t)rptr,
-                           .wptr_va = (uintptr_t)wptr};
+        GttQueue g;
+
+        gtt_queue_init(&g, mem, gpu);
+        gm_queue_desc q = g.desc;
         if (gm_queue_create(c, &q, &q_id, &db) != 0 || gm_event_create(c, 8, false, NULL, &ev, NULL) != 0)
                 return -1;
-        Waiter w = {c, ev, -1};
-        if (pthread_create(&th, NULL, waiter, &w) != 0)
+        EventWaiter w = {c, ev, -1};
+        if (pthread_create(&th, NULL, event_waiter, &w) != 0)
                 return -1;
         usleep(100000); /* the memory event's wait is pending before the GPU runs anything */
         const uint32_t p[] = {SDMA_FENCE,
@@ -157,12 +130,12 @@ static int gpu_write(gm_client *c, uint32_t gpu, uint64_t va, uint32_t value)
                               (uint32_t)(va >> 32),
                               value,
                               SDMA_FENCE,
-                              (uint32_t)(uintptr_t)fence,
-                              (uint32_t)((uintptr_t)fence >> 32),
+                              (uint32_t)(uintptr_t)g.fence,
+                              (uint32_t)((uintptr_t)g.fence >> 32),
                               0xC0FFEEu};
-        memcpy(ring, p, sizeof(p));
-        __atomic_store_n(wptr, (uint64_t)sizeof(p), __ATOMIC_RELEASE);
-        if (wait_u32(fence, 0xC0FFEEu, 1000)) {
+        memcpy(g.ring, p, sizeof(p));
+        __atomic_store_n(g.wptr, (uint64_t)sizeof(p), __ATOMIC_RELEASE);
+        if (wait_u32(g.fence, 0xC0FFEEu, 1000)) {
                 ret = 1;
                 (void)gm_event_destroy(c, ev); /* the pending wait ends with it */
                 pthread_join(th, NULL);
@@ -171,7 +144,7 @@ static int gpu_write(gm_client *c, uint32_t gpu, uint64_t va, uint32_t value)
         }
         pthread_join(th, NULL);
         if (w.result == 0 && gm_event_wait_faults(c, &ev, 1, false, 0, exc, 2, &n_exc) == 0 && n_exc == 1 &&
-            exc[0].va == (va & ~4095ull) && exc[0].read_only && !exc[0].not_present && *fence == 0)
+            exc[0].va == (va & ~4095ull) && exc[0].read_only && !exc[0].not_present && *g.fence == 0)
                 ret = 0;
         else
                 fprintf(stderr, "gpu_write: wait %d, %zu faults, va %#llx ro %d np %d\n", w.result, n_exc,
