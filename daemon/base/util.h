@@ -20,6 +20,21 @@ static inline uint64_t now_usec(clockid_t clock)
         return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
 }
 
+/* The time @usec from now on @clock: a deadline for pthread_cond_timedwait() and the like. */
+static inline struct timespec timespec_after_usec(clockid_t clock, uint64_t usec)
+{
+        struct timespec ts;
+
+        clock_gettime(clock, &ts);
+        ts.tv_sec += (time_t)(usec / 1000000u);
+        ts.tv_nsec += (long)(usec % 1000000u) * 1000;
+        if (ts.tv_nsec >= 1000000000L) {
+                ts.tv_sec++;
+                ts.tv_nsec -= 1000000000L;
+        }
+        return ts;
+}
+
 /*
  * Room for @need elements of @size bytes in the array *@v of capacity *@cap: doubled, from @first, until they
  * fit. -ENOMEM leaves the array and its capacity as they were. ARRAY_RESERVE() takes the array itself.

@@ -68,8 +68,6 @@ static void *relay_main(void *arg)
 
         pthread_mutex_lock(&r->lock);
         while (!r->stop) {
-                struct timespec t;
-
                 if (r->n == 0) {
                         pthread_cond_wait(&r->cond, &r->lock);
                         wait_us = RELAY_BUSY_US;
@@ -79,12 +77,7 @@ static void *relay_main(void *arg)
                         wait_us = RELAY_BUSY_US;
                 else if (wait_us < RELAY_IDLE_US)
                         wait_us = wait_us * 2 > RELAY_IDLE_US ? RELAY_IDLE_US : wait_us * 2;
-                clock_gettime(CLOCK_MONOTONIC, &t);
-                t.tv_nsec += (long)wait_us * 1000;
-                if (t.tv_nsec >= 1000000000L) {
-                        t.tv_sec++;
-                        t.tv_nsec -= 1000000000L;
-                }
+                struct timespec t = timespec_after_usec(CLOCK_MONOTONIC, wait_us);
                 pthread_cond_timedwait(&r->cond, &r->lock, &t);
         }
         pthread_mutex_unlock(&r->lock);
