@@ -1,0 +1,148 @@
+/* A client's user-mode queues: their memory checked as the client's own GPU memory, each one paid for. */
+#include "broker.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "broker-private.h"
+
+/* Is [va, va+size) inside one object of this client's that the GPU reaches? */
+/* Is [va, va+size) inside one object of this client's that the GPU reaches from the client's context? (Host
+ * memory that is not GTT is registered in the daemon's own context, which a client context does not see.) */
+static bool queue_memory(const BrokerClient *c, uint64_t va, uint64_t size)
+{
+        const Obj *o = broker_obj_at(c, va);
+
+        if (!o || !o->mem || !size || size > o->size || va - o->va > o->size - size)
+                return false;
+        return !(c->own_ctx && o->kind == BROKER_KIND_HOST && !(o->flags & BROKER_FLAG_GTT));
+}
+
+static int check_queue_memory(const BrokerClient *c, const char *what, uint64_t va, uint64_t size,
+                              bool optional, Reason *w)
+{
+        if (optional && !va)
+                return 0;
+        if (!queue_memory(c, va, size))
+                return reason_set(w, -EFAULT,
+                                  "the queue's %s 0x%llx+0x%llx is no GPU memory of this client's", what,
+                                  (unsigned long long)va, (unsigned long long)size);
+        return 0;
+}
+
+int broker_queue_create(BrokerClient *c, const DriverQueueArgs *q, uint32_t *ret_id, uint64_t *ret_doorbell,
+                        Reason *w)
+{
+        DriverQueueArgs qa;
+        DriverCtx *ctx;
+        uint32_t id;
+        uint64_t db;
+        int r;
+
+        if (q->type > DRIVER_QUEUE_SDMA_XGMI)
+                return reason_set(w, -EINVAL, "queue type %u: 0 PM4, 1 SDMA, 2 AQL or 3 SDMA over XGMI",
+                                  q->type);
+        if (broker_gpu_index(c->b, q->gpu_id) < 0)
+                return reason_set(w, -ENODEV, "no GPU with id %u", q->gpu_id);
+        if ((r = broker_gpu_allowed(c, q->gpu_id, w)) < 0)
+                return r;
+        if (!q->ring_size || (q->ring_size & (q->ring_size - 1)))
+                return reason_set(w, -EINVAL, "a ring of %llu bytes: a power of two",
+                                  (unsigned long long)q->ring_size);
+        if ((r = check_queue_memory(c, "ring", q->ring_va, q->ring_size, false, w)) < 0 ||
+            (r = check_queue_memory(c, "read pointer", q->rptr_va, 8, false, w)) < 0 ||
+            (r = check_queue_memory(c, "write pointer", q->wptr_va, 8, false, w)) < 0 ||
+            (r = check_queue_memory(c, "EOP buffer", q->eop_va, q->eop_size ? q->eop_size : 4, true, w)) <
+                    0 ||
+            (r = check_queue_memory(c, "CWSR area", q->ctx_save_va, q->ctx_save_size ? q->ctx_save_size : 4,
+                                    true, w)) < 0)
+                return r;
+        qa = *q;
+        qa.wptr_fd = -1;
+        if (driver_has(c->b->drv, DRIVER_CAP_DOORBELL_RELAY)) {
+                /* the daemon rings the doorbell from the write pointer: it must be able to read it */
+                const Obj *o = broker_obj_at(c, q->wptr_va);
+                if (!o || o->memfd < 0 || (q->wptr_va & 7))
+                        return reason_set(
+                                w, -EFAULT,
+                                "the queue's write pointer 0x%llx is no aligned host memory of this "
+                                "client's: the daemon reads it to ring the queue's doorbell",
+                                (unsigned long long)q->wptr_va);
+                qa.wptr_fd = o->memfd;
+                qa.wptr_fd_offset = q->wptr_va - o->va;
+        }
+        if (c->n_queues == c->cap_queues) {
+                size_t cap = c->cap_queues ? c->cap_queues * 2 : 8;
+                BrokerQueue *more = realloc(c->queues, cap * sizeof(*more));
+                if (!more)
+                        return reason_set(w, -ENOMEM, "out of memory");
+                c->queues = more;
+                c->cap_queues = cap;
+        }
+        r = broker_client_ctx(c, &ctx, w);
+        if (r < 0)
+                return r;
+        r = broker_charge_take(c, &(Charge){.objects = 1, .queues = 1}, w);
+        if (r < 0)
+                return r;
+        r = driver_queue_create(c->b->drv, ctx, &qa, &id, &db);
+        if (r < 0) {
+                broker_charge_give(c, &(Charge){.objects = 1, .queues = 1});
+                return reason_set(w, r,
+                                  r == -EOPNOTSUPP ? "the driver runs no queues on this GPU"
+                                  : r == -ENOMEM   ? "the GPU has no queue left for this client"
+                                                   : "the driver refused the queue: %s",
+                                  strerror(-r));
+        }
+        c->queues[c->n_queues++] = (BrokerQueue){.id = id, .gpu_id = q->gpu_id, .type = q->type};
+        *ret_id = id;
+        *ret_doorbell = db;
+        return 0;
+}
+
+static BrokerQueue *queue_find(BrokerClient *c, uint32_t id)
+{
+        for (size_t i = 0; i < c->n_queues; i++)
+                if (c->queues[i].id == id)
+                        return &c->queues[i];
+        return NULL;
+}
+
+int broker_queue_destroy(BrokerClient *c, uint32_t id, Reason *w)
+{
+        BrokerQueue *q = queue_find(c, id);
+        int r;
+
+        if (!q)
+                return reason_set(w, -EINVAL, "no queue %u", id);
+        r = driver_queue_destroy(c->b->drv, c->ctx, id);
+        if (r < 0)
+                return reason_set(w, r, "the driver refused to destroy queue %u: %s", id, strerror(-r));
+        *q = c->queues[--c->n_queues];
+        broker_charge_give(c, &(Charge){.objects = 1, .queues = 1});
+        return 0;
+}
+
+int broker_queue_update(BrokerClient *c, uint32_t id, uint64_t ring_va, uint64_t ring_size,
+                        uint32_t percentage, uint32_t priority, Reason *w)
+{
+        int r;
+
+        if (!queue_find(c, id))
+                return reason_set(w, -EINVAL, "no queue %u", id);
+        if (ring_size && (ring_size & (ring_size - 1)))
+                return reason_set(w, -EINVAL, "a ring of %llu bytes: a power of two",
+                                  (unsigned long long)ring_size);
+        if (ring_va && (r = check_queue_memory(c, "ring", ring_va, ring_size, false, w)) < 0)
+                return r;
+        r = driver_queue_update(c->b->drv, c->ctx, id, ring_va, ring_size, percentage, priority);
+        if (r < 0)
+                return reason_set(w, r, "the driver refused to update queue %u: %s", id, strerror(-r));
+        return 0;
+}
+
+size_t broker_client_queues(const BrokerClient *c)
+{
+        return c ? c->n_queues : 0;
+}
