@@ -721,6 +721,19 @@ void raw_reply_free(void *reply)
                 gpumem__reply__free_unpacked(reply, NULL);
 }
 
+int raw_hello_named(int fd, uint32_t request_id, const char *name, void **ret_reply)
+{
+        Gpumem__Request req = GPUMEM__REQUEST__INIT;
+        Gpumem__Hello h = GPUMEM__HELLO__INIT;
+
+        h.has_protocol_version = true;
+        h.protocol_version = 1;
+        h.client_name = (char *)name;
+        req.op_case = GPUMEM__REQUEST__OP_HELLO;
+        req.hello = &h;
+        return raw_request(fd, request_id, &req, NULL, 0, ret_reply, NULL, NULL, NULL);
+}
+
 int raw_reply_parse(const void *pkt, size_t n, size_t n_fds, uint32_t *ret_id, void **ret_reply)
 {
         Gpumem__Reply *reply;
@@ -1056,6 +1069,31 @@ int daemon_wait_base_after(Daemon *d, const DaemonState *base, const char *what)
         if (r < 0)
                 fprintf(stderr, "after %s\n", what);
         return r;
+}
+
+pid_t fork_doomed(Daemon *d, void (*fn)(gm_client *c, int ready, void *arg), void *arg)
+{
+        int pfd[2];
+        char ch;
+        pid_t pid;
+
+        if (pipe2(pfd, O_CLOEXEC) < 0)
+                return -1;
+        pid = fork();
+        if (pid == 0) {
+                gm_client *c = NULL;
+
+                close(pfd[0]);
+                if (gm_client_connect(d->sock, "doomed", &c) < 0)
+                        _exit(1);
+                fn(c, pfd[1], arg);
+                _exit(0);
+        }
+        close(pfd[1]);
+        if (pid > 0 && read(pfd[0], &ch, 1) != 1)
+                kill_and_reap(&pid);
+        close(pfd[0]);
+        return pid > 0 ? pid : -1;
 }
 
 void gtt_queue_init(GttQueue *g, void *mem, uint32_t gpu)

@@ -158,6 +158,8 @@ bool raw_closed(int fd, int timeout_ms);
 int raw_request(int fd, uint32_t request_id, const void *req, const int *fds, size_t n_fds, void **ret_reply,
                 int *ret_fds, size_t *ret_n_fds, bool *ret_transport);
 void raw_reply_free(void *reply);
+/* raw_request() of a hello (protocol 1) from client @name: its reply's code, the reply in *@ret_reply. */
+int raw_hello_named(int fd, uint32_t request_id, const char *name, void **ret_reply);
 /*
  * The reply in the packet @pkt (@n bytes, with @n_fds fds): 0 with it unpacked in *@ret_reply (free with
  * raw_reply_free), -EPROTO for a bad frame, -EBADMSG for a reply without a status. *@ret_id (may be NULL)
@@ -187,6 +189,13 @@ int daemon_share_info(Daemon *d, const char *name, gm_share_info *ret);
  * with an SVM attribute, and VMM memory of @gpu mapped in a reservation. Every step's error is ignored.
  */
 void client_leave_objects(gm_client *c, uint32_t dev_gpu, uint32_t map_gpu, uint32_t gpu, bool import);
+
+/*
+ * A client process (named "doomed") that is to be killed: it connects and runs @fn(@c, @ready, @arg), which
+ * writes a byte to @ready once it holds what it should and never returns. Its pid once that byte came; -1
+ * (the process reaped) when it did not.
+ */
+pid_t fork_doomed(Daemon *d, void (*fn)(gm_client *c, int ready, void *arg), void *arg);
 
 /*
  * The tests' SDMA queue in 64 KiB of a client's GTT memory: its ring (4 KiB) at the start, the read and write

@@ -763,33 +763,25 @@ static void test_private_vm(void)
         check_back_to_base("private vm");
 }
 
+/* A doomed client's sequence: objects of every kind, again and again, ready after the third round. */
+static void leave_objects_forever(gm_client *c, int ready, void *arg)
+{
+        for (int step = 0;; step++) {
+                client_leave_objects(c, gpus[0], gpus[n_gpus - 1], gpus[0], false);
+                if (step == 2)
+                        (void)!write(ready, "x", 1);
+        }
+}
+
 /* A client killed in the middle of a multi-step sequence leaves nothing behind. */
 static void test_killed_mid_sequence(void)
 {
         for (int round = 0; round < 6; round++) {
-                int pfd[2];
-                char ch;
-                pid_t pid;
+                pid_t pid = fork_doomed(&dmn, leave_objects_forever, NULL);
 
-                CHECK_EQ(pipe2(pfd, O_CLOEXEC), 0);
-                pid = fork();
-                if (pid == 0) {
-                        gm_client *c = NULL;
-                        close(pfd[0]);
-                        if (gm_client_connect(dmn.sock, "doomed", &c) < 0)
-                                _exit(1);
-                        for (int step = 0;; step++) {
-                                client_leave_objects(c, gpus[0], gpus[n_gpus - 1], gpus[0], false);
-                                if (step == 2)
-                                        (void)!write(pfd[1], "x", 1);
-                        }
-                }
-                close(pfd[1]);
-                CHECK_EQ(read(pfd[0], &ch, 1), 1);
-                close(pfd[0]);
+                CHECK(pid > 0);
                 usleep(1000 * (unsigned)(round * 3));
-                kill(pid, SIGKILL);
-                waitpid(pid, NULL, 0);
+                kill_and_reap(&pid);
         }
         check_back_to_base("killed mid-sequence");
 }
@@ -806,6 +798,13 @@ static uint64_t class_get(const char *cls, int res, bool limit)
 static uint64_t class_used(const char *cls, int res)
 {
         return class_get(cls, res, false);
+}
+
+/* Reap the @n client processes @pids: each exited 0. */
+static void check_children_ok(const pid_t *pids, int n)
+{
+        for (int i = 0; i < n; i++)
+                CHECK_EQ(child_status(pids[i]), 0);
 }
 
 /*
@@ -865,11 +864,7 @@ static void test_concurrent_accounts(void)
         CHECK_EQ(class_used("default", GM_RESOURCE_HOST) - host0, want_host);
         CHECK_EQ(class_used("default", GM_RESOURCE_HANDLES) - handles0, want_handles);
         close(go[1]); /* all of them go at once */
-        for (int i = 0; i < CLIENTS; i++) {
-                int st = -1;
-                CHECK_EQ(waitpid(pids[i], &st, 0), pids[i]);
-                CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);
-        }
+        check_children_ok(pids, CLIENTS);
         close(ready[0]);
         check_back_to_base("concurrent clients");
         CHECK_EQ(class_used("default", GM_RESOURCE_VRAM), vram0);
@@ -945,11 +940,7 @@ static void test_concurrent_limit(void)
         CHECK_EQ(total, (unsigned)ROOM);
         CHECK_EQ(class_used("default", GM_RESOURCE_VRAM), vram0 + ROOM * 2 * MiB);
         close(done[1]); /* all of them go at once */
-        for (int i = 0; i < CLIENTS; i++) {
-                int st = -1;
-                CHECK_EQ(waitpid(pids[i], &st, 0), pids[i]);
-                CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);
-        }
+        check_children_ok(pids, CLIENTS);
         close(ready[0]);
         close(got[0]);
         close(go[1]);

@@ -1409,30 +1409,21 @@ static void test_flood_without_reading(void)
 
 /* A client killed with SIGKILL mid-session leaves nothing behind in the daemon. */
 
+static void ping_forever(gm_client *c, int ready, void *arg)
+{
+        (void)!write(ready, "x", 1);
+        for (;;)
+                (void)gm_ping(c);
+}
+
 static void test_killed_client(void)
 {
-        int before = baseline_fds;
-        int pipefd[2];
-        char ch;
-        pid_t pid;
+        pid_t pid = fork_doomed(&dmn, ping_forever, NULL);
 
-        CHECK_EQ(pipe2(pipefd, O_CLOEXEC), 0);
-        pid = fork();
-        if (pid == 0) {
-                gm_client *c = NULL;
-                if (gm_client_connect(dmn.sock, "doomed", &c) < 0)
-                        _exit(1);
-                (void)!write(pipefd[1], "x", 1);
-                for (;;)
-                        (void)gm_ping(c);
-        }
-        close(pipefd[1]);
-        CHECK_EQ(read(pipefd[0], &ch, 1), 1);
-        close(pipefd[0]);
+        CHECK(pid > 0);
         usleep(20000);
-        kill(pid, SIGKILL);
-        waitpid(pid, NULL, 0);
-        check_left_nothing(before, "after");
+        kill_and_reap(&pid);
+        check_left_nothing(baseline_fds, "after");
 }
 
 static void test_daemon_fds_back_to_baseline(void)

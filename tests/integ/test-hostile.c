@@ -566,6 +566,19 @@ static void expect_reply(int fd, uint32_t want_id, int want_code, char *why, siz
         CHECK_EQ(code, want_code);
 }
 
+/* Two raw connections, each after its hello; false (a check failed) when they cannot be had. */
+static bool two_greeted(int *a, int *b)
+{
+        *a = raw_connect(dmn.sock);
+        *b = raw_connect(dmn.sock);
+        CHECK(*a >= 0 && *b >= 0);
+        if (*a < 0 || *b < 0)
+                return false;
+        CHECK_EQ(raw_hello(*a), 0);
+        CHECK_EQ(raw_hello(*b), 0);
+        return true;
+}
+
 /* Replies waiting on @fd right now (without blocking). */
 static bool reply_waiting(int fd)
 {
@@ -581,14 +594,11 @@ static bool reply_waiting(int fd)
  */
 static void test_slow_alloc(void)
 {
-        int a = raw_connect(dmn.sock), b = raw_connect(dmn.sock), cfd, dfd;
+        int a, b, cfd, dfd;
         char why[256];
 
-        CHECK(a >= 0 && b >= 0);
-        if (a < 0 || b < 0)
+        if (!two_greeted(&a, &b))
                 return;
-        CHECK_EQ(raw_hello(a), 0);
-        CHECK_EQ(raw_hello(b), 0);
 
         /* a: the allocation, then a ping behind it */
         send_host_alloc(a, 20, 512 * MiB);
@@ -607,13 +617,8 @@ static void test_slow_alloc(void)
         CHECK(daemon_wait_base(&dmn, &base, 10000, NULL) == 0);
 
         /* the quota is held from the start: a second allocation meanwhile is over it */
-        cfd = raw_connect(dmn.sock);
-        dfd = raw_connect(dmn.sock);
-        CHECK(cfd >= 0 && dfd >= 0);
-        if (cfd < 0 || dfd < 0)
+        if (!two_greeted(&cfd, &dfd))
                 return;
-        CHECK_EQ(raw_hello(cfd), 0);
-        CHECK_EQ(raw_hello(dfd), 0);
         send_host_alloc(cfd, 40, 512 * MiB);
         usleep(10 * 1000);
         send_host_alloc(dfd, 50, 512 * MiB);
@@ -661,20 +666,12 @@ static void test_ordered_prefetch(void)
         CHECK(fd >= 0);
         if (fd < 0)
                 return;
-        {
-                /* the hello reply names the window, where the fixed address below is placed */
-                Gpumem__Hello h = GPUMEM__HELLO__INIT;
-                h.has_protocol_version = true;
-                h.protocol_version = 1;
-                h.client_name = "ordered";
-                q.op_case = GPUMEM__REQUEST__OP_HELLO;
-                q.hello = &h;
-                CHECK_EQ(raw_request(fd, 1, &q, NULL, 0, (void **)&rep, NULL, NULL, NULL), 0);
-                if (rep && rep->hello)
-                        window_base = rep->hello->window_base;
-                raw_reply_free(rep);
-                rep = NULL;
-        }
+        /* the hello reply names the window, where the fixed address below is placed */
+        CHECK_EQ(raw_hello_named(fd, 1, "ordered", (void **)&rep), 0);
+        if (rep && rep->hello)
+                window_base = rep->hello->window_base;
+        raw_reply_free(rep);
+        rep = NULL;
         CHECK(window_base != 0);
         {
                 /* a host allocation the daemon populates for a while, at a known address, and a pointer

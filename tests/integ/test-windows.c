@@ -65,11 +65,9 @@ static void stop(void)
 
 /* ---- raw window requests: the reply code, the window base and the reason ---- */
 
-static int reply_of(int fd, Gpumem__Request *req, uint64_t *ret_base, char *why, size_t len)
+/* The reply @rep (freed here) with its @code, the window base in *@ret_base and the reason in @why. */
+static int reply_of(int code, Gpumem__Reply *rep, uint64_t *ret_base, char *why, size_t len)
 {
-        Gpumem__Reply *rep = NULL;
-        int code = raw_request(fd, next_id++, req, NULL, 0, (void **)&rep, NULL, NULL, NULL);
-
         if (why)
                 snprintf(why, len, "%s",
                          rep && rep->status && rep->status->reason ? rep->status->reason : "");
@@ -81,15 +79,10 @@ static int reply_of(int fd, Gpumem__Request *req, uint64_t *ret_base, char *why,
 
 static int hello(int fd, uint64_t *ret_base, char *why, size_t len)
 {
-        Gpumem__Request req = GPUMEM__REQUEST__INIT;
-        Gpumem__Hello h = GPUMEM__HELLO__INIT;
+        Gpumem__Reply *rep = NULL;
+        int code = raw_hello_named(fd, next_id++, "windows", (void **)&rep);
 
-        h.has_protocol_version = true;
-        h.protocol_version = 1;
-        h.client_name = "windows";
-        req.op_case = GPUMEM__REQUEST__OP_HELLO;
-        req.hello = &h;
-        return reply_of(fd, &req, ret_base, why, len);
+        return reply_of(code, rep, ret_base, why, len);
 }
 
 /* The client says it could not reserve @base: the daemon keeps it and hands out another. */
@@ -97,12 +90,15 @@ static int retry(int fd, uint64_t *base, char *why, size_t len)
 {
         Gpumem__Request req = GPUMEM__REQUEST__INIT;
         Gpumem__WindowRetry w = GPUMEM__WINDOW_RETRY__INIT;
+        Gpumem__Reply *rep = NULL;
+        int code;
 
         w.has_failed_base = true;
         w.failed_base = *base;
         req.op_case = GPUMEM__REQUEST__OP_WINDOW_RETRY;
         req.window_retry = &w;
-        return reply_of(fd, &req, base, why, len);
+        code = raw_request(fd, next_id++, &req, NULL, 0, (void **)&rep, NULL, NULL, NULL);
+        return reply_of(code, rep, base, why, len);
 }
 
 /* ---- children of other uids ---- */
