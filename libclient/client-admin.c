@@ -26,91 +26,68 @@ void gm_topology_free(gm_topology *t)
         free(t);
 }
 
-static int topology_convert(const Gpumem__TopologyReply *tr, gm_topology **ret)
+/* What a topology node and a link say as the daemon's messages say it. */
+#define NODE_FIELDS(X)                                                                                       \
+        X(node_id), X(gpu_id), X(is_gpu), X(cpu_cores), X(simd_count), X(local_mem_size),                    \
+                X(gfx_target_version), X(vendor_id), X(device_id), X(pci_domain), X(pci_location),           \
+                X(drm_render_minor), X(hive_id), X(large_bar), X(capability), X(system_mem_size)
+#define LINK_FIELDS(X) X(type), X(node_from), X(node_to), X(weight), X(min_bandwidth), X(max_bandwidth)
+
+static void link_take(gm_io_link *dst, const Gpumem__IoLink *src)
 {
-        gm_topology *t = calloc(1, sizeof(*t));
+        LINK_FIELDS(GM_COPY_FIELD);
+}
 
-        if (!t)
-                return -ENOMEM;
-        t->generation_id = tr->generation_id;
-        t->nodes = calloc(tr->n_nodes ? tr->n_nodes : 1, sizeof(*t->nodes));
-        if (!t->nodes)
-                goto oom;
-        for (size_t i = 0; i < tr->n_nodes; i++) {
-                const Gpumem__TopologyNode *s = tr->nodes[i];
-                gm_topology_node *n = &t->nodes[i];
-
-                t->n_nodes = i + 1;
-                n->node_id = s->node_id;
-                n->gpu_id = s->gpu_id;
-                n->name = xstrdup(s->name);
-                n->is_gpu = s->is_gpu;
-                n->cpu_cores = s->cpu_cores;
-                n->simd_count = s->simd_count;
-                n->local_mem_size = s->local_mem_size;
-                n->gfx_target_version = s->gfx_target_version;
-                n->vendor_id = s->vendor_id;
-                n->device_id = s->device_id;
-                n->pci_domain = s->pci_domain;
-                n->pci_location = s->pci_location;
-                n->drm_render_minor = s->drm_render_minor;
-                n->hive_id = s->hive_id;
-                n->numa_node = s->has_numa_node ? s->numa_node : -1;
-                n->large_bar = s->large_bar;
-                n->capability = s->capability;
-                n->system_mem_size = s->system_mem_size;
-                if (!n->name)
-                        goto oom;
-                n->io_links = calloc(s->n_io_links ? s->n_io_links : 1, sizeof(*n->io_links));
-                n->properties = calloc(s->n_properties ? s->n_properties : 1, sizeof(*n->properties));
-                if (!n->io_links || !n->properties)
-                        goto oom;
-                for (size_t k = 0; k < s->n_io_links; k++) {
-                        const Gpumem__IoLink *l = s->io_links[k];
-                        n->io_links[k] = (gm_io_link){
-                                .type = l->type,
-                                .node_from = l->node_from,
-                                .node_to = l->node_to,
-                                .weight = l->weight,
-                                .min_bandwidth = l->min_bandwidth,
-                                .max_bandwidth = l->max_bandwidth,
-                        };
-                }
-                n->n_io_links = s->n_io_links;
-                for (size_t k = 0; k < s->n_properties; k++) {
-                        n->properties[k].key = xstrdup(s->properties[k]->key);
-                        n->properties[k].value = s->properties[k]->value;
-                        n->n_properties = k + 1;
-                        if (!n->properties[k].key)
-                                goto oom;
-                }
+/* One node, its links and its properties; false when out of memory (what it holds then is freed with it). */
+static bool node_take(gm_topology_node *dst, const Gpumem__TopologyNode *src)
+{
+        NODE_FIELDS(GM_COPY_FIELD);
+        dst->name = xstrdup(src->name);
+        dst->numa_node = src->has_numa_node ? src->numa_node : -1;
+        dst->io_links = calloc(src->n_io_links ? src->n_io_links : 1, sizeof(*dst->io_links));
+        dst->properties = calloc(src->n_properties ? src->n_properties : 1, sizeof(*dst->properties));
+        if (!dst->name || !dst->io_links || !dst->properties)
+                return false;
+        for (size_t k = 0; k < src->n_io_links; k++)
+                link_take(&dst->io_links[k], src->io_links[k]);
+        dst->n_io_links = src->n_io_links;
+        for (size_t k = 0; k < src->n_properties; k++) {
+                dst->properties[k].key = xstrdup(src->properties[k]->key);
+                dst->properties[k].value = src->properties[k]->value;
+                dst->n_properties = k + 1;
+                if (!dst->properties[k].key)
+                        return false;
         }
+        return true;
+}
+
+/* The topology's answer as the public struct, into *(gm_topology **)@ctx (a GmTakeFn). */
+static int topology_take(gm_client *c, const void *result, void *ctx)
+{
+        const Gpumem__TopologyReply *tr = result;
+        gm_topology **ret = ctx;
+        gm_topology *t = calloc(1, sizeof(*t));
+        bool ok = t && (t->nodes = calloc(tr->n_nodes ? tr->n_nodes : 1, sizeof(*t->nodes)));
+
+        for (size_t i = 0; ok && i < tr->n_nodes; i++) {
+                t->n_nodes = i + 1; /* what the node holds is freed with it, should it fail part way */
+                ok = node_take(&t->nodes[i], tr->nodes[i]);
+        }
+        if (!ok) {
+                gm_topology_free(t);
+                return gm_set_reason(c, -ENOMEM, "out of memory");
+        }
+        t->generation_id = tr->generation_id;
         *ret = t;
         return 0;
-oom:
-        gm_topology_free(t);
-        return -ENOMEM;
 }
 
 int gm_topology_get(gm_client *c, bool with_properties, gm_topology **ret)
 {
-        Gpumem__Request req = GPUMEM__REQUEST__INIT;
-        Gpumem__TopologyGet tg = GPUMEM__TOPOLOGY_GET__INIT;
-        Gpumem__Reply *reply = NULL;
-        int r;
-
         if (!c || !ret)
                 return BAD_ARGS(c);
-        tg.has_with_properties = true;
-        tg.with_properties = with_properties;
-        req.op_case = GPUMEM__REQUEST__OP_TOPOLOGY;
-        req.topology = &tg;
-        r = gm_call_expect(c, &req, GPUMEM__REPLY__RESULT_TOPOLOGY, &reply);
-        if (r < 0)
-                return r;
-        r = topology_convert(reply->topology, ret);
-        gm_reply_free(c, reply);
-        return r < 0 ? gm_set_reason(c, r, "out of memory") : 0;
+        return gm_request_num(c, GPUMEM__REQUEST__OP_TOPOLOGY, with_properties,
+                              GPUMEM__REPLY__RESULT_TOPOLOGY, topology_take, ret);
 }
 
 void gm_topology_files_free(gm_topology_file *files, size_t n)
@@ -122,101 +99,76 @@ void gm_topology_files_free(gm_topology_file *files, size_t n)
         free(files);
 }
 
-/* Append the files of one reply to *@files. */
-static int topology_files_take(const Gpumem__TopologyFilesReply *tr, gm_topology_file **files, size_t *n)
+/* Append the files of one page to the GmPages @ctx. */
+static int topology_files_take(gm_client *c, const void *result, void *ctx)
 {
+        const Gpumem__TopologyFilesReply *tr = result;
+        GmPages *o = ctx;
         gm_topology_file *more;
 
+        o->next = tr->has_next ? tr->next : 0;
         if (tr->n_files == 0)
                 return 0;
-        more = realloc(*files, (*n + tr->n_files) * sizeof(*more));
+        more = realloc(o->items, (o->n + tr->n_files) * sizeof(*more));
         if (!more)
-                return -ENOMEM;
-        *files = more;
+                return gm_set_reason(c, -ENOMEM, "out of memory");
+        o->items = more;
         for (size_t i = 0; i < tr->n_files; i++) {
                 const Gpumem__TopologyFile *f = tr->files[i];
-                gm_topology_file *d = &more[*n];
+                gm_topology_file *d = &more[o->n];
                 size_t len = f->has_content ? f->content.len : 0;
                 d->path = strdup(f->path ? f->path : "");
                 d->content = malloc(len + 1);
                 if (!d->path || !d->content) {
                         free(d->path);
                         free(d->content);
-                        return -ENOMEM;
+                        return gm_set_reason(c, -ENOMEM, "out of memory");
                 }
                 if (len)
                         memcpy(d->content, f->content.data, len);
                 d->content[len] = '\0';
                 d->len = len;
-                (*n)++;
+                o->n++;
         }
         return 0;
 }
 
 int gm_topology_files(gm_client *c, gm_topology_file **ret, size_t *ret_n)
 {
-        gm_topology_file *files = NULL;
+        GmPages out = {NULL, 0, 0};
         uint32_t from = 0;
-        size_t n = 0;
         int r = 0;
 
         if (!c || !ret || !ret_n)
                 return BAD_ARGS(c);
         do {
-                Gpumem__Request req = GPUMEM__REQUEST__INIT;
-                Gpumem__TopologyFilesGet tg = GPUMEM__TOPOLOGY_FILES_GET__INIT;
-                Gpumem__Reply *reply = NULL;
-                uint32_t next;
-
-                tg.has_from = true;
-                tg.from = from;
-                req.op_case = GPUMEM__REQUEST__OP_TOPOLOGY_FILES;
-                req.topology_files = &tg;
-                r = gm_call_expect(c, &req, GPUMEM__REPLY__RESULT_TOPOLOGY_FILES, &reply);
+                r = gm_request_num(c, GPUMEM__REQUEST__OP_TOPOLOGY_FILES, from,
+                                   GPUMEM__REPLY__RESULT_TOPOLOGY_FILES, topology_files_take, &out);
                 if (r < 0)
                         break;
-                next = reply->topology_files->has_next ? reply->topology_files->next : 0;
-                r = topology_files_take(reply->topology_files, &files, &n);
-                gm_reply_free(c, reply);
-                if (r < 0) {
-                        r = gm_set_reason(c, r, "out of memory");
-                        break;
-                }
                 /* the daemon moves forward or says it is done; anything else is not a reply of it */
-                if (next != 0 && next <= from) {
-                        r = gm_set_reason(c, -EPROTO, "the topology's next file %u does not follow %u", next,
-                                          from);
+                if (out.next != 0 && out.next <= from) {
+                        r = gm_set_reason(c, -EPROTO, "the topology's next file %u does not follow %u",
+                                          out.next, from);
                         break;
                 }
-                from = next;
+                from = out.next;
         } while (from != 0);
         if (r < 0) {
-                gm_topology_files_free(files, n);
+                gm_topology_files_free(out.items, out.n);
                 return r;
         }
-        *ret = files;
-        *ret_n = n;
+        *ret = out.items;
+        *ret_n = out.n;
         return 0;
 }
 
-int gm_tile_config_get(gm_client *c, uint32_t gpu_id, gm_tile_config *ret)
+static int tile_config_take(gm_client *c, const void *result, void *ctx)
 {
-        Gpumem__Request req = GPUMEM__REQUEST__INIT;
-        Gpumem__TileConfigGet tg = GPUMEM__TILE_CONFIG_GET__INIT;
-        Gpumem__Reply *reply = NULL;
-        const Gpumem__TileConfigReply *t;
-        int r;
+        const Gpumem__TileConfigReply *t = result;
+        gm_tile_config *ret = ctx;
 
-        if (!c || !ret)
-                return BAD_ARGS(c);
-        tg.has_gpu_id = true;
-        tg.gpu_id = gpu_id;
-        req.op_case = GPUMEM__REQUEST__OP_TILE_CONFIG;
-        req.tile_config = &tg;
-        r = gm_call_expect(c, &req, GPUMEM__REPLY__RESULT_TILE_CONFIG, &reply);
-        if (r < 0)
-                return r;
-        t = reply->tile_config;
+        (void)c;
         memset(ret, 0, sizeof(*ret));
         ret->gb_addr_config = t->gb_addr_config;
         ret->num_banks = t->num_banks;
@@ -225,7 +177,47 @@ int gm_tile_config_get(gm_client *c, uint32_t gpu_id, gm_tile_config *ret)
         ret->n_macro = t->n_macro_tile_config < 16 ? (uint32_t)t->n_macro_tile_config : 16;
         memcpy(ret->tile, t->tile_config, ret->n_tile * sizeof(uint32_t));
         memcpy(ret->macro, t->macro_tile_config, ret->n_macro * sizeof(uint32_t));
-        gm_reply_free(c, reply);
+        return 0;
+}
+
+int gm_tile_config_get(gm_client *c, uint32_t gpu_id, gm_tile_config *ret)
+{
+        if (!c || !ret)
+                return BAD_ARGS(c);
+        return gm_request_num(c, GPUMEM__REQUEST__OP_TILE_CONFIG, gpu_id, GPUMEM__REPLY__RESULT_TILE_CONFIG,
+                              tile_config_take, ret);
+}
+
+/* What the status says as the daemon's message says it; and the model's counts, each as model_<name>. */
+#define STATUS_FIELDS(X)                                                                                     \
+        X(protocol_version), X(kfd_major), X(kfd_minor), X(uptime_usec), X(started_usec), X(pid),            \
+                X(clients), X(gpus), X(allocations), X(bytes_device), X(bytes_host), X(bytes_managed),       \
+                X(requests), X(protocol_errors), X(va_windows)
+#define STATUS_STRINGS(X) X(server_version), X(backend), X(preset)
+#define MODEL_FIELDS(X)                                                                                      \
+        X(contexts), X(buffers), X(handles), X(imports), X(mappings), X(gem_handles), X(svm_ranges),         \
+                X(system_bytes), X(vram_bytes)
+#define DUP_FIELD(f)   (dst->f = xstrdup(src->f))
+#define MODEL_FIELD(f) (dst->model_##f = src->model->f)
+
+static int status_take(gm_client *c, const void *result, void *ctx)
+{
+        const Gpumem__AdminStatusReply *src = result;
+        gm_status **ret = ctx;
+        gm_status *dst = calloc(1, sizeof(*dst));
+
+        if (dst) {
+                STATUS_STRINGS(DUP_FIELD);
+                STATUS_FIELDS(GM_COPY_FIELD);
+                dst->has_model = src->model != NULL;
+                if (src->model)
+                        MODEL_FIELDS(MODEL_FIELD);
+        }
+        if (!dst || !dst->server_version || !dst->backend || !dst->preset) {
+                gm_status_free(dst);
+                return gm_set_reason(c, -ENOMEM, "out of memory");
+        }
+        *ret = dst;
         return 0;
 }
 
@@ -241,61 +233,10 @@ void gm_status_free(gm_status *s)
 
 int gm_admin_status(gm_client *c, gm_status **ret)
 {
-        Gpumem__Request req = GPUMEM__REQUEST__INIT;
-        Gpumem__AdminStatus as = GPUMEM__ADMIN_STATUS__INIT;
-        Gpumem__Reply *reply = NULL;
-        const Gpumem__AdminStatusReply *a;
-        gm_status *s;
-        int r;
-
         if (!c || !ret)
                 return BAD_ARGS(c);
-        req.op_case = GPUMEM__REQUEST__OP_ADMIN_STATUS;
-        req.admin_status = &as;
-        r = gm_call_expect(c, &req, GPUMEM__REPLY__RESULT_ADMIN_STATUS, &reply);
-        if (r < 0)
-                return r;
-        a = reply->admin_status;
-        s = calloc(1, sizeof(*s));
-        if (s) {
-                s->server_version = xstrdup(a->server_version);
-                s->backend = xstrdup(a->backend);
-                s->preset = xstrdup(a->preset);
-                s->protocol_version = a->protocol_version;
-                s->kfd_major = a->kfd_major;
-                s->kfd_minor = a->kfd_minor;
-                s->uptime_usec = a->uptime_usec;
-                s->started_usec = a->started_usec;
-                s->pid = a->pid;
-                s->clients = a->clients;
-                s->gpus = a->gpus;
-                s->allocations = a->allocations;
-                s->bytes_device = a->bytes_device;
-                s->bytes_host = a->bytes_host;
-                s->bytes_managed = a->bytes_managed;
-                s->requests = a->requests;
-                s->protocol_errors = a->protocol_errors;
-                s->va_windows = a->va_windows;
-                if (a->model) {
-                        s->has_model = true;
-                        s->model_contexts = a->model->contexts;
-                        s->model_buffers = a->model->buffers;
-                        s->model_handles = a->model->handles;
-                        s->model_imports = a->model->imports;
-                        s->model_mappings = a->model->mappings;
-                        s->model_gem_handles = a->model->gem_handles;
-                        s->model_svm_ranges = a->model->svm_ranges;
-                        s->model_system_bytes = a->model->system_bytes;
-                        s->model_vram_bytes = a->model->vram_bytes;
-                }
-        }
-        gm_reply_free(c, reply);
-        if (!s || !s->server_version || !s->backend || !s->preset) {
-                gm_status_free(s);
-                return gm_set_reason(c, -ENOMEM, "out of memory");
-        }
-        *ret = s;
-        return 0;
+        return gm_request_none(c, GPUMEM__REQUEST__OP_ADMIN_STATUS, GPUMEM__REPLY__RESULT_ADMIN_STATUS,
+                               status_take, ret);
 }
 
 void gm_client_info_free(gm_client_info *infos, size_t n)
@@ -313,126 +254,104 @@ void gm_client_info_free(gm_client_info *infos, size_t n)
         free(infos);
 }
 
+/* Where a list goes: the array and its length (gm_admin_clients, gm_admin_allocations, gm_admin_quota_get).
+ */
+typedef struct ListOut {
+        void *items;
+        size_t n;
+        uint64_t *cursor; /* gm_admin_allocations: where the next page starts */
+} ListOut;
+
+/* What a client's entry says as the daemon's message says it. */
+#define CLIENT_FIELDS(X)                                                                                     \
+        X(client_id), X(pid), X(uid), X(gid), X(connected_usec), X(host_bytes), X(managed_bytes),            \
+                X(handles), X(fds), X(requests), X(admin)
+#define CLIENT_STRINGS(X) X(cgroup), X(container), X(name), X(class_name), X(pod)
+
+/* One client's entry; false when out of memory (what it holds then is freed with it). */
+static bool client_take(gm_client_info *dst, const Gpumem__ClientInfo *src)
+{
+        CLIENT_FIELDS(GM_COPY_FIELD);
+        CLIENT_STRINGS(DUP_FIELD);
+        dst->usage = calloc(src->n_usage ? src->n_usage : 1, sizeof(*dst->usage));
+        if (!dst->cgroup || !dst->container || !dst->name || !dst->class_name || !dst->usage || !dst->pod)
+                return false;
+        for (size_t k = 0; k < src->n_usage; k++)
+                dst->usage[k] = (gm_gpu_usage){src->usage[k]->gpu_id, src->usage[k]->vram_bytes};
+        dst->n_usage = src->n_usage;
+        return true;
+}
+
+static int clients_take(gm_client *c, const void *result, void *ctx)
+{
+        const Gpumem__AdminClientsReply *a = result;
+        ListOut *out = ctx;
+        gm_client_info *infos = calloc(a->n_clients ? a->n_clients : 1, sizeof(*infos));
+        size_t n = 0;
+        bool ok = infos != NULL;
+
+        for (size_t i = 0; ok && i < a->n_clients; i++) {
+                n = i + 1;
+                ok = client_take(&infos[i], a->clients[i]);
+        }
+        if (!ok) {
+                gm_client_info_free(infos, n);
+                return gm_set_reason(c, -ENOMEM, "out of memory");
+        }
+        *out = (ListOut){infos, n, NULL};
+        return 0;
+}
+
 int gm_admin_clients(gm_client *c, gm_client_info **ret, size_t *ret_n)
 {
-        Gpumem__Request req = GPUMEM__REQUEST__INIT;
-        Gpumem__AdminClients ac = GPUMEM__ADMIN_CLIENTS__INIT;
-        Gpumem__Reply *reply = NULL;
-        const Gpumem__AdminClientsReply *a;
-        gm_client_info *infos;
-        size_t n = 0;
-        bool oom = false;
+        ListOut out;
         int r;
 
         if (!c || !ret || !ret_n)
                 return BAD_ARGS(c);
-        req.op_case = GPUMEM__REQUEST__OP_ADMIN_CLIENTS;
-        req.admin_clients = &ac;
-        r = gm_call_expect(c, &req, GPUMEM__REPLY__RESULT_ADMIN_CLIENTS, &reply);
-        if (r < 0)
-                return r;
-        a = reply->admin_clients;
-        infos = calloc(a->n_clients ? a->n_clients : 1, sizeof(*infos));
-        oom = !infos;
-        for (size_t i = 0; !oom && i < a->n_clients; i++) {
-                const Gpumem__ClientInfo *s = a->clients[i];
-                gm_client_info *d = &infos[i];
-                n = i + 1;
-                d->client_id = s->client_id;
-                d->pid = s->pid;
-                d->uid = s->uid;
-                d->gid = s->gid;
-                d->cgroup = xstrdup(s->cgroup);
-                d->container = xstrdup(s->container);
-                d->name = xstrdup(s->name);
-                d->class_name = xstrdup(s->class_name);
-                d->pod = xstrdup(s->pod);
-                d->connected_usec = s->connected_usec;
-                d->host_bytes = s->host_bytes;
-                d->managed_bytes = s->managed_bytes;
-                d->handles = s->handles;
-                d->fds = s->fds;
-                d->requests = s->requests;
-                d->admin = s->admin;
-                d->usage = calloc(s->n_usage ? s->n_usage : 1, sizeof(*d->usage));
-                if (!d->cgroup || !d->container || !d->name || !d->class_name || !d->usage || !d->pod) {
-                        oom = true;
-                        break;
-                }
-                for (size_t k = 0; k < s->n_usage; k++)
-                        d->usage[k] = (gm_gpu_usage){s->usage[k]->gpu_id, s->usage[k]->vram_bytes};
-                d->n_usage = s->n_usage;
+        r = gm_request_none(c, GPUMEM__REQUEST__OP_ADMIN_CLIENTS, GPUMEM__REPLY__RESULT_ADMIN_CLIENTS,
+                            clients_take, &out);
+        if (r == 0) {
+                *ret = out.items;
+                *ret_n = out.n;
         }
-        gm_reply_free(c, reply);
-        if (oom) {
-                gm_client_info_free(infos, n);
-                return gm_set_reason(c, -ENOMEM, "out of memory");
-        }
-        *ret = infos;
-        *ret_n = n;
-        return 0;
+        return r;
 }
 
 int gm_admin_disconnect(gm_client *c, uint64_t client_id)
 {
-        Gpumem__Request req = GPUMEM__REQUEST__INIT;
-        Gpumem__AdminDisconnect ad = GPUMEM__ADMIN_DISCONNECT__INIT;
-        Gpumem__Reply *reply = NULL;
-        int r;
-
         if (!c)
                 return BAD_ARGS(c);
-        ad.has_client_id = true;
-        ad.client_id = client_id;
-        req.op_case = GPUMEM__REQUEST__OP_ADMIN_DISCONNECT;
-        req.admin_disconnect = &ad;
-        r = gm_call_expect(c, &req, GPUMEM__REPLY__RESULT_EMPTY, &reply);
-        if (r < 0)
-                return r;
-        gm_reply_free(c, reply);
+        return gm_request_num(c, GPUMEM__REQUEST__OP_ADMIN_DISCONNECT, client_id, GPUMEM__REPLY__RESULT_EMPTY,
+                              NULL, NULL);
+}
+
+static int metrics_take(gm_client *c, const void *result, void *ctx)
+{
+        char *text = xstrdup(((const Gpumem__AdminMetricsReply *)result)->text);
+
+        if (!text)
+                return gm_set_reason(c, -ENOMEM, "out of memory");
+        *(char **)ctx = text;
         return 0;
 }
 
 int gm_admin_metrics(gm_client *c, char **ret_text)
 {
-        Gpumem__Request req = GPUMEM__REQUEST__INIT;
-        Gpumem__AdminMetrics am = GPUMEM__ADMIN_METRICS__INIT;
-        Gpumem__Reply *reply = NULL;
-        char *text;
-        int r;
-
         if (!c || !ret_text)
                 return BAD_ARGS(c);
-        req.op_case = GPUMEM__REQUEST__OP_ADMIN_METRICS;
-        req.admin_metrics = &am;
-        r = gm_call_expect(c, &req, GPUMEM__REPLY__RESULT_ADMIN_METRICS, &reply);
-        if (r < 0)
-                return r;
-        text = xstrdup(reply->admin_metrics->text);
-        gm_reply_free(c, reply);
-        if (!text)
-                return gm_set_reason(c, -ENOMEM, "out of memory");
-        *ret_text = text;
-        return 0;
+        return gm_request_none(c, GPUMEM__REQUEST__OP_ADMIN_METRICS, GPUMEM__REPLY__RESULT_ADMIN_METRICS,
+                               metrics_take, ret_text);
 }
 
 int gm_admin_set_log_level(gm_client *c, const char *level)
 {
-        Gpumem__Request req = GPUMEM__REQUEST__INIT;
         Gpumem__AdminSetLogLevel ll = GPUMEM__ADMIN_SET_LOG_LEVEL__INIT;
-        Gpumem__Reply *reply = NULL;
-        int r;
 
         if (!c || !level)
                 return BAD_ARGS(c);
         ll.level = (char *)level;
-        req.op_case = GPUMEM__REQUEST__OP_ADMIN_SET_LOG_LEVEL;
-        req.admin_set_log_level = &ll;
-        r = gm_call_expect(c, &req, GPUMEM__REPLY__RESULT_EMPTY, &reply);
-        if (r < 0)
-                return r;
-        gm_reply_free(c, reply);
-        return 0;
+        return gm_request(c, GPUMEM__REQUEST__OP_ADMIN_SET_LOG_LEVEL, &ll, GPUMEM__REPLY__RESULT_EMPTY, NULL);
 }
 
 void gm_alloc_info_free(gm_alloc_info *a, size_t n)
@@ -441,14 +360,35 @@ void gm_alloc_info_free(gm_alloc_info *a, size_t n)
         free(a);
 }
 
+#define ALLOCATION_FIELDS(X) X(client_id), X(id), X(kind), X(size), X(gpu_id), X(va), X(exports)
+
+static int allocations_take(gm_client *c, const void *result, void *ctx)
+{
+        const Gpumem__AdminAllocationsReply *ar = result;
+        ListOut *o = ctx;
+        gm_alloc_info *out = calloc(ar->n_allocations ? ar->n_allocations : 1, sizeof(*out));
+
+        if (!out)
+                return gm_set_reason(c, -ENOMEM, "out of memory");
+        for (size_t i = 0; i < ar->n_allocations; i++) {
+                const Gpumem__AllocationInfo *src = ar->allocations[i];
+                gm_alloc_info *dst = &out[i];
+                ALLOCATION_FIELDS(GM_COPY_FIELD);
+                dst->n_mapped_gpus = src->n_mapped_gpus < 64 ? src->n_mapped_gpus : 64;
+                if (dst->n_mapped_gpus) /* an object mapped on no GPU has no array: no memcpy from NULL */
+                        memcpy(dst->mapped_gpus, src->mapped_gpus, dst->n_mapped_gpus * sizeof(uint32_t));
+        }
+        o->items = out;
+        o->n = ar->n_allocations;
+        *o->cursor = ar->next_cursor;
+        return 0;
+}
+
 int gm_admin_allocations(gm_client *c, uint64_t client_id, unsigned limit, uint64_t *cursor,
                          gm_alloc_info **ret, size_t *ret_n)
 {
-        Gpumem__Request req = GPUMEM__REQUEST__INIT;
         Gpumem__AdminAllocations aa = GPUMEM__ADMIN_ALLOCATIONS__INIT;
-        Gpumem__Reply *reply = NULL;
-        const Gpumem__AdminAllocationsReply *ar;
-        gm_alloc_info *out;
+        ListOut out = {.cursor = cursor};
         int r;
 
         if (!c || !cursor || !ret || !ret_n)
@@ -458,35 +398,13 @@ int gm_admin_allocations(gm_client *c, uint64_t client_id, unsigned limit, uint6
         aa.client_id = client_id;
         aa.cursor = *cursor;
         aa.limit = limit;
-        req.op_case = GPUMEM__REQUEST__OP_ADMIN_ALLOCATIONS;
-        req.admin_allocations = &aa;
-        r = gm_call_expect(c, &req, GPUMEM__REPLY__RESULT_ADMIN_ALLOCATIONS, &reply);
-        if (r < 0)
-                return r;
-        ar = reply->admin_allocations;
-        out = calloc(ar->n_allocations ? ar->n_allocations : 1, sizeof(*out));
-        if (!out) {
-                gm_reply_free(c, reply);
-                return gm_set_reason(c, -ENOMEM, "out of memory");
+        r = gm_request_take(c, GPUMEM__REQUEST__OP_ADMIN_ALLOCATIONS, &aa,
+                            GPUMEM__REPLY__RESULT_ADMIN_ALLOCATIONS, allocations_take, &out);
+        if (r == 0) {
+                *ret_n = out.n;
+                *ret = out.items;
         }
-        for (size_t i = 0; i < ar->n_allocations; i++) {
-                const Gpumem__AllocationInfo *s = ar->allocations[i];
-                out[i].client_id = s->client_id;
-                out[i].id = s->id;
-                out[i].kind = s->kind;
-                out[i].size = s->size;
-                out[i].gpu_id = s->gpu_id;
-                out[i].va = s->va;
-                out[i].n_mapped_gpus = s->n_mapped_gpus < 64 ? s->n_mapped_gpus : 64;
-                if (out[i].n_mapped_gpus) /* an object mapped on no GPU has no array: no memcpy from NULL */
-                        memcpy(out[i].mapped_gpus, s->mapped_gpus, out[i].n_mapped_gpus * sizeof(uint32_t));
-                out[i].exports = s->exports;
-        }
-        *ret_n = ar->n_allocations;
-        *cursor = ar->next_cursor;
-        *ret = out;
-        gm_reply_free(c, reply);
-        return 0;
+        return r;
 }
 
 void gm_quota_free(gm_quota *q, size_t n)
@@ -498,26 +416,13 @@ void gm_quota_free(gm_quota *q, size_t n)
         free(q);
 }
 
-int gm_admin_quota_get(gm_client *c, const char *class_name, gm_quota **ret, size_t *ret_n)
+static int quota_take(gm_client *c, const void *result, void *ctx)
 {
-        Gpumem__Request req = GPUMEM__REQUEST__INIT;
-        Gpumem__AdminQuotaGet qg = GPUMEM__ADMIN_QUOTA_GET__INIT;
-        Gpumem__Reply *reply = NULL;
-        const Gpumem__AdminQuotaGetReply *qr;
-        gm_quota *out;
+        const Gpumem__AdminQuotaGetReply *qr = result;
+        ListOut *o = ctx;
         size_t n = 0, k = 0;
-        int r;
+        gm_quota *out;
 
-        if (!c || !ret || !ret_n)
-                return c ? gm_set_reason(c, -EINVAL, "gm_admin_quota_get: a required argument is missing")
-                         : -EINVAL;
-        qg.class_name = (char *)(class_name ? class_name : "");
-        req.op_case = GPUMEM__REQUEST__OP_ADMIN_QUOTA_GET;
-        req.admin_quota_get = &qg;
-        r = gm_call_expect(c, &req, GPUMEM__REPLY__RESULT_ADMIN_QUOTA_GET, &reply);
-        if (r < 0)
-                return r;
-        qr = reply->admin_quota_get;
         for (size_t i = 0; i < qr->n_classes; i++)
                 n += qr->classes[i]->n_entries;
         out = calloc(n ? n : 1, sizeof(*out));
@@ -535,21 +440,35 @@ int gm_admin_quota_get(gm_client *c, const char *class_name, gm_quota **ret, siz
                                 break;
                         }
                 }
-        gm_reply_free(c, reply);
         if (!out)
                 return gm_set_reason(c, -ENOMEM, "out of memory");
-        *ret = out;
-        *ret_n = n;
+        *o = (ListOut){out, n, NULL};
         return 0;
+}
+
+int gm_admin_quota_get(gm_client *c, const char *class_name, gm_quota **ret, size_t *ret_n)
+{
+        Gpumem__AdminQuotaGet qg = GPUMEM__ADMIN_QUOTA_GET__INIT;
+        ListOut out;
+        int r;
+
+        if (!c || !ret || !ret_n)
+                return c ? gm_set_reason(c, -EINVAL, "gm_admin_quota_get: a required argument is missing")
+                         : -EINVAL;
+        qg.class_name = (char *)(class_name ? class_name : "");
+        r = gm_request_take(c, GPUMEM__REQUEST__OP_ADMIN_QUOTA_GET, &qg,
+                            GPUMEM__REPLY__RESULT_ADMIN_QUOTA_GET, quota_take, &out);
+        if (r == 0) {
+                *ret = out.items;
+                *ret_n = out.n;
+        }
+        return r;
 }
 
 int gm_admin_quota_set(gm_client *c, const char *class_name, int resource, uint32_t gpu_id, uint64_t limit,
                        bool force)
 {
-        Gpumem__Request req = GPUMEM__REQUEST__INIT;
         Gpumem__AdminQuotaSet qs = GPUMEM__ADMIN_QUOTA_SET__INIT;
-        Gpumem__Reply *reply = NULL;
-        int r;
 
         if (!c || !class_name)
                 return c ? gm_set_reason(c, -EINVAL, "gm_admin_quota_set: no class named") : -EINVAL;
@@ -559,11 +478,5 @@ int gm_admin_quota_set(gm_client *c, const char *class_name, int resource, uint3
         qs.gpu_id = gpu_id;
         qs.limit = limit;
         qs.force = force;
-        req.op_case = GPUMEM__REQUEST__OP_ADMIN_QUOTA_SET;
-        req.admin_quota_set = &qs;
-        r = gm_call_expect(c, &req, GPUMEM__REPLY__RESULT_EMPTY, &reply);
-        if (r < 0)
-                return r;
-        gm_reply_free(c, reply);
-        return 0;
+        return gm_request(c, GPUMEM__REQUEST__OP_ADMIN_QUOTA_SET, &qs, GPUMEM__REPLY__RESULT_EMPTY, NULL);
 }

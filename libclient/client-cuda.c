@@ -1,5 +1,5 @@
-/* libgpumem_client on the cuda backend: the memory gpumemd allocates is imported and mapped in this
- * process's own CUDA context. */
+/* libgpumem_client's row for the cuda backend (client-backend.h): the memory gpumemd allocates is imported
+ * and mapped in this process's own CUDA context. */
 #include "client-private.h"
 
 #include <dlfcn.h>
@@ -27,7 +27,7 @@ typedef struct CudaGpuRef {
         CUcontext ctx; /* the device's primary context, retained */
 } CudaGpuRef;
 
-struct GmCuda {
+typedef struct GmCuda {
         CudaApi api;
         CUresult (*ctx_get)(CUcontext *ret); /* cuCtxGetCurrent, to leave the caller's context as it was */
         CUdeviceptr image;
@@ -37,7 +37,7 @@ struct GmCuda {
         pthread_mutex_t lock; /* handles, maps */
         HashMap handles;      /* the daemon's handle → the CUDA handle of this process's import */
         HashMap maps;         /* the daemon's VA of each mapping made here → its size */
-};
+} GmCuda;
 
 static const CudaGpuRef *gpu_ref(const GmCuda *g, uint32_t gpu_id)
 {
@@ -47,11 +47,16 @@ static const CudaGpuRef *gpu_ref(const GmCuda *g, uint32_t gpu_id)
         return NULL;
 }
 
+static GmCuda *cuda_of(const gm_client *c)
+{
+        return c->bk_data;
+}
+
 static int cuda_fail(gm_client *c, CUresult cr, const char *what)
 {
         char buf[32];
         return gm_set_reason(c, cuda_errno(cr), "%s: %s", what,
-                             cuda_error_name(&c->cuda->api, cr, buf, sizeof(buf)));
+                             cuda_error_name(&cuda_of(c)->api, cr, buf, sizeof(buf)));
 }
 
 /* Run with @gpu's context current, then put the caller's back. */
@@ -69,7 +74,25 @@ static int cuda_fail(gm_client *c, CUresult cr, const char *what)
                 _r;                                                                                          \
         })
 
-int gm_cuda_open(gm_client *c)
+static uint64_t cuda_to_va(const gm_client *c, uint64_t ptr)
+{
+        const GmCuda *g = cuda_of(c);
+        if (g && ptr >= g->image && ptr - g->image < g->image_size)
+                return c->window_base + (ptr - g->image);
+        return ptr;
+}
+
+static uint64_t cuda_to_ptr(const gm_client *c, uint64_t va)
+{
+        const GmCuda *g = cuda_of(c);
+        if (g && va >= c->window_base && va - c->window_base < g->image_size)
+                return g->image + (va - c->window_base);
+        return va;
+}
+
+static void cuda_close(gm_client *c);
+
+static int cuda_open(gm_client *c)
 {
         const char *lib = getenv("GPUMEM_CUDA_LIBRARY");
         gm_topology *t = NULL;
@@ -93,7 +116,7 @@ int gm_cuda_open(gm_client *c)
                 void *sym = dlsym(g->api.lib, "cuCtxGetCurrent");
                 memcpy(&g->ctx_get, &sym, sizeof(sym));
         }
-        c->cuda = g;
+        c->bk_data = g;
         r = gm_topology_get(c, false, &t);
         if (r < 0)
                 goto fail;
@@ -132,13 +155,13 @@ int gm_cuda_open(gm_client *c)
         return 0;
 fail:
         gm_topology_free(t);
-        gm_cuda_close(c);
+        cuda_close(c);
         return r;
 }
 
-void gm_cuda_close(gm_client *c)
+static void cuda_close(gm_client *c)
 {
-        GmCuda *g = c->cuda;
+        GmCuda *g = cuda_of(c);
         size_t it = 0;
         uint64_t key;
         void *v;
@@ -147,7 +170,7 @@ void gm_cuda_close(gm_client *c)
                 return;
         /* what the caller left mapped goes with the connection: the daemon frees it now */
         while (hashmap_next(&g->maps, &it, &key, &v))
-                (void)g->api.MemUnmap(gm_cuda_ptr(c, key), (size_t)(uintptr_t)v);
+                (void)g->api.MemUnmap(cuda_to_ptr(c, key), (size_t)(uintptr_t)v);
         hashmap_done(&g->maps);
         it = 0;
         while (hashmap_next(&g->handles, &it, &key, &v))
@@ -160,28 +183,12 @@ void gm_cuda_close(gm_client *c)
         cuda_api_unload(&g->api);
         pthread_mutex_destroy(&g->lock);
         free(g);
-        c->cuda = NULL;
+        c->bk_data = NULL;
 }
 
-uint64_t gm_cuda_va(const gm_client *c, uint64_t ptr)
+static int cuda_import(gm_client *c, int fd, uint32_t gpu_id, uint64_t *ret_h)
 {
-        const GmCuda *g = c->cuda;
-        if (g && ptr >= g->image && ptr - g->image < g->image_size)
-                return c->window_base + (ptr - g->image);
-        return ptr;
-}
-
-uint64_t gm_cuda_ptr(const gm_client *c, uint64_t va)
-{
-        const GmCuda *g = c->cuda;
-        if (g && va >= c->window_base && va - c->window_base < g->image_size)
-                return g->image + (va - c->window_base);
-        return va;
-}
-
-int gm_cuda_import(gm_client *c, int fd, uint32_t gpu_id, uint64_t *ret_h)
-{
-        GmCuda *g = c->cuda;
+        GmCuda *g = cuda_of(c);
         const CudaGpuRef *ref = gpu_id ? gpu_ref(g, gpu_id) : &g->gpus[0];
         CUmemGenericAllocationHandle h = 0;
         CUresult cr;
@@ -197,22 +204,22 @@ int gm_cuda_import(gm_client *c, int fd, uint32_t gpu_id, uint64_t *ret_h)
         return 0;
 }
 
-void gm_cuda_release(gm_client *c, uint64_t h)
+static void cuda_release_import(gm_client *c, uint64_t h)
 {
         if (h)
-                (void)c->cuda->api.MemRelease(h);
+                (void)cuda_of(c)->api.MemRelease(h);
 }
 
-int gm_cuda_map(gm_client *c, uint64_t va, uint64_t size, uint64_t offset, uint64_t h)
+static int cuda_map_at(gm_client *c, uint64_t va, uint64_t size, uint64_t offset, uint64_t h)
 {
-        GmCuda *g = c->cuda;
+        GmCuda *g = cuda_of(c);
         CUresult cr;
         int r;
 
         if (va - c->window_base >= g->image_size || size > g->image_size - (va - c->window_base))
                 return gm_set_reason(c, -EINVAL, "0x%llx+0x%llx is not in the window", (unsigned long long)va,
                                      (unsigned long long)size);
-        cr = WITH_CTX(g, &g->gpus[0], g->api.MemMap(gm_cuda_ptr(c, va), size, offset, h, 0));
+        cr = WITH_CTX(g, &g->gpus[0], g->api.MemMap(cuda_to_ptr(c, va), size, offset, h, 0));
         if (cr == CUDA_ERROR_NOT_SUPPORTED)
                 return gm_set_reason(c, -EOPNOTSUPP, "CUDA maps only whole allocations, at offset 0");
         if (cr != CUDA_SUCCESS)
@@ -221,15 +228,15 @@ int gm_cuda_map(gm_client *c, uint64_t va, uint64_t size, uint64_t offset, uint6
         r = hashmap_put(&g->maps, va, (void *)(uintptr_t)size);
         pthread_mutex_unlock(&g->lock);
         if (r < 0) {
-                (void)WITH_CTX(g, &g->gpus[0], g->api.MemUnmap(gm_cuda_ptr(c, va), size));
+                (void)WITH_CTX(g, &g->gpus[0], g->api.MemUnmap(cuda_to_ptr(c, va), size));
                 return gm_set_reason(c, r, "cannot record the mapping");
         }
         return 0;
 }
 
-int gm_cuda_unmap(gm_client *c, uint64_t va, uint64_t size)
+static int cuda_unmap(gm_client *c, uint64_t va, uint64_t size)
 {
-        GmCuda *g = c->cuda;
+        GmCuda *g = cuda_of(c);
         uint64_t key;
         size_t it = 0;
         void *v;
@@ -242,7 +249,7 @@ int gm_cuda_unmap(gm_client *c, uint64_t va, uint64_t size)
                 CUresult cr;
                 if (key < va || key - va >= size)
                         continue;
-                cr = WITH_CTX(g, &g->gpus[0], g->api.MemUnmap(gm_cuda_ptr(c, key), len));
+                cr = WITH_CTX(g, &g->gpus[0], g->api.MemUnmap(cuda_to_ptr(c, key), len));
                 if (cr != CUDA_SUCCESS) {
                         r = cuda_fail(c, cr, "cuMemUnmap");
                         continue;
@@ -254,9 +261,9 @@ int gm_cuda_unmap(gm_client *c, uint64_t va, uint64_t size)
         return r;
 }
 
-int gm_cuda_access(gm_client *c, uint64_t va, uint64_t size, uint32_t gpu_id, int access)
+static int cuda_access_gpu(gm_client *c, uint64_t va, uint64_t size, uint32_t gpu_id, int access)
 {
-        GmCuda *g = c->cuda;
+        GmCuda *g = cuda_of(c);
         const CudaGpuRef *ref = gpu_ref(g, gpu_id);
         CUmemAccessDesc d = {{CU_MEM_LOCATION_TYPE_DEVICE, 0}, 0};
         CUresult cr;
@@ -267,13 +274,13 @@ int gm_cuda_access(gm_client *c, uint64_t va, uint64_t size, uint32_t gpu_id, in
         d.flags = access == GM_ACCESS_READ_WRITE ? CU_MEM_ACCESS_FLAGS_PROT_READWRITE
                   : access == GM_ACCESS_READ     ? CU_MEM_ACCESS_FLAGS_PROT_READ
                                                  : CU_MEM_ACCESS_FLAGS_PROT_NONE;
-        cr = WITH_CTX(g, ref, g->api.MemSetAccess(gm_cuda_ptr(c, va), size, &d, 1));
+        cr = WITH_CTX(g, ref, g->api.MemSetAccess(cuda_to_ptr(c, va), size, &d, 1));
         return cr == CUDA_SUCCESS ? 0 : cuda_fail(c, cr, "cuMemSetAccess");
 }
 
-int gm_cuda_host_register(gm_client *c, uint64_t va, uint64_t size)
+static int cuda_host_register(gm_client *c, uint64_t va, uint64_t size)
 {
-        GmCuda *g = c->cuda;
+        GmCuda *g = cuda_of(c);
         CUdeviceptr dp = 0;
         CUresult cr =
                 WITH_CTX(g, &g->gpus[0],
@@ -295,35 +302,117 @@ int gm_cuda_host_register(gm_client *c, uint64_t va, uint64_t size)
         return 0;
 }
 
-void gm_cuda_host_unregister(gm_client *c, uint64_t va)
+static void cuda_host_unregister(gm_client *c, uint64_t va)
 {
-        GmCuda *g = c->cuda;
+        GmCuda *g = cuda_of(c);
         (void)WITH_CTX(g, &g->gpus[0], g->api.MemHostUnregister((void *)(uintptr_t)va));
 }
 
-int gm_cuda_handle_put(gm_client *c, gm_handle handle, uint64_t h)
+static int cuda_handle_put(gm_client *c, gm_handle handle, uint64_t h)
 {
         int r;
-        pthread_mutex_lock(&c->cuda->lock);
-        r = hashmap_put(&c->cuda->handles, handle, (void *)(uintptr_t)h);
-        pthread_mutex_unlock(&c->cuda->lock);
+        pthread_mutex_lock(&cuda_of(c)->lock);
+        r = hashmap_put(&cuda_of(c)->handles, handle, (void *)(uintptr_t)h);
+        pthread_mutex_unlock(&cuda_of(c)->lock);
         return r < 0 ? gm_set_reason(c, r, "cannot record the CUDA handle") : 0;
 }
 
-uint64_t gm_cuda_handle_get(gm_client *c, gm_handle handle)
+/* The CUDA handle of this process's import of the daemon's @handle (0: none), forgotten if @take. */
+static uint64_t cuda_handle_find(gm_client *c, gm_handle handle, bool take)
 {
         void *v;
-        pthread_mutex_lock(&c->cuda->lock);
-        v = hashmap_get(&c->cuda->handles, handle);
-        pthread_mutex_unlock(&c->cuda->lock);
+        pthread_mutex_lock(&cuda_of(c)->lock);
+        v = take ? hashmap_remove(&cuda_of(c)->handles, handle) : hashmap_get(&cuda_of(c)->handles, handle);
+        pthread_mutex_unlock(&cuda_of(c)->lock);
         return (uint64_t)(uintptr_t)v;
 }
 
-uint64_t gm_cuda_handle_take(gm_client *c, gm_handle handle)
+/* ---- the row ----------------------------------------------------------------------------------------- */
+
+/*
+ * New memory the daemon answered. Device memory comes with its export, which this process imports and maps
+ * at the window's image, for every GPU it was mapped on; host memory is registered with CUDA where it is
+ * mapped. A VMM handle's export is imported only, for gm_mem_map to map.
+ */
+static int cuda_map_new(gm_client *c, const GmBackendNew *n, GmBackendMem *ret)
 {
-        void *v;
-        pthread_mutex_lock(&c->cuda->lock);
-        v = hashmap_remove(&c->cuda->handles, handle);
-        pthread_mutex_unlock(&c->cuda->lock);
-        return (uint64_t)(uintptr_t)v;
+        uint64_t cu = 0;
+        int r;
+
+        if (!ret) {
+                r = n->fd >= 0 ? cuda_import(c, n->fd, n->gpu_id, &cu)
+                               : gm_set_reason(c, -EPROTO, "gpumemd sent no export of the handle to map");
+                if (r == 0 && (r = cuda_handle_put(c, n->handle, cu)) < 0)
+                        cuda_release_import(c, cu);
+                return r;
+        }
+        if (n->kind == GM_KIND_HOST) {
+                r = cuda_host_register(c, n->va, n->size);
+                ret->host = r == 0;
+                return r;
+        }
+        if (n->kind != GM_KIND_DEVICE)
+                return 0;
+        if (n->fd < 0)
+                return gm_set_reason(c, -EPROTO, "gpumemd sent no export of the memory to map");
+        r = cuda_import(c, n->fd, n->gpu_id, &ret->handle);
+        if (r < 0)
+                return r;
+        r = cuda_map_at(c, n->va, n->size, 0, ret->handle);
+        if (r < 0) {
+                cuda_release_import(c, ret->handle);
+                ret->handle = 0;
+                return r;
+        }
+        for (size_t i = 0; i < n->n_gpus && r == 0; i++)
+                r = cuda_access_gpu(c, n->va, n->size, n->gpus[i], n->access);
+        if (r < 0) {
+                (void)cuda_unmap(c, n->va, n->size);
+                cuda_release_import(c, ret->handle);
+                ret->handle = 0;
+        }
+        return r;
 }
+
+/* Before the daemon's free: this process's mapping alone would keep the memory alive after it. */
+static void cuda_unmap_alloc(gm_client *c, GmBackendMem *m, uint64_t va, uint64_t size)
+{
+        if (m->handle) {
+                (void)cuda_unmap(c, va, size);
+                cuda_release_import(c, m->handle);
+                m->handle = 0;
+        }
+        if (m->host) {
+                cuda_host_unregister(c, va);
+                m->host = false;
+        }
+}
+
+/* CUDA keeps the memory while it is mapped here, as the daemon keeps it while mapped there. */
+static void cuda_release(gm_client *c, gm_handle handle)
+{
+        cuda_release_import(c, cuda_handle_find(c, handle, true));
+}
+
+static int cuda_map(gm_client *c, uint64_t va, uint64_t size, uint64_t offset, gm_handle handle)
+{
+        uint64_t cu = cuda_handle_find(c, handle, false);
+
+        return cu ? cuda_map_at(c, va, size, offset, cu)
+                  : gm_set_reason(c, -ENOENT, "handle 0x%llx has no CUDA import in this process",
+                                  (unsigned long long)handle);
+}
+
+/* The access the daemon allowed is set here too, in this process's context. */
+static int cuda_access(gm_client *c, const GmBackendMem *m, uint64_t va, uint64_t size, uint32_t gpu_id,
+                       int access)
+{
+        if (m && !m->handle) /* an allocation this process did not map: host or managed memory */
+                return 0;
+        return cuda_access_gpu(c, va, size, gpu_id, access);
+}
+
+/* GmBackend's members in their order, from name to access */
+const GmBackend gm_backend_cuda = {"cuda",      cuda_open,    cuda_close,       cuda_to_va,
+                                   cuda_to_ptr, cuda_map_new, cuda_unmap_alloc, cuda_release,
+                                   cuda_map,    cuda_unmap,   cuda_access};

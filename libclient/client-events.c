@@ -4,13 +4,29 @@
 
 #include "client-private.h"
 
+/* Where a new event's or queue's numbers go: its id, and its slot or doorbell offset (if asked). */
+typedef struct NewId {
+        uint32_t *id;
+        void *more;
+} NewId;
+
+static int event_take(gm_client *c, const void *result, void *ctx)
+{
+        const Gpumem__EventCreateReply *e = result;
+        const NewId *o = ctx;
+
+        (void)c;
+        *o->id = e->event_id;
+        if (o->more)
+                *(uint32_t *)o->more = e->slot_index;
+        return 0;
+}
+
 int gm_event_create(gm_client *c, uint32_t type, bool auto_reset, const void *page, uint32_t *ret_id,
                     uint32_t *ret_slot)
 {
-        Gpumem__Request req = GPUMEM__REQUEST__INIT;
         Gpumem__EventCreate ec = GPUMEM__EVENT_CREATE__INIT;
-        Gpumem__Reply *reply = NULL;
-        int r;
+        NewId out = {ret_id, ret_slot};
 
         if (!c || !ret_id)
                 return BAD_ARGS(c);
@@ -18,37 +34,17 @@ int gm_event_create(gm_client *c, uint32_t type, bool auto_reset, const void *pa
         ec.type = type;
         ec.auto_reset = auto_reset;
         ec.page_va = (uint64_t)(uintptr_t)page;
-        req.op_case = GPUMEM__REQUEST__OP_EVENT_CREATE;
-        req.event_create = &ec;
-        r = gm_call_expect(c, &req, GPUMEM__REPLY__RESULT_EVENT_CREATE, &reply);
-        if (r < 0)
-                return r;
-        *ret_id = reply->event_create->event_id;
-        if (ret_slot)
-                *ret_slot = reply->event_create->slot_index;
-        gm_reply_free(c, reply);
-        return 0;
+        return gm_request_take(c, GPUMEM__REQUEST__OP_EVENT_CREATE, &ec, GPUMEM__REPLY__RESULT_EVENT_CREATE,
+                               event_take, &out);
 }
 
 /* destroy, set, reset */
 static int event_call(gm_client *c, Gpumem__Request__OpCase op, uint32_t id)
 {
-        Gpumem__Request req = GPUMEM__REQUEST__INIT;
-        Gpumem__EventId e = GPUMEM__EVENT_ID__INIT;
-
         if (!c)
                 return BAD_ARGS(c);
-        e.has_event_id = true;
-        e.event_id = id;
-        req.op_case = op;
         /* the three ops carry the same message */
-        if (op == GPUMEM__REQUEST__OP_EVENT_DESTROY)
-                req.event_destroy = &e;
-        else if (op == GPUMEM__REQUEST__OP_EVENT_SET)
-                req.event_set = &e;
-        else
-                req.event_reset = &e;
-        return gm_call_empty(c, &req);
+        return gm_request_num(c, op, id, GPUMEM__REPLY__RESULT_EMPTY, NULL, NULL);
 }
 
 int gm_event_destroy(gm_client *c, uint32_t id)
@@ -66,15 +62,40 @@ int gm_event_reset(gm_client *c, uint32_t id)
         return event_call(c, GPUMEM__REQUEST__OP_EVENT_RESET, id);
 }
 
+/* Where a wait's faults go: room for @cap, how many were written (if asked). */
+typedef struct FaultsOut {
+        gm_memory_exception *ret;
+        size_t cap;
+        size_t *ret_n;
+} FaultsOut;
+
+/* The wait's result (which event fired, or a timeout), and the faults it reports. */
+static int wait_take(gm_client *c, const void *result, void *ctx)
+{
+        const Gpumem__EventWaitReply *wr = result;
+        const FaultsOut *o = ctx;
+        size_t k = 0;
+
+        (void)c;
+        for (size_t i = 0; i < wr->n_memory_exceptions && k < o->cap; i++) {
+                const Gpumem__MemoryException *e = wr->memory_exceptions[i];
+                o->ret[k++] = (gm_memory_exception){.event_id = e->event_id,
+                                                    .gpu_id = e->gpu_id,
+                                                    .va = e->va,
+                                                    .not_present = e->not_present,
+                                                    .read_only = e->read_only,
+                                                    .no_execute = e->no_execute};
+        }
+        if (o->ret_n)
+                *o->ret_n = k;
+        return (int)wr->result;
+}
+
 int gm_event_wait_faults(gm_client *c, const uint32_t *ids, size_t n, bool all, uint32_t timeout_ms,
                          gm_memory_exception *ret, size_t cap, size_t *ret_n)
 {
-        Gpumem__Request req = GPUMEM__REQUEST__INIT;
         Gpumem__EventWait ew = GPUMEM__EVENT_WAIT__INIT;
-        Gpumem__Reply *reply = NULL;
-        const Gpumem__EventWaitReply *wr;
-        size_t k = 0;
-        int r;
+        FaultsOut out = {ret, cap, ret_n};
 
         if (!c || !ids || n == 0 || (cap && !ret))
                 return BAD_ARGS(c);
@@ -83,26 +104,8 @@ int gm_event_wait_faults(gm_client *c, const uint32_t *ids, size_t n, bool all, 
         ew.has_wait_all = ew.has_timeout_ms = true;
         ew.wait_all = all;
         ew.timeout_ms = timeout_ms;
-        req.op_case = GPUMEM__REQUEST__OP_EVENT_WAIT;
-        req.event_wait = &ew;
-        r = gm_call_expect(c, &req, GPUMEM__REPLY__RESULT_EVENT_WAIT, &reply);
-        if (r < 0)
-                return r;
-        wr = reply->event_wait;
-        r = (int)wr->result;
-        for (size_t i = 0; i < wr->n_memory_exceptions && k < cap; i++) {
-                const Gpumem__MemoryException *e = wr->memory_exceptions[i];
-                ret[k++] = (gm_memory_exception){.event_id = e->event_id,
-                                                 .gpu_id = e->gpu_id,
-                                                 .va = e->va,
-                                                 .not_present = e->not_present,
-                                                 .read_only = e->read_only,
-                                                 .no_execute = e->no_execute};
-        }
-        if (ret_n)
-                *ret_n = k;
-        gm_reply_free(c, reply);
-        return r;
+        return gm_request_take(c, GPUMEM__REQUEST__OP_EVENT_WAIT, &ew, GPUMEM__REPLY__RESULT_EVENT_WAIT,
+                               wait_take, &out);
 }
 
 int gm_event_wait(gm_client *c, const uint32_t *ids, size_t n, bool all, uint32_t timeout_ms)
@@ -110,12 +113,21 @@ int gm_event_wait(gm_client *c, const uint32_t *ids, size_t n, bool all, uint32_
         return gm_event_wait_faults(c, ids, n, all, timeout_ms, NULL, 0, NULL);
 }
 
+static int queue_take(gm_client *c, const void *result, void *ctx)
+{
+        const Gpumem__QueueCreateReply *q = result;
+        const NewId *o = ctx;
+
+        (void)c;
+        *o->id = q->queue_id;
+        *(uint64_t *)o->more = q->doorbell_offset;
+        return 0;
+}
+
 int gm_queue_create(gm_client *c, const gm_queue_desc *d, uint32_t *ret_id, uint64_t *ret_doorbell_offset)
 {
-        Gpumem__Request req = GPUMEM__REQUEST__INIT;
         Gpumem__QueueCreate q = GPUMEM__QUEUE_CREATE__INIT;
-        Gpumem__Reply *reply = NULL;
-        int r;
+        NewId out = {ret_id, ret_doorbell_offset};
 
         if (!c || !d || !ret_id || !ret_doorbell_offset)
                 return BAD_ARGS(c);
@@ -135,35 +147,21 @@ int gm_queue_create(gm_client *c, const gm_queue_desc *d, uint32_t *ret_id, uint
         q.ctx_save_va = d->ctx_save_va;
         q.ctx_save_size = d->ctx_save_size;
         q.ctl_stack_size = d->ctl_stack_size;
-        req.op_case = GPUMEM__REQUEST__OP_QUEUE_CREATE;
-        req.queue_create = &q;
-        r = gm_call_expect(c, &req, GPUMEM__REPLY__RESULT_QUEUE_CREATE, &reply);
-        if (r < 0)
-                return r;
-        *ret_id = reply->queue_create->queue_id;
-        *ret_doorbell_offset = reply->queue_create->doorbell_offset;
-        gm_reply_free(c, reply);
-        return 0;
+        return gm_request_take(c, GPUMEM__REQUEST__OP_QUEUE_CREATE, &q, GPUMEM__REPLY__RESULT_QUEUE_CREATE,
+                               queue_take, &out);
 }
 
 int gm_queue_destroy(gm_client *c, uint32_t id)
 {
-        Gpumem__Request req = GPUMEM__REQUEST__INIT;
-        Gpumem__QueueId q = GPUMEM__QUEUE_ID__INIT;
-
         if (!c)
                 return BAD_ARGS(c);
-        q.has_queue_id = true;
-        q.queue_id = id;
-        req.op_case = GPUMEM__REQUEST__OP_QUEUE_DESTROY;
-        req.queue_destroy = &q;
-        return gm_call_empty(c, &req);
+        return gm_request_num(c, GPUMEM__REQUEST__OP_QUEUE_DESTROY, id, GPUMEM__REPLY__RESULT_EMPTY, NULL,
+                              NULL);
 }
 
 int gm_queue_update(gm_client *c, uint32_t id, uint64_t ring_va, uint64_t ring_size, uint32_t percentage,
                     uint32_t priority)
 {
-        Gpumem__Request req = GPUMEM__REQUEST__INIT;
         Gpumem__QueueUpdate q = GPUMEM__QUEUE_UPDATE__INIT;
 
         if (!c)
@@ -174,7 +172,5 @@ int gm_queue_update(gm_client *c, uint32_t id, uint64_t ring_va, uint64_t ring_s
         q.ring_size = ring_size;
         q.percentage = percentage;
         q.priority = priority;
-        req.op_case = GPUMEM__REQUEST__OP_QUEUE_UPDATE;
-        req.queue_update = &q;
-        return gm_call_empty(c, &req);
+        return gm_request(c, GPUMEM__REQUEST__OP_QUEUE_UPDATE, &q, GPUMEM__REPLY__RESULT_EMPTY, NULL);
 }

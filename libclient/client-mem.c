@@ -8,14 +8,14 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-/* Refuse a call whose arguments are missing or out of range, saying which call (c may be NULL). */
+#include "macro.h"
+
 struct MemEntry {
         gm_handle handle;
         uint64_t va, size;
         bool cpu_mapped;
-        uint64_t cu_handle; /* backend cuda: this process's import of device memory, mapped at its image */
-        bool cu_host;       /* backend cuda: host memory registered with CUDA here */
-        bool freeing;       /* gm_mem_free() is taking it down; on c->freeing */
+        GmBackendMem bk; /* what the backend took into this process (client-backend.h) */
+        bool freeing;    /* gm_mem_free() is taking it down; on c->freeing */
         MemEntry *next_freeing;
 };
 
@@ -25,17 +25,29 @@ static uint64_t ptr_u64(const void *p)
 }
 
 /* Put this process's PROT_NONE window reservation back over a range it no longer maps. */
+int gm_map_at(uint64_t va, uint64_t size, int prot, int flags, int fd, uint64_t offset)
+{
+        void *want = (void *)(uintptr_t)va;
+        void *p = mmap(want, size, prot, flags, fd, (off_t)offset);
+
+        if (p == MAP_FAILED)
+                return -errno;
+        if (p != want) { /* a kernel that does not know MAP_FIXED_NOREPLACE takes it for a hint */
+                munmap(p, size);
+                return -EEXIST;
+        }
+        return 0;
+}
+
 static void reserve_again(uint64_t va, uint64_t size)
 {
-        (void)mmap((void *)(uintptr_t)va, size, PROT_NONE,
-                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+        (void)gm_map_at(va, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
 }
 
 static int map_fd_at(uint64_t va, uint64_t size, int fd, uint64_t offset, bool writable)
 {
-        void *p = mmap((void *)(uintptr_t)va, size, PROT_READ | (writable ? PROT_WRITE : 0),
-                       MAP_SHARED | MAP_FIXED, fd, (off_t)offset);
-        return p == MAP_FAILED ? -errno : 0;
+        return gm_map_at(va, size, PROT_READ | (writable ? PROT_WRITE : 0), MAP_SHARED | MAP_FIXED, fd,
+                         offset);
 }
 
 static bool in_window(const gm_client *c, uint64_t va, uint64_t size)
@@ -63,98 +75,33 @@ static void wait_range_free(gm_client *c, uint64_t va, uint64_t size)
         pthread_mutex_unlock(&c->mem_lock);
 }
 
-/* One request whose reply carries only a status. */
-static int call_simple(gm_client *c, Gpumem__Request *req)
-{
-        Gpumem__Reply *reply = NULL;
-        int r = gm_call(c, req, NULL, 0, &reply, NULL, NULL);
-        if (r < 0)
-                return r;
-        gm_reply_free(c, reply);
-        return 0;
-}
-
-/* Issue @req; on success check the result type and hand over the reply and its fds. */
-static int call_result(gm_client *c, Gpumem__Request *req, Gpumem__Reply__ResultCase want,
-                       Gpumem__Reply **ret, int *fds, size_t *n_fds)
-{
-        Gpumem__Reply *reply = NULL;
-        size_t n = 0;
-        int r = gm_call(c, req, NULL, 0, &reply, fds, fds ? &n : NULL);
-
-        if (r < 0)
-                return r;
-        if (reply->result_case != want) {
-                gm_wire_close_fds(fds, n);
-                gm_reply_free(c, reply);
-                return gm_set_reason(c, -EPROTO, "gpumemd replied with an unexpected result");
-        }
-        if (n_fds)
-                *n_fds = n;
-        *ret = reply;
-        return 0;
-}
-
 /* ---- allocations ------------------------------------------------------------------------------------- */
 
-/*
- * Backend cuda: device memory comes with its export, which this process imports and maps at the window's
- * image, for every GPU it was mapped on; host memory is registered with CUDA where it is mapped.
- */
-static int cuda_map_new(gm_client *c, const gm_alloc_desc *d, const Gpumem__AllocReply *ar, const int *fds,
-                        size_t n_fds, MemEntry *e)
+/* The new allocation @ar of @d, for the backend to take into this process. */
+static GmBackendNew backend_new(const gm_alloc_desc *d, const Gpumem__AllocReply *ar, const int *fds,
+                                size_t n_fds)
 {
-        int access = (d->flags & GM_MEM_READ_ONLY) ? GM_ACCESS_READ : GM_ACCESS_READ_WRITE;
-        const uint32_t *gpus = d->n_map_gpus ? d->map_gpus : &d->gpu_id;
-        size_t n = d->n_map_gpus ? d->n_map_gpus : 1;
-        int r;
+        bool has_fd =
+                ar->has_import_fd_index && ar->import_fd_index >= 0 && (size_t)ar->import_fd_index < n_fds;
 
-        if (d->kind == GM_KIND_HOST) {
-                r = gm_cuda_host_register(c, e->va, e->size);
-                e->cu_host = r == 0;
-                return r;
-        }
-        if (d->kind != GM_KIND_DEVICE)
-                return 0;
-        if (!ar->has_import_fd_index || ar->import_fd_index < 0 || (size_t)ar->import_fd_index >= n_fds)
-                return gm_set_reason(c, -EPROTO, "gpumemd sent no export of the memory to map");
-        r = gm_cuda_import(c, fds[ar->import_fd_index], d->gpu_id, &e->cu_handle);
-        if (r < 0)
-                return r;
-        r = gm_cuda_map(c, e->va, e->size, 0, e->cu_handle);
-        if (r < 0) {
-                gm_cuda_release(c, e->cu_handle);
-                e->cu_handle = 0;
-                return r;
-        }
-        for (size_t i = 0; i < n && r == 0; i++)
-                r = gm_cuda_access(c, e->va, e->size, gpus[i], access);
-        if (r < 0) {
-                (void)gm_cuda_unmap(c, e->va, e->size);
-                gm_cuda_release(c, e->cu_handle);
-                e->cu_handle = 0;
-        }
-        return r;
-}
-
-static void cuda_unmap_entry(gm_client *c, MemEntry *e)
-{
-        if (e->cu_handle) {
-                (void)gm_cuda_unmap(c, e->va, e->size);
-                gm_cuda_release(c, e->cu_handle);
-                e->cu_handle = 0;
-        }
-        if (e->cu_host) {
-                gm_cuda_host_unregister(c, e->va);
-                e->cu_host = false;
-        }
+        return (GmBackendNew){
+                .handle = ar->handle,
+                .kind = d->kind,
+                .va = ar->va,
+                .size = ar->size,
+                .gpu_id = d->gpu_id,
+                .gpus = d->n_map_gpus ? d->map_gpus : &d->gpu_id,
+                .n_gpus = d->n_map_gpus ? d->n_map_gpus : 1,
+                .access = (d->flags & GM_MEM_READ_ONLY) ? GM_ACCESS_READ : GM_ACCESS_READ_WRITE,
+                .fd = has_fd ? fds[ar->import_fd_index] : -1,
+        };
 }
 
 int gm_malloc_desc(gm_client *c, const gm_alloc_desc *d, void **ret_ptr)
 {
-        Gpumem__Request req = GPUMEM__REQUEST__INIT;
         Gpumem__Alloc a = GPUMEM__ALLOC__INIT;
         Gpumem__Reply *reply = NULL;
+        GmBackendNew n;
         int fds[GM_FRAME_MAX_FDS];
         size_t n_fds = 0;
         MemEntry *e;
@@ -173,12 +120,11 @@ int gm_malloc_desc(gm_client *c, const gm_alloc_desc *d, void **ret_ptr)
         a.numa_node = d->numa_node;
         a.has_alignment = a.has_fixed_va = true;
         a.alignment = d->alignment;
-        a.fixed_va = c->cuda ? gm_cuda_va(c, ptr_u64(d->fixed_addr)) : ptr_u64(d->fixed_addr);
+        a.fixed_va = gm_ptr_va(c, d->fixed_addr);
         a.n_map_gpus = d->n_map_gpus;
         a.map_gpus = (uint32_t *)d->map_gpus;
-        req.op_case = GPUMEM__REQUEST__OP_ALLOC;
-        req.alloc = &a;
-        r = call_result(c, &req, GPUMEM__REPLY__RESULT_ALLOC, &reply, fds, &n_fds);
+        r = gm_request_fds(c, GPUMEM__REQUEST__OP_ALLOC, &a, NULL, 0, GPUMEM__REPLY__RESULT_ALLOC, &reply,
+                           fds, &n_fds);
         if (r < 0)
                 return r;
 
@@ -212,39 +158,31 @@ int gm_malloc_desc(gm_client *c, const gm_alloc_desc *d, void **ret_ptr)
                 }
                 e->cpu_mapped = true;
         }
-        if (c->cuda) {
-                r = cuda_map_new(c, d, reply->alloc, fds, n_fds, e);
-                if (r < 0)
-                        goto undo;
-        }
+        n = backend_new(d, reply->alloc, fds, n_fds);
+        r = c->bk->map_new(c, &n, &e->bk);
+        if (r < 0)
+                goto undo;
         gm_wire_close_fds(fds, n_fds); /* mapped: the pages stay, the fds need not */
         pthread_mutex_lock(&c->mem_lock);
         r = hashmap_put(&c->allocs, va, e);
         pthread_mutex_unlock(&c->mem_lock);
         if (r < 0) {
                 gm_set_reason(c, r, "cannot record the allocation");
-                cuda_unmap_entry(c, e);
+                c->bk->unmap_alloc(c, &e->bk, va, size);
                 if (e->cpu_mapped)
                         reserve_again(va, size);
                 goto undo_daemon;
         }
         gm_reply_free(c, reply);
-        /* backend cuda: device memory is seen at the window's image, host memory at its own address */
-        *ret_ptr = (void *)(uintptr_t)(c->cuda && d->kind == GM_KIND_DEVICE ? gm_cuda_ptr(c, va) : va);
+        /* device memory is where the backend shows it, host memory at its own address */
+        *ret_ptr = d->kind == GM_KIND_DEVICE ? gm_va_ptr(c, va) : (void *)(uintptr_t)va;
         return 0;
 
 undo:
         gm_wire_close_fds(fds, n_fds);
-undo_daemon : {
+undo_daemon:
         /* give the memory back; the reason recorded above stays unless this fails too */
-        Gpumem__Request freq = GPUMEM__REQUEST__INIT;
-        Gpumem__Free f = GPUMEM__FREE__INIT;
-        f.has_handle = true;
-        f.handle = reply->alloc->handle;
-        freq.op_case = GPUMEM__REQUEST__OP_FREE;
-        freq.free = &f;
-        (void)call_simple(c, &freq);
-}
+        (void)gm_request_num(c, GPUMEM__REQUEST__OP_FREE, reply->alloc->handle, GM_ANY_RESULT, NULL, NULL);
         free(e);
         gm_reply_free(c, reply);
         return r;
@@ -275,14 +213,13 @@ static MemEntry *entry_of(gm_client *c, const void *ptr)
         MemEntry *e;
 
         pthread_mutex_lock(&c->mem_lock);
-        e = hashmap_get(&c->allocs, gm_cuda_va(c, ptr_u64(ptr)));
+        e = hashmap_get(&c->allocs, gm_ptr_va(c, ptr));
         pthread_mutex_unlock(&c->mem_lock);
         return e;
 }
 
 int gm_mem_free(gm_client *c, void *ptr)
 {
-        Gpumem__Request req = GPUMEM__REQUEST__INIT;
         Gpumem__Free f = GPUMEM__FREE__INIT;
         MemEntry *e;
         bool busy;
@@ -293,7 +230,7 @@ int gm_mem_free(gm_client *c, void *ptr)
         if (!ptr)
                 return 0; /* like free(NULL) and hipFree(nullptr) */
         pthread_mutex_lock(&c->mem_lock);
-        e = hashmap_get(&c->allocs, gm_cuda_va(c, ptr_u64(ptr)));
+        e = hashmap_get(&c->allocs, gm_ptr_va(c, ptr));
         busy = e && e->freeing;
         if (e && !busy) {
                 e->freeing = true;
@@ -310,12 +247,10 @@ int gm_mem_free(gm_client *c, void *ptr)
                 return gm_set_reason(c, -EINVAL, "%p is being freed by another thread", ptr);
         f.has_handle = true;
         f.handle = e->handle;
-        req.op_case = GPUMEM__REQUEST__OP_FREE;
-        req.free = &f;
-        /* this process's CUDA mapping goes first: it alone would keep the memory alive after the free (should
-         * the daemon refuse the free, the pointer is unmapped here all the same) */
-        cuda_unmap_entry(c, e);
-        r = call_simple(c, &req);
+        /* the backend's mapping goes first: it alone could keep the memory alive after the free (should the
+         * daemon refuse the free, the pointer is unmapped here all the same) */
+        c->bk->unmap_alloc(c, &e->bk, e->va, e->size);
+        r = gm_request(c, GPUMEM__REQUEST__OP_FREE, &f, GM_ANY_RESULT, NULL);
         /* After the free: the pages then go in this process, as it drops the last mapping, not on the
          * daemon's event loop. The daemon keeps the memory charged until then and refunds it when the
          * kernel reports the file gone, a moment after this returns. */
@@ -345,7 +280,6 @@ int gm_mem_free(gm_client *c, void *ptr)
 
 static int map_op(gm_client *c, void *ptr, const uint32_t *gpu_ids, size_t n, bool map)
 {
-        Gpumem__Request req = GPUMEM__REQUEST__INIT;
         Gpumem__MapToGpus m = GPUMEM__MAP_TO_GPUS__INIT;
         Gpumem__UnmapFromGpus u = GPUMEM__UNMAP_FROM_GPUS__INIT;
         MemEntry *e;
@@ -356,26 +290,17 @@ static int map_op(gm_client *c, void *ptr, const uint32_t *gpu_ids, size_t n, bo
         e = entry_of(c, ptr);
         if (!e)
                 return gm_set_reason(c, -EINVAL, "%p was not returned by gm_malloc or gm_host_malloc", ptr);
-        if (map) {
-                m.has_handle = true;
-                m.handle = e->handle;
-                m.n_gpu_ids = n;
-                m.gpu_ids = (uint32_t *)gpu_ids;
-                req.op_case = GPUMEM__REQUEST__OP_MAP;
-                req.map = &m;
-        } else {
-                u.has_handle = true;
-                u.handle = e->handle;
-                u.n_gpu_ids = n;
-                u.gpu_ids = (uint32_t *)gpu_ids;
-                req.op_case = GPUMEM__REQUEST__OP_UNMAP;
-                req.unmap = &u;
-        }
-        r = call_simple(c, &req);
-        /* backend cuda: the access the daemon allowed is set here, in this process's context */
-        for (size_t i = 0; r == 0 && e->cu_handle && i < n; i++)
-                r = gm_cuda_access(c, e->va, e->size, gpu_ids[i],
-                                   map ? GM_ACCESS_READ_WRITE : GM_ACCESS_NONE);
+        /* the two ops' messages are alike */
+        m.has_handle = u.has_handle = true;
+        m.handle = u.handle = e->handle;
+        m.n_gpu_ids = u.n_gpu_ids = n;
+        m.gpu_ids = u.gpu_ids = (uint32_t *)gpu_ids;
+        r = map ? gm_request(c, GPUMEM__REQUEST__OP_MAP, &m, GM_ANY_RESULT, NULL)
+                : gm_request(c, GPUMEM__REQUEST__OP_UNMAP, &u, GM_ANY_RESULT, NULL);
+        /* the access the daemon allowed, in this process too */
+        for (size_t i = 0; r == 0 && i < n; i++)
+                r = c->bk->access(c, &e->bk, e->va, e->size, gpu_ids[i],
+                                  map ? GM_ACCESS_READ_WRITE : GM_ACCESS_NONE);
         return r;
 }
 
@@ -391,33 +316,29 @@ int gm_mem_unmap_gpus(gm_client *c, void *ptr, const uint32_t *gpu_ids, size_t n
 
 /* ---- queries ----------------------------------------------------------------------------------------- */
 
+/* One GPU's free and total memory, into the two size_t pointers of @ctx (either may be NULL). */
+static int mem_info_take(gm_client *c, const void *result, void *ctx)
+{
+        const Gpumem__MemInfoReply *mi = result;
+        size_t **ret = ctx;
+
+        if (mi->n_gpus != 1)
+                return gm_set_reason(c, -EPROTO, "gpumemd answered for %zu GPUs", mi->n_gpus);
+        if (ret[0])
+                *ret[0] = mi->gpus[0]->free;
+        if (ret[1])
+                *ret[1] = mi->gpus[0]->total;
+        return 0;
+}
+
 int gm_mem_get_info(gm_client *c, uint32_t gpu_id, size_t *ret_free, size_t *ret_total)
 {
-        Gpumem__Request req = GPUMEM__REQUEST__INIT;
-        Gpumem__MemInfoGet g = GPUMEM__MEM_INFO_GET__INIT;
-        Gpumem__Reply *reply = NULL;
-        int r;
+        size_t *ret[2] = {ret_free, ret_total};
 
         if (!c || !gpu_id)
                 return BAD_ARGS(c);
-        g.has_gpu_id = true;
-        g.gpu_id = gpu_id;
-        req.op_case = GPUMEM__REQUEST__OP_MEM_INFO;
-        req.mem_info = &g;
-        r = call_result(c, &req, GPUMEM__REPLY__RESULT_MEM_INFO, &reply, NULL, NULL);
-        if (r < 0)
-                return r;
-        if (reply->mem_info->n_gpus != 1) {
-                size_t n = reply->mem_info->n_gpus;
-                gm_reply_free(c, reply);
-                return gm_set_reason(c, -EPROTO, "gpumemd answered for %zu GPUs", n);
-        }
-        if (ret_free)
-                *ret_free = reply->mem_info->gpus[0]->free;
-        if (ret_total)
-                *ret_total = reply->mem_info->gpus[0]->total;
-        gm_reply_free(c, reply);
-        return 0;
+        return gm_request_num(c, GPUMEM__REQUEST__OP_MEM_INFO, gpu_id, GPUMEM__REPLY__RESULT_MEM_INFO,
+                              mem_info_take, ret);
 }
 
 static int pointer_view(gm_client *c, void *ctx, const uint8_t *p, size_t len)
@@ -430,7 +351,7 @@ static int pointer_view(gm_client *c, void *ctx, const uint8_t *p, size_t len)
         a->handle = v.handle;
         a->kind = v.kind;
         a->gpu_id = v.gpu_id;
-        a->base = (void *)(uintptr_t)(a->kind == GM_KIND_HOST ? v.alloc_base : gm_cuda_ptr(c, v.alloc_base));
+        a->base = a->kind == GM_KIND_HOST ? (void *)(uintptr_t)v.alloc_base : gm_va_ptr(c, v.alloc_base);
         a->size = v.size;
         a->flags = v.flags;
         a->cpu_accessible = v.cpu_accessible;
@@ -450,7 +371,7 @@ int gm_pointer_get_attributes(gm_client *c, const void *ptr, gm_pointer_attribut
 
         if (!c || !ret || ret->struct_size == 0)
                 return BAD_ARGS(c);
-        n = gm_pb_put_uint_pad(body, 1, gm_cuda_va(c, ptr_u64(ptr)));
+        n = gm_pb_put_uint_pad(body, 1, gm_ptr_va(c, ptr));
         /* A caller's struct of this size or larger is written in place, and only once the reply is read
          * whole (pointer_view writes nothing before); a shorter one gets the prefix it has room for. */
         into = ret->struct_size >= sizeof(a) ? ret : &a;
@@ -474,10 +395,12 @@ int gm_pointer_get_attributes(gm_client *c, const void *ptr, gm_pointer_attribut
 static void attrs_to_msgs(const gm_svm_attr *attrs, size_t n, Gpumem__SvmAttr *buf, Gpumem__SvmAttr **ptrs)
 {
         for (size_t i = 0; i < n; i++) {
-                gpumem__svm_attr__init(&buf[i]);
-                buf[i].has_type = buf[i].has_value = true;
-                buf[i].type = attrs[i].type;
-                buf[i].value = attrs[i].value;
+                Gpumem__SvmAttr a = GPUMEM__SVM_ATTR__INIT;
+
+                a.has_type = a.has_value = true;
+                a.type = attrs[i].type;
+                a.value = attrs[i].value;
+                buf[i] = a;
                 ptrs[i] = &buf[i];
         }
 }
@@ -507,33 +430,6 @@ static int empty_view(gm_client *c, void *ctx, const uint8_t *p, size_t len)
         return gm_empty_view(p, len) < 0 ? gm_set_reason(c, -EPROTO, "undecodable reply from gpumemd") : 0;
 }
 
-int gm_svm_set_attributes(gm_client *c, const void *ptr, size_t size, const gm_svm_attr *attrs, size_t n)
-{
-        Gpumem__Request req = GPUMEM__REQUEST__INIT;
-        Gpumem__SvmSetAttr s = GPUMEM__SVM_SET_ATTR__INIT;
-        Gpumem__SvmAttr buf[GM_SVM_MAX_ATTRS], *ptrs[GM_SVM_MAX_ATTRS];
-
-        if (!c || (n && !attrs))
-                return BAD_ARGS(c);
-        if (n > GM_SVM_MAX_ATTRS)
-                return gm_set_reason(c, -E2BIG, "more than %d attributes", GM_SVM_MAX_ATTRS);
-        if (c->protocol_version >= 3) {
-                uint8_t body[SVM_BODY_MAX];
-                size_t len = svm_call_body(body, ptr, size, attrs, n);
-                return gm_call_view(c, GPUMEM__REQUEST__OP_SVM_SET_ATTR, body, len,
-                                    GPUMEM__REPLY__RESULT_EMPTY, empty_view, NULL);
-        }
-        s.has_va = s.has_size = true;
-        s.va = ptr_u64(ptr);
-        s.size = size;
-        attrs_to_msgs(attrs, n, buf, ptrs);
-        s.attrs = ptrs;
-        s.n_attrs = n;
-        req.op_case = GPUMEM__REQUEST__OP_SVM_SET_ATTR;
-        req.svm_set_attr = &s;
-        return call_simple(c, &req);
-}
-
 typedef struct SvmGetCtx {
         gm_svm_attr *attrs;
         size_t n;
@@ -559,105 +455,113 @@ static int svm_get_view(gm_client *c, void *ctx, const uint8_t *p, size_t len)
         return 0;
 }
 
-int gm_svm_get_attributes(gm_client *c, const void *ptr, size_t size, gm_svm_attr *attrs, size_t n)
+/* An older daemon's answer to a get: the attributes as messages, or packed (never both). */
+static int svm_get_take(gm_client *c, const void *result, void *ctx)
 {
-        Gpumem__Request req = GPUMEM__REQUEST__INIT;
+        const Gpumem__SvmGetAttrReply *gr = result;
+        const SvmGetCtx *g = ctx;
+        size_t got = gr->n_attrs + gr->n_packed_attrs;
+
+        if (got != g->n || (gr->n_attrs && gr->n_packed_attrs))
+                return gm_set_reason(c, -EPROTO, "gpumemd answered %zu attributes for %zu", got, g->n);
+        for (size_t i = 0; i < gr->n_attrs; i++)
+                g->attrs[i] = (gm_svm_attr){gr->attrs[i]->type, gr->attrs[i]->value};
+        for (size_t i = 0; i < gr->n_packed_attrs; i++)
+                g->attrs[i] =
+                        (gm_svm_attr){(uint32_t)(gr->packed_attrs[i] >> 32), (uint32_t)gr->packed_attrs[i]};
+        return 0;
+}
+
+/*
+ * Set (@get false) or get @n attributes of [@ptr, +@size): packed by hand for a daemon of protocol 3 or
+ * later, as protobuf-c messages for an older one. The two ops' messages have the same fields.
+ */
+static int svm_call(gm_client *c, bool get, const void *ptr, size_t size, gm_svm_attr *attrs, size_t n)
+{
+        Gpumem__SvmSetAttr s = GPUMEM__SVM_SET_ATTR__INIT;
         Gpumem__SvmGetAttr g = GPUMEM__SVM_GET_ATTR__INIT;
         Gpumem__SvmAttr buf[GM_SVM_MAX_ATTRS], *ptrs[GM_SVM_MAX_ATTRS];
-        const Gpumem__SvmGetAttrReply *gr;
-        Gpumem__Reply *reply = NULL;
-        size_t got;
-        int r;
+        SvmGetCtx ctx = {attrs, n};
 
-        if (!c || (n && !attrs))
-                return BAD_ARGS(c);
         if (n > GM_SVM_MAX_ATTRS)
                 return gm_set_reason(c, -E2BIG, "more than %d attributes", GM_SVM_MAX_ATTRS);
         if (c->protocol_version >= 3) {
                 uint8_t body[SVM_BODY_MAX];
                 size_t len = svm_call_body(body, ptr, size, attrs, n);
-                SvmGetCtx ctx = {attrs, n};
-                return gm_call_view(c, GPUMEM__REQUEST__OP_SVM_GET_ATTR, body, len,
-                                    GPUMEM__REPLY__RESULT_SVM_GET_ATTR, svm_get_view, &ctx);
+                return get ? gm_call_view(c, GPUMEM__REQUEST__OP_SVM_GET_ATTR, body, len,
+                                          GPUMEM__REPLY__RESULT_SVM_GET_ATTR, svm_get_view, &ctx)
+                           : gm_call_view(c, GPUMEM__REQUEST__OP_SVM_SET_ATTR, body, len,
+                                          GPUMEM__REPLY__RESULT_EMPTY, empty_view, NULL);
         }
-        /* an older daemon: the attributes as messages, protobuf-c's way */
-        g.has_va = g.has_size = true;
-        g.va = ptr_u64(ptr);
-        g.size = size;
         attrs_to_msgs(attrs, n, buf, ptrs);
-        g.attrs = ptrs;
-        g.n_attrs = n;
-        req.op_case = GPUMEM__REQUEST__OP_SVM_GET_ATTR;
-        req.svm_get_attr = &g;
-        r = call_result(c, &req, GPUMEM__REPLY__RESULT_SVM_GET_ATTR, &reply, NULL, NULL);
-        if (r < 0)
-                return r;
-        gr = reply->svm_get_attr;
-        got = gr->n_attrs + gr->n_packed_attrs;
-        if (got != n || (gr->n_attrs && gr->n_packed_attrs)) {
-                gm_reply_free(c, reply);
-                return gm_set_reason(c, -EPROTO, "gpumemd answered %zu attributes for %zu", got, n);
-        }
-        for (size_t i = 0; i < gr->n_attrs; i++)
-                attrs[i] = (gm_svm_attr){gr->attrs[i]->type, gr->attrs[i]->value};
-        for (size_t i = 0; i < gr->n_packed_attrs; i++)
-                attrs[i] =
-                        (gm_svm_attr){(uint32_t)(gr->packed_attrs[i] >> 32), (uint32_t)gr->packed_attrs[i]};
-        gm_reply_free(c, reply);
-        return 0;
+        s.has_va = s.has_size = g.has_va = g.has_size = true;
+        s.va = g.va = ptr_u64(ptr);
+        s.size = g.size = size;
+        s.attrs = g.attrs = ptrs;
+        s.n_attrs = g.n_attrs = n;
+        return get ? gm_request_take(c, GPUMEM__REQUEST__OP_SVM_GET_ATTR, &g,
+                                     GPUMEM__REPLY__RESULT_SVM_GET_ATTR, svm_get_take, &ctx)
+                   : gm_request(c, GPUMEM__REQUEST__OP_SVM_SET_ATTR, &s, GM_ANY_RESULT, NULL);
+}
+
+int gm_svm_set_attributes(gm_client *c, const void *ptr, size_t size, const gm_svm_attr *attrs, size_t n)
+{
+        if (!c || (n && !attrs))
+                return BAD_ARGS(c);
+        /* only read */
+        return svm_call(c, false, ptr, size, (gm_svm_attr *)attrs, n);
+}
+
+int gm_svm_get_attributes(gm_client *c, const void *ptr, size_t size, gm_svm_attr *attrs, size_t n)
+{
+        if (!c || (n && !attrs))
+                return BAD_ARGS(c);
+        return svm_call(c, true, ptr, size, attrs, n);
 }
 
 /*
  * hipMemAdvise as ROCm's HIP runtime and ROCr turn it into KFD SVM attributes: read-mostly is a flag,
  * preferred location an attribute (undefined when unset), "accessed by" maps in place on that GPU and
- * its removal leaves the GPU merely allowed to access, coarse grain clears the coherent flag.
+ * its removal leaves the GPU merely allowed to access, coarse grain clears the coherent flag. Each advice
+ * is one attribute, whose value is the call's location where the row says so.
  */
+static const struct {
+        int advice;
+        uint32_t type, value;
+        bool at_location;
+} advice_attrs[] = {
+        {GM_ADVISE_SET_READ_MOSTLY, GM_SVM_ATTR_SET_FLAGS, GM_SVM_FLAG_GPU_READ_MOSTLY, false},
+        {GM_ADVISE_UNSET_READ_MOSTLY, GM_SVM_ATTR_CLR_FLAGS, GM_SVM_FLAG_GPU_READ_MOSTLY, false},
+        {GM_ADVISE_SET_PREFERRED_LOCATION, GM_SVM_ATTR_PREFERRED_LOC, 0, true},
+        {GM_ADVISE_UNSET_PREFERRED_LOCATION, GM_SVM_ATTR_PREFERRED_LOC, GM_SVM_LOCATION_UNDEFINED, false},
+        {GM_ADVISE_SET_ACCESSED_BY, GM_SVM_ATTR_ACCESS_IN_PLACE, 0, true},
+        {GM_ADVISE_UNSET_ACCESSED_BY, GM_SVM_ATTR_ACCESS, 0, true},
+        {GM_ADVISE_SET_COARSE_GRAIN, GM_SVM_ATTR_CLR_FLAGS, GM_SVM_FLAG_COHERENT, false},
+        {GM_ADVISE_UNSET_COARSE_GRAIN, GM_SVM_ATTR_SET_FLAGS, GM_SVM_FLAG_COHERENT, false}};
+
 int gm_mem_advise(gm_client *c, const void *ptr, size_t size, int advice, uint32_t location)
 {
-        gm_svm_attr a;
-
         if (!c)
                 return BAD_ARGS(c);
-        switch (advice) {
-        case GM_ADVISE_SET_READ_MOSTLY:
-                a = (gm_svm_attr){GM_SVM_ATTR_SET_FLAGS, GM_SVM_FLAG_GPU_READ_MOSTLY};
-                break;
-        case GM_ADVISE_UNSET_READ_MOSTLY:
-                a = (gm_svm_attr){GM_SVM_ATTR_CLR_FLAGS, GM_SVM_FLAG_GPU_READ_MOSTLY};
-                break;
-        case GM_ADVISE_SET_PREFERRED_LOCATION:
-                a = (gm_svm_attr){GM_SVM_ATTR_PREFERRED_LOC, location};
-                break;
-        case GM_ADVISE_UNSET_PREFERRED_LOCATION:
-                a = (gm_svm_attr){GM_SVM_ATTR_PREFERRED_LOC, GM_SVM_LOCATION_UNDEFINED};
-                break;
-        case GM_ADVISE_SET_ACCESSED_BY:
-        case GM_ADVISE_UNSET_ACCESSED_BY:
-                if (location == GM_LOCATION_CPU) {
-                        /* the CPU always reaches managed memory: nothing for the GPU driver to change, but
-                         * the range must still be managed memory of this client */
-                        gm_svm_attr q = {GM_SVM_ATTR_GRANULARITY, 0};
-                        return gm_svm_get_attributes(c, ptr, size, &q, 1);
-                }
-                a = (gm_svm_attr){advice == GM_ADVISE_SET_ACCESSED_BY ? GM_SVM_ATTR_ACCESS_IN_PLACE
-                                                                      : GM_SVM_ATTR_ACCESS,
-                                  location};
-                break;
-        case GM_ADVISE_SET_COARSE_GRAIN:
-                a = (gm_svm_attr){GM_SVM_ATTR_CLR_FLAGS, GM_SVM_FLAG_COHERENT};
-                break;
-        case GM_ADVISE_UNSET_COARSE_GRAIN:
-                a = (gm_svm_attr){GM_SVM_ATTR_SET_FLAGS, GM_SVM_FLAG_COHERENT};
-                break;
-        default:
-                return gm_set_reason(c, -EINVAL, "unknown advice %d", advice);
+        if ((advice == GM_ADVISE_SET_ACCESSED_BY || advice == GM_ADVISE_UNSET_ACCESSED_BY) &&
+            location == GM_LOCATION_CPU) {
+                /* the CPU always reaches managed memory: nothing for the GPU driver to change, but the range
+                 * must still be managed memory of this client */
+                gm_svm_attr q = {GM_SVM_ATTR_GRANULARITY, 0};
+                return gm_svm_get_attributes(c, ptr, size, &q, 1);
         }
-        return gm_svm_set_attributes(c, ptr, size, &a, 1);
+        for (size_t i = 0; i < ARRAY_SIZE(advice_attrs); i++) {
+                if (advice_attrs[i].advice == advice) {
+                        gm_svm_attr a = {advice_attrs[i].type,
+                                         advice_attrs[i].at_location ? location : advice_attrs[i].value};
+                        return gm_svm_set_attributes(c, ptr, size, &a, 1);
+                }
+        }
+        return gm_set_reason(c, -EINVAL, "unknown advice %d", advice);
 }
 
 int gm_mem_prefetch(gm_client *c, const void *ptr, size_t size, uint32_t location)
 {
-        Gpumem__Request req = GPUMEM__REQUEST__INIT;
         Gpumem__SvmPrefetch p = GPUMEM__SVM_PREFETCH__INIT;
 
         if (!c)
@@ -666,45 +570,30 @@ int gm_mem_prefetch(gm_client *c, const void *ptr, size_t size, uint32_t locatio
         p.va = ptr_u64(ptr);
         p.size = size;
         p.location = location;
-        req.op_case = GPUMEM__REQUEST__OP_SVM_PREFETCH;
-        req.svm_prefetch = &p;
-        return call_simple(c, &req);
+        return gm_request(c, GPUMEM__REQUEST__OP_SVM_PREFETCH, &p, GM_ANY_RESULT, NULL);
 }
 
 /* ---- VMM --------------------------------------------------------------------------------------------- */
 
 /*
- * Backend cuda: import @fd (the export of the daemon's @handle; -1: the daemon sent none) into this
- * process's context, for gm_mem_map to map. On failure the daemon's handle is released too: the caller
- * is left holding nothing.
+ * A VMM handle the daemon made or imported (@fd: its export for this process, -1 when none came), for the
+ * backend to take in where gm_mem_map will map it. On failure the daemon's handle is released too: the
+ * caller is left holding nothing.
  */
-static int cuda_take_handle(gm_client *c, gm_handle handle, int fd, uint32_t gpu_id)
+static int take_handle(gm_client *c, gm_handle handle, int fd, uint32_t gpu_id)
 {
-        Gpumem__Request req = GPUMEM__REQUEST__INIT;
-        Gpumem__VmmRelease rel = GPUMEM__VMM_RELEASE__INIT;
-        uint64_t cu = 0;
-        int r;
+        GmBackendNew n = {.handle = handle, .kind = GM_KIND_DEVICE, .gpu_id = gpu_id, .fd = fd};
+        int r = c->bk->map_new(c, &n, NULL);
 
-        r = fd >= 0 ? gm_cuda_import(c, fd, gpu_id, &cu)
-                    : gm_set_reason(c, -EPROTO, "gpumemd sent no export of the handle to map");
-        if (r == 0 && (r = gm_cuda_handle_put(c, handle, cu)) < 0)
-                gm_cuda_release(c, cu);
-        if (r < 0) {
-                rel.has_handle = true;
-                rel.handle = handle;
-                req.op_case = GPUMEM__REQUEST__OP_VMM_RELEASE;
-                req.vmm_release = &rel;
-                (void)call_simple(c, &req);
-        }
+        if (r < 0)
+                (void)gm_request_num(c, GPUMEM__REQUEST__OP_VMM_RELEASE, handle, GM_ANY_RESULT, NULL, NULL);
         return r;
 }
 
 int gm_mem_address_reserve(gm_client *c, size_t size, size_t alignment, void *addr, unsigned long long flags,
                            void **ret_ptr)
 {
-        Gpumem__Request req = GPUMEM__REQUEST__INIT;
         Gpumem__VmmReserve v = GPUMEM__VMM_RESERVE__INIT;
-        Gpumem__Reply *reply = NULL;
         uint64_t va;
         int r;
 
@@ -713,39 +602,32 @@ int gm_mem_address_reserve(gm_client *c, size_t size, size_t alignment, void *ad
         v.has_size = v.has_alignment = v.has_fixed_va = v.has_flags = true;
         v.size = size;
         v.alignment = alignment;
-        v.fixed_va = gm_cuda_va(c, ptr_u64(addr));
+        v.fixed_va = gm_ptr_va(c, addr);
         v.flags = flags;
-        req.op_case = GPUMEM__REQUEST__OP_VMM_RESERVE;
-        req.vmm_reserve = &v;
-        r = call_result(c, &req, GPUMEM__REPLY__RESULT_VMM_RESERVE, &reply, NULL, NULL);
+        r = gm_request_take(c, GPUMEM__REQUEST__OP_VMM_RESERVE, &v, GPUMEM__REPLY__RESULT_VMM_RESERVE,
+                            gm_take_num, &va);
         if (r < 0)
                 return r;
-        va = reply->vmm_reserve->va;
-        gm_reply_free(c, reply);
         /* the caller maps into the range next: not while a free over it is still in progress */
         wait_range_free(c, va, size);
-        *ret_ptr = (void *)(uintptr_t)gm_cuda_ptr(c, va);
+        *ret_ptr = gm_va_ptr(c, va);
         return 0;
 }
 
 int gm_mem_address_free(gm_client *c, void *ptr, size_t size)
 {
-        Gpumem__Request req = GPUMEM__REQUEST__INIT;
         Gpumem__VmmFree v = GPUMEM__VMM_FREE__INIT;
 
         if (!c)
                 return BAD_ARGS(c);
         v.has_va = v.has_size = true;
-        v.va = gm_cuda_va(c, ptr_u64(ptr));
+        v.va = gm_ptr_va(c, ptr);
         v.size = size;
-        req.op_case = GPUMEM__REQUEST__OP_VMM_FREE;
-        req.vmm_free = &v;
-        return call_simple(c, &req);
+        return gm_request(c, GPUMEM__REQUEST__OP_VMM_FREE, &v, GM_ANY_RESULT, NULL);
 }
 
 int gm_mem_create(gm_client *c, size_t size, uint32_t gpu_id, unsigned flags, gm_handle *ret_handle)
 {
-        Gpumem__Request req = GPUMEM__REQUEST__INIT;
         Gpumem__VmmCreate v = GPUMEM__VMM_CREATE__INIT;
         Gpumem__Reply *reply = NULL;
         int fds[GM_FRAME_MAX_FDS];
@@ -758,16 +640,14 @@ int gm_mem_create(gm_client *c, size_t size, uint32_t gpu_id, unsigned flags, gm
         v.size = size;
         v.gpu_id = gpu_id;
         v.flags = flags;
-        req.op_case = GPUMEM__REQUEST__OP_VMM_CREATE;
-        req.vmm_create = &v;
-        r = call_result(c, &req, GPUMEM__REPLY__RESULT_VMM_CREATE, &reply, fds, &n_fds);
+        r = gm_request_fds(c, GPUMEM__REQUEST__OP_VMM_CREATE, &v, NULL, 0, GPUMEM__REPLY__RESULT_VMM_CREATE,
+                           &reply, fds, &n_fds);
         if (r < 0)
                 return r;
-        /* backend cuda: this process imports the handle's export, to map it where gm_mem_map says */
-        if (c->cuda) {
+        {
                 int ix = reply->vmm_create->has_import_fd_index ? reply->vmm_create->import_fd_index : -1;
-                r = cuda_take_handle(c, reply->vmm_create->handle,
-                                     ix >= 0 && (size_t)ix < n_fds ? fds[ix] : -1, gpu_id);
+                r = take_handle(c, reply->vmm_create->handle, ix >= 0 && (size_t)ix < n_fds ? fds[ix] : -1,
+                                gpu_id);
         }
         gm_wire_close_fds(fds, n_fds);
         if (r < 0) {
@@ -781,54 +661,38 @@ int gm_mem_create(gm_client *c, size_t size, uint32_t gpu_id, unsigned flags, gm
 
 int gm_mem_release(gm_client *c, gm_handle handle)
 {
-        Gpumem__Request req = GPUMEM__REQUEST__INIT;
-        Gpumem__VmmRelease v = GPUMEM__VMM_RELEASE__INIT;
         int r;
 
         if (!c)
                 return BAD_ARGS(c);
-        v.has_handle = true;
-        v.handle = handle;
-        req.op_case = GPUMEM__REQUEST__OP_VMM_RELEASE;
-        req.vmm_release = &v;
-        r = call_simple(c, &req);
-        /* CUDA keeps the memory while it is mapped here, as the daemon keeps it while mapped there */
-        if (r == 0 && c->cuda)
-                gm_cuda_release(c, gm_cuda_handle_take(c, handle));
+        r = gm_request_num(c, GPUMEM__REQUEST__OP_VMM_RELEASE, handle, GM_ANY_RESULT, NULL, NULL);
+        if (r == 0)
+                c->bk->release(c, handle);
         return r;
 }
 
 int gm_mem_map(gm_client *c, void *ptr, size_t size, size_t offset, gm_handle handle)
 {
-        Gpumem__Request req = GPUMEM__REQUEST__INIT;
         Gpumem__VmmMap v = GPUMEM__VMM_MAP__INIT;
         int r;
 
         if (!c)
                 return BAD_ARGS(c);
         v.has_va = v.has_size = v.has_offset = v.has_handle = true;
-        v.va = gm_cuda_va(c, ptr_u64(ptr));
+        v.va = gm_ptr_va(c, ptr);
         v.size = size;
         v.offset = offset;
         v.handle = handle;
-        req.op_case = GPUMEM__REQUEST__OP_VMM_MAP;
-        req.vmm_map = &v;
-        r = call_simple(c, &req);
-        if (r == 0 && c->cuda) {
-                uint64_t cu = gm_cuda_handle_get(c, handle);
-                r = cu ? gm_cuda_map(c, v.va, size, offset, cu)
-                       : gm_set_reason(c, -ENOENT, "handle 0x%llx has no CUDA import in this process",
-                                       (unsigned long long)handle);
+        r = gm_request(c, GPUMEM__REQUEST__OP_VMM_MAP, &v, GM_ANY_RESULT, NULL);
+        if (r == 0) {
+                r = c->bk->map(c, v.va, size, offset, handle);
                 if (r < 0) {
                         /* the daemon's mapping goes too: the caller sees nothing mapped */
-                        Gpumem__Request ureq = GPUMEM__REQUEST__INIT;
                         Gpumem__VmmUnmap u = GPUMEM__VMM_UNMAP__INIT;
                         u.has_va = u.has_size = true;
                         u.va = v.va;
                         u.size = size;
-                        ureq.op_case = GPUMEM__REQUEST__OP_VMM_UNMAP;
-                        ureq.vmm_unmap = &u;
-                        (void)call_simple(c, &ureq);
+                        (void)gm_request(c, GPUMEM__REQUEST__OP_VMM_UNMAP, &u, GM_ANY_RESULT, NULL);
                 }
         }
         return r;
@@ -836,21 +700,18 @@ int gm_mem_map(gm_client *c, void *ptr, size_t size, size_t offset, gm_handle ha
 
 int gm_mem_unmap(gm_client *c, void *ptr, size_t size)
 {
-        Gpumem__Request req = GPUMEM__REQUEST__INIT;
         Gpumem__VmmUnmap v = GPUMEM__VMM_UNMAP__INIT;
         int r;
 
         if (!c)
                 return BAD_ARGS(c);
         v.has_va = v.has_size = true;
-        v.va = gm_cuda_va(c, ptr_u64(ptr));
+        v.va = gm_ptr_va(c, ptr);
         v.size = size;
-        req.op_case = GPUMEM__REQUEST__OP_VMM_UNMAP;
-        req.vmm_unmap = &v;
-        /* backend cuda: this process's mappings first, as gm_mem_free does */
-        if (c->cuda && (r = gm_cuda_unmap(c, v.va, size)) < 0)
+        /* the backend's mappings first, as gm_mem_free does */
+        if ((r = c->bk->unmap(c, v.va, size)) < 0)
                 return r;
-        r = call_simple(c, &req);
+        r = gm_request(c, GPUMEM__REQUEST__OP_VMM_UNMAP, &v, GM_ANY_RESULT, NULL);
         /* whatever the CPU saw there is gone: keep the window reserved */
         if (r == 0 && in_window(c, v.va, v.size))
                 reserve_again(v.va, v.size);
@@ -859,7 +720,6 @@ int gm_mem_unmap(gm_client *c, void *ptr, size_t size)
 
 int gm_mem_set_access(gm_client *c, void *ptr, size_t size, const gm_access_desc *desc, size_t n)
 {
-        Gpumem__Request req = GPUMEM__REQUEST__INIT;
         Gpumem__VmmSetAccess v = GPUMEM__VMM_SET_ACCESS__INIT;
         Gpumem__AccessDesc d[65], *dp[65];
         Gpumem__Reply *reply = NULL;
@@ -882,13 +742,12 @@ int gm_mem_set_access(gm_client *c, void *ptr, size_t size, const gm_access_desc
                         cpu_none = true;
         }
         v.has_va = v.has_size = true;
-        v.va = gm_cuda_va(c, ptr_u64(ptr));
+        v.va = gm_ptr_va(c, ptr);
         v.size = size;
         v.n_desc = n;
         v.desc = dp;
-        req.op_case = GPUMEM__REQUEST__OP_VMM_SET_ACCESS;
-        req.vmm_set_access = &v;
-        r = call_result(c, &req, GPUMEM__REPLY__RESULT_VMM_SET_ACCESS, &reply, fds, &n_fds);
+        r = gm_request_fds(c, GPUMEM__REQUEST__OP_VMM_SET_ACCESS, &v, NULL, 0,
+                           GPUMEM__REPLY__RESULT_VMM_SET_ACCESS, &reply, fds, &n_fds);
         if (r < 0)
                 return r;
         for (size_t i = 0; i < reply->vmm_set_access->n_cpu_maps && r == 0; i++) {
@@ -906,40 +765,35 @@ int gm_mem_set_access(gm_client *c, void *ptr, size_t size, const gm_access_desc
         gm_reply_free(c, reply);
         if (r == 0 && cpu_none && in_window(c, v.va, v.size))
                 reserve_again(v.va, v.size);
-        /* backend cuda: the GPU access the daemon allowed is set here, in this process's context */
-        for (size_t i = 0; r == 0 && c->cuda && i < n; i++)
+        /* the GPU access the daemon allowed, in this process too */
+        for (size_t i = 0; r == 0 && i < n; i++)
                 if (desc[i].gpu_id != GM_LOCATION_CPU)
-                        r = gm_cuda_access(c, v.va, size, desc[i].gpu_id, desc[i].access);
+                        r = c->bk->access(c, NULL, v.va, size, desc[i].gpu_id, desc[i].access);
         return r;
 }
 
 int gm_mem_get_access(gm_client *c, const void *ptr, uint32_t location, int *ret_access)
 {
-        Gpumem__Request req = GPUMEM__REQUEST__INIT;
         Gpumem__VmmGetAccess g = GPUMEM__VMM_GET_ACCESS__INIT;
-        Gpumem__Reply *reply = NULL;
+        uint64_t access;
         int r;
 
         if (!c || !ret_access)
                 return BAD_ARGS(c);
         g.has_va = g.has_gpu_id = true;
-        g.va = gm_cuda_va(c, ptr_u64(ptr));
+        g.va = gm_ptr_va(c, ptr);
         g.gpu_id = location;
-        req.op_case = GPUMEM__REQUEST__OP_VMM_GET_ACCESS;
-        req.vmm_get_access = &g;
-        r = call_result(c, &req, GPUMEM__REPLY__RESULT_VMM_GET_ACCESS, &reply, NULL, NULL);
-        if (r < 0)
-                return r;
-        *ret_access = reply->vmm_get_access->access;
-        gm_reply_free(c, reply);
-        return 0;
+        r = gm_request_take(c, GPUMEM__REQUEST__OP_VMM_GET_ACCESS, &g, GPUMEM__REPLY__RESULT_VMM_GET_ACCESS,
+                            gm_take_num, &access);
+        if (r == 0)
+                *ret_access = (int)access;
+        return r;
 }
 
 int gm_mem_get_allocation_granularity(gm_client *c, uint32_t gpu_id, int option, size_t *ret_granularity)
 {
-        Gpumem__Request req = GPUMEM__REQUEST__INIT;
         Gpumem__VmmGranularity g = GPUMEM__VMM_GRANULARITY__INIT;
-        Gpumem__Reply *reply = NULL;
+        uint64_t granularity;
         int r;
 
         if (!c || !ret_granularity)
@@ -950,62 +804,44 @@ int gm_mem_get_allocation_granularity(gm_client *c, uint32_t gpu_id, int option,
         g.has_gpu_id = g.has_recommended = true;
         g.gpu_id = gpu_id;
         g.recommended = option == GM_GRANULARITY_RECOMMENDED;
-        req.op_case = GPUMEM__REQUEST__OP_VMM_GRANULARITY;
-        req.vmm_granularity = &g;
-        r = call_result(c, &req, GPUMEM__REPLY__RESULT_VMM_GRANULARITY, &reply, NULL, NULL);
-        if (r < 0)
-                return r;
-        *ret_granularity = reply->vmm_granularity->granularity;
-        gm_reply_free(c, reply);
-        return 0;
+        r = gm_request_take(c, GPUMEM__REQUEST__OP_VMM_GRANULARITY, &g, GPUMEM__REPLY__RESULT_VMM_GRANULARITY,
+                            gm_take_num, &granularity);
+        if (r == 0)
+                *ret_granularity = granularity;
+        return r;
 }
 
 int gm_mem_retain_allocation_handle(gm_client *c, void *ptr, gm_handle *ret_handle)
 {
-        Gpumem__Request req = GPUMEM__REQUEST__INIT;
-        Gpumem__VmmRetain v = GPUMEM__VMM_RETAIN__INIT;
-        Gpumem__Reply *reply = NULL;
-        int r;
-
         if (!c || !ret_handle)
                 return BAD_ARGS(c);
-        v.has_va = true;
-        v.va = gm_cuda_va(c, ptr_u64(ptr));
-        req.op_case = GPUMEM__REQUEST__OP_VMM_RETAIN;
-        req.vmm_retain = &v;
-        r = call_result(c, &req, GPUMEM__REPLY__RESULT_VMM_RETAIN, &reply, NULL, NULL);
-        if (r < 0)
-                return r;
-        *ret_handle = reply->vmm_retain->handle;
-        gm_reply_free(c, reply);
+        return gm_request_num(c, GPUMEM__REQUEST__OP_VMM_RETAIN, gm_ptr_va(c, ptr),
+                              GPUMEM__REPLY__RESULT_VMM_RETAIN, gm_take_num, ret_handle);
+}
+
+/* The properties, as much of them as the caller's struct has room for (its struct_size). */
+static int properties_take(gm_client *c, const void *result, void *ctx)
+{
+        const Gpumem__VmmPropertiesReply *v = result;
+        gm_allocation_prop *ret = ctx;
+        gm_allocation_prop p = {0};
+
+        (void)c;
+        p.kind = v->kind;
+        p.gpu_id = v->gpu_id;
+        p.size = v->size;
+        p.flags = v->flags;
+        p.struct_size = ret->struct_size < sizeof(p) ? ret->struct_size : sizeof(p);
+        memcpy(ret, &p, p.struct_size);
         return 0;
 }
 
 int gm_mem_get_allocation_properties(gm_client *c, gm_handle handle, gm_allocation_prop *ret)
 {
-        Gpumem__Request req = GPUMEM__REQUEST__INIT;
-        Gpumem__VmmProperties v = GPUMEM__VMM_PROPERTIES__INIT;
-        Gpumem__Reply *reply = NULL;
-        gm_allocation_prop p = {0};
-        int r;
-
         if (!c || !ret || ret->struct_size == 0)
                 return BAD_ARGS(c);
-        v.has_handle = true;
-        v.handle = handle;
-        req.op_case = GPUMEM__REQUEST__OP_VMM_PROPERTIES;
-        req.vmm_properties = &v;
-        r = call_result(c, &req, GPUMEM__REPLY__RESULT_VMM_PROPERTIES, &reply, NULL, NULL);
-        if (r < 0)
-                return r;
-        p.kind = reply->vmm_properties->kind;
-        p.gpu_id = reply->vmm_properties->gpu_id;
-        p.size = reply->vmm_properties->size;
-        p.flags = reply->vmm_properties->flags;
-        gm_reply_free(c, reply);
-        p.struct_size = ret->struct_size < sizeof(p) ? ret->struct_size : sizeof(p);
-        memcpy(ret, &p, p.struct_size);
-        return 0;
+        return gm_request_num(c, GPUMEM__REQUEST__OP_VMM_PROPERTIES, handle,
+                              GPUMEM__REPLY__RESULT_VMM_PROPERTIES, properties_take, ret);
 }
 
 /* ---- sharing ----------------------------------------------------------------------------------------- */
@@ -1017,7 +853,6 @@ int gm_mem_export(gm_client *c, gm_handle handle, int *ret_fd, size_t *ret_size)
 
 int gm_mem_export_flags(gm_client *c, gm_handle handle, unsigned flags, int *ret_fd, size_t *ret_size)
 {
-        Gpumem__Request req = GPUMEM__REQUEST__INIT;
         Gpumem__DmabufExport e = GPUMEM__DMABUF_EXPORT__INIT;
         Gpumem__Reply *reply = NULL;
         int fds[GM_FRAME_MAX_FDS];
@@ -1033,9 +868,8 @@ int gm_mem_export_flags(gm_client *c, gm_handle handle, unsigned flags, int *ret
         e.handle = handle;
         e.has_read_only = (flags & GM_EXPORT_READ_ONLY) != 0;
         e.read_only = e.has_read_only;
-        req.op_case = GPUMEM__REQUEST__OP_DMABUF_EXPORT;
-        req.dmabuf_export = &e;
-        r = call_result(c, &req, GPUMEM__REPLY__RESULT_DMABUF_EXPORT, &reply, fds, &n_fds);
+        r = gm_request_fds(c, GPUMEM__REQUEST__OP_DMABUF_EXPORT, &e, NULL, 0,
+                           GPUMEM__REPLY__RESULT_DMABUF_EXPORT, &reply, fds, &n_fds);
         if (r < 0)
                 return r;
         idx = reply->dmabuf_export->fd_index;
@@ -1061,7 +895,6 @@ int gm_mem_export_flags(gm_client *c, gm_handle handle, unsigned flags, int *ret
 
 int gm_mem_import(gm_client *c, int fd, uint32_t gpu_id, gm_handle *ret_handle, size_t *ret_size)
 {
-        Gpumem__Request req = GPUMEM__REQUEST__INIT;
         Gpumem__DmabufImport im = GPUMEM__DMABUF_IMPORT__INIT;
         Gpumem__Reply *reply = NULL;
         int r;
@@ -1071,17 +904,12 @@ int gm_mem_import(gm_client *c, int fd, uint32_t gpu_id, gm_handle *ret_handle, 
         im.has_fd_index = im.has_gpu_id = true;
         im.fd_index = 0;
         im.gpu_id = gpu_id;
-        req.op_case = GPUMEM__REQUEST__OP_DMABUF_IMPORT;
-        req.dmabuf_import = &im;
-        r = gm_call(c, &req, &fd, 1, &reply, NULL, NULL);
+        r = gm_request_fds(c, GPUMEM__REQUEST__OP_DMABUF_IMPORT, &im, &fd, 1,
+                           GPUMEM__REPLY__RESULT_DMABUF_IMPORT, &reply, NULL, NULL);
         if (r < 0)
                 return r;
-        if (reply->result_case != GPUMEM__REPLY__RESULT_DMABUF_IMPORT) {
-                gm_reply_free(c, reply);
-                return gm_set_reason(c, -EPROTO, "gpumemd replied with an unexpected result");
-        }
-        /* backend cuda: this process imports the same fd, to map the handle where gm_mem_map says */
-        if (c->cuda && (r = cuda_take_handle(c, reply->dmabuf_import->handle, fd, gpu_id)) < 0) {
+        /* the backend takes the same fd in, for gm_mem_map to map the handle */
+        if ((r = take_handle(c, reply->dmabuf_import->handle, fd, gpu_id)) < 0) {
                 gm_reply_free(c, reply);
                 return r;
         }

@@ -6,6 +6,7 @@
 #include <stdint.h>
 
 #include "arena.h"
+#include "client-backend.h"
 #include "envelope.h"
 #include "frame.h"
 #include "gpumem-client.h"
@@ -24,7 +25,6 @@ typedef struct ErrSlot {
 
 typedef struct Pending Pending;
 typedef struct MemEntry MemEntry;
-typedef struct GmCuda GmCuda;
 
 /*
  * Replies are decoded into arenas the client keeps, so that a call makes no allocation of its own. 4 KiB
@@ -72,39 +72,76 @@ struct gm_client {
         HashMap allocs;           /* base address → MemEntry, for gm_mem_free and friends */
         MemEntry *freeing;        /* allocations gm_mem_free() is taking down: not yet to be mapped over */
         HashMap shares;           /* address of an open share → ShareEntry (client-share.c) */
-        GmCuda *cuda;             /* backend "cuda": this process's CUDA side (client-cuda.c), else NULL */
+        const GmBackend *bk;      /* this process's side of the daemon's backend (client-backend.h) */
+        void *bk_data;            /* its state, or NULL */
 };
 
-/*
- * Backend "cuda" (client-cuda.c): memory is imported into this process's CUDA context and mapped at the
- * window's image in CUDA's VA space. gm_cuda_va() turns a pointer the caller holds into the daemon's VA
- * (identity outside the image), gm_cuda_ptr() a VA of the window into the caller's pointer. The rest take
- * the daemon's VAs and record a reason on failure.
- */
-int gm_cuda_open(gm_client *c);
-void gm_cuda_close(gm_client *c);
-uint64_t gm_cuda_va(const gm_client *c, uint64_t ptr);
-uint64_t gm_cuda_ptr(const gm_client *c, uint64_t va);
-int gm_cuda_import(gm_client *c, int fd, uint32_t gpu_id, uint64_t *ret_h);
-void gm_cuda_release(gm_client *c, uint64_t h);
-int gm_cuda_map(gm_client *c, uint64_t va, uint64_t size, uint64_t offset, uint64_t h);
-int gm_cuda_unmap(gm_client *c, uint64_t va, uint64_t size);
-int gm_cuda_access(gm_client *c, uint64_t va, uint64_t size, uint32_t gpu_id, int access);
-int gm_cuda_host_register(gm_client *c, uint64_t va, uint64_t size);
-void gm_cuda_host_unregister(gm_client *c, uint64_t va);
-/* The CUDA handle of this process's import of the daemon's @handle (VMM handles and imports). */
-int gm_cuda_handle_put(gm_client *c, gm_handle handle, uint64_t h);
-uint64_t gm_cuda_handle_get(gm_client *c, gm_handle handle);
-uint64_t gm_cuda_handle_take(gm_client *c, gm_handle handle);
+/* The caller's pointer @ptr as the daemon's VA, and the daemon's @va as the caller's pointer (the backend's
+ * translations). */
+static inline uint64_t gm_ptr_va(const gm_client *c, const void *ptr)
+{
+        return c->bk->to_va(c, (uint64_t)(uintptr_t)ptr);
+}
+
+static inline void *gm_va_ptr(const gm_client *c, uint64_t va)
+{
+        return (void *)(uintptr_t)c->bk->to_ptr(c, va);
+}
+
+/* mmap() at exactly @va, with MAP_FIXED or MAP_FIXED_NOREPLACE in @flags: 0 or a negative errno (-EEXIST:
+ * something of this process lies there). */
+int gm_map_at(uint64_t va, uint64_t size, int prot, int flags, int fd, uint64_t offset);
 
 /* Unmap and forget the shares still open (at close, under nothing: no other call runs). */
 void gm_shares_done(gm_client *c);
 
-/* One request/reply round trip. On success *ret_reply is the decoded reply (status 0), to be released
- * with gm_reply_free(), and, if asked, the reply's fds are handed over. On failure the reason is recorded
- * for the calling thread. */
-int gm_call(gm_client *c, Gpumem__Request *req, const int *fds, size_t n_fds, Gpumem__Reply **ret_reply,
-            int *ret_fds, size_t *ret_n_fds);
+/* gm_request()'s @want when any result will do (the caller reads none, or checks it itself). */
+#define GM_ANY_RESULT GPUMEM__REPLY__RESULT__NOT_SET
+
+/*
+ * One op's request/reply round trip. @msg is the op's message (a Gpumem__Alloc for GPUMEM__REQUEST__OP_ALLOC,
+ * made with its _INIT), sent as the Request's member numbered @op: protobuf-c's descriptor of the Request
+ * says where that member lies (gm_proto_field), so no envelope is built by hand and no list of ops kept.
+ * On success the reply's status is 0 and its result is @want (else -EPROTO); *@ret_reply is the reply, to be
+ * released with gm_reply_free() (NULL @ret_reply: released here). @fds go with the request; the reply's fds
+ * are handed over in @ret_fds (room for GM_FRAME_MAX_FDS) and *@ret_n_fds if asked, else closed. On failure
+ * the reason is recorded for the calling thread and no fd is left open.
+ */
+int gm_request_fds(gm_client *c, uint32_t op, const void *msg, const int *fds, size_t n_fds, uint32_t want,
+                   Gpumem__Reply **ret_reply, int *ret_fds, size_t *ret_n_fds);
+
+/* The same without fds either way. */
+static inline int gm_request(gm_client *c, uint32_t op, const void *msg, uint32_t want,
+                             Gpumem__Reply **ret_reply)
+{
+        return gm_request_fds(c, op, msg, NULL, 0, want, ret_reply, NULL, NULL);
+}
+
+/*
+ * gm_request() for a call that reads its answer once: on success @fn gets the reply's result (the Reply's
+ * member @want, such as a const Gpumem__AdminStatusReply *, never GM_ANY_RESULT) with @ctx, and returns the
+ * call's result, 0 or a negative errno after gm_set_reason(); the reply is released after.
+ */
+typedef int (*GmTakeFn)(gm_client *c, const void *result, void *ctx);
+int gm_request_take(gm_client *c, uint32_t op, const void *msg, uint32_t want, GmTakeFn fn, void *ctx);
+
+/* A list the daemon answers a page at a time (the topology's files, the shares): what the GmTakeFn of each
+ * page gathered so far, and where the daemon said the next page starts (0: that was the last). */
+typedef struct GmPages {
+        void *items;
+        size_t n;
+        uint32_t next;
+} GmPages;
+
+/*
+ * The ops whose message is one number, its field 1 (an id, a handle, a GPU, where a page starts), or empty:
+ * the message is made here from the op's descriptor. As gm_request_take(), or, with @fn NULL, gm_request()
+ * reading nothing.
+ */
+int gm_request_num(gm_client *c, uint32_t op, uint64_t num, uint32_t want, GmTakeFn fn, void *ctx);
+int gm_request_none(gm_client *c, uint32_t op, uint32_t want, GmTakeFn fn, void *ctx);
+/* A GmTakeFn for the results of one number, field 1 (a VA, a handle, an access): into *(uint64_t *)@ctx. */
+int gm_take_num(gm_client *c, const void *result, void *ctx);
 
 /*
  * The small ops' round trip without protobuf-c's objects (view.h): @body is the op's message, packed by the
@@ -119,15 +156,18 @@ int gm_call_view(gm_client *c, uint32_t op, const uint8_t *body, size_t len, uin
 /* The most @body of gm_call_view() may hold. */
 #define GM_VIEW_BODY_MAX 1024
 
-/* Release a reply from gm_call(), wherever it was decoded; NULL-safe. Nothing may point into it after. */
+/* Release a reply from gm_request(), wherever it was decoded; NULL-safe. Nothing may point into it after. */
 void gm_reply_free(gm_client *c, Gpumem__Reply *reply);
 
 /* Record @err's reason for the calling thread; returns @err. */
 int gm_set_reason(gm_client *c, int err, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-/* gm_call without fds that also checks the reply carries @want (-EPROTO otherwise). */
-int gm_call_expect(gm_client *c, Gpumem__Request *req, Gpumem__Reply__ResultCase want, Gpumem__Reply **ret);
-/* The same for an op whose result is Empty: nothing to read from the reply. */
-int gm_call_empty(gm_client *c, Gpumem__Request *req);
+
+/*
+ * The public structs share many of their fields with the daemon's messages, under the same names: each
+ * such set is written once, as an X-macro list of the names joined by commas, expanded with GM_COPY_FIELD
+ * (one expression of the copies) where the two are at hand as dst and src.
+ */
+#define GM_COPY_FIELD(f) (dst->f = src->f)
 
 /* -EINVAL for a missing or invalid argument, with a reason naming the call, so that gm_strerror() never shows
  * a previous call's reason for it (without a client there is nowhere to keep one). */

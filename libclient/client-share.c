@@ -39,29 +39,38 @@ static void copy_str(char *dst, size_t cap, const char *src)
         dst[n] = '\0';
 }
 
-static void info_from_proto(const Gpumem__ShareInfo *s, gm_share_info *d)
+/* What a share's entry says as the daemon's message says it. */
+#define SHARE_FIELDS(X)                                                                                      \
+        X(owner_client_id), X(kind), X(gpu_id), X(size), X(read_only), X(persistent), X(readers),            \
+                X(published_usec), X(opens)
+
+static void info_from_proto(const Gpumem__ShareInfo *src, gm_share_info *dst)
 {
-        memset(d, 0, sizeof(*d));
-        copy_str(d->name, sizeof(d->name), s->name);
-        copy_str(d->owner_class, sizeof(d->owner_class), s->owner_class);
-        d->owner_client_id = s->owner_client_id;
-        d->kind = (int)s->kind;
-        d->gpu_id = s->gpu_id;
-        d->size = s->size;
-        d->ptr = (void *)(uintptr_t)s->va;
-        d->read_only = s->read_only;
-        d->persistent = s->persistent;
-        d->readers = s->readers;
-        d->published_usec = s->published_usec;
-        d->opens = s->opens;
+        memset(dst, 0, sizeof(*dst));
+        copy_str(dst->name, sizeof(dst->name), src->name);
+        copy_str(dst->owner_class, sizeof(dst->owner_class), src->owner_class);
+        SHARE_FIELDS(GM_COPY_FIELD);
+        dst->ptr = (void *)(uintptr_t)src->va;
+}
+
+/* What the daemon says of a share just published: where it lies, how large, whether it outlives us. */
+static int publish_take(gm_client *c, const void *result, void *ctx)
+{
+        const Gpumem__SharePublishReply *p = result;
+        gm_share_info *info = ctx;
+
+        (void)c;
+        info->size = p->size;
+        info->ptr = (void *)(uintptr_t)p->va;
+        info->persistent = p->persistent;
+        return 0;
 }
 
 int gm_share_publish(gm_client *c, gm_handle handle, const char *name, unsigned flags,
                      gm_share_info *ret_info)
 {
-        Gpumem__Request req = GPUMEM__REQUEST__INIT;
         Gpumem__SharePublish sp = GPUMEM__SHARE_PUBLISH__INIT;
-        Gpumem__Reply *reply = NULL;
+        gm_share_info info = {0};
         int r;
 
         if (!c || !name_ok(name) || (flags & ~(unsigned)GM_SHARE_READ_ONLY))
@@ -73,41 +82,19 @@ int gm_share_publish(gm_client *c, gm_handle handle, const char *name, unsigned 
         sp.handle = handle;
         sp.name = (char *)name;
         sp.read_only = (flags & GM_SHARE_READ_ONLY) != 0;
-        req.op_case = GPUMEM__REQUEST__OP_SHARE_PUBLISH;
-        req.share_publish = &sp;
-        r = gm_call_expect(c, &req, GPUMEM__REPLY__RESULT_SHARE_PUBLISH, &reply);
-        if (r < 0)
-                return r;
-        if (ret_info) {
-                memset(ret_info, 0, sizeof(*ret_info));
-                copy_str(ret_info->name, sizeof(ret_info->name), name);
-                ret_info->owner_client_id = c->client_id;
-                ret_info->size = reply->share_publish->size;
-                ret_info->ptr = (void *)(uintptr_t)reply->share_publish->va;
-                ret_info->read_only = sp.read_only;
-                ret_info->persistent = reply->share_publish->persistent;
-        }
-        gm_reply_free(c, reply);
-        return 0;
-}
-
-/* Free the daemon's handle of a share this process could not map. */
-static void release(gm_client *c, gm_handle handle)
-{
-        Gpumem__Request req = GPUMEM__REQUEST__INIT;
-        Gpumem__Free f = GPUMEM__FREE__INIT;
-
-        f.has_handle = true;
-        f.handle = handle;
-        req.op_case = GPUMEM__REQUEST__OP_FREE;
-        req.free = &f;
-        (void)gm_call_empty(c, &req);
+        copy_str(info.name, sizeof(info.name), name);
+        info.owner_client_id = c->client_id;
+        info.read_only = sp.read_only;
+        r = gm_request_take(c, GPUMEM__REQUEST__OP_SHARE_PUBLISH, &sp, GPUMEM__REPLY__RESULT_SHARE_PUBLISH,
+                            publish_take, &info);
+        if (r == 0 && ret_info)
+                *ret_info = info;
+        return r;
 }
 
 int gm_share_open(gm_client *c, const char *name, unsigned flags, const uint32_t *gpu_ids, size_t n_gpus,
                   void **ret_ptr, size_t *ret_size, gm_handle *ret_handle)
 {
-        Gpumem__Request req = GPUMEM__REQUEST__INIT;
         Gpumem__ShareOpen so = GPUMEM__SHARE_OPEN__INIT;
         Gpumem__Reply *reply = NULL;
         const Gpumem__ShareOpenReply *o;
@@ -115,9 +102,8 @@ int gm_share_open(gm_client *c, const char *name, unsigned flags, const uint32_t
         size_t n_fds = 0;
         uint64_t va, size;
         gm_handle handle;
-        bool read_only;
+        bool read_only, mapped;
         ShareEntry *e;
-        void *p;
 
         if (!c || !name_ok(name) || !ret_ptr || (flags & ~(unsigned)GM_SHARE_WRITE) || (n_gpus && !gpu_ids) ||
             n_gpus > 64)
@@ -130,13 +116,11 @@ int gm_share_open(gm_client *c, const char *name, unsigned flags, const uint32_t
         so.write = (flags & GM_SHARE_WRITE) != 0;
         so.gpu_ids = (uint32_t *)gpu_ids;
         so.n_gpu_ids = n_gpus;
-        req.op_case = GPUMEM__REQUEST__OP_SHARE_OPEN;
-        req.share_open = &so;
-        r = gm_call(c, &req, NULL, 0, &reply, fds, &n_fds);
+        r = gm_request_fds(c, GPUMEM__REQUEST__OP_SHARE_OPEN, &so, NULL, 0, GPUMEM__REPLY__RESULT_SHARE_OPEN,
+                           &reply, fds, &n_fds);
         if (r < 0)
                 return r;
-        if (reply->result_case != GPUMEM__REPLY__RESULT_SHARE_OPEN || n_fds != 1 ||
-            reply->share_open->fd_index != 0) {
+        if (n_fds != 1 || reply->share_open->fd_index != 0) {
                 for (size_t i = 0; i < n_fds; i++)
                         close(fds[i]);
                 gm_reply_free(c, reply);
@@ -150,14 +134,10 @@ int gm_share_open(gm_client *c, const char *name, unsigned flags, const uint32_t
         gm_reply_free(c, reply);
 
         /* the CPU mapping at the share's address, as every reader has it: never over something of ours */
-        p = mmap((void *)(uintptr_t)va, size, PROT_READ | (read_only ? 0 : PROT_WRITE),
-                 MAP_SHARED | MAP_FIXED_NOREPLACE, fds[0], 0);
-        err = p == MAP_FAILED ? -errno : 0;
+        err = gm_map_at(va, size, PROT_READ | (read_only ? 0 : PROT_WRITE), MAP_SHARED | MAP_FIXED_NOREPLACE,
+                        fds[0], 0);
         close(fds[0]);
-        if (err == 0 && (uintptr_t)p != va) { /* a kernel that does not know MAP_FIXED_NOREPLACE */
-                munmap(p, size);
-                err = -EEXIST;
-        }
+        mapped = err == 0;
         e = err == 0 ? malloc(sizeof(*e)) : NULL;
         if (err == 0 && !e)
                 err = -ENOMEM;
@@ -170,9 +150,11 @@ int gm_share_open(gm_client *c, const char *name, unsigned flags, const uint32_t
                         free(e);
         }
         if (err < 0) {
-                if (p != MAP_FAILED && (uintptr_t)p == va)
-                        munmap(p, size);
-                release(c, handle);
+                if (mapped)
+                        munmap((void *)(uintptr_t)va, size);
+                /* the daemon's handle of what this process could not map */
+                (void)gm_request_num(c, GPUMEM__REQUEST__OP_FREE, handle, GPUMEM__REPLY__RESULT_EMPTY, NULL,
+                                     NULL);
                 return gm_set_reason(c, err, "cannot map share '%s' at 0x%llx: %s", name,
                                      (unsigned long long)va, strerror(-err));
         }
@@ -186,8 +168,7 @@ int gm_share_open(gm_client *c, const char *name, unsigned flags, const uint32_t
 
 int gm_share_close(gm_client *c, void *ptr)
 {
-        Gpumem__Request req = GPUMEM__REQUEST__INIT;
-        Gpumem__Free f = GPUMEM__FREE__INIT;
+        gm_handle handle;
         ShareEntry *e;
 
         if (!c || !ptr)
@@ -199,17 +180,13 @@ int gm_share_close(gm_client *c, void *ptr)
                 return gm_set_reason(c, -EINVAL, "%p is no share gm_share_open mapped", ptr);
         /* the mapping first: the daemon then frees what no one maps */
         (void)munmap(ptr, e->size);
-        f.has_handle = true;
-        f.handle = e->handle;
-        req.op_case = GPUMEM__REQUEST__OP_FREE;
-        req.free = &f;
+        handle = e->handle;
         free(e);
-        return gm_call_empty(c, &req);
+        return gm_request_num(c, GPUMEM__REQUEST__OP_FREE, handle, GPUMEM__REPLY__RESULT_EMPTY, NULL, NULL);
 }
 
 int gm_share_revoke(gm_client *c, const char *name)
 {
-        Gpumem__Request req = GPUMEM__REQUEST__INIT;
         Gpumem__ShareRevoke sr = GPUMEM__SHARE_REVOKE__INIT;
         int r;
 
@@ -219,15 +196,27 @@ int gm_share_revoke(gm_client *c, const char *name)
         if (r < 0)
                 return r;
         sr.name = (char *)name;
-        req.op_case = GPUMEM__REQUEST__OP_SHARE_REVOKE;
-        req.share_revoke = &sr;
-        return gm_call_empty(c, &req);
+        return gm_request(c, GPUMEM__REQUEST__OP_SHARE_REVOKE, &sr, GPUMEM__REPLY__RESULT_EMPTY, NULL);
+}
+
+static int shares_take(gm_client *c, const void *result, void *ctx)
+{
+        const Gpumem__AdminSharesReply *a = result;
+        GmPages *o = ctx;
+        gm_share_info *all = realloc(o->items, (o->n + a->n_shares + 1) * sizeof(*all));
+
+        if (!all)
+                return gm_set_reason(c, -ENOMEM, "out of memory");
+        o->items = all;
+        for (size_t i = 0; i < a->n_shares; i++)
+                info_from_proto(a->shares[i], &all[o->n++]);
+        o->next = a->next;
+        return 0;
 }
 
 int gm_admin_shares(gm_client *c, gm_share_info **ret, size_t *ret_n)
 {
-        gm_share_info *all = NULL;
-        size_t n = 0;
+        GmPages out = {NULL, 0, 0};
         uint32_t from = 0;
         int r;
 
@@ -237,37 +226,17 @@ int gm_admin_shares(gm_client *c, gm_share_info **ret, size_t *ret_n)
         if (r < 0)
                 return r;
         do {
-                Gpumem__Request req = GPUMEM__REQUEST__INIT;
-                Gpumem__AdminShares as = GPUMEM__ADMIN_SHARES__INIT;
-                Gpumem__Reply *reply = NULL;
-                const Gpumem__AdminSharesReply *a;
-                gm_share_info *grown;
-
-                as.has_from = true;
-                as.from = from;
-                req.op_case = GPUMEM__REQUEST__OP_ADMIN_SHARES;
-                req.admin_shares = &as;
-                r = gm_call_expect(c, &req, GPUMEM__REPLY__RESULT_ADMIN_SHARES, &reply);
+                r = gm_request_num(c, GPUMEM__REQUEST__OP_ADMIN_SHARES, from,
+                                   GPUMEM__REPLY__RESULT_ADMIN_SHARES, shares_take, &out);
                 if (r < 0) {
-                        free(all);
+                        free(out.items);
                         return r;
                 }
-                a = reply->admin_shares;
-                grown = realloc(all, (n + a->n_shares + 1) * sizeof(*all));
-                if (!grown) {
-                        gm_reply_free(c, reply);
-                        free(all);
-                        return gm_set_reason(c, -ENOMEM, "out of memory");
-                }
-                all = grown;
-                for (size_t i = 0; i < a->n_shares; i++)
-                        info_from_proto(a->shares[i], &all[n++]);
                 /* a next that does not move on would never end */
-                from = a->next > from ? a->next : 0;
-                gm_reply_free(c, reply);
+                from = out.next > from ? out.next : 0;
         } while (from);
-        *ret = all;
-        *ret_n = n;
+        *ret = out.items;
+        *ret_n = out.n;
         return 0;
 }
 

@@ -499,31 +499,6 @@ static int wait_reply(gm_client *c, uint32_t id, const Sink *sink, Gpumem__Reply
         }
 }
 
-int gm_call_expect(gm_client *c, Gpumem__Request *req, Gpumem__Reply__ResultCase want, Gpumem__Reply **ret)
-{
-        Gpumem__Reply *reply = NULL;
-        int r = gm_call(c, req, NULL, 0, &reply, NULL, NULL);
-
-        if (r < 0)
-                return r;
-        if (reply->result_case != want) {
-                gm_reply_free(c, reply);
-                return gm_set_reason(c, -EPROTO, "gpumemd replied with an unexpected result");
-        }
-        *ret = reply;
-        return 0;
-}
-
-int gm_call_empty(gm_client *c, Gpumem__Request *req)
-{
-        Gpumem__Reply *reply = NULL;
-        int r = gm_call_expect(c, req, GPUMEM__REPLY__RESULT_EMPTY, &reply);
-
-        if (r == 0)
-                gm_reply_free(c, reply);
-        return r;
-}
-
 /*
  * Send the request framed in @buf (its body, @len bytes, after the header's room) with @fds, under a new id,
  * then wait for its reply as @sink says.
@@ -574,8 +549,9 @@ static int send_and_wait(gm_client *c, uint8_t *buf, size_t len, const int *fds,
         return wait_reply(c, id, sink, ret_reply, ret_fds, ret_n_fds);
 }
 
-int gm_call(gm_client *c, Gpumem__Request *req, const int *fds, size_t n_fds, Gpumem__Reply **ret_reply,
-            int *ret_fds, size_t *ret_n_fds)
+/* One request/reply round trip of @req (see gm_request_fds). */
+static int call(gm_client *c, Gpumem__Request *req, const int *fds, size_t n_fds, Gpumem__Reply **ret_reply,
+                int *ret_fds, size_t *ret_n_fds)
 {
         uint8_t stack_buf[SEND_STACK_MAX];
         uint8_t *buf = stack_buf;
@@ -601,6 +577,135 @@ int gm_call(gm_client *c, Gpumem__Request *req, const int *fds, size_t n_fds, Gp
         return r;
 }
 
+int gm_request_fds(gm_client *c, uint32_t op, const void *msg, const int *fds, size_t n_fds, uint32_t want,
+                   Gpumem__Reply **ret_reply, int *ret_fds, size_t *ret_n_fds)
+{
+        const ProtobufCFieldDescriptor *f = gm_proto_field(&gpumem__request__descriptor, op);
+        Gpumem__Request req = GPUMEM__REQUEST__INIT;
+        Gpumem__Reply *reply = NULL;
+        size_t n = 0;
+        int r;
+
+        /* the member for @op is the Request's field of that number, where its descriptor says, and it
+         * takes the message of one type */
+        if (!f || !(f->flags & PROTOBUF_C_FIELD_FLAG_ONEOF) || f->type != PROTOBUF_C_TYPE_MESSAGE || !msg ||
+            ((const ProtobufCMessage *)msg)->descriptor != f->descriptor)
+                return gm_set_reason(c, -EINVAL, "request %u: no such op, or not its message", op);
+        req.op_case = (Gpumem__Request__OpCase)op;
+        memcpy((uint8_t *)&req + f->offset, &msg, sizeof(msg));
+        r = call(c, &req, fds, n_fds, &reply, ret_fds, ret_fds ? &n : NULL);
+        if (r < 0)
+                return r;
+        if (want != GM_ANY_RESULT && reply->result_case != want) {
+                gm_wire_close_fds(ret_fds, n);
+                gm_reply_free(c, reply);
+                return gm_set_reason(c, -EPROTO, "gpumemd replied with an unexpected result");
+        }
+        if (ret_n_fds)
+                *ret_n_fds = n;
+        if (ret_reply)
+                *ret_reply = reply;
+        else
+                gm_reply_free(c, reply);
+        return 0;
+}
+
+int gm_request_take(gm_client *c, uint32_t op, const void *msg, uint32_t want, GmTakeFn fn, void *ctx)
+{
+        const ProtobufCFieldDescriptor *f = gm_proto_field(&gpumem__reply__descriptor, want);
+        Gpumem__Reply *reply = NULL;
+        int r;
+
+        if (!f || f->type != PROTOBUF_C_TYPE_MESSAGE)
+                return gm_set_reason(c, -EINVAL, "result %u: no such result", want);
+        r = gm_request(c, op, msg, want, &reply);
+        if (r < 0)
+                return r;
+        /* the result member, where the Reply's descriptor says it lies */
+        r = fn(c, *(const void *const *)((const uint8_t *)reply + f->offset), ctx);
+        gm_reply_free(c, reply);
+        return r;
+}
+
+/* Field 1 of messages of @d, when it is one optional number (the form gm_request_num and gm_take_num know).
+ */
+static const ProtobufCFieldDescriptor *number_one(const ProtobufCMessageDescriptor *d)
+{
+        const ProtobufCFieldDescriptor *f = gm_proto_field(d, 1);
+
+        if (!f || f->label != PROTOBUF_C_LABEL_OPTIONAL || !f->quantifier_offset)
+                return NULL;
+        switch (f->type) {
+        case PROTOBUF_C_TYPE_UINT64:
+        case PROTOBUF_C_TYPE_UINT32:
+        case PROTOBUF_C_TYPE_ENUM:
+        case PROTOBUF_C_TYPE_BOOL:
+                return f;
+        default:
+                return NULL;
+        }
+}
+
+int gm_take_num(gm_client *c, const void *result, void *ctx)
+{
+        const ProtobufCMessage *m = result;
+        const ProtobufCFieldDescriptor *f = number_one(m->descriptor);
+        const uint8_t *at = (const uint8_t *)m + (f ? f->offset : 0);
+
+        if (!f)
+                return gm_set_reason(c, -EINVAL, "%s: not a result of one number", m->descriptor->name);
+        if (f->type == PROTOBUF_C_TYPE_UINT64)
+                *(uint64_t *)ctx = *(const uint64_t *)at;
+        else if (f->type == PROTOBUF_C_TYPE_ENUM) /* an int, as protobuf-c keeps enums */
+                *(uint64_t *)ctx = (uint64_t)(int64_t)(*(const int *)at);
+        else if (f->type == PROTOBUF_C_TYPE_UINT32)
+                *(uint64_t *)ctx = *(const uint32_t *)at;
+        else
+                *(uint64_t *)ctx = *(const protobuf_c_boolean *)at != 0;
+        return 0;
+}
+
+/* Op @op's message made here from its descriptor, with field 1 set to *@num if given, then sent as
+ * gm_request_num() says. */
+static int request_small(gm_client *c, uint32_t op, const uint64_t *num, uint32_t want, GmTakeFn fn,
+                         void *ctx)
+{
+        const ProtobufCFieldDescriptor *f = gm_proto_field(&gpumem__request__descriptor, op), *nf = NULL;
+        const ProtobufCMessageDescriptor *d = f && f->type == PROTOBUF_C_TYPE_MESSAGE ? f->descriptor : NULL;
+        union {
+                ProtobufCMessage base;
+                uint64_t room[8];
+        } m;
+        uint8_t *at;
+
+        if (d && num)
+                nf = number_one(d);
+        if (!d || d->sizeof_message > sizeof(m) || (num && (!nf || nf->type == PROTOBUF_C_TYPE_ENUM)))
+                return gm_set_reason(c, -EINVAL, "request %u: not an op of one number", op);
+        protobuf_c_message_init(d, &m);
+        if (num) {
+                at = (uint8_t *)&m + nf->offset;
+                if (nf->type == PROTOBUF_C_TYPE_UINT64)
+                        *(uint64_t *)at = *num;
+                else if (nf->type == PROTOBUF_C_TYPE_UINT32)
+                        *(uint32_t *)at = (uint32_t)*num;
+                else
+                        *(protobuf_c_boolean *)at = *num != 0;
+                *(protobuf_c_boolean *)((uint8_t *)&m + nf->quantifier_offset) = 1;
+        }
+        return fn ? gm_request_take(c, op, &m, want, fn, ctx) : gm_request(c, op, &m, want, NULL);
+}
+
+int gm_request_num(gm_client *c, uint32_t op, uint64_t num, uint32_t want, GmTakeFn fn, void *ctx)
+{
+        return request_small(c, op, &num, want, fn, ctx);
+}
+
+int gm_request_none(gm_client *c, uint32_t op, uint32_t want, GmTakeFn fn, void *ctx)
+{
+        return request_small(c, op, NULL, want, fn, ctx);
+}
+
 int gm_call_view(gm_client *c, uint32_t op, const uint8_t *body, size_t len, uint32_t want, GmViewFn fn,
                  void *ctx)
 {
@@ -618,16 +723,8 @@ int gm_call_view(gm_client *c, uint32_t op, const uint8_t *body, size_t len, uin
 
 static int reserve_window(uint64_t base, uint64_t size)
 {
-        void *want = (void *)(uintptr_t)base;
-        void *p = mmap(want, size, PROT_NONE,
-                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED_NOREPLACE, -1, 0);
-        if (p == MAP_FAILED)
-                return -errno;
-        if (p != want) {
-                munmap(p, size);
-                return -EEXIST;
-        }
-        return 0;
+        return gm_map_at(base, size, PROT_NONE,
+                         MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED_NOREPLACE, -1, 0);
 }
 
 static char *dup_or_empty(const char *s)
@@ -635,9 +732,19 @@ static char *dup_or_empty(const char *s)
         return strdup(s ? s : "");
 }
 
+/* This process's side of the daemon's backend (client-backend.h): the default row until its own opens. */
+static int backend_open(gm_client *c)
+{
+        const GmBackend *b = gm_backend_find(c->backend);
+        int r = b->open(c);
+
+        if (r == 0)
+                c->bk = b;
+        return r;
+}
+
 static int handshake(gm_client *c, const char *name, uint64_t window_size, bool low_window)
 {
-        Gpumem__Request req = GPUMEM__REQUEST__INIT;
         Gpumem__Hello hello = GPUMEM__HELLO__INIT;
         Gpumem__Reply *reply = NULL;
         const Gpumem__HelloReply *h;
@@ -650,9 +757,8 @@ static int handshake(gm_client *c, const char *name, uint64_t window_size, bool 
         hello.client_name = (char *)(name ? name : "");
         hello.has_window_size = window_size != 0;
         hello.window_size = window_size;
-        req.op_case = GPUMEM__REQUEST__OP_HELLO;
-        req.hello = &hello;
-        r = gm_call(c, &req, NULL, 0, &reply, NULL, NULL);
+        /* any result: an unusable one is said so below */
+        r = gm_request(c, GPUMEM__REQUEST__OP_HELLO, &hello, GM_ANY_RESULT, &reply);
         if (r < 0)
                 return r;
         h = reply->hello;
@@ -682,13 +788,11 @@ static int handshake(gm_client *c, const char *name, uint64_t window_size, bool 
         /* Reserve the same window here; if this process already uses part of it, ask for another. */
         for (int tries = 0;; tries++) {
                 Gpumem__WindowRetry wr = GPUMEM__WINDOW_RETRY__INIT;
-                Gpumem__Request rreq = GPUMEM__REQUEST__INIT;
 
                 r = reserve_window(c->window_base, c->window_size);
                 if (r == 0) {
                         c->window_reserved = true;
-                        /* NVIDIA GPUs: this process maps its memory in its own CUDA context */
-                        return strcmp(c->backend, "cuda") == 0 ? gm_cuda_open(c) : 0;
+                        return backend_open(c);
                 }
                 if (r != -EEXIST || tries >= WINDOW_RETRIES)
                         return gm_set_reason(c, -ENOSPC, "cannot reserve the VA window 0x%llx+0x%llx: %s",
@@ -696,9 +800,7 @@ static int handshake(gm_client *c, const char *name, uint64_t window_size, bool 
                                              (unsigned long long)c->window_size, strerror(-r));
                 wr.has_failed_base = true;
                 wr.failed_base = c->window_base;
-                rreq.op_case = GPUMEM__REQUEST__OP_WINDOW_RETRY;
-                rreq.window_retry = &wr;
-                r = gm_call(c, &rreq, NULL, 0, &reply, NULL, NULL);
+                r = gm_request(c, GPUMEM__REQUEST__OP_WINDOW_RETRY, &wr, GM_ANY_RESULT, &reply);
                 if (r < 0)
                         return r;
                 if (!reply->hello || !reply->hello->has_window_base) {
@@ -725,6 +827,7 @@ static gm_client *client_new(void)
         pthread_mutex_init(&c->mem_lock, NULL);
         pthread_cond_init(&c->mem_cond, NULL);
         pthread_cond_init(&c->cond, NULL);
+        c->bk = &gm_backend_default;
         return c;
 }
 
@@ -807,7 +910,7 @@ void gm_client_close(gm_client *c)
                 hashmap_done(&c->allocs);
         }
         gm_shares_done(c);
-        gm_cuda_close(c);
+        c->bk->close(c);
         pthread_cond_destroy(&c->mem_cond);
         pthread_mutex_destroy(&c->mem_lock);
         pthread_cond_destroy(&c->cond);
