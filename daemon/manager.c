@@ -1,8 +1,8 @@
-/* gpumemd's root object: start-up order, listener and accept hygiene, signals, readiness and drain. */
+/* gpumemd's root object: start-up order, signals, readiness, drain and teardown (accept: server/listener.c).
+ */
 #include "manager.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <limits.h>
 #include <sched.h>
 #include <signal.h>
@@ -10,9 +10,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <sys/socket.h>
-#include <sys/stat.h>
-#include <sys/un.h>
 #include <systemd/sd-daemon.h>
 
 #include "broker/broker.h"
@@ -24,15 +21,14 @@
 #include "config/policy.h"
 #include "config.h"
 #include "server/conn.h"
+#include "server/listener.h"
 #include "frame.h"
 #include "base/handover.h"
 #include "base/log.h"
 #include "ops/request.h"
 #include "server/window.h"
 #include "base/worker.h"
-#include "wire.h"
 
-#define ACCEPTS_PER_WAKEUP 64
 /* Objects a departed client's teardown frees per loop round, other clients' requests in between. */
 #define MANAGER_TEARDOWN_SLICE 4096
 #define DRAIN_TIMEOUT_USEC     (3u * 1000000u)
@@ -116,52 +112,6 @@ static int manager_reap(Manager *m, BrokerClient *bc, Conn *c)
         /* the slices run on the main loop; it is told once until the list runs empty */
         manager_reap_post(m);
         return 0;
-}
-
-/* Refuse a connection with one error frame (request id 0: a connection-level error). */
-static void refuse_send(int fd, int code, const char *reason)
-{
-        Gpumem__Reply reply = GPUMEM__REPLY__INIT;
-        Gpumem__Status st = GPUMEM__STATUS__INIT;
-        uint8_t buf[256];
-        size_t len;
-
-        st.has_code = true;
-        st.code = code;
-        st.reason = (char *)reason;
-        reply.status = &st;
-        len = gpumem__reply__get_packed_size(&reply);
-        if (len <= sizeof(buf) - GM_FRAME_HDR_SIZE &&
-            gm_frame_hdr_encode(buf, GM_PROTOCOL_VERSION_MIN, 0, (uint32_t)len, 0) == 0) {
-                gpumem__reply__pack(&reply, buf + GM_FRAME_HDR_SIZE);
-                (void)gm_wire_send(fd, buf, GM_FRAME_HDR_SIZE + len, NULL, 0, NULL, 0, MSG_DONTWAIT);
-        }
-}
-
-static void refuse(int fd, int code, const char *reason)
-{
-        refuse_send(fd, code, reason);
-        safe_close(fd);
-}
-
-/* The client loop (shards 1 to n) with the fewest connections, in turn among equals. Under the lock. */
-static Shard *pick_shard(Manager *m)
-{
-        unsigned n = m->n_shards - 1;
-        Shard *best = &m->shards[1];
-
-        for (unsigned i = 0; i < n; i++) {
-                Shard *sh = &m->shards[1 + (m->next_shard + i) % n];
-                if (i == 0 || sh->n_conns < best->n_conns)
-                        best = sh;
-        }
-        m->next_shard = best->index % n; /* the one after it first next time */
-        return best;
-}
-
-static void start_cb(void *arg)
-{
-        conn_start(arg);
 }
 
 /* ---- what a connection asks of the daemon (ConnHost) ----------------------------------------------------
@@ -250,126 +200,22 @@ static const ConnHost conn_host = {
 
 int manager_conn_new(Manager *m, int fd, Conn **ret)
 {
-        return conn_new(m, &conn_host, &m->opts.send_timeout_sec, &m->opts.hello_timeout_sec, fd, ret);
+        return listener_conn_new(m, fd, ret);
 }
 
 void manager_conn_place(Manager *m, Conn *c, Shard *sh)
 {
-        c->sh = sh;
-        c->id = ++m->next_client_id;
-        c->next = m->conns;
-        if (m->conns)
-                m->conns->prev = c;
-        m->conns = c;
-        m->n_conns++;
-        sh->n_conns++;
+        listener_place(m, c, sh);
 }
 
 /* What carrying clients across a restart needs of the manager. */
 static const CarryHost carry_host = {
-        .conn_new = manager_conn_new,
-        .pick_shard = pick_shard,
-        .place = manager_conn_place,
-        .refuse_send = refuse_send,
+        .conn_new = listener_conn_new,
+        .pick_shard = listener_pick_shard,
+        .place = listener_place,
+        .refuse_send = listener_refuse_send,
         .books = conn_books_new,
 };
-
-static void on_accept_retry(evutil_socket_t fd, short what, void *userdata)
-{
-        Manager *m = userdata;
-        if (!m->stopping)
-                event_add(m->listen_ev, NULL);
-}
-
-/* Accept, check the caps, read the identity, admit to a class, and hand the connection to a loop. */
-static void accept_one(Manager *m, Shard *main_sh, int fd, const struct ucred *cred)
-{
-        char reason[256];
-        bool on_main;
-        Conn *c;
-        int r;
-
-        manager_lock(m);
-        if (m->n_conns >= m->opts.max_connections) {
-                COUNTER_ADD(main_sh->stats.connections_refused, 1);
-                metrics_deny(main_sh->metrics, DENY_CONNECTIONS);
-                manager_unlock(m);
-                refuse(fd, -EUSERS, "gpumemd is at its connection limit");
-                return;
-        }
-        if (manager_conns_of_uid(m, cred->uid) >= m->opts.max_connections_per_uid) {
-                COUNTER_ADD(main_sh->stats.connections_refused, 1);
-                metrics_deny(main_sh->metrics, DENY_CONNECTIONS);
-                manager_unlock(m);
-                refuse(fd, -EUSERS, "too many connections from this user");
-                return;
-        }
-        if (manager_conn_new(m, fd, &c) < 0) {
-                manager_unlock(m);
-                log_warning("cannot set up a connection from pid %d", (int)cred->pid);
-                return;
-        }
-        r = classes_admit(m, c, reason, sizeof(reason));
-        if (r < 0) {
-                COUNTER_ADD(main_sh->stats.connections_refused, 1);
-                COUNTER_ADD(main_sh->stats.denials, 1);
-                metrics_deny(main_sh->metrics, r == -EACCES ? DENY_NO_CLASS : DENY_CONNECTIONS);
-                conn_log(c, LOG_NOTICE, GM_MESSAGE_DENIED, &m->conn_log_rl, "refused: %s", reason);
-                refuse_send(c->t.fd, r, reason);
-                conn_free(c);
-                manager_unlock(m);
-                return;
-        }
-        manager_conn_place(m, c, pick_shard(m));
-        COUNTER_ADD(main_sh->stats.connections_total, 1);
-        log_debug("accepted client %llu (pid %d uid %u) on loop %u", (unsigned long long)c->id,
-                  (int)cred->pid, (unsigned)cred->uid, c->sh->index);
-        /* From here only its loop touches its socket. Posted before the lock goes: whatever another loop
-         * then posts there for it (an administrator's disconnect) comes after its start. */
-        on_main = c->sh == main_sh;
-        if (!on_main)
-                loop_post_work(c->sh->loop, &c->start_work, start_cb, c);
-        manager_unlock(m);
-        /* (another loop's connection may be gone already: not touched here again) */
-        if (on_main)
-                conn_start(c);
-}
-
-static void on_accept(evutil_socket_t lfd, short what, void *userdata)
-{
-        Manager *m = userdata;
-
-        for (int i = 0; i < ACCEPTS_PER_WAKEUP; i++) {
-                struct ucred cred;
-                socklen_t len = sizeof(cred);
-                int fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
-
-                if (fd < 0) {
-                        if (errno == EINTR || errno == ECONNABORTED)
-                                continue;
-                        if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
-                                /* Out of fds: stop accepting for a second rather than spin. */
-                                struct timeval tv = {1, 0};
-                                log_warning_errno(errno, "accept: %s, pausing for a second", strerror(errno));
-                                event_del(m->listen_ev);
-                                evtimer_add(m->accept_retry_ev, &tv);
-                        } else if (errno != EAGAIN) {
-                                log_warning_errno(errno, "accept: %s", strerror(errno));
-                        }
-                        return;
-                }
-                if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) < 0) {
-                        safe_close(fd);
-                        continue;
-                }
-                accept_one(m, &m->shards[0], fd, &cred);
-        }
-}
-
-static bool is_listening_seqpacket(int fd)
-{
-        return sd_is_socket_unix(fd, SOCK_SEQPACKET, 1, NULL, 0) > 0;
-}
 
 /*
  * The fds passed at start (LISTEN_FDS): a socket of socket activation, and what a daemon before this one
@@ -404,7 +250,7 @@ static int take_passed_fds(Manager *m, HandoverFds *ret_ours)
                 }
                 if (r == 0 && m->listen_fd >= 0)
                         r = log_error_errno(-EINVAL, "socket activation passed more than one socket");
-                else if (r == 0 && !is_listening_seqpacket(f->fd))
+                else if (r == 0 && !listener_fd_usable(f->fd))
                         r = log_error_errno(-EINVAL,
                                             "the activated socket '%s' is not a listening AF_UNIX "
                                             "SOCK_SEQPACKET",
@@ -416,78 +262,6 @@ static int take_passed_fds(Manager *m, HandoverFds *ret_ours)
         }
         handover_fds_done(&all); /* what was not taken */
         return r;
-}
-
-/* The listening socket a previous daemon handed over, where socket activation passed none. */
-static void take_handed_listener(Manager *m, const Gpumemd__HandoverState *st, HandoverFds *ours)
-{
-        int fd = handover_fds_take(ours, HANDOVER_NAME_LISTEN);
-
-        if (fd < 0)
-                return;
-        if (m->listen_fd >= 0 || !is_listening_seqpacket(fd)) {
-                safe_close(fd); /* socket activation's wins */
-                return;
-        }
-        m->listen_fd = fd;
-        /* who removes the socket file at the final stop: the daemon that bound it, or systemd */
-        m->listen_bound = st && st->has_listen_bound && st->listen_bound;
-}
-
-/* A socket file left by a dead daemon is removed; one that answers belongs to a live daemon. */
-static int remove_stale_socket(const struct sockaddr_un *sa)
-{
-        struct stat st;
-        int fd, r;
-
-        if (lstat(sa->sun_path, &st) < 0)
-                return errno == ENOENT ? 0 : -errno;
-        if (!S_ISSOCK(st.st_mode))
-                return -EEXIST;
-        fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
-        if (fd < 0)
-                return -errno;
-        r = connect(fd, (const struct sockaddr *)sa, sizeof(*sa));
-        safe_close(fd);
-        if (r == 0)
-                return -EADDRINUSE;
-        if (unlink(sa->sun_path) < 0 && errno != ENOENT)
-                return -errno;
-        return 0;
-}
-
-static int listen_bind(Manager *m)
-{
-        struct sockaddr_un sa = {.sun_family = AF_UNIX};
-        const char *path = m->opts.socket_path;
-        int fd, r;
-
-        if (strlen(path) >= sizeof(sa.sun_path))
-                return log_error_errno(-ENAMETOOLONG, "socket path '%s' is too long", path);
-        strcpy(sa.sun_path, path);
-        r = remove_stale_socket(&sa);
-        if (r == -EADDRINUSE)
-                return log_error_errno(r, "another gpumemd is already listening on %s", path);
-        if (r < 0)
-                return log_error_errno(r, "cannot use %s: %s", path, strerror(-r));
-
-        fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-        if (fd < 0)
-                return log_error_errno(errno, "socket: %s", strerror(errno));
-        if (bind(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
-                r = -errno;
-                safe_close(fd);
-                return log_error_errno(r, "cannot bind %s: %s", path, strerror(-r));
-        }
-        if (chmod(path, m->opts.socket_mode) < 0 || listen(fd, SOMAXCONN) < 0) {
-                r = -errno;
-                unlink(path);
-                safe_close(fd);
-                return log_error_errno(r, "cannot listen on %s: %s", path, strerror(-r));
-        }
-        m->listen_fd = fd;
-        m->listen_bound = true;
-        return 0;
 }
 
 /* While stopping, every loop closes its connections whose replies are all out; the rest get until the
@@ -576,8 +350,7 @@ static void on_signal_stop(evutil_socket_t sig, short what, void *userdata)
                 (void)sd_notify(0, m->handover ? "STOPPING=1\nSTATUS=Handing clients over"
                                                : "STOPPING=1\nSTATUS=Draining clients");
         }
-        event_del(m->listen_ev);
-        event_del(m->accept_retry_ev);
+        listener_pause(m);
         for (unsigned i = 1; i < m->n_shards; i++)
                 loop_post_work(m->shards[i].loop, &m->shards[i].drain_work, drain_start, &m->shards[i]);
         drain_start(&m->shards[0]);
@@ -891,6 +664,7 @@ static int manager_alloc(const Options *opts, Manager **ret)
         if (!m)
                 return -ENOMEM;
         m->listen_fd = -1;
+        m->conn_host = &conn_host;
         /* recursive: a transport tells of a peer gone from inside a send, which may be made with the lock
          * held (a reply) or without it (a ping's) */
         pthread_mutexattr_init(&attr);
@@ -973,17 +747,10 @@ static int load_policy(Manager *m)
  * the metrics' listener when one is asked for. */
 static int setup_listeners(Manager *m, const Gpumemd__HandoverState *handed, HandoverFds *passed)
 {
-        int r;
+        int r = listener_open(m, handed, passed);
 
-        take_handed_listener(m, handed, passed);
-        if (m->listen_fd >= 0) {
-                (void)fcntl(m->listen_fd, F_SETFD, FD_CLOEXEC);
-                (void)fcntl(m->listen_fd, F_SETFL, fcntl(m->listen_fd, F_GETFL) | O_NONBLOCK);
-        } else {
-                r = listen_bind(m);
-                if (r < 0)
-                        return r;
-        }
+        if (r < 0)
+                return r;
         return m->opts.metrics_listen ? metrics_listen(m, m->opts.metrics_listen) : 0;
 }
 
@@ -1010,8 +777,6 @@ static int setup_main_events(Manager *m)
 {
         const short sig = EV_SIGNAL | EV_PERSIST;
         const MainEvent evs[] = {
-                {&m->listen_ev, m->listen_fd, EV_READ | EV_PERSIST, on_accept, true},
-                {&m->accept_retry_ev, -1, 0, on_accept_retry, false},
                 {&m->sigterm_ev, SIGTERM, sig, on_signal_stop, true},
                 {&m->sigint_ev, SIGINT, sig, on_signal_stop, true},
                 {&m->sighup_ev, SIGHUP, sig, on_sighup, true},
@@ -1024,6 +789,8 @@ static int setup_main_events(Manager *m)
         int r;
 
         r = main_events_add(m, evs, ARRAY_SIZE(evs));
+        if (r >= 0)
+                r = listener_start(m);
         if (r < 0)
                 return r;
         if (driver_has(m->drv, DRIVER_CAP_TEST_FAULTS) && getenv("GPUMEMD_MODEL_FAULTS_FILE"))
@@ -1034,9 +801,8 @@ static int setup_main_events(Manager *m)
 static void main_events_free(Manager *m)
 {
         struct event **evs[] = {
-                &m->listen_ev, &m->accept_retry_ev, &m->sigterm_ev, &m->sigint_ev,
-                &m->sighup_ev, &m->sigusr1_ev,      &m->sigusr2_ev, &m->watchdog_ev,
-                &m->broker_ev, &m->reap_ev,         &m->status_ev,
+                &m->sigterm_ev,  &m->sigint_ev, &m->sighup_ev, &m->sigusr1_ev, &m->sigusr2_ev,
+                &m->watchdog_ev, &m->broker_ev, &m->reap_ev,   &m->status_ev,
         };
 
         for (size_t i = 0; i < ARRAY_SIZE(evs); i++)
@@ -1165,12 +931,7 @@ Manager *manager_free(Manager *m)
                 m->reapers = r->next;
                 reaper_finish(r);
         }
-        if (m->listen_fd >= 0) {
-                /* handed over, the socket file stays for the next daemon */
-                if (m->listen_bound && !m->carried)
-                        unlink(m->opts.socket_path);
-                safe_close(m->listen_fd);
-        }
+        listener_close(m);
         if (m->http)
                 evhttp_free(m->http);
         classes_free_all(m);

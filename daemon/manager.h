@@ -1,4 +1,4 @@
-/* gpumemd's root: start-up order, listener and accept, signals, readiness, drain, reload and teardown. */
+/* gpumemd's root: start-up order, signals, readiness, drain, reload and teardown. */
 #pragma once
 
 #include "server/core.h"
@@ -12,7 +12,7 @@ int manager_run(Manager *m);
 int manager_reload(Manager *m);
 
 /* A connection of this daemon for the accepted socket @fd (conn_new with the daemon's ConnHost), and its
- * place in the daemon: its id, its shard, the connection list. Under the lock. */
+ * place in the daemon: its id, its shard, the connection list (listener.h's). Under the lock. */
 int manager_conn_new(Manager *m, int fd, Conn **ret);
 void manager_conn_place(Manager *m, Conn *c, Shard *sh);
 /* main()'s argv, for a re-exec (borrowed: it lives as long as the process). */

@@ -47,6 +47,7 @@ struct Manager {
         unsigned n_shards;
         unsigned next_shard;
 
+        const struct ConnHost *conn_host; /* what a connection asks of the daemon (manager.c's) */
         int listen_fd;
         bool listen_bound; /* we bound it ourselves (not socket-activated): unlink on exit */
         struct event *listen_ev;
