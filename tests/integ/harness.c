@@ -1180,6 +1180,13 @@ int child_status(pid_t pid)
         return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
+int child_end(pid_t pid, int sync)
+{
+        if (sync >= 0)
+                close(sync);
+        return child_status(pid);
+}
+
 int run_as(uid_t uid, int (*fn)(void *), void *arg)
 {
         return child_status(fork_as(uid, fn, arg));

@@ -232,5 +232,7 @@ pid_t fork_as(uid_t uid, int (*fn)(void *), void *arg);
 pid_t fork_as_synced(uid_t uid, int (*fn)(void *), int *ret_sync);
 /* Reap the child @pid: its exit status, 128 + the signal that ended it, or -1. */
 int child_status(pid_t pid);
+/* Close our end @sync (when >= 0) of a fork_as_synced() child's socket, then child_status(). */
+int child_end(pid_t pid, int sync);
 /* fork_as() and child_status(): 0 when every check in the child held. */
 int run_as(uid_t uid, int (*fn)(void *), void *arg);

@@ -167,8 +167,7 @@ static void test_shared_quota(void)
         check_ledger_matches_model("two alpha clients");
         CHECK_EQ(run_as(UID_BETA, beta_big, NULL), 0);
         (void)!write(sync, "x", 1);
-        close(sync);
-        CHECK_EQ(child_status(pid), 0);
+        CHECK_EQ(child_end(pid, sync), 0);
         wait_class_idle("alpha");
         wait_class_idle("beta");
 }
@@ -256,8 +255,7 @@ static void test_every_path(void)
                 check_ledger_matches_model("every path");
                 (void)!write(sync, "k", 1);
         }
-        close(sync);
-        CHECK_EQ(child_status(pid), 0);
+        CHECK_EQ(child_end(pid, sync), 0);
         wait_class_idle("alpha");
         check_ledger_matches_model("every path, freed");
 }
@@ -394,8 +392,7 @@ static void test_admin_plane(void)
                 CHECK_EQ(gm_admin_quota_get(adm, "nosuch", &q, &nq), -ENOENT);
         }
         (void)!write(sync, "k", 1);
-        CHECK_EQ(child_status(pid), 0);
-        close(sync);
+        CHECK_EQ(child_end(pid, sync), 0);
         CHECK_EQ(gm_admin_quota_set(adm, "alpha", GM_RESOURCE_VRAM, 0, 8 * MiB, false), 0);
         gm_client_close(adm);
         wait_class_idle("alpha");
@@ -566,8 +563,7 @@ static void test_inflight(void)
          * back, never a connection that reads its replies, nor a new connection's hello */
         CHECK_EQ(run_as(UID_GAMMA, gamma_ping, NULL), 0);
         (void)!write(sync, "k", 1); /* the flood ends */
-        CHECK(child_status(pid) >= 0);
-        close(sync);
+        CHECK(child_end(pid, sync) >= 0);
         gm_client *adm = daemon_client(&dmn, "admin");
         char *text = NULL;
         if (adm && gm_admin_metrics(adm, &text) == 0) {

@@ -125,6 +125,17 @@ static bool child_ready(Child *ch)
         return ch->sync >= 0 && read(ch->sync, &c, 1) == 1 && c == 'r';
 }
 
+/* @fn started as @uid (spawn_as) in *@ch, and ready; false, a failed check, when it is not. */
+static bool start_child(Child *ch, uid_t uid, int (*fn)(void *))
+{
+        bool ready;
+
+        *ch = spawn_as(uid, fn);
+        ready = child_ready(ch);
+        CHECK(ready);
+        return ready;
+}
+
 static void child_go(Child *ch)
 {
         CHECK_EQ(write(ch->sync, "g", 1), 1);
@@ -133,10 +144,10 @@ static void child_go(Child *ch)
 /* Reap the child: its exit status (0: every expectation held). */
 static int child_wait(Child *ch)
 {
-        if (ch->sync >= 0)
-                close(ch->sync);
+        int r = child_end(ch->pid, ch->sync);
+
         ch->sync = -1;
-        return child_status(ch->pid);
+        return r;
 }
 
 /* In the child: say it is ready, wait to go on (@sync points at its end of the socket). */
@@ -299,10 +310,7 @@ static void test_uid_cap(void)
         bool ready;
 
         NEED_DAEMON();
-        h = spawn_as(UID_HOG, hog);
-        ready = child_ready(&h);
-
-        CHECK(ready);
+        ready = start_child(&h, UID_HOG, hog);
         if (ready) {
                 CHECK_EQ(wait_va_windows(6), 6);
                 /* another uid still gets its hello and allocates; so does root */
@@ -319,9 +327,7 @@ static void test_uid_cap(void)
         kill(h.pid, SIGKILL);
         CHECK_EQ(child_wait(&h), 128 + SIGKILL);
         CHECK_EQ(wait_va_windows(0), 0);
-        h = spawn_as(UID_HOG, hog);
-        ready = child_ready(&h);
-        CHECK(ready);
+        ready = start_child(&h, UID_HOG, hog);
         if (ready)
                 CHECK_EQ(wait_va_windows(6), 6);
         kill(h.pid, SIGKILL);
@@ -347,8 +353,7 @@ static void test_reload(void)
         kill(dmn.pid, SIGHUP);
         usleep(300000);
         hog_cap_gib = 7;
-        h = spawn_as(UID_HOG, hog);
-        CHECK(child_ready(&h));
+        start_child(&h, UID_HOG, hog);
         CHECK_EQ(wait_va_windows(7), 7);
         kill(h.pid, SIGKILL);
         child_wait(&h);
@@ -434,10 +439,7 @@ static void test_class_windows(void)
         bool ready;
 
         NEED_DAEMON();
-        b = spawn_as(UID_BATCH, batch);
-        ready = child_ready(&b);
-
-        CHECK(ready);
+        ready = start_child(&b, UID_BATCH, batch);
         if (ready) {
                 CHECK(class_windows("batch", &used, &limit));
                 CHECK_EQ(used, 3);
@@ -495,8 +497,7 @@ static void test_default_cap(void)
                 printf("# skipped under a wrapper or ThreadSanitizer: 16 TiB reservations\n");
                 return;
         }
-        h = spawn_as(UID_HOG, hog_default);
-        CHECK(child_ready(&h));
+        start_child(&h, UID_HOG, hog_default);
         /* another uid connects (a 16 TiB window) and allocates while the hog holds all it could get */
         CHECK_EQ(run_as(UID_OTHER, bystander, NULL), 0);
         child_go(&h);
