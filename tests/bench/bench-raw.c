@@ -69,17 +69,41 @@ int raw_hello_window(int fd, uint64_t window_size)
         return n < 0 ? (int)n : 0;
 }
 
+/* The packet of @req and its reply's, their sizes in *@ret_req and *@ret_rep: 0 or a negative errno. */
+static int packet_sizes(int fd, const Gpumem__Request *req, size_t *ret_req, size_t *ret_rep)
+{
+        ssize_t n = raw_call(fd, req, ret_req);
+
+        if (n < 0)
+                return (int)n;
+        *ret_rep = (size_t)n;
+        return 0;
+}
+
+/* The size of an export's reply packet as the daemon builds it (status 0, fd index, size). */
+static size_t export_reply_size(void)
+{
+        Gpumem__Reply reply = GPUMEM__REPLY__INIT;
+        Gpumem__Status status = GPUMEM__STATUS__INIT;
+        Gpumem__DmabufExportReply er = GPUMEM__DMABUF_EXPORT_REPLY__INIT;
+
+        status.has_code = true;
+        status.reason = "";
+        er.has_fd_index = er.has_size = true;
+        er.size = 2 * MIB;
+        reply.status = &status;
+        reply.result_case = GPUMEM__REPLY__RESULT_DMABUF_EXPORT;
+        reply.dmabuf_export = &er;
+        return GM_FRAME_HDR_SIZE + gpumem__reply__get_packed_size(&reply);
+}
+
 /* The packet sizes gpumemd uses for the small ops, measured on the wire, so the floor sends the same. */
 int measure_frame_sizes(Report *rep, const char *sock)
 {
         Gpumem__Request req = GPUMEM__REQUEST__INIT;
         Gpumem__Ping ping = GPUMEM__PING__INIT;
         Gpumem__TopologyGet tg = GPUMEM__TOPOLOGY_GET__INIT;
-        Gpumem__Reply reply = GPUMEM__REPLY__INIT;
-        Gpumem__Status status = GPUMEM__STATUS__INIT;
-        Gpumem__DmabufExportReply er = GPUMEM__DMABUF_EXPORT_REPLY__INIT;
-        int fd = raw_connect(sock);
-        ssize_t n;
+        int fd = raw_connect(sock), r;
 
         if (fd < 0)
                 return fd;
@@ -91,32 +115,18 @@ int measure_frame_sizes(Report *rep, const char *sock)
         ping.cookie = 0x676d;
         req.op_case = GPUMEM__REQUEST__OP_PING;
         req.ping = &ping;
-        n = raw_call(fd, &req, &rep->sz_ping_req);
-        if (n < 0)
-                goto fail;
-        rep->sz_ping_rep = (size_t)n;
-        tg.has_with_properties = true;
-        tg.with_properties = false;
-        req.op_case = GPUMEM__REQUEST__OP_TOPOLOGY;
-        req.topology = &tg;
-        n = raw_call(fd, &req, &rep->sz_topo_req);
-        if (n < 0)
-                goto fail;
-        rep->sz_topo_rep = (size_t)n;
+        r = packet_sizes(fd, &req, &rep->sz_ping_req, &rep->sz_ping_rep);
+        if (r == 0) {
+                tg.has_with_properties = true;
+                tg.with_properties = false;
+                req.op_case = GPUMEM__REQUEST__OP_TOPOLOGY;
+                req.topology = &tg;
+                r = packet_sizes(fd, &req, &rep->sz_topo_req, &rep->sz_topo_rep);
+        }
         close(fd);
-        /* the export reply as the daemon builds it (status 0, fd index, size) */
-        status.has_code = true;
-        status.reason = "";
-        er.has_fd_index = er.has_size = true;
-        er.size = 2 * MIB;
-        reply.status = &status;
-        reply.result_case = GPUMEM__REPLY__RESULT_DMABUF_EXPORT;
-        reply.dmabuf_export = &er;
-        rep->sz_export_rep = GM_FRAME_HDR_SIZE + gpumem__reply__get_packed_size(&reply);
-        return 0;
-fail:
-        close(fd);
-        return (int)n;
+        if (r == 0)
+                rep->sz_export_rep = export_reply_size();
+        return r;
 }
 
 ssize_t recv_packet(int fd, void *buf, size_t cap, int *ret_fd)
