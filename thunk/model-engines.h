@@ -76,6 +76,51 @@ void model_vm_fault_raise(ThunkModel *m, ModelCtx *ctx, int g, const ModelVmFaul
 uint64_t model_gpu_clock(void);
 uint64_t model_sys_clock(void);
 
+/* ---- model-ring.c: the ring and indirect-buffer walk of the SDMA and PM4 processors ---- */
+
+/* What a packet did: retired, waits (a poll), stopped the engine, began an IB, or is not all there yet. */
+enum { STEP_DONE, STEP_WAIT, STEP_STOP, STEP_ENTER_IB, STEP_SHORT };
+
+/* Where the packets come from: the ring (positions in bytes, wrapping) or an indirect buffer (dwords). */
+typedef struct ModelSrc {
+        bool ib;
+        uint64_t base;
+        uint64_t pos;
+        uint64_t ring_size; /* bytes */
+        uint64_t avail;     /* dwords that may be read from pos */
+} ModelSrc;
+
+/* Reads @n dwords from @idx dwords past the source's position, across the ring's end. */
+int model_src_read(ModelEngine *e, const ModelSrc *s, uint64_t idx, uint32_t *out, uint64_t n);
+
+/* The most dwords of a packet read before its processor looks at it. */
+#define MODEL_RING_HEAD_MAX 8
+
+/* A processor's ring: how its pointers count, and what runs its packets. */
+typedef struct ModelRing {
+        uint32_t head_dwords;      /* read of each packet first: its longest fixed-size one's, at most 8 */
+        uint32_t ib_packet_dwords; /* the ring's packet that names an IB, passed once the IB is done */
+        /* At a run's start: the ring's size in bytes and the write pointer; < 0, nothing to run. */
+        int (*start)(ModelEngine *e, uint64_t *ret_ring_size, uint64_t *ret_wptr);
+        /* The read pointer's byte position in the ring, and the dwords written past it up to @wptr. */
+        uint64_t (*rptr)(const ModelQueue *q);
+        uint64_t (*avail)(const ModelQueue *q, uint64_t wptr);
+        /* Moves the read pointer past @dwords of the ring and writes it back (< 0: that write faulted). */
+        int (*advance)(ModelEngine *e, uint64_t dwords);
+        /* Runs the packet at @s's position: @h holds its first head_dwords (zero past what is available);
+         * *len gets its length in dwords. STEP_*. */
+        int (*step)(ModelEngine *e, const ModelSrc *s, const uint32_t *h, uint32_t *len);
+} ModelRing;
+
+/* Runs what it can of @e's queue: packets from the ring and the IBs they name, until the ring is drained,
+ * a packet waits or stops the engine, or the run's budget is spent. Returns how many packets retired. */
+unsigned int model_ring_run(ModelEngine *e, const ModelRing *ring);
+
+static inline uint64_t model_addr64(uint32_t lo, uint32_t hi)
+{
+        return (uint64_t)hi << 32 | lo;
+}
+
 /* ---- the packet processors: each runs what it can of one queue; returns how many packets retired ---- */
 
 unsigned int model_sdma_run(ModelEngine *e);

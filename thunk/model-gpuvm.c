@@ -250,41 +250,40 @@ int model_vm_check(ModelEngine *e, uint64_t va, uint64_t len, unsigned int acces
         return 0;
 }
 
-int model_vm_read(ModelEngine *e, uint64_t va, void *dst, uint64_t len)
+/* Moves @len bytes between the VM at @va and the process: out of the VM into @out, or (@out NULL) into it
+ * from @in. */
+static int vm_xfer(ModelEngine *e, uint64_t va, uint64_t len, uint8_t *out, const uint8_t *in)
 {
-        uint8_t *d = dst, *p;
+        unsigned int access = out ? MODEL_VM_READ : MODEL_VM_WRITE;
+        uint8_t *p;
         uint64_t n;
-        int r = model_vm_check(e, va, len, MODEL_VM_READ);
+        int r = model_vm_check(e, va, len, access);
 
         while (r == 0 && len) {
-                r = vm_span(e, va, len, MODEL_VM_READ, &p, &n);
-                if (r == 0) {
-                        memcpy(d, p, n);
-                        d += n;
-                        va += n;
-                        len -= n;
+                r = vm_span(e, va, len, access, &p, &n);
+                if (r < 0)
+                        break;
+                if (out) {
+                        memcpy(out, p, n);
+                        out += n;
+                } else {
+                        memcpy(p, in, n);
+                        in += n;
                 }
+                va += n;
+                len -= n;
         }
         return r;
 }
 
+int model_vm_read(ModelEngine *e, uint64_t va, void *dst, uint64_t len)
+{
+        return vm_xfer(e, va, len, dst, NULL);
+}
+
 int model_vm_write(ModelEngine *e, uint64_t va, const void *src, uint64_t len)
 {
-        const uint8_t *s = src;
-        uint8_t *p;
-        uint64_t n;
-        int r = model_vm_check(e, va, len, MODEL_VM_WRITE);
-
-        while (r == 0 && len) {
-                r = vm_span(e, va, len, MODEL_VM_WRITE, &p, &n);
-                if (r == 0) {
-                        memcpy(p, s, n);
-                        s += n;
-                        va += n;
-                        len -= n;
-                }
-        }
-        return r;
+        return vm_xfer(e, va, len, NULL, src);
 }
 
 int model_vm_copy(ModelEngine *e, uint64_t dst, uint64_t src, uint64_t len)
@@ -353,52 +352,54 @@ static uint8_t *vm_word(ModelEngine *e, uint64_t va, unsigned int size, unsigned
         return *err == 0 && n == size && ((uintptr_t)p & (size - 1)) == 0 ? p : NULL;
 }
 
-int model_vm_load32(ModelEngine *e, uint64_t va, uint32_t *ret)
+/* A naturally aligned 32- or 64-bit load or store, atomic where one mapping holds the word (as the
+ * hardware's are), else byte by byte. */
+static int vm_load(ModelEngine *e, uint64_t va, unsigned int size, void *ret)
 {
         int r;
-        uint8_t *p = vm_word(e, va, 4, MODEL_VM_READ, &r);
+        uint8_t *p = vm_word(e, va, size, MODEL_VM_READ, &r);
 
-        if (p) {
-                *ret = __atomic_load_n((uint32_t *)p, __ATOMIC_ACQUIRE);
-                return 0;
-        }
-        return r < 0 ? r : model_vm_read(e, va, ret, 4);
+        if (!p)
+                return r < 0 ? r : model_vm_read(e, va, ret, size);
+        if (size == 4)
+                *(uint32_t *)ret = __atomic_load_n((uint32_t *)p, __ATOMIC_ACQUIRE);
+        else
+                *(uint64_t *)ret = __atomic_load_n((uint64_t *)p, __ATOMIC_ACQUIRE);
+        return 0;
+}
+
+static int vm_store(ModelEngine *e, uint64_t va, unsigned int size, const void *v)
+{
+        int r;
+        uint8_t *p = vm_word(e, va, size, MODEL_VM_WRITE, &r);
+
+        if (!p)
+                return r < 0 ? r : model_vm_write(e, va, v, size);
+        if (size == 4)
+                __atomic_store_n((uint32_t *)p, *(const uint32_t *)v, __ATOMIC_RELEASE);
+        else
+                __atomic_store_n((uint64_t *)p, *(const uint64_t *)v, __ATOMIC_RELEASE);
+        return 0;
+}
+
+int model_vm_load32(ModelEngine *e, uint64_t va, uint32_t *ret)
+{
+        return vm_load(e, va, sizeof(*ret), ret);
 }
 
 int model_vm_load64(ModelEngine *e, uint64_t va, uint64_t *ret)
 {
-        int r;
-        uint8_t *p = vm_word(e, va, 8, MODEL_VM_READ, &r);
-
-        if (p) {
-                *ret = __atomic_load_n((uint64_t *)p, __ATOMIC_ACQUIRE);
-                return 0;
-        }
-        return r < 0 ? r : model_vm_read(e, va, ret, 8);
+        return vm_load(e, va, sizeof(*ret), ret);
 }
 
 int model_vm_store32(ModelEngine *e, uint64_t va, uint32_t v)
 {
-        int r;
-        uint8_t *p = vm_word(e, va, 4, MODEL_VM_WRITE, &r);
-
-        if (p) {
-                __atomic_store_n((uint32_t *)p, v, __ATOMIC_RELEASE);
-                return 0;
-        }
-        return r < 0 ? r : model_vm_write(e, va, &v, 4);
+        return vm_store(e, va, sizeof(v), &v);
 }
 
 int model_vm_store64(ModelEngine *e, uint64_t va, uint64_t v)
 {
-        int r;
-        uint8_t *p = vm_word(e, va, 8, MODEL_VM_WRITE, &r);
-
-        if (p) {
-                __atomic_store_n((uint64_t *)p, v, __ATOMIC_RELEASE);
-                return 0;
-        }
-        return r < 0 ? r : model_vm_write(e, va, &v, 8);
+        return vm_store(e, va, sizeof(v), &v);
 }
 
 /* TC_OP_ATOMIC_* (gfx9): bit 5 selects 64-bit, bit 6 "no return"; the low five bits are the operation. */

@@ -32,45 +32,13 @@
 #define PM4_IB_PACKET_DWORDS    4
 #define PM4_WRITE_CHUNK         256
 
-/* what a packet did: retired, waits, stopped the CP, began an IB, or is not all there yet */
-enum { STEP_DONE, STEP_WAIT, STEP_STOP, STEP_ENTER_IB, STEP_SHORT };
-
-/* Where the packets come from: the ring (positions in dwords, wrapping) or an indirect buffer. */
-typedef struct Pm4Src {
-        bool ib;
-        uint64_t base;
-        uint64_t pos;
-        uint64_t ring_dwords;
-        uint64_t avail;
-} Pm4Src;
-
-static int src_read(ModelEngine *e, const Pm4Src *s, uint64_t idx, uint32_t *out, uint64_t n)
-{
-        uint64_t at, first;
-        int r;
-
-        if (s->ib)
-                return model_vm_read(e, s->base + (s->pos + idx) * 4, out, n * 4);
-        at = (s->pos + idx) % s->ring_dwords;
-        first = s->ring_dwords - at;
-        if (first >= n)
-                return model_vm_read(e, s->base + at * 4, out, n * 4);
-        r = model_vm_read(e, s->base + at * 4, out, first * 4);
-        return r < 0 ? r : model_vm_read(e, s->base, out + first, (n - first) * 4);
-}
-
-static uint64_t addr64(uint32_t lo, uint32_t hi)
-{
-        return (uint64_t)hi << 32 | lo;
-}
-
 /* WRITE_DATA: to memory (DST_SEL 1, 2, 5) the data dwords land from the address, or all on it with
  * WR_ONE_ADDR; registers and GDS are not modelled and left alone. */
-static int pm4_write_data(ModelEngine *e, const Pm4Src *s, const uint32_t *p, uint32_t len)
+static int pm4_write_data(ModelEngine *e, const ModelSrc *s, const uint32_t *p, uint32_t len)
 {
         unsigned int dst_sel = (p[1] >> 8) & 0xf;
         bool one_addr = (p[1] >> 16) & 1;
-        uint64_t dst = addr64(p[2] & ~3u, p[3]), ndw = len - 4;
+        uint64_t dst = model_addr64(p[2] & ~3u, p[3]), ndw = len - 4;
         uint32_t buf[PM4_WRITE_CHUNK];
 
         if (len < 4)
@@ -82,7 +50,7 @@ static int pm4_write_data(ModelEngine *e, const Pm4Src *s, const uint32_t *p, ui
         for (uint64_t i = 0; i < ndw;) {
                 uint64_t n = ndw - i < PM4_WRITE_CHUNK ? ndw - i : PM4_WRITE_CHUNK;
 
-                if (src_read(e, s, 4 + i, buf, n) < 0)
+                if (model_src_read(e, s, 4 + i, buf, n) < 0)
                         return STEP_STOP;
                 if (one_addr) {
                         for (uint64_t k = 0; k < n; k++)
@@ -105,7 +73,7 @@ static int pm4_wait_reg_mem(ModelEngine *e, const uint32_t *p)
         /* registers are not modelled: a wait on one holds at once */
         if (space != 1)
                 return STEP_DONE;
-        if (model_vm_load32(e, addr64(p[2] & ~3u, p[3]), &v) < 0)
+        if (model_vm_load32(e, model_addr64(p[2] & ~3u, p[3]), &v) < 0)
                 return STEP_STOP;
         return model_poll_met(func, v, p[5], p[4]) ? STEP_DONE : STEP_WAIT;
 }
@@ -115,7 +83,7 @@ static int pm4_wait_reg_mem(ModelEngine *e, const uint32_t *p)
 static int pm4_release_mem(ModelEngine *e, const uint32_t *p)
 {
         unsigned int dst_sel = (p[2] >> 16) & 3, int_sel = (p[2] >> 24) & 7, data_sel = (p[2] >> 29) & 7;
-        uint64_t addr = addr64(p[3], p[4]);
+        uint64_t addr = model_addr64(p[3], p[4]);
         int r = 0;
 
         /* the queue write pointer selects target CP registers, not memory */
@@ -125,7 +93,7 @@ static int pm4_release_mem(ModelEngine *e, const uint32_t *p)
                         r = model_vm_store32(e, addr & ~3ULL, p[5]);
                         break;
                 case PM4_RM_DATA_64:
-                        r = model_vm_store64(e, addr & ~7ULL, addr64(p[5], p[6]));
+                        r = model_vm_store64(e, addr & ~7ULL, model_addr64(p[5], p[6]));
                         break;
                 case PM4_RM_DATA_GPU_CLOCK:
                 case PM4_RM_DATA_PERFCOUNTER: /* no performance counters: the clock stands in */
@@ -142,14 +110,14 @@ static int pm4_release_mem(ModelEngine *e, const uint32_t *p)
         return STEP_DONE;
 }
 
-static int pm4_indirect(ModelEngine *e, const Pm4Src *s, const uint32_t *p)
+static int pm4_indirect(ModelEngine *e, const ModelSrc *s, const uint32_t *p)
 {
         bool chain = (p[3] >> 20) & 1;
 
         /* compute queues run one level of IBs; an IB may only chain to the next */
         if (s->ib && !chain)
                 return STEP_STOP;
-        e->q->ib_base = addr64(p[1] & ~3u, p[2] & 0xffff);
+        e->q->ib_base = model_addr64(p[1] & ~3u, p[2] & 0xffff);
         e->q->ib_dwords = p[3] & 0xfffff;
         e->q->ib_pos = 0;
         return STEP_ENTER_IB;
@@ -157,7 +125,7 @@ static int pm4_indirect(ModelEngine *e, const Pm4Src *s, const uint32_t *p)
 
 /* Runs the packet at the source's position; @h holds its first PM4_MAX_FIXED dwords (zero past what is
  * available), *len gets its length in dwords. */
-static int pm4_step(ModelEngine *e, const Pm4Src *s, const uint32_t *h, uint32_t *len)
+static int pm4_step(ModelEngine *e, const ModelSrc *s, const uint32_t *h, uint32_t *len)
 {
         unsigned int type = PM4_TYPE(h[0]), op = PM4_OPCODE(h[0]);
 
@@ -202,67 +170,52 @@ static int pm4_step(ModelEngine *e, const Pm4Src *s, const uint32_t *h, uint32_t
  * pointer a 64-bit dword count that only grows (taken modulo the ring), the read pointer the CP reports a
  * 32-bit dword offset into the ring, written back as it moves past each packet.
  */
-unsigned int model_pm4_run(ModelEngine *e)
+static int pm4_start(ModelEngine *e, uint64_t *ret_ring_size, uint64_t *ret_wptr)
 {
         ModelQueue *q = e->q;
-        uint64_t ring_dwords = q->ring_size / 4, wptr, target;
-        unsigned int done = 0;
+        uint64_t ring_dwords = q->ring_size / 4;
 
-        if (ring_dwords == 0 || model_queue_wptr(e, &wptr) < 0)
-                return 0;
-        target = wptr % ring_dwords;
+        if (ring_dwords == 0 || model_queue_wptr(e, ret_wptr) < 0)
+                return -EINVAL;
+        *ret_wptr %= ring_dwords;
         q->hw_rptr %= ring_dwords;
-        while (done < MODEL_ENGINE_PACKETS && e->budget) {
-                Pm4Src s = {.ring_dwords = ring_dwords};
-                uint32_t h[PM4_MAX_FIXED] = {0}, len = 0;
-                int step;
+        *ret_ring_size = ring_dwords * 4;
+        return 0;
+}
 
-                if (q->in_ib) {
-                        s.ib = true;
-                        s.base = q->ib_base;
-                        s.pos = q->ib_pos;
-                        s.avail = q->ib_dwords - q->ib_pos;
-                        if (s.avail == 0) {
-                                q->in_ib = false;
-                                q->hw_rptr = (q->hw_rptr + PM4_IB_PACKET_DWORDS) % ring_dwords;
-                                if (model_vm_store32(e, q->rptr, (uint32_t)q->hw_rptr) < 0)
-                                        break;
-                                done++;
-                                continue;
-                        }
-                } else {
-                        if (q->hw_rptr == target)
-                                break;
-                        s.base = q->ring_base;
-                        s.pos = q->hw_rptr;
-                        s.avail = (target + ring_dwords - q->hw_rptr) % ring_dwords;
-                }
-                if (src_read(e, &s, 0, h, s.avail < PM4_MAX_FIXED ? s.avail : PM4_MAX_FIXED) < 0)
-                        break;
-                step = pm4_step(e, &s, h, &len);
-                if (step == STEP_SHORT)
-                        step = s.ib ? STEP_STOP : STEP_WAIT;
-                if (step == STEP_WAIT)
-                        break;
-                if (step == STEP_STOP) {
-                        q->stopped = true;
-                        break;
-                }
-                if (step == STEP_ENTER_IB) {
-                        /* a chained IB replaces the one running; the ring moves on when the last ends. It
-                         * counts as a packet: IBs chained in a loop run forever, a run at a time */
-                        q->in_ib = true;
-                        done++;
-                        continue;
-                }
-                if (q->in_ib) {
-                        q->ib_pos += len;
-                } else {
-                        q->hw_rptr = (q->hw_rptr + len) % ring_dwords;
-                        if (model_vm_store32(e, q->rptr, (uint32_t)q->hw_rptr) < 0)
-                                break;
-                }
-                done++;
-        }
-        return done;
+static uint64_t pm4_rptr(const ModelQueue *q)
+{
+        return q->hw_rptr * 4;
+}
+
+static uint64_t pm4_avail(const ModelQueue *q, uint64_t wptr)
+{
+        uint64_t ring_dwords = q->ring_size / 4;
+
+        return (wptr + ring_dwords - q->hw_rptr) % ring_dwords;
+}
+
+static int pm4_advance(ModelEngine *e, uint64_t dwords)
+{
+        ModelQueue *q = e->q;
+
+        q->hw_rptr = (q->hw_rptr + dwords) % (q->ring_size / 4);
+        return model_vm_store32(e, q->rptr, (uint32_t)q->hw_rptr);
+}
+
+_Static_assert(PM4_MAX_FIXED <= MODEL_RING_HEAD_MAX, "a packet's head fits the ring walk's");
+
+static const ModelRing pm4_ring = {
+        .head_dwords = PM4_MAX_FIXED,
+        .ib_packet_dwords = PM4_IB_PACKET_DWORDS,
+        .start = pm4_start,
+        .rptr = pm4_rptr,
+        .avail = pm4_avail,
+        .advance = pm4_advance,
+        .step = pm4_step,
+};
+
+unsigned int model_pm4_run(ModelEngine *e)
+{
+        return model_ring_run(e, &pm4_ring);
 }

@@ -38,6 +38,14 @@ static uint64_t now_ns(clockid_t id)
         return (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
 }
 
+/* @ns from now on clock @id, as a condition variable's wait takes its deadline. */
+static struct timespec deadline_after(clockid_t id, uint64_t ns)
+{
+        uint64_t t = now_ns(id) + ns;
+
+        return (struct timespec){.tv_sec = (time_t)(t / 1000000000ULL), .tv_nsec = (long)(t % 1000000000ULL)};
+}
+
 /* ------------------------------------------------------------------ device memory (doorbells, events) */
 
 /* Space in the device memfd, which the kfd fds are duplicates of: real shared pages behind the doorbell
@@ -400,12 +408,8 @@ int model_kfd_wait_events(Call *c)
         st = wait_check(ctx, d, a->num_events, all);
         if (st < 0)
                 return -EINVAL;
-        if (a->timeout != MODEL_TIMEOUT_INFINITE) {
-                uint64_t t = now_ns(CLOCK_MONOTONIC) + (uint64_t)a->timeout * 1000000ULL;
-
-                deadline.tv_sec = (time_t)(t / 1000000000ULL);
-                deadline.tv_nsec = (long)(t % 1000000000ULL);
-        }
+        if (a->timeout != MODEL_TIMEOUT_INFINITE)
+                deadline = deadline_after(CLOCK_MONOTONIC, (uint64_t)a->timeout * 1000000ULL);
         /* the context must outlive the wait even if its last fd is closed meanwhile */
         ctx->refs++;
         while (st == 0 && a->timeout != 0) {
@@ -497,6 +501,19 @@ void model_cp_stop(ThunkModel *m)
         pthread_mutex_unlock(&m->lock);
 }
 
+/* What CREATE_QUEUE and UPDATE_QUEUE both take, checked as the kernel checks it (the percentage and
+ * priority, then the ring). */
+static int ring_props_check(uint32_t percentage, uint32_t priority, uint64_t ring_base, uint64_t ring_size)
+{
+        if (percentage > MODEL_MAX_QUEUE_PERCENT || priority > MODEL_MAX_QUEUE_PRIORITY)
+                return -EINVAL;
+        if (ring_base && !user_range_ok(ring_base, ring_size))
+                return -EFAULT;
+        if (!is_pow2_or_zero(ring_size))
+                return -EINVAL;
+        return 0;
+}
+
 int model_kfd_create_queue(Call *c)
 {
         struct kfd_ioctl_create_queue_args *a = c->arg;
@@ -507,12 +524,9 @@ int model_kfd_create_queue(Call *c)
         int g, r;
 
         /* the kernel's order: queue properties first, then the device, then the slot */
-        if (a->queue_percentage > MODEL_MAX_QUEUE_PERCENT || a->queue_priority > MODEL_MAX_QUEUE_PRIORITY)
-                return -EINVAL;
-        if (a->ring_base_address && !user_range_ok(a->ring_base_address, a->ring_size))
-                return -EFAULT;
-        if (!is_pow2_or_zero(a->ring_size))
-                return -EINVAL;
+        r = ring_props_check(a->queue_percentage, a->queue_priority, a->ring_base_address, a->ring_size);
+        if (r < 0)
+                return r;
         if (!user_range_ok(a->read_pointer_address, sizeof(uint64_t)) ||
             !user_range_ok(a->write_pointer_address, sizeof(uint64_t)))
                 return -EFAULT;
@@ -595,13 +609,10 @@ int model_kfd_update_queue(Call *c)
 {
         struct kfd_ioctl_update_queue_args *a = c->arg;
         ModelQueue *q;
+        int r = ring_props_check(a->queue_percentage, a->queue_priority, a->ring_base_address, a->ring_size);
 
-        if (a->queue_percentage > MODEL_MAX_QUEUE_PERCENT || a->queue_priority > MODEL_MAX_QUEUE_PRIORITY)
-                return -EINVAL;
-        if (a->ring_base_address && !user_range_ok(a->ring_base_address, a->ring_size))
-                return -EFAULT;
-        if (!is_pow2_or_zero(a->ring_size))
-                return -EINVAL;
+        if (r < 0)
+                return r;
         q = queue_find(c->ctx, a->queue_id);
         if (!q)
                 return -EFAULT;
@@ -721,12 +732,7 @@ static void *cp_main(void *arg)
                 /* nothing to do: back off from 20 us to 1 ms between looks at the write pointers (a doorbell
                  * is a memory write the model cannot see); a new queue or the model's end wakes it at once */
                 idle_us = idle_us ? (idle_us * 2 > 1000 ? 1000 : idle_us * 2) : 20;
-                clock_gettime(CLOCK_REALTIME, &t);
-                t.tv_nsec += (long)idle_us * 1000;
-                if (t.tv_nsec >= 1000000000L) {
-                        t.tv_sec++;
-                        t.tv_nsec -= 1000000000L;
-                }
+                t = deadline_after(CLOCK_REALTIME, (uint64_t)idle_us * 1000);
                 pthread_cond_timedwait(&m->cp_cond, &m->lock, &t);
         }
         pthread_mutex_unlock(&m->lock);

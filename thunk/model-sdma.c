@@ -31,43 +31,10 @@
 #define TC_OP_CMPSWAP_MASK 0x1f
 #define TC_OP_CMPSWAP      0x08
 
-/* what a packet did: retired, waits (a poll), stopped the engine, began an IB, or is not all there yet */
-enum { STEP_DONE, STEP_WAIT, STEP_STOP, STEP_ENTER_IB, STEP_SHORT };
-
-/* Where the packets come from: the ring (positions in bytes, wrapping) or an indirect buffer (dwords). */
-typedef struct SdmaSrc {
-        bool ib;
-        uint64_t base;
-        uint64_t pos;
-        uint64_t ring_size;
-        uint64_t avail; /* dwords that may be read from pos */
-} SdmaSrc;
-
-static int src_read(ModelEngine *e, const SdmaSrc *s, uint64_t idx, uint32_t *out, uint64_t n)
-{
-        uint64_t off, first;
-        int r;
-
-        if (s->ib)
-                return model_vm_read(e, s->base + (s->pos + idx) * 4, out, n * 4);
-        off = (s->pos + idx * 4) % s->ring_size;
-        first = s->ring_size - off;
-        if (first >= n * 4)
-                return model_vm_read(e, s->base + off, out, n * 4);
-        /* the packet wraps around the end of the ring */
-        r = model_vm_read(e, s->base + off, out, first);
-        return r < 0 ? r : model_vm_read(e, s->base, (uint8_t *)out + first, n * 4 - first);
-}
-
-static uint64_t addr64(uint32_t lo, uint32_t hi)
-{
-        return (uint64_t)hi << 32 | lo;
-}
-
 /* WRITE linear: count + 1 dwords of data follow the four header dwords, and may be many. */
-static int sdma_write(ModelEngine *e, const SdmaSrc *s, const uint32_t *p, uint32_t *len)
+static int sdma_write(ModelEngine *e, const ModelSrc *s, const uint32_t *p, uint32_t *len)
 {
-        uint64_t dst = addr64(p[1] & ~3u, p[2]), ndw = (uint64_t)(p[3] & 0xfffff) + 1;
+        uint64_t dst = model_addr64(p[1] & ~3u, p[2]), ndw = (uint64_t)(p[3] & 0xfffff) + 1;
         uint32_t buf[SDMA_WRITE_CHUNK];
 
         if (4 + ndw > s->avail)
@@ -78,7 +45,7 @@ static int sdma_write(ModelEngine *e, const SdmaSrc *s, const uint32_t *p, uint3
         for (uint64_t i = 0; i < ndw;) {
                 uint64_t n = ndw - i < SDMA_WRITE_CHUNK ? ndw - i : SDMA_WRITE_CHUNK;
 
-                if (src_read(e, s, 4 + i, buf, n) < 0 || model_vm_write(e, dst + i * 4, buf, n * 4) < 0)
+                if (model_src_read(e, s, 4 + i, buf, n) < 0 || model_vm_write(e, dst + i * 4, buf, n * 4) < 0)
                         return STEP_STOP;
                 i += n;
         }
@@ -96,7 +63,7 @@ static int sdma_poll(ModelEngine *e, const uint32_t *p)
          * compare on them holds */
         if (!mem)
                 return STEP_DONE;
-        if (model_vm_load32(e, addr64(p[1] & ~3u, p[2]), &v) < 0)
+        if (model_vm_load32(e, model_addr64(p[1] & ~3u, p[2]), &v) < 0)
                 return STEP_STOP;
         if (model_poll_met(func, v, p[4], p[3])) {
                 e->q->poll_tries = 0;
@@ -114,8 +81,8 @@ static int sdma_atomic(ModelEngine *e, const uint32_t *p)
 {
         unsigned int op = (p[0] >> 25) & 0x7f;
         bool loop = (p[0] >> 16) & 1, wide = (op & 0x20) != 0;
-        uint64_t cmp = addr64(p[5], p[6]), old = 0;
-        int r = model_vm_atomic(e, addr64(p[1], p[2]), op, addr64(p[3], p[4]), cmp, &old);
+        uint64_t cmp = model_addr64(p[5], p[6]), old = 0;
+        int r = model_vm_atomic(e, model_addr64(p[1], p[2]), op, model_addr64(p[3], p[4]), cmp, &old);
 
         if (r < 0)
                 return STEP_STOP; /* a fault, or an operation the engine does not have */
@@ -137,7 +104,7 @@ static int sdma_fill(ModelEngine *e, const uint32_t *p)
         if (shift > 2)
                 shift = 2;
         n = (uint64_t)(count >> shift) + 1;
-        if (model_vm_fill(e, addr64(p[1], p[2]), p[3], 1u << shift, n) < 0)
+        if (model_vm_fill(e, model_addr64(p[1], p[2]), p[3], 1u << shift, n) < 0)
                 return STEP_STOP;
         e->budget = e->budget > (n << shift) ? e->budget - (n << shift) : 0;
         return STEP_DONE;
@@ -170,7 +137,7 @@ static uint32_t sdma_fixed_len(unsigned int op, unsigned int sub)
 
 /* Runs the packet at the source's position. @h holds its first dwords (as many as are available, up to
  * SDMA_MAX_FIXED); *len gets its length in dwords when it completes. */
-static int sdma_step(ModelEngine *e, const SdmaSrc *s, const uint32_t *h, uint32_t *len)
+static int sdma_step(ModelEngine *e, const ModelSrc *s, const uint32_t *h, uint32_t *len)
 {
         unsigned int op = h[0] & 0xff, sub = (h[0] >> 8) & 0xff;
         uint32_t p[SDMA_MAX_FIXED];
@@ -202,7 +169,7 @@ static int sdma_step(ModelEngine *e, const SdmaSrc *s, const uint32_t *h, uint32
         switch (op) {
         case SDMA_OP_COPY:
                 bytes = (uint64_t)(p[1] & 0x3fffff) + 1;
-                if (model_vm_copy(e, addr64(p[5], p[6]), addr64(p[3], p[4]), bytes) < 0)
+                if (model_vm_copy(e, model_addr64(p[5], p[6]), model_addr64(p[3], p[4]), bytes) < 0)
                         return STEP_STOP;
                 e->budget = e->budget > bytes ? e->budget - bytes : 0;
                 return STEP_DONE;
@@ -210,12 +177,12 @@ static int sdma_step(ModelEngine *e, const SdmaSrc *s, const uint32_t *h, uint32
                 /* an IB may not hold another one */
                 if (s->ib)
                         return STEP_STOP;
-                e->q->ib_base = addr64(p[1] & ~0x1fu, p[2]);
+                e->q->ib_base = model_addr64(p[1] & ~0x1fu, p[2]);
                 e->q->ib_dwords = p[3] & 0xfffff;
                 e->q->ib_pos = 0;
                 return STEP_ENTER_IB;
         case SDMA_OP_FENCE:
-                return model_vm_store32(e, addr64(p[1] & ~3u, p[2]), p[3]) < 0 ? STEP_STOP : STEP_DONE;
+                return model_vm_store32(e, model_addr64(p[1] & ~3u, p[2]), p[3]) < 0 ? STEP_STOP : STEP_DONE;
         case SDMA_OP_TRAP:
                 model_event_interrupt(e->m, e->ctx, p[1] & 0x0fffffff, SDMA_TRAP_VALID_IDS);
                 return STEP_DONE;
@@ -229,7 +196,8 @@ static int sdma_step(ModelEngine *e, const SdmaSrc *s, const uint32_t *h, uint32
                 /* the local and the global timestamp are both the GPU's reference clock; SET is ignored */
                 if (sub == SDMA_SUBOP_TS_SET)
                         return STEP_DONE;
-                return model_vm_store64(e, addr64(p[1], p[2]), model_gpu_clock()) < 0 ? STEP_STOP : STEP_DONE;
+                return model_vm_store64(e, model_addr64(p[1], p[2]), model_gpu_clock()) < 0 ? STEP_STOP
+                                                                                            : STEP_DONE;
         default:
                 return STEP_STOP;
         }
@@ -241,65 +209,43 @@ static int sdma_step(ModelEngine *e, const SdmaSrc *s, const uint32_t *h, uint32
  * written back as the engine moves past each packet. ROCr (BlitSdma<uint64_t, true, -1>) and libhsakmt
  * users rely on exactly that.
  */
+static int sdma_start(ModelEngine *e, uint64_t *ret_ring_size, uint64_t *ret_wptr)
+{
+        if (e->q->ring_size < 4 || model_queue_wptr(e, ret_wptr) < 0)
+                return -EINVAL;
+        *ret_ring_size = e->q->ring_size;
+        return 0;
+}
+
+static uint64_t sdma_rptr(const ModelQueue *q)
+{
+        return q->hw_rptr;
+}
+
+static uint64_t sdma_avail(const ModelQueue *q, uint64_t wptr)
+{
+        return (wptr - q->hw_rptr) / 4;
+}
+
+static int sdma_advance(ModelEngine *e, uint64_t dwords)
+{
+        e->q->hw_rptr += dwords * 4;
+        return model_vm_store64(e, e->q->rptr, e->q->hw_rptr);
+}
+
+_Static_assert(SDMA_MAX_FIXED <= MODEL_RING_HEAD_MAX, "a packet's head fits the ring walk's");
+
+static const ModelRing sdma_ring = {
+        .head_dwords = SDMA_MAX_FIXED,
+        .ib_packet_dwords = SDMA_IB_PACKET_BYTES / 4,
+        .start = sdma_start,
+        .rptr = sdma_rptr,
+        .avail = sdma_avail,
+        .advance = sdma_advance,
+        .step = sdma_step,
+};
+
 unsigned int model_sdma_run(ModelEngine *e)
 {
-        ModelQueue *q = e->q;
-        unsigned int done = 0;
-        uint64_t wptr;
-
-        if (q->ring_size < 4 || model_queue_wptr(e, &wptr) < 0)
-                return 0;
-        while (done < MODEL_ENGINE_PACKETS && e->budget) {
-                SdmaSrc s = {.ring_size = q->ring_size};
-                uint32_t h[SDMA_MAX_FIXED] = {0}, len = 0;
-                int step;
-
-                if (q->in_ib) {
-                        s.ib = true;
-                        s.base = q->ib_base;
-                        s.pos = q->ib_pos;
-                        s.avail = q->ib_dwords - q->ib_pos;
-                        if (s.avail == 0) {
-                                /* the IB is done: so is the INDIRECT packet in the ring */
-                                q->in_ib = false;
-                                q->hw_rptr += SDMA_IB_PACKET_BYTES;
-                                if (model_vm_store64(e, q->rptr, q->hw_rptr) < 0)
-                                        break;
-                                done++;
-                                continue;
-                        }
-                } else {
-                        s.base = q->ring_base;
-                        s.pos = q->hw_rptr;
-                        s.avail = (wptr - q->hw_rptr) / 4;
-                        if (s.avail == 0)
-                                break;
-                }
-                if (src_read(e, &s, 0, h, s.avail < SDMA_MAX_FIXED ? s.avail : SDMA_MAX_FIXED) < 0)
-                        break;
-                step = sdma_step(e, &s, h, &len);
-                /* the rest of a packet may still come to the ring, never to an IB */
-                if (step == STEP_SHORT)
-                        step = s.ib ? STEP_STOP : STEP_WAIT;
-                if (step == STEP_WAIT)
-                        break;
-                if (step == STEP_STOP) {
-                        q->stopped = true;
-                        break;
-                }
-                if (step == STEP_ENTER_IB) {
-                        q->in_ib = true;
-                        done++;
-                        continue;
-                }
-                if (q->in_ib) {
-                        q->ib_pos += len;
-                } else {
-                        q->hw_rptr += (uint64_t)len * 4;
-                        if (model_vm_store64(e, q->rptr, q->hw_rptr) < 0)
-                                break;
-                }
-                done++;
-        }
-        return done;
+        return model_ring_run(e, &sdma_ring);
 }

@@ -108,15 +108,19 @@ static int bo_new(ThunkContext *c, ThunkBo **ret)
         return 0;
 }
 
+/* Freed, out of any list (never linked, or unlinked already). */
+static void bo_free(ThunkBo *bo)
+{
+        free(bo->mapped);
+        free(bo);
+}
+
 static void bo_link(ThunkBo *bo)
 {
         ThunkContext *c = bo->ctx;
 
         pthread_mutex_lock(&c->lock);
-        bo->next = c->bos;
-        if (c->bos)
-                c->bos->prev = bo;
-        c->bos = bo;
+        THUNK_LIST_PUSH(c->bos, bo);
         pthread_mutex_unlock(&c->lock);
 }
 
@@ -125,14 +129,8 @@ static void bo_destroy_locked(ThunkBo *bo)
 {
         ThunkContext *c = bo->ctx;
 
-        if (bo->prev)
-                bo->prev->next = bo->next;
-        else if (c->bos == bo)
-                c->bos = bo->next;
-        if (bo->next)
-                bo->next->prev = bo->prev;
-        free(bo->mapped);
-        free(bo);
+        THUNK_LIST_UNLINK(c->bos, bo);
+        bo_free(bo);
 }
 
 static void bo_destroy(ThunkBo *bo)
@@ -149,12 +147,7 @@ static void gem_map_destroy(ThunkGemMapping *m)
 {
         ThunkContext *c = m->ctx;
 
-        if (m->prev)
-                m->prev->next = m->next;
-        else if (c->gem_maps == m)
-                c->gem_maps = m->next;
-        if (m->next)
-                m->next->prev = m->prev;
+        THUNK_LIST_UNLINK(c->gem_maps, m);
         free(m);
 }
 
@@ -224,8 +217,7 @@ int thunk_bo_alloc(ThunkContext *c, const ThunkAllocArgs *args, ThunkBo **ret)
         a.mmap_offset = args->kind == THUNK_MEM_USERPTR ? args->userptr : 0;
         r = thunk_ioctl(d, c->kfd_fd, AMDKFD_IOC_ALLOC_MEMORY_OF_GPU, &a);
         if (r < 0) {
-                free(bo->mapped);
-                free(bo);
+                bo_free(bo);
                 return r;
         }
 
@@ -342,6 +334,14 @@ static int bo_devices_ioctl(ThunkBo *bo, unsigned long request, const uint32_t *
         return r;
 }
 
+/* @bo's device, when @gpu_ids holds one to as many ids as it has GPUs; else NULL (-EINVAL). */
+static ThunkDevice *gpu_list_device(const ThunkBo *bo, const uint32_t *gpu_ids, size_t n_gpus)
+{
+        ThunkDevice *d = bo ? bo->ctx->dev : NULL;
+
+        return d && gpu_ids && n_gpus > 0 && n_gpus <= d->n_gpus ? d : NULL;
+}
+
 int thunk_bo_map(ThunkBo *bo, const uint32_t *gpu_ids, size_t n_gpus)
 {
         ThunkDevice *d;
@@ -349,10 +349,8 @@ int thunk_bo_map(ThunkBo *bo, const uint32_t *gpu_ids, size_t n_gpus)
         size_t *idx = NULL, *todo_idx = NULL, n_todo = 0, done = 0;
         int r;
 
-        if (!bo)
-                return -EINVAL;
-        d = bo->ctx->dev;
-        if (!gpu_ids || n_gpus == 0 || n_gpus > d->n_gpus)
+        d = gpu_list_device(bo, gpu_ids, n_gpus);
+        if (!d)
                 return -EINVAL;
         /* A BO allocated without a VA can only be bound through GEM_VA. */
         if (bo->info.va == 0)
@@ -406,10 +404,8 @@ int thunk_bo_unmap(ThunkBo *bo, const uint32_t *gpu_ids, size_t n_gpus)
         size_t *idx, done = 0;
         int r;
 
-        if (!bo)
-                return -EINVAL;
-        d = bo->ctx->dev;
-        if (!gpu_ids || n_gpus == 0 || n_gpus > d->n_gpus)
+        d = gpu_list_device(bo, gpu_ids, n_gpus);
+        if (!d)
                 return -EINVAL;
         idx = calloc(n_gpus, sizeof(*idx));
         if (!idx)
@@ -593,8 +589,7 @@ int thunk_bo_import_dmabuf(ThunkContext *c, int dmabuf_fd, uint32_t gpu_id, uint
         a.dmabuf_fd = (uint32_t)dmabuf_fd;
         r = thunk_ioctl(c->dev, c->kfd_fd, AMDKFD_IOC_IMPORT_DMABUF, &a);
         if (r < 0) {
-                free(bo->mapped);
-                free(bo);
+                bo_free(bo);
                 return r;
         }
         /* The kernel gives every import its memory type plus writable and executable. */
@@ -917,10 +912,7 @@ int thunk_gem_map_dmabuf(ThunkContext *c, int dmabuf_fd, uint32_t gpu_id, uint64
                 .flags = flags,
         };
         pthread_mutex_lock(&c->lock);
-        m->next = c->gem_maps;
-        if (c->gem_maps)
-                c->gem_maps->prev = m;
-        c->gem_maps = m;
+        THUNK_LIST_PUSH(c->gem_maps, m);
         pthread_mutex_unlock(&c->lock);
         *ret = m;
         return 0;

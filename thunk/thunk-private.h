@@ -71,6 +71,25 @@ struct ThunkGemMapping {
         ThunkGemMapping *prev, *next;
 };
 
+/* The thunk's lists (a device's contexts, a context's BOs and GEM mappings) are linked through each
+ * element's prev and next, @head naming the first; both under the lock that guards the list. */
+#define THUNK_LIST_PUSH(head, e)                                                                             \
+        do {                                                                                                 \
+                (e)->next = (head);                                                                          \
+                if (head)                                                                                    \
+                        (head)->prev = (e);                                                                  \
+                (head) = (e);                                                                                \
+        } while (0)
+#define THUNK_LIST_UNLINK(head, e)                                                                           \
+        do {                                                                                                 \
+                if ((e)->prev)                                                                               \
+                        (e)->prev->next = (e)->next;                                                         \
+                else if ((head) == (e))                                                                      \
+                        (head) = (e)->next;                                                                  \
+                if ((e)->next)                                                                               \
+                        (e)->next->prev = (e)->prev;                                                         \
+        } while (0)
+
 /* Index of @gpu_id in dev->gpus, or -ENODEV. */
 int thunk_gpu_index(const ThunkDevice *d, uint32_t gpu_id);
 /* thunk-queue.c: unmaps the context's doorbell slices (before its kfd fd closes) */

@@ -185,10 +185,7 @@ int thunk_context_new(ThunkDevice *d, ThunkContext **ret)
                 goto fail;
 
         pthread_mutex_lock(&d->ctx_lock);
-        c->next = d->contexts;
-        if (d->contexts)
-                d->contexts->prev = c;
-        d->contexts = c;
+        THUNK_LIST_PUSH(d->contexts, c);
         pthread_mutex_unlock(&d->ctx_lock);
         *ret = c;
         return 0;
@@ -205,12 +202,7 @@ ThunkContext *thunk_context_free(ThunkContext *c)
                 return NULL;
         d = c->dev;
         pthread_mutex_lock(&d->ctx_lock);
-        if (c->prev)
-                c->prev->next = c->next;
-        else
-                d->contexts = c->next;
-        if (c->next)
-                c->next->prev = c->prev;
+        THUNK_LIST_UNLINK(d->contexts, c);
         pthread_mutex_unlock(&d->ctx_lock);
         context_destroy(c);
         return NULL;

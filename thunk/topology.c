@@ -377,17 +377,22 @@ static int parse_props(Parser *p, const char *rel, const char *buf, size_t len, 
         return 0;
 }
 
+/* read_file() of a file that must be there: a missing one is an error naming it. */
+static int read_required(Parser *p, const char *rel, char **buf, size_t *len)
+{
+        int r = read_file(p, rel, buf, len);
+
+        return r == -ENOENT ? fail(p, r, rel, 0, "missing") : r;
+}
+
 /* Read and parse a properties file; a missing file is an error naming it. */
 static int load_props(Parser *p, const char *rel, PropsFile *out)
 {
         char *buf;
         size_t len;
-        int r = read_file(p, rel, &buf, &len);
-        if (r == -ENOENT)
-                return fail(p, r, rel, 0, "missing");
-        if (r < 0)
-                return r;
-        return parse_props(p, rel, buf, len, out);
+        int r = read_required(p, rel, &buf, &len);
+
+        return r < 0 ? r : parse_props(p, rel, buf, len, out);
 }
 
 static ssize_t find_key(const PropsFile *pf, const char *key)
@@ -426,9 +431,7 @@ static int load_number(Parser *p, const char *rel, uint64_t *ret)
 {
         char *buf;
         size_t len;
-        int r = read_file(p, rel, &buf, &len);
-        if (r == -ENOENT)
-                return fail(p, r, rel, 0, "missing");
+        int r = read_required(p, rel, &buf, &len);
         if (r < 0)
                 return r;
         size_t s = 0;
