@@ -235,7 +235,10 @@ static int make_topology(char *msg, size_t msglen)
         return 0;
 }
 
-static int b_start(const PreloadHost *host, char *topology_dir, size_t len, char *msg, size_t msglen)
+static const ThunkSeamOps broker_ops;
+
+static int b_start(const PreloadHost *host, ThunkSeam *ret_seam, char *topology_dir, size_t len, char *msg,
+                   size_t msglen)
 {
         const char *sock = getenv("GPUMEM_SOCKET");
         char name[64] = "", err[400] = "";
@@ -272,6 +275,7 @@ static int b_start(const PreloadHost *host, char *topology_dir, size_t len, char
                 kb.c = NULL;
                 return r;
         }
+        *ret_seam = (ThunkSeam){.ops = &broker_ops};
         snprintf(topology_dir, len, "%s", kb.topology_dir);
         snprintf(msg, msglen, "gpumemd at %s: client %llu, window 0x%llx+0x%llx, %zu GPUs", sock,
                  (unsigned long long)gm_client_id(kb.c), (unsigned long long)kb.window_base,
@@ -305,12 +309,12 @@ static int new_fd(FdKind kind, uint32_t minor, int *ret_fd)
         return -EMFILE;
 }
 
-static int b_open_kfd(int *ret_fd)
+static int b_open_kfd(void *impl, int *ret_fd)
 {
         return new_fd(FD_KFD, 0, ret_fd);
 }
 
-static int b_open_render(unsigned minor, int *ret_fd)
+static int b_open_render(void *impl, uint32_t minor, int *ret_fd)
 {
         for (size_t i = 0; i < kb.n_gpus; i++)
                 if (kb.gpus[i].render_minor == minor)
@@ -327,7 +331,7 @@ static int fd_slot(int fd)
         return -1;
 }
 
-static int b_close(int fd)
+static int b_close(void *impl, int fd)
 {
         int i;
 
@@ -834,7 +838,8 @@ static int map_doorbell(void *addr, size_t len, int prot, int flags, int fd, uin
         return 0;
 }
 
-static int b_mmap(void *addr, size_t len, int prot, int flags, int fd, uint64_t offset, void **ret)
+static int b_mmap(void *impl, void *addr, size_t len, int prot, int flags, int fd, uint64_t offset,
+                  void **ret)
 {
         uint64_t va = 0, size = 0;
         bool host = false;
@@ -1399,7 +1404,7 @@ static int kfd_ioctl(unsigned long request, void *arg)
         return unserved(request);
 }
 
-static int b_ioctl(int fd, unsigned long request, void *arg)
+static int b_ioctl(void *impl, int fd, unsigned long request, void *arg)
 {
         FdKind kind;
         int slot;
@@ -1433,16 +1438,22 @@ static int b_stats(char *buf, size_t len)
         return n;
 }
 
-const PreloadBackend preload_backend = {
-        .log_name = "gpumem-kfd",
-        .env_prefix = "GPUMEM_KFD_",
-        .stats_tag = "gpumem-kfd-stats",
-        .start = b_start,
+/* The device calls; the process's unmaps come through b_munmap, whose answers say whether the kernel's
+ * munmap follows, so the seam has none. */
+static const ThunkSeamOps broker_ops = {
+        .name = "gpumemd",
         .open_kfd = b_open_kfd,
         .open_render = b_open_render,
         .ioctl = b_ioctl,
         .mmap = b_mmap,
         .close = b_close,
+};
+
+const PreloadBackend preload_backend = {
+        .log_name = "gpumem-kfd",
+        .env_prefix = "GPUMEM_KFD_",
+        .stats_tag = "gpumem-kfd-stats",
+        .start = b_start,
         .mmap_anon = b_mmap_anon,
         .munmap = b_munmap,
         .stats = b_stats,

@@ -42,7 +42,8 @@ static void find_preset(void)
                 snprintf(mb.preset_dir, sizeof(mb.preset_dir), "%s/%s", GPUMEMD_SOURCE_PRESETDIR, preset);
 }
 
-static int m_start(const PreloadHost *host, char *topology_dir, size_t len, char *msg, size_t msglen)
+static int m_start(const PreloadHost *host, ThunkSeam *ret_seam, char *topology_dir, size_t len, char *msg,
+                   size_t msglen)
 {
         ThunkTopology *topo = NULL;
         ThunkModelOptions o = {0};
@@ -67,34 +68,11 @@ static int m_start(const PreloadHost *host, char *topology_dir, size_t len, char
                 snprintf(msg, msglen, "cannot create the KFD model of %s: %s", mb.preset_dir, strerror(-r));
                 return r;
         }
+        /* the device calls are the model's own seam, as the thunk reaches it */
+        thunk_model_seam(mb.model, ret_seam);
         snprintf(topology_dir, len, "%s", mb.preset_dir);
         snprintf(msg, msglen, "KFD model of %s", mb.preset_dir);
         return 0;
-}
-
-static int m_open_kfd(int *ret_fd)
-{
-        return thunk_model_open_kfd(mb.model, ret_fd);
-}
-
-static int m_open_render(unsigned minor, int *ret_fd)
-{
-        return thunk_model_open_render(mb.model, minor, ret_fd);
-}
-
-static int m_ioctl(int fd, unsigned long request, void *arg)
-{
-        return thunk_model_ioctl(mb.model, fd, request, arg);
-}
-
-static int m_mmap(void *addr, size_t len, int prot, int flags, int fd, uint64_t offset, void **ret)
-{
-        return thunk_model_mmap(mb.model, addr, len, prot, flags, fd, offset, ret);
-}
-
-static int m_close(int fd)
-{
-        return thunk_model_close(mb.model, fd);
 }
 
 static int m_stats(char *buf, size_t len)
@@ -121,10 +99,5 @@ const PreloadBackend preload_backend = {
         .env_prefix = "GPUMEM_MODEL_",
         .stats_tag = "gpumem-model-stats",
         .start = m_start,
-        .open_kfd = m_open_kfd,
-        .open_render = m_open_render,
-        .ioctl = m_ioctl,
-        .mmap = m_mmap,
-        .close = m_close,
         .stats = m_stats,
 };

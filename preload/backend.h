@@ -5,6 +5,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "seam.h"
+
 /* What the layer offers a backend. */
 typedef struct PreloadHost {
         /* A line for the layer's log (@level: 0 always, 1 calls, 2 details). */
@@ -14,27 +16,23 @@ typedef struct PreloadHost {
 
 /*
  * A backend stands in for the KFD of the whole process: one is linked into each library (the model's
- * backend-model.c, gpumemd's backend-broker.c) as `preload_backend`. Calls return 0 (or the
- * ioctl's non-negative result) or a negative errno, which the layer turns into errno. The layer calls
- * start() once, under its lock, before anything else; every other call may come from any thread. The fds
- * a backend hands out stand for /dev/kfd and the render nodes: the layer sends it every ioctl, mmap and
- * close of them and nothing else.
+ * backend-model.c, gpumemd's backend-broker.c) as `preload_backend`. Calls return 0 (or the ioctl's
+ * non-negative result) or a negative errno, which the layer turns into errno. The layer calls start() once,
+ * under its lock, before anything else; every other call may come from any thread.
  */
 typedef struct PreloadBackend {
         const char *log_name;   /* prefix of its log lines ("gpumem-kfd") */
         const char *env_prefix; /* of its variables: PREFIX LOG, LOG_FILE, STATS */
         const char *stats_tag;  /* first word of the STATS line */
         /*
-         * Set up; fill @topology_dir with a directory laid out as the KFD sysfs topology. On failure a
-         * message for the user in @msg (naming what is missing); on success @msg may hold a line for the
-         * log.
+         * Set up; fill @topology_dir with a directory laid out as the KFD sysfs topology, and @ret_seam with
+         * the device seam (seam.h) that serves /dev/kfd and the render nodes: the layer opens them through
+         * it, and sends it every ioctl, mmap and close of the fds it hands out and nothing else (not
+         * munmap: see below). On failure a message for the user in @msg (naming what is missing); on
+         * success @msg may hold a line for the log.
          */
-        int (*start)(const PreloadHost *host, char *topology_dir, size_t len, char *msg, size_t msglen);
-        int (*open_kfd)(int *ret_fd);
-        int (*open_render)(unsigned minor, int *ret_fd);
-        int (*ioctl)(int fd, unsigned long request, void *arg);
-        int (*mmap)(void *addr, size_t len, int prot, int flags, int fd, uint64_t offset, void **ret);
-        int (*close)(int fd);
+        int (*start)(const PreloadHost *host, ThunkSeam *ret_seam, char *topology_dir, size_t len, char *msg,
+                     size_t msglen);
         /*
          * Optional, for a backend that holds address space of the process's (gpumemd's VA window): an
          * anonymous mmap the process asks for at @addr without MAP_FIXED, and a munmap. 1 when the backend

@@ -62,6 +62,7 @@ static struct {
         int start_err;               /* the backend's start failed: every device open fails with it */
         char topology_dir[PATH_MAX]; /* what the KFD sysfs topology paths lead to once started */
         int modules_fd;              /* memfd with the /proc/modules text the backend's machine presents */
+        ThunkSeam seam;              /* the backend's device calls, set at its start */
         _Atomic unsigned char owned[FD_TABLE_MAX];
 } g = {.lock = PTHREAD_MUTEX_INITIALIZER, .modules_fd = -1};
 
@@ -166,7 +167,7 @@ static int start(void)
         /* the backend keeps it: it lives as long as the process */
         static const PreloadHost host = {.log = preload_log};
 
-        r = preload_backend.start(&host, g.topology_dir, sizeof(g.topology_dir), err, sizeof(err));
+        r = preload_backend.start(&host, &g.seam, g.topology_dir, sizeof(g.topology_dir), err, sizeof(err));
         if (r < 0) {
                 g.start_err = r;
                 g.topology_dir[0] = '\0';
@@ -249,15 +250,15 @@ static int device_open(const char *path, int flags)
         if (r < 0) {
                 /* as start() said */
         } else if (strcmp(path, "/dev/kfd") == 0) {
-                r = preload_backend.open_kfd(&fd);
+                r = g.seam.ops->open_kfd(g.seam.impl, &fd);
         } else if (sscanf(path, "/dev/dri/renderD%u", &minor) == 1) {
-                r = preload_backend.open_render(minor, &fd);
+                r = g.seam.ops->open_render(g.seam.impl, minor, &fd);
         } else {
                 r = -ENOENT;
         }
         if (r == 0) {
                 if (fd >= FD_TABLE_MAX) {
-                        preload_backend.close(fd);
+                        g.seam.ops->close(g.seam.impl, fd);
                         r = -EMFILE;
                 } else {
                         atomic_store(&g.owned[fd], 1);
@@ -297,75 +298,50 @@ static int do_openat(int dirfd, const char *path, int flags, mode_t mode)
         return raw_openat(dirfd, p ? p : path, flags, mode);
 }
 
-static mode_t va_mode(int flags, va_list ap)
-{
-        return (flags & (O_CREAT | __O_TMPFILE)) ? (mode_t)va_arg(ap, int) : 0;
-}
+/* The mode that follows @flags in a variadic open call, where @flags asks for one (O_CREAT, O_TMPFILE). */
+#define VA_MODE(flags, mode)                                                                                 \
+        do {                                                                                                 \
+                va_list ap_;                                                                                 \
+                va_start(ap_, flags);                                                                        \
+                mode = ((flags) & (O_CREAT | __O_TMPFILE)) ? (mode_t)va_arg(ap_, int) : 0;                   \
+                va_end(ap_);                                                                                 \
+        } while (0)
+
+/* The 64-bit names are the same entry points (aliases): the shim is built without _FILE_OFFSET_BITS, and
+ * off_t is off64_t on the ABIs it serves. */
+_Static_assert(sizeof(off_t) == 8, "off_t is 64-bit");
+#define PRELOAD_ALIAS(name) PRELOAD_EXPORT __attribute__((alias(#name)))
 
 PRELOAD_EXPORT int open(const char *path, int flags, ...)
 {
-        va_list ap;
         mode_t mode;
 
-        va_start(ap, flags);
-        mode = va_mode(flags, ap);
-        va_end(ap);
+        VA_MODE(flags, mode);
         return do_openat(AT_FDCWD, path, flags, mode);
 }
-
-PRELOAD_EXPORT int open64(const char *path, int flags, ...)
-{
-        va_list ap;
-        mode_t mode;
-
-        va_start(ap, flags);
-        mode = va_mode(flags, ap);
-        va_end(ap);
-        return do_openat(AT_FDCWD, path, flags, mode);
-}
+PRELOAD_ALIAS(open) int open64(const char *path, int flags, ...);
 
 PRELOAD_EXPORT int openat(int dirfd, const char *path, int flags, ...)
 {
-        va_list ap;
         mode_t mode;
 
-        va_start(ap, flags);
-        mode = va_mode(flags, ap);
-        va_end(ap);
+        VA_MODE(flags, mode);
         return do_openat(dirfd, path, flags, mode);
 }
-
-PRELOAD_EXPORT int openat64(int dirfd, const char *path, int flags, ...)
-{
-        va_list ap;
-        mode_t mode;
-
-        va_start(ap, flags);
-        mode = va_mode(flags, ap);
-        va_end(ap);
-        return do_openat(dirfd, path, flags, mode);
-}
+PRELOAD_ALIAS(openat) int openat64(int dirfd, const char *path, int flags, ...);
 
 /* The fortified entry points of <fcntl.h> (never with O_CREAT). */
 PRELOAD_EXPORT int __open_2(const char *path, int flags)
 {
         return do_openat(AT_FDCWD, path, flags, 0);
 }
-
-PRELOAD_EXPORT int __open64_2(const char *path, int flags)
-{
-        return do_openat(AT_FDCWD, path, flags, 0);
-}
+PRELOAD_ALIAS(__open_2) int __open64_2(const char *path, int flags);
 
 PRELOAD_EXPORT int __openat_2(int dirfd, const char *path, int flags)
 {
         return do_openat(dirfd, path, flags, 0);
 }
-
-PRELOAD_EXPORT int __openat64_2(int dirfd, const char *path, int flags)
-{
-        return do_openat(dirfd, path, flags, 0);
-}
+PRELOAD_ALIAS(__openat_2) int __openat64_2(int dirfd, const char *path, int flags);
 
 /* stdio and dirent open files inside libc, below the open wrappers: redirect their paths too. */
 #define NEXT(name) ((__typeof__(&name))dlsym(RTLD_NEXT, #name))
@@ -388,10 +364,7 @@ PRELOAD_EXPORT FILE *fopen(const char *path, const char *mode)
         return next(p ? p : path, mode);
 }
 
-PRELOAD_EXPORT FILE *fopen64(const char *path, const char *mode)
-{
-        return fopen(path, mode);
-}
+PRELOAD_ALIAS(fopen) FILE *fopen64(const char *path, const char *mode);
 
 PRELOAD_EXPORT DIR *opendir(const char *path)
 {
@@ -430,7 +403,7 @@ PRELOAD_EXPORT int ioctl(int fd, unsigned long request, ...)
         va_end(ap);
         if (!fd_owned(fd))
                 return raw_ioctl(fd, request, arg);
-        r = preload_backend.ioctl(fd, request, arg);
+        r = g.seam.ops->ioctl(g.seam.impl, fd, request, arg);
         if (_IOC_NR(request) != _IOC_NR(AMDKFD_IOC_WAIT_EVENTS) || _IOC_TYPE(request) != AMDKFD_IOCTL_BASE ||
             g.log_level >= 3)
                 logf_(1, "ioctl fd=%d %s (0x%08lx) -> %d%s%s", fd, ioctl_name(request), request, r,
@@ -449,7 +422,7 @@ PRELOAD_EXPORT int close(int fd)
         if (!fd_owned(fd))
                 return raw_close(fd);
         atomic_store(&g.owned[fd], 0);
-        r = preload_backend.close(fd);
+        r = g.seam.ops->close(g.seam.impl, fd);
         logf_(2, "close %d -> %d", fd, r);
         if (r < 0) {
                 errno = -r;
@@ -458,13 +431,13 @@ PRELOAD_EXPORT int close(int fd)
         return 0;
 }
 
-static void *do_mmap(void *addr, size_t len, int prot, int flags, int fd, off_t off)
+PRELOAD_EXPORT void *mmap(void *addr, size_t len, int prot, int flags, int fd, off_t off)
 {
         void *p = MAP_FAILED;
         int r;
 
         if (!(flags & MAP_ANONYMOUS) && fd_owned(fd)) {
-                r = preload_backend.mmap(addr, len, prot, flags, fd, (uint64_t)off, &p);
+                r = g.seam.ops->mmap(g.seam.impl, addr, len, prot, flags, fd, (uint64_t)off, &p);
                 logf_(2, "mmap fd=%d offset=0x%llx len=0x%zx -> %d", fd, (unsigned long long)off, len, r);
                 if (r < 0) {
                         errno = -r;
@@ -490,15 +463,7 @@ static void *do_mmap(void *addr, size_t len, int prot, int flags, int fd, off_t 
         return p;
 }
 
-PRELOAD_EXPORT void *mmap(void *addr, size_t len, int prot, int flags, int fd, off_t off)
-{
-        return do_mmap(addr, len, prot, flags, fd, off);
-}
-
-PRELOAD_EXPORT void *mmap64(void *addr, size_t len, int prot, int flags, int fd, off_t off)
-{
-        return do_mmap(addr, len, prot, flags, fd, off);
-}
+PRELOAD_ALIAS(mmap) void *mmap64(void *addr, size_t len, int prot, int flags, int fd, off_t off);
 
 PRELOAD_EXPORT int munmap(void *addr, size_t len)
 {
