@@ -345,9 +345,9 @@ static void rm_tree(void)
         (void)nftw(tmproot, rm_cb, 16, FTW_DEPTH | FTW_PHYS);
 }
 
-/* A literal, so printf-style checks see the format: simd_count and mem_banks_count are the arguments. */
-#define GPU_PROPS_FMT                                                                                        \
-        "cpu_cores_count 0\nsimd_count %s\nmem_banks_count %s\ncaches_count 1\n"                             \
+/* The GPU node's properties with @simd as simd_count and @banks as mem_banks_count (string literals). */
+#define GPU_PROPS(simd, banks)                                                                               \
+        "cpu_cores_count 0\nsimd_count " simd "\nmem_banks_count " banks "\ncaches_count 1\n"                \
         "io_links_count 1\ncapability 134217728\ndrm_render_minor 128\n"
 
 /* A minimal valid tree: CPU node 0, GPU node 1 (gpu_id 4660), one bank, one cache, links both ways. */
@@ -365,7 +365,7 @@ static void make_valid(void)
         put("nodes/0/io_links/0/properties", "type 2\nnode_from 0\nnode_to 1\nweight 20\n");
         put("nodes/1/gpu_id", "4660\n");
         put("nodes/1/name", "arcturus\n");
-        put("nodes/1/properties", GPU_PROPS_FMT, "16", "1");
+        put("nodes/1/properties", "%s", GPU_PROPS("16", "1"));
         put("nodes/1/mem_banks/0/properties", "heap_type 1\nsize_in_bytes 1073741824\n");
         put("nodes/1/caches/0/properties", "level 1\nsize 16\ntype 9\n");
         put("nodes/1/io_links/0/properties", "type 2\nnode_from 1\nnode_to 0\nweight 20\n");
@@ -387,6 +387,101 @@ static void expect_fail(int line, int err, const char *needle1, const char *need
 }
 
 #define EXPECT_FAIL(err, n1, n2) expect_fail(__LINE__, err, n1, n2)
+
+/*
+ * A tree that must be refused: the valid one (@fresh) or the tree the case before left, with @path written
+ * as @text or deleted (@text NULL), and with @path2 changed the same way when it is set. The load fails with
+ * @err, and its message names @where and @what (when set).
+ */
+typedef struct BadTree {
+        int line;
+        bool fresh;
+        const char *path, *text, *path2, *text2;
+        int err;
+        const char *where, *what;
+} BadTree;
+#define DELETED NULL
+#define BAD(fresh, path, text, err, where, what)                                                             \
+        {                                                                                                    \
+                __LINE__, fresh, path, text, NULL, NULL, err, where, what                                    \
+        }
+#define BAD2(path, text, path2, text2, err, where, what)                                                     \
+        {                                                                                                    \
+                __LINE__, true, path, text, path2, text2, err, where, what                                   \
+        }
+
+static const BadTree bad_trees[] = {
+        /* Values (the tree the NUMA cases left, its GPU node's properties rewritten) */
+        BAD(false, "nodes/1/properties", GPU_PROPS("abc", "1"), -EINVAL,
+            "nodes/1/properties:2:", "not a number"),
+        BAD(false, "nodes/1/properties", GPU_PROPS("-3", "1"), -EINVAL,
+            "nodes/1/properties:2:", "not a number"),
+        BAD(false, "nodes/1/properties", GPU_PROPS("0x10", "1"), -EINVAL, "nodes/1/properties:2:", NULL),
+        BAD(false, "nodes/1/properties", GPU_PROPS("16 17", "1"), -EINVAL, "nodes/1/properties:2:", NULL),
+        BAD(false, "nodes/1/properties", GPU_PROPS("18446744073709551616", "1"), -ERANGE,
+            "nodes/1/properties:2:", "64 bits"),
+        BAD(false, "nodes/1/properties", GPU_PROPS("4294967296", "1"), -ERANGE,
+            "nodes/1/properties:2:", "32 bits"),
+        BAD(false, "nodes/1/properties", "cpu_cores_count 0\nsimd_count\n", -EINVAL,
+            "nodes/1/properties:2:", "no value"),
+        BAD(false, "nodes/1/properties", "cpu_cores_count 0\n\nsimd-count 16\n", -EINVAL,
+            "nodes/1/properties:3:", "malformed key"),
+        BAD(false, "nodes/1/properties", "simd_count 16\nsimd_count 16\n", -EINVAL,
+            "nodes/1/properties:2:", "repeats line 1"),
+        BAD(false, "nodes/1/properties", "a_key_that_is_far_too_long_to_be_any_real_kfd_property 1\n", -E2BIG,
+            "nodes/1/properties:1:", NULL),
+        BAD(true, "nodes/1/mem_banks/0/properties", "heap_type 1\nsize_in_bytes 1,2,x\n", -EINVAL,
+            "nodes/1/mem_banks/0/properties:2:", NULL),
+
+        /* Single-number files */
+        BAD(true, "nodes/1/gpu_id", "12ab\n", -EINVAL, "nodes/1/gpu_id:1:", NULL),
+        BAD(false, "nodes/1/gpu_id", "", -EINVAL, "nodes/1/gpu_id", NULL), /* an empty file */
+        BAD(false, "nodes/1/gpu_id", "4294967296\n", -ERANGE, "nodes/1/gpu_id", NULL),
+        BAD(true, "generation_id", "x\n", -EINVAL, "generation_id:1:", NULL),
+        BAD(true, "nodes/1/name",
+            "a_name_that_is_longer_than_sixty_three_characters_which_the_kernel_never_writes\n", -E2BIG,
+            "nodes/1/name", NULL),
+
+        /* Missing files */
+        BAD(true, "nodes/1/properties", DELETED, -ENOENT, "nodes/1/properties", "missing"),
+        BAD(true, "nodes/1/gpu_id", DELETED, -ENOENT, "nodes/1/gpu_id", "missing"),
+        BAD(true, "system_properties", DELETED, -ENOENT, "system_properties", "missing"),
+        BAD(true, "nodes/1/caches/0/properties", DELETED, -ENOENT, "nodes/1/caches/0/properties", "missing"),
+
+        /* Numbering and counts */
+        BAD(true, "nodes/foo/gpu_id", "0\n", -EINVAL, "nodes", "unexpected entry 'foo'"),
+        BAD(true, "nodes/01/gpu_id", "0\n", -EINVAL, "nodes", "unexpected entry '01'"),
+        BAD(true, "nodes/256/gpu_id", "0\n", -E2BIG, "nodes", "limit of 256"),
+        BAD(true, "nodes/1/properties", GPU_PROPS("16", "2"), -EINVAL,
+            "nodes/1/properties:3:", "mem_banks_count is 2 but nodes/1/mem_banks/ has 1"),
+        BAD(true, "nodes/1/mem_banks/1/properties", "heap_type 1\n", -EINVAL,
+            "nodes/1/properties:3:", "mem_banks_count is 1"),
+        BAD(true, "nodes/1/caches/4096/properties", "level 1\n", -E2BIG, "nodes/1/caches", "limit of 4096"),
+
+        /* Cross-node rules */
+        BAD(true, "nodes/1/gpu_id", "0\n", -EINVAL, "nodes/1/properties:2:", "gpu_id is 0"),
+        BAD(true, "nodes/0/gpu_id", "7\n", -EINVAL, "nodes/0/properties", "no SIMDs"),
+        BAD2("nodes/0/properties", "cpu_cores_count 0\nsimd_count 8\nmem_banks_count 1\nio_links_count 1\n",
+             "nodes/0/gpu_id", "4660\n", -EINVAL, "nodes/1/gpu_id:1:", "already used by node 0"),
+        BAD(true, "nodes/1/io_links/0/properties", "type 2\nnode_from 1\nnode_to 5\nweight 20\n", -EINVAL,
+            "nodes/1/io_links/0/properties", "node_to 5"),
+        BAD(true, "nodes/1/io_links/0/properties", "type 2\nnode_from 0\nnode_to 0\nweight 20\n", -EINVAL,
+            "nodes/1/io_links/0/properties:2:", "node_from is 0"),
+        BAD(true, "nodes/1/io_links/0/properties", "type 2\nweight 20\n", -EINVAL,
+            "nodes/1/io_links/0/properties", "node_to"),
+
+        /* Files and directories in each other's places: the step that failed is named */
+        BAD2("nodes/1/gpu_id", DELETED, "nodes/1/gpu_id/x", "1\n", -EISDIR,
+             "nodes/1/gpu_id: read failed: ", NULL),
+};
+
+static void change(const char *path, const char *text)
+{
+        if (text)
+                put(path, "%s", text);
+        else
+                del(path);
+}
 
 static void test_malformed(void)
 {
@@ -425,27 +520,16 @@ static void test_malformed(void)
         CHECK(t && t->nodes[1].numa_node == -1);
         thunk_topology_free(t);
 
-        /* Values */
-        put("nodes/1/properties", GPU_PROPS_FMT, "abc", "1");
-        EXPECT_FAIL(-EINVAL, "nodes/1/properties:2:", "not a number");
-        put("nodes/1/properties", GPU_PROPS_FMT, "-3", "1");
-        EXPECT_FAIL(-EINVAL, "nodes/1/properties:2:", "not a number");
-        put("nodes/1/properties", GPU_PROPS_FMT, "0x10", "1");
-        EXPECT_FAIL(-EINVAL, "nodes/1/properties:2:", NULL);
-        put("nodes/1/properties", GPU_PROPS_FMT, "16 17", "1");
-        EXPECT_FAIL(-EINVAL, "nodes/1/properties:2:", NULL);
-        put("nodes/1/properties", GPU_PROPS_FMT, "18446744073709551616", "1");
-        EXPECT_FAIL(-ERANGE, "nodes/1/properties:2:", "64 bits");
-        put("nodes/1/properties", GPU_PROPS_FMT, "4294967296", "1");
-        EXPECT_FAIL(-ERANGE, "nodes/1/properties:2:", "32 bits");
-        put("nodes/1/properties", "cpu_cores_count 0\nsimd_count\n");
-        EXPECT_FAIL(-EINVAL, "nodes/1/properties:2:", "no value");
-        put("nodes/1/properties", "cpu_cores_count 0\n\nsimd-count 16\n");
-        EXPECT_FAIL(-EINVAL, "nodes/1/properties:3:", "malformed key");
-        put("nodes/1/properties", "simd_count 16\nsimd_count 16\n");
-        EXPECT_FAIL(-EINVAL, "nodes/1/properties:2:", "repeats line 1");
-        put("nodes/1/properties", "a_key_that_is_far_too_long_to_be_any_real_kfd_property 1\n");
-        EXPECT_FAIL(-E2BIG, "nodes/1/properties:1:", NULL);
+        for (size_t i = 0; i < ARRAY_SIZE(bad_trees); i++) {
+                const BadTree *b = &bad_trees[i];
+
+                if (b->fresh)
+                        make_valid();
+                change(b->path, b->text);
+                if (b->path2)
+                        change(b->path2, b->text2);
+                expect_fail(b->line, b->err, b->where, b->what);
+        }
         {
                 char *longline = malloc(THUNK_TOPOLOGY_MAX_LINE + 64);
                 memset(longline, '1', THUNK_TOPOLOGY_MAX_LINE + 10);
@@ -456,44 +540,9 @@ static void test_malformed(void)
                 free(longline);
         }
         make_valid();
-        put("nodes/1/mem_banks/0/properties", "heap_type 1\nsize_in_bytes 1,2,x\n");
-        EXPECT_FAIL(-EINVAL, "nodes/1/mem_banks/0/properties:2:", NULL);
-
-        /* Single-number files */
-        make_valid();
-        put("nodes/1/gpu_id", "12ab\n");
-        EXPECT_FAIL(-EINVAL, "nodes/1/gpu_id:1:", NULL);
-        put("nodes/1/gpu_id", "%s", ""); /* an empty file */
-        EXPECT_FAIL(-EINVAL, "nodes/1/gpu_id", NULL);
-        put("nodes/1/gpu_id", "4294967296\n");
-        EXPECT_FAIL(-ERANGE, "nodes/1/gpu_id", NULL);
-        make_valid();
-        put("generation_id", "x\n");
-        EXPECT_FAIL(-EINVAL, "generation_id:1:", NULL);
-        make_valid();
-        put("nodes/1/name", "%s\n",
-            "a_name_that_is_longer_than_sixty_three_characters_which_the_kernel_never_writes");
-        EXPECT_FAIL(-E2BIG, "nodes/1/name", NULL);
-
-        /* Missing files */
-        make_valid();
-        del("nodes/1/properties");
-        EXPECT_FAIL(-ENOENT, "nodes/1/properties", "missing");
-        make_valid();
-        del("nodes/1/gpu_id");
-        EXPECT_FAIL(-ENOENT, "nodes/1/gpu_id", "missing");
-        make_valid();
-        del("system_properties");
-        EXPECT_FAIL(-ENOENT, "system_properties", "missing");
-        make_valid();
-        del("nodes/1/caches/0/properties");
-        EXPECT_FAIL(-ENOENT, "nodes/1/caches/0/properties", "missing");
-        make_valid();
         del("nodes/0/name"); /* optional */
         t = load_ok(tmproot);
         thunk_topology_free(t);
-
-        /* Numbering and counts */
         make_valid();
         put("nodes/2/gpu_id", "0\n");
         {
@@ -503,51 +552,6 @@ static void test_malformed(void)
                 CHECK(rename(from, to) == 0);
         }
         EXPECT_FAIL(-EINVAL, "nodes", "2 is missing");
-        make_valid();
-        put("nodes/foo/gpu_id", "0\n");
-        EXPECT_FAIL(-EINVAL, "nodes", "unexpected entry 'foo'");
-        make_valid();
-        put("nodes/01/gpu_id", "0\n");
-        EXPECT_FAIL(-EINVAL, "nodes", "unexpected entry '01'");
-        make_valid();
-        put("nodes/256/gpu_id", "0\n");
-        EXPECT_FAIL(-E2BIG, "nodes", "limit of 256");
-        make_valid();
-        put("nodes/1/properties", GPU_PROPS_FMT, "16", "2");
-        EXPECT_FAIL(-EINVAL, "nodes/1/properties:3:", "mem_banks_count is 2 but nodes/1/mem_banks/ has 1");
-        make_valid();
-        put("nodes/1/mem_banks/1/properties", "heap_type 1\n");
-        EXPECT_FAIL(-EINVAL, "nodes/1/properties:3:", "mem_banks_count is 1");
-        make_valid();
-        put("nodes/1/caches/4096/properties", "level 1\n");
-        EXPECT_FAIL(-E2BIG, "nodes/1/caches", "limit of 4096");
-
-        /* Cross-node rules */
-        make_valid();
-        put("nodes/1/gpu_id", "0\n");
-        EXPECT_FAIL(-EINVAL, "nodes/1/properties:2:", "gpu_id is 0");
-        make_valid();
-        put("nodes/0/gpu_id", "7\n");
-        EXPECT_FAIL(-EINVAL, "nodes/0/properties", "no SIMDs");
-        make_valid();
-        put("nodes/0/properties", "cpu_cores_count 0\nsimd_count 8\nmem_banks_count 1\nio_links_count 1\n");
-        put("nodes/0/gpu_id", "4660\n");
-        EXPECT_FAIL(-EINVAL, "nodes/1/gpu_id:1:", "already used by node 0");
-        make_valid();
-        put("nodes/1/io_links/0/properties", "type 2\nnode_from 1\nnode_to 5\nweight 20\n");
-        EXPECT_FAIL(-EINVAL, "nodes/1/io_links/0/properties", "node_to 5");
-        make_valid();
-        put("nodes/1/io_links/0/properties", "type 2\nnode_from 0\nnode_to 0\nweight 20\n");
-        EXPECT_FAIL(-EINVAL, "nodes/1/io_links/0/properties:2:", "node_from is 0");
-        make_valid();
-        put("nodes/1/io_links/0/properties", "type 2\nweight 20\n");
-        EXPECT_FAIL(-EINVAL, "nodes/1/io_links/0/properties", "node_to");
-
-        /* Files and directories in each other's places: the step that failed is named */
-        make_valid();
-        del("nodes/1/gpu_id");
-        put("nodes/1/gpu_id/x", "1\n");
-        EXPECT_FAIL(-EISDIR, "nodes/1/gpu_id: read failed: ", NULL);
         make_valid();
         rm_children("nodes/1/caches", 1);
         {
