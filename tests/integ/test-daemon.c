@@ -306,6 +306,25 @@ static size_t frame(uint8_t *buf, size_t cap, uint32_t id, const void *body, siz
         return GM_FRAME_HDR_SIZE + body_len;
 }
 
+/* The frame @buf (@len bytes) sent on the raw connection @fd, and the reply read: 0 with the reply's id, code
+ * and reason, or a negative errno. */
+static int send_for_reply(int fd, const uint8_t *buf, size_t len, uint32_t *ret_id, int *ret_code,
+                          char *reason, size_t reason_len)
+{
+        int r = raw_send(fd, buf, len, NULL, 0);
+
+        return r != 0 ? r : raw_recv_reply(fd, ret_id, ret_code, reason, reason_len, 5000);
+}
+
+/* @req as a hello of protocol @version, in @h. */
+static void hello_request(Gpumem__Request *req, Gpumem__Hello *h, uint32_t version)
+{
+        h->has_protocol_version = true;
+        h->protocol_version = version;
+        req->op_case = GPUMEM__REQUEST__OP_HELLO;
+        req->hello = h;
+}
+
 static size_t ping_body(uint8_t *buf)
 {
         Gpumem__Request req = GPUMEM__REQUEST__INIT;
@@ -404,8 +423,7 @@ static void test_request_errors(void)
         {
                 uint8_t unknown[] = {0x9a, 0x06, 0x00}; /* field 99, length-delimited, empty */
                 len = frame(buf, sizeof(buf), 7, unknown, sizeof(unknown), 1, 0);
-                CHECK_EQ(raw_send(fd, buf, len, NULL, 0), 0);
-                CHECK_EQ(raw_recv_reply(fd, &id, &code, reason, sizeof(reason), 5000), 0);
+                CHECK_EQ(send_for_reply(fd, buf, len, &id, &code, reason, sizeof(reason)), 0);
                 CHECK_EQ(id, 7);
                 CHECK_EQ(code, -EOPNOTSUPP);
                 CHECK_STR_CONTAINS(reason, "99");
@@ -414,13 +432,9 @@ static void test_request_errors(void)
         {
                 Gpumem__Request req = GPUMEM__REQUEST__INIT;
                 Gpumem__Hello h = GPUMEM__HELLO__INIT;
-                h.has_protocol_version = true;
-                h.protocol_version = 1;
-                req.op_case = GPUMEM__REQUEST__OP_HELLO;
-                req.hello = &h;
+                hello_request(&req, &h, 1);
                 len = frame(buf, sizeof(buf), 8, body, gpumem__request__pack(&req, body), 1, 0);
-                CHECK_EQ(raw_send(fd, buf, len, NULL, 0), 0);
-                CHECK_EQ(raw_recv_reply(fd, &id, &code, reason, sizeof(reason), 5000), 0);
+                CHECK_EQ(send_for_reply(fd, buf, len, &id, &code, reason, sizeof(reason)), 0);
                 CHECK_EQ(id, 8);
                 CHECK_EQ(code, -EALREADY);
         }
@@ -433,14 +447,12 @@ static void test_request_errors(void)
                 req.op_case = GPUMEM__REQUEST__OP_WINDOW_RETRY;
                 req.window_retry = &w;
                 len = frame(buf, sizeof(buf), 9, body, gpumem__request__pack(&req, body), 1, 0);
-                CHECK_EQ(raw_send(fd, buf, len, NULL, 0), 0);
-                CHECK_EQ(raw_recv_reply(fd, &id, &code, reason, sizeof(reason), 5000), 0);
+                CHECK_EQ(send_for_reply(fd, buf, len, &id, &code, reason, sizeof(reason)), 0);
                 CHECK_EQ(code, -EINVAL);
         }
         /* still usable */
         len = frame(buf, sizeof(buf), 10, body, ping_body(body), 1, 0);
-        CHECK_EQ(raw_send(fd, buf, len, NULL, 0), 0);
-        CHECK_EQ(raw_recv_reply(fd, &id, &code, reason, sizeof(reason), 5000), 0);
+        CHECK_EQ(send_for_reply(fd, buf, len, &id, &code, reason, sizeof(reason)), 0);
         CHECK_EQ(id, 10);
         CHECK_EQ(code, 0);
         close(fd);
@@ -453,8 +465,7 @@ static void test_request_errors(void)
                 req.op_case = GPUMEM__REQUEST__OP_HELLO;
                 req.hello = &h;
                 len = frame(buf, sizeof(buf), 1, body, gpumem__request__pack(&req, body), 1, 0);
-                CHECK_EQ(raw_send(fd, buf, len, NULL, 0), 0);
-                CHECK_EQ(raw_recv_reply(fd, &id, &code, reason, sizeof(reason), 5000), 0);
+                CHECK_EQ(send_for_reply(fd, buf, len, &id, &code, reason, sizeof(reason)), 0);
                 CHECK_EQ(code, -EPROTONOSUPPORT);
         }
         close(fd);
@@ -1211,6 +1222,16 @@ static int raw_v2(int fd, uint32_t id, Gpumem__Request *req, bool want_reply)
         return code;
 }
 
+/* A protocol-2 hello on the raw connection @fd, as request 1: 0 or the reply's error. */
+static int raw_v2_hello(int fd)
+{
+        Gpumem__Request req = GPUMEM__REQUEST__INIT;
+        Gpumem__Hello h = GPUMEM__HELLO__INIT;
+
+        hello_request(&req, &h, 2);
+        return raw_v2(fd, 1, &req, true);
+}
+
 /* A client's events are bounded: the signal slots its page has, and 256 of the other types. */
 static void test_events_bounded(void)
 {
@@ -1247,7 +1268,6 @@ static void test_events_bounded(void)
 static void test_events_pending_at_exit(void)
 {
         Gpumem__Request req = GPUMEM__REQUEST__INIT;
-        Gpumem__Hello h = GPUMEM__HELLO__INIT;
         Gpumem__EventCreate ec = GPUMEM__EVENT_CREATE__INIT;
         Gpumem__EventWait ew = GPUMEM__EVENT_WAIT__INIT;
         uint32_t id0 = 0;
@@ -1256,11 +1276,7 @@ static void test_events_pending_at_exit(void)
         CHECK(fd >= 0);
         if (fd < 0)
                 return;
-        h.has_protocol_version = true;
-        h.protocol_version = 2;
-        req.op_case = GPUMEM__REQUEST__OP_HELLO;
-        req.hello = &h;
-        CHECK_EQ(raw_v2(fd, 1, &req, true), 0);
+        CHECK_EQ(raw_v2_hello(fd), 0);
         ec.has_type = true;
         req.op_case = GPUMEM__REQUEST__OP_EVENT_CREATE;
         req.event_create = &ec;
@@ -1285,7 +1301,6 @@ static void test_events_pending_at_exit(void)
 static void test_v2_ops_hostile(void)
 {
         Gpumem__Request req = GPUMEM__REQUEST__INIT;
-        Gpumem__Hello h = GPUMEM__HELLO__INIT;
         Gpumem__EventCreate ec = GPUMEM__EVENT_CREATE__INIT;
         Gpumem__EventWait ew = GPUMEM__EVENT_WAIT__INIT;
         Gpumem__TopologyFilesGet tf = GPUMEM__TOPOLOGY_FILES_GET__INIT;
@@ -1297,11 +1312,7 @@ static void test_v2_ops_hostile(void)
         CHECK(fd >= 0);
         if (fd < 0 || !other)
                 goto out;
-        h.has_protocol_version = true;
-        h.protocol_version = 2;
-        req.op_case = GPUMEM__REQUEST__OP_HELLO;
-        req.hello = &h;
-        CHECK_EQ(raw_v2(fd, 1, &req, true), 0);
+        CHECK_EQ(raw_v2_hello(fd), 0);
         tf.has_from = true;
         tf.from = 1u << 30;
         req.op_case = GPUMEM__REQUEST__OP_TOPOLOGY_FILES;
