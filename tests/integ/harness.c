@@ -787,14 +787,22 @@ int daemon_own_fds(const Daemon *d)
         return n;
 }
 
-/* @req on a connection of the harness's own, after hello; its reply carrying @want (raw_reply_free), or a
- * negative errno. */
-static int own_request(Daemon *d, Gpumem__Request *req, Gpumem__Reply__ResultCase want, Gpumem__Reply **ret)
+/* The request of op @op with @msg, on a connection of the harness's own after hello: its reply carrying
+ * @want (raw_reply_free), or a negative errno. */
+static int own_request(Daemon *d, Gpumem__Request__OpCase op, ProtobufCMessage *msg,
+                       Gpumem__Reply__ResultCase want, Gpumem__Reply **ret)
 {
+        const ProtobufCFieldDescriptor *f =
+                protobuf_c_message_descriptor_get_field(&gpumem__request__descriptor, (unsigned)op);
+        Gpumem__Request req = GPUMEM__REQUEST__INIT;
         Gpumem__Reply *reply = NULL;
         bool transport;
         int fd, r;
 
+        if (!f)
+                return -EINVAL;
+        req.op_case = op;
+        *(ProtobufCMessage **)((uint8_t *)&req + f->offset) = msg; /* the op's member of the oneof */
         fd = raw_connect(d->sock);
         if (fd < 0)
                 return fd;
@@ -803,7 +811,7 @@ static int own_request(Daemon *d, Gpumem__Request *req, Gpumem__Reply__ResultCas
                 close(fd);
                 return r < 0 ? r : -EPROTO;
         }
-        r = raw_request(fd, 2, req, NULL, 0, (void **)&reply, NULL, NULL, &transport);
+        r = raw_request(fd, 2, &req, NULL, 0, (void **)&reply, NULL, NULL, &transport);
         close(fd);
         if (r != 0 || !reply || reply->result_case != want) {
                 raw_reply_free(reply);
@@ -815,15 +823,12 @@ static int own_request(Daemon *d, Gpumem__Request *req, Gpumem__Reply__ResultCas
 
 int daemon_gpus(Daemon *d, uint32_t *ret_ids, size_t cap)
 {
-        Gpumem__Request req = GPUMEM__REQUEST__INIT;
         Gpumem__TopologyGet tg = GPUMEM__TOPOLOGY_GET__INIT;
         Gpumem__Reply *reply = NULL;
         size_t n = 0;
-        int r;
+        int r = own_request(d, GPUMEM__REQUEST__OP_TOPOLOGY, &tg.base, GPUMEM__REPLY__RESULT_TOPOLOGY,
+                            &reply);
 
-        req.op_case = GPUMEM__REQUEST__OP_TOPOLOGY;
-        req.topology = &tg;
-        r = own_request(d, &req, GPUMEM__REPLY__RESULT_TOPOLOGY, &reply);
         if (r < 0)
                 return r;
         for (size_t i = 0; i < reply->topology->n_nodes && n < cap; i++)
@@ -835,16 +840,13 @@ int daemon_gpus(Daemon *d, uint32_t *ret_ids, size_t cap)
 
 int daemon_state(Daemon *d, DaemonState *ret)
 {
-        Gpumem__Request req = GPUMEM__REQUEST__INIT;
         Gpumem__AdminStatus as = GPUMEM__ADMIN_STATUS__INIT;
         Gpumem__Reply *reply = NULL;
         Gpumem__AdminStatusReply *s;
         DaemonState st = {0};
-        int r;
+        int r = own_request(d, GPUMEM__REQUEST__OP_ADMIN_STATUS, &as.base, GPUMEM__REPLY__RESULT_ADMIN_STATUS,
+                            &reply);
 
-        req.op_case = GPUMEM__REQUEST__OP_ADMIN_STATUS;
-        req.admin_status = &as;
-        r = own_request(d, &req, GPUMEM__REPLY__RESULT_ADMIN_STATUS, &reply);
         if (r < 0)
                 return r;
         s = reply->admin_status;
