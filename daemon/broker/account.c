@@ -324,7 +324,7 @@ void broker_client_set_account(BrokerClient *c, BrokerAccount *a)
 }
 
 /* The broker GPUs (a bit per index) the client's class may use. */
-uint64_t broker_allowed_gpus(const BrokerClient *c)
+static uint64_t allowed_gpus(const BrokerClient *c)
 {
         /* one word, stored whole: no lock for it (every GPU check of every client of the class reads it) */
         return c->acct ? __atomic_load_n(&c->acct->allowed_gpus, __ATOMIC_RELAXED) : UINT64_MAX;
@@ -337,17 +337,30 @@ int broker_gpu_allowed(const BrokerClient *c, uint32_t gpu_id, Reason *w)
 
         if (gi < 0)
                 return reason_set(w, -ENODEV, "no GPU with id %u", gpu_id);
-        if (!(broker_allowed_gpus(c) & (1ull << gi)))
+        if (!(allowed_gpus(c) & (1ull << gi)))
                 return reason_set(w, -EACCES, "class '%s' may not use GPU %u", c->acct->name, gpu_id);
         return 0;
 }
 
+/* Are @ids GPUs, none named twice, that this client's class may use? */
 int broker_gpus_allowed(const BrokerClient *c, const uint32_t *ids, size_t n, Reason *w)
 {
-        for (size_t i = 0; i < n; i++) {
-                int r = broker_gpu_allowed(c, ids[i], w);
-                if (r < 0)
-                        return r;
-        }
-        return 0;
+        int r = broker_check_gpus(c->b, ids, n, w);
+
+        for (size_t i = 0; r >= 0 && i < n; i++)
+                r = broker_gpu_allowed(c, ids[i], w);
+        return r;
+}
+
+/* The GPUs this client's class may use, in the broker's order, into @ids (room for BROKER_MAX_GPUS): how
+ * many. */
+size_t broker_allowed_gpu_ids(const BrokerClient *c, uint32_t *ids)
+{
+        uint64_t allowed = allowed_gpus(c);
+        size_t n = 0;
+
+        for (size_t i = 0; i < c->b->n_gpus; i++)
+                if (allowed & (1ull << i))
+                        ids[n++] = c->b->gpu_ids[i];
+        return n;
 }

@@ -69,6 +69,13 @@ static int shared_pages(uint64_t va, uint64_t size, const char *name, int *ret_f
         return 0;
 }
 
+/* The shared pages of host or managed memory gone again: unmapped here, their memfd closed. */
+static void drop_pages(Broker *b, Obj *o)
+{
+        broker_unmap_shared(b, o->va, o->size);
+        o->memfd = safe_close(o->memfd);
+}
+
 /* Is @node a NUMA node of this host? */
 static bool host_has_node(int node)
 {
@@ -113,24 +120,17 @@ static int alloc_device(BrokerClient *c, const BrokerAllocArgs *a, Obj *o, Broke
                 o->mem = NULL;
                 return reason_set(w, r, "cannot map the allocation on the GPUs asked for: %s", strerror(-r));
         }
-        if (driver_has(c->b->drv, DRIVER_CAP_CLIENT_MAPS)) {
+        if (driver_has(c->b->drv, DRIVER_CAP_CLIENT_MAPS))
                 r = driver_mem_export(c->b->drv, o->mem, &res->import_fd);
-                if (r < 0) {
-                        (void)driver_mem_unmap_all(c->b->drv, o->mem);
-                        (void)driver_mem_free(c->b->drv, o->mem);
-                        o->mem = NULL;
-                        return reason_set(w, r, "cannot export the allocation for the client to map: %s",
-                                          strerror(-r));
-                }
-        } else if (a->flags & BROKER_FLAG_HOST_VISIBLE) {
+        else if (a->flags & BROKER_FLAG_HOST_VISIBLE)
                 r = driver_mem_export(c->b->drv, o->mem, &res->fd);
-                if (r < 0) {
-                        (void)driver_mem_unmap_all(c->b->drv, o->mem);
-                        (void)driver_mem_free(c->b->drv, o->mem);
-                        o->mem = NULL;
-                        return reason_set(w, r, "cannot export the allocation for CPU access: %s",
-                                          strerror(-r));
-                }
+        if (r < 0) {
+                broker_obj_mem_free(c->b, o);
+                return reason_set(w, r,
+                                  driver_has(c->b->drv, DRIVER_CAP_CLIENT_MAPS)
+                                          ? "cannot export the allocation for the client to map: %s"
+                                          : "cannot export the allocation for CPU access: %s",
+                                  strerror(-r));
         }
         return 0;
 }
@@ -162,8 +162,7 @@ static int host_pages(BrokerClient *c, const BrokerAllocArgs *a, Obj *o, Reason 
                           MPOL_MF_STRICT) < 0) {
                         r = reason_set(w, -errno, "cannot bind the memory to NUMA node %d: %s", node,
                                        strerror(errno));
-                        broker_unmap_shared(b, o->va, o->size);
-                        o->memfd = safe_close(o->memfd);
+                        drop_pages(b, o);
                         return r;
                 }
         }
@@ -204,11 +203,7 @@ static int host_register(BrokerClient *c, const BrokerAllocArgs *a, Obj *o, int 
         } else {
                 /* every GPU the client's class may use */
                 uint32_t ids[BROKER_MAX_GPUS];
-                uint64_t allowed = broker_allowed_gpus(c);
-                size_t n = 0;
-                for (size_t i = 0; i < b->n_gpus; i++)
-                        if (allowed & (1ull << i))
-                                ids[n++] = b->gpu_ids[i];
+                size_t n = broker_allowed_gpu_ids(c, ids);
                 r = n ? driver_mem_map(c->b->drv, o->mem, ids, n) : 0;
         }
         if (r < 0) {
@@ -217,18 +212,14 @@ static int host_register(BrokerClient *c, const BrokerAllocArgs *a, Obj *o, int 
                 o->mem = NULL;
                 goto fail;
         }
-        res->fd = fcntl(o->memfd, F_DUPFD_CLOEXEC, 3);
-        if (res->fd < 0) {
-                r = reason_set(w, -errno, "cannot duplicate the memory fd: %s", strerror(errno));
-                (void)driver_mem_unmap_all(c->b->drv, o->mem);
-                (void)driver_mem_free(c->b->drv, o->mem);
-                o->mem = NULL;
+        r = broker_obj_dup_memfd(o, &res->fd, w);
+        if (r < 0) {
+                broker_obj_mem_free(c->b, o);
                 goto fail;
         }
         return 0;
 fail:
-        broker_unmap_shared(b, o->va, o->size);
-        o->memfd = safe_close(o->memfd);
+        drop_pages(b, o);
         return r;
 }
 
@@ -264,10 +255,7 @@ static int alloc_host_gtt(BrokerClient *c, const BrokerAllocArgs *a, Obj *o, Bro
         if (r < 0)
                 return reason_set(w, r, "the driver refused the GTT allocation: %s", strerror(-r));
         if (!n) { /* every GPU the client's class may use */
-                uint64_t allowed = broker_allowed_gpus(c);
-                for (size_t i = 0; i < b->n_gpus; i++)
-                        if (allowed & (1ull << i))
-                                ids[n++] = b->gpu_ids[i];
+                n = broker_allowed_gpu_ids(c, ids);
                 map = ids;
         }
         r = n ? driver_mem_map(b->drv, o->mem, map, n) : 0;
@@ -291,9 +279,8 @@ static int alloc_host_gtt(BrokerClient *c, const BrokerAllocArgs *a, Obj *o, Bro
                         goto fail_fd;
                 }
         }
-        res->fd = fcntl(o->memfd, F_DUPFD_CLOEXEC, 3);
-        if (res->fd < 0) {
-                r = reason_set(w, -errno, "cannot duplicate the memory fd: %s", strerror(errno));
+        r = broker_obj_dup_memfd(o, &res->fd, w);
+        if (r < 0) {
                 if (!o->outer)
                         broker_unmap_shared(b, o->va, o->size);
                 goto fail_fd;
@@ -302,9 +289,7 @@ static int alloc_host_gtt(BrokerClient *c, const BrokerAllocArgs *a, Obj *o, Bro
 fail_fd:
         o->memfd = safe_close(o->memfd);
 fail_mem:
-        (void)driver_mem_unmap_all(b->drv, o->mem);
-        (void)driver_mem_free(b->drv, o->mem);
-        o->mem = NULL;
+        broker_obj_mem_free(b, o);
         return r;
 }
 
@@ -347,15 +332,12 @@ static int alloc_managed(BrokerClient *c, const BrokerAllocArgs *a, Obj *o, Brok
                            strerror(-r));
                 goto fail;
         }
-        res->fd = fcntl(o->memfd, F_DUPFD_CLOEXEC, 3);
-        if (res->fd < 0) {
-                r = reason_set(w, -errno, "cannot duplicate the memory fd: %s", strerror(errno));
+        r = broker_obj_dup_memfd(o, &res->fd, w);
+        if (r < 0)
                 goto fail;
-        }
         return 0;
 fail:
-        broker_unmap_shared(b, o->va, o->size);
-        o->memfd = safe_close(o->memfd);
+        drop_pages(b, o);
         return r;
 }
 
@@ -393,10 +375,8 @@ static int alloc_prepare(BrokerClient *c, const BrokerAllocArgs *a, Obj **ret, R
                 if (a->fixed_va < wl && a->fixed_va + size > wb)
                         return reason_set(w, -EINVAL, "0x%llx+0x%llx is in the window: allocate it there",
                                           (unsigned long long)a->fixed_va, (unsigned long long)size);
-                if (!c->outer &&
-                    (r = thunk_va_space_new(BROKER_PAGE_SIZE, BROKER_SVM_LIMIT - BROKER_PAGE_SIZE, 0,
-                                            &c->outer)) < 0)
-                        return reason_set(w, r, "out of memory");
+                if ((r = broker_client_outer(c, w)) < 0)
+                        return r;
         }
         switch (a->kind) {
         case BROKER_KIND_DEVICE:
@@ -492,10 +472,8 @@ static int alloc_finish(BrokerClient *c, const BrokerAllocArgs *a, Obj *o, Broke
                 if (r < 0) {
                         res.fd = safe_close(res.fd);
                         res.import_fd = safe_close(res.import_fd);
-                        if (o->mem) {
-                                (void)driver_mem_unmap_all(c->b->drv, o->mem);
-                                (void)driver_mem_free(c->b->drv, o->mem);
-                        }
+                        if (o->mem)
+                                broker_obj_mem_free(c->b, o);
                         if (o->memfd >= 0) {
                                 if (!o->outer)
                                         broker_unmap_shared(c->b, o->va, o->size);

@@ -232,9 +232,9 @@ int broker_quota_check(const BrokerClient *c, BrokerKind kind, uint32_t gpu_id, 
                        Reason *w);
 int broker_export_fd_take(BrokerClient *c, const Obj *o, Reason *w);
 void broker_export_fd_end(BrokerClient *c, Obj *o, int taken, bool made);
-uint64_t broker_allowed_gpus(const BrokerClient *c);
 int broker_gpu_allowed(const BrokerClient *c, uint32_t gpu_id, Reason *w);
 int broker_gpus_allowed(const BrokerClient *c, const uint32_t *ids, size_t n, Reason *w);
+size_t broker_allowed_gpu_ids(const BrokerClient *c, uint32_t *ids);
 
 /* files.c: memory that outlives its handle */
 void broker_note_file(Broker *b, Obj *o, int fd);
@@ -248,6 +248,7 @@ bool broker_is_own_file(Broker *b, const struct stat *st, bool *ret_read_only);
 
 /* client.c */
 int broker_client_ctx(BrokerClient *c, DriverCtx **ret, Reason *w);
+int broker_client_outer(BrokerClient *c, Reason *w);
 
 /* events-client.c */
 void broker_client_interrupt(void *arg, const DriverInterrupt *irq);
@@ -256,6 +257,9 @@ void broker_client_interrupt(void *arg, const DriverInterrupt *irq);
 Obj *broker_obj_new(BrokerKind kind);
 int broker_obj_publish(BrokerClient *c, Obj *o);
 Obj *broker_obj_lookup(BrokerClient *c, uint64_t handle);
+int broker_obj_add(BrokerClient *c, Obj *o, Reason *w);
+int broker_obj_dup_memfd(const Obj *o, int *ret_fd, Reason *w);
+void broker_obj_mem_free(Broker *b, Obj *o);
 void broker_reserve_again(uint64_t va, uint64_t size);
 void broker_unmap_shared(Broker *b, uint64_t va, uint64_t size);
 int broker_check_gpus(const Broker *b, const uint32_t *ids, size_t n, Reason *w);
@@ -283,14 +287,15 @@ int broker_obj_file(BrokerClient *c, Obj *o, int *ret_fd, Reason *w);
 bool broker_share_name_ok(const char *name);
 Share *broker_share_by_name(Broker *b, const char *name);
 void broker_share_held_apply(Broker *b, Share *s, int sign);
-void broker_share_ref_unmap(Broker *b, ShareRef *ref);
 void broker_shares_done(Broker *b);
 void broker_share_end(Broker *b, Share *s);
 void broker_share_obj_gone(BrokerClient *c, Obj *o);
+int broker_share_reader_vm(BrokerClient *c, DriverCtx **ret_ctx, Reason *w);
 void broker_share_obj_fill(Obj *o, const Share *s, ShareRef *ref);
 void broker_share_ref_link(Share *s, ShareRef *ref, BrokerClient *c);
 int broker_share_ref_map(Broker *b, DriverCtx *ctx, const Share *s, ShareRef *ref, const uint32_t *gpus,
                          size_t n_gpus, int *ret_fd, Reason *w);
+void broker_share_ref_undo(BrokerClient *c, const Share *s, ShareRef *ref, bool placed, int fd);
 void broker_share_ref_drop(BrokerClient *c, Obj *o);
 Obj *broker_share_at(const BrokerClient *c, uint64_t va);
 int broker_share_pointer_info(BrokerClient *c, const Obj *o, BrokerPtrInfo *ret, Reason *w);
@@ -302,3 +307,4 @@ void broker_svm_log_free(BrokerClient *c, Obj *o);
 void broker_svm_log_add(BrokerClient *c, Obj *o, uint64_t va, uint64_t size, const BrokerSvmAttr *a,
                         size_t n);
 int broker_check_svm_attrs(const Broker *b, const BrokerSvmAttr *a, size_t n, bool get, Reason *w);
+int broker_svm_driver_set(Driver *drv, uint64_t va, uint64_t size, const BrokerSvmAttr *a, size_t n);

@@ -67,6 +67,17 @@ int broker_client_ctx(BrokerClient *c, DriverCtx **ret, Reason *w)
         return 0;
 }
 
+/* The client's GPU VM outside its window (SVM ranges, the shares it opens), made when first needed. */
+int broker_client_outer(BrokerClient *c, Reason *w)
+{
+        int r;
+
+        if (!c->outer &&
+            (r = thunk_va_space_new(BROKER_PAGE_SIZE, BROKER_SVM_LIMIT - BROKER_PAGE_SIZE, 0, &c->outer)) < 0)
+                return reason_set(w, r, "out of memory");
+        return 0;
+}
+
 /* Where a teardown in slices stands: every VMM mapping goes before any object, so that a handle nothing maps
  * any more can go with its object. */
 enum { TEARDOWN_MAPPINGS, TEARDOWN_OBJECTS };

@@ -16,9 +16,9 @@ int broker_obj_file(BrokerClient *c, Obj *o, int *ret_fd, Reason *w)
         int fd = -1, r;
 
         if (o->memfd >= 0) {
-                fd = fcntl(o->memfd, F_DUPFD_CLOEXEC, 3);
-                if (fd < 0)
-                        return reason_set(w, -errno, "cannot duplicate the memory fd: %s", strerror(errno));
+                r = broker_obj_dup_memfd(o, &fd, w);
+                if (r < 0)
+                        return r;
         } else {
                 int taken = broker_export_fd_take(c, o, w);
                 if (taken < 0)
@@ -67,7 +67,6 @@ int broker_import(BrokerClient *c, int fd, uint32_t gpu_id, uint64_t *ret_handle
         struct stat st;
         bool own, read_only, src_read_only;
         bool import_foreign = true;
-        Charge ch;
         uint64_t size;
         Obj *o;
         int r, fl;
@@ -125,17 +124,9 @@ int broker_import(BrokerClient *c, int fd, uint32_t gpu_id, uint64_t *ret_handle
         o->foreign = !own;
         o->backing_fd = !own && broker_driver_holds_fd(c->b);
         /* the driver's size is the one charged (and checked again: it may be larger than the file's) */
-        ch = broker_obj_charge(o);
-        r = broker_charge_take(c, &ch, w);
-        if (r >= 0 && (r = broker_obj_publish(c, o)) < 0) {
-                broker_charge_give(c, &ch);
-                reason_set(w, r, "out of memory");
-        }
-        if (r < 0) {
-                (void)driver_mem_free(c->b->drv, o->mem);
-                free(o);
+        r = broker_obj_add(c, o, w);
+        if (r < 0)
                 return r;
-        }
         *ret_handle = o->handle;
         *ret_size = o->size;
         return 0;

@@ -5,6 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/util.h"
+
 typedef struct Event {
         uint32_t id;
         uint32_t type;
@@ -123,14 +125,8 @@ int client_event_create(ClientEvents *e, uint32_t type, bool auto_reset, uint64_
                                 e->next_other == UINT32_MAX - 1 ? EVENTS_FIRST_NONSIGNAL : e->next_other + 1;
                 id = e->next_other;
         }
-        if (e->n == e->cap) {
-                size_t cap = e->cap ? e->cap * 2 : 16;
-                Event *more = realloc(e->events, cap * sizeof(*more));
-                if (!more)
-                        return reason_set(w, -ENOMEM, "out of memory");
-                e->events = more;
-                e->cap = cap;
-        }
+        if (ARRAY_RESERVE(e->events, e->cap, e->n + 1, 16) < 0)
+                return reason_set(w, -ENOMEM, "out of memory");
         e->events[e->n++] = (Event){.id = id, .type = type, .auto_reset = auto_reset};
         if (signal) {
                 e->signal_used[id / 64] |= 1ull << (id % 64);

@@ -61,12 +61,6 @@ static void linger_charge(Broker *b, Linger *l, int sign)
         }
 }
 
-/*
- * @o dies as an object; if files handed to clients may still hold its memory, keep its bytes charged until
- * the kernel drops the inode. @fd refers to the memory (borrowed). Only files with no name (memfds, the
- * model's dmabufs: st_nlink 0) are watched: the kernel reports their end. A dmabuf of the GPU driver is
- * refunded at once (docs/policy.md says what that leaves open).
- */
 /* Keep @size bytes of @kind charged to @acct (may be NULL) and the totals while the file @fd (borrowed)
  * refers to has holders; only files with no name (st_nlink 0) are watched. */
 void broker_linger_watch(Broker *b, BrokerAccount *acct, BrokerKind kind, uint32_t gpu_id, uint64_t size,

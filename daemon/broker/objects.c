@@ -2,6 +2,7 @@
 #include "broker.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -43,6 +44,43 @@ int broker_obj_publish(BrokerClient *c, Obj *o)
 Obj *broker_obj_lookup(BrokerClient *c, uint64_t handle)
 {
         return hashmap_get(&c->objs, handle);
+}
+
+/*
+ * A VMM handle or import the driver made (mapped nowhere yet): charged to its client and given a handle, or,
+ * out of the class's limits or of memory, its buffer back to the driver and @o freed.
+ */
+int broker_obj_add(BrokerClient *c, Obj *o, Reason *w)
+{
+        Charge ch = broker_obj_charge(o);
+        int r = broker_charge_take(c, &ch, w);
+
+        if (r >= 0 && (r = broker_obj_publish(c, o)) < 0) {
+                broker_charge_give(c, &ch);
+                reason_set(w, r, "out of memory");
+        }
+        if (r < 0) {
+                (void)driver_mem_free(c->b->drv, o->mem);
+                free(o);
+        }
+        return r;
+}
+
+/* A copy of @o's memfd (host or managed memory) in *@ret_fd, for the client: -1 there on failure. */
+int broker_obj_dup_memfd(const Obj *o, int *ret_fd, Reason *w)
+{
+        *ret_fd = fcntl(o->memfd, F_DUPFD_CLOEXEC, 3);
+        if (*ret_fd < 0)
+                return reason_set(w, -errno, "cannot duplicate the memory fd: %s", strerror(errno));
+        return 0;
+}
+
+/* Give @o's buffer back to the driver, unmapped from its GPUs first. */
+void broker_obj_mem_free(Broker *b, Obj *o)
+{
+        (void)driver_mem_unmap_all(b->drv, o->mem);
+        (void)driver_mem_free(b->drv, o->mem);
+        o->mem = NULL;
 }
 
 /* Put a PROT_NONE reservation back over [va, va+size) of the daemon's copy of the window. */
@@ -248,9 +286,6 @@ int broker_map(BrokerClient *c, uint64_t handle, const uint32_t *gpu_ids, size_t
                 return reason_set(w, -EINVAL, "VMM handles are mapped with vmm_map and vmm_set_access");
         if (n == 0)
                 return reason_set(w, -EINVAL, "no GPU to map on");
-        r = broker_check_gpus(c->b, gpu_ids, n, w);
-        if (r < 0)
-                return r;
         r = broker_gpus_allowed(c, gpu_ids, n, w);
         if (r < 0)
                 return r;

@@ -2,12 +2,10 @@
 #include "broker.h"
 
 #include <errno.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "broker-private.h"
 
-/* Is [va, va+size) inside one object of this client's that the GPU reaches? */
 /* Is [va, va+size) inside one object of this client's that the GPU reaches from the client's context? (Host
  * memory that is not GTT is registered in the daemon's own context, which a client context does not see.) */
 static bool queue_memory(const BrokerClient *c, uint64_t va, uint64_t size)
@@ -72,14 +70,8 @@ int broker_queue_create(BrokerClient *c, const DriverQueueArgs *q, uint32_t *ret
                 qa.wptr_fd = o->memfd;
                 qa.wptr_fd_offset = q->wptr_va - o->va;
         }
-        if (c->n_queues == c->cap_queues) {
-                size_t cap = c->cap_queues ? c->cap_queues * 2 : 8;
-                BrokerQueue *more = realloc(c->queues, cap * sizeof(*more));
-                if (!more)
-                        return reason_set(w, -ENOMEM, "out of memory");
-                c->queues = more;
-                c->cap_queues = cap;
-        }
+        if (ARRAY_RESERVE(c->queues, c->cap_queues, c->n_queues + 1, 8) < 0)
+                return reason_set(w, -ENOMEM, "out of memory");
         r = broker_client_ctx(c, &ctx, w);
         if (r < 0)
                 return r;

@@ -270,7 +270,6 @@ static int carry_managed(BrokerClient *c, Obj *o, const BrokerCarry *k, Reason *
         }
         for (size_t i = 0; i < k->n_svm; i++) {
                 const BrokerSvmCall *call = &k->svm[i];
-                DriverSvmAttr t[BROKER_SVM_MAX_ATTRS];
                 bool prefetch_only = true;
                 if (call->n == 0 || call->n > BROKER_SVM_MAX_ATTRS || call->va < o->va ||
                     call->size > o->size || call->va - o->va > o->size - call->size ||
@@ -278,11 +277,9 @@ static int carry_managed(BrokerClient *c, Obj *o, const BrokerCarry *k, Reason *
                         broker_unmap_shared(b, o->va, o->size);
                         return reason_set(w, -EINVAL, "SVM call %zu of its record is not one for it", i);
                 }
-                for (uint32_t j = 0; j < call->n; j++) {
-                        t[j] = (DriverSvmAttr){call->a[j].type, call->a[j].value};
+                for (uint32_t j = 0; j < call->n; j++)
                         prefetch_only &= call->a[j].type == DRIVER_SVM_ATTR_PREFETCH_LOC;
-                }
-                r = driver_svm_set(b->drv, call->va, call->size, t, call->n);
+                r = broker_svm_driver_set(b->drv, call->va, call->size, call->a, call->n);
                 if (r < 0 && !prefetch_only) {
                         broker_unmap_shared(b, o->va, o->size);
                         return reason_set(w, r, "SVM call %zu cannot be made again: %s", i, strerror(-r));
@@ -319,11 +316,8 @@ static int carry_host_gtt(BrokerClient *c, Obj *o, const BrokerCarry *k, Reason 
                 reason_set(w, r, "cannot map it on its GPUs again: %s", strerror(-r));
         if (r == 0 && !o->outer)
                 r = carry_map_here(o, w);
-        if (r < 0) {
-                (void)driver_mem_unmap_all(b->drv, o->mem);
-                (void)driver_mem_free(b->drv, o->mem);
-                o->mem = NULL;
-        }
+        if (r < 0)
+                broker_obj_mem_free(b, o);
         return r;
 }
 
@@ -394,12 +388,9 @@ static int carry_share_ref(BrokerClient *c, Obj *o, const BrokerCarry *k, Reason
 
         if (!k->share_name || !broker_share_name_ok(k->share_name) || !b->share_space)
                 return reason_set(w, -EINVAL, "its share has no name this daemon knows");
-        r = broker_client_ctx(c, &ctx, w);
+        r = broker_share_reader_vm(c, &ctx, w);
         if (r < 0)
                 return r;
-        if (!c->outer &&
-            (r = thunk_va_space_new(BROKER_PAGE_SIZE, BROKER_SVM_LIMIT - BROKER_PAGE_SIZE, 0, &c->outer)) < 0)
-                return reason_set(w, r, "out of memory");
         ref = calloc(1, sizeof(*ref));
         if (!ref)
                 return reason_set(w, -ENOMEM, "out of memory");
@@ -431,12 +422,8 @@ static int carry_share_ref(BrokerClient *c, Obj *o, const BrokerCarry *k, Reason
         return 0;
 
 fail:
-        broker_share_ref_unmap(b, ref);
+        broker_share_ref_undo(c, sh, ref, placed, fd);
         pthread_mutex_unlock(&b->share_lock);
-        if (placed)
-                (void)thunk_va_free(c->outer, sh->va);
-        safe_close(fd);
-        free(ref);
         return r;
 }
 
@@ -514,13 +501,11 @@ int broker_carry_restore(BrokerClient *c, BrokerCarry *k, Reason *w)
         if (k->flags & BROKER_FLAG_SVM_RANGE) {
                 /* an SVM range's memory lies where the process has the range, outside the window */
                 o->outer = true;
-                if (!c->outer && thunk_va_space_new(BROKER_PAGE_SIZE, BROKER_SVM_LIMIT - BROKER_PAGE_SIZE, 0,
-                                                    &c->outer) < 0)
-                        r = reason_set(w, -ENOMEM, "out of memory");
-                else if ((r = thunk_va_alloc_fixed(c->outer, k->va, o->size, o)) < 0)
-                        r = reason_set(w, r, "its SVM range 0x%llx+0x%llx cannot be placed again: %s",
-                                       (unsigned long long)k->va, (unsigned long long)o->size, strerror(-r));
-                else
+                r = broker_client_outer(c, w);
+                if (r == 0 && (r = thunk_va_alloc_fixed(c->outer, k->va, o->size, o)) < 0)
+                        reason_set(w, r, "its SVM range 0x%llx+0x%llx cannot be placed again: %s",
+                                   (unsigned long long)k->va, (unsigned long long)o->size, strerror(-r));
+                if (r == 0)
                         o->va = k->va;
         } else {
                 r = has_va ? broker_take_va(c, o->size, BROKER_PAGE_SIZE, k->va, o, &o->va, w) : 0;
@@ -559,10 +544,8 @@ int broker_carry_restore(BrokerClient *c, BrokerCarry *k, Reason *w)
                 }
                 if (r < 0) {
                         broker_charge_give(c, &ch);
-                        if (o->mem) {
-                                (void)driver_mem_unmap_all(c->b->drv, o->mem);
-                                (void)driver_mem_free(c->b->drv, o->mem);
-                        }
+                        if (o->mem)
+                                broker_obj_mem_free(c->b, o);
                         if (o->memfd >= 0 && !o->outer)
                                 broker_unmap_shared(c->b, o->va, o->size);
                         reason_set(w, r, "out of memory");

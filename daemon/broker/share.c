@@ -113,7 +113,7 @@ void broker_share_held_apply(Broker *b, Share *s, int sign)
 
 /* Take the reader's GPU access and its import away. What the driver refuses to drop goes with the reader's
  * GPU VM when it ends. Under the share lock. */
-void broker_share_ref_unmap(Broker *b, ShareRef *ref)
+static void ref_unmap(Broker *b, ShareRef *ref)
 {
         for (size_t i = 0; i < ref->n_grants; i++)
                 (void)driver_revoke(b->drv, ref->grants[i]);
@@ -161,7 +161,7 @@ void broker_share_end(Broker *b, Share *s)
                 }
         s->revoked = true;
         for (ShareRef *ref = s->refs; ref; ref = ref->next)
-                broker_share_ref_unmap(b, ref);
+                ref_unmap(b, ref);
         s->readers = 0;
         if (s->src) {
                 s->src->share = NULL;
@@ -300,14 +300,10 @@ fail:
 static int reader_gpus(BrokerClient *c, const uint32_t *ids, size_t n, uint32_t *out, size_t *ret_n,
                        Reason *w)
 {
-        uint64_t allowed = broker_allowed_gpus(c);
-        size_t k = 0;
+        size_t k;
         int r;
 
         if (n > 0) {
-                r = broker_check_gpus(c->b, ids, n, w);
-                if (r < 0)
-                        return r;
                 r = broker_gpus_allowed(c, ids, n, w);
                 if (r < 0)
                         return r;
@@ -315,13 +311,19 @@ static int reader_gpus(BrokerClient *c, const uint32_t *ids, size_t n, uint32_t 
                 *ret_n = n;
                 return 0;
         }
-        for (size_t i = 0; i < c->b->n_gpus; i++)
-                if (allowed & (1ull << i))
-                        out[k++] = c->b->gpu_ids[i];
+        k = broker_allowed_gpu_ids(c, out);
         if (k == 0)
                 return reason_set(w, -EACCES, "this client may use no GPU");
         *ret_n = k;
         return 0;
+}
+
+/* What a reader of shares needs: its own GPU VM, and the VA space outside its window where shares lie. */
+int broker_share_reader_vm(BrokerClient *c, DriverCtx **ret_ctx, Reason *w)
+{
+        int r = broker_client_ctx(c, ret_ctx, w);
+
+        return r < 0 ? r : broker_client_outer(c, w);
 }
 
 /* A reader's object @o of share @s: where it lies, in its role. */
@@ -350,7 +352,7 @@ void broker_share_ref_link(Share *s, ShareRef *ref, BrokerClient *c)
 /*
  * A reader's import of share @s and its grants on @gpus, in its role (@ref->read_only); the file it was
  * imported from in *@ret_fd (the caller's; a read-only reader's is opened read-only, so its import and CPU
- * mapping keep to it). On failure what was made stays in @ref for broker_share_ref_unmap(). Under the share
+ * mapping keep to it). On failure what was made stays in @ref for broker_share_ref_undo(). Under the share
  * lock.
  */
 int broker_share_ref_map(Broker *b, DriverCtx *ctx, const Share *s, ShareRef *ref, const uint32_t *gpus,
@@ -383,6 +385,17 @@ int broker_share_ref_map(Broker *b, DriverCtx *ctx, const Share *s, ShareRef *re
         return 0;
 }
 
+/* A reader's part of @s that failed half-way, given up: @ref's import and grants, its place at the share's
+ * VA in the reader's GPU VM (@placed), the file @fd, and @ref. Under the share lock. */
+void broker_share_ref_undo(BrokerClient *c, const Share *s, ShareRef *ref, bool placed, int fd)
+{
+        ref_unmap(c->b, ref);
+        if (placed)
+                (void)thunk_va_free(c->outer, s->va);
+        safe_close(fd);
+        free(ref);
+}
+
 int broker_share_open(BrokerClient *c, const char *name, bool write, const uint32_t *gpu_ids, size_t n,
                       uint64_t *ret_handle, BrokerShareInfo *ret_info, int *ret_fd, Reason *w)
 {
@@ -405,12 +418,9 @@ int broker_share_open(BrokerClient *c, const char *name, bool write, const uint3
         r = reader_gpus(c, gpu_ids, n, gpus, &n_gpus, w);
         if (r < 0)
                 return r;
-        r = broker_client_ctx(c, &ctx, w);
+        r = broker_share_reader_vm(c, &ctx, w);
         if (r < 0)
                 return r;
-        if (!c->outer &&
-            (r = thunk_va_space_new(BROKER_PAGE_SIZE, BROKER_SVM_LIMIT - BROKER_PAGE_SIZE, 0, &c->outer)) < 0)
-                return reason_set(w, r, "out of memory");
         r = broker_charge_take(c, &ch, w);
         if (r < 0)
                 return r;
@@ -469,12 +479,8 @@ int broker_share_open(BrokerClient *c, const char *name, bool write, const uint3
         return 0;
 
 fail:
-        broker_share_ref_unmap(b, ref);
+        broker_share_ref_undo(c, s, ref, placed, fd);
         pthread_mutex_unlock(&b->share_lock);
-        if (placed)
-                (void)thunk_va_free(c->outer, s->va);
-        safe_close(fd);
-        free(ref);
         free(o);
         broker_charge_give(c, &ch);
         return r;
@@ -490,7 +496,7 @@ void broker_share_ref_drop(BrokerClient *c, Obj *o)
         pthread_mutex_lock(&b->share_lock);
         if (ref->mem)
                 s->readers--;
-        broker_share_ref_unmap(b, ref);
+        ref_unmap(b, ref);
         for (ShareRef **p = &s->refs; *p; p = &(*p)->next)
                 if (*p == ref) {
                         *p = ref->next;

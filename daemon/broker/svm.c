@@ -81,15 +81,9 @@ void broker_svm_log_add(BrokerClient *c, Obj *o, uint64_t va, uint64_t size, con
                 l->overflowed = true;
                 return;
         }
-        if (l->n == l->cap) {
-                size_t cap = l->cap ? l->cap * 2 : 4;
-                e = cap <= SVM_LOG_MAX ? realloc(l->e, cap * sizeof(*e)) : NULL;
-                if (!e) {
-                        l->overflowed = true;
-                        return;
-                }
-                l->e = e;
-                l->cap = cap;
+        if (l->n == SVM_LOG_MAX || ARRAY_RESERVE(l->e, l->cap, l->n + 1, 4) < 0) {
+                l->overflowed = true;
+                return;
         }
         /* field by field: a compound literal would clear all BROKER_SVM_MAX_ATTRS attributes first, and
          * only the first n are ever read */
@@ -205,17 +199,24 @@ static int svm_set_check(BrokerClient *c, uint64_t va, uint64_t size, const Brok
         return 0;
 }
 
-int broker_svm_set(BrokerClient *c, uint64_t va, uint64_t size, const BrokerSvmAttr *a, size_t n, Reason *w)
+/* The attributes @a set on [va, va+size) by the driver: 0, or its refusal. */
+int broker_svm_driver_set(Driver *drv, uint64_t va, uint64_t size, const BrokerSvmAttr *a, size_t n)
 {
         DriverSvmAttr t[BROKER_SVM_MAX_ATTRS];
+
+        for (size_t i = 0; i < n; i++)
+                t[i] = (DriverSvmAttr){a[i].type, a[i].value};
+        return driver_svm_set(drv, va, size, t, n);
+}
+
+int broker_svm_set(BrokerClient *c, uint64_t va, uint64_t size, const BrokerSvmAttr *a, size_t n, Reason *w)
+{
         Obj *o;
         int r = svm_set_check(c, va, size, a, n, &o, w);
 
         if (r < 0)
                 return r;
-        for (size_t i = 0; i < n; i++)
-                t[i] = (DriverSvmAttr){a[i].type, a[i].value};
-        r = driver_svm_set(c->b->drv, va, size, t, n);
+        r = broker_svm_driver_set(c->b->drv, va, size, a, n);
         if (r < 0)
                 return reason_set(w, r, "the driver refused the attributes: %s", strerror(-r));
         broker_svm_log_add(c, o, va, size, a, n);

@@ -29,6 +29,14 @@ static int check_gran(const char *what, uint64_t v, Reason *w)
         return 0;
 }
 
+/* A VMM size: not 0, in whole granules. */
+static int check_size(uint64_t size, Reason *w)
+{
+        if (size == 0)
+                return reason_set(w, -EINVAL, "size 0");
+        return check_gran("size", size, w);
+}
+
 int broker_vmm_reserve(BrokerClient *c, uint64_t size, uint64_t alignment, uint64_t fixed_va,
                        uint64_t *ret_va, Reason *w)
 {
@@ -37,9 +45,7 @@ int broker_vmm_reserve(BrokerClient *c, uint64_t size, uint64_t alignment, uint6
         Obj *o;
         int r;
 
-        if (size == 0)
-                return reason_set(w, -EINVAL, "size 0");
-        r = check_gran("size", size, w);
+        r = check_size(size, w);
         if (r < 0)
                 return r;
         r = broker_check_alignment(alignment, w);
@@ -113,14 +119,11 @@ int broker_vmm_create(BrokerClient *c, uint64_t size, uint32_t gpu_id, uint32_t 
                       int *ret_import_fd, Reason *w)
 {
         DriverCtx *ctx;
-        Charge ch;
         char b1[32];
         Obj *o;
         int r;
 
-        if (size == 0)
-                return reason_set(w, -EINVAL, "size 0");
-        r = check_gran("size", size, w);
+        r = check_size(size, w);
         if (r < 0)
                 return r;
         if (size % c->b->dev_gran)
@@ -162,16 +165,9 @@ int broker_vmm_create(BrokerClient *c, uint64_t size, uint32_t gpu_id, uint32_t 
                 free(o);
                 return reason_set(w, r, "cannot export the handle for the client to map: %s", strerror(-r));
         }
-        ch = broker_obj_charge(o);
-        r = broker_charge_take(c, &ch, w);
-        if (r >= 0 && (r = broker_obj_publish(c, o)) < 0) {
-                broker_charge_give(c, &ch);
-                reason_set(w, r, "out of memory");
-        }
+        r = broker_obj_add(c, o, w);
         if (r < 0) {
                 *ret_import_fd = safe_close(*ret_import_fd);
-                (void)driver_mem_free(c->b->drv, o->mem);
-                free(o);
                 return r;
         }
         *ret_handle = o->handle;
@@ -192,9 +188,7 @@ int broker_vmm_map(BrokerClient *c, uint64_t va, uint64_t size, uint64_t offset,
 
         if (!phys || (phys->kind != BROKER_KIND_VMM && phys->kind != BROKER_KIND_IMPORT))
                 return reason_set(w, -ENOENT, "no VMM handle 0x%llx", (unsigned long long)handle);
-        if (size == 0)
-                return reason_set(w, -EINVAL, "size 0");
-        if ((r = check_gran("size", size, w)) < 0 || (r = check_gran("offset", offset, w)) < 0 ||
+        if ((r = check_size(size, w)) < 0 || (r = check_gran("offset", offset, w)) < 0 ||
             (r = check_gran("address", va, w)) < 0)
                 return r;
         if (offset > phys->size || size > phys->size - offset)
