@@ -324,14 +324,14 @@ int gm_pointer_get_attributes(gm_client *c, const void *ptr, gm_pointer_attribut
 
 /** HIP's advice values. @location: a gpu_id, or GM_LOCATION_CPU (system memory / the CPU). */
 enum {
-        GM_ADVISE_SET_READ_MOSTLY = 1,
-        GM_ADVISE_UNSET_READ_MOSTLY = 2,
-        GM_ADVISE_SET_PREFERRED_LOCATION = 3,
-        GM_ADVISE_UNSET_PREFERRED_LOCATION = 4,
-        GM_ADVISE_SET_ACCESSED_BY = 5,
-        GM_ADVISE_UNSET_ACCESSED_BY = 6,
+        GM_ADVISE_SET_READ_MOSTLY = 1, /**< the next ones 2 to 6, as in hipMemoryAdvise */
+        GM_ADVISE_UNSET_READ_MOSTLY,
+        GM_ADVISE_SET_PREFERRED_LOCATION,
+        GM_ADVISE_UNSET_PREFERRED_LOCATION,
+        GM_ADVISE_SET_ACCESSED_BY,
+        GM_ADVISE_UNSET_ACCESSED_BY,
         GM_ADVISE_SET_COARSE_GRAIN = 100,
-        GM_ADVISE_UNSET_COARSE_GRAIN = 101,
+        GM_ADVISE_UNSET_COARSE_GRAIN,
 };
 #define GM_LOCATION_CPU 0u
 
@@ -352,14 +352,14 @@ enum {
         GM_SVM_ATTR_GRANULARITY = 7, /**< value: log2 of the migration granularity in pages */
 };
 enum {
-        GM_SVM_FLAG_HOST_ACCESS = 0x1,
-        GM_SVM_FLAG_COHERENT = 0x2,
-        GM_SVM_FLAG_HIVE_LOCAL = 0x4,
-        GM_SVM_FLAG_GPU_RO = 0x8,
-        GM_SVM_FLAG_GPU_EXEC = 0x10,
-        GM_SVM_FLAG_GPU_READ_MOSTLY = 0x20,
-        GM_SVM_FLAG_GPU_ALWAYS_MAPPED = 0x40,
-        GM_SVM_FLAG_EXT_COHERENT = 0x80,
+        GM_SVM_FLAG_HOST_ACCESS = 0x1,        /**< the CPU may access the range */
+        GM_SVM_FLAG_COHERENT = 0x2,           /**< fine-grained: coherent between the CPU and the GPUs */
+        GM_SVM_FLAG_HIVE_LOCAL = 0x4,         /**< any GPU of the preferred one's XGMI hive will do */
+        GM_SVM_FLAG_GPU_RO = 0x8,             /**< the GPUs only read it (copies allowed) */
+        GM_SVM_FLAG_GPU_EXEC = 0x10,          /**< the GPUs may execute code from it */
+        GM_SVM_FLAG_GPU_READ_MOSTLY = 0x20,   /**< the GPUs mostly read it; a write faults */
+        GM_SVM_FLAG_GPU_ALWAYS_MAPPED = 0x40, /**< the GPU mappings stay valid, as without XNACK */
+        GM_SVM_FLAG_EXT_COHERENT = 0x80,      /**< coherent between all devices, for device-scope atomics */
 };
 #define GM_SVM_LOCATION_UNDEFINED 0xffffffffu
 

@@ -88,6 +88,16 @@ static int gpu_open(gm_client *c, Gpu *g)
         return 0;
 }
 
+/* A client of its own (@name) and its GPU, for the helper processes: 0, or 1 after saying why. */
+static int gpu_connect(const char *sock, const char *name, gm_client **ret_c, Gpu *g)
+{
+        int r = gm_client_connect(sock, name, ret_c);
+
+        if (r < 0)
+                return gm_die(*ret_c, r, "connect");
+        return gpu_open(*ret_c, g);
+}
+
 static CUresult fill(const Gpu *g, void *p, unsigned n, unsigned v)
 {
         CUdeviceptr d = (CUdeviceptr)(uintptr_t)p;
@@ -126,10 +136,7 @@ static int reader(const char *sock, int fd, unsigned words)
         Gpu g;
         int r;
 
-        r = gm_client_connect(sock, "cuda-kernel-reader", &c);
-        if (r < 0)
-                return gm_die(c, r, "connect");
-        if (gpu_open(c, &g))
+        if (gpu_connect(sock, "cuda-kernel-reader", &c, &g))
                 return 1;
         r = gm_mem_import(c, fd, g.gpu_id, &h, &size);
         if (r < 0)
@@ -161,11 +168,9 @@ static int host(const char *sock)
         uint32_t *p;
         long bad = 0;
         Gpu g;
-        int r = gm_client_connect(sock, "cuda-kernel-host", &c);
+        int r;
 
-        if (r < 0)
-                return gm_die(c, r, "connect");
-        if (gpu_open(c, &g))
+        if (gpu_connect(sock, "cuda-kernel-host", &c, &g))
                 return 1;
         r = gm_host_malloc(c, (size_t)words * 4, g.gpu_id, -1, 0, (void **)&p);
         if (r < 0)
@@ -194,10 +199,8 @@ static int refusals(const char *sock)
         int pipefd[2], r, wrong = 0;
         Gpu g;
 
-        r = gm_client_connect(sock, "cuda-kernel-refusals", &c);
-        if (r < 0)
-                return gm_die(c, r, "connect");
-        if (gpu_open(c, &g))
+        if (gpu_connect(sock, "cuda-kernel-refusals", &c, &g))
+
                 return 1;
 #define EXPECT(call, want, what)                                                                             \
         do {                                                                                                 \
@@ -261,11 +264,9 @@ static int holder(const char *sock, unsigned mib)
         gm_client *c = NULL;
         void *p;
         Gpu g;
-        int r = gm_client_connect(sock, "cuda-kernel-holder", &c);
+        int r;
 
-        if (r < 0)
-                return gm_die(c, r, "connect");
-        if (gpu_open(c, &g))
+        if (gpu_connect(sock, "cuda-kernel-holder", &c, &g))
                 return 1;
         r = gm_malloc(c, (size_t)mib << 20, g.gpu_id, 0, &p);
         if (r < 0)

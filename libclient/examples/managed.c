@@ -3,6 +3,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "example-gpus.h"
 #include "gpumem-client.h"
 
 #define SIZE (8u << 20)
@@ -53,9 +54,7 @@ static int show(gm_client *c, const char *name, void *p, size_t size, uint32_t g
 int main(void)
 {
         gm_client *c = NULL;
-        gm_topology *t = NULL;
         uint32_t gpus[2] = {0, 0};
-        size_t n = 0;
         gm_svm_attr a[5];
         unsigned char *m = NULL;
         int r;
@@ -63,19 +62,14 @@ int main(void)
         r = gm_client_connect(NULL, "managed", &c);
         if (r < 0)
                 return fail(NULL, "connect", r);
-        r = gm_topology_get(c, false, &t);
-        if (r < 0)
-                return fail(c, "topology", r);
-        for (size_t i = 0; i < t->n_nodes && n < 2; i++)
-                if (t->nodes[i].is_gpu)
-                        gpus[n++] = t->nodes[i].gpu_id;
-        gm_topology_free(t);
-        if (n == 0) {
+        /* GPU A and GPU B: the same one on a one-GPU machine */
+        r = example_gpus(c, gpus, 2);
+        if (r == -ENODEV) {
                 fprintf(stderr, "managed: no GPU\n");
                 return EXIT_FAILURE;
         }
-        if (n == 1)
-                gpus[1] = gpus[0];
+        if (r < 0)
+                return fail(c, "topology", r);
 
         /* one pointer for the CPU and every GPU; the CPU uses it at once */
         r = gm_malloc_managed(c, SIZE, 0, (void **)&m);

@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "example-gpus.h"
 #include "gpumem-client.h"
 
 #define SIZE (4u << 20)
@@ -39,64 +40,52 @@ static bool check(const void *p, size_t size, uint32_t seed)
         return true;
 }
 
-/* The first two GPUs of the topology (the second is the first again on a one-GPU machine). */
-static int two_gpus(gm_client *c, uint32_t *ret_a, uint32_t *ret_b)
-{
-        gm_topology *t = NULL;
-        uint32_t ids[2] = {0, 0};
-        size_t n = 0;
-        int r = gm_topology_get(c, false, &t);
-
-        if (r < 0)
-                return r;
-        for (size_t i = 0; i < t->n_nodes && n < 2; i++)
-                if (t->nodes[i].is_gpu)
-                        ids[n++] = t->nodes[i].gpu_id;
-        gm_topology_free(t);
-        if (n == 0)
-                return -ENODEV;
-        *ret_a = ids[0];
-        *ret_b = n > 1 ? ids[1] : ids[0];
-        return 0;
-}
-
-/* An fd travels as SCM_RIGHTS ancillary data, with one byte of payload. */
-static int send_fd(int sock, int fd)
-{
-        char byte = 'F';
-        struct iovec iov = {&byte, 1};
+/* An fd travels as SCM_RIGHTS ancillary data, with one byte of payload: the message and its room. */
+typedef struct FdMsg {
+        char byte;
+        struct iovec iov;
         union {
                 char buf[CMSG_SPACE(sizeof(int))];
                 struct cmsghdr align;
         } u;
-        struct msghdr msg = {
-                .msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf, .msg_controllen = sizeof(u.buf)};
-        struct cmsghdr *cm = CMSG_FIRSTHDR(&msg);
+        struct msghdr msg;
+} FdMsg;
 
-        memset(u.buf, 0, sizeof(u.buf));
+static struct msghdr *fd_msg(FdMsg *m)
+{
+        memset(m, 0, sizeof(*m));
+        m->byte = 'F';
+        m->iov = (struct iovec){&m->byte, 1};
+        m->msg.msg_iov = &m->iov;
+        m->msg.msg_iovlen = 1;
+        m->msg.msg_control = m->u.buf;
+        m->msg.msg_controllen = sizeof(m->u.buf);
+        return &m->msg;
+}
+
+static int send_fd(int sock, int fd)
+{
+        FdMsg m;
+        struct msghdr *msg = fd_msg(&m);
+        struct cmsghdr *cm = CMSG_FIRSTHDR(msg);
+
         cm->cmsg_level = SOL_SOCKET;
         cm->cmsg_type = SCM_RIGHTS;
         cm->cmsg_len = CMSG_LEN(sizeof(int));
         memcpy(CMSG_DATA(cm), &fd, sizeof(int));
-        return sendmsg(sock, &msg, MSG_NOSIGNAL) == 1 ? 0 : -errno;
+        return sendmsg(sock, msg, MSG_NOSIGNAL) == 1 ? 0 : -errno;
 }
 
 static int recv_fd(int sock, int *ret_fd)
 {
-        char byte;
-        struct iovec iov = {&byte, 1};
-        union {
-                char buf[CMSG_SPACE(sizeof(int))];
-                struct cmsghdr align;
-        } u;
-        struct msghdr msg = {
-                .msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf, .msg_controllen = sizeof(u.buf)};
+        FdMsg m;
+        struct msghdr *msg = fd_msg(&m);
+        ssize_t n = recvmsg(sock, msg, MSG_CMSG_CLOEXEC);
         struct cmsghdr *cm;
-        ssize_t n = recvmsg(sock, &msg, MSG_CMSG_CLOEXEC);
 
         if (n < 0)
                 return -errno;
-        cm = CMSG_FIRSTHDR(&msg);
+        cm = CMSG_FIRSTHDR(msg);
         if (n != 1 || !cm || cm->cmsg_type != SCM_RIGHTS || cm->cmsg_len != CMSG_LEN(sizeof(int)))
                 return -EPROTO;
         memcpy(ret_fd, CMSG_DATA(cm), sizeof(int));
@@ -115,34 +104,45 @@ static int wait_peer(int sock, char want)
         return read(sock, &got, 1) == 1 && got == want ? 0 : -EPIPE;
 }
 
+/* A client of @who's own ("share-buffer child" to the daemon) and the two GPUs it uses: 0, or 1 after
+ * saying which step failed. */
+static int start(const char *who, gm_client **ret_c, uint32_t *gpus)
+{
+        char name[32];
+        int r;
+
+        snprintf(name, sizeof(name), "share-buffer %s", who);
+        r = gm_client_connect(NULL, name, ret_c);
+        if (r < 0)
+                return fail(NULL, who, "connect", r);
+        r = example_gpus(*ret_c, gpus, 2);
+        return r < 0 ? fail(*ret_c, who, "topology", r) : 0;
+}
+
 /* The child: a client of its own, which knows nothing of the buffer but the fd it is sent. */
 static int child(int sock)
 {
         const char *who = "child";
         gm_client *c = NULL;
         gm_handle handle = 0;
-        uint32_t gpu_a, gpu_b;
+        uint32_t gpus[2];
         size_t size = 0;
         void *va = NULL;
         int fd = -1, r;
 
-        r = gm_client_connect(NULL, "share-buffer child", &c);
-        if (r < 0)
-                return fail(NULL, who, "connect", r);
-        r = two_gpus(c, &gpu_a, &gpu_b);
-        if (r < 0)
-                return fail(c, who, "topology", r);
+        if (start(who, &c, gpus))
+                return 1;
         r = recv_fd(sock, &fd);
         if (r < 0)
                 return fail(NULL, who, "receive the fd", r);
         printf("child: received fd %d from the parent\n", fd);
 
         /* import on another GPU than the one the memory lives on: it reaches it over XGMI or PCIe */
-        r = gm_mem_import(c, fd, gpu_b, &handle, &size);
+        r = gm_mem_import(c, fd, gpus[1], &handle, &size);
         close(fd); /* the daemon holds the buffer now; the fd is not needed any more */
         if (r < 0)
                 return fail(c, who, "gm_mem_import", r);
-        printf("child: imported %zu bytes on GPU %u\n", size, gpu_b);
+        printf("child: imported %zu bytes on GPU %u\n", size, gpus[1]);
 
         /* an import is a VMM handle: give it an address, then grant access to it */
         r = gm_mem_address_reserve(c, size, 0, NULL, 0, &va);
@@ -151,11 +151,11 @@ static int child(int sock)
         r = gm_mem_map(c, va, size, 0, handle);
         if (r < 0)
                 return fail(c, who, "gm_mem_map", r);
-        gm_access_desc access[2] = {{gpu_b, GM_ACCESS_READ_WRITE}, {GM_LOCATION_CPU, GM_ACCESS_READ_WRITE}};
+        gm_access_desc access[2] = {{gpus[1], GM_ACCESS_READ_WRITE}, {GM_LOCATION_CPU, GM_ACCESS_READ_WRITE}};
         r = gm_mem_set_access(c, va, size, access, 2);
         if (r < 0)
                 return fail(c, who, "gm_mem_set_access", r);
-        printf("child: mapped it at %p for GPU %u and the CPU\n", va, gpu_b);
+        printf("child: mapped it at %p for GPU %u and the CPU\n", va, gpus[1]);
 
         if (!check(va, size, 0xC0FFEE)) {
                 fprintf(stderr, "child: the parent's pattern is not there\n");
@@ -188,23 +188,19 @@ static int parent(int sock, pid_t pid)
         const char *who = "parent";
         gm_pointer_attributes attr = {.struct_size = sizeof(attr)};
         gm_client *c = NULL;
-        uint32_t gpu_a, gpu_b;
+        uint32_t gpus[2];
         size_t size = 0;
         void *p = NULL;
         int fd = -1, r, status;
 
-        r = gm_client_connect(NULL, "share-buffer parent", &c);
-        if (r < 0)
-                return fail(NULL, who, "connect", r);
-        r = two_gpus(c, &gpu_a, &gpu_b);
-        if (r < 0)
-                return fail(c, who, "topology", r);
+        if (start(who, &c, gpus))
+                return 1;
 
         /* host-visible: the library maps the VRAM into this process at the returned address */
-        r = gm_malloc(c, SIZE, gpu_a, GM_MEM_HOST_VISIBLE, &p);
+        r = gm_malloc(c, SIZE, gpus[0], GM_MEM_HOST_VISIBLE, &p);
         if (r < 0)
                 return fail(c, who, "gm_malloc", r);
-        printf("parent: allocated %u MiB of host-visible VRAM on GPU %u at %p\n", SIZE >> 20, gpu_a, p);
+        printf("parent: allocated %u MiB of host-visible VRAM on GPU %u at %p\n", SIZE >> 20, gpus[0], p);
         fill(p, SIZE, 0xC0FFEE);
         printf("parent: wrote the pattern\n");
 

@@ -6,6 +6,7 @@
 #include <unistd.h>
 #include <stdlib.h>
 
+#include "example-gpus.h"
 #include "gpumem-client.h"
 
 #define RESERVE (64u << 20) /* the most the buffer may ever grow to */
@@ -37,7 +38,6 @@ int main(int argc, char **argv)
         /* --hold: keep the grown buffer until a signal, so administrators can look at it */
         bool hold = argc > 1 && strcmp(argv[1], "--hold") == 0;
         gm_client *c = NULL;
-        gm_topology *t = NULL;
         gm_handle handles[CHUNKS];
         uint32_t gpu = 0;
         size_t chunk = 0, used = 0;
@@ -47,17 +47,13 @@ int main(int argc, char **argv)
         r = gm_client_connect(NULL, "vmm-grow", &c);
         if (r < 0)
                 return fail(NULL, "connect", r);
-        r = gm_topology_get(c, false, &t);
-        if (r < 0)
-                return fail(c, "topology", r);
-        for (size_t i = 0; i < t->n_nodes && !gpu; i++)
-                if (t->nodes[i].is_gpu)
-                        gpu = t->nodes[i].gpu_id;
-        gm_topology_free(t);
-        if (!gpu) {
+        r = example_gpus(c, &gpu, 1);
+        if (r == -ENODEV) {
                 fprintf(stderr, "vmm-grow: no GPU\n");
                 return EXIT_FAILURE;
         }
+        if (r < 0)
+                return fail(c, "topology", r);
 
         /* chunks of the recommended granularity (2 MiB) let the GPU use large pages */
         r = gm_mem_get_allocation_granularity(c, gpu, GM_GRANULARITY_RECOMMENDED, &chunk);
