@@ -20,10 +20,16 @@ static void none_close(gm_client *c)
         (void)c;
 }
 
-static uint64_t same_address(const gm_client *c, uint64_t addr)
+static uint64_t none_to_va(const gm_client *c, uint64_t ptr)
 {
         (void)c;
-        return addr;
+        return ptr;
+}
+
+static uint64_t none_to_ptr(const gm_client *c, uint64_t va)
+{
+        (void)c;
+        return va;
 }
 
 static int none_map_new(gm_client *c, const GmBackendNew *n, GmBackendMem *ret)
@@ -61,10 +67,7 @@ static int none_access(gm_client *c, const GmBackendMem *m, uint64_t va, uint64_
         return 0;
 }
 
-/* GmBackend's members in their order, from name to access */
-const GmBackend gm_backend_default = {NULL,         none_open,    none_close,       same_address,
-                                      same_address, none_map_new, none_unmap_alloc, none_release,
-                                      none_map,     none_unmap,   none_access};
+const GmBackend gm_backend_default = GM_BACKEND_ROW(NULL, none);
 
 /* The backends whose memory this process takes in itself; any other name gets the default row. */
 static const GmBackend *const rows[] = {&gm_backend_cuda};

@@ -65,6 +65,18 @@ typedef struct GmBackend {
                       int access);
 } GmBackend;
 
+/*
+ * A row of a backend whose functions are named PREFIX_open, PREFIX_close, PREFIX_to_va ... PREFIX_access
+ * after GmBackend's members: the members are listed here once, and a backend that lacks one does not build.
+ */
+#define GM_BACKEND_ROW(label, prefix)                                                                        \
+        {                                                                                                    \
+                .name = (label), .open = prefix##_open, .close = prefix##_close, .to_va = prefix##_to_va,    \
+                .to_ptr = prefix##_to_ptr, .map_new = prefix##_map_new, .unmap_alloc = prefix##_unmap_alloc, \
+                .release = prefix##_release, .map = prefix##_map, .unmap = prefix##_unmap,                   \
+                .access = prefix##_access,                                                                   \
+        }
+
 /* The rows: "cuda" (client-cuda.c). */
 extern const GmBackend gm_backend_cuda;
 

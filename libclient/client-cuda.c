@@ -412,7 +412,4 @@ static int cuda_access(gm_client *c, const GmBackendMem *m, uint64_t va, uint64_
         return cuda_access_gpu(c, va, size, gpu_id, access);
 }
 
-/* GmBackend's members in their order, from name to access */
-const GmBackend gm_backend_cuda = {"cuda",      cuda_open,    cuda_close,       cuda_to_va,
-                                   cuda_to_ptr, cuda_map_new, cuda_unmap_alloc, cuda_release,
-                                   cuda_map,    cuda_unmap,   cuda_access};
+const GmBackend gm_backend_cuda = GM_BACKEND_ROW("cuda", cuda);
