@@ -286,6 +286,7 @@ int broker_obj_file(BrokerClient *c, Obj *o, int *ret_fd, Reason *w);
 /* share.c: the share list (under the share lock) and a reader's part */
 bool broker_share_name_ok(const char *name);
 Share *broker_share_by_name(Broker *b, const char *name);
+bool broker_share_holds_file(Broker *b, const struct stat *st);
 void broker_share_held_apply(Broker *b, Share *s, int sign);
 void broker_shares_done(Broker *b);
 void broker_share_end(Broker *b, Share *s);

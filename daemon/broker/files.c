@@ -191,9 +191,10 @@ bool broker_obj_read_only(const Obj *o)
 }
 
 /*
- * Is @st one of the files gpumemd handed out, of live or lingering memory? *@ret_read_only: the live
- * memory it is of is read-only. The object may be another client's, which may free it at any time: it is
- * read only under the broker's lock.
+ * Is @st one of the files gpumemd handed out, of live or lingering memory or of memory a persistent share
+ * holds? *@ret_read_only: the live memory it is of is read-only. The object may be another client's, which
+ * may free it at any time: it is read only under the broker's lock. The share lock, taken first, keeps a
+ * share from handing its memory to a linger between the two looks.
  */
 bool broker_is_own_file(Broker *b, const struct stat *st, bool *ret_read_only)
 {
@@ -201,6 +202,7 @@ bool broker_is_own_file(Broker *b, const struct stat *st, bool *ret_read_only)
         const Linger *l;
         bool own;
 
+        pthread_mutex_lock(&b->share_lock);
         pthread_mutex_lock(&b->lock);
         o = hashmap_get(&b->files, ino_key((uint64_t)st->st_ino));
         l = hashmap_get(&b->dead_files, ino_key((uint64_t)st->st_ino));
@@ -209,5 +211,7 @@ bool broker_is_own_file(Broker *b, const struct stat *st, bool *ret_read_only)
         *ret_read_only = o && broker_obj_read_only(o);
         own = o || (l && l->dev == st->st_dev);
         pthread_mutex_unlock(&b->lock);
+        own = own || broker_share_holds_file(b, st);
+        pthread_mutex_unlock(&b->share_lock);
         return own;
 }

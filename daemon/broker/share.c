@@ -76,6 +76,17 @@ Share *broker_share_by_name(Broker *b, const char *name)
         return NULL;
 }
 
+/* Is @st the file of memory a persistent share took over when its object went? Under the share lock. */
+bool broker_share_holds_file(Broker *b, const struct stat *st)
+{
+        struct stat hs;
+
+        for (const Share *s = b->shares; s; s = s->next)
+                if (s->holds && fstat(s->fd, &hs) == 0 && hs.st_ino == st->st_ino && hs.st_dev == st->st_dev)
+                        return true;
+        return false;
+}
+
 static void share_info(const Share *s, BrokerShareInfo *ret)
 {
         memset(ret, 0, sizeof(*ret));

@@ -62,8 +62,6 @@ static const char *const share_names[N_NAMES] = {"s0", "s1", "s2", "s3"};
  * are counted.
  */
 enum {
-        /* a file of a persistent share's memory, its object gone, imports as foreign (paid twice) */
-        KNOWN_HELD_IMPORT_FOREIGN,
         /* a free the driver refuses has ended or taken over the object's share already */
         KNOWN_FREE_FAIL_SHARE,
         /* a driver free refused where the broker ignores it (a release): the memory is left in the driver */
@@ -73,7 +71,6 @@ enum {
         _KNOWN_MAX,
 };
 static const char *const known_names[_KNOWN_MAX] = {
-        [KNOWN_HELD_IMPORT_FOREIGN] = "import of a held share's memory charged as foreign",
         [KNOWN_FREE_FAIL_SHARE] = "refused free ends the share anyway",
         [KNOWN_IGNORED_FREE] = "refused driver free ignored, memory left in the driver",
         [KNOWN_REVOKE_NO_REASON] = "vmm_set_access refused by a revoke says no reason",
@@ -1038,14 +1035,9 @@ static bool mem_own(World *w, int mi)
 
         if (m->kind == BROKER_KIND_IMPORT)
                 return false; /* the test's own file */
-        /* a live object knows its files, and lingering memory's are watched */
-        if ((m->obj >= 0 && w->objs[m->obj].live) || m->state == MEM_LINGER)
-                return true;
-        if (m->state == MEM_HELD && strict(w, KNOWN_HELD_IMPORT_FOREIGN))
-                return true;
-        if (m->state == MEM_HELD)
-                known(w, KNOWN_HELD_IMPORT_FOREIGN);
-        return false;
+        /* a live object knows its files, lingering memory's are watched, and a persistent share that took
+         * the memory over holds its file */
+        return (m->obj >= 0 && w->objs[m->obj].live) || m->state == MEM_LINGER || m->state == MEM_HELD;
 }
 
 /* Does the GPU driver describe @mi's file as one of its dmabufs? Device and VMM memory's. */
