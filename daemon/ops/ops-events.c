@@ -116,57 +116,35 @@ void events_conn_gone(Conn *c)
         }
 }
 
-static int fail_why(ReqCtx *r, int err, const Reason *w)
-{
-        return reply_fail(r, err, "%s", reason_or_errno(w, err));
-}
-
 int op_event_create(ReqCtx *r, const Gpumem__Request *req)
 {
         const Gpumem__EventCreate *a = req->event_create;
-        Gpumem__EventCreateReply cr = GPUMEM__EVENT_CREATE_REPLY__INIT;
-        BrokerClient *bc;
-        Reason w = {""};
         uint32_t id = 0, slot = 0;
-        int err = req_books(r, &bc);
+        Reason w = {""};
+        int err;
+        WITH_CLIENT(r, bc);
 
-        if (err < 0)
-                return err;
         err = broker_event_create(bc, a->type, a->auto_reset, a->page_va, &id, &slot, &w);
         if (err < 0)
-                return fail_why(r, err, &w);
-        cr.has_event_id = cr.has_slot_index = true;
-        cr.event_id = id;
-        cr.slot_index = slot;
+                return reply_fail_why(r, err, &w);
+        Gpumem__EventCreateReply cr = {MSG_INIT(gpumem__event_create_reply), OPT(event_id, id),
+                                       OPT(slot_index, slot)};
         return reply_result(r, &cr);
-}
-
-/* destroy, set, reset: one event by id */
-static int event_op(ReqCtx *r, const Gpumem__EventId *a, int (*fn)(BrokerClient *, uint32_t, Reason *))
-{
-        BrokerClient *bc;
-        Reason w = {""};
-        int err = req_books(r, &bc);
-
-        if (err < 0)
-                return err;
-        err = fn(bc, a->event_id, &w);
-        return err < 0 ? fail_why(r, err, &w) : reply_empty(r);
 }
 
 int op_event_destroy(ReqCtx *r, const Gpumem__Request *req)
 {
-        return event_op(r, req->event_destroy, broker_event_destroy);
+        return req_call_id(r, req->event_destroy->event_id, broker_event_destroy);
 }
 
 int op_event_set(ReqCtx *r, const Gpumem__Request *req)
 {
-        return event_op(r, req->event_set, broker_event_set);
+        return req_call_id(r, req->event_set->event_id, broker_event_set);
 }
 
 int op_event_reset(ReqCtx *r, const Gpumem__Request *req)
 {
-        return event_op(r, req->event_reset, broker_event_reset);
+        return req_call_id(r, req->event_reset->event_id, broker_event_reset);
 }
 
 int op_event_wait(ReqCtx *r, const Gpumem__Request *req)
@@ -174,13 +152,11 @@ int op_event_wait(ReqCtx *r, const Gpumem__Request *req)
         const Gpumem__EventWait *a = req->event_wait;
         Gpumem__EventWaitReply wr = GPUMEM__EVENT_WAIT_REPLY__INIT;
         uint32_t timeout = a->has_timeout_ms ? a->timeout_ms : UINT32_MAX;
-        BrokerClient *bc;
         PendingWait *p;
         Reason w = {""};
-        int err = req_books(r, &bc);
+        int err;
+        WITH_CLIENT(r, bc);
 
-        if (err < 0)
-                return err;
         /* what the GPU signalled, whether or not the news of its interrupt came yet */
         (void)broker_event_interrupt(bc);
         p = timeout ? calloc(1, sizeof(*p)) : NULL;
@@ -201,7 +177,7 @@ int op_event_wait(ReqCtx *r, const Gpumem__Request *req)
                         free(p);
                 }
                 if (err < 0)
-                        return fail_why(r, err, &w);
+                        return reply_fail_why(r, err, &w);
                 return wait_reply(r, bc, a->event_ids, a->n_event_ids, 0 /* KFD_IOC_WAIT_RESULT_COMPLETE */);
         }
         if (!p) { /* a look that found nothing */

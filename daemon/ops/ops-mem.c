@@ -36,18 +36,23 @@ int req_books(ReqCtx *r, BrokerClient **ret)
         return 0;
 }
 
-static int fail_why(ReqCtx *r, int err, const Reason *w)
+int reply_fail_why(ReqCtx *r, int err, const Reason *w)
 {
         return reply_fail(r, err, "%s", reason_or_errno(w, err));
 }
 
-#define WITH_CLIENT(r, bc)                                                                                   \
-        BrokerClient *bc;                                                                                    \
-        do {                                                                                                 \
-                int _e = req_books(r, &bc);                                                                  \
-                if (_e < 0)                                                                                  \
-                        return _e;                                                                           \
-        } while (0)
+int reply_empty_or_why(ReqCtx *r, int err, const Reason *w)
+{
+        return err < 0 ? reply_fail_why(r, err, w) : reply_empty(r);
+}
+
+int req_call_id(ReqCtx *r, uint32_t id, int (*fn)(BrokerClient *bc, uint32_t id, Reason *w))
+{
+        Reason w = {""};
+        WITH_CLIENT(r, bc);
+
+        return reply_empty_or_why(r, fn(bc, id, &w), &w);
+}
 
 /* ---- device, host, managed ----------------------------------------------------------------------------- */
 
@@ -58,7 +63,7 @@ static int alloc_reply(ReqCtx *r, BrokerClient *bc, int err, const BrokerAllocRe
         int idx = -1;
 
         if (err < 0)
-                return fail_why(r, err, w);
+                return reply_fail_why(r, err, w);
         if (res->fd >= 0) {
                 idx = reply_add_fd(r, res->fd);
                 if (idx < 0) {
@@ -129,7 +134,7 @@ static int alloc_deferred(ReqCtx *r, BrokerClient *bc, const BrokerAllocArgs *ar
         err = broker_alloc_begin(bc, args, &aj->pending, &w);
         if (err < 0) {
                 free(aj);
-                return fail_why(r, err, &w);
+                return reply_fail_why(r, err, &w);
         }
         err = req_defer(r, &aj->req);
         if (err < 0) {
@@ -190,38 +195,41 @@ int op_alloc(ReqCtx *r, const Gpumem__Request *req)
         return alloc_reply(r, bc, err, &res, &w);
 }
 
-int op_free(ReqCtx *r, const Gpumem__Request *req)
+/* An op on one object of the client's books named by @handle: @fn, answered Empty. */
+static int call_handle(ReqCtx *r, uint64_t handle, int (*fn)(BrokerClient *bc, uint64_t handle, Reason *w))
 {
         Reason w = {""};
-        int err;
         WITH_CLIENT(r, bc);
 
-        err = broker_mem_free(bc, req->free->handle, &w);
-        return err < 0 ? fail_why(r, err, &w) : reply_empty(r);
+        return reply_empty_or_why(r, fn(bc, handle, &w), &w);
+}
+
+int op_free(ReqCtx *r, const Gpumem__Request *req)
+{
+        return call_handle(r, req->free->handle, broker_mem_free);
+}
+
+/* map, unmap: a buffer on some of the client's GPUs */
+static int call_gpus(ReqCtx *r, uint64_t handle, const uint32_t *gpu_ids, size_t n,
+                     int (*fn)(BrokerClient *bc, uint64_t handle, const uint32_t *gpu_ids, size_t n,
+                               Reason *w))
+{
+        Reason w = {""};
+        WITH_CLIENT(r, bc);
+
+        if (n > BROKER_MAX_GPUS)
+                return reply_fail(r, -E2BIG, "more than %d GPUs", BROKER_MAX_GPUS);
+        return reply_empty_or_why(r, fn(bc, handle, gpu_ids, n, &w), &w);
 }
 
 int op_map(ReqCtx *r, const Gpumem__Request *req)
 {
-        Reason w = {""};
-        int err;
-        WITH_CLIENT(r, bc);
-
-        if (req->map->n_gpu_ids > BROKER_MAX_GPUS)
-                return reply_fail(r, -E2BIG, "more than %d GPUs", BROKER_MAX_GPUS);
-        err = broker_map(bc, req->map->handle, req->map->gpu_ids, req->map->n_gpu_ids, &w);
-        return err < 0 ? fail_why(r, err, &w) : reply_empty(r);
+        return call_gpus(r, req->map->handle, req->map->gpu_ids, req->map->n_gpu_ids, broker_map);
 }
 
 int op_unmap(ReqCtx *r, const Gpumem__Request *req)
 {
-        Reason w = {""};
-        int err;
-        WITH_CLIENT(r, bc);
-
-        if (req->unmap->n_gpu_ids > BROKER_MAX_GPUS)
-                return reply_fail(r, -E2BIG, "more than %d GPUs", BROKER_MAX_GPUS);
-        err = broker_unmap(bc, req->unmap->handle, req->unmap->gpu_ids, req->unmap->n_gpu_ids, &w);
-        return err < 0 ? fail_why(r, err, &w) : reply_empty(r);
+        return call_gpus(r, req->unmap->handle, req->unmap->gpu_ids, req->unmap->n_gpu_ids, broker_unmap);
 }
 
 /* ---- queries ------------------------------------------------------------------------------------------- */
@@ -236,7 +244,7 @@ static int pointer_info_answer(ReqCtx *r, uint64_t va)
 
         err = broker_pointer_info(bc, va, &info, &w);
         if (err < 0)
-                return fail_why(r, err, &w);
+                return reply_fail_why(r, err, &w);
         GmPointerInfoOut o = {.handle = info.handle,
                               .kind = (int32_t)info.kind,
                               .gpu_id = info.gpu_id,
@@ -249,19 +257,10 @@ static int pointer_info_answer(ReqCtx *r, uint64_t va)
         return reply_result_packed(r, buf, gm_pack_pointer_info(buf + GM_REPLY_HEAD_MAX, &o));
 }
 
-int op_pointer_info(ReqCtx *r, const Gpumem__Request *req)
-{
-        return pointer_info_answer(r, req->pointer_info->va);
-}
-
-int op_pointer_info_view(ReqCtx *r, const uint8_t *msg, size_t len)
-{
-        return req_view_u64(r, msg, len, pointer_info_answer);
-}
+REQ_U64_HANDLERS(op_pointer_info, pointer_info, va, pointer_info_answer)
 
 int op_mem_info(ReqCtx *r, const Gpumem__Request *req)
 {
-        Gpumem__MemInfoReply mr = GPUMEM__MEM_INFO_REPLY__INIT;
         BrokerGpuMem mem[BROKER_MAX_GPUS];
         Gpumem__GpuMemInfo g[BROKER_MAX_GPUS], *gp[BROKER_MAX_GPUS];
         size_t n = 0;
@@ -271,18 +270,14 @@ int op_mem_info(ReqCtx *r, const Gpumem__Request *req)
 
         err = broker_mem_info(bc, req->mem_info->gpu_id, mem, &n, &w);
         if (err < 0)
-                return fail_why(r, err, &w);
+                return reply_fail_why(r, err, &w);
         for (size_t i = 0; i < n; i++) {
-                gpumem__gpu_mem_info__init(&g[i]);
-                g[i].has_gpu_id = g[i].has_total = g[i].has_free = g[i].has_used = true;
-                g[i].gpu_id = mem[i].gpu_id;
-                g[i].total = mem[i].total;
-                g[i].free = mem[i].free;
-                g[i].used = mem[i].used;
+                g[i] = (Gpumem__GpuMemInfo){MSG_INIT(gpumem__gpu_mem_info), OPT(gpu_id, mem[i].gpu_id),
+                                            OPT(total, mem[i].total), OPT(free, mem[i].free),
+                                            OPT(used, mem[i].used)};
                 gp[i] = &g[i];
         }
-        mr.n_gpus = n;
-        mr.gpus = gp;
+        Gpumem__MemInfoReply mr = {MSG_INIT(gpumem__mem_info_reply), .n_gpus = n, .gpus = gp};
         return reply_result(r, &mr);
 }
 
@@ -302,20 +297,25 @@ int op_vmm_reserve(ReqCtx *r, const Gpumem__Request *req)
                                   (unsigned long long)a->flags);
         err = broker_vmm_reserve(bc, a->size, a->alignment, a->fixed_va, &va, &w);
         if (err < 0)
-                return fail_why(r, err, &w);
+                return reply_fail_why(r, err, &w);
         vr.has_va = true;
         vr.va = va;
         return reply_result(r, &vr);
 }
 
-int op_vmm_free(ReqCtx *r, const Gpumem__Request *req)
+/* vmm_free, vmm_unmap: a range of the client's reserved VA */
+static int call_range(ReqCtx *r, uint64_t va, uint64_t size,
+                      int (*fn)(BrokerClient *bc, uint64_t va, uint64_t size, Reason *w))
 {
         Reason w = {""};
-        int err;
         WITH_CLIENT(r, bc);
 
-        err = broker_vmm_free(bc, req->vmm_free->va, req->vmm_free->size, &w);
-        return err < 0 ? fail_why(r, err, &w) : reply_empty(r);
+        return reply_empty_or_why(r, fn(bc, va, size, &w), &w);
+}
+
+int op_vmm_free(ReqCtx *r, const Gpumem__Request *req)
+{
+        return call_range(r, req->vmm_free->va, req->vmm_free->size, broker_vmm_free);
 }
 
 int op_vmm_create(ReqCtx *r, const Gpumem__Request *req)
@@ -329,7 +329,7 @@ int op_vmm_create(ReqCtx *r, const Gpumem__Request *req)
 
         err = broker_vmm_create(bc, a->size, a->gpu_id, a->flags, &handle, &fd, &w);
         if (err < 0)
-                return fail_why(r, err, &w);
+                return reply_fail_why(r, err, &w);
         if (fd >= 0) {
                 int ix = reply_add_fd(r, fd);
                 if (ix < 0) {
@@ -346,12 +346,7 @@ int op_vmm_create(ReqCtx *r, const Gpumem__Request *req)
 
 int op_vmm_release(ReqCtx *r, const Gpumem__Request *req)
 {
-        Reason w = {""};
-        int err;
-        WITH_CLIENT(r, bc);
-
-        err = broker_vmm_release(bc, req->vmm_release->handle, &w);
-        return err < 0 ? fail_why(r, err, &w) : reply_empty(r);
+        return call_handle(r, req->vmm_release->handle, broker_vmm_release);
 }
 
 int op_vmm_map(ReqCtx *r, const Gpumem__Request *req)
@@ -362,17 +357,12 @@ int op_vmm_map(ReqCtx *r, const Gpumem__Request *req)
         WITH_CLIENT(r, bc);
 
         err = broker_vmm_map(bc, a->va, a->size, a->offset, a->handle, &w);
-        return err < 0 ? fail_why(r, err, &w) : reply_empty(r);
+        return reply_empty_or_why(r, err, &w);
 }
 
 int op_vmm_unmap(ReqCtx *r, const Gpumem__Request *req)
 {
-        Reason w = {""};
-        int err;
-        WITH_CLIENT(r, bc);
-
-        err = broker_vmm_unmap(bc, req->vmm_unmap->va, req->vmm_unmap->size, &w);
-        return err < 0 ? fail_why(r, err, &w) : reply_empty(r);
+        return call_range(r, req->vmm_unmap->va, req->vmm_unmap->size, broker_vmm_unmap);
 }
 
 int op_vmm_set_access(ReqCtx *r, const Gpumem__Request *req)
@@ -393,7 +383,7 @@ int op_vmm_set_access(ReqCtx *r, const Gpumem__Request *req)
                 d[i] = (BrokerAccess){a->desc[i]->gpu_id, (int)a->desc[i]->access};
         err = broker_vmm_set_access(bc, a->va, a->size, d, a->n_desc, cpu, &n_cpu, &w);
         if (err < 0)
-                return fail_why(r, err, &w);
+                return reply_fail_why(r, err, &w);
         for (size_t i = 0; i < n_cpu; i++) {
                 gpumem__cpu_mapping__init(&cm[i]);
                 cm[i].has_va = cm[i].has_size = cm[i].has_fd_index = cm[i].has_fd_offset =
@@ -420,7 +410,7 @@ int op_vmm_get_access(ReqCtx *r, const Gpumem__Request *req)
 
         err = broker_vmm_get_access(bc, req->vmm_get_access->va, req->vmm_get_access->gpu_id, &access, &w);
         if (err < 0)
-                return fail_why(r, err, &w);
+                return reply_fail_why(r, err, &w);
         gr.has_access = true;
         gr.access = (Gpumem__Access)access;
         return reply_result(r, &gr);
@@ -438,7 +428,6 @@ int op_vmm_granularity(ReqCtx *r, const Gpumem__Request *req)
 
 int op_vmm_retain(ReqCtx *r, const Gpumem__Request *req)
 {
-        Gpumem__VmmRetainReply rr = GPUMEM__VMM_RETAIN_REPLY__INIT;
         uint64_t handle = 0;
         Reason w = {""};
         int err;
@@ -446,15 +435,13 @@ int op_vmm_retain(ReqCtx *r, const Gpumem__Request *req)
 
         err = broker_vmm_retain(bc, req->vmm_retain->va, &handle, &w);
         if (err < 0)
-                return fail_why(r, err, &w);
-        rr.has_handle = true;
-        rr.handle = handle;
+                return reply_fail_why(r, err, &w);
+        Gpumem__VmmRetainReply rr = {MSG_INIT(gpumem__vmm_retain_reply), OPT(handle, handle)};
         return reply_result(r, &rr);
 }
 
 int op_vmm_properties(ReqCtx *r, const Gpumem__Request *req)
 {
-        Gpumem__VmmPropertiesReply pr = GPUMEM__VMM_PROPERTIES_REPLY__INIT;
         BrokerProps p;
         Reason w = {""};
         int err;
@@ -462,12 +449,10 @@ int op_vmm_properties(ReqCtx *r, const Gpumem__Request *req)
 
         err = broker_vmm_properties(bc, req->vmm_properties->handle, &p, &w);
         if (err < 0)
-                return fail_why(r, err, &w);
-        pr.has_kind = pr.has_gpu_id = pr.has_size = pr.has_flags = true;
-        pr.kind = (Gpumem__MemKind)p.kind;
-        pr.gpu_id = p.gpu_id;
-        pr.size = p.size;
-        pr.flags = p.flags;
+                return reply_fail_why(r, err, &w);
+        Gpumem__VmmPropertiesReply pr = {MSG_INIT(gpumem__vmm_properties_reply),
+                                         OPT(kind, (Gpumem__MemKind)p.kind), OPT(gpu_id, p.gpu_id),
+                                         OPT(size, p.size), OPT(flags, p.flags)};
         return reply_result(r, &pr);
 }
 
@@ -475,7 +460,6 @@ int op_vmm_properties(ReqCtx *r, const Gpumem__Request *req)
 
 int op_dmabuf_export(ReqCtx *r, const Gpumem__Request *req)
 {
-        Gpumem__DmabufExportReply er = GPUMEM__DMABUF_EXPORT_REPLY__INIT;
         uint64_t size = 0;
         Reason w = {""};
         int err, fd = -1;
@@ -485,10 +469,9 @@ int op_dmabuf_export(ReqCtx *r, const Gpumem__Request *req)
                             req->dmabuf_export->has_read_only && req->dmabuf_export->read_only, &fd, &size,
                             &w);
         if (err < 0)
-                return fail_why(r, err, &w);
-        er.has_fd_index = er.has_size = true;
-        er.fd_index = reply_add_fd(r, fd);
-        er.size = size;
+                return reply_fail_why(r, err, &w);
+        Gpumem__DmabufExportReply er = {MSG_INIT(gpumem__dmabuf_export_reply),
+                                        OPT(fd_index, reply_add_fd(r, fd)), OPT(size, size)};
         return reply_result(r, &er);
 }
 
@@ -515,7 +498,6 @@ static const char *fd_kind(mode_t mode)
 int op_dmabuf_import(ReqCtx *r, const Gpumem__Request *req)
 {
         const Gpumem__DmabufImport *a = req->dmabuf_import;
-        Gpumem__DmabufImportReply ir = GPUMEM__DMABUF_IMPORT_REPLY__INIT;
         uint64_t handle = 0, size = 0;
         struct stat st;
         const char *kind;
@@ -543,10 +525,9 @@ int op_dmabuf_import(ReqCtx *r, const Gpumem__Request *req)
         err = broker_import(bc, fd, a->gpu_id, &handle, &size, &w);
         safe_close(fd); /* the driver holds its own reference to the buffer */
         if (err < 0)
-                return fail_why(r, err, &w);
-        ir.has_handle = ir.has_size = true;
-        ir.handle = handle;
-        ir.size = size;
+                return reply_fail_why(r, err, &w);
+        Gpumem__DmabufImportReply ir = {MSG_INIT(gpumem__dmabuf_import_reply), OPT(handle, handle),
+                                        OPT(size, size)};
         return reply_result(r, &ir);
 }
 
@@ -576,7 +557,7 @@ static int svm_set_answer(ReqCtx *r, uint64_t va, uint64_t size, const BrokerSvm
         WITH_CLIENT(r, bc);
 
         err = broker_svm_set(bc, va, size, attrs, n, &w);
-        return err < 0 ? fail_why(r, err, &w) : reply_result_packed(r, buf, 0);
+        return err < 0 ? reply_fail_why(r, err, &w) : reply_result_packed(r, buf, 0);
 }
 
 int op_svm_set_attr(ReqCtx *r, const Gpumem__Request *req)
@@ -623,7 +604,7 @@ static int svm_get_answer(ReqCtx *r, uint64_t va, uint64_t size, BrokerSvmAttr *
 
         err = broker_svm_get(bc, va, size, attrs, n, &w);
         if (err < 0)
-                return fail_why(r, err, &w);
+                return reply_fail_why(r, err, &w);
         if (packed) {
                 uint8_t buf[GM_REPLY_HEAD_MAX + 8 + 10 * BROKER_SVM_MAX_ATTRS + 8];
                 uint64_t wire[BROKER_SVM_MAX_ATTRS];
@@ -632,10 +613,8 @@ static int svm_get_answer(ReqCtx *r, uint64_t va, uint64_t size, BrokerSvmAttr *
                 return reply_result_packed(r, buf, gm_pb_put_packed(buf + GM_REPLY_HEAD_MAX, 2, wire, n));
         }
         for (size_t i = 0; i < n; i++) {
-                gpumem__svm_attr__init(&out[i]);
-                out[i].has_type = out[i].has_value = true;
-                out[i].type = attrs[i].type;
-                out[i].value = attrs[i].value;
+                out[i] = (Gpumem__SvmAttr){MSG_INIT(gpumem__svm_attr), OPT(type, attrs[i].type),
+                                           OPT(value, attrs[i].value)};
                 outp[i] = &out[i];
         }
         gr.n_attrs = n;
@@ -685,7 +664,7 @@ static void prefetch_job_done(WorkerJob *j)
 
         manager_lock(m);
         err = broker_prefetch_end(&pj->p, &w);
-        req_end(pj->req, err < 0 ? fail_why(r, err, &w) : reply_empty(r));
+        req_end(pj->req, reply_empty_or_why(r, err, &w));
         manager_unlock(m);
         free(pj);
 }
@@ -700,7 +679,7 @@ int op_svm_prefetch(ReqCtx *r, const Gpumem__Request *req)
 
         if (!r->m->workers || !broker_prefetch_is_slow(bc, a->size)) {
                 err = broker_svm_prefetch(bc, a->va, a->size, a->location, &w);
-                return err < 0 ? fail_why(r, err, &w) : reply_empty(r);
+                return reply_empty_or_why(r, err, &w);
         }
         pj = calloc(1, sizeof(*pj));
         if (!pj)
@@ -718,5 +697,5 @@ int op_svm_prefetch(ReqCtx *r, const Gpumem__Request *req)
                 err = broker_prefetch_end(&pj->p, &w);
         }
         free(pj);
-        return err < 0 ? fail_why(r, err, &w) : reply_empty(r);
+        return reply_empty_or_why(r, err, &w);
 }

@@ -9,68 +9,44 @@
 #include "request.h"
 #include "server/shard.h"
 
-static int fail_why(ReqCtx *r, int err, const Reason *w)
-{
-        return reply_fail(r, err, "%s", reason_or_errno(w, err));
-}
+/* A field of the request @a, named as the driver's. */
+#define SAME(field) .field = a->field
 
 int op_queue_create(ReqCtx *r, const Gpumem__Request *req)
 {
         const Gpumem__QueueCreate *a = req->queue_create;
-        Gpumem__QueueCreateReply qr = GPUMEM__QUEUE_CREATE_REPLY__INIT;
-        DriverQueueArgs q = {.gpu_id = a->gpu_id,
-                             .type = a->type,
-                             .percentage = a->percentage,
-                             .priority = a->priority,
-                             .ring_va = a->ring_va,
-                             .ring_size = a->ring_size,
-                             .rptr_va = a->rptr_va,
-                             .wptr_va = a->wptr_va,
-                             .eop_va = a->eop_va,
-                             .eop_size = a->eop_size,
-                             .ctx_save_va = a->ctx_save_va,
-                             .ctx_save_size = a->ctx_save_size,
-                             .ctl_stack_size = a->ctl_stack_size};
-        BrokerClient *bc;
-        Reason w = {""};
+        DriverQueueArgs q = {SAME(gpu_id),        SAME(type),      SAME(percentage),  SAME(priority),
+                             SAME(ring_va),       SAME(ring_size), SAME(rptr_va),     SAME(wptr_va),
+                             SAME(eop_va),        SAME(eop_size),  SAME(ctx_save_va), SAME(ctx_save_size),
+                             SAME(ctl_stack_size)};
         uint32_t id = 0;
         uint64_t db = 0;
-        int err = req_books(r, &bc);
+        Reason w = {""};
+        int err;
+        WITH_CLIENT(r, bc);
 
-        if (err < 0)
-                return err;
         err = broker_queue_create(bc, &q, &id, &db, &w);
         if (err < 0)
-                return fail_why(r, err, &w);
-        qr.has_queue_id = qr.has_doorbell_offset = true;
-        qr.queue_id = id;
-        qr.doorbell_offset = db;
+                return reply_fail_why(r, err, &w);
+        Gpumem__QueueCreateReply qr = {MSG_INIT(gpumem__queue_create_reply), OPT(queue_id, id),
+                                       OPT(doorbell_offset, db)};
         return reply_result(r, &qr);
 }
 
 int op_queue_destroy(ReqCtx *r, const Gpumem__Request *req)
 {
-        BrokerClient *bc;
-        Reason w = {""};
-        int err = req_books(r, &bc);
-
-        if (err < 0)
-                return err;
-        err = broker_queue_destroy(bc, req->queue_destroy->queue_id, &w);
-        return err < 0 ? fail_why(r, err, &w) : reply_empty(r);
+        return req_call_id(r, req->queue_destroy->queue_id, broker_queue_destroy);
 }
 
 int op_queue_update(ReqCtx *r, const Gpumem__Request *req)
 {
         const Gpumem__QueueUpdate *a = req->queue_update;
-        BrokerClient *bc;
         Reason w = {""};
-        int err = req_books(r, &bc);
+        int err;
+        WITH_CLIENT(r, bc);
 
-        if (err < 0)
-                return err;
         err = broker_queue_update(bc, a->queue_id, a->ring_va, a->ring_size, a->percentage, a->priority, &w);
-        return err < 0 ? fail_why(r, err, &w) : reply_empty(r);
+        return reply_empty_or_why(r, err, &w);
 }
 
 /* ---- interrupts ---------------------------------------------------------------------------------------- */

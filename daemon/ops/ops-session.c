@@ -103,15 +103,7 @@ static int ping_answer(ReqCtx *r, uint64_t cookie)
         return reply_result_packed(r, buf, gm_pb_put_uint_pad(buf + GM_REPLY_HEAD_MAX, 1, cookie));
 }
 
-int op_ping(ReqCtx *r, const Gpumem__Request *req)
-{
-        return ping_answer(r, req->ping->cookie);
-}
-
-int op_ping_view(ReqCtx *r, const uint8_t *msg, size_t len)
-{
-        return req_view_u64(r, msg, len, ping_answer);
-}
+REQ_U64_HANDLERS(op_ping, ping, cookie, ping_answer)
 
 int op_window_retry(ReqCtx *r, const Gpumem__Request *req)
 {

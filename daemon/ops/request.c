@@ -69,60 +69,9 @@ enum { OP_LOCK_MANAGER, OP_LOCK_CLIENT, OP_LOCK_NONE };
 #define ANY   OP_PERM_ANY
 #define ADMIN OP_PERM_ADMIN
 
-/* Indexed by the Request oneof field number. */
-static const OpDesc op_table[] = {
-        /* request, handler, result, since, who may call, fds, policy family */
-        ROW(HELLO, op_hello, HELLO, 1, ANY, 0, 0),
-        ROW_UNLOCKED_VIEW(PING, op_ping, PING, 1),
-        ROW(WINDOW_RETRY, op_window_retry, HELLO, 1, ANY, 0, 0),
-        ROW_UNLOCKED(TOPOLOGY, op_topology, TOPOLOGY, 1),
-        ROW_UNLOCKED(TOPOLOGY_FILES, op_topology_files, TOPOLOGY_FILES, 2),
-        ROW_CLIENT(TILE_CONFIG, op_tile_config, TILE_CONFIG, 2, 0, 0),
-        ROW_CLIENT(MEM_INFO, op_mem_info, MEM_INFO, 1, 0, 0),
-        ROW_CLIENT_VIEW(POINTER_INFO, op_pointer_info, POINTER_INFO, 1, 0),
-        ROW_CLIENT(ALLOC, op_alloc, ALLOC, 1, 0, 0),
-        ROW_CLIENT(FREE, op_free, EMPTY, 1, 0, 0),
-        ROW_CLIENT(MAP, op_map, EMPTY, 1, 0, 0),
-        ROW_CLIENT(UNMAP, op_unmap, EMPTY, 1, 0, 0),
-        ROW_CLIENT(VMM_RESERVE, op_vmm_reserve, VMM_RESERVE, 1, 0, POLICY_OP_VMM),
-        ROW_CLIENT(VMM_FREE, op_vmm_free, EMPTY, 1, 0, POLICY_OP_VMM),
-        ROW_CLIENT(VMM_CREATE, op_vmm_create, VMM_CREATE, 1, 0, POLICY_OP_VMM),
-        ROW_CLIENT(VMM_RELEASE, op_vmm_release, EMPTY, 1, 0, POLICY_OP_VMM),
-        ROW_CLIENT(VMM_MAP, op_vmm_map, EMPTY, 1, 0, POLICY_OP_VMM),
-        ROW_CLIENT(VMM_UNMAP, op_vmm_unmap, EMPTY, 1, 0, POLICY_OP_VMM),
-        ROW_CLIENT(VMM_SET_ACCESS, op_vmm_set_access, VMM_SET_ACCESS, 1, 0, POLICY_OP_VMM),
-        ROW_CLIENT(VMM_GET_ACCESS, op_vmm_get_access, VMM_GET_ACCESS, 1, 0, POLICY_OP_VMM),
-        ROW_CLIENT(VMM_GRANULARITY, op_vmm_granularity, VMM_GRANULARITY, 1, 0, 0),
-        ROW_CLIENT(VMM_RETAIN, op_vmm_retain, VMM_RETAIN, 1, 0, POLICY_OP_VMM),
-        ROW_CLIENT(VMM_PROPERTIES, op_vmm_properties, VMM_PROPERTIES, 1, 0, POLICY_OP_VMM),
-        ROW_CLIENT(DMABUF_EXPORT, op_dmabuf_export, DMABUF_EXPORT, 1, 0, POLICY_OP_EXPORT),
-        ROW_CLIENT(DMABUF_IMPORT, op_dmabuf_import, DMABUF_IMPORT, 1, 1, POLICY_OP_IMPORT),
-        ROW_CLIENT_VIEW(SVM_SET_ATTR, op_svm_set_attr, EMPTY, 1, POLICY_OP_SVM),
-        ROW_CLIENT_VIEW(SVM_GET_ATTR, op_svm_get_attr, SVM_GET_ATTR, 1, POLICY_OP_SVM),
-        ROW_CLIENT(SVM_PREFETCH, op_svm_prefetch, EMPTY, 1, 0, POLICY_OP_SVM),
-        ROW_CLIENT(EVENT_CREATE, op_event_create, EVENT_CREATE, 2, 0, 0),
-        ROW_CLIENT(EVENT_DESTROY, op_event_destroy, EMPTY, 2, 0, 0),
-        ROW_CLIENT(EVENT_SET, op_event_set, EMPTY, 2, 0, 0),
-        ROW_CLIENT(EVENT_RESET, op_event_reset, EMPTY, 2, 0, 0),
-        ROW_CLIENT(EVENT_WAIT, op_event_wait, EVENT_WAIT, 2, 0, 0),
-        ROW_CLIENT(QUEUE_CREATE, op_queue_create, QUEUE_CREATE, 2, 0, 0),
-        ROW_CLIENT(QUEUE_DESTROY, op_queue_destroy, EMPTY, 2, 0, 0),
-        ROW_CLIENT(QUEUE_UPDATE, op_queue_update, EMPTY, 2, 0, 0),
-        /* under the manager's lock: they read the class's rights, which a reload changes, and revoking
-         * touches the publisher's books */
-        ROW(SHARE_PUBLISH, op_share_publish, SHARE_PUBLISH, 3, ANY, 0, POLICY_OP_EXPORT),
-        ROW(SHARE_OPEN, op_share_open, SHARE_OPEN, 3, ANY, 0, POLICY_OP_IMPORT),
-        ROW(SHARE_REVOKE, op_share_revoke, EMPTY, 3, ANY, 0, 0),
-        ROW(ADMIN_STATUS, op_admin_status, ADMIN_STATUS, 1, ADMIN, 0, 0),
-        ROW(ADMIN_CLIENTS, op_admin_clients, ADMIN_CLIENTS, 1, ADMIN, 0, 0),
-        ROW(ADMIN_ALLOCATIONS, op_admin_allocations, ADMIN_ALLOCATIONS, 1, ADMIN, 0, 0),
-        ROW(ADMIN_QUOTA_GET, op_admin_quota_get, ADMIN_QUOTA_GET, 1, ADMIN, 0, 0),
-        ROW(ADMIN_QUOTA_SET, op_admin_quota_set, EMPTY, 1, ADMIN, 0, 0),
-        ROW(ADMIN_DISCONNECT, op_admin_disconnect, EMPTY, 1, ADMIN, 0, 0),
-        ROW(ADMIN_METRICS, op_admin_metrics, ADMIN_METRICS, 1, ADMIN, 0, 0),
-        ROW(ADMIN_SET_LOG_LEVEL, op_admin_set_log_level, EMPTY, 1, ADMIN, 0, 0),
-        ROW(ADMIN_SHARES, op_admin_shares, ADMIN_SHARES, 3, ADMIN, 0, 0),
-};
+/* Indexed by the Request oneof field number: request.h's list of ops, a row each. */
+#define OP_ROW_(kind, ...) kind(__VA_ARGS__),
+static const OpDesc op_table[] = {REQUEST_OPS(OP_ROW_)};
 
 /*
  * Each row's Request and Reply fields, found once: every request names its op and every reply its result,

@@ -109,63 +109,116 @@ typedef struct BrokerClient BrokerClient;
 int req_books(ReqCtx *r, BrokerClient **ret);
 /* The client's books in the broker, made as its first memory op makes them: 0 or -ENOMEM. */
 int conn_books_new(Conn *c);
+/* In a handler: @bc, the client's books (req_books), or the handler returns the failure answered. */
+#define WITH_CLIENT(r, bc)                                                                                   \
+        BrokerClient *bc;                                                                                    \
+        do {                                                                                                 \
+                int _e = req_books(r, &bc);                                                                  \
+                if (_e < 0)                                                                                  \
+                        return _e;                                                                           \
+        } while (0)
+/*
+ * The head of a message's initializer, for the fields then set by name: MSG_INIT(gpumem__x_reply), .has_a =
+ * true, .a = ... What is not named is zero, as in its __INIT: no field of gpumem.proto has a default.
+ */
+#define MSG_INIT(type) .base = PROTOBUF_C_MESSAGE_INIT(&type##__descriptor)
+/* An optional field set in such an initializer: its value and its has_ flag. */
+#define OPT(field, value) .has_##field = true, .field = (value)
+/*
+ * The handler and the in-place reader (OpView) of an op whose message is one optional uint64 @field (see
+ * req_view_u64), both answered by @answer(r, its value).
+ */
+#define REQ_U64_HANDLERS(handler, msg, field, answer)                                                        \
+        int handler(ReqCtx *r, const Gpumem__Request *req)                                                   \
+        {                                                                                                    \
+                return answer(r, req->msg->field);                                                           \
+        }                                                                                                    \
+        int handler##_view(ReqCtx *r, const uint8_t *m, size_t len)                                          \
+        {                                                                                                    \
+                return req_view_u64(r, m, len, answer);                                                      \
+        }
+/* Fail with the broker's reason @w for @err (strerror's when it gave none): "return reply_fail_why(...)". */
+int reply_fail_why(ReqCtx *r, int err, const Reason *w);
+/* The answer to a broker call that returned @err: Empty, or its reason @w. */
+int reply_empty_or_why(ReqCtx *r, int err, const Reason *w);
+/* An op on one object of the client's books named by @id (an event, a queue): @fn, answered Empty. */
+int req_call_id(ReqCtx *r, uint32_t id, int (*fn)(BrokerClient *bc, uint32_t id, Reason *w));
 
-/* Handlers, by family (ops-*.c). */
-int op_hello(ReqCtx *r, const Gpumem__Request *req);
-int op_ping(ReqCtx *r, const Gpumem__Request *req);
-int op_ping_view(ReqCtx *r, const uint8_t *msg, size_t len);
-int op_window_retry(ReqCtx *r, const Gpumem__Request *req);
-int op_topology(ReqCtx *r, const Gpumem__Request *req);
-int op_topology_files(ReqCtx *r, const Gpumem__Request *req);
-int op_tile_config(ReqCtx *r, const Gpumem__Request *req);
-int op_event_create(ReqCtx *r, const Gpumem__Request *req);
-int op_event_destroy(ReqCtx *r, const Gpumem__Request *req);
-int op_event_set(ReqCtx *r, const Gpumem__Request *req);
-int op_event_reset(ReqCtx *r, const Gpumem__Request *req);
-int op_event_wait(ReqCtx *r, const Gpumem__Request *req);
+/*
+ * The ops, in the order of their wire numbers: X(kind, field, handler, result, ...). field is the Request
+ * oneof field (the op's number and name), handler the ops-*.c function that answers it with the Reply
+ * result case; kind and the rest of the row say how request.c's op table gates it: since which protocol
+ * version, who may call (ANY, ADMIN), the fds it takes, the policy family a class can be denied and what
+ * it runs under (see there). The handlers' prototypes below come from the same list.
+ */
+#define REQUEST_OPS(X)                                                                                       \
+        /* kind, request, handler, result, since, who may call, fds, policy family */                        \
+        X(ROW, HELLO, op_hello, HELLO, 1, ANY, 0, 0)                                                         \
+        X(ROW_UNLOCKED_VIEW, PING, op_ping, PING, 1)                                                         \
+        X(ROW, WINDOW_RETRY, op_window_retry, HELLO, 1, ANY, 0, 0)                                           \
+        X(ROW_UNLOCKED, TOPOLOGY, op_topology, TOPOLOGY, 1)                                                  \
+        X(ROW_UNLOCKED, TOPOLOGY_FILES, op_topology_files, TOPOLOGY_FILES, 2)                                \
+        X(ROW_CLIENT, TILE_CONFIG, op_tile_config, TILE_CONFIG, 2, 0, 0)                                     \
+        X(ROW_CLIENT, MEM_INFO, op_mem_info, MEM_INFO, 1, 0, 0)                                              \
+        X(ROW_CLIENT_VIEW, POINTER_INFO, op_pointer_info, POINTER_INFO, 1, 0)                                \
+        X(ROW_CLIENT, ALLOC, op_alloc, ALLOC, 1, 0, 0)                                                       \
+        X(ROW_CLIENT, FREE, op_free, EMPTY, 1, 0, 0)                                                         \
+        X(ROW_CLIENT, MAP, op_map, EMPTY, 1, 0, 0)                                                           \
+        X(ROW_CLIENT, UNMAP, op_unmap, EMPTY, 1, 0, 0)                                                       \
+        X(ROW_CLIENT, VMM_RESERVE, op_vmm_reserve, VMM_RESERVE, 1, 0, POLICY_OP_VMM)                         \
+        X(ROW_CLIENT, VMM_FREE, op_vmm_free, EMPTY, 1, 0, POLICY_OP_VMM)                                     \
+        X(ROW_CLIENT, VMM_CREATE, op_vmm_create, VMM_CREATE, 1, 0, POLICY_OP_VMM)                            \
+        X(ROW_CLIENT, VMM_RELEASE, op_vmm_release, EMPTY, 1, 0, POLICY_OP_VMM)                               \
+        X(ROW_CLIENT, VMM_MAP, op_vmm_map, EMPTY, 1, 0, POLICY_OP_VMM)                                       \
+        X(ROW_CLIENT, VMM_UNMAP, op_vmm_unmap, EMPTY, 1, 0, POLICY_OP_VMM)                                   \
+        X(ROW_CLIENT, VMM_SET_ACCESS, op_vmm_set_access, VMM_SET_ACCESS, 1, 0, POLICY_OP_VMM)                \
+        X(ROW_CLIENT, VMM_GET_ACCESS, op_vmm_get_access, VMM_GET_ACCESS, 1, 0, POLICY_OP_VMM)                \
+        X(ROW_CLIENT, VMM_GRANULARITY, op_vmm_granularity, VMM_GRANULARITY, 1, 0, 0)                         \
+        X(ROW_CLIENT, VMM_RETAIN, op_vmm_retain, VMM_RETAIN, 1, 0, POLICY_OP_VMM)                            \
+        X(ROW_CLIENT, VMM_PROPERTIES, op_vmm_properties, VMM_PROPERTIES, 1, 0, POLICY_OP_VMM)                \
+        X(ROW_CLIENT, DMABUF_EXPORT, op_dmabuf_export, DMABUF_EXPORT, 1, 0, POLICY_OP_EXPORT)                \
+        X(ROW_CLIENT, DMABUF_IMPORT, op_dmabuf_import, DMABUF_IMPORT, 1, 1, POLICY_OP_IMPORT)                \
+        X(ROW_CLIENT_VIEW, SVM_SET_ATTR, op_svm_set_attr, EMPTY, 1, POLICY_OP_SVM)                           \
+        X(ROW_CLIENT_VIEW, SVM_GET_ATTR, op_svm_get_attr, SVM_GET_ATTR, 1, POLICY_OP_SVM)                    \
+        X(ROW_CLIENT, SVM_PREFETCH, op_svm_prefetch, EMPTY, 1, 0, POLICY_OP_SVM)                             \
+        X(ROW_CLIENT, EVENT_CREATE, op_event_create, EVENT_CREATE, 2, 0, 0)                                  \
+        X(ROW_CLIENT, EVENT_DESTROY, op_event_destroy, EMPTY, 2, 0, 0)                                       \
+        X(ROW_CLIENT, EVENT_SET, op_event_set, EMPTY, 2, 0, 0)                                               \
+        X(ROW_CLIENT, EVENT_RESET, op_event_reset, EMPTY, 2, 0, 0)                                           \
+        X(ROW_CLIENT, EVENT_WAIT, op_event_wait, EVENT_WAIT, 2, 0, 0)                                        \
+        X(ROW_CLIENT, QUEUE_CREATE, op_queue_create, QUEUE_CREATE, 2, 0, 0)                                  \
+        X(ROW_CLIENT, QUEUE_DESTROY, op_queue_destroy, EMPTY, 2, 0, 0)                                       \
+        X(ROW_CLIENT, QUEUE_UPDATE, op_queue_update, EMPTY, 2, 0, 0)                                         \
+        /* under the manager's lock: they read the class's rights, which a reload changes, and revoking      \
+         * touches the publisher's books */                                                                  \
+        X(ROW, SHARE_PUBLISH, op_share_publish, SHARE_PUBLISH, 3, ANY, 0, POLICY_OP_EXPORT)                  \
+        X(ROW, SHARE_OPEN, op_share_open, SHARE_OPEN, 3, ANY, 0, POLICY_OP_IMPORT)                           \
+        X(ROW, SHARE_REVOKE, op_share_revoke, EMPTY, 3, ANY, 0, 0)                                           \
+        X(ROW, ADMIN_STATUS, op_admin_status, ADMIN_STATUS, 1, ADMIN, 0, 0)                                  \
+        X(ROW, ADMIN_CLIENTS, op_admin_clients, ADMIN_CLIENTS, 1, ADMIN, 0, 0)                               \
+        X(ROW, ADMIN_ALLOCATIONS, op_admin_allocations, ADMIN_ALLOCATIONS, 1, ADMIN, 0, 0)                   \
+        X(ROW, ADMIN_QUOTA_GET, op_admin_quota_get, ADMIN_QUOTA_GET, 1, ADMIN, 0, 0)                         \
+        X(ROW, ADMIN_QUOTA_SET, op_admin_quota_set, EMPTY, 1, ADMIN, 0, 0)                                   \
+        X(ROW, ADMIN_DISCONNECT, op_admin_disconnect, EMPTY, 1, ADMIN, 0, 0)                                 \
+        X(ROW, ADMIN_METRICS, op_admin_metrics, ADMIN_METRICS, 1, ADMIN, 0, 0)                               \
+        X(ROW, ADMIN_SET_LOG_LEVEL, op_admin_set_log_level, EMPTY, 1, ADMIN, 0, 0)                           \
+        X(ROW, ADMIN_SHARES, op_admin_shares, ADMIN_SHARES, 3, ADMIN, 0, 0)
+
+/* Each handler's prototype; the kinds ending _VIEW have an OpView too, handler##_view. */
+#define REQ_HANDLER_(handler) int handler(ReqCtx *r, const Gpumem__Request *req);
+#define REQ_VIEWED_(handler)                                                                                 \
+        REQ_HANDLER_(handler) int handler##_view(ReqCtx *r, const uint8_t *msg, size_t len);
+#define REQ_PROTO_ROW                         REQ_HANDLER_
+#define REQ_PROTO_ROW_CLIENT                  REQ_HANDLER_
+#define REQ_PROTO_ROW_UNLOCKED                REQ_HANDLER_
+#define REQ_PROTO_ROW_CLIENT_VIEW             REQ_VIEWED_
+#define REQ_PROTO_ROW_UNLOCKED_VIEW           REQ_VIEWED_
+#define REQ_PROTO_(kind, field, handler, ...) REQ_PROTO_##kind(handler)
+REQUEST_OPS(REQ_PROTO_)
+
 /* The connection goes: its pending event waits end unanswered (before its books go). */
 void events_conn_gone(Conn *c);
 /* Pack the topology replies once, at start: the topology op reads them from any loop without the lock. */
 int op_topology_prepare(Manager *m);
-int op_admin_status(ReqCtx *r, const Gpumem__Request *req);
-int op_admin_clients(ReqCtx *r, const Gpumem__Request *req);
-int op_admin_disconnect(ReqCtx *r, const Gpumem__Request *req);
-int op_admin_metrics(ReqCtx *r, const Gpumem__Request *req);
-int op_admin_allocations(ReqCtx *r, const Gpumem__Request *req);
-int op_admin_quota_get(ReqCtx *r, const Gpumem__Request *req);
-int op_admin_quota_set(ReqCtx *r, const Gpumem__Request *req);
-int op_admin_set_log_level(ReqCtx *r, const Gpumem__Request *req);
-int op_alloc(ReqCtx *r, const Gpumem__Request *req);
-int op_free(ReqCtx *r, const Gpumem__Request *req);
-int op_map(ReqCtx *r, const Gpumem__Request *req);
-int op_unmap(ReqCtx *r, const Gpumem__Request *req);
-int op_pointer_info(ReqCtx *r, const Gpumem__Request *req);
-int op_pointer_info_view(ReqCtx *r, const uint8_t *msg, size_t len);
-int op_mem_info(ReqCtx *r, const Gpumem__Request *req);
-int op_vmm_reserve(ReqCtx *r, const Gpumem__Request *req);
-int op_vmm_free(ReqCtx *r, const Gpumem__Request *req);
-int op_vmm_create(ReqCtx *r, const Gpumem__Request *req);
-int op_vmm_release(ReqCtx *r, const Gpumem__Request *req);
-int op_vmm_map(ReqCtx *r, const Gpumem__Request *req);
-int op_vmm_unmap(ReqCtx *r, const Gpumem__Request *req);
-int op_vmm_set_access(ReqCtx *r, const Gpumem__Request *req);
-int op_vmm_get_access(ReqCtx *r, const Gpumem__Request *req);
-int op_vmm_granularity(ReqCtx *r, const Gpumem__Request *req);
-int op_vmm_retain(ReqCtx *r, const Gpumem__Request *req);
-int op_vmm_properties(ReqCtx *r, const Gpumem__Request *req);
-int op_dmabuf_export(ReqCtx *r, const Gpumem__Request *req);
-int op_dmabuf_import(ReqCtx *r, const Gpumem__Request *req);
-int op_svm_set_attr(ReqCtx *r, const Gpumem__Request *req);
-int op_svm_set_attr_view(ReqCtx *r, const uint8_t *msg, size_t len);
-int op_svm_get_attr(ReqCtx *r, const Gpumem__Request *req);
-int op_svm_get_attr_view(ReqCtx *r, const uint8_t *msg, size_t len);
-int op_svm_prefetch(ReqCtx *r, const Gpumem__Request *req);
-int op_queue_create(ReqCtx *r, const Gpumem__Request *req);
-int op_queue_destroy(ReqCtx *r, const Gpumem__Request *req);
-int op_queue_update(ReqCtx *r, const Gpumem__Request *req);
-int op_share_publish(ReqCtx *r, const Gpumem__Request *req);
-int op_share_open(ReqCtx *r, const Gpumem__Request *req);
-int op_share_revoke(ReqCtx *r, const Gpumem__Request *req);
-int op_admin_shares(ReqCtx *r, const Gpumem__Request *req);
 /* The broker's interrupt callback for a client (@arg: its Conn): called on the driver's thread. */
 void queues_interrupt(void *arg);
