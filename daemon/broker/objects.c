@@ -178,7 +178,6 @@ int broker_destroy_alloc(BrokerClient *c, Obj *o, bool teardown, Reason *w)
 {
         int tmp_fd = -1, r;
 
-        broker_share_obj_gone(c, o);
         /* a dmabuf of it went out: hold one more while the BO goes, to watch its memory after */
         if (o->mem && o->memfd < 0 && o->handed_out && driver_mem_export(c->b->drv, o->mem, &tmp_fd) < 0)
                 tmp_fd = -1;
@@ -197,6 +196,8 @@ int broker_destroy_alloc(BrokerClient *c, Obj *o, bool teardown, Reason *w)
                 }
                 o->mem = NULL;
         }
+        /* its share changes only once the memory went: a refused free leaves it as it was */
+        broker_share_obj_gone(c, o);
         broker_linger_start(c, o, o->memfd >= 0 ? o->memfd : tmp_fd);
         safe_close(tmp_fd);
         broker_obj_forget_file(c->b, o);
@@ -230,11 +231,11 @@ void broker_phys_maybe_destroy(BrokerClient *c, Obj *o)
 
         if (o->client_refs > 0 || o->map_refs > 0)
                 return;
-        broker_share_obj_gone(c, o);
         if (o->mem && o->handed_out && driver_mem_export(c->b->drv, o->mem, &tmp_fd) < 0)
                 tmp_fd = -1;
         if (o->mem)
                 (void)driver_mem_free(c->b->drv, o->mem);
+        broker_share_obj_gone(c, o);
         broker_linger_start(c, o, tmp_fd);
         safe_close(tmp_fd);
         broker_obj_forget_file(c->b, o);

@@ -196,7 +196,7 @@ void broker_share_end(Broker *b, Share *s)
 /*
  * The publisher's object @o goes (freed or torn down). A share that lives only as long as its object ends;
  * a persistent one keeps the memory and takes over what the client paid for it, so the class goes on
- * paying the same. Before the driver frees the object's memory.
+ * paying the same. Once the driver freed the object's memory: a free it refuses leaves the share as it was.
  */
 void broker_share_obj_gone(BrokerClient *c, Obj *o)
 {

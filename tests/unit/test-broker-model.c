@@ -62,8 +62,6 @@ static const char *const share_names[N_NAMES] = {"s0", "s1", "s2", "s3"};
  * are counted.
  */
 enum {
-        /* a free the driver refuses has ended or taken over the object's share already */
-        KNOWN_FREE_FAIL_SHARE,
         /* a driver free refused where the broker ignores it (a release): the memory is left in the driver */
         KNOWN_IGNORED_FREE,
         /* vmm_set_access fails without a reason when the driver refuses a revoke */
@@ -71,7 +69,6 @@ enum {
         _KNOWN_MAX,
 };
 static const char *const known_names[_KNOWN_MAX] = {
-        [KNOWN_FREE_FAIL_SHARE] = "refused free ends the share anyway",
         [KNOWN_IGNORED_FREE] = "refused driver free ignored, memory left in the driver",
         [KNOWN_REVOKE_NO_REASON] = "vmm_set_access refused by a revoke says no reason",
 };
@@ -598,8 +595,7 @@ static unsigned mem_refs(const World *w, int mi)
         }
         for (size_t i = 0; i < w->n_shares; i++)
                 n += w->shares[i].named && w->shares[i].mem == mi;
-        /* and its own object while that lives (it lingers before only where a refused free left a share's
-         * charge behind, KNOWN_FREE_FAIL_SHARE) */
+        /* and its own object while that lives */
         n += w->mems[mi].obj >= 0 && w->objs[w->mems[mi].obj].live;
         return n;
 }
@@ -1272,11 +1268,10 @@ static void op_free(World *w)
         for (size_t i = 0; published && i < w->n_objs; i++)
                 readers |= w->objs[i].live && w->objs[i].kind == BROKER_KIND_SHARE &&
                            w->objs[i].reader_of == o->share && !w->objs[i].revoked;
-        /* (where the object's share ends first, its readers' imports are freed before it: not failed here; a
-         * refused free of a published object leaves the books in a state of their own, KNOWN_FREE_FAIL_SHARE,
-         * which only --strict asks for) */
-        if (!want && (o->kind == BROKER_KIND_DEVICE || o->kind == BROKER_KIND_HOST) && !readers &&
-            (!published || strict(w, KNOWN_FREE_FAIL_SHARE))) {
+        /* a refused free leaves the object and its share as they were (where its share ends, its readers'
+         * imports are freed after it, and what the driver refuses of those goes with the readers' GPU VMs:
+         * not failed here) */
+        if (!want && (o->kind == BROKER_KIND_DEVICE || o->kind == BROKER_KIND_HOST) && !readers) {
                 static const FakeOp ops[] = {FAKE_OP_UNMAP_ALL, FAKE_OP_FREE};
                 fault_maybe(w, ops, 2);
         }
@@ -3013,7 +3008,7 @@ static void op_restart(World *w)
                 if (w->objs[i].live &&
                     (w->objs[i].kind == BROKER_KIND_DEVICE || w->objs[i].kind == BROKER_KIND_VMM))
                         w->objs[i].backing = w->fdps;
-                /* not carried (a live object has it only after KNOWN_FREE_FAIL_SHARE) */
+                /* not carried (only an object gone has it) */
                 w->objs[i].share_kept = false;
         }
         for (size_t i = 0; i < w->n_shares; i++)
