@@ -186,17 +186,14 @@ static const char *host_class_name(const Conn *c)
         return c->cls ? c->cls->name : "";
 }
 
+/* Bin-packed by hand: clang-format would put a designated initializer one member to a line. */
+// clang-format off
 static const ConnHost conn_host = {
-        .packet = host_packet,
-        .violation = host_violation,
-        .lock = manager_lock,
-        .unlock = manager_unlock,
-        .gone = host_gone,
-        .teardown = host_teardown,
-        .inflight_limit = host_inflight_limit,
-        .limited = host_limited,
-        .class_name = host_class_name,
+        .packet = host_packet, .violation = host_violation, .lock = manager_lock, .unlock = manager_unlock,
+        .gone = host_gone, .teardown = host_teardown, .inflight_limit = host_inflight_limit,
+        .limited = host_limited, .class_name = host_class_name
 };
+// clang-format on
 
 int manager_conn_new(Manager *m, int fd, Conn **ret)
 {
@@ -209,13 +206,13 @@ void manager_conn_place(Manager *m, Conn *c, Shard *sh)
 }
 
 /* What carrying clients across a restart needs of the manager. */
+/* Bin-packed by hand: clang-format would put a designated initializer one member to a line. */
+// clang-format off
 static const CarryHost carry_host = {
-        .conn_new = listener_conn_new,
-        .pick_shard = listener_pick_shard,
-        .place = listener_place,
-        .refuse_send = listener_refuse_send,
-        .books = conn_books_new,
+        .conn_new = listener_conn_new, .pick_shard = listener_pick_shard, .place = listener_place,
+        .refuse_send = listener_refuse_send, .books = conn_books_new
 };
+// clang-format on
 
 /*
  * The fds passed at start (LISTEN_FDS): a socket of socket activation, and what a daemon before this one

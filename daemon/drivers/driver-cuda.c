@@ -860,40 +860,27 @@ static int c_test_faults(Driver *d, const char *path, char *errbuf, size_t errle
         return -EOPNOTSUPP;
 }
 
+/* Bin-packed by hand: clang-format would put a designated initializer one member to a line. */
+// clang-format off
 static const DriverOps cuda_ops = {
-        .close = c_close,
-        .name = c_name,
-        .version = c_version,
-        .caps = c_caps,
-        .topology = c_topology,
-        .gpu_count = c_gpu_count,
-        .gpu = c_gpu,
-        .svm_aperture = c_svm_aperture,
-        .ctx_primary = c_ctx_primary,
-        .ctx_new = c_ctx_new,
-        .ctx_free = c_ctx_free,
+        /* the driver and its GPUs */
+        .close = c_close, .name = c_name, .version = c_version, .caps = c_caps, .topology = c_topology,
+        .gpu_count = c_gpu_count, .gpu = c_gpu, .svm_aperture = c_svm_aperture,
+        /* GPU contexts */
+        .ctx_primary = c_ctx_primary, .ctx_new = c_ctx_new, .ctx_free = c_ctx_free,
         .available_memory = c_available_memory,
-        .mem_alloc_vram = c_mem_alloc_vram,
-        .mem_register_host = c_mem_register_host,
-        .mem_import = c_mem_import,
-        .mem_free = c_mem_free,
-        .mem_size = c_mem_size,
-        .mem_map = c_mem_map,
-        .mem_unmap = c_mem_unmap,
-        .mem_unmap_all = c_mem_unmap_all,
-        .mem_is_mapped = c_mem_is_mapped,
-        .mem_mapped_mask = c_mem_mapped_mask,
-        .mem_export = c_mem_export,
-        .dmabuf_is_own = c_dmabuf_is_own,
-        .grant = c_grant,
-        .revoke = c_revoke,
-        .managed_register = c_managed_register,
-        .cpu_unmap = c_cpu_unmap,
-        .svm_set = c_svm_set,
-        .svm_get = c_svm,
-        .stats = c_stats,
-        .test_faults = c_test_faults,
+        /* memory */
+        .mem_alloc_vram = c_mem_alloc_vram, .mem_register_host = c_mem_register_host,
+        .mem_import = c_mem_import, .mem_free = c_mem_free, .mem_size = c_mem_size, .mem_map = c_mem_map,
+        .mem_unmap = c_mem_unmap, .mem_unmap_all = c_mem_unmap_all, .mem_is_mapped = c_mem_is_mapped,
+        .mem_mapped_mask = c_mem_mapped_mask, .mem_export = c_mem_export, .dmabuf_is_own = c_dmabuf_is_own,
+        /* another context's access, managed memory */
+        .grant = c_grant, .revoke = c_revoke, .managed_register = c_managed_register,
+        .cpu_unmap = c_cpu_unmap, .svm_set = c_svm_set, .svm_get = c_svm,
+        /* the rest */
+        .stats = c_stats, .test_faults = c_test_faults
 };
+// clang-format on
 
 /* Describe GPU @ordinal and take its primary context. */
 static int open_gpu(CudaDriver *k, int ordinal, DriverCudaGpuDesc *desc, char *errbuf, size_t errlen)
