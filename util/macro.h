@@ -2,11 +2,27 @@
 #pragma once
 
 #include <errno.h>
+#include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <unistd.h>
 
 #define ARRAY_SIZE(a) (sizeof(a) / sizeof((a)[0]))
+
+/* One set of flag bits in another's terms: the @to of every pair of @map whose @from is in @f. */
+typedef struct FlagMap {
+        uint32_t from, to;
+} FlagMap;
+static inline uint32_t flags_map(uint32_t f, const FlagMap *map, size_t n)
+{
+        uint32_t t = 0;
+
+        for (size_t i = 0; i < n; i++)
+                if (f & map[i].from)
+                        t |= map[i].to;
+        return t;
+}
 
 #define _cleanup_(f)   __attribute__((cleanup(f)))
 #define _printf_(a, b) __attribute__((format(printf, a, b)))
@@ -25,6 +41,16 @@
                 (fd) = -1;                                                                                   \
                 _fd_;                                                                                        \
         })
+
+/* Append @item, its next already NULL, to the singly linked list from @head to @tail. */
+#define LIST_APPEND(head, tail, item)                                                                        \
+        do {                                                                                                 \
+                if (tail)                                                                                    \
+                        (tail)->next = (item);                                                               \
+                else                                                                                         \
+                        (head) = (item);                                                                     \
+                (tail) = (item);                                                                             \
+        } while (0)
 
 static inline void freep(void *p)
 {

@@ -10,6 +10,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "macro.h"
+
 /* Events taken from the kernel per epoll_wait. */
 #define LOOP_BATCH 64
 
@@ -463,11 +465,7 @@ static void enqueue(Loop *l, LoopWork *w, LoopFn fn, void *arg)
         w->arg = arg;
         pthread_mutex_lock(&l->lock);
         first = !l->head;
-        if (l->tail)
-                l->tail->next = w;
-        else
-                l->head = w;
-        l->tail = w;
+        LIST_APPEND(l->head, l->tail, w);
         pthread_mutex_unlock(&l->lock);
         /* one wakeup per batch: the loop takes the whole inbox when it wakes */
         if (first)

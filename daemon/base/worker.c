@@ -10,6 +10,8 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include "macro.h"
+
 struct WorkerHome {
         WorkerHome *next; /* the pool's list */
         pthread_mutex_t lock;
@@ -215,11 +217,7 @@ void worker_submit(WorkerPool *p, WorkerHome *h, WorkerJob *job)
         job->home = h;
         h->pending++;
         pthread_mutex_lock(&p->lock);
-        if (p->queue_tail)
-                p->queue_tail->next = job;
-        else
-                p->queue = job;
-        p->queue_tail = job;
+        LIST_APPEND(p->queue, p->queue_tail, job);
         pthread_cond_signal(&p->wake);
         pthread_mutex_unlock(&p->lock);
 }

@@ -17,6 +17,7 @@
 #include "kfd-ioctls.h"
 #include "model.h"
 #include "thunk.h"
+#include "macro.h"
 
 /* The protocol's SVM numbers are the KFD's (driver.h): the broker passes them through unchanged. */
 _Static_assert((int)DRIVER_SVM_ATTR_PREFERRED_LOC == (int)KFD_IOCTL_SVM_ATTR_PREFERRED_LOC, "svm attr");
@@ -94,26 +95,18 @@ static const ThunkBo *ctbo(const DriverMem *m)
         return (const ThunkBo *)(const void *)m;
 }
 
-/* DRIVER_MEM_* to the thunk's allocation flags. */
+/* DRIVER_MEM_* in the thunk's allocation flags (but READ_ONLY: not THUNK_MEM_WRITABLE). */
+static const FlagMap thunk_mem_flags[] = {
+        {DRIVER_MEM_EXECUTABLE, THUNK_MEM_EXECUTABLE},     {DRIVER_MEM_HOST_VISIBLE, THUNK_MEM_PUBLIC},
+        {DRIVER_MEM_COHERENT, THUNK_MEM_COHERENT},         {DRIVER_MEM_UNCACHED, THUNK_MEM_UNCACHED},
+        {DRIVER_MEM_EXT_COHERENT, THUNK_MEM_EXT_COHERENT}, {DRIVER_MEM_CONTIGUOUS, THUNK_MEM_CONTIGUOUS},
+};
+
 static uint32_t thunk_flags(uint32_t f)
 {
-        uint32_t t = THUNK_MEM_NO_SUBSTITUTE;
+        uint32_t t = THUNK_MEM_NO_SUBSTITUTE | flags_map(f, thunk_mem_flags, ARRAY_SIZE(thunk_mem_flags));
 
-        if (!(f & DRIVER_MEM_READ_ONLY))
-                t |= THUNK_MEM_WRITABLE;
-        if (f & DRIVER_MEM_EXECUTABLE)
-                t |= THUNK_MEM_EXECUTABLE;
-        if (f & DRIVER_MEM_HOST_VISIBLE)
-                t |= THUNK_MEM_PUBLIC;
-        if (f & DRIVER_MEM_COHERENT)
-                t |= THUNK_MEM_COHERENT;
-        if (f & DRIVER_MEM_UNCACHED)
-                t |= THUNK_MEM_UNCACHED;
-        if (f & DRIVER_MEM_EXT_COHERENT)
-                t |= THUNK_MEM_EXT_COHERENT;
-        if (f & DRIVER_MEM_CONTIGUOUS)
-                t |= THUNK_MEM_CONTIGUOUS;
-        return t;
+        return f & DRIVER_MEM_READ_ONLY ? t : t | THUNK_MEM_WRITABLE;
 }
 
 static Driver *k_close(Driver *d)
@@ -501,16 +494,20 @@ static int k_available_memory(Driver *d, DriverCtx *ctx, uint32_t gpu_id, uint64
         return thunk_context_available_memory(ctx ? tctx(ctx) : kfd(d)->primary, gpu_id, ret_bytes);
 }
 
+/* A buffer of @kind in the context's VM, with the thunk's @tflags. */
+static int alloc_bo(DriverCtx *ctx, ThunkMemKind kind, uint32_t gpu_id, uint64_t va, uint64_t size,
+                    uint32_t tflags, DriverMem **ret)
+{
+        ThunkAllocArgs ta = {.kind = kind, .gpu_id = gpu_id, .va = va, .size = size, .flags = tflags};
+
+        return thunk_bo_alloc(tctx(ctx), &ta, (ThunkBo **)(void *)ret);
+}
+
 static int k_mem_alloc_vram(Driver *d, DriverCtx *ctx, uint32_t gpu_id, uint64_t va, uint64_t size,
                             uint32_t flags, DriverMem **ret)
 {
-        ThunkAllocArgs ta = {.kind = THUNK_MEM_VRAM,
-                             .gpu_id = gpu_id,
-                             .va = va,
-                             .size = size,
-                             .flags = thunk_flags(flags)};
         (void)d;
-        return thunk_bo_alloc(tctx(ctx), &ta, (ThunkBo **)(void *)ret);
+        return alloc_bo(ctx, THUNK_MEM_VRAM, gpu_id, va, size, thunk_flags(flags), ret);
 }
 
 static int k_mem_register_host(Driver *d, uint32_t gpu_id, uint64_t va, uint64_t size, uint32_t flags,
@@ -531,14 +528,9 @@ static int k_mem_register_host(Driver *d, uint32_t gpu_id, uint64_t va, uint64_t
 static int k_mem_alloc_gtt(Driver *d, DriverCtx *ctx, uint32_t gpu_id, uint64_t va, uint64_t size,
                            uint32_t flags, DriverMem **ret)
 {
-        ThunkAllocArgs ta = {.kind = THUNK_MEM_GTT,
-                             .gpu_id = gpu_id,
-                             .va = va,
-                             .size = size,
-                             .flags = thunk_flags(flags) &
-                                      ~(uint32_t)(THUNK_MEM_PUBLIC | THUNK_MEM_CONTIGUOUS)};
         (void)d;
-        return thunk_bo_alloc(tctx(ctx), &ta, (ThunkBo **)(void *)ret);
+        return alloc_bo(ctx, THUNK_MEM_GTT, gpu_id, va, size,
+                        thunk_flags(flags) & ~(uint32_t)(THUNK_MEM_PUBLIC | THUNK_MEM_CONTIGUOUS), ret);
 }
 
 static int k_mem_import(Driver *d, DriverCtx *ctx, int dmabuf_fd, uint32_t gpu_id, DriverMem **ret)
@@ -546,6 +538,13 @@ static int k_mem_import(Driver *d, DriverCtx *ctx, int dmabuf_fd, uint32_t gpu_i
         (void)d;
         return thunk_bo_import_dmabuf(tctx(ctx), dmabuf_fd, gpu_id, 0, (ThunkBo **)(void *)ret);
 }
+
+/* DRIVER_MEM_* in the KFD's allocation flags, for the model's adopted buffers (but READ_ONLY). */
+static const FlagMap kfd_adopt_flags[] = {
+        {DRIVER_MEM_HOST_VISIBLE, KFD_IOC_ALLOC_MEM_FLAGS_PUBLIC},
+        {DRIVER_MEM_COHERENT, KFD_IOC_ALLOC_MEM_FLAGS_COHERENT},
+        {DRIVER_MEM_UNCACHED, KFD_IOC_ALLOC_MEM_FLAGS_UNCACHED},
+};
 
 static int adopt(Driver *d, DriverCtx *ctx, int dmabuf_fd, uint32_t gpu_id, uint64_t va, uint64_t size,
                  uint32_t flags, bool gtt, DriverMem **ret)
@@ -557,15 +556,10 @@ static int adopt(Driver *d, DriverCtx *ctx, int dmabuf_fd, uint32_t gpu_id, uint
         if (model) {
                 /* the model of the daemon before this one is gone: this one takes the buffer's file back */
                 uint32_t kf = (gtt ? KFD_IOC_ALLOC_MEM_FLAGS_GTT : KFD_IOC_ALLOC_MEM_FLAGS_VRAM) |
-                              KFD_IOC_ALLOC_MEM_FLAGS_EXECUTABLE;
+                              KFD_IOC_ALLOC_MEM_FLAGS_EXECUTABLE |
+                              flags_map(flags, kfd_adopt_flags, ARRAY_SIZE(kfd_adopt_flags));
                 if (!(flags & DRIVER_MEM_READ_ONLY))
                         kf |= KFD_IOC_ALLOC_MEM_FLAGS_WRITABLE;
-                if (flags & DRIVER_MEM_HOST_VISIBLE)
-                        kf |= KFD_IOC_ALLOC_MEM_FLAGS_PUBLIC;
-                if (flags & DRIVER_MEM_COHERENT)
-                        kf |= KFD_IOC_ALLOC_MEM_FLAGS_COHERENT;
-                if (flags & DRIVER_MEM_UNCACHED)
-                        kf |= KFD_IOC_ALLOC_MEM_FLAGS_UNCACHED;
                 r = thunk_model_adopt(model, dmabuf_fd, gpu_id, kf);
                 if (r < 0)
                         return r;
@@ -674,22 +668,22 @@ static int k_revoke(Driver *d, DriverGrant *g)
         return thunk_gem_unmap((ThunkGemMapping *)(void *)g);
 }
 
+/* DRIVER_MEM_* in SVM's range flags. */
+static const FlagMap svm_flags[] = {
+        {DRIVER_MEM_COHERENT, KFD_IOCTL_SVM_FLAG_COHERENT},
+        {DRIVER_MEM_EXT_COHERENT, KFD_IOCTL_SVM_FLAG_EXT_COHERENT},
+        {DRIVER_MEM_READ_ONLY, KFD_IOCTL_SVM_FLAG_GPU_RO},
+        {DRIVER_MEM_EXECUTABLE, KFD_IOCTL_SVM_FLAG_GPU_EXEC},
+};
+
 static int k_managed_register(Driver *d, uint64_t va, uint64_t size, uint32_t flags)
 {
-        uint32_t set = KFD_IOCTL_SVM_FLAG_HOST_ACCESS;
-        ThunkSvmAttr a;
+        ThunkSvmAttr a = {KFD_IOCTL_SVM_ATTR_SET_FLAGS,
+                          KFD_IOCTL_SVM_FLAG_HOST_ACCESS |
+                                  flags_map(flags, svm_flags, ARRAY_SIZE(svm_flags))};
 
         if (!thunk_device_has(kfd(d)->dev, THUNK_FEATURE_SVM))
                 return -EOPNOTSUPP;
-        if (flags & DRIVER_MEM_COHERENT)
-                set |= KFD_IOCTL_SVM_FLAG_COHERENT;
-        if (flags & DRIVER_MEM_EXT_COHERENT)
-                set |= KFD_IOCTL_SVM_FLAG_EXT_COHERENT;
-        if (flags & DRIVER_MEM_READ_ONLY)
-                set |= KFD_IOCTL_SVM_FLAG_GPU_RO;
-        if (flags & DRIVER_MEM_EXECUTABLE)
-                set |= KFD_IOCTL_SVM_FLAG_GPU_EXEC;
-        a = (ThunkSvmAttr){KFD_IOCTL_SVM_ATTR_SET_FLAGS, set};
         /* SVM applies to the address space of the KFD process: the daemon's, where these pages are mapped */
         return thunk_svm_set(kfd(d)->primary, va, size, &a, 1);
 }
@@ -785,6 +779,8 @@ static int k_test_faults(Driver *d, const char *path, char *errbuf, size_t errle
 
 /* the thunk's queue arguments are the seam's, up to the write pointer's file */
 _Static_assert(offsetof(DriverQueueArgs, wptr_fd) == sizeof(ThunkQueueArgs), "queue args layout");
+_Static_assert((int)DRIVER_QUEUE_COMPUTE == (int)THUNK_QUEUE_COMPUTE, "queue type");
+_Static_assert((int)DRIVER_QUEUE_SDMA == (int)THUNK_QUEUE_SDMA, "queue type");
 _Static_assert((int)DRIVER_QUEUE_COMPUTE_AQL == (int)THUNK_QUEUE_COMPUTE_AQL, "queue type");
 _Static_assert((int)DRIVER_QUEUE_SDMA_XGMI == (int)THUNK_QUEUE_SDMA_XGMI, "queue type");
 

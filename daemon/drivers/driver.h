@@ -146,12 +146,8 @@ typedef struct DriverStats {
 } DriverStats;
 
 /* A user-mode queue (the KFD's CREATE_QUEUE): every address a GPU VA of the context it is made in. */
-enum {
-        DRIVER_QUEUE_COMPUTE = 0, /* PM4 */
-        DRIVER_QUEUE_SDMA = 1,
-        DRIVER_QUEUE_COMPUTE_AQL = 2,
-        DRIVER_QUEUE_SDMA_XGMI = 3,
-};
+/* Its types, numbered as KFD's (checked where the kfd driver passes them on); COMPUTE is PM4. */
+enum { DRIVER_QUEUE_COMPUTE, DRIVER_QUEUE_SDMA, DRIVER_QUEUE_COMPUTE_AQL, DRIVER_QUEUE_SDMA_XGMI };
 typedef struct DriverQueueArgs {
         uint32_t gpu_id;
         uint32_t type; /* DRIVER_QUEUE_* */
