@@ -390,9 +390,8 @@ int thunk_va_alloc(ThunkVaSpace *s, uint64_t size, uint64_t align, void *data, u
         if (!s || !ret_addr)
                 return -EINVAL;
         r = check_size(s, size, &need);
-        if (r < 0)
-                return r;
-        r = check_align(align);
+        if (r >= 0)
+                r = check_align(align);
         if (r < 0)
                 return r;
         if (need > s->limit - s->base)
