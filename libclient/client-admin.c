@@ -465,6 +465,26 @@ int gm_admin_quota_get(gm_client *c, const char *class_name, gm_quota **ret, siz
         return r;
 }
 
+int gm_quota_get(gm_client *c, gm_quota **ret, size_t *ret_n)
+{
+        ListOut out;
+        int r;
+
+        if (!c || !ret || !ret_n)
+                return c ? gm_set_reason(c, -EINVAL, "gm_quota_get: a required argument is missing")
+                         : -EINVAL;
+        if (c->protocol_version < 4)
+                return gm_set_reason(c, -EOPNOTSUPP,
+                                     "gpumemd speaks protocol %u; a client's own quota needs 4",
+                                     c->protocol_version);
+        r = gm_request_none(c, GPUMEM__REQUEST__OP_QUOTA, GPUMEM__REPLY__RESULT_QUOTA, quota_take, &out);
+        if (r == 0) {
+                *ret = out.items;
+                *ret_n = out.n;
+        }
+        return r;
+}
+
 int gm_admin_quota_set(gm_client *c, const char *class_name, int resource, uint32_t gpu_id, uint64_t limit,
                        bool force)
 {

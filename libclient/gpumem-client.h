@@ -623,6 +623,11 @@ typedef struct gm_quota {
 int gm_admin_quota_get(gm_client *c, const char *class_name, gm_quota **ret, size_t *ret_n);
 void gm_quota_free(gm_quota *q, size_t n);
 /**
+ * Every limit of the caller's own class with its usage, as gm_admin_quota_get() gives an administrator for
+ * that class; any client may ask (protocol 4: -EOPNOTSUPP from an older daemon). Free with gm_quota_free().
+ */
+int gm_quota_get(gm_client *c, gm_quota **ret, size_t *ret_n);
+/**
  * Change a class's limit at run time (until the next reload of the config file). -EBUSY when the class uses
  * more than @limit, unless @force; -ENOENT no such class; -EINVAL per-GPU limits other than VRAM.
  */

@@ -16,7 +16,7 @@
  * Everything here is checked before anything is allocated or unpacked.
  */
 #define GM_FRAME_MAGIC      0x4d454d47u /* "GMEM" */
-#define GM_PROTOCOL_VERSION 3u
+#define GM_PROTOCOL_VERSION 4u
 /* The oldest version there is: what the daemon answers in before hello agreed on one (every client reads
  * it; the header is the same in every version). */
 #define GM_PROTOCOL_VERSION_MIN 1u

@@ -426,6 +426,22 @@ out:
         return err;
 }
 
+/* A client's own class, as an administrator's admin_quota_get answers for it: any client may ask. */
+int op_quota(ReqCtx *r, const Gpumem__Request *req)
+{
+        Gpumem__AdminQuotaGetReply qr = GPUMEM__ADMIN_QUOTA_GET_REPLY__INIT;
+        Gpumem__QuotaEntry es[_POLICY_RES_MAX + BROKER_MAX_GPUS], *ep[_POLICY_RES_MAX + BROKER_MAX_GPUS];
+        Gpumem__ClassQuota q, *qp = &q;
+
+        (void)req;
+        if (!r->c->cls)
+                return reply_fail(r, -ENOENT, "this connection has no class");
+        fill_class(r->m, r->c->cls, &q, es, ep);
+        qr.n_classes = 1;
+        qr.classes = &qp;
+        return reply_result(r, &qr);
+}
+
 int op_admin_quota_set(ReqCtx *r, const Gpumem__Request *req)
 {
         const Gpumem__AdminQuotaSet *a = req->admin_quota_set;

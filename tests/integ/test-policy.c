@@ -291,6 +291,45 @@ static int beta_limits(void *arg)
         return 0;
 }
 
+/* A tenant reads its own class's limits and usage (the quota op), not another class's and not the admin view.
+ */
+static int alpha_own_quota(void *arg)
+{
+        gm_client *c = NULL;
+        gm_quota *q = NULL;
+        size_t n = 0, seen = 0;
+        void *p = NULL;
+
+        (void)arg;
+        REQUIRE(gm_client_connect(dmn.sock, "alpha-quota", &c) == 0);
+        REQUIRE(gm_malloc(c, 2 * MiB, g0, 0, &p) == 0);
+        REQUIRE(gm_quota_get(c, &q, &n) == 0);
+        for (size_t i = 0; i < n; i++) {
+                REQUIRE(strcmp(q[i].class_name, "alpha") == 0);
+                if (q[i].resource == GM_RESOURCE_VRAM && q[i].gpu_id == 0)
+                        seen += q[i].limit == 8 * MiB && q[i].used == 2 * MiB;
+                if (q[i].resource == GM_RESOURCE_VRAM && q[i].gpu_id == g0)
+                        seen += q[i].limit == 6 * MiB && q[i].used == 2 * MiB;
+                if (q[i].resource == GM_RESOURCE_HANDLES)
+                        seen += q[i].limit == 6 && q[i].used == 1;
+                if (q[i].resource == GM_RESOURCE_HOST)
+                        seen += q[i].limit == 4 * MiB && q[i].used == 0;
+        }
+        REQUIRE(seen == 4);
+        gm_quota_free(q, n);
+        REQUIRE(gm_admin_quota_get(c, "alpha", &q, &n) == -EACCES);
+        REQUIRE(gm_quota_get(c, NULL, &n) == -EINVAL);
+        REQUIRE(gm_mem_free(c, p) == 0);
+        gm_client_close(c);
+        return 0;
+}
+
+static void test_own_quota(void)
+{
+        CHECK_EQ(run_as(UID_ALPHA, alpha_own_quota, NULL), 0);
+        wait_class_idle("alpha");
+}
+
 static void test_gpus_and_ops(void)
 {
         CHECK_EQ(run_as(UID_BETA, beta_limits, NULL), 0);
@@ -583,6 +622,7 @@ int main(void)
                 {"two clients of one class share its quota, another class is unaffected", test_shared_quota},
                 {"every memory path is charged and refunded", test_every_path},
                 {"GPUs and operations a class may use", test_gpus_and_ops},
+                {"a tenant reads its own class's limits and usage", test_own_quota},
                 {"admin plane: clients, allocations, quota show and set", test_admin_plane},
                 {"SIGHUP reload: a bad file changes nothing", test_reload},
                 {"ledger equals the model after random sequences and kills", test_random_and_kills},
