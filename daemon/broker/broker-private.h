@@ -269,7 +269,7 @@ int broker_take_va(BrokerClient *c, uint64_t size, uint64_t align, uint64_t fixe
                    Reason *w);
 int broker_check_alignment(uint64_t align, Reason *w);
 int broker_destroy_alloc(BrokerClient *c, Obj *o, bool teardown, Reason *w);
-void broker_phys_maybe_destroy(BrokerClient *c, Obj *o);
+int broker_phys_maybe_destroy(BrokerClient *c, Obj *o, bool teardown, Reason *w);
 bool broker_in_window(const BrokerClient *c, uint64_t va, uint64_t size);
 Obj *broker_obj_at(const BrokerClient *c, uint64_t va);
 VmmMap *broker_map_at(const Obj *res, uint64_t va);
@@ -277,7 +277,7 @@ VmmMap *broker_map_at(const Obj *res, uint64_t va);
 /* vmm.c: reservations' mappings and their grants */
 Obj *broker_reservation_at(const BrokerClient *c, uint64_t va);
 int broker_map_revoke_all(Broker *b, VmmMap *m);
-void broker_map_destroy(BrokerClient *c, VmmMap *m);
+int broker_map_destroy(BrokerClient *c, VmmMap *m, bool teardown, Reason *w);
 int broker_set_gpu_access(BrokerClient *c, DriverCtx *ctx, VmmMap *m, uint32_t gpu_id, int access, Reason *w);
 
 /* dmabuf.c */

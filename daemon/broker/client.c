@@ -91,7 +91,7 @@ static void teardown_mappings(BrokerClient *c, Obj *res, size_t *budget)
                 VmmMap *m = vo.data;
                 (void)broker_map_revoke_all(c->b,
                                             m); /* what the driver refused goes with the context below */
-                broker_map_destroy(c, m);
+                (void)broker_map_destroy(c, m, true, NULL);
                 (*budget)--;
         }
 }
@@ -110,7 +110,7 @@ static void teardown_object(BrokerClient *c, Obj *o)
                 /* every mapping went first, so nothing else refers to it */
                 o->client_refs = 0;
                 o->map_refs = 0;
-                broker_phys_maybe_destroy(c, o);
+                (void)broker_phys_maybe_destroy(c, o, true, NULL);
                 return;
         case BROKER_KIND_RESERVATION:
                 thunk_va_space_free(o->maps);

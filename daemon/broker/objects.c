@@ -224,23 +224,35 @@ static int free_alloc(BrokerClient *c, Obj *o, Reason *w)
         return 0;
 }
 
-/* A VMM handle or import nobody names or maps any more: free its BO. */
-void broker_phys_maybe_destroy(BrokerClient *c, Obj *o)
+/*
+ * A VMM handle or import nobody names or maps any more: free its BO, then the object, out of the client's
+ * handles if it is still there. A free the driver refuses leaves all as it was and is returned, except at
+ * the client's teardown (@teardown), where the release of its context takes what the driver kept.
+ */
+int broker_phys_maybe_destroy(BrokerClient *c, Obj *o, bool teardown, Reason *w)
 {
-        int tmp_fd = -1;
+        int tmp_fd = -1, r;
 
         if (o->client_refs > 0 || o->map_refs > 0)
-                return;
+                return 0;
         if (o->mem && o->handed_out && driver_mem_export(c->b->drv, o->mem, &tmp_fd) < 0)
                 tmp_fd = -1;
-        if (o->mem)
-                (void)driver_mem_free(c->b->drv, o->mem);
+        r = o->mem ? driver_mem_free(c->b->drv, o->mem) : 0;
+        if (r < 0 && !teardown) {
+                safe_close(tmp_fd);
+                return reason_set(w, r, "the driver refused to free the memory of %s 0x%llx: %s",
+                                  o->kind == BROKER_KIND_IMPORT ? "import" : "VMM handle",
+                                  (unsigned long long)o->handle, strerror(-r));
+        }
+        if (hashmap_get(&c->objs, o->handle) == o)
+                hashmap_remove(&c->objs, o->handle);
         broker_share_obj_gone(c, o);
         broker_linger_start(c, o, tmp_fd);
         safe_close(tmp_fd);
         broker_obj_forget_file(c->b, o);
         broker_charge_obj_give(c, o);
         free(o);
+        return 0;
 }
 
 int broker_mem_free(BrokerClient *c, uint64_t handle, Reason *w)

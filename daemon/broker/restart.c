@@ -632,8 +632,8 @@ int broker_carry_restore_map(BrokerClient *c, const BrokerCarryMap *k, Reason *w
         }
         if (r < 0) {
                 (void)broker_map_revoke_all(c->b, m);
-                broker_map_destroy(c,
-                                   m); /* the handle is held (client_refs ≥ 1) until broker_carry_finish() */
+                /* the handle is held (client_refs ≥ 1) until broker_carry_finish(): nothing to refuse */
+                (void)broker_map_destroy(c, m, false, NULL);
                 return r;
         }
         m->cpu_access = k->cpu_access;
@@ -679,10 +679,12 @@ int broker_carry_finish(BrokerClient *c, Reason *w)
                         r = reason_set(w, -EINVAL,
                                        "VMM handle 0x%llx was kept only by mappings, none came back",
                                        (unsigned long long)o->handle);
-                if (--o->client_refs == 0) {
+                if (--o->client_refs > 0)
+                        continue;
+                if (o->map_refs > 0)
                         hashmap_remove(&c->objs, o->handle);
-                        broker_phys_maybe_destroy(c, o);
-                }
+                else if (broker_phys_maybe_destroy(c, o, false, NULL) < 0)
+                        o->client_refs = 1; /* the driver keeps its memory: the handle stays */
         }
         broker_process_events(c->b);
         return r;

@@ -10,13 +10,18 @@
 int broker_vmm_release(BrokerClient *c, uint64_t handle, Reason *w)
 {
         Obj *o = broker_obj_lookup(c, handle);
+        int r;
 
         if (!o || (o->kind != BROKER_KIND_VMM && o->kind != BROKER_KIND_IMPORT))
                 return reason_set(w, -ENOENT, "no VMM handle 0x%llx", (unsigned long long)handle);
         if (--o->client_refs > 0)
                 return 0;
-        hashmap_remove(&c->objs, o->handle);
-        broker_phys_maybe_destroy(c, o);
+        if (o->map_refs > 0) {
+                hashmap_remove(&c->objs, o->handle); /* it lives on for its mappings */
+        } else if ((r = broker_phys_maybe_destroy(c, o, false, w)) < 0) {
+                o->client_refs = 1; /* the driver keeps its memory: the handle stays as it was */
+                return r;
+        }
         broker_process_events(c->b);
         return 0;
 }
@@ -260,15 +265,26 @@ int broker_map_revoke_all(Broker *b, VmmMap *m)
         return err;
 }
 
-void broker_map_destroy(BrokerClient *c, VmmMap *m)
+/*
+ * Drop mapping @m (its GPU access gone already), and its handle where nothing else keeps that. Where the
+ * driver refuses to free the handle's memory, the mapping and the handle stay and the error is returned,
+ * except at the client's teardown (@teardown).
+ */
+int broker_map_destroy(BrokerClient *c, VmmMap *m, bool teardown, Reason *w)
 {
         Obj *phys = m->phys;
+        int r;
 
+        phys->map_refs--;
+        r = broker_phys_maybe_destroy(c, phys, teardown, w);
+        if (r < 0) {
+                phys->map_refs++;
+                return r;
+        }
         (void)thunk_va_free(m->res->maps, m->va);
         free(m);
         broker_charge_give(c, &(Charge){.objects = 1});
-        phys->map_refs--;
-        broker_phys_maybe_destroy(c, phys);
+        return 0;
 }
 
 /*
@@ -337,7 +353,9 @@ int broker_vmm_unmap(BrokerClient *c, uint64_t va, uint64_t size, Reason *w)
                 if (r < 0)
                         return reason_set(w, r, "the driver refused to unmap 0x%llx: %s",
                                           (unsigned long long)maps[i]->va, strerror(-r));
-                broker_map_destroy(c, maps[i]);
+                r = broker_map_destroy(c, maps[i], false, w);
+                if (r < 0)
+                        return r;
         }
         broker_process_events(c->b);
         return 0;

@@ -62,14 +62,11 @@ static const char *const share_names[N_NAMES] = {"s0", "s1", "s2", "s3"};
  * are counted.
  */
 enum {
-        /* a driver free refused where the broker ignores it (a release): the memory is left in the driver */
-        KNOWN_IGNORED_FREE,
         /* vmm_set_access fails without a reason when the driver refuses a revoke */
         KNOWN_REVOKE_NO_REASON,
         _KNOWN_MAX,
 };
 static const char *const known_names[_KNOWN_MAX] = {
-        [KNOWN_IGNORED_FREE] = "refused driver free ignored, memory left in the driver",
         [KNOWN_REVOKE_NO_REASON] = "vmm_set_access refused by a revoke says no reason",
 };
 
@@ -190,7 +187,7 @@ typedef struct World {
         bool keep_focus;
         BrokerKind alloc_kind; /* the next allocation's kind, when a call needs one (0: any) */
         int last_rc;           /* of the last broker call checked (1: none) */
-        int no_reason_known;   /* KNOWN_*: the next call may fail without a reason */
+        int no_reason_known;   /* 1 + KNOWN_*: the next call may fail without a reason (0: none) */
         char fault_note[96];   /* the failure injected in the last call, for messages */
         char op[320];
         uint64_t next_tag;
@@ -844,8 +841,8 @@ static void expect_rc(World *w, int r, int want, const Reason *why)
                      strerror(-want), r < 0 ? ": " : "", r < 0 ? why->msg : "");
         if (r < 0) {
                 w->wk->stats.errors++;
-                if (!why->msg[0] && w->no_reason_known && !strict(w, w->no_reason_known))
-                        known(w, w->no_reason_known);
+                if (!why->msg[0] && w->no_reason_known && !strict(w, w->no_reason_known - 1))
+                        known(w, w->no_reason_known - 1);
                 else if (!why->msg[0])
                         fail(w, "failed with %d (%s) without a reason", r, strerror(-r));
         }
@@ -1252,22 +1249,30 @@ static bool is_publishable(const Obj *o)
 
 static bool is_mappable(const Obj *o);
 
+/* Is @o published as a share that readers have open (not revoked)? Its end frees their imports, after @o's
+ * memory: a refusal of those is left to the readers' GPU VMs, so the driver's frees are not failed there. */
+static bool has_readers(const World *w, const Obj *o)
+{
+        for (size_t i = 0; o->share >= 0 && i < w->n_objs; i++)
+                if (w->objs[i].live && w->objs[i].kind == BROKER_KIND_SHARE &&
+                    w->objs[i].reader_of == o->share && !w->objs[i].revoked)
+                        return true;
+        return false;
+}
+
 static void op_free(World *w)
 {
         int ci = pick_client(w), oi, want = 0, r;
         uint64_t h = pick_handle(w, ci, chance(w, 85) ? is_memory : any_obj, &oi);
         Obj *o = oi >= 0 ? &w->objs[oi] : NULL;
         Reason why = {""};
-        bool published = o && o->share >= 0, readers = false;
+        bool readers = o && has_readers(w, o);
 
         describe(w, "client %d free 0x%" PRIx64 " (%s)", ci, h, o ? kind_name(o->kind) : "none");
         if (!o)
                 want = -ENOENT;
         else if (o->kind == BROKER_KIND_RESERVATION)
                 want = -EINVAL;
-        for (size_t i = 0; published && i < w->n_objs; i++)
-                readers |= w->objs[i].live && w->objs[i].kind == BROKER_KIND_SHARE &&
-                           w->objs[i].reader_of == o->share && !w->objs[i].revoked;
         /* a refused free leaves the object and its share as they were (where its share ends, its readers'
          * imports are freed after it, and what the driver refuses of those goes with the readers' GPU VMs:
          * not failed here) */
@@ -1275,9 +1280,9 @@ static void op_free(World *w)
                 static const FakeOp ops[] = {FAKE_OP_UNMAP_ALL, FAKE_OP_FREE};
                 fault_maybe(w, ops, 2);
         }
-        /* a VMM handle or import that goes with this release: the broker ignores a refused free */
+        /* a VMM handle or import that goes with this release: a refused free leaves it as it was */
         if (!want && (o->kind == BROKER_KIND_VMM || o->kind == BROKER_KIND_IMPORT) && o->client_refs == 1 &&
-            o->map_refs == 0 && !readers && strict(w, KNOWN_IGNORED_FREE)) {
+            o->map_refs == 0 && !readers) {
                 static const FakeOp ops[] = {FAKE_OP_FREE};
                 fault_maybe(w, ops, 1);
         }
@@ -1722,6 +1727,9 @@ static void op_vmm_unmap(World *w)
         int ci = pick_client(w), want, r, maps[64];
         uint64_t va, size;
         Reason why = {""};
+        FakeOp ops[2];
+        size_t n_ops = 0;
+        const Obj *phys;
 
         if (!has_map(w, ci) && chance(w, 90)) {
                 instead(w, op_vmm_map);
@@ -1731,15 +1739,22 @@ static void op_vmm_unmap(World *w)
         pick_range(w, ci, &va, &size);
         describe(w, "client %d vmm_unmap 0x%" PRIx64 "+0x%" PRIx64, ci, va, size);
         want = covered(w, ci, va, size, maps, 64);
+        phys = want == 1 ? &w->objs[w->maps[maps[0]].phys] : NULL;
         /* a revoke the driver refuses stops the unmap there; one that is the only grant of the only mapping
          * leaves nothing changed */
-        if (want == 1 && grants_of(&w->maps[maps[0]]) == 1) {
-                static const FakeOp ops[] = {FAKE_OP_REVOKE};
-                fault_maybe(w, ops, 1);
-        }
+        if (want == 1 && grants_of(&w->maps[maps[0]]) == 1)
+                ops[n_ops++] = FAKE_OP_REVOKE;
+        /* the mapping is the last of a released handle, which goes with it: where the driver refuses to free
+         * its memory, the handle and the mapping stay, the mapping's GPU access gone */
+        if (want == 1 && !has_readers(w, phys) && phys->client_refs == 0 && phys->map_refs == 1)
+                ops[n_ops++] = FAKE_OP_FREE;
+        fault_maybe(w, ops, n_ops);
         r = broker_vmm_unmap(w->clients[ci].bc, va, size, &why);
         if (fault_fired(w)) {
                 expect_rc(w, r, w->fault.err, &why);
+                if (w->fault.op == FAKE_OP_FREE)
+                        for (int g = 0; g < N_GPUS; g++)
+                                w->maps[maps[0]].access[g] = BROKER_ACCESS_NONE;
                 return;
         }
         expect_rc(w, r, want < 0 ? want : 0, &why);
@@ -1759,7 +1774,17 @@ static void op_vmm_release(World *w)
         describe(w, "client %d vmm_release 0x%" PRIx64, ci, h);
         if (oi < 0 || !is_phys(&w->objs[oi]))
                 want = -ENOENT;
+        /* its last name, mapped nowhere: a refused free leaves it as it was */
+        if (!want && w->objs[oi].client_refs == 1 && w->objs[oi].map_refs == 0 &&
+            !has_readers(w, &w->objs[oi])) {
+                static const FakeOp ops[] = {FAKE_OP_FREE};
+                fault_maybe(w, ops, 1);
+        }
         r = broker_vmm_release(w->clients[ci].bc, h, &why);
+        if (fault_fired(w)) {
+                expect_rc(w, r, w->fault.err, &why);
+                return;
+        }
         expect_rc(w, r, want, &why);
         if (r < 0)
                 return;
@@ -1952,7 +1977,7 @@ static void op_set_access(World *w)
         r = broker_vmm_set_access(w->clients[ci].bc, va, size, d, n, cpu, &n_cpu, &why);
         note_ctx(w, ci, before);
         if (failed && w->fault.op == FAKE_OP_REVOKE)
-                w->no_reason_known = KNOWN_REVOKE_NO_REASON;
+                w->no_reason_known = 1 + KNOWN_REVOKE_NO_REASON;
         if (fault_fired(w) != (spent && failed && sim_r == w->fault.err))
                 fail(w, "the failure injected in %s %s, the model says it %s", fake_op_name(w->fault.op),
                      spent && failed ? "did not come" : "came",
