@@ -244,7 +244,7 @@ def test_connection(tmp):
         check(c.backend == "model", f"backend {c.backend}")
         check(c.kfd_version == (status["kfd_version"]["major"], status["kfd_version"]["minor"]) == (1, 19),
               f"KFD version {c.kfd_version}")
-        check(c.protocol_version == status["protocol_version"] == 3, f"protocol {c.protocol_version}")
+        check(c.protocol_version == status["protocol_version"] == 4, f"protocol {c.protocol_version}")
         check(c.in_window(base) and c.in_window(base + size - 1) and not c.in_window(base + size), "in_window")
         check(c.ping() is None, "ping")
         check(c.name == "py-session" and f"id={c.id} " in repr(c), f"repr ({c!r})")
@@ -954,7 +954,7 @@ def test_admin(tmp):
             s = adm.status()
             ref = ctl_json(d.sock, "status")
             check(isinstance(s, gpumem.Status) and s.backend == "model" and s.preset == "mi300x" and s.gpus == 8
-                  and s.server_version == w.server_version and s.protocol_version == 3
+                  and s.server_version == w.server_version and s.protocol_version == 4
                   and (s.kfd_major, s.kfd_minor) == (1, 19) and s.pid == d.proc.pid, f"status ({s})")
             check(s.bytes_device == 4 * MiB + 2 * MiB and s.bytes_host == 8192 and s.bytes_managed == 2 * MiB,
                   f"bytes by kind ({s.bytes_device}, {s.bytes_host}, {s.bytes_managed})")
