@@ -317,9 +317,17 @@ int table_new(Ctl *ctl, Table *t, const char *what, const char *columns)
                                 break;
                 if (k == t->n_spec) {
                         char names[512] = "";
-                        for (size_t i = 0; i < t->n_spec; i++)
-                                snprintf(names + strlen(names), sizeof(names) - strlen(names), "%s%s",
-                                         i ? "," : "", spec[i].name);
+                        size_t at = 0;
+                        /* the names joined by commas, as many as fit whole */
+                        for (size_t i = 0; i < t->n_spec; i++) {
+                                size_t n = strlen(spec[i].name);
+                                if (at + 1 + n >= sizeof(names))
+                                        break;
+                                if (i)
+                                        names[at++] = ',';
+                                memcpy(names + at, spec[i].name, n + 1);
+                                at += n;
+                        }
                         scols_unref_table(t->tb);
                         t->tb = NULL;
                         return usage_error("%s has no column '%.*s' (its columns: %s)", what, (int)len, list,
