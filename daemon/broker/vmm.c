@@ -376,13 +376,16 @@ int broker_set_gpu_access(BrokerClient *c, DriverCtx *ctx, VmmMap *m, uint32_t g
         if (g) {
                 r = driver_revoke(c->b->drv, g->m);
                 if (r < 0)
-                        return r;
+                        return reason_set(w, r,
+                                          "the driver refused to take GPU %u's access to 0x%llx away: %s",
+                                          gpu_id, (unsigned long long)m->va, strerror(-r));
                 grant_remove(m, g);
         }
         if (access == BROKER_ACCESS_NONE)
                 return 0;
         if (m->n_gem == BROKER_MAX_GPUS)
-                return -E2BIG;
+                return reason_set(w, -E2BIG, "0x%llx is granted to %d GPUs already, the most",
+                                  (unsigned long long)m->va, BROKER_MAX_GPUS);
         DriverGrant *gm = NULL;
         /* a grant goes through a dmabuf of the memory (KFD: export, then PRIME import): the fd it may
          * cost is paid first */

@@ -27,11 +27,10 @@
  * objects each client names) and the fake driver's (what lives there, where memory is mapped) must be what
  * the model says, and a call that fails must fail with the errno the model expects and change nothing.
  *
- * test-broker-model [--count N] [--from SEED] [--seed SEED] [--jobs N] [--verbose] [--strict[=N]]
- * [--coverage]: 10000 sequences from seed 1 by default (BROKER_MODEL_SEQUENCES sets the count); --seed runs
- * one, --verbose prints each call and its outcome, --coverage how often each kind of call succeeded, and
- * --strict expects what the documents say where the broker is known to differ (KNOWN below). A failure
- * names its seed, the call and what differs.
+ * test-broker-model [--count N] [--from SEED] [--seed SEED] [--jobs N] [--verbose] [--coverage]: 10000
+ * sequences from seed 1 by default (BROKER_MODEL_SEQUENCES sets the count); --seed runs one, --verbose prints
+ * each call and its outcome, --coverage how often each kind of call succeeded. A failure names its seed, the
+ * call and what differs.
  */
 
 #define N_GPUS     3
@@ -54,21 +53,6 @@
 static const uint32_t gpu_ids[N_GPUS] = {101, 202, 303};
 static const char *const acct_names[N_ACCTS] = {"A0", "A1", "A2"};
 static const char *const share_names[N_NAMES] = {"s0", "s1", "s2", "s3"};
-
-/*
- * Where the broker is known to differ from what docs/policy.md and driver.h say, the model follows the
- * broker, or the sequences do not go there, unless --strict (all of them) or --strict=N (KNOWN_* N alone):
- * then the model expects what the documents say, and the run fails where the broker differs. The cases met
- * are counted.
- */
-enum {
-        /* vmm_set_access fails without a reason when the driver refuses a revoke */
-        KNOWN_REVOKE_NO_REASON,
-        _KNOWN_MAX,
-};
-static const char *const known_names[_KNOWN_MAX] = {
-        [KNOWN_REVOKE_NO_REASON] = "vmm_set_access refused by a revoke says no reason",
-};
 
 typedef enum MemState {
         MEM_LIVE,      /* its object lives: the object pays */
@@ -156,14 +140,12 @@ typedef struct Fault {
 #define N_OP_KINDS 32
 typedef struct Stats {
         uint64_t sequences, operations, injected, errors, restarts, restarts_refused, teardowns;
-        uint64_t known[_KNOWN_MAX];
         uint64_t runs[N_OP_KINDS], ok[N_OP_KINDS]; /* per kind of operation, for --coverage */
 } Stats;
 
 typedef struct World {
         uint64_t seed, rng;
         bool verbose;
-        unsigned strict; /* a bit per KNOWN_*: expect what the documents say */
         Driver *drv;
         Broker *b;
         unsigned caps;
@@ -187,7 +169,6 @@ typedef struct World {
         bool keep_focus;
         BrokerKind alloc_kind; /* the next allocation's kind, when a call needs one (0: any) */
         int last_rc;           /* of the last broker call checked (1: none) */
-        int no_reason_known;   /* 1 + KNOWN_*: the next call may fail without a reason (0: none) */
         char fault_note[96];   /* the failure injected in the last call, for messages */
         char op[320];
         uint64_t next_tag;
@@ -221,13 +202,8 @@ static _Noreturn void fail(World *w, const char *fmt, ...)
         va_end(ap);
         fprintf(stderr, "broker-model: seed %" PRIu64 ", operation %d (%s%s): %s\n", w->seed, w->op_index,
                 w->op, w->fault_note, msg);
-        char flag[32] = "";
-        if (w->strict == (1u << _KNOWN_MAX) - 1)
-                snprintf(flag, sizeof(flag), " --strict");
-        else if (w->strict)
-                snprintf(flag, sizeof(flag), " --strict=%d", __builtin_ctz(w->strict));
-        fprintf(stderr, "broker-model: reproduce with: test-broker-model --seed %" PRIu64 " --verbose%s\n",
-                w->seed, flag);
+        fprintf(stderr, "broker-model: reproduce with: test-broker-model --seed %" PRIu64 " --verbose\n",
+                w->seed);
         exit(EXIT_FAILURE);
 }
 
@@ -292,16 +268,6 @@ static const char *kind_name(BrokerKind k)
                 return "reservation";
         }
         return "?";
-}
-
-static bool strict(const World *w, int which)
-{
-        return w->strict & (1u << which);
-}
-
-static void known(World *w, int which)
-{
-        w->wk->stats.known[which]++;
 }
 
 static BrokerAccount *acct_of(World *w, int ci)
@@ -841,12 +807,9 @@ static void expect_rc(World *w, int r, int want, const Reason *why)
                      strerror(-want), r < 0 ? ": " : "", r < 0 ? why->msg : "");
         if (r < 0) {
                 w->wk->stats.errors++;
-                if (!why->msg[0] && w->no_reason_known && !strict(w, w->no_reason_known - 1))
-                        known(w, w->no_reason_known - 1);
-                else if (!why->msg[0])
+                if (!why->msg[0])
                         fail(w, "failed with %d (%s) without a reason", r, strerror(-r));
         }
-        w->no_reason_known = 0;
 }
 
 /* The context a call of client @ci made in the fake driver, if it made one. */
@@ -1976,8 +1939,6 @@ static void op_set_access(World *w)
         before = fake_ctx_last(w->drv);
         r = broker_vmm_set_access(w->clients[ci].bc, va, size, d, n, cpu, &n_cpu, &why);
         note_ctx(w, ci, before);
-        if (failed && w->fault.op == FAKE_OP_REVOKE)
-                w->no_reason_known = 1 + KNOWN_REVOKE_NO_REASON;
         if (fault_fired(w) != (spent && failed && sim_r == w->fault.err))
                 fail(w, "the failure injected in %s %s, the model says it %s", fake_op_name(w->fault.op),
                      spent && failed ? "did not come" : "came",
@@ -3252,7 +3213,6 @@ static struct {
         pthread_mutex_t lock;
         uint64_t next, end;
         bool verbose, count_fds;
-        unsigned strict;
         Stats stats;
 } run = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
@@ -3263,7 +3223,6 @@ static void run_sequence(Worker *wk, World *w, uint64_t seed)
         memset(w, 0, sizeof(*w));
         w->wk = wk;
         w->verbose = run.verbose;
-        w->strict = run.strict;
         world_start(w, seed);
         for (size_t i = 0; i < sizeof(op_kinds) / sizeof(op_kinds[0]); i++)
                 total += op_kinds[i].weight;
@@ -3348,8 +3307,6 @@ static void *worker(void *arg)
         run.stats.restarts += wk->stats.restarts;
         run.stats.restarts_refused += wk->stats.restarts_refused;
         run.stats.teardowns += wk->stats.teardowns;
-        for (int i = 0; i < _KNOWN_MAX; i++)
-                run.stats.known[i] += wk->stats.known[i];
         for (int i = 0; i < N_OP_KINDS; i++) {
                 run.stats.runs[i] += wk->stats.runs[i];
                 run.stats.ok[i] += wk->stats.ok[i];
@@ -3382,16 +3339,12 @@ int main(int argc, char **argv)
                         jobs = (unsigned)strtoul(argv[++i], NULL, 0);
                 else if (strcmp(argv[i], "--verbose") == 0)
                         run.verbose = true;
-                else if (strcmp(argv[i], "--strict") == 0)
-                        run.strict = (1u << _KNOWN_MAX) - 1;
-                else if (strncmp(argv[i], "--strict=", 9) == 0)
-                        run.strict = 1u << strtoul(argv[i] + 9, NULL, 0);
                 else if (strcmp(argv[i], "--coverage") == 0)
                         coverage = true;
                 else {
                         fprintf(stderr,
                                 "usage: %s [--count N] [--from SEED] [--seed SEED] [--jobs N] [--verbose] "
-                                "[--strict[=N]] [--coverage]\n",
+                                "[--coverage]\n",
                                 argv[0]);
                         return 2;
                 }
@@ -3441,10 +3394,5 @@ int main(int argc, char **argv)
         for (size_t i = 0; coverage && i < sizeof(op_kinds) / sizeof(op_kinds[0]); i++)
                 printf("broker-model: %-15s %8" PRIu64 " made, %8" PRIu64 " succeeded\n", op_kinds[i].name,
                        run.stats.runs[i], run.stats.ok[i]);
-        for (int i = 0; i < _KNOWN_MAX; i++)
-                if (run.stats.known[i])
-                        printf("broker-model: known difference from the documents, met %" PRIu64
-                               " times: %s\n",
-                               run.stats.known[i], known_names[i]);
         return 0;
 }
