@@ -44,10 +44,7 @@ static bool check(const void *p, size_t size, uint32_t seed)
 typedef struct FdMsg {
         char byte;
         struct iovec iov;
-        union {
-                char buf[CMSG_SPACE(sizeof(int))];
-                struct cmsghdr align;
-        } u;
+        _Alignas(struct cmsghdr) char cbuf[CMSG_SPACE(sizeof(int))];
         struct msghdr msg;
 } FdMsg;
 
@@ -58,8 +55,8 @@ static struct msghdr *fd_msg(FdMsg *m)
         m->iov = (struct iovec){&m->byte, 1};
         m->msg.msg_iov = &m->iov;
         m->msg.msg_iovlen = 1;
-        m->msg.msg_control = m->u.buf;
-        m->msg.msg_controllen = sizeof(m->u.buf);
+        m->msg.msg_control = m->cbuf;
+        m->msg.msg_controllen = sizeof(m->cbuf);
         return &m->msg;
 }
 
