@@ -20,6 +20,7 @@
 #include "base/log.h"
 #include "config/policy.h"
 #include "server/window.h"
+#include "ops/request.h"
 
 /* What this build writes: the format's revision (a test build stands for a later one with a higher one). */
 #ifndef CARRY_REVISION
@@ -142,24 +143,20 @@ static int collect_object(void *arg, const BrokerCarry *k)
                 safe_close(fd);
                 return -ENOMEM;
         }
-        gpumemd__handover_object__init(o);
         h->objects[h->n_objects++] = o;
-        o->mapped = malloc((k->n_mapped ? k->n_mapped : 1) * sizeof(uint32_t));
+        /* Bin-packed by hand: clang-format would put a designated initializer one member to a line. */
+        // clang-format off
+        *o = (Gpumemd__HandoverObject){
+                MSG_INIT(gpumemd__handover_object), OPT(handle, k->handle), OPT(kind, (uint32_t)k->kind),
+                OPT(va, k->va), OPT(size, k->size), OPT(gpu_id, k->gpu_id), OPT(flags, k->flags),
+                OPT(numa_node, k->numa_node), OPT(exports, k->exports), OPT(handed_out, k->handed_out),
+                .mapped = malloc((k->n_mapped ? k->n_mapped : 1) * sizeof(uint32_t))
+        };
+        // clang-format on
         if (!o->mapped) {
                 safe_close(fd);
                 return -ENOMEM;
         }
-        o->has_handle = o->has_kind = o->has_va = o->has_size = o->has_gpu_id = true;
-        o->has_flags = o->has_numa_node = o->has_exports = o->has_handed_out = true;
-        o->handle = k->handle;
-        o->kind = (uint32_t)k->kind;
-        o->va = k->va;
-        o->size = k->size;
-        o->gpu_id = k->gpu_id;
-        o->flags = k->flags;
-        o->numa_node = k->numa_node;
-        o->exports = k->exports;
-        o->handed_out = k->handed_out;
         o->n_mapped = k->n_mapped;
         memcpy(o->mapped, k->mapped, k->n_mapped * sizeof(uint32_t));
         if (k->kind == BROKER_KIND_VMM || k->kind == BROKER_KIND_IMPORT) {
@@ -522,22 +519,17 @@ static int restore_objects(const CarryHost *host, Conn *c, const Gpumemd__Handov
                 const Gpumemd__HandoverObject *ho = h->objects[i];
                 if ((ho->kind == BROKER_KIND_IMPORT || ho->kind == BROKER_KIND_SHARE) != imports)
                         continue;
+                /* Bin-packed by hand: clang-format puts a designated initializer one member to a line. */
+                // clang-format off
                 BrokerCarry k = {
-                        .handle = ho->handle,
-                        .kind = (BrokerKind)ho->kind,
-                        .va = ho->va,
-                        .size = ho->size,
-                        .gpu_id = ho->gpu_id,
-                        .flags = ho->flags,
-                        .numa_node = ho->has_numa_node ? ho->numa_node : -1,
-                        .exports = ho->exports,
-                        .handed_out = ho->handed_out,
-                        .client_refs = ho->has_client_refs ? ho->client_refs : 1,
-                        .foreign = ho->foreign,
-                        .read_only = ho->read_only,
-                        .n_mapped = ho->n_mapped,
+                        .handle = ho->handle, .kind = (BrokerKind)ho->kind, .va = ho->va, .size = ho->size,
+                        .gpu_id = ho->gpu_id, .flags = ho->flags,
+                        .numa_node = ho->has_numa_node ? ho->numa_node : -1, .exports = ho->exports,
+                        .handed_out = ho->handed_out, .client_refs = ho->has_client_refs ? ho->client_refs : 1,
+                        .foreign = ho->foreign, .read_only = ho->read_only, .n_mapped = ho->n_mapped,
                         .fd = ho->has_fd_index ? passed_take(passed, ho->fd_index) : -ENOENT,
                 };
+                // clang-format on
                 Reason w = {""};
                 BrokerSvmCall *svm;
                 k.share_name = ho->share_name;
@@ -743,21 +735,16 @@ static void restore_shares(Manager *m, const Gpumemd__HandoverState *st, Passed 
         }
         for (size_t i = 0; i < st->n_shares; i++) {
                 const Gpumemd__HandoverShare *h = st->shares[i];
+                /* Bin-packed by hand: clang-format puts a designated initializer one member to a line. */
+                // clang-format off
                 BrokerCarryShare k = {
-                        .name = h->name,
-                        .kind = (BrokerKind)h->kind,
-                        .gpu_id = h->gpu_id,
-                        .va = h->va,
-                        .size = h->size,
-                        .read_only = h->read_only,
-                        .persistent = h->persistent,
-                        .owner_tag = h->owner_id,
-                        .src_handle = h->src_handle,
-                        .class_name = h->class_name,
-                        .published_usec = h->published_real_usec,
-                        .opens = h->opens,
+                        .name = h->name, .kind = (BrokerKind)h->kind, .gpu_id = h->gpu_id, .va = h->va,
+                        .size = h->size, .read_only = h->read_only, .persistent = h->persistent,
+                        .owner_tag = h->owner_id, .src_handle = h->src_handle, .class_name = h->class_name,
+                        .published_usec = h->published_real_usec, .opens = h->opens,
                         .fd = h->has_fd_index ? passed_take(passed, h->fd_index) : -ENOENT,
                 };
+                // clang-format on
                 Reason w = {""};
                 int r = broker_carry_share_restore(m->broker, &k, &w);
                 if (r < 0)

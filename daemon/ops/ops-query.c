@@ -60,35 +60,21 @@ static int topology_pack(const ThunkTopology *t, bool with_props, uint8_t **ret,
                 uint64_t sysmem = thunk_node_system_bytes(n);
                 bool large_bar = thunk_node_has_public_vram(n);
 
-                gpumem__topology_node__init(o);
+                /* Bin-packed by hand: clang-format puts a designated initializer one member to a line. */
+                // clang-format off
+                *o = (Gpumem__TopologyNode){
+                        MSG_INIT(gpumem__topology_node), OPT(node_id, n->node_id), OPT(gpu_id, n->gpu_id),
+                        OPT(is_gpu, n->is_gpu), .name = (char *)n->name, OPT(cpu_cores, n->cpu_cores_count),
+                        OPT(simd_count, n->simd_count), OPT(local_mem_size, n->local_mem_size),
+                        OPT(gfx_target_version, n->gfx_target_version), OPT(vendor_id, n->vendor_id),
+                        OPT(device_id, n->device_id), OPT(pci_domain, n->domain),
+                        OPT(pci_location, n->location_id), OPT(drm_render_minor, n->drm_render_minor),
+                        OPT(hive_id, n->hive_id), OPT(numa_node, n->numa_node), OPT(capability, n->capability),
+                        .has_large_bar = n->is_gpu, .large_bar = large_bar,
+                        .has_system_mem_size = sysmem != 0, .system_mem_size = sysmem
+                };
+                // clang-format on
                 b.node_ptrs[i] = o;
-                o->has_node_id = o->has_gpu_id = o->has_is_gpu = true;
-                o->node_id = n->node_id;
-                o->gpu_id = n->gpu_id;
-                o->is_gpu = n->is_gpu;
-                o->name = (char *)n->name;
-                o->has_cpu_cores = o->has_simd_count = o->has_local_mem_size = true;
-                o->cpu_cores = n->cpu_cores_count;
-                o->simd_count = n->simd_count;
-                o->local_mem_size = n->local_mem_size;
-                o->has_gfx_target_version = o->has_vendor_id = o->has_device_id = true;
-                o->gfx_target_version = n->gfx_target_version;
-                o->vendor_id = n->vendor_id;
-                o->device_id = n->device_id;
-                o->has_pci_domain = o->has_pci_location = o->has_drm_render_minor = true;
-                o->pci_domain = n->domain;
-                o->pci_location = n->location_id;
-                o->drm_render_minor = n->drm_render_minor;
-                o->has_hive_id = o->has_numa_node = o->has_capability = true;
-                o->hive_id = n->hive_id;
-                o->numa_node = n->numa_node;
-                o->capability = n->capability;
-                o->has_large_bar = n->is_gpu;
-                o->large_bar = large_bar;
-                if (sysmem) {
-                        o->has_system_mem_size = true;
-                        o->system_mem_size = sysmem;
-                }
                 if (with_props) {
                         o->properties = &b.prop_ptrs[pi];
                         o->n_properties = n->props.n;
@@ -149,7 +135,6 @@ int op_topology(ReqCtx *r, const Gpumem__Request *req)
 
 int op_tile_config(ReqCtx *r, const Gpumem__Request *req)
 {
-        Gpumem__TileConfigReply tr = GPUMEM__TILE_CONFIG_REPLY__INIT;
         uint32_t gpu_id = req->tile_config->gpu_id;
         DriverTileConfig t;
         int err;
@@ -160,14 +145,14 @@ int op_tile_config(ReqCtx *r, const Gpumem__Request *req)
         if (err < 0)
                 return reply_fail(r, err, "the driver cannot report GPU %u's tiling: %s", gpu_id,
                                   strerror(-err));
-        tr.has_gb_addr_config = tr.has_num_banks = tr.has_num_ranks = true;
-        tr.gb_addr_config = t.gb_addr_config;
-        tr.num_banks = t.num_banks;
-        tr.num_ranks = t.num_ranks;
-        tr.n_tile_config = t.n_tile;
-        tr.tile_config = t.tile;
-        tr.n_macro_tile_config = t.n_macro;
-        tr.macro_tile_config = t.macro;
+        /* Bin-packed by hand: clang-format would put a designated initializer one member to a line. */
+        // clang-format off
+        Gpumem__TileConfigReply tr = {
+                MSG_INIT(gpumem__tile_config_reply), OPT(gb_addr_config, t.gb_addr_config),
+                OPT(num_banks, t.num_banks), OPT(num_ranks, t.num_ranks), .n_tile_config = t.n_tile,
+                .tile_config = t.tile, .n_macro_tile_config = t.n_macro, .macro_tile_config = t.macro
+        };
+        // clang-format on
         return reply_result(r, &tr);
 }
 

@@ -163,22 +163,16 @@ int op_share_revoke(ReqCtx *r, const Gpumem__Request *req)
 
 static void info_to_proto(const BrokerShareInfo *s, Gpumem__ShareInfo *p)
 {
-        gpumem__share_info__init(p);
-        p->name = (char *)s->name;
-        p->owner_class = (char *)s->class_name;
-        p->has_owner_client_id = p->has_kind = p->has_size = p->has_va = p->has_read_only =
-                p->has_persistent = p->has_readers = p->has_published_usec = p->has_gpu_id = p->has_opens =
-                        true;
-        p->owner_client_id = s->owner_tag;
-        p->kind = (Gpumem__MemKind)s->kind;
-        p->size = s->size;
-        p->va = s->va;
-        p->read_only = s->read_only;
-        p->persistent = s->persistent;
-        p->readers = s->readers;
-        p->published_usec = s->published_usec;
-        p->gpu_id = s->gpu_id;
-        p->opens = s->opens;
+        /* Bin-packed by hand: clang-format would put a designated initializer one member to a line. */
+        // clang-format off
+        *p = (Gpumem__ShareInfo){
+                MSG_INIT(gpumem__share_info), .name = (char *)s->name, .owner_class = (char *)s->class_name,
+                OPT(owner_client_id, s->owner_tag), OPT(kind, (Gpumem__MemKind)s->kind), OPT(size, s->size),
+                OPT(va, s->va), OPT(read_only, s->read_only), OPT(persistent, s->persistent),
+                OPT(readers, s->readers), OPT(published_usec, s->published_usec), OPT(gpu_id, s->gpu_id),
+                OPT(opens, s->opens)
+        };
+        // clang-format on
 }
 
 int op_admin_shares(ReqCtx *r, const Gpumem__Request *req)
