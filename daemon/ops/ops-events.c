@@ -125,11 +125,9 @@ int op_event_create(ReqCtx *r, const Gpumem__Request *req)
         WITH_CLIENT(r, bc);
 
         err = broker_event_create(bc, a->type, a->auto_reset, a->page_va, &id, &slot, &w);
-        if (err < 0)
-                return reply_fail_why(r, err, &w);
         Gpumem__EventCreateReply cr = {MSG_INIT(gpumem__event_create_reply), OPT(event_id, id),
                                        OPT(slot_index, slot)};
-        return reply_result(r, &cr);
+        return reply_result_or_why(r, err, &w, &cr);
 }
 
 int op_event_destroy(ReqCtx *r, const Gpumem__Request *req)

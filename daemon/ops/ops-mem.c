@@ -46,6 +46,11 @@ int reply_empty_or_why(ReqCtx *r, int err, const Reason *w)
         return err < 0 ? reply_fail_why(r, err, w) : reply_empty(r);
 }
 
+int reply_result_or_why(ReqCtx *r, int err, const Reason *w, void *result)
+{
+        return err < 0 ? reply_fail_why(r, err, w) : reply_result(r, result);
+}
+
 int req_call_id(ReqCtx *r, uint32_t id, int (*fn)(BrokerClient *bc, uint32_t id, Reason *w))
 {
         Reason w = {""};
@@ -434,26 +439,22 @@ int op_vmm_retain(ReqCtx *r, const Gpumem__Request *req)
         WITH_CLIENT(r, bc);
 
         err = broker_vmm_retain(bc, req->vmm_retain->va, &handle, &w);
-        if (err < 0)
-                return reply_fail_why(r, err, &w);
         Gpumem__VmmRetainReply rr = {MSG_INIT(gpumem__vmm_retain_reply), OPT(handle, handle)};
-        return reply_result(r, &rr);
+        return reply_result_or_why(r, err, &w, &rr);
 }
 
 int op_vmm_properties(ReqCtx *r, const Gpumem__Request *req)
 {
-        BrokerProps p;
+        BrokerProps p = {0};
         Reason w = {""};
         int err;
         WITH_CLIENT(r, bc);
 
         err = broker_vmm_properties(bc, req->vmm_properties->handle, &p, &w);
-        if (err < 0)
-                return reply_fail_why(r, err, &w);
         Gpumem__VmmPropertiesReply pr = {MSG_INIT(gpumem__vmm_properties_reply),
                                          OPT(kind, (Gpumem__MemKind)p.kind), OPT(gpu_id, p.gpu_id),
                                          OPT(size, p.size), OPT(flags, p.flags)};
-        return reply_result(r, &pr);
+        return reply_result_or_why(r, err, &w, &pr);
 }
 
 /* ---- sharing ------------------------------------------------------------------------------------------- */

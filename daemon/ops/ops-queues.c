@@ -26,11 +26,9 @@ int op_queue_create(ReqCtx *r, const Gpumem__Request *req)
         WITH_CLIENT(r, bc);
 
         err = broker_queue_create(bc, &q, &id, &db, &w);
-        if (err < 0)
-                return reply_fail_why(r, err, &w);
         Gpumem__QueueCreateReply qr = {MSG_INIT(gpumem__queue_create_reply), OPT(queue_id, id),
                                        OPT(doorbell_offset, db)};
-        return reply_result(r, &qr);
+        return reply_result_or_why(r, err, &w, &qr);
 }
 
 int op_queue_destroy(ReqCtx *r, const Gpumem__Request *req)

@@ -141,6 +141,8 @@ int conn_books_new(Conn *c);
 int reply_fail_why(ReqCtx *r, int err, const Reason *w);
 /* The answer to a broker call that returned @err: Empty, or its reason @w. */
 int reply_empty_or_why(ReqCtx *r, int err, const Reason *w);
+/* The same with the reply @result the call's outputs filled (only read when @err >= 0). */
+int reply_result_or_why(ReqCtx *r, int err, const Reason *w, void *result);
 /* An op on one object of the client's books named by @id (an event, a queue): @fn, answered Empty. */
 int req_call_id(ReqCtx *r, uint32_t id, int (*fn)(BrokerClient *bc, uint32_t id, Reason *w));
 
