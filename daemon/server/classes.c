@@ -2,6 +2,7 @@
 #include "classes.h"
 
 #include <errno.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -231,33 +232,27 @@ void classes_free_all(Manager *m)
         m->policy = policy_free(m->policy);
 }
 
+/* Where a class keeps its limit on each resource (VRAM's on all GPUs): offsets in its ClassState. */
+static const size_t limit_at[_POLICY_RES_MAX] = {
+        [POLICY_RES_VRAM] = offsetof(ClassState, acct.max_vram),
+        [POLICY_RES_HOST] = offsetof(ClassState, acct.max_host),
+        [POLICY_RES_MANAGED] = offsetof(ClassState, acct.max_managed),
+        [POLICY_RES_HANDLES] = offsetof(ClassState, acct.max_handles),
+        [POLICY_RES_FDS] = offsetof(ClassState, acct.max_fds),
+        [POLICY_RES_CONNECTIONS] = offsetof(ClassState, max_connections),
+        [POLICY_RES_INFLIGHT] = offsetof(ClassState, max_inflight),
+        [POLICY_RES_WINDOWS] = offsetof(ClassState, max_windows),
+        [POLICY_RES_QUEUES] = offsetof(ClassState, acct.max_queues),
+};
+
 /* Where a class keeps its limit on @r: for VRAM, on the GPU of index @gi, or on all of them (-1). */
 static uint64_t *limit_of(ClassState *s, PolicyResource r, int gi)
 {
-        BrokerAccount *a = &s->acct;
-
-        switch (r) {
-        case POLICY_RES_VRAM:
-                return gi >= 0 ? &a->max_vram_gpu[gi] : &a->max_vram;
-        case POLICY_RES_HOST:
-                return &a->max_host;
-        case POLICY_RES_MANAGED:
-                return &a->max_managed;
-        case POLICY_RES_HANDLES:
-                return &a->max_handles;
-        case POLICY_RES_FDS:
-                return &a->max_fds;
-        case POLICY_RES_CONNECTIONS:
-                return &s->max_connections;
-        case POLICY_RES_INFLIGHT:
-                return &s->max_inflight;
-        case POLICY_RES_WINDOWS:
-                return &s->max_windows;
-        case POLICY_RES_QUEUES:
-                return &a->max_queues;
-        default:
+        if (r == POLICY_RES_VRAM && gi >= 0)
+                return &s->acct.max_vram_gpu[gi];
+        if ((unsigned)r >= _POLICY_RES_MAX)
                 return NULL;
-        }
+        return (uint64_t *)((char *)s + limit_at[r]);
 }
 
 /* What a class uses of @r. Under the account's lock. */
