@@ -72,22 +72,14 @@ int op_admin_clients(ReqCtx *r, const Gpumem__Request *req)
 {
         Manager *m = r->m;
         Gpumem__AdminClientsReply cr = GPUMEM__ADMIN_CLIENTS_REPLY__INIT;
-        Gpumem__ClientInfo *infos, **ptrs;
-        Gpumem__GpuUsage *usage;
-        Gpumem__GpuUsage **usage_ptrs;
+        Gpumem__ClientInfo *infos = NULL, **ptrs;
+        Gpumem__GpuUsage *usage = NULL, **usage_ptrs;
         size_t n = 0, n_usage = 0;
         int err;
 
         size_t max_usage = (m->n_conns ? m->n_conns : 1) * BROKER_MAX_GPUS;
-        infos = calloc(m->n_conns ? m->n_conns : 1, sizeof(*infos));
-        ptrs = calloc(m->n_conns ? m->n_conns : 1, sizeof(*ptrs));
-        usage = calloc(max_usage, sizeof(*usage));
-        usage_ptrs = calloc(max_usage, sizeof(*usage_ptrs));
-        if (!infos || !ptrs || !usage || !usage_ptrs) {
+        if (!REPLY_ITEMS_NEW(infos, ptrs, m->n_conns) || !REPLY_ITEMS_NEW(usage, usage_ptrs, max_usage)) {
                 free(infos);
-                free(ptrs);
-                free(usage);
-                free(usage_ptrs);
                 return reply_fail(r, -ENOMEM, "out of memory listing clients");
         }
         for (Conn *c = m->conns; c && n < m->n_conns; c = c->next) {
@@ -140,9 +132,7 @@ int op_admin_clients(ReqCtx *r, const Gpumem__Request *req)
         cr.clients = ptrs;
         err = reply_result(r, &cr);
         free(infos);
-        free(ptrs);
         free(usage);
-        free(usage_ptrs);
         return err;
 }
 
@@ -276,18 +266,17 @@ int op_admin_allocations(ReqCtx *r, const Gpumem__Request *req)
 {
         const Gpumem__AdminAllocations *a = req->admin_allocations;
         Manager *m = r->m;
-        Gpumem__AdminAllocationsReply ar = GPUMEM__ADMIN_ALLOCATIONS_REPLY__INIT;
+        Gpumem__AdminAllocationsReply ar;
         size_t limit = a->limit && a->limit < ALLOC_PAGE_MAX ? a->limit : ALLOC_PAGE_MAX;
         /* cursor: client id in the high 32 bits, the position in its table in the low 32 */
         uint64_t cid = a->cursor >> 32, next = 0;
         size_t pos = a->cursor & 0xffffffffu, n = 0;
         BrokerObjInfo *objs = calloc(limit, sizeof(*objs));
-        Gpumem__AllocationInfo *infos = calloc(limit, sizeof(*infos));
-        Gpumem__AllocationInfo **ptrs = calloc(limit, sizeof(*ptrs));
+        Gpumem__AllocationInfo *infos = NULL, **ptrs;
         uint64_t *client_of = calloc(limit, sizeof(*client_of));
         int err;
 
-        if (!objs || !infos || !ptrs || !client_of) {
+        if (!objs || !client_of || !REPLY_ITEMS_NEW(infos, ptrs, limit)) {
                 err = reply_fail(r, -ENOMEM, "out of memory listing allocations");
                 goto out;
         }
@@ -324,31 +313,26 @@ int op_admin_allocations(ReqCtx *r, const Gpumem__Request *req)
                 }
         }
         for (size_t i = 0; i < n; i++) {
-                Gpumem__AllocationInfo *o = &infos[i];
-                gpumem__allocation_info__init(o);
-                o->has_client_id = o->has_id = o->has_kind = o->has_size = o->has_gpu_id = o->has_va = true;
-                o->client_id = client_of[i];
-                o->id = objs[i].handle;
-                o->kind = objs[i].kind == BROKER_KIND_RESERVATION ? GPUMEM__MEM_KIND__MEM_KIND_UNSPECIFIED
-                                                                  : (Gpumem__MemKind)objs[i].kind;
-                o->size = objs[i].size;
-                o->gpu_id = objs[i].gpu_id;
-                o->va = objs[i].va;
-                o->n_mapped_gpus = objs[i].n_mapped;
-                o->mapped_gpus = objs[i].mapped;
-                o->has_exports = true;
-                o->exports = objs[i].exports;
-                ptrs[i] = o;
+                BrokerObjInfo *b = &objs[i];
+                Gpumem__MemKind kind = b->kind == BROKER_KIND_RESERVATION
+                                               ? GPUMEM__MEM_KIND__MEM_KIND_UNSPECIFIED
+                                               : (Gpumem__MemKind)b->kind;
+                /* Bin-packed by hand: clang-format puts a designated initializer one member to a line. */
+                // clang-format off
+                infos[i] = (Gpumem__AllocationInfo){
+                        MSG_INIT(gpumem__allocation_info), OPT(client_id, client_of[i]), OPT(id, b->handle),
+                        OPT(kind, kind), OPT(size, b->size), OPT(gpu_id, b->gpu_id), OPT(va, b->va),
+                        .n_mapped_gpus = b->n_mapped, .mapped_gpus = b->mapped, OPT(exports, b->exports)
+                };
+                // clang-format on
+                ptrs[i] = &infos[i];
         }
-        ar.n_allocations = n;
-        ar.allocations = ptrs;
-        ar.has_next_cursor = true;
-        ar.next_cursor = next;
+        ar = (Gpumem__AdminAllocationsReply){MSG_INIT(gpumem__admin_allocations_reply), .n_allocations = n,
+                                             .allocations = ptrs, OPT(next_cursor, next)};
         err = reply_result(r, &ar);
 out:
         free(objs);
         free(infos);
-        free(ptrs);
         free(client_of);
         return err;
 }
@@ -388,19 +372,16 @@ int op_admin_quota_get(ReqCtx *r, const Gpumem__Request *req)
         Manager *m = r->m;
         Gpumem__AdminQuotaGetReply qr = GPUMEM__ADMIN_QUOTA_GET_REPLY__INIT;
         size_t n_classes = 0, per = _POLICY_RES_MAX + BROKER_MAX_GPUS, i = 0;
-        Gpumem__ClassQuota *qs, **qp;
-        Gpumem__QuotaEntry *es, **ep;
+        Gpumem__ClassQuota *qs = NULL, **qp;
+        Gpumem__QuotaEntry *es = NULL, **ep;
         int err;
 
         for (ClassState *s = m->classes; s; s = s->next)
                 n_classes++;
         if (want && *want && !classes_find(m, want))
                 return reply_fail(r, -ENOENT, "no class named '%s'", want);
-        qs = calloc(n_classes ? n_classes : 1, sizeof(*qs));
-        qp = calloc(n_classes ? n_classes : 1, sizeof(*qp));
-        es = calloc((n_classes ? n_classes : 1) * per, sizeof(*es));
-        ep = calloc((n_classes ? n_classes : 1) * per, sizeof(*ep));
-        if (!qs || !qp || !es || !ep) {
+        if (!REPLY_ITEMS_NEW(qs, qp, n_classes) ||
+            !REPLY_ITEMS_NEW(es, ep, (n_classes ? n_classes : 1) * per)) {
                 err = reply_fail(r, -ENOMEM, "out of memory");
                 goto out;
         }
@@ -416,9 +397,7 @@ int op_admin_quota_get(ReqCtx *r, const Gpumem__Request *req)
         err = reply_result(r, &qr);
 out:
         free(qs);
-        free(qp);
         free(es);
-        free(ep);
         return err;
 }
 

@@ -177,31 +177,25 @@ static void info_to_proto(const BrokerShareInfo *s, Gpumem__ShareInfo *p)
 
 int op_admin_shares(ReqCtx *r, const Gpumem__Request *req)
 {
-        Gpumem__AdminSharesReply sr = GPUMEM__ADMIN_SHARES_REPLY__INIT;
         BrokerShareInfo *infos = calloc(SHARES_PER_REPLY, sizeof(*infos));
-        Gpumem__ShareInfo *items = calloc(SHARES_PER_REPLY, sizeof(*items));
-        Gpumem__ShareInfo **ptrs = calloc(SHARES_PER_REPLY, sizeof(*ptrs));
+        Gpumem__ShareInfo *items = NULL, **ptrs;
         size_t cursor = req->admin_shares->has_from ? req->admin_shares->from : 0, n;
         int err;
 
-        if (!infos || !items || !ptrs) {
+        if (!infos || !REPLY_ITEMS_NEW(items, ptrs, SHARES_PER_REPLY)) {
                 free(infos);
                 free(items);
-                free(ptrs);
                 return reply_fail(r, -ENOMEM, "out of memory");
         }
         n = broker_share_list(r->m->broker, &cursor, infos, SHARES_PER_REPLY);
-        sr.has_next = true;
-        sr.next = (uint32_t)cursor;
         for (size_t i = 0; i < n; i++) {
                 info_to_proto(&infos[i], &items[i]);
                 ptrs[i] = &items[i];
         }
-        sr.n_shares = n;
-        sr.shares = ptrs;
+        Gpumem__AdminSharesReply sr = {MSG_INIT(gpumem__admin_shares_reply), .n_shares = n, .shares = ptrs,
+                                       OPT(next, (uint32_t)cursor)};
         err = reply_result(r, &sr);
         free(infos);
         free(items);
-        free(ptrs);
         return err;
 }

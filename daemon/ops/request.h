@@ -125,6 +125,14 @@ int conn_books_new(Conn *c);
 /* An optional field set in such an initializer: its value and its has_ flag. */
 #define OPT(field, value) .has_##field = true, .field = (value)
 /*
+ * A reply's repeated field of @n messages (at least room for one): the zeroed messages at @items and, after
+ * them, the pointers to them that the field holds at @ptrs, in one allocation that free(@items) releases
+ * (messages align as pointers: they begin with one). False when out of memory.
+ */
+#define REPLY_ITEMS_NEW(items, ptrs, n)                                                                      \
+        (((items) = calloc((n) > 0 ? (n) : 1, sizeof(*(items)) + sizeof(*(ptrs)))) != NULL &&                \
+         ((ptrs) = (void *)((items) + ((n) > 0 ? (n) : 1))) != NULL)
+/*
  * The handler and the in-place reader (OpView) of an op whose message is one optional uint64 @field (see
  * req_view_u64), both answered by @answer(r, its value).
  */
