@@ -10,6 +10,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "macro.h"
 #include "model-engines.h"
 
 #define MODEL_ENOTSUPP            524 /* the kernel's internal ENOTSUPP, which reaches user space as is */
@@ -116,10 +117,7 @@ int model_queue_wptr(ModelEngine *e, uint64_t *ret)
 
 static ModelEvent *event_find(ModelCtx *c, uint32_t id)
 {
-        for (size_t i = 0; i < c->n_events; i++)
-                if (c->events[i].id == id)
-                        return &c->events[i];
-        return NULL;
+        return ARRAY_FIND(c->events, c->n_events, id, id);
 }
 
 static bool is_signal_type(uint32_t type)

@@ -42,6 +42,16 @@ static inline uint32_t flags_map(uint32_t f, const FlagMap *map, size_t n)
                 _fd_;                                                                                        \
         })
 
+/* The first of the @n elements of array @a whose @member equals @key, or NULL. */
+#define ARRAY_FIND(a, n, member, key)                                                                        \
+        ({                                                                                                   \
+                __typeof__(&(a)[0]) _found_ = NULL;                                                          \
+                for (size_t _i_ = 0; _i_ < (n) && !_found_; _i_++)                                           \
+                        if ((a)[_i_].member == (key))                                                        \
+                                _found_ = &(a)[_i_];                                                         \
+                _found_;                                                                                     \
+        })
+
 /* Append @item, its next already NULL, to the singly linked list from @head to @tail. */
 #define LIST_APPEND(head, tail, item)                                                                        \
         do {                                                                                                 \

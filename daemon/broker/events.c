@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "base/util.h"
+#include "macro.h"
 
 typedef struct Event {
         uint32_t id;
@@ -63,10 +64,7 @@ size_t client_events_count(const ClientEvents *e)
 
 static Event *find(ClientEvents *e, uint32_t id)
 {
-        for (size_t i = 0; i < e->n; i++)
-                if (e->events[i].id == id)
-                        return &e->events[i];
-        return NULL;
+        return ARRAY_FIND(e->events, e->n, id, id);
 }
 
 static bool is_signal(uint32_t type)

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "broker-private.h"
+#include "macro.h"
 
 /* Is [va, va+size) inside one object of this client's that the GPU reaches from the client's context? (Host
  * memory that is not GTT is registered in the daemon's own context, which a client context does not see.) */
@@ -95,10 +96,7 @@ int broker_queue_create(BrokerClient *c, const DriverQueueArgs *q, uint32_t *ret
 
 static BrokerQueue *queue_find(BrokerClient *c, uint32_t id)
 {
-        for (size_t i = 0; i < c->n_queues; i++)
-                if (c->queues[i].id == id)
-                        return &c->queues[i];
-        return NULL;
+        return ARRAY_FIND(c->queues, c->n_queues, id, id);
 }
 
 int broker_queue_destroy(BrokerClient *c, uint32_t id, Reason *w)

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "broker-private.h"
+#include "macro.h"
 
 int broker_vmm_release(BrokerClient *c, uint64_t handle, Reason *w)
 {
@@ -236,10 +237,7 @@ int broker_vmm_map(BrokerClient *c, uint64_t va, uint64_t size, uint64_t offset,
 
 static GemGrant *grant_of(VmmMap *m, uint32_t gpu_id)
 {
-        for (size_t i = 0; i < m->n_gem; i++)
-                if (m->gem[i].gpu_id == gpu_id)
-                        return &m->gem[i];
-        return NULL;
+        return ARRAY_FIND(m->gem, m->n_gem, gpu_id, gpu_id);
 }
 
 static void grant_remove(VmmMap *m, GemGrant *g)
