@@ -449,13 +449,13 @@ size_t broker_client_list(const BrokerClient *c, size_t *cursor, BrokerObjInfo *
 
         while (n < cap && hashmap_next(&c->objs, &it, NULL, (void **)&o)) {
                 BrokerObjInfo *i = &out[n++];
-                memset(i, 0, sizeof(*i));
-                i->handle = o->handle;
-                i->kind = o->kind;
-                i->size = o->size;
-                i->gpu_id = o->gpu_id;
-                i->va = o->va;
-                i->exports = o->exports;
+                /* Bin-packed by hand: clang-format puts a designated initializer one member to a line. */
+                // clang-format off
+                *i = (BrokerObjInfo){
+                        .handle = o->handle, .kind = o->kind, .size = o->size, .gpu_id = o->gpu_id, .va = o->va,
+                        .exports = o->exports
+                };
+                // clang-format on
                 broker_mapped_gpus_into(c->b, o, i->mapped, &i->n_mapped);
         }
         *cursor = n == cap ? it : 0;

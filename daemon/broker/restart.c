@@ -95,23 +95,16 @@ int broker_client_carry_check(const BrokerClient *c, Reason *w)
 
 static void carry_record(const BrokerClient *c, const Obj *o, BrokerCarry *k)
 {
-        memset(k, 0, sizeof(*k));
-        k->handle = o->handle;
-        k->kind = o->kind;
-        k->va = o->va;
-        k->size = o->size;
-        k->gpu_id = o->gpu_id;
-        k->flags = o->flags;
-        k->numa_node = o->numa_node;
-        k->exports = o->exports;
-        k->handed_out = o->handed_out;
-        k->has_file = o->kind != BROKER_KIND_RESERVATION && o->kind != BROKER_KIND_SHARE;
-        k->client_refs = o->client_refs;
-        k->foreign = o->foreign;
-        k->read_only = o->read_only;
-        k->fd = -1;
-        k->svm = o->svm_log ? o->svm_log->e : NULL;
-        k->n_svm = o->svm_log ? o->svm_log->n : 0;
+        /* Bin-packed by hand: clang-format would put a designated initializer one member to a line. */
+        // clang-format off
+        *k = (BrokerCarry){
+                .handle = o->handle, .kind = o->kind, .va = o->va, .size = o->size, .gpu_id = o->gpu_id,
+                .flags = o->flags, .numa_node = o->numa_node, .exports = o->exports, .handed_out = o->handed_out,
+                .has_file = o->kind != BROKER_KIND_RESERVATION && o->kind != BROKER_KIND_SHARE,
+                .client_refs = o->client_refs, .foreign = o->foreign, .read_only = o->read_only, .fd = -1,
+                .svm = o->svm_log ? o->svm_log->e : NULL, .n_svm = o->svm_log ? o->svm_log->n : 0
+        };
+        // clang-format on
         if (o->kind == BROKER_KIND_SHARE) {
                 /* the reader's part: the share it opened, its role, the GPUs it was granted */
                 k->share_name = o->ref->share->name;
