@@ -358,11 +358,9 @@ int op_vmm_map(ReqCtx *r, const Gpumem__Request *req)
 {
         const Gpumem__VmmMap *a = req->vmm_map;
         Reason w = {""};
-        int err;
         WITH_CLIENT(r, bc);
 
-        err = broker_vmm_map(bc, a->va, a->size, a->offset, a->handle, &w);
-        return reply_empty_or_why(r, err, &w);
+        return reply_empty_or_why(r, broker_vmm_map(bc, a->va, a->size, a->offset, a->handle, &w), &w);
 }
 
 int op_vmm_unmap(ReqCtx *r, const Gpumem__Request *req)
