@@ -972,6 +972,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                         if (fds[i] < 0)
                                 abort();
                 }
+                /* the daemon reads nothing more of a connection while its work is in progress on a worker
+                 * (transport_hold): neither does this, or a free would race the worker's prefetch */
+                while (c->t.held && mgr->shards[0].home && worker_pending(mgr->shards[0].home))
+                        event_base_loop(mgr->base, EVLOOP_ONCE);
+                for (int i = 0; i < 4 && c->t.held; i++)
+                        event_base_loop(mgr->base, EVLOOP_NONBLOCK);
                 request_handle(c, pkt, len, fds, n_fds);
                 /* a violation kills the connection; the loop then frees it, so forget it first */
                 if (c->dead)
