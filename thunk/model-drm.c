@@ -79,8 +79,7 @@ static int gem_handle_for(ModelFile *f, ModelBuf *b, bool read_only, uint32_t *r
         /* lowest free handle >= 1, like the DRM idr */
         while (file_gem(f, h))
                 h++;
-        if (model_grow((void **)&f->gems, &f->cap_gems, f->n_gems + 1, sizeof(*f->gems)) < 0 ||
-            model_buf_allow(b, f) < 0)
+        if (ARRAY_RESERVE(f->gems, f->cap_gems, f->n_gems + 1, 8) < 0 || model_buf_allow(b, f) < 0)
                 return -ENOMEM;
         f->gems[f->n_gems].handle = h;
         f->gems[f->n_gems].buf = b;

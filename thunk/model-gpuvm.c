@@ -65,7 +65,7 @@ static uint8_t *model_buf_bytes(ThunkModel *m, ModelBuf *b, unsigned int access)
         }
         v = view_find(vs, b);
         if (!v) {
-                if (model_grow((void **)&vs->v, &vs->cap, vs->n + 1, sizeof(*vs->v)) < 0)
+                if (ARRAY_RESERVE(vs->v, vs->cap, vs->n + 1, 8) < 0)
                         return NULL;
                 r = model_buf_mmap(b, NULL, b->size, PROT_READ | PROT_WRITE, MAP_SHARED, &p);
                 if (r == -EACCES) {

@@ -147,7 +147,7 @@ static int heap_alloc(ModelHeap *h, uint64_t size, uint64_t *ret_off)
                 if (end > (1ULL << MODEL_HEAP_ORDERS))
                         return -ENOMEM;
                 /* room on the stack for this block's return, before anything changes */
-                if (model_grow((void **)&o->free, &o->cap, o->n_free + o->held + 1, sizeof(*o->free)) < 0)
+                if (ARRAY_RESERVE(o->free, o->cap, o->n_free + o->held + 1, 8) < 0)
                         return -ENOMEM;
                 if (end > h->size) {
                         uint64_t want = h->size ? h->size : 512; /* 2 MiB */

@@ -6,6 +6,7 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+#include "array.h"
 #include "hashmap.h"
 #include "kfd-compat.h"
 #include "model.h"
@@ -296,7 +297,6 @@ typedef struct Call {
 
 /* model.c: objects, fds and dispatch */
 int model_gpu_index(const ThunkModel *m, uint32_t gpu_id);
-int model_grow(void **p, size_t *cap, size_t need, size_t elem);
 ModelFd *model_fd_lookup(ThunkModel *m, int fd);
 /* The lowest free handle id of @pdd for @mem (sets mem->idr); -ENOMEM. */
 int model_idr_alloc(ModelPdd *pdd, ModelMem *mem);

@@ -239,8 +239,7 @@ int model_kfd_create_event(Call *c)
                         limit = KFD_SIGNAL_EVENT_LIMIT;
         }
         id = event_new_id(ctx, signal, limit, &r);
-        if (r == 0 &&
-            model_grow((void **)&ctx->events, &ctx->cap_events, ctx->n_events + 1, sizeof(*ctx->events)) < 0)
+        if (r == 0 && ARRAY_RESERVE(ctx->events, ctx->cap_events, ctx->n_events + 1, 8) < 0)
                 r = -ENOMEM;
         if (r < 0) {
                 if (page_new)
@@ -550,7 +549,7 @@ int model_kfd_create_queue(Call *c)
                 ;
         if (id == MODEL_MAX_QUEUES)
                 return -ENOMEM;
-        if (model_grow((void **)&ctx->queues, &ctx->cap_queues, ctx->n_queues + 1, sizeof(*ctx->queues)) < 0)
+        if (ARRAY_RESERVE(ctx->queues, ctx->cap_queues, ctx->n_queues + 1, 8) < 0)
                 return -ENOMEM;
         r = ctx_doorbell(m, ctx, g, &db);
         if (r < 0)

@@ -34,7 +34,7 @@ static int cpu_maps_load(CpuMaps *cm)
                         if (cm->n && cm->iv[cm->n - 1][1] == s) {
                                 cm->iv[cm->n - 1][1] = e;
                         } else {
-                                if (model_grow((void **)&cm->iv, &cm->cap, cm->n + 1, sizeof(*cm->iv)) < 0) {
+                                if (ARRAY_RESERVE(cm->iv, cm->cap, cm->n + 1, 8) < 0) {
                                         r = -ENOMEM;
                                         break;
                                 }
@@ -129,7 +129,7 @@ void model_svm_release(ThunkModel *m, ModelCtx *c)
 
 static int svm_insert_at(ModelCtx *c, size_t i, const SvmRange *r)
 {
-        if (model_grow((void **)&c->svm, &c->cap_svm, c->n_svm + 1, sizeof(*c->svm)) < 0)
+        if (ARRAY_RESERVE(c->svm, c->cap_svm, c->n_svm + 1, 8) < 0)
                 return -ENOMEM;
         memmove(&c->svm[i + 1], &c->svm[i], (c->n_svm - i) * sizeof(*c->svm));
         c->svm[i] = *r;

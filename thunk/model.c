@@ -26,24 +26,6 @@ int model_gpu_index(const ThunkModel *m, uint32_t gpu_id)
         return -1;
 }
 
-int model_grow(void **p, size_t *cap, size_t need, size_t elem)
-{
-        size_t n;
-        void *q;
-
-        if (need <= *cap)
-                return 0;
-        n = *cap ? *cap * 2 : 8;
-        while (n < need)
-                n *= 2;
-        q = realloc(*p, n * elem);
-        if (!q)
-                return -ENOMEM;
-        *p = q;
-        *cap = n;
-        return 0;
-}
-
 ModelFd *model_fd_lookup(ThunkModel *m, int fd)
 {
         for (size_t i = 0; i < m->n_fds; i++)
@@ -122,7 +104,7 @@ int model_idr_alloc(ModelPdd *pdd, ModelMem *mem)
         if (i == pdd->cap_idr) {
                 size_t old = pdd->cap_idr;
 
-                if (model_grow((void **)&pdd->idr, &pdd->cap_idr, i + 1, sizeof(*pdd->idr)) < 0)
+                if (ARRAY_RESERVE(pdd->idr, pdd->cap_idr, i + 1, 8) < 0)
                         return -ENOMEM;
                 memset(&pdd->idr[old], 0, (pdd->cap_idr - old) * sizeof(*pdd->idr));
         }
@@ -514,7 +496,7 @@ static int fd_add(ThunkModel *m, int kind, ModelCtx *ctx, ModelFile *file, int *
 {
         int fd;
 
-        if (model_grow((void **)&m->fds, &m->cap_fds, m->n_fds + 1, sizeof(*m->fds)) < 0)
+        if (ARRAY_RESERVE(m->fds, m->cap_fds, m->n_fds + 1, 8) < 0)
                 return -ENOMEM;
         fd = fcntl(m->anchor, F_DUPFD_CLOEXEC, 3);
         if (fd < 0)

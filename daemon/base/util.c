@@ -5,25 +5,6 @@
 #include <string.h>
 #include <strings.h>
 
-int array_reserve(void **v, size_t *cap, size_t need, size_t size, size_t first)
-{
-        size_t n = *cap ? *cap : first;
-        void *p;
-
-        if (need <= *cap)
-                return 0;
-        while (n < need)
-                n *= 2;
-        if (n > SIZE_MAX / size)
-                return -ENOMEM;
-        p = realloc(*v, n * size);
-        if (!p)
-                return -ENOMEM;
-        *v = p;
-        *cap = n;
-        return 0;
-}
-
 /* The whole unsigned number at the start of @s, and where it ends: no sign, no blank before it. */
 static int read_number(const char *s, unsigned long long *ret, char **ret_end)
 {

@@ -11,6 +11,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "array.h"
 #include "macro.h"
 
 static inline uint64_t now_usec(clockid_t clock)
@@ -34,13 +35,6 @@ static inline struct timespec timespec_after_usec(clockid_t clock, uint64_t usec
         }
         return ts;
 }
-
-/*
- * Room for @need elements of @size bytes in the array *@v of capacity *@cap: doubled, from @first, until they
- * fit. -ENOMEM leaves the array and its capacity as they were. ARRAY_RESERVE() takes the array itself.
- */
-int array_reserve(void **v, size_t *cap, size_t need, size_t size, size_t first);
-#define ARRAY_RESERVE(v, cap, need, first) array_reserve((void **)&(v), &(cap), (need), sizeof(*(v)), (first))
 
 /* Parse a whole unsigned number (decimal, or 0x hex) with an optional binary size suffix (K, M, G, T). */
 int parse_size(const char *s, uint64_t *ret);
