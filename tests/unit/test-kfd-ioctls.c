@@ -92,6 +92,7 @@ static void test_table_end(void)
 {
         CHECK_EQ(thunk_kfd_command_end(KFD_IOCTL_MINOR_VERSION), AMDKFD_COMMAND_END);
         CHECK_EQ(thunk_kfd_command_end(11), 0x24);
+        CHECK_EQ(thunk_kfd_command_end(10), 0x24); /* older: the 1.11 table, not an empty one */
         CHECK_EQ(thunk_kfd_command_end(12), 0x25);
         for (uint32_t minor = 13; minor < 19; minor++)
                 CHECK_EQ(thunk_kfd_command_end(minor), 0x27);
