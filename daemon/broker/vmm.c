@@ -346,17 +346,18 @@ int broker_vmm_unmap(BrokerClient *c, uint64_t va, uint64_t size, Reason *w)
         r = covered_maps(c, va, size, maps, sizeof(maps) / sizeof(maps[0]), &n, w);
         if (r < 0)
                 return r;
-        for (size_t i = 0; i < n; i++) {
+        /* mapping by mapping: where the driver refuses one, those before it are gone (their refunds are
+         * taken below), it and those after it stay (docs/policy.md) */
+        for (size_t i = 0; i < n && r >= 0; i++) {
                 r = broker_map_revoke_all(c->b, maps[i]);
                 if (r < 0)
-                        return reason_set(w, r, "the driver refused to unmap 0x%llx: %s",
-                                          (unsigned long long)maps[i]->va, strerror(-r));
-                r = broker_map_destroy(c, maps[i], false, w);
-                if (r < 0)
-                        return r;
+                        r = reason_set(w, r, "the driver refused to unmap 0x%llx: %s",
+                                       (unsigned long long)maps[i]->va, strerror(-r));
+                else
+                        r = broker_map_destroy(c, maps[i], false, w);
         }
         broker_process_events(c->b);
-        return 0;
+        return r < 0 ? r : 0;
 }
 
 typedef struct Undo {
