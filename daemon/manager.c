@@ -23,6 +23,7 @@
 #include "server/conn.h"
 #include "server/listener.h"
 #include "frame.h"
+#include "map.h"
 #include "base/handover.h"
 #include "base/log.h"
 #include "ops/request.h"
@@ -513,7 +514,6 @@ static void on_sigusr2(evutil_socket_t sig, short what, void *userdata)
 static void setup_shared_region(Manager *m, const Gpumemd__HandoverState *handed)
 {
         uint64_t size = m->opts.shared_region_size, base = 0;
-        void *p;
         int r = -ENOENT;
 
         if (size == 0)
@@ -530,11 +530,8 @@ static void setup_shared_region(Manager *m, const Gpumemd__HandoverState *handed
                             (unsigned long long)(size >> 30));
                 return;
         }
-        p = mmap((void *)(uintptr_t)base, size, PROT_NONE,
-                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED_NOREPLACE, -1, 0);
-        if (p == MAP_FAILED || (uintptr_t)p != base) {
-                if (p != MAP_FAILED)
-                        munmap(p, size);
+        if (map_at(base, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED_NOREPLACE,
+                   -1, 0) < 0) {
                 (void)thunk_va_free(m->va, base);
                 log_warning("cannot reserve the shared region at 0x%llx: no named shares",
                             (unsigned long long)base);
@@ -542,7 +539,7 @@ static void setup_shared_region(Manager *m, const Gpumemd__HandoverState *handed
         }
         r = broker_share_region(m->broker, base, size);
         if (r < 0) {
-                munmap(p, size);
+                munmap((void *)(uintptr_t)base, size);
                 (void)thunk_va_free(m->va, base);
                 log_warning_errno(r, "cannot set up the shared region: %s", strerror(-r));
                 return;

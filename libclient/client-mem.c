@@ -25,29 +25,14 @@ static uint64_t ptr_u64(const void *p)
 }
 
 /* Put this process's PROT_NONE window reservation back over a range it no longer maps. */
-int gm_map_at(uint64_t va, uint64_t size, int prot, int flags, int fd, uint64_t offset)
-{
-        void *want = (void *)(uintptr_t)va;
-        void *p = mmap(want, size, prot, flags, fd, (off_t)offset);
-
-        if (p == MAP_FAILED)
-                return -errno;
-        if (p != want) { /* a kernel that does not know MAP_FIXED_NOREPLACE takes it for a hint */
-                munmap(p, size);
-                return -EEXIST;
-        }
-        return 0;
-}
-
 static void reserve_again(uint64_t va, uint64_t size)
 {
-        (void)gm_map_at(va, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+        (void)map_at(va, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
 }
 
 static int map_fd_at(uint64_t va, uint64_t size, int fd, uint64_t offset, bool writable)
 {
-        return gm_map_at(va, size, PROT_READ | (writable ? PROT_WRITE : 0), MAP_SHARED | MAP_FIXED, fd,
-                         offset);
+        return map_at(va, size, PROT_READ | (writable ? PROT_WRITE : 0), MAP_SHARED | MAP_FIXED, fd, offset);
 }
 
 static bool in_window(const gm_client *c, uint64_t va, uint64_t size)

@@ -12,6 +12,7 @@
 #include "gpumem-client.h"
 #include "gpumem.pb-c.h"
 #include "hashmap.h"
+#include "map.h"
 #include "view.h"
 #include "wire.h"
 
@@ -87,10 +88,6 @@ static inline void *gm_va_ptr(const gm_client *c, uint64_t va)
 {
         return (void *)(uintptr_t)c->bk->to_ptr(c, va);
 }
-
-/* mmap() at exactly @va, with MAP_FIXED or MAP_FIXED_NOREPLACE in @flags: 0 or a negative errno (-EEXIST:
- * something of this process lies there). */
-int gm_map_at(uint64_t va, uint64_t size, int prot, int flags, int fd, uint64_t offset);
 
 /* Unmap and forget the shares still open (at close, under nothing: no other call runs). */
 void gm_shares_done(gm_client *c);

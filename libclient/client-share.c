@@ -134,8 +134,8 @@ int gm_share_open(gm_client *c, const char *name, unsigned flags, const uint32_t
         gm_reply_free(c, reply);
 
         /* the CPU mapping at the share's address, as every reader has it: never over something of ours */
-        err = gm_map_at(va, size, PROT_READ | (read_only ? 0 : PROT_WRITE), MAP_SHARED | MAP_FIXED_NOREPLACE,
-                        fds[0], 0);
+        err = map_at(va, size, PROT_READ | (read_only ? 0 : PROT_WRITE), MAP_SHARED | MAP_FIXED_NOREPLACE,
+                     fds[0], 0);
         close(fds[0]);
         mapped = err == 0;
         e = err == 0 ? malloc(sizeof(*e)) : NULL;

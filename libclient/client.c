@@ -723,8 +723,8 @@ int gm_call_view(gm_client *c, uint32_t op, const uint8_t *body, size_t len, uin
 
 static int reserve_window(uint64_t base, uint64_t size)
 {
-        return gm_map_at(base, size, PROT_NONE,
-                         MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED_NOREPLACE, -1, 0);
+        return map_at(base, size, PROT_NONE,
+                      MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED_NOREPLACE, -1, 0);
 }
 
 static char *dup_or_empty(const char *s)

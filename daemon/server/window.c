@@ -10,24 +10,18 @@
 #include "core.h"
 #include "base/vaman.h"
 #include "base/util.h"
+#include "map.h"
 
 #ifndef MAP_FIXED_NOREPLACE
 #define MAP_FIXED_NOREPLACE 0x100000
 #endif
 
 /* Reserve [base, base+size) in the daemon; -EEXIST when something of the daemon's already lives there. */
+/* A window's place in the daemon: reserved, never mapped over (0, or -EEXIST where something lies there). */
 static int reserve_here(uint64_t base, uint64_t size)
 {
-        void *want = (void *)(uintptr_t)base;
-        void *p = mmap(want, size, PROT_NONE,
-                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED_NOREPLACE, -1, 0);
-        if (p == MAP_FAILED)
-                return -errno;
-        if (p != want) { /* a kernel that ignores MAP_FIXED_NOREPLACE treats it as a hint */
-                munmap(p, size);
-                return -EEXIST;
-        }
-        return 0;
+        return map_at(base, size, PROT_NONE,
+                      MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED_NOREPLACE, -1, 0);
 }
 
 typedef struct Range {
@@ -100,7 +94,7 @@ static int window_new(Conn *c, uint64_t size, ThunkVaSpace **ret)
                 r = thunk_va_space_new_window(space, size, WINDOW_ALIGN, WINDOW_GUARD, &w);
                 if (r < 0)
                         break;
-                r = reserve_here(thunk_va_space_base(w), size);
+                reserve_here(thunk_va_space_base(w), size);
                 if (r == 0) {
                         *ret = w;
                         break;
