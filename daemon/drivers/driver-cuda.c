@@ -448,12 +448,6 @@ static Driver *c_close(Driver *d)
         return NULL;
 }
 
-static const char *c_name(const Driver *d)
-{
-        (void)d;
-        return "cuda";
-}
-
 static void c_version(const Driver *d, uint32_t *ret_major, uint32_t *ret_minor)
 {
         *ret_major = (uint32_t)cd(d)->api.version / 1000;
@@ -864,7 +858,7 @@ static int c_test_faults(Driver *d, const char *path, char *errbuf, size_t errle
 // clang-format off
 static const DriverOps cuda_ops = {
         /* the driver and its GPUs */
-        .close = c_close, .name = c_name, .version = c_version, .caps = c_caps, .topology = c_topology,
+        .close = c_close, .version = c_version, .caps = c_caps, .topology = c_topology,
         .gpu_count = c_gpu_count, .gpu = c_gpu, .svm_aperture = c_svm_aperture,
         /* GPU contexts */
         .ctx_primary = c_ctx_primary, .ctx_new = c_ctx_new, .ctx_free = c_ctx_free,
@@ -976,6 +970,7 @@ static int cuda_open(const DriverOpenArgs *oa, Driver **ret, char *errbuf, size_
         if (!k)
                 return -ENOMEM;
         k->base.ops = &cuda_ops;
+        k->base.name = "cuda";
         pthread_mutex_init(&k->exports_lock, NULL);
         r = cuda_api_load(&k->api, lib && *lib ? lib : NULL, errbuf, errlen);
         if (r < 0) {

@@ -121,11 +121,6 @@ static Driver *k_close(Driver *d)
         return NULL;
 }
 
-static const char *k_name(const Driver *d)
-{
-        return thunk_device_backend_name(ckfd(d)->dev);
-}
-
 static void k_version(const Driver *d, uint32_t *ret_major, uint32_t *ret_minor)
 {
         thunk_device_version(ckfd(d)->dev, ret_major, ret_minor);
@@ -839,7 +834,7 @@ static int k_ctx_set_interrupt(Driver *d, DriverCtx *ctx, DriverInterruptFn fn, 
 // clang-format off
 static const DriverOps kfd_ops = {
         /* the driver and its GPUs */
-        .close = k_close, .name = k_name, .version = k_version, .caps = k_caps, .topology = k_topology,
+        .close = k_close, .version = k_version, .caps = k_caps, .topology = k_topology,
         .gpu_count = k_gpu_count, .gpu = k_gpu, .svm_aperture = k_svm_aperture,
         /* GPU contexts */
         .ctx_primary = k_ctx_primary, .ctx_new = k_ctx_new, .ctx_free = k_ctx_free,
@@ -884,6 +879,7 @@ int driver_kfd_open(const DriverKfdOptions *o, Driver **ret, char *errbuf, size_
                 return r;
         }
         k->base.ops = &kfd_ops;
+        k->base.name = thunk_device_backend_name(k->dev);
         pthread_mutex_init(&k->listeners_lock, NULL);
         k->primary = thunk_device_primary_context(k->dev);
         k->model = thunk_device_model(k->dev);

@@ -180,7 +180,6 @@ typedef void (*DriverInterruptFn)(void *arg, const DriverInterrupt *irq);
 
 typedef struct DriverOps {
         Driver *(*close)(Driver *d);
-        const char *(*name)(const Driver *d);
         void (*version)(const Driver *d, uint32_t *ret_major, uint32_t *ret_minor);
         unsigned (*caps)(const Driver *d);
         const ThunkTopology *(*topology)(const Driver *d);
@@ -243,6 +242,7 @@ typedef struct DriverOps {
 /* Every driver starts with this; the rest of its struct is its own. */
 struct Driver {
         const DriverOps *ops;
+        const char *name; /* set at open: the KFD driver's depends on the device it found */
 };
 
 /* ---- the calls the broker and the daemon make (thin wrappers over the table) ------------------------ */
@@ -255,7 +255,7 @@ static inline Driver *driver_close(Driver *d)
 /* "kfd", "model", ... */
 static inline const char *driver_name(const Driver *d)
 {
-        return d->ops->name(d);
+        return d->name;
 }
 /* The version of the driver's interface (KFD: the ioctl ABI). */
 static inline void driver_version(const Driver *d, uint32_t *ret_major, uint32_t *ret_minor)

@@ -287,12 +287,6 @@ static Driver *f_close(Driver *d)
         return NULL;
 }
 
-static const char *f_name(const Driver *d)
-{
-        (void)d;
-        return "fake";
-}
-
 static void f_version(const Driver *d, uint32_t *ret_major, uint32_t *ret_minor)
 {
         (void)d;
@@ -956,7 +950,6 @@ static int f_test_faults(Driver *d, const char *path, char *errbuf, size_t errle
 
 static const DriverOps fake_ops = {
         .close = f_close,
-        .name = f_name,
         .version = f_version,
         .caps = f_caps,
         .topology = f_topology,
@@ -1004,6 +997,7 @@ int fake_driver_new(const FakeConfig *cfg, Driver **ret)
         if (!f)
                 return -ENOMEM;
         f->base.ops = &fake_ops;
+        f->base.name = "fake";
         f->cfg = *cfg;
         f->primary.live = true;
         *ret = &f->base;
