@@ -2,6 +2,7 @@
 #pragma once
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -77,6 +78,18 @@ static inline int safe_close(int fd)
                 errno = saved;
         }
         return -1;
+}
+
+/* A close-on-exec copy of @fd above stdio in *@ret_fd, for a caller that hands it on: 0, or -errno with
+ * *@ret_fd untouched. */
+static inline int fd_dup_into(int fd, int *ret_fd)
+{
+        int copy = fcntl(fd, F_DUPFD_CLOEXEC, 3);
+
+        if (copy < 0)
+                return -errno;
+        *ret_fd = copy;
+        return 0;
 }
 
 static inline void closep(int *fd)

@@ -122,17 +122,11 @@ static void carry_record(const BrokerClient *c, const Obj *o, BrokerCarry *k)
  * or an export of device or VMM memory or of an import. */
 static int carry_file(BrokerClient *c, const Obj *o, int *ret_fd)
 {
-        int fd;
-
         if (o->kind == BROKER_KIND_DEVICE || o->kind == BROKER_KIND_VMM || o->kind == BROKER_KIND_IMPORT)
                 return driver_mem_export(c->b->drv, o->mem, ret_fd);
         if (o->memfd < 0)
                 return -EBADF;
-        fd = fcntl(o->memfd, F_DUPFD_CLOEXEC, 3);
-        if (fd < 0)
-                return -errno;
-        *ret_fd = fd;
-        return 0;
+        return fd_dup_into(o->memfd, ret_fd);
 }
 
 /* @o's record with its file, to @fn. */

@@ -760,11 +760,7 @@ static int c_mem_export(Driver *d, DriverMem *m, int *ret_fd)
                 k->exported = m;
                 pthread_mutex_unlock(&k->exports_lock);
         }
-        fd = fcntl(m->export_fd, F_DUPFD_CLOEXEC, 3);
-        if (fd < 0)
-                return -errno;
-        *ret_fd = fd;
-        return 0;
+        return fd_dup_into(m->export_fd, ret_fd);
 }
 
 static bool c_dmabuf_is_own(Driver *d, DriverCtx *ctx, int fd)

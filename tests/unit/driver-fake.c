@@ -703,7 +703,7 @@ static int mem_file(DriverMem *m)
 static int f_mem_export(Driver *d, DriverMem *m, int *ret_fd)
 {
         FakeDriver *f = fk(d);
-        int fd, r;
+        int r;
 
         if (!mem_ok(f, m, "export"))
                 return -EINVAL;
@@ -713,11 +713,7 @@ static int f_mem_export(Driver *d, DriverMem *m, int *ret_fd)
                 return -EINVAL; /* registered pages are the daemon's: it has their file */
         if ((r = mem_file(m)) < 0)
                 return r;
-        fd = fcntl(m->fd, F_DUPFD_CLOEXEC, 3);
-        if (fd < 0)
-                return -errno;
-        *ret_fd = fd;
-        return 0;
+        return fd_dup_into(m->fd, ret_fd);
 }
 
 static bool f_dmabuf_is_own(Driver *d, DriverCtx *ctx, int dmabuf_fd)
