@@ -101,6 +101,9 @@ typedef struct BrokerAccount {
         uint64_t max_host_one;    /* bytes of one host allocation: the daemon populates it itself */
         uint64_t allowed_gpus;    /* bit per broker GPU index; atomic, read without the lock */
         bool import_foreign;
+        /* its clients may run queues in a GPU context shared with other clients' (a driver without a GPU VM
+         * per client); atomic, read without the lock */
+        bool shared_ctx;
         unsigned lingering; /* freed memory still charged here: the account must outlive it */
         unsigned clients;   /* broker clients bound to it, torn-down ones included: the same */
 } BrokerAccount;

@@ -30,6 +30,23 @@ static int check_queue_memory(const BrokerClient *c, const char *what, uint64_t 
         return 0;
 }
 
+/*
+ * A queue runs in the client's GPU context and reaches whatever that context maps. Without a context per
+ * client that is the daemon's own, where every client's memory is mapped: a queue there reads and writes the
+ * other clients' memory, and a fault of it stops every queue there. Only a class that accepts that may.
+ */
+static int check_own_ctx(const BrokerClient *c, Reason *w)
+{
+        if (driver_has(c->b->drv, DRIVER_CAP_PRIVATE_VM) ||
+            (c->acct && __atomic_load_n(&c->acct->shared_ctx, __ATOMIC_RELAXED)))
+                return 0;
+        return reason_set(
+                w, -EOPNOTSUPP,
+                "the kernel gives no GPU context per client (KFD secondary contexts, ABI 1.19: "
+                "AMDKFD_IOC_CREATE_PROCESS): a queue would run in the one every client shares, which "
+                "only a class with shared-gpu-context = yes accepts");
+}
+
 int broker_queue_create(BrokerClient *c, const DriverQueueArgs *q, uint32_t *ret_id, uint64_t *ret_doorbell,
                         Reason *w)
 {
@@ -45,6 +62,8 @@ int broker_queue_create(BrokerClient *c, const DriverQueueArgs *q, uint32_t *ret
         if (broker_gpu_index(c->b, q->gpu_id) < 0)
                 return reason_set(w, -ENODEV, "no GPU with id %u", q->gpu_id);
         if ((r = broker_gpu_allowed(c, q->gpu_id, w)) < 0)
+                return r;
+        if (driver_runs_queues(c->b->drv) && (r = check_own_ctx(c, w)) < 0)
                 return r;
         if (!q->ring_size || (q->ring_size & (q->ring_size - 1)))
                 return reason_set(w, -EINVAL, "a ring of %llu bytes: a power of two",

@@ -384,6 +384,7 @@ static const ClassKey class_keys[] = {
         {"match-all", read_yes_no, CLASS_FIELD(match_all)},
         {"admin", read_yes_no, CLASS_FIELD(admin)},
         {"import-foreign", read_yes_no, CLASS_FIELD(import_foreign)},
+        {"shared-gpu-context", read_yes_no, CLASS_FIELD(shared_gpu_context)},
         {"foreign-imports", read_size_limit, CLASS_FIELD(foreign_imports)},
         {"foreign-import-max", read_size_limit, CLASS_FIELD(foreign_import_max)},
         {"host-alloc-max", read_size_limit, CLASS_FIELD(host_alloc_max)},

@@ -71,6 +71,9 @@ typedef struct PolicyClass {
         char **share[_POLICY_SHARE_MAX]; /* name patterns per right (share-publish, share-read, ...) */
         size_t n_share[_POLICY_SHARE_MAX];
         bool admin;
+        /* its clients may run queues in a GPU context shared with other clients' where the driver has no
+         * context per client: they give up their isolation from each other (and from every such class) */
+        bool shared_gpu_context;
 } PolicyClass;
 
 typedef struct Policy {

@@ -451,6 +451,11 @@ static inline int driver_svm_get(Driver *d, uint64_t va, uint64_t size, DriverSv
  * checks the addresses as the kernel does; the queue runs until destroyed or its context goes. NULL in the
  * table: -EOPNOTSUPP.
  */
+/* Whether the driver runs user-mode queues at all. */
+static inline bool driver_runs_queues(const Driver *d)
+{
+        return d->ops->queue_create != NULL;
+}
 static inline int driver_queue_create(Driver *d, DriverCtx *ctx, const DriverQueueArgs *q, uint32_t *ret_id,
                                       uint64_t *ret_doorbell_offset)
 {

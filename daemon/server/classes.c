@@ -66,6 +66,13 @@ static void state_configure(Manager *m, ClassState *s, const PolicyClass *k)
         WRITE_ONCE(s->deny_ops, k->deny_ops);
         s->admin = k->admin;
         a->import_foreign = k->import_foreign;
+        __atomic_store_n(&a->shared_ctx, k->shared_gpu_context, __ATOMIC_RELAXED);
+        if (k->shared_gpu_context && !driver_has(m->drv, DRIVER_CAP_PRIVATE_VM))
+                log_warning(
+                        "class '%s' has shared-gpu-context = yes and the kernel gives no GPU context per "
+                        "client: its clients' queues run in one context with every such class's, can read "
+                        "and write each other's memory, and a fault of one stops them all",
+                        k->name);
         a->max_foreign = k->foreign_imports;
         a->max_foreign_one = k->foreign_import_max;
         a->max_host_one = k->host_alloc_max;
