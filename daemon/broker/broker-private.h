@@ -123,6 +123,14 @@ struct Broker {
         struct Share *shares;
         size_t n_shares;
         ThunkVaSpace *share_space;
+        /* queues in the primary context (no context per client, a class that accepts sharing it): the clients
+         * that run them, and the GPU VM fault that stopped them all for good, under sharers_lock (taken on
+         * the driver's thread under its own locks; only a client's fault lock and its irq_fn inside) */
+        pthread_mutex_t sharers_lock;
+        BrokerClient *sharers;
+        bool primary_heard; /* its interrupts come to the broker */
+        bool primary_faulted;
+        DriverInterrupt primary_fault;
 };
 
 typedef struct BrokerQueue {
@@ -152,9 +160,11 @@ struct BrokerClient {
         uint64_t *fired;     /* DRIVER_CAP_EVENT_MIRROR: a bit per signal event the driver saw fire */
         BrokerQueue *queues; /* its user-mode queues (each costs a handle and a queue) */
         size_t n_queues, cap_queues;
-        uint64_t tag;           /* the daemon's name for it (broker_client_set_tag) */
-        size_t svm_log_entries; /* SVM calls its managed allocations keep for a restart (SvmLog) */
-        unsigned carry_pass;    /* counts broker_client_carry_each() calls */
+        uint64_t tag;              /* the daemon's name for it (broker_client_set_tag) */
+        size_t svm_log_entries;    /* SVM calls its managed allocations keep for a restart (SvmLog) */
+        unsigned carry_pass;       /* counts broker_client_carry_each() calls */
+        BrokerClient *next_sharer; /* in Broker.sharers while it runs queues in the primary context */
+        bool sharer;
 };
 
 /*
@@ -252,6 +262,8 @@ int broker_client_outer(BrokerClient *c, Reason *w);
 
 /* events-client.c */
 void broker_client_interrupt(void *arg, const DriverInterrupt *irq);
+/* queues.c: the client no longer hears the primary context's interrupts (before it goes). */
+void broker_primary_leave(BrokerClient *c);
 
 /* objects.c: handles, VA, what an object holds, lookups */
 Obj *broker_obj_new(BrokerKind kind);

@@ -65,6 +65,7 @@ int broker_new(Driver *drv, Broker **ret)
         }
         pthread_mutex_init(&b->lock, NULL);
         pthread_mutex_init(&b->share_lock, NULL);
+        pthread_mutex_init(&b->sharers_lock, NULL);
         b->drv = drv;
         b->primary = driver_ctx_primary(drv);
         b->n_gpus = driver_gpu_count(drv);
@@ -102,6 +103,10 @@ Broker *broker_free(Broker *b)
                         l = next;
                 }
         broker_shares_done(b);
+        /* every client left the primary context's listeners: the broker stops hearing it */
+        if (b->primary_heard)
+                (void)driver_ctx_set_interrupt(b->drv, b->primary, NULL, NULL);
+        pthread_mutex_destroy(&b->sharers_lock);
         hashmap_done(&b->lingering);
         hashmap_done(&b->dead_files);
         hashmap_done(&b->files);

@@ -167,6 +167,7 @@ BrokerClient *broker_client_free(BrokerClient *c)
 {
         if (!c)
                 return NULL;
+        broker_primary_leave(c);
         while (!broker_client_teardown_step(c, 4096))
                 ;
         if (c->events) {

@@ -36,6 +36,8 @@ void broker_client_set_interrupt(BrokerClient *c, void (*fn)(void *arg), void *a
          * in flight once this returns */
         if (!fn && c->own_ctx && c->ctx)
                 (void)driver_ctx_set_interrupt(c->b->drv, c->ctx, NULL, NULL);
+        if (!fn)
+                broker_primary_leave(c);
         c->irq_fn = fn;
         c->irq_arg = arg;
 }

@@ -47,6 +47,84 @@ static int check_own_ctx(const BrokerClient *c, Reason *w)
                 "only a class with shared-gpu-context = yes accepts");
 }
 
+/*
+ * On the driver's thread: an interrupt of the primary context, which every client with queues there shares.
+ * A GPU VM fault there stopped every queue in it for good (the kernel evicts every queue of the process and
+ * nothing restores them): each such client hears of it as of a fault of its own context, so that its waits
+ * end with it, and no queue is made there any more.
+ */
+static void primary_interrupt(void *arg, const DriverInterrupt *irq)
+{
+        Broker *b = arg;
+
+        pthread_mutex_lock(&b->sharers_lock);
+        if (irq->type == DRIVER_IRQ_VM_FAULT && !b->primary_faulted) {
+                b->primary_faulted = true;
+                b->primary_fault = *irq;
+        }
+        for (BrokerClient *c = b->sharers; c; c = c->next_sharer)
+                broker_client_interrupt(c, irq);
+        pthread_mutex_unlock(&b->sharers_lock);
+}
+
+/* The client runs queues in the primary context from now on: it hears that context's interrupts. */
+static int primary_join(BrokerClient *c, Reason *w)
+{
+        Broker *b = c->b;
+        DriverInterrupt f;
+        bool hear;
+        int r;
+
+        pthread_mutex_lock(&b->sharers_lock);
+        f = b->primary_fault;
+        if (b->primary_faulted) {
+                pthread_mutex_unlock(&b->sharers_lock);
+                return reason_set(
+                        w, -EIO,
+                        "a GPU VM fault at 0x%llx on GPU %u stopped every queue of the shared GPU "
+                        "context for good, as the kernel does: none runs there until gpumemd restarts",
+                        (unsigned long long)f.va, f.gpu_id);
+        }
+        hear = !b->primary_heard;
+        b->primary_heard = true;
+        if (!c->sharer) {
+                c->sharer = true;
+                c->next_sharer = b->sharers;
+                b->sharers = c;
+        }
+        pthread_mutex_unlock(&b->sharers_lock);
+        if (!hear)
+                return 0;
+        /* the first one: the broker listens to the context (its memory event hears the faults) */
+        r = driver_ctx_set_interrupt(b->drv, b->primary, primary_interrupt, b);
+        if (r >= 0)
+                r = driver_ctx_listen(b->drv, b->primary);
+        if (r < 0) {
+                pthread_mutex_lock(&b->sharers_lock);
+                b->primary_heard = false;
+                pthread_mutex_unlock(&b->sharers_lock);
+                return reason_set(w, r, "cannot listen to the shared GPU context: %s", strerror(-r));
+        }
+        return 0;
+}
+
+void broker_primary_leave(BrokerClient *c)
+{
+        Broker *b = c->b;
+
+        if (!c->sharer)
+                return;
+        /* no call of the primary context's for it is in flight once the lock is taken */
+        pthread_mutex_lock(&b->sharers_lock);
+        for (BrokerClient **pp = &b->sharers; *pp; pp = &(*pp)->next_sharer)
+                if (*pp == c) {
+                        *pp = c->next_sharer;
+                        break;
+                }
+        c->sharer = false;
+        pthread_mutex_unlock(&b->sharers_lock);
+}
+
 int broker_queue_create(BrokerClient *c, const DriverQueueArgs *q, uint32_t *ret_id, uint64_t *ret_doorbell,
                         Reason *w)
 {
@@ -94,6 +172,8 @@ int broker_queue_create(BrokerClient *c, const DriverQueueArgs *q, uint32_t *ret
                 return reason_set(w, -ENOMEM, "out of memory");
         r = broker_client_ctx(c, &ctx, w);
         if (r < 0)
+                return r;
+        if (!c->own_ctx && driver_runs_queues(c->b->drv) && (r = primary_join(c, w)) < 0)
                 return r;
         r = broker_charge_take(c, &(Charge){.objects = 1, .queues = 1}, w);
         if (r < 0)

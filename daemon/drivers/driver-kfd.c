@@ -109,12 +109,16 @@ static uint32_t thunk_flags(uint32_t f)
         return f & DRIVER_MEM_READ_ONLY ? t : t | THUNK_MEM_WRITABLE;
 }
 
+static void listener_end(KfdDriver *k, ThunkContext *ctx);
+
 static Driver *k_close(Driver *d)
 {
         KfdDriver *k = kfd(d);
 
         doorbell_relay_free(k->relay); /* before the contexts' doorbells are unmapped */
-        /* every client context is freed before the driver closes, and their listeners with them */
+        /* every client context is freed before the driver closes, and their listeners with them; the
+         * primary context's (queues shared in it) stops here, before its events go */
+        listener_end(k, k->primary);
         thunk_device_close(k->dev);
         pthread_mutex_destroy(&k->listeners_lock);
         free(k);

@@ -26,7 +26,6 @@
 
 static Daemon dmn;
 static uint32_t gpu;
-static bool own_ctx; /* the case's daemon gives each client a GPU context of its own */
 
 /* A tenant's queue and the memory it lives in (GTT host memory of its own). */
 typedef struct Tenant {
@@ -168,15 +167,24 @@ static void test_shared_opt_in(void)
 
 /* ---- a faulting queue ---- */
 
-/* As uid 65534: a queue that copies from an address where nothing is mapped, then a fence that never runs.
- * With a context of its own, the fault reaches its memory event. It then tells the parent and holds its
- * queue until the parent is done. */
+/* The fault of @ev's context at UNMAPPED_VA, within 5 s: whether it came, as KFD reports it. */
+static bool fault_heard(gm_client *c, uint32_t ev)
+{
+        gm_memory_exception exc[2];
+        size_t n_exc = 0;
+
+        CHECK_EQ(gm_event_wait_faults(c, &ev, 1, false, 5000, exc, 2, &n_exc), 0);
+        CHECK_EQ(n_exc, 1);
+        CHECK(n_exc && exc[0].va == UNMAPPED_VA && exc[0].not_present && exc[0].gpu_id == gpu);
+        return n_exc == 1 && exc[0].va == UNMAPPED_VA;
+}
+
+/* As uid 65534: a queue that copies from an address where nothing is mapped, then a fence that never runs;
+ * the fault reaches its memory event. It then tells the parent and holds its queue until the parent is
+ * done. */
 static int fault_main(void *arg)
 {
         int sync = *(int *)arg;
-        bool own = own_ctx;
-        gm_memory_exception exc[2];
-        size_t n_exc = 0;
         uint32_t ev = 0;
         char done = 0;
         Tenant t;
@@ -184,36 +192,36 @@ static int fault_main(void *arg)
         if (tenant_open(&t, "faulter") < 0)
                 return 2;
         CHECK_EQ(t.created, 0);
-        if (own)
-                CHECK_EQ(gm_event_create(t.c, 8, false, NULL, &ev, NULL), 0);
+        CHECK_EQ(gm_event_create(t.c, 8, false, NULL, &ev, NULL), 0);
         copy_then_fence(&t, UNMAPPED_VA, (uintptr_t)(t.mem + 12288), 4, 1);
-        if (own) {
-                CHECK_EQ(gm_event_wait_faults(t.c, &ev, 1, false, 5000, exc, 2, &n_exc), 0);
-                CHECK_EQ(n_exc, 1);
-                CHECK_EQ(n_exc ? exc[0].va : 0, UNMAPPED_VA);
-        }
+        CHECK(fault_heard(t.c, ev));
         CHECK(!wait_u32(t.g.fence, 1, 300)); /* the fence behind the fault never ran */
         CHECK_EQ(write(sync, "f", 1), 1);
         CHECK_EQ(read(sync, &done, 1), 0); /* the parent closed its end: done */
-        if (own)
-                (void)gm_event_destroy(t.c, ev);
+        (void)gm_event_destroy(t.c, ev);
         tenant_close(&t);
         return 0;
 }
 
-/* Root's queue completes fences before and after the other tenant's queue faulted; @survives says whether
+/*
+ * Root's queue completes fences before and after the other tenant's queue faulted; @survives says whether
  * it must (a context each) or must not (one shared context: the kernel stops every queue of a context that
- * faulted, and the daemon cannot start them again). */
+ * faulted, and the daemon cannot start them again). In the shared context root hears the fault on its own
+ * memory event, so that nothing of its waits for its dead queue, and gets no new queue there.
+ */
 static void fault_case(bool survives)
 {
         Tenant root;
         int sync = -1;
-        char got = 0;
+        uint32_t ev = 0, second = 0;
+        uint64_t db = 0;
+        char got = 0, why[256];
         pid_t pid;
 
         if (tenant_open(&root, "bystander") < 0)
                 return;
         CHECK_EQ(root.created, 0);
+        CHECK_EQ(gm_event_create(root.c, 8, false, NULL, &ev, NULL), 0);
         CHECK(fence(&root, 1, 5000));
         pid = fork_as_synced(UID_TENANT, fault_main, &sync);
         CHECK(pid > 0);
@@ -223,22 +231,30 @@ static void fault_case(bool survives)
                 if (survives) {
                         for (uint32_t v = 2; v < 10; v++)
                                 CHECK(fence(&root, v, 5000));
+                        CHECK_EQ(gm_event_wait(root.c, &ev, 1, false, 0), 1); /* not root's fault */
+                        CHECK_EQ(gm_queue_create(root.c, &root.g.desc, &second, &db), 0);
+                        CHECK_EQ(gm_queue_destroy(root.c, second), 0);
                 } else {
+                        CHECK(fault_heard(root.c, ev));
                         CHECK(!fence(&root, 2, 500));
+                        CHECK_EQ(gm_queue_create(root.c, &root.g.desc, &second, &db), -EIO);
+                        gm_strerror(root.c, -EIO, why, sizeof(why));
+                        CHECK(strstr(why, "until gpumemd restarts") != NULL);
                 }
                 CHECK_EQ(child_end(pid, sync), 0);
         }
+        (void)gm_event_destroy(root.c, ev);
         tenant_close(&root);
 }
 
 /* A context per client (KFD ABI 1.19): the fault stops the faulting tenant's queue, not the other's. */
 static void test_fault_own(void)
 {
-        own_ctx = true;
         fault_case(true);
 }
 
-/* One shared context (ABI 1.18, shared-gpu-context = yes): the fault stops every queue in it. */
+/* One shared context (ABI 1.18, shared-gpu-context = yes): the fault stops every queue in it, and every
+ * tenant there hears of it. */
 static void test_fault_shared(void)
 {
         fault_case(false);
