@@ -157,6 +157,7 @@ struct BrokerClient {
         pthread_mutex_t fault_lock;
         DriverInterrupt fault;
         bool fault_pending;
+        bool ctx_faulted;    /* a fault (the last in @fault) stopped its context's queues for good */
         uint64_t *fired;     /* DRIVER_CAP_EVENT_MIRROR: a bit per signal event the driver saw fire */
         BrokerQueue *queues; /* its user-mode queues (each costs a handle and a queue) */
         size_t n_queues, cap_queues;

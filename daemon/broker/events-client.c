@@ -18,6 +18,7 @@ void broker_client_interrupt(void *arg, const DriverInterrupt *irq)
                 pthread_mutex_lock(&c->fault_lock);
                 c->fault = *irq;
                 c->fault_pending = true;
+                c->ctx_faulted = true;
                 pthread_mutex_unlock(&c->fault_lock);
         } else if (irq->valid_bits >= 32 && irq->partial_id < EVENTS_SIGNAL_LIMIT) {
                 /* a mirrored event by its id: its slot was acknowledged already */

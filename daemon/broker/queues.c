@@ -125,6 +125,25 @@ void broker_primary_leave(BrokerClient *c)
         pthread_mutex_unlock(&b->sharers_lock);
 }
 
+/* A context whose queues a fault stopped makes none that would run: none is made there. */
+static int check_ctx_alive(BrokerClient *c, Reason *w)
+{
+        DriverInterrupt f;
+        bool faulted;
+
+        pthread_mutex_lock(&c->fault_lock);
+        faulted = c->ctx_faulted;
+        f = c->fault;
+        pthread_mutex_unlock(&c->fault_lock);
+        if (!faulted)
+                return 0;
+        return reason_set(
+                w, -EIO,
+                "a GPU VM fault at 0x%llx on GPU %u stopped every queue of this client's GPU context "
+                "for good, as the kernel does: none runs there again (a new connection has a new one)",
+                (unsigned long long)f.va, f.gpu_id);
+}
+
 int broker_queue_create(BrokerClient *c, const DriverQueueArgs *q, uint32_t *ret_id, uint64_t *ret_doorbell,
                         Reason *w)
 {
@@ -174,6 +193,8 @@ int broker_queue_create(BrokerClient *c, const DriverQueueArgs *q, uint32_t *ret
         if (r < 0)
                 return r;
         if (!c->own_ctx && driver_runs_queues(c->b->drv) && (r = primary_join(c, w)) < 0)
+                return r;
+        if (c->own_ctx && (r = check_ctx_alive(c, w)) < 0)
                 return r;
         r = broker_charge_take(c, &(Charge){.objects = 1, .queues = 1}, w);
         if (r < 0)

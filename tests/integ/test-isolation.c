@@ -180,13 +180,14 @@ static bool fault_heard(gm_client *c, uint32_t ev)
 }
 
 /* As uid 65534: a queue that copies from an address where nothing is mapped, then a fence that never runs;
- * the fault reaches its memory event. It then tells the parent and holds its queue until the parent is
- * done. */
+ * the fault reaches its memory event, and its context makes no queue any more. It then tells the parent and
+ * holds its queue until the parent is done. */
 static int fault_main(void *arg)
 {
         int sync = *(int *)arg;
-        uint32_t ev = 0;
-        char done = 0;
+        uint32_t ev = 0, again = 0;
+        uint64_t db = 0;
+        char done = 0, why[256];
         Tenant t;
 
         if (tenant_open(&t, "faulter") < 0)
@@ -196,6 +197,10 @@ static int fault_main(void *arg)
         copy_then_fence(&t, UNMAPPED_VA, (uintptr_t)(t.mem + 12288), 4, 1);
         CHECK(fault_heard(t.c, ev));
         CHECK(!wait_u32(t.g.fence, 1, 300)); /* the fence behind the fault never ran */
+        /* nor would a new queue of its context: none is made */
+        CHECK_EQ(gm_queue_create(t.c, &t.g.desc, &again, &db), -EIO);
+        gm_strerror(t.c, -EIO, why, sizeof(why));
+        CHECK(strstr(why, "stopped every queue of") != NULL);
         CHECK_EQ(write(sync, "f", 1), 1);
         CHECK_EQ(read(sync, &done, 1), 0); /* the parent closed its end: done */
         (void)gm_event_destroy(t.c, ev);
