@@ -26,6 +26,8 @@
 
 static Daemon dmn;
 static uint32_t gpu;
+static char log_path[] = "/tmp/gpumemd-isolation-log-XXXXXX"; /* the daemon's stderr */
+static int log_fd = -1;
 
 /* A tenant's queue and the memory it lives in (GTT host memory of its own). */
 typedef struct Tenant {
@@ -159,10 +161,31 @@ static void test_no_shared_queues(void)
         steal_case(false);
 }
 
-/* The same with shared-gpu-context = yes: queues run, in one context, and one tenant reads another's. */
+/* How often the daemon's log holds the warning of a class that shares a context. */
+static int sharing_warnings(void)
+{
+        static const char warning[] = "class 'tenants' has shared-gpu-context = yes and the kernel gives no "
+                                      "GPU context per client";
+        char buf[16384];
+        ssize_t n = pread(log_fd, buf, sizeof(buf) - 1, 0);
+        int count = 0;
+
+        buf[n > 0 ? n : 0] = '\0';
+        for (const char *p = buf; (p = strstr(p, warning)); p++)
+                count++;
+        return count;
+}
+
+/* The same with shared-gpu-context = yes: queues run, in one context, and one tenant reads another's. The
+ * daemon warns of the class at start and at each reload. */
 static void test_shared_opt_in(void)
 {
         steal_case(true);
+        CHECK_EQ(sharing_warnings(), 1);
+        CHECK_EQ(kill(dmn.pid, SIGHUP), 0);
+        for (int i = 0; i < 500 && sharing_warnings() < 2; i++)
+                usleep(10000);
+        CHECK_EQ(sharing_warnings(), 2);
 }
 
 /* ---- a faulting queue ---- */
@@ -265,6 +288,16 @@ static void test_fault_shared(void)
         fault_case(false);
 }
 
+/* What the daemon said, for the reader of a failure. */
+static void dump_log(void)
+{
+        char buf[4096];
+        ssize_t n;
+
+        for (off_t at = 0; (n = pread(log_fd, buf, sizeof(buf), at)) > 0; at += n)
+                fwrite(buf, 1, (size_t)n, stderr);
+}
+
 #define SHARED_CONFIG                                                                                        \
         "[daemon]\nlog-level = warning\n[class tenants]\nmatch-all = yes\nshared-gpu-context = yes\n"
 
@@ -305,7 +338,17 @@ int main(int argc, char **argv)
         for (size_t i = 0; i < ARRAY_SIZE(cases); i++)
                 if (argc > 1 && strcmp(argv[1], cases[i].name) == 0) {
                         const char *extra[] = {"--model-kfd-minor", cases[i].minor, NULL};
-                        if (daemon_setup(&dmn, "mi300x", cases[i].config, extra, &gpu, 1) > 0) {
+                        int err = dup(STDERR_FILENO), started;
+                        /* the daemon's log into a file of ours: its warnings are part of what is tested */
+                        log_fd = mkstemp(log_path);
+                        if (log_fd < 0 || err < 0)
+                                return EXIT_FAILURE;
+                        unlink(log_path);
+                        dup2(log_fd, STDERR_FILENO);
+                        started = daemon_setup(&dmn, "mi300x", cases[i].config, extra, &gpu, 1);
+                        dup2(err, STDERR_FILENO);
+                        close(err);
+                        if (started > 0) {
                                 /* tenants of another uid reach the socket; the policy decides the rest */
                                 chmod(dmn.dir, 0755);
                                 chmod(dmn.sock, 0666);
@@ -314,6 +357,9 @@ int main(int argc, char **argv)
                         if (dmn.pid > 0 && daemon_stop(&dmn) != 0)
                                 r = EXIT_FAILURE;
                         daemon_cleanup(&dmn);
+                        if (r != EXIT_SUCCESS)
+                                dump_log();
+                        close(log_fd);
                         return r;
                 }
         fprintf(stderr, "usage: %s CASE (", argv[0]);
