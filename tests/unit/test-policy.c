@@ -46,6 +46,7 @@ static void test_parse(void)
                                                    "gpus = 13500 9844\n"
                                                    "deny-ops = svm import\n"
                                                    "import-foreign = no\n"
+                                                   "shared-gpu-context = yes\n"
                                                    "\n"
                                                    "[class ops]\n"
                                                    "match-gid = root\n"
@@ -85,6 +86,7 @@ static void test_parse(void)
                 CHECK_EQ(b->n_gpus, 2);
                 CHECK_EQ(b->deny_ops, POLICY_OP_SVM | POLICY_OP_IMPORT);
                 CHECK(!b->import_foreign);
+                CHECK(b->shared_gpu_context);
                 CHECK(!b->admin);
         }
         const PolicyClass *o = policy_find(p, "ops");
@@ -93,6 +95,7 @@ static void test_parse(void)
         if (o) {
                 CHECK_EQ(o->limit[POLICY_RES_INFLIGHT], POLICY_DEFAULT_INFLIGHT);
                 CHECK_EQ(o->host_alloc_max, POLICY_UNLIMITED);
+                CHECK(!o->shared_gpu_context); /* isolation unless a class gives it up */
         }
 
         /* matching: first class in file order that admits the identity */
