@@ -68,8 +68,9 @@ static uint8_t *model_buf_bytes(ThunkModel *m, ModelBuf *b, unsigned int access)
                 if (ARRAY_RESERVE(vs->v, vs->cap, vs->n + 1, 8) < 0)
                         return NULL;
                 r = model_buf_mmap(b, NULL, b->size, PROT_READ | PROT_WRITE, MAP_SHARED, &p);
-                if (r == -EACCES) {
-                        /* an import of a read-only file: the engines may only read it */
+                if (r == -EACCES || r == -EPERM) {
+                        /* an import of a read-only file, or a file sealed against new writable mappings
+                         * before the engines first touched it: the engines may only read it */
                         writable = false;
                         r = model_buf_mmap(b, NULL, b->size, PROT_READ, MAP_SHARED, &p);
                 }
@@ -82,6 +83,15 @@ static uint8_t *model_buf_bytes(ThunkModel *m, ModelBuf *b, unsigned int access)
         if ((access & MODEL_VM_WRITE) && !v->writable)
                 return NULL;
         return v->base;
+}
+
+/* The engines' view of @b made now if it is not yet, writable if its file allows it: a file about to be
+ * sealed against new writable mappings keeps the ones made before (thunk_model_seal). */
+int model_gpuvm_hold(ThunkModel *m, ModelBuf *b)
+{
+        if (b->type == KFD_IOC_ALLOC_MEM_FLAGS_USERPTR)
+                return 0;
+        return model_buf_bytes(m, b, 0) ? 0 : -ENOMEM;
 }
 
 void model_gpuvm_forget(ThunkModel *m, ModelBuf *b)

@@ -282,10 +282,10 @@ static int buf_file_new(uint64_t size, int *ret_fd, struct stat *ret_st)
         if (fd < 0)
                 return -errno;
         /* mode 0400: a memfd is created 0777, and whoever holds an fd of it read-only could open it again
-         * writable through /proc (its fds are opened again only to make read-only ones) */
-        if (ftruncate(fd, (off_t)size) < 0 ||
-            fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0 || fchmod(fd, 0400) < 0 ||
-            fstat(fd, ret_st) < 0) {
+         * writable through /proc (its fds are opened again only to make read-only ones); not sealed against
+         * more seals: what hands it out read-only seals it against writes (broker_seal_read_only) */
+        if (ftruncate(fd, (off_t)size) < 0 || fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW) < 0 ||
+            fchmod(fd, 0400) < 0 || fstat(fd, ret_st) < 0) {
                 r = -errno;
                 close(fd);
                 return r;
@@ -1238,6 +1238,27 @@ void thunk_model_adopt_release(ThunkModel *m, int fd)
                 model_buf_unref(m, b);
         }
         pthread_mutex_unlock(&m->lock);
+}
+
+int thunk_model_seal(ThunkModel *m, int fd)
+{
+        struct stat st;
+        int r = 0;
+
+        if (fstat(fd, &st) < 0)
+                return -errno;
+        pthread_mutex_lock(&m->lock);
+        for (ModelBuf *b = hashmap_get(&m->by_ino, ino_key(st.st_ino)); b && r == 0; b = b->ino_next)
+                if (b->dev == st.st_dev && b->ino == st.st_ino)
+                        r = model_gpuvm_hold(m, b);
+        /* then sealed through the model's own fd, which is writable where the caller's may not be (the
+         * fd of a read-only allocation is opened read-only) */
+        for (ModelBuf *b = hashmap_get(&m->by_ino, ino_key(st.st_ino)); b && r == 0; b = b->ino_next)
+                if (b->dev == st.st_dev && b->ino == st.st_ino &&
+                    fcntl(b->memfd, F_ADD_SEALS, F_SEAL_FUTURE_WRITE | F_SEAL_SEAL) == 0)
+                        break;
+        pthread_mutex_unlock(&m->lock);
+        return r;
 }
 
 int model_kfd_export_dmabuf(Call *c)

@@ -399,5 +399,6 @@ void model_cp_stop(ThunkModel *m);
 
 /* model-gpuvm.c: a buffer is going or moving to a file of its own, so is the engines' view of it (made again
  * on their next access); and all of them, when the model goes */
+int model_gpuvm_hold(ThunkModel *m, ModelBuf *b);
 void model_gpuvm_forget(ThunkModel *m, ModelBuf *b);
 void model_gpuvm_release(ThunkModel *m);

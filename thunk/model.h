@@ -112,6 +112,15 @@ int thunk_model_munmap(ThunkModel *m, void *addr, size_t len);
 int thunk_model_adopt(ThunkModel *m, int fd, uint32_t gpu_id, uint32_t kfd_flags);
 void thunk_model_adopt_release(ThunkModel *m, int fd);
 
+/*
+ * Seal @fd's file against new writable mappings (F_SEAL_FUTURE_WRITE | F_SEAL_SEAL) where the model has a
+ * buffer of it: every such buffer first gets the engines' view of it, writable where the model's own fd of
+ * it is, so that GPU access the model granted before the seal keeps working after it; then the seal is
+ * taken through the model's fd. 0 (the caller checks the file's seals: none is taken when the model has no
+ * buffer of that file or no writable fd of it), or -ENOMEM when a view cannot be made (nothing sealed).
+ */
+int thunk_model_seal(ThunkModel *m, int fd);
+
 /* True if @fd is a kfd or render fd of this model. */
 bool thunk_model_owns_fd(ThunkModel *m, int fd);
 

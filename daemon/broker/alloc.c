@@ -50,10 +50,11 @@ static int shared_pages(uint64_t va, uint64_t size, const char *name, int *ret_f
         if (fd < 0)
                 return reason_set(w, -errno, "memfd_create: %s", strerror(errno));
         /* sealed at its size: a client holding the fd cannot shrink it under the daemon and the importers;
-         * mode 0400: a memfd is created 0777, and a holder of a read-only fd of it could open it again
-         * writable through /proc (the daemon opens it again only to make read-only fds) */
-        if (ftruncate(fd, (off_t)size) < 0 ||
-            fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0 || fchmod(fd, 0400) < 0) {
+         * open to one more seal, the write seal it takes when it is first handed out read-only
+         * (broker_seal_read_only), which holds where mode 0400 does not: against a holder with
+         * CAP_DAC_OVERRIDE opening it again writable through /proc */
+        if (ftruncate(fd, (off_t)size) < 0 || fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW) < 0 ||
+            fchmod(fd, 0400) < 0) {
                 int r = -errno;
                 close(fd);
                 return reason_set(w, r, "cannot size shared memory: %s", strerror(-r));

@@ -45,6 +45,8 @@ struct Obj {
         unsigned exports;
         ThunkVaSpace *maps; /* reservation: its mappings (data: VmmMap *) */
         bool read_only;     /* import of a read-only export: every grant of it is read-only */
+        bool sealed_ro;     /* import: read-only since a restart found its memory sealed (write grants
+                               come back as read grants) */
         bool foreign;       /* import of memory gpumemd did not export: charged by its size */
         bool handed_out;    /* an fd of its memory went to a client: it may outlive the handle */
         bool backing_fd;    /* the driver holds an fd for its memory in the daemon (the model's VRAM) */
@@ -254,6 +256,10 @@ void broker_linger_watch(Broker *b, BrokerAccount *acct, BrokerKind kind, uint32
 void broker_linger_start(BrokerClient *c, const Obj *o, int fd);
 void broker_obj_forget_file(Broker *b, Obj *o);
 int broker_make_read_only(int *fd, Reason *w);
+bool broker_file_sealed(int fd);
+int broker_seal_read_only(Broker *b, int fd, Reason *w);
+int broker_hand_out_read_only(Broker *b, int *fd, Reason *w);
+int broker_check_writable(int fd, Reason *w);
 bool broker_obj_read_only(const Obj *o);
 bool broker_is_own_file(Broker *b, const struct stat *st, bool *ret_read_only);
 

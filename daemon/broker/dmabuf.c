@@ -49,8 +49,13 @@ int broker_export(BrokerClient *c, uint64_t handle, bool read_only, int *ret_fd,
         r = broker_obj_file(c, o, &fd, w);
         if (r < 0)
                 return r;
-        /* memory that is read-only to this client is read-only to everyone it gives it to */
-        if ((read_only || broker_obj_read_only(o)) && (r = broker_make_read_only(&fd, w)) < 0)
+        /* memory that is read-only to this client is read-only to everyone it gives it to; memory sealed
+         * read-only takes no new writable mapping, so is exported read-only only */
+        if (read_only || broker_obj_read_only(o))
+                r = broker_hand_out_read_only(c->b, &fd, w);
+        else if ((r = broker_check_writable(fd, w)) < 0)
+                safe_close(fd);
+        if (r < 0)
                 return r;
         broker_note_file(c->b, o, fd);
         o->exports++;
@@ -84,7 +89,8 @@ int broker_import(BrokerClient *c, int fd, uint32_t gpu_id, uint64_t *ret_handle
         } else {
                 own = broker_is_own_file(c->b, &st, &src_read_only);
         }
-        read_only = (fl & O_ACCMODE) == O_RDONLY || src_read_only;
+        /* a file sealed against new writable mappings is read-only to every import of it */
+        read_only = (fl & O_ACCMODE) == O_RDONLY || src_read_only || broker_file_sealed(fd);
         size = (uint64_t)(st.st_size > 0 ? st.st_size : 0);
         size = (size + BROKER_PAGE_SIZE - 1) & ~(BROKER_PAGE_SIZE - 1);
         /* a foreign file is one more the model keeps open; an own export's memory file is the exporter's */

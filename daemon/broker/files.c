@@ -185,6 +185,77 @@ int broker_make_read_only(int *fd, Reason *w)
         return 0;
 }
 
+bool broker_file_sealed(int fd)
+{
+        int seals = fcntl(fd, F_GET_SEALS);
+        return seals >= 0 && (seals & (F_SEAL_WRITE | F_SEAL_FUTURE_WRITE));
+}
+
+/*
+ * Memory handed to another party read-only is read-only by construction: its file (@fd, borrowed) is sealed
+ * against write() and new shared writable mappings (F_SEAL_FUTURE_WRITE) through every fd of it, whatever
+ * the capabilities of their holders, and against further seals (F_SEAL_SEAL). Writable mappings made before
+ * stay so: the owner's (made at allocation), gpumemd's own, and those the driver makes now for GPU access
+ * it granted already (driver_file_seal). The seal is the memory's, not one fd's: from here on no one
+ * maps it writable again. A file that takes no seals (a kernel's dmabuf) or was sealed by a holder without
+ * a write seal cannot be handed out read-only.
+ */
+int broker_seal_read_only(Broker *b, int fd, Reason *w)
+{
+        int seals = fcntl(fd, F_GET_SEALS), r;
+
+        if (seals < 0)
+                return reason_set(w, -EOPNOTSUPP,
+                                  "this memory cannot be handed out read-only: its file takes no seals");
+        if (seals & (F_SEAL_WRITE | F_SEAL_FUTURE_WRITE))
+                return 0;
+        if (seals & F_SEAL_SEAL)
+                return reason_set(w, -EPERM,
+                                  "this memory cannot be handed out read-only: a holder sealed its file");
+        r = driver_file_seal(b->drv, fd);
+        if (r < 0)
+                return reason_set(w, r, "the driver cannot keep its access to the memory through a seal: %s",
+                                  strerror(-r));
+        /* sealed by the driver now, else here */
+        if (broker_file_sealed(fd) || fcntl(fd, F_ADD_SEALS, F_SEAL_FUTURE_WRITE | F_SEAL_SEAL) == 0)
+                return 0;
+        r = -errno;
+        if (broker_file_sealed(fd))
+                return 0; /* by another thread handing it out at the same time */
+        if (r == -EINVAL)
+                return reason_set(w, -EOPNOTSUPP,
+                                  "this memory cannot be handed out read-only: the kernel has no "
+                                  "F_SEAL_FUTURE_WRITE (Linux 5.1)");
+        return reason_set(w, r, "this memory cannot be handed out read-only: its file refused a seal: %s",
+                          strerror(-r));
+}
+
+/* @fd (owned; replaced) sealed read-only (broker_seal_read_only) and opened again read-only. */
+int broker_hand_out_read_only(Broker *b, int *fd, Reason *w)
+{
+        struct stat st;
+        int r;
+
+        if (fstat(*fd, &st) == 0 && S_ISCHR(st.st_mode))
+                return broker_make_read_only(fd, w); /* refuses, with the reason why */
+        r = broker_seal_read_only(b, *fd, w);
+        if (r < 0) {
+                *fd = safe_close(*fd);
+                return r;
+        }
+        return broker_make_read_only(fd, w);
+}
+
+/* -EPERM with the reason when @fd's memory was handed out read-only: no new writable mapping of it. */
+int broker_check_writable(int fd, Reason *w)
+{
+        if (!broker_file_sealed(fd))
+                return 0;
+        return reason_set(w, -EPERM,
+                          "this memory was handed out read-only before: no new writable mapping of it "
+                          "can be made, by anyone (ask for read-only)");
+}
+
 bool broker_obj_read_only(const Obj *o)
 {
         return o->read_only || (o->flags & BROKER_FLAG_READ_ONLY);

@@ -215,7 +215,8 @@ static int carry_device(BrokerClient *c, Obj *o, const BrokerCarry *k, int fd, R
 }
 
 /* A carried memfd (host or managed memory) mapped at the object's VA in the daemon again, over its window's
- * reservation. */
+ * reservation: read-only if it was handed out read-only (sealed: no one maps it writable again, this
+ * daemon neither), so that GPUs reach it through this mapping only to read it. */
 static int carry_map_here(const Obj *o, Reason *w)
 {
         struct stat st;
@@ -225,14 +226,21 @@ static int carry_map_here(const Obj *o, Reason *w)
         if (fstat(o->memfd, &st) < 0 || !S_ISREG(st.st_mode) || (uint64_t)st.st_size < o->size)
                 return reason_set(w, -EBADF, "its memory file is not %llu bytes of shared memory",
                                   (unsigned long long)o->size);
-        p = mmap((void *)(uintptr_t)o->va, o->size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, o->memfd,
-                 0);
+        p = mmap((void *)(uintptr_t)o->va, o->size,
+                 broker_file_sealed(o->memfd) ? PROT_READ : PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED,
+                 o->memfd, 0);
         if (p == MAP_FAILED) {
                 r = -errno;
                 broker_reserve_again(o->va, o->size);
                 return reason_set(w, r, "cannot map its memory here: %s", strerror(-r));
         }
         return 0;
+}
+
+/* The driver's flags for carried pages of the daemon's: read-only where this daemon maps them so. */
+static uint32_t carried_flags(const Obj *o)
+{
+        return broker_file_sealed(o->memfd) ? o->flags | BROKER_FLAG_READ_ONLY : o->flags;
 }
 
 /*
@@ -250,7 +258,7 @@ static int carry_managed(BrokerClient *c, Obj *o, const BrokerCarry *k, Reason *
         r = carry_map_here(o, w);
         if (r < 0)
                 return r;
-        r = driver_managed_register(b->drv, o->va, o->size, o->flags);
+        r = driver_managed_register(b->drv, o->va, o->size, carried_flags(o));
         if (r < 0) {
                 broker_unmap_shared(b, o->va, o->size);
                 return reason_set(w, r, "the driver refused the managed range again: %s", strerror(-r));
@@ -318,7 +326,7 @@ static int carry_host(BrokerClient *c, Obj *o, const BrokerCarry *k, Reason *w)
         r = carry_map_here(o, w);
         if (r < 0)
                 return r;
-        r = driver_mem_register_host(b->drv, gpu, o->va, o->size, o->flags, &o->mem);
+        r = driver_mem_register_host(b->drv, gpu, o->va, o->size, carried_flags(o), &o->mem);
         if (r < 0) {
                 broker_unmap_shared(b, o->va, o->size);
                 return reason_set(w, r, "the driver refused to register it again: %s", strerror(-r));
@@ -391,7 +399,8 @@ static int carry_share_ref(BrokerClient *c, Obj *o, const BrokerCarry *k, Reason
                 r = reason_set(w, -EINVAL, "share '%s' is not the size it was", k->share_name);
                 goto fail;
         }
-        ref->read_only = k->read_only || sh->read_only;
+        /* a read-write reader of memory sealed read-only since imports it read-only now (as new opens are) */
+        ref->read_only = k->read_only || sh->read_only || broker_file_sealed(sh->fd);
         r = thunk_va_alloc_fixed(c->outer, sh->va, sh->size, o);
         if (r < 0) {
                 r = reason_set(w, r, "share '%s' cannot be placed in its GPU VM again: %s", k->share_name,
@@ -432,7 +441,9 @@ static int carry_import(BrokerClient *c, Obj *o, const BrokerCarry *k, int fd, R
                 return reason_set(w, -EINVAL, "its dmabuf is not the %llu bytes it was",
                                   (unsigned long long)o->size);
         }
-        o->read_only = k->read_only;
+        /* memory sealed read-only since it was imported read-write: read-only now, as a new import of it */
+        o->sealed_ro = !k->read_only && broker_file_sealed(fd);
+        o->read_only = k->read_only || o->sealed_ro;
         o->foreign = k->foreign;
         o->backing_fd = o->foreign && broker_driver_holds_fd(c->b);
         return 0;
@@ -590,7 +601,7 @@ int broker_carry_restore_map(BrokerClient *c, const BrokerCarryMap *k, Reason *w
                                           "the mapping at 0x%llx names a grant this daemon cannot make",
                                           (unsigned long long)k->va);
         }
-        if (broker_obj_read_only(phys) && k->cpu_access == BROKER_ACCESS_READ_WRITE)
+        if (broker_obj_read_only(phys) && !phys->sealed_ro && k->cpu_access == BROKER_ACCESS_READ_WRITE)
                 return reason_set(w, -EACCES, "the mapping at 0x%llx writes read-only memory",
                                   (unsigned long long)k->va);
         if (k->n_grants && (r = broker_client_ctx(c, &ctx, w)) < 0)
@@ -608,12 +619,16 @@ int broker_carry_restore_map(BrokerClient *c, const BrokerCarryMap *k, Reason *w
         charge_carried(c, &(Charge){.objects = 1});
         phys->map_refs++;
         for (size_t i = 0; i < k->n_grants; i++) {
-                if (broker_obj_read_only(phys) && k->grants[i].access == BROKER_ACCESS_READ_WRITE) {
+                int access = k->grants[i].access;
+                /* memory sealed read-only since it was granted: what wrote it may read it now */
+                if (phys->sealed_ro && access == BROKER_ACCESS_READ_WRITE)
+                        access = BROKER_ACCESS_READ;
+                if (broker_obj_read_only(phys) && access == BROKER_ACCESS_READ_WRITE) {
                         r = reason_set(w, -EACCES, "the mapping at 0x%llx writes read-only memory",
                                        (unsigned long long)k->va);
                         break;
                 }
-                r = broker_set_gpu_access(c, ctx, m, k->grants[i].gpu_id, k->grants[i].access, w);
+                r = broker_set_gpu_access(c, ctx, m, k->grants[i].gpu_id, access, w);
                 if (r < 0)
                         break;
         }
@@ -623,7 +638,8 @@ int broker_carry_restore_map(BrokerClient *c, const BrokerCarryMap *k, Reason *w
                 (void)broker_map_destroy(c, m, false, NULL);
                 return r;
         }
-        m->cpu_access = k->cpu_access;
+        m->cpu_access = phys->sealed_ro && k->cpu_access == BROKER_ACCESS_READ_WRITE ? BROKER_ACCESS_READ
+                                                                                     : k->cpu_access;
         return 0;
 }
 

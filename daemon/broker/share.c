@@ -257,6 +257,11 @@ int broker_share_publish(BrokerClient *c, uint64_t handle, const char *name, boo
         if (r < 0)
                 return r;
         r = broker_obj_file(c, o, &fd, w);
+        /* published read-only: sealed now, so that the publisher learns at once when it cannot be; memory
+         * sealed read-only before is published read-only only */
+        if (r >= 0)
+                r = read_only || broker_obj_read_only(o) ? broker_seal_read_only(b, fd, w)
+                                                         : broker_check_writable(fd, w);
         s = r < 0 ? NULL : calloc(1, sizeof(*s));
         if (r >= 0 && !s)
                 r = reason_set(w, -ENOMEM, "out of memory");
@@ -374,7 +379,7 @@ int broker_share_ref_map(Broker *b, DriverCtx *ctx, const Share *s, ShareRef *re
         fd = fcntl(s->fd, F_DUPFD_CLOEXEC, 3);
         if (fd < 0)
                 return reason_set(w, -errno, "cannot duplicate the share's fd: %s", strerror(errno));
-        if (ref->read_only && (r = broker_make_read_only(&fd, w)) < 0)
+        if (ref->read_only && (r = broker_hand_out_read_only(b, &fd, w)) < 0)
                 return r;
         r = driver_mem_import(b->drv, ctx, fd, n_gpus ? gpus[0] : b->gpu_ids[0], &ref->mem);
         if (r < 0) {
@@ -457,6 +462,14 @@ int broker_share_open(BrokerClient *c, const char *name, bool write, const uint3
                 }
         if (write && s->read_only) {
                 r = reason_set(w, -EACCES, "share '%s' is read-only", name);
+                goto fail;
+        }
+        if (write && broker_file_sealed(s->fd)) {
+                r = reason_set(
+                        w, -EPERM,
+                        "share '%s' was opened read-only before: no new writable mapping of its memory "
+                        "can be made, by anyone (open it read-only)",
+                        name);
                 goto fail;
         }
         ref->read_only = !write || s->read_only;

@@ -501,9 +501,13 @@ int broker_vmm_set_access(BrokerClient *c, uint64_t va, uint64_t size, const Bro
                                            (unsigned long long)maps[i]->va, strerror(-r));
                                 goto rollback;
                         }
-                        /* a read grant hands out a file that cannot be mapped writable */
-                        if (cpu_desc->access != BROKER_ACCESS_READ_WRITE &&
-                            (r = broker_make_read_only(&fd, w)) < 0)
+                        /* a read grant hands out a file that cannot be mapped writable (the client's
+                         * own: it is not sealed); memory sealed read-only takes no writable mapping */
+                        if (cpu_desc->access != BROKER_ACCESS_READ_WRITE)
+                                r = broker_make_read_only(&fd, w);
+                        else if ((r = broker_check_writable(fd, w)) < 0)
+                                safe_close(fd);
+                        if (r < 0)
                                 goto rollback;
                         broker_note_file(c->b, maps[i]->phys, fd);
                         cpu[n_cpu].fd = fd;

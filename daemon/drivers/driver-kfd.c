@@ -636,6 +636,12 @@ static int k_mem_export(Driver *d, DriverMem *m, int *ret_fd)
         return thunk_bo_export_dmabuf(tbo(m), ret_fd);
 }
 
+static int k_file_seal(Driver *d, int fd)
+{
+        /* the kernel's GPU mappings hold the pages themselves; only the model maps files to reach them */
+        return kfd(d)->model ? thunk_model_seal(kfd(d)->model, fd) : 0;
+}
+
 static bool k_dmabuf_is_own(Driver *d, DriverCtx *ctx, int dmabuf_fd)
 {
         /* the driver describes only its own dmabufs */
@@ -849,7 +855,7 @@ static const DriverOps kfd_ops = {
         .mem_adopt_gtt = k_mem_adopt_gtt, .mem_free = k_mem_free, .mem_size = k_mem_size,
         .mem_map = k_mem_map, .mem_unmap = k_mem_unmap, .mem_unmap_all = k_mem_unmap_all,
         .mem_is_mapped = k_mem_is_mapped, .mem_mapped_mask = k_mem_mapped_mask, .mem_export = k_mem_export,
-        .dmabuf_is_own = k_dmabuf_is_own,
+        .dmabuf_is_own = k_dmabuf_is_own, .file_seal = k_file_seal,
         /* another context's access, managed memory */
         .grant = k_grant, .revoke = k_revoke, .managed_register = k_managed_register,
         .cpu_unmap = k_cpu_unmap, .svm_set = k_svm_set, .svm_get = k_svm_get,

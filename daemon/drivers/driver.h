@@ -215,6 +215,8 @@ typedef struct DriverOps {
         uint64_t (*mem_mapped_mask)(const Driver *d, const DriverMem *m);
         int (*mem_export)(Driver *d, DriverMem *m, int *ret_fd);
         bool (*dmabuf_is_own)(Driver *d, DriverCtx *ctx, int dmabuf_fd);
+        /* NULL: the driver keeps no mapping of memory files of its own (see driver_file_seal) */
+        int (*file_seal)(Driver *d, int fd);
 
         int (*grant)(Driver *d, DriverCtx *ctx, DriverMem *m, uint32_t gpu_id, uint64_t va, uint64_t offset,
                      uint64_t size, int access, bool executable, DriverGrant **ret);
@@ -403,6 +405,17 @@ static inline int driver_mem_export(Driver *d, DriverMem *m, int *ret_fd)
 static inline bool driver_dmabuf_is_own(Driver *d, DriverCtx *ctx, int dmabuf_fd)
 {
         return d->ops->dmabuf_is_own(d, ctx, dmabuf_fd);
+}
+/*
+ * The memory file @fd (borrowed) is to be sealed against new writable mappings (F_SEAL_FUTURE_WRITE): the
+ * driver makes now every mapping of it that it would otherwise make later for access it granted already
+ * (the KFD model's engines map a buffer the first time a queue touches it), and takes the seal through a
+ * writable fd of its own if it has one. 0 (the caller checks the seals, and takes them itself where the
+ * driver did not), or a negative errno: then no seal may be taken.
+ */
+static inline int driver_file_seal(Driver *d, int fd)
+{
+        return d->ops->file_seal ? d->ops->file_seal(d, fd) : 0;
 }
 
 /* Give @gpu_id @access to [offset, offset+size) of @m at @va in @ctx; -EOPNOTSUPP without VA_GRANTS. */

@@ -8,11 +8,17 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <grp.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+
+#include <linux/capability.h>
+#include <linux/falloc.h>
 
 #include "../common/check.h"
 #include "frame.h"
@@ -199,6 +205,170 @@ static bool cannot_reopen_writable(int fd)
         return waitpid(pid, &st, 0) == pid && WIFEXITED(st) && WEXITSTATUS(st) == 0;
 }
 
+/* The capabilities that pass every permission check on a file, in effect in this process
+ * (/proc/self/status): what root has in a rootful container. */
+static bool has_every_file_cap(void)
+{
+        const unsigned long long need = 1ull << CAP_DAC_OVERRIDE | 1ull << CAP_FOWNER |
+                                        1ull << CAP_SYS_ADMIN | 1ull << CAP_SYS_PTRACE;
+        unsigned long long eff = 0;
+        char line[256];
+        bool found = false;
+        FILE *f = fopen("/proc/self/status", "r");
+
+        if (!f)
+                return false;
+        while (!found && fgets(line, sizeof(line), f))
+                found = sscanf(line, "CapEff: %llx", &eff) == 1;
+        fclose(f);
+        return found && (eff & need) == need;
+}
+
+/* This process becomes uid and gid 65534 and keeps every capability it had in effect. */
+static bool become_other_uid_with_caps(void)
+{
+        struct __user_cap_header_struct h = {.version = _LINUX_CAPABILITY_VERSION_3};
+        struct __user_cap_data_struct d[2] = {{0}};
+
+        if (prctl(PR_SET_KEEPCAPS, 1, 0, 0, 0) < 0 || setgroups(0, NULL) < 0 ||
+            setresgid(65534, 65534, 65534) < 0 || setresuid(65534, 65534, 65534) < 0 ||
+            syscall(SYS_capget, &h, d) < 0)
+                return false;
+        d[0].effective = d[0].permitted;
+        d[1].effective = d[1].permitted;
+        if (syscall(SYS_capset, &h, d) < 0)
+                return false;
+        (void)prctl(PR_SET_DUMPABLE, 1, 0, 0, 0); /* its /proc entries its own again */
+        return getuid() == 65534;
+}
+
+/* A write that worked: counted, and said. */
+static int worked(const char *how)
+{
+        fprintf(stderr, "read-only memory written: %s\n", how);
+        return 1;
+}
+
+/* Every way one fd might write the file it is of; how many worked. */
+static int write_through(int f, size_t size, const char *which)
+{
+        static const uint8_t junk[64] = {0xee};
+        char how[96];
+        int n = 0;
+        void *p;
+
+        snprintf(how, sizeof(how), "write() through %s", which);
+        n += write(f, junk, sizeof(junk)) > 0 ? worked(how) : 0;
+        snprintf(how, sizeof(how), "pwrite() through %s", which);
+        n += pwrite(f, junk, sizeof(junk), 4096) > 0 ? worked(how) : 0;
+        snprintf(how, sizeof(how), "a hole punched through %s", which);
+        n += fallocate(f, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0, 8192) == 0 ? worked(how) : 0;
+        snprintf(how, sizeof(how), "ftruncate() through %s", which);
+        n += ftruncate(f, 0) == 0 ? worked(how) : 0;
+        p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, f, 0);
+        if (p != MAP_FAILED) {
+                memset(p, 0xee, 4096);
+                munmap(p, size);
+                snprintf(how, sizeof(how), "a shared writable mapping of %s", which);
+                n += worked(how);
+        }
+        p = mmap(NULL, size, PROT_READ, MAP_SHARED, f, 0);
+        if (p != MAP_FAILED) {
+                if (mprotect(p, size, PROT_READ | PROT_WRITE) == 0) {
+                        memset(p, 0xee, 4096);
+                        snprintf(how, sizeof(how), "a read-only mapping of %s made writable", which);
+                        n += worked(how);
+                }
+                munmap(p, size);
+        }
+        /* more seals could freeze the owner's memory; seals are never taken back */
+        snprintf(how, sizeof(how), "a seal added through %s", which);
+        n += fcntl(f, F_ADD_SEALS, F_SEAL_WRITE) == 0 || fcntl(f, F_ADD_SEALS, F_SEAL_SHRINK) == 0
+                     ? worked(how)
+                     : 0;
+        return n;
+}
+
+/*
+ * A holder of read-only memory with every capability a container's root has, in a process of its own,
+ * tries every way to write it: through @fd (or, with @fd -1, the file behind @map, opened through
+ * /proc/self/map_files as CAP_SYS_ADMIN may), the same file opened again read-write through /proc, after
+ * fchmod, through @map made writable, through /proc/self/mem. Returns how many worked, or -1 when the
+ * process does not hold those capabilities.
+ */
+static int root_write_attempts(int fd, void *map, size_t size)
+{
+        char path[96];
+        int n = 0, rw, own = -1, mem;
+
+        if (!has_every_file_cap())
+                return -1;
+        if (fd < 0 && map) {
+                snprintf(path, sizeof(path), "/proc/self/map_files/%lx-%lx", (unsigned long)(uintptr_t)map,
+                         (unsigned long)(uintptr_t)map + size);
+                fd = own = open(path, O_RDONLY | O_CLOEXEC);
+                if (fd < 0)
+                        return -1;
+                rw = open(path, O_RDWR | O_CLOEXEC);
+                if (rw >= 0) {
+                        n += write_through(rw, size, "the mapping's file opened read-write");
+                        close(rw);
+                }
+        }
+        n += write_through(fd, size, "the fd given");
+        snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
+        rw = open(path, O_RDWR | O_CLOEXEC); /* the memfd's mode does not stop CAP_DAC_OVERRIDE */
+        if (rw >= 0) {
+                n += write_through(rw, size, "the fd opened again read-write");
+                close(rw);
+        }
+        if (fchmod(fd, 0666) == 0 && (rw = open(path, O_RDWR | O_CLOEXEC)) >= 0) {
+                n += write_through(rw, size, "the fd opened again after fchmod");
+                close(rw);
+        }
+        if (map) {
+                if (mprotect(map, size, PROT_READ | PROT_WRITE) == 0) {
+                        memset(map, 0xee, 4096);
+                        n += worked("the read-only mapping made writable");
+                }
+                mem = open("/proc/self/mem", O_RDWR | O_CLOEXEC);
+                if (mem >= 0) {
+                        n += pwrite(mem, "\xee\xee\xee\xee", 4, (off_t)(uintptr_t)map) == 4
+                                     ? worked("/proc/self/mem over the read-only mapping")
+                                     : 0;
+                        close(mem);
+                }
+        }
+        if (own >= 0)
+                close(own);
+        return n;
+}
+
+/* root_write_attempts() in a child of its own (root, every capability): true if it had them and every
+ * attempt failed. */
+static bool root_cannot_write(int fd, void *map, size_t size)
+{
+        pid_t pid = fork();
+        int st = -1;
+
+        if (pid == 0)
+                _exit(root_write_attempts(fd, map, size) == 0 ? 0 : 1);
+        return pid > 0 && waitpid(pid, &st, 0) == pid && WIFEXITED(st) && WEXITSTATUS(st) == 0;
+}
+
+/* The memory at @p holds @size bytes of @v; then the owner writes @v + 1 through its own mapping. */
+static bool unchanged_and_owner_writes(volatile uint8_t *p, size_t size, uint8_t v)
+{
+        bool same = true;
+
+        for (size_t i = 0; i < size; i++)
+                same &= p[i] == v;
+        memset((void *)p, v + 1, size);
+        for (size_t i = 0; i < size; i += 4096)
+                same &= p[i] == (uint8_t)(v + 1);
+        return same;
+}
+
 #define RO_CONFIG "[daemon]\nlog-level = warning\n[class all]\nmatch-all = yes\n"
 
 /*
@@ -225,8 +395,16 @@ static void test_read_only(void)
         if (fd >= 0) {
                 CHECK(cannot_map_writable(fd, 2 * MiB));
                 CHECK(cannot_reopen_writable(fd));
+                /* nor can root with every capability write it: its file is sealed */
+                CHECK(fcntl(fd, F_GET_SEALS) & F_SEAL_FUTURE_WRITE);
+                CHECK(root_cannot_write(fd, NULL, 2 * MiB));
+                CHECK(dev && unchanged_and_owner_writes(dev, 2 * MiB, 0x5a));
+                if (dev)
+                        memset(dev, 0x5a, 2 * MiB);
         }
         CHECK_EQ(gm_mem_export_flags(x, handle_of(x, dev), 0x80, &fd2, NULL), -EINVAL);
+        /* sealed memory takes no new writable mapping: exported read-only only */
+        CHECK_EQ(gm_mem_export(x, handle_of(x, dev), &fd2, NULL), -EPERM);
 
         /* the importer: GPU and CPU read-write are refused, read is granted and reads the exporter's data */
         if (fd >= 0) {
@@ -244,10 +422,14 @@ static void test_read_only(void)
                         CHECK_EQ(((volatile unsigned char *)res)[4096], 0x5a);
                         /* the page tables hold a read-only file: no way to make the mapping writable */
                         CHECK(mprotect(res, 2 * MiB, PROT_READ | PROT_WRITE) < 0 && errno == EACCES);
+                        /* nor for root with every capability, through the mapping's file */
+                        CHECK(root_cannot_write(-1, res, 2 * MiB));
                 }
                 /* exporting the import again cannot shed the restriction */
                 CHECK_EQ(gm_mem_export(y, imp, &fd2, NULL), 0);
                 CHECK(fd_is_read_only(fd2));
+                CHECK(root_cannot_write(fd2, NULL, 2 * MiB));
+                CHECK(dev && unchanged_and_owner_writes(dev, 2 * MiB, 0x5a));
                 CHECK_EQ(gm_mem_unmap(y, res, 2 * MiB), 0);
                 CHECK_EQ(gm_mem_release(y, imp), 0);
                 CHECK_EQ(gm_mem_address_free(y, res, 2 * MiB), 0);
@@ -255,11 +437,15 @@ static void test_read_only(void)
 
         /* host memory the same way, and memory allocated read-only is exported read-only without asking */
         CHECK_EQ(gm_host_malloc(x, 2 * MiB, 0, -1, 0, &host), 0);
+        if (host)
+                memset(host, 0x3c, 2 * MiB);
         CHECK_EQ(gm_mem_export_flags(x, handle_of(x, host), GM_EXPORT_READ_ONLY, &fd3, NULL), 0);
         CHECK(fd_is_read_only(fd3));
         if (fd3 >= 0) {
                 CHECK(cannot_map_writable(fd3, 2 * MiB));
                 CHECK(cannot_reopen_writable(fd3));
+                CHECK(root_cannot_write(fd3, NULL, 2 * MiB));
+                CHECK(host && unchanged_and_owner_writes(host, 2 * MiB, 0x3c));
         }
         CHECK_EQ(gm_malloc(x, 2 * MiB, gpus[0], GM_MEM_READ_ONLY, &ro_dev), 0);
         CHECK_EQ(gm_mem_export(x, handle_of(x, ro_dev), &fd4, NULL), 0);
@@ -272,6 +458,89 @@ out:
                 if (f[i] >= 0)
                         close(f[i]);
         gm_client_close(y);
+        gm_client_close(x);
+        CHECK(daemon_wait_base(&dmn, &base, 5000, NULL) == 0);
+}
+
+#define RO_SHARE_CONFIG                                                                                      \
+        "[daemon]\nlog-level = warning\n[class all]\nmatch-all = yes\nshare-publish = ro/*\n"                \
+        "share-read = ro/*\nshare-write = ro/*\n"
+
+/* A reader of share @arg opens it read-only and attacks it with every capability, as root or as another
+ * uid: exits 0 if it found the publisher's bytes and wrote none. */
+static int share_attacker(const char *name, bool other_uid)
+{
+        gm_client *c = NULL;
+        size_t size = 0;
+        void *p = NULL;
+        int n;
+
+        if (other_uid && !become_other_uid_with_caps())
+                return 2;
+        if (gm_client_connect(dmn.sock, other_uid ? "reader-65534" : "reader-root", &c) != 0 ||
+            gm_share_open(c, name, 0, NULL, 0, &p, &size, NULL) != 0)
+                return 3;
+        if (((volatile uint8_t *)p)[size - 1] != 0x77)
+                return 4;
+        n = root_write_attempts(-1, p, size);
+        gm_client_close(c);
+        return n == 0 ? 0 : 5;
+}
+
+static bool share_attacked(const char *name, bool other_uid)
+{
+        pid_t pid = fork();
+        int st = -1;
+
+        if (pid == 0)
+                _exit(share_attacker(name, other_uid));
+        if (pid < 0 || waitpid(pid, &st, 0) != pid || !WIFEXITED(st))
+                return false;
+        if (WEXITSTATUS(st) != 0)
+                fprintf(stderr, "share attacker (%s): exit %d\n", other_uid ? "uid 65534" : "root",
+                        WEXITSTATUS(st));
+        return WEXITSTATUS(st) == 0;
+}
+
+/*
+ * Named shares opened read-only, host and device memory, published read-only or read-write: readers with
+ * every capability, root and another uid, cannot write the publisher's bytes on any path; the publisher
+ * still writes through its own mapping; a read-write open after a read-only one is refused.
+ */
+static void test_read_only_shares(void)
+{
+        static const char *names[] = {"ro/host", "ro/device", "ro/host-rw", "ro/device-rw"};
+        gm_client *x = NULL;
+        void *mem[4] = {NULL};
+
+        CHECK_EQ(gm_client_connect(dmn.sock, "publisher", &x), 0);
+        if (!x)
+                return;
+        for (size_t i = 0; i < 4; i++) {
+                bool host = i % 2 == 0, rw = i >= 2;
+                int r = host ? gm_host_malloc(x, 2 * MiB, 0, -1, 0, &mem[i])
+                             : gm_malloc(x, 2 * MiB, gpus[0], GM_MEM_HOST_VISIBLE, &mem[i]);
+
+                CHECK_EQ(r, 0);
+                if (r != 0)
+                        continue;
+                memset(mem[i], 0x77, 2 * MiB);
+                CHECK_EQ(gm_share_publish(x, handle_of(x, mem[i]), names[i], rw ? 0 : GM_SHARE_READ_ONLY,
+                                          NULL),
+                         0);
+                CHECK(share_attacked(names[i], false));
+                CHECK(share_attacked(names[i], true));
+                CHECK(unchanged_and_owner_writes(mem[i], 2 * MiB, 0x77));
+                if (rw) {
+                        gm_client *y = NULL;
+                        void *p = NULL;
+                        CHECK_EQ(gm_client_connect(dmn.sock, "writer", &y), 0);
+                        CHECK_EQ(gm_share_open(y, names[i], GM_SHARE_WRITE, NULL, 0, &p, NULL, NULL), -EPERM);
+                        gm_client_close(y);
+                }
+                CHECK_EQ(gm_share_revoke(x, names[i]), 0);
+                CHECK_EQ(gm_mem_free(x, mem[i]), 0);
+        }
         gm_client_close(x);
         CHECK(daemon_wait_base(&dmn, &base, 5000, NULL) == 0);
 }
@@ -749,6 +1018,10 @@ int main(int argc, char **argv)
                 {"read-only",
                  RO_CONFIG,
                  {"a read-only export stays read-only on every path", test_read_only}},
+                {"read-only-shares",
+                 RO_SHARE_CONFIG,
+                 {"a share opened read-only stays so for readers with every capability",
+                  test_read_only_shares}},
                 {"lifetime",
                  LIFE_CONFIG,
                  {"memory is charged for as long as anything keeps it alive", test_lifetime}},

@@ -248,6 +248,8 @@ static int writer_checks(void *arg)
         return 0;
 }
 
+static int open_expect(void *arg);
+
 /*
  * Publish device memory, open it from two other classes with their roles, revoke it: the publisher's class
  * pays once (the memory, one handle for the share, one fd), readers pay a handle each.
@@ -278,10 +280,17 @@ static void test_publish_open_revoke(void)
         CHECK_EQ(listed.kind, GM_KIND_DEVICE);
         CHECK_EQ(listed.readers, 0);
 
-        CHECK_EQ(run_as(UID_READ, reader_checks, &x), 0);
+        /* the writer first: once a reader opened the share read-only, its memory is sealed against new
+         * writable mappings, and a writer's open is refused */
         CHECK_EQ(run_as(UID_WRITE, writer_checks, &x), 0);
         CHECK(pattern_ok(dev, x.size, (uint8_t)(x.seed + 1))); /* the writer's data, in the original */
         CHECK_EQ(((volatile uint32_t *)dev)[(4096 + 64) / 4], 0x600dcafeu); /* and its GPU's */
+        x.seed++;
+        CHECK_EQ(run_as(UID_READ, reader_checks, &x), 0);
+        CHECK_EQ(run_as(UID_WRITE, open_expect, &(Expect){x.name, EPERM, GM_SHARE_WRITE, NULL}), 0);
+        /* the publisher's own mapping, made before the seal, stays writable */
+        pattern_fill(dev, x.size, (uint8_t)(x.seed + 1));
+        CHECK(pattern_ok(dev, x.size, (uint8_t)(x.seed + 1)));
         CHECK(find_share(x.name, &listed));
         CHECK_EQ(listed.opens, 2); /* the reader's and the writer's; refused opens do not count */
         CHECK_EQ(listed.readers, 0);
@@ -293,10 +302,11 @@ static void test_publish_open_revoke(void)
         CHECK_EQ(gm_share_revoke(pub, x.name), 0);
         CHECK(!find_share(x.name, &listed));
         CHECK_EQ(gm_share_revoke(pub, x.name), -ENOENT);
-        /* the name is free again at once */
+        /* the name is free again at once; the memory, sealed, is published again read-only only */
         {
                 gm_share_info again = {0};
-                CHECK_EQ(gm_share_publish(pub, handle_of(pub, dev), x.name, 0, &again), 0);
+                CHECK_EQ(gm_share_publish(pub, handle_of(pub, dev), x.name, 0, &again), -EPERM);
+                CHECK_EQ(gm_share_publish(pub, handle_of(pub, dev), x.name, GM_SHARE_READ_ONLY, &again), 0);
                 CHECK_EQ(gm_share_revoke(pub, x.name), 0);
         }
         CHECK(class_reaches("loaders", GM_RESOURCE_HANDLES, 1));
@@ -305,6 +315,96 @@ static void test_publish_open_revoke(void)
 out:
         gm_client_close(pub);
         CHECK(daemon_wait_base(&dmn, &base, 5000, NULL) == 0);
+}
+
+typedef struct Sealing {
+        const char *name;
+        int ready[2], go[2];
+} Sealing;
+
+/* A read-write reader that maps the share before it is sealed and writes it with its GPU after. */
+static int gpu_writer_across_seal(void *arg)
+{
+        Sealing *x = arg;
+        gm_client *c = daemon_client(&dmn, "writer");
+        void *p = NULL;
+        char b = 0;
+        int r;
+
+        REQUIRE(c);
+        REQUIRE_EQ(gm_share_open(c, x->name, GM_SHARE_WRITE, &gpus[0], 1, &p, NULL, NULL), 0);
+        REQUIRE(write(x->ready[1], "r", 1) == 1 && read(x->go[0], &b, 1) == 1);
+        r = gpu_write(c, gpus[0], (uintptr_t)p + 64, 0x5ea1ed);
+        CHECK_EQ(r, 1);
+        CHECK_EQ(gm_share_close(c, p), 0);
+        gm_client_close(c);
+        return r == 1 ? 0 : 1;
+}
+
+static int read_only_open(void *arg)
+{
+        gm_client *c = daemon_client(&dmn, "reader");
+        void *p = NULL;
+        int r;
+
+        REQUIRE(c);
+        r = gm_share_open(c, arg, 0, NULL, 0, &p, NULL, NULL);
+        gm_client_close(c);
+        return r == 0 ? 0 : 1;
+}
+
+typedef struct WriterRun {
+        Sealing *x;
+        int status;
+} WriterRun;
+
+static void *writer_thread(void *arg)
+{
+        WriterRun *w = arg;
+        w->status = run_as(UID_WRITE, gpu_writer_across_seal, w->x);
+        return NULL;
+}
+
+/*
+ * A read-only open seals the share's memory against new writable mappings; GPU access granted before keeps
+ * writing it: a read-write reader's queue, which had not touched the memory before the seal, writes after
+ * it, and the publisher sees it.
+ */
+static int seal_gpu_case(void)
+{
+        gm_client *pub = daemon_client(&dmn, "loader");
+        Sealing x = {"scratch/gpu", {-1, -1}, {-1, -1}};
+        WriterRun w = {&x, -1};
+        pthread_t th;
+        void *dev = NULL;
+        char b = 0;
+
+        REQUIRE(pub);
+        REQUIRE_EQ(pipe(x.ready), 0);
+        REQUIRE_EQ(pipe(x.go), 0);
+        REQUIRE_EQ(gm_malloc(pub, 2 * MiB, gpus[0], GM_MEM_HOST_VISIBLE, &dev), 0);
+        CHECK_EQ(gm_share_publish(pub, handle_of(pub, dev), x.name, 0, NULL), 0);
+        REQUIRE_EQ(pthread_create(&th, NULL, writer_thread, &w), 0);
+        CHECK(read(x.ready[0], &b, 1) == 1);
+        CHECK_EQ(run_as(UID_READ, read_only_open, (void *)x.name), 0);
+        CHECK(write(x.go[1], "g", 1) == 1);
+        pthread_join(th, NULL);
+        CHECK_EQ(w.status, 0);
+        CHECK_EQ(((volatile uint32_t *)dev)[64 / 4], 0x5ea1edu);
+        CHECK_EQ(gm_share_revoke(pub, x.name), 0);
+        CHECK_EQ(gm_mem_free(pub, dev), 0);
+        for (int i = 0; i < 2; i++) {
+                close(x.ready[i]);
+                close(x.go[i]);
+        }
+        gm_client_close(pub);
+        CHECK(daemon_wait_base(&dmn, &base, 5000, NULL) == 0);
+        return 0;
+}
+
+static void test_seal_keeps_gpu_writes(void)
+{
+        (void)seal_gpu_case();
 }
 
 static int open_expect(void *arg)
@@ -571,6 +671,7 @@ int main(void)
 {
         static const TestCase cases[] = {
                 {"publish, open with each role, revoke", test_publish_open_revoke},
+                {"a read-only open keeps the GPU writes granted before it", test_seal_keeps_gpu_writes},
                 {"conflicts, invalid names and denials", test_denials},
                 {"a persistent share outlives its publisher until revoked", test_persistent},
                 {"a publisher killed while a reader maps its share", test_publisher_killed},

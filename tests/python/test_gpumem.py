@@ -779,6 +779,11 @@ def test_sharing(tmp):
             imp.release()
             expect_error("releasing the import twice", imp.release, err=errno.ENOENT)
             ro.close()
+            # exported read-only, the memory is sealed: no new writable mapping of it, by anyone
+            expect_error("a read-write export after a read-only one", c.export, a, err=errno.EPERM,
+                         reason="read-only before")
+            v[12:16] = b"mine"
+            check(bytes(v[12:16]) == b"mine", "the owner's view stays writable")
             # host-visible VRAM shared writable: the peer's writes reach the owner
             dv = c.malloc(size, gpu, MemFlag.HOST_VISIBLE)
             with dv.export() as de:
@@ -806,7 +811,7 @@ def test_sharing(tmp):
             expect_error("import of a pipe", peer.import_fd, r, err=errno.EINVAL)
             os.close(r)
             os.close(w)
-            expect_error("import on no GPU", peer.import_fd, a.export(), 4242, err=errno.ENODEV)
+            expect_error("import on no GPU", peer.import_fd, a.export(read_only=True), 4242, err=errno.ENODEV)
             dv.free()
             a.free()
 

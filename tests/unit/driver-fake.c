@@ -190,7 +190,7 @@ static int file_new(const char *kind, uint64_t size)
         int fd;
 
         snprintf(name, sizeof(name), FAKE_FILE_PREFIX "%s", kind);
-        fd = memfd_create(name, MFD_CLOEXEC);
+        fd = memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING); /* a read-only export seals it */
         if (fd < 0)
                 return -errno;
         if (ftruncate(fd, (off_t)size) < 0) {
@@ -716,6 +716,25 @@ static int f_mem_export(Driver *d, DriverMem *m, int *ret_fd)
         return fd_dup_into(m->fd, ret_fd);
 }
 
+/* As the model: the seal is taken through a writable fd of the driver's own of that file, if it has one
+ * (the caller's may be read-only); it maps nothing itself. */
+static int f_file_seal(Driver *d, int fd)
+{
+        FakeDriver *f = fk(d);
+        struct stat st, mst;
+
+        if (fstat(fd, &st) < 0)
+                return -errno;
+        for (size_t i = 0; i < f->n_mems; i++) {
+                const DriverMem *m = f->mems[i];
+                if (m->live && m->fd >= 0 && fstat(m->fd, &mst) == 0 && mst.st_ino == st.st_ino &&
+                    mst.st_dev == st.st_dev &&
+                    fcntl(m->fd, F_ADD_SEALS, F_SEAL_FUTURE_WRITE | F_SEAL_SEAL) == 0)
+                        break;
+        }
+        return 0;
+}
+
 static bool f_dmabuf_is_own(Driver *d, DriverCtx *ctx, int dmabuf_fd)
 {
         (void)d;
@@ -971,6 +990,7 @@ static const DriverOps fake_ops = {
         .mem_mapped_mask = f_mem_mapped_mask,
         .mem_export = f_mem_export,
         .dmabuf_is_own = f_dmabuf_is_own,
+        .file_seal = f_file_seal,
         .grant = f_grant,
         .revoke = f_revoke,
         .managed_register = f_managed_register,

@@ -68,8 +68,9 @@ typedef struct Mem {
         uint32_t gpu_id;
         uint64_t size;
         MemState state;
-        int payer; /* its account while it lingers or a share holds it */
-        int obj;   /* the object it is of while it lives */
+        int payer;   /* its account while it lingers or a share holds it */
+        int obj;     /* the object it is of while it lives */
+        bool sealed; /* handed out read-only: its file takes no new writable mapping */
 } Mem;
 
 typedef struct Obj {
@@ -349,6 +350,18 @@ static int mem_new(World *w, BrokerKind kind, uint32_t gpu_id, uint64_t size)
         m = &w->mems[w->n_mems];
         *m = (Mem){.kind = kind, .gpu_id = gpu_id, .size = size, .state = MEM_LIVE, .payer = -1, .obj = -1};
         return (int)w->n_mems++;
+}
+
+/*
+ * Memory handed out read-only is sealed (broker_seal_read_only): 0, or -EPERM for a file the test made
+ * itself (memfd_create without MFD_ALLOW_SEALING: sealed against seals), which cannot be.
+ */
+static int mem_seal(World *w, int mi)
+{
+        if (w->mems[mi].kind == BROKER_KIND_IMPORT)
+                return -EPERM;
+        w->mems[mi].sealed = true;
+        return 0;
 }
 
 /* A new object of client @ci, as the broker told it; the rest is the caller's to fill in. */
@@ -1928,6 +1941,12 @@ static void op_set_access(World *w)
                         failed = true;
                         break;
                 }
+                /* memory sealed read-only takes no new writable mapping */
+                if (cpu_desc->access == BROKER_ACCESS_READ_WRITE && w->mems[p->mem].sealed) {
+                        failed = true;
+                        sim_r = -EPERM;
+                        break;
+                }
                 p->handed_out = true;
                 files[n_files].mem = p->mem;
                 files[n_files++].ro = cpu_desc->access != BROKER_ACCESS_READ_WRITE;
@@ -2002,8 +2021,13 @@ static void op_export(World *w)
                 fault_maybe(w, ops, 1);
         }
         r = broker_export(w->clients[ci].bc, h, ro, &fd, &size, &why);
-        if (fault_fired(w))
+        if (fault_fired(w)) {
                 want = w->fault.err;
+        } else if (!want) {
+                /* the file made, it is sealed when handed out read-only, or refused read-write if it was */
+                want = ro || obj_read_only(o) ? mem_seal(w, o->mem) : w->mems[o->mem].sealed ? -EPERM : 0;
+                o->backing |= taken;
+        }
         expect_rc(w, r, want, &why);
         if (r < 0)
                 return;
@@ -2090,7 +2114,7 @@ static void op_import(World *w)
         o->mem = mi;
         o->client_refs = 1;
         o->foreign = !own;
-        o->read_only = ro || src_ro;
+        o->read_only = ro || src_ro || w->mems[mi].sealed; /* a sealed file imports read-only */
         o->flags = o->read_only ? BROKER_FLAG_READ_ONLY : 0;
         o->backing = !own && w->fdps;
 }
@@ -2160,11 +2184,14 @@ static void op_share_publish(World *w)
         bool fired;
         r = broker_share_publish(w->clients[ci].bc, h, name, ro, persistent, &info, &why);
         fired = fault_fired(w);
-        if (fired)
+        if (fired) {
                 want = w->fault.err;
-        else if (!want && share_named(w, name) >= 0) {
-                want = -EEXIST;
-                o->backing |= taken; /* the driver made the file before the name was found taken */
+        } else if (!want) {
+                /* the driver made the file; sealed for a read-only share, refused read-write if it was */
+                o->backing |= taken;
+                want = ro || obj_read_only(o) ? mem_seal(w, o->mem) : w->mems[o->mem].sealed ? -EPERM : 0;
+                if (!want && share_named(w, name) >= 0)
+                        want = -EEXIST;
         }
         expect_rc(w, r, want, &why);
         if (r < 0)
@@ -2236,13 +2263,21 @@ static void op_share_open(World *w)
                         want = -EBUSY;
         if (!want && write && w->shares[si].read_only)
                 want = -EACCES;
+        if (!want && write && w->mems[w->shares[si].mem].sealed)
+                want = -EPERM;
         if (!want) {
                 static const FakeOp ops[] = {FAKE_OP_CTX_NEW, FAKE_OP_IMPORT, FAKE_OP_GRANT};
                 fault_maybe(w, ops, 3);
         }
         before = fake_ctx_last(w->drv);
         r = broker_share_open(w->clients[ci].bc, name, write, ids, n, &handle, &info, &fd, &why);
-        if (!outcome(w, ci, before, r, want, &why))
+        note_ctx(w, ci, before);
+        bool fired = fault_fired(w);
+        /* a read-only reader's open seals the memory before the driver imports it */
+        if (!want && (!write || w->shares[si].read_only) && (!fired || w->fault.op != FAKE_OP_CTX_NEW))
+                w->mems[w->shares[si].mem].sealed = true;
+        expect_rc(w, r, fired ? w->fault.err : want, &why);
+        if (r < 0)
                 return;
         Share *s = &w->shares[si];
         int oi = obj_new(w, ci, BROKER_KIND_SHARE, handle, s->size, s->gpu_id);
@@ -3001,6 +3036,28 @@ static void op_restart(World *w)
                 if (w->shares[i].named && w->shares[i].held)
                         w->shares[i].carry_mem = w->shares[i].kind == BROKER_KIND_DEVICE ||
                                                  w->shares[i].kind == BROKER_KIND_VMM;
+        /* imports and readers of memory sealed since they had it read-write have it read-only now, and
+         * what wrote it (GPU grants, CPU access) reads it */
+        for (size_t i = 0; i < w->n_objs; i++) {
+                Obj *o = &w->objs[i];
+                if (!o->live || o->read_only ||
+                    (o->kind != BROKER_KIND_IMPORT && o->kind != BROKER_KIND_SHARE) || o->mem < 0 ||
+                    !w->mems[o->mem].sealed)
+                        continue;
+                o->read_only = true;
+                if (o->kind == BROKER_KIND_SHARE)
+                        o->flags = BROKER_FLAG_READ_ONLY;
+                for (size_t k = 0; k < w->n_maps; k++) {
+                        Map *m = &w->maps[k];
+                        if (!m->live || m->phys != (int)i)
+                                continue;
+                        for (int g = 0; g < N_GPUS; g++)
+                                if (m->access[g] == BROKER_ACCESS_READ_WRITE)
+                                        m->access[g] = BROKER_ACCESS_READ;
+                        if (m->cpu_access == BROKER_ACCESS_READ_WRITE)
+                                m->cpu_access = BROKER_ACCESS_READ;
+                }
+        }
         for (size_t i = 0; i < w->n_objs; i++) {
                 uint32_t now[FAKE_SVM_ATTRS];
                 if (!w->objs[i].live || w->objs[i].kind != BROKER_KIND_MANAGED)
