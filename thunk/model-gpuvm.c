@@ -105,6 +105,23 @@ void model_gpuvm_forget(ThunkModel *m, ModelBuf *b)
         *v = vs->v[--vs->n];
 }
 
+/*
+ * Between rounds, when no engine holds a pointer into a view: past MODEL_VIEWS_KEEP views, drop them all.
+ * Each is an entry of the process's memory map, and a client touching one buffer after another with
+ * fences would otherwise keep one per buffer it ever touched, up to vm.max_map_count, where every mmap of
+ * the process fails, other clients' included. The views in use come back at their next access.
+ */
+void model_gpuvm_trim(ThunkModel *m)
+{
+        struct ModelViews *vs = m->views;
+
+        if (!vs || vs->n <= MODEL_VIEWS_KEEP)
+                return;
+        for (size_t i = 0; i < vs->n; i++)
+                munmap(vs->v[i].base, vs->v[i].size);
+        vs->n = vs->last = 0;
+}
+
 void model_gpuvm_release(ThunkModel *m)
 {
         struct ModelViews *vs = m->views;

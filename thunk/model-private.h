@@ -402,3 +402,6 @@ void model_cp_stop(ThunkModel *m);
 int model_gpuvm_hold(ThunkModel *m, ModelBuf *b);
 void model_gpuvm_forget(ThunkModel *m, ModelBuf *b);
 void model_gpuvm_release(ThunkModel *m);
+/* The engines' CPU views kept between rounds of the command processor: past this many, all are dropped. */
+#define MODEL_VIEWS_KEEP 64
+void model_gpuvm_trim(ThunkModel *m);

@@ -700,6 +700,7 @@ unsigned int thunk_model_run_engines(ThunkModel *m)
 
         pthread_mutex_lock(&m->lock);
         done = cp_round(m);
+        model_gpuvm_trim(m);
         pthread_mutex_unlock(&m->lock);
         return done;
 }
@@ -717,7 +718,10 @@ static void *cp_main(void *arg)
                         pthread_cond_wait(&m->cp_cond, &m->lock);
                         continue;
                 }
-                if (cp_round(m)) {
+                bool busy = cp_round(m);
+
+                model_gpuvm_trim(m); /* no engine is inside a buffer between rounds */
+                if (busy) {
                         /* busy: ioctls still get the lock between rounds, so an engine moving gigabytes
                          * does not keep the process from waiting on its events */
                         idle_us = 0;
