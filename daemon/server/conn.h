@@ -89,8 +89,10 @@ typedef struct Conn {
         uint64_t connected_real_usec;
         ThunkVaSpace *window;
         uint64_t window_base, window_size;
+        uint64_t window_tail;             /* bytes after the window reserved with it (its guard), or 0 */
         ThunkVaSpace *window_rejected[4]; /* windows this client could not reserve, held until it leaves */
-        bool low_window;                  /* its windows lie below 1 TiB (asked for at hello) */
+        uint64_t window_rejected_tail[4];
+        bool low_window; /* its windows lie below 1 TiB (asked for at hello) */
         unsigned n_window_rejected;
         LogRatelimit log_rl;
         BrokerClient *broker;            /* the client's memory objects, from its first memory op */

@@ -16,12 +16,29 @@
 #define MAP_FIXED_NOREPLACE 0x100000
 #endif
 
-/* Reserve [base, base+size) in the daemon; -EEXIST when something of the daemon's already lives there. */
-/* A window's place in the daemon: reserved, never mapped over (0, or -EEXIST where something lies there). */
-static int reserve_here(uint64_t base, uint64_t size)
+static int reserve_range(uint64_t base, uint64_t size)
 {
         return map_at(base, size, PROT_NONE,
                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED_NOREPLACE, -1, 0);
+}
+
+/*
+ * A window's place in the daemon: reserved, never mapped over (0, or -EEXIST where something lies there).
+ * The space's guard after the window is reserved with it when it is free (*@ret_tail: its bytes, else 0):
+ * windows handed out one after the other then touch, and the kernel merges their reservations into one
+ * mapping, so that a thousand clients cost the daemon one entry of vm.max_map_count, not a thousand.
+ */
+static int reserve_here(const ThunkVaSpace *space, uint64_t base, uint64_t size, uint64_t *ret_tail)
+{
+        uint64_t guard = thunk_va_space_guard(space);
+
+        *ret_tail = 0;
+        if (guard && base + size + guard <= thunk_va_space_limit(space) &&
+            reserve_range(base, size + guard) == 0) {
+                *ret_tail = guard;
+                return 0;
+        }
+        return reserve_range(base, size);
 }
 
 typedef struct Range {
@@ -78,7 +95,7 @@ int window_space_init(ThunkVaSpace *va)
         return 0;
 }
 
-static int window_new(Conn *c, uint64_t size, ThunkVaSpace **ret)
+static int window_new(Conn *c, uint64_t size, ThunkVaSpace **ret, uint64_t *ret_tail)
 {
         Manager *m = c->m;
         ThunkVaSpace *blocked[32];
@@ -94,7 +111,7 @@ static int window_new(Conn *c, uint64_t size, ThunkVaSpace **ret)
                 r = thunk_va_space_new_window(space, size, WINDOW_ALIGN, WINDOW_GUARD, &w);
                 if (r < 0)
                         break;
-                reserve_here(thunk_va_space_base(w), size);
+                reserve_here(space, thunk_va_space_base(w), size, ret_tail);
                 if (r == 0) {
                         *ret = w;
                         break;
@@ -183,7 +200,7 @@ int window_assign(Conn *c, uint64_t size, char *reason, size_t len)
         r = window_quota(c, size, reason, len);
         if (r < 0)
                 return r;
-        r = window_new(c, size, &w);
+        r = window_new(c, size, &w, &c->window_tail);
         if (r < 0)
                 return r;
         c->window = w;
@@ -206,7 +223,7 @@ int window_restore(Conn *c, uint64_t base, uint64_t size)
         r = thunk_va_space_new_window_at(space, base, size, WINDOW_GUARD, &w);
         if (r < 0)
                 return r;
-        r = reserve_here(base, size);
+        r = reserve_here(space, base, size, &c->window_tail);
         if (r < 0) {
                 thunk_va_space_free(w);
                 return r == -EEXIST ? -EADDRINUSE : r;
@@ -220,6 +237,7 @@ int window_restore(Conn *c, uint64_t base, uint64_t size)
 int window_retry(Conn *c, uint64_t failed_base, char *reason, size_t len)
 {
         ThunkVaSpace *old = c->window, *w = NULL;
+        uint64_t tail = 0;
         int r;
 
         if (!old || failed_base != c->window_base)
@@ -230,12 +248,14 @@ int window_retry(Conn *c, uint64_t failed_base, char *reason, size_t len)
         if (r < 0)
                 return r;
         /* Allocate the new window while the old one is still held, so it cannot come back. */
-        r = window_new(c, c->window_size, &w);
+        r = window_new(c, c->window_size, &w, &tail);
         if (r < 0)
                 return r;
         /* Keep the rejected range (books and reservation) for this client's lifetime: its address space is
          * busy there, and handing it to the next client is fine but to this one pointless. */
+        c->window_rejected_tail[c->n_window_rejected] = c->window_tail;
         c->window_rejected[c->n_window_rejected++] = old;
+        c->window_tail = tail;
         c->window = w;
         c->window_base = thunk_va_space_base(w);
         return 0;
@@ -243,21 +263,26 @@ int window_retry(Conn *c, uint64_t failed_base, char *reason, size_t len)
 
 void window_take(Conn *c, WindowSet *ret)
 {
-        *ret = (WindowSet){.window = c->window, .base = c->window_base, .size = c->window_size};
-        while (c->n_window_rejected > 0 && ret->n_rejected < WINDOW_MAX_RETRIES)
-                ret->rejected[ret->n_rejected++] = c->window_rejected[--c->n_window_rejected];
+        *ret = (WindowSet){
+                .window = c->window, .base = c->window_base, .size = c->window_size, .tail = c->window_tail};
+        while (c->n_window_rejected > 0 && ret->n_rejected < WINDOW_MAX_RETRIES) {
+                c->n_window_rejected--;
+                ret->rejected_tail[ret->n_rejected] = c->window_rejected_tail[c->n_window_rejected];
+                ret->rejected[ret->n_rejected++] = c->window_rejected[c->n_window_rejected];
+        }
         c->window = NULL;
 }
 
 void window_set_release(WindowSet *ws)
 {
         if (ws->window) {
-                munmap((void *)(uintptr_t)ws->base, ws->size);
+                munmap((void *)(uintptr_t)ws->base, ws->size + ws->tail);
                 ws->window = thunk_va_space_free(ws->window);
         }
         while (ws->n_rejected > 0) {
                 ThunkVaSpace *w = ws->rejected[--ws->n_rejected];
-                munmap((void *)(uintptr_t)thunk_va_space_base(w), ws->size);
+                munmap((void *)(uintptr_t)thunk_va_space_base(w),
+                       ws->size + ws->rejected_tail[ws->n_rejected]);
                 thunk_va_space_free(w);
         }
 }

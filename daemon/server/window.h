@@ -54,8 +54,9 @@ void window_release(Conn *c);
 /* A connection's windows taken out of it, to be released later (after a teardown in slices). */
 typedef struct WindowSet {
         ThunkVaSpace *window;
-        uint64_t base, size;
+        uint64_t base, size, tail;
         ThunkVaSpace *rejected[WINDOW_MAX_RETRIES];
+        uint64_t rejected_tail[WINDOW_MAX_RETRIES];
         unsigned n_rejected;
 } WindowSet;
 
