@@ -63,6 +63,14 @@ static volatile uint64_t *event_slot(const BrokerClient *c, uint32_t id)
  * reach it; the driver reports it by id when it fires. Nothing to do where the client has no context of its
  * own (the daemon's is shared) or the driver hands every interrupt out.
  */
+static int listeners_full(Reason *w)
+{
+        return reason_set(
+                w, -EUSERS,
+                "the daemon waits on the events of as many clients' GPU contexts as max-event-threads "
+                "allows: try again when one has gone");
+}
+
 static int event_mirror(BrokerClient *c, uint32_t type, uint32_t id, Reason *w)
 {
         uint64_t va = 0, size = 0;
@@ -79,8 +87,9 @@ static int event_mirror(BrokerClient *c, uint32_t type, uint32_t id, Reason *w)
                 return r;
         if (type == EVENTS_TYPE_MEMORY) { /* the driver's own memory event hears the faults */
                 r = driver_ctx_listen(c->b->drv, ctx);
-                return r < 0 ? reason_set(w, r, "cannot listen to the client's context: %s", strerror(-r))
-                             : 0;
+                return r == -EUSERS ? listeners_full(w)
+                       : r < 0 ? reason_set(w, r, "cannot listen to the client's context: %s", strerror(-r))
+                               : 0;
         }
         if (!c->fired) {
                 uint64_t *f = calloc(EVENTS_SIGNAL_LIMIT / 64, sizeof(*f));
@@ -97,6 +106,8 @@ static int event_mirror(BrokerClient *c, uint32_t type, uint32_t id, Reason *w)
                         page = o->mem;
         }
         r = driver_event_mirror_add(c->b->drv, ctx, page, id);
+        if (r == -EUSERS)
+                return listeners_full(w);
         if (r < 0)
                 return reason_set(w, r,
                                   r == -EBUSY

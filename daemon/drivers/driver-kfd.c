@@ -43,8 +43,11 @@ _Static_assert(sizeof(DriverSvmAttr) == sizeof(ThunkSvmAttr), "svm attr layout")
  * destroyed. The mirrored events are manual-reset: a wait for any of them does not say which, so after it
  * the thread looks at each (a wait of 0 ms) and resets those signalled.
  */
+typedef struct KfdDriver KfdDriver;
+
 typedef struct Listener {
         struct Listener *next;
+        KfdDriver *k;
         ThunkContext *ctx;
         pthread_mutex_t lock; /* all below; held while @fn is called */
         DriverInterruptFn fn;
@@ -59,15 +62,16 @@ typedef struct Listener {
         pthread_t thread;
 } Listener;
 
-typedef struct KfdDriver {
+struct KfdDriver {
         Driver base;
-        pthread_mutex_t listeners_lock; /* the list */
+        pthread_mutex_t listeners_lock; /* the list and the count */
         Listener *listeners;
+        unsigned n_threads, max_threads; /* listeners whose thread runs, and the most at once */
         ThunkDevice *dev;
         ThunkContext *primary;
         ThunkModel *model;    /* NULL on the kernel */
         DoorbellRelay *relay; /* rings the queues' doorbells: on the kernel, and on a model with doorbells */
-} KfdDriver;
+};
 
 /* The driver's handles are the thunk's own objects, passed through as opaque pointers. */
 static KfdDriver *kfd(Driver *d)
@@ -217,6 +221,7 @@ static Listener *listener_of(KfdDriver *k, ThunkContext *ctx, bool make)
                 ;
         if (!l && make && (l = calloc(1, sizeof(*l)))) {
                 l->ctx = ctx;
+                l->k = k;
                 pthread_mutex_init(&l->lock, NULL);
                 l->next = k->listeners;
                 k->listeners = l;
@@ -342,6 +347,27 @@ static void listener_kick(Listener *l)
                 (void)thunk_event_destroy(l->ctx, old);
 }
 
+/* A thread more for a listener, if the limit allows: 0 or -EUSERS. */
+static int listener_thread_take(KfdDriver *k)
+{
+        int r = 0;
+
+        pthread_mutex_lock(&k->listeners_lock);
+        if (k->n_threads >= k->max_threads)
+                r = -EUSERS;
+        else
+                k->n_threads++;
+        pthread_mutex_unlock(&k->listeners_lock);
+        return r;
+}
+
+static void listener_thread_give(KfdDriver *k)
+{
+        pthread_mutex_lock(&k->listeners_lock);
+        k->n_threads--;
+        pthread_mutex_unlock(&k->listeners_lock);
+}
+
 /* Under l->lock: the listener's memory and kick events, and its thread. */
 static int listener_start(Listener *l)
 {
@@ -350,9 +376,14 @@ static int listener_start(Listener *l)
 
         if (l->started)
                 return 0;
-        r = thunk_event_create(l->ctx, KFD_IOC_EVENT_MEMORY, true, NULL, &l->memory);
+        r = listener_thread_take(l->k);
         if (r < 0)
                 return r;
+        r = thunk_event_create(l->ctx, KFD_IOC_EVENT_MEMORY, true, NULL, &l->memory);
+        if (r < 0) {
+                listener_thread_give(l->k);
+                return r;
+        }
         l->has_kick = thunk_event_create(l->ctx, KFD_IOC_EVENT_NODECHANGE, false, NULL, &l->kick) == 0;
         pthread_attr_init(&at);
         pthread_attr_setstacksize(&at, 64 << 10); /* one per client context: it only waits */
@@ -363,6 +394,7 @@ static int listener_start(Listener *l)
                         (void)thunk_event_destroy(l->ctx, l->kick);
                 l->has_kick = false;
                 (void)thunk_event_destroy(l->ctx, l->memory);
+                listener_thread_give(l->k);
                 return r;
         }
         l->started = true;
@@ -389,8 +421,10 @@ static void listener_end(KfdDriver *k, ThunkContext *ctx)
         if (l->started)
                 listener_kick(l);
         pthread_mutex_unlock(&l->lock);
-        if (l->started) /* without a kick event it sees the stop at its next look (LISTEN_SHORT_MS) */
+        if (l->started) { /* without a kick event it sees the stop at its next look (LISTEN_SHORT_MS) */
                 pthread_join(l->thread, NULL);
+                listener_thread_give(k);
+        }
         pthread_mutex_destroy(&l->lock);
         free(l->ids);
         free(l);
@@ -891,6 +925,7 @@ int driver_kfd_open(const DriverKfdOptions *o, Driver **ret, char *errbuf, size_
         k->base.ops = &kfd_ops;
         k->base.name = thunk_device_backend_name(k->dev);
         pthread_mutex_init(&k->listeners_lock, NULL);
+        k->max_threads = o->max_listeners ? o->max_listeners : DRIVER_MAX_LISTENERS;
         k->primary = thunk_device_primary_context(k->dev);
         k->model = thunk_device_model(k->dev);
         if (!k->model || o->model_doorbells) {
@@ -907,7 +942,7 @@ int driver_kfd_open(const DriverKfdOptions *o, Driver **ret, char *errbuf, size_
 
 static int open_kernel(const DriverOpenArgs *a, Driver **ret, char *errbuf, size_t errlen)
 {
-        DriverKfdOptions o = {.topology_root = a->topology_root};
+        DriverKfdOptions o = {.topology_root = a->topology_root, .max_listeners = a->max_listeners};
         struct stat st;
 
         /* the default backend: on a machine without the amdgpu driver say so, and what else there is,
@@ -928,7 +963,8 @@ static int open_model(const DriverOpenArgs *a, Driver **ret, char *errbuf, size_
         DriverKfdOptions o = {.model = true,
                               .topology_root = a->topology_root,
                               .model_kfd_minor = a->model_kfd_minor,
-                              .model_doorbells = true};
+                              .model_doorbells = true,
+                              .max_listeners = a->max_listeners};
         return driver_kfd_open(&o, ret, errbuf, errlen);
 }
 

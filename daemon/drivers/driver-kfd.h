@@ -14,6 +14,7 @@ typedef struct DriverKfdOptions {
         /* the model's queues run up to their doorbells, as the kernel's do, and the driver rings them from
          * the write pointers as it must on the kernel (DRIVER_CAP_DOORBELL_RELAY) */
         bool model_doorbells;
+        uint32_t max_listeners; /* event threads for client contexts at once (0: DRIVER_MAX_LISTENERS) */
 } DriverKfdOptions;
 
 /* Open the device: topology, KFD version, apertures, a GPU VM on every GPU. @errbuf gets the reason. */

@@ -541,7 +541,15 @@ typedef struct DriverOpenArgs {
         const char *topology_root; /* the device's topology (NULL: the system's); with DRIVER_BACKEND_PRESET
                                       the preset's directory */
         uint32_t model_kfd_minor;  /* the KFD model: the ABI minor version it reports (0: its newest) */
+        uint32_t max_listeners; /* threads that wait on clients' contexts' events (0: DRIVER_MAX_LISTENERS) */
 } DriverOpenArgs;
+
+/*
+ * A driver whose event waits block (the KFD's) waits on each client context in a thread of its own. These
+ * threads are bounded: past the limit a client's first fault or signal event in its own context is refused
+ * with -EUSERS, so clients can never make the daemon run a thread each.
+ */
+#define DRIVER_MAX_LISTENERS 32
 
 enum {
         DRIVER_BACKEND_PRESET = 1u << 0, /* simulated: its topology comes from a model preset */
