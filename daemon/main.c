@@ -14,6 +14,32 @@
 #include "config/options.h"
 #include "config/policy.h"
 
+/*
+ * The kernel's OOM killer picks by resident memory, and the daemon has every tenant's host memory resident
+ * (it populates the pages through its own mapping): it would be the first choice, and its end would take
+ * every client's memory with it. At -900 a tenant's process goes first, and its end frees its memory
+ * through the daemon. Lowering needs CAP_SYS_RESOURCE, which the unit does not give: there systemd sets it
+ * (OOMScoreAdjust=), and this only lowers what it finds above.
+ */
+#define GPUMEMD_OOM_SCORE_ADJ (-900)
+
+static void set_oom_score(void)
+{
+        FILE *f = fopen("/proc/self/oom_score_adj", "r+e");
+        int now = 0;
+
+        if (!f)
+                return;
+        if (fscanf(f, "%d", &now) == 1 && now > GPUMEMD_OOM_SCORE_ADJ) {
+                rewind(f);
+                if (fprintf(f, "%d\n", GPUMEMD_OOM_SCORE_ADJ) < 0 || fflush(f) != 0)
+                        log_notice("cannot lower the OOM score adjustment to %d (now %d): %m; set "
+                                   "OOMScoreAdjust= in the unit",
+                                   GPUMEMD_OOM_SCORE_ADJ, now);
+        }
+        fclose(f);
+}
+
 int main(int argc, char **argv)
 {
         Options opts;
@@ -59,6 +85,7 @@ int main(int argc, char **argv)
 
         /* Writes to a vanished client must fail with EPIPE, never kill the daemon. */
         signal(SIGPIPE, SIG_IGN);
+        set_oom_score();
 
         /* Every client holds a socket and a pidfd here, host and managed memory a memfd each, and the KFD
          * model one memfd per buffer that can be shared (docs/thunk-model.md): take all the fds the hard

@@ -33,6 +33,12 @@
 /* Objects a departed client's teardown frees per loop round, other clients' requests in between. */
 #define MANAGER_TEARDOWN_SLICE 4096
 #define DRAIN_TIMEOUT_USEC     (3u * 1000000u)
+/* vm.max_map_count where it cannot be read (the kernel's default), and the least left to the daemon itself.
+ */
+#define MANAGER_MAP_COUNT_DEFAULT 65530u
+#define MANAGER_OWN_MAPPINGS      8192u
+
+static void set_client_limits(Manager *m);
 
 static void on_status_timer(evutil_socket_t fd, short what, void *userdata)
 {
@@ -441,6 +447,10 @@ int manager_reload(Manager *m)
         WRITE_ONCE(m->opts.send_timeout_sec, next.send_timeout_sec);
         m->opts.window_size = next.window_size;
         m->opts.max_window_bytes_per_uid = next.max_window_bytes_per_uid;
+        m->opts.max_mappings = next.max_mappings;
+        m->opts.max_mappings_per_uid = next.max_mappings_per_uid;
+        m->opts.max_host_per_uid = next.max_host_per_uid;
+        set_client_limits(m);
         memcpy(m->opts.admin_gids, next.admin_gids, sizeof(next.admin_gids));
         m->opts.n_admin_gids = next.n_admin_gids;
         log_set_level(m->opts.log_level);
@@ -455,7 +465,8 @@ static int open_backend(Manager *m)
         const DriverBackend *b = driver_backend_find(m->opts.backend);
         char preset[PATH_MAX], err[512] = "";
         DriverOpenArgs a = {.topology_root = m->opts.topology_root,
-                            .model_kfd_minor = m->opts.model_kfd_minor};
+                            .model_kfd_minor = m->opts.model_kfd_minor,
+                            .max_listeners = m->opts.max_event_threads};
         int r;
 
         if (!b)
@@ -679,6 +690,34 @@ static int manager_alloc(const Options *opts, Manager **ret)
         return m->base ? 0 : -ENOMEM;
 }
 
+/*
+ * What clients' objects may cost in entries of the daemon's memory map: max-mappings (by default half of
+ * vm.max_map_count, the other half the daemon's own: its libraries, threads, the windows' reservations and
+ * the model's), and of one uid max-mappings-per-uid (an eighth of that). Over the kernel's limit every mmap
+ * of the daemon fails, another tenant's allocation and the next connection's as much as the offender's.
+ * And the host memory of one uid (max-host-per-uid), over all its classes.
+ */
+static void set_client_limits(Manager *m)
+{
+        _cleanup_fclose_ FILE *f = fopen("/proc/sys/vm/max_map_count", "re");
+        unsigned long long kernel = MANAGER_MAP_COUNT_DEFAULT;
+        uint64_t total, per_uid;
+
+        if (!f || fscanf(f, "%llu", &kernel) != 1 || kernel < 2 * MANAGER_OWN_MAPPINGS)
+                kernel = MANAGER_MAP_COUNT_DEFAULT;
+        total = m->opts.max_mappings ? m->opts.max_mappings : kernel / 2;
+        if (total > kernel - MANAGER_OWN_MAPPINGS) {
+                log_warning("max-mappings %llu leaves the daemon less than %u of vm.max_map_count %llu: %llu "
+                            "used",
+                            (unsigned long long)total, MANAGER_OWN_MAPPINGS, kernel,
+                            kernel - MANAGER_OWN_MAPPINGS);
+                total = kernel - MANAGER_OWN_MAPPINGS;
+        }
+        per_uid = m->opts.max_mappings_per_uid ? m->opts.max_mappings_per_uid : total / 8;
+        broker_set_mapping_limits(m->broker, total, per_uid > total ? total : per_uid);
+        broker_set_host_per_uid(m->broker, m->opts.max_host_per_uid ? m->opts.max_host_per_uid : UINT64_MAX);
+}
+
 /* The device and what the daemon keeps of it: the backend, the topology reply, the VA space, the broker. */
 static int open_device(Manager *m)
 {
@@ -693,7 +732,11 @@ static int open_device(Manager *m)
         r = setup_va(m);
         if (r < 0)
                 return r;
-        return broker_new(m->drv, &m->broker);
+        r = broker_new(m->drv, &m->broker);
+        if (r < 0)
+                return r;
+        set_client_limits(m);
+        return 0;
 }
 
 /*

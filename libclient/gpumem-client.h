@@ -605,9 +605,11 @@ enum {
         GM_RESOURCE_HANDLES = 4, /**< objects */
         GM_RESOURCE_FDS = 5,     /**< fds the daemon holds */
         GM_RESOURCE_CONNECTIONS = 6,
-        GM_RESOURCE_INFLIGHT = 7, /**< requests in flight */
-        GM_RESOURCE_WINDOWS = 8,  /**< VA windows, current and refused ones */
-        GM_RESOURCE_QUEUES = 9,   /**< user-mode queues the daemon runs (protocol 2) */
+        GM_RESOURCE_INFLIGHT = 7,  /**< requests in flight */
+        GM_RESOURCE_WINDOWS = 8,   /**< VA windows, current and refused ones */
+        GM_RESOURCE_QUEUES = 9,    /**< user-mode queues the daemon runs (protocol 2) */
+        GM_RESOURCE_MAPPINGS = 10, /**< entries of the daemon's memory map the class's objects cost */
+        GM_RESOURCE_SHARES = 11,   /**< named shares the class has published */
 };
 #define GM_UNLIMITED UINT64_MAX
 

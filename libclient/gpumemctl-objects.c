@@ -194,7 +194,8 @@ static const char *const resource_names[] = {
         [GM_RESOURCE_MANAGED] = "managed",   [GM_RESOURCE_HANDLES] = "handles",
         [GM_RESOURCE_FDS] = "fds",           [GM_RESOURCE_CONNECTIONS] = "connections",
         [GM_RESOURCE_INFLIGHT] = "inflight", [GM_RESOURCE_WINDOWS] = "windows",
-        [GM_RESOURCE_QUEUES] = "queues",
+        [GM_RESOURCE_QUEUES] = "queues",     [GM_RESOURCE_MAPPINGS] = "mappings",
+        [GM_RESOURCE_SHARES] = "shares",
 };
 
 static const char *resource_name(int r)

@@ -4,6 +4,7 @@
 #include <ctype.h>
 #include <string.h>
 #include <strings.h>
+#include <unistd.h>
 
 /* The whole unsigned number at the start of @s, and where it ends: no sign, no blank before it. */
 static int read_number(const char *s, unsigned long long *ret, char **ret_end)
@@ -69,6 +70,29 @@ int parse_size(const char *s, uint64_t *ret)
         if (shift && v > (UINT64_MAX >> shift))
                 return -ERANGE;
         *ret = (uint64_t)v << shift;
+        return 0;
+}
+
+int parse_size_or_percent(const char *s, uint64_t *ret)
+{
+        size_t n = strlen(s);
+        long pages, page;
+        uint64_t pct;
+        char num[16];
+
+        if (n == 0 || s[n - 1] != '%')
+                return parse_size(s, ret);
+        if (n - 1 == 0 || n - 1 >= sizeof(num))
+                return -EINVAL;
+        memcpy(num, s, n - 1);
+        num[n - 1] = '\0';
+        if (parse_uint(num, 100, &pct) < 0 || pct == 0)
+                return -EINVAL;
+        pages = sysconf(_SC_PHYS_PAGES);
+        page = sysconf(_SC_PAGESIZE);
+        if (pages <= 0 || page <= 0)
+                return -EINVAL;
+        *ret = (uint64_t)pages / 100 * pct * (uint64_t)page;
         return 0;
 }
 

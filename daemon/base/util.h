@@ -38,6 +38,8 @@ static inline struct timespec timespec_after_usec(clockid_t clock, uint64_t usec
 
 /* Parse a whole unsigned number (decimal, or 0x hex) with an optional binary size suffix (K, M, G, T). */
 int parse_size(const char *s, uint64_t *ret);
+/* parse_size(), or "N%": N percent (1 to 100) of the node's memory as it is now. */
+int parse_size_or_percent(const char *s, uint64_t *ret);
 /* Parse a whole unsigned number with no suffix. */
 int parse_uint(const char *s, uint64_t max, uint64_t *ret);
 /* Parse yes/no/true/false/1/0/on/off. */

@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "broker-private.h"
@@ -12,6 +13,7 @@ void broker_account_init(BrokerAccount *a, const char *name)
         memset(a, 0, sizeof(*a));
         a->name = name;
         a->max_vram = a->max_host = a->max_managed = a->max_handles = a->max_fds = a->max_queues = UINT64_MAX;
+        a->max_mappings = a->max_shares = UINT64_MAX;
         a->max_foreign = a->max_foreign_one = a->max_host_one = UINT64_MAX;
         for (size_t i = 0; i < BROKER_MAX_GPUS; i++)
                 a->max_vram_gpu[i] = UINT64_MAX;
@@ -65,10 +67,17 @@ static bool file_on_export(const Broker *b, const Obj *o)
                (o->kind == BROKER_KIND_DEVICE || o->kind == BROKER_KIND_VMM);
 }
 
+/* Does an object of @kind live mapped in the daemon? Host and managed memory, but an SVM range's (@outer). */
+static bool mapped_here(BrokerKind kind, bool outer)
+{
+        return (kind == BROKER_KIND_HOST || kind == BROKER_KIND_MANAGED) && !outer;
+}
+
 Charge broker_obj_charge(const Obj *o)
 {
         return (Charge){.objects = 1,
                         .held_fds = (o->memfd >= 0) + o->backing_fd,
+                        .mappings = mapped_here(o->kind, o->outer) ? BROKER_OBJ_MAPPINGS : 0,
                         .kind = o->kind,
                         .gpu_id = o->gpu_id,
                         .bytes = o->size,
@@ -83,6 +92,8 @@ void broker_usage_apply(BrokerUsage *u, const Broker *b, const Charge *ch, int s
         u->objects += (uint64_t)(sign * (int64_t)ch->objects);
         u->held_fds += (uint32_t)(sign * (int32_t)ch->held_fds);
         u->queues += (uint32_t)(sign * (int32_t)ch->queues);
+        u->mappings += (uint64_t)(sign * (int64_t)ch->mappings);
+        u->shares += (uint32_t)(sign * (int32_t)ch->shares);
         switch (ch->kind) {
         case BROKER_KIND_DEVICE:
                 u->device_bytes += (uint64_t)d;
@@ -145,6 +156,10 @@ static int fits(const Broker *b, const BrokerAccount *a, const Charge *ch, Reaso
                 return over(w, a, "fd", a->max_fds, u->held_fds, ch->held_fds, false);
         if (ch->queues && (uint64_t)u->queues + ch->queues > a->max_queues)
                 return over(w, a, "queue", a->max_queues, u->queues, ch->queues, false);
+        if (ch->mappings && u->mappings + ch->mappings > a->max_mappings)
+                return over(w, a, "daemon mapping", a->max_mappings, u->mappings, ch->mappings, false);
+        if (ch->shares && (uint64_t)u->shares + ch->shares > a->max_shares)
+                return over(w, a, "named share", a->max_shares, u->shares, ch->shares, false);
         switch (ch->kind) {
         case BROKER_KIND_DEVICE:
         case BROKER_KIND_VMM: {
@@ -194,6 +209,148 @@ void broker_totals_apply(Broker *b, const Charge *ch, int sign)
         pthread_mutex_unlock(&b->lock);
 }
 
+/* Does @ch count against its uid's host memory? Live host memory (GTT included) does. */
+static uint64_t uid_host_bytes(const Charge *ch)
+{
+        return ch->kind == BROKER_KIND_HOST && !ch->lingering ? ch->bytes : 0;
+}
+
+/*
+ * Would @ch keep the client's uid within its limits (host memory, mappings) and the daemon's mappings
+ * within theirs? Under b->lock.
+ */
+static int daemon_fits(const BrokerClient *c, const Charge *ch, Reason *w)
+{
+        const Broker *b = c->b;
+        uint64_t host = uid_host_bytes(ch);
+        char b1[32], b2[32], b3[32];
+
+        if (c->uid && host && (host > b->max_host_uid || c->uid->host_bytes > b->max_host_uid - host))
+                return reason_set(w, -EDQUOT, "uid %u host memory limit: %s in use of %s, %s asked",
+                                  (unsigned)c->uid->uid, broker_human(c->uid->host_bytes, b1, sizeof(b1)),
+                                  broker_human(b->max_host_uid, b2, sizeof(b2)),
+                                  broker_human(host, b3, sizeof(b3)));
+        if (!ch->mappings)
+                return 0;
+        if (c->uid && c->uid->mappings + ch->mappings > b->max_mappings_uid)
+                return reason_set(w, -EDQUOT, "uid %u daemon mapping limit: %llu in use of %llu",
+                                  (unsigned)c->uid->uid, (unsigned long long)c->uid->mappings,
+                                  (unsigned long long)b->max_mappings_uid);
+        if (b->totals.mappings + ch->mappings > b->max_mappings)
+                return reason_set(
+                        w, -ENOSPC,
+                        "the daemon's mappings for clients are all in use (%llu of %llu): the rest of "
+                        "vm.max_map_count is kept for the daemon itself",
+                        (unsigned long long)b->totals.mappings, (unsigned long long)b->max_mappings);
+        return 0;
+}
+
+/* @ch into (@sign 1) or out of (-1) the totals and the client's uid. Under b->lock. */
+static void totals_apply_locked(BrokerClient *c, const Charge *ch, int sign)
+{
+        broker_usage_apply(&c->b->totals, c->b, ch, sign);
+        if (c->uid) {
+                c->uid->mappings += (uint64_t)(sign * (int64_t)ch->mappings);
+                c->uid->host_bytes += (uint64_t)(sign * (int64_t)uid_host_bytes(ch));
+        }
+}
+
+/* The totals and the uid's counts: checked and charged in one step. */
+static int totals_take(BrokerClient *c, const Charge *ch, Reason *w)
+{
+        Broker *b = c->b;
+        int r;
+
+        pthread_mutex_lock(&b->lock);
+        r = daemon_fits(c, ch, w);
+        if (r == 0)
+                totals_apply_locked(c, ch, +1);
+        pthread_mutex_unlock(&b->lock);
+        return r;
+}
+
+void broker_totals_charge(BrokerClient *c, const Charge *ch)
+{
+        pthread_mutex_lock(&c->b->lock);
+        totals_apply_locked(c, ch, +1);
+        pthread_mutex_unlock(&c->b->lock);
+}
+
+static void totals_give(BrokerClient *c, const Charge *ch)
+{
+        pthread_mutex_lock(&c->b->lock);
+        totals_apply_locked(c, ch, -1);
+        pthread_mutex_unlock(&c->b->lock);
+}
+
+void broker_set_mapping_limits(Broker *b, uint64_t total, uint64_t per_uid)
+{
+        pthread_mutex_lock(&b->lock);
+        b->max_mappings = total;
+        b->max_mappings_uid = per_uid;
+        pthread_mutex_unlock(&b->lock);
+}
+
+void broker_set_host_per_uid(Broker *b, uint64_t bytes)
+{
+        pthread_mutex_lock(&b->lock);
+        b->max_host_uid = bytes;
+        pthread_mutex_unlock(&b->lock);
+}
+
+void broker_mapping_limits(Broker *b, uint64_t *ret_total, uint64_t *ret_per_uid)
+{
+        pthread_mutex_lock(&b->lock);
+        *ret_total = b->max_mappings;
+        *ret_per_uid = b->max_mappings_uid;
+        pthread_mutex_unlock(&b->lock);
+}
+
+int broker_client_set_uid(BrokerClient *c, uid_t uid)
+{
+        Broker *b = c->b;
+        BrokerUid *u;
+        int r = 0;
+
+        if (c->uid)
+                return c->uid->uid == uid ? 0 : -EBUSY;
+        pthread_mutex_lock(&b->lock);
+        for (u = b->uids; u && u->uid != uid; u = u->next)
+                ;
+        if (!u && (u = calloc(1, sizeof(*u)))) {
+                u->uid = uid;
+                u->next = b->uids;
+                b->uids = u;
+        }
+        if (u) {
+                u->clients++;
+                c->uid = u;
+        } else {
+                r = -ENOMEM;
+        }
+        pthread_mutex_unlock(&b->lock);
+        return r;
+}
+
+/* The client leaves its uid's count (empty by now: its objects are gone); the last one frees it. */
+void broker_client_drop_uid(BrokerClient *c)
+{
+        Broker *b = c->b;
+
+        if (!c->uid)
+                return;
+        pthread_mutex_lock(&b->lock);
+        if (--c->uid->clients == 0)
+                for (BrokerUid **pp = &b->uids; *pp; pp = &(*pp)->next)
+                        if (*pp == c->uid) {
+                                *pp = c->uid->next;
+                                free(c->uid);
+                                break;
+                        }
+        pthread_mutex_unlock(&b->lock);
+        c->uid = NULL;
+}
+
 /*
  * Charge @ch to the client, its class and the totals if the class's limits allow it: checking and charging
  * are one step under the account's lock, so clients of one class on several threads cannot together pass
@@ -202,9 +359,9 @@ void broker_totals_apply(Broker *b, const Charge *ch, int sign)
 int broker_charge_take(BrokerClient *c, const Charge *ch, Reason *w)
 {
         BrokerAccount *a = c->acct;
+        int r;
 
         if (a) {
-                int r;
                 pthread_mutex_lock(&a->lock);
                 r = fits(c->b, a, ch, w);
                 if (r == 0)
@@ -213,8 +370,16 @@ int broker_charge_take(BrokerClient *c, const Charge *ch, Reason *w)
                 if (r < 0)
                         return r;
         }
+        r = totals_take(c, ch, w);
+        if (r < 0) {
+                if (a) {
+                        pthread_mutex_lock(&a->lock);
+                        broker_usage_apply(&a->used, c->b, ch, -1);
+                        pthread_mutex_unlock(&a->lock);
+                }
+                return r;
+        }
         broker_usage_apply(&c->usage, c->b, ch, +1);
-        broker_totals_apply(c->b, ch, +1);
         return 0;
 }
 
@@ -228,7 +393,7 @@ void broker_charge_give(BrokerClient *c, const Charge *ch)
                 pthread_mutex_unlock(&a->lock);
         }
         broker_usage_apply(&c->usage, c->b, ch, -1);
-        broker_totals_apply(c->b, ch, -1);
+        totals_give(c, ch);
 }
 
 void broker_charge_obj_give(BrokerClient *c, const Obj *o)
@@ -246,18 +411,24 @@ int broker_quota_check(const BrokerClient *c, BrokerKind kind, uint32_t gpu_id, 
 {
         Charge ch = {.objects = 1,
                      .held_fds = holds_fd,
+                     .mappings = mapped_here(kind, false) ? BROKER_OBJ_MAPPINGS : 0,
                      .kind = kind,
                      .gpu_id = gpu_id,
                      .bytes = bytes,
                      .foreign = kind == BROKER_KIND_IMPORT};
         BrokerAccount *a = c->acct;
-        int r;
+        int r = 0;
 
-        if (!a)
-                return 0;
-        pthread_mutex_lock(&a->lock);
-        r = fits(c->b, a, &ch, w);
-        pthread_mutex_unlock(&a->lock);
+        if (a) {
+                pthread_mutex_lock(&a->lock);
+                r = fits(c->b, a, &ch, w);
+                pthread_mutex_unlock(&a->lock);
+        }
+        if (r == 0 && (ch.mappings || uid_host_bytes(&ch))) {
+                pthread_mutex_lock(&c->b->lock);
+                r = daemon_fits(c, &ch, w);
+                pthread_mutex_unlock(&c->b->lock);
+        }
         return r;
 }
 
@@ -298,6 +469,8 @@ static void usage_move(BrokerUsage *dst, const BrokerUsage *src, int sign)
         dst->objects += (uint64_t)(sign * (int64_t)src->objects);
         dst->held_fds += (uint32_t)(sign * (int32_t)src->held_fds);
         dst->queues += (uint32_t)(sign * (int32_t)src->queues);
+        dst->mappings += (uint64_t)(sign * (int64_t)src->mappings);
+        dst->shares += (uint32_t)(sign * (int32_t)src->shares);
         for (size_t i = 0; i < BROKER_MAX_GPUS; i++)
                 dst->vram_bytes[i] += (uint64_t)(sign * (int64_t)src->vram_bytes[i]);
 }

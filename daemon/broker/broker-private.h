@@ -95,13 +95,31 @@ struct VmmMap {
         GemGrant gem[BROKER_MAX_GPUS];
 };
 
+/* What the clients of one uid hold that is bounded per uid, under the broker's lock; alive while clients
+ * name it. */
+typedef struct BrokerUid BrokerUid;
+struct BrokerUid {
+        BrokerUid *next;
+        uid_t uid;
+        unsigned clients;
+        uint64_t mappings;
+        uint64_t host_bytes; /* host memory of live objects (memory that lingers is its class's alone) */
+};
+
+/*
+ * A host or managed object mapped in the daemon (at its VA, inside the window's PROT_NONE reservation)
+ * costs up to two entries of its memory map: the mapping itself and the piece of the reservation it cuts
+ * off, when its neighbours are reservation too.
+ */
+#define BROKER_OBJ_MAPPINGS 2
+
 /*
  * Locks, in the order they are taken: the caller serialises each client (its BrokerClient and objects);
  * the share lock guards the named shares and every reader's part of them; the broker's lock guards what
- * clients share (the totals, the handed-out and lingering files, the inotify queue); an account's lock
- * guards its usage and limits, and is taken alone or inside the broker's. Driver calls are made under none
- * of the broker's locks but the share lock (a share's readers are mapped and unmapped under it; no driver
- * callback takes it).
+ * clients share (the totals, the uids' counts, the handed-out and lingering files, the inotify queue); an
+ * account's lock guards its usage and limits, and is taken alone or inside the broker's. Driver calls are
+ * made under none of the broker's locks but the share lock (a share's readers are mapped and unmapped under
+ * it; no driver callback takes it).
  */
 struct Broker {
         Driver *drv;
@@ -114,6 +132,9 @@ struct Broker {
         int gpu_numa[BROKER_MAX_GPUS];
         pthread_mutex_t lock;
         BrokerUsage totals;
+        uint64_t max_mappings, max_mappings_uid; /* broker_set_mapping_limits(), under the lock */
+        uint64_t max_host_uid;                   /* broker_set_host_per_uid(), under the lock */
+        BrokerUid *uids;                         /* under the lock */
         unsigned clients;
         int notify_fd;      /* inotify: the death of lingering memory */
         HashMap lingering;  /* watch descriptor -> Linger * */
@@ -150,6 +171,7 @@ struct BrokerClient {
         HashMap objs;
         BrokerUsage usage;
         BrokerAccount *acct; /* the class's shared limits and usage; NULL = unlimited */
+        BrokerUid *uid;      /* its uid's mapping count; NULL = none */
         int teardown_phase;  /* TEARDOWN_*: how far a teardown in slices went */
         size_t teardown_iter;
         ClientEvents *events;      /* its KFD events, from its first (each costs a handle) */
@@ -178,7 +200,9 @@ typedef struct Charge {
         uint64_t objects;
         uint32_t held_fds;
         uint32_t queues;
-        BrokerKind kind; /* what @bytes are of (0: no bytes) */
+        uint32_t mappings; /* entries of the daemon's memory map */
+        uint32_t shares;   /* named shares */
+        BrokerKind kind;   /* what @bytes are of (0: no bytes) */
         uint32_t gpu_id;
         uint64_t bytes;
         bool foreign;   /* an import's bytes count only when it is of memory gpumemd did not export */
@@ -236,6 +260,10 @@ const char *broker_human(uint64_t v, char *buf, size_t len);
 bool broker_driver_holds_fd(const Broker *b);
 bool broker_driver_file_at_alloc(const Broker *b, uint32_t flags);
 Charge broker_obj_charge(const Obj *o);
+/* @ch into the totals and the client's uid's count, unchecked (what a restart carries exists already). */
+void broker_totals_charge(BrokerClient *c, const Charge *ch);
+/* The client leaves its uid's count: the last client of a uid frees it. */
+void broker_client_drop_uid(BrokerClient *c);
 void broker_usage_apply(BrokerUsage *u, const Broker *b, const Charge *ch, int sign);
 void broker_totals_apply(Broker *b, const Charge *ch, int sign);
 int broker_charge_take(BrokerClient *c, const Charge *ch, Reason *w);

@@ -5,6 +5,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #include "drivers/driver.h"
 #include "events.h"
@@ -73,6 +74,8 @@ typedef struct BrokerUsage {
         uint64_t objects;         /* allocations, handles, imports and reservations */
         uint32_t held_fds; /* fds the daemon holds for it: host and managed memory, the driver's files */
         uint32_t queues;   /* user-mode queues */
+        uint64_t mappings; /* entries of the daemon's own memory map (vm.max_map_count) its objects cost */
+        uint32_t shares;   /* named shares published and held by the daemon */
         uint32_t n_gpus;
         uint32_t gpu_ids[BROKER_MAX_GPUS];
         uint64_t vram_bytes[BROKER_MAX_GPUS]; /* device + VMM bytes per GPU */
@@ -96,6 +99,8 @@ typedef struct BrokerAccount {
         uint64_t max_handles;
         uint64_t max_fds;
         uint64_t max_queues;
+        uint64_t max_mappings;    /* entries of the daemon's memory map (BrokerUsage.mappings) */
+        uint64_t max_shares;      /* named shares held at once */
         uint64_t max_foreign;     /* bytes of foreign imports held at once */
         uint64_t max_foreign_one; /* bytes of one foreign import */
         uint64_t max_host_one;    /* bytes of one host allocation: the daemon populates it itself */
@@ -133,6 +138,15 @@ Broker *broker_free(Broker *b);
 int broker_event_fd(const Broker *b);
 void broker_process_events(Broker *b);
 void broker_totals(Broker *b, BrokerUsage *ret);
+/*
+ * What all clients' objects together (@total) and those of one uid (@per_uid) may cost in entries of the
+ * daemon's memory map, UINT64_MAX for no limit. The rest of vm.max_map_count is the daemon's own, so that
+ * no tenant can make another's allocation or a new connection fail for want of a mapping.
+ */
+void broker_set_mapping_limits(Broker *b, uint64_t total, uint64_t per_uid);
+void broker_mapping_limits(Broker *b, uint64_t *ret_total, uint64_t *ret_per_uid);
+/* Host memory all clients of one uid may hold, over all their classes (UINT64_MAX: no limit). */
+void broker_set_host_per_uid(Broker *b, uint64_t bytes);
 
 /*
  * A client's books, over its VA window (borrowed; it must outlive the client). Calls for different clients
@@ -140,6 +154,9 @@ void broker_totals(Broker *b, BrokerUsage *ret);
  * are serialised by the caller.
  */
 int broker_client_new(Broker *b, ThunkVaSpace *window, BrokerClient **ret);
+/* The uid whose per-uid limits the client's objects count against (none until set). Before its first
+ * object. */
+int broker_client_set_uid(BrokerClient *c, uid_t uid);
 /* Bind the client to @a (may be NULL): its usage moves from the old account to the new one. */
 void broker_client_set_account(BrokerClient *c, BrokerAccount *a);
 /* Tear down everything the client owns, in dependency order: GPU access, mappings, objects, VA. */

@@ -180,6 +180,7 @@ BrokerClient *broker_client_free(BrokerClient *c)
         pthread_mutex_destroy(&c->fault_lock);
         free(c->fired);
         broker_client_set_account(c, NULL);
+        broker_client_drop_uid(c);
         /* the client's own GPU VM: closing it releases anything the driver still holds for it */
         if (c->own_ctx)
                 driver_ctx_free(c->b->drv, c->ctx);

@@ -357,7 +357,7 @@ static void charge_carried(BrokerClient *c, const Charge *ch)
                 pthread_mutex_unlock(&c->acct->lock);
         }
         broker_usage_apply(&c->usage, c->b, ch, +1);
-        broker_totals_apply(c->b, ch, +1);
+        broker_totals_charge(c, ch);
 }
 
 static bool carry_kind_ok(BrokerKind kind)

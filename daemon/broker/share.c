@@ -10,7 +10,7 @@
 
 #include "broker-private.h"
 
-const Charge broker_share_charge = {.objects = 1, .held_fds = 1};
+const Charge broker_share_charge = {.objects = 1, .held_fds = 1, .shares = 1};
 
 void broker_client_set_tag(BrokerClient *c, uint64_t tag)
 {

@@ -146,6 +146,14 @@ static int parse_bytes(const Setting *s, const char *text, bool from_file, Value
         return 0;
 }
 
+/* A size, or N% of the node's memory as the file is read. */
+static int parse_bytes_or_percent(const Setting *s, const char *text, bool from_file, Value *v, Complaints *c)
+{
+        if (parse_size_or_percent(text, &v->num) < 0 || v->num < s->min || v->num > s->max)
+                return complain(c, s, "'%s' is not %s", text, s->expect);
+        return 0;
+}
+
 static int parse_octal(const Setting *s, const char *text, bool from_file, Value *v, Complaints *c)
 {
         char *end;
@@ -244,6 +252,7 @@ static const SettingType type_text = {parse_text, STORE_STR};
 static const SettingType type_number = {parse_number, STORE_NUM};
 static const SettingType type_bytes = {parse_bytes, STORE_NUM};
 static const SettingType type_octal = {parse_octal, STORE_NUM};
+static const SettingType type_bytes_or_percent = {parse_bytes_or_percent, STORE_NUM};
 static const SettingType type_yes_no = {parse_yes_no, STORE_NUM};
 static const SettingType type_backend = {parse_backend, STORE_CHARS};
 static const SettingType type_log_level = {parse_log_level, STORE_NUM};
@@ -311,6 +320,14 @@ static const Setting settings[] = {
                   .align = 1ull << 30, .expect = "a multiple of 1G up to 16T (0: none)"),
         FILE_ONLY("max-window-bytes-per-uid", type_bytes, FIELD(max_window_bytes_per_uid), .min = 1ull << 30,
                   .max = 1ull << 47, .expect = "a size between 1G and 128T"),
+        FILE_ONLY("max-host-per-uid", type_bytes_or_percent, FIELD(max_host_per_uid), .max = UINT64_MAX,
+                  .expect = "a size or a percentage of the node's memory (0: no limit)"),
+        FILE_ONLY("max-event-threads", type_number, FIELD(max_event_threads), .max = 4096,
+                  .expect = "a number up to 4096 (0: 32)"),
+        FILE_ONLY("max-mappings", type_number, FIELD(max_mappings), .max = 1u << 30,
+                  .expect = "a number (0: half of vm.max_map_count)"),
+        FILE_ONLY("max-mappings-per-uid", type_number, FIELD(max_mappings_per_uid), .max = 1u << 30,
+                  .expect = "a number (0: an eighth of max-mappings)"),
         FILE_ONLY("metrics-listen", type_address, FIELD(metrics_listen), .expect = "ADDRESS:PORT"),
         FILE_ONLY("admin-groups", type_groups, FIELD(admin_gids)),
 };

@@ -31,10 +31,14 @@ typedef struct Options {
         uint64_t window_size;
         uint64_t shared_region_size;       /* named shares' VA region (0: no shares); at start only */
         uint64_t max_window_bytes_per_uid; /* VA windows (current and refused) all clients of one uid hold */
-        uint32_t hello_timeout_sec; /* a connection that has not said hello by then is closed; 0 = never */
-        uint32_t worker_threads;    /* threads for slow work off the event loops; 0: all on the loops */
-        uint32_t loops;             /* event loops serving clients; 0: one per CPU the daemon may use */
-        uint32_t send_timeout_sec;  /* a client whose queued replies do not move for this long is dropped */
+        uint64_t max_host_per_uid;         /* host memory all clients of one uid may hold; 0: no limit */
+        uint32_t max_event_threads;        /* threads waiting on clients' GPU contexts' events; 0: 32 */
+        uint32_t max_mappings; /* daemon mappings all clients' objects may cost; 0: half the kernel's */
+        uint32_t max_mappings_per_uid; /* the same for one uid; 0: an eighth of max-mappings */
+        uint32_t hello_timeout_sec;    /* a connection that has not said hello by then is closed; 0 = never */
+        uint32_t worker_threads;       /* threads for slow work off the event loops; 0: all on the loops */
+        uint32_t loops;                /* event loops serving clients; 0: one per CPU the daemon may use */
+        uint32_t send_timeout_sec; /* a client whose queued replies do not move for this long is dropped */
         uint32_t socket_mode;
         gid_t admin_gids[OPT_MAX_ADMIN_GROUPS];
         size_t n_admin_gids;

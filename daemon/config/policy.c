@@ -21,7 +21,8 @@ static const char *const resource_names[_POLICY_RES_MAX] = {
         [POLICY_RES_MANAGED] = "managed",   [POLICY_RES_HANDLES] = "handles",
         [POLICY_RES_FDS] = "fds",           [POLICY_RES_CONNECTIONS] = "connections",
         [POLICY_RES_INFLIGHT] = "inflight", [POLICY_RES_WINDOWS] = "windows",
-        [POLICY_RES_QUEUES] = "queues",
+        [POLICY_RES_QUEUES] = "queues",     [POLICY_RES_MAPPINGS] = "mappings",
+        [POLICY_RES_SHARES] = "shares",
 };
 
 static const struct {
@@ -53,6 +54,7 @@ static void class_init(PolicyClass *c)
                 c->limit[i] = POLICY_UNLIMITED;
         /* a bound even without a configuration: replies a client leaves unread cost the daemon memory */
         c->limit[POLICY_RES_INFLIGHT] = POLICY_DEFAULT_INFLIGHT;
+        c->limit[POLICY_RES_SHARES] = POLICY_DEFAULT_SHARES;
         c->import_foreign = true;
         c->foreign_imports = c->foreign_import_max = c->host_alloc_max = POLICY_UNLIMITED;
 }
@@ -163,7 +165,8 @@ static int parse_limit(const char *v, bool bytes, uint64_t *ret)
                 *ret = POLICY_UNLIMITED;
                 return 0;
         }
-        return bytes ? parse_size(v, ret) : parse_uint(v, UINT32_MAX, ret);
+        /* N% of the node's memory as the file is read (a reload reads it again) */
+        return bytes ? parse_size_or_percent(v, ret) : parse_uint(v, UINT32_MAX, ret);
 }
 
 /* Split a space/comma separated list; calls @fn for each item. */
@@ -335,7 +338,7 @@ static bool read_limit(Parse *ps, const char *key, const char *v, bool bytes, ui
         if (parse_limit(v, bytes, ret) == 0)
                 return true;
         config_error(&ps->in, "%s: '%s' is not %s or 'unlimited'", key, v,
-                     bytes ? "a size (like 8G)" : "a number");
+                     bytes ? "a size (like 8G, or 50% of the node's memory)" : "a number");
         return false;
 }
 
@@ -430,6 +433,11 @@ static void read_resource_limit(Parse *ps, PolicyResource r, const char *key, co
                 return;
         if (r == POLICY_RES_INFLIGHT && lim == 0) {
                 config_error(&ps->in, "inflight: must be at least 1 (a class with none could never be read)");
+                return;
+        }
+        if (r == POLICY_RES_SHARES && lim > POLICY_MAX_SHARES) {
+                config_error(&ps->in, "shares: at most %d, half the daemon's table of shares",
+                             POLICY_MAX_SHARES);
                 return;
         }
         ps->cur->limit[r] = lim;

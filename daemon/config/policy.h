@@ -10,6 +10,12 @@
 #define POLICY_MAX_GPUS  64
 /* In-flight requests per connection when a class does not say: what the hello reply has always advertised. */
 #define POLICY_DEFAULT_INFLIGHT 16
+/*
+ * Named shares of one class when its section does not say, and the most it may say: a quarter and a half of
+ * the daemon's table of shares (BROKER_MAX_SHARES, 4096), so that no one class can fill it for the others.
+ */
+#define POLICY_DEFAULT_SHARES 1024
+#define POLICY_MAX_SHARES     2048
 
 typedef enum PolicyResource {
         POLICY_RES_VRAM,        /* device memory and VMM handles, bytes, all GPUs */
@@ -21,6 +27,8 @@ typedef enum PolicyResource {
         POLICY_RES_INFLIGHT,    /* requests one connection may have in flight (replies not yet taken) */
         POLICY_RES_WINDOWS,     /* VA windows held at once (current and refused ones), all connections */
         POLICY_RES_QUEUES,      /* user-mode queues the daemon runs for the class's clients */
+        POLICY_RES_MAPPINGS,    /* entries of the daemon's memory map its objects cost (vm.max_map_count) */
+        POLICY_RES_SHARES,      /* named shares it has published and the daemon holds */
         _POLICY_RES_MAX,
 } PolicyResource;
 

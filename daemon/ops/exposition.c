@@ -136,6 +136,12 @@ static const struct {
                                 "A class's limit on VA windows (+Inf: none)."},
         [POLICY_RES_QUEUES] = {"queues", "", "User-mode queues the daemon runs for a class.",
                                "A class's limit on user-mode queues (+Inf: none)."},
+        [POLICY_RES_MAPPINGS] =
+                {"mappings", "",
+                 "Entries of the daemon's memory map a class's objects cost (vm.max_map_count).",
+                 "A class's limit on the daemon's mappings (+Inf: none)."},
+        [POLICY_RES_SHARES] = {"shares", "", "Named shares a class has published.",
+                               "A class's limit on named shares (+Inf: none)."},
 };
 
 /* The kinds of memory, in the order of the values the two memory families list. */

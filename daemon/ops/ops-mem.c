@@ -20,6 +20,11 @@ int conn_books_new(Conn *c)
         err = broker_client_new(c->m->broker, c->window, &c->broker);
         if (err < 0)
                 return err;
+        err = broker_client_set_uid(c->broker, c->ident.uid);
+        if (err < 0) {
+                c->broker = broker_client_free(c->broker);
+                return err;
+        }
         broker_client_set_account(c->broker, c->cls ? &c->cls->acct : NULL);
         broker_client_set_tag(c->broker, c->id);
         broker_client_set_interrupt(c->broker, queues_interrupt, c);

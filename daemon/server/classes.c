@@ -45,6 +45,19 @@ static ClassState *state_get(Manager *m, const char *name)
         return s;
 }
 
+_Static_assert(POLICY_MAX_SHARES < BROKER_MAX_SHARES, "one class can never fill the table of shares");
+
+/* A class's mapping limit: its own, or half of what all clients may cost, so no class takes it all. */
+static uint64_t class_mappings(Manager *m, const PolicyClass *k)
+{
+        uint64_t total, per_uid;
+
+        if (k->limit[POLICY_RES_MAPPINGS] != POLICY_UNLIMITED)
+                return k->limit[POLICY_RES_MAPPINGS];
+        broker_mapping_limits(m->broker, &total, &per_uid);
+        return total == UINT64_MAX ? UINT64_MAX : total / 2;
+}
+
 /* Limits of the state from its class (a reload resets runtime changes to the file's values). The account is
  * read by its clients' loops under its lock, the rules without any lock. */
 static void state_configure(Manager *m, ClassState *s, const PolicyClass *k)
@@ -60,6 +73,8 @@ static void state_configure(Manager *m, ClassState *s, const PolicyClass *k)
         a->max_handles = k->limit[POLICY_RES_HANDLES];
         a->max_fds = k->limit[POLICY_RES_FDS];
         a->max_queues = k->limit[POLICY_RES_QUEUES];
+        a->max_mappings = class_mappings(m, k);
+        a->max_shares = k->limit[POLICY_RES_SHARES];
         s->max_connections = k->limit[POLICY_RES_CONNECTIONS];
         s->max_inflight = k->limit[POLICY_RES_INFLIGHT];
         s->max_windows = k->limit[POLICY_RES_WINDOWS];
@@ -250,6 +265,8 @@ static const size_t limit_at[_POLICY_RES_MAX] = {
         [POLICY_RES_INFLIGHT] = offsetof(ClassState, max_inflight),
         [POLICY_RES_WINDOWS] = offsetof(ClassState, max_windows),
         [POLICY_RES_QUEUES] = offsetof(ClassState, acct.max_queues),
+        [POLICY_RES_MAPPINGS] = offsetof(ClassState, acct.max_mappings),
+        [POLICY_RES_SHARES] = offsetof(ClassState, acct.max_shares),
 };
 
 /* Where a class keeps its limit on @r: for VRAM, on the GPU of index @gi, or on all of them (-1). */
@@ -290,6 +307,10 @@ static uint64_t used_locked(const Manager *m, ClassState *s, PolicyResource r, i
                 return window_count_of_class(m, s);
         case POLICY_RES_QUEUES:
                 return a->used.queues;
+        case POLICY_RES_MAPPINGS:
+                return a->used.mappings;
+        case POLICY_RES_SHARES:
+                return a->used.shares;
         default:
                 return 0;
         }
@@ -337,6 +358,11 @@ int classes_set_limit(Manager *m, ClassState *s, PolicyResource r, uint32_t gpu_
         }
         if (r >= _POLICY_RES_MAX) {
                 snprintf(reason, len, "unknown resource %d", (int)r);
+                return -EINVAL;
+        }
+        if (r == POLICY_RES_SHARES && limit > POLICY_MAX_SHARES) {
+                snprintf(reason, len, "shares: at most %d, half the daemon's table of shares",
+                         POLICY_MAX_SHARES);
                 return -EINVAL;
         }
         /* checked and set in one step: its clients' allocations on other loops wait meanwhile */

@@ -117,6 +117,8 @@ class Resource(enum.IntEnum):
     INFLIGHT = 7
     WINDOWS = 8
     QUEUES = 9
+    MAPPINGS = 10
+    SHARES = 11
 
 
 def as_enum(cls, value):

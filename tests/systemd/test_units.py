@@ -65,6 +65,9 @@ def test_installed_units(tmp):
     check(s.get("ExecReload") == ["/bin/kill -HUP $MAINPID"], "service: reload is SIGHUP")
     check(s.get("DevicePolicy") == ["closed"] and set(s.get("DeviceAllow", [])) == {"/dev/kfd rw", "char-drm rw"},
           "service: devices limited to /dev/kfd and DRM")
+    oom = s.get("OOMScoreAdjust", [""])[0]
+    check(oom.lstrip("-").isdigit() and int(oom) <= -900,
+          f"service: OOMScoreAdjust= has the OOM killer take a tenant before the broker: {oom!r}")
 
 
 def test_verify(tmp):

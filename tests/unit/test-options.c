@@ -144,6 +144,10 @@ static void test_file_good(void)
                                                    "loops = 3\n"
                                                    "window-size = 8G\n"
                                                    "max-window-bytes-per-uid = 1T\n"
+                                                   "max-host-per-uid = 25%\n"
+                                                   "max-mappings = 20000\n"
+                                                   "max-mappings-per-uid = 1000\n"
+                                                   "max-event-threads = 8\n"
                                                    "socket-mode = 0600\n"
                                                    "admin-groups = root\n");
         options_init(&o);
@@ -157,6 +161,11 @@ static void test_file_good(void)
         CHECK_EQ(o.send_timeout_sec, 5);
         CHECK_EQ(o.worker_threads, 0);
         CHECK_EQ(o.loops, 3);
+        CHECK_EQ(o.max_host_per_uid,
+                 (uint64_t)sysconf(_SC_PHYS_PAGES) / 100 * 25 * (uint64_t)sysconf(_SC_PAGESIZE));
+        CHECK_EQ(o.max_mappings, 20000);
+        CHECK_EQ(o.max_mappings_per_uid, 1000);
+        CHECK_EQ(o.max_event_threads, 8);
         CHECK_EQ(o.window_size, 8ull << 30);
         CHECK_EQ(o.max_window_bytes_per_uid, 1ull << 40);
         CHECK_EQ(o.socket_mode, 0600);
@@ -253,6 +262,9 @@ static void test_file_errors(void)
                 {"backend = model\n", ":1: setting 'backend' outside any section"},
                 {"[daemon]\nthis line has no equals sign\n", ":2: syntax error"},
                 {"[daemon]\nmax-window-bytes-per-uid = 512M\n", ":2: max-window-bytes-per-uid"},
+                {"[daemon]\nmax-host-per-uid = 150%\n", ":2: max-host-per-uid"},
+                {"[daemon]\nmax-event-threads = 5000\n", ":2: max-event-threads"},
+                {"[daemon]\nmax-mappings = lots\n", ":2: max-mappings"},
                 {"[daemon]\nsend-timeout = 0\n",
                  ":2: send-timeout: '0' is not a number of seconds from 1 to 3600"},
                 {"[daemon]\nsend-timeout = 3601\n", ":2: send-timeout"},

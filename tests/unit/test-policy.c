@@ -43,6 +43,9 @@ static void test_parse(void)
                                                    "foreign-imports = 2G\n"
                                                    "foreign-import-max = 512M\n"
                                                    "host-alloc-max = 1G\n"
+                                                   "mappings = 5000\n"
+                                                   "shares = 2048\n"
+                                                   "managed = 10%\n"
                                                    "gpus = 13500 9844\n"
                                                    "deny-ops = svm import\n"
                                                    "import-foreign = no\n"
@@ -74,7 +77,11 @@ static void test_parse(void)
                 CHECK_EQ(b->vram_gpu_ids[0], 13500);
                 CHECK_EQ(b->vram_gpu_limit[0], 16ull << 30);
                 CHECK_EQ(b->limit[POLICY_RES_HOST], 8ull << 30);
-                CHECK(b->limit[POLICY_RES_MANAGED] == POLICY_UNLIMITED);
+                /* a share of the node's memory: its pages as sysconf says, a tenth */
+                CHECK_EQ(b->limit[POLICY_RES_MANAGED],
+                         (uint64_t)sysconf(_SC_PHYS_PAGES) / 100 * 10 * (uint64_t)sysconf(_SC_PAGESIZE));
+                CHECK_EQ(b->limit[POLICY_RES_MAPPINGS], 5000);
+                CHECK_EQ(b->limit[POLICY_RES_SHARES], 2048);
                 CHECK_EQ(b->limit[POLICY_RES_HANDLES], 4096);
                 CHECK_EQ(b->limit[POLICY_RES_FDS], 256);
                 CHECK_EQ(b->limit[POLICY_RES_CONNECTIONS], 32);
@@ -96,6 +103,10 @@ static void test_parse(void)
                 CHECK_EQ(o->limit[POLICY_RES_INFLIGHT], POLICY_DEFAULT_INFLIGHT);
                 CHECK_EQ(o->host_alloc_max, POLICY_UNLIMITED);
                 CHECK(!o->shared_gpu_context); /* isolation unless a class gives it up */
+                /* nor fill the daemon's table of named shares */
+                CHECK_EQ(o->limit[POLICY_RES_SHARES], POLICY_DEFAULT_SHARES);
+                CHECK(o->limit[POLICY_RES_MAPPINGS] ==
+                      POLICY_UNLIMITED); /* the daemon makes it half its own */
         }
 
         /* matching: first class in file order that admits the identity */
@@ -153,6 +164,11 @@ static void test_errors(void)
                 {"[class a]\nmatch-all = yes\nforeign-imports = lots\n", ":3: foreign-imports: 'lots'"},
                 {"[class a]\nmatch-all = yes\nforeign-import-max = -1\n", ":3: foreign-import-max"},
                 {"[class a]\nmatch-all = yes\nhost-alloc-max = 4X\n", ":3: host-alloc-max"},
+                {"[class a]\nmatch-all = yes\nshares = 2049\n", ":3: shares: at most 2048"},
+                {"[class a]\nmatch-all = yes\nshares = unlimited\n", ":3: shares: at most 2048"},
+                {"[class a]\nmatch-all = yes\nhost = 0%\n", ":3: host: '0%'"},
+                {"[class a]\nmatch-all = yes\nhost = 101%\n", ":3: host: '101%'"},
+                {"[class a]\nmatch-all = yes\nmappings = 1G\n", ":3: mappings"},
                 {"[class a]\nmatch-all = yes\nshare-publish = weights/$x\n",
                  ":3: share-publish: 'weights/$x' holds '$'"},
                 {"[class a]\nmatch-all = yes\nshare-read = a\\b\n", ":3: share-read"},
