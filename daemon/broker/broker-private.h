@@ -112,6 +112,9 @@ struct BrokerUid {
  * off, when its neighbours are reservation too.
  */
 #define BROKER_OBJ_MAPPINGS 2
+/* A user-mode queue costs a handle, a queue and up to two entries of the daemon's memory map: the doorbell
+ * relay's view of its write pointer's page, and the driver's own view of the queue (the model's). */
+#define BROKER_QUEUE_CHARGE ((Charge){.objects = 1, .queues = 1, .mappings = 2})
 
 /*
  * Locks, in the order they are taken: the caller serialises each client (its BrokerClient and objects);

@@ -132,7 +132,7 @@ bool broker_client_teardown_step(BrokerClient *c, size_t budget)
         while (c->n_queues) {
                 BrokerQueue *q = &c->queues[--c->n_queues];
                 (void)driver_queue_destroy(c->b->drv, c->ctx, q->id);
-                broker_charge_give(c, &(Charge){.objects = 1, .queues = 1});
+                broker_charge_give(c, &BROKER_QUEUE_CHARGE);
         }
 
         if (c->teardown_phase == TEARDOWN_MAPPINGS) {

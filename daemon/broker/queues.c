@@ -196,12 +196,12 @@ int broker_queue_create(BrokerClient *c, const DriverQueueArgs *q, uint32_t *ret
                 return r;
         if (c->own_ctx && (r = check_ctx_alive(c, w)) < 0)
                 return r;
-        r = broker_charge_take(c, &(Charge){.objects = 1, .queues = 1}, w);
+        r = broker_charge_take(c, &BROKER_QUEUE_CHARGE, w);
         if (r < 0)
                 return r;
         r = driver_queue_create(c->b->drv, ctx, &qa, &id, &db);
         if (r < 0) {
-                broker_charge_give(c, &(Charge){.objects = 1, .queues = 1});
+                broker_charge_give(c, &BROKER_QUEUE_CHARGE);
                 return reason_set(w, r,
                                   r == -EOPNOTSUPP ? "the driver runs no queues on this GPU"
                                   : r == -ENOMEM   ? "the GPU has no queue left for this client"
@@ -230,7 +230,7 @@ int broker_queue_destroy(BrokerClient *c, uint32_t id, Reason *w)
         if (r < 0)
                 return reason_set(w, r, "the driver refused to destroy queue %u: %s", id, strerror(-r));
         *q = c->queues[--c->n_queues];
-        broker_charge_give(c, &(Charge){.objects = 1, .queues = 1});
+        broker_charge_give(c, &BROKER_QUEUE_CHARGE);
         return 0;
 }
 

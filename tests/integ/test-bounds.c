@@ -214,6 +214,53 @@ out:
         gm_client_close(c);
 }
 
+/*
+ * A queue costs the daemon mappings too (the doorbell relay's view of its write pointer, the model's of the
+ * queue): with `mappings = 6`, the queue's GTT memory (2) and two queues (2 each) fit, a third is refused,
+ * and destroying one gives its mappings back.
+ */
+static void test_queue_mappings(void)
+{
+        gm_alloc_desc d = {.kind = GM_KIND_HOST, .size = 64 << 10, .flags = GM_MEM_GTT, .numa_node = -1};
+        gm_client *c = connect_as_me("queues");
+        uint32_t ids[3] = {0};
+        uint64_t db = 0, used = 0, limit = 0;
+        uint8_t *mem = NULL;
+        char why[256] = "";
+        long before, after;
+        GttQueue g;
+
+        if (!c)
+                return;
+        CHECK_EQ(gm_malloc_desc(c, &d, (void **)&mem), 0);
+        if (!mem)
+                goto out;
+        gtt_queue_init(&g, mem, gpus[0]);
+        before = daemon_maps();
+        CHECK_EQ(gm_queue_create(c, &g.desc, &ids[0], &db), 0);
+        after = daemon_maps();
+        fprintf(stderr, "daemon mappings: %ld before, %ld with one queue\n", before, after);
+        CHECK_EQ(gm_queue_create(c, &g.desc, &ids[1], &db), 0);
+        fprintf(stderr, "daemon mappings: %ld with two queues\n", daemon_maps());
+        /* the first also started the daemon's relay and command processor threads (their stacks) and
+         * mapped the context's doorbells: a queue more is what a queue is charged, or less */
+        CHECK(daemon_maps() - after <= 2);
+        CHECK_RC(daemon_class_quota(&dmn, "node", GM_RESOURCE_MAPPINGS, 0, &used, &limit), 0);
+        CHECK_EQ(used, 6);
+        CHECK_EQ(limit, 6);
+        CHECK_EQ(gm_queue_create(c, &g.desc, &ids[2], &db), -EDQUOT);
+        CHECK_STR_CONTAINS(gm_strerror(c, -EDQUOT, why, sizeof(why)), "daemon mapping limit");
+        CHECK_EQ(gm_queue_destroy(c, ids[1]), 0);
+        CHECK_EQ(gm_queue_create(c, &g.desc, &ids[2], &db), 0);
+        CHECK_EQ(gm_queue_destroy(c, ids[2]), 0);
+        CHECK_EQ(gm_queue_destroy(c, ids[0]), 0);
+        CHECK_EQ(gm_mem_free(c, mem), 0);
+        CHECK_RC(daemon_class_quota(&dmn, "node", GM_RESOURCE_MAPPINGS, 0, &used, &limit), 0);
+        CHECK_EQ(used, 0);
+out:
+        gm_client_close(c);
+}
+
 /* ------------------------------------------------------------------ shares */
 
 #define SHARES_CONFIG                                                                                        \
@@ -535,6 +582,9 @@ int main(int argc, char **argv)
                 {"host-uid",
                  "[daemon]\nlog-level = warning\nmax-host-per-uid = 8M\n[class node]\nmatch-all = yes\n",
                  {"one uid's host memory is bounded across its connections", test_host_per_uid}},
+                {"queue-maps",
+                 "[daemon]\nlog-level = warning\n[class node]\nmatch-all = yes\nmappings = 6\n",
+                 {"queues cost the daemon mappings, within the class's limit", test_queue_mappings}},
                 {"shares", SHARES_CONFIG, {"one class never fills the table of shares", test_shares}},
                 {"threads",
                  "[daemon]\nlog-level = warning\n[class node]\nmatch-all = yes\n",
