@@ -86,6 +86,10 @@ static gm_client *connect_as_me(const char *name)
         return gm_client_connect(dmn.sock, name, &c) == 0 ? c : NULL;
 }
 
+/* The daemon's section for cases whose clients run queues or wait on events: a KFD (the model's) with a GPU
+ * context per client (ABI 1.19), where both are a client's own. */
+#define OWN_CONTEXTS "[daemon]\nlog-level = warning\nmodel-kfd-minor = 19\n"
+
 /* ------------------------------------------------------------------ mappings: host memory */
 
 /* Tenant A: 4 KiB host buffers until the daemon refuses one; the refusal's errno is the exit status's
@@ -483,9 +487,9 @@ static void test_host_per_uid(void)
 #define N_CROWD 1000
 
 #define CROWD_CONFIG                                                                                         \
-        "[daemon]\nlog-level = warning\nwindow-size = 1G\nloops = 2\nworker-threads = 2\n"                   \
-        "max-connections-per-uid = 2000\n"                                                                   \
-        "[class all]\nmatch-all = yes\nshare-publish = crowd/*\nshare-read = crowd/*\n"
+        OWN_CONTEXTS "window-size = 1G\nloops = 2\nworker-threads = 2\n"                                     \
+                     "max-connections-per-uid = 2000\n"                                                      \
+                     "[class all]\nmatch-all = yes\nshare-publish = crowd/*\nshare-read = crowd/*\n"
 
 /* One client's mixed work, leaving it connected: host and device memory made and freed, some of it kept; a
  * share published and opened by every tenth, a queue made and destroyed by every fiftieth. */
@@ -577,17 +581,17 @@ int main(int argc, char **argv)
                  {"4 KiB host buffers of one uid are refused before the daemon's mappings run out",
                   test_host_mappings}},
                 {"device-maps",
-                 "[daemon]\nlog-level = warning\n[class node]\nmatch-all = yes\n",
+                 OWN_CONTEXTS "[class node]\nmatch-all = yes\n",
                  {"fences into device buffers leave no mapping behind each", test_device_mappings}},
                 {"host-uid",
                  "[daemon]\nlog-level = warning\nmax-host-per-uid = 8M\n[class node]\nmatch-all = yes\n",
                  {"one uid's host memory is bounded across its connections", test_host_per_uid}},
                 {"queue-maps",
-                 "[daemon]\nlog-level = warning\n[class node]\nmatch-all = yes\nmappings = 6\n",
+                 OWN_CONTEXTS "[class node]\nmatch-all = yes\nmappings = 6\n",
                  {"queues cost the daemon mappings, within the class's limit", test_queue_mappings}},
                 {"shares", SHARES_CONFIG, {"one class never fills the table of shares", test_shares}},
                 {"threads",
-                 "[daemon]\nlog-level = warning\n[class node]\nmatch-all = yes\n",
+                 OWN_CONTEXTS "[class node]\nmatch-all = yes\n",
                  {"event threads are bounded", test_event_threads}},
                 {"config", NULL, {"the shipped configuration limits host memory", test_shipped_config}},
                 {"oom", NULL, {"the daemon's OOM score puts tenants first", test_oom_score}},
