@@ -200,7 +200,7 @@ static const char *const resource_names[] = {
 
 static const char *resource_name(int r)
 {
-        return r > 0 && r <= GM_RESOURCE_QUEUES ? resource_names[r] : "unknown";
+        return r > 0 && r < (int)ARRAY_SIZE(resource_names) ? resource_names[r] : "unknown";
 }
 
 static bool resource_is_bytes(int r)
@@ -310,13 +310,13 @@ int cmd_quota(Ctl *ctl, int argc, char **argv)
                 int res = 0;
                 uint64_t limit = 0, gpu = 0;
                 bool force = false;
-                for (int i = 1; i <= GM_RESOURCE_QUEUES; i++)
+                for (int i = 1; i < (int)ARRAY_SIZE(resource_names); i++)
                         if (strcmp(argv[3], resource_names[i]) == 0)
                                 res = i;
                 if (!res) {
                         return usage_error(
                                 "quota set: unknown resource '%s' (vram, host, managed, handles, fds, "
-                                "connections, inflight, windows, queues)",
+                                "connections, inflight, windows, queues, mappings, shares)",
                                 argv[3]);
                 }
                 if (parse_limit(argv[4], resource_is_bytes(res), &limit) < 0) {

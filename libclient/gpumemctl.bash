@@ -33,7 +33,7 @@ _gpumemctl() {
             if ((cword == i + 1)); then
                 COMPREPLY=($(compgen -W "show set" -- "$cur"))
             elif [[ $sub == set ]] && ((cword == i + 3)); then
-                COMPREPLY=($(compgen -W "vram host managed handles fds connections inflight windows" -- "$cur"))
+                COMPREPLY=($(compgen -W "vram host managed handles fds connections inflight windows queues mappings shares" -- "$cur"))
             elif [[ $sub == set ]] && ((cword > i + 4)); then
                 COMPREPLY=($(compgen -W "--gpu --force" -- "$cur"))
             fi

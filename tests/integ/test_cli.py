@@ -300,6 +300,11 @@ def test_admin_commands(tmp):
         check(len(vram) == 1 and vram[0]["limit"] == 8 << 30, "quota show --json has the class's VRAM limit")
         conns = [e for e in q["quotas"] if e["resource"] == "connections" and e["gpu_id"] == 0]
         check(conns and conns[0]["used"] == 1 and conns[0]["limit"] is None, "connections used, no limit (null)")
+        names = {e["resource"] for e in q["quotas"] if e["class"] == "team"}
+        check({"queues", "mappings", "shares"} <= names and "unknown" not in names,
+              f"quota show names every resource the daemon bounds: {sorted(names)}")
+        shares = [e for e in q["quotas"] if e["class"] == "team" and e["resource"] == "shares"]
+        check(shares and shares[0]["limit"] == 1024, "a class's named shares: 1024 unless it says")
     except (ValueError, KeyError) as e:
         check(False, f"quota show --json is valid JSON ({e})")
     r = ctl(d.sock, "quota", "set", "team", "vram", "4G")
