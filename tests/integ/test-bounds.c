@@ -159,6 +159,63 @@ static void test_host_mappings(void)
         CHECK_EQ(child_end(a, sync), 0);
 }
 
+/*
+ * All clients' mappings: with max-mappings = 40, two uids allocate host buffers (2 mappings each) until the
+ * daemon keeps the rest for itself (-ENOSPC, its reason naming vm.max_map_count); a new connection is still
+ * served, and a free makes room again.
+ */
+static int total_hog(void *arg)
+{
+        gm_client *c = connect_as_me("total");
+        int r = 0, n = 0, want = *(int *)arg;
+        char why[256] = "";
+        void *p = NULL, *last = NULL;
+
+        if (!c)
+                return 2;
+        while (n < 100 && (r = gm_host_malloc(c, 4096, 0, -1, 0, &p)) == 0) {
+                last = p;
+                n++;
+                if (want && n == want)
+                        break;
+        }
+        if (want) { /* the first tenant holds its buffers until it is killed */
+                pause();
+                return 0;
+        }
+        gm_strerror(c, r, why, sizeof(why));
+        fprintf(stderr, "tenant B: %d host buffers, then %s\n", n, why);
+        if (r != -ENOSPC || !strstr(why, "vm.max_map_count"))
+                return 3;
+        if (!last || gm_mem_free(c, last) != 0 || gm_host_malloc(c, 4096, 0, -1, 0, &p) != 0)
+                return 4; /* a free makes room again */
+        gm_client_close(c);
+        return 0;
+}
+
+static void test_total_mappings(void)
+{
+        int fifteen = 15, none = 0;
+        pid_t a = fork_as(UID_A, total_hog, &fifteen);
+        uint64_t used = 0;
+        gm_client *c;
+
+        CHECK(a > 0);
+        /* A holds 15 buffers (30 mappings) */
+        for (int i = 0; i < 100 && used < 30; i++) {
+                CHECK_RC(daemon_class_quota(&dmn, "node", GM_RESOURCE_MAPPINGS, 0, &used, NULL), 0);
+                if (used < 30)
+                        usleep(20000);
+        }
+        CHECK_EQ(used, 30);
+        /* B gets the 5 left, then -ENOSPC */
+        CHECK_EQ(run_as(UID_B, total_hog, &none), 0);
+        c = connect_as_me("after");
+        CHECK(c != NULL);
+        gm_client_close(c);
+        kill_and_reap(&a);
+}
+
 /* ------------------------------------------------------------------ mappings: fence-touched device memory */
 
 #define SDMA_FENCE 5u
@@ -580,6 +637,10 @@ int main(int argc, char **argv)
                  "[daemon]\nlog-level = warning\n[class node]\nmatch-all = yes\n",
                  {"4 KiB host buffers of one uid are refused before the daemon's mappings run out",
                   test_host_mappings}},
+                {"maps-total",
+                 "[daemon]\nlog-level = warning\nmax-mappings = 40\nmax-mappings-per-uid = 1000\n"
+                 "[class node]\nmatch-all = yes\nmappings = 1000\n",
+                 {"all clients' mappings are bounded, the rest kept for the daemon", test_total_mappings}},
                 {"device-maps",
                  OWN_CONTEXTS "[class node]\nmatch-all = yes\n",
                  {"fences into device buffers leave no mapping behind each", test_device_mappings}},
