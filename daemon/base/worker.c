@@ -1,5 +1,5 @@
-/* Worker threads: one job queue under one mutex; finished jobs go back to their loop's home via an eventfd.
- */
+/* Worker threads: one queue of jobs in turns of their flows, under one mutex; finished jobs go back to their
+ * loop's home via an eventfd. */
 #include "worker.h"
 
 #include <errno.h>
@@ -24,7 +24,7 @@ struct WorkerHome {
 struct WorkerPool {
         pthread_mutex_t lock;
         pthread_cond_t wake;
-        WorkerJob *queue, *queue_tail; /* to run, in submission order */
+        WorkerJob *queue; /* to run: by turn (round), in submission order within one */
         bool stopping;
         unsigned n_threads;
         pthread_t *threads;
@@ -57,8 +57,6 @@ static void *worker_main(void *arg)
                 if (!j)
                         break; /* stopping, and nothing is left to run */
                 p->queue = j->next;
-                if (!p->queue)
-                        p->queue_tail = NULL;
                 pthread_mutex_unlock(&p->lock);
 
                 j->run(j);
@@ -194,7 +192,6 @@ WorkerPool *worker_pool_free(WorkerPool *p)
                         j->run(j);
                         finish(j);
                 }
-                p->queue_tail = NULL;
         }
         while (p->homes) {
                 WorkerHome *h = p->homes;
@@ -211,13 +208,33 @@ WorkerPool *worker_pool_free(WorkerPool *p)
         return NULL;
 }
 
+/*
+ * Put @job in its turn: right after its flow's last waiting job's turn, or, when its flow has none waiting,
+ * in the first turn waiting; behind the jobs already in that turn. Turns only grow along the queue, so the
+ * queue's head is the next job of the turn being served. A walk of the queue, which holds a job per request
+ * in progress at most (a connection is not read while one is).
+ */
+static void enqueue(WorkerPool *p, WorkerJob *job)
+{
+        uint64_t round = p->queue ? p->queue->round : 0;
+        WorkerJob **at = &p->queue;
+
+        for (const WorkerJob *j = p->queue; j; j = j->next)
+                if (j->flow == job->flow)
+                        round = j->round + 1; /* the last one found is its flow's latest turn */
+        job->round = round;
+        while (*at && (*at)->round <= round)
+                at = &(*at)->next;
+        job->next = *at;
+        *at = job;
+}
+
 void worker_submit(WorkerPool *p, WorkerHome *h, WorkerJob *job)
 {
-        job->next = NULL;
         job->home = h;
         h->pending++;
         pthread_mutex_lock(&p->lock);
-        LIST_APPEND(p->queue, p->queue_tail, job);
+        enqueue(p, job);
         pthread_cond_signal(&p->wake);
         pthread_mutex_unlock(&p->lock);
 }

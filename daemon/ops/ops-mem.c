@@ -103,6 +103,14 @@ static int alloc_reply(ReqCtx *r, BrokerClient *bc, int err, const BrokerAllocRe
         return reply_result(r, &ar);
 }
 
+/* Slow work of a request on a worker: the client's uid is its tenant, so that the workers' time is shared
+ * fairly between uids however many connections one of them has (worker.h). */
+static void req_submit(ReqCtx *r, WorkerJob *job)
+{
+        job->flow = r->c->ident.uid;
+        worker_submit(r->m->workers, r->c->sh->home, job);
+}
+
 /* Host memory the daemon populates itself: the populating runs on a worker, the rest on the loop. */
 typedef struct AllocJob {
         WorkerJob job; /* first: the pool hands it back */
@@ -157,7 +165,7 @@ static int alloc_deferred(ReqCtx *r, BrokerClient *bc, const BrokerAllocArgs *ar
         aj->bc = bc;
         aj->job.run = alloc_job_run;
         aj->job.done = alloc_job_done;
-        worker_submit(r->m->workers, r->c->sh->home, &aj->job);
+        req_submit(r, &aj->job);
         return REQ_DEFERRED;
 }
 
@@ -692,7 +700,7 @@ int op_svm_prefetch(ReqCtx *r, const Gpumem__Request *req)
         if (err >= 0 && req_defer(r, &pj->req) == 0) {
                 pj->job.run = prefetch_job_run;
                 pj->job.done = prefetch_job_done;
-                worker_submit(r->m->workers, r->c->sh->home, &pj->job);
+                req_submit(r, &pj->job);
                 return REQ_DEFERRED;
         }
         if (err >= 0) {

@@ -1,0 +1,231 @@
+/* Hostile tenants against the daemon's shared time: its workers, its loops and its admin replies. One case
+ * per run (its name is the first argument), each on a daemon of its own. */
+#include <errno.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "../common/check.h"
+#include "frame.h"
+#include "gpumem-client.h"
+#include "gpumem.pb-c.h"
+#include "harness.h"
+
+#define MiB (1ull << 20)
+
+static Daemon dmn;
+static DaemonState base;
+
+static int64_t now_ms(void)
+{
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static int start(const char *config)
+{
+        uint32_t gpus[16];
+        int r = daemon_setup(&dmn, "mi300x", config, NULL, gpus, ARRAY_SIZE(gpus));
+
+        if (r < 0)
+                return r;
+        /* clients of other uids reach the socket */
+        chmod(dmn.dir, 0755);
+        chmod(dmn.sock, 0666);
+        return daemon_base_state(&dmn, &base);
+}
+
+/* Send one request (a packed Gpumem__Request) without waiting for its reply. */
+static void send_request(int fd, uint32_t id, const Gpumem__Request *q)
+{
+        uint8_t body[256];
+        size_t n = gpumem__request__get_packed_size(q);
+
+        CHECK(n <= sizeof(body));
+        if (n > sizeof(body))
+                return;
+        gpumem__request__pack(q, body);
+        CHECK_EQ(raw_send_frame(fd, id, body, n, GM_PROTOCOL_VERSION, 0, NULL, 0), 0);
+}
+
+static void send_host_alloc(int fd, uint32_t id, uint64_t size)
+{
+        Gpumem__Request q = GPUMEM__REQUEST__INIT;
+        Gpumem__Alloc a = GPUMEM__ALLOC__INIT;
+
+        a.has_kind = a.has_size = true;
+        a.kind = GPUMEM__MEM_KIND__MEM_KIND_HOST;
+        a.size = size;
+        q.op_case = GPUMEM__REQUEST__OP_ALLOC;
+        q.alloc = &a;
+        send_request(fd, id, &q);
+}
+
+static void send_ping(int fd, uint32_t id)
+{
+        Gpumem__Request q = GPUMEM__REQUEST__INIT;
+        Gpumem__Ping pg = GPUMEM__PING__INIT;
+
+        q.op_case = GPUMEM__REQUEST__OP_PING;
+        q.ping = &pg;
+        send_request(fd, id, &q);
+}
+
+/* The next reply on @fd is @want_id's, with status @want_code. */
+static void expect_reply(int fd, uint32_t want_id, int want_code)
+{
+        char why[256] = "";
+        uint32_t id = 0;
+        int code = 1;
+
+        CHECK_EQ(raw_recv_reply(fd, &id, &code, why, sizeof(why), 60000), 0);
+        CHECK_EQ(id, want_id);
+        CHECK_EQ(code, want_code);
+        if (code != want_code)
+                fprintf(stderr, "reply %u: %s\n", id, why);
+}
+
+/* A reply waiting on @fd right now (without blocking). */
+static bool reply_waiting(int fd)
+{
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        return poll(&p, 1, 0) == 1;
+}
+
+/* ---- connections of another uid ---- */
+
+/* In a child of another uid: connect (the daemon takes the peer's identity then) and hand the sockets to
+ * the parent over the sync socket, then wait for it to hang up. */
+static int connect_and_pass(void *arg)
+{
+        int sync = *(int *)arg, fds[16], n = 0;
+        char c;
+
+        if (read(sync, &n, sizeof(n)) != (ssize_t)sizeof(n) || n < 1 || n > 16)
+                return 2;
+        for (int i = 0; i < n; i++) {
+                fds[i] = raw_connect(dmn.sock);
+                if (fds[i] < 0)
+                        return 3;
+        }
+        if (raw_send(sync, "x", 1, fds, (size_t)n) < 0)
+                return 4;
+        (void)!read(sync, &c, 1);
+        return 0;
+}
+
+/* @n (at most 16) connections to the daemon made by @uid, each after its hello; false when a check failed. */
+static bool connect_as(uid_t uid, int n, int *ret_fds)
+{
+        char buf[1], cbuf[CMSG_SPACE(16 * sizeof(int))];
+        struct iovec iov = {buf, 1};
+        struct msghdr mh = {
+                .msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf, .msg_controllen = sizeof(cbuf)};
+        struct cmsghdr *cm;
+        int sync = -1;
+        pid_t pid = fork_as_synced(uid, connect_and_pass, &sync);
+        bool ok = false;
+
+        CHECK(pid > 0);
+        if (pid <= 0)
+                return false;
+        if (write(sync, &n, sizeof(n)) == (ssize_t)sizeof(n) && recvmsg(sync, &mh, MSG_CMSG_CLOEXEC) == 1 &&
+            (cm = CMSG_FIRSTHDR(&mh)) && cm->cmsg_type == SCM_RIGHTS &&
+            cm->cmsg_len == CMSG_LEN((size_t)n * sizeof(int))) {
+                memcpy(ret_fds, CMSG_DATA(cm), (size_t)n * sizeof(int));
+                ok = true;
+        }
+        CHECK_EQ(child_end(pid, sync), 0);
+        CHECK(ok);
+        for (int i = 0; ok && i < n; i++)
+                CHECK_EQ(raw_hello(ret_fds[i]), 0);
+        return ok;
+}
+
+/*
+ * Two tenants share the workers fairly. A big one (its own uid) has 8 connections, each with a 512 MiB host
+ * allocation being populated on the workers (two at a time, six waiting); then a small one (another uid)
+ * asks for 4 MiB on each of its 4 connections. The small tenant's jobs take turns with the big one's instead
+ * of waiting behind all of them: its allocations are all answered while at least two of the big tenant's
+ * have not started (each of which takes far longer than the small ones). In one queue (before), they came
+ * after all eight big ones had started, and so after seven had finished.
+ */
+#define BIG_UID   61001
+#define SMALL_UID 61002
+
+static void test_fair_workers(void)
+{
+        int big[8], small[4], answered = 0;
+
+        if (!connect_as(BIG_UID, 8, big))
+                return;
+        if (!connect_as(SMALL_UID, 4, small)) {
+                for (int i = 0; i < 8; i++)
+                        close(big[i]);
+                return;
+        }
+        for (int i = 0; i < 8; i++)
+                send_host_alloc(big[i], 100 + (uint32_t)i, 512 * MiB);
+        usleep(20 * 1000); /* the daemon has taken them by now: two run, six wait */
+        for (int i = 0; i < 4; i++)
+                send_host_alloc(small[i], 200 + (uint32_t)i, 4 * MiB);
+        for (int i = 0; i < 4; i++)
+                expect_reply(small[i], 200 + (uint32_t)i, 0);
+        for (int i = 0; i < 8; i++)
+                answered += reply_waiting(big[i]);
+        fprintf(stderr, "big allocations answered when the small tenant's were: %d of 8\n", answered);
+        CHECK(answered <= 6);
+        for (int i = 0; i < 8; i++) {
+                expect_reply(big[i], 100 + (uint32_t)i, 0);
+                close(big[i]);
+        }
+        for (int i = 0; i < 4; i++)
+                close(small[i]);
+        CHECK(daemon_wait_base(&dmn, &base, 30000, NULL) == 0);
+}
+
+#define FAIR_CONFIG "[daemon]\nlog-level = warning\nworker-threads = 2\n[class all]\nmatch-all = yes\n"
+
+int main(int argc, char **argv)
+{
+        static const struct {
+                const char *name;
+                const char *config; /* the daemon's configuration file for the case */
+                bool root;          /* needs other uids */
+                TestCase tc;
+        } cases[] = {
+                {"workers",
+                 FAIR_CONFIG,
+                 true,
+                 {"a tenant's slow jobs take turns with another's on the workers", test_fair_workers}},
+        };
+        int r = EXIT_FAILURE;
+
+        signal(SIGPIPE, SIG_IGN);
+        for (size_t i = 0; i < ARRAY_SIZE(cases); i++)
+                if (argc > 1 && strcmp(argv[1], cases[i].name) == 0) {
+                        if (cases[i].root && geteuid() != 0) {
+                                fprintf(stderr, "needs root (clients of other uids)\n");
+                                return 77;
+                        }
+                        if (start(cases[i].config) == 0)
+                                r = run_tests(&cases[i].tc, 1);
+                        if (dmn.pid > 0 && daemon_stop(&dmn) != 0)
+                                r = EXIT_FAILURE;
+                        daemon_cleanup(&dmn);
+                        return r;
+                }
+        fprintf(stderr, "usage: %s CASE (", argv[0]);
+        for (size_t i = 0; i < ARRAY_SIZE(cases); i++)
+                fprintf(stderr, "%s%s", i ? ", " : "", cases[i].name);
+        fprintf(stderr, ")\n");
+        return 2;
+}
