@@ -739,6 +739,35 @@ static int open_device(Manager *m)
         return 0;
 }
 
+static void drop_job_run(WorkerJob *j)
+{
+        broker_drop_run((BrokerDrop *)j);
+}
+
+static void drop_job_done(WorkerJob *j)
+{
+        free(j);
+}
+
+/*
+ * Large memory a client freed, or left behind, is released on a worker, the client's uid its flow: its loop
+ * (whichever it is that freed it) serves the others meanwhile. Once the workers have stopped (at the end),
+ * here.
+ */
+static void manager_drop(void *arg, BrokerDrop *d, uint64_t flow)
+{
+        Manager *m = arg;
+
+        for (unsigned i = 0; m->workers && i < m->n_shards; i++)
+                if (m->shards[i].home && loop_is_current(m->shards[i].loop)) {
+                        d->job = (WorkerJob){.run = drop_job_run, .done = drop_job_done, .flow = flow};
+                        worker_submit(m->workers, m->shards[i].home, &d->job);
+                        return;
+                }
+        broker_drop_run(d);
+        free(d);
+}
+
 /*
  * The worker threads and the event loops, not started yet. Shard 0 is the main loop (listener, signals, the
  * daemon's timers, the HTTP exposition); the clients are served by the loops after it, each on a thread of
@@ -763,6 +792,8 @@ static int setup_loops(Manager *m)
                 if (r < 0)
                         return log_error_errno(r, "cannot set up event loop %u: %s", i, strerror(-r));
         }
+        if (m->workers)
+                broker_set_dropper(m->broker, manager_drop, m);
         return 0;
 }
 

@@ -70,13 +70,6 @@ static int shared_pages(uint64_t va, uint64_t size, const char *name, int *ret_f
         return 0;
 }
 
-/* The shared pages of host or managed memory gone again: unmapped here, their memfd closed. */
-static void drop_pages(Broker *b, Obj *o)
-{
-        broker_unmap_shared(b, o->va, o->size);
-        o->memfd = safe_close(o->memfd);
-}
-
 /* Is @node a NUMA node of this host? */
 static bool host_has_node(int node)
 {
@@ -163,7 +156,7 @@ static int host_pages(BrokerClient *c, const BrokerAllocArgs *a, Obj *o, Reason 
                           MPOL_MF_STRICT) < 0) {
                         r = reason_set(w, -errno, "cannot bind the memory to NUMA node %d: %s", node,
                                        strerror(errno));
-                        drop_pages(b, o);
+                        broker_drop_pages(c, o);
                         return r;
                 }
         }
@@ -220,7 +213,7 @@ static int host_register(BrokerClient *c, const BrokerAllocArgs *a, Obj *o, int 
         }
         return 0;
 fail:
-        drop_pages(b, o);
+        broker_drop_pages(c, o);
         return r;
 }
 
@@ -338,7 +331,7 @@ static int alloc_managed(BrokerClient *c, const BrokerAllocArgs *a, Obj *o, Brok
                 goto fail;
         return 0;
 fail:
-        drop_pages(b, o);
+        broker_drop_pages(c, o);
         return r;
 }
 
@@ -475,11 +468,8 @@ static int alloc_finish(BrokerClient *c, const BrokerAllocArgs *a, Obj *o, Broke
                         res.import_fd = safe_close(res.import_fd);
                         if (o->mem)
                                 broker_obj_mem_free(c->b, o);
-                        if (o->memfd >= 0) {
-                                if (!o->outer)
-                                        broker_unmap_shared(c->b, o->va, o->size);
-                                safe_close(o->memfd);
-                        }
+                        if (o->memfd >= 0)
+                                broker_drop_pages(c, o);
                 }
         }
         if (r < 0) {

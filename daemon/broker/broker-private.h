@@ -157,6 +157,8 @@ struct Broker {
         bool primary_heard; /* its interrupts come to the broker */
         bool primary_faulted;
         DriverInterrupt primary_fault;
+        void (*dropper)(void *arg, BrokerDrop *d, uint64_t flow); /* broker_set_dropper() */
+        void *dropper_arg;
 };
 
 typedef struct BrokerQueue {
@@ -193,6 +195,9 @@ struct BrokerClient {
         unsigned carry_pass;       /* counts broker_client_carry_each() calls */
         BrokerClient *next_sharer; /* in Broker.sharers while it runs queues in the primary context */
         bool sharer;
+        uint64_t flow;   /* its tenant, for its drops (broker_client_set_flow) */
+        bool hold_drops; /* its drops wait in @drops for broker_client_take_drops() */
+        BrokerDrop *drops;
 };
 
 /*
@@ -312,6 +317,9 @@ int broker_obj_dup_memfd(const Obj *o, int *ret_fd, Reason *w);
 void broker_obj_mem_free(Broker *b, Obj *o);
 void broker_reserve_again(uint64_t va, uint64_t size);
 void broker_unmap_shared(Broker *b, uint64_t va, uint64_t size);
+/* Give up the daemon's mapping of @o (host, managed or GTT memory) and its memory file: here, or later as a
+ * drop when it is large. */
+void broker_drop_pages(BrokerClient *c, Obj *o);
 int broker_check_gpus(const Broker *b, const uint32_t *ids, size_t n, Reason *w);
 int broker_check_flags(uint32_t f, Reason *w);
 ThunkVaSpace *broker_obj_space(const BrokerClient *c, const Obj *o);

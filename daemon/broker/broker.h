@@ -7,6 +7,7 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+#include "base/worker.h"
 #include "drivers/driver.h"
 #include "events.h"
 #include "reason.h"
@@ -173,6 +174,39 @@ bool broker_client_private_vm(const BrokerClient *c);
 size_t broker_client_objects(const BrokerClient *c);
 /* Everything the client's teardown has to free: objects and VMM mappings. */
 uint64_t broker_client_records(const BrokerClient *c);
+
+/* ---- memory released off the loops ----------------------------------------------------------------- */
+
+/*
+ * Releasing much memory is slow (unmapping the daemon's mapping of its pages, closing the last file of it:
+ * about 0.5 s a GiB of pages), too slow for an event loop. The broker takes such memory off its books at once
+ * and moves the daemon's mapping of it out of the client's window (the window's range is free for new memory
+ * at once); the release itself is a drop, which runs later on any thread. Memory charged while files of it
+ * live stays charged until the last of them, the drop's included, is gone (broker_process_events()).
+ */
+#define BROKER_SLOW_FREE_BYTES (16ull << 20)
+typedef struct BrokerDrop {
+        WorkerJob job; /* first: for the one who runs it on a worker */
+        struct BrokerDrop *next;
+        void *addr; /* the pages, moved out of the window; NULL: none mapped (any left were dropped here) */
+        uint64_t size;
+        int fd; /* the memory's file: the daemon's last one */
+} BrokerDrop;
+/*
+ * Where drops go: @fn(@arg, drop, the client's flow) runs or queues it, then free()s it. Without one, memory
+ * is released where it is freed. Set before any client exists.
+ */
+void broker_set_dropper(Broker *b, void (*fn)(void *arg, BrokerDrop *d, uint64_t flow), void *arg);
+/* Unmap and close what @d holds (not @d itself): it touches nothing else, so any thread may run it. */
+void broker_drop_run(BrokerDrop *d);
+/* The client's tenant, handed to the dropper with its drops. */
+void broker_client_set_flow(BrokerClient *c, uint64_t flow);
+/*
+ * Keep the client's drops from now on, until broker_client_take_drops() returns them (a list; NULL: none)
+ * and sends later ones to the dropper again: a free answered once its memory is gone.
+ */
+void broker_client_hold_drops(BrokerClient *c);
+BrokerDrop *broker_client_take_drops(BrokerClient *c);
 
 /* ---- carried across a restart (carry.c) -------------------------------------------------------------- */
 

@@ -170,6 +170,12 @@ BrokerClient *broker_client_free(BrokerClient *c)
         broker_primary_leave(c);
         while (!broker_client_teardown_step(c, 4096))
                 ;
+        /* drops held for a free that did not take them: released here */
+        for (BrokerDrop *d = broker_client_take_drops(c), *next; d; d = next) {
+                next = d->next;
+                broker_drop_run(d);
+                free(d);
+        }
         if (c->events) {
                 broker_charge_give(c, &(Charge){.objects = client_events_count(c->events)});
                 c->events = client_events_free(c->events);

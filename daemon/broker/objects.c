@@ -98,6 +98,101 @@ void broker_unmap_shared(Broker *b, uint64_t va, uint64_t size)
         broker_reserve_again(va, size);
 }
 
+void broker_set_dropper(Broker *b, void (*fn)(void *arg, BrokerDrop *d, uint64_t flow), void *arg)
+{
+        b->dropper = fn;
+        b->dropper_arg = arg;
+}
+
+void broker_client_set_flow(BrokerClient *c, uint64_t flow)
+{
+        c->flow = flow;
+}
+
+void broker_client_hold_drops(BrokerClient *c)
+{
+        c->hold_drops = true;
+}
+
+BrokerDrop *broker_client_take_drops(BrokerClient *c)
+{
+        BrokerDrop *d = c->drops;
+
+        c->drops = NULL;
+        c->hold_drops = false;
+        return d;
+}
+
+void broker_drop_run(BrokerDrop *d)
+{
+        if (d->addr)
+                munmap(d->addr, d->size);
+        d->addr = NULL;
+        d->fd = safe_close(d->fd);
+}
+
+/* The alignment a mapping moved out of the window keeps: a PMD's, so that the kernel moves page tables
+ * whole instead of their entries one by one. */
+#define DETACH_ALIGN (2ull << 20)
+
+/*
+ * Move the daemon's mapping of [va, va+size) to a place of its own outside every window. The pages go with
+ * the mapping, untouched: a move costs page tables, not pages. NULL when it cannot be moved.
+ */
+static void *detach_pages(uint64_t va, uint64_t size)
+{
+        size_t span = size + DETACH_ALIGN;
+        uint8_t *area = mmap(NULL, span, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        uint8_t *dst, *p;
+
+        if (area == MAP_FAILED)
+                return NULL;
+        dst = (uint8_t *)(((uintptr_t)area + DETACH_ALIGN - 1) & ~(uintptr_t)(DETACH_ALIGN - 1));
+        p = mremap((void *)(uintptr_t)va, size, size, MREMAP_MAYMOVE | MREMAP_FIXED, dst);
+        if (p == MAP_FAILED) {
+                munmap(area, span);
+                return NULL;
+        }
+        /* what is left of the place around it */
+        if (dst > area)
+                munmap(area, (size_t)(dst - area));
+        if (dst + size < area + span)
+                munmap(dst + size, (size_t)(area + span - (dst + size)));
+        return p;
+}
+
+void broker_drop_pages(BrokerClient *c, Obj *o)
+{
+        Broker *b = c->b;
+        BrokerDrop *d = NULL;
+
+        if (o->size >= BROKER_SLOW_FREE_BYTES && (b->dropper || c->hold_drops))
+                d = calloc(1, sizeof(*d));
+        if (!d) {
+                if (!o->outer)
+                        broker_unmap_shared(b, o->va, o->size);
+                o->memfd = safe_close(o->memfd);
+                return;
+        }
+        d->size = o->size;
+        d->fd = TAKE_FD(o->memfd);
+        if (!o->outer) {
+                /* the driver's unmap after the move finds nothing mapped there (cheap), and tells the
+                 * driver's SVM ranges that the pages went; without the move, they are released here */
+                d->addr = detach_pages(o->va, o->size);
+                broker_unmap_shared(b, o->va, o->size);
+        }
+        if (c->hold_drops) {
+                d->next = c->drops;
+                c->drops = d;
+        } else if (b->dropper) {
+                b->dropper(b->dropper_arg, d, c->flow);
+        } else {
+                broker_drop_run(d);
+                free(d);
+        }
+}
+
 int broker_check_gpus(const Broker *b, const uint32_t *ids, size_t n, Reason *w)
 {
         for (size_t i = 0; i < n; i++) {
@@ -202,9 +297,7 @@ int broker_destroy_alloc(BrokerClient *c, Obj *o, bool teardown, Reason *w)
         safe_close(tmp_fd);
         broker_obj_forget_file(c->b, o);
         if (o->memfd >= 0) {
-                if (!o->outer)
-                        broker_unmap_shared(c->b, o->va, o->size);
-                o->memfd = safe_close(o->memfd);
+                broker_drop_pages(c, o);
                 broker_charge_give(c, &(Charge){.held_fds = 1});
         }
         return 0;

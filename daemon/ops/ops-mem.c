@@ -27,6 +27,7 @@ int conn_books_new(Conn *c)
         }
         broker_client_set_account(c->broker, c->cls ? &c->cls->acct : NULL);
         broker_client_set_tag(c->broker, c->id);
+        broker_client_set_flow(c->broker, c->ident.uid);
         broker_client_set_interrupt(c->broker, queues_interrupt, c);
         return 0;
 }
@@ -222,9 +223,72 @@ static int call_handle(ReqCtx *r, uint64_t handle, int (*fn)(BrokerClient *bc, u
         return reply_empty_or_why(r, fn(bc, handle, &w), &w);
 }
 
+/* A free of much memory: the broker's books change on the loop, the memory is released on a worker, and
+ * the reply (with the refunds of what nothing else holds) comes once it is gone. */
+typedef struct FreeJob {
+        WorkerJob job; /* first: the pool hands it back */
+        Req *req;
+        Broker *b;
+        BrokerDrop *drops;
+} FreeJob;
+
+static void free_drops(BrokerDrop *d, bool run)
+{
+        while (d) {
+                BrokerDrop *next = d->next;
+                if (run)
+                        broker_drop_run(d);
+                free(d);
+                d = next;
+        }
+}
+
+static void free_job_run(WorkerJob *j)
+{
+        for (BrokerDrop *d = ((FreeJob *)j)->drops; d; d = d->next)
+                broker_drop_run(d);
+}
+
+static void free_job_done(WorkerJob *j)
+{
+        FreeJob *fj = (FreeJob *)j;
+        Manager *m = req_ctx(fj->req)->m;
+
+        manager_lock(m);
+        broker_process_events(fj->b);
+        req_end(fj->req, reply_empty(req_ctx(fj->req)));
+        manager_unlock(m);
+        free_drops(fj->drops, false);
+        free(fj);
+}
+
 int op_free(ReqCtx *r, const Gpumem__Request *req)
 {
-        return call_handle(r, req->free->handle, broker_mem_free);
+        FreeJob *fj = NULL;
+        BrokerDrop *drops;
+        Reason w = {""};
+        int err;
+        WITH_CLIENT(r, bc);
+
+        broker_client_hold_drops(bc);
+        err = broker_mem_free(bc, req->free->handle, &w);
+        drops = broker_client_take_drops(bc);
+        if (drops && err >= 0 && r->m->workers && (fj = calloc(1, sizeof(*fj))) &&
+            req_defer(r, &fj->req) == 0) {
+                fj->b = r->m->broker;
+                fj->drops = drops;
+                fj->job.run = free_job_run;
+                fj->job.done = free_job_done;
+                req_submit(r, &fj->job);
+                return REQ_DEFERRED;
+        }
+        /* no workers, or no room to wait: released here, on the loop */
+        free(fj);
+        if (drops) {
+                free_drops(drops, true);
+                broker_process_events(r->m->broker);
+        }
+        return reply_empty_or_why(r, err, &w);
 }
 
 /* map, unmap: a buffer on some of the client's GPUs */

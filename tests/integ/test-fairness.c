@@ -194,6 +194,68 @@ static void test_fair_workers(void)
 
 #define FAIR_CONFIG "[daemon]\nlog-level = warning\nworker-threads = 2\n[class all]\nmatch-all = yes\n"
 
+/*
+ * A free of 1 GiB of host memory the client never mapped (the daemon's mapping and its file are the last
+ * holders: the kernel frees every page there) does not stall the loop it came on: a ping of another client
+ * of the same loop, sent while the free runs, is answered before the free is. The free's reply still comes
+ * after the memory went: the class is refunded by then.
+ */
+static void test_free_off_loop(void)
+{
+        Gpumem__Request q = GPUMEM__REQUEST__INIT;
+        Gpumem__Alloc a = GPUMEM__ALLOC__INIT;
+        Gpumem__Free fr = GPUMEM__FREE__INIT;
+        Gpumem__Reply *rep = NULL;
+        int fa = raw_connect(dmn.sock), fb = raw_connect(dmn.sock), fds[16];
+        size_t n_fds = 0;
+        uint64_t handle = 0, used = 1;
+        int64_t t0, t_ping;
+
+        CHECK(fa >= 0 && fb >= 0);
+        if (fa < 0 || fb < 0)
+                goto out;
+        CHECK_EQ(raw_hello(fa), 0);
+        CHECK_EQ(raw_hello(fb), 0);
+        a.has_kind = a.has_size = true;
+        a.kind = GPUMEM__MEM_KIND__MEM_KIND_HOST;
+        a.size = 1024 * MiB;
+        q.op_case = GPUMEM__REQUEST__OP_ALLOC;
+        q.alloc = &a;
+        CHECK_EQ(raw_request(fa, 10, &q, NULL, 0, (void **)&rep, fds, &n_fds, NULL), 0);
+        if (rep && rep->alloc)
+                handle = rep->alloc->handle;
+        raw_reply_free(rep);
+        for (size_t i = 0; i < n_fds; i++)
+                close(fds[i]); /* never mapped here */
+        CHECK(handle != 0);
+
+        fr.has_handle = true;
+        fr.handle = handle;
+        q.op_case = GPUMEM__REQUEST__OP_FREE;
+        q.free = &fr;
+        t0 = now_ms();
+        send_request(fa, 11, &q);
+        usleep(5 * 1000); /* the loop has taken the free by now */
+        send_ping(fb, 12);
+        expect_reply(fb, 12, 0);
+        t_ping = now_ms();
+        CHECK(!reply_waiting(fa));
+        expect_reply(fa, 11, 0);
+        fprintf(stderr, "the other client's ping answered after %lld ms, the free after %lld ms\n",
+                (long long)(t_ping - t0), (long long)(now_ms() - t0));
+        CHECK_EQ(daemon_class_quota(&dmn, "all", GM_RESOURCE_HOST, 0, &used, NULL), 0);
+        CHECK_EQ(used, 0);
+out:
+        if (fa >= 0)
+                close(fa);
+        if (fb >= 0)
+                close(fb);
+        CHECK(daemon_wait_base(&dmn, &base, 30000, NULL) == 0);
+}
+
+/* one client loop: the two clients share it */
+#define FREE_CONFIG "[daemon]\nlog-level = warning\nloops = 1\n[class all]\nmatch-all = yes\n"
+
 int main(int argc, char **argv)
 {
         static const struct {
@@ -206,6 +268,11 @@ int main(int argc, char **argv)
                  FAIR_CONFIG,
                  true,
                  {"a tenant's slow jobs take turns with another's on the workers", test_fair_workers}},
+                {"free",
+                 FREE_CONFIG,
+                 false,
+                 {"a large free runs off its loop, and is answered once the memory went",
+                  test_free_off_loop}},
         };
         int r = EXIT_FAILURE;
 
