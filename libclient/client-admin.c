@@ -282,40 +282,59 @@ static bool client_take(gm_client_info *dst, const Gpumem__ClientInfo *src)
         return true;
 }
 
+/* The clients of one page, appended to the ListOut @ctx; where the next page starts in its cursor. */
 static int clients_take(gm_client *c, const void *result, void *ctx)
 {
         const Gpumem__AdminClientsReply *a = result;
         ListOut *out = ctx;
-        gm_client_info *infos = calloc(a->n_clients ? a->n_clients : 1, sizeof(*infos));
-        size_t n = 0;
-        bool ok = infos != NULL;
+        gm_client_info *infos = realloc(out->items, (out->n + a->n_clients + 1) * sizeof(*infos));
 
-        for (size_t i = 0; ok && i < a->n_clients; i++) {
-                n = i + 1;
-                ok = client_take(&infos[i], a->clients[i]);
-        }
-        if (!ok) {
-                gm_client_info_free(infos, n);
+        if (!infos)
                 return gm_set_reason(c, -ENOMEM, "out of memory");
+        out->items = infos;
+        *out->cursor = a->has_next ? a->next : 0;
+        for (size_t i = 0; i < a->n_clients; i++) {
+                gm_client_info *dst = &infos[out->n++]; /* counted first: a half-made entry is freed too */
+                memset(dst, 0, sizeof(*dst));
+                if (!client_take(dst, a->clients[i]))
+                        return gm_set_reason(c, -ENOMEM, "out of memory");
         }
-        *out = (ListOut){infos, n, NULL};
+        return 0;
+}
+
+/* Where a paged list or text goes on: the daemon moves forward or says it is done (0); anything else is no
+ * reply of it. */
+static int page_follows(gm_client *c, const char *what, uint64_t next, uint64_t from)
+{
+        if (next != 0 && next <= from)
+                return gm_set_reason(c, -EPROTO, "the %s's next page %llu does not follow %llu", what,
+                                     (unsigned long long)next, (unsigned long long)from);
         return 0;
 }
 
 int gm_admin_clients(gm_client *c, gm_client_info **ret, size_t *ret_n)
 {
-        ListOut out;
+        uint64_t from = 0, next = 0;
+        ListOut out = {NULL, 0, &next};
         int r;
 
         if (!c || !ret || !ret_n)
                 return BAD_ARGS(c);
-        r = gm_request_none(c, GPUMEM__REQUEST__OP_ADMIN_CLIENTS, GPUMEM__REPLY__RESULT_ADMIN_CLIENTS,
-                            clients_take, &out);
-        if (r == 0) {
-                *ret = out.items;
-                *ret_n = out.n;
+        /* a page at a time (a daemon that pages nothing answers all at once, with no next) */
+        do {
+                r = gm_request_num(c, GPUMEM__REQUEST__OP_ADMIN_CLIENTS, from,
+                                   GPUMEM__REPLY__RESULT_ADMIN_CLIENTS, clients_take, &out);
+                if (r == 0)
+                        r = page_follows(c, "client list", next, from);
+                from = next;
+        } while (r == 0 && from != 0);
+        if (r < 0) {
+                gm_client_info_free(out.items, out.n);
+                return r;
         }
-        return r;
+        *ret = out.items;
+        *ret_n = out.n;
+        return 0;
 }
 
 int gm_admin_disconnect(gm_client *c, uint64_t client_id)
@@ -326,22 +345,53 @@ int gm_admin_disconnect(gm_client *c, uint64_t client_id)
                               NULL, NULL);
 }
 
+/* The metrics' text as it comes, part by part. */
+typedef struct TextOut {
+        char *text;
+        size_t len;
+        uint64_t next; /* the daemon's cursor of the next part; 0: that was the end */
+} TextOut;
+
 static int metrics_take(gm_client *c, const void *result, void *ctx)
 {
-        char *text = xstrdup(((const Gpumem__AdminMetricsReply *)result)->text);
+        const Gpumem__AdminMetricsReply *mr = result;
+        TextOut *o = ctx;
+        size_t n = mr->text ? strlen(mr->text) : 0;
+        char *t = realloc(o->text, o->len + n + 1);
 
-        if (!text)
+        if (!t)
                 return gm_set_reason(c, -ENOMEM, "out of memory");
-        *(char **)ctx = text;
+        if (n)
+                memcpy(t + o->len, mr->text, n);
+        o->len += n;
+        t[o->len] = '\0';
+        o->text = t;
+        o->next = mr->has_next ? mr->next : 0;
         return 0;
 }
 
 int gm_admin_metrics(gm_client *c, char **ret_text)
 {
+        TextOut out = {NULL, 0, 0};
+        uint64_t cursor = 0;
+        int r;
+
         if (!c || !ret_text)
                 return BAD_ARGS(c);
-        return gm_request_none(c, GPUMEM__REQUEST__OP_ADMIN_METRICS, GPUMEM__REPLY__RESULT_ADMIN_METRICS,
-                               metrics_take, ret_text);
+        /* part by part from one rendering of the text (a daemon that pages nothing answers it whole) */
+        do {
+                r = gm_request_num(c, GPUMEM__REQUEST__OP_ADMIN_METRICS, cursor,
+                                   GPUMEM__REPLY__RESULT_ADMIN_METRICS, metrics_take, &out);
+                if (r == 0)
+                        r = page_follows(c, "metrics", out.next, cursor);
+                cursor = out.next;
+        } while (r == 0 && cursor != 0);
+        if (r < 0) {
+                free(out.text);
+                return r;
+        }
+        *ret_text = out.text;
+        return 0;
 }
 
 int gm_admin_set_log_level(gm_client *c, const char *level)

@@ -568,7 +568,8 @@ void gm_client_info_free(gm_client_info *infos, size_t n);
 /** Disconnect client @client_id; the daemon frees everything it held. -ESRCH if there is none. */
 int gm_admin_disconnect(gm_client *c, uint64_t client_id);
 
-/** The daemon's metrics in Prometheus text format; free with gm_free(). */
+/** The daemon's metrics in Prometheus text format, of any length (read a frame at a time); free with
+ * gm_free(). */
 int gm_admin_metrics(gm_client *c, char **ret_text);
 
 /** Change the daemon's log level: "err", "warning", "notice", "info" or "debug". */

@@ -68,69 +68,120 @@ int op_admin_status(ReqCtx *r, const Gpumem__Request *req)
         return reply_result(r, &s);
 }
 
+/*
+ * What the items of a paged reply may take of a frame: its body less the reply's head (status, the result's
+ * tag and length, `next`) with room to spare. A ClientInfo packs to 16 bytes at least, a GpuUsage to 4.
+ */
+#define PAGE_BYTES       (GM_FRAME_BODY_MAX - 1024)
+#define PAGE_MAX_CLIENTS (PAGE_BYTES / 16)
+#define PAGE_MAX_USAGE   (PAGE_BYTES / 4)
+
+/* One client as admin_clients lists it, the usage of the GPUs it holds VRAM on in @usage (room for
+ * BROKER_MAX_GPUS, pointed at by @usage_ptrs); how many of those it took. */
+static size_t client_info(Conn *c, Gpumem__ClientInfo *i, Gpumem__GpuUsage *usage,
+                          Gpumem__GpuUsage **usage_ptrs)
+{
+        BrokerUsage u;
+        bool has_books;
+
+        gpumem__client_info__init(i);
+        i->has_client_id = i->has_pid = i->has_uid = i->has_gid = true;
+        i->client_id = c->id;
+        i->pid = (uint32_t)c->ident.pid;
+        i->uid = c->ident.uid;
+        i->gid = c->ident.gid;
+        i->cgroup = c->ident.cgroup ? c->ident.cgroup : "";
+        i->container = c->container;
+        i->pod = c->pod;
+        i->name = c->name ? c->name : "";
+        i->class_name = c->cls ? c->cls->name : "";
+        i->has_connected_usec = i->has_requests = i->has_admin = true;
+        i->connected_usec = c->connected_real_usec;
+        i->requests = READ_ONCE(c->requests);
+        i->admin = c->admin;
+        i->has_handles = i->has_fds = i->has_host_bytes = i->has_managed_bytes = true;
+        /* its loop may be changing its books meanwhile */
+        conn_lock(c);
+        has_books = c->broker != NULL;
+        if (has_books)
+                broker_client_usage(c->broker, &u);
+        conn_unlock(c);
+        if (!has_books)
+                return 0;
+        i->handles = (uint32_t)u.objects;
+        i->fds = u.held_fds;
+        i->host_bytes = u.host_bytes;
+        i->managed_bytes = u.managed_bytes;
+        i->usage = usage_ptrs;
+        for (uint32_t k = 0; k < u.n_gpus; k++) {
+                Gpumem__GpuUsage *g = &usage[i->n_usage];
+                if (!u.vram_bytes[k])
+                        continue;
+                gpumem__gpu_usage__init(g);
+                g->has_gpu_id = g->has_vram_bytes = true;
+                g->gpu_id = u.gpu_ids[k];
+                g->vram_bytes = u.vram_bytes[k];
+                usage_ptrs[i->n_usage++] = g;
+        }
+        return i->n_usage;
+}
+
+static int conn_id_cmp(const void *a, const void *b)
+{
+        uint64_t x = (*(Conn *const *)a)->id, y = (*(Conn *const *)b)->id;
+        return x < y ? -1 : x > y;
+}
+
 int op_admin_clients(ReqCtx *r, const Gpumem__Request *req)
 {
         Manager *m = r->m;
+        const Gpumem__AdminClients *a = req->admin_clients;
         Gpumem__AdminClientsReply cr = GPUMEM__ADMIN_CLIENTS_REPLY__INIT;
         Gpumem__ClientInfo *infos = NULL, **ptrs;
         Gpumem__GpuUsage *usage = NULL, **usage_ptrs;
-        size_t n = 0, n_usage = 0;
-        int err;
+        Conn **list = calloc(m->n_conns ? m->n_conns : 1, sizeof(*list));
+        size_t n_list = 0, n = 0, n_usage = 0, bytes = 0, max_items, max_usage;
+        int err = -ENOMEM;
 
-        size_t max_usage = (m->n_conns ? m->n_conns : 1) * BROKER_MAX_GPUS;
-        if (!REPLY_ITEMS_NEW(infos, ptrs, m->n_conns) || !REPLY_ITEMS_NEW(usage, usage_ptrs, max_usage)) {
-                free(infos);
+        if (!list)
                 return reply_fail(r, -ENOMEM, "out of memory listing clients");
-        }
-        for (Conn *c = m->conns; c && n < m->n_conns; c = c->next) {
+        for (Conn *c = m->conns; c && n_list < m->n_conns; c = c->next)
+                if (!a->has_from || c->id >= a->from)
+                        list[n_list++] = c;
+        /* paged: in id order, so that `next` is where the next page starts whatever comes and goes */
+        if (a->has_from)
+                qsort(list, n_list, sizeof(*list), conn_id_cmp);
+        max_items = a->has_from && n_list > PAGE_MAX_CLIENTS ? PAGE_MAX_CLIENTS : n_list;
+        max_usage = (max_items ? max_items : 1) * BROKER_MAX_GPUS;
+        if (a->has_from && max_usage > PAGE_MAX_USAGE)
+                max_usage = PAGE_MAX_USAGE;
+        if (!REPLY_ITEMS_NEW(infos, ptrs, max_items) || !REPLY_ITEMS_NEW(usage, usage_ptrs, max_usage))
+                goto out;
+        for (size_t k = 0; k < n_list; k++) {
                 Gpumem__ClientInfo *i = &infos[n];
-                gpumem__client_info__init(i);
-                i->has_client_id = i->has_pid = i->has_uid = i->has_gid = true;
-                i->client_id = c->id;
-                i->pid = (uint32_t)c->ident.pid;
-                i->uid = c->ident.uid;
-                i->gid = c->ident.gid;
-                i->cgroup = c->ident.cgroup ? c->ident.cgroup : "";
-                i->container = c->container;
-                i->pod = c->pod;
-                i->name = c->name ? c->name : "";
-                i->class_name = c->cls ? c->cls->name : "";
-                i->has_connected_usec = i->has_requests = i->has_admin = true;
-                i->connected_usec = c->connected_real_usec;
-                i->requests = READ_ONCE(c->requests);
-                i->admin = c->admin;
-                i->has_handles = i->has_fds = i->has_host_bytes = i->has_managed_bytes = true;
-                BrokerUsage u;
-                bool has_books;
-                /* its loop may be changing its books meanwhile */
-                conn_lock(c);
-                has_books = c->broker != NULL;
-                if (has_books)
-                        broker_client_usage(c->broker, &u);
-                conn_unlock(c);
-                if (has_books) {
-                        i->handles = (uint32_t)u.objects;
-                        i->fds = u.held_fds;
-                        i->host_bytes = u.host_bytes;
-                        i->managed_bytes = u.managed_bytes;
-                        i->usage = &usage_ptrs[n_usage];
-                        for (uint32_t k = 0; k < u.n_gpus; k++) {
-                                if (!u.vram_bytes[k])
-                                        continue;
-                                gpumem__gpu_usage__init(&usage[n_usage]);
-                                usage[n_usage].has_gpu_id = usage[n_usage].has_vram_bytes = true;
-                                usage[n_usage].gpu_id = u.gpu_ids[k];
-                                usage[n_usage].vram_bytes = u.vram_bytes[k];
-                                usage_ptrs[n_usage] = &usage[n_usage];
-                                n_usage++;
-                                i->n_usage++;
+                if (n == max_items || n_usage + BROKER_MAX_GPUS > max_usage) {
+                        cr.has_next = true;
+                        cr.next = list[k]->id;
+                        break;
+                }
+                n_usage += client_info(list[k], i, &usage[n_usage], &usage_ptrs[n_usage]);
+                if (a->has_from) {
+                        /* the item, its tag and its length */
+                        bytes += gpumem__client_info__get_packed_size(i) + 4;
+                        if (n > 0 && bytes > PAGE_BYTES) {
+                                cr.has_next = true;
+                                cr.next = list[k]->id;
+                                break;
                         }
                 }
                 ptrs[n++] = i;
         }
         cr.n_clients = n;
         cr.clients = ptrs;
-        err = reply_result(r, &cr);
+        err = 0;
+out:
+        err = err < 0 ? reply_fail(r, err, "out of memory listing clients") : reply_result(r, &cr);
+        free(list);
         free(infos);
         free(usage);
         return err;
@@ -221,18 +272,112 @@ int op_admin_disconnect(ReqCtx *r, const Gpumem__Request *req)
         return REQ_DEFERRED;
 }
 
+/* The part of the text @t (@len bytes) from @off on that fits a page: whole lines, unless one is longer than
+ * a page. */
+static size_t page_of_text(const char *t, size_t len, size_t off)
+{
+        size_t n = len - off;
+
+        if (n <= PAGE_BYTES)
+                return n;
+        for (n = PAGE_BYTES; n > 0 && t[off + n - 1] != '\n'; n--)
+                ;
+        return n ? n : PAGE_BYTES;
+}
+
+/* A paged text's cursor: its token above the byte offset of the part. */
+#define CURSOR_OFFSET_BITS 40
+#define CURSOR_OFFSET_MASK ((1ull << CURSOR_OFFSET_BITS) - 1)
+/* Texts a connection may be reading at once (its threads share it): the oldest goes beyond. */
+#define PAGED_KEPT 4
+
+/* A new text of @c to read part by part (it takes @text), or NULL when out of memory. */
+static PagedText *paged_new(Conn *c, char *text, size_t len)
+{
+        PagedText *t = calloc(1, sizeof(*t)), **at = &c->paged;
+
+        if (!t)
+                return NULL;
+        t->token = (c->paged ? c->paged->token : 0) % 0xffffff + 1; /* never 0, which is a new text */
+        t->text = text;
+        t->len = len;
+        t->next = c->paged;
+        c->paged = t;
+        for (unsigned i = 0; *at && i < PAGED_KEPT; i++)
+                at = &(*at)->next;
+        while (*at) {
+                PagedText *old = *at;
+                *at = old->next;
+                free(old->text);
+                free(old);
+        }
+        return t;
+}
+
+static void paged_done(Conn *c, PagedText *t)
+{
+        for (PagedText **at = &c->paged; *at; at = &(*at)->next)
+                if (*at == t) {
+                        *at = t->next;
+                        break;
+                }
+        free(t->text);
+        free(t);
+}
+
+static PagedText *paged_find(Conn *c, uint32_t token)
+{
+        PagedText *t = c->paged;
+
+        while (t && t->token != token)
+                t = t->next;
+        return t;
+}
+
 int op_admin_metrics(ReqCtx *r, const Gpumem__Request *req)
 {
+        const Gpumem__AdminMetrics *a = req->admin_metrics;
         Gpumem__AdminMetricsReply mr = GPUMEM__ADMIN_METRICS_REPLY__INIT;
-        char *text = NULL;
-        size_t len = 0;
+        Conn *c = r->c;
+        PagedText *t;
+        char *text = NULL, save;
+        size_t len = 0, off = 0, n;
         int err;
 
-        if (metrics_render(r->m, &text, &len) < 0)
-                return reply_fail(r, -ENOMEM, "out of memory building metrics");
-        mr.text = text;
+        if (!a->has_cursor || a->cursor == 0) {
+                if (metrics_render(r->m, &text, &len) < 0)
+                        return reply_fail(r, -ENOMEM, "out of memory building metrics");
+                if (!a->has_cursor) {
+                        mr.text = text;
+                        err = reply_result(r, &mr);
+                        free(text);
+                        return err;
+                }
+                /* paged: the text stays with the connection until its last part went */
+                t = paged_new(c, text, len);
+                if (!t) {
+                        free(text);
+                        return reply_fail(r, -ENOMEM, "out of memory building metrics");
+                }
+        } else {
+                off = a->cursor & CURSOR_OFFSET_MASK;
+                t = paged_find(c, (uint32_t)(a->cursor >> CURSOR_OFFSET_BITS));
+                if (!t || off >= t->len)
+                        return reply_fail(r, -ESTALE,
+                                          "cursor 0x%llx is in no metrics text being read: start at 0",
+                                          (unsigned long long)a->cursor);
+        }
+        n = page_of_text(t->text, t->len, off);
+        mr.text = t->text + off;
+        mr.has_next = true;
+        mr.next = off + n < t->len ? (uint64_t)t->token << CURSOR_OFFSET_BITS | (off + n) : 0;
+        /* the text is a string on the wire: cut it there for the packing */
+        save = mr.text[n];
+        mr.text[n] = '\0';
         err = reply_result(r, &mr);
-        free(text);
+        mr.text[n] = save;
+        if (!mr.next)
+                paged_done(c, t);
         return err;
 }
 

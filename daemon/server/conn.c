@@ -313,6 +313,12 @@ Conn *conn_free(Conn *c)
         free(c->ident.groups);
         free(c->ident.cgroup);
         free(c->name);
+        while (c->paged) {
+                PagedText *t = c->paged;
+                c->paged = t->next;
+                free(t->text);
+                free(t);
+        }
         pthread_mutex_destroy(&c->lock);
         free(c);
         return NULL;

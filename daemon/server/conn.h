@@ -61,6 +61,14 @@ typedef struct ConnIdentity {
  * memory) or under the manager's (everything else); other threads read or change them holding both, the
  * manager's first. Its loop keeps some counters without either (requests, inflight).
  */
+/* A text an administrator reads part by part, kept with the connection until its last part went. */
+typedef struct PagedText {
+        struct PagedText *next;
+        uint32_t token; /* names it in the cursor of its parts */
+        char *text;
+        size_t len;
+} PagedText;
+
 typedef struct Conn {
         Manager *m; /* for the request handlers above; the connection itself only carries it */
         const ConnHost *host;
@@ -102,6 +110,7 @@ typedef struct Conn {
         bool free_when_idle;             /* conn_free() came while some were still pending */
         pthread_mutex_t lock;            /* the client's lock (above) */
         atomic_bool irq_posted;          /* a look at its event page is posted to its loop (ops-queues.c) */
+        struct PagedText *paged;         /* admin_metrics' texts being read part by part (ops-admin.c) */
 } Conn;
 
 static inline void conn_lock(Conn *c)

@@ -256,6 +256,163 @@ out:
 /* one client loop: the two clients share it */
 #define FREE_CONFIG "[daemon]\nlog-level = warning\nloops = 1\n[class all]\nmatch-all = yes\n"
 
+/* A client's hello with a small window, sent without waiting for its reply (@fd's replies read later). */
+static void send_hello(int fd)
+{
+        Gpumem__Request q = GPUMEM__REQUEST__INIT;
+        Gpumem__Hello h = GPUMEM__HELLO__INIT;
+
+        h.has_protocol_version = h.has_window_size = true;
+        h.protocol_version = GM_PROTOCOL_VERSION;
+        h.window_size = 1ull << 30;
+        h.client_name = "many";
+        q.op_case = GPUMEM__REQUEST__OP_HELLO;
+        q.hello = &h;
+        send_request(fd, 1, &q);
+}
+
+/* Its books made (a memory query): a client with books has a part in the metrics. */
+static void send_mem_info(int fd)
+{
+        Gpumem__Request q = GPUMEM__REQUEST__INIT;
+        Gpumem__MemInfoGet mi = GPUMEM__MEM_INFO_GET__INIT;
+
+        q.op_case = GPUMEM__REQUEST__OP_MEM_INFO;
+        q.mem_info = &mi;
+        send_request(fd, 2, &q);
+}
+
+/* Lines of @path that start with @prefix. */
+static size_t lines_starting(const char *path, const char *prefix)
+{
+        FILE *f = fopen(path, "re");
+        char line[1024];
+        size_t n = 0;
+
+        CHECK(f != NULL);
+        if (!f)
+                return 0;
+        while (fgets(line, sizeof(line), f))
+                n += strncmp(line, prefix, strlen(prefix)) == 0;
+        fclose(f);
+        return n;
+}
+
+#define MANY_CLIENTS 10000
+static int n_many; /* clients the fd limits allow, up to MANY_CLIENTS */
+
+/*
+ * Admin replies of any size: with 10,000 clients connected, each with books (about 1.2 KiB of metrics
+ * each, 110 of them filled the one frame a reply had), the textfile collector's recipe in docs/policy.md
+ * writes every client's series, and the client list holds every client. Both come in pages; a request
+ * without paging (an older client's) is answered as before: the whole list in one frame, -EMSGSIZE here.
+ */
+static void test_admin_many(void)
+{
+        static int fds[MANY_CLIENTS];
+        const char *ctl = getenv("GPUMEMCTL");
+        char cmd[1024], prom[256], why[256];
+        gm_client_info *infos = NULL;
+        size_t n_infos = 0, many = 0;
+        gm_client *admin = NULL;
+        uint32_t id;
+        int code, n = 0;
+
+        CHECK(ctl != NULL);
+        if (!ctl)
+                return;
+        fprintf(stderr, "%d clients\n", n_many);
+        for (; n < n_many; n++) {
+                fds[n] = raw_connect(dmn.sock);
+                CHECK(fds[n] >= 0);
+                if (fds[n] < 0)
+                        goto out;
+                send_hello(fds[n]);
+        }
+        for (int i = 0; i < n; i++) {
+                CHECK_EQ(raw_recv_reply(fds[i], &id, &code, why, sizeof(why), 60000), 0);
+                CHECK_EQ(code, 0);
+                send_mem_info(fds[i]);
+        }
+        for (int i = 0; i < n; i++) {
+                CHECK_EQ(raw_recv_reply(fds[i], &id, &code, why, sizeof(why), 60000), 0);
+                CHECK_EQ(code, 0);
+        }
+
+        /* the recipe, as docs/policy.md gives it */
+        snprintf(prom, sizeof(prom), "%s/gpumemd.prom", dmn.dir);
+        snprintf(cmd, sizeof(cmd), "'%s' --socket '%s' metrics > '%s.tmp' && mv '%s.tmp' '%s'", ctl, dmn.sock,
+                 prom, prom, prom);
+        CHECK_EQ(system(cmd), 0);
+        CHECK_EQ(lines_starting(prom, "gpumemd_client_handles{"), n_many);
+        CHECK_EQ(lines_starting(prom, "gpumemd_client_memory_bytes{"), 4 * n_many);
+        CHECK_EQ(lines_starting(prom, "gpumemd_connections "), 1);
+
+        admin = daemon_client(&dmn, "admin");
+        if (admin) {
+                CHECK_EQ(gm_admin_clients(admin, &infos, &n_infos), 0);
+                for (size_t i = 0; i < n_infos; i++)
+                        many += strcmp(infos[i].name, "many") == 0;
+                CHECK_EQ(many, n_many);
+                CHECK_EQ(n_infos, n_many + 1);
+                gm_client_info_free(infos, n_infos);
+        }
+        {
+                /* an older client's request, with no paging: the one frame it always was */
+                Gpumem__Request q = GPUMEM__REQUEST__INIT;
+                Gpumem__AdminClients ac = GPUMEM__ADMIN_CLIENTS__INIT;
+                int fd = raw_connect(dmn.sock);
+                bool transport = false;
+
+                CHECK(fd >= 0);
+                CHECK_EQ(raw_hello(fd), 0);
+                q.op_case = GPUMEM__REQUEST__OP_ADMIN_CLIENTS;
+                q.admin_clients = &ac;
+                CHECK_EQ(raw_request(fd, 5, &q, NULL, 0, NULL, NULL, NULL, &transport), -EMSGSIZE);
+                CHECK(!transport);
+                /* a cursor of no text this connection is reading */
+                Gpumem__AdminMetrics am = GPUMEM__ADMIN_METRICS__INIT;
+                am.has_cursor = true;
+                am.cursor = 7ull << 40 | 5;
+                q.op_case = GPUMEM__REQUEST__OP_ADMIN_METRICS;
+                q.admin_metrics = &am;
+                CHECK_EQ(raw_request(fd, 6, &q, NULL, 0, NULL, NULL, NULL, &transport), -ESTALE);
+                close(fd);
+        }
+out:
+        gm_client_close(admin);
+        for (int i = 0; i < n; i++)
+                close(fds[i]);
+        CHECK(daemon_wait_base(&dmn, &base, 120000, NULL) == 0);
+}
+
+/* Room for the clients: connections, fds, and windows (of 1 GiB: 10 TiB in all). */
+#define MANY_CONFIG                                                                                          \
+        "[daemon]\nlog-level = warning\nmax-connections = 20000\nmax-connections-per-uid = 20000\n"          \
+        "window-size = 1G\nmax-window-bytes-per-uid = 16T\n[class all]\nmatch-all = yes\n"
+
+/*
+ * This process and the daemon it starts (which raises its soft limit to the hard one it inherits) need an fd
+ * per client, the daemon two (the socket and the client's pidfd): as many clients as that allows, up to
+ * MANY_CLIENTS (where the hard limit cannot be raised, as in a container without CAP_SYS_RESOURCE).
+ */
+static int many_clients(void)
+{
+        struct rlimit rl;
+
+        if (getrlimit(RLIMIT_NOFILE, &rl) < 0)
+                return 0;
+        if (rl.rlim_max < 3 * MANY_CLIENTS) {
+                struct rlimit more = {3 * MANY_CLIENTS, 3 * MANY_CLIENTS};
+                if (setrlimit(RLIMIT_NOFILE, &more) == 0)
+                        rl = more;
+        }
+        rl.rlim_cur = rl.rlim_max;
+        if (setrlimit(RLIMIT_NOFILE, &rl) < 0 || rl.rlim_cur < 2000)
+                return 0;
+        return rl.rlim_cur >= 2 * MANY_CLIENTS + 512 ? MANY_CLIENTS : (int)(rl.rlim_cur - 512) / 2;
+}
+
 int main(int argc, char **argv)
 {
         static const struct {
@@ -273,6 +430,11 @@ int main(int argc, char **argv)
                  false,
                  {"a large free runs off its loop, and is answered once the memory went",
                   test_free_off_loop}},
+                {"admin-many",
+                 MANY_CONFIG,
+                 false,
+                 {"admin replies of 10,000 clients come in pages; the textfile recipe works",
+                  test_admin_many}},
         };
         int r = EXIT_FAILURE;
 
@@ -281,6 +443,10 @@ int main(int argc, char **argv)
                 if (argc > 1 && strcmp(argv[1], cases[i].name) == 0) {
                         if (cases[i].root && geteuid() != 0) {
                                 fprintf(stderr, "needs root (clients of other uids)\n");
+                                return 77;
+                        }
+                        if (strcmp(cases[i].name, "admin-many") == 0 && (n_many = many_clients()) == 0) {
+                                fprintf(stderr, "no fd limit of 2,000 or more\n");
                                 return 77;
                         }
                         if (start(cases[i].config) == 0)
