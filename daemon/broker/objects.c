@@ -123,10 +123,14 @@ BrokerDrop *broker_client_take_drops(BrokerClient *c)
         return d;
 }
 
+/* A drop unmaps its pages a slice at a time: munmap holds the process's mmap lock while it frees a slice's
+ * pages, and the loops take that lock to map (windows, new memory). */
+#define DROP_SLICE (64ull << 20)
+
 void broker_drop_run(BrokerDrop *d)
 {
-        if (d->addr)
-                munmap(d->addr, d->size);
+        for (uint64_t off = 0; d->addr && off < d->size; off += DROP_SLICE)
+                munmap((uint8_t *)d->addr + off, d->size - off < DROP_SLICE ? d->size - off : DROP_SLICE);
         d->addr = NULL;
         d->fd = safe_close(d->fd);
 }

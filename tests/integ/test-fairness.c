@@ -198,7 +198,7 @@ static void test_fair_workers(void)
  * A free of 1 GiB of host memory the client never mapped (the daemon's mapping and its file are the last
  * holders: the kernel frees every page there) does not stall the loop it came on: a ping of another client
  * of the same loop, sent while the free runs, is answered before the free is. The free's reply still comes
- * after the memory went: the class is refunded by then.
+ * after the memory went: the class is refunded by then. The same for a client that goes holding 1 GiB.
  */
 static void test_free_off_loop(void)
 {
@@ -245,6 +245,29 @@ static void test_free_off_loop(void)
                 (long long)(t_ping - t0), (long long)(now_ms() - t0));
         CHECK_EQ(daemon_class_quota(&dmn, "all", GM_RESOURCE_HOST, 0, &used, NULL), 0);
         CHECK_EQ(used, 0);
+
+        /* a client that goes holding 1 GiB: its teardown releases the memory on a worker too, so the other
+         * client's ping is answered while the memory is still charged (until its file is gone) */
+        q.op_case = GPUMEM__REQUEST__OP_ALLOC;
+        q.alloc = &a;
+        n_fds = 0;
+        CHECK_EQ(raw_request(fa, 13, &q, NULL, 0, NULL, fds, &n_fds, NULL), 0);
+        for (size_t i = 0; i < n_fds; i++)
+                close(fds[i]);
+        close(fa);
+        fa = -1;
+        usleep(5 * 1000); /* the loop has seen it go by now */
+        send_ping(fb, 14);
+        expect_reply(fb, 14, 0);
+        {
+                Gpumem__AdminStatus as = GPUMEM__ADMIN_STATUS__INIT;
+                q.op_case = GPUMEM__REQUEST__OP_ADMIN_STATUS;
+                q.admin_status = &as;
+                rep = NULL;
+                CHECK_EQ(raw_request(fb, 15, &q, NULL, 0, (void **)&rep, NULL, NULL, NULL), 0);
+                CHECK(rep && rep->admin_status && rep->admin_status->bytes_host == 1024 * MiB);
+                raw_reply_free(rep);
+        }
 out:
         if (fa >= 0)
                 close(fa);
