@@ -517,6 +517,7 @@ struct BrokerPending {
         Obj *o;
         Charge charged; /* what it holds of its class's quota while it is made */
         int populated;  /* 0, or the populate's negative errno */
+        uint64_t done;  /* bytes populated so far, from the start */
 };
 
 bool broker_alloc_is_slow(const BrokerAllocArgs *a)
@@ -573,7 +574,18 @@ int broker_alloc_begin(BrokerClient *c, const BrokerAllocArgs *a, BrokerPending 
 
 void broker_pending_populate(BrokerPending *p)
 {
-        p->populated = host_populate(p->o->va, p->o->size);
+        while (!broker_pending_populate_step(p, p->o->size))
+                ;
+}
+
+bool broker_pending_populate_step(BrokerPending *p, uint64_t max)
+{
+        uint64_t n = p->o->size - p->done < max ? p->o->size - p->done : max;
+
+        if (p->populated == 0)
+                p->populated = host_populate(p->o->va + p->done, n);
+        p->done += n;
+        return p->populated < 0 || p->done == p->o->size;
 }
 
 int broker_alloc_end(BrokerPending *p, BrokerAllocResult *ret, Reason *w)

@@ -360,7 +360,8 @@ int broker_alloc(BrokerClient *c, const BrokerAllocArgs *a, BrokerAllocResult *r
 /*
  * Host memory the daemon must populate itself is made in steps, so that the slow middle one can run off the
  * event loop: broker_alloc_begin() checks the request, places it and holds its charge (the object is found
- * by nothing yet); broker_pending_populate() faults its pages in and touches nothing else (any thread);
+ * by nothing yet); broker_pending_populate() faults its pages in and touches nothing else (any thread),
+ * broker_pending_populate_step() the next @max bytes of them, true once all are in or one step failed;
  * broker_alloc_end() registers it with the driver and publishes it, or undoes all of it, and frees @p.
  * The client must not be freed between begin and end. broker_alloc_is_slow() says which allocations are
  * worth it.
@@ -370,6 +371,7 @@ typedef struct BrokerPending BrokerPending;
 bool broker_alloc_is_slow(const BrokerAllocArgs *a);
 int broker_alloc_begin(BrokerClient *c, const BrokerAllocArgs *a, BrokerPending **ret, Reason *w);
 void broker_pending_populate(BrokerPending *p);
+bool broker_pending_populate_step(BrokerPending *p, uint64_t max);
 int broker_alloc_end(BrokerPending *p, BrokerAllocResult *ret, Reason *w);
 /* Free an allocation (unmapping it first), or release a VMM handle or import (as broker_vmm_release). */
 int broker_mem_free(BrokerClient *c, uint64_t handle, Reason *w);

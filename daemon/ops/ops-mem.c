@@ -112,17 +112,26 @@ static void req_submit(ReqCtx *r, WorkerJob *job)
         worker_submit(r->m->workers, r->c->sh->home, job);
 }
 
-/* Host memory the daemon populates itself: the populating runs on a worker, the rest on the loop. */
+/*
+ * Host memory the daemon populates itself: the populating runs on a worker, a slice per job, the rest on the
+ * loop. Each slice is a job of its own, so another uid's job waits for one slice per worker at most, not for
+ * a whole allocation (worker.h: flows take turns between jobs).
+ */
+#define POPULATE_SLICE (64ull << 20)
+
 typedef struct AllocJob {
         WorkerJob job; /* first: the pool hands it back */
         Req *req;
         BrokerClient *bc;
         BrokerPending *pending;
+        bool populated; /* every slice is in (or one failed) */
 } AllocJob;
 
 static void alloc_job_run(WorkerJob *j)
 {
-        broker_pending_populate(((AllocJob *)j)->pending);
+        AllocJob *aj = (AllocJob *)j;
+
+        aj->populated = broker_pending_populate_step(aj->pending, POPULATE_SLICE);
 }
 
 static void alloc_job_done(WorkerJob *j)
@@ -133,6 +142,11 @@ static void alloc_job_done(WorkerJob *j)
         Reason w = {""};
         int err;
 
+        if (!aj->populated) {
+                /* the next slice, in its flow's next turn */
+                req_submit(req_ctx(aj->req), &aj->job);
+                return;
+        }
         manager_lock(m);
         err = broker_alloc_end(aj->pending, &res, &w);
         err = alloc_reply(req_ctx(aj->req), aj->bc, err, &res, &w);

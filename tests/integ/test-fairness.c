@@ -152,11 +152,12 @@ static bool connect_as(uid_t uid, int n, int *ret_fds)
 
 /*
  * Two tenants share the workers fairly. A big one (its own uid) has 8 connections, each with a 512 MiB host
- * allocation being populated on the workers (two at a time, six waiting); then a small one (another uid)
- * asks for 4 MiB on each of its 4 connections. The small tenant's jobs take turns with the big one's instead
- * of waiting behind all of them: its allocations are all answered while at least two of the big tenant's
- * have not started (each of which takes far longer than the small ones). In one queue (before), they came
- * after all eight big ones had started, and so after seven had finished.
+ * allocation being populated on the workers (in jobs of 64 MiB: 8 each, 64 in all, 2 running at a time);
+ * then a small one (another uid) asks for 4 MiB (one job) on each of its 4 connections. The small tenant's
+ * jobs take turns with the big one's: its 4 are started within the next 8 jobs, when no big allocation can
+ * have had its 8 slices, so none of the big allocations is answered when the small ones all are. In one
+ * queue they came after all eight big ones had started, and so after seven had finished; with whole
+ * allocations as jobs, after the two running and one more each (5 of 8 answered).
  */
 #define BIG_UID   61001
 #define SMALL_UID 61002
@@ -174,7 +175,7 @@ static void test_fair_workers(void)
         }
         for (int i = 0; i < 8; i++)
                 send_host_alloc(big[i], 100 + (uint32_t)i, 512 * MiB);
-        usleep(20 * 1000); /* the daemon has taken them by now: two run, six wait */
+        usleep(20 * 1000); /* the daemon has taken them by now */
         for (int i = 0; i < 4; i++)
                 send_host_alloc(small[i], 200 + (uint32_t)i, 4 * MiB);
         for (int i = 0; i < 4; i++)
@@ -182,7 +183,7 @@ static void test_fair_workers(void)
         for (int i = 0; i < 8; i++)
                 answered += reply_waiting(big[i]);
         fprintf(stderr, "big allocations answered when the small tenant's were: %d of 8\n", answered);
-        CHECK(answered <= 6);
+        CHECK_EQ(answered, 0);
         for (int i = 0; i < 8; i++) {
                 expect_reply(big[i], 100 + (uint32_t)i, 0);
                 close(big[i]);
