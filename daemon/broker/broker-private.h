@@ -320,6 +320,9 @@ void broker_unmap_shared(Broker *b, uint64_t va, uint64_t size);
 /* Give up the daemon's mapping of @o (host, managed or GTT memory) and its memory file: here, or later as a
  * drop when it is large. */
 void broker_drop_pages(BrokerClient *c, Obj *o);
+/* Close @fd (taken), perhaps the last file of @size bytes of memory: later, as a drop, when that is large:
+ * put on *@hold when given, else handed to the dropper. */
+void broker_drop_file(Broker *b, int fd, uint64_t size, uint64_t flow, BrokerDrop **hold);
 int broker_check_gpus(const Broker *b, const uint32_t *ids, size_t n, Reason *w);
 int broker_check_flags(uint32_t f, Reason *w);
 ThunkVaSpace *broker_obj_space(const BrokerClient *c, const Obj *o);
@@ -347,7 +350,7 @@ Share *broker_share_by_name(Broker *b, const char *name);
 bool broker_share_holds_file(Broker *b, const struct stat *st);
 void broker_share_held_apply(Broker *b, Share *s, int sign);
 void broker_shares_done(Broker *b);
-void broker_share_end(Broker *b, Share *s);
+void broker_share_end(Broker *b, Share *s, BrokerDrop **drops);
 void broker_share_obj_gone(BrokerClient *c, Obj *o);
 int broker_share_reader_vm(BrokerClient *c, DriverCtx **ret_ctx, Reason *w);
 void broker_share_obj_fill(Obj *o, const Share *s, ShareRef *ref);

@@ -197,6 +197,8 @@ typedef struct BrokerDrop {
  * is released where it is freed. Set before any client exists.
  */
 void broker_set_dropper(Broker *b, void (*fn)(void *arg, BrokerDrop *d, uint64_t flow), void *arg);
+/* The flow of drops of memory no client holds any more (a persistent share's): no uid's. */
+#define BROKER_FLOW_SHARED UINT64_MAX
 /* Unmap and close what @d holds (not @d itself): it touches nothing else, so any thread may run it. */
 void broker_drop_run(BrokerDrop *d);
 /* The client's tenant, handed to the dropper with its drops. */
@@ -521,9 +523,11 @@ int broker_share_open(BrokerClient *c, const char *name, bool write, const uint3
 int broker_share_find(Broker *b, const char *name, BrokerShareInfo *ret);
 /*
  * End the share @name: its readers lose their GPU access and imports now. The publisher's books change
- * when it still has them: the caller serialises them as for the publisher's own calls.
+ * when it still has them: the caller serialises them as for the publisher's own calls. The release of a
+ * large persistent share's memory goes to *@ret_drops (a list, for the caller to run; NULL: none), or to the
+ * dropper when @ret_drops is NULL.
  */
-int broker_share_revoke(Broker *b, const char *name, Reason *w);
+int broker_share_revoke(Broker *b, const char *name, BrokerDrop **ret_drops, Reason *w);
 /* Up to @cap shares from *@cursor (0 to start; 0 again at the end). */
 size_t broker_share_list(Broker *b, size_t *cursor, BrokerShareInfo *out, size_t cap);
 

@@ -165,6 +165,26 @@ static void *detach_pages(uint64_t va, uint64_t size)
         return p;
 }
 
+void broker_drop_file(Broker *b, int fd, uint64_t size, uint64_t flow, BrokerDrop **hold)
+{
+        BrokerDrop *d = NULL;
+
+        if (fd >= 0 && size >= BROKER_SLOW_FREE_BYTES && (b->dropper || hold))
+                d = calloc(1, sizeof(*d));
+        if (!d) {
+                safe_close(fd);
+                return;
+        }
+        d->fd = fd;
+        d->size = size;
+        if (hold) {
+                d->next = *hold;
+                *hold = d;
+        } else {
+                b->dropper(b->dropper_arg, d, flow);
+        }
+}
+
 void broker_drop_pages(BrokerClient *c, Obj *o)
 {
         Broker *b = c->b;

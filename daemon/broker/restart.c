@@ -817,7 +817,7 @@ size_t broker_carry_shares_settle(Broker *b)
                 next = sh->next;
                 if (sh->carry_ending) {
                         sh->carry_ending = false;
-                        broker_share_end(b, sh);
+                        broker_share_end(b, sh, NULL);
                         ended++;
                 }
         }

@@ -162,7 +162,7 @@ void broker_shares_done(Broker *b)
  * handed out hold it (a reader's CPU mapping): its object's linger does that while the object lives, the
  * share's own after it. The share itself goes once no reader names it. Under the share lock.
  */
-void broker_share_end(Broker *b, Share *s)
+void broker_share_end(Broker *b, Share *s, BrokerDrop **drops)
 {
         for (Share **p = &b->shares; *p; p = &(*p)->next)
                 if (*p == s) {
@@ -185,7 +185,8 @@ void broker_share_end(Broker *b, Share *s)
         }
         s->src = NULL;
         s->owner = NULL;
-        s->fd = safe_close(s->fd);
+        /* a persistent share's file may be the last of its memory: released off the loop */
+        broker_drop_file(b, TAKE_FD(s->fd), s->size, BROKER_FLOW_SHARED, drops);
         if (s->carry_mem)
                 (void)driver_mem_free(b->drv, s->carry_mem);
         s->carry_mem = NULL;
@@ -207,7 +208,7 @@ void broker_share_obj_gone(BrokerClient *c, Obj *o)
                 return;
         pthread_mutex_lock(&b->share_lock);
         if (!s->persistent) {
-                broker_share_end(b, s);
+                broker_share_end(b, s, NULL);
         } else {
                 s->held_mem = (Charge){.kind = o->kind, .gpu_id = o->gpu_id, .bytes = o->size};
                 /* the class that pays now: a reload may have moved the client (and its charges) since */
@@ -614,8 +615,10 @@ int broker_share_find(Broker *b, const char *name, BrokerShareInfo *ret)
         return s ? 0 : -ENOENT;
 }
 
-int broker_share_revoke(Broker *b, const char *name, Reason *w)
+int broker_share_revoke(Broker *b, const char *name, BrokerDrop **ret_drops, Reason *w)
 {
+        if (ret_drops)
+                *ret_drops = NULL;
         Share *s;
         int r = 0;
 
@@ -627,7 +630,7 @@ int broker_share_revoke(Broker *b, const char *name, Reason *w)
         if (!s)
                 r = reason_set(w, -ENOENT, "no share named '%s'", name);
         else
-                broker_share_end(b, s);
+                broker_share_end(b, s, ret_drops);
         pthread_mutex_unlock(&b->share_lock);
         broker_process_events(b);
         return r;

@@ -276,17 +276,10 @@ static void free_job_done(WorkerJob *j)
         free(fj);
 }
 
-int op_free(ReqCtx *r, const Gpumem__Request *req)
+int reply_after_drops(ReqCtx *r, int err, const Reason *w, BrokerDrop *drops)
 {
         FreeJob *fj = NULL;
-        BrokerDrop *drops;
-        Reason w = {""};
-        int err;
-        WITH_CLIENT(r, bc);
 
-        broker_client_hold_drops(bc);
-        err = broker_mem_free(bc, req->free->handle, &w);
-        drops = broker_client_take_drops(bc);
         if (drops && err >= 0 && r->m->workers && (fj = calloc(1, sizeof(*fj))) &&
             req_defer(r, &fj->req) == 0) {
                 fj->b = r->m->broker;
@@ -302,7 +295,20 @@ int op_free(ReqCtx *r, const Gpumem__Request *req)
                 free_drops(drops, true);
                 broker_process_events(r->m->broker);
         }
-        return reply_empty_or_why(r, err, &w);
+        return reply_empty_or_why(r, err, w);
+}
+
+int op_free(ReqCtx *r, const Gpumem__Request *req)
+{
+        BrokerDrop *drops;
+        Reason w = {""};
+        int err;
+        WITH_CLIENT(r, bc);
+
+        broker_client_hold_drops(bc);
+        err = broker_mem_free(bc, req->free->handle, &w);
+        drops = broker_client_take_drops(bc);
+        return reply_after_drops(r, err, &w, drops);
 }
 
 /* map, unmap: a buffer on some of the client's GPUs */

@@ -131,6 +131,7 @@ int op_share_revoke(ReqCtx *r, const Gpumem__Request *req)
         const char *name = req->share_revoke->name;
         BrokerShareInfo info;
         Conn *owner = NULL;
+        BrokerDrop *drops = NULL;
         Reason w = {""};
         int err;
 
@@ -151,14 +152,15 @@ int op_share_revoke(ReqCtx *r, const Gpumem__Request *req)
                 if (owner)
                         conn_lock(owner);
         }
-        err = broker_share_revoke(r->m->broker, name, &w);
+        err = broker_share_revoke(r->m->broker, name, &drops, &w);
         if (owner)
                 conn_unlock(owner);
         if (err < 0)
                 return fail_why(r, err, &w);
         conn_log(r->c, LOG_NOTICE, GM_MESSAGE_SHARE_REVOKE, NULL, "revoked share '%s' (%u readers)", name,
                  info.readers);
-        return reply_empty(r);
+        /* a persistent share's memory, released on a worker: answered once it went */
+        return reply_after_drops(r, 0, &w, drops);
 }
 
 static void info_to_proto(const BrokerShareInfo *s, Gpumem__ShareInfo *p)

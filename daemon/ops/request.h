@@ -149,6 +149,10 @@ int conn_books_new(Conn *c);
 int reply_fail_why(ReqCtx *r, int err, const Reason *w);
 /* The answer to a broker call that returned @err: Empty, or its reason @w. */
 int reply_empty_or_why(ReqCtx *r, int err, const Reason *w);
+struct BrokerDrop;
+/* The same once the memory of @drops (a list the broker held back, taken) was released on a worker: the
+ * request is deferred until then, and the refunds of what nothing else holds come before its reply. */
+int reply_after_drops(ReqCtx *r, int err, const Reason *w, struct BrokerDrop *drops);
 /* The same with the reply @result the call's outputs filled (only read when @err >= 0). */
 int reply_result_or_why(ReqCtx *r, int err, const Reason *w, void *result);
 /* An op on one object of the client's books named by @id (an event, a queue): @fn, answered Empty. */

@@ -280,6 +280,73 @@ out:
 /* one client loop: the two clients share it */
 #define FREE_CONFIG "[daemon]\nlog-level = warning\nloops = 1\n[class all]\nmatch-all = yes\n"
 
+/* The handle of the memory at @p of @c. */
+static gm_handle handle_of(gm_client *c, void *p)
+{
+        gm_pointer_attributes pa = {.struct_size = sizeof(pa)};
+        return gm_pointer_get_attributes(c, p, &pa) == 0 ? pa.handle : 0;
+}
+
+/*
+ * The end of a persistent share of 1 GiB whose publisher went: the share's file is the last of the memory,
+ * and closing it frees every page. A revoke does that on a worker and is answered once it is done: a ping
+ * of another client of the same loop, sent 5 ms after the revoke, is answered before the revoke is.
+ */
+static void test_share_end(void)
+{
+        Gpumem__Request q = GPUMEM__REQUEST__INIT;
+        Gpumem__ShareRevoke sr = GPUMEM__SHARE_REVOKE__INIT;
+        gm_client *pub = daemon_client(&dmn, "loader");
+        int fa = -1, fb = -1;
+        void *host = NULL;
+
+        if (!pub)
+                return;
+        CHECK_EQ(gm_host_malloc(pub, 1024 * MiB, 0, -1, 0, &host), 0);
+        if (host)
+                CHECK_EQ(gm_share_publish(pub, handle_of(pub, host), "big/one", GM_SHARE_READ_ONLY, NULL), 0);
+        if (host)
+                CHECK_EQ(gm_mem_free(pub, host), 0);
+        gm_client_close(pub);
+        CHECK_EQ(daemon_class_reaches(&dmn, "all", GM_RESOURCE_HANDLES, 1, 10000), 0); /* the share alone */
+
+        fa = raw_connect(dmn.sock);
+        fb = raw_connect(dmn.sock);
+        CHECK(fa >= 0 && fb >= 0);
+        if (fa < 0 || fb < 0)
+                goto out;
+        {
+                /* shares came with protocol 3 */
+                Gpumem__Hello h = GPUMEM__HELLO__INIT;
+                h.has_protocol_version = true;
+                h.protocol_version = GM_PROTOCOL_VERSION;
+                q.op_case = GPUMEM__REQUEST__OP_HELLO;
+                q.hello = &h;
+                CHECK_EQ(raw_request(fa, 1, &q, NULL, 0, NULL, NULL, NULL, NULL), 0);
+        }
+        CHECK_EQ(raw_hello(fb), 0);
+        sr.name = "big/one";
+        q.op_case = GPUMEM__REQUEST__OP_SHARE_REVOKE;
+        q.share_revoke = &sr;
+        send_request(fa, 20, &q);
+        usleep(5 * 1000); /* the loop has taken the revoke by now */
+        send_ping(fb, 21);
+        expect_reply(fb, 21, 0);
+        CHECK(!reply_waiting(fa));
+        expect_reply(fa, 20, 0);
+out:
+        if (fa >= 0)
+                close(fa);
+        if (fb >= 0)
+                close(fb);
+        CHECK(daemon_wait_base(&dmn, &base, 30000, NULL) == 0);
+}
+
+/* one client loop, and root may publish shares that outlive it */
+#define SHARE_CONFIG                                                                                         \
+        "[daemon]\nlog-level = warning\nloops = 1\n"                                                         \
+        "[class all]\nmatch-all = yes\nshare-publish = big/*\nshare-persistent = big/*\n"
+
 /* A client's hello with a small window, sent without waiting for its reply (@fd's replies read later). */
 static void send_hello(int fd)
 {
@@ -454,6 +521,10 @@ int main(int argc, char **argv)
                  false,
                  {"a large free runs off its loop, and is answered once the memory went",
                   test_free_off_loop}},
+                {"share-end",
+                 SHARE_CONFIG,
+                 false,
+                 {"the end of a large persistent share releases its memory off the loop", test_share_end}},
                 {"admin-many",
                  MANY_CONFIG,
                  false,

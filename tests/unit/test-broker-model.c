@@ -2305,7 +2305,7 @@ static void op_share_revoke(World *w)
                 name = w->shares[named].name;
         si = share_named(w, name);
         describe(w, "revoke share %s", name);
-        r = broker_share_revoke(w->b, name, &why);
+        r = broker_share_revoke(w->b, name, NULL, &why);
         expect_rc(w, r, si >= 0 ? 0 : -ENOENT, &why);
         if (r < 0)
                 return;
@@ -3161,7 +3161,7 @@ static void world_end(World *w)
         for (size_t i = 0; i < w->n_shares; i++)
                 if (w->shares[i].named) {
                         Reason why = {""};
-                        int r = broker_share_revoke(w->b, w->shares[i].name, &why);
+                        int r = broker_share_revoke(w->b, w->shares[i].name, NULL, &why);
                         expect_rc(w, r, 0, &why);
                         share_end(w, (int)i);
                 }
