@@ -192,5 +192,6 @@ unsigned int model_aql_run(ModelEngine *e)
                         break;
                 done++;
         }
+        q->busy = rd < wr; /* a barrier unmet, a packet not published yet, or the budget */
         return done;
 }

@@ -32,6 +32,7 @@ static void file_gem_close_at(ThunkModel *m, ModelFile *f, size_t i)
                         model_vm_remove(&f->vm, mp);
         }
         f->gems[i] = f->gems[--f->n_gems];
+        MODEL_COUNT(m->cnt.gem_handles, -1);
         model_buf_unref(m, b);
 }
 
@@ -66,7 +67,7 @@ int model_drm_gem_close(Call *c)
         return -EINVAL;
 }
 
-static int gem_handle_for(ModelFile *f, ModelBuf *b, bool read_only, uint32_t *ret)
+static int gem_handle_for(ThunkModel *m, ModelFile *f, ModelBuf *b, bool read_only, uint32_t *ret)
 {
         uint32_t h = 1;
 
@@ -85,6 +86,7 @@ static int gem_handle_for(ModelFile *f, ModelBuf *b, bool read_only, uint32_t *r
         f->gems[f->n_gems].buf = b;
         f->gems[f->n_gems].read_only = read_only;
         f->n_gems++;
+        MODEL_COUNT(m->cnt.gem_handles, 1);
         b->refs++;
         *ret = h;
         return 0;
@@ -98,7 +100,7 @@ int model_drm_prime_fd_to_handle(Call *c)
 
         if (!b)
                 return err;
-        return gem_handle_for(c->file, b, model_fd_read_only(a->fd), &a->handle);
+        return gem_handle_for(c->m, c->file, b, model_fd_read_only(a->fd), &a->handle);
 }
 
 int model_drm_prime_handle_to_fd(Call *c)

@@ -35,7 +35,7 @@ typedef struct ModelEngine {
 /* Per run: how many packets an engine may retire, and how many bytes it may move, before the processor
  * looks at the other queues and lets ioctls in. */
 #define MODEL_ENGINE_PACKETS 256
-#define MODEL_ENGINE_BYTES   (64ULL << 20)
+#define MODEL_ENGINE_BYTES   (4ULL << 20) /* a run is what any caller of the model's lock may wait for */
 
 /* ---- model-gpuvm.c: every byte an engine touches goes through these ---- */
 

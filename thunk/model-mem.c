@@ -34,24 +34,24 @@ int model_charge(ThunkModel *m, int gpu, uint32_t type, uint64_t size)
 
                 if ((uint64_t)g->vram_used + vram > limit)
                         return -ENOMEM;
-                g->vram_used += vram;
+                MODEL_COUNT(g->vram_used, vram);
                 g->vram_used_aligned += (vram + MODEL_2M - 1) & ~(MODEL_2M - 1);
         }
-        m->system_used += sys;
-        m->ttm_used += ttm;
+        MODEL_COUNT(m->system_used, sys);
+        MODEL_COUNT(m->ttm_used, ttm);
         return 0;
 }
 
 void model_uncharge(ThunkModel *m, int gpu, uint32_t type, uint64_t size)
 {
         if (type == KFD_IOC_ALLOC_MEM_FLAGS_GTT) {
-                m->system_used -= size;
-                m->ttm_used -= size;
+                MODEL_COUNT(m->system_used, -size);
+                MODEL_COUNT(m->ttm_used, -size);
         } else if (type == KFD_IOC_ALLOC_MEM_FLAGS_VRAM) {
-                m->gpus[gpu].vram_used -= size;
+                MODEL_COUNT(m->gpus[gpu].vram_used, -size);
                 m->gpus[gpu].vram_used_aligned -= (size + MODEL_2M - 1) & ~(MODEL_2M - 1);
         } else if (type == KFD_IOC_ALLOC_MEM_FLAGS_USERPTR) {
-                m->system_used -= size;
+                MODEL_COUNT(m->system_used, -size);
         }
 }
 
@@ -469,7 +469,7 @@ static int buf_link(ThunkModel *m, ModelBuf *b)
                 b->next->pprev = &b->next;
         b->pprev = &m->bufs;
         m->bufs = b;
-        m->n_bufs++;
+        MODEL_COUNT(m->n_bufs, 1);
         return 0;
 }
 
@@ -535,7 +535,7 @@ void model_buf_unref(ThunkModel *m, ModelBuf *b)
         if (b->next)
                 b->next->pprev = b->pprev;
         hashmap_remove(&m->by_offset, b->mmap_offset);
-        m->n_bufs--;
+        MODEL_COUNT(m->n_bufs, -1);
         if (b->charge_type)
                 model_uncharge(m, b->owner, b->charge_type, b->charge);
         /* the engines' CPU view of it goes before its pages are punched out */
@@ -782,6 +782,8 @@ int model_vm_insert(ModelVm *vm, const ModelMapping *mp)
         x->height = 1;
         vm->root = vm_link(vm->root, x);
         vm->n++;
+        if (vm->total)
+                MODEL_COUNT(*vm->total, 1);
         return 0;
 }
 
@@ -789,6 +791,8 @@ void model_vm_remove(ModelVm *vm, ModelMapping *mp)
 {
         vm->root = vm_unlink(vm->root, mp);
         vm->n--;
+        if (vm->total)
+                MODEL_COUNT(*vm->total, -1);
         free(mp);
 }
 
@@ -805,6 +809,8 @@ void model_vm_clear(ModelVm *vm)
 {
         vm_free(vm->root);
         vm->root = NULL;
+        if (vm->total)
+                MODEL_COUNT(*vm->total, -(uint64_t)vm->n);
         vm->n = 0;
 }
 
@@ -836,6 +842,9 @@ void model_mem_destroy(ThunkModel *m, ModelCtx *c, ModelMem *mem)
                                 vm_remove_mem(&c->pdd[g].file->vm, mem);
                         mem->mapped &= ~(1ULL << g);
                 }
+        MODEL_COUNT(m->cnt.mems, -1);
+        if (mem->import)
+                MODEL_COUNT(m->cnt.imports, -1);
         model_buf_unref(m, mem->buf);
         free(mem);
 }
@@ -854,6 +863,7 @@ static int mem_new(Call *c, int idx, ModelBuf *b, ModelMem **ret)
                 model_buf_unref(c->m, b);
                 return -ENOMEM;
         }
+        MODEL_COUNT(c->m->cnt.mems, 1);
         *ret = mem;
         return 0;
 }
@@ -969,6 +979,9 @@ int model_kfd_free_memory_of_gpu(Call *c)
         if (mem->mapped)
                 return -EBUSY;
         c->ctx->pdd[idx].idr[mem->idr] = NULL;
+        MODEL_COUNT(c->m->cnt.mems, -1);
+        if (mem->import)
+                MODEL_COUNT(c->m->cnt.imports, -1);
         if (mem->idr < c->ctx->pdd[idx].idr_hint)
                 c->ctx->pdd[idx].idr_hint = mem->idr;
         model_buf_unref(c->m, mem->buf);
@@ -1162,6 +1175,7 @@ int model_kfd_import_dmabuf(Call *c)
                 mem->flags |= KFD_IOC_ALLOC_MEM_FLAGS_WRITABLE;
         mem->gpu = idx;
         mem->import = true;
+        MODEL_COUNT(c->m->cnt.imports, 1);
         a->handle = THUNK_KFD_HANDLE(a->gpu_id, mem->idr);
         return 0;
 }
@@ -1174,7 +1188,7 @@ int thunk_model_adopt(ThunkModel *m, int fd, uint32_t gpu_id, uint32_t kfd_flags
         int idx, seals, dup_fd, err = 0, r;
         uint32_t type;
 
-        pthread_mutex_lock(&m->lock);
+        model_lock(m);
         idx = model_gpu_index(m, gpu_id);
         seals = fd >= 0 ? fcntl(fd, F_GET_SEALS) : -1;
         r = idx < 0 || seals < 0 || (seals & needed) != needed || fstat(fd, &st) < 0 ||
@@ -1222,7 +1236,7 @@ int thunk_model_adopt(ThunkModel *m, int fd, uint32_t gpu_id, uint32_t kfd_flags
                 model_uncharge(m, idx, type, (uint64_t)st.st_size);
         }
 out:
-        pthread_mutex_unlock(&m->lock);
+        model_unlock(m);
         return r;
 }
 
@@ -1231,13 +1245,13 @@ void thunk_model_adopt_release(ThunkModel *m, int fd)
         int err = 0;
         ModelBuf *b;
 
-        pthread_mutex_lock(&m->lock);
+        model_lock(m);
         b = model_buf_by_fd(m, fd, &err);
         if (b && b->adopted) {
                 b->adopted = false;
                 model_buf_unref(m, b);
         }
-        pthread_mutex_unlock(&m->lock);
+        model_unlock(m);
 }
 
 int thunk_model_seal(ThunkModel *m, int fd)

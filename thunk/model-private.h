@@ -116,6 +116,7 @@ typedef struct ModelMapping {
 typedef struct ModelVm {
         ModelMapping *root;
         size_t n;
+        uint64_t *total; /* the model's count of mappings over all VMs (ModelCounters.mappings) */
 } ModelVm;
 
 typedef struct ModelGem {
@@ -187,6 +188,7 @@ typedef struct ModelQueue {
         bool in_ib;
         uint32_t poll_tries; /* unsuccessful looks of a poll packet with a finite retry count */
         bool stopped;        /* a GPU VM fault or an illegal packet stopped it for good */
+        bool busy;           /* its last run left work: packets written past it, a poll or barrier unmet */
         uint32_t db_slot;    /* its doorbell: 8-byte slot in its GPU's slice of the context's doorbells */
 } ModelQueue;
 
@@ -244,8 +246,34 @@ typedef struct ModelFault {
         int err;
 } ModelFault;
 
+/*
+ * What admin status and the like read without the model's lock: kept by whoever changes the objects they
+ * count (under the lock) with atomic adds, read with atomic loads, so that no caller (a tenant's engines,
+ * a long ioctl) can make a reader wait.
+ */
+typedef struct ModelCounters {
+        uint64_t contexts;
+        uint64_t mems;
+        uint64_t imports;
+        uint64_t mappings;
+        uint64_t gem_handles;
+        uint64_t svm_ranges;    /* of the primary context */
+        uint64_t engine_rounds; /* by the engines' thread */
+} ModelCounters;
+
+/* A relaxed atomic add to a counter of ModelCounters (or any counter read without the lock). */
+#define MODEL_COUNT(field, delta) __atomic_add_fetch(&(field), (__typeof__(field))(delta), __ATOMIC_RELAXED)
+
 struct ThunkModel {
+        /* Taken through model_lock() by every caller but the engines' thread, which lets a waiting caller
+         * in after each queue's run (model-queue.c: cp_yield). */
         pthread_mutex_t lock;
+        uint64_t lock_asked;         /* model_lock() calls begun (atomic) */
+        uint64_t lock_served;        /* model_lock() calls that got the lock (under it) */
+        pthread_cond_t handoff_cond; /* broadcast by model_lock() once it holds the lock */
+        pthread_mutex_t event_mu; /* leaf lock: event waiters sleep on event_cond under it, not the model's */
+        uint64_t event_gen;       /* bumped (under lock and event_mu) whenever events change */
+        ModelCounters cnt;
         uint32_t minor;
         int anchor; /* memfd the kfd/render fds are duplicates of */
         ModelGpu gpus[THUNK_MODEL_MAX_GPUS];
@@ -277,11 +305,13 @@ struct ThunkModel {
         ModelFault faults[MODEL_MAX_FAULTS];
         size_t n_faults;
         uint64_t dev_size;         /* bytes of the device memfd (anchor) handed out to doorbells/events */
-        pthread_cond_t event_cond; /* broadcast whenever an event is signalled (CLOCK_MONOTONIC) */
-        pthread_cond_t cp_cond;    /* wakes the packet processor when queues appear or the model ends */
+        pthread_cond_t event_cond; /* with event_mu: broadcast whenever events change (CLOCK_MONOTONIC) */
+        pthread_cond_t cp_cond;    /* wakes the packet processor: queues appear, a doorbell kick, the end */
         pthread_t cp_thread;
         bool cp_running;
         bool cp_stop;
+        bool doorbell_kicks;      /* the owner tells of every doorbell write: idle engines sleep until one */
+        bool cp_kicked;           /* a kick since the processor's last round began */
         uint32_t n_queues;        /* over all contexts */
         struct ModelViews *views; /* model-gpuvm.c: CPU views of the buffers the engines touched */
 };
@@ -296,6 +326,10 @@ typedef struct Call {
 } Call;
 
 /* model.c: objects, fds and dispatch */
+/* The model's lock for every caller but the engines' thread: counted, so that the engines let it in after
+ * the queue they are running (model-queue.c). */
+void model_lock(ThunkModel *m);
+void model_unlock(ThunkModel *m);
 int model_gpu_index(const ThunkModel *m, uint32_t gpu_id);
 ModelFd *model_fd_lookup(ThunkModel *m, int fd);
 /* The lowest free handle id of @pdd for @mem (sets mem->idr); -ENOMEM. */
@@ -394,6 +428,9 @@ int model_kfd_mmap_dev(ThunkModel *m, ModelCtx *ctx, void *addr, size_t len, int
 void model_ctx_release_queues(ThunkModel *m, ModelCtx *c);
 /* Is @handle the context's signal page BO (which the kernel refuses to free)? */
 bool model_is_event_page(const ModelCtx *c, uint64_t handle);
+/* Events changed (signalled, destroyed, their context gone): wakes every waiter to look again. Under the
+ * model lock. */
+void model_events_changed(ThunkModel *m);
 /* Stops and joins the packet processor; called without the model lock. */
 void model_cp_stop(ThunkModel *m);
 

@@ -2,7 +2,6 @@
  * ioctls. */
 #include <errno.h>
 #include <fcntl.h>
-#include <sched.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
@@ -268,14 +267,14 @@ int model_kfd_destroy_event(Call *c)
                 return -EINVAL;
         *ev = ctx->events[--ctx->n_events];
         /* a waiter on the destroyed event must notice */
-        pthread_cond_broadcast(&c->m->event_cond);
+        model_events_changed(c->m);
         return 0;
 }
 
 static void event_set(ThunkModel *m, ModelEvent *ev)
 {
         ev->signaled = true;
-        pthread_cond_broadcast(&m->event_cond);
+        model_events_changed(m);
 }
 
 int model_kfd_set_event(Call *c)
@@ -374,6 +373,34 @@ void model_vm_fault_raise(ThunkModel *m, ModelCtx *ctx, int g, const ModelVmFaul
         }
 }
 
+void model_events_changed(ThunkModel *m)
+{
+        pthread_mutex_lock(&m->event_mu);
+        m->event_gen++;
+        pthread_cond_broadcast(&m->event_cond);
+        pthread_mutex_unlock(&m->event_mu);
+}
+
+/*
+ * Sleeps until events change or @deadline (NULL: none) passes, which returns true. Called under the model's
+ * lock; it sleeps without it, under event_mu alone, and comes back through model_lock(), so a waiter woken
+ * by its event gets back in after the queue the engines are running, not after every queue's.
+ */
+static bool events_wait(ThunkModel *m, const struct timespec *deadline)
+{
+        uint64_t gen = m->event_gen;
+        int w = 0;
+
+        model_unlock(m);
+        pthread_mutex_lock(&m->event_mu);
+        while (m->event_gen == gen && w != ETIMEDOUT)
+                w = deadline ? pthread_cond_timedwait(&m->event_cond, &m->event_mu, deadline)
+                             : pthread_cond_wait(&m->event_cond, &m->event_mu);
+        pthread_mutex_unlock(&m->event_mu);
+        model_lock(m);
+        return w == ETIMEDOUT;
+}
+
 /* -1: an event is gone; 1: the wait is satisfied; 0: keep waiting. */
 static int wait_check(ModelCtx *ctx, const struct kfd_event_data *d, uint32_t n, bool all)
 {
@@ -410,14 +437,10 @@ int model_kfd_wait_events(Call *c)
         /* the context must outlive the wait even if its last fd is closed meanwhile */
         ctx->refs++;
         while (st == 0 && a->timeout != 0) {
-                int w;
+                bool timed_out = events_wait(m, a->timeout == MODEL_TIMEOUT_INFINITE ? NULL : &deadline);
 
-                if (a->timeout == MODEL_TIMEOUT_INFINITE)
-                        w = pthread_cond_wait(&m->event_cond, &m->lock);
-                else
-                        w = pthread_cond_timedwait(&m->event_cond, &m->lock, &deadline);
                 st = wait_check(ctx, d, a->num_events, all);
-                if (w == ETIMEDOUT)
+                if (timed_out)
                         break;
         }
         if (st < 0) {
@@ -475,6 +498,8 @@ static int cp_start(ThunkModel *m)
         pthread_sigmask(SIG_SETMASK, &old, NULL);
         if (r != 0)
                 return -r;
+        /* named, so that its CPU time shows apart from its creator's in the process's threads */
+        (void)pthread_setname_np(m->cp_thread, "kfd-model-cp");
         m->cp_running = true;
         m->cp_stop = false;
         return 0;
@@ -484,18 +509,18 @@ void model_cp_stop(ThunkModel *m)
 {
         bool running;
 
-        pthread_mutex_lock(&m->lock);
+        model_lock(m);
         running = m->cp_running;
         m->cp_stop = true;
         pthread_cond_broadcast(&m->cp_cond);
-        pthread_mutex_unlock(&m->lock);
+        model_unlock(m);
         if (running)
                 pthread_join(m->cp_thread, NULL);
         /* only the engines used the buffer views; they are the model's, under its lock like the rest */
-        pthread_mutex_lock(&m->lock);
+        model_lock(m);
         m->cp_running = false;
         model_gpuvm_release(m);
-        pthread_mutex_unlock(&m->lock);
+        model_unlock(m);
 }
 
 /* What CREATE_QUEUE and UPDATE_QUEUE both take, checked as the kernel checks it (the percentage and
@@ -574,7 +599,7 @@ int model_kfd_create_queue(Call *c)
                 __atomic_store_n(&ctx->pdd[g].doorbells[id],
                                  a->queue_type == KFD_IOC_QUEUE_TYPE_COMPUTE_AQL ? UINT64_MAX : 0,
                                  __ATOMIC_RELEASE);
-        m->n_queues++;
+        MODEL_COUNT(m->n_queues, 1);
         pthread_cond_broadcast(&m->cp_cond);
         a->queue_id = id;
         /* SOC15 GPUs (gfx9 on) allocate doorbells per device: the byte offset inside the process's slice
@@ -588,7 +613,7 @@ int model_kfd_create_queue(Call *c)
 static void queue_remove(ThunkModel *m, ModelCtx *ctx, ModelQueue *q)
 {
         *q = ctx->queues[--ctx->n_queues];
-        m->n_queues--;
+        MODEL_COUNT(m->n_queues, -1);
 }
 
 int model_kfd_destroy_queue(Call *c)
@@ -617,6 +642,8 @@ int model_kfd_update_queue(Call *c)
         q->ring_size = a->ring_size;
         q->percentage = a->queue_percentage;
         q->priority = a->queue_priority;
+        /* a new ring may hold work: the engines look again even where they wait for doorbell kicks */
+        pthread_cond_broadcast(&c->m->cp_cond);
         return 0;
 }
 
@@ -640,7 +667,7 @@ void model_ctx_release_queues(ThunkModel *m, ModelCtx *c)
                         dev_release(m, c->pdd[g].doorbell_off - 1, MODEL_DOORBELL_SLICE);
                         c->pdd[g].doorbell_off = 0;
                 }
-        pthread_cond_broadcast(&m->event_cond);
+        model_events_changed(m);
 }
 
 /* ------------------------------------------------------------------ the engines' thread */
@@ -655,12 +682,14 @@ uint64_t model_sys_clock(void)
         return now_ns(CLOCK_BOOTTIME);
 }
 
-/* Runs one queue's engine as far as it can go now; returns the number of packets it retired. */
+/* Runs one queue's engine as far as it can go now (a run: at most MODEL_ENGINE_PACKETS packets and
+ * MODEL_ENGINE_BYTES bytes); returns the number of packets it retired. */
 static unsigned int queue_run(ThunkModel *m, ModelCtx *ctx, ModelQueue *q)
 {
         ModelEngine e;
         unsigned int done;
 
+        q->busy = false;
         if (q->stopped || !q->ring_base || !q->ring_size)
                 return 0;
         model_engine_init(&e, m, ctx, q);
@@ -680,29 +709,80 @@ static unsigned int queue_run(ThunkModel *m, ModelCtx *ctx, ModelQueue *q)
         }
         if (e.faulted)
                 model_vm_fault_raise(m, ctx, q->gpu, &e.fault);
+        if (q->stopped)
+                q->busy = false;
         return done;
 }
 
-/* One round: every queue's engine once. */
-static unsigned int cp_round(ThunkModel *m)
+static bool ctx_alive(const ThunkModel *m, const ModelCtx *c)
+{
+        for (const ModelCtx *x = m->ctxs; x; x = x->next)
+                if (x == c)
+                        return true;
+        return false;
+}
+
+/*
+ * Between two queues' runs: every caller that asked for the lock (model_lock) before this look gets it
+ * first, so that an ioctl, an mmap or a status waits for one queue's run at most, however many queues
+ * there are and however far ahead their write pointers are. Under the lock; true if it let anyone in, after
+ * which the contexts and their queues may have changed.
+ */
+static bool cp_yield(ThunkModel *m)
+{
+        uint64_t asked = __atomic_load_n(&m->lock_asked, __ATOMIC_SEQ_CST);
+
+        if (m->lock_served >= asked)
+                return false;
+        while (m->lock_served < asked)
+                pthread_cond_wait(&m->handoff_cond, &m->lock);
+        return true;
+}
+
+/* One round: every queue's engine once, letting waiting callers in between. *@ret_busy: a queue has work
+ * left. A round whose context went while others had the lock ends there; the next starts over. */
+static unsigned int cp_round(ThunkModel *m, bool *ret_busy)
 {
         unsigned int done = 0;
+        ModelCtx *c = m->ctxs;
+        size_t i = 0;
 
-        for (ModelCtx *c = m->ctxs; c; c = c->next)
-                for (size_t i = 0; i < c->n_queues; i++)
-                        done += queue_run(m, c, &c->queues[i]);
+        *ret_busy = false;
+        while (c && !m->cp_stop) {
+                if (i >= c->n_queues) {
+                        c = c->next;
+                        i = 0;
+                        continue;
+                }
+                done += queue_run(m, c, &c->queues[i]);
+                *ret_busy |= c->queues[i].busy;
+                i++;
+                if (cp_yield(m) && !ctx_alive(m, c)) {
+                        *ret_busy = true; /* the queues after it are not looked at: look again soon */
+                        break;
+                }
+        }
         return done;
 }
 
 unsigned int thunk_model_run_engines(ThunkModel *m)
 {
         unsigned int done;
+        bool busy;
 
-        pthread_mutex_lock(&m->lock);
-        done = cp_round(m);
+        model_lock(m);
+        done = cp_round(m, &busy);
         model_gpuvm_trim(m);
-        pthread_mutex_unlock(&m->lock);
+        model_unlock(m);
         return done;
+}
+
+void thunk_model_doorbell_kick(ThunkModel *m)
+{
+        model_lock(m);
+        m->cp_kicked = true;
+        pthread_cond_broadcast(&m->cp_cond);
+        model_unlock(m);
 }
 
 static void *cp_main(void *arg)
@@ -713,25 +793,33 @@ static void *cp_main(void *arg)
         pthread_mutex_lock(&m->lock);
         while (!m->cp_stop) {
                 struct timespec t;
+                bool busy;
 
                 if (m->n_queues == 0) {
                         pthread_cond_wait(&m->cp_cond, &m->lock);
                         continue;
                 }
-                bool busy = cp_round(m);
+                m->cp_kicked = false;
+                MODEL_COUNT(m->cnt.engine_rounds, 1);
+                bool progressed = cp_round(m, &busy);
 
                 model_gpuvm_trim(m); /* no engine is inside a buffer between rounds */
-                if (busy) {
-                        /* busy: ioctls still get the lock between rounds, so an engine moving gigabytes
-                         * does not keep the process from waiting on its events */
+                if (progressed) {
                         idle_us = 0;
-                        pthread_mutex_unlock(&m->lock);
-                        sched_yield();
-                        pthread_mutex_lock(&m->lock);
                         continue;
                 }
-                /* nothing to do: back off from 20 us to 1 ms between looks at the write pointers (a doorbell
-                 * is a memory write the model cannot see); a new queue or the model's end wakes it at once */
+                if (m->cp_stop || m->cp_kicked)
+                        continue;
+                if (m->doorbell_kicks && !busy) {
+                        /* every queue is drained, and new work comes with a kick: sleep until one, a new or
+                         * changed queue, or the model's end */
+                        idle_us = 0;
+                        pthread_cond_wait(&m->cp_cond, &m->lock);
+                        continue;
+                }
+                /* a queue waits (a poll, a barrier), or a write pointer or doorbell may move unseen (a memory
+                 * write the model cannot watch): back off from 20 us to 1 ms between looks; a new queue, a
+                 * kick or the model's end wakes it at once */
                 idle_us = idle_us ? (idle_us * 2 > 1000 ? 1000 : idle_us * 2) : 20;
                 t = deadline_after(CLOCK_REALTIME, (uint64_t)idle_us * 1000);
                 pthread_cond_timedwait(&m->cp_cond, &m->lock, &t);

@@ -23,6 +23,7 @@ unsigned int model_ring_run(ModelEngine *e, const ModelRing *ring)
         uint64_t ring_size, wptr;
         unsigned int done = 0;
 
+        q->busy = false;
         if (ring->start(e, &ring_size, &wptr) < 0)
                 return 0;
         while (done < MODEL_ENGINE_PACKETS && e->budget) {
@@ -76,5 +77,8 @@ unsigned int model_ring_run(ModelEngine *e, const ModelRing *ring)
                         break;
                 done++;
         }
+        /* work left: an IB, or ring packets past the read pointer (a poll, the budget, a packet not all
+         * there yet); a stopped queue has none */
+        q->busy = !q->stopped && (q->in_ib || ring->avail(q, wptr) != 0);
         return done;
 }

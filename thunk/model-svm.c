@@ -120,11 +120,19 @@ static void svm_range_drop_charge(ThunkModel *m, SvmRange *r)
         }
 }
 
+/* The primary context's count of ranges, for readers without the lock (thunk_model_peek_stats). */
+static void svm_publish(ThunkModel *m, const ModelCtx *c)
+{
+        if (c->primary)
+                __atomic_store_n(&m->cnt.svm_ranges, (uint64_t)c->n_svm, __ATOMIC_RELAXED);
+}
+
 void model_svm_release(ThunkModel *m, ModelCtx *c)
 {
         for (size_t i = 0; i < c->n_svm; i++)
                 svm_range_drop_charge(m, &c->svm[i]);
         c->n_svm = 0;
+        svm_publish(m, c);
 }
 
 static int svm_insert_at(ModelCtx *c, size_t i, const SvmRange *r)
@@ -138,7 +146,7 @@ static int svm_insert_at(ModelCtx *c, size_t i, const SvmRange *r)
 }
 
 /* Removes the pages [s, l] from every range (what the MMU notifier does on munmap), refunding charges. */
-static int svm_remove_pages(ThunkModel *m, ModelCtx *c, uint64_t s, uint64_t l)
+static int svm_remove_pages_of(ThunkModel *m, ModelCtx *c, uint64_t s, uint64_t l)
 {
         for (size_t i = 0; i < c->n_svm;) {
                 SvmRange *r = &c->svm[i];
@@ -180,6 +188,14 @@ static int svm_remove_pages(ThunkModel *m, ModelCtx *c, uint64_t s, uint64_t l)
                 i++;
         }
         return 0;
+}
+
+static int svm_remove_pages(ThunkModel *m, ModelCtx *c, uint64_t s, uint64_t l)
+{
+        int r = svm_remove_pages_of(m, c, s, l);
+
+        svm_publish(m, c);
+        return r;
 }
 
 /* The deferred munmap work the kernel flushes before SVM and allocation ioctls: pages no longer mapped
@@ -244,7 +260,7 @@ int thunk_model_munmap(ThunkModel *m, void *addr, size_t len)
         uint64_t va = (uintptr_t)addr;
         int r = 0;
 
-        pthread_mutex_lock(&m->lock);
+        model_lock(m);
         if (munmap(addr, len) < 0) {
                 r = -errno;
         } else if (len > 0) {
@@ -253,7 +269,7 @@ int thunk_model_munmap(ThunkModel *m, void *addr, size_t len)
                             svm_remove_pages(m, c, va / MODEL_PAGE, (va + len - 1) / MODEL_PAGE) < 0)
                                 m->svm_unnoticed = true; /* no room to split a range: the next call probes */
         }
-        pthread_mutex_unlock(&m->lock);
+        model_unlock(m);
         return r;
 }
 
@@ -409,6 +425,7 @@ static int svm_set(ThunkModel *m, ModelCtx *c, uint64_t s, uint64_t l, uint32_t 
         c->svm = nv;
         c->n_svm = n;
         c->cap_svm = cap;
+        svm_publish(m, c);
         return 0;
 }
 

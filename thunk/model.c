@@ -34,6 +34,22 @@ ModelFd *model_fd_lookup(ThunkModel *m, int fd)
         return NULL;
 }
 
+/* ------------------------------------------------------------------ the lock */
+
+void model_lock(ThunkModel *m)
+{
+        __atomic_add_fetch(&m->lock_asked, 1, __ATOMIC_SEQ_CST);
+        pthread_mutex_lock(&m->lock);
+        m->lock_served++;
+        /* the engines' thread may be waiting to let this caller in first */
+        pthread_cond_broadcast(&m->handoff_cond);
+}
+
+void model_unlock(ThunkModel *m)
+{
+        pthread_mutex_unlock(&m->lock);
+}
+
 /* ------------------------------------------------------------------ contexts */
 
 static void ctx_destroy(ThunkModel *m, ModelCtx *c)
@@ -60,6 +76,7 @@ static void ctx_destroy(ThunkModel *m, ModelCtx *c)
                         *p = c->next;
                         break;
                 }
+        MODEL_COUNT(m->cnt.contexts, -1);
         free(c);
 }
 
@@ -80,6 +97,7 @@ static ModelCtx *ctx_new(ThunkModel *m, bool primary)
         c->refs = 1;
         c->next = m->ctxs;
         m->ctxs = c;
+        MODEL_COUNT(m->cnt.contexts, 1);
         return c;
 }
 
@@ -483,10 +501,10 @@ int thunk_model_ioctl(ThunkModel *m, int fd, unsigned long request, void *arg)
 
         if (!m)
                 return -EINVAL;
-        pthread_mutex_lock(&m->lock);
+        model_lock(m);
         e = model_fd_lookup(m, fd);
         r = e ? dispatch(m, e, request, arg) : -EBADF;
-        pthread_mutex_unlock(&m->lock);
+        model_unlock(m);
         return r;
 }
 
@@ -512,7 +530,7 @@ int thunk_model_open_kfd(ThunkModel *m, int *ret_fd)
         bool created = false;
         int r;
 
-        pthread_mutex_lock(&m->lock);
+        model_lock(m);
         c = ctx_primary(m);
         if (c) {
                 c->refs++;
@@ -529,7 +547,7 @@ int thunk_model_open_kfd(ThunkModel *m, int *ret_fd)
                 else if (r < 0)
                         c->refs--;
         }
-        pthread_mutex_unlock(&m->lock);
+        model_unlock(m);
         return r;
 }
 
@@ -538,7 +556,7 @@ int thunk_model_open_render(ThunkModel *m, uint32_t minor, int *ret_fd)
         ModelFile *f;
         int g = -1, r;
 
-        pthread_mutex_lock(&m->lock);
+        model_lock(m);
         for (size_t i = 0; i < m->n_gpus; i++)
                 if (m->gpus[i].minor == minor)
                         g = (int)i;
@@ -553,6 +571,7 @@ int thunk_model_open_render(ThunkModel *m, uint32_t minor, int *ret_fd)
         }
         f->gpu = g;
         f->refs = 1;
+        f->vm.total = &m->cnt.mappings;
         r = fd_add(m, FD_RENDER, NULL, f, ret_fd);
         if (r < 0) {
                 free(f);
@@ -561,7 +580,7 @@ int thunk_model_open_render(ThunkModel *m, uint32_t minor, int *ret_fd)
         f->next = m->files;
         m->files = f;
 out:
-        pthread_mutex_unlock(&m->lock);
+        model_unlock(m);
         return r;
 }
 
@@ -581,14 +600,14 @@ int thunk_model_close(ThunkModel *m, int fd)
 {
         int r = -EBADF;
 
-        pthread_mutex_lock(&m->lock);
+        model_lock(m);
         for (size_t i = 0; i < m->n_fds; i++)
                 if (m->fds[i].fd == fd) {
                         fd_release(m, i);
                         r = 0;
                         break;
                 }
-        pthread_mutex_unlock(&m->lock);
+        model_unlock(m);
         return r;
 }
 
@@ -596,9 +615,9 @@ bool thunk_model_owns_fd(ThunkModel *m, int fd)
 {
         bool r;
 
-        pthread_mutex_lock(&m->lock);
+        model_lock(m);
         r = model_fd_lookup(m, fd) != NULL;
-        pthread_mutex_unlock(&m->lock);
+        model_unlock(m);
         return r;
 }
 
@@ -609,7 +628,7 @@ int thunk_model_mmap(ThunkModel *m, void *addr, size_t len, int prot, int flags,
         ModelFd *e;
         int r = 0;
 
-        pthread_mutex_lock(&m->lock);
+        model_lock(m);
         e = model_fd_lookup(m, fd);
         if (!e) {
                 r = -EBADF;
@@ -657,7 +676,7 @@ int thunk_model_mmap(ThunkModel *m, void *addr, size_t len, int prot, int flags,
         }
         r = model_buf_mmap(b, addr, len, prot, flags, ret);
 out:
-        pthread_mutex_unlock(&m->lock);
+        model_unlock(m);
         return r;
 }
 
@@ -755,6 +774,7 @@ int thunk_model_new(const ThunkTopology *topo, const ThunkModelOptions *opts, Th
         m->xnack_default = o.xnack_enabled;
         m->file_per_buffer = o.file_per_buffer;
         m->doorbells = o.doorbells;
+        m->doorbell_kicks = o.doorbells && o.doorbell_kicks;
         m->unmap_notices = o.unmap_notices;
         m->next_mmap_offset = MODEL_MMAP_BASE;
         for (size_t i = 0; i < topo->n_nodes; i++) {
@@ -816,6 +836,8 @@ int thunk_model_new(const ThunkTopology *topo, const ThunkModelOptions *opts, Th
                 pthread_condattr_destroy(&ca);
         }
         pthread_cond_init(&m->cp_cond, NULL);
+        pthread_cond_init(&m->handoff_cond, NULL);
+        pthread_mutex_init(&m->event_mu, NULL);
         pthread_mutex_init(&m->lock, NULL);
         *ret = m;
         return 0;
@@ -826,7 +848,7 @@ ThunkModel *thunk_model_free(ThunkModel *m)
         if (!m)
                 return NULL;
         model_cp_stop(m);
-        pthread_mutex_lock(&m->lock);
+        model_lock(m);
         /* render fds first keeps files alive only through contexts, which then release them */
         while (m->n_fds)
                 fd_release(m, m->n_fds - 1);
@@ -845,10 +867,12 @@ ThunkModel *thunk_model_free(ThunkModel *m)
         hashmap_done(&m->by_offset);
         hashmap_done(&m->by_ino);
         close(m->anchor);
-        pthread_mutex_unlock(&m->lock);
+        model_unlock(m);
         pthread_mutex_destroy(&m->lock);
         pthread_cond_destroy(&m->event_cond);
         pthread_cond_destroy(&m->cp_cond);
+        pthread_cond_destroy(&m->handoff_cond);
+        pthread_mutex_destroy(&m->event_mu);
         free(m);
         return NULL;
 }
@@ -859,7 +883,7 @@ void thunk_model_get_stats(ThunkModel *m, ThunkModelStats *ret)
         ModelCtx *primary;
 
         memset(&s, 0, sizeof(s));
-        pthread_mutex_lock(&m->lock);
+        model_lock(m);
         primary = ctx_primary(m);
         (void)model_svm_flush(m, primary);
         for (size_t i = 0; i < m->n_fds; i++) {
@@ -893,8 +917,34 @@ void thunk_model_get_stats(ThunkModel *m, ThunkModelStats *ret)
         s.n_gpus = (uint32_t)m->n_gpus;
         for (size_t g = 0; g < m->n_gpus; g++)
                 s.vram_used[g] = (uint64_t)m->gpus[g].vram_used;
-        pthread_mutex_unlock(&m->lock);
+        model_unlock(m);
         *ret = s;
+}
+
+void thunk_model_peek_stats(ThunkModel *m, ThunkModelStats *ret)
+{
+        ThunkModelStats s;
+
+        memset(&s, 0, sizeof(s));
+        s.contexts = (uint32_t)__atomic_load_n(&m->cnt.contexts, __ATOMIC_RELAXED);
+        s.mems = __atomic_load_n(&m->cnt.mems, __ATOMIC_RELAXED);
+        s.imports = __atomic_load_n(&m->cnt.imports, __ATOMIC_RELAXED);
+        s.mappings = __atomic_load_n(&m->cnt.mappings, __ATOMIC_RELAXED);
+        s.gem_handles = __atomic_load_n(&m->cnt.gem_handles, __ATOMIC_RELAXED);
+        s.svm_ranges = __atomic_load_n(&m->cnt.svm_ranges, __ATOMIC_RELAXED);
+        s.queues = __atomic_load_n(&m->n_queues, __ATOMIC_RELAXED);
+        s.bufs = __atomic_load_n(&m->n_bufs, __ATOMIC_RELAXED);
+        s.system_used = (uint64_t)__atomic_load_n(&m->system_used, __ATOMIC_RELAXED);
+        s.ttm_used = (uint64_t)__atomic_load_n(&m->ttm_used, __ATOMIC_RELAXED);
+        s.n_gpus = (uint32_t)m->n_gpus; /* fixed at the model's start */
+        for (size_t g = 0; g < m->n_gpus; g++)
+                s.vram_used[g] = (uint64_t)__atomic_load_n(&m->gpus[g].vram_used, __ATOMIC_RELAXED);
+        *ret = s;
+}
+
+uint64_t thunk_model_engine_rounds(ThunkModel *m)
+{
+        return __atomic_load_n(&m->cnt.engine_rounds, __ATOMIC_RELAXED);
 }
 
 int thunk_model_inject_fault(ThunkModel *m, unsigned long request, unsigned int nth_call, int err)
@@ -903,7 +953,7 @@ int thunk_model_inject_fault(ThunkModel *m, unsigned long request, unsigned int 
 
         if (nth_call == 0 || err <= 0)
                 return -EINVAL;
-        pthread_mutex_lock(&m->lock);
+        model_lock(m);
         if (m->n_faults == MODEL_MAX_FAULTS)
                 r = -ENOSPC;
         else
@@ -911,13 +961,13 @@ int thunk_model_inject_fault(ThunkModel *m, unsigned long request, unsigned int 
                                                         .nr = _IOC_NR(request),
                                                         .remaining = nth_call,
                                                         .err = err};
-        pthread_mutex_unlock(&m->lock);
+        model_unlock(m);
         return r;
 }
 
 void thunk_model_clear_faults(ThunkModel *m)
 {
-        pthread_mutex_lock(&m->lock);
+        model_lock(m);
         m->n_faults = 0;
-        pthread_mutex_unlock(&m->lock);
+        model_unlock(m);
 }

@@ -47,6 +47,10 @@ typedef struct ThunkModelOptions {
          * moved in memory without a doorbell is not seen. Off: they look at the write pointers in memory
          * (a doorbell write is then not needed). */
         bool doorbells;
+        /* With doorbells: the owner calls thunk_model_doorbell_kick() after every doorbell write it makes
+         * (and nobody else writes them), so that the engines sleep while no queue has work left instead of
+         * looking at every doorbell up to every millisecond. */
+        bool doorbell_kicks;
         /* The process unmaps memory that lies under its SVM ranges only through thunk_model_munmap() (the
          * seam's munmap), as the kernel sees every munmap: the model then drops the pages from the ranges
          * there, as the kernel's MMU notifier does, and its SVM calls trust the ranges instead of probing
@@ -125,6 +129,18 @@ int thunk_model_seal(ThunkModel *m, int fd);
 bool thunk_model_owns_fd(ThunkModel *m, int fd);
 
 void thunk_model_get_stats(ThunkModel *m, ThunkModelStats *ret);
+/*
+ * The counters of thunk_model_get_stats() that a status report shows, read without the model's lock: it
+ * never waits for an ioctl or the engines, whatever a caller makes them do. Filled: contexts, mems, imports,
+ * mappings, gem_handles, svm_ranges (as of the last call: no probe of unnoticed unmaps), bufs, system_used,
+ * ttm_used, n_gpus, vram_used, queues; the rest stay 0. Each counter is exact; together
+ * they need not be one instant's.
+ */
+void thunk_model_peek_stats(ThunkModel *m, ThunkModelStats *ret);
+/* Rounds the engines' thread has run over the queues (looks at them) since the model began. */
+uint64_t thunk_model_engine_rounds(ThunkModel *m);
+/* A doorbell was written (ThunkModelOptions.doorbell_kicks): wakes the engines. */
+void thunk_model_doorbell_kick(ThunkModel *m);
 
 /* Runs every queue's engine once, as the model's packet processor thread does each round, and returns
  * how many packets they retired: tests and fuzzers use it to drive queues without waiting. */

@@ -395,6 +395,7 @@ int thunk_device_open(const ThunkOptions *opts, ThunkDevice **ret, char *errbuf,
 
                 mo.kfd_minor = opts->model_kfd_minor;
                 mo.doorbells = opts->model_doorbells;
+                mo.doorbell_kicks = opts->model_doorbell_kicks;
                 mo.unmap_notices = opts->model_unmap_notices;
                 r = thunk_model_new(d->topo, &mo, &d->model);
                 if (r < 0) {

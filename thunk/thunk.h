@@ -26,6 +26,8 @@ typedef struct ThunkOptions {
                 *topology_root;   /* KFD: sysfs topology dir (NULL = default); MODEL: the preset's tree dir */
         uint32_t model_kfd_minor; /* MODEL: reported KFD minor, 0 = model default */
         bool model_doorbells;     /* MODEL: queues run up to their doorbells (ThunkModelOptions.doorbells) */
+        /* MODEL: every doorbell write is followed by thunk_model_doorbell_kick() (ThunkModelOptions) */
+        bool model_doorbell_kicks;
         /* MODEL: this process unmaps memory under its SVM ranges only with thunk_cpu_unmap()
          * (ThunkModelOptions.unmap_notices) */
         bool model_unmap_notices;

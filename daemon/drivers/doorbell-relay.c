@@ -13,6 +13,10 @@
 enum {
         RELAY_BUSY_US = 20,   /* between looks right after a doorbell was rung */
         RELAY_IDLE_US = 1000, /* the longest wait between looks while nothing moves */
+        /* a queue whose write pointer has not moved for a second is dormant: looked at every 8 ms, so that
+         * thousands of idle queues cost the relay an eighth of what they would at every look */
+        RELAY_DORMANT_AFTER_US = 1000000,
+        RELAY_DORMANT_US = 8000,
 };
 
 typedef struct RelayQueue {
@@ -23,7 +27,9 @@ typedef struct RelayQueue {
         size_t map_len;
         const volatile uint64_t *wptr;
         volatile uint64_t *doorbell;
-        uint64_t rung; /* the value last written to the doorbell */
+        uint64_t rung;      /* the value last written to the doorbell */
+        uint64_t moved_us;  /* when it was added or last rung (CLOCK_MONOTONIC) */
+        uint64_t next_look; /* dormant: not looked at before then */
 } RelayQueue;
 
 struct DoorbellRelay {
@@ -34,6 +40,8 @@ struct DoorbellRelay {
         RelayQueue *q;
         size_t n, cap;
         uint64_t rings;
+        void (*notify)(void *arg);
+        void *notify_arg;
 };
 
 /* What the doorbell would hold for write pointer @wptr: an AQL doorbell names the last packet written. */
@@ -42,16 +50,28 @@ static uint64_t doorbell_value(const RelayQueue *q, uint64_t wptr)
         return q->aql ? wptr - 1 : wptr;
 }
 
-static unsigned relay_round(DoorbellRelay *r)
+/* One look at the queues due: the number of doorbells rung; *@ret_dormant whether every queue is dormant. */
+static unsigned relay_round(DoorbellRelay *r, bool *ret_dormant)
 {
+        uint64_t now = now_usec(CLOCK_MONOTONIC);
         unsigned rung = 0;
 
+        *ret_dormant = true;
         for (size_t i = 0; i < r->n; i++) {
                 RelayQueue *q = &r->q[i];
-                uint64_t v = doorbell_value(q, __atomic_load_n(q->wptr, __ATOMIC_ACQUIRE));
+                bool dormant = now - q->moved_us >= RELAY_DORMANT_AFTER_US;
+                uint64_t v;
 
-                if (v == q->rung)
+                *ret_dormant &= dormant;
+                if (dormant && now < q->next_look)
                         continue;
+                v = doorbell_value(q, __atomic_load_n(q->wptr, __ATOMIC_ACQUIRE));
+                if (v == q->rung) {
+                        if (dormant)
+                                q->next_look = now + RELAY_DORMANT_US;
+                        continue;
+                }
+                q->moved_us = now;
                 /* the ring's packets were written before the write pointer moved; they stay before this */
                 __atomic_store_n(q->doorbell, v, __ATOMIC_RELEASE);
                 q->rung = v;
@@ -65,6 +85,7 @@ static void *relay_main(void *arg)
 {
         DoorbellRelay *r = arg;
         unsigned wait_us = RELAY_BUSY_US;
+        bool dormant;
 
         pthread_mutex_lock(&r->lock);
         while (!r->stop) {
@@ -73,8 +94,15 @@ static void *relay_main(void *arg)
                         wait_us = RELAY_BUSY_US;
                         continue;
                 }
-                if (relay_round(r))
+                if (relay_round(r, &dormant)) {
                         wait_us = RELAY_BUSY_US;
+                        if (r->notify) {
+                                pthread_mutex_unlock(&r->lock);
+                                r->notify(r->notify_arg);
+                                pthread_mutex_lock(&r->lock);
+                        }
+                } else if (dormant)
+                        wait_us = RELAY_DORMANT_US;
                 else if (wait_us < RELAY_IDLE_US)
                         wait_us = wait_us * 2 > RELAY_IDLE_US ? RELAY_IDLE_US : wait_us * 2;
                 struct timespec t = timespec_after_usec(CLOCK_MONOTONIC, wait_us);
@@ -138,6 +166,7 @@ int doorbell_relay_add(DoorbellRelay *r, const void *owner, uint32_t id, int wpt
         q.wptr = (const volatile uint64_t *)((const char *)q.map + (wptr_offset - base));
         /* what the doorbell holds before anything was written: nothing announced */
         q.rung = doorbell_value(&q, 0);
+        q.moved_us = now_usec(CLOCK_MONOTONIC);
         pthread_mutex_lock(&r->lock);
         if (ARRAY_RESERVE(r->q, r->cap, r->n + 1, 16) < 0) {
                 err = -ENOMEM;
@@ -147,6 +176,7 @@ int doorbell_relay_add(DoorbellRelay *r, const void *owner, uint32_t id, int wpt
                 err = -pthread_create(&r->thread, NULL, relay_main, r);
                 if (err < 0)
                         goto out;
+                (void)pthread_setname_np(r->thread, "gpumemd-relay");
                 r->started = true;
         }
         r->q[r->n++] = q;
@@ -198,6 +228,14 @@ void doorbell_relay_remove_owner(DoorbellRelay *r, const void *owner)
                 RelayQueue q = take(r, i);
                 queue_unmap(&q); /* the thread is not in a round: it waits for the lock */
         }
+        pthread_mutex_unlock(&r->lock);
+}
+
+void doorbell_relay_set_notify(DoorbellRelay *r, void (*fn)(void *arg), void *arg)
+{
+        pthread_mutex_lock(&r->lock);
+        r->notify = fn;
+        r->notify_arg = arg;
         pthread_mutex_unlock(&r->lock);
 }
 

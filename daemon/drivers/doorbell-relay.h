@@ -14,9 +14,12 @@
  * for SDMA and PM4 the write pointer itself).
  *
  * The write pointer is read through a read-only mapping of the relay's own of the memory's file, so the
- * memory stays readable for as long as the queue is known here even if the client frees it. It polls:
- * every 20 us after a ring, backing off to every 1 ms while nothing moves, and not at all while no queue
- * is registered.
+ * memory stays readable for as long as the queue is known here even if the client frees it. It polls
+ * (a store to memory is nothing the daemon can wait for): every 20 us after a ring, backing off to every
+ * 1 ms while nothing moves, and not at all while no queue is registered. A look is one load per queue. A
+ * queue whose write pointer has not moved for a second is dormant and looked at every 8 ms only, and while
+ * every queue is dormant the relay wakes every 8 ms: the first ring of a queue idle that long may wait up
+ * to 8 ms, and idle queues cost an eighth of a 1 ms look each.
  */
 typedef struct DoorbellRelay DoorbellRelay;
 
@@ -30,6 +33,9 @@ void doorbell_relay_free(DoorbellRelay *r);
  */
 int doorbell_relay_add(DoorbellRelay *r, const void *owner, uint32_t id, int wptr_fd, uint64_t wptr_offset,
                        volatile uint64_t *doorbell, bool aql);
+/* After each look that rang doorbells, @fn(@arg) is called on the relay's thread, without its lock (the
+ * model's engines sleep until then). Set before the first queue is added. */
+void doorbell_relay_set_notify(DoorbellRelay *r, void (*fn)(void *arg), void *arg);
 /* Forgets queue @id of @owner (nothing if unknown); once it returns, the relay touches neither pointer. */
 void doorbell_relay_remove(DoorbellRelay *r, const void *owner, uint32_t id);
 /* Forgets every queue of @owner. */

@@ -753,7 +753,9 @@ static int k_stats(const Driver *d, DriverStats *ret)
 
         if (!ckfd(d)->model)
                 return -EOPNOTSUPP;
-        thunk_model_get_stats(ckfd(d)->model, &st);
+        /* lock-free: a status must not wait for the model's lock, which any tenant's ioctls and engines
+         * take */
+        thunk_model_peek_stats(ckfd(d)->model, &st);
         memset(ret, 0, sizeof(*ret));
         ret->contexts = st.contexts;
         ret->buffers = st.bufs;
@@ -902,6 +904,12 @@ static const DriverOps kfd_ops = {
 };
 // clang-format on
 
+/* The relay rang a doorbell of the model's: its engines, asleep while no queue has work, look again. */
+static void model_kick(void *model)
+{
+        thunk_model_doorbell_kick(model);
+}
+
 int driver_kfd_open(const DriverKfdOptions *o, Driver **ret, char *errbuf, size_t errlen)
 {
         ThunkOptions to = {
@@ -909,6 +917,8 @@ int driver_kfd_open(const DriverKfdOptions *o, Driver **ret, char *errbuf, size_
                 .topology_root = o->topology_root,
                 .model_kfd_minor = o->model ? o->model_kfd_minor : 0,
                 .model_doorbells = o->model && o->model_doorbells,
+                /* the relay below is the only writer of the model's doorbells, and tells it of each */
+                .model_doorbell_kicks = o->model && o->model_doorbells,
                 /* the broker unmaps shared and managed memory only with driver_cpu_unmap() */
                 .model_unmap_notices = o->model,
         };
@@ -935,6 +945,8 @@ int driver_kfd_open(const DriverKfdOptions *o, Driver **ret, char *errbuf, size_
                         k_close(&k->base);
                         return r;
                 }
+                if (k->model)
+                        doorbell_relay_set_notify(k->relay, model_kick, k->model);
         }
         *ret = &k->base;
         return 0;

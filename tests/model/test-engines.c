@@ -1,12 +1,14 @@
 /* Tests of the KFD model's engines: SDMA, PM4 and AQL packets and GPU VM faults, driven through the seam. */
 #include <errno.h>
 #include <fcntl.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <drm.h>
@@ -62,10 +64,10 @@ static int io(Ex *x, int fd, unsigned long req, void *arg)
         return x->seam.ops->ioctl(x->seam.impl, fd, req, arg);
 }
 
-static int ex_setup_with(Ex *x, bool doorbells)
+static int ex_setup_opts(Ex *x, const ThunkModelOptions *opts)
 {
         ThunkTopology *t = calloc(1, sizeof(*t));
-        ThunkModelOptions o = {.kfd_minor = 19, .doorbells = doorbells};
+        ThunkModelOptions o = *opts;
         struct kfd_ioctl_acquire_vm_args a = {.gpu_id = GPU};
         int r;
 
@@ -104,16 +106,45 @@ static int ex_setup_with(Ex *x, bool doorbells)
         return r < 0 ? r : io(x, x->kfd, AMDKFD_IOC_ACQUIRE_VM, &a);
 }
 
+static int ex_setup_with(Ex *x, bool doorbells)
+{
+        ThunkModelOptions o = {.kfd_minor = 19, .doorbells = doorbells};
+
+        return ex_setup_opts(x, &o);
+}
+
 static int ex_setup(Ex *x)
 {
         return ex_setup_with(x, false);
 }
 
-/* Ends the model and checks it held nothing more than the fds. */
+/* The counters a status reads without the model's lock agree with those counted under it. */
+static int peek_matches(Ex *x)
+{
+        ThunkModelStats s, p;
+
+        thunk_model_get_stats(x->m, &s);
+        thunk_model_peek_stats(x->m, &p);
+        REQUIRE_EQ(p.contexts, s.contexts);
+        REQUIRE_EQ(p.mems, s.mems);
+        REQUIRE_EQ(p.imports, s.imports);
+        REQUIRE_EQ(p.mappings, s.mappings);
+        REQUIRE_EQ(p.gem_handles, s.gem_handles);
+        REQUIRE_EQ(p.svm_ranges, s.svm_ranges);
+        REQUIRE_EQ(p.bufs, s.bufs);
+        REQUIRE_EQ(p.system_used, s.system_used);
+        REQUIRE_EQ(p.ttm_used, s.ttm_used);
+        REQUIRE_EQ(p.vram_used[0], s.vram_used[0]);
+        REQUIRE_EQ(p.queues, s.queues);
+        return 0;
+}
+
+/* Ends the model and checks it held nothing more than the fds (and that a status saw what it held). */
 static int ex_teardown(Ex *x)
 {
         ThunkModelStats s;
 
+        REQUIRE_RC(peek_matches(x), 0);
         REQUIRE_RC(x->seam.ops->close(x->seam.impl, x->kfd), 0);
         REQUIRE_RC(x->seam.ops->close(x->seam.impl, x->render), 0);
         thunk_model_get_stats(x->m, &s);
@@ -960,6 +991,7 @@ static int test_svm(void)
         REQUIRE(w);
         memset(m, 0x11, 4 * PAGE);
         REQUIRE_RC(svm_set(&x, m, 2 * PAGE, &access, 1), 0);
+        REQUIRE_RC(peek_matches(&x), 0); /* an SVM range counted for a status too */
         REQUIRE_RC(queue(&x, &q, KFD_IOC_QUEUE_TYPE_SDMA), 0);
         /* a fence into the range, a copy out of it into a BO, a fence after both */
         {
@@ -1187,6 +1219,153 @@ static int test_doorbells(void)
         return ex_teardown(&x);
 }
 
+/* ------------------------------------------------------------------ fairness and idle engines */
+
+#define BUSY_QUEUES 32
+
+static int64_t mono_ms(void)
+{
+        struct timespec ts;
+
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* Waits (spinning: the moment matters, not the CPU) until the engines write @want to @p, up to 10 s. */
+static bool spin_until(volatile uint32_t *p, uint32_t want)
+{
+        int64_t end = mono_ms() + 10000;
+
+        while (__atomic_load_n(p, __ATOMIC_ACQUIRE) != want && mono_ms() < end)
+                sched_yield();
+        return __atomic_load_n(p, __ATOMIC_ACQUIRE) == want;
+}
+
+/*
+ * SDMA queue @k of those laid out in @mem, 8 KiB each: the ring, then its read and write pointers and a
+ * flag. The ring is blocks of a fence that writes 1 to the flag and 252 NOPs (253 packets in 256 dwords),
+ * so every run of the engine (at most 256 packets) writes the flag; the write pointer is so far ahead
+ * that the queue never drains.
+ */
+static int busy_queue(Ex *x, uint8_t *mem, int k, uint32_t *ret_id, volatile uint32_t **ret_flag)
+{
+        uint8_t *base = mem + (size_t)k * 8192;
+        uint32_t *ring = (uint32_t *)base;
+        uint64_t *ptrs = (uint64_t *)(base + RING);
+        volatile uint32_t *flag = (volatile uint32_t *)(base + RING + 128);
+        struct kfd_ioctl_create_queue_args a = {.ring_base_address = (uintptr_t)ring,
+                                                .ring_size = RING,
+                                                .read_pointer_address = (uintptr_t)ptrs,
+                                                .write_pointer_address = (uintptr_t)(ptrs + 1),
+                                                .gpu_id = GPU,
+                                                .queue_type = KFD_IOC_QUEUE_TYPE_SDMA,
+                                                .queue_percentage = 100};
+
+        for (size_t b = 0; b < RING / 4; b += 256) {
+                const uint32_t fence[] = {SDMA_FENCE, lo(flag), hi(flag), 1};
+
+                memcpy(&ring[b], fence, sizeof(fence));
+                for (size_t i = 4; i < 256; i++)
+                        ring[b + i] = SDMA_NOP;
+        }
+        ptrs[1] = 1ULL << 40;
+        if (io(x, x->kfd, AMDKFD_IOC_CREATE_QUEUE, &a) < 0)
+                return -EINVAL;
+        *ret_id = a.queue_id;
+        *ret_flag = flag;
+        return 0;
+}
+
+/*
+ * The per-run bound as ioctls see it: an ioctl waits for the queue the engines are running, then goes
+ * before the rest of the round. With 32 queues that never drain, an allocation asked for once the first
+ * queue has run in a round returns before the round reaches the last queue. Checked from the queues'
+ * own flags, not by timing; a try where this thread was not quick enough to ask in time is tried again.
+ */
+static int test_yield(void)
+{
+        Ex x;
+        uint8_t *mem;
+        uint32_t ids[BUSY_QUEUES];
+        volatile uint32_t *flags[BUSY_QUEUES];
+        bool mid_round = false;
+
+        REQUIRE_RC(ex_setup(&x), 0);
+        mem = host(&x, BUSY_QUEUES * 8192, WRITABLE, NULL);
+        REQUIRE(mem);
+        /* the engines' thread starts with the first queue and runs a round over them in this order */
+        for (int k = 0; k < BUSY_QUEUES; k++)
+                REQUIRE_RC(busy_queue(&x, mem, k, &ids[k], &flags[k]), 0);
+        for (int attempt = 0; attempt < 200 && !mid_round; attempt++) {
+                struct kfd_ioctl_alloc_memory_of_gpu_args a = {.va_addr = VRAM_VA,
+                                                               .size = PAGE,
+                                                               .gpu_id = GPU,
+                                                               .flags = KFD_IOC_ALLOC_MEM_FLAGS_VRAM};
+                struct kfd_ioctl_free_memory_of_gpu_args f = {0};
+
+                for (int k = 0; k < BUSY_QUEUES; k++)
+                        __atomic_store_n(flags[k], 0, __ATOMIC_RELEASE);
+                /* the first queue ran since: a round is under way, and the last queue comes after it */
+                REQUIRE(spin_until(flags[0], 1));
+                REQUIRE_RC(io(&x, x.kfd, AMDKFD_IOC_ALLOC_MEMORY_OF_GPU, &a), 0);
+                mid_round = __atomic_load_n(flags[BUSY_QUEUES - 1], __ATOMIC_ACQUIRE) == 0;
+                f.handle = a.handle;
+                REQUIRE_RC(io(&x, x.kfd, AMDKFD_IOC_FREE_MEMORY_OF_GPU, &f), 0);
+        }
+        REQUIRE(mid_round);
+        for (int k = 0; k < BUSY_QUEUES; k++) {
+                struct kfd_ioctl_destroy_queue_args d = {.queue_id = ids[k]};
+                REQUIRE_RC(io(&x, x.kfd, AMDKFD_IOC_DESTROY_QUEUE, &d), 0);
+        }
+        return ex_teardown(&x);
+}
+
+/*
+ * Idle queues cost nothing when the owner kicks the model after each doorbell write: once every queue is
+ * drained the engines' thread runs no round until a kick (on main it looked every millisecond), and a
+ * kick after a doorbell write runs the queue with no call to thunk_model_run_engines().
+ */
+static int test_idle(void)
+{
+        ThunkModelOptions o = {.kfd_minor = 19, .doorbells = true, .doorbell_kicks = true};
+        const uint32_t nops[] = {SDMA_NOP, SDMA_NOP, SDMA_NOP};
+        uint64_t a, b;
+        void *slice = NULL;
+        volatile uint64_t *db;
+        bool quiet = false;
+        Ex x;
+        Q q[4];
+
+        REQUIRE_RC(ex_setup_opts(&x, &o), 0);
+        for (int i = 0; i < 4; i++)
+                REQUIRE_RC(queue(&x, &q[i], KFD_IOC_QUEUE_TYPE_SDMA), 0);
+        REQUIRE_RC(x.seam.ops->mmap(x.seam.impl, NULL, 8192, PROT_READ | PROT_WRITE, MAP_SHARED, x.kfd,
+                                    q[0].doorbell_offset & ~8191ULL, &slice),
+                   0);
+        db = slice;
+        /* some 100 ms without a round, within 5 s (a loaded machine may delay the first ones) */
+        for (int i = 0; i < 50 && !quiet; i++) {
+                a = thunk_model_engine_rounds(x.m);
+                usleep(100000);
+                b = thunk_model_engine_rounds(x.m);
+                quiet = a == b;
+        }
+        REQUIRE(quiet);
+        /* a doorbell written and kicked: the engines' own thread runs the queue */
+        submit(&q[2], nops, 3);
+        __atomic_store_n(&db[(q[2].doorbell_offset & 8191) / 8], q[2].w, __ATOMIC_RELEASE);
+        thunk_model_doorbell_kick(x.m);
+        for (int i = 0; i < 5000 && __atomic_load_n(q[2].rptr, __ATOMIC_ACQUIRE) != 12; i++)
+                usleep(1000);
+        REQUIRE(*q[2].rptr == 12);
+        munmap(slice, 8192);
+        for (int i = 0; i < 4; i++) {
+                struct kfd_ioctl_destroy_queue_args d = {.queue_id = q[i].id};
+                REQUIRE_RC(io(&x, x.kfd, AMDKFD_IOC_DESTROY_QUEUE, &d), 0);
+        }
+        return ex_teardown(&x);
+}
+
 static const RcTestCase tests[] = {
         {"doorbells", test_doorbells},
         {"sdma", test_sdma},
@@ -1197,6 +1376,8 @@ static const RcTestCase tests[] = {
         {"faults-gem-va", test_faults_gem_va},
         {"faults-aql", test_faults_aql},
         {"svm", test_svm},
+        {"yield", test_yield},
+        {"idle", test_idle},
 };
 
 int main(int argc, char **argv)
