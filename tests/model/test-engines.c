@@ -1,14 +1,12 @@
 /* Tests of the KFD model's engines: SDMA, PM4 and AQL packets and GPU VM faults, driven through the seam. */
 #include <errno.h>
 #include <fcntl.h>
-#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <drm.h>
@@ -1223,28 +1221,10 @@ static int test_doorbells(void)
 
 #define BUSY_QUEUES 32
 
-static int64_t mono_ms(void)
-{
-        struct timespec ts;
-
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-/* Waits (spinning: the moment matters, not the CPU) until the engines write @want to @p, up to 10 s. */
-static bool spin_until(volatile uint32_t *p, uint32_t want)
-{
-        int64_t end = mono_ms() + 10000;
-
-        while (__atomic_load_n(p, __ATOMIC_ACQUIRE) != want && mono_ms() < end)
-                sched_yield();
-        return __atomic_load_n(p, __ATOMIC_ACQUIRE) == want;
-}
-
 /*
  * SDMA queue @k of those laid out in @mem, 8 KiB each: the ring, then its read and write pointers and a
- * flag. The ring is blocks of a fence that writes 1 to the flag and 252 NOPs (253 packets in 256 dwords),
- * so every run of the engine (at most 256 packets) writes the flag; the write pointer is so far ahead
+ * flag. The ring is blocks of 256 dwords, a fence that writes 1 to the flag and 252 NOP dwords: a run of
+ * the engine (256 packets, every one at least a dword) passes a fence; the write pointer is so far ahead
  * that the queue never drains.
  */
 static int busy_queue(Ex *x, uint8_t *mem, int k, uint32_t *ret_id, volatile uint32_t **ret_flag)
@@ -1277,10 +1257,30 @@ static int busy_queue(Ex *x, uint8_t *mem, int k, uint32_t *ret_id, volatile uin
 }
 
 /*
+ * Did a call come back while the engines were in a round? The flags were cleared from the last queue down
+ * to the first and are read back in that order, against the engines' order (first to last). Some middle
+ * queue ran since, the first and the last did not: the engines had neither finished the round they were in
+ * nor begun another. A round run whole under one hold of the lock never shows this, whatever the timing:
+ * whatever ran after a middle queue in the same round includes the last, and a later round that reached a
+ * middle queue ran the first before it.
+ */
+static bool in_round(volatile uint32_t *const *flags)
+{
+        uint32_t f[BUSY_QUEUES];
+        bool middle = false;
+
+        for (int k = BUSY_QUEUES - 1; k >= 0; k--)
+                f[k] = __atomic_load_n(flags[k], __ATOMIC_ACQUIRE);
+        for (int k = 1; k < BUSY_QUEUES - 1; k++)
+                middle |= f[k] != 0;
+        return middle && f[0] == 0 && f[BUSY_QUEUES - 1] == 0;
+}
+
+/*
  * The per-run bound as ioctls see it: an ioctl waits for the queue the engines are running, then goes
- * before the rest of the round. With 32 queues that never drain, an allocation asked for once the first
- * queue has run in a round returns before the round reaches the last queue. Checked from the queues'
- * own flags, not by timing; a try where this thread was not quick enough to ask in time is tried again.
+ * before the rest of the round. With 32 queues that never drain, an allocation comes back within a round
+ * (in_round). Checked from the queues' own flags, not by timing; a try that asked too late in a round is
+ * tried again.
  */
 static int test_yield(void)
 {
@@ -1296,25 +1296,92 @@ static int test_yield(void)
         /* the engines' thread starts with the first queue and runs a round over them in this order */
         for (int k = 0; k < BUSY_QUEUES; k++)
                 REQUIRE_RC(busy_queue(&x, mem, k, &ids[k], &flags[k]), 0);
-        for (int attempt = 0; attempt < 200 && !mid_round; attempt++) {
+        for (int attempt = 0; attempt < 1000 && !mid_round; attempt++) {
                 struct kfd_ioctl_alloc_memory_of_gpu_args a = {.va_addr = VRAM_VA,
                                                                .size = PAGE,
                                                                .gpu_id = GPU,
                                                                .flags = KFD_IOC_ALLOC_MEM_FLAGS_VRAM};
                 struct kfd_ioctl_free_memory_of_gpu_args f = {0};
 
-                for (int k = 0; k < BUSY_QUEUES; k++)
+                for (int k = BUSY_QUEUES - 1; k >= 0; k--)
                         __atomic_store_n(flags[k], 0, __ATOMIC_RELEASE);
-                /* the first queue ran since: a round is under way, and the last queue comes after it */
-                REQUIRE(spin_until(flags[0], 1));
                 REQUIRE_RC(io(&x, x.kfd, AMDKFD_IOC_ALLOC_MEMORY_OF_GPU, &a), 0);
-                mid_round = __atomic_load_n(flags[BUSY_QUEUES - 1], __ATOMIC_ACQUIRE) == 0;
+                mid_round = in_round(flags);
                 f.handle = a.handle;
                 REQUIRE_RC(io(&x, x.kfd, AMDKFD_IOC_FREE_MEMORY_OF_GPU, &f), 0);
+                /* a moment for the engines to get into a round */
+                usleep(100);
         }
         REQUIRE(mid_round);
         for (int k = 0; k < BUSY_QUEUES; k++) {
                 struct kfd_ioctl_destroy_queue_args d = {.queue_id = ids[k]};
+                REQUIRE_RC(io(&x, x.kfd, AMDKFD_IOC_DESTROY_QUEUE, &d), 0);
+        }
+        return ex_teardown(&x);
+}
+
+/* Some 100 ms without a round of the engines' own thread, within 5 s: it sleeps. */
+static bool engines_quiet(Ex *x)
+{
+        for (int i = 0; i < 50; i++) {
+                uint64_t a = thunk_model_engine_rounds(x->m);
+
+                usleep(100000);
+                if (thunk_model_engine_rounds(x->m) == a)
+                        return true;
+        }
+        return false;
+}
+
+/*
+ * The per-run bound: a queue's run retires at most 256 packets and moves at most 4 MiB (a packet that moves
+ * more runs whole), and the round goes on to the next queue. Driven by thunk_model_run_engines() alone:
+ * with doorbell kicks and none made, the engines' own thread sleeps through it.
+ */
+static int test_budget(void)
+{
+        ThunkModelOptions o = {.kfd_minor = 19, .doorbells = true, .doorbell_kicks = true};
+        const uint32_t nop2[] = {SDMA_NOP | 1u << 16, 0xdead};
+        void *slice = NULL;
+        volatile uint64_t *db;
+        uint8_t *src, *dst;
+        Ex x;
+        Q cp, np;
+
+        REQUIRE_RC(ex_setup_opts(&x, &o), 0);
+        src = host(&x, 1 << 20, WRITABLE, NULL);
+        dst = host(&x, 1 << 20, WRITABLE, NULL);
+        REQUIRE(src && dst);
+        REQUIRE_RC(queue(&x, &cp, KFD_IOC_QUEUE_TYPE_SDMA), 0);
+        REQUIRE_RC(queue(&x, &np, KFD_IOC_QUEUE_TYPE_SDMA), 0);
+        REQUIRE_RC(x.seam.ops->mmap(x.seam.impl, NULL, 8192, PROT_READ | PROT_WRITE, MAP_SHARED, x.kfd,
+                                    cp.doorbell_offset & ~8191ULL, &slice),
+                   0);
+        db = slice;
+        REQUIRE(engines_quiet(&x));
+        /* 16 copies of 1 MiB on one queue, 300 two-dword NOPs on the other */
+        for (int i = 0; i < 16; i++) {
+                const uint32_t p[] = {SDMA_COPY, (1u << 20) - 1, 0, lo(src), hi(src), lo(dst), hi(dst)};
+                submit(&cp, p, 7);
+        }
+        for (int i = 0; i < 300; i++)
+                submit(&np, nop2, 2);
+        __atomic_store_n(&db[(cp.doorbell_offset & 8191) / 8], cp.w, __ATOMIC_RELEASE);
+        __atomic_store_n(&db[(np.doorbell_offset & 8191) / 8], np.w, __ATOMIC_RELEASE);
+        /* one round: 4 MiB of copies, 256 NOPs */
+        REQUIRE_EQ(thunk_model_run_engines(x.m), 4 + 256);
+        REQUIRE_EQ(*cp.rptr, 4 * 7 * 4);
+        REQUIRE_EQ(*np.rptr, 256 * 2 * 4);
+        REQUIRE_EQ(thunk_model_run_engines(x.m), 4 + 44);
+        REQUIRE_EQ(thunk_model_run_engines(x.m), 4);
+        REQUIRE_EQ(thunk_model_run_engines(x.m), 4);
+        REQUIRE_EQ(thunk_model_run_engines(x.m), 0);
+        REQUIRE(*cp.rptr == cp.w && *np.rptr == np.w);
+        munmap(slice, 8192);
+        {
+                struct kfd_ioctl_destroy_queue_args d = {.queue_id = cp.id};
+                REQUIRE_RC(io(&x, x.kfd, AMDKFD_IOC_DESTROY_QUEUE, &d), 0);
+                d.queue_id = np.id;
                 REQUIRE_RC(io(&x, x.kfd, AMDKFD_IOC_DESTROY_QUEUE, &d), 0);
         }
         return ex_teardown(&x);
@@ -1329,10 +1396,8 @@ static int test_idle(void)
 {
         ThunkModelOptions o = {.kfd_minor = 19, .doorbells = true, .doorbell_kicks = true};
         const uint32_t nops[] = {SDMA_NOP, SDMA_NOP, SDMA_NOP};
-        uint64_t a, b;
         void *slice = NULL;
         volatile uint64_t *db;
-        bool quiet = false;
         Ex x;
         Q q[4];
 
@@ -1344,13 +1409,7 @@ static int test_idle(void)
                    0);
         db = slice;
         /* some 100 ms without a round, within 5 s (a loaded machine may delay the first ones) */
-        for (int i = 0; i < 50 && !quiet; i++) {
-                a = thunk_model_engine_rounds(x.m);
-                usleep(100000);
-                b = thunk_model_engine_rounds(x.m);
-                quiet = a == b;
-        }
-        REQUIRE(quiet);
+        REQUIRE(engines_quiet(&x));
         /* a doorbell written and kicked: the engines' own thread runs the queue */
         submit(&q[2], nops, 3);
         __atomic_store_n(&db[(q[2].doorbell_offset & 8191) / 8], q[2].w, __ATOMIC_RELEASE);
@@ -1378,6 +1437,7 @@ static const RcTestCase tests[] = {
         {"svm", test_svm},
         {"yield", test_yield},
         {"idle", test_idle},
+        {"budget", test_budget},
 };
 
 int main(int argc, char **argv)
