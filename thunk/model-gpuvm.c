@@ -17,6 +17,7 @@ typedef struct ModelView {
         uint8_t *base;
         uint64_t size;
         bool writable;
+        bool held; /* model_gpuvm_hold()'s: kept by model_gpuvm_trim() */
 } ModelView;
 
 struct ModelViews {
@@ -47,7 +48,7 @@ static ModelView *view_find(struct ModelViews *vs, const ModelBuf *b)
  * buffer's move to a file of its own (its first export) drops it first (model_gpuvm_forget), and the next
  * access maps the new file.
  */
-static uint8_t *model_buf_bytes(ThunkModel *m, ModelBuf *b, unsigned int access)
+static uint8_t *buf_view(ThunkModel *m, ModelBuf *b, unsigned int access)
 {
         struct ModelViews *vs = m->views;
         ModelView *v;
@@ -55,8 +56,6 @@ static uint8_t *model_buf_bytes(ThunkModel *m, ModelBuf *b, unsigned int access)
         bool writable = true;
         int r;
 
-        if (b->type == KFD_IOC_ALLOC_MEM_FLAGS_USERPTR)
-                return b->userptr ? (uint8_t *)(uintptr_t)b->userptr : NULL;
         if (!vs) {
                 vs = calloc(1, sizeof(*vs));
                 if (!vs)
@@ -85,24 +84,53 @@ static uint8_t *model_buf_bytes(ThunkModel *m, ModelBuf *b, unsigned int access)
         return v->base;
 }
 
+/*
+ * The views are the model's, shared by every context's engines and by the calls that drop them, under
+ * views_mu. A view stays mapped while its buffer is mapped in the VM whose engines use it: a buffer goes
+ * only once no VM maps it, and a carved buffer, which moves, is reached by its own context's VMs alone,
+ * whose engines its export (under that context's eng lock) keeps out.
+ */
+static uint8_t *model_buf_bytes(ThunkModel *m, ModelBuf *b, unsigned int access)
+{
+        uint8_t *p;
+
+        if (b->type == KFD_IOC_ALLOC_MEM_FLAGS_USERPTR)
+                return b->userptr ? (uint8_t *)(uintptr_t)b->userptr : NULL;
+        pthread_mutex_lock(&m->views_mu);
+        p = buf_view(m, b, access);
+        pthread_mutex_unlock(&m->views_mu);
+        return p;
+}
+
 /* The engines' view of @b made now if it is not yet, writable if its file allows it: a file about to be
  * sealed against new writable mappings keeps the ones made before (thunk_model_seal). */
 int model_gpuvm_hold(ThunkModel *m, ModelBuf *b)
 {
+        uint8_t *p;
+
         if (b->type == KFD_IOC_ALLOC_MEM_FLAGS_USERPTR)
                 return 0;
-        return model_buf_bytes(m, b, 0) ? 0 : -ENOMEM;
+        pthread_mutex_lock(&m->views_mu);
+        p = buf_view(m, b, 0);
+        if (p) /* kept by model_gpuvm_trim: once the file is sealed, no writable view can be made again */
+                view_find(m->views, b)->held = true;
+        pthread_mutex_unlock(&m->views_mu);
+        return p ? 0 : -ENOMEM;
 }
 
 void model_gpuvm_forget(ThunkModel *m, ModelBuf *b)
 {
-        struct ModelViews *vs = m->views;
-        ModelView *v = vs ? view_find(vs, b) : NULL;
+        struct ModelViews *vs;
+        ModelView *v;
 
-        if (!v)
-                return;
-        munmap(v->base, v->size);
-        *v = vs->v[--vs->n];
+        pthread_mutex_lock(&m->views_mu);
+        vs = m->views;
+        v = vs ? view_find(vs, b) : NULL;
+        if (v) {
+                munmap(v->base, v->size);
+                *v = vs->v[--vs->n];
+        }
+        pthread_mutex_unlock(&m->views_mu);
 }
 
 /*
@@ -113,26 +141,39 @@ void model_gpuvm_forget(ThunkModel *m, ModelBuf *b)
  */
 void model_gpuvm_trim(ThunkModel *m)
 {
-        struct ModelViews *vs = m->views;
+        struct ModelViews *vs;
 
-        if (!vs || vs->n <= MODEL_VIEWS_KEEP)
-                return;
-        for (size_t i = 0; i < vs->n; i++)
-                munmap(vs->v[i].base, vs->v[i].size);
-        vs->n = vs->last = 0;
+        size_t kept = 0;
+
+        pthread_mutex_lock(&m->views_mu);
+        vs = m->views;
+        if (vs && vs->n > MODEL_VIEWS_KEEP) {
+                for (size_t i = 0; i < vs->n; i++) {
+                        if (vs->v[i].held)
+                                vs->v[kept++] = vs->v[i];
+                        else
+                                munmap(vs->v[i].base, vs->v[i].size);
+                }
+                vs->n = kept;
+                vs->last = 0;
+        }
+        pthread_mutex_unlock(&m->views_mu);
 }
 
 void model_gpuvm_release(ThunkModel *m)
 {
-        struct ModelViews *vs = m->views;
+        struct ModelViews *vs;
 
+        pthread_mutex_lock(&m->views_mu);
+        vs = m->views;
+        m->views = NULL;
+        pthread_mutex_unlock(&m->views_mu);
         if (!vs)
                 return;
         for (size_t i = 0; i < vs->n; i++)
                 munmap(vs->v[i].base, vs->v[i].size);
         free(vs->v);
         free(vs);
-        m->views = NULL;
 }
 
 /* ------------------------------------------------------------------ translation */

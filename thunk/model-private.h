@@ -210,7 +210,16 @@ typedef struct SvmRange {
 
 typedef struct ModelCtx {
         struct ModelCtx *next;
-        unsigned int refs; /* kfd fds */
+        unsigned int refs; /* kfd fds, and calls and engine runs under way (model_ctx_enter) */
+        /* Held by the engines while they run its queues, without the model's lock, and by every call that
+         * changes what they read of it (its queues, events, VMs, SVM ranges): taken before the model's lock.
+         */
+        pthread_mutex_t eng;
+        uint64_t eng_asked;      /* model_ctx_eng_lock() calls begun (atomic) */
+        uint64_t eng_served;     /* those that got the eng lock (under it) */
+        pthread_cond_t eng_cond; /* broadcast under eng by each of them: the engines wait for them on it */
+        unsigned int pins; /* the engines' thread's hold on it while it runs its queues (under the lock) */
+        bool dead;         /* released, out of the list: freed at the last unpin */
         bool primary;
         bool xnack;
         bool runtime_enabled;
@@ -265,12 +274,10 @@ typedef struct ModelCounters {
 #define MODEL_COUNT(field, delta) __atomic_add_fetch(&(field), (__typeof__(field))(delta), __ATOMIC_RELAXED)
 
 struct ThunkModel {
-        /* Taken through model_lock() by every caller but the engines' thread, which lets a waiting caller
-         * in after each queue's run (model-queue.c: cp_yield). */
+        /* The model's lock. The engines do not hold it while they run a context's queues: they hold that
+         * context's eng lock (ModelCtx.eng), which comes first. */
         pthread_mutex_t lock;
-        uint64_t lock_asked;         /* model_lock() calls begun (atomic) */
-        uint64_t lock_served;        /* model_lock() calls that got the lock (under it) */
-        pthread_cond_t handoff_cond; /* broadcast by model_lock() once it holds the lock */
+        pthread_mutex_t views_mu; /* leaf lock: the engines' buffer views (model-gpuvm.c) */
         pthread_mutex_t event_mu; /* leaf lock: event waiters sleep on event_cond under it, not the model's */
         uint64_t event_gen;       /* bumped (under lock and event_mu) whenever events change */
         ModelCounters cnt;
@@ -326,17 +333,25 @@ typedef struct Call {
 } Call;
 
 /* model.c: objects, fds and dispatch */
-/* The model's lock for every caller but the engines' thread: counted, so that the engines let it in after
- * the queue they are running (model-queue.c). */
 void model_lock(ThunkModel *m);
 void model_unlock(ThunkModel *m);
+/* Under the model's lock: pins @c (a reference), lets go of the model's lock, takes @c's eng lock, then the
+ * model's lock again; model_ctx_leave() undoes it, under the model's lock (and may free @c). */
+void model_ctx_enter(ThunkModel *m, ModelCtx *c);
+/* Takes @c's eng lock as every caller but the engines' thread does: counted, so that the engines, which
+ * take it again between two queues, let the caller in first. */
+void model_ctx_eng_lock(ModelCtx *c);
+void model_ctx_leave(ThunkModel *m, ModelCtx *c);
 int model_gpu_index(const ThunkModel *m, uint32_t gpu_id);
 ModelFd *model_fd_lookup(ThunkModel *m, int fd);
 /* The lowest free handle id of @pdd for @mem (sets mem->idr); -ENOMEM. */
 int model_idr_alloc(ModelPdd *pdd, ModelMem *mem);
 ModelMem *model_idr_find(ModelPdd *pdd, uint32_t id);
 int model_bind_pdd(Call *c, uint32_t gpu_id, int *ret_idx);
+/* Drops a reference; the last one releases the context (ctx_release), and frees it unless pinned. */
 void model_ctx_unref(ThunkModel *m, ModelCtx *c);
+/* Frees a released context's memory (its last reference and pin gone). */
+void model_ctx_free(ModelCtx *c);
 
 /* model-mem.c: accounting, backing files, buffers, GPU VMs and the memory ioctls */
 /* One backing file per GPU, made with the model and closed with it (after its last buffer). */

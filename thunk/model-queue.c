@@ -382,21 +382,23 @@ void model_events_changed(ThunkModel *m)
 }
 
 /*
- * Sleeps until events change or @deadline (NULL: none) passes, which returns true. Called under the model's
- * lock; it sleeps without it, under event_mu alone, and comes back through model_lock(), so a waiter woken
- * by its event gets back in after the queue the engines are running, not after every queue's.
+ * Sleeps until events change or @deadline (NULL: none) passes, which returns true. Called under @ctx's eng
+ * lock and the model's lock; it sleeps without either, under event_mu alone (the engines must run @ctx's
+ * queues meanwhile to signal it), and takes both again in their order.
  */
-static bool events_wait(ThunkModel *m, const struct timespec *deadline)
+static bool events_wait(ThunkModel *m, ModelCtx *ctx, const struct timespec *deadline)
 {
         uint64_t gen = m->event_gen;
         int w = 0;
 
         model_unlock(m);
+        pthread_mutex_unlock(&ctx->eng);
         pthread_mutex_lock(&m->event_mu);
         while (m->event_gen == gen && w != ETIMEDOUT)
                 w = deadline ? pthread_cond_timedwait(&m->event_cond, &m->event_mu, deadline)
                              : pthread_cond_wait(&m->event_cond, &m->event_mu);
         pthread_mutex_unlock(&m->event_mu);
+        model_ctx_eng_lock(ctx);
         model_lock(m);
         return w == ETIMEDOUT;
 }
@@ -437,7 +439,7 @@ int model_kfd_wait_events(Call *c)
         /* the context must outlive the wait even if its last fd is closed meanwhile */
         ctx->refs++;
         while (st == 0 && a->timeout != 0) {
-                bool timed_out = events_wait(m, a->timeout == MODEL_TIMEOUT_INFINITE ? NULL : &deadline);
+                bool timed_out = events_wait(m, ctx, a->timeout == MODEL_TIMEOUT_INFINITE ? NULL : &deadline);
 
                 st = wait_check(ctx, d, a->num_events, all);
                 if (timed_out)
@@ -501,7 +503,7 @@ static int cp_start(ThunkModel *m)
         /* named, so that its CPU time shows apart from its creator's in the process's threads */
         (void)pthread_setname_np(m->cp_thread, "kfd-model-cp");
         m->cp_running = true;
-        m->cp_stop = false;
+        __atomic_store_n(&m->cp_stop, false, __ATOMIC_RELAXED);
         return 0;
 }
 
@@ -511,7 +513,7 @@ void model_cp_stop(ThunkModel *m)
 
         model_lock(m);
         running = m->cp_running;
-        m->cp_stop = true;
+        __atomic_store_n(&m->cp_stop, true, __ATOMIC_RELAXED); /* the engines look without the lock */
         pthread_cond_broadcast(&m->cp_cond);
         model_unlock(m);
         if (running)
@@ -714,53 +716,47 @@ static unsigned int queue_run(ThunkModel *m, ModelCtx *ctx, ModelQueue *q)
         return done;
 }
 
-static bool ctx_alive(const ThunkModel *m, const ModelCtx *c)
-{
-        for (const ModelCtx *x = m->ctxs; x; x = x->next)
-                if (x == c)
-                        return true;
-        return false;
-}
-
 /*
- * Between two queues' runs: every caller that asked for the lock (model_lock) before this look gets it
- * first, so that an ioctl, an mmap or a status waits for one queue's run at most, however many queues
- * there are and however far ahead their write pointers are. Under the lock; true if it let anyone in, after
- * which the contexts and their queues may have changed.
+ * One round: every queue's engine once. Called and returns under the model's lock, which it lets go while a
+ * context's queues run: they run under that context's eng lock alone, so another context's calls never
+ * wait for them, and its own wait for one queue's run at most (the engines let them in between queues).
+ * *@ret_busy: a queue has work left.
  */
-static bool cp_yield(ThunkModel *m)
-{
-        uint64_t asked = __atomic_load_n(&m->lock_asked, __ATOMIC_SEQ_CST);
-
-        if (m->lock_served >= asked)
-                return false;
-        while (m->lock_served < asked)
-                pthread_cond_wait(&m->handoff_cond, &m->lock);
-        return true;
-}
-
-/* One round: every queue's engine once, letting waiting callers in between. *@ret_busy: a queue has work
- * left. A round whose context went while others had the lock ends there; the next starts over. */
 static unsigned int cp_round(ThunkModel *m, bool *ret_busy)
 {
         unsigned int done = 0;
         ModelCtx *c = m->ctxs;
-        size_t i = 0;
 
         *ret_busy = false;
-        while (c && !m->cp_stop) {
-                if (i >= c->n_queues) {
-                        c = c->next;
-                        i = 0;
-                        continue;
+        if (c)
+                c->pins++; /* its memory stays, and while it lives it stays in the list, until unpinned */
+        while (c) {
+                ModelCtx *next;
+
+                model_unlock(m);
+                pthread_mutex_lock(&c->eng);
+                for (size_t i = 0;; i++) {
+                        uint64_t asked = __atomic_load_n(&c->eng_asked, __ATOMIC_SEQ_CST);
+
+                        /* between two queues: every call that asked for the context meanwhile goes first */
+                        while (c->eng_served < asked)
+                                pthread_cond_wait(&c->eng_cond, &c->eng);
+                        if (c->dead || i >= c->n_queues || __atomic_load_n(&m->cp_stop, __ATOMIC_RELAXED))
+                                break;
+                        done += queue_run(m, c, &c->queues[i]);
+                        *ret_busy |= c->queues[i].busy;
                 }
-                done += queue_run(m, c, &c->queues[i]);
-                *ret_busy |= c->queues[i].busy;
-                i++;
-                if (cp_yield(m) && !ctx_alive(m, c)) {
-                        *ret_busy = true; /* the queues after it are not looked at: look again soon */
-                        break;
-                }
+                pthread_mutex_unlock(&c->eng);
+                model_lock(m);
+                /* a context released meanwhile left the list: the round ends there, the next starts over */
+                next = m->cp_stop || c->dead ? NULL : c->next;
+                if (c->dead)
+                        *ret_busy = true;
+                if (next)
+                        next->pins++;
+                if (--c->pins == 0 && c->dead)
+                        model_ctx_free(c);
+                c = next;
         }
         return done;
 }

@@ -258,18 +258,42 @@ static bool svm_covers(const ModelCtx *c, uint64_t s, uint64_t l)
 int thunk_model_munmap(ThunkModel *m, void *addr, size_t len)
 {
         uint64_t va = (uintptr_t)addr;
+        ModelCtx **all = NULL;
+        size_t n = 0;
         int r = 0;
 
+        model_lock(m);
+        /* every context's engines stay out while the pages go: any of them may be reading them (an SVM
+         * range, a userptr BO), and a page unmapped under an engine's copy would fault the process. Taken
+         * in the list's order, which no call changes for contexts already in it. */
+        for (ModelCtx *c = m->ctxs; c; c = c->next)
+                n++;
+        all = n ? calloc(n, sizeof(*all)) : NULL;
+        if (n && !all) {
+                model_unlock(m);
+                return -ENOMEM;
+        }
+        n = 0;
+        for (ModelCtx *c = m->ctxs; c; c = c->next) {
+                all[n++] = c;
+                c->refs++;
+        }
+        model_unlock(m);
+        for (size_t i = 0; i < n; i++)
+                model_ctx_eng_lock(all[i]);
         model_lock(m);
         if (munmap(addr, len) < 0) {
                 r = -errno;
         } else if (len > 0) {
-                for (ModelCtx *c = m->ctxs; c; c = c->next)
-                        if (c->primary &&
-                            svm_remove_pages(m, c, va / MODEL_PAGE, (va + len - 1) / MODEL_PAGE) < 0)
+                for (size_t i = 0; i < n; i++)
+                        if (all[i]->primary &&
+                            svm_remove_pages(m, all[i], va / MODEL_PAGE, (va + len - 1) / MODEL_PAGE) < 0)
                                 m->svm_unnoticed = true; /* no room to split a range: the next call probes */
         }
+        for (size_t i = n; i-- > 0;)
+                model_ctx_leave(m, all[i]);
         model_unlock(m);
+        free(all);
         return r;
 }
 

@@ -36,13 +36,11 @@ ModelFd *model_fd_lookup(ThunkModel *m, int fd)
 
 /* ------------------------------------------------------------------ the lock */
 
+static void ctx_release(ThunkModel *m, ModelCtx *c);
+
 void model_lock(ThunkModel *m)
 {
-        __atomic_add_fetch(&m->lock_asked, 1, __ATOMIC_SEQ_CST);
         pthread_mutex_lock(&m->lock);
-        m->lock_served++;
-        /* the engines' thread may be waiting to let this caller in first */
-        pthread_cond_broadcast(&m->handoff_cond);
 }
 
 void model_unlock(ThunkModel *m)
@@ -50,9 +48,38 @@ void model_unlock(ThunkModel *m)
         pthread_mutex_unlock(&m->lock);
 }
 
+void model_ctx_eng_lock(ModelCtx *c)
+{
+        __atomic_add_fetch(&c->eng_asked, 1, __ATOMIC_SEQ_CST);
+        pthread_mutex_lock(&c->eng);
+        c->eng_served++;
+        pthread_cond_broadcast(&c->eng_cond);
+}
+
+void model_ctx_enter(ThunkModel *m, ModelCtx *c)
+{
+        c->refs++;
+        model_unlock(m);
+        model_ctx_eng_lock(c);
+        model_lock(m);
+}
+
+void model_ctx_leave(ThunkModel *m, ModelCtx *c)
+{
+        /* the last reference: released before the eng lock goes, so the engines never see it half gone */
+        if (--c->refs == 0)
+                ctx_release(m, c);
+        pthread_mutex_unlock(&c->eng);
+        if (c->refs == 0 && !c->pins)
+                model_ctx_free(c);
+}
+
 /* ------------------------------------------------------------------ contexts */
 
-static void ctx_destroy(ThunkModel *m, ModelCtx *c)
+/* Its last reference went: everything it holds goes, and it leaves the list; the memory stays while the
+ * engines' thread holds a pin on it (model_ctx_free then). Under the model's lock, and its eng lock where
+ * the engines' thread may run. */
+static void ctx_release(ThunkModel *m, ModelCtx *c)
 {
         model_ctx_release_queues(m, c);
         for (size_t g = 0; g < m->n_gpus; g++) {
@@ -63,27 +90,43 @@ static void ctx_destroy(ThunkModel *m, ModelCtx *c)
                                 model_mem_destroy(m, c, pdd->idr[i]);
                 free(pdd->idr);
         }
-        for (size_t g = 0; g < m->n_gpus; g++)
+        for (size_t g = 0; g < m->n_gpus; g++) {
+                c->pdd[g].idr = NULL;
+                c->pdd[g].cap_idr = 0;
                 if (c->pdd[g].file) {
                         c->pdd[g].file->compute_ctx = NULL;
                         model_file_unref(m, c->pdd[g].file);
+                        c->pdd[g].file = NULL;
                 }
+        }
         model_svm_release(m, c);
         free(c->svm);
         free(c->svm_spare);
+        c->svm = c->svm_spare = NULL;
+        c->cap_svm = c->cap_svm_spare = 0;
         for (ModelCtx **p = &m->ctxs; *p; p = &(*p)->next)
                 if (*p == c) {
                         *p = c->next;
                         break;
                 }
         MODEL_COUNT(m->cnt.contexts, -1);
+        c->dead = true;
+}
+
+void model_ctx_free(ModelCtx *c)
+{
+        pthread_cond_destroy(&c->eng_cond);
+        pthread_mutex_destroy(&c->eng);
         free(c);
 }
 
 void model_ctx_unref(ThunkModel *m, ModelCtx *c)
 {
-        if (c && --c->refs == 0)
-                ctx_destroy(m, c);
+        if (c && --c->refs == 0) {
+                ctx_release(m, c);
+                if (!c->pins)
+                        model_ctx_free(c);
+        }
 }
 
 static ModelCtx *ctx_new(ThunkModel *m, bool primary)
@@ -95,6 +138,8 @@ static ModelCtx *ctx_new(ThunkModel *m, bool primary)
         c->primary = primary;
         c->xnack = m->xnack_default;
         c->refs = 1;
+        pthread_mutex_init(&c->eng, NULL);
+        pthread_cond_init(&c->eng_cond, NULL);
         c->next = m->ctxs;
         m->ctxs = c;
         MODEL_COUNT(m->cnt.contexts, 1);
@@ -494,16 +539,51 @@ static int dispatch(ThunkModel *m, ModelFd *e, unsigned long request, void *arg)
         return r;
 }
 
+/* The context whose engines read what a call on @e may change: a kfd fd's, or the one that acquired a render
+ * file's VM; NULL for a render file no context acquired. */
+static ModelCtx *fd_engines(const ModelFd *e)
+{
+        return e->kind == FD_KFD ? e->ctx : e->file->compute_ctx;
+}
+
+/*
+ * Under the model's lock: the entry @fd (NULL if none) in *@ret_e, with the eng lock of the context whose
+ * engines read what a call on it may change taken first (model_ctx_enter): that context, to be left with
+ * model_ctx_leave(), or NULL.
+ */
+static ModelCtx *fd_enter(ThunkModel *m, int fd, ModelFd **ret_e)
+{
+        for (;;) {
+                ModelFd *e = model_fd_lookup(m, fd);
+                ModelCtx *c = e ? fd_engines(e) : NULL;
+
+                *ret_e = e;
+                if (!c)
+                        return NULL;
+                model_ctx_enter(m, c);
+                /* the model's lock was let go meanwhile: the fd may be gone or its VM acquired since */
+                e = model_fd_lookup(m, fd);
+                if (e && fd_engines(e) == c) {
+                        *ret_e = e;
+                        return c;
+                }
+                model_ctx_leave(m, c);
+        }
+}
+
 int thunk_model_ioctl(ThunkModel *m, int fd, unsigned long request, void *arg)
 {
+        ModelCtx *owner;
         ModelFd *e;
         int r;
 
         if (!m)
                 return -EINVAL;
         model_lock(m);
-        e = model_fd_lookup(m, fd);
+        owner = fd_enter(m, fd, &e);
         r = e ? dispatch(m, e, request, arg) : -EBADF;
+        if (owner)
+                model_ctx_leave(m, owner);
         model_unlock(m);
         return r;
 }
@@ -527,25 +607,20 @@ static int fd_add(ThunkModel *m, int kind, ModelCtx *ctx, ModelFile *file, int *
 int thunk_model_open_kfd(ThunkModel *m, int *ret_fd)
 {
         ModelCtx *c;
-        bool created = false;
         int r;
 
         model_lock(m);
         c = ctx_primary(m);
-        if (c) {
+        if (c)
                 c->refs++;
-        } else {
+        else
                 c = ctx_new(m, true);
-                created = true;
-        }
         if (!c) {
                 r = -ENOMEM;
         } else {
                 r = fd_add(m, FD_KFD, c, NULL, ret_fd);
-                if (r < 0 && created)
-                        ctx_destroy(m, c);
-                else if (r < 0)
-                        c->refs--;
+                if (r < 0)
+                        model_ctx_unref(m, c); /* a new one goes: no engine knew it */
         }
         model_unlock(m);
         return r;
@@ -598,15 +673,19 @@ static void fd_release(ThunkModel *m, size_t i)
 
 int thunk_model_close(ThunkModel *m, int fd)
 {
+        ModelCtx *owner;
+        ModelFd *e;
         int r = -EBADF;
 
         model_lock(m);
-        for (size_t i = 0; i < m->n_fds; i++)
-                if (m->fds[i].fd == fd) {
-                        fd_release(m, i);
-                        r = 0;
-                        break;
-                }
+        /* a context whose last fd this is goes when it is left, under its eng lock no more */
+        owner = fd_enter(m, fd, &e);
+        if (e) {
+                fd_release(m, (size_t)(e - m->fds));
+                r = 0;
+        }
+        if (owner)
+                model_ctx_leave(m, owner);
         model_unlock(m);
         return r;
 }
@@ -625,11 +704,12 @@ int thunk_model_mmap(ThunkModel *m, void *addr, size_t len, int prot, int flags,
                      void **ret)
 {
         ModelBuf *b = NULL;
+        ModelCtx *owner;
         ModelFd *e;
         int r = 0;
 
         model_lock(m);
-        e = model_fd_lookup(m, fd);
+        owner = fd_enter(m, fd, &e);
         if (!e) {
                 r = -EBADF;
                 goto out;
@@ -676,6 +756,8 @@ int thunk_model_mmap(ThunkModel *m, void *addr, size_t len, int prot, int flags,
         }
         r = model_buf_mmap(b, addr, len, prot, flags, ret);
 out:
+        if (owner)
+                model_ctx_leave(m, owner);
         model_unlock(m);
         return r;
 }
@@ -836,7 +918,7 @@ int thunk_model_new(const ThunkTopology *topo, const ThunkModelOptions *opts, Th
                 pthread_condattr_destroy(&ca);
         }
         pthread_cond_init(&m->cp_cond, NULL);
-        pthread_cond_init(&m->handoff_cond, NULL);
+        pthread_mutex_init(&m->views_mu, NULL);
         pthread_mutex_init(&m->event_mu, NULL);
         pthread_mutex_init(&m->lock, NULL);
         *ret = m;
@@ -852,8 +934,12 @@ ThunkModel *thunk_model_free(ThunkModel *m)
         /* render fds first keeps files alive only through contexts, which then release them */
         while (m->n_fds)
                 fd_release(m, m->n_fds - 1);
-        while (m->ctxs)
-                ctx_destroy(m, m->ctxs);
+        while (m->ctxs) { /* the engines stopped: nothing pins them */
+                ModelCtx *c = m->ctxs;
+
+                ctx_release(m, c);
+                model_ctx_free(c);
+        }
         while (m->files) {
                 m->files->refs = 1;
                 model_file_unref(m, m->files);
@@ -871,7 +957,7 @@ ThunkModel *thunk_model_free(ThunkModel *m)
         pthread_mutex_destroy(&m->lock);
         pthread_cond_destroy(&m->event_cond);
         pthread_cond_destroy(&m->cp_cond);
-        pthread_cond_destroy(&m->handoff_cond);
+        pthread_mutex_destroy(&m->views_mu);
         pthread_mutex_destroy(&m->event_mu);
         free(m);
         return NULL;
@@ -885,7 +971,11 @@ void thunk_model_get_stats(ThunkModel *m, ThunkModelStats *ret)
         memset(&s, 0, sizeof(s));
         model_lock(m);
         primary = ctx_primary(m);
-        (void)model_svm_flush(m, primary);
+        if (primary) {
+                model_ctx_enter(m, primary);
+                (void)model_svm_flush(m, primary);
+                model_ctx_leave(m, primary);
+        }
         for (size_t i = 0; i < m->n_fds; i++) {
                 if (m->fds[i].kind == FD_KFD)
                         s.kfd_fds++;
