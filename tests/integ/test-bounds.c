@@ -221,17 +221,33 @@ static void test_total_mappings(void)
 #define SDMA_FENCE 5u
 #define N_TOUCHED  2000
 
+/* One fence packet of the queue @g into @va: whether the engines ran it (its read pointer reached *@wptr). */
+static bool fence_into(GttQueue *g, uint64_t *wptr, uint64_t va, uint32_t value)
+{
+        const uint32_t p[] = {SDMA_FENCE, (uint32_t)va, (uint32_t)(va >> 32), value};
+
+        memcpy((uint8_t *)g->ring + *wptr % 4096, p, sizeof(p));
+        *wptr += sizeof(p);
+        __atomic_store_n(g->wptr, *wptr, __ATOMIC_RELEASE);
+        for (int i = 0; i < 5000 && __atomic_load_n(g->rptr, __ATOMIC_ACQUIRE) != *wptr; i++)
+                usleep(1000);
+        return __atomic_load_n(g->rptr, __ATOMIC_ACQUIRE) == *wptr;
+}
+
 /*
  * A queue whose fence packets write into one new device buffer after another: the model's engines reach
- * each through a CPU view in the daemon, which must not stay, one mapping per buffer ever touched.
+ * each through a CPU view in the daemon, which must not stay, one mapping per buffer ever touched. A buffer
+ * sealed by a read-only export keeps its writable view through that (no writable one could be made again):
+ * its owner's GPU still writes it after the others' views were dropped.
  */
 static void test_device_mappings(void)
 {
         gm_alloc_desc d = {.kind = GM_KIND_HOST, .size = 64 << 10, .flags = GM_MEM_GTT, .numa_node = -1};
         gm_client *c = connect_as_me("fences");
         uint8_t *mem = NULL;
-        void **bufs = calloc(N_TOUCHED, sizeof(*bufs));
+        void **bufs = calloc(N_TOUCHED, sizeof(*bufs)), *sealed = NULL;
         uint64_t db = 0, wptr = 0;
+        int ro_fd = -1;
         uint32_t id = 0;
         long before, after;
         GttQueue g;
@@ -244,6 +260,13 @@ static void test_device_mappings(void)
                 goto out;
         gtt_queue_init(&g, mem, gpus[0]);
         CHECK_EQ(gm_queue_create(c, &g.desc, &id, &db), 0);
+        CHECK_EQ(gm_malloc(c, 4096, gpus[0], GM_MEM_HOST_VISIBLE, &sealed), 0);
+        if (sealed) {
+                gm_pointer_attributes pa = {.struct_size = sizeof(pa)};
+                CHECK_EQ(gm_pointer_get_attributes(c, sealed, &pa), 0);
+                CHECK_EQ(gm_mem_export_flags(c, pa.handle, GM_EXPORT_READ_ONLY, &ro_fd, NULL), 0);
+                CHECK(fence_into(&g, &wptr, (uintptr_t)sealed, 1));
+        }
         before = daemon_maps();
         while (n < N_TOUCHED) {
                 /* a batch of fences, one a buffer, that fits the ring once */
@@ -269,8 +292,14 @@ static void test_device_mappings(void)
                 after, n);
         CHECK_EQ(n, N_TOUCHED);
         CHECK(after - before < N_TOUCHED / 4);
+        if (sealed) {
+                CHECK(fence_into(&g, &wptr, (uintptr_t)sealed, 0xabc));
+                CHECK_EQ(*(volatile uint32_t *)sealed, 0xabc);
+        }
         CHECK_EQ(gm_queue_destroy(c, id), 0);
 out:
+        if (ro_fd >= 0)
+                close(ro_fd);
         free(bufs);
         gm_client_close(c);
 }
