@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Summarise meson's testlog.json as 'LABEL: N passed, N failed', or add up such lines with --total."""
+"""Summarise meson's testlog.json as 'LABEL: N passed, N failed', or add up such lines with --total
+(indented lines between them are figures, not counts)."""
 import json
 import sys
 
@@ -9,6 +10,8 @@ def main():
         passed = failed = 0
         with open(sys.argv[2]) as f:
             for line in f:
+                if line.startswith(" "):  # a figure a stage printed beside its count
+                    continue
                 counts = line.split(":", 1)[1].strip().split(", ")
                 passed += int(counts[0].split()[0])
                 failed += int(counts[1].split()[0])
