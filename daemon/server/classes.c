@@ -63,6 +63,8 @@ static uint64_t class_mappings(Manager *m, const PolicyClass *k)
 static void state_configure(Manager *m, ClassState *s, const PolicyClass *k)
 {
         BrokerAccount *a = &s->acct;
+        /* read before the account's lock: the broker's lock is taken before an account's, never after */
+        const uint64_t max_mappings = class_mappings(m, k);
         uint64_t allowed;
 
         s->klass = k;
@@ -73,7 +75,7 @@ static void state_configure(Manager *m, ClassState *s, const PolicyClass *k)
         a->max_handles = k->limit[POLICY_RES_HANDLES];
         a->max_fds = k->limit[POLICY_RES_FDS];
         a->max_queues = k->limit[POLICY_RES_QUEUES];
-        a->max_mappings = class_mappings(m, k);
+        a->max_mappings = max_mappings;
         a->max_shares = k->limit[POLICY_RES_SHARES];
         s->max_connections = k->limit[POLICY_RES_CONNECTIONS];
         s->max_inflight = k->limit[POLICY_RES_INFLIGHT];
