@@ -32,12 +32,13 @@ run_suite build-asan "ASan+UBSan"
 unset ASAN_OPTIONS UBSAN_OPTIONS
 
 # ThreadSanitizer (clang): the daemon's event loops and worker threads, the client library's threads and
-# the model's packet processor, over every suite but stress, whose runs outlast their timeouts under it.
+# the model's packet processor, over every suite but stress, whose runs outlast their timeouts under it, and
+# crowds, whose thousands of clients' VA windows do not fit beside its shadow memory.
 # die_after_fork=0: tests fork clients that run as other uids from a process that has threads.
 CC=clang sh scripts/build.sh build-tsan -Db_sanitize=thread -Db_lundef=false -Db_lto=false -Doptimization=2 -Ddocs=disabled
 export TSAN_OPTIONS="halt_on_error=1:die_after_fork=0:suppressions=$PWD/tests/tsan.supp"
 run_suite build-tsan "ThreadSanitizer" --timeout-multiplier 3 \
-    --suite model --suite unit --suite topo --suite thunk --suite integ --suite systemd
+    --suite model --suite unit --suite topo --suite thunk --suite integ --suite systemd --no-suite crowds
 unset TSAN_OPTIONS
 
 # gpumemd under valgrind (memcheck; an error or a definite leak makes the daemon exit 99, and the test

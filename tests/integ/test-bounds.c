@@ -681,7 +681,7 @@ int main(int argc, char **argv)
                  {"queues cost the daemon mappings, within the class's limit", test_queue_mappings}},
                 {"shares", SHARES_CONFIG, {"one class never fills the table of shares", test_shares}},
                 {"threads",
-                 OWN_CONTEXTS "[class node]\nmatch-all = yes\n",
+                 OWN_CONTEXTS "window-size = 1G\n[class node]\nmatch-all = yes\n",
                  {"event threads are bounded", test_event_threads}},
                 {"config", NULL, {"the shipped configuration limits host memory", test_shipped_config}},
                 {"oom", NULL, {"the daemon's OOM score puts tenants first", test_oom_score}},
