@@ -1193,3 +1193,39 @@ int run_as(uid_t uid, int (*fn)(void *), void *arg)
 {
         return child_status(fork_as(uid, fn, arg));
 }
+
+void raw_send_request(int fd, uint32_t id, const void *req)
+{
+        const Gpumem__Request *q = req;
+        uint8_t body[256];
+        size_t n = gpumem__request__get_packed_size(q);
+
+        CHECK(n <= sizeof(body));
+        if (n > sizeof(body))
+                return;
+        gpumem__request__pack(q, body);
+        CHECK_EQ(raw_send_frame(fd, id, body, n, GM_PROTOCOL_VERSION, 0, NULL, 0), 0);
+}
+
+void raw_send_host_alloc(int fd, uint32_t id, uint64_t size)
+{
+        Gpumem__Request q = GPUMEM__REQUEST__INIT;
+        Gpumem__Alloc a = GPUMEM__ALLOC__INIT;
+
+        a.has_kind = a.has_size = true;
+        a.kind = GPUMEM__MEM_KIND__MEM_KIND_HOST;
+        a.size = size;
+        q.op_case = GPUMEM__REQUEST__OP_ALLOC;
+        q.alloc = &a;
+        raw_send_request(fd, id, &q);
+}
+
+void raw_send_ping(int fd, uint32_t id)
+{
+        Gpumem__Request q = GPUMEM__REQUEST__INIT;
+        Gpumem__Ping pg = GPUMEM__PING__INIT;
+
+        q.op_case = GPUMEM__REQUEST__OP_PING;
+        q.ping = &pg;
+        raw_send_request(fd, id, &q);
+}

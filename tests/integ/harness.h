@@ -158,6 +158,11 @@ bool raw_closed(int fd, int timeout_ms);
 int raw_request(int fd, uint32_t request_id, const void *req, const int *fds, size_t n_fds, void **ret_reply,
                 int *ret_fds, size_t *ret_n_fds, bool *ret_transport);
 void raw_reply_free(void *reply);
+/* Send @req (a Gpumem__Request *, packed here; a check fails when it does not fit 256 bytes) without waiting
+ * for its reply; a host allocation of @size, a ping, the same way. */
+void raw_send_request(int fd, uint32_t id, const void *req);
+void raw_send_host_alloc(int fd, uint32_t id, uint64_t size);
+void raw_send_ping(int fd, uint32_t id);
 /* raw_request() of a hello (protocol 1) from client @name: its reply's code, the reply in *@ret_reply. */
 int raw_hello_named(int fd, uint32_t request_id, const char *name, void **ret_reply);
 /*

@@ -43,42 +43,6 @@ static int start(const char *config)
         return daemon_base_state(&dmn, &base);
 }
 
-/* Send one request (a packed Gpumem__Request) without waiting for its reply. */
-static void send_request(int fd, uint32_t id, const Gpumem__Request *q)
-{
-        uint8_t body[256];
-        size_t n = gpumem__request__get_packed_size(q);
-
-        CHECK(n <= sizeof(body));
-        if (n > sizeof(body))
-                return;
-        gpumem__request__pack(q, body);
-        CHECK_EQ(raw_send_frame(fd, id, body, n, GM_PROTOCOL_VERSION, 0, NULL, 0), 0);
-}
-
-static void send_host_alloc(int fd, uint32_t id, uint64_t size)
-{
-        Gpumem__Request q = GPUMEM__REQUEST__INIT;
-        Gpumem__Alloc a = GPUMEM__ALLOC__INIT;
-
-        a.has_kind = a.has_size = true;
-        a.kind = GPUMEM__MEM_KIND__MEM_KIND_HOST;
-        a.size = size;
-        q.op_case = GPUMEM__REQUEST__OP_ALLOC;
-        q.alloc = &a;
-        send_request(fd, id, &q);
-}
-
-static void send_ping(int fd, uint32_t id)
-{
-        Gpumem__Request q = GPUMEM__REQUEST__INIT;
-        Gpumem__Ping pg = GPUMEM__PING__INIT;
-
-        q.op_case = GPUMEM__REQUEST__OP_PING;
-        q.ping = &pg;
-        send_request(fd, id, &q);
-}
-
 /* The next reply on @fd is @want_id's, with status @want_code. */
 static void expect_reply(int fd, uint32_t want_id, int want_code)
 {
@@ -174,10 +138,10 @@ static void test_fair_workers(void)
                 return;
         }
         for (int i = 0; i < 8; i++)
-                send_host_alloc(big[i], 100 + (uint32_t)i, 512 * MiB);
+                raw_send_host_alloc(big[i], 100 + (uint32_t)i, 512 * MiB);
         usleep(20 * 1000); /* the daemon has taken them by now */
         for (int i = 0; i < 4; i++)
-                send_host_alloc(small[i], 200 + (uint32_t)i, 4 * MiB);
+                raw_send_host_alloc(small[i], 200 + (uint32_t)i, 4 * MiB);
         for (int i = 0; i < 4; i++)
                 expect_reply(small[i], 200 + (uint32_t)i, 0);
         for (int i = 0; i < 8; i++)
@@ -235,9 +199,9 @@ static void test_free_off_loop(void)
         q.op_case = GPUMEM__REQUEST__OP_FREE;
         q.free = &fr;
         t0 = now_ms();
-        send_request(fa, 11, &q);
+        raw_send_request(fa, 11, &q);
         usleep(5 * 1000); /* the loop has taken the free by now */
-        send_ping(fb, 12);
+        raw_send_ping(fb, 12);
         expect_reply(fb, 12, 0);
         t_ping = now_ms();
         CHECK(!reply_waiting(fa));
@@ -258,7 +222,7 @@ static void test_free_off_loop(void)
         close(fa);
         fa = -1;
         usleep(5 * 1000); /* the loop has seen it go by now */
-        send_ping(fb, 14);
+        raw_send_ping(fb, 14);
         expect_reply(fb, 14, 0);
         {
                 Gpumem__AdminStatus as = GPUMEM__ADMIN_STATUS__INIT;
@@ -328,9 +292,9 @@ static void test_share_end(void)
         sr.name = "big/one";
         q.op_case = GPUMEM__REQUEST__OP_SHARE_REVOKE;
         q.share_revoke = &sr;
-        send_request(fa, 20, &q);
+        raw_send_request(fa, 20, &q);
         usleep(5 * 1000); /* the loop has taken the revoke by now */
-        send_ping(fb, 21);
+        raw_send_ping(fb, 21);
         expect_reply(fb, 21, 0);
         CHECK(!reply_waiting(fa));
         expect_reply(fa, 20, 0);
@@ -359,7 +323,7 @@ static void send_hello(int fd)
         h.client_name = "many";
         q.op_case = GPUMEM__REQUEST__OP_HELLO;
         q.hello = &h;
-        send_request(fd, 1, &q);
+        raw_send_request(fd, 1, &q);
 }
 
 /* Its books made (a memory query): a client with books has a part in the metrics. */
@@ -370,7 +334,7 @@ static void send_mem_info(int fd)
 
         q.op_case = GPUMEM__REQUEST__OP_MEM_INFO;
         q.mem_info = &mi;
-        send_request(fd, 2, &q);
+        raw_send_request(fd, 2, &q);
 }
 
 /* Lines of @path that start with @prefix. */

@@ -788,42 +788,6 @@ static void test_request_size(void)
 #define REQUEST_SIZE_CONFIG                                                                                  \
         "[daemon]\nlog-level = warning\n[class all]\nmatch-all = yes\nhost-alloc-max = 2M\n"
 
-/* Send one request (a packed Gpumem__Request) without waiting for its reply. */
-static void send_request(int fd, uint32_t id, const Gpumem__Request *q)
-{
-        uint8_t body[256];
-        size_t n = gpumem__request__get_packed_size(q);
-
-        CHECK(n <= sizeof(body));
-        if (n > sizeof(body))
-                return;
-        gpumem__request__pack(q, body);
-        CHECK_EQ(raw_send_frame(fd, id, body, n, GM_PROTOCOL_VERSION, 0, NULL, 0), 0);
-}
-
-static void send_host_alloc(int fd, uint32_t id, uint64_t size)
-{
-        Gpumem__Request q = GPUMEM__REQUEST__INIT;
-        Gpumem__Alloc a = GPUMEM__ALLOC__INIT;
-
-        a.has_kind = a.has_size = true;
-        a.kind = GPUMEM__MEM_KIND__MEM_KIND_HOST;
-        a.size = size;
-        q.op_case = GPUMEM__REQUEST__OP_ALLOC;
-        q.alloc = &a;
-        send_request(fd, id, &q);
-}
-
-static void send_ping(int fd, uint32_t id)
-{
-        Gpumem__Request q = GPUMEM__REQUEST__INIT;
-        Gpumem__Ping pg = GPUMEM__PING__INIT;
-
-        q.op_case = GPUMEM__REQUEST__OP_PING;
-        q.ping = &pg;
-        send_request(fd, id, &q);
-}
-
 /* The next reply on @fd is @want_id's, with status @want_code; its reason goes to @why (may be NULL). */
 static void expect_reply(int fd, uint32_t want_id, int want_code, char *why, size_t why_len)
 {
@@ -870,11 +834,11 @@ static void test_slow_alloc(void)
                 return;
 
         /* a: the allocation, then a ping behind it */
-        send_host_alloc(a, 20, 512 * MiB);
-        send_ping(a, 21);
+        raw_send_host_alloc(a, 20, 512 * MiB);
+        raw_send_ping(a, 21);
         usleep(5 * 1000); /* the daemon has taken the allocation by now (the ping waits behind it) */
         /* b is answered while a's memory is still being populated */
-        send_ping(b, 30);
+        raw_send_ping(b, 30);
         expect_reply(b, 30, 0, why, sizeof(why));
         CHECK(!reply_waiting(a));
         /* a's replies come in its order: the allocation first, though its ping was quick */
@@ -888,9 +852,9 @@ static void test_slow_alloc(void)
         /* the quota is held from the start: a second allocation meanwhile is over it */
         if (!two_greeted(&cfd, &dfd))
                 return;
-        send_host_alloc(cfd, 40, 512 * MiB);
+        raw_send_host_alloc(cfd, 40, 512 * MiB);
         usleep(10 * 1000);
-        send_host_alloc(dfd, 50, 512 * MiB);
+        raw_send_host_alloc(dfd, 50, 512 * MiB);
         expect_reply(dfd, 50, -EDQUOT, why, sizeof(why));
         expect_reply(cfd, 40, 0, why, sizeof(why));
         close(cfd);
@@ -904,8 +868,8 @@ static void test_slow_alloc(void)
                 if (e < 0)
                         return;
                 CHECK_EQ(raw_hello(e), 0);
-                send_host_alloc(e, 60, 256 * MiB);
-                send_ping(e, 61);
+                raw_send_host_alloc(e, 60, 256 * MiB);
+                raw_send_ping(e, 61);
                 usleep((useconds_t)(i * 5000));
                 close(e);
         }
@@ -953,12 +917,12 @@ static void test_ordered_prefetch(void)
                 h.fixed_va = window_base + 1024 * MiB;
                 q.op_case = GPUMEM__REQUEST__OP_ALLOC;
                 q.alloc = &h;
-                send_request(fd, 70, &q);
+                raw_send_request(fd, 70, &q);
                 pi.has_va = true;
                 pi.va = h.fixed_va + 4096;
                 q.op_case = GPUMEM__REQUEST__OP_POINTER_INFO;
                 q.pointer_info = &pi;
-                send_request(fd, 71, &q);
+                raw_send_request(fd, 71, &q);
                 expect_reply(fd, 70, 0, why, sizeof(why));
                 expect_reply(fd, 71, 0, why, sizeof(why));
         }
@@ -983,15 +947,15 @@ static void test_ordered_prefetch(void)
         pf.location = gpus[0];
         q.op_case = GPUMEM__REQUEST__OP_SVM_PREFETCH;
         q.svm_prefetch = &pf;
-        send_request(fd, 81, &q);
+        raw_send_request(fd, 81, &q);
         fr.has_handle = true;
         fr.handle = handle;
         q.op_case = GPUMEM__REQUEST__OP_FREE;
         q.free = &fr;
-        send_request(fd, 82, &q);
+        raw_send_request(fd, 82, &q);
         q.op_case = GPUMEM__REQUEST__OP_SVM_PREFETCH;
         q.svm_prefetch = &pf;
-        send_request(fd, 83, &q);
+        raw_send_request(fd, 83, &q);
 
         expect_reply(fd, 81, 0, why, sizeof(why));
         expect_reply(fd, 82, 0, why, sizeof(why));
