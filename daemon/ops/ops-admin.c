@@ -298,7 +298,9 @@ static PagedText *paged_new(Conn *c, char *text, size_t len)
 
         if (!t)
                 return NULL;
-        t->token = (c->paged ? c->paged->token : 0) % 0xffffff + 1; /* never 0, which is a new text */
+        /* from a count of the connection's own, so that no cursor of a text it finished or dropped ever
+         * reads a newer one; never 0, which asks for a new text */
+        t->token = c->paged_seq = c->paged_seq % 0xffffff + 1;
         t->text = text;
         t->len = len;
         t->next = c->paged;

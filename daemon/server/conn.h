@@ -111,6 +111,7 @@ typedef struct Conn {
         pthread_mutex_t lock;            /* the client's lock (above) */
         atomic_bool irq_posted;          /* a look at its event page is posted to its loop (ops-queues.c) */
         struct PagedText *paged;         /* admin_metrics' texts being read part by part (ops-admin.c) */
+        uint32_t paged_seq;              /* the token of its newest text (ops-admin.c) */
 } Conn;
 
 static inline void conn_lock(Conn *c)

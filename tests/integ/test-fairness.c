@@ -356,6 +356,27 @@ static size_t lines_starting(const char *path, const char *prefix)
 #define MANY_CLIENTS 10000
 static int n_many; /* clients the fd limits allow, up to MANY_CLIENTS */
 
+/* One part of the metrics text at @cursor on the raw connection @fd: the next part's cursor, 0 at the end or
+ * on an error (a check fails). */
+static uint64_t metrics_page(int fd, uint64_t cursor)
+{
+        Gpumem__Request q = GPUMEM__REQUEST__INIT;
+        Gpumem__AdminMetrics am = GPUMEM__ADMIN_METRICS__INIT;
+        Gpumem__Reply *rep = NULL;
+        bool transport = false;
+        uint64_t next = 0;
+
+        am.has_cursor = true;
+        am.cursor = cursor;
+        q.op_case = GPUMEM__REQUEST__OP_ADMIN_METRICS;
+        q.admin_metrics = &am;
+        CHECK_EQ(raw_request(fd, 8, &q, NULL, 0, (void **)&rep, NULL, NULL, &transport), 0);
+        if (rep && rep->admin_metrics)
+                next = rep->admin_metrics->next;
+        raw_reply_free(rep);
+        return next;
+}
+
 /*
  * Admin replies of any size: with 10,000 clients connected, each with books (about 1.2 KiB of metrics
  * each, 110 of them filled the one frame a reply had), the textfile collector's recipe in docs/policy.md
@@ -432,6 +453,14 @@ static void test_admin_many(void)
                 q.op_case = GPUMEM__REQUEST__OP_ADMIN_METRICS;
                 q.admin_metrics = &am;
                 CHECK_EQ(raw_request(fd, 6, &q, NULL, 0, NULL, NULL, NULL, &transport), -ESTALE);
+                /* nor of a text read to its end, once the next text is being read */
+                uint64_t first = metrics_page(fd, 0), c = first;
+                CHECK(first != 0);
+                for (int i = 0; c && i < 10000; i++)
+                        c = metrics_page(fd, c);
+                CHECK(metrics_page(fd, 0) != 0);
+                am.cursor = first;
+                CHECK_EQ(raw_request(fd, 7, &q, NULL, 0, NULL, NULL, NULL, &transport), -ESTALE);
                 close(fd);
         }
 out:
