@@ -700,18 +700,21 @@ static int manager_alloc(const Options *opts, Manager **ret)
 static void set_client_limits(Manager *m)
 {
         _cleanup_fclose_ FILE *f = fopen("/proc/sys/vm/max_map_count", "re");
-        unsigned long long kernel = MANAGER_MAP_COUNT_DEFAULT;
+        unsigned long long kernel = MANAGER_MAP_COUNT_DEFAULT, own;
         uint64_t total, per_uid;
 
-        if (!f || fscanf(f, "%llu", &kernel) != 1 || kernel < 2 * MANAGER_OWN_MAPPINGS)
+        /* the kernel's default only when the limit cannot be read: a lower one set by the node is the one
+         * every mmap of the daemon meets */
+        if (!f || fscanf(f, "%llu", &kernel) != 1 || kernel < 2)
                 kernel = MANAGER_MAP_COUNT_DEFAULT;
+        own = kernel / 2 < MANAGER_OWN_MAPPINGS ? kernel / 2 : MANAGER_OWN_MAPPINGS;
         total = m->opts.max_mappings ? m->opts.max_mappings : kernel / 2;
-        if (total > kernel - MANAGER_OWN_MAPPINGS) {
-                log_warning("max-mappings %llu leaves the daemon less than %u of vm.max_map_count %llu: %llu "
-                            "used",
-                            (unsigned long long)total, MANAGER_OWN_MAPPINGS, kernel,
-                            kernel - MANAGER_OWN_MAPPINGS);
-                total = kernel - MANAGER_OWN_MAPPINGS;
+        if (total > kernel - own) {
+                log_warning(
+                        "max-mappings %llu leaves the daemon less than %llu of vm.max_map_count %llu: %llu "
+                        "used",
+                        (unsigned long long)total, own, kernel, kernel - own);
+                total = kernel - own;
         }
         per_uid = m->opts.max_mappings_per_uid ? m->opts.max_mappings_per_uid : total / 8;
         broker_set_mapping_limits(m->broker, total, per_uid > total ? total : per_uid);
