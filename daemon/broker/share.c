@@ -258,11 +258,9 @@ int broker_share_publish(BrokerClient *c, uint64_t handle, const char *name, boo
         if (r < 0)
                 return r;
         r = broker_obj_file(c, o, &fd, w);
-        /* published read-only: sealed now, so that the publisher learns at once when it cannot be; memory
-         * sealed read-only before is published read-only only */
-        if (r >= 0)
-                r = read_only || broker_obj_read_only(o) ? broker_seal_read_only(b, fd, w)
-                                                         : broker_check_writable(fd, w);
+        /* memory sealed read-only before is published read-only only */
+        if (r >= 0 && !read_only && !broker_obj_read_only(o))
+                r = broker_check_writable(fd, w);
         s = r < 0 ? NULL : calloc(1, sizeof(*s));
         if (r >= 0 && !s)
                 r = reason_set(w, -ENOMEM, "out of memory");
@@ -292,6 +290,10 @@ int broker_share_publish(BrokerClient *c, uint64_t handle, const char *name, boo
         else if ((r = thunk_va_alloc(b->share_space, o->size, BROKER_GRANULARITY_RECOMM, s, &s->va)) < 0)
                 r = reason_set(w, r == -ENOMEM ? -ENOSPC : r, "the shared region has no room for %llu bytes",
                                (unsigned long long)o->size);
+        /* published read-only: sealed once nothing else can refuse the publish (a seal cannot be undone),
+         * and before any reader can open it */
+        else if (s->read_only && (r = broker_seal_read_only(b, fd, w)) < 0)
+                (void)thunk_va_free(b->share_space, s->va);
         if (r >= 0) {
                 s->next = b->shares;
                 b->shares = s;

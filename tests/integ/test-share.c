@@ -446,6 +446,14 @@ static void test_denials(void)
         CHECK_EQ(gm_malloc(pub, 2 * MiB, gpus[0], 0, &b), 0);
         CHECK_EQ(gm_share_publish(pub, handle_of(pub, a), "scratch/x", 0, NULL), 0);
         CHECK_EQ(gm_share_publish(pub, handle_of(pub, b), "scratch/x", 0, NULL), -EEXIST);
+        /* a read-only publish refused (here: a name another holds) seals nothing: still exported writable */
+        CHECK_EQ(gm_share_publish(pub, handle_of(pub, b), "scratch/x", GM_SHARE_READ_ONLY, NULL), -EEXIST);
+        {
+                int fd = -1;
+                CHECK_EQ(gm_mem_export(pub, handle_of(pub, b), &fd, NULL), 0);
+                if (fd >= 0)
+                        close(fd);
+        }
         CHECK_EQ(gm_share_publish(pub, handle_of(pub, a), "scratch/y", 0, NULL), -EBUSY);
         CHECK_EQ(gm_share_publish(pub, handle_of(pub, b), "other/x", 0, NULL), -EACCES);
         CHECK_EQ(gm_share_publish(pub, handle_of(pub, b), "scratch/../x", 0, NULL), -EINVAL);

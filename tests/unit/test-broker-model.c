@@ -2187,11 +2187,15 @@ static void op_share_publish(World *w)
         if (fired) {
                 want = w->fault.err;
         } else if (!want) {
-                /* the driver made the file; sealed for a read-only share, refused read-write if it was */
+                /* the driver made the file; refused read-write if it was sealed; a taken name refuses it;
+                 * sealed for a read-only share only once nothing else refused it */
                 o->backing |= taken;
-                want = ro || obj_read_only(o) ? mem_seal(w, o->mem) : w->mems[o->mem].sealed ? -EPERM : 0;
-                if (!want && share_named(w, name) >= 0)
+                if (!ro && !obj_read_only(o) && w->mems[o->mem].sealed)
+                        want = -EPERM;
+                else if (share_named(w, name) >= 0)
                         want = -EEXIST;
+                else if (ro || obj_read_only(o))
+                        want = mem_seal(w, o->mem);
         }
         expect_rc(w, r, want, &why);
         if (r < 0)
