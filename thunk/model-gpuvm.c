@@ -24,7 +24,8 @@ struct ModelViews {
         ModelView *v;
         size_t n;
         size_t cap;
-        size_t last; /* the last hit: engines touch one buffer many times in a row */
+        size_t n_held; /* of them model_gpuvm_hold()'s, which model_gpuvm_trim() keeps */
+        size_t last;   /* the last hit: engines touch one buffer many times in a row */
 };
 
 static ModelView *view_find(struct ModelViews *vs, const ModelBuf *b)
@@ -112,8 +113,11 @@ int model_gpuvm_hold(ThunkModel *m, ModelBuf *b)
                 return 0;
         pthread_mutex_lock(&m->views_mu);
         p = buf_view(m, b, 0);
-        if (p) /* kept by model_gpuvm_trim: once the file is sealed, no writable view can be made again */
-                view_find(m->views, b)->held = true;
+        if (p) { /* kept by model_gpuvm_trim: once the file is sealed, no writable view can be made again */
+                ModelView *v = view_find(m->views, b);
+                m->views->n_held += !v->held;
+                v->held = true;
+        }
         pthread_mutex_unlock(&m->views_mu);
         return p ? 0 : -ENOMEM;
 }
@@ -128,26 +132,28 @@ void model_gpuvm_forget(ThunkModel *m, ModelBuf *b)
         v = vs ? view_find(vs, b) : NULL;
         if (v) {
                 munmap(v->base, v->size);
+                vs->n_held -= v->held;
                 *v = vs->v[--vs->n];
         }
         pthread_mutex_unlock(&m->views_mu);
 }
 
 /*
- * Between rounds, when no engine holds a pointer into a view: past MODEL_VIEWS_KEEP views, drop them all.
- * Each is an entry of the process's memory map, and a client touching one buffer after another with
- * fences would otherwise keep one per buffer it ever touched, up to vm.max_map_count, where every mmap of
- * the process fails, other clients' included. The views in use come back at their next access.
+ * Between rounds, when no engine holds a pointer into a view: past MODEL_VIEWS_KEEP views, drop them all
+ * but the held ones. Each is an entry of the process's memory map, and a client touching one buffer after
+ * another with fences would otherwise keep one per buffer it ever touched, up to vm.max_map_count, where
+ * every mmap of the process fails, other clients' included. The views in use come back at their next
+ * access. Held views do not count towards the bound, so that many of them do not make every round drop
+ * the others.
  */
 void model_gpuvm_trim(ThunkModel *m)
 {
         struct ModelViews *vs;
-
         size_t kept = 0;
 
         pthread_mutex_lock(&m->views_mu);
         vs = m->views;
-        if (vs && vs->n > MODEL_VIEWS_KEEP) {
+        if (vs && vs->n - vs->n_held > MODEL_VIEWS_KEEP) {
                 for (size_t i = 0; i < vs->n; i++) {
                         if (vs->v[i].held)
                                 vs->v[kept++] = vs->v[i];
