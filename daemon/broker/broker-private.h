@@ -153,6 +153,7 @@ struct Broker {
          * that run them, and the GPU VM fault that stopped them all for good, under sharers_lock (taken on
          * the driver's thread under its own locks; only a client's fault lock and its irq_fn inside) */
         pthread_mutex_t sharers_lock;
+        pthread_mutex_t primary_listen_lock; /* one first join listens, the others wait for it */
         BrokerClient *sharers;
         bool primary_heard; /* its interrupts come to the broker */
         bool primary_faulted;

@@ -67,6 +67,7 @@ int broker_new(Driver *drv, Broker **ret)
         b->max_mappings = b->max_mappings_uid = b->max_host_uid = UINT64_MAX;
         pthread_mutex_init(&b->share_lock, NULL);
         pthread_mutex_init(&b->sharers_lock, NULL);
+        pthread_mutex_init(&b->primary_listen_lock, NULL);
         b->drv = drv;
         b->primary = driver_ctx_primary(drv);
         b->n_gpus = driver_gpu_count(drv);
@@ -108,6 +109,7 @@ Broker *broker_free(Broker *b)
         if (b->primary_heard)
                 (void)driver_ctx_set_interrupt(b->drv, b->primary, NULL, NULL);
         pthread_mutex_destroy(&b->sharers_lock);
+        pthread_mutex_destroy(&b->primary_listen_lock);
         hashmap_done(&b->lingering);
         hashmap_done(&b->dead_files);
         hashmap_done(&b->files);

@@ -72,9 +72,33 @@ static int primary_join(BrokerClient *c, Reason *w)
 {
         Broker *b = c->b;
         DriverInterrupt f;
-        bool hear;
-        int r;
+        bool heard;
+        int r = 0;
 
+        pthread_mutex_lock(&b->sharers_lock);
+        heard = b->primary_heard;
+        pthread_mutex_unlock(&b->sharers_lock);
+        if (!heard) {
+                /* the first one: the broker listens to the context (its memory event hears the faults).
+                 * Another client's first queue waits here until that is done, so that no queue runs in
+                 * the context while nobody listens; the driver's thread never takes this lock, and
+                 * primary_heard is set only under it. */
+                pthread_mutex_lock(&b->primary_listen_lock);
+                if (!b->primary_heard) {
+                        r = driver_ctx_set_interrupt(b->drv, b->primary, primary_interrupt, b);
+                        if (r >= 0)
+                                r = driver_ctx_listen(b->drv, b->primary);
+                        if (r >= 0) {
+                                pthread_mutex_lock(&b->sharers_lock);
+                                b->primary_heard = true;
+                                pthread_mutex_unlock(&b->sharers_lock);
+                        }
+                }
+                pthread_mutex_unlock(&b->primary_listen_lock);
+                if (r < 0)
+                        return reason_set(w, r, "cannot listen to the shared GPU context: %s", strerror(-r));
+        }
+        /* the fault is looked at where the client joins: one that came meanwhile refuses it too */
         pthread_mutex_lock(&b->sharers_lock);
         f = b->primary_fault;
         if (b->primary_faulted) {
@@ -85,26 +109,12 @@ static int primary_join(BrokerClient *c, Reason *w)
                         "context for good, as the kernel does: none runs there until gpumemd restarts",
                         (unsigned long long)f.va, f.gpu_id);
         }
-        hear = !b->primary_heard;
-        b->primary_heard = true;
         if (!c->sharer) {
                 c->sharer = true;
                 c->next_sharer = b->sharers;
                 b->sharers = c;
         }
         pthread_mutex_unlock(&b->sharers_lock);
-        if (!hear)
-                return 0;
-        /* the first one: the broker listens to the context (its memory event hears the faults) */
-        r = driver_ctx_set_interrupt(b->drv, b->primary, primary_interrupt, b);
-        if (r >= 0)
-                r = driver_ctx_listen(b->drv, b->primary);
-        if (r < 0) {
-                pthread_mutex_lock(&b->sharers_lock);
-                b->primary_heard = false;
-                pthread_mutex_unlock(&b->sharers_lock);
-                return reason_set(w, r, "cannot listen to the shared GPU context: %s", strerror(-r));
-        }
         return 0;
 }
 
