@@ -45,10 +45,16 @@ struct gm_client {
         /* The reading role, taken and given back atomically: a thread alone on its connection takes it
          * without the lock (wait_reply). Whoever gives it back after another thread counted itself in
          * waiters (atomic, under the lock) wakes the waiters under the lock. */
-        uint32_t reading;   /* 1: a thread is in recvmsg on behalf of all */
-        unsigned waiters;   /* threads in pthread_cond_wait on cond, or about to be */
-        Pending *pending;   /* replies that arrived for other threads */
-        unsigned n_pending; /* its length: changed under the lock, read atomically */
+        uint32_t reading; /* 1: a thread is in recvmsg on behalf of all */
+        unsigned waiters; /* threads in pthread_cond_wait on cond, or about to be */
+        /* Threads in a long wait (an event wait that may block): they sleep in poll() on the socket and an
+         * eventfd of their own, not in recvmsg(), so that another thread's reply wakes that thread and not
+         * them (wait_long). Whoever gives the reading role back, or dispatches, kicks their eventfds. */
+        struct LongWaiter *long_waiters; /* under the lock */
+        unsigned n_long;                 /* its length: changed under the lock, read atomically */
+        unsigned n_short;                /* threads waiting for other replies (atomic) */
+        Pending *pending;                /* replies that arrived for other threads */
+        unsigned n_pending;              /* its length: changed under the lock, read atomically */
         int broken; /* 0, or the -errno every call now fails with; set once, under lock, read atomically */
         char broken_reason[256];
         uint32_t next_id;           /* atomic */

@@ -5,8 +5,10 @@
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <poll.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -91,6 +93,24 @@ const char *gm_strerror(gm_client *c, int err, char *buf, size_t len)
 }
 
 /* The connection is unusable from now on; every waiting and later call fails with @err. Lock held. */
+/* A thread in a long wait (wait_long): its eventfd, on its stack while it waits. */
+typedef struct LongWaiter {
+        int efd;
+        bool kick_only; /* asleep on its eventfd alone (the role was held), not on the socket */
+        struct LongWaiter *next;
+} LongWaiter;
+
+/* Wake the threads in a long wait but @self to look again: all of them (@all: a reply may wait for them in
+ * the list, or the connection broke), else those asleep on their eventfd alone. Lock held. */
+static void kick_long_locked(gm_client *c, const LongWaiter *self, bool all)
+{
+        const uint64_t one = 1;
+
+        for (LongWaiter *w = c->long_waiters; w; w = w->next)
+                if (w != self && (all || w->kick_only))
+                        (void)!write(w->efd, &one, sizeof(one));
+}
+
 static void mark_broken_locked(gm_client *c, int err, const char *reason)
 {
         if (c->broken)
@@ -99,6 +119,7 @@ static void mark_broken_locked(gm_client *c, int err, const char *reason)
         /* after its reason: a call that sees it without the lock takes the lock to read that */
         __atomic_store_n(&c->broken, err, __ATOMIC_RELEASE);
         pthread_cond_broadcast(&c->cond);
+        kick_long_locked(c, NULL, true);
 }
 
 static void pending_free(Pending *p)
@@ -398,16 +419,31 @@ static bool reading_take(gm_client *c)
  * Lock held (@locked) or not: without it, the waiters are counted after the role is seen taken and
  * before they wait (under the lock), so one of the two sides sees the other (both are sequentially
  * consistent), and a wake-up is not lost. */
-static void reading_give_back(gm_client *c, bool locked)
+static void reading_give_back_from(gm_client *c, bool locked, const LongWaiter *self)
 {
         __atomic_store_n(&c->reading, 0, __ATOMIC_SEQ_CST);
-        if (!__atomic_load_n(&c->waiters, __ATOMIC_SEQ_CST))
-                return; /* a thread alone on its connection (the common case) has nobody to wake */
+        /* a thread alone on its connection (the common case) has nobody to wake; a long waiter counted
+         * itself before it looked at the role, so one of the two sides sees the other */
+        bool cond = __atomic_load_n(&c->waiters, __ATOMIC_SEQ_CST) != 0;
+        unsigned n_long = __atomic_load_n(&c->n_long, __ATOMIC_SEQ_CST);
+        if (!cond && (n_long == 0 || (n_long == 1 && self)))
+                return;
         if (!locked)
                 pthread_mutex_lock(&c->lock);
-        pthread_cond_broadcast(&c->cond);
+        if (cond)
+                pthread_cond_broadcast(&c->cond);
+        /* A long waiter must hear of a reply kept for it. One asleep on its eventfd alone must also be told
+         * that nobody reads any more; while other replies are awaited, the last of them tells it
+         * (wait_reply), so that it does not wake at every one. */
+        if (c->n_pending || !__atomic_load_n(&c->n_short, __ATOMIC_SEQ_CST))
+                kick_long_locked(c, self, c->n_pending != 0);
         if (!locked)
                 pthread_mutex_unlock(&c->lock);
+}
+
+static void reading_give_back(gm_client *c, bool locked)
+{
+        reading_give_back_from(c, locked, NULL);
 }
 
 /*
@@ -432,13 +468,122 @@ static int read_as_reader(gm_client *c, uint32_t id, const Sink *sink, int arena
         return 0; /* not ours, or the connection broke (recorded: the slow way reports it) */
 }
 
+/* The reply to @id if another thread kept it for us: taken out of the list. Lock held. */
+static Pending *pending_take_locked(gm_client *c, uint32_t id)
+{
+        for (Pending **pp = &c->pending; *pp; pp = &(*pp)->next) {
+                if ((*pp)->id == id) {
+                        Pending *p = *pp;
+                        *pp = p->next;
+                        __atomic_store_n(&c->n_pending, c->n_pending - 1, __ATOMIC_RELEASE);
+                        return p;
+                }
+        }
+        return NULL;
+}
+
+/*
+ * Wait for the reply to a request that may take long (an event wait): as wait_reply, but asleep in poll()
+ * rather than in recvmsg() and without the reading role. A thread asleep in recvmsg() receives every
+ * packet that comes, so each reply to another thread would cost that thread a second wake-up (this one
+ * receives it, then wakes it); asleep here, another thread's reply wakes that thread alone. This one
+ * takes the role only to read what is there already, and sleeps on the socket while nobody holds the
+ * role, else on its eventfd, which the holder writes when it gives the role back.
+ */
+static int wait_long(gm_client *c, uint32_t id, int efd, Gpumem__Reply **ret_reply, int *ret_fds,
+                     size_t *ret_n_fds)
+{
+        LongWaiter self = {.efd = efd};
+        int arena = -1, r = 0;
+        bool done = false;
+
+        pthread_mutex_lock(&c->lock);
+        self.next = c->long_waiters;
+        c->long_waiters = &self;
+        /* counted before the role is looked at: whoever gives it back sees us (reading_give_back_from) */
+        __atomic_store_n(&c->n_long, c->n_long + 1, __ATOMIC_SEQ_CST);
+        arena = arena_take_locked(c);
+        while (!done) {
+                Pending *p = pending_take_locked(c, id);
+                struct pollfd pf[2] = {{.fd = self.efd, .events = POLLIN}, {.fd = c->fd, .events = POLLIN}};
+                nfds_t n_pf = 1;
+                uint64_t drained;
+
+                if (p) {
+                        pthread_mutex_unlock(&c->lock);
+                        r = take_reply(c, NULL, arena, p->data, p->len, NULL, p->fds, p->n_fds, ret_reply,
+                                       ret_fds, ret_n_fds);
+                        free(p);
+                        arena = -1;
+                        pthread_mutex_lock(&c->lock);
+                        break;
+                }
+                if (c->broken) {
+                        ErrSlot *s = err_slot(c);
+                        snprintf(s->reason, sizeof(s->reason), "%s", c->broken_reason);
+                        r = c->broken;
+                        break;
+                }
+                /* while other replies are awaited, their waiters read (and the last one kicks us) */
+                if (!__atomic_load_n(&c->n_short, __ATOMIC_SEQ_CST) && reading_take(c)) {
+                        self.kick_only = false; /* it will watch the socket */
+                        pthread_mutex_unlock(&c->lock);
+                        /* what is there already, without sleeping in recvmsg() */
+                        for (;;) {
+                                int fds[GM_FRAME_MAX_FDS];
+                                size_t n_fds = 0;
+                                RxFrame f;
+                                ssize_t n = read_one(c, MSG_DONTWAIT, fds, &n_fds, &f);
+
+                                if (n <= 0)
+                                        break; /* nothing more, or broken (seen above next time) */
+                                if (f.hdr.request_id == id) {
+                                        r = take_reply(c, NULL, arena, c->rxbuf, (size_t)n, &f, fds, n_fds,
+                                                       ret_reply, ret_fds, ret_n_fds);
+                                        arena = -1;
+                                        done = true;
+                                        break;
+                                }
+                                dispatch_other(c, (size_t)n, fds, n_fds, f.hdr.request_id);
+                        }
+                        reading_give_back_from(c, false, &self);
+                        if (done || __atomic_load_n(&c->broken, __ATOMIC_ACQUIRE)) {
+                                pthread_mutex_lock(&c->lock);
+                                continue;
+                        }
+                        n_pf = 2; /* nobody reads: sleep on the socket too */
+                } else {
+                        /* the role's holder kicks us when it gives it back, or the last other waiter */
+                        self.kick_only = true;
+                        pthread_mutex_unlock(&c->lock);
+                }
+                /* a kick or a packet; a role given back meanwhile has kicked us, a kept reply too */
+                (void)poll(pf, n_pf, -1);
+                while (read(self.efd, &drained, sizeof(drained)) > 0)
+                        ;
+                pthread_mutex_lock(&c->lock);
+        }
+        for (LongWaiter **pw = &c->long_waiters; *pw; pw = &(*pw)->next) {
+                if (*pw == &self) {
+                        *pw = self.next;
+                        break;
+                }
+        }
+        __atomic_store_n(&c->n_long, c->n_long - 1, __ATOMIC_SEQ_CST);
+        pthread_mutex_unlock(&c->lock);
+        if (arena >= 0)
+                arena_give_back(c, (unsigned)arena);
+        close(efd);
+        return r;
+}
+
 /*
  * Wait for the reply to @id and decode it: one thread reads at a time and hands others their replies.
  * The reader that receives its own reply decodes it from the receive buffer before it lets another
  * thread read, so the common case copies nothing. A view call (@sink) alone on its connection, with
  * nothing pending, reads without the lock.
  */
-static int wait_reply(gm_client *c, uint32_t id, const Sink *sink, Gpumem__Reply **ret_reply, int *ret_fds,
+static int wait_short(gm_client *c, uint32_t id, const Sink *sink, Gpumem__Reply **ret_reply, int *ret_fds,
                       size_t *ret_n_fds)
 {
         /* the arena the reply will be decoded into, taken while the lock is held anyway (a view needs none)
@@ -499,12 +644,37 @@ static int wait_reply(gm_client *c, uint32_t id, const Sink *sink, Gpumem__Reply
         }
 }
 
+/* Wait for the reply to @id: a long wait (@long_wait) apart from the others (wait_long). */
+static int wait_reply(gm_client *c, uint32_t id, const Sink *sink, bool long_wait, Gpumem__Reply **ret_reply,
+                      int *ret_fds, size_t *ret_n_fds)
+{
+        int r;
+
+        if (long_wait && !sink) {
+                int efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+                if (efd >= 0) /* else the ordinary way, which is correct too */
+                        return wait_long(c, id, efd, ret_reply, ret_fds, ret_n_fds);
+        }
+        __atomic_add_fetch(&c->n_short, 1, __ATOMIC_SEQ_CST);
+        r = wait_short(c, id, sink, ret_reply, ret_fds, ret_n_fds);
+        /* the last one out tells the long waiters asleep on their eventfds that nobody reads now; they
+         * counted themselves before they looked at n_short, so one of the two sides sees the other */
+        if (__atomic_sub_fetch(&c->n_short, 1, __ATOMIC_SEQ_CST) == 0 &&
+            __atomic_load_n(&c->n_long, __ATOMIC_SEQ_CST)) {
+                pthread_mutex_lock(&c->lock);
+                kick_long_locked(c, NULL, c->n_pending != 0);
+                pthread_mutex_unlock(&c->lock);
+        }
+        return r;
+}
+
 /*
  * Send the request framed in @buf (its body, @len bytes, after the header's room) with @fds, under a new id,
  * then wait for its reply as @sink says.
  */
 static int send_and_wait(gm_client *c, uint8_t *buf, size_t len, const int *fds, size_t n_fds,
-                         const Sink *sink, Gpumem__Reply **ret_reply, int *ret_fds, size_t *ret_n_fds)
+                         const Sink *sink, bool long_wait, Gpumem__Reply **ret_reply, int *ret_fds,
+                         size_t *ret_n_fds)
 {
         uint32_t id;
         int r;
@@ -546,7 +716,7 @@ static int send_and_wait(gm_client *c, uint8_t *buf, size_t len, const int *fds,
                 mark_broken_locked(c, r == -EPIPE ? -ECONNRESET : r, "cannot send to gpumemd");
                 pthread_mutex_unlock(&c->lock);
         }
-        return wait_reply(c, id, sink, ret_reply, ret_fds, ret_n_fds);
+        return wait_reply(c, id, sink, long_wait, ret_reply, ret_fds, ret_n_fds);
 }
 
 /* One request/reply round trip of @req (see gm_request_fds). */
@@ -571,7 +741,10 @@ static int call(gm_client *c, Gpumem__Request *req, const int *fds, size_t n_fds
                         return gm_set_reason(c, -ENOMEM, "out of memory");
                 (void)gm_request_pack_into(req, buf + GM_FRAME_HDR_SIZE, len, &len);
         }
-        r = send_and_wait(c, buf, len, fds, n_fds, NULL, ret_reply, ret_fds, ret_n_fds);
+        /* an event wait that may block: asleep apart from the socket's other replies (wait_long) */
+        bool long_wait = req->op_case == GPUMEM__REQUEST__OP_EVENT_WAIT && req->event_wait &&
+                         (!req->event_wait->has_timeout_ms || req->event_wait->timeout_ms != 0);
+        r = send_and_wait(c, buf, len, fds, n_fds, NULL, long_wait, ret_reply, ret_fds, ret_n_fds);
         if (buf != stack_buf)
                 free(buf);
         return r;
@@ -718,7 +891,7 @@ int gm_call_view(gm_client *c, uint32_t op, const uint8_t *body, size_t len, uin
         /* the Request: its one op field, as protobuf-c packs it */
         n = gm_pb_put_len(buf + GM_FRAME_HDR_SIZE, op, len);
         memcpy(buf + GM_FRAME_HDR_SIZE + n, body, len);
-        return send_and_wait(c, buf, n + len, NULL, 0, &sink, NULL, NULL, NULL);
+        return send_and_wait(c, buf, n + len, NULL, 0, &sink, false, NULL, NULL, NULL);
 }
 
 static int reserve_window(uint64_t base, uint64_t size)

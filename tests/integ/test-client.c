@@ -348,6 +348,124 @@ static void test_many_threads(void)
         run_threads(32, 40);
 }
 
+/* A thread in long event waits, counting what they end with. */
+typedef struct LongWait {
+        gm_client *c;
+        uint32_t id;
+        unsigned rounds;
+        uint32_t timeout_ms;
+        unsigned completed, timed_out; /* atomic */
+        int error;                     /* the first error, 0 if none */
+} LongWait;
+
+static void *long_waits(void *arg)
+{
+        LongWait *l = arg;
+
+        for (unsigned i = 0; i < l->rounds; i++) {
+                int r = gm_event_wait(l->c, &l->id, 1, false, l->timeout_ms);
+                if (r < 0 || r > 1) {
+                        l->error = r < 0 ? r : -EPROTO;
+                        return NULL;
+                }
+                __atomic_add_fetch(r == 0 ? &l->completed : &l->timed_out, 1, __ATOMIC_RELEASE);
+        }
+        return NULL;
+}
+
+/* Calls on the waiters' connection in bursts with pauses, each pause longer than a wait's timeout. */
+static void *bursts(void *arg)
+{
+        Worker *w = arg;
+
+        for (unsigned i = 0; i < w->rounds; i++) {
+                for (unsigned k = 0; k < 1 + i % 5; k++) {
+                        int r = gm_ping(w->c);
+                        if (r < 0)
+                                worker_fail(w, "ping", r);
+                }
+                usleep(i % 3 == 0 ? 30000 : 1000 * (i % 7));
+        }
+        return NULL;
+}
+
+/*
+ * Threads in long event waits share the connection with threads making other calls (a ROCm runtime's
+ * event thread beside its callers): the waits sleep apart from the socket's other replies, and whoever
+ * reads for them must hand them theirs, or tell them when nobody reads any more. The waits end by their
+ * 20 ms timeout or by their event, often while nobody else calls: a wake-up lost hangs a waiter (and the
+ * test) for good, since no later call comes to read its reply.
+ */
+static void test_long_waits(void)
+{
+        enum { N_WAIT = 3, N_CALL = 2, ROUNDS = 60 };
+        gm_client *c = daemon_client(&dmn, "long-waits");
+        pthread_t wt[N_WAIT], ct[N_CALL + 1];
+        LongWait l[N_WAIT];
+        Worker w[N_CALL + 1];
+
+        if (!c)
+                return;
+        for (unsigned i = 0; i < N_WAIT; i++) {
+                l[i] = (LongWait){.c = c, .rounds = ROUNDS, .timeout_ms = 20};
+                CHECK_EQ(gm_event_create(c, 0, true, NULL, &l[i].id, NULL), 0);
+        }
+        for (unsigned i = 0; i < N_WAIT; i++)
+                CHECK_EQ(pthread_create(&wt[i], NULL, long_waits, &l[i]), 0);
+        for (unsigned i = 0; i < N_CALL; i++) {
+                w[i] = (Worker){.c = c, .idx = i, .rounds = ROUNDS / 2};
+                CHECK_EQ(pthread_create(&ct[i], NULL, bursts, &w[i]), 0);
+        }
+        w[N_CALL] = (Worker){.c = c, .idx = N_CALL, .rounds = ROUNDS / 4};
+        CHECK_EQ(pthread_create(&ct[N_CALL], NULL, mixed_calls, &w[N_CALL]), 0);
+        for (unsigned round = 0; round < ROUNDS; round++) {
+                CHECK_EQ(gm_event_set(c, l[round % N_WAIT].id), 0);
+                usleep(round % 4 == 0 ? 25000 : 3000);
+        }
+        for (unsigned i = 0; i <= N_CALL; i++) {
+                pthread_join(ct[i], NULL);
+                if (w[i].failures)
+                        fprintf(stderr, "%d failure(s), the first: %s\n", w[i].failures, w[i].why);
+                CHECK_EQ(w[i].failures, 0);
+        }
+        for (unsigned i = 0; i < N_WAIT; i++) {
+                pthread_join(wt[i], NULL);
+                CHECK_EQ(l[i].error, 0);
+                CHECK_EQ(l[i].completed + l[i].timed_out, ROUNDS);
+                CHECK(l[i].completed > 0);
+        }
+        gm_client_close(c);
+}
+
+/* A connection that breaks ends the long waits on it at once, with the connection's error. */
+static void test_long_waits_broken(void)
+{
+        gm_client *c = daemon_client(&dmn, "long-broken"), *adm = daemon_client(&dmn, "long-broken-admin");
+        pthread_t wt[2];
+        LongWait l[2];
+
+        if (!c || !adm)
+                goto out;
+        for (unsigned i = 0; i < 2; i++) {
+                l[i] = (LongWait){.c = c, .rounds = 1, .timeout_ms = UINT32_MAX};
+                CHECK_EQ(gm_event_create(c, 0, true, NULL, &l[i].id, NULL), 0);
+                CHECK_EQ(pthread_create(&wt[i], NULL, long_waits, &l[i]), 0);
+        }
+        usleep(50000); /* both asleep in their waits */
+        CHECK_EQ(gm_ping(c), 0);
+        CHECK_EQ(gm_admin_disconnect(adm, gm_client_id(c)), 0);
+        for (unsigned i = 0; i < 2; i++) {
+                pthread_join(wt[i], NULL); /* a missed wake-up hangs here, with no timeout to end it */
+                CHECK(l[i].error < 0);
+                CHECK_EQ(l[i].completed, 0);
+        }
+out:
+        if (c)
+                gm_client_close(c);
+        if (adm)
+                gm_client_close(adm);
+}
+
 /* A call refused for a missing argument says so itself: gm_strerror() never shows an earlier call's reason.
  */
 static void test_argument_reasons(void)
@@ -475,6 +593,8 @@ int main(void)
                 {"calls on the hot path allocate nothing", test_allocations},
                 {"eight threads share one client with mixed calls", test_eight_threads},
                 {"more threads than reply arenas", test_many_threads},
+                {"long event waits beside other calls miss no wake-up", test_long_waits},
+                {"a broken connection ends long event waits", test_long_waits_broken},
                 {"a pointer query writes what the caller's struct_size holds", test_pointer_struct_sizes},
                 {"allocation properties write what the caller's struct_size holds",
                  test_allocation_prop_struct_sizes},
