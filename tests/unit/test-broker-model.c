@@ -1994,9 +1994,12 @@ static void op_get_access(World *w)
                 want = -EINVAL;
         r = broker_vmm_get_access(w->clients[ci].bc, va, gpu, &access, &why);
         expect_rc(w, r, want, &why);
-        if (r == 0 && access != (gpu ? w->maps[mi].access[gpu_index(gpu)] : w->maps[mi].cpu_access))
-                fail(w, "access %d, the model says %d", access,
-                     gpu ? w->maps[mi].access[gpu_index(gpu)] : w->maps[mi].cpu_access);
+        if (r != 0 || mi < 0)
+                return;
+        /* r == 0: the GPU, when named, is one of the model's (else -ENODEV above) */
+        int gi = gpu ? gpu_index(gpu) : -1, model = gi >= 0 ? w->maps[mi].access[gi] : w->maps[mi].cpu_access;
+        if (access != model)
+                fail(w, "access %d, the model says %d", access, model);
 }
 
 static void op_export(World *w)
