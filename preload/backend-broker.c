@@ -24,6 +24,7 @@
 #include "gpumem-client.h"
 #include "kfd-ioctls.h"
 #include "svm-book.h"
+#include "swap.h"
 
 /*
  * One connection per process, made at the layer's start: the process's KFD is its connection's context in
@@ -62,10 +63,11 @@ typedef struct Bo {
         uint32_t gpu_id;
         uint32_t kfd_flags;
         bool userptr;
-        bool doorbell;   /* the process's doorbell slice: its own pages, the daemon has none (below) */
-        bool mmio;       /* the MMIO-remap page: the same */
-        bool host;       /* the CPU can map it (GTT, host-visible VRAM, registered pages) */
-        uint64_t mapped; /* bit per GPU index: mapped through MAP_MEMORY_TO_GPU */
+        bool doorbell;      /* the process's doorbell slice: its own pages, the daemon has none (below) */
+        bool mmio;          /* the MMIO-remap page: the same */
+        bool host;          /* the CPU can map it (GTT, host-visible VRAM, registered pages) */
+        uint64_t mapped;    /* bit per GPU index: mapped through MAP_MEMORY_TO_GPU */
+        uint64_t in_daemon; /* bit per GPU index: mapped there in the daemon (the allocation maps its own) */
 } Bo;
 
 static struct {
@@ -185,6 +187,7 @@ static void after_fork_in_parent(void)
 /* (the lock was taken before the fork, so no other thread of the parent held it half-way) */
 static void after_fork_in_child(void)
 {
+        swap_after_fork_in_child();
         kb.forked = true;
         pthread_mutex_unlock(&kb.lock);
 }
@@ -531,9 +534,16 @@ static bool in_window(uint64_t va, uint64_t size)
  * Pages the process registers become memory the daemon shares: the daemon cannot reach the process's
  * private pages (and a client context takes no userptr, on the kernel as in the model), so a GTT buffer of
  * the process's context takes their place. It lies at the GPU address libhsakmt chose in the window
- * (@gpu_va), where the library maps it as any allocation; when the pages are elsewhere (@cpu_va: a heap
- * page, a hipHostRegister buffer), a second mapping of the same buffer replaces them there. What they held
- * is copied in first.
+ * (@gpu_va), where the library maps it as any allocation.
+ *
+ * Pages elsewhere (@cpu_va: the heap around a buffer HIP pins for a copy, a hipHostRegister'ed array, a
+ * stack) are the program's, written by any of its threads at any moment: the buffer is made first, then
+ * swap.c copies what they hold into it and maps it over them in one step, with the range write-protected
+ * meanwhile so that no write is lost (a writer waits for the swap and then writes the new pages).
+ *
+ * Pages at their own GPU address are libhsakmt's own host allocation, mapped by it a moment ago and not
+ * yet handed to anyone (or an SVM range HIP has just mapped): the buffer is mapped over them, and only
+ * when a page of them was written already is what they hold copied across.
  */
 static int substitute_pages(uint64_t cpu_va, uint64_t gpu_va, uint64_t size, uint32_t gpu_id, unsigned flags)
 {
@@ -544,78 +554,72 @@ static int substitute_pages(uint64_t cpu_va, uint64_t gpu_va, uint64_t size, uin
                            .flags = (flags & ~(unsigned)GM_MEM_READ_ONLY) | GM_MEM_GTT,
                            .numa_node = -1,
                            .alignment = PAGE,
-                           .fixed_addr = (void *)(uintptr_t)gpu_va};
-        uint8_t *saved = malloc(size);
-        struct iovec here = {saved, size}, there = {(void *)(uintptr_t)cpu_va, size};
+                           .fixed_addr = (void *)(uintptr_t)gpu_va,
+                           /* on its own GPU, as the BO's other allocations: MAP_MEMORY_TO_GPU adds others */
+                           .map_gpus = &gpu_id,
+                           .n_map_gpus = 1};
+        uint8_t *saved = NULL;
+        bool written = false;
         void *p = NULL;
         int r;
 
-        if (!saved)
-                return -ENOMEM;
-        /* all of it (pages swapped out or never touched included), read so that a range this process
-         * cannot read is an error rather than a fault */
-        if (process_vm_readv(getpid(), &here, 1, &there, 1, 0) != (ssize_t)size) {
-                free(saved);
-                return -EFAULT;
-        }
-        r = gm_malloc_desc(kb.c, &d, &p);
-        if (r == 0 && cpu_va != gpu_va) {
-                /* a shared mapping's pages mapped a second time (old size 0), over the process's own */
-                p = (void *)syscall(SYS_mremap, (void *)(uintptr_t)gpu_va, 0, size,
-                                    MREMAP_MAYMOVE | MREMAP_FIXED, (void *)(uintptr_t)cpu_va);
-                if ((uintptr_t)p > (uintptr_t)-4096) {
-                        r = (int)(intptr_t)p;
-                        say(1, "cannot map the registered pages at 0x%llx again: %s",
-                            (unsigned long long)cpu_va, strerror(-r));
+        if (cpu_va != gpu_va) {
+                r = gm_malloc_desc(kb.c, &d, &p);
+                if (r < 0)
+                        return r;
+                r = swap_in_shared(cpu_va, size, gpu_va);
+                if (r < 0) {
+                        say(1, "cannot put shared pages in place of 0x%llx+0x%llx: %s",
+                            (unsigned long long)cpu_va, (unsigned long long)size, strerror(-r));
                         (void)gm_mem_free(kb.c, (void *)(uintptr_t)gpu_va);
                 }
+                return r;
         }
-        if (r == 0)
+        r = swap_touched(cpu_va, size, &written);
+        if (r < 0)
+                return r;
+        if (written) {
+                /* all of it (pages swapped out included), read so that a range this process cannot read is
+                 * an error rather than a fault */
+                struct iovec here, there = {(void *)(uintptr_t)cpu_va, size};
+                saved = malloc(size);
+                if (!saved)
+                        return -ENOMEM;
+                here = (struct iovec){saved, size};
+                if (process_vm_readv(getpid(), &here, 1, &there, 1, 0) != (ssize_t)size) {
+                        free(saved);
+                        return -EFAULT;
+                }
+        }
+        r = gm_malloc_desc(kb.c, &d, &p);
+        if (r == 0 && saved)
                 memcpy((void *)(uintptr_t)cpu_va, saved, size);
         free(saved);
         return r;
 }
 
-/* Private pages with @saved's contents at @va, in place of what is mapped there. */
-static int private_pages(uint64_t va, uint64_t size, const uint8_t *saved)
-{
-        void *p = (void *)syscall(SYS_mmap, (void *)(uintptr_t)va, size, PROT_READ | PROT_WRITE,
-                                  MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
-
-        if ((uintptr_t)p > (uintptr_t)-4096)
-                return (int)(intptr_t)p;
-        memcpy(p, saved, size);
-        return 0;
-}
-
 /*
- * The substituted pages go back to being the process's own, with what they hold, when it deregisters.
+ * The substituted pages go back to being the process's own, with what they hold, when it deregisters
+ * (swapped as above). Pages at their own GPU address are libhsakmt's host allocation, which it unmaps as
+ * soon as the free returns: they become the window's reservation again, what they held not kept.
  * *@freed: the daemon let go of the memory (even when its pages could not be put back here).
  */
 static int unsubstitute_pages(uint64_t cpu_va, uint64_t gpu_va, uint64_t size, bool *freed)
 {
-        uint8_t *saved = malloc(size);
         int r;
 
         *freed = false;
-        if (!saved)
-                return -ENOMEM;
-        memcpy(saved, (void *)(uintptr_t)cpu_va, size);
         if (cpu_va != gpu_va) {
                 /* the process's pages first, so that no mapping of the buffer outlives its handle */
-                r = private_pages(cpu_va, size, saved);
-                if (r == 0) {
-                        r = gm_mem_free(kb.c, (void *)(uintptr_t)gpu_va);
-                        *freed = r == 0;
-                }
-        } else {
-                r = gm_mem_free(kb.c, (void *)(uintptr_t)gpu_va);
-                if (r == 0) {
-                        *freed = true;
-                        r = private_pages(cpu_va, size, saved);
+                r = swap_out_private(cpu_va, size);
+                if (r < 0) {
+                        say(1, "cannot put private pages back at 0x%llx+0x%llx: %s",
+                            (unsigned long long)cpu_va, (unsigned long long)size, strerror(-r));
+                        return r;
                 }
         }
-        free(saved);
+        r = gm_mem_free(kb.c, (void *)(uintptr_t)gpu_va);
+        *freed = r == 0;
         return r;
 }
 
@@ -690,7 +694,9 @@ static int alloc_memory(void *arg, unsigned long request)
                                             GM_MEM_GTT,
                                    .numa_node = -1,
                                    .alignment = PAGE,
-                                   .fixed_addr = (void *)(uintptr_t)a->va_addr};
+                                   .fixed_addr = (void *)(uintptr_t)a->va_addr,
+                                   .map_gpus = &a->gpu_id,
+                                   .n_map_gpus = 1};
                 r = gm_malloc_desc(kb.c, &d, &p);
                 bo.host = true;
         } else {
@@ -703,6 +709,10 @@ static int alloc_memory(void *arg, unsigned long request)
                 /* KFD's words for a full device or class */
                 return r == -EDQUOT ? -ENOMEM : r;
         }
+        /* the daemon mapped the memory on its GPU with the allocation: MAP_MEMORY_TO_GPU there asks nothing
+         */
+        if (!bo.doorbell && !bo.mmio)
+                bo.in_daemon = 1ull << g;
         pthread_mutex_lock(&kb.lock);
         bo.handle = (uint64_t)a->gpu_id << 32 | ++kb.next_bo;
         /* what libhsakmt hands to mmap on the render node: names the BO, nothing else (KFD's reserved mmap
@@ -767,18 +777,18 @@ static int free_memory(void *arg, unsigned long request)
 static int map_memory(uint64_t handle, uint64_t ids_ptr, uint32_t n_devices, uint32_t *n_success, bool map)
 {
         const uint32_t *ids = (const uint32_t *)(uintptr_t)ids_ptr;
-        uint64_t va;
+        uint64_t va, in_daemon;
+        bool doorbell;
         Bo *b;
         int r = 0;
 
         if (!ids || n_devices == 0 || *n_success > n_devices)
                 return -EINVAL;
-        bool doorbell;
-
         pthread_mutex_lock(&kb.lock);
         b = bo_find(handle);
         va = b ? b->va : 0;
         doorbell = b && (b->doorbell || b->mmio);
+        in_daemon = b ? b->in_daemon : 0;
         pthread_mutex_unlock(&kb.lock);
         if (!b)
                 return -EINVAL;
@@ -786,15 +796,20 @@ static int map_memory(uint64_t handle, uint64_t ids_ptr, uint32_t n_devices, uin
                 int g = gpu_index(ids[i]);
                 if (g < 0)
                         return -EINVAL;
-                /* the doorbell slice and the MMIO page have no GPU side in the daemon (alloc_memory) */
-                r = doorbell ? 0
-                    : map    ? gm_mem_map_gpus(kb.c, (void *)(uintptr_t)va, &ids[i], 1)
-                             : gm_mem_unmap_gpus(kb.c, (void *)(uintptr_t)va, &ids[i], 1);
-                /* already in that state in the daemon (an allocation is mapped on its own GPU): done */
+                /* the doorbell slice and the MMIO page have no GPU side in the daemon (alloc_memory); a GPU
+                 * where the daemon has it in the state asked already needs no request */
+                if (doorbell || map == ((in_daemon >> g) & 1))
+                        r = 0;
+                else if (map)
+                        r = gm_mem_map_gpus(kb.c, (void *)(uintptr_t)va, &ids[i], 1);
+                else
+                        r = gm_mem_unmap_gpus(kb.c, (void *)(uintptr_t)va, &ids[i], 1);
+                /* already in that state in the daemon: done */
                 if (r == -EEXIST || r == -EALREADY || (!map && r == -EINVAL))
                         r = 0;
                 if (r < 0)
                         return r;
+                in_daemon = map ? in_daemon | 1ull << g : in_daemon & ~(1ull << g);
                 pthread_mutex_lock(&kb.lock);
                 b = bo_find(handle);
                 if (b) {
@@ -802,6 +817,7 @@ static int map_memory(uint64_t handle, uint64_t ids_ptr, uint32_t n_devices, uin
                                 b->mapped |= 1ull << g;
                         else
                                 b->mapped &= ~(1ull << g);
+                        b->in_daemon = in_daemon;
                 }
                 pthread_mutex_unlock(&kb.lock);
                 (*n_success)++;

@@ -18,6 +18,7 @@ HIP_PROGRAM = os.environ.get("HIP_BROKER", "")
 QUEUES_PROGRAM = os.environ.get("HSAKMT_QUEUES", "")
 HIP_COPY = os.environ.get("HIP_COPY", "")
 HIP_MANAGED = os.environ.get("HIP_MANAGED", "")
+HIP_HEAP = os.environ.get("HIP_HEAP", "")
 VRAM = 32 << 30  # the gfx908 preset
 SIZE = 2 << 20
 
@@ -328,6 +329,21 @@ def test_hip_over_quota(tmp):
         check(used == [0, 0], f"the class is whole again after it ends: {used}")
 
 
+def test_hip_heap(tmp):
+    """hipMemcpy to and from malloc'ed buffers (1 B to 64 MiB, every offset in a page) and hipHostRegister of
+    heap, .bss and stack, while other threads allocate and write in the same pages: no byte wrong, no write
+    lost (the program's counters beside each buffer), malloc's heap intact."""
+    if not HIP_HEAP:
+        return
+    with daemon(tmp, "[class all]\nmatch-all = yes\n") as sock:
+        p = subprocess.Popen([HIP_HEAP, "1000"], env=kfd_env(sock), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True)
+        out, err = p.communicate(timeout=500)
+        check(p.returncode == 0 and "1000 rounds, no byte wrong" in out,
+              f"1000 rounds through gpumemd: exit {p.returncode} {out!r} {err[-1500:]!r}")
+        check(wait_class_whole(sock, "all"), "nothing of it is left after it ends: its class is whole again")
+
+
 def test_no_daemon(tmp):
     sock = os.path.join(tmp, "nobody.sock")
     p = run_program(sock)
@@ -345,6 +361,8 @@ if __name__ == "__main__":
     if not KFD_LIB or not PROGRAM:
         print("SKIP: " + (sys.argv[1] if len(sys.argv) > 1 else "libgpumem-kfd.so or the program not built"))
         sys.exit(77)
+    if os.environ.get("KFD_BROKER_ONLY") == "heap":
+        run_tests([("HIP: copies and registrations of heap, .bss and stack beside busy threads", test_hip_heap)])
     run_tests([
         ("libhsakmt's memory through gpumemd, charged and listed while it runs", test_memory),
         ("a process killed while holding memory leaves nothing", test_killed),
