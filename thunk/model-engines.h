@@ -43,6 +43,8 @@ typedef struct ModelEngine {
 void model_engine_init(ModelEngine *e, ThunkModel *m, ModelCtx *ctx, ModelQueue *q);
 /* Is [va, va + len) mapped in @e's VM with @access? 0, or -EFAULT with the fault recorded in @e. */
 int model_vm_check(ModelEngine *e, uint64_t va, uint64_t len, unsigned int access);
+/* Records a fault at @va's page for the reasons given (only the run's first is kept); returns -EFAULT. */
+int model_vm_fault(ModelEngine *e, uint64_t va, bool not_present, bool read_only, bool no_execute);
 /* Reads or writes @len bytes at @va; checked whole first, so a faulting access touches nothing. */
 int model_vm_read(ModelEngine *e, uint64_t va, void *dst, uint64_t len);
 int model_vm_write(ModelEngine *e, uint64_t va, const void *src, uint64_t len);

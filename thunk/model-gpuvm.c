@@ -203,6 +203,11 @@ static int vm_fault(ModelEngine *e, uint64_t va, bool not_present, bool read_onl
         return -EFAULT;
 }
 
+int model_vm_fault(ModelEngine *e, uint64_t va, bool not_present, bool read_only, bool no_execute)
+{
+        return vm_fault(e, va, not_present, read_only, no_execute);
+}
+
 /* The mapping holding @va, or NULL: mappings never overlap, so it is the first one to end after @va, if
  * that one starts at or below it. */
 static const ModelMapping *vm_lookup(const ModelVm *vm, uint64_t va)

@@ -187,9 +187,11 @@ typedef struct ModelQueue {
         uint32_t ib_pos;
         bool in_ib;
         uint32_t poll_tries; /* unsuccessful looks of a poll packet with a finite retry count */
-        bool stopped;        /* a GPU VM fault or an illegal packet stopped it for good */
-        bool busy;           /* its last run left work: packets written past it, a poll or barrier unmet */
-        uint32_t db_slot;    /* its doorbell: 8-byte slot in its GPU's slice of the context's doorbells */
+        uint64_t part_at; /* a sub-window copy spanning runs: the packet's GPU VA and the rows it has done */
+        uint32_t part_rows;
+        bool stopped;     /* a GPU VM fault or an illegal packet stopped it for good */
+        bool busy;        /* its last run left work: packets written past it, a poll or barrier unmet */
+        uint32_t db_slot; /* its doorbell: 8-byte slot in its GPU's slice of the context's doorbells */
 } ModelQueue;
 
 /* The signal page of a context: the slots the GPU writes an event id into before it interrupts. */

@@ -17,6 +17,12 @@ int model_src_read(ModelEngine *e, const ModelSrc *s, uint64_t idx, uint32_t *ou
         return r < 0 ? r : model_vm_read(e, s->base, (uint8_t *)out + first, n * 4 - first);
 }
 
+/* The GPU VA of the packet at @s's position. */
+static uint64_t packet_va(const ModelSrc *s)
+{
+        return s->ib ? s->base + s->pos * 4 : s->base + s->pos % s->ring_size;
+}
+
 unsigned int model_ring_run(ModelEngine *e, const ModelRing *ring)
 {
         ModelQueue *q = e->q;
@@ -61,6 +67,10 @@ unsigned int model_ring_run(ModelEngine *e, const ModelRing *ring)
                 if (step == STEP_WAIT)
                         break;
                 if (step == STEP_STOP) {
+                        /* a packet the engine cannot run (not a fault of its own): the process must hear of
+                         * it, or whoever waits for the queue waits for ever */
+                        if (!e->faulted)
+                                model_vm_fault(e, packet_va(&s), false, false, false);
                         q->stopped = true;
                         break;
                 }

@@ -17,6 +17,7 @@
 #define SDMA_OP_CONST_FILL       11
 #define SDMA_OP_TIMESTAMP        13
 #define SDMA_SUBOP_COPY_LINEAR   0
+#define SDMA_SUBOP_COPY_SUBWIN   4 /* LINEAR_SUB_WIND */
 #define SDMA_SUBOP_WRITE_LINEAR  0
 #define SDMA_SUBOP_TS_SET        0
 #define SDMA_SUBOP_TS_GET        1
@@ -27,6 +28,9 @@
 #define SDMA_IB_PACKET_BYTES 24
 #define SDMA_MAX_FIXED       8 /* dwords of the longest fixed-size packet the model runs (ATOMIC) */
 #define SDMA_WRITE_CHUNK     256
+#define SDMA_SUBWIN_DWORDS   13
+#define SDMA_SUBWIN_MAX_ELEM 4    /* elements of 1 to 16 bytes; larger sizes are not defined */
+#define SDMA_SUBWIN_ROW_COST 1024 /* budget a row costs at least: its translation, whatever its bytes */
 
 #define TC_OP_CMPSWAP_MASK 0x1f
 #define TC_OP_CMPSWAP      0x08
@@ -50,6 +54,87 @@ static int sdma_write(ModelEngine *e, const ModelSrc *s, const uint32_t *p, uint
                 i += n;
         }
         e->budget = e->budget > ndw * 4 ? e->budget - ndw * 4 : 0;
+        return STEP_DONE;
+}
+
+/* One side of a sub-window copy: the surface's base, the window's start in elements, and the pitches. */
+typedef struct SubwinSide {
+        uint64_t base;
+        uint64_t x, y, z;
+        uint64_t pitch; /* elements per row */
+        uint64_t slice; /* elements per slice */
+} SubwinSide;
+
+/* DW_3..5 (source) or DW_8..10 (destination) after the address: x and y of 14 bits, z of 11, the pitch
+ * minus one in bits 31:13 (19 bits), the slice pitch minus one in 28 bits. */
+static SubwinSide subwin_side(const uint32_t *p)
+{
+        return (SubwinSide){.base = model_addr64(p[0], p[1]),
+                            .x = p[2] & 0x3fff,
+                            .y = (p[2] >> 16) & 0x3fff,
+                            .z = p[3] & 0x7ff,
+                            .pitch = (uint64_t)(p[3] >> 13) + 1,
+                            .slice = (uint64_t)(p[4] & 0xfffffff) + 1};
+}
+
+/* The GPU VA of row @y of slice @z of the window, or -EFAULT (recorded) if it lies past the end of the
+ * address space. The element offset is below 2^41 and fits once shifted by up to 4. */
+static int subwin_row(ModelEngine *e, const SubwinSide *sd, unsigned int shift, uint64_t y, uint64_t z,
+                      uint64_t *ret)
+{
+        uint64_t off = (sd->x + (sd->y + y) * sd->pitch + (sd->z + z) * sd->slice) << shift;
+
+        if (off > UINT64_MAX - sd->base)
+                return model_vm_fault(e, 0, true, false, false);
+        *ret = sd->base + off;
+        return 0;
+}
+
+/*
+ * COPY LINEAR_SUB_WIND: RECT_X + 1 elements of 2^ELEMENTSIZE bytes per row, RECT_Y + 1 rows, RECT_Z + 1
+ * slices, from the source window to the destination window; element (x, y, z) of a window lies at
+ * base + ((X + x) + (Y + y) * pitch + (Z + z) * slice_pitch) * element size. Each row is a linear copy
+ * through the VM, checked whole before it moves. Up to 2^25 rows: the work is cut into runs by the
+ * engine's budget, the rows done kept with the queue, so the packet retires in a later run.
+ */
+static int sdma_subwin(ModelEngine *e, const ModelSrc *s, const uint32_t *h, uint32_t *len, uint64_t at)
+{
+        uint32_t p[SDMA_SUBWIN_DWORDS];
+        unsigned int shift = (h[0] >> 29) & 7;
+        SubwinSide src, dst;
+        uint64_t width, rows, ry, row, cost;
+        ModelQueue *q = e->q;
+
+        *len = SDMA_SUBWIN_DWORDS;
+        if (s->avail < SDMA_SUBWIN_DWORDS)
+                return STEP_SHORT;
+        if (shift > SDMA_SUBWIN_MAX_ELEM)
+                return STEP_STOP;
+        if (model_src_read(e, s, 0, p, SDMA_SUBWIN_DWORDS) < 0)
+                return STEP_STOP;
+        src = subwin_side(&p[1]);
+        dst = subwin_side(&p[6]);
+        width = (uint64_t)((p[11] & 0x3fff) + 1) << shift;
+        ry = ((p[11] >> 16) & 0x3fff) + 1;
+        rows = ry * ((p[12] & 0x7ff) + 1);
+        cost = width > SDMA_SUBWIN_ROW_COST ? width : SDMA_SUBWIN_ROW_COST;
+        /* the rows an earlier run did of this packet */
+        row = q->part_at == at && q->part_rows < rows ? q->part_rows : 0;
+        q->part_rows = 0;
+        for (uint64_t first = row; row < rows; row++) {
+                uint64_t sva, dva;
+
+                if (row > first && e->budget == 0) {
+                        q->part_at = at;
+                        q->part_rows = (uint32_t)row;
+                        return STEP_WAIT;
+                }
+                if (subwin_row(e, &src, shift, row % ry, row / ry, &sva) < 0 ||
+                    subwin_row(e, &dst, shift, row % ry, row / ry, &dva) < 0 ||
+                    model_vm_copy(e, dva, sva, width) < 0)
+                        return STEP_STOP;
+                e->budget = e->budget > cost ? e->budget - cost : 0;
+        }
         return STEP_DONE;
 }
 
@@ -155,6 +240,8 @@ static int sdma_step(ModelEngine *e, const ModelSrc *s, const uint32_t *h, uint3
                 *len = n;
                 return STEP_DONE;
         }
+        if (op == SDMA_OP_COPY && sub == SDMA_SUBOP_COPY_SUBWIN)
+                return sdma_subwin(e, s, h, len, s->ib ? s->base + s->pos * 4 : s->pos);
         if (op == SDMA_OP_WRITE && sub == SDMA_SUBOP_WRITE_LINEAR) {
                 if (s->avail < 4)
                         return STEP_SHORT;
@@ -162,7 +249,7 @@ static int sdma_step(ModelEngine *e, const ModelSrc *s, const uint32_t *h, uint3
         }
         *len = sdma_fixed_len(op, sub);
         if (*len == 0)
-                return STEP_STOP; /* an illegal packet halts the engine */
+                return STEP_STOP; /* an illegal packet stops the queue, and the process hears of it */
         if (*len > s->avail)
                 return STEP_SHORT;
         memcpy(p, h, *len * 4);

@@ -44,6 +44,7 @@
 #define SDMA_ATOMIC      10
 #define SDMA_FILL        11
 #define SDMA_TIMESTAMP   13
+#define SDMA_SUBWIN      (1u | 4u << 8) /* COPY, sub-op LINEAR_SUB_WIND */
 
 /* ------------------------------------------------------------------ fixture: one gfx9 GPU */
 
@@ -489,7 +490,7 @@ static int test_sdma(void)
                 submit(&q, p, 4);
                 REQUIRE(until32(&x, &w[0], 5) && drained(&q) && *q.rptr > RING);
         }
-        /* an opcode the engine does not have halts it, without a fault */
+        /* an opcode the engine does not have stops the queue there (and faults: engines-illegal) */
         {
                 const uint32_t p[] = {SDMA_FENCE, lo(w), hi(w), 6, 0xff, SDMA_FENCE, lo(w), hi(w), 7};
 
@@ -834,6 +835,170 @@ static int test_pm4(void)
         return ex_teardown(&x);
 }
 
+/* ------------------------------------------------------------------ SDMA sub-window copies */
+
+static bool engines_quiet(Ex *x);
+
+/* One side of a sub-window copy: the surface's base, the window's start and the pitches, in elements. */
+typedef struct Win {
+        uint8_t *base;
+        uint32_t x, y, z;
+        uint32_t pitch, slice;
+} Win;
+
+/* COPY LINEAR_SUB_WIND (vega10_sdma_pkt_open.h, ROCr's SDMA_PKT_COPY_LINEAR_RECT): elements of 2^@shift
+ * bytes, a rectangle of @rx by @ry by @rz of them; pitches minus one, the row pitch in bits 31:13. */
+static void subwin_packet(uint32_t p[13], unsigned int shift, const Win *src, const Win *dst, uint32_t rx,
+                          uint32_t ry, uint32_t rz)
+{
+        const Win *w[2] = {src, dst};
+
+        p[0] = SDMA_SUBWIN | shift << 29;
+        for (int i = 0; i < 2; i++) {
+                uint32_t *d = &p[1 + 5 * i];
+
+                d[0] = lo(w[i]->base);
+                d[1] = hi(w[i]->base);
+                d[2] = w[i]->x | w[i]->y << 16;
+                d[3] = w[i]->z | (w[i]->pitch - 1) << 13;
+                d[4] = w[i]->slice - 1;
+        }
+        p[11] = (rx - 1) | (ry - 1) << 16;
+        p[12] = rz - 1;
+}
+
+/* What the copy must do, on plain memory: @dst_ref stands for @dst->base. */
+static void subwin_ref(uint8_t *dst_ref, unsigned int shift, const Win *src, const Win *dst, uint32_t rx,
+                       uint32_t ry, uint32_t rz)
+{
+        for (uint64_t z = 0; z < rz; z++)
+                for (uint64_t y = 0; y < ry; y++) {
+                        uint64_t so = src->x + (src->y + y) * src->pitch + (src->z + z) * src->slice;
+                        uint64_t d = dst->x + (dst->y + y) * dst->pitch + (dst->z + z) * dst->slice;
+
+                        memmove(dst_ref + (d << shift), src->base + (so << shift), (uint64_t)rx << shift);
+                }
+}
+
+/* Sub-window copies of elements of 1 to 16 bytes, with offsets, row and slice pitches: every byte of the
+ * destination is what the packet names, or what it held. */
+static int test_sdma_subwin(void)
+{
+        static const struct {
+                unsigned int shift;
+                Win s, d;
+                uint32_t rx, ry, rz;
+        } cases[] = {
+                {0,
+                 {.x = 3, .y = 2, .pitch = 37, .slice = 1},
+                 {.x = 1, .y = 4, .pitch = 41, .slice = 1},
+                 29,
+                 5,
+                 1},
+                {1, {.x = 1, .y = 1, .z = 1, .pitch = 11, .slice = 58}, {.pitch = 13, .slice = 53}, 7, 3, 2},
+                {2, {.pitch = 20, .slice = 1}, {.pitch = 16, .slice = 1}, 16, 16, 1},
+                {3,
+                 {.x = 5, .y = 1, .z = 1, .pitch = 9, .slice = 100},
+                 {.x = 2, .pitch = 4, .slice = 40},
+                 3,
+                 9,
+                 3},
+                {4, {.y = 3, .pitch = 7, .slice = 30}, {.x = 2, .z = 1, .pitch = 8, .slice = 33}, 5, 4, 2},
+                /* rows that overlap in the destination: they land in order */
+                {2, {.pitch = 8, .slice = 1}, {.x = 1, .pitch = 2, .slice = 1}, 6, 10, 1},
+        };
+        const size_t n = 16 * PAGE;
+        uint8_t *src, *dst, *ref = malloc(n);
+        volatile uint32_t *w;
+        Ex x;
+        Q q;
+
+        REQUIRE(ref);
+        REQUIRE_RC(ex_setup(&x), 0);
+        src = host(&x, n, 0, NULL);
+        dst = host(&x, n, WRITABLE, NULL);
+        w = host(&x, PAGE, WRITABLE, NULL);
+        REQUIRE(src && dst && w);
+        REQUIRE_RC(queue(&x, &q, KFD_IOC_QUEUE_TYPE_SDMA), 0);
+        for (size_t i = 0; i < n; i++)
+                src[i] = (uint8_t)(i * 7 + (i >> 8));
+        for (uint32_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
+                Win s = cases[c].s, d = cases[c].d;
+                uint32_t p[13];
+
+                s.base = src;
+                d.base = dst;
+                memset(dst, 0xcc, n);
+                memcpy(ref, dst, n);
+                subwin_ref(ref, cases[c].shift, &s, &d, cases[c].rx, cases[c].ry, cases[c].rz);
+                subwin_packet(p, cases[c].shift, &s, &d, cases[c].rx, cases[c].ry, cases[c].rz);
+                submit(&q, p, 13);
+                submit(&q, (const uint32_t[]){SDMA_FENCE, lo(w), hi(w), c + 1}, 4);
+                REQUIRE(until32(&x, w, c + 1));
+                if (memcmp(dst, ref, n) != 0) {
+                        fprintf(stderr, "sub-window case %u differs\n", c);
+                        return 1;
+                }
+        }
+        REQUIRE(drained(&q));
+        free(ref);
+        return ex_teardown(&x);
+}
+
+/*
+ * A sub-window copy of many rows is cut into runs (each row costs the run's budget at least 1 KiB): 10000
+ * rows of 4 bytes take three runs, the packet retiring in the third; the rows done stay done.
+ */
+static int test_sdma_subwin_runs(void)
+{
+        ThunkModelOptions o = {.kfd_minor = 19, .doorbells = true, .doorbell_kicks = true};
+        const uint32_t rows = 10000;
+        void *slice = NULL;
+        volatile uint64_t *db;
+        volatile uint32_t *w;
+        uint32_t *src, *dst;
+        Ex x;
+        Q q;
+
+        REQUIRE_RC(ex_setup_opts(&x, &o), 0);
+        src = host(&x, 10 * PAGE, 0, NULL);        /* the rows' 4 bytes end to end */
+        dst = host(&x, 20 * PAGE, WRITABLE, NULL); /* every other 4 bytes */
+        w = host(&x, PAGE, WRITABLE, NULL);
+        REQUIRE(src && dst && w);
+        REQUIRE_RC(queue(&x, &q, KFD_IOC_QUEUE_TYPE_SDMA), 0);
+        REQUIRE_RC(x.seam.ops->mmap(x.seam.impl, NULL, 8192, PROT_READ | PROT_WRITE, MAP_SHARED, x.kfd,
+                                    q.doorbell_offset & ~8191ULL, &slice),
+                   0);
+        db = slice;
+        REQUIRE(engines_quiet(&x));
+        for (uint32_t i = 0; i < rows; i++)
+                src[i] = i + 1;
+        {
+                Win s = {.base = (uint8_t *)src, .pitch = 1, .slice = 1};
+                Win d = {.base = (uint8_t *)dst, .pitch = 2, .slice = 1};
+                uint32_t p[13];
+
+                subwin_packet(p, 2, &s, &d, 1, rows, 1);
+                submit(&q, p, 13);
+        }
+        submit(&q, (const uint32_t[]){SDMA_FENCE, lo(w), hi(w), 1}, 4);
+        __atomic_store_n(&db[(q.doorbell_offset & 8191) / 8], q.w, __ATOMIC_RELEASE);
+        REQUIRE_EQ(thunk_model_run_engines(x.m), 0);
+        REQUIRE(dst[2 * 4095] == 4096 && dst[2 * 4096] == 0 && *q.rptr == 0);
+        REQUIRE_EQ(thunk_model_run_engines(x.m), 0);
+        REQUIRE(dst[2 * 8191] == 8192 && dst[2 * 8192] == 0 && *q.rptr == 0);
+        REQUIRE_EQ(thunk_model_run_engines(x.m), 2);
+        REQUIRE(*q.rptr == q.w && *w == 1);
+        for (uint32_t i = 0; i < rows; i++)
+                REQUIRE(dst[2 * i] == i + 1 && dst[2 * i + 1] == 0);
+        munmap(slice, 8192);
+        {
+                struct kfd_ioctl_destroy_queue_args d = {.queue_id = q.id};
+                REQUIRE_RC(io(&x, x.kfd, AMDKFD_IOC_DESTROY_QUEUE, &d), 0);
+        }
+        return ex_teardown(&x);
+}
+
 /* ------------------------------------------------------------------ GPU VM faults */
 
 /* A fault must fire the memory event with @va's page and the reason, and stop the process's queues. */
@@ -951,6 +1116,91 @@ static int test_faults_sdma(void)
         REQUIRE(expect_fault(&x, mev.event_id, (uintptr_t)&ro[3], false, true) == 0);
         REQUIRE(ro[3] == 0);
         return ex_teardown(&x);
+}
+
+/* A sub-window copy whose source rows run into a page nothing maps: that row faults (NotPresent, its page),
+ * the rows before it are copied, it and those after are not, and the queue stops at the packet. */
+static int test_faults_subwin(void)
+{
+        struct kfd_ioctl_create_event_args mev;
+        uint8_t *v, *dst;
+        uint32_t p[13];
+        Ex x;
+        Q q;
+
+        REQUIRE_RC(ex_setup(&x), 0);
+        v = vram(&x, VRAM_VA, 2 * PAGE, WRITABLE, NULL);
+        dst = host(&x, 4 * PAGE, WRITABLE, NULL);
+        REQUIRE(v && dst);
+        memset(v, 0x3c, 2 * PAGE);
+        REQUIRE_RC(event_new(&x, KFD_IOC_EVENT_MEMORY, 0, &mev), 0);
+        REQUIRE_RC(queue(&x, &q, KFD_IOC_QUEUE_TYPE_SDMA), 0);
+        {
+                /* rows of 100 bytes every KiB from byte 24: row 8 starts in the page past the BO */
+                Win s = {.base = (uint8_t *)(uintptr_t)VRAM_VA, .x = 24, .pitch = 1024, .slice = 1};
+                Win d = {.base = dst, .pitch = 128, .slice = 1};
+
+                subwin_packet(p, 0, &s, &d, 100, 10, 1);
+                submit(&q, p, 13);
+        }
+        REQUIRE(expect_fault(&x, mev.event_id, VRAM_VA + 2 * PAGE, true, false) == 0);
+        settle(&x);
+        REQUIRE(*q.rptr == 0);
+        for (size_t r = 0; r < 10; r++)
+                for (size_t i = 0; i < 128; i++)
+                        REQUIRE(dst[r * 128 + i] == (r < 8 && i < 100 ? 0x3c : 0));
+        munmap(v, 2 * PAGE);
+        return ex_teardown(&x);
+}
+
+/* One packet the engine cannot run, after a fence that it can: the fence lands, then the queue stops at the
+ * packet and the process hears of it as of a fault at the packet's page, no reason given (every memory
+ * event set, every queue stopped), so that nothing waits for the queue for ever. */
+static int illegal_case(uint32_t type, const uint32_t *pkt, size_t n)
+{
+        struct kfd_ioctl_create_event_args mev;
+        volatile uint32_t *w;
+        uint64_t at;
+        Ex x;
+        Q q, later;
+
+        REQUIRE_RC(ex_setup(&x), 0);
+        w = host(&x, PAGE, WRITABLE, NULL);
+        REQUIRE(w);
+        REQUIRE_RC(event_new(&x, KFD_IOC_EVENT_MEMORY, 0, &mev), 0);
+        REQUIRE_RC(queue(&x, &q, type), 0);
+        if (type == KFD_IOC_QUEUE_TYPE_SDMA)
+                submit(&q, (const uint32_t[]){SDMA_FENCE, lo(w), hi(w), 1}, 4);
+        else
+                submit(&q, (const uint32_t[]){PACKET3(PM4_WRITE_DATA, 3), 5u << 8, lo(w), hi(w), 1}, 5);
+        at = type == KFD_IOC_QUEUE_TYPE_SDMA ? q.w : q.w * 4;
+        submit(&q, pkt, n);
+        REQUIRE(expect_fault(&x, mev.event_id, (uintptr_t)q.ring + at, false, false) == 0);
+        settle(&x);
+        REQUIRE(w[0] == 1);
+        if (type == KFD_IOC_QUEUE_TYPE_SDMA)
+                REQUIRE(*q.rptr == at);
+        else
+                REQUIRE(*(volatile uint32_t *)q.rptr == at / 4);
+        REQUIRE_RC(queue(&x, &later, KFD_IOC_QUEUE_TYPE_SDMA), 0);
+        submit(&later, (const uint32_t[]){SDMA_FENCE, lo(&w[1]), hi(&w[1]), 1}, 4);
+        settle(&x);
+        REQUIRE(w[1] == 0);
+        return ex_teardown(&x);
+}
+
+static int test_illegal(void)
+{
+        uint32_t subwin[13] = {SDMA_SUBWIN | 5u << 29}; /* elements of 32 bytes are not defined */
+
+        REQUIRE(illegal_case(KFD_IOC_QUEUE_TYPE_SDMA, (const uint32_t[]){0xff, 0, 0, 0}, 4) == 0);
+        REQUIRE(illegal_case(KFD_IOC_QUEUE_TYPE_SDMA, subwin, 13) == 0);
+        /* an atomic operation the engine does not have */
+        REQUIRE(illegal_case(KFD_IOC_QUEUE_TYPE_SDMA,
+                             (const uint32_t[]){SDMA_ATOMIC | 0x7fu << 25, 0, 0, 0, 0, 0, 0, 0}, 8) == 0);
+        /* a PM4 type-1 header */
+        REQUIRE(illegal_case(KFD_IOC_QUEUE_TYPE_COMPUTE, (const uint32_t[]){1u << 30, 0}, 2) == 0);
+        return 0;
 }
 
 /* SET_ATTR on [p, p + size) with @n attributes. */
@@ -1431,6 +1681,10 @@ static const RcTestCase tests[] = {
         {"sdma-export", test_sdma_export},
         {"pm4", test_pm4},
         {"faults-sdma", test_faults_sdma},
+        {"faults-subwin", test_faults_subwin},
+        {"sdma-subwin", test_sdma_subwin},
+        {"sdma-subwin-runs", test_sdma_subwin_runs},
+        {"illegal", test_illegal},
         {"faults-pm4", test_faults_pm4},
         {"faults-gem-va", test_faults_gem_va},
         {"faults-aql", test_faults_aql},
