@@ -17,6 +17,7 @@ PROGRAM = os.environ.get("HSAKMT_BROKER", "")
 HIP_PROGRAM = os.environ.get("HIP_BROKER", "")
 QUEUES_PROGRAM = os.environ.get("HSAKMT_QUEUES", "")
 HIP_COPY = os.environ.get("HIP_COPY", "")
+HIP_COPY2D = os.environ.get("HIP_COPY2D", "")
 HIP_MANAGED = os.environ.get("HIP_MANAGED", "")
 HIP_HEAP = os.environ.get("HIP_HEAP", "")
 VRAM = 32 << 30  # the gfx908 preset
@@ -256,6 +257,19 @@ def test_hip_copy(tmp):
         check(wait_class_whole(sock, "all"), "nothing of it is left after it ends: its class is whole again")
 
 
+def test_hip_copy2d(tmp):
+    if not HIP_COPY2D:
+        return
+    with daemon(tmp, "[class all]\nmatch-all = yes\n") as sock:
+        p = subprocess.Popen([HIP_COPY2D], env=kfd_env(sock), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True)
+        out, err = p.communicate(timeout=30)
+        lines = out.splitlines()
+        check(p.returncode == 0 and "ok" in lines, f"hipMemcpy2D through gpumemd: {out!r} {err[-1500:]!r}")
+        check("hipMemcpy2D 37 x 6000 bytes: ok" in lines, "a window of more rows than one run of the engine")
+        check(wait_class_whole(sock, "all"), "nothing of it is left after it ends: its class is whole again")
+
+
 def test_hip_managed(tmp):
     if not HIP_MANAGED:
         return
@@ -373,6 +387,7 @@ if __name__ == "__main__":
         ("a class's queue limit", test_queue_limit),
         ("HIP: devices, memory info, hipMalloc and hipHostMalloc through gpumemd", test_hip),
         ("HIP: hipMemcpy, hipMemcpyAsync and hipHostRegister through gpumemd's queues", test_hip_copy),
+        ("HIP: hipMemcpy2D through gpumemd's SDMA sub-window copies", test_hip_copy2d),
         ("HIP: hipMallocManaged, advice, prefetch and range attributes through gpumemd", test_hip_managed),
         ("HIP: killed with SIGKILL while it holds memory", test_hip_killed),
         ("HIP: a hipMalloc over the class's limit", test_hip_over_quota),
