@@ -916,21 +916,33 @@ bool thunk_props_get(const ThunkProps *p, const char *key, uint64_t *ret)
 
 /* ---- writing the tree out again ------------------------------------------------------------------------ */
 
-/* A properties file as the kernel prints one: "key value" lines, decimal. */
-static int emit_props(const ThunkProps *p, const char *rel, ThunkTopologyEmit emit, void *ctx)
+int thunk_props_write(const ThunkProps *p, const char *rel, const char *key, uint64_t value,
+                      ThunkTopologyEmit emit, void *ctx)
 {
-        size_t cap = p->n * (THUNK_PROP_KEY_MAX + 24) + 1, len = 0;
-        char *buf = malloc(cap);
+        size_t cap, len = 0;
+        char *buf;
         int r;
 
+        if (!p || !rel || !emit)
+                return -EINVAL;
+        cap = p->n * (THUNK_PROP_KEY_MAX + 24) + 1;
+        buf = malloc(cap);
         if (!buf)
                 return -ENOMEM;
-        for (size_t i = 0; i < p->n; i++)
+        for (size_t i = 0; i < p->n; i++) {
+                uint64_t v = key && strcmp(p->items[i].key, key) == 0 ? value : p->items[i].value;
                 len += (size_t)snprintf(buf + len, cap - len, "%s %llu\n", p->items[i].key,
-                                        (unsigned long long)p->items[i].value);
+                                        (unsigned long long)v);
+        }
         r = emit(ctx, rel, buf, len);
         free(buf);
         return r;
+}
+
+/* A properties file as the kernel prints one: "key value" lines, decimal. */
+static int emit_props(const ThunkProps *p, const char *rel, ThunkTopologyEmit emit, void *ctx)
+{
+        return thunk_props_write(p, rel, NULL, 0, emit, ctx);
 }
 
 static int emit_text(const char *rel, ThunkTopologyEmit emit, void *ctx, const char *fmt, ...)

@@ -177,6 +177,13 @@ ThunkTopology *thunk_topology_free(ThunkTopology *t);
  */
 typedef int (*ThunkTopologyEmit)(void *ctx, const char *rel, const char *content, size_t len);
 int thunk_topology_write(const ThunkTopology *t, ThunkTopologyEmit emit, void *ctx);
+/*
+ * One properties file @p as thunk_topology_write() emits it, as file @rel, with the value of @key (when @key
+ * is not NULL and the file has it) written as @value instead: a topology served with some sizes changed.
+ * Returns 0, -EINVAL, -ENOMEM or what @emit returned.
+ */
+int thunk_props_write(const ThunkProps *p, const char *rel, const char *key, uint64_t value,
+                      ThunkTopologyEmit emit, void *ctx);
 
 /* Look-ups; NULL when absent. */
 const ThunkNode *thunk_topology_gpu_by_id(const ThunkTopology *t, uint32_t gpu_id);

@@ -424,6 +424,12 @@ typedef struct BrokerGpuMem {
 
 /* Per GPU (@gpu_id 0: all) as this client sees it. @out has room for BROKER_MAX_GPUS entries. */
 int broker_mem_info(BrokerClient *c, uint32_t gpu_id, BrokerGpuMem *out, size_t *ret_n, Reason *w);
+/*
+ * The VRAM account @a may hold on broker GPU @gpu_index: the smallest of the GPU's VRAM, @a's limit on that
+ * GPU and its limit over all GPUs (the GPU's VRAM when @a is NULL; 0 for an index past the GPUs). What a
+ * client of the class is told its GPU has, and broker_mem_info()'s total on a GPU the class may use.
+ */
+uint64_t broker_vram_allowance(const Broker *b, BrokerAccount *a, size_t gpu_index);
 
 /* ---- VMM --------------------------------------------------------------------------------------------- */
 

@@ -510,6 +510,32 @@ int broker_pointer_info(BrokerClient *c, uint64_t va, BrokerPtrInfo *ret, Reason
         return 0;
 }
 
+/* The VRAM @a's limits give it on broker GPU @i, no more than the GPU has. Under the account's lock. */
+static uint64_t vram_allowance_locked(const Broker *b, const BrokerAccount *a, size_t i)
+{
+        uint64_t allow = b->gpu_vram[i];
+
+        if (a->max_vram_gpu[i] < allow)
+                allow = a->max_vram_gpu[i];
+        if (a->max_vram < allow)
+                allow = a->max_vram;
+        return allow;
+}
+
+uint64_t broker_vram_allowance(const Broker *b, BrokerAccount *a, size_t gpu_index)
+{
+        uint64_t allow;
+
+        if (gpu_index >= b->n_gpus)
+                return 0;
+        if (!a)
+                return b->gpu_vram[gpu_index];
+        broker_account_lock(a);
+        allow = vram_allowance_locked(b, a, gpu_index);
+        broker_account_unlock(a);
+        return allow;
+}
+
 int broker_mem_info(BrokerClient *c, uint32_t gpu_id, BrokerGpuMem *out, size_t *ret_n, Reason *w)
 {
         Broker *b = c->b;
@@ -541,11 +567,11 @@ int broker_mem_info(BrokerClient *c, uint32_t gpu_id, BrokerGpuMem *out, size_t 
                         uint64_t used_gpu = a->used.vram_bytes[i];
                         uint64_t left_gpu = used_gpu < a->max_vram_gpu[i] ? a->max_vram_gpu[i] - used_gpu : 0;
                         uint64_t left_all = vram < a->max_vram ? a->max_vram - vram : 0;
-                        uint64_t allow = a->max_vram_gpu[i] < a->max_vram ? a->max_vram_gpu[i] : a->max_vram;
+                        /* the same allowance as the topology files serve as the GPU's VRAM bank */
+                        uint64_t allow = vram_allowance_locked(b, a, i);
                         if (!(__atomic_load_n(&a->allowed_gpus, __ATOMIC_RELAXED) & (1ull << i)))
                                 allow = left_gpu = 0;
-                        if (allow < out[n].total)
-                                out[n].total = allow;
+                        out[n].total = allow;
                         out[n].used = used_gpu;
                         if (left_gpu < out[n].free)
                                 out[n].free = left_gpu;

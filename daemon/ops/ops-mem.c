@@ -374,6 +374,13 @@ int op_mem_info(ReqCtx *r, const Gpumem__Request *req)
         if (err < 0)
                 return reply_fail_why(r, err, &w);
         for (size_t i = 0; i < n; i++) {
+                /* no more than its topology files told it the GPU has (ops-query.c), whatever its class
+                 * allows since: what a ROCm program sizes itself from agrees with AVAILABLE_MEMORY */
+                int gi = r->c->vram_told ? broker_gpu_index(r->m->broker, mem[i].gpu_id) : -1;
+                if (gi >= 0 && mem[i].total > r->c->vram_told[gi])
+                        mem[i].total = r->c->vram_told[gi];
+                if (gi >= 0 && mem[i].free > r->c->vram_told[gi])
+                        mem[i].free = r->c->vram_told[gi];
                 g[i] = (Gpumem__GpuMemInfo){MSG_INIT(gpumem__gpu_mem_info), OPT(gpu_id, mem[i].gpu_id),
                                             OPT(total, mem[i].total), OPT(free, mem[i].free),
                                             OPT(used, mem[i].used)};

@@ -1,9 +1,13 @@
-/* Query ops: topology (decoded summary and, on request, every raw property). */
+/* Query ops: the topology (decoded, or every raw property), and its sysfs files as each client gets them. */
 #include <errno.h>
+#include <limits.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <linux/kfd_sysfs.h>
 
 #include "broker/broker.h"
+#include "server/class-state.h"
 #include "server/core.h"
 #include "request.h"
 #include "frame.h"
@@ -160,38 +164,149 @@ int op_tile_config(ReqCtx *r, const Gpumem__Request *req)
 #define TOPOLOGY_FILES_PER_REPLY 256
 #define TOPOLOGY_FILES_BYTES     (GM_FRAME_BODY_MAX - 4096)
 
+/*
+ * ROCm 5.2.3's runtime takes one 2 MiB block of VRAM for itself as HIP starts, which HIP does not count:
+ * HIP's free memory is its GPU's VRAM bank less HIP's own allocations. A bank that is the class's limit is
+ * served that much smaller, so that what hipMemGetInfo calls free can be allocated under the limit.
+ */
+#define ROCM_RUNTIME_VRAM (2ull << 20)
+
+/*
+ * What the connection's class lets it hold of each GPU's VRAM (broker_vram_allowance), less the runtime's
+ * block where that is the class's limit rather than the GPU's size, kept in the connection: its topology
+ * files give that as the GPU's VRAM, and mem_info never answers more. Taken again when a client reads the
+ * files from the start, so the pages of one read agree.
+ */
+static int vram_told_take(ReqCtx *r, bool again)
+{
+        Conn *c = r->c;
+        Broker *b = r->m->broker;
+        size_t n = broker_gpu_count(b);
+
+        if (c->vram_told && !again)
+                return 0;
+        if (!c->vram_told) {
+                c->vram_told = calloc(n ? n : 1, sizeof(*c->vram_told));
+                if (!c->vram_told)
+                        return -ENOMEM;
+        }
+        for (size_t i = 0; i < n; i++) {
+                uint64_t allow = broker_vram_allowance(b, c->cls ? &c->cls->acct : NULL, i);
+                if (allow < broker_vram_allowance(b, NULL, i))
+                        allow = allow > ROCM_RUNTIME_VRAM ? allow - ROCM_RUNTIME_VRAM : 0;
+                c->vram_told[i] = allow;
+        }
+        return 0;
+}
+
+static bool heap_is_vram(uint32_t heap_type)
+{
+        return heap_type == HSA_MEM_HEAP_TYPE_FB_PUBLIC || heap_type == HSA_MEM_HEAP_TYPE_FB_PRIVATE;
+}
+
+typedef struct MadeFile {
+        char *content;
+        size_t len;
+} MadeFile;
+
+static int made_file_take(void *ctx, const char *rel, const char *content, size_t len)
+{
+        MadeFile *f = ctx;
+
+        (void)rel;
+        f->content = malloc(len ? len : 1);
+        if (!f->content)
+                return -ENOMEM;
+        memcpy(f->content, content, len);
+        f->len = len;
+        return 0;
+}
+
+/*
+ * @f as this client is served it: a GPU's local_mem_size and its VRAM banks (in bank order, together) no
+ * larger than @told of that GPU. Sets @out->content to a new file when it differs from the daemon's, else
+ * leaves it NULL.
+ */
+static int topology_file_for(const Manager *m, const uint64_t *told, const struct TopologyFile *f,
+                             MadeFile *out)
+{
+        const ThunkTopology *t = driver_topology(m->drv);
+        const ThunkNode *n;
+        uint64_t allow, before = 0, size;
+        int gi;
+
+        out->content = NULL;
+        if (f->node < 0 || (size_t)f->node >= t->n_nodes)
+                return 0;
+        n = &t->nodes[f->node];
+        if (!n->is_gpu || (gi = broker_gpu_index(m->broker, n->gpu_id)) < 0)
+                return 0;
+        allow = told[gi];
+        if (f->bank < 0)
+                return n->local_mem_size <= allow ? 0
+                                                  : thunk_props_write(&n->props, f->path, "local_mem_size",
+                                                                      allow, made_file_take, out);
+        if ((size_t)f->bank >= n->n_mem_banks || !heap_is_vram(n->mem_banks[f->bank].heap_type))
+                return 0;
+        for (int k = 0; k < f->bank; k++)
+                if (heap_is_vram(n->mem_banks[k].heap_type))
+                        before += n->mem_banks[k].size_in_bytes < allow - before
+                                          ? n->mem_banks[k].size_in_bytes
+                                          : allow - before;
+        size = n->mem_banks[f->bank].size_in_bytes;
+        if (size <= allow - before)
+                return 0;
+        return thunk_props_write(&n->mem_banks[f->bank].props, f->path, "size_in_bytes", allow - before,
+                                 made_file_take, out);
+}
+
 int op_topology_files(ReqCtx *r, const Gpumem__Request *req)
 {
         const Manager *m = r->m;
         Gpumem__TopologyFilesReply tr = GPUMEM__TOPOLOGY_FILES_REPLY__INIT;
         Gpumem__TopologyFile items[TOPOLOGY_FILES_PER_REPLY], *ptrs[TOPOLOGY_FILES_PER_REPLY];
+        MadeFile made[TOPOLOGY_FILES_PER_REPLY];
         uint32_t from = req->topology_files->has_from ? req->topology_files->from : 0;
         size_t n = 0, bytes = 0;
+        int err;
 
         if (from > m->n_topology_files)
                 return reply_fail(r, -EINVAL, "file %u is past the topology's %zu files", from,
                                   m->n_topology_files);
-        /* read by every loop without the lock: made at start, never changed */
+        err = vram_told_take(r, from == 0);
+        if (err < 0)
+                return reply_fail(r, err, "out of memory");
+        /* the daemon's files are made at start and never changed; a client's VRAM sizes are its class's */
         while (from + n < m->n_topology_files && n < TOPOLOGY_FILES_PER_REPLY) {
                 const struct TopologyFile *f = &m->topology_files[from + n];
                 size_t cost = strlen(f->path) + f->len + 16;
                 if (n > 0 && bytes + cost > TOPOLOGY_FILES_BYTES)
                         break;
+                err = topology_file_for(m, r->c->vram_told, f, &made[n]);
+                if (err < 0)
+                        break;
                 gpumem__topology_file__init(&items[n]);
                 items[n].path = f->path;
                 items[n].has_content = true;
-                items[n].content.data = (uint8_t *)f->content;
-                items[n].content.len = f->len;
+                items[n].content.data = (uint8_t *)(made[n].content ? made[n].content : f->content);
+                items[n].content.len = made[n].content ? made[n].len : f->len;
                 ptrs[n] = &items[n];
                 bytes += cost;
                 n++;
         }
-        tr.n_files = n;
-        tr.files = ptrs;
-        tr.has_next = tr.has_total = true;
-        tr.next = from + n < m->n_topology_files ? from + (uint32_t)n : 0;
-        tr.total = (uint32_t)m->n_topology_files;
-        return reply_result(r, &tr);
+        if (err >= 0) {
+                tr.n_files = n;
+                tr.files = ptrs;
+                tr.has_next = tr.has_total = true;
+                tr.next = from + n < m->n_topology_files ? from + (uint32_t)n : 0;
+                tr.total = (uint32_t)m->n_topology_files;
+                err = reply_result(r, &tr);
+        } else {
+                err = reply_fail(r, err, "out of memory");
+        }
+        for (size_t i = 0; i < n; i++)
+                free(made[i].content);
+        return err;
 }
 
 static int add_topology_file(void *ctx, const char *rel, const char *content, size_t len)
@@ -199,6 +314,8 @@ static int add_topology_file(void *ctx, const char *rel, const char *content, si
         Manager *m = ctx;
         struct TopologyFile *files = realloc(m->topology_files, (m->n_topology_files + 1) * sizeof(*files));
         struct TopologyFile *f;
+        unsigned node, bank;
+        int end = 0;
 
         if (!files)
                 return -ENOMEM;
@@ -213,6 +330,14 @@ static int add_topology_file(void *ctx, const char *rel, const char *content, si
         }
         memcpy(f->content, content, len);
         f->len = len;
+        f->node = f->bank = -1;
+        if (sscanf(rel, "nodes/%u/properties%n", &node, &end) == 1 && rel[end] == '\0' && node <= INT_MAX) {
+                f->node = (int)node;
+        } else if (sscanf(rel, "nodes/%u/mem_banks/%u/properties%n", &node, &bank, &end) == 2 &&
+                   rel[end] == '\0' && node <= INT_MAX && bank <= INT_MAX) {
+                f->node = (int)node;
+                f->bank = (int)bank;
+        }
         m->n_topology_files++;
         return 0;
 }

@@ -171,7 +171,7 @@ int req_call_id(ReqCtx *r, uint32_t id, int (*fn)(BrokerClient *bc, uint32_t id,
         X(ROW_UNLOCKED_VIEW, PING, op_ping, PING, 1)                                                         \
         X(ROW, WINDOW_RETRY, op_window_retry, HELLO, 1, ANY, 0, 0)                                           \
         X(ROW_UNLOCKED, TOPOLOGY, op_topology, TOPOLOGY, 1)                                                  \
-        X(ROW_UNLOCKED, TOPOLOGY_FILES, op_topology_files, TOPOLOGY_FILES, 2)                                \
+        X(ROW_CLIENT, TOPOLOGY_FILES, op_topology_files, TOPOLOGY_FILES, 2, 0, 0)                            \
         X(ROW_CLIENT, TILE_CONFIG, op_tile_config, TILE_CONFIG, 2, 0, 0)                                     \
         X(ROW, QUOTA, op_quota, QUOTA, 4, ANY, 0, 0)                                                         \
         X(ROW_CLIENT, MEM_INFO, op_mem_info, MEM_INFO, 1, 0, 0)                                              \

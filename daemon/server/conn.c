@@ -313,6 +313,7 @@ Conn *conn_free(Conn *c)
         free(c->ident.groups);
         free(c->ident.cgroup);
         free(c->name);
+        free(c->vram_told);
         while (c->paged) {
                 PagedText *t = c->paged;
                 c->paged = t->next;

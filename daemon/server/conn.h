@@ -112,6 +112,8 @@ typedef struct Conn {
         atomic_bool irq_posted;          /* a look at its event page is posted to its loop (ops-queues.c) */
         struct PagedText *paged;         /* admin_metrics' texts being read part by part (ops-admin.c) */
         uint32_t paged_seq;              /* the token of its newest text (ops-admin.c) */
+        /* per broker GPU, the VRAM its topology files gave it (ops-query.c; NULL before it read them) */
+        uint64_t *vram_told;
 } Conn;
 
 static inline void conn_lock(Conn *c)

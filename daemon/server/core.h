@@ -89,6 +89,9 @@ struct Manager {
                 char *path;
                 char *content;
                 size_t len;
+                /* nodes/NODE/properties (bank -1) or nodes/NODE/mem_banks/BANK/properties: the files that
+                 * hold a GPU's VRAM size, which each client is served as its class allows; else node -1 */
+                int node, bank;
         } * topology_files;
         size_t n_topology_files;
 
