@@ -8,12 +8,45 @@
 #include "hip-check.h"
 
 /*
- * Usage: hip-broker ARCH VRAM_BYTES CU_COUNT [over BYTES]
+ * Usage: hip-broker ARCH VRAM_BYTES CU_COUNT [over BYTES | fill LIMIT]
  * Checks the device against the daemon's preset, then hipMemGetInfo around a hipMalloc and its hipFree
  * (the daemon's accounting is what HIP sees), pinned host memory written and read, and says "holding"
  * while it holds both, waiting for a line on stdin. With "over BYTES": a hipMalloc of BYTES must fail with
- * hipErrorOutOfMemory, and one of 2 MiB must succeed after it.
+ * hipErrorOutOfMemory, and one of 2 MiB must succeed after it. With "fill LIMIT": hipMemGetInfo's total is
+ * at most LIMIT, a hipMalloc of what it calls free (in 2 MiB) succeeds (it says "holding" and waits for a
+ * line while it holds that), and after its hipFree one of free + 64 MiB fails.
  */
+static int fill(size_t limit)
+{
+        const size_t block = 2ULL << 20, over = 64ULL << 20;
+        size_t free0, total0, free1, total1;
+        hipError_t e;
+        void *d = NULL;
+        char line[16];
+
+        REQUIRE_HIP(hipMemGetInfo(&free0, &total0));
+        printf("fill: free %zu total %zu\n", free0, total0);
+        REQUIRE(total0 <= limit && free0 <= total0 && free0 >= block);
+        REQUIRE_HIP(hipMalloc(&d, free0 / block * block));
+        REQUIRE_HIP(hipMemGetInfo(&free1, &total1));
+        printf("holding %zu, free %zu\n", free0 / block * block, free1);
+        fflush(stdout);
+        if (!fgets(line, sizeof(line), stdin))
+                return 1;
+        REQUIRE_HIP(hipFree(d));
+        REQUIRE_HIP(hipMemGetInfo(&free1, &total1));
+        REQUIRE(free1 == free0 && total1 == total0);
+        e = hipMalloc(&d, free0 + over);
+        printf("fill: %zu refused: %d\n", free0 + over, (int)e);
+        REQUIRE(e == hipErrorOutOfMemory);
+        (void)hipGetLastError();
+        /* the refusal left nothing behind: all of it again */
+        REQUIRE_HIP(hipMalloc(&d, free0 / block * block));
+        REQUIRE_HIP(hipFree(d));
+        printf("filled\n");
+        return 0;
+}
+
 int main(int argc, char **argv)
 {
         const size_t size = 64ULL << 20, host = 8ULL << 20;
@@ -24,7 +57,7 @@ int main(int argc, char **argv)
         int count = -1;
 
         if (argc < 4) {
-                fprintf(stderr, "usage: %s ARCH VRAM_BYTES CU_COUNT [over BYTES]\n", argv[0]);
+                fprintf(stderr, "usage: %s ARCH VRAM_BYTES CU_COUNT [over BYTES | fill LIMIT]\n", argv[0]);
                 return 2;
         }
         REQUIRE_HIP(hipGetDeviceCount(&count));
@@ -45,6 +78,9 @@ int main(int argc, char **argv)
                 printf("over quota refused\n");
                 return 0;
         }
+
+        if (argc > 5 && strcmp(argv[4], "fill") == 0)
+                return fill(strtoull(argv[5], NULL, 0));
 
         REQUIRE_HIP(hipMemGetInfo(&free0, &total0));
         printf("before: free %zu total %zu\n", free0, total0);

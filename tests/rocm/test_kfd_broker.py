@@ -360,6 +360,31 @@ def test_hip_heap(tmp):
         check(wait_class_whole(sock, "all"), "nothing of it is left after it ends: its class is whole again")
 
 
+def test_hip_fill(tmp):
+    if not HIP_PROGRAM:
+        return
+    # HIP sizes its device from the VRAM bank the topology gives: under vram = 1G what it calls free is
+    # allocatable, and more is refused
+    with daemon(tmp, "[class small]\nmatch-all = yes\nvram = 1G\n") as sock:
+        p = run_hip(sock, "fill", str(1 << 30), vram=(1 << 30) - RUNTIME_VRAM)
+        ok, line = holding(p)
+        used = quota_used(sock, "small", "vram") if ok else None
+        # HIP's hipMalloc of all it calls free and the runtime's own block fill the class exactly
+        check(used == [1 << 30], f"holding what HIP calls free ({line.strip()!r}), the class is full: {used}")
+        out, err = p.communicate("go\n", timeout=60)
+        check(p.returncode == 0 and "filled" in out.splitlines(),
+              f"hipMemGetInfo's total is at most 1 GiB and its free is allocatable: {out!r} {err[-1500:]!r}")
+        r = ctl(sock, "--json", "quota", "show", "small")
+        used = [q["used"] for q in json.loads(r.stdout)["quotas"] if q["resource"] == "vram"] if r.returncode == 0 else None
+        check(used == [0, 0], f"the class is whole again after it ends: {used}")
+    # a class with no VRAM limit: the GPU's own size
+    os.mkdir(os.path.join(tmp, "unlimited"))
+    with daemon(os.path.join(tmp, "unlimited"), "[class all]\nmatch-all = yes\n") as sock:
+        p = run_hip(sock, "over", str(64 << 30))
+        out, err = p.communicate("", timeout=60)
+        check(p.returncode == 0, f"without a limit HIP sees the preset's 32 GiB: {out!r} {err[-1500:]!r}")
+
+
 def test_no_daemon(tmp):
     sock = os.path.join(tmp, "nobody.sock")
     p = run_program(sock)
@@ -393,5 +418,6 @@ if __name__ == "__main__":
         ("HIP: hipMallocManaged, advice, prefetch and range attributes through gpumemd", test_hip_managed),
         ("HIP: killed with SIGKILL while it holds memory", test_hip_killed),
         ("HIP: a hipMalloc over the class's limit", test_hip_over_quota),
+        ("HIP: under vram = 1G, hipMemGetInfo's free is what can be allocated", test_hip_fill),
         ("with no daemon, a clear error naming the socket (libhsakmt and HIP)", test_no_daemon),
     ])
