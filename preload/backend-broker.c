@@ -59,6 +59,7 @@ typedef struct Bo {
         uint64_t handle; /* gpu_id << 32 | index, as KFD makes them */
         uint64_t va, size;
         uint64_t cpu_va; /* registered pages: where the process has them (va: where the GPUs do) */
+        uint64_t kept;   /* and where their own pages wait to come back (swap.c), 0 if nowhere */
         uint64_t mmap_offset;
         uint32_t gpu_id;
         uint32_t kfd_flags;
@@ -545,7 +546,8 @@ static bool in_window(uint64_t va, uint64_t size)
  * yet handed to anyone (or an SVM range HIP has just mapped): the buffer is mapped over them, and only
  * when a page of them was written already is what they hold copied across.
  */
-static int substitute_pages(uint64_t cpu_va, uint64_t gpu_va, uint64_t size, uint32_t gpu_id, unsigned flags)
+static int substitute_pages(uint64_t cpu_va, uint64_t gpu_va, uint64_t size, uint32_t gpu_id, unsigned flags,
+                            uint64_t *ret_kept)
 {
         gm_alloc_desc d = {.kind = GM_KIND_HOST,
                            .size = size,
@@ -563,11 +565,15 @@ static int substitute_pages(uint64_t cpu_va, uint64_t gpu_va, uint64_t size, uin
         void *p = NULL;
         int r;
 
+        *ret_kept = 0;
         if (cpu_va != gpu_va) {
                 r = gm_malloc_desc(kb.c, &d, &p);
                 if (r < 0)
                         return r;
-                r = swap_in_shared(cpu_va, size, gpu_va);
+                r = swap_in_shared(cpu_va, size, gpu_va, ret_kept);
+                say(2, "registered 0x%llx+0x%llx at 0x%llx: %d (own pages kept: %s)",
+                    (unsigned long long)cpu_va, (unsigned long long)size, (unsigned long long)gpu_va, r,
+                    *ret_kept ? "yes" : "no");
                 if (r < 0) {
                         say(1, "cannot put shared pages in place of 0x%llx+0x%llx: %s",
                             (unsigned long long)cpu_va, (unsigned long long)size, strerror(-r));
@@ -604,14 +610,31 @@ static int substitute_pages(uint64_t cpu_va, uint64_t gpu_va, uint64_t size, uin
  * soon as the free returns: they become the window's reservation again, what they held not kept.
  * *@freed: the daemon let go of the memory (even when its pages could not be put back here).
  */
-static int unsubstitute_pages(uint64_t cpu_va, uint64_t gpu_va, uint64_t size, bool *freed)
+static int unsubstitute_pages(uint64_t cpu_va, uint64_t gpu_va, uint64_t size, uint64_t kept, bool *freed)
 {
         int r;
 
         *freed = false;
         if (cpu_va != gpu_va) {
-                /* the process's pages first, so that no mapping of the buffer outlives its handle */
-                r = swap_out_private(cpu_va, size);
+                SwapRange parts[16];
+                size_t n = 0;
+
+                /*
+                 * The process's pages first, so that no mapping of the buffer outlives its handle. Only where
+                 * the buffer still is: the program may have freed what it registered (glibc unmaps a large
+                 * block) and even have new memory there before the runtime deregisters; as on the kernel,
+                 * where a userptr BO follows the address, that new memory is left alone.
+                 */
+                r = swap_parts_mapped(cpu_va, size, gpu_va, parts, 16, &n);
+                say(2, "deregistering 0x%llx+0x%llx at 0x%llx: %zu part(s) still its own (%d)",
+                    (unsigned long long)cpu_va, (unsigned long long)size, (unsigned long long)gpu_va, n, r);
+                if (r == 0 && n == 1 && parts[0].va == cpu_va && parts[0].size == size) {
+                        r = swap_out_private(cpu_va, size, kept);
+                } else if (r == 0) {
+                        swap_drop_kept(kept, size);
+                        for (size_t i = 0; i < n && r == 0; i++)
+                                r = swap_out_private(parts[i].va, parts[i].size, 0);
+                }
                 if (r < 0) {
                         say(1, "cannot put private pages back at 0x%llx+0x%llx: %s",
                             (unsigned long long)cpu_va, (unsigned long long)size, strerror(-r));
@@ -620,6 +643,11 @@ static int unsubstitute_pages(uint64_t cpu_va, uint64_t gpu_va, uint64_t size, b
         }
         r = gm_mem_free(kb.c, (void *)(uintptr_t)gpu_va);
         *freed = r == 0;
+        if (r < 0) {
+                char why[300];
+                say(1, "cannot free the registered pages' buffer at 0x%llx: %s", (unsigned long long)gpu_va,
+                    gm_strerror(kb.c, r, why, sizeof(why)));
+        }
         return r;
 }
 
@@ -670,7 +698,7 @@ static int alloc_memory(void *arg, unsigned long request)
                      (in_window(cpu, a->size) ||
                       (cpu < kb.window_base + kb.window_size && cpu + a->size > kb.window_base))))
                         return -EINVAL;
-                r = substitute_pages(cpu, a->va_addr, a->size, a->gpu_id, flags);
+                r = substitute_pages(cpu, a->va_addr, a->size, a->gpu_id, flags, &bo.kept);
                 bo.userptr = bo.host = true;
                 bo.cpu_va = cpu;
         } else if (k & KFD_IOC_ALLOC_MEM_FLAGS_VRAM) {
@@ -722,7 +750,11 @@ static int alloc_memory(void *arg, unsigned long request)
         r = bo_add(&bo);
         pthread_mutex_unlock(&kb.lock);
         if (r < 0) {
-                (void)gm_mem_free(kb.c, (void *)(uintptr_t)a->va_addr);
+                bool freed;
+                if (bo.userptr) /* the process's own pages back first */
+                        (void)unsubstitute_pages(bo.cpu_va, bo.va, bo.size, bo.kept, &freed);
+                else
+                        (void)gm_mem_free(kb.c, (void *)(uintptr_t)a->va_addr);
                 return r;
         }
         a->handle = bo.handle;
@@ -758,7 +790,9 @@ static int free_memory(void *arg, unsigned long request)
                 r = (uintptr_t)p > (uintptr_t)-4096 ? (int)(intptr_t)p : 0;
                 freed = true;
         } else if (bo.userptr) {
-                r = unsubstitute_pages(bo.cpu_va, bo.va, bo.size, &freed);
+                r = unsubstitute_pages(bo.cpu_va, bo.va, bo.size, bo.kept, &freed);
+                if (r == 0)
+                        bo.kept = 0; /* the process's pages again */
         } else {
                 r = gm_mem_free(kb.c, (void *)(uintptr_t)bo.va);
                 freed = r == 0;
@@ -1079,7 +1113,9 @@ static int b_munmap(void *addr, size_t len)
  * bytes (the library maps it there, over them). -EFAULT: not mapped readable throughout. */
 static int substitute_range(uint64_t va, uint64_t size)
 {
-        return substitute_pages(va, va, size, kb.gpus[0].gpu_id, GM_MEM_COHERENT | GM_MEM_SVM_RANGE);
+        uint64_t kept;
+
+        return substitute_pages(va, va, size, kb.gpus[0].gpu_id, GM_MEM_COHERENT | GM_MEM_SVM_RANGE, &kept);
 }
 
 /* Substitute the pages of [va, va + size) that are not yet: one range at a time, lowest first. */
@@ -1472,5 +1508,6 @@ const PreloadBackend preload_backend = {
         .start = b_start,
         .mmap_anon = b_mmap_anon,
         .munmap = b_munmap,
+        .sigaction = swap_sigaction,
         .stats = b_stats,
 };

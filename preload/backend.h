@@ -2,6 +2,7 @@
  */
 #pragma once
 
+#include <signal.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -40,6 +41,8 @@ typedef struct PreloadBackend {
          */
         int (*mmap_anon)(void *addr, size_t len, int prot, int flags, void **ret);
         int (*munmap)(void *addr, size_t len);
+        /* Optional: sigaction() as the process calls it; 1 when the backend answered it (0: on to libc). */
+        int (*sigaction)(int sig, const struct sigaction *act, struct sigaction *old);
         /* One line describing what it holds (snprintf rules). */
         int (*stats)(char *buf, size_t len);
 } PreloadBackend;

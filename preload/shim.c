@@ -378,6 +378,34 @@ PRELOAD_EXPORT DIR *opendir(const char *path)
         return next(p ? p : path);
 }
 
+/* SIGSEGV's handler as the program sees it, where the backend keeps one of its own in place (swap.c). glibc's
+ * signal() does not go through sigaction()'s symbol: both are served. */
+PRELOAD_EXPORT int sigaction(int sig, const struct sigaction *act, struct sigaction *old)
+{
+        static int (*next)(int, const struct sigaction *, struct sigaction *);
+
+        if (preload_backend.sigaction && preload_backend.sigaction(sig, act, old) == 1)
+                return 0;
+        if (!next)
+                next = NEXT(sigaction);
+        return next(sig, act, old);
+}
+
+PRELOAD_EXPORT sighandler_t signal(int sig, sighandler_t handler)
+{
+        static sighandler_t (*next)(int, sighandler_t);
+        /* signal()'s BSD semantics: restarted calls, the signal blocked while its handler runs */
+        struct sigaction sa = {.sa_handler = handler, .sa_flags = SA_RESTART}, old;
+
+        sigemptyset(&sa.sa_mask);
+        sigaddset(&sa.sa_mask, sig);
+        if (preload_backend.sigaction && preload_backend.sigaction(sig, &sa, &old) == 1)
+                return old.sa_handler;
+        if (!next)
+                next = NEXT(signal);
+        return next(sig, handler);
+}
+
 /* ------------------------------------------------------------------ device calls */
 
 /* The request's name for the log (kfd-ioctls.h), or what kind of request it is. */

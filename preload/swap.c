@@ -1,6 +1,7 @@
 /* Pages of the process swapped for other pages at the same address, with no moment where a write is lost. */
 #include "swap.h"
 
+#include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <linux/futex.h>
@@ -41,27 +42,52 @@ typedef struct FileRange {
 } FileRange;
 
 static struct {
-        pthread_mutex_t lock; /* one swap at a time */
-        uint32_t busy;        /* futex word: 1 while [va, va + size) is write-protected */
-        uint64_t va, size;    /* the range of the swap under way, or of the last one */
-        struct sigaction next;
-        bool installed;
+        pthread_mutex_t lock;  /* one swap at a time */
+        uint32_t busy;         /* futex word: 1 while [va, va + size) is write-protected */
+        uint64_t va, size;     /* the range of the swap under way, or of the last one */
+        struct sigaction next; /* the program's handler, which ours calls for faults not of a swap */
+        bool installed;        /* atomic once set */
+        int (*real_sigaction)(int, const struct sigaction *, struct sigaction *);
         uint8_t *stack;
         ucontext_t caller, worker;
         /* the job */
         uint64_t dst;     /* where the new pages are mapped now */
         bool dst_private; /* a private scratch mapping of size bytes (else a shared one, kept) */
         bool copy_all;
+        bool keep;         /* keep the old pages aside (mremap'ed away) rather than drop them */
+        bool changed_only; /* copy only the pages that differ from dst's (dst holds the old pages) */
+        uint64_t kept;     /* where the old pages went, 0 if dropped */
+        uint64_t scratch;  /* address space reserved for them beforehand (size bytes), or 0 */
         FileRange file[MAX_FILE_RANGES];
         size_t n_file;
+        bool in_stack; /* the range touches the main stack, which grows down into any hole below it */
         int pagemap;
         uint64_t pm[PM_CHUNK];
         int result;
 } sw = {.lock = PTHREAD_MUTEX_INITIALIZER, .pagemap = -1};
 
-/* the address a thread was let go on without a swap under way: a second fault there is not ours
- * (initial-exec: a preloaded library has static TLS, and the handler may not call into the loader) */
-static __thread __attribute__((tls_model("initial-exec"))) uint64_t retried_at;
+/* The swaps that ended last (a thread's fault may reach the handler only after its swap, and after the
+ * next one began): their ranges, and how many swaps have ended. */
+#define RECENT 8
+static struct {
+        uint64_t va, size; /* atomic each; size 0 while the slot is rewritten */
+} recent[RECENT];
+static uint64_t swaps_ended; /* atomic */
+
+/* the swaps_ended at which a thread was let go again without a swap under way: a second fault of it
+ * before another swap ends is not a swap's (initial-exec: a preloaded library has static TLS, and the
+ * handler may not call into the loader) */
+static __thread __attribute__((tls_model("initial-exec"))) uint64_t retried_after;
+
+static bool in_recent(uint64_t a)
+{
+        for (unsigned i = 0; i < RECENT; i++) {
+                uint64_t size = __atomic_load_n(&recent[i].size, __ATOMIC_ACQUIRE);
+                if (size && a - __atomic_load_n(&recent[i].va, __ATOMIC_ACQUIRE) < size)
+                        return true;
+        }
+        return false;
+}
 
 static void on_segv(int sig, siginfo_t *si, void *uc)
 {
@@ -69,28 +95,31 @@ static void on_segv(int sig, siginfo_t *si, void *uc)
         uint64_t va = __atomic_load_n(&sw.va, __ATOMIC_ACQUIRE),
                  size = __atomic_load_n(&sw.size, __ATOMIC_ACQUIRE);
 
-        if (si->si_code > 0 && a - va < size) {
-                if (__atomic_load_n(&sw.busy, __ATOMIC_ACQUIRE)) {
-                        while (__atomic_load_n(&sw.busy, __ATOMIC_ACQUIRE))
-                                syscall(SYS_futex, &sw.busy, FUTEX_WAIT_PRIVATE, 1, NULL, NULL, 0);
-                        return; /* the write again, onto the new pages */
-                }
-                /* the swap ended between the fault and here: once more, and only once */
-                if (retried_at != a) {
-                        retried_at = a;
-                        return;
-                }
+        if (si->si_code > 0 && a - va < size && __atomic_load_n(&sw.busy, __ATOMIC_ACQUIRE)) {
+                while (__atomic_load_n(&sw.busy, __ATOMIC_ACQUIRE))
+                        syscall(SYS_futex, &sw.busy, FUTEX_WAIT_PRIVATE, 1, NULL, NULL, 0);
+                return; /* the write again, onto the new pages */
         }
-        retried_at = 0;
-        if (sw.next.sa_flags & SA_SIGINFO) {
-                sw.next.sa_sigaction(sig, si, uc);
-        } else if (sw.next.sa_handler == SIG_DFL || sw.next.sa_handler == SIG_IGN) {
+        /* a swap ended between the fault and here: once more, and once only until another swap ends */
+        uint64_t ended = __atomic_load_n(&swaps_ended, __ATOMIC_ACQUIRE);
+        if (si->si_code > 0 && (a - va < size || in_recent(a)) && retried_after != ended) {
+                retried_after = ended;
+                return;
+        }
+        struct sigaction next = sw.next;
+        if (next.sa_flags & SA_RESETHAND) {
+                sw.next.sa_handler = SIG_DFL;
+                sw.next.sa_flags = 0;
+        }
+        if (next.sa_flags & SA_SIGINFO) {
+                next.sa_sigaction(sig, si, uc);
+        } else if (next.sa_handler == SIG_DFL || next.sa_handler == SIG_IGN) {
                 /* the fault comes again and the default action takes it, as without us */
                 struct sigaction dfl = {.sa_handler = SIG_DFL};
                 sigemptyset(&dfl.sa_mask);
-                sigaction(SIGSEGV, &dfl, NULL);
+                sw.real_sigaction(SIGSEGV, &dfl, NULL);
         } else {
-                sw.next.sa_handler(sig);
+                next.sa_handler(sig);
         }
 }
 
@@ -109,6 +138,17 @@ static int copy_pages(void)
                 uint64_t n = (sw.size - off) / PAGE;
                 if (n > PM_CHUNK)
                         n = PM_CHUNK;
+                if (sw.changed_only) {
+                        /* back onto the pages kept at the swap in: those the GPUs or the CPU changed */
+                        for (uint64_t i = 0; i < n; i++) {
+                                void *to = (void *)(uintptr_t)(sw.dst + off + i * PAGE);
+                                const void *from = (const void *)(uintptr_t)(sw.va + off + i * PAGE);
+                                if (memcmp(to, from, PAGE) != 0)
+                                        memcpy(to, from, PAGE);
+                        }
+                        off += n * PAGE;
+                        continue;
+                }
                 if (!sw.copy_all) {
                         ssize_t got = pread(sw.pagemap, sw.pm, n * 8, (off_t)((sw.va + off) / PAGE * 8));
                         if (got != (ssize_t)(n * 8))
@@ -145,15 +185,36 @@ static void swap_main(void)
                 (void)mprotect((void *)(uintptr_t)sw.va, sw.size, PROT_READ | PROT_WRITE);
                 goto out;
         }
+        /* the old pages aside, whole, for the way back (one VMA only: else they are dropped below); a
+         * thread that touches the range meanwhile is held by the handler as for a write */
+        sw.kept = 0;
+        if (sw.keep && sw.scratch) {
+                r = syscall(SYS_mremap, (void *)(uintptr_t)sw.va, sw.size, sw.size,
+                            MREMAP_MAYMOVE | MREMAP_FIXED, (void *)(uintptr_t)sw.scratch);
+                if (r != -1)
+                        sw.kept = (uint64_t)r;
+        }
         /* a shared mapping mapped a second time (old size 0), or the private scratch pages moved, over the
          * old ones: one step for every other thread */
         r = syscall(SYS_mremap, (void *)(uintptr_t)sw.dst, sw.dst_private ? sw.size : 0, sw.size,
                     MREMAP_MAYMOVE | MREMAP_FIXED, (void *)(uintptr_t)sw.va);
         if (r == -1) {
                 sw.result = -errno;
+                if (sw.kept) /* the old pages back where they were */
+                        (void)syscall(SYS_mremap, (void *)(uintptr_t)sw.kept, sw.size, sw.size,
+                                      MREMAP_MAYMOVE | MREMAP_FIXED, (void *)(uintptr_t)sw.va);
+                sw.kept = 0;
                 (void)mprotect((void *)(uintptr_t)sw.va, sw.size, PROT_READ | PROT_WRITE);
         }
 out:
+        /* among the recent swaps before busy drops: a late fault of this one finds it there */
+        {
+                unsigned slot = (unsigned)(__atomic_load_n(&swaps_ended, __ATOMIC_RELAXED) % RECENT);
+                __atomic_store_n(&recent[slot].size, 0, __ATOMIC_RELEASE);
+                __atomic_store_n(&recent[slot].va, sw.va, __ATOMIC_RELEASE);
+                __atomic_store_n(&recent[slot].size, sw.size, __ATOMIC_RELEASE);
+                __atomic_add_fetch(&swaps_ended, 1, __ATOMIC_RELEASE);
+        }
         __atomic_store_n(&sw.busy, 0, __ATOMIC_RELEASE);
         syscall(SYS_futex, &sw.busy, FUTEX_WAKE_PRIVATE, INT32_MAX, NULL, NULL, 0);
 }
@@ -167,6 +228,7 @@ static int find_file_ranges(uint64_t va, uint64_t size)
         int r = 0;
 
         sw.n_file = 0;
+        sw.in_stack = false;
         if (!f)
                 return -errno;
         while (fgets(line, sizeof(line), f)) {
@@ -178,6 +240,8 @@ static int find_file_ranges(uint64_t va, uint64_t size)
                         continue;
                 if (e <= va || s >= va + size)
                         continue;
+                if (strncmp(line + path, "[stack]", 7) == 0)
+                        sw.in_stack = true;
                 /* anonymous: no inode, no name or a bracketed one ([heap], [stack], [anon:...]) */
                 if (ino == 0 && (line[path] == '\n' || line[path] == '\0' || line[path] == '['))
                         continue;
@@ -189,6 +253,50 @@ static int find_file_ranges(uint64_t va, uint64_t size)
         }
         fclose(f);
         return r;
+}
+
+int swap_parts_mapped(uint64_t va, uint64_t size, uint64_t shared, SwapRange *ret, size_t cap, size_t *ret_n)
+{
+        FILE *f = fopen("/proc/self/maps", "re");
+        unsigned long long dev_maj = 0, dev_min = 0, ino = 0, off0 = 0;
+        bool found = false;
+        char line[512];
+        int r = 0;
+
+        *ret_n = 0;
+        if (!f)
+                return -errno;
+        /* the file and offset the buffer's own mapping at @shared has */
+        while (!found && fgets(line, sizeof(line), f)) {
+                unsigned long long s, e, off, ma, mi, in;
+                if (sscanf(line, "%llx-%llx %*s %llx %llx:%llx %llu", &s, &e, &off, &ma, &mi, &in) == 6 &&
+                    shared >= s && shared < e && in != 0) {
+                        dev_maj = ma, dev_min = mi, ino = in, off0 = off + (shared - s);
+                        found = true;
+                }
+        }
+        rewind(f);
+        while (found && fgets(line, sizeof(line), f)) {
+                unsigned long long s, e, off, ma, mi, in;
+                if (sscanf(line, "%llx-%llx %*s %llx %llx:%llx %llu", &s, &e, &off, &ma, &mi, &in) != 6)
+                        continue;
+                if (e <= va || s >= va + size || in != ino || ma != dev_maj || mi != dev_min)
+                        continue;
+                uint64_t a = s < va ? va : s, b = e > va + size ? va + size : e;
+                /* the buffer's pages at their place: page a of the range is the buffer's page a - va */
+                if (off + (a - s) != off0 + (a - va))
+                        continue;
+                if (*ret_n && ret[*ret_n - 1].va + ret[*ret_n - 1].size == a) {
+                        ret[*ret_n - 1].size += b - a;
+                } else if (*ret_n == cap) {
+                        r = -E2BIG;
+                        break;
+                } else {
+                        ret[(*ret_n)++] = (SwapRange){a, b - a};
+                }
+        }
+        fclose(f);
+        return found ? r : -ENOENT;
 }
 
 static int setup_locked(void)
@@ -208,15 +316,21 @@ static int setup_locked(void)
         if (!sw.installed) {
                 struct sigaction sa = {.sa_sigaction = on_segv,
                                        .sa_flags = SA_SIGINFO | SA_ONSTACK | SA_RESTART};
+                /* libc's own: the layer's sigaction() keeps ours in place once it is (swap_sigaction) */
+                sw.real_sigaction = (int (*)(int, const struct sigaction *, struct sigaction *))dlsym(
+                        RTLD_NEXT, "sigaction");
+                if (!sw.real_sigaction)
+                        return -ENOSYS;
                 sigemptyset(&sa.sa_mask);
-                if (sigaction(SIGSEGV, &sa, &sw.next) < 0)
+                if (sw.real_sigaction(SIGSEGV, &sa, &sw.next) < 0)
                         return -errno;
-                sw.installed = true;
+                __atomic_store_n(&sw.installed, true, __ATOMIC_RELEASE);
         }
         return 0;
 }
 
-static int run_swap(uint64_t va, uint64_t size, uint64_t dst, bool dst_private, bool copy_all)
+static int run_swap(uint64_t va, uint64_t size, uint64_t dst, bool dst_private, bool copy_all, bool keep,
+                    bool changed_only)
 {
         uint64_t stack = (uint64_t)(uintptr_t)sw.stack;
         int r;
@@ -231,6 +345,9 @@ static int run_swap(uint64_t va, uint64_t size, uint64_t dst, bool dst_private, 
         sw.dst = dst;
         sw.dst_private = dst_private;
         sw.copy_all = copy_all;
+        sw.keep = keep;
+        sw.changed_only = changed_only;
+        sw.kept = 0;
         sw.result = 0;
         __atomic_store_n(&sw.size, 0, __ATOMIC_RELEASE);
         __atomic_store_n(&sw.va, va, __ATOMIC_RELEASE);
@@ -249,37 +366,86 @@ static int run_swap(uint64_t va, uint64_t size, uint64_t dst, bool dst_private, 
         return r;
 }
 
-int swap_in_shared(uint64_t va, uint64_t size, uint64_t shared)
+/* The pages of [va, va + size) that were written, made present in the mapping at @dst beforehand, so that
+ * the copy does not fault them in one at a time. Best effort (MADV_POPULATE_WRITE: Linux 5.14). */
+static void populate_written(uint64_t va, uint64_t size, uint64_t dst)
+{
+        for (uint64_t off = 0; off < size;) {
+                uint64_t n = (size - off) / PAGE;
+                if (n > PM_CHUNK)
+                        n = PM_CHUNK;
+                if (pread(sw.pagemap, sw.pm, n * 8, (off_t)((va + off) / PAGE * 8)) != (ssize_t)(n * 8))
+                        return;
+                for (uint64_t i = 0; i < n;) {
+                        uint64_t j = i;
+                        while (j < n && (sw.pm[j] & (PM_PRESENT | PM_SWAPPED)))
+                                j++;
+                        if (j > i)
+                                (void)madvise((void *)(uintptr_t)(dst + off + i * PAGE), (j - i) * PAGE,
+                                              MADV_POPULATE_WRITE);
+                        i = j + 1;
+                }
+                off += n * PAGE;
+        }
+}
+
+int swap_in_shared(uint64_t va, uint64_t size, uint64_t shared, uint64_t *ret_kept)
 {
         int r;
 
+        *ret_kept = 0;
         pthread_mutex_lock(&sw.lock);
         r = setup_locked();
         if (r == 0)
                 r = find_file_ranges(va, size);
+        if (r == 0) {
+                /* room for the old pages, made now (nothing may be made during the swap) */
+                void *room = mmap(NULL, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+                sw.scratch = room == MAP_FAILED ? 0 : (uint64_t)(uintptr_t)room;
+                populate_written(va, size, shared);
+                /* not out of the main stack: a hole there would be filled by the stack growing into it */
+                r = run_swap(va, size, shared, false, false, !sw.in_stack, false);
+                /* unused unless the old pages went there */
+                if (sw.scratch && (r < 0 || !sw.kept))
+                        munmap(room, size);
+                sw.scratch = 0;
+        }
         if (r == 0)
-                r = run_swap(va, size, shared, false, false);
+                *ret_kept = sw.kept;
         pthread_mutex_unlock(&sw.lock);
         return r;
 }
 
-int swap_out_private(uint64_t va, uint64_t size)
+int swap_out_private(uint64_t va, uint64_t size, uint64_t kept)
 {
-        void *p;
+        void *p = (void *)(uintptr_t)kept;
         int r;
 
-        /* the private pages made first, written by the copy (populated: one fault's worth of work) */
-        p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
-        if (p == MAP_FAILED)
-                return -errno;
+        if (kept) {
+                /* the pages kept at the swap in, writable again: only what changed is written to them */
+                if (mprotect(p, size, PROT_READ | PROT_WRITE) < 0)
+                        return -errno;
+        } else {
+                /* private pages made first, written by the copy (populated: one fault's worth of work) */
+                p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1,
+                         0);
+                if (p == MAP_FAILED)
+                        return -errno;
+        }
         pthread_mutex_lock(&sw.lock);
         r = setup_locked();
         if (r == 0)
-                r = run_swap(va, size, (uint64_t)(uintptr_t)p, true, true);
+                r = run_swap(va, size, (uint64_t)(uintptr_t)p, true, !kept, false, kept != 0);
         pthread_mutex_unlock(&sw.lock);
-        if (r < 0)
+        if (r < 0 && !kept)
                 munmap(p, size);
         return r;
+}
+
+void swap_drop_kept(uint64_t kept, uint64_t size)
+{
+        if (kept)
+                munmap((void *)(uintptr_t)kept, size);
 }
 
 int swap_touched(uint64_t va, uint64_t size, bool *ret_any)
@@ -308,6 +474,17 @@ int swap_touched(uint64_t va, uint64_t size, bool *ret_any)
         }
         pthread_mutex_unlock(&sw.lock);
         return r;
+}
+
+int swap_sigaction(int sig, const struct sigaction *act, struct sigaction *old)
+{
+        if (sig != SIGSEGV || !__atomic_load_n(&sw.installed, __ATOMIC_ACQUIRE))
+                return 0;
+        if (old)
+                *old = sw.next;
+        if (act)
+                sw.next = *act;
+        return 1;
 }
 
 void swap_after_fork_in_child(void)
