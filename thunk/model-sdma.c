@@ -122,7 +122,7 @@ static int sdma_subwin(ModelEngine *e, const ModelSrc *s, const uint32_t *h, uin
         row = q->part_at == at && q->part_rows < rows ? q->part_rows : 0;
         q->part_rows = 0;
         for (uint64_t first = row; row < rows; row++) {
-                uint64_t sva, dva;
+                uint64_t sva = 0, dva = 0; /* set by subwin_row, which GCC at -O2 cannot see */
 
                 if (row > first && e->budget == 0) {
                         q->part_at = at;
