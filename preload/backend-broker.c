@@ -93,6 +93,7 @@ static struct {
         uint32_t next_bo;
         uint64_t unserved_said;               /* bit per ioctl number already logged as not served */
         uint64_t event_page, event_page_size; /* the GTT BO named at the first CREATE_EVENT */
+        size_t n_queues;                      /* made through CREATE_QUEUE, not destroyed yet (atomic) */
         /* SVM: the ranges whose pages are the daemon's now (each a GTT buffer at its own address), and their
          * attributes as KFD would report them */
         struct SvmPages {
@@ -459,6 +460,9 @@ static int xnack_mode(void *arg, unsigned long request)
                 a->xnack_enabled = 0;
                 return 0;
         }
+        /* KFD refuses any change, even to the mode in force, while the process has queues */
+        if (__atomic_load_n(&kb.n_queues, __ATOMIC_ACQUIRE))
+                return -EBUSY;
         /* retry faults would need the client's context in the daemon switched too: not served */
         return a->xnack_enabled == 0 ? 0 : -EPERM;
 }
@@ -1303,6 +1307,7 @@ static int create_queue(void *arg, unsigned long request)
         }
         a->queue_id = id;
         a->doorbell_offset = db;
+        __atomic_add_fetch(&kb.n_queues, 1, __ATOMIC_RELEASE);
         return 0;
 }
 
@@ -1348,7 +1353,11 @@ static int reset_event(void *arg, unsigned long request)
 
 static int destroy_queue(void *arg, unsigned long request)
 {
-        return gm_queue_destroy(kb.c, ((struct kfd_ioctl_destroy_queue_args *)arg)->queue_id);
+        int r = gm_queue_destroy(kb.c, ((struct kfd_ioctl_destroy_queue_args *)arg)->queue_id);
+
+        if (r == 0) /* (a queue the daemon destroyed was made here) */
+                __atomic_sub_fetch(&kb.n_queues, 1, __ATOMIC_RELEASE);
+        return r;
 }
 
 static int update_queue(void *arg, unsigned long request)

@@ -305,6 +305,24 @@ static int test_fault(bool sdma, bool unmapped)
         return 0;
 }
 
+/*
+ * What KFD answers besides running packets: the XNACK mode cannot be set, not even to the mode in force,
+ * while a queue is alive.
+ */
+static int test_rules(void)
+{
+        HSAint32 xnack = -1;
+        Queue q;
+
+        REQUIRE(queue_new(&q, false) == 0);
+        REQUIRE_KMT(hsaKmtGetXNACKMode(&xnack));
+        REQUIRE(hsaKmtSetXNACKMode(xnack) == HSAKMT_STATUS_ERROR);
+        queue_free(&q);
+        REQUIRE_KMT(hsaKmtSetXNACKMode(xnack));
+        printf("rules: xnack with a queue: ok\n");
+        return 0;
+}
+
 static int open_kfd(void)
 {
         HsaSystemProperties sp;
@@ -385,7 +403,7 @@ int main(int argc, char **argv)
         }
         if (broker) {
                 REQUIRE(open_kfd() == 0);
-                REQUIRE(test_pm4() == 0 && test_sdma() == 0);
+                REQUIRE(test_pm4() == 0 && test_sdma() == 0 && test_rules() == 0);
                 REQUIRE(close_kfd() == 0);
                 printf("ok\n");
                 return 0;
@@ -393,7 +411,7 @@ int main(int argc, char **argv)
         /* a VM fault stops every queue of the process for good, as in the kernel: each fault gets a fresh
          * process context (close and reopen the KFD) */
         REQUIRE(open_kfd() == 0);
-        REQUIRE(test_pm4() == 0 && test_sdma() == 0);
+        REQUIRE(test_pm4() == 0 && test_sdma() == 0 && test_rules() == 0);
         REQUIRE(test_fault(false, false) == 0);
         REQUIRE(close_kfd() == 0);
         REQUIRE(open_kfd() == 0);
