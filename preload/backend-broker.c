@@ -1197,6 +1197,10 @@ static int svm_call(struct kfd_ioctl_svm_args *a, unsigned long request)
                 return -EOVERFLOW;
         if (a->op != KFD_IOCTL_SVM_OP_SET_ATTR && a->op != KFD_IOCTL_SVM_OP_GET_ATTR)
                 return -EINVAL;
+        /* KFD takes (or reports on) only memory the process has mapped, every page of the range: msync
+         * answers ENOMEM for a range with a page that is not */
+        if (msync((void *)(uintptr_t)a->start_addr, a->size, MS_ASYNC) < 0)
+                return errno == ENOMEM ? -EFAULT : -errno;
         /* the window is libhsakmt's BOs' */
         if (a->start_addr < kb.window_base + kb.window_size && a->start_addr + a->size > kb.window_base)
                 return -EADDRINUSE;

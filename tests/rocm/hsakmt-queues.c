@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -307,11 +308,13 @@ static int test_fault(bool sdma, bool unmapped)
 
 /*
  * What KFD answers besides running packets: the XNACK mode cannot be set, not even to the mode in force,
- * while a queue is alive.
+ * while a queue is alive; an SVM range's attributes are refused for memory the process has not mapped.
  */
 static int test_rules(void)
 {
+        HSA_SVM_ATTRIBUTE at = {.type = HSA_SVM_ATTR_GRANULARITY};
         HSAint32 xnack = -1;
+        void *hole;
         Queue q;
 
         REQUIRE(queue_new(&q, false) == 0);
@@ -319,7 +322,15 @@ static int test_rules(void)
         REQUIRE(hsaKmtSetXNACKMode(xnack) == HSAKMT_STATUS_ERROR);
         queue_free(&q);
         REQUIRE_KMT(hsaKmtSetXNACKMode(xnack));
-        printf("rules: xnack with a queue: ok\n");
+
+        hole = mmap(NULL, 4 * 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        REQUIRE(hole != MAP_FAILED);
+        REQUIRE_KMT(hsaKmtSVMGetAttr(hole, 4 * 4096, 1, &at));
+        REQUIRE(munmap((char *)hole + 4096, 4096) == 0);
+        REQUIRE(hsaKmtSVMGetAttr(hole, 4 * 4096, 1, &at) == HSAKMT_STATUS_ERROR);
+        REQUIRE(hsaKmtSVMGetAttr((char *)hole + 4096, 4096, 1, &at) == HSAKMT_STATUS_ERROR);
+        munmap(hole, 4 * 4096);
+        printf("rules: xnack with a queue, svm attributes of unmapped memory: ok\n");
         return 0;
 }
 
