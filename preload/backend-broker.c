@@ -23,6 +23,7 @@
 #include "config.h"
 #include "gpumem-client.h"
 #include "kfd-ioctls.h"
+#include "model-clock.h"
 #include "svm-book.h"
 #include "swap.h"
 
@@ -445,8 +446,9 @@ static int clock_counters(void *arg, unsigned long request)
         struct kfd_ioctl_get_clock_counters_args *a = arg;
         if (gpu_index(a->gpu_id) < 0)
                 return -EINVAL;
-        /* the GPU's counter as the model keeps it: the raw monotonic clock, in nanoseconds */
-        a->gpu_clock_counter = clock_ns(CLOCK_MONOTONIC_RAW);
+        /* the GPU's counter as the model's engines in the daemon write it into timestamps (one host, one
+         * clock); a daemon on the kernel's KFD would have to ask the GPU, which the protocol cannot yet */
+        a->gpu_clock_counter = model_gpu_clock_now();
         a->cpu_clock_counter = clock_ns(CLOCK_MONOTONIC_RAW);
         a->system_clock_counter = clock_ns(CLOCK_BOOTTIME);
         a->system_clock_freq = 1000000000ull;

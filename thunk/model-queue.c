@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "macro.h"
+#include "model-clock.h"
 #include "model-engines.h"
 
 #define MODEL_ENOTSUPP            524 /* the kernel's internal ENOTSUPP, which reaches user space as is */
@@ -22,8 +23,7 @@
 #define MODEL_FIRST_NONSIGNAL_ID  0x40000000u /* (INT_MAX >> 1) + 1 */
 #define MODEL_LAST_NONSIGNAL_ID   0x7fffffffu
 #define MODEL_TIMEOUT_INFINITE    0xffffffffu
-#define MODEL_GPU_CLOCK_HZ        100000000ULL /* the GPU's reference clock counter runs at 100 MHz */
-#define MODEL_GB_ADDR_CONFIG_GFX9 0x2a114042u  /* gfx9 golden value: 256-byte pipe interleave */
+#define MODEL_GB_ADDR_CONFIG_GFX9 0x2a114042u /* gfx9 golden value: 256-byte pipe interleave */
 
 static bool user_range_ok(uint64_t addr, uint64_t size)
 {
@@ -676,7 +676,7 @@ void model_ctx_release_queues(ThunkModel *m, ModelCtx *c)
 
 uint64_t model_gpu_clock(void)
 {
-        return now_ns(CLOCK_MONOTONIC_RAW) / (1000000000ULL / MODEL_GPU_CLOCK_HZ);
+        return model_gpu_clock_now();
 }
 
 uint64_t model_sys_clock(void)

@@ -307,17 +307,42 @@ static int test_fault(bool sdma, bool unmapped)
 }
 
 /*
- * What KFD answers besides running packets: the XNACK mode cannot be set, not even to the mode in force,
+ * What KFD answers besides running packets: a RELEASE_MEM timestamp lies between the GPU clock counters read
+ * before and after it (one clock, one rate); the XNACK mode cannot be set, not even to the mode in force,
  * while a queue is alive; an SVM range's attributes are refused for memory the process has not mapped.
  */
 static int test_rules(void)
 {
+        volatile uint64_t *mem = gpu_mem(BUF_SIZE, false, false);
+        HsaClockCounters before, after;
         HSA_SVM_ATTRIBUTE at = {.type = HSA_SVM_ATTR_GRANULARITY};
         HSAint32 xnack = -1;
         void *hole;
         Queue q;
 
+        REQUIRE(mem != NULL);
         REQUIRE(queue_new(&q, false) == 0);
+        {
+                const uint32_t rm[] = {PACKET3(PM4_RELEASE_MEM, 6),
+                                       CACHE_FLUSH_AND_INV_TS | EOP << 8,
+                                       3u << 29, /* the GPU's 64-bit clock counter, no interrupt */
+                                       lo(mem),
+                                       hi(mem),
+                                       0,
+                                       0,
+                                       0};
+
+                REQUIRE_KMT(hsaKmtGetClockCounters(gpu_node, &before));
+                usleep(1000);
+                submit(&q, rm, 8);
+                REQUIRE(drained(&q));
+                usleep(1000);
+                REQUIRE_KMT(hsaKmtGetClockCounters(gpu_node, &after));
+                printf("clock: before %llu timestamp %llu after %llu\n",
+                       (unsigned long long)before.GPUClockCounter, (unsigned long long)mem[0],
+                       (unsigned long long)after.GPUClockCounter);
+                REQUIRE(before.GPUClockCounter < mem[0] && mem[0] < after.GPUClockCounter);
+        }
         REQUIRE_KMT(hsaKmtGetXNACKMode(&xnack));
         REQUIRE(hsaKmtSetXNACKMode(xnack) == HSAKMT_STATUS_ERROR);
         queue_free(&q);
@@ -330,7 +355,8 @@ static int test_rules(void)
         REQUIRE(hsaKmtSVMGetAttr(hole, 4 * 4096, 1, &at) == HSAKMT_STATUS_ERROR);
         REQUIRE(hsaKmtSVMGetAttr((char *)hole + 4096, 4096, 1, &at) == HSAKMT_STATUS_ERROR);
         munmap(hole, 4 * 4096);
-        printf("rules: xnack with a queue, svm attributes of unmapped memory: ok\n");
+        gpu_free((void *)mem, BUF_SIZE);
+        printf("rules: clock, xnack with a queue, svm attributes of unmapped memory: ok\n");
         return 0;
 }
 

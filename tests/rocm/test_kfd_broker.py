@@ -190,8 +190,8 @@ def test_queues(tmp):
         check("pm4: nop, write_data, release_mem interrupt: ok" in r.stdout, "PM4 packets and the EOP interrupt")
         check("sdma: nop, fence, copy host -> vram, trap interrupt: ok" in r.stdout,
               "SDMA copy into VRAM and the trap interrupt")
-        check("rules: xnack with a queue, svm attributes of unmapped memory: ok" in r.stdout,
-              "XNACK mode and SVM attributes refused as KFD does")
+        check("rules: clock, xnack with a queue, svm attributes of unmapped memory: ok" in r.stdout,
+              "timestamps on the GPU clock counter's scale, XNACK mode and SVM attributes refused as KFD does")
         check(wait_class_whole(sock, "all"), "no queue or memory is left charged after it ends")
 
 
