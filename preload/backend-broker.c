@@ -25,6 +25,7 @@
 #include "kfd-ioctls.h"
 #include "model-clock.h"
 #include "svm-book.h"
+#include "registered.h"
 #include "swap.h"
 
 /*
@@ -537,126 +538,6 @@ static bool in_window(uint64_t va, uint64_t size)
                va - kb.window_base <= kb.window_size - size;
 }
 
-/*
- * Pages the process registers become memory the daemon shares: the daemon cannot reach the process's
- * private pages (and a client context takes no userptr, on the kernel as in the model), so a GTT buffer of
- * the process's context takes their place. It lies at the GPU address libhsakmt chose in the window
- * (@gpu_va), where the library maps it as any allocation.
- *
- * Pages elsewhere (@cpu_va: the heap around a buffer HIP pins for a copy, a hipHostRegister'ed array, a
- * stack) are the program's, written by any of its threads at any moment: the buffer is made first, then
- * swap.c copies what they hold into it and maps it over them in one step, with the range write-protected
- * meanwhile so that no write is lost (a writer waits for the swap and then writes the new pages).
- *
- * Pages at their own GPU address are libhsakmt's own host allocation, mapped by it a moment ago and not
- * yet handed to anyone (or an SVM range HIP has just mapped): the buffer is mapped over them, and only
- * when a page of them was written already is what they hold copied across.
- */
-static int substitute_pages(uint64_t cpu_va, uint64_t gpu_va, uint64_t size, uint32_t gpu_id, unsigned flags,
-                            uint64_t *ret_kept)
-{
-        gm_alloc_desc d = {.kind = GM_KIND_HOST,
-                           .size = size,
-                           .gpu_id = gpu_id,
-                           /* in the process's own GPU context, where its queues read and write */
-                           .flags = (flags & ~(unsigned)GM_MEM_READ_ONLY) | GM_MEM_GTT,
-                           .numa_node = -1,
-                           .alignment = PAGE,
-                           .fixed_addr = (void *)(uintptr_t)gpu_va,
-                           /* on its own GPU, as the BO's other allocations: MAP_MEMORY_TO_GPU adds others */
-                           .map_gpus = &gpu_id,
-                           .n_map_gpus = 1};
-        uint8_t *saved = NULL;
-        bool written = false;
-        void *p = NULL;
-        int r;
-
-        *ret_kept = 0;
-        if (cpu_va != gpu_va) {
-                r = gm_malloc_desc(kb.c, &d, &p);
-                if (r < 0)
-                        return r;
-                r = swap_in_shared(cpu_va, size, gpu_va, ret_kept);
-                say(2, "registered 0x%llx+0x%llx at 0x%llx: %d (own pages kept: %s)",
-                    (unsigned long long)cpu_va, (unsigned long long)size, (unsigned long long)gpu_va, r,
-                    *ret_kept ? "yes" : "no");
-                if (r < 0) {
-                        say(1, "cannot put shared pages in place of 0x%llx+0x%llx: %s",
-                            (unsigned long long)cpu_va, (unsigned long long)size, strerror(-r));
-                        (void)gm_mem_free(kb.c, (void *)(uintptr_t)gpu_va);
-                }
-                return r;
-        }
-        r = swap_touched(cpu_va, size, &written);
-        if (r < 0)
-                return r;
-        if (written) {
-                /* all of it (pages swapped out included), read so that a range this process cannot read is
-                 * an error rather than a fault */
-                struct iovec here, there = {(void *)(uintptr_t)cpu_va, size};
-                saved = malloc(size);
-                if (!saved)
-                        return -ENOMEM;
-                here = (struct iovec){saved, size};
-                if (process_vm_readv(getpid(), &here, 1, &there, 1, 0) != (ssize_t)size) {
-                        free(saved);
-                        return -EFAULT;
-                }
-        }
-        r = gm_malloc_desc(kb.c, &d, &p);
-        if (r == 0 && saved)
-                memcpy((void *)(uintptr_t)cpu_va, saved, size);
-        free(saved);
-        return r;
-}
-
-/*
- * The substituted pages go back to being the process's own, with what they hold, when it deregisters
- * (swapped as above). Pages at their own GPU address are libhsakmt's host allocation, which it unmaps as
- * soon as the free returns: they become the window's reservation again, what they held not kept.
- * *@freed: the daemon let go of the memory (even when its pages could not be put back here).
- */
-static int unsubstitute_pages(uint64_t cpu_va, uint64_t gpu_va, uint64_t size, uint64_t kept, bool *freed)
-{
-        int r;
-
-        *freed = false;
-        if (cpu_va != gpu_va) {
-                SwapRange parts[16];
-                size_t n = 0;
-
-                /*
-                 * The process's pages first, so that no mapping of the buffer outlives its handle. Only where
-                 * the buffer still is: the program may have freed what it registered (glibc unmaps a large
-                 * block) and even have new memory there before the runtime deregisters; as on the kernel,
-                 * where a userptr BO follows the address, that new memory is left alone.
-                 */
-                r = swap_parts_mapped(cpu_va, size, gpu_va, parts, 16, &n);
-                say(2, "deregistering 0x%llx+0x%llx at 0x%llx: %zu part(s) still its own (%d)",
-                    (unsigned long long)cpu_va, (unsigned long long)size, (unsigned long long)gpu_va, n, r);
-                if (r == 0 && n == 1 && parts[0].va == cpu_va && parts[0].size == size) {
-                        r = swap_out_private(cpu_va, size, kept);
-                } else if (r == 0) {
-                        swap_drop_kept(kept, size);
-                        for (size_t i = 0; i < n && r == 0; i++)
-                                r = swap_out_private(parts[i].va, parts[i].size, 0);
-                }
-                if (r < 0) {
-                        say(1, "cannot put private pages back at 0x%llx+0x%llx: %s",
-                            (unsigned long long)cpu_va, (unsigned long long)size, strerror(-r));
-                        return r;
-                }
-        }
-        r = gm_mem_free(kb.c, (void *)(uintptr_t)gpu_va);
-        *freed = r == 0;
-        if (r < 0) {
-                char why[300];
-                say(1, "cannot free the registered pages' buffer at 0x%llx: %s", (unsigned long long)gpu_va,
-                    gm_strerror(kb.c, r, why, sizeof(why)));
-        }
-        return r;
-}
-
 static int alloc_memory(void *arg, unsigned long request)
 {
         struct kfd_ioctl_alloc_memory_of_gpu_args *a = arg;
@@ -704,7 +585,7 @@ static int alloc_memory(void *arg, unsigned long request)
                      (in_window(cpu, a->size) ||
                       (cpu < kb.window_base + kb.window_size && cpu + a->size > kb.window_base))))
                         return -EINVAL;
-                r = substitute_pages(cpu, a->va_addr, a->size, a->gpu_id, flags, &bo.kept);
+                r = registered_swap_in(kb.c, kb.host, cpu, a->va_addr, a->size, a->gpu_id, flags, &bo.kept);
                 bo.userptr = bo.host = true;
                 bo.cpu_va = cpu;
         } else if (k & KFD_IOC_ALLOC_MEM_FLAGS_VRAM) {
@@ -758,7 +639,7 @@ static int alloc_memory(void *arg, unsigned long request)
         if (r < 0) {
                 bool freed;
                 if (bo.userptr) /* the process's own pages back first */
-                        (void)unsubstitute_pages(bo.cpu_va, bo.va, bo.size, bo.kept, &freed);
+                        (void)registered_swap_out(kb.c, kb.host, bo.cpu_va, bo.va, bo.size, bo.kept, &freed);
                 else
                         (void)gm_mem_free(kb.c, (void *)(uintptr_t)a->va_addr);
                 return r;
@@ -796,7 +677,7 @@ static int free_memory(void *arg, unsigned long request)
                 r = (uintptr_t)p > (uintptr_t)-4096 ? (int)(intptr_t)p : 0;
                 freed = true;
         } else if (bo.userptr) {
-                r = unsubstitute_pages(bo.cpu_va, bo.va, bo.size, bo.kept, &freed);
+                r = registered_swap_out(kb.c, kb.host, bo.cpu_va, bo.va, bo.size, bo.kept, &freed);
                 if (r == 0)
                         bo.kept = 0; /* the process's pages again */
         } else {
@@ -1121,7 +1002,8 @@ static int substitute_range(uint64_t va, uint64_t size)
 {
         uint64_t kept;
 
-        return substitute_pages(va, va, size, kb.gpus[0].gpu_id, GM_MEM_COHERENT | GM_MEM_SVM_RANGE, &kept);
+        return registered_swap_in(kb.c, kb.host, va, va, size, kb.gpus[0].gpu_id,
+                                  GM_MEM_COHERENT | GM_MEM_SVM_RANGE, &kept);
 }
 
 /* Substitute the pages of [va, va + size) that are not yet: one range at a time, lowest first. */
