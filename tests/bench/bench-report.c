@@ -24,6 +24,21 @@ void compute_ratios(Report *rep)
         }
 }
 
+/* A row through gpumemd against the same row in process: p50 at most @x times it, or it plus @plus_us. */
+static void rocm_target(Report *rep, const char *name, const char *what, double x, double plus_us)
+{
+        const Row *g = find_row(rep, "rocm-gpumemd", name), *m = find_row(rep, "rocm-model", name);
+        char meas[96];
+
+        if (!g || !m || !g->pinned.n || !m->pinned.n)
+                return;
+        double limit = x * m->pinned.p50_us;
+        if (plus_us > 0 && m->pinned.p50_us + plus_us > limit)
+                limit = m->pinned.p50_us + plus_us;
+        snprintf(meas, sizeof(meas), "%.1f us vs %.1f us in process", g->pinned.p50_us, m->pinned.p50_us);
+        add_target(rep, what, meas, g->pinned.p50_us / limit, 1.0, false);
+}
+
 void compute_targets(Report *rep)
 {
         const Row *floor = find_row(rep, "floor", "small");
@@ -105,6 +120,17 @@ void compute_targets(Report *rep)
                 snprintf(m, sizeof(m), "%zu of %zu", rep->idle_n, rep->idle_want);
                 add_target(rep, "idle connections held", m, (double)rep->idle_n / (double)rep->idle_want, 1.0,
                            true);
+        }
+        if (rep->rocm_ran) {
+                rocm_target(rep, "hipMemcpy-pinned-64MiB", "HIP: pinned hipMemcpy 64 MiB <= 1.2x in process",
+                            1.2, 0);
+                rocm_target(rep, "hipMemcpy-pageable-64MiB",
+                            "HIP: pageable hipMemcpy 64 MiB <= 2x in process", 2.0, 0);
+                rocm_target(rep, "hipHostMalloc+hipHostFree",
+                            "HIP: hipHostMalloc+hipHostFree <= 3x or in process + 100 us", 3.0, 100);
+                rocm_target(rep, "hipMallocManaged+prefetch+free",
+                            "HIP: hipMallocManaged+prefetch+free <= 3x or in process + 100 us", 3.0, 100);
+                rocm_target(rep, "hipMalloc+hipFree", "HIP: hipMalloc+hipFree <= 3x in process", 3.0, 0);
         }
         snprintf(m, sizeof(m), "%.0f bytes over %zu connections", rep->idle_bytes_per_conn, rep->idle_n);
         add_target(rep, "daemon RSS per idle connection < 16 KiB", m, rep->idle_bytes_per_conn / 16384.0, 1.0,

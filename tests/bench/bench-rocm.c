@@ -10,6 +10,9 @@
 
 #include "bench.h"
 
+/* the rows hip-timing prints */
+#define ROCM_ROWS 6
+
 /* Run the timing program with @env_extra set (NULL-terminated "K=V" list) on @cpu (-1: anywhere); parse
  * its "op" lines into rows of @section. 0, or a negative errno with a line on stderr. */
 static int run_timing(const Settings *st, Report *rep, const char *prog, const char *const *env_extra,
@@ -47,7 +50,7 @@ static int run_timing(const Settings *st, Report *rep, const char *prog, const c
                 n++;
         }
         r = pclose(f);
-        if (r != 0 || n != 3) {
+        if (r != 0 || n != ROCM_ROWS) {
                 fprintf(stderr, "rocm: %s under %s: exit %d, %d rows\n", prog, section, r, n);
                 return -EIO;
         }
