@@ -39,6 +39,21 @@ static void rocm_target(Report *rep, const char *name, const char *what, double 
         add_target(rep, what, meas, g->pinned.p50_us / limit, 1.0, false);
 }
 
+/* The HIP section's targets (run with --only rocm). */
+void compute_rocm_targets(Report *rep)
+{
+        if (!rep->rocm_ran)
+                return;
+        rocm_target(rep, "hipMemcpy-pinned-64MiB", "HIP: pinned hipMemcpy 64 MiB <= 1.2x in process", 1.2, 0);
+        rocm_target(rep, "hipMemcpy-pageable-64MiB", "HIP: pageable hipMemcpy 64 MiB <= 2x in process", 2.0,
+                    0);
+        rocm_target(rep, "hipHostMalloc+hipHostFree",
+                    "HIP: hipHostMalloc+hipHostFree <= 3x or in process + 100 us", 3.0, 100);
+        rocm_target(rep, "hipMallocManaged+prefetch+free",
+                    "HIP: hipMallocManaged+prefetch+free <= 3x or in process + 100 us", 3.0, 100);
+        rocm_target(rep, "hipMalloc+hipFree", "HIP: hipMalloc+hipFree <= 3x in process", 3.0, 0);
+}
+
 void compute_targets(Report *rep)
 {
         const Row *floor = find_row(rep, "floor", "small");
@@ -121,17 +136,7 @@ void compute_targets(Report *rep)
                 add_target(rep, "idle connections held", m, (double)rep->idle_n / (double)rep->idle_want, 1.0,
                            true);
         }
-        if (rep->rocm_ran) {
-                rocm_target(rep, "hipMemcpy-pinned-64MiB", "HIP: pinned hipMemcpy 64 MiB <= 1.2x in process",
-                            1.2, 0);
-                rocm_target(rep, "hipMemcpy-pageable-64MiB",
-                            "HIP: pageable hipMemcpy 64 MiB <= 2x in process", 2.0, 0);
-                rocm_target(rep, "hipHostMalloc+hipHostFree",
-                            "HIP: hipHostMalloc+hipHostFree <= 3x or in process + 100 us", 3.0, 100);
-                rocm_target(rep, "hipMallocManaged+prefetch+free",
-                            "HIP: hipMallocManaged+prefetch+free <= 3x or in process + 100 us", 3.0, 100);
-                rocm_target(rep, "hipMalloc+hipFree", "HIP: hipMalloc+hipFree <= 3x in process", 3.0, 0);
-        }
+        compute_rocm_targets(rep);
         snprintf(m, sizeof(m), "%.0f bytes over %zu connections", rep->idle_bytes_per_conn, rep->idle_n);
         add_target(rep, "daemon RSS per idle connection < 16 KiB", m, rep->idle_bytes_per_conn / 16384.0, 1.0,
                    false);

@@ -11,7 +11,7 @@
 #include "bench.h"
 
 /* the rows hip-timing prints */
-#define ROCM_ROWS 6
+#define ROCM_ROWS 7
 
 /* Run the timing program with @env_extra set (NULL-terminated "K=V" list) on @cpu (-1: anywhere); parse
  * its "op" lines into rows of @section. 0, or a negative errno with a line on stderr. */

@@ -258,5 +258,6 @@ double held_run_end(HeldRun *h, unsigned poll_us);
 
 void compute_ratios(Report *rep);
 void compute_targets(Report *rep);
+void compute_rocm_targets(Report *rep);
 void print_report(const Settings *st, const Report *rep);
 int write_json(const Settings *st, const Report *rep);

@@ -145,6 +145,8 @@ int main(int argc, char **argv)
         compute_ratios(&rep);
         if (!only)
                 compute_targets(&rep);
+        else if (want(only, "rocm"))
+                compute_rocm_targets(&rep);
         print_report(&st, &rep);
         r = write_json(&st, &rep);
         if (r < 0)

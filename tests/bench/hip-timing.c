@@ -91,6 +91,23 @@ int main(int argc, char **argv)
         hipFree(d);
         hipHostFree(pinned);
         free(pageable);
+        /* one registration of 4 GiB of written heap memory, and its end (more than process_vm_readv or
+         * one read moves at once) */
+        const size_t huge = 4ull << 30;
+        char *h = malloc(huge);
+        if (!h)
+                return 1;
+        memset(h, 3, huge);
+        uint64_t t = bench_now_ns();
+        if (hipHostRegister(h, huge, hipHostRegisterDefault) != hipSuccess ||
+            hipHostUnregister(h) != hipSuccess)
+                return fprintf(stderr, "hip-timing: a 4 GiB registration failed\n"), 1;
+        s[0] = bench_now_ns() - t;
+        for (size_t i = 0; i < huge; i += 4096)
+                if (h[i] != 3)
+                        return fprintf(stderr, "hip-timing: the 4 GiB registration changed byte %zu\n", i), 1;
+        report("hipHostRegister-4GiB", s, 1);
+        free(h);
         free(s);
         return 0;
 }
