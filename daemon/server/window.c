@@ -108,7 +108,7 @@ static int window_new(Conn *c, uint64_t size, ThunkVaSpace **ret, uint64_t *ret_
                 return -ENOSPC; /* no low space on this machine */
         for (;;) {
                 ThunkVaSpace *w = NULL;
-                r = thunk_va_space_new_window(space, size, WINDOW_ALIGN, WINDOW_GUARD, &w);
+                r = thunk_va_space_new_window(space, size, WINDOW_ALIGN, WINDOW_GUARD_OF(c), &w);
                 if (r < 0)
                         break;
                 reserve_here(space, thunk_va_space_base(w), size, ret_tail);
@@ -220,7 +220,7 @@ int window_restore(Conn *c, uint64_t base, uint64_t size)
                 return -ENOSPC;
         if (size == 0 || size % WINDOW_ALIGN || base % WINDOW_ALIGN)
                 return -EINVAL;
-        r = thunk_va_space_new_window_at(space, base, size, WINDOW_GUARD, &w);
+        r = thunk_va_space_new_window_at(space, base, size, WINDOW_GUARD_OF(c), &w);
         if (r < 0)
                 return r;
         r = reserve_here(space, base, size, &c->window_tail);

@@ -8,8 +8,11 @@
 #include "conn.h"
 #include "base/vaman.h"
 
-#define WINDOW_ALIGN       (2ull << 20)
-#define WINDOW_GUARD       4096ull
+#define WINDOW_ALIGN (2ull << 20)
+#define WINDOW_GUARD 4096ull
+/* A low window's client is a client-side KFD: libhsakmt places every object itself, with guard pages of its
+ * own where it wants them, and may place objects back to back as KFD lets it (scratch slices): no guard. */
+#define WINDOW_GUARD_OF(c) ((c)->low_window ? 0 : WINDOW_GUARD)
 #define WINDOW_MAX_RETRIES 4
 /* Windows start at 1 TiB: low addresses hold non-PIE executables and brk heaps in many clients. */
 #define WINDOW_SPACE_START (1ull << 40)

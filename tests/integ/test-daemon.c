@@ -126,6 +126,8 @@ static void test_topology(void)
         gm_client_close(c);
 }
 
+static uint32_t first_gpu(gm_client *c);
+
 /* A client that asks for it gets its window below 1 TiB (libhsakmt's limit), above 64 GiB. */
 static void test_low_window(void)
 {
@@ -148,6 +150,20 @@ static void test_low_window(void)
                 CHECK(base >= (64ull << 30));
                 CHECK(base + size <= (1ull << 40));
                 CHECK_EQ(gm_ping(c), 0);
+                /* objects back to back, as libhsakmt places scratch slices: no guard between them there */
+                uint32_t gpu = first_gpu(c);
+                void *p[3] = {NULL, NULL, NULL};
+                for (int i = 0; i < 3; i++) {
+                        gm_alloc_desc ad = {.kind = GM_KIND_DEVICE,
+                                            .size = 64 << 10,
+                                            .gpu_id = gpu,
+                                            .numa_node = -1,
+                                            .fixed_addr = (void *)(uintptr_t)(base + (64ull << 20) +
+                                                                              (uint64_t)i * (64 << 10))};
+                        CHECK_EQ(gm_malloc_desc(c, &ad, &p[i]), 0);
+                }
+                for (int i = 2; i >= 0; i--)
+                        CHECK_EQ(gm_mem_free(c, p[i]), 0);
         }
         /* the others stay above it */
         d = daemon_client(&dmn, "high");
