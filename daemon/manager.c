@@ -450,6 +450,7 @@ int manager_reload(Manager *m)
         m->opts.max_mappings = next.max_mappings;
         m->opts.max_mappings_per_uid = next.max_mappings_per_uid;
         m->opts.max_host_per_uid = next.max_host_per_uid;
+        m->opts.max_event_threads_per_uid = next.max_event_threads_per_uid;
         set_client_limits(m);
         memcpy(m->opts.admin_gids, next.admin_gids, sizeof(next.admin_gids));
         m->opts.n_admin_gids = next.n_admin_gids;
@@ -719,6 +720,10 @@ static void set_client_limits(Manager *m)
         per_uid = m->opts.max_mappings_per_uid ? m->opts.max_mappings_per_uid : total / 8;
         broker_set_mapping_limits(m->broker, total, per_uid > total ? total : per_uid);
         broker_set_host_per_uid(m->broker, m->opts.max_host_per_uid ? m->opts.max_host_per_uid : UINT64_MAX);
+        uint32_t threads = m->opts.max_event_threads ? m->opts.max_event_threads : DRIVER_MAX_LISTENERS;
+        uint32_t threads_uid =
+                m->opts.max_event_threads_per_uid ? m->opts.max_event_threads_per_uid : threads / 4;
+        broker_set_listeners_per_uid(m->broker, threads_uid ? threads_uid : 1);
 }
 
 /* The device and what the daemon keeps of it: the backend, the topology reply, the VA space, the broker. */

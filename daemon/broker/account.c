@@ -298,6 +298,13 @@ void broker_set_host_per_uid(Broker *b, uint64_t bytes)
         pthread_mutex_unlock(&b->lock);
 }
 
+void broker_set_listeners_per_uid(Broker *b, unsigned n)
+{
+        pthread_mutex_lock(&b->lock);
+        b->max_listeners_uid = n;
+        pthread_mutex_unlock(&b->lock);
+}
+
 void broker_mapping_limits(Broker *b, uint64_t *ret_total, uint64_t *ret_per_uid)
 {
         pthread_mutex_lock(&b->lock);
@@ -340,6 +347,10 @@ void broker_client_drop_uid(BrokerClient *c)
         if (!c->uid)
                 return;
         pthread_mutex_lock(&b->lock);
+        /* its context's thread goes with its context, a moment later (the driver's own bound holds) */
+        if (c->listener_charged)
+                c->uid->listeners--;
+        c->listener_charged = false;
         if (--c->uid->clients == 0)
                 for (BrokerUid **pp = &b->uids; *pp; pp = &(*pp)->next)
                         if (*pp == c->uid) {

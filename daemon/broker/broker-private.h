@@ -104,6 +104,7 @@ struct BrokerUid {
         unsigned clients;
         uint64_t mappings;
         uint64_t host_bytes; /* host memory of live objects (memory that lingers is its class's alone) */
+        unsigned listeners;  /* its clients whose GPU context a thread of the driver's waits on */
 };
 
 /*
@@ -137,6 +138,7 @@ struct Broker {
         BrokerUsage totals;
         uint64_t max_mappings, max_mappings_uid; /* broker_set_mapping_limits(), under the lock */
         uint64_t max_host_uid;                   /* broker_set_host_per_uid(), under the lock */
+        unsigned max_listeners_uid;              /* broker_set_listeners_per_uid(), under the lock */
         BrokerUid *uids;                         /* under the lock */
         unsigned clients;
         int notify_fd;      /* inotify: the death of lingering memory */
@@ -174,6 +176,7 @@ struct BrokerClient {
         ThunkVaSpace *outer; /* its GPU VM outside the window (SVM ranges), from the first such object */
         DriverCtx *ctx;      /* NULL until first needed */
         bool own_ctx;
+        bool listener_charged; /* counted in its uid's listeners (events-client.c) */
         HashMap objs;
         BrokerUsage usage;
         BrokerAccount *acct; /* the class's shared limits and usage; NULL = unlimited */

@@ -65,6 +65,7 @@ int broker_new(Driver *drv, Broker **ret)
         }
         pthread_mutex_init(&b->lock, NULL);
         b->max_mappings = b->max_mappings_uid = b->max_host_uid = UINT64_MAX;
+        b->max_listeners_uid = UINT32_MAX;
         pthread_mutex_init(&b->share_lock, NULL);
         pthread_mutex_init(&b->sharers_lock, NULL);
         pthread_mutex_init(&b->primary_listen_lock, NULL);

@@ -148,6 +148,9 @@ void broker_set_mapping_limits(Broker *b, uint64_t total, uint64_t per_uid);
 void broker_mapping_limits(Broker *b, uint64_t *ret_total, uint64_t *ret_per_uid);
 /* Host memory all clients of one uid may hold, over all their classes (UINT64_MAX: no limit). */
 void broker_set_host_per_uid(Broker *b, uint64_t bytes);
+/* How many clients of one uid may have their GPU contexts waited on by a thread of the driver's (of its
+ * max_listeners): past it, the next one's first fault or signal event is -EUSERS. */
+void broker_set_listeners_per_uid(Broker *b, unsigned n);
 
 /*
  * A client's books, over its VA window (borrowed; it must outlive the client). Calls for different clients

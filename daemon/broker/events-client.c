@@ -71,8 +71,44 @@ static int listeners_full(Reason *w)
                 "allows: try again when one has gone");
 }
 
+/*
+ * The client's context to be waited on by a thread of the driver's: counted in its uid's share, so that one
+ * tenant's clients cannot take every thread (the driver bounds them all). 1: counted now (give it back if
+ * the driver refuses), 0: counted already, or a negative errno with the reason.
+ */
+static int listener_charge(BrokerClient *c, Reason *w)
+{
+        Broker *b = c->b;
+        int r = 1;
+
+        pthread_mutex_lock(&b->lock);
+        if (c->listener_charged || !c->uid)
+                r = 0;
+        else if (c->uid->listeners >= b->max_listeners_uid)
+                r = reason_set(
+                        w, -EUSERS,
+                        "the daemon waits on the events of as many GPU contexts of uid %u's clients as "
+                        "max-event-threads-per-uid (%u) allows: try again when one has gone",
+                        (unsigned)c->uid->uid, b->max_listeners_uid);
+        else
+                c->uid->listeners++, c->listener_charged = true;
+        pthread_mutex_unlock(&b->lock);
+        return r;
+}
+
+static void listener_uncharge(BrokerClient *c)
+{
+        pthread_mutex_lock(&c->b->lock);
+        if (c->listener_charged) {
+                c->uid->listeners--;
+                c->listener_charged = false;
+        }
+        pthread_mutex_unlock(&c->b->lock);
+}
+
 static int event_mirror(BrokerClient *c, uint32_t type, uint32_t id, Reason *w)
 {
+        int charged;
         uint64_t va = 0, size = 0;
         DriverMem *page = NULL;
         DriverCtx *ctx;
@@ -85,8 +121,13 @@ static int event_mirror(BrokerClient *c, uint32_t type, uint32_t id, Reason *w)
         r = broker_client_ctx(c, &ctx, w);
         if (r < 0)
                 return r;
+        charged = listener_charge(c, w);
+        if (charged < 0)
+                return charged;
         if (type == EVENTS_TYPE_MEMORY) { /* the driver's own memory event hears the faults */
                 r = driver_ctx_listen(c->b->drv, ctx);
+                if (r < 0 && charged)
+                        listener_uncharge(c);
                 return r == -EUSERS ? listeners_full(w)
                        : r < 0 ? reason_set(w, r, "cannot listen to the client's context: %s", strerror(-r))
                                : 0;
@@ -106,6 +147,8 @@ static int event_mirror(BrokerClient *c, uint32_t type, uint32_t id, Reason *w)
                         page = o->mem;
         }
         r = driver_event_mirror_add(c->b->drv, ctx, page, id);
+        if (r < 0 && charged)
+                listener_uncharge(c);
         if (r == -EUSERS)
                 return listeners_full(w);
         if (r < 0)

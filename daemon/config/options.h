@@ -29,10 +29,11 @@ typedef struct Options {
         uint32_t max_connections;
         uint32_t max_connections_per_uid;
         uint64_t window_size;
-        uint64_t shared_region_size;       /* named shares' VA region (0: no shares); at start only */
-        uint64_t max_window_bytes_per_uid; /* VA windows (current and refused) all clients of one uid hold */
-        uint64_t max_host_per_uid;         /* host memory all clients of one uid may hold; 0: no limit */
-        uint32_t max_event_threads;        /* threads waiting on clients' GPU contexts' events; 0: 32 */
+        uint64_t shared_region_size;        /* named shares' VA region (0: no shares); at start only */
+        uint64_t max_window_bytes_per_uid;  /* VA windows (current and refused) all clients of one uid hold */
+        uint64_t max_host_per_uid;          /* host memory all clients of one uid may hold; 0: no limit */
+        uint32_t max_event_threads;         /* threads waiting on clients' GPU contexts' events; 0: 32 */
+        uint32_t max_event_threads_per_uid; /* of them, for the clients of one uid; 0: a quarter */
         uint32_t max_mappings; /* daemon mappings all clients' objects may cost; 0: half the kernel's */
         uint32_t max_mappings_per_uid; /* the same for one uid; 0: an eighth of max-mappings */
         uint32_t hello_timeout_sec;    /* a connection that has not said hello by then is closed; 0 = never */

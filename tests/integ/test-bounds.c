@@ -437,6 +437,27 @@ static void test_shares(void)
 
 #define N_LISTENING 40
 
+/* N_LISTENING clients of this uid, each with a fault event in a context of its own: how many the daemon
+ * listens to, how many it refuses (-EUSERS), and the first refusal's reason into @why. */
+static void listen_many(gm_client **cs, int *ret_served, int *ret_refused, char *why, size_t whylen)
+{
+        *ret_served = *ret_refused = 0;
+        for (int i = 0; i < N_LISTENING; i++) {
+                uint32_t id = 0, slot = 0;
+                int r;
+                cs[i] = connect_as_me("listener");
+                if (!cs[i])
+                        break;
+                r = gm_event_create(cs[i], 8 /* KFD memory event */, true, NULL, &id, &slot);
+                if (r == 0)
+                        (*ret_served)++;
+                else if (r == -EUSERS && (*ret_refused)++ == 0)
+                        gm_strerror(cs[i], r, why, whylen);
+                else if (r != -EUSERS)
+                        CHECK_RC(r, 0);
+        }
+}
+
 /*
  * Clients each with a fault event in a context of their own make the daemon wait on each context: in at
  * most max-event-threads threads, the next client refused with -EUSERS.
@@ -446,21 +467,9 @@ static void test_event_threads(void)
         gm_client *cs[N_LISTENING] = {0};
         long before = daemon_threads(), after;
         int served = 0, refused = 0;
+        char why[512] = "";
 
-        for (int i = 0; i < N_LISTENING; i++) {
-                uint32_t id = 0, slot = 0;
-                int r;
-                cs[i] = connect_as_me("listener");
-                if (!cs[i])
-                        break;
-                r = gm_event_create(cs[i], 8 /* KFD memory event */, true, NULL, &id, &slot);
-                if (r == 0)
-                        served++;
-                else if (r == -EUSERS)
-                        refused++;
-                else
-                        CHECK_RC(r, 0);
-        }
+        listen_many(cs, &served, &refused, why, sizeof(why));
         after = daemon_threads();
         fprintf(stderr, "daemon threads: %ld before, %ld with %d clients listened to, %d refused\n", before,
                 after, served, refused);
@@ -484,6 +493,41 @@ static void test_event_threads(void)
                 }
                 gm_client_close(c);
         }
+}
+
+/* A client of another uid that gets its context waited on: 0, or the event's refusal. */
+static int listen_other(void *arg)
+{
+        gm_client *c = connect_as_me("listener-other");
+        uint32_t id = 0, slot = 0;
+        int r;
+
+        (void)arg;
+        if (!c)
+                return 100;
+        r = gm_event_create(c, 8, true, NULL, &id, &slot);
+        gm_client_close(c);
+        return r == 0 ? 0 : r == -EUSERS ? 101 : 102;
+}
+
+/*
+ * One uid's clients have at most a quarter of the threads (max-event-threads 32: 8), with a reason that
+ * names the uid's share; a client of another uid is still served.
+ */
+static void test_event_threads_per_uid(void)
+{
+        gm_client *cs[N_LISTENING] = {0};
+        int served = 0, refused = 0;
+        char why[512] = "";
+
+        listen_many(cs, &served, &refused, why, sizeof(why));
+        fprintf(stderr, "one uid: %d clients listened to, %d refused (%s)\n", served, refused, why);
+        CHECK_EQ(served, 8);
+        CHECK_EQ(refused, N_LISTENING - 8);
+        CHECK(strstr(why, "max-event-threads-per-uid") != NULL);
+        CHECK_EQ(run_as(UID_B, listen_other, NULL), 0);
+        for (int i = 0; i < N_LISTENING; i++)
+                gm_client_close(cs[i]);
 }
 
 /* ------------------------------------------------------------------ host memory and the OOM killer */
@@ -682,8 +726,12 @@ int main(int argc, char **argv)
                  {"queues cost the daemon mappings, within the class's limit", test_queue_mappings}},
                 {"shares", SHARES_CONFIG, {"one class never fills the table of shares", test_shares}},
                 {"threads",
-                 OWN_CONTEXTS "window-size = 1G\n[class node]\nmatch-all = yes\n",
+                 OWN_CONTEXTS
+                 "window-size = 1G\nmax-event-threads-per-uid = 40\n[class node]\nmatch-all = yes\n",
                  {"event threads are bounded", test_event_threads}},
+                {"threads-uid",
+                 OWN_CONTEXTS "window-size = 1G\n[class node]\nmatch-all = yes\n",
+                 {"one uid's clients have a quarter of the event threads", test_event_threads_per_uid}},
                 {"config", NULL, {"the shipped configuration limits host memory", test_shipped_config}},
                 {"oom", NULL, {"the daemon's OOM score puts tenants first", test_oom_score}},
                 {"crowd", CROWD_CONFIG, {"1,000 clients: under 1,000 mappings and 64 threads", test_crowd}},
