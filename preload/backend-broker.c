@@ -1,7 +1,6 @@
 /* The gpumemd backend of the KFD interposition layer: /dev/kfd and the render nodes served by the daemon. */
 #include <errno.h>
 #include <fcntl.h>
-#include <ftw.h>
 #include <limits.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -11,7 +10,6 @@
 #include <string.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
-#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
 #include <time.h>
@@ -21,12 +19,15 @@
 
 #include "backend.h"
 #include "config.h"
+#include "fd-table.h"
+#include "fork-pages.h"
 #include "gpumem-client.h"
 #include "kfd-ioctls.h"
 #include "model-clock.h"
 #include "svm-book.h"
 #include "registered.h"
 #include "swap.h"
+#include "topology-dir.h"
 
 /*
  * One connection per process, made at the layer's start: the process's KFD is its connection's context in
@@ -44,7 +45,6 @@
  */
 
 #define MAX_GPUS 64
-#define MAX_FDS  256
 #define PAGE     4096ull
 /* A process's doorbells on one GPU: 1024 queues of 8-byte doorbells (SOC15) */
 #define DOORBELL_SLICE     8192ull
@@ -54,8 +54,6 @@
 /* GPU apertures of gfx9 and later as KFD reports them (the window is the GPUVM one). */
 #define LDS_BASE     (1ull << 48)
 #define SCRATCH_BASE (2ull << 48)
-
-typedef enum { FD_KFD = 1, FD_RENDER = 2 } FdKind;
 
 typedef struct Bo {
         uint64_t handle; /* gpu_id << 32 | index, as KFD makes them */
@@ -85,11 +83,6 @@ static struct {
                 uint32_t gpu_id, render_minor;
                 int acquired_fd; /* the render fd ACQUIRE_VM took, or -1 */
         } gpus[MAX_GPUS];
-        struct {
-                int fd;
-                FdKind kind;
-                uint32_t minor;
-        } fds[MAX_FDS];
         Bo *bos;
         size_t n_bos, cap_bos;
         uint32_t next_bo;
@@ -107,9 +100,15 @@ static struct {
         /* around each SVM call and each unmapping of a substituted range, held across the daemon's calls so
          * that two threads never substitute the same pages (recursive: a free's own munmap comes back) */
         pthread_mutex_t svm_lock;
-        pid_t owner; /* the process the connection and the topology directory are of */
-        bool forked; /* this is a child of that process (its KFD is its parent's, as after fork) */
-} kb = {.lock = PTHREAD_MUTEX_INITIALIZER, .svm_lock = PTHREAD_RECURSIVE_MUTEX_INITIALIZER_NP};
+        /* held shared while registered pages are the daemon's memory but not (or no longer) among kb.bos, and
+         * exclusively by fork(): it finds every such range listed, to make it private for the child */
+        pthread_rwlock_t fork_lock;
+        uint64_t parent_base, parent_size; /* in a child: its parent's window (still reserved here) */
+        pid_t owner;                       /* the process the connection and the topology directory are of */
+        bool once;                         /* the fork handlers are installed */
+} kb = {.lock = PTHREAD_MUTEX_INITIALIZER,
+        .svm_lock = PTHREAD_RECURSIVE_MUTEX_INITIALIZER_NP,
+        .fork_lock = PTHREAD_RWLOCK_INITIALIZER};
 
 static void say(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
@@ -136,70 +135,103 @@ static int gpu_index(uint32_t gpu_id)
 
 /* ---- start: connection, window, topology ------------------------------------------------------------- */
 
-static int write_file(const char *root, const char *rel, const char *content, size_t len)
-{
-        char path[PATH_MAX];
-        int fd;
-
-        if (snprintf(path, sizeof(path), "%s/%s", root, rel) >= (int)sizeof(path) || strstr(rel, ".."))
-                return -EINVAL;
-        for (char *p = path + strlen(root) + 1; (p = strchr(p, '/')); p++) {
-                *p = '\0';
-                if (mkdir(path, 0700) < 0 && errno != EEXIST)
-                        return -errno;
-                *p = '/';
-        }
-        fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-        if (fd < 0)
-                return -errno;
-        if (write(fd, content, len) != (ssize_t)len) {
-                int r = -errno;
-                close(fd);
-                return r ? r : -EIO;
-        }
-        close(fd);
-        return 0;
-}
-
-static int rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
-{
-        (void)st;
-        (void)flag;
-        (void)ftw;
-        return remove(path);
-}
-
 __attribute__((destructor)) static void remove_topology(void)
 {
         /* a forked child's exit leaves its parent's directory alone */
         if (kb.topology_dir[0] && getpid() == kb.owner)
-                nftw(kb.topology_dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+                topology_dir_remove(kb.topology_dir);
 }
 
-/* As on the kernel, a child does not inherit its parent's KFD: the connection is the parent's, and frames
- * of two processes on one socket would mix. Its ioctls and mmaps on the inherited fds fail with -EBADF. */
+/*
+ * fork(). As on the kernel, a child does not inherit its parent's KFD: the connection is the parent's, and
+ * frames of two processes on one socket would mix. The child's ioctls and mmaps on the inherited fds fail
+ * with -EBADF; its next open of /dev/kfd or of the topology starts it again (the layer calls b_start once
+ * more), with a connection, a window and a topology directory of its own. The parent's memory in the
+ * window (libhsakmt's BOs, mapped MADV_DONTFORK on the kernel) is not the child's: the window is a bare
+ * reservation there. Registered pages and SVM ranges outside it are the child's copies (fork-pages.h).
+ * The locks are taken in their order, so no thread is half-way through anything the fork looks at.
+ */
 static void before_fork(void)
 {
+        int failed = 0;
+
+        pthread_rwlock_wrlock(&kb.fork_lock);
+        pthread_mutex_lock(&kb.svm_lock);
+        pthread_mutex_lock(&kb.lock);
+        for (size_t i = 0; i < kb.n_bos; i++)
+                if (kb.bos[i].userptr && kb.bos[i].cpu_va != kb.bos[i].va)
+                        failed += fork_pages_add(kb.bos[i].cpu_va, kb.bos[i].size, kb.bos[i].va);
+        for (size_t i = 0; i < kb.n_svm_pages; i++)
+                failed += fork_pages_add(kb.svm_pages[i].va, kb.svm_pages[i].size, kb.svm_pages[i].va);
+        /* the ranges stay as listed (fork_lock, svm_lock); kb.lock is let go of meanwhile, since a failed
+         * swap's munmap comes back to b_munmap, which takes it */
+        pthread_mutex_unlock(&kb.lock);
+        failed += fork_pages_private();
+        if (failed)
+                say(0, "fork: the child shares %d ranges of registered pages with its parent", failed);
         pthread_mutex_lock(&kb.lock);
 }
 
 static void after_fork_in_parent(void)
 {
-        pthread_mutex_unlock(&kb.lock);
+        int failed;
+
+        pthread_mutex_unlock(&kb.lock); /* (as in before_fork) */
+        failed = fork_pages_shared_again();
+        if (failed)
+                say(0, "fork: %d ranges of registered pages are no longer the GPUs' memory", failed);
+        pthread_mutex_unlock(&kb.svm_lock);
+        pthread_rwlock_unlock(&kb.fork_lock);
 }
 
-/* (the lock was taken before the fork, so no other thread of the parent held it half-way) */
+/* The locks were taken before the fork, so no other thread of the parent held them half-way; this is the
+ * child's only thread, so they are let go of first (a failed swap's munmap comes back to b_munmap). */
 static void after_fork_in_child(void)
 {
+        gm_client *parents = kb.c;
+        pthread_mutexattr_t ma;
+
+        /* made anew rather than unlocked: the recursive mutex and the rwlock know their holder by its thread
+         * id, which is another in the child */
+        pthread_mutex_init(&kb.lock, NULL);
+        pthread_mutexattr_init(&ma);
+        pthread_mutexattr_settype(&ma, PTHREAD_MUTEX_RECURSIVE);
+        pthread_mutex_init(&kb.svm_lock, &ma);
+        pthread_mutexattr_destroy(&ma);
+        pthread_rwlock_init(&kb.fork_lock, NULL);
         swap_after_fork_in_child();
-        kb.forked = true;
-        pthread_mutex_unlock(&kb.lock);
+        if (fork_pages_in_child())
+                say(0, "fork: the child shares ranges of registered pages with its parent");
+        /* the window: a reservation again, in which none of the parent's memory is mapped */
+        if (kb.window_size)
+                (void)syscall(SYS_mmap, (void *)(uintptr_t)kb.window_base, kb.window_size, PROT_NONE,
+                              MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+        /* the child's copy of the socket is closed and nothing is said to the daemon: the connection, and all
+         * it holds there, stay the parent's. No SVM range is known any more, so that no unmapping asks the
+         * daemon to free one; the window stays reserved (the client's unmapping of it comes to b_munmap). */
+        kb.c = NULL;
+        kb.n_svm_pages = 0;
+        svm_book_free(&kb.svm);
+        if (parents)
+                gm_client_close(parents);
+        kb.parent_base = kb.window_base;
+        kb.parent_size = kb.window_size;
+        kb.window_base = kb.window_size = 0;
+        /* the old pages kept for the parent's deregistrations: of no use here */
+        for (size_t i = 0; i < kb.n_bos; i++)
+                swap_drop_kept(kb.bos[i].kept, kb.bos[i].size);
+        kb.n_bos = 0;
+        kb.next_bo = 0;
+        kb.event_page = kb.event_page_size = 0;
+        kb.n_gpus = 0;
+        /* the parent's: its exit removes it */
+        kb.topology_dir[0] = '\0';
+        fd_table_after_fork_in_child();
 }
 
 /* The daemon's topology as a directory of this process's, which the layer serves in place of sysfs. */
 static int make_topology(char *msg, size_t msglen)
 {
-        const char *rt = getenv("XDG_RUNTIME_DIR");
         gm_topology_file *files = NULL;
         gm_topology *t = NULL;
         size_t n = 0;
@@ -210,22 +242,10 @@ static int make_topology(char *msg, size_t msglen)
                 gm_strerror(kb.c, r, msg, msglen);
                 return r;
         }
-        snprintf(kb.topology_dir, sizeof(kb.topology_dir), "%s/gpumem-kfd-XXXXXX", rt && *rt ? rt : "/tmp");
-        if (!mkdtemp(kb.topology_dir)) {
-                r = -errno;
-                snprintf(msg, msglen, "cannot make a directory for the KFD topology: %s", strerror(errno));
-                kb.topology_dir[0] = '\0';
-                gm_topology_files_free(files, n);
-                return r;
-        }
-        for (size_t i = 0; i < n && r == 0; i++)
-                r = write_file(kb.topology_dir, files[i].path, files[i].content, files[i].len);
+        r = topology_dir_make(kb.topology_dir, sizeof(kb.topology_dir), files, n, msg, msglen);
         gm_topology_files_free(files, n);
-        if (r < 0) {
-                snprintf(msg, msglen, "cannot write the KFD topology into %s: %s", kb.topology_dir,
-                         strerror(-r));
+        if (r < 0)
                 return r;
-        }
         r = gm_topology_get(kb.c, false, &t);
         if (r < 0) {
                 gm_strerror(kb.c, r, msg, msglen);
@@ -254,9 +274,9 @@ static int b_start(const PreloadHost *host, ThunkSeam *ret_seam, char *topology_
 
         kb.host = host;
         kb.owner = getpid();
-        for (size_t i = 0; i < MAX_FDS; i++)
-                kb.fds[i].fd = -1;
-        (void)pthread_atfork(before_fork, after_fork_in_parent, after_fork_in_child);
+        /* once: not again in a child */
+        if (!kb.once)
+                kb.once = pthread_atfork(before_fork, after_fork_in_parent, after_fork_in_child) == 0;
         if (!sock || !*sock)
                 sock = GPUMEMD_SOCKET_DEFAULT;
         fd = open("/proc/self/comm", O_RDONLY | O_CLOEXEC);
@@ -292,64 +312,26 @@ static int b_start(const PreloadHost *host, ThunkSeam *ret_seam, char *topology_
 
 /* ---- device fds ---------------------------------------------------------------------------------------- */
 
-static int new_fd(FdKind kind, uint32_t minor, int *ret_fd)
-{
-        char name[32];
-        int fd;
-
-        snprintf(name, sizeof(name), kind == FD_KFD ? "gpumem-kfd" : "gpumem-renderD%u", minor);
-        fd = (int)syscall(SYS_memfd_create, name, MFD_CLOEXEC);
-        if (fd < 0)
-                return -errno;
-        pthread_mutex_lock(&kb.lock);
-        for (size_t i = 0; i < MAX_FDS; i++)
-                if (kb.fds[i].fd < 0) {
-                        kb.fds[i].fd = fd;
-                        kb.fds[i].kind = kind;
-                        kb.fds[i].minor = minor;
-                        pthread_mutex_unlock(&kb.lock);
-                        *ret_fd = fd;
-                        return 0;
-                }
-        pthread_mutex_unlock(&kb.lock);
-        (void)syscall(SYS_close, fd);
-        return -EMFILE;
-}
-
 static int b_open_kfd(void *impl, int *ret_fd)
 {
-        return new_fd(FD_KFD, 0, ret_fd);
+        return fd_table_open(FD_KFD, 0, ret_fd);
 }
 
 static int b_open_render(void *impl, uint32_t minor, int *ret_fd)
 {
         for (size_t i = 0; i < kb.n_gpus; i++)
                 if (kb.gpus[i].render_minor == minor)
-                        return new_fd(FD_RENDER, minor, ret_fd);
+                        return fd_table_open(FD_RENDER, minor, ret_fd);
         return -ENOENT;
-}
-
-/* Under kb.lock. */
-static int fd_slot(int fd)
-{
-        for (size_t i = 0; i < MAX_FDS; i++)
-                if (kb.fds[i].fd == fd)
-                        return (int)i;
-        return -1;
 }
 
 static int b_close(void *impl, int fd)
 {
-        int i;
-
         pthread_mutex_lock(&kb.lock);
-        i = fd_slot(fd);
-        if (i >= 0) {
-                kb.fds[i].fd = -1;
+        if (fd_table_forget(fd))
                 for (size_t g = 0; g < kb.n_gpus; g++)
                         if (kb.gpus[g].acquired_fd == fd)
                                 kb.gpus[g].acquired_fd = -1;
-        }
         pthread_mutex_unlock(&kb.lock);
         return syscall(SYS_close, fd) < 0 ? -errno : 0;
 }
@@ -404,13 +386,15 @@ static int get_apertures(void *arg, unsigned long request)
 static int acquire_vm(void *arg, unsigned long request)
 {
         const struct kfd_ioctl_acquire_vm_args *a = arg;
-        int g = gpu_index(a->gpu_id), slot, r = 0;
+        int g = gpu_index(a->gpu_id), r = 0;
+        FdKind kind = 0;
+        uint32_t minor = 0;
 
         if (g < 0)
                 return -EINVAL;
         pthread_mutex_lock(&kb.lock);
-        slot = fd_slot((int)a->drm_fd);
-        if (slot < 0 || kb.fds[slot].kind != FD_RENDER || kb.fds[slot].minor != kb.gpus[g].render_minor)
+        if (fd_table_find((int)a->drm_fd, &kind, &minor) < 0 || kind != FD_RENDER ||
+            minor != kb.gpus[g].render_minor)
                 r = -EINVAL; /* not a render node of that GPU */
         else if (kb.gpus[g].acquired_fd >= 0 && kb.gpus[g].acquired_fd != (int)a->drm_fd)
                 r = -EBUSY; /* the VM was acquired through another file */
@@ -545,6 +529,7 @@ static int alloc_memory(void *arg, unsigned long request)
         unsigned flags = gm_flags_of(k);
         Bo bo = {.va = a->va_addr, .size = a->size, .gpu_id = a->gpu_id, .kfd_flags = k};
         int g = gpu_index(a->gpu_id), r;
+        bool fork_held = false;
         void *p = NULL;
 
         if (g < 0)
@@ -585,6 +570,9 @@ static int alloc_memory(void *arg, unsigned long request)
                      (in_window(cpu, a->size) ||
                       (cpu < kb.window_base + kb.window_size && cpu + a->size > kb.window_base))))
                         return -EINVAL;
+                /* from the swap until the BO is listed (a fork meanwhile waits) */
+                pthread_rwlock_rdlock(&kb.fork_lock);
+                fork_held = true;
                 r = registered_swap_in(kb.c, kb.host, cpu, a->va_addr, a->size, a->gpu_id, flags, &bo.kept);
                 bo.userptr = bo.host = true;
                 bo.cpu_va = cpu;
@@ -621,6 +609,8 @@ static int alloc_memory(void *arg, unsigned long request)
                 char why[300];
                 say(1, "ALLOC 0x%llx+0x%llx: %s", (unsigned long long)a->va_addr, (unsigned long long)a->size,
                     gm_strerror(kb.c, r, why, sizeof(why)));
+                if (fork_held)
+                        pthread_rwlock_unlock(&kb.fork_lock);
                 /* KFD's words for a full device or class */
                 return r == -EDQUOT ? -ENOMEM : r;
         }
@@ -636,6 +626,8 @@ static int alloc_memory(void *arg, unsigned long request)
                 bo.mmio ? (uint64_t)a->gpu_id << 46 : MMAP_TYPE_RESERVED | (uint64_t)kb.next_bo << 12;
         r = bo_add(&bo);
         pthread_mutex_unlock(&kb.lock);
+        if (fork_held)
+                pthread_rwlock_unlock(&kb.fork_lock);
         if (r < 0) {
                 bool freed;
                 if (bo.userptr) /* the process's own pages back first */
@@ -658,10 +650,13 @@ static int free_memory(void *arg, unsigned long request)
         Bo *b;
         int r;
 
+        /* from the BO's leaving the list until its pages are private again (a fork meanwhile waits) */
+        pthread_rwlock_rdlock(&kb.fork_lock);
         pthread_mutex_lock(&kb.lock);
         b = bo_find(a->handle);
         if (!b) {
                 pthread_mutex_unlock(&kb.lock);
+                pthread_rwlock_unlock(&kb.fork_lock);
                 return -EINVAL;
         }
         bo = *b;
@@ -691,6 +686,7 @@ static int free_memory(void *arg, unsigned long request)
                             (unsigned long long)bo.va);
                 pthread_mutex_unlock(&kb.lock);
         }
+        pthread_rwlock_unlock(&kb.fork_lock);
         return r;
 }
 
@@ -751,12 +747,12 @@ static int map_doorbell(void *addr, size_t len, int prot, int flags, int fd, uin
 {
         uint32_t gpu_id = (uint32_t)((offset >> 46) & 0xffff);
         bool found = false;
+        FdKind kind = 0;
+        int slot = fd_table_find(fd, &kind, NULL);
         void *p;
-        int slot;
 
         pthread_mutex_lock(&kb.lock);
-        slot = fd_slot(fd);
-        for (size_t i = 0; slot >= 0 && kb.fds[slot].kind == FD_KFD && i < kb.n_bos; i++)
+        for (size_t i = 0; slot == 0 && kind == FD_KFD && i < kb.n_bos; i++)
                 if (kb.bos[i].doorbell && kb.bos[i].va == (uint64_t)(uintptr_t)addr &&
                     kb.bos[i].gpu_id == gpu_id)
                         found = true;
@@ -782,12 +778,10 @@ static int b_mmap(void *impl, void *addr, size_t len, int prot, int flags, int f
         bool host = false;
         int slot;
 
-        if (kb.forked)
-                return -EBADF;
         if ((offset & MMAP_TYPE_MASK) == MMAP_TYPE_DOORBELL)
                 return map_doorbell(addr, len, prot, flags, fd, offset, ret);
+        slot = fd_table_find(fd, NULL, NULL);
         pthread_mutex_lock(&kb.lock);
-        slot = fd_slot(fd);
         for (size_t i = 0; slot >= 0 && i < kb.n_bos; i++)
                 if (kb.bos[i].mmap_offset == offset && !kb.bos[i].userptr) {
                         va = kb.bos[i].va;
@@ -957,8 +951,22 @@ static bool range_in_window(const void *addr, size_t len)
  */
 static int b_mmap_anon(void *addr, size_t len, int prot, int flags, void **ret)
 {
+        uint64_t a = (uint64_t)(uintptr_t)addr;
         void *p;
 
+        if (flags & MAP_FIXED) {
+                /*
+                 * In a forked child, libhsakmt keeps its parent's GPUVM aperture when it can map it again
+                 * (on the kernel, the child's GPU VM is a whole address space of its own). Through gpumemd
+                 * the child's GPU addresses are its own window, elsewhere: the parent's stays its parent's,
+                 * and libhsakmt, refused there, takes its aperture from the child's window. (Only such a
+                 * reservation is refused: what else lands there once libhsakmt unmapped it is the child's.)
+                 */
+                if (kb.parent_size && prot == PROT_NONE && (flags & MAP_NORESERVE) &&
+                    a < kb.parent_base + kb.parent_size && a + len > kb.parent_base)
+                        return -ENOMEM;
+                return 0;
+        }
         if (!range_in_window(addr, len))
                 return 0;
         p = (void *)syscall(SYS_mmap, addr, len, prot, flags | MAP_FIXED, -1, 0);
@@ -977,7 +985,7 @@ static int b_munmap(void *addr, size_t len)
         void *p;
 
         if (!range_in_window(addr, len)) {
-                if (len && !kb.forked)
+                if (len)
                         svm_unmapped((uint64_t)(uintptr_t)addr, (uint64_t)len);
                 return 0;
         }
@@ -1355,16 +1363,9 @@ static int kfd_ioctl(unsigned long request, void *arg)
 
 static int b_ioctl(void *impl, int fd, unsigned long request, void *arg)
 {
-        FdKind kind;
-        int slot;
+        FdKind kind = 0;
 
-        if (kb.forked)
-                return -EBADF;
-        pthread_mutex_lock(&kb.lock);
-        slot = fd_slot(fd);
-        kind = slot >= 0 ? kb.fds[slot].kind : 0;
-        pthread_mutex_unlock(&kb.lock);
-        if (slot < 0)
+        if (fd_table_find(fd, &kind, NULL) < 0)
                 return -EBADF;
         if (!arg)
                 return -EFAULT;
@@ -1376,11 +1377,9 @@ static int b_ioctl(void *impl, int fd, unsigned long request, void *arg)
 
 static int b_stats(char *buf, size_t len)
 {
-        size_t fds = 0;
+        size_t fds = fd_table_count();
 
         pthread_mutex_lock(&kb.lock);
-        for (size_t i = 0; i < MAX_FDS; i++)
-                fds += kb.fds[i].fd >= 0;
         int n = snprintf(buf, len, "client=%llu fds=%zu bos=%zu", (unsigned long long)gm_client_id(kb.c), fds,
                          kb.n_bos);
         pthread_mutex_unlock(&kb.lock);
@@ -1399,6 +1398,7 @@ static const ThunkSeamOps broker_ops = {
 };
 
 const PreloadBackend preload_backend = {
+        .restart_after_fork = true,
         .log_name = "gpumem-kfd",
         .env_prefix = "GPUMEM_KFD_",
         .stats_tag = "gpumem-kfd-stats",

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <signal.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -36,8 +37,10 @@ typedef struct PreloadBackend {
                      size_t msglen);
         /*
          * Optional, for a backend that holds address space of the process's (gpumemd's VA window): an
-         * anonymous mmap the process asks for at @addr without MAP_FIXED, and a munmap. 1 when the backend
-         * did it (the mmap's address in *@ret), 0 when the call goes on to the kernel, or a negative errno.
+         * anonymous mmap the process asks for at @addr (with MAP_FIXED or without, not MAP_FIXED_NOREPLACE),
+         * and a munmap. 1 when the backend did it (the mmap's address in *@ret), 0 when the call goes on to
+         * the kernel, or a negative errno. Once the backend started, they keep coming in a child after
+         * fork(), before its restart too.
          */
         int (*mmap_anon)(void *addr, size_t len, int prot, int flags, void **ret);
         int (*munmap)(void *addr, size_t len);
@@ -45,6 +48,12 @@ typedef struct PreloadBackend {
         int (*sigaction)(int sig, const struct sigaction *act, struct sigaction *old);
         /* One line describing what it holds (snprintf rules). */
         int (*stats)(char *buf, size_t len);
+        /*
+         * A child after fork() has a KFD of its own, as on the kernel: the layer starts the backend again at
+         * the child's first open (start() once more, in the child). The backend's own fork handlers have let
+         * go of the parent's state by then; the inherited fds stay the backend's, to answer as it decides.
+         */
+        bool restart_after_fork;
 } PreloadBackend;
 
 extern const PreloadBackend preload_backend;

@@ -154,9 +154,35 @@ static void preload_log(void *ctx, int level, const char *msg)
         logf_(level, "%s", msg);
 }
 
+/* No thread of the parent holds the layer's lock in the child: a fork waits for a start under way. (The
+ * handlers are registered after the backend's, so this lock is taken before the backend's locks, in the
+ * order device_open takes them.) */
+static void before_fork(void)
+{
+        pthread_mutex_lock(&g.lock);
+}
+
+static void after_fork_in_parent(void)
+{
+        pthread_mutex_unlock(&g.lock);
+}
+
+/* The child's first open starts the backend again, for a KFD of its own (the inherited fds stay owned, and
+ * the backend keeps seeing the child's mmaps and munmaps meanwhile, as backend.h says). */
+static void after_fork_in_child(void)
+{
+        if (preload_backend.restart_after_fork) {
+                g.started = false;
+                g.start_err = 0;
+                g.topology_dir[0] = '\0';
+        }
+        pthread_mutex_unlock(&g.lock);
+}
+
 /* Start the backend once (called with g.lock held); 0 or its error, which every later call gets too. */
 static int start(void)
 {
+        static bool atfork_installed;
         char err[512] = "";
         int r;
 
@@ -168,8 +194,13 @@ static int start(void)
         static const PreloadHost host = {.log = preload_log};
 
         r = preload_backend.start(&host, &g.seam, g.topology_dir, sizeof(g.topology_dir), err, sizeof(err));
+        /* after the backend's own (b_start's): prepare handlers run in the reverse order */
+        if (!atfork_installed)
+                atfork_installed =
+                        pthread_atfork(before_fork, after_fork_in_parent, after_fork_in_child) == 0;
         if (r < 0) {
                 g.start_err = r;
+                atomic_store(&g.started_ok, false);
                 g.topology_dir[0] = '\0';
                 /* said once, even when logging is off: without it the program only sees "no GPU" */
                 if (g.log)
@@ -473,8 +504,8 @@ PRELOAD_EXPORT void *mmap(void *addr, size_t len, int prot, int flags, int fd, o
                 }
                 return p;
         }
-        if ((flags & MAP_ANONYMOUS) && addr && !(flags & (MAP_FIXED | MAP_FIXED_NOREPLACE)) &&
-            preload_backend.mmap_anon && atomic_load(&g.started_ok)) {
+        if ((flags & MAP_ANONYMOUS) && addr && !(flags & MAP_FIXED_NOREPLACE) && preload_backend.mmap_anon &&
+            atomic_load(&g.started_ok)) {
                 r = preload_backend.mmap_anon(addr, len, prot, flags, &p);
                 if (r < 0) {
                         errno = -r;

@@ -491,4 +491,8 @@ void swap_after_fork_in_child(void)
 {
         pthread_mutex_init(&sw.lock, NULL);
         __atomic_store_n(&sw.busy, 0, __ATOMIC_RELEASE);
+        /* the parent's pages: /proc/self/pagemap reads the mm of the process that opened it */
+        if (sw.pagemap >= 0)
+                close(sw.pagemap);
+        sw.pagemap = -1;
 }

@@ -44,5 +44,6 @@ int swap_touched(uint64_t va, uint64_t size, bool *ret_any);
  */
 int swap_sigaction(int sig, const struct sigaction *act, struct sigaction *old);
 
-/* In a child after fork(): the swap's lock as new (a thread that held it is not in the child). */
+/* In a child after fork(): the swap's lock as new (a thread that held it is not in the child), and its view
+ * of the pages the child's own. swap_out_private() works in the child then (its only thread). */
 void swap_after_fork_in_child(void);

@@ -20,6 +20,7 @@ HIP_COPY = os.environ.get("HIP_COPY", "")
 HIP_COPY2D = os.environ.get("HIP_COPY2D", "")
 HIP_MANAGED = os.environ.get("HIP_MANAGED", "")
 HIP_HEAP = os.environ.get("HIP_HEAP", "")
+FORK_PROGRAM = os.environ.get("HSAKMT_FORK", "")
 VRAM = 32 << 30  # the gfx908 preset
 RUNTIME_VRAM = 2 << 20  # what gpumemd keeps back of a limited VRAM bank for ROCm's runtime (docs/policy.md)
 SIZE = 2 << 20
@@ -141,6 +142,56 @@ def test_quota(tmp):
         if check(r.returncode == 0, f"gpumemctl quota: {r.stderr}"):
             used = [q["used"] for q in json.loads(r.stdout)["quotas"] if q["resource"] == "vram"]
             check(used == [0, 0], f"the class is whole again after the frees: {used}")
+
+
+def read_until(proc, prefix):
+    """The program's next output line that starts with prefix, or "" at its end."""
+    for line in proc.stdout:
+        if line.startswith(prefix):
+            return line
+    return ""
+
+
+def test_fork(tmp):
+    with daemon(tmp) as sock:
+        p = subprocess.Popen([FORK_PROGRAM], env=kfd_env(sock), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+        try:
+            line = read_until(p, "child holding")
+            if not check(line, "the child opened a KFD of its own and holds memory there"):
+                return
+            child_pid = int(line.split()[2])
+            parent, child = client_of(sock, p.pid), client_of(sock, child_pid)
+            if check(parent is not None and child is not None, "parent and child are clients of their own"):
+                check(parent["id"] != child["id"], f"two clients: {parent['id']}, {child['id']}")
+                check(sum(v["bytes"] for v in child["vram"]) == SIZE,
+                      f"the child's VRAM is charged to it: {child['vram']}")
+                check(child["host_bytes"] == 0, f"nothing of its parent's is charged to it: {child['host_bytes']}")
+                check(sum(v["bytes"] for v in parent["vram"]) == SIZE,
+                      f"the parent's VRAM stays its own: {parent['vram']}")
+            p.stdin.write("go\n")
+            p.stdin.flush()
+            line = read_until(p, "killed child")
+            if check(line, "a second child, with memory of its own, was killed"):
+                killed = int(line.split()[2])
+                deadline = time.monotonic() + 10
+                while client_of(sock, killed) is not None and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                check(client_of(sock, killed) is None, "the killed child's client is gone")
+            check(read_until(p, "forked on registered stack pages"),
+                  "a fork whose frames lie in registered stack pages: parent and child each on their own")
+            check(read_until(p, "parent holding"), "the parent went on after the children")
+            if child is not None:
+                check(wait_gone(sock, child_pid, child["id"]), "nothing of the child that exited is left")
+            parent = client_of(sock, p.pid)
+            if check(parent is not None, "the parent is still a client"):
+                check(parent["handles"] >= 5, f"with its BOs and registrations: {parent['handles']}")
+            out, err = p.communicate("go\n", timeout=30)
+            check(p.returncode == 0 and "passed" in out, f"the program passed (rc {p.returncode}): {err[-2000:]}")
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.communicate()
 
 
 def test_rocminfo(tmp):
@@ -410,6 +461,7 @@ if __name__ == "__main__":
         ("libhsakmt's memory through gpumemd, charged and listed while it runs", test_memory),
         ("a process killed while holding memory leaves nothing", test_killed),
         ("a BO over the class's VRAM limit is refused, and the class is whole after", test_quota),
+        ("fork(): the child's KFD is its own, registered pages its own copies; the parent goes on", test_fork),
         ("rocminfo through gpumemd", test_rocminfo),
         ("PM4 and SDMA queues run by gpumemd, with their interrupts", test_queues),
         ("a GPU VM fault of a queue reaches the process's memory event", test_queue_fault),
