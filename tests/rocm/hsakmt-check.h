@@ -18,6 +18,23 @@ static inline double now_ms(void)
         return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
 }
 
+/* Open the KFD and find its GPU (the last node with compute units) into *@ret_node. 0, or 1 when a check
+ * failed. */
+static inline int kmt_open_gpu(uint32_t *ret_node)
+{
+        HsaSystemProperties sp;
+        HsaNodeProperties np;
+
+        REQUIRE_KMT(hsaKmtOpenKFD());
+        REQUIRE_KMT(hsaKmtAcquireSystemProperties(&sp));
+        for (uint32_t n = 0; n < sp.NumNodes; n++) {
+                REQUIRE_KMT(hsaKmtGetNodeProperties(n, &np));
+                if (np.NumFComputeCores)
+                        *ret_node = n;
+        }
+        return 0;
+}
+
 /* The HsaMemFlags bits the tests ask for; every allocation is of 4 KiB pages. */
 enum {
         KMT_NON_PAGED = 1 << 0,

@@ -194,8 +194,6 @@ static int deregister(volatile void *p)
 int main(void)
 {
         uint64_t stack_area[3 * 4096 / 8];
-        HsaSystemProperties sp;
-        HsaNodeProperties np;
         HsaMemFlags f;
         void *vram = NULL, *gtt = NULL, *paged = NULL;
         uint64_t va = 0;
@@ -203,13 +201,8 @@ int main(void)
         int kfd, st = 0, r, pipefd[2];
         pid_t pid;
 
-        REQUIRE_KMT(hsaKmtOpenKFD());
-        REQUIRE_KMT(hsaKmtAcquireSystemProperties(&sp));
-        for (uint32_t n = 0; n < sp.NumNodes; n++) {
-                REQUIRE_KMT(hsaKmtGetNodeProperties(n, &np));
-                if (np.NumFComputeCores)
-                        gpu_node = n;
-        }
+        if (kmt_open_gpu(&gpu_node))
+                return 1;
         REQUIRE(gpu_node > 0);
         /* a raw fd of its own, for the child's ioctl on what it inherited (libhsakmt's is O_CLOEXEC too) */
         kfd = open("/dev/kfd", O_RDWR);

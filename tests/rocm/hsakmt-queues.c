@@ -362,16 +362,8 @@ static int test_rules(void)
 
 static int open_kfd(void)
 {
-        HsaSystemProperties sp;
-        HsaNodeProperties np;
-
-        REQUIRE_KMT(hsaKmtOpenKFD());
-        REQUIRE_KMT(hsaKmtAcquireSystemProperties(&sp));
-        for (uint32_t n = 0; n < sp.NumNodes; n++) {
-                REQUIRE_KMT(hsaKmtGetNodeProperties(n, &np));
-                if (np.NumFComputeCores)
-                        gpu_node = n;
-        }
+        if (kmt_open_gpu(&gpu_node))
+                return 1;
         REQUIRE(gpu_node != 0);
         return 0;
 }
