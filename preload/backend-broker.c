@@ -631,7 +631,7 @@ static int alloc_memory(void *arg, unsigned long request)
         if (r < 0) {
                 bool freed;
                 if (bo.userptr) /* the process's own pages back first */
-                        (void)registered_swap_out(kb.c, kb.host, bo.cpu_va, bo.va, bo.size, bo.kept, &freed);
+                        (void)registered_swap_out(kb.c, kb.host, bo.cpu_va, bo.va, bo.size, &bo.kept, &freed);
                 else
                         (void)gm_mem_free(kb.c, (void *)(uintptr_t)a->va_addr);
                 return r;
@@ -672,9 +672,7 @@ static int free_memory(void *arg, unsigned long request)
                 r = (uintptr_t)p > (uintptr_t)-4096 ? (int)(intptr_t)p : 0;
                 freed = true;
         } else if (bo.userptr) {
-                r = registered_swap_out(kb.c, kb.host, bo.cpu_va, bo.va, bo.size, bo.kept, &freed);
-                if (r == 0)
-                        bo.kept = 0; /* the process's pages again */
+                r = registered_swap_out(kb.c, kb.host, bo.cpu_va, bo.va, bo.size, &bo.kept, &freed);
         } else {
                 r = gm_mem_free(kb.c, (void *)(uintptr_t)bo.va);
                 freed = r == 0;

@@ -109,7 +109,7 @@ int registered_swap_in(gm_client *c, const PreloadHost *host, uint64_t cpu_va, u
  * *@freed: the daemon let go of the memory (even when its pages could not be put back here).
  */
 int registered_swap_out(gm_client *c, const PreloadHost *host, uint64_t cpu_va, uint64_t gpu_va,
-                        uint64_t size, uint64_t kept, bool *freed)
+                        uint64_t size, uint64_t *kept, bool *freed)
 {
         int r;
 
@@ -128,9 +128,12 @@ int registered_swap_out(gm_client *c, const PreloadHost *host, uint64_t cpu_va, 
                 say(host, 2, "deregistering 0x%llx+0x%llx at 0x%llx: %zu part(s) still its own (%d)",
                     (unsigned long long)cpu_va, (unsigned long long)size, (unsigned long long)gpu_va, n, r);
                 if (r == 0 && n == 1 && parts[0].va == cpu_va && parts[0].size == size) {
-                        r = swap_out_private(cpu_va, size, kept);
+                        r = swap_out_private(cpu_va, size, *kept);
+                        if (r == 0)
+                                *kept = 0; /* moved back over the range */
                 } else if (r == 0) {
-                        swap_drop_kept(kept, size);
+                        swap_drop_kept(*kept, size);
+                        *kept = 0;
                         for (size_t i = 0; i < n && r == 0; i++)
                                 r = swap_out_private(parts[i].va, parts[i].size, 0);
                 }

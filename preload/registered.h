@@ -15,6 +15,7 @@
 int registered_swap_in(gm_client *c, const PreloadHost *host, uint64_t cpu_va, uint64_t gpu_va, uint64_t size,
                        uint32_t gpu_id, unsigned flags, uint64_t *ret_kept);
 
-/* The pages back to being the process's own, and the buffer freed. *@freed: the daemon let go of it. */
+/* The pages back to being the process's own, and the buffer freed. *@freed: the daemon let go of it.
+ * *@kept is 0 once the pages kept aside are the range's again or gone (a failure may leave them kept). */
 int registered_swap_out(gm_client *c, const PreloadHost *host, uint64_t cpu_va, uint64_t gpu_va,
-                        uint64_t size, uint64_t kept, bool *freed);
+                        uint64_t size, uint64_t *kept, bool *freed);
