@@ -181,12 +181,8 @@ int main(int argc, char **argv)
         REQUIRE(pattern(vram, SIZE / 8, 1, 1) == 0);
         REQUIRE(pattern(gtt, SIZE / 8, 2, 1) == 0);
         REQUIRE(pattern(paged, SIZE / 8, 3, 1) == 0);
-        REQUIRE_KMT(hsaKmtUnmapMemoryToGPU(vram));
-        REQUIRE_KMT(hsaKmtFreeMemory(vram, SIZE));
-        REQUIRE_KMT(hsaKmtUnmapMemoryToGPU(gtt));
-        REQUIRE_KMT(hsaKmtFreeMemory(gtt, SIZE));
-        REQUIRE_KMT(hsaKmtUnmapMemoryToGPU(paged));
-        REQUIRE_KMT(hsaKmtFreeMemory(paged, SIZE));
+        if (kmt_unmap_free(vram, SIZE) || kmt_unmap_free(gtt, SIZE) || kmt_unmap_free(paged, SIZE))
+                return 1;
         if (test_events(gpu_node) != 0)
                 return 1;
         REQUIRE_KMT(hsaKmtReleaseSystemProperties());

@@ -35,6 +35,14 @@ static inline int kmt_open_gpu(uint32_t *ret_node)
         return 0;
 }
 
+/* Unmap @p (@size bytes) from the GPUs and free it. 0, or 1 when a check failed. */
+static inline int kmt_unmap_free(void *p, HSAuint64 size)
+{
+        REQUIRE_KMT(hsaKmtUnmapMemoryToGPU(p));
+        REQUIRE_KMT(hsaKmtFreeMemory(p, size));
+        return 0;
+}
+
 /* The HsaMemFlags bits the tests ask for; every allocation is of 4 KiB pages. */
 enum {
         KMT_NON_PAGED = 1 << 0,

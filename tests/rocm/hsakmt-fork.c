@@ -280,12 +280,8 @@ int main(void)
         if (deregister(bss_pages) || deregister(heap_pages) || deregister(stack_pages))
                 return 1;
         REQUIRE(holds(heap_pages, SIZE / 8, 5));
-        REQUIRE_KMT(hsaKmtUnmapMemoryToGPU(vram));
-        REQUIRE_KMT(hsaKmtFreeMemory(vram, SIZE));
-        REQUIRE_KMT(hsaKmtUnmapMemoryToGPU(gtt));
-        REQUIRE_KMT(hsaKmtFreeMemory(gtt, SIZE));
-        REQUIRE_KMT(hsaKmtUnmapMemoryToGPU(paged));
-        REQUIRE_KMT(hsaKmtFreeMemory(paged, SIZE));
+        if (kmt_unmap_free(vram, SIZE) || kmt_unmap_free(gtt, SIZE) || kmt_unmap_free(paged, SIZE))
+                return 1;
         close(kfd);
         REQUIRE_KMT(hsaKmtReleaseSystemProperties());
         REQUIRE_KMT(hsaKmtCloseKFD());
