@@ -2,11 +2,14 @@
  * allocate and write around the same pages: no byte lost or changed, in the buffers or around them. */
 #include <hip/hip_runtime_api.h>
 #include <pthread.h>
+#include <setjmp.h>
+#include <signal.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #define MiB      (1ull << 20)
@@ -206,6 +209,40 @@ static void stack_round(void *dev, uint64_t seed)
         edge_check("stack");
 }
 
+static sigjmp_buf caught_at;
+
+static void on_fault(int sig, siginfo_t *si, void *uc)
+{
+        (void)sig, (void)si, (void)uc;
+        siglongjmp(caught_at, 1);
+}
+
+/*
+ * The program's own SIGSEGV handler, set after the runtime started (and after registrations made the
+ * KFD layer install one of its own), is the one its faults reach, and reads back as the program's.
+ */
+static void own_handler(void)
+{
+        struct sigaction sa = {.sa_sigaction = on_fault, .sa_flags = SA_SIGINFO}, back, before;
+        volatile char *nowhere;
+
+        sigemptyset(&sa.sa_mask);
+        if (sigaction(SIGSEGV, NULL, &before) < 0 || sigaction(SIGSEGV, &sa, NULL) < 0 ||
+            sigaction(SIGSEGV, NULL, &back) < 0 || back.sa_sigaction != on_fault) {
+                FAIL("sigaction does not read back the program's handler");
+                return;
+        }
+        nowhere = mmap(NULL, 4096, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (nowhere == MAP_FAILED)
+                return;
+        if (sigsetjmp(caught_at, 1) == 0) {
+                nowhere[0] = 1;
+                FAIL("a write to a PROT_NONE page did not fault");
+        }
+        munmap((void *)nowhere, 4096);
+        (void)sigaction(SIGSEGV, &before, NULL);
+}
+
 int main(int argc, char **argv)
 {
         size_t rounds = argc > 1 ? strtoul(argv[1], NULL, 10) : 1000;
@@ -251,6 +288,7 @@ int main(int argc, char **argv)
         stop = true;
         for (int i = 0; i < 4; i++)
                 pthread_join(th[i], NULL);
+        own_handler();
         hipFree(dev);
         if (failures) {
                 fprintf(stderr, "hip-heap: %d failure(s)\n", failures);
