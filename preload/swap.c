@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/syscall.h>
 #include <ucontext.h>
 #include <unistd.h>
@@ -238,10 +239,22 @@ static int find_file_ranges(uint64_t va, uint64_t size)
 
                 if (sscanf(line, "%llx-%llx %7s %*s %*s %llu %n", &s, &e, perms, &ino, &path) < 4)
                         continue;
+                /*
+                 * The main stack grows down into a hole below it: a range anywhere in the room it may grow
+                 * into (RLIMIT_STACK below its top) must not become one for a moment. Its top only is named
+                 * [stack]: an earlier swap there leaves the pages below it a mapping without a name.
+                 */
+                if (strncmp(line + path, "[stack]", 7) == 0) {
+                        struct rlimit rl;
+                        uint64_t room = getrlimit(RLIMIT_STACK, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY &&
+                                                        rl.rlim_cur < e
+                                                ? rl.rlim_cur
+                                                : e;
+                        if (va < e && va + size > e - room)
+                                sw.in_stack = true;
+                }
                 if (e <= va || s >= va + size)
                         continue;
-                if (strncmp(line + path, "[stack]", 7) == 0)
-                        sw.in_stack = true;
                 /* anonymous: no inode, no name or a bracketed one ([heap], [stack], [anon:...]) */
                 if (ino == 0 && (line[path] == '\n' || line[path] == '\0' || line[path] == '['))
                         continue;
