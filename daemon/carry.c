@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include "broker/broker.h"
@@ -55,43 +56,61 @@ static int add_dup(HandoverFds *s, const char *name, int fd)
         return handover_fds_add(s, name, copy);
 }
 
-/* The fds that go through the channel, in order; those it owns are closed once they are queued. */
+/*
+ * The fds on their way into the channel, a message at a time: those it owns (copies made for the hand-over)
+ * are closed once queued, so that collecting needs a batch of fds at most, not one per object.
+ */
 typedef struct FdVec {
-        int *fd;
-        bool *owned;
-        size_t n, cap;
+        HandoverChannel *ch;
+        int fd[HANDOVER_CHANNEL_BATCH];
+        bool owned[HANDOVER_CHANNEL_BATCH];
+        size_t n;
+        int err;     /* the first failure to queue: nothing is queued after it */
+        int fd_high; /* a copy numbered this high says the fd table is nearly full: queue at once */
 } FdVec;
 
-/* Append @fd (taken when @owned, also on failure); its index in the channel, or -ENOMEM. */
-static int fdvec_add(FdVec *v, int fd, bool owned)
+static int fdvec_flush(FdVec *v)
 {
-        if (v->n == v->cap) {
-                size_t cap = v->cap ? v->cap * 2 : 64;
-                int *f = realloc(v->fd, cap * sizeof(*f));
-                bool *o = f ? realloc(v->owned, cap * sizeof(*o)) : NULL;
-                if (f)
-                        v->fd = f;
-                if (!f || !o) {
-                        if (owned)
-                                safe_close(fd);
-                        return -ENOMEM;
-                }
-                v->owned = o;
-                v->cap = cap;
-        }
-        v->fd[v->n] = fd;
-        v->owned[v->n] = owned;
-        return (int)v->n++;
+        int r = v->err ? v->err : handover_channel_send(v->ch, v->fd, v->n);
+
+        for (size_t i = 0; i < v->n; i++)
+                if (v->owned[i])
+                        safe_close(v->fd[i]);
+        v->n = 0;
+        if (r < 0)
+                v->err = r;
+        return r;
 }
 
+/* Append @fd (taken when @owned, also on failure): its index in the channel, or a negative errno. */
+static int fdvec_add(FdVec *v, int fd, bool owned)
+{
+        size_t index = v->ch->n + v->n;
+
+        if (v->err || index > INT32_MAX) {
+                if (owned)
+                        safe_close(fd);
+                return v->err ? v->err : -EMFILE;
+        }
+        v->fd[v->n] = fd;
+        v->owned[v->n++] = owned;
+        /* the kernel gives the lowest free number: a high one means few are left, and the next copy needs
+         * one of them */
+        if (v->n == HANDOVER_CHANNEL_BATCH || (owned && fd >= v->fd_high)) {
+                int r = fdvec_flush(v);
+                if (r < 0)
+                        return r;
+        }
+        return (int)index;
+}
+
+/* What was not queued is closed. */
 static void fdvec_done(FdVec *v)
 {
         for (size_t i = 0; i < v->n; i++)
                 if (v->owned[i])
                         safe_close(v->fd[i]);
-        free(v->fd);
-        free(v->owned);
-        *v = (FdVec){0};
+        v->n = 0;
 }
 
 /* A managed allocation's SVM calls into its record. */
@@ -297,21 +316,107 @@ bool carry_conn_settled(Conn *c)
         return c->dead || (!c->deferred && transport_idle(&c->t));
 }
 
-int carry_collect(Manager *m, const CarryHost *host, HandoverFds *ret)
+/* The clients in the order they go: fewest objects first, so that a client holding many files is the one
+ * whose files do not fit at the next daemon, or whose books are cut for size, and not those after it. */
+typedef struct Leaving {
+        Conn *c;
+        size_t objects;
+} Leaving;
+
+static int leaving_cmp(const void *a, const void *b)
+{
+        const Leaving *x = a, *y = b;
+
+        if (x->objects != y->objects)
+                return x->objects < y->objects ? -1 : 1;
+        return x->c->id < y->c->id ? -1 : x->c->id > y->c->id;
+}
+
+/* The books of all carried clients together stay under this (the shares' and the state's own come on top; a
+ * test build sets a small one). */
+#ifndef CARRY_CLIENTS_STATE_MAX
+#define CARRY_CLIENTS_STATE_MAX (HANDOVER_STATE_MAX - (16u << 20))
+#endif
+
+/* Tell @c it is not carried: a connection-level error frame with @why (one closing reads nothing more). */
+static void tell_not_carried(const CarryHost *host, Conn *c, const char *why)
+{
+        char told[320];
+
+        conn_log(c, LOG_NOTICE, GM_MESSAGE_HANDOVER, NULL, "not carried over to the next gpumemd: %s", why);
+        if (c->dead)
+                return;
+        snprintf(told, sizeof(told),
+                 "gpumemd restarted and could not carry this connection over (%s): connect again", why);
+        host->refuse_send(c->t.fd, -ECONNRESET, told);
+}
+
+/*
+ * @c's record into @h and its files into the channel: NULL, or why it cannot be carried (@buf may hold the
+ * words). Its books count into *@state_bytes, which they may not take over CARRY_CLIENTS_STATE_MAX.
+ */
+static const char *collect_client(Conn *c, Gpumemd__HandoverClient *h, FdVec *fds, size_t *state_bytes,
+                                  char *buf, size_t len)
+{
+        size_t bytes;
+        int r;
+
+        gpumemd__handover_client__init(h);
+        h->has_fd_index = h->has_pidfd_index = true;
+        h->pidfd_index = -1;
+        /* the socket and pidfd are queued as they are (the kernel takes its own reference) */
+        r = fdvec_add(fds, c->t.fd, false);
+        h->fd_index = r;
+        if (r >= 0 && c->ident.pidfd >= 0)
+                h->pidfd_index = r = fdvec_add(fds, c->ident.pidfd, false);
+        if (r >= 0)
+                r = collect_objects(c, h, fds);
+        if (r < 0) {
+                snprintf(buf, len, "%s", strerror(-r));
+                return buf;
+        }
+        h->has_id = h->has_protocol_version = h->has_low_window = h->has_window_base = true;
+        h->has_window_size = h->has_connected_real_usec = h->has_requests = true;
+        h->id = c->id;
+        h->name = c->name;
+        h->protocol_version = c->proto_version;
+        h->low_window = c->low_window;
+        h->window_base = c->window ? c->window_base : 0;
+        h->window_size = c->window ? c->window_size : 0;
+        h->class_name = c->cls ? c->cls->name : NULL;
+        h->cgroup = c->ident.cgroup;
+        h->connected_real_usec = c->connected_real_usec;
+        h->requests = c->requests;
+        bytes = gpumemd__handover_client__get_packed_size(h);
+        if (*state_bytes + bytes > CARRY_CLIENTS_STATE_MAX) {
+                snprintf(buf, len, "its books (%zu bytes) do not fit in the state with the others'", bytes);
+                return buf;
+        }
+        *state_bytes += bytes;
+        return NULL;
+}
+
+/*
+ * One try at the hand-over: the listening socket, then (@clients) the clients in @order and the shares.
+ * A client that cannot be carried is told why and left out, the others go on; an error returned means no
+ * state could be made at all. @told marks whom this told already.
+ */
+static int collect_once(Manager *m, const CarryHost *host, HandoverFds *ret, const Leaving *order,
+                        size_t n_order, bool clients, bool *told)
 {
         Gpumemd__HandoverState st = GPUMEMD__HANDOVER_STATE__INIT;
         Gpumemd__HandoverClient *cv = NULL, **cp = NULL;
-        size_t n = 0, cap = 0, dropped = 0;
+        size_t n = 0, dropped = 0, state_bytes = 0;
         int r = 0, state_fd = -1, channel = -1;
         CollectShares shares = {0};
-        FdVec fds = {0};
+        HandoverChannel ch = {-1, -1, 0};
+        FdVec fds = {.ch = &ch, .fd_high = INT32_MAX};
+        struct rlimit rl;
 
         *ret = (HandoverFds){0};
-        for (Conn *c = m->conns; c; c = c->next)
-                cap++;
-        if (cap) {
-                cv = calloc(cap, sizeof(*cv));
-                cp = calloc(cap, sizeof(*cp));
+        if (n_order) {
+                cv = calloc(n_order, sizeof(*cv));
+                cp = calloc(n_order, sizeof(*cp));
                 if (!cv || !cp) {
                         r = -ENOMEM;
                         goto out;
@@ -327,59 +432,47 @@ int carry_collect(Manager *m, const CarryHost *host, HandoverFds *ret)
                 st.has_listen_bound = true;
                 st.listen_bound = m->listen_bound;
         }
-        for (Conn *c = m->conns; c && n < cap; c = c->next) {
+        r = handover_channel_open(&ch);
+        if (r < 0)
+                goto out;
+        if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < INT32_MAX)
+                fds.fd_high = (int)rl.rlim_cur - MANAGER_FD_RESERVE / 2;
+        for (size_t i = 0; i < n_order; i++) {
+                Conn *c = order[i].c;
                 Gpumemd__HandoverClient *h = &cv[n];
                 Reason w = {""};
-                const char *why = not_carried_why(c, &w);
+                const char *why = clients ? not_carried_why(c, &w) : "the hand-over could not be made";
+                char big[128];
+
+                if (!why && fds.err)
+                        why = "the hand-over's channel is full";
                 if (why) {
-                        char told[256];
-                        conn_log(c, LOG_NOTICE, GM_MESSAGE_HANDOVER, NULL,
-                                 "not carried over to the next gpumemd: %s", why);
-                        /* its next call fails with this reason instead of a bare reset (a closing one
-                         * reads nothing more) */
-                        if (!c->dead) {
-                                snprintf(told, sizeof(told),
-                                         "gpumemd restarted and could not carry this connection over (%s): "
-                                         "connect again",
-                                         why);
-                                host->refuse_send(c->t.fd, -ECONNRESET, told);
-                        }
+                        if (!told[i])
+                                tell_not_carried(host, c, why);
+                        told[i] = true;
                         dropped++;
                         continue;
                 }
-                gpumemd__handover_client__init(h);
+                why = collect_client(c, h, &fds, &state_bytes, big, sizeof(big));
+                if (why) {
+                        /* what it queued stays unclaimed in the channel; the next daemon closes it */
+                        free_objects(h);
+                        tell_not_carried(host, c, why);
+                        told[i] = true;
+                        dropped++;
+                        continue;
+                }
                 cp[n++] = h;
-                h->has_fd_index = h->has_pidfd_index = true;
-                h->pidfd_index = -1;
-                /* the socket and pidfd are queued as they are (the kernel takes its own reference) */
-                r = fdvec_add(&fds, c->t.fd, false);
-                h->fd_index = r;
-                if (r >= 0 && c->ident.pidfd >= 0)
-                        h->pidfd_index = r = fdvec_add(&fds, c->ident.pidfd, false);
-                if (r >= 0)
-                        r = collect_objects(c, h, &fds);
-                if (r < 0)
-                        goto out;
-                h->has_id = h->has_protocol_version = h->has_low_window = h->has_window_base = true;
-                h->has_window_size = h->has_connected_real_usec = h->has_requests = true;
-                h->id = c->id;
-                h->name = c->name;
-                h->protocol_version = c->proto_version;
-                h->low_window = c->low_window;
-                h->window_base = c->window ? c->window_base : 0;
-                h->window_size = c->window ? c->window_size : 0;
-                h->class_name = c->cls ? c->cls->name : NULL;
-                h->cgroup = c->ident.cgroup;
-                h->connected_real_usec = c->connected_real_usec;
-                h->requests = c->requests;
         }
         /* the named shares (their publishers' and readers' parts are the clients') */
-        shares.fds = &fds;
-        r = broker_carry_shares_each(m->broker, collect_share, &shares);
-        if (r < 0)
-                goto out;
-        st.n_shares = shares.n;
-        st.shares = shares.v;
+        if (clients) {
+                shares.fds = &fds;
+                r = broker_carry_shares_each(m->broker, collect_share, &shares);
+                if (r < 0)
+                        goto out;
+                st.n_shares = shares.n;
+                st.shares = shares.v;
+        }
         {
                 uint64_t base = 0, size = 0;
                 broker_share_region_get(m->broker, &base, &size);
@@ -387,15 +480,21 @@ int carry_collect(Manager *m, const CarryHost *host, HandoverFds *ret)
                 st.share_region_base = base;
                 st.share_region_size = size;
         }
-        /* every fd of the clients through one socket: three names in the store, whatever their number */
-        r = handover_channel_pack(fds.fd, fds.n, &channel);
-        if (r == 0)
-                r = handover_fds_add(ret, HANDOVER_NAME_FDS, channel);
+        /* every fd of the clients through one socket: three names in the store, whatever their number; the
+         * clients whose files did not go in are closed by the next daemon, with the reason */
+        if (fdvec_flush(&fds) < 0)
+                log_full(LOG_WARNING, fds.err, GM_MESSAGE_HANDOVER, NULL,
+                         "the hand-over's channel took %zu fds and no more (%s): the clients whose files did "
+                         "not go in are not carried",
+                         ch.n, strerror(-fds.err));
+        channel = handover_channel_finish(&ch);
+        /* its other end is closed: it hangs up while stored, which systemd must not take for its end */
+        r = handover_fds_add_no_poll(ret, HANDOVER_NAME_FDS, channel);
         if (r < 0)
                 goto out;
         st.channel_name = (char *)HANDOVER_NAME_FDS;
         st.has_channel_fds = true;
-        st.channel_fds = (uint32_t)fds.n;
+        st.channel_fds = (uint32_t)ch.n;
         st.has_format = st.has_revision = st.has_written_real_usec = st.has_next_client_id = true;
         st.format = HANDOVER_FORMAT;
         st.revision = CARRY_REVISION;
@@ -432,12 +531,55 @@ out:
                 free(shares.v[i]);
         free(shares.v);
         for (size_t i = 0; i < n; i++)
-                free_objects(&cv[i]);
+                free_objects(cp[i]);
         fdvec_done(&fds);
+        handover_channel_abort(&ch);
         free(cv);
         free(cp);
         if (r < 0)
                 handover_fds_done(ret);
+        return r;
+}
+
+int carry_collect(Manager *m, const CarryHost *host, HandoverFds *ret)
+{
+        Leaving *order = NULL;
+        bool *told = NULL;
+        size_t n = 0;
+        int r;
+
+        for (Conn *c = m->conns; c; c = c->next)
+                n++;
+        order = n ? calloc(n, sizeof(*order)) : NULL;
+        told = n ? calloc(n, sizeof(*told)) : NULL;
+        if (n && (!order || !told)) {
+                free(order);
+                free(told);
+                order = NULL;
+                told = NULL;
+                n = 0; /* none carried, none told: each sees its connection close */
+        }
+        n = 0;
+        for (Conn *c = m->conns; c && order; c = c->next)
+                order[n++] = (Leaving){c, c->broker ? broker_client_objects(c->broker) : 0};
+        if (n)
+                qsort(order, n, sizeof(*order), leaving_cmp);
+        r = collect_once(m, host, ret, order, n, true, told);
+        if (r < 0) {
+                log_full(LOG_ERR, r, GM_MESSAGE_HANDOVER, NULL,
+                         "cannot hand the clients over (%s): they are closed, the listening socket goes on",
+                         strerror(-r));
+                r = collect_once(m, host, ret, order, n, false, told);
+        }
+        if (r < 0 && m->listen_fd >= 0 && (m->listen_bound || m->handover == MANAGER_HANDOVER_EXEC)) {
+                /* the socket alone, with no state: the next daemon listens on it */
+                log_full(LOG_ERR, r, GM_MESSAGE_HANDOVER, NULL,
+                         "cannot make a state to hand over (%s): only the listening socket goes on",
+                         strerror(-r));
+                r = add_dup(ret, HANDOVER_NAME_LISTEN, m->listen_fd);
+        }
+        free(order);
+        free(told);
         return r;
 }
 
@@ -787,8 +929,11 @@ void carry_restore(Manager *m, const CarryHost *host, Gpumemd__HandoverState *st
         int r;
 
         if (!st) {
-                if (fds->n)
-                        log_warning("%zu fds were handed over without a state to name them: closed", fds->n);
+                for (size_t i = 0; i < fds->n; i++)
+                        log_full(LOG_WARNING, -ENOENT, GM_MESSAGE_HANDOVER, NULL,
+                                 "'%s' was handed over without the state that names it (the service manager "
+                                 "dropped or refused '%s'): closed",
+                                 fds->v[i].name, HANDOVER_NAME_STATE);
                 goto out;
         }
         if (st->backend && strcmp(st->backend, driver_name(m->drv)) != 0) {
@@ -802,9 +947,21 @@ void carry_restore(Manager *m, const CarryHost *host, Gpumemd__HandoverState *st
                 int ch = handover_fds_take(fds, st->channel_name);
                 if (st->has_channel_fds)
                         handover_fd_room(st->channel_fds);
-                r = ch < 0 ? ch : handover_channel_unpack(ch, &passed.fd, &passed.n);
+                size_t lost = 0;
+                r = ch < 0 ? ch : handover_channel_unpack(ch, &passed.fd, &passed.n, &lost);
                 safe_close(ch);
-                if (r == 0 && st->has_channel_fds && passed.n != st->channel_fds)
+                if (ch == -ENOENT)
+                        log_full(
+                                LOG_ERR, ch, GM_MESSAGE_HANDOVER, NULL,
+                                "the fd store gave back no '%s' (the service manager dropped or refused it): "
+                                "the %zu client%s handed over are closed",
+                                st->channel_name, st->n_clients, st->n_clients == 1 ? "" : "s");
+                else if (r == 0 && lost)
+                        log_full(LOG_WARNING, -EMFILE, GM_MESSAGE_HANDOVER, NULL,
+                                 "%zu of the %zu fds handed over did not fit in this daemon's fd table: the "
+                                 "clients they belong to are closed",
+                                 lost, passed.n);
+                else if (r == 0 && st->has_channel_fds && passed.n != st->channel_fds)
                         log_full(LOG_WARNING, -EPROTO, GM_MESSAGE_HANDOVER, NULL,
                                  "%zu of the %u fds handed over came through: the clients that miss some are "
                                  "closed",

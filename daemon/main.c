@@ -101,7 +101,7 @@ int main(int argc, char **argv)
         r = manager_new(&m, &opts);
         options_done(&opts);
         if (r < 0)
-                return EXIT_FAILURE;
+                return r == -ENODEV ? GPUMEMD_EXIT_NO_DEVICE : EXIT_FAILURE;
         manager_set_argv(m, argv);
         r = manager_run(m);
         {

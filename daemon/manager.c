@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <systemd/sd-daemon.h>
 
@@ -25,6 +26,7 @@
 #include "frame.h"
 #include "map.h"
 #include "base/handover.h"
+#include "base/service-job.h"
 #include "base/log.h"
 #include "ops/request.h"
 #include "server/window.h"
@@ -291,8 +293,16 @@ static void on_drain_tick(void *userdata)
         } else {
                 for (Conn *c = m->conns, *next; c; c = next) {
                         next = c->next;
-                        if (c->sh == sh && transport_idle(&c->t))
+                        if (c->sh == sh && transport_idle(&c->t)) {
+                                /* the reason first (a connection-level error), then the close */
+                                if (!c->dead)
+                                        (void)conn_send_error(
+                                                c, 0, -ESHUTDOWN,
+                                                m->stop_job == SERVICE_JOB_STOP
+                                                        ? "gpumemd was stopped by the service manager"
+                                                        : "gpumemd is stopping");
                                 conn_kill(c);
+                        }
                 }
                 left = sh->index == 0 ? m->n_conns : sh->n_conns;
         }
@@ -320,6 +330,9 @@ static void drain_start(void *arg)
         on_drain_tick(sh);
 }
 
+/* How long a SIGTERM waits for systemd to say whether it stops or restarts the unit. */
+#define STOP_JOB_TIMEOUT_USEC (500u * 1000u)
+
 static void on_signal_stop(evutil_socket_t sig, short what, void *userdata)
 {
         Manager *m = userdata;
@@ -339,8 +352,14 @@ static void on_signal_stop(evutil_socket_t sig, short what, void *userdata)
          */
         if (sig == SIGUSR1)
                 m->handover = MANAGER_HANDOVER_EXEC;
-        else if (sig == SIGTERM && m->opts.handover && notify && *notify)
-                m->handover = MANAGER_HANDOVER_STORE;
+        else if (sig == SIGTERM && m->opts.handover && notify && *notify) {
+                /* the same SIGTERM comes for a stop and a restart: the unit's job tells them apart; a stop
+                 * for good closes the clients with the reason, instead of leaving them in a store systemd
+                 * empties (without a job, or without a bus to ask, the clients are handed over) */
+                ServiceJob job = service_job_query(STOP_JOB_TIMEOUT_USEC);
+                m->handover = job == SERVICE_JOB_STOP ? MANAGER_HANDOVER_NONE : MANAGER_HANDOVER_STORE;
+                m->stop_job = job;
+        }
         for (unsigned i = 0; i < m->n_shards; i++)
                 m->shards[i].unsettled = 1; /* until its loop counted */
         manager_unlock(m);
@@ -349,7 +368,9 @@ static void on_signal_stop(evutil_socket_t sig, short what, void *userdata)
                          n == 1 ? "" : "s");
                 (void)sd_notify(0, "RELOADING=1\nSTATUS=Re-executing, clients carried over");
         } else {
-                log_info("received %s, %s %u client%s", sig == SIGTERM ? "SIGTERM" : "SIGINT",
+                log_info("received %s%s%s, %s %u client%s", sig == SIGTERM ? "SIGTERM" : "SIGINT",
+                         m->stop_job != SERVICE_JOB_UNKNOWN ? " for a " : "",
+                         m->stop_job != SERVICE_JOB_UNKNOWN ? service_job_name(m->stop_job) : "",
                          m->handover ? "handing over" : "draining", n, n == 1 ? "" : "s");
                 (void)sd_notify(0, m->handover ? "STOPPING=1\nSTATUS=Handing clients over"
                                                : "STOPPING=1\nSTATUS=Draining clients");
@@ -486,9 +507,12 @@ static int open_backend(Manager *m)
         }
         r = b->open(&a, &m->drv, err, sizeof(err));
         if (r < 0)
-                return log_error_errno(r, "cannot open the %s backend: %s", b->name,
-                                       err[0] ? err : strerror(-r));
-        return 0;
+                log_error_errno(r, "cannot open the %s backend: %s", b->name, err[0] ? err : strerror(-r));
+        /* no device node, or none behind it: a node without the GPU this backend serves (main() exits
+         * with a status of its own, which the unit does not restart on) */
+        if ((r == -ENOENT || r == -ENODEV) && !(b->flags & DRIVER_BACKEND_PRESET))
+                return -ENODEV;
+        return r < 0 ? r : 0;
 }
 
 /*
@@ -670,6 +694,8 @@ static int manager_alloc(const Options *opts, Manager **ret)
         if (!m)
                 return -ENOMEM;
         m->listen_fd = -1;
+        for (size_t i = 0; i < ARRAY_SIZE(m->fd_reserve); i++)
+                m->fd_reserve[i] = -1;
         m->conn_host = &conn_host;
         /* recursive: a transport tells of a peer gone from inside a send, which may be made with the lock
          * held (a reply) or without it (a ping's) */
@@ -888,6 +914,20 @@ static void main_events_free(Manager *m)
                 }
 }
 
+/* Hold the fd reserve (eventfds: no file, no device, nothing the sandbox must allow). */
+static void fd_reserve_take(Manager *m)
+{
+        for (size_t i = 0; i < ARRAY_SIZE(m->fd_reserve); i++)
+                if (m->fd_reserve[i] < 0)
+                        m->fd_reserve[i] = eventfd(0, EFD_CLOEXEC);
+}
+
+static void fd_reserve_release(Manager *m)
+{
+        for (size_t i = 0; i < ARRAY_SIZE(m->fd_reserve); i++)
+                m->fd_reserve[i] = safe_close(m->fd_reserve[i]);
+}
+
 /* The program's path, for a re-exec: replaced by an upgrade, the re-exec runs the new program at that path.
  */
 static void remember_exe_path(Manager *m)
@@ -932,6 +972,8 @@ int manager_new(Manager **ret, const Options *opts)
         if (r < 0)
                 goto fail;
         handed = carry_read_state(&passed);
+        /* after the passed fds, which sit at 3, 4, ... until taken */
+        fd_reserve_take(m);
         setup_shared_region(m, handed);
         r = setup_loops(m);
         if (r < 0)
@@ -1035,6 +1077,7 @@ Manager *manager_free(Manager *m)
                 handover_fds_done(m->carried);
                 free(m->carried);
         }
+        fd_reserve_release(m);
         free(m->exe_path);
         free(m->passed_names);
         options_done(&m->opts);
@@ -1053,12 +1096,14 @@ static void collect_handover(Manager *m)
         for (unsigned i = 1; i < m->n_shards; i++)
                 loop_stop(m->shards[i].loop);
         run_pending(m);
+        /* room for what the hand-over opens, however full clients made the fd table */
+        fd_reserve_release(m);
         manager_lock(m);
         if (r == 0)
                 r = carry_collect(m, &carry_host, fds);
         manager_unlock(m);
         if (r < 0) {
-                log_error_errno(r, "cannot hand the clients over, they are closed: %s", strerror(-r));
+                log_error_errno(r, "cannot hand anything over, the clients are closed: %s", strerror(-r));
                 /* a re-exec still runs the program again, with nothing handed over */
                 if (fds && m->handover == MANAGER_HANDOVER_EXEC) {
                         m->carried = fds;

@@ -3,7 +3,11 @@
 
 #include "server/core.h"
 
-/* Create the manager from parsed options: opens the backend and the listening socket. */
+/* gpumemd's exit status when its backend finds no GPU (EX_UNAVAILABLE): the unit does not restart on it. */
+#define GPUMEMD_EXIT_NO_DEVICE 69
+
+/* Create the manager from parsed options: opens the backend and the listening socket. -ENODEV: the backend
+ * found no device. */
 int manager_new(Manager **ret, const Options *opts);
 Manager *manager_free(Manager *m);
 /* Run until SIGTERM/SIGINT; returns the exit code. Sends READY=1 once the loop runs. */

@@ -90,8 +90,18 @@ int handover_fds_add(HandoverFds *s, const char *name, int fd)
                 return -ENOMEM;
         }
         strcpy(s->v[s->n].name, name);
+        s->v[s->n].no_poll = false;
         s->v[s->n++].fd = fd;
         return 0;
+}
+
+int handover_fds_add_no_poll(HandoverFds *s, const char *name, int fd)
+{
+        int r = handover_fds_add(s, name, fd);
+
+        if (r == 0)
+                s->v[s->n - 1].no_poll = true;
+        return r;
 }
 
 int handover_fds_take(HandoverFds *s, const char *name)
@@ -251,49 +261,79 @@ int handover_state_open(int fd, Gpumemd__HandoverState **ret, char *why, size_t 
 }
 
 /* fds per message: the kernel takes at most 253 (SCM_MAX_FD) */
-#define CHANNEL_BATCH 250
+#define CHANNEL_BATCH HANDOVER_CHANNEL_BATCH
 
-int handover_channel_pack(const int *fds, size_t n, int *ret_fd)
+int handover_channel_open(HandoverChannel *ch)
 {
-        int sv[2], r = 0;
+        int sv[2];
+        /* as much room as net.core.wmem_max allows: each message of fds is a buffer of its own */
+        int big = 64 << 20;
 
         if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0, sv) < 0)
                 return -errno;
-        {
-                /* as much room as net.core.wmem_max allows: each message of fds is a buffer of its own */
-                int big = 64 << 20;
-                (void)setsockopt(sv[0], SOL_SOCKET, SO_SNDBUF, &big, sizeof(big));
-        }
-        for (size_t i = 0; i < n; i += CHANNEL_BATCH) {
-                size_t k = n - i < CHANNEL_BATCH ? n - i : CHANNEL_BATCH;
-                union {
-                        struct cmsghdr h;
-                        char b[CMSG_SPACE(CHANNEL_BATCH * sizeof(int))];
-                } ctl;
-                char byte = 'F';
-                struct iovec iov = {&byte, 1};
-                struct msghdr mh = {.msg_iov = &iov,
-                                    .msg_iovlen = 1,
-                                    .msg_control = &ctl,
-                                    .msg_controllen = CMSG_SPACE(k * sizeof(int))};
-                struct cmsghdr *c = CMSG_FIRSTHDR(&mh);
+        (void)setsockopt(sv[0], SOL_SOCKET, SO_SNDBUF, &big, sizeof(big));
+        *ch = (HandoverChannel){.send_fd = sv[0], .recv_fd = sv[1]};
+        return 0;
+}
 
-                memset(&ctl, 0, sizeof(ctl));
-                c->cmsg_level = SOL_SOCKET;
-                c->cmsg_type = SCM_RIGHTS;
-                c->cmsg_len = CMSG_LEN(k * sizeof(int));
-                memcpy(CMSG_DATA(c), fds + i, k * sizeof(int));
-                if (sendmsg(sv[0], &mh, MSG_NOSIGNAL) < 0) {
-                        r = errno == EAGAIN ? -ENOBUFS : -errno;
-                        break;
-                }
-        }
-        close(sv[0]); /* the receiver reads to the end, then sees EOF */
+int handover_channel_send(HandoverChannel *ch, const int *fds, size_t n)
+{
+        union {
+                struct cmsghdr h;
+                char b[CMSG_SPACE(CHANNEL_BATCH * sizeof(int))];
+        } ctl;
+        /* the count, little-endian: a reader with a full fd table learns how many it lost */
+        uint8_t count[4] = {(uint8_t)n, (uint8_t)(n >> 8), 0, 0};
+        struct iovec iov = {count, sizeof(count)};
+        struct msghdr mh = {.msg_iov = &iov,
+                            .msg_iovlen = 1,
+                            .msg_control = &ctl,
+                            .msg_controllen = CMSG_SPACE(n * sizeof(int))};
+        struct cmsghdr *c;
+
+        if (n == 0)
+                return 0;
+        if (n > CHANNEL_BATCH || ch->send_fd < 0)
+                return -EINVAL;
+        memset(&ctl, 0, sizeof(ctl));
+        c = CMSG_FIRSTHDR(&mh);
+        c->cmsg_level = SOL_SOCKET;
+        c->cmsg_type = SCM_RIGHTS;
+        c->cmsg_len = CMSG_LEN(n * sizeof(int));
+        memcpy(CMSG_DATA(c), fds, n * sizeof(int));
+        if (sendmsg(ch->send_fd, &mh, MSG_NOSIGNAL) < 0)
+                return errno == EAGAIN ? -ENOBUFS : -errno;
+        ch->n += n;
+        return 0;
+}
+
+int handover_channel_finish(HandoverChannel *ch)
+{
+        int fd = ch->recv_fd;
+
+        ch->send_fd = safe_close(ch->send_fd); /* the receiver reads to the end, then sees EOF */
+        ch->recv_fd = -1;
+        return fd;
+}
+
+void handover_channel_abort(HandoverChannel *ch)
+{
+        ch->send_fd = safe_close(ch->send_fd);
+        ch->recv_fd = safe_close(ch->recv_fd);
+}
+
+int handover_channel_pack(const int *fds, size_t n, int *ret_fd)
+{
+        HandoverChannel ch;
+        int r = handover_channel_open(&ch);
+
+        for (size_t i = 0; r == 0 && i < n; i += CHANNEL_BATCH)
+                r = handover_channel_send(&ch, fds + i, n - i < CHANNEL_BATCH ? n - i : CHANNEL_BATCH);
         if (r < 0) {
-                close(sv[1]);
+                handover_channel_abort(&ch);
                 return r;
         }
-        *ret_fd = sv[1];
+        *ret_fd = handover_channel_finish(&ch);
         return 0;
 }
 
@@ -318,10 +358,10 @@ void handover_fd_room(size_t n)
                 close(fd);
 }
 
-int handover_channel_unpack(int fd, int **ret_fds, size_t *ret_n)
+int handover_channel_unpack(int fd, int **ret_fds, size_t *ret_n, size_t *ret_lost)
 {
         int *v = NULL;
-        size_t n = 0, cap = 0;
+        size_t n = 0, cap = 0, lost = 0;
         int r = 0;
 
         for (;;) {
@@ -329,11 +369,12 @@ int handover_channel_unpack(int fd, int **ret_fds, size_t *ret_n)
                         struct cmsghdr h;
                         char b[CMSG_SPACE(CHANNEL_BATCH * sizeof(int))];
                 } ctl;
-                char byte;
-                struct iovec iov = {&byte, 1};
+                uint8_t count[4];
+                struct iovec iov = {count, sizeof(count)};
                 struct msghdr mh = {
                         .msg_iov = &iov, .msg_iovlen = 1, .msg_control = &ctl, .msg_controllen = sizeof(ctl)};
                 ssize_t got = recvmsg(fd, &mh, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
+                size_t before = n, said;
 
                 if (got == 0 || (got < 0 && errno == EAGAIN))
                         break; /* the end (EAGAIN: a sender end still open somewhere; nothing more comes) */
@@ -359,17 +400,34 @@ int handover_channel_unpack(int fd, int **ret_fds, size_t *ret_n)
                         memcpy(v + n, CMSG_DATA(c), k * sizeof(int));
                         n += k;
                 }
-                if (mh.msg_flags & MSG_CTRUNC)
+                if (!(mh.msg_flags & MSG_CTRUNC) || r < 0)
+                        continue;
+                /* the fds that did not fit: in their places, as -1, where the message says how many it held
+                 */
+                said = got == (ssize_t)sizeof(count) ? (size_t)count[0] | (size_t)count[1] << 8 : 0;
+                if (said == 0 || said > CHANNEL_BATCH || said < n - before) {
                         r = -EPROTO;
+                        continue;
+                }
+                if (ARRAY_RESERVE(v, cap, before + said, 256) < 0) {
+                        r = -ENOMEM;
+                        continue;
+                }
+                for (; n < before + said; n++) {
+                        v[n] = -1;
+                        lost++;
+                }
         }
         if (r < 0) {
                 for (size_t i = 0; i < n; i++)
-                        close(v[i]);
+                        safe_close(v[i]);
                 free(v);
                 return r;
         }
         *ret_fds = v;
         *ret_n = n;
+        if (ret_lost)
+                *ret_lost = lost;
         return 0;
 }
 
@@ -438,7 +496,8 @@ int handover_store(const HandoverFds *s)
                 return -ENOTCONN;
         for (size_t i = 0; i < s->n; i++) {
                 int r;
-                snprintf(msg, sizeof(msg), "FDSTORE=1\nFDNAME=%s", s->v[i].name);
+                snprintf(msg, sizeof(msg), "FDSTORE=1\nFDNAME=%s%s", s->v[i].name,
+                         s->v[i].no_poll ? "\nFDPOLL=0" : "");
                 r = notify_with_fd(sock, msg, s->v[i].fd, deadline);
                 if (r < 0)
                         return r;
@@ -501,6 +560,15 @@ int handover_exec(const char *path, char *const argv[], HandoverFds *s)
                 }
                 close(s->v[i].fd);
                 s->v[i].fd = to;
+        }
+        if (s->n == 0) {
+                /* nothing to pass: sd_listen_fds() takes LISTEN_FDS=0 for an error */
+                unsetenv("LISTEN_PID");
+                unsetenv("LISTEN_FDS");
+                unsetenv("LISTEN_FDNAMES");
+                free(names);
+                execv(path, argv);
+                return -errno;
         }
         snprintf(num, sizeof(num), "%d", (int)getpid());
         setenv("LISTEN_PID", num, 1);

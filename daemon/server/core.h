@@ -21,6 +21,10 @@ typedef struct BrokerClient BrokerClient;
 
 #define MANAGER_MAX_LOOPS 64
 
+/* what collecting the hand-over opens at once: the channel's two ends, the state, the listening socket's
+ * copy, and spares for a copy being queued and for each move of an exec */
+#define MANAGER_FD_RESERVE 8
+
 struct Manager {
         struct event_base *base; /* the main loop's (shard 0) */
         Options opts;
@@ -104,11 +108,15 @@ struct Manager {
 
         /* A restart that hands the clients on (carry.c, docs/operations.md) */
         int handover;                /* MANAGER_HANDOVER_*: how this stop ends */
+        int stop_job;                /* ServiceJob: what systemd said it does with the unit at SIGTERM */
         char *exe_path;              /* what a re-exec runs: this program's path, as started */
         char **argv;                 /* main()'s, for a re-exec */
         struct HandoverFds *carried; /* what manager_run() collected for main() to hand over */
         char (*passed_names)[64];    /* the fd names handed to this daemon, to drop from systemd's store */
         size_t n_passed_names;
+        /* fds held from the start and closed to make the hand-over: a daemon whose fd table clients filled
+         * still has room for the channel, the state and the copy of the listening socket */
+        int fd_reserve[MANAGER_FD_RESERVE];
 };
 
 enum {

@@ -41,8 +41,29 @@ static void store_remove_locked(Daemon *d, const char *name)
                 }
 }
 
-static void store_add_locked(Daemon *d, const char *name, int fd)
+/* systemd's poll of its store: an fd polled that hung up or failed is dropped. Under notify_lock. */
+static void store_poll_locked(Daemon *d)
 {
+        for (size_t i = 0; i < d->n_store;) {
+                struct pollfd p = {.fd = d->store[i].fd};
+                if (d->store[i].poll && poll(&p, 1, 0) == 1 && (p.revents & (POLLHUP | POLLERR))) {
+                        fprintf(stderr, "fd store: '%s' hung up, dropped (as systemd does)\n",
+                                d->store[i].name);
+                        close(d->store[i].fd);
+                        d->store[i] = d->store[--d->n_store];
+                } else {
+                        i++;
+                }
+        }
+}
+
+static void store_add_locked(Daemon *d, const char *name, int fd, bool poll_it)
+{
+        if (d->n_store >= HARNESS_FD_STORE_MAX) {
+                fprintf(stderr, "fd store: full, '%s' refused (as systemd does)\n", name);
+                close(fd);
+                return;
+        }
         if (d->n_store == d->cap_store) {
                 size_t cap = d->cap_store ? d->cap_store * 2 : 64;
                 StoredFd *v = realloc(d->store, cap * sizeof(*v));
@@ -54,7 +75,9 @@ static void store_add_locked(Daemon *d, const char *name, int fd)
                 d->cap_store = cap;
         }
         snprintf(d->store[d->n_store].name, sizeof(d->store[0].name), "%s", name);
+        d->store[d->n_store].poll = poll_it;
         d->store[d->n_store++].fd = fd;
+        store_poll_locked(d);
 }
 
 /* The value of @key= in a notification (newline-separated assignments), into @out; false when absent. */
@@ -80,6 +103,7 @@ static void notify_fds(Daemon *d, const char *msg, const int *fds, size_t n_fds)
 {
         char v[256], name[256] = "stored";
         bool store = notify_field(msg, "FDSTORE", v, sizeof(v)) && strcmp(v, "1") == 0;
+        bool poll_it = !(notify_field(msg, "FDPOLL", v, sizeof(v)) && strcmp(v, "0") == 0);
 
         (void)notify_field(msg, "FDNAME", name, sizeof(name));
         pthread_mutex_lock(&d->notify_lock);
@@ -87,7 +111,7 @@ static void notify_fds(Daemon *d, const char *msg, const int *fds, size_t n_fds)
                 store_remove_locked(d, name);
         for (size_t i = 0; i < n_fds; i++) {
                 if (store)
-                        store_add_locked(d, name, fds[i]);
+                        store_add_locked(d, name, fds[i], poll_it);
                 else
                         close(fds[i]);
         }
@@ -112,8 +136,12 @@ static void *notify_reader(void *userdata)
                 size_t n_fds = 0;
                 ssize_t n;
 
-                if (poll(&p, 1, 50) <= 0)
+                if (poll(&p, 1, 50) <= 0) {
+                        pthread_mutex_lock(&d->notify_lock);
+                        store_poll_locked(d);
+                        pthread_mutex_unlock(&d->notify_lock);
                         continue;
+                }
                 d->notify_busy = true; /* before the datagram leaves the socket (daemon_term) */
                 n = recvmsg(d->notify_fd, &mh, MSG_CMSG_CLOEXEC);
                 if (n <= 0) {
@@ -163,6 +191,7 @@ size_t daemon_store_count(Daemon *d)
         size_t n;
 
         pthread_mutex_lock(&d->notify_lock);
+        store_poll_locked(d);
         n = d->n_store;
         pthread_mutex_unlock(&d->notify_lock);
         return n;
@@ -173,6 +202,7 @@ int daemon_store_fd(Daemon *d, const char *name)
         int fd = -ENOENT;
 
         pthread_mutex_lock(&d->notify_lock);
+        store_poll_locked(d);
         for (size_t i = 0; i < d->n_store; i++)
                 if (strcmp(d->store[i].name, name) == 0)
                         fd = d->store[i].fd;
@@ -184,7 +214,7 @@ void daemon_store_put(Daemon *d, const char *name, int fd)
 {
         pthread_mutex_lock(&d->notify_lock);
         store_remove_locked(d, name);
-        store_add_locked(d, name, fd);
+        store_add_locked(d, name, fd, true);
         pthread_mutex_unlock(&d->notify_lock);
 }
 
@@ -287,6 +317,7 @@ static int spawn(Daemon *d, const char *preset, const char *const *extra_args, b
 
         pthread_mutex_lock(&d->notify_lock);
         d->notify_log[0] = '\0';
+        store_poll_locked(d);
         if (pass_store && d->n_store) {
                 /* the names joined by ':' as LISTEN_FDNAMES has them, made before the fork */
                 size_t len = 1;

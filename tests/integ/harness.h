@@ -9,10 +9,16 @@
 
 #include "gpumem-client.h"
 
-/* An fd the daemon gave the supervisor's fd store (FDSTORE=1 with FDNAME=), as systemd keeps them. */
+/*
+ * An fd the daemon gave the supervisor's fd store (FDSTORE=1 with FDNAME=), as systemd keeps them: at most
+ * HARNESS_FD_STORE_MAX (the shipped unit's FileDescriptorStoreMax=), and, unless sent with FDPOLL=0, polled:
+ * one that reports EPOLLHUP or EPOLLERR is closed and forgotten.
+ */
+#define HARNESS_FD_STORE_MAX 16
 typedef struct StoredFd {
         char name[256];
         int fd;
+        bool poll;
 } StoredFd;
 
 typedef struct Daemon {

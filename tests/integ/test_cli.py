@@ -107,9 +107,10 @@ def test_options(tmp):
     if not os.path.exists("/dev/kfd"):
         r = subprocess.run([GPUMEMD, "--socket", os.path.join(tmp, "y.sock"), "--config", "/dev/null"],
                            capture_output=True, text=True, timeout=20)
-        check(r.returncode == 1 and "/dev/kfd" in r.stderr and "--backend model" in r.stderr
+        check(r.returncode == 69 and "/dev/kfd" in r.stderr and "--backend model" in r.stderr
               and not os.path.exists(os.path.join(tmp, "y.sock")),
-              "no /dev/kfd: the default backend refuses to start, naming /dev/kfd and --backend model")
+              "no /dev/kfd: the default backend refuses to start (exit 69, no GPU), naming /dev/kfd and "
+              "--backend model")
 
 
 def test_check_config(tmp):

@@ -6,8 +6,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/un.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "../common/check.h"
@@ -554,7 +556,7 @@ static void test_channel(void)
                 fds[i] = p[i % 2];
         CHECK_RC(handover_channel_pack(fds, N, &ch), 0);
         CHECK_EQ(count_fds(0), base + 1);
-        CHECK_RC(handover_channel_unpack(ch, &back, &n), 0);
+        CHECK_RC(handover_channel_unpack(ch, &back, &n, NULL), 0);
         CHECK_EQ(n, N);
         for (size_t i = 0; back && i < n; i++) {
                 int fl = fcntl(back[i], F_GETFL);
@@ -571,6 +573,48 @@ static void test_channel(void)
         close(p[0]);
         close(p[1]);
         free(fds);
+}
+
+/*
+ * A reader whose fd table is full: the fds that did not fit read as -1 in their places, those after them
+ * come where they belong, and the reader is told how many it lost (in a child, under a low RLIMIT_NOFILE).
+ */
+static void test_channel_full_table(void)
+{
+        enum { N = 600, ROOM = 200 };
+        int p[2], fds[N], ch = -1, status = 0;
+        pid_t pid;
+
+        CHECK_EQ(pipe2(p, O_CLOEXEC), 0);
+        for (int i = 0; i < N; i++)
+                fds[i] = p[i % 2];
+        CHECK_RC(handover_channel_pack(fds, N, &ch), 0);
+        pid = fork();
+        if (pid == 0) {
+                struct rlimit rl = {ROOM, ROOM};
+                int *back = NULL, bad = 0;
+                size_t n = 0, lost = 0, holes = 0;
+
+                /* room for ROOM fds in all: the first message's 250 do not all fit */
+                if (setrlimit(RLIMIT_NOFILE, &rl) < 0 || handover_channel_unpack(ch, &back, &n, &lost) < 0)
+                        _exit(2);
+                for (size_t i = 0; i < n; i++) {
+                        if (back[i] < 0) {
+                                holes++;
+                                continue;
+                        }
+                        /* an fd that came is the one sent in its place */
+                        bad += (fcntl(back[i], F_GETFL) & O_ACCMODE) != (i % 2 ? O_WRONLY : O_RDONLY);
+                        close(back[i]);
+                }
+                _exit(n == N && lost == holes && lost > 0 && lost < N && bad == 0 ? 0 : 1);
+        }
+        CHECK(pid > 0);
+        CHECK_EQ(waitpid(pid, &status, 0), pid);
+        CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+        close(ch);
+        close(p[0]);
+        close(p[1]);
 }
 
 /*
@@ -593,7 +637,7 @@ static void test_store(void)
         setenv("NOTIFY_SOCKET", path, 1);
         CHECK_EQ(pipe2(p, O_CLOEXEC), 0);
         CHECK_RC(handover_fds_add(&fds, "gm-one", dup(p[0])), 0);
-        CHECK_RC(handover_fds_add(&fds, "gm-two", dup(p[1])), 0);
+        CHECK_RC(handover_fds_add_no_poll(&fds, "gm-two", dup(p[1])), 0);
         CHECK_RC(handover_store(&fds), 0);
         for (int i = 0; i < 2; i++) {
                 union {
@@ -609,6 +653,8 @@ static void test_store(void)
                         continue;
                 buf[n] = '\0';
                 CHECK_STR_CONTAINS(buf, "FDSTORE=1\nFDNAME=gm-");
+                /* one that hangs up while stored is not to be polled, the other is */
+                CHECK_EQ(strstr(buf, "FDPOLL=0") != NULL, strstr(buf, "gm-two") != NULL);
                 {
                         int fd;
                         memcpy(&fd, CMSG_DATA(c), sizeof(int));
@@ -648,6 +694,7 @@ int main(int argc, char **argv)
                 {"a newer revision's fields are skipped", test_newer_revision},
                 {"named fds", test_fds},
                 {"fds through the channel, in order", test_channel},
+                {"a reader with a full fd table loses only what did not fit", test_channel_full_table},
                 {"systemd's fd-store protocol, and a manager that does not read", test_store},
         };
 
