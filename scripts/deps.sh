@@ -4,6 +4,8 @@ set -eu
 pkgs="meson ninja-build pkg-config gcc clang libc6-dev libevent-dev libsystemd-dev libprotobuf-c-dev
       protobuf-c-compiler libnuma-dev libdrm-dev libinih-dev python3 binutils systemd
       scdoc python3-yaml libjson-c-dev libsmartcols-dev python3-jsonschema liburing-dev"
+# systemd-nspawn, which boots Debian's systemd as PID 1 of a container for the tests of the units (test_pid1.py).
+pkgs="$pkgs systemd-container"
 # Debian's ROCm 5.2.3 user space, which tests/rocm runs unmodified on the KFD model.
 pkgs="$pkgs libhsakmt1 libhsakmt-dev libhsa-runtime64-1 rocminfo libamdhip64-5 libamdhip64-dev"
 missing=""

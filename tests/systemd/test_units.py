@@ -61,6 +61,7 @@ def test_installed_units(tmp):
     s = svc["Service"]
     check(s.get("Type") == ["notify"] and "WatchdogSec" in s and s.get("Restart") == ["on-failure"],
           "service: Type=notify, a watchdog, restart on failure")
+    check(s.get("RestartPreventExitStatus") == ["69"], "service: no restart when the backend finds no GPU (69)")
     check(s.get("CapabilityBoundingSet") == [""] and s.get("NoNewPrivileges") == ["yes"], "service: no capabilities")
     check(s.get("ExecReload") == ["/bin/kill -HUP $MAINPID"], "service: reload is SIGHUP")
     check(s.get("DevicePolicy") == ["closed"] and set(s.get("DeviceAllow", [])) == {"/dev/kfd rw", "char-drm rw"},
@@ -94,6 +95,41 @@ def test_verify(tmp):
                        capture_output=True, text=True, timeout=60)
     check("sometimes" in r.stderr, f"verify reports a bad value in this setup: {r.stderr}")
     os.unlink(bad)
+
+
+def test_cuda_dropin(tmp):
+    """The shipped drop-in for NVIDIA nodes, in place: the unit verifies clean with it, its ExecStart runs the cuda
+    backend, its DeviceAllow= adds the NVIDIA nodes to the unit's own (verify reads it: a bad value is reported)."""
+    src = os.path.join(d_data(), "gpumemd-cuda.conf")
+    check(os.path.exists(src), f"{src} installed")
+    if not os.path.exists(src):
+        return
+    dropdir = in_dest(DEST, "/etc/systemd/system/gpumemd.service.d")
+    os.makedirs(dropdir, exist_ok=True)
+    dropin = os.path.join(dropdir, "cuda.conf")
+    shutil.copy(src, dropin)
+    unit = "/" + os.path.relpath(UNITS[0], DEST)
+    try:
+        r = subprocess.run(["systemd-analyze", "verify", f"--root={DEST}", "--man=no", unit], capture_output=True,
+                           text=True, timeout=60)
+        check(r.returncode == 0 and r.stderr.strip() == "" and r.stdout.strip() == "",
+              f"systemd-analyze verify is clean with the cuda drop-in: {r.stdout}{r.stderr}")
+        d = unit_sections(dropin)["Service"]
+        check(d["ExecStart"][0] == "" and d["ExecStart"][1].endswith("--backend cuda"),
+              f"the drop-in replaces ExecStart= with the cuda backend: {d['ExecStart']}")
+        check({"char-nvidia-frontend rw", "char-nvidia-uvm rw"} <= set(d.get("DeviceAllow", [])),
+              f"the drop-in allows the NVIDIA nodes: {d.get('DeviceAllow')}")
+        with open(dropin, "a") as f:
+            f.write("DevicePolicy=sometimes\n")
+        r = subprocess.run(["systemd-analyze", "verify", f"--root={DEST}", "--man=no", unit], capture_output=True,
+                           text=True, timeout=60)
+        check("sometimes" in r.stderr, f"verify reads the drop-in: {r.stderr}")
+    finally:
+        shutil.rmtree(dropdir, ignore_errors=True)
+
+
+def d_data():
+    return in_dest(DEST, os.path.join(E["DATADIR"], "gpumemd"))
 
 
 def test_security(tmp):
@@ -213,6 +249,7 @@ def main():
         run_tests([
             ("installed units and their settings", test_installed_units),
             ("systemd-analyze verify", test_verify),
+            ("the cuda drop-in", test_cuda_dropin),
             ("systemd-analyze security", test_security),
             ("sysusers.d", test_sysusers),
             ("tmpfiles.d", test_tmpfiles),
