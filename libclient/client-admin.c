@@ -210,6 +210,8 @@ static int status_take(gm_client *c, const void *result, void *ctx)
                 STATUS_STRINGS(DUP_FIELD);
                 STATUS_FIELDS(GM_COPY_FIELD);
                 dst->has_model = src->model != NULL;
+                dst->has_private_gpu_vm = src->has_private_gpu_vm;
+                dst->private_gpu_vm = src->private_gpu_vm;
                 if (src->model)
                         MODEL_FIELDS(MODEL_FIELD);
         }

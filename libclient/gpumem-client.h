@@ -531,6 +531,10 @@ typedef struct gm_status {
         uint64_t model_svm_ranges;
         uint64_t model_system_bytes;
         uint64_t model_vram_bytes;
+        /* the isolation path: each client has a GPU VM of its own (KFD secondary contexts), or all share
+         * the daemon's (has_private_gpu_vm: the daemon said which) */
+        bool has_private_gpu_vm;
+        bool private_gpu_vm;
 } gm_status;
 
 int gm_admin_status(gm_client *c, gm_status **ret);

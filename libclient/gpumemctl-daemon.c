@@ -26,6 +26,8 @@ static void status_json(const gm_status *s)
         ju64(k, "major", s->kfd_major);
         ju64(k, "minor", s->kfd_minor);
         json_object_object_add(j, "kfd_version", k);
+        if (s->has_private_gpu_vm)
+                jbool(j, "private_gpu_vm", s->private_gpu_vm);
         STATUS_COUNTS(J_U64);
         ju64(b, "device", s->bytes_device);
         ju64(b, "host", s->bytes_host);
@@ -50,6 +52,11 @@ static void status_text(const gm_status *s)
                s->preset[0] ? " (SIMULATED GPUs, no hardware)" : "", s->preset[0] ? ", preset " : "",
                s->preset, strcmp(s->backend, "cuda") == 0 ? "CUDA driver" : "KFD ABI", s->kfd_major,
                s->kfd_minor);
+        if (s->has_private_gpu_vm && strcmp(s->backend, "cuda") != 0)
+                printf("  isolation: %s\n",
+                       s->private_gpu_vm ? "a GPU VM per client (KFD secondary contexts)"
+                                         : "one GPU VM for all clients (this KFD has no secondary contexts): "
+                                           "user-mode queues only for classes with shared-gpu-context = yes");
         printf("  uptime:    %.1f s\n", (double)s->uptime_usec / 1e6);
         printf("  GPUs:      %u\n", s->gpus);
         printf("  clients:   %u\n", s->clients);

@@ -85,13 +85,13 @@ static int m_stats(char *buf, size_t len)
                 vram += s.vram_used[i];
         return snprintf(buf, len,
                         "contexts=%u kfd_fds=%u render_fds=%u render_files=%u mems=%llu bufs=%llu "
-                        "mappings=%llu gem_handles=%llu svm_ranges=%llu system_used=%llu ttm_used=%llu "
-                        "vram_used=%llu queues=%u events=%u",
+                        "imports=%llu mappings=%llu gem_handles=%llu svm_ranges=%llu system_used=%llu "
+                        "ttm_used=%llu vram_used=%llu queues=%u events=%u",
                         s.contexts, s.kfd_fds, s.render_fds, s.render_files, (unsigned long long)s.mems,
-                        (unsigned long long)s.bufs, (unsigned long long)s.mappings,
-                        (unsigned long long)s.gem_handles, (unsigned long long)s.svm_ranges,
-                        (unsigned long long)s.system_used, (unsigned long long)s.ttm_used,
-                        (unsigned long long)vram, s.queues, s.events);
+                        (unsigned long long)s.bufs, (unsigned long long)s.imports,
+                        (unsigned long long)s.mappings, (unsigned long long)s.gem_handles,
+                        (unsigned long long)s.svm_ranges, (unsigned long long)s.system_used,
+                        (unsigned long long)s.ttm_used, (unsigned long long)vram, s.queues, s.events);
 }
 
 const PreloadBackend preload_backend = {

@@ -22,6 +22,17 @@ summary=$(mktemp)
 sh scripts/build.sh build
 run_suite build "gcc -Werror"
 
+# The daemon suites again with gpumemd on its kfd backend, the code every AMD node runs, under the model's
+# preload, which serves /dev/kfd, the render nodes and the KFD sysfs at the libc level: every open, ioctl
+# and mmap of the kernel path reaches the model as it would reach the kernel.
+# tests/integ/kfd-differences.txt lists the suites that do not run there yet, and why.
+grep -v '^#' tests/integ/kfd-differences.txt | awk 'NF { print $1 }' > build/kfd-skip
+kfd_tests=$(meson test -C build --list --suite integ 2>/dev/null | sed 's|.* / ||' | grep -vxF -f build/kfd-skip)
+export GPUMEM_TEST_BACKEND=kfd GPUMEM_TEST_KFD_PRELOAD="$PWD/build/preload/libgpumem-model-preload.so"
+# shellcheck disable=SC2086
+run_suite build "gcc -Werror, kfd backend under the preload" --no-rebuild $kfd_tests
+unset GPUMEM_TEST_BACKEND GPUMEM_TEST_KFD_PRELOAD
+
 # the sanitizer and fuzzing builds at -O2 without link-time optimisation: LTO would double their build for
 # nothing they check, and GCC at -O3 with AddressSanitizer warns of null destination pointers that cannot be
 # null (-Werror makes that a failed build)

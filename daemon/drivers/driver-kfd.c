@@ -7,6 +7,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dlfcn.h>
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -71,6 +73,9 @@ struct KfdDriver {
         ThunkContext *primary;
         ThunkModel *model;    /* NULL on the kernel */
         DoorbellRelay *relay; /* rings the queues' doorbells: on the kernel, and on a model with doorbells */
+        /* the kernel path served at the libc level by the model's preload (libgpumem-model-preload.so): its
+         * books, as the model backend reports its own; NULL on a real kernel */
+        int (*preload_stats)(char *buf, size_t len);
 };
 
 /* The driver's handles are the thunk's own objects, passed through as opaque pointers. */
@@ -153,6 +158,8 @@ static unsigned k_caps(const Driver *d)
          * out of one file per GPU; the kernel's BOs cost no fd */
         if (k->model)
                 c |= DRIVER_CAP_FD_PER_SHARED_BUFFER | DRIVER_CAP_TEST_FAULTS | DRIVER_CAP_BACKEND_STATS;
+        if (k->preload_stats)
+                c |= DRIVER_CAP_BACKEND_STATS;
         if (k->relay)
                 c |= DRIVER_CAP_DOORBELL_RELAY;
         c |= DRIVER_CAP_EVENT_MIRROR;
@@ -747,10 +754,42 @@ static int k_svm_get(Driver *d, uint64_t va, uint64_t size, DriverSvmAttr *a, si
         return thunk_svm_get(kfd(d)->primary, va, size, (ThunkSvmAttr *)(void *)a, n);
 }
 
+/* The value of "@key=" in the preload's stats line, 0 when absent. */
+static uint64_t stat_of(const char *line, const char *key)
+{
+        size_t n = strlen(key);
+
+        for (const char *p = line; (p = strstr(p, key)) != NULL; p += n)
+                if ((p == line || p[-1] == ' ') && p[n] == '=')
+                        return strtoull(p + n + 1, NULL, 10);
+        return 0;
+}
+
+static int preload_stats(const KfdDriver *k, DriverStats *ret)
+{
+        char line[1024];
+
+        if (k->preload_stats(line, sizeof(line)) < 0)
+                return -EIO;
+        *ret = (DriverStats){.contexts = stat_of(line, "contexts"),
+                             .buffers = stat_of(line, "bufs"),
+                             .handles = stat_of(line, "mems"),
+                             .imports = stat_of(line, "imports"),
+                             .mappings = stat_of(line, "mappings"),
+                             .gem_handles = stat_of(line, "gem_handles"),
+                             .svm_ranges = stat_of(line, "svm_ranges"),
+                             .system_bytes = stat_of(line, "system_used"),
+                             .vram_bytes = stat_of(line, "vram_used"),
+                             .queues = stat_of(line, "queues")};
+        return 0;
+}
+
 static int k_stats(const Driver *d, DriverStats *ret)
 {
         ThunkModelStats st;
 
+        if (ckfd(d)->preload_stats)
+                return preload_stats(ckfd(d), ret);
         if (!ckfd(d)->model)
                 return -EOPNOTSUPP;
         /* lock-free: a status must not wait for the model's lock, which any tenant's ioctls and engines
@@ -938,6 +977,8 @@ int driver_kfd_open(const DriverKfdOptions *o, Driver **ret, char *errbuf, size_
         k->max_threads = o->max_listeners ? o->max_listeners : DRIVER_MAX_LISTENERS;
         k->primary = thunk_device_primary_context(k->dev);
         k->model = thunk_device_model(k->dev);
+        if (!k->model)
+                k->preload_stats = (int (*)(char *, size_t))dlsym(RTLD_DEFAULT, "gpumem_preload_stats");
         if (!k->model || o->model_doorbells) {
                 r = doorbell_relay_new(&k->relay);
                 if (r < 0) {
@@ -955,11 +996,15 @@ int driver_kfd_open(const DriverKfdOptions *o, Driver **ret, char *errbuf, size_
 static int open_kernel(const DriverOpenArgs *a, Driver **ret, char *errbuf, size_t errlen)
 {
         DriverKfdOptions o = {.topology_root = a->topology_root, .max_listeners = a->max_listeners};
-        struct stat st;
+        int probe;
 
         /* the default backend: on a machine without the amdgpu driver say so, and what else there is,
-         * rather than which sysfs file is missing */
-        if (stat("/dev/kfd", &st) < 0 && errno == ENOENT) {
+         * rather than which sysfs file is missing. An open, as the thunk makes next (a stat would miss a
+         * /dev/kfd served at the libc level, as the model's preload serves it) */
+        probe = open("/dev/kfd", O_RDWR | O_CLOEXEC);
+        if (probe >= 0)
+                close(probe);
+        else if (errno == ENOENT) {
                 snprintf(errbuf, errlen,
                          "there is no /dev/kfd: the amdgpu kernel driver is not loaded, or this machine has "
                          "no AMD GPU. To serve a simulated GPU instead (trials, tests), start gpumemd with "

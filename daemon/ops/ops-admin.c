@@ -23,9 +23,11 @@ int op_admin_status(ReqCtx *r, const Gpumem__Request *req)
         driver_version(m->drv, &major, &minor);
         s.server_version = GPUMEMD_VERSION;
         s.backend = (char *)driver_name(m->drv);
-        s.has_kfd_major = s.has_kfd_minor = true;
+        s.has_kfd_major = s.has_kfd_minor = s.has_private_gpu_vm = true;
         s.kfd_major = major;
         s.kfd_minor = minor;
+        /* the isolation path: KFD secondary contexts, or one context for all */
+        s.private_gpu_vm = driver_has(m->drv, DRIVER_CAP_PRIVATE_VM);
         s.has_uptime_usec = s.has_started_usec = true;
         s.uptime_usec = now_usec(CLOCK_MONOTONIC) - m->started_mono_usec;
         s.started_usec = m->started_real_usec;

@@ -191,6 +191,8 @@ class gm_status(Structure):
         ("model_svm_ranges", c_uint64),
         ("model_system_bytes", c_uint64),
         ("model_vram_bytes", c_uint64),
+        ("has_private_gpu_vm", c_bool),
+        ("private_gpu_vm", c_bool),
     ]
 
 

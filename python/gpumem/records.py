@@ -1,6 +1,6 @@
 """Plain Python records (dataclasses) of what libgpumem_client's queries and administration calls return."""
 from dataclasses import dataclass, field
-from typing import Dict, Tuple
+from typing import Dict, Optional, Tuple
 
 from .constants import Kind, MemFlag, Resource, as_enum
 
@@ -152,6 +152,7 @@ class Status:
     model_svm_ranges: int
     model_system_bytes: int
     model_vram_bytes: int
+    private_gpu_vm: Optional[bool]
 
     @classmethod
     def from_c(cls, s):
@@ -161,7 +162,7 @@ class Status:
                    s.bytes_device, s.bytes_host, s.bytes_managed, s.requests, s.protocol_errors, s.va_windows,
                    bool(s.has_model), s.model_contexts, s.model_buffers, s.model_handles, s.model_imports,
                    s.model_mappings, s.model_gem_handles, s.model_svm_ranges, s.model_system_bytes,
-                   s.model_vram_bytes)
+                   s.model_vram_bytes, bool(s.private_gpu_vm) if s.has_private_gpu_vm else None)
 
 
 @dataclass(frozen=True)

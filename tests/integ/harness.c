@@ -249,6 +249,27 @@ int daemon_write_config(Daemon *d, const char *config_text)
         return rename(tmp, d->conf) < 0 ? -errno : 0;
 }
 
+int daemon_connect_carried(Daemon *d, const char *name, gm_client **ret)
+{
+        gm_client_options o = {.struct_size = sizeof(o),
+                               .socket_path = d->sock,
+                               .name = name,
+                               .window_size = 4ull << 30,
+                               .low_window = true};
+        char err[256];
+
+        if (!daemon_under_tsan())
+                return gm_client_connect(d->sock, name, ret);
+        return gm_client_open_with(&o, ret, err, sizeof(err));
+}
+
+const char *daemon_kfd_preload(void)
+{
+        const char *b = getenv("GPUMEM_TEST_BACKEND"), *p = getenv("GPUMEM_TEST_KFD_PRELOAD");
+
+        return b && strcmp(b, "kfd") == 0 && p && *p ? p : NULL;
+}
+
 bool daemon_wrapped(void)
 {
         const char *w = getenv("GPUMEMD_WRAPPER");
@@ -289,6 +310,8 @@ static int spawn(Daemon *d, const char *preset, const char *const *extra_args, b
         size_t n_pass = 0;
         const char *bin = getenv("GPUMEMD");
         const char *wrapper = getenv("GPUMEMD_WRAPPER");
+        const char *kfd_preload = daemon_kfd_preload();
+        const char *kfd_minor = NULL;
         char wrap[1024];
         const char *argv[64];
         size_t n = 0;
@@ -308,11 +331,23 @@ static int spawn(Daemon *d, const char *preset, const char *const *extra_args, b
         argv[n++] = "--config";
         argv[n++] = d->conf;
         argv[n++] = "--backend";
-        argv[n++] = "model";
-        argv[n++] = "--model-preset";
-        argv[n++] = preset ? preset : "mi300x";
-        for (size_t i = 0; extra_args && extra_args[i] && n < 62; i++)
+        if (kfd_preload) {
+                /* the kernel path: every open, ioctl and mmap of /dev/kfd, the render nodes and the KFD's
+                 * sysfs reaches the model through the preload, which takes the preset and the ABI from its
+                 * environment */
+                argv[n++] = "kfd";
+        } else {
+                argv[n++] = "model";
+                argv[n++] = "--model-preset";
+                argv[n++] = preset ? preset : "mi300x";
+        }
+        for (size_t i = 0; extra_args && extra_args[i] && n < 62; i++) {
+                if (kfd_preload && strcmp(extra_args[i], "--model-kfd-minor") == 0 && extra_args[i + 1]) {
+                        kfd_minor = extra_args[++i];
+                        continue;
+                }
                 argv[n++] = extra_args[i];
+        }
         argv[n] = NULL;
 
         pthread_mutex_lock(&d->notify_lock);
@@ -342,6 +377,14 @@ static int spawn(Daemon *d, const char *preset, const char *const *extra_args, b
         if (d->pid == 0) {
                 char num[32];
                 setenv("NOTIFY_SOCKET", d->notify_path, 1);
+                if (kfd_preload) {
+                        setenv("LD_PRELOAD", kfd_preload, 1);
+                        setenv("GPUMEM_MODEL_PRESET", preset ? preset : "mi300x", 1);
+                        if (kfd_minor)
+                                setenv("GPUMEM_MODEL_KFD_MINOR", kfd_minor, 1);
+                        else
+                                unsetenv("GPUMEM_MODEL_KFD_MINOR");
+                }
                 unsetenv("LISTEN_FDS");
                 unsetenv("LISTEN_PID");
                 unsetenv("LISTEN_FDNAMES");

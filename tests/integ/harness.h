@@ -78,6 +78,21 @@ int daemon_quiet_fd_count(const Daemon *d);
  */
 bool daemon_wrapped(void);
 /*
+ * The backend switch of the suites: with GPUMEM_TEST_BACKEND=kfd the daemon runs --backend kfd under
+ * $GPUMEM_TEST_KFD_PRELOAD (libgpumem-model-preload.so), which serves /dev/kfd, the render nodes and the KFD
+ * sysfs from the model at the libc level (the preset and a --model-kfd-minor go to it by its environment):
+ * the preload's path then, else NULL (the model backend, entered by function calls).
+ */
+const char *daemon_kfd_preload(void);
+/*
+ * A client a restart is to carry. Under ThreadSanitizer the daemon's windows above 1 TiB can only lie where
+ * the kernel also places a program's image at exec (the sanitizer takes the rest), so a new daemon may find
+ * its own binary where a carried window was, and refuse to take that client back (it says so, the client sees
+ * its connection close). Such clients ask for windows below 1 TiB there, which the new image never takes;
+ * elsewhere they take the daemon's default.
+ */
+int daemon_connect_carried(Daemon *d, const char *name, gm_client **ret);
+/*
  * The tests (and so the daemon next to them) are built with ThreadSanitizer, whose shadow and metadata
  * take most of the address space above 1 TiB: the daemon then has room for a few TiB of client VA windows,
  * in pieces of at most 1.5 TiB.

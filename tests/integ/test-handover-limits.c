@@ -52,7 +52,7 @@ static size_t fill_fd_table(gm_client *hog, void **ptrs, size_t cap, int *ret_er
 static int victim_setup(gm_client **ret, unsigned char **dev, unsigned char **host)
 {
         void *p = NULL, *q = NULL;
-        int r = gm_client_connect(dmn.sock, "victim", ret);
+        int r = daemon_connect_carried(&dmn, "victim", ret);
 
         if (r == 0)
                 r = gm_malloc(*ret, 2 * MiB, gpu0, GM_MEM_HOST_VISIBLE, &p);
@@ -107,7 +107,7 @@ static int exhausted_case(bool reexec)
         int err = 0, r;
 
         REQUIRE(ptrs != NULL);
-        REQUIRE_RC(gm_client_connect(dmn.sock, "hog", &hog), 0);
+        REQUIRE_RC(daemon_connect_carried(&dmn, "hog", &hog), 0);
         REQUIRE_RC(victim_setup(&v, &dev, &host), 0);
         id = gm_client_id(v);
         hd = handle_of(v, dev);
@@ -189,7 +189,7 @@ static int big_books_case(void)
         CHECK_EQ(daemon_stop(&dmn), 0);
         setenv("GPUMEMD", small, 1);
         REQUIRE_EQ(daemon_restart(&dmn, "mi300x", NULL), 0);
-        REQUIRE_RC(gm_client_connect(dmn.sock, "hog", &hog), 0);
+        REQUIRE_RC(daemon_connect_carried(&dmn, "hog", &hog), 0);
         /* reservations: books without files */
         for (int i = 0; i < RESERVATIONS; i++) {
                 void *p = NULL;

@@ -24,25 +24,10 @@ static uint32_t gpu0;
 /* the daemon's extra arguments: the KFD ABI the model speaks, when the test is given one */
 static const char *dargs[3];
 
-/*
- * A client to carry. Under ThreadSanitizer the daemon's windows above 1 TiB can only lie where the kernel
- * also places a program's image at exec (the sanitizer takes the rest), so a new daemon may find its own
- * binary where a carried window was, and refuse to take that client back (it says so, the client sees its
- * connection close). The tests' carried clients ask for windows below 1 TiB there, which the new image never
- * takes; elsewhere they take the daemon's default.
- */
+/* A client to carry (daemon_connect_carried: a low window under ThreadSanitizer). */
 static int carried_connect(const char *name, gm_client **ret)
 {
-        gm_client_options o = {.struct_size = sizeof(o),
-                               .socket_path = dmn.sock,
-                               .name = name,
-                               .window_size = 4ull << 30,
-                               .low_window = true};
-        char err[256];
-
-        if (!daemon_under_tsan())
-                return gm_client_connect(dmn.sock, name, ret);
-        return gm_client_open_with(&o, ret, err, sizeof(err));
+        return daemon_connect_carried(&dmn, name, ret);
 }
 
 /* A raw connection's hello, with a window below 1 TiB under ThreadSanitizer (carried_connect). */

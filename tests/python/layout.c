@@ -155,6 +155,8 @@ int main(void)
         F(gm_status, model_svm_ranges);
         F(gm_status, model_system_bytes);
         F(gm_status, model_vram_bytes);
+        F(gm_status, has_private_gpu_vm);
+        F(gm_status, private_gpu_vm);
         END();
 
         BEGIN(gm_gpu_usage);
