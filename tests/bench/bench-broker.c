@@ -16,8 +16,9 @@
  * over the rounds.
  */
 
-void run_latency(const Settings *st, Report *rep, const BenchDaemon *d)
+void run_latency(const Settings *st, Report *rep, const BenchDaemon *d, const char *suffix)
 {
+        char floor_section[24], ops_section[24];
         const struct {
                 const char *name;
                 size_t req, rep;
@@ -39,15 +40,17 @@ void run_latency(const Settings *st, Report *rep, const BenchDaemon *d)
 
         if (r < 0)
                 die("cannot set up the latency client: %s", strerror(-r));
+        snprintf(floor_section, sizeof(floor_section), "floor%s", suffix);
+        snprintf(ops_section, sizeof(ops_section), "gpumemd%s", suffix);
         for (size_t i = 0; i < N_ROWS; i++) {
                 if (i < N_FLOORS) {
-                        rows[i] = add_row(rep, "floor", f[i].name, 1, f[i].fd);
+                        rows[i] = add_row(rep, floor_section, f[i].name, 1, f[i].fd);
                         snprintf(rows[i]->floor, sizeof(rows[i]->floor), "%s", f[i].name);
                         rows[i]->ratio_p50 = rows[i]->ratio_p99 = 1.0;
                         iters[i] = st->floor_iters / rounds;
                 } else {
                         size_t k = i - N_FLOORS;
-                        rows[i] = add_row(rep, "gpumemd", broker_ops[k].name, broker_ops[k].rtts,
+                        rows[i] = add_row(rep, ops_section, broker_ops[k].name, broker_ops[k].rtts,
                                           broker_ops[k].fd);
                         snprintf(rows[i]->floor, sizeof(rows[i]->floor), "%s", broker_ops[k].floor);
                         iters[i] = (broker_ops[k].rtts > 1 ? st->seq_iters : st->op_iters) / rounds;

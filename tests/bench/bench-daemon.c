@@ -90,6 +90,14 @@ int bench_daemon_start(BenchDaemon *d, const Settings *st, const char *config_te
                 setenv("NOTIFY_SOCKET", d->notify, 1);
                 unsetenv("LISTEN_FDS");
                 unsetenv("LISTEN_PID");
+                if (st->kfd) {
+                        /* the kernel path, served by the model at the libc level */
+                        setenv("LD_PRELOAD", st->kfd_preload, 1);
+                        setenv("GPUMEM_MODEL_PRESET", st->preset, 1);
+                        execl(st->gpumemd, st->gpumemd, "--socket", d->sock, "--config", conf, "--log-level",
+                              "warning", "--backend", "kfd", (char *)NULL);
+                        _exit(127);
+                }
                 execl(st->gpumemd, st->gpumemd, "--socket", d->sock, "--config", conf, "--log-level",
                       "warning", "--backend", "model", "--model-preset", st->preset, (char *)NULL);
                 _exit(127);

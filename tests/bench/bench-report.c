@@ -13,9 +13,12 @@ void compute_ratios(Report *rep)
         for (size_t i = 0; i < rep->n_rows; i++) {
                 Row *w = &rep->rows[i];
                 const Row *f;
-                if (strcmp(w->section, "gpumemd") != 0)
+                char floor_section[32];
+                if (strcmp(w->section, "gpumemd") != 0 && strcmp(w->section, "gpumemd-kfd") != 0)
                         continue;
-                f = find_row(rep, "floor", w->floor);
+                /* each backend's ops against the floors measured beside them */
+                snprintf(floor_section, sizeof(floor_section), "floor%s", w->section + 7);
+                f = find_row(rep, floor_section, w->floor);
                 if (!f)
                         continue;
                 /* a sequence of k round trips is held against k floors */
@@ -158,9 +161,10 @@ void print_report(const Settings *st, const Report *rep)
         struct utsname u;
 
         uname(&u);
-        printf("\ngpumemd benchmark (%s run) on %s %s, %ld CPUs; model backend, preset %s\n",
+        printf("\ngpumemd benchmark (%s run) on %s %s, %ld CPUs; model backend, preset %s%s\n",
                st->long_run ? "long" : "default", u.sysname, u.release, sysconf(_SC_NPROCESSORS_ONLN),
-               st->preset);
+               st->preset,
+               st->kfd_preload ? "; sections *-kfd: the kfd backend under the model's preload" : "");
         printf("Latency: microseconds; 'pinned' = daemon (every thread) and client on CPU %d; 'unpinned' = "
                "scheduler's choice.\nThroughput is unpinned. Ratios use the pinned figures; a sequence of k "
                "round trips is held against k floors.\n'paired': the median over the rounds of an op's p50 "
@@ -182,7 +186,7 @@ void print_report(const Settings *st, const Report *rep)
                 print_lat_cells(&w->pinned);
                 printf(" %11.0f", w->pinned.ops_per_s);
                 print_lat_cells(&w->unpinned);
-                if (strcmp(w->section, "gpumemd") == 0) {
+                if (strcmp(w->section, "gpumemd") == 0 || strcmp(w->section, "gpumemd-kfd") == 0) {
                         printf("  %-14s %6.2f %6.2f", w->floor, w->ratio_p50, w->ratio_p99);
                         if (w->paired_p50 > 0)
                                 printf(" %7.2f", w->paired_p50);
@@ -363,7 +367,7 @@ int write_json(const Settings *st, const Report *rep)
                 json_lat(f, "pinned", &w->pinned);
                 fprintf(f, ", ");
                 json_lat(f, "unpinned", &w->unpinned);
-                if (strcmp(w->section, "gpumemd") == 0)
+                if (strcmp(w->section, "gpumemd") == 0 || strcmp(w->section, "gpumemd-kfd") == 0)
                         fprintf(f,
                                 ", \"floor\": \"%s\", \"ratio_p50\": %.3f, \"ratio_p99\": %.3f, "
                                 "\"paired_ratio_p50\": %.3f",

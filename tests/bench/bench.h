@@ -34,6 +34,10 @@ typedef struct Settings {
         unsigned long long many_nofile; /* the daemon's RLIMIT_NOFILE in that run */
         size_t restart_objects;         /* live allocations at the largest point of the restart run */
         int cpu_a, cpu_b; /* latency CPU, and the other CPU (== cpu_a on a single-CPU machine) */
+        /* libgpumem-model-preload.so: the broker section again with gpumemd --backend kfd under it (the
+         * kernel path, every open, ioctl and mmap reaching the model), as rows of section "gpumemd-kfd" */
+        const char *kfd_preload;
+        bool kfd; /* the daemon bench_daemon_start() starts runs the kfd backend under kfd_preload */
         cpu_set_t all_cpus;
 } Settings;
 
@@ -220,7 +224,9 @@ extern const BrokerOp broker_ops[N_BROKER_OPS];
 
 /* ---- the sections, each in bench-SECTION.c, and the report (bench-report.c) ---------------------------- */
 
-void run_latency(const Settings *st, Report *rep, const BenchDaemon *d);
+/* The broker's ops against their floors, as rows of sections "floor" and "gpumemd", each followed by
+ * @suffix ("" or "-kfd"). */
+void run_latency(const Settings *st, Report *rep, const BenchDaemon *d, const char *suffix);
 void run_inproc(const Settings *st, Report *rep);
 void run_throughput(const Settings *st, Report *rep, const BenchDaemon *d);
 void run_isolation(const Settings *st, Report *rep, const BenchDaemon *d);

@@ -23,7 +23,9 @@ static void usage(void)
                "    the count) runs in a --long run or when named\n"
                "  rocm (when named): HIP through gpumemd beside the in-process model; GPUMEM_BENCH_HIP,\n"
                "    GPUMEM_BENCH_MODEL_PRELOAD and GPUMEM_BENCH_KFD_PRELOAD name the timing program and\n"
-               "    the two KFD libraries (the meson benchmark sets them)\n");
+               "    the two KFD libraries (the meson benchmark sets them)\n"
+               "  --kfd-preload PATH (default $GPUMEM_BENCH_MODEL_PRELOAD): the broker section again with\n"
+               "    gpumemd --backend kfd under the model's preload (rows gpumemd-kfd, floor-kfd)\n");
 }
 
 static bool want(const char *only, const char *what)
@@ -34,13 +36,10 @@ static bool want(const char *only, const char *what)
 int main(int argc, char **argv)
 {
         static const struct option longopts[] = {
-                {"gpumemd", required_argument, NULL, 'd'},
-                {"preset", required_argument, NULL, 'p'},
-                {"json", required_argument, NULL, 'j'},
-                {"long", no_argument, NULL, 'l'},
-                {"only", required_argument, NULL, 'o'},
-                {"help", no_argument, NULL, 'h'},
-                {NULL, 0, NULL, 0},
+                {"gpumemd", required_argument, NULL, 'd'}, {"preset", required_argument, NULL, 'p'},
+                {"json", required_argument, NULL, 'j'},    {"long", no_argument, NULL, 'l'},
+                {"only", required_argument, NULL, 'o'},    {"kfd-preload", required_argument, NULL, 'k'},
+                {"help", no_argument, NULL, 'h'},          {NULL, 0, NULL, 0},
         };
         static Report rep;
         Settings st = {.json_path = "gpumem-bench.json"};
@@ -50,6 +49,7 @@ int main(int argc, char **argv)
         int c, r;
 
         st.gpumemd = getenv("GPUMEMD");
+        st.kfd_preload = getenv("GPUMEM_BENCH_MODEL_PRELOAD");
         while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
                 switch (c) {
                 case 'd':
@@ -66,6 +66,9 @@ int main(int argc, char **argv)
                         break;
                 case 'o':
                         only = optarg;
+                        break;
+                case 'k':
+                        st.kfd_preload = optarg;
                         break;
                 case 'h':
                         usage();
@@ -123,7 +126,18 @@ int main(int argc, char **argv)
         if (r < 0)
                 die("cannot measure frame sizes: %s", strerror(-r));
         if (want(only, "broker"))
-                run_latency(&st, &rep, &d);
+                run_latency(&st, &rep, &d, "");
+        if (want(only, "broker") && st.kfd_preload) {
+                Settings sk = st;
+                BenchDaemon dk;
+                sk.kfd = true;
+                r = bench_daemon_start(&dk, &sk, NULL, 0);
+                if (r < 0)
+                        die("cannot start %s --backend kfd under %s: %s", st.gpumemd, st.kfd_preload,
+                            strerror(-r));
+                run_latency(&sk, &rep, &dk, "-kfd");
+                bench_daemon_kill(&dk);
+        }
         if (want(only, "inproc"))
                 run_inproc(&st, &rep);
         if (want(only, "tput"))
