@@ -98,6 +98,8 @@ const PreloadBackend preload_backend = {
         .log_name = "gpumem-preload",
         .env_prefix = "GPUMEM_MODEL_",
         .stats_tag = "gpumem-model-stats",
+        /* the model's buffers (model-mem.c): what a kernel hands out as dmabufs */
+        .dmabuf_memfds = (const char *const[]){"gpumem-bo", "gpumem-heap", NULL},
         .start = m_start,
         .stats = m_stats,
 };

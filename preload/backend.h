@@ -54,6 +54,13 @@ typedef struct PreloadBackend {
          * go of the parent's state by then; the inherited fds stay the backend's, to answer as it decides.
          */
         bool restart_after_fork;
+        /*
+         * Optional: the names of the memfds that stand for the kernel's dmabufs (and BOs) in this backend,
+         * NULL ended. A kernel's dmabuf takes no seals: F_GET_SEALS and F_ADD_SEALS on such a memfd answer
+         * EINVAL to the process, as on the kernel, while the backend's own calls (inside a device call) see
+         * the memfd as it is.
+         */
+        const char *const *dmabuf_memfds;
 } PreloadBackend;
 
 extern const PreloadBackend preload_backend;

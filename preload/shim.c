@@ -66,6 +66,16 @@ static struct {
         _Atomic unsigned char owned[FD_TABLE_MAX];
 } g = {.lock = PTHREAD_MUTEX_INITIALIZER, .modules_fd = -1};
 
+/* Device calls in progress on this thread: what the backend does inside one is its own (see fcntl below). */
+static __thread __attribute__((tls_model("initial-exec"))) unsigned in_backend;
+#define BACKEND(call)                                                                                        \
+        ({                                                                                                   \
+                in_backend++;                                                                                \
+                __typeof__(call) r_ = (call);                                                                \
+                in_backend--;                                                                                \
+                r_;                                                                                          \
+        })
+
 /* ------------------------------------------------------------------ raw calls (never re-enter the shim) */
 
 static int raw_openat(int dirfd, const char *path, int flags, mode_t mode)
@@ -281,15 +291,15 @@ static int device_open(const char *path, int flags)
         if (r < 0) {
                 /* as start() said */
         } else if (strcmp(path, "/dev/kfd") == 0) {
-                r = g.seam.ops->open_kfd(g.seam.impl, &fd);
+                r = BACKEND(g.seam.ops->open_kfd(g.seam.impl, &fd));
         } else if (sscanf(path, "/dev/dri/renderD%u", &minor) == 1) {
-                r = g.seam.ops->open_render(g.seam.impl, minor, &fd);
+                r = BACKEND(g.seam.ops->open_render(g.seam.impl, minor, &fd));
         } else {
                 r = -ENOENT;
         }
         if (r == 0) {
                 if (fd >= FD_TABLE_MAX) {
-                        g.seam.ops->close(g.seam.impl, fd);
+                        (void)BACKEND(g.seam.ops->close(g.seam.impl, fd));
                         r = -EMFILE;
                 } else {
                         atomic_store(&g.owned[fd], 1);
@@ -462,7 +472,7 @@ PRELOAD_EXPORT int ioctl(int fd, unsigned long request, ...)
         va_end(ap);
         if (!fd_owned(fd))
                 return raw_ioctl(fd, request, arg);
-        r = g.seam.ops->ioctl(g.seam.impl, fd, request, arg);
+        r = BACKEND(g.seam.ops->ioctl(g.seam.impl, fd, request, arg));
         if (_IOC_NR(request) != _IOC_NR(AMDKFD_IOC_WAIT_EVENTS) || _IOC_TYPE(request) != AMDKFD_IOCTL_BASE ||
             g.log_level >= 3)
                 logf_(1, "ioctl fd=%d %s (0x%08lx) -> %d%s%s", fd, ioctl_name(request), request, r,
@@ -474,6 +484,51 @@ PRELOAD_EXPORT int ioctl(int fd, unsigned long request, ...)
         return r;
 }
 
+/* Whether @fd is a memfd the backend names as one of its dmabufs. */
+static bool is_dmabuf_memfd(int fd)
+{
+        char link[64], target[128];
+        ssize_t n;
+
+        snprintf(link, sizeof(link), "/proc/self/fd/%d", fd);
+        n = syscall(SYS_readlinkat, AT_FDCWD, link, target, sizeof(target) - 1);
+        if (n <= 0)
+                return false;
+        target[n] = '\0';
+        for (const char *const *name = preload_backend.dmabuf_memfds; *name; name++) {
+                size_t k = strlen(*name);
+                /* "/memfd:NAME (deleted)" */
+                if (strncmp(target, "/memfd:", 7) == 0 && strncmp(target + 7, *name, k) == 0 &&
+                    (target[7 + k] == '\0' || target[7 + k] == ' '))
+                        return true;
+        }
+        return false;
+}
+
+PRELOAD_EXPORT int fcntl(int fd, int cmd, ...)
+{
+        static int (*next)(int, int, ...);
+        unsigned long arg;
+        va_list ap;
+
+        /* every fcntl command takes one argument or none, an int or a pointer: passed on as a word */
+        va_start(ap, cmd);
+        arg = va_arg(ap, unsigned long);
+        va_end(ap);
+        if ((cmd == F_GET_SEALS || cmd == F_ADD_SEALS) && !in_backend && preload_backend.dmabuf_memfds &&
+            is_dmabuf_memfd(fd)) {
+                errno = EINVAL; /* as a kernel's dmabuf answers */
+                return -1;
+        }
+        if (!next)
+                next = (int (*)(int, int, ...))dlsym(RTLD_NEXT, "fcntl64");
+        if (!next)
+                next = (int (*)(int, int, ...))dlsym(RTLD_NEXT, "fcntl");
+        return next(fd, cmd, arg);
+}
+
+PRELOAD_ALIAS(fcntl) int fcntl64(int fd, int cmd, ...);
+
 PRELOAD_EXPORT int close(int fd)
 {
         int r;
@@ -481,7 +536,7 @@ PRELOAD_EXPORT int close(int fd)
         if (!fd_owned(fd))
                 return raw_close(fd);
         atomic_store(&g.owned[fd], 0);
-        r = g.seam.ops->close(g.seam.impl, fd);
+        r = BACKEND(g.seam.ops->close(g.seam.impl, fd));
         logf_(2, "close %d -> %d", fd, r);
         if (r < 0) {
                 errno = -r;
@@ -496,7 +551,7 @@ PRELOAD_EXPORT void *mmap(void *addr, size_t len, int prot, int flags, int fd, o
         int r;
 
         if (!(flags & MAP_ANONYMOUS) && fd_owned(fd)) {
-                r = g.seam.ops->mmap(g.seam.impl, addr, len, prot, flags, fd, (uint64_t)off, &p);
+                r = BACKEND(g.seam.ops->mmap(g.seam.impl, addr, len, prot, flags, fd, (uint64_t)off, &p));
                 logf_(2, "mmap fd=%d offset=0x%llx len=0x%zx -> %d", fd, (unsigned long long)off, len, r);
                 if (r < 0) {
                         errno = -r;

@@ -27,7 +27,8 @@ run_suite build "gcc -Werror"
 # and mmap of the kernel path reaches the model as it would reach the kernel.
 # tests/integ/kfd-differences.txt lists the suites that do not run there yet, and why.
 grep -v '^#' tests/integ/kfd-differences.txt | awk 'NF { print $1 }' > build/kfd-skip
-kfd_tests=$(meson test -C build --list --suite integ 2>/dev/null | sed 's|.* / ||' | grep -vxF -f build/kfd-skip)
+kfd_tests=$(meson test -C build --list --suite integ --no-rebuild 2>/dev/null | grep ' / ' | sed 's|.* / ||' |
+    grep -vxF -f build/kfd-skip)
 export GPUMEM_TEST_BACKEND=kfd GPUMEM_TEST_KFD_PRELOAD="$PWD/build/preload/libgpumem-model-preload.so"
 # shellcheck disable=SC2086
 run_suite build "gcc -Werror, kfd backend under the preload" --no-rebuild $kfd_tests
