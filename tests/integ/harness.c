@@ -380,7 +380,10 @@ static int spawn(Daemon *d, const char *preset, const char *const *extra_args, b
                 if (kfd_preload) {
                         setenv("LD_PRELOAD", kfd_preload, 1);
                         setenv("GPUMEM_MODEL_PRESET", preset ? preset : "mi300x", 1);
-                        if (kfd_minor)
+                        /* the test's own ABI, else the run's (GPUMEM_TEST_KFD_MINOR), else the model's */
+                        if (!kfd_minor)
+                                kfd_minor = getenv("GPUMEM_TEST_KFD_MINOR");
+                        if (kfd_minor && *kfd_minor)
                                 setenv("GPUMEM_MODEL_KFD_MINOR", kfd_minor, 1);
                         else
                                 unsetenv("GPUMEM_MODEL_KFD_MINOR");

@@ -80,8 +80,9 @@ bool daemon_wrapped(void);
 /*
  * The backend switch of the suites: with GPUMEM_TEST_BACKEND=kfd the daemon runs --backend kfd under
  * $GPUMEM_TEST_KFD_PRELOAD (libgpumem-model-preload.so), which serves /dev/kfd, the render nodes and the KFD
- * sysfs from the model at the libc level (the preset and a --model-kfd-minor go to it by its environment):
- * the preload's path then, else NULL (the model backend, entered by function calls).
+ * sysfs from the model at the libc level (the preset and a --model-kfd-minor go to it by its environment;
+ * GPUMEM_TEST_KFD_MINOR sets the ABI of the tests that name none): the preload's path then, else NULL (the
+ * model backend, entered by function calls).
  */
 const char *daemon_kfd_preload(void);
 /*

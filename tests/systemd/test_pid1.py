@@ -486,6 +486,37 @@ def test_no_gpu(tmp):
         M.sh("systemctl reset-failed gpumemd.service")
 
 
+def test_kfd_confined(tmp):
+    """The kfd backend inside the shipped unit's sandbox: gpumemd --backend kfd under the model's preload (a
+    drop-in sets LD_PRELOAD), under the unit's ProtectSystem=, SystemCallFilter=, MemoryDenyWriteExecute=,
+    RestrictAddressFamilies= and user; clients holding every kind of memory are served, and gpumemctl status
+    names the KFD ABI and the isolation path. The device calls themselves (open of /dev/kfd, its ioctls) the
+    preload serves in the process: seccomp and DeviceAllow= never see them, what the kernel path does around
+    them (memfds, mappings, files) they do (with memfd_create filtered out the daemon fails here)."""
+    preload = os.path.join(E["LIBDIR"], "gpumemd", "libgpumem-model-preload.so")
+    M.sh("systemctl stop gpumemd.service")
+    write_config(CONFIG.format(handles=100000).replace("backend = model", "backend = kfd"))
+    M.sh("mkdir -p /run/systemd/system/gpumemd.service.d && printf '[Service]\\nEnvironment=LD_PRELOAD="
+         f"{preload} GPUMEM_MODEL_PRESET=mi300x\\n' > /run/systemd/system/gpumemd.service.d/kfd.conf && "
+         "systemctl daemon-reload")
+    try:
+        r = ctl("status")
+        check(r.returncode == 0 and "backend:   kfd, KFD ABI 1.19" in r.stdout and
+              "isolation: a GPU VM per client" in r.stdout, f"the kfd backend serves: {r.stdout}{r.stderr}")
+        carry = Carry(4)
+        check(carry.ready, "4 clients hold every kind of memory through the kernel path")
+        if carry.ready:
+            res = carry.check()
+            check(res[-1].startswith("ok "), f"and read it back: {res[-4:]}")
+        carry.close()
+        s = M.show("gpumemd.service", "ActiveState", "NRestarts")
+        check(s.get("ActiveState") == "active" and s.get("NRestarts") == "0", f"the daemon ran on: {s}")
+    finally:
+        M.sh("systemctl stop gpumemd.service; rm -rf /run/systemd/system/gpumemd.service.d && "
+             "systemctl daemon-reload")
+        write_config(CONFIG.format(handles=100000))
+
+
 def main():
     global M
     if os.geteuid() != 0 or not shutil.which("systemd-nspawn") or not shutil.which("nsenter"):
@@ -512,6 +543,7 @@ def main():
             ("the watchdog restarts a stalled daemon", test_watchdog),
             ("journal fields and catalog", test_journal),
             ("no GPU: exit 69, no restart loop", test_no_gpu),
+            ("the kfd backend in the unit's sandbox", test_kfd_confined),
         ])
     finally:
         if M:
