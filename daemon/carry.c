@@ -553,11 +553,11 @@ int carry_collect(Manager *m, const CarryHost *host, HandoverFds *ret)
         order = n ? calloc(n, sizeof(*order)) : NULL;
         told = n ? calloc(n, sizeof(*told)) : NULL;
         if (n && (!order || !told)) {
+                /* out of memory: none carried, none told, each sees its connection close */
                 free(order);
                 free(told);
                 order = NULL;
                 told = NULL;
-                n = 0; /* none carried, none told: each sees its connection close */
         }
         n = 0;
         for (Conn *c = m->conns; c && order; c = c->next)
