@@ -397,6 +397,30 @@ static const char *collect_client(Conn *c, Gpumemd__HandoverClient *h, FdVec *fd
 }
 
 /*
+ * The named shares into @shares, their files into the channel. Where the channel is full the clients that
+ * went in go on without the shares (their readers' opens are not taken back): 0 then; else as
+ * broker_carry_shares_each().
+ */
+static int collect_shares(Manager *m, FdVec *fds, CollectShares *shares)
+{
+        int r;
+
+        shares->fds = fds;
+        r = broker_carry_shares_each(m->broker, collect_share, shares);
+        if (r < 0 && fds->err) {
+                log_full(LOG_WARNING, r, GM_MESSAGE_HANDOVER, NULL,
+                         "the named shares are not carried: the hand-over's channel is full (%s)",
+                         strerror(-r));
+                for (size_t i = 0; i < shares->n; i++)
+                        free(shares->v[i]);
+                free(shares->v);
+                *shares = (CollectShares){0};
+                r = 0;
+        }
+        return r;
+}
+
+/*
  * One try at the hand-over: the listening socket, then (@clients) the clients in @order and the shares.
  * A client that cannot be carried is told why and left out, the others go on; an error returned means no
  * state could be made at all. @told marks whom this told already.
@@ -466,8 +490,7 @@ static int collect_once(Manager *m, const CarryHost *host, HandoverFds *ret, con
         }
         /* the named shares (their publishers' and readers' parts are the clients') */
         if (clients) {
-                shares.fds = &fds;
-                r = broker_carry_shares_each(m->broker, collect_share, &shares);
+                r = collect_shares(m, &fds, &shares);
                 if (r < 0)
                         goto out;
                 st.n_shares = shares.n;
